@@ -1,0 +1,102 @@
+/* bookkeeping/bookkeeping.h: all profile state of a session, and the dumps that turn it
+ * into Perfetto TracePackets.
+ *
+ * Interns mappings, frames and callstacks (a callstack is a path in a trie of frames,
+ * root first), tracks live sampled allocations per (process, address), keeps
+ * per-callstack cumulative allocated/freed bytes and counts, and on dump streams
+ * TracePackets (Trace.packet, field 1, length-delimited) to the output fd, each packet
+ * written as soon as it is encoded.
+ *
+ * Records of a process are applied in sequence-number order: out-of-order records wait
+ * in a bounded reorder window; a gap older than the window is skipped and counted.
+ *
+ *     bk_t *bk;
+ *     bk_new(&(struct bk_config){.out_fd = fd, .sequence_id = 1}, &bk);
+ *     bk_process_start(bk, pid, "app\0arg\0", 8, true, 4096);
+ *     bk_record_alloc(bk, pid, seq, addr, size, size, frames, n);   // frames leaf first
+ *     bk_record_free(bk, pid, seq + 1, addr);
+ *     bk_process_end(bk, pid, &stats, BK_FLAG_DISCONNECTED);   // final dump of pid
+ *     bk = bk_free(bk);
+ *
+ * Bookkeeping thread only (not thread-safe; one owner).
+ */
+#ifndef HP_BOOKKEEPING_BOOKKEEPING_H
+#define HP_BOOKKEEPING_BOOKKEEPING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/frame.h"
+#include "common/macros.h"
+
+typedef struct bk bk_t;
+
+struct bk_config {
+    int out_fd;            /* borrowed; TracePackets are appended with write(2) */
+    uint32_t sequence_id;  /* trusted_packet_sequence_id, non-zero; 0 means 1 */
+    bool dump_at_max;      /* dumps show self_max/self_max_count at the peak */
+};
+
+/* ProcessHeapSamples flags for a process's dumps. */
+#define BK_FLAG_DISCONNECTED (1u << 0)
+#define BK_FLAG_BUFFER_OVERRAN (1u << 1)
+#define BK_FLAG_BUFFER_CORRUPTED (1u << 2)
+#define BK_FLAG_HIT_GUARDRAIL (1u << 3)
+#define BK_FLAG_CLIENT_ERROR (1u << 4)
+
+/* Per-process statistics reported in ProcessStats (as counted by the unwinder side). */
+struct bk_process_stats {
+    uint64_t unwinding_errors;
+    uint64_t heap_samples;
+    uint64_t map_reparses;
+    uint64_t total_unwinding_time_us;
+    uint64_t client_spinlock_blocked_us;
+    uint64_t records_dropped; /* by the client: ring full */
+    /* unwinding time histogram, bucket upper bounds in us: BK_UNWIND_HIST_BOUNDS */
+    uint64_t unwinding_time_hist[8];
+};
+#define BK_UNWIND_HIST_BOUNDS {1, 2, 5, 10, 50, 100, 1000, UINT64_MAX}
+
+int bk_new(const struct bk_config *cfg, bk_t **ret) HP_WARN_UNUSED;
+/* Frees all state; does not dump and does not close out_fd. Accepts NULL. */
+bk_t *bk_free(bk_t *bk);
+
+/* A new process. @cmdline: @cmdline_len bytes of NUL-separated arguments as in
+ * /proc/PID/cmdline (copied). Writes its process_tree packet. */
+int bk_process_start(bk_t *bk, int32_t pid, const char *cmdline, size_t cmdline_len,
+                     bool from_startup, uint64_t sampling_interval_bytes) HP_WARN_UNUSED;
+
+/* A sampled allocation: @frames leaf first (as the unwinder returns them; copied). */
+void bk_record_alloc(bk_t *bk, int32_t pid, uint64_t seq, uint64_t addr, uint64_t size,
+                     uint64_t sample_size, const struct hp_frame *frames, size_t n_frames);
+/* A free. Unknown addresses are ignored and counted. */
+void bk_record_free(bk_t *bk, int32_t pid, uint64_t seq, uint64_t addr);
+
+/* Replaces the process's stats and ORs @flags into its ProcessHeapSamples flags. */
+void bk_process_update(bk_t *bk, int32_t pid, const struct bk_process_stats *stats,
+                       uint32_t flags);
+
+/* Dumps one process (all pending records applied first). */
+int bk_dump_process(bk_t *bk, int32_t pid) HP_WARN_UNUSED;
+/* Dumps every process. */
+int bk_dump_all(bk_t *bk) HP_WARN_UNUSED;
+/* The process is gone: applies pending records, updates stats/flags, writes its final
+ * dump, and forgets it. */
+int bk_process_end(bk_t *bk, int32_t pid, const struct bk_process_stats *stats,
+                   uint32_t flags) HP_WARN_UNUSED;
+
+/* Counters for summaries and tests. */
+struct bk_counters {
+    uint64_t records_applied;
+    uint64_t unknown_frees;
+    uint64_t replaced_allocs;
+    uint64_t seq_gaps;
+    uint64_t dumps;
+    uint64_t packets_written;
+    uint64_t bytes_written;
+    int last_write_error; /* 0 or -errno of the last failed write */
+};
+void bk_get_counters(bk_t *bk, struct bk_counters *ret);
+
+#endif

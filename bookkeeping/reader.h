@@ -1,0 +1,90 @@
+/* bookkeeping/reader.h: a streaming reader of heapprof (and heapprofd) Perfetto traces,
+ * and the text report built on it.
+ *
+ * Reads the file packet by packet with bounded buffers; keeps the interned tables needed
+ * to resolve callstacks and, per process, the samples of its latest dump (or of dump
+ * number N). Used by `heapprof report`, `heapprof record`'s summary and the tests.
+ *
+ *     struct bk_trace *t;
+ *     if (bk_trace_load("out.pftrace", &(struct bk_trace_options){0}, &t) == 0) {
+ *         bk_report_print(stdout, t, &(struct bk_report_options){.top_n = 10});
+ *         t = bk_trace_free(t);
+ *     }
+ */
+#ifndef HP_BOOKKEEPING_READER_H
+#define HP_BOOKKEEPING_READER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/macros.h"
+
+struct bk_trace_frame {
+    const char *function_name; /* as stored (possibly mangled); "" when unknown */
+    const char *mapping_path;  /* "" when unknown */
+    uint64_t rel_pc;
+};
+
+/* One callstack's cumulative values in the selected dump. */
+struct bk_trace_callsite {
+    uint64_t callstack_id;
+    size_t n_frames;
+    const struct bk_trace_frame *frames; /* root first */
+    uint64_t self_allocated;
+    uint64_t self_freed;
+    uint64_t alloc_count;
+    uint64_t free_count;
+    uint64_t self_max;
+    uint64_t self_max_count;
+};
+
+struct bk_trace_process {
+    int32_t pid;
+    const char *cmdline; /* arguments joined by spaces; "" if no process_tree packet */
+    const char *heap_name;
+    uint64_t sampling_interval_bytes;
+    uint64_t timestamp;       /* of the selected dump */
+    uint32_t n_dumps;         /* complete dumps seen */
+    bool from_startup, disconnected, buffer_overran, buffer_corrupted, hit_guardrail,
+        client_error;
+    /* ProcessStats */
+    uint64_t unwinding_errors, heap_samples, map_reparses, total_unwinding_time_us,
+        client_spinlock_blocked_us;
+    size_t n_callsites;
+    struct bk_trace_callsite *callsites;
+};
+
+struct bk_trace {
+    size_t n_processes;
+    struct bk_trace_process *processes;
+    uint64_t n_packets;
+    uint64_t n_profile_packets;
+    bool has_clock_snapshot;
+};
+
+struct bk_trace_options {
+    int dump_index; /* 0: latest complete dump per process; N>0: the Nth (1-based) */
+};
+
+/* Reads @path. Returns 0, -ENOENT/-errno for I/O errors, -EBADMSG for a malformed trace
+ * (a truncated last packet is tolerated and ignored). */
+int bk_trace_load(const char *path, const struct bk_trace_options *opt,
+                  struct bk_trace **ret) HP_WARN_UNUSED;
+struct bk_trace *bk_trace_free(struct bk_trace *t);
+
+struct bk_report_options {
+    int top_n;      /* sites per table; 0 means 10 */
+    bool demangle;  /* demangle C++ names (default on in the CLI) */
+    bool no_stacks; /* one line per site instead of full stacks */
+};
+
+/* Prints, per process: top sites by unreleased bytes, top sites by allocated bytes, with
+ * counts and full stacks, then the stats. */
+void bk_report_print(FILE *out, const struct bk_trace *t, const struct bk_report_options *opt);
+
+/* Demangles @name into @buf (truncating); returns @buf, or @name if it is not mangled. */
+const char *bk_demangle(const char *name, char *buf, size_t buf_len);
+
+#endif

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the Debian packages heapprof needs to build, test and benchmark.
+# Idempotent: when everything is present it only checks and returns.
+set -euo pipefail
+
+PKGS=(
+    build-essential pkg-config meson ninja-build
+    libunwind-dev libelf-dev libdw-dev elfutils
+    nanopb libnanopb-dev
+    libcmocka-dev zlib1g-dev
+    protobuf-compiler python3
+    clang llvm libclang-rt-dev clang-format
+    sqlite3 libc6-dbg
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$p")
+    fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+    exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}" >&2
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    SUDO="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

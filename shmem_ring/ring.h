@@ -1,0 +1,103 @@
+/* shmem_ring/ring.h: the shared-memory ring between a profiled process (many writers:
+ * every thread of the app) and the service (one reader: the unwinder thread owning the
+ * client).
+ *
+ * The ring lives in a memfd the service creates (close-on-exec, sealed against resizing)
+ * and sends to the client; both sides map it. The data area is mapped twice back to back
+ * so every record is contiguous. Writers reserve space with a compare-and-swap on the
+ * write position (no lock held while copying), fill the record, then publish it with a
+ * release store of its commit tag. The reader consumes records in reservation order.
+ *
+ *     service:  ring_create(8 << 20, &fd); ring_map(fd, RING_ROLE_READER, &r);
+ *     client:   ring_map(fd, RING_ROLE_WRITER, &r);
+ *               if (ring_try_begin_write(r, WIRE_FREE, sizeof(f), &w) == 0) {
+ *                   memcpy(w.data, &f, sizeof(f));
+ *                   if (ring_end_write(r, &w)) poke_socket();
+ *               }
+ *     reader:   while (ring_begin_read(r, &rd) == 0) { use(rd.type, rd.data, rd.len);
+ *                                                       ring_end_read(r, &rd); }
+ *
+ * Writer calls are hook-safe (no allocation, no locks, no syscalls except in
+ * block_client mode). Reader calls: one reader thread per ring; not thread-safe.
+ */
+#ifndef HP_SHMEM_RING_RING_H
+#define HP_SHMEM_RING_RING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/macros.h"
+
+typedef struct ring ring_t;
+
+#define RING_DEFAULT_SIZE (8u << 20)
+#define RING_MIN_SIZE (64u << 10)
+#define RING_MAX_SIZE (1u << 30)
+/* Largest payload a single record may carry (a 64 KiB stack plus the alloc header fits). */
+#define RING_MAX_PAYLOAD ((1u << 20) - 64u)
+
+enum ring_role { RING_ROLE_READER = 0, RING_ROLE_WRITER = 1 };
+
+/* A reserved, not yet published record. */
+struct ring_wspan {
+    void *data;   /* payload; 8-byte aligned; valid until ring_end_write() */
+    size_t len;   /* payload bytes reserved */
+    uint64_t pos; /* internal */
+};
+
+/* A record to read. */
+struct ring_rspan {
+    const void *data; /* payload, borrowed; valid until ring_end_read(); shared memory:
+                         copy what you validate */
+    size_t len;       /* payload bytes */
+    uint16_t type;    /* enum wire_type, unvalidated */
+    uint64_t pos;     /* internal */
+    size_t total;     /* internal */
+};
+
+struct ring_stats {
+    uint64_t records_written;
+    uint64_t bytes_written;
+    uint64_t records_dropped; /* dropped because the ring was full or the record too big */
+    uint64_t reserve_failures;
+    uint64_t client_spinlock_blocked_us;
+    uint64_t max_fill_bytes;
+    uint64_t size_bytes; /* data area size */
+};
+
+/* Service: creates a ring memfd with a data area of @data_size_bytes (power of two,
+ * RING_MIN_SIZE..RING_MAX_SIZE; else -EINVAL). Returns the fd in @ret_fd. */
+int ring_create(size_t data_size_bytes, int *ret_fd) HP_WARN_UNUSED;
+
+/* Both sides: maps the ring in @fd (borrowed; may be closed afterwards). Validates the
+ * size from fstat (and, for the writer, the header written by ring_create). */
+int ring_map(int fd, enum ring_role role, ring_t **ret) HP_WARN_UNUSED;
+/* Unmaps; accepts NULL; returns NULL. */
+ring_t *ring_unmap(ring_t *r);
+
+/* Writer, hook-safe: reserves a record of @payload_len bytes of type @type. Returns 0,
+ * -EAGAIN when full (record dropped and counted), -EMSGSIZE when larger than
+ * RING_MAX_PAYLOAD or the ring (dropped and counted). In block mode (ring_set_blocking)
+ * waits for space up to the timeout before giving up. */
+int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len,
+                         struct ring_wspan *ret) HP_WARN_UNUSED;
+/* Writer, hook-safe: publishes the record. Returns true when the reader said it is idle
+ * and must be woken (the caller pokes the signalling socket). */
+bool ring_end_write(ring_t *r, struct ring_wspan *w);
+/* Writer: make ring_try_begin_write() wait up to @timeout_us for space. */
+void ring_set_blocking(ring_t *r, bool block, uint32_t timeout_us);
+
+/* Reader: returns 0 with the next record, -EAGAIN when there is none yet (empty, or the
+ * next record is still being written), -EBADMSG when the shared data is corrupt (the
+ * reader must then give up on this ring). Never reads outside the mapping. */
+int ring_begin_read(ring_t *r, struct ring_rspan *ret) HP_WARN_UNUSED;
+void ring_end_read(ring_t *r, const struct ring_rspan *rd);
+/* Reader: announce that the reader is about to sleep. After calling it the reader must
+ * call ring_begin_read() once more before sleeping, so no wakeup is lost. */
+void ring_set_reader_idle(ring_t *r, bool idle);
+
+/* Either side: a snapshot of the shared statistics (unvalidated on the reader side). */
+void ring_get_stats(ring_t *r, struct ring_stats *ret);
+
+#endif

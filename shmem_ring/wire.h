@@ -1,0 +1,121 @@
+/* shmem_ring/wire.h: the bytes that travel between the preload client and the service,
+ * through the handshake socket and through the shared ring.
+ *
+ * Security model. The service trusts nothing the client sends: every field of every
+ * struct below may hold any value, the ring's shared header may change between two reads,
+ * and records may be truncated, oversized or interleaved with garbage. The service copies
+ * a record's fixed part into its own memory once, then validates it (lengths against the
+ * record length, stack length against the cap announced in the handshake), and only then
+ * uses it. The client, in turn, trusts the service's configuration only after checking
+ * the magic and the ring fd's size.
+ *
+ * Layout rules: fixed-width little-endian fields, explicit padding, sizes and offsets
+ * pinned with _Static_assert. New fields are announced by feature bits in the handshake,
+ * never by a version number in records.
+ *
+ *     struct wire_alloc a = {.seq = seq, .addr = (uint64_t)p, ...};
+ *     memcpy(span.data, &a, sizeof(a));
+ *     memcpy((char *)span.data + sizeof(a), (void *)sp, stack_len);
+ */
+#ifndef HP_SHMEM_RING_WIRE_H
+#define HP_SHMEM_RING_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/regs.h"
+
+/* ---- Handshake ------------------------------------------------------------------- */
+
+#define WIRE_HELLO_MAGIC 0x48505246u  /* "HPRF" */
+#define WIRE_CONFIG_MAGIC 0x48504346u /* "HPCF" */
+
+/* Feature bits (wire_hello.features / wire_client_config.features). */
+#define WIRE_FEATURE_REGS_X86_64 (1u << 0)
+
+/* Why the client connects (wire_hello.reason). */
+#define WIRE_REASON_STARTUP 1u /* profiling asked for by the environment at startup */
+#define WIRE_REASON_ATTACH 2u  /* woken by the attach signal */
+
+/* Client -> service, with SCM_RIGHTS [maps_fd, mem_fd] (/proc/self/maps, /proc/self/mem). */
+struct wire_hello {
+    uint32_t magic;    /* WIRE_HELLO_MAGIC */
+    uint32_t features; /* WIRE_FEATURE_* the client speaks */
+    int32_t pid;       /* getpid() of the client; checked against SO_PEERCRED */
+    uint32_t reason;   /* WIRE_REASON_* */
+};
+_Static_assert(sizeof(struct wire_hello) == 16, "wire_hello ABI");
+
+/* wire_client_config.status */
+#define WIRE_STATUS_PROFILE 0u     /* ring fd attached; start sampling */
+#define WIRE_STATUS_NOT_PROFILED 1u /* no fd; stay passthrough */
+
+/* Service -> client, with SCM_RIGHTS [ring_fd] when status == WIRE_STATUS_PROFILE. */
+struct wire_client_config {
+    uint32_t magic;    /* WIRE_CONFIG_MAGIC */
+    uint32_t status;   /* WIRE_STATUS_* */
+    uint32_t features; /* features the service accepted (subset of the hello's) */
+    uint32_t block_client; /* 1: wait for ring space up to block_client_timeout_us */
+    uint64_t sampling_interval_bytes; /* >= 1 */
+    uint64_t max_stack_bytes;         /* cap of a stack copy, multiple of 8 */
+    uint32_t block_client_timeout_us;
+    uint32_t reserved;
+};
+_Static_assert(sizeof(struct wire_client_config) == 40, "wire_client_config ABI");
+
+/* ---- Ring records ---------------------------------------------------------------- */
+
+/* Record types (the ring's record header carries them). */
+enum wire_type {
+    WIRE_ALLOC = 1, /* struct wire_alloc followed by stack_len bytes of stack */
+    WIRE_FREE = 2,  /* struct wire_free */
+};
+
+/* x86_64 registers in DWARF / libunwind (UNW_X86_64_*) numbering:
+ * rax rdx rcx rbx rsi rdi rbp rsp r8 r9 r10 r11 r12 r13 r14 r15 rip. The client fills
+ * at least rbx, rbp, rsp, r12-r15 and rip; the others may be 0. */
+#define WIRE_NREGS 17
+_Static_assert(WIRE_NREGS == HP_NREGS, "register layout");
+#define WIRE_REG_RBX 3
+#define WIRE_REG_RBP 6
+#define WIRE_REG_RSP 7
+#define WIRE_REG_R12 12
+#define WIRE_REG_R13 13
+#define WIRE_REG_R14 14
+#define WIRE_REG_R15 15
+#define WIRE_REG_RIP 16
+
+/* wire_alloc.flags */
+#define WIRE_ALLOC_STACK_TRUNCATED (1u << 0) /* the copy hit max_stack_bytes */
+#define WIRE_ALLOC_UNKNOWN_STACK (1u << 1)   /* sp outside the thread's known stack */
+
+/* A sampled allocation. The stack copy starts at address @stack_ptr in the client
+ * (== regs[WIRE_REG_RSP] or below it) and is @stack_len bytes long. */
+struct wire_alloc {
+    uint64_t seq;         /* per-process sequence number, taken after the real malloc */
+    uint64_t addr;        /* address returned to the app */
+    uint64_t size;        /* bytes the app asked for */
+    uint64_t sample_size; /* bytes attributed by the sampler (interval * k, or size) */
+    uint64_t ts_ns;       /* CLOCK_MONOTONIC_COARSE */
+    uint32_t heap_id;     /* 0 = libc.malloc */
+    uint32_t tid;
+    uint64_t stack_ptr;
+    uint32_t stack_len;
+    uint32_t flags; /* WIRE_ALLOC_* */
+    uint64_t regs[WIRE_NREGS];
+};
+_Static_assert(sizeof(struct wire_alloc) == 200, "wire_alloc ABI");
+_Static_assert(offsetof(struct wire_alloc, stack_ptr) == 48, "wire_alloc ABI");
+_Static_assert(offsetof(struct wire_alloc, regs) == 64, "wire_alloc ABI");
+
+/* A free of an address the client sampled (or of any address once the client's filter
+ * overflowed). Recorded before the real free. */
+struct wire_free {
+    uint64_t seq;
+    uint64_t addr;
+    uint32_t heap_id;
+    uint32_t reserved;
+};
+_Static_assert(sizeof(struct wire_free) == 24, "wire_free ABI");
+
+#endif

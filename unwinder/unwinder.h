@@ -1,0 +1,67 @@
+/* unwinder/unwinder.h: unwinding of stack copies taken in another process, and
+ * symbolization of the frames found.
+ *
+ * Per-process state (maps, libunwind address space and caches) lives in an
+ * unwinder_process_t owned by the unwinder thread serving that process. ELF files,
+ * unwind tables, symbol tables, mappings and function names are cached once in the
+ * global state shared by all processes (thread-safe); the hp_mapping and string pointers
+ * handed out in frames are immutable and valid until unwinder_global_done().
+ *
+ *     unwinder_global_init();
+ *     unwinder_process_t *p;
+ *     unwinder_process_new(pid, maps_fd, mem_fd, &p);       // takes both fds
+ *     size_t n;
+ *     unwinder_unwind(p, rec.regs, rec.stack_ptr, stack, rec.stack_len, frames, 500, &n, &res);
+ *     p = unwinder_process_free(p);
+ *     unwinder_global_done();
+ */
+#ifndef HP_UNWINDER_UNWINDER_H
+#define HP_UNWINDER_UNWINDER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "common/frame.h"
+#include "common/macros.h"
+#include "shmem_ring/wire.h"
+
+#define UNWINDER_MAX_FRAMES 500
+
+typedef struct unwinder_process unwinder_process_t;
+
+/* Outcome of one unwind, for ProcessStats. */
+struct unwinder_result {
+    bool error;           /* the last frame is an "ERROR <reason>" frame */
+    bool reparsed_maps;   /* an unknown pc made us reread /proc/PID/maps */
+    bool truncated;       /* stopped at max_frames */
+};
+
+/* Thread-safe; call once before any other call, and unwinder_global_done() after the
+ * last process is freed. */
+int unwinder_global_init(void) HP_WARN_UNUSED;
+void unwinder_global_done(void);
+
+/* Creates the state for process @pid. Takes ownership of @maps_fd (an open
+ * /proc/PID/maps, read from offset 0 with pread) and @mem_fd (/proc/PID/mem) in all
+ * cases. Not thread-safe per process: one thread uses a process at a time. */
+int unwinder_process_new(pid_t pid, int maps_fd, int mem_fd,
+                         unwinder_process_t **ret) HP_WARN_UNUSED;
+unwinder_process_t *unwinder_process_free(unwinder_process_t *p);
+
+/* Unwinds one stack copy. @regs: the registers captured by the client (WIRE_REG_*
+ * numbering); @stack: the copy of the client's memory at [stack_ptr, stack_ptr+stack_len).
+ * Writes up to @max_frames frames, leaf first, to @frames and their count to @ret_n.
+ * Leading frames inside libheapprof.so are skipped, so frame 0 is the app's caller of
+ * malloc (or operator new, etc.). On failure the frames found so far are kept and one
+ * frame with function_name "ERROR <reason>" is appended (counted in the result). Returns
+ * 0; -errno only for programmer errors. Never crashes or hangs on hostile input. */
+int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint64_t stack_ptr,
+                    const uint8_t *stack, size_t stack_len, struct hp_frame *frames,
+                    size_t max_frames, size_t *ret_n, struct unwinder_result *ret_res);
+
+/* Bytes of memory held by the global caches. */
+size_t unwinder_global_bytes(void);
+
+#endif
