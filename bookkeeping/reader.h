@@ -78,6 +78,7 @@ struct bk_report_options {
     int top_n;      /* sites per table; 0 means 10 */
     bool demangle;  /* demangle C++ names (default on in the CLI) */
     bool no_stacks; /* one line per site instead of full stacks */
+    bool unreleased_only; /* only the table of sites by unreleased bytes */
 };
 
 /* Prints, per process: top sites by unreleased bytes, top sites by allocated bytes, with

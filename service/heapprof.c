@@ -1,0 +1,654 @@
+/* service/heapprof.c: the `heapprof` command.
+ *
+ *     heapprof record [options] -- CMD [ARGS...]   profile CMD from its first allocation
+ *     heapprof report FILE [--top N]               print the top allocation sites
+ */
+#include <elf.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bookkeeping/reader.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "service/svc.h"
+
+#ifndef HP_LIBDIR_FROM_BINDIR
+#define HP_LIBDIR_FROM_BINDIR "../lib"
+#endif
+
+/* Exit codes (documented in --help). */
+#define EXIT_USAGE 2
+#define EXIT_NOT_FOUND 127
+#define EXIT_CANNOT_RUN 126
+#define EXIT_PROFILER 3
+
+extern char **environ;
+
+static void usage_main(FILE *f)
+{
+    fputs("usage: heapprof COMMAND [ARGS...]\n"
+          "\n"
+          "A sampling heap profiler. Commands:\n"
+          "  record [options] -- CMD [ARGS...]  run CMD under the profiler, write a trace\n"
+          "  report FILE [options]              print the top allocation sites of a trace\n"
+          "\n"
+          "Run 'heapprof COMMAND --help' for the options of a command.\n",
+          f);
+}
+
+static void usage_record(FILE *f)
+{
+    fputs("usage: heapprof record [options] [--] CMD [ARGS...]\n"
+          "\n"
+          "Runs CMD with libheapprof.so preloaded, profiles it (and the programs it\n"
+          "executes) from its first allocation, writes a Perfetto trace when CMD exits,\n"
+          "prints a summary on stderr and exits with CMD's exit status.\n"
+          "\n"
+          "options:\n"
+          "  -o, --output FILE            trace file (default heapprof-<name>-<pid>.pftrace)\n"
+          "  -i, --sampling-interval N    mean bytes between samples (default 4096; 1 records\n"
+          "                               every allocation); suffixes k, M, G accepted\n"
+          "      --shmem-size N           shared buffer per process, power of two (default 8M)\n"
+          "      --max-stack N            bytes of stack copied per sample (default 64k)\n"
+          "      --block-client           make the app wait for buffer space instead of\n"
+          "                               dropping samples (bounded by --block-timeout-us)\n"
+          "      --block-timeout-us N     (default 100000)\n"
+          "      --dump-at-max            report live memory at the peak, not at the end\n"
+          "      --seed N                 fixed sampler seed for reproducible runs\n"
+          "      --top N                  sites in the summary (default 10; 0: none)\n"
+          "  -q, --quiet                  no summary\n"
+          "  -h, --help                   this help\n"
+          "\n"
+          "examples:\n"
+          "  heapprof record -- ./myapp arg1 arg2\n"
+          "  heapprof record -o app.pftrace -i 1 -- python3 script.py\n"
+          "  heapprof report app.pftrace\n"
+          "\n"
+          "exit status: CMD's status (128+N if killed by signal N); 2 usage error;\n"
+          "3 profiler failure; 126 CMD cannot run; 127 CMD not found.\n",
+          f);
+}
+
+static void usage_report(FILE *f)
+{
+    fputs("usage: heapprof report FILE [options]\n"
+          "\n"
+          "Prints, per process, the call sites holding the most unreleased memory and the\n"
+          "ones that allocated most, with full stacks, and the trace's statistics.\n"
+          "\n"
+          "options:\n"
+          "  -n, --top N        sites per table (default 10)\n"
+          "      --dump N       use the Nth dump of each process (default: the last)\n"
+          "      --no-demangle  print C++ names as stored\n"
+          "      --no-stacks    one line per site\n"
+          "  -h, --help         this help\n"
+          "\n"
+          "example:\n"
+          "  heapprof report heapprof-myapp-1234.pftrace --top 5\n",
+          f);
+}
+
+static int parse_int(const char *s, long min, long max, long *ret)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < min || v > max)
+        return -EINVAL;
+    *ret = v;
+    return 0;
+}
+
+/* ---- report ----------------------------------------------------------------------- */
+
+static int cmd_report(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"top", required_argument, NULL, 'n'},     {"dump", required_argument, NULL, 'd'},
+        {"no-demangle", no_argument, NULL, 'D'},   {"no-stacks", no_argument, NULL, 'S'},
+        {"help", no_argument, NULL, 'h'},          {0},
+    };
+    struct bk_report_options ro = {.top_n = 10, .demangle = true};
+    struct bk_trace_options to = {0};
+    long v;
+    int c;
+
+    while ((c = getopt_long(argc, argv, "n:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'n':
+            if (parse_int(optarg, 1, 100000, &v) < 0) {
+                fprintf(stderr, "heapprof report: --top wants a number >= 1, not '%s'\n",
+                        optarg);
+                return EXIT_USAGE;
+            }
+            ro.top_n = (int)v;
+            break;
+        case 'd':
+            if (parse_int(optarg, 1, INT_MAX, &v) < 0) {
+                fprintf(stderr, "heapprof report: --dump wants a number >= 1, not '%s'\n",
+                        optarg);
+                return EXIT_USAGE;
+            }
+            to.dump_index = (int)v;
+            break;
+        case 'D':
+            ro.demangle = false;
+            break;
+        case 'S':
+            ro.no_stacks = true;
+            break;
+        case 'h':
+            usage_report(stdout);
+            return 0;
+        default:
+            usage_report(stderr);
+            return EXIT_USAGE;
+        }
+    }
+    if (optind != argc - 1) {
+        fprintf(stderr, "heapprof report: expected one trace file\n");
+        usage_report(stderr);
+        return EXIT_USAGE;
+    }
+    const char *path = argv[optind];
+    struct bk_trace *t;
+    int r = bk_trace_load(path, &to, &t);
+    if (r < 0) {
+        fprintf(stderr, "heapprof report: cannot read %s: %s\n", path,
+                r == -EBADMSG ? "not a valid trace file" : strerror(-r));
+        return 1;
+    }
+    bk_report_print(stdout, t, &ro);
+    bk_trace_free(t);
+    return 0;
+}
+
+/* ---- record ----------------------------------------------------------------------- */
+
+/* Finds @name like execvp does. Returns a malloc'd path, or NULL with errno set. */
+static char *find_program(const char *name)
+{
+    if (strchr(name, '/')) {
+        if (access(name, F_OK) < 0)
+            return NULL;
+        return strdup(name);
+    }
+    const char *path = getenv("PATH");
+    if (!path || !*path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    const char *p = path;
+    int saved = ENOENT;
+    while (*p) {
+        const char *colon = strchr(p, ':');
+        size_t len = colon ? (size_t)(colon - p) : strlen(p);
+        char *cand;
+        if (asprintf(&cand, "%.*s%s%s", (int)len, p, len ? "/" : "", name) < 0)
+            return NULL;
+        struct stat st;
+        if (stat(cand, &st) == 0 && S_ISREG(st.st_mode)) {
+            if (access(cand, X_OK) == 0)
+                return cand;
+            saved = EACCES;
+        }
+        free(cand);
+        p = colon ? colon + 1 : p + len;
+    }
+    errno = saved;
+    return NULL;
+}
+
+/* Returns 1 for a dynamically linked ELF (or a script), 0 for a static ELF, -errno. */
+static int is_dynamic(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    Elf64_Ehdr eh;
+    ssize_t n = pread(fd, &eh, sizeof(eh), 0);
+    int res = 1;
+    if (n >= 2 && memcmp(&eh, "#!", 2) == 0)
+        goto out; /* a script: its interpreter decides */
+    if (n != (ssize_t)sizeof(eh) || memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 ||
+        eh.e_ident[EI_CLASS] != ELFCLASS64) {
+        res = -ENOEXEC;
+        goto out;
+    }
+    res = 0;
+    for (unsigned i = 0; i < eh.e_phnum && i < 512; i++) {
+        Elf64_Phdr ph;
+        if (pread(fd, &ph, sizeof(ph), (off_t)(eh.e_phoff + (uint64_t)i * eh.e_phentsize)) !=
+            (ssize_t)sizeof(ph))
+            break;
+        if (ph.p_type == PT_INTERP || ph.p_type == PT_DYNAMIC) {
+            res = 1;
+            break;
+        }
+    }
+out:
+    (void)close(fd);
+    return res;
+}
+
+/* libheapprof.so next to this binary: in the build tree (../preload/) or installed. */
+static char *find_library(void)
+{
+    const char *env = getenv("HEAPPROF_LIB");
+    if (env && *env)
+        return access(env, R_OK) == 0 ? strdup(env) : NULL;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n < 0)
+        return NULL;
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (!slash)
+        return NULL;
+    *slash = '\0';
+    const char *rel[] = {"../preload", HP_LIBDIR_FROM_BINDIR, "../lib", "../lib64", "."};
+    for (size_t i = 0; i < sizeof(rel) / sizeof(rel[0]); i++) {
+        char *cand, *real;
+        if (asprintf(&cand, "%s/%s/libheapprof.so", exe, rel[i]) < 0)
+            return NULL;
+        real = realpath(cand, NULL);
+        free(cand);
+        if (real && access(real, R_OK) == 0)
+            return real;
+        free(real);
+    }
+    return NULL;
+}
+
+static const char *base_name(const char *p)
+{
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+/* Builds the child's environment: ours plus the profiler's variables; LD_PRELOAD keeps
+ * the user's entries after ours. */
+static char **build_env(const char *lib, const char *sock, const char *seed)
+{
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    char **env = calloc(n + 8, sizeof(*env));
+    if (!env)
+        return NULL;
+    size_t k = 0;
+    const char *old_preload = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (!strncmp(environ[i], "LD_PRELOAD=", 11)) {
+            old_preload = environ[i] + 11;
+            continue;
+        }
+        if (!strncmp(environ[i], "HEAPPROF_", 9))
+            continue;
+        env[k++] = environ[i];
+    }
+    char *s;
+    if (old_preload && *old_preload) {
+        if (asprintf(&s, "LD_PRELOAD=%s:%s", lib, old_preload) < 0)
+            return NULL;
+    } else if (asprintf(&s, "LD_PRELOAD=%s", lib) < 0) {
+        return NULL;
+    }
+    env[k++] = s;
+    if (asprintf(&s, "HEAPPROF_SOCKET=%s", sock) < 0)
+        return NULL;
+    env[k++] = s;
+    env[k++] = "HEAPPROF_STARTUP=1";
+    if (seed) {
+        if (asprintf(&s, "HEAPPROF_SEED=%s", seed) < 0)
+            return NULL;
+        env[k++] = s;
+    }
+    env[k] = NULL;
+    return env;
+}
+
+static void human_bytes(uint64_t b, char *buf, size_t len)
+{
+    const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)b;
+    unsigned u = 0;
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%llu B", (unsigned long long)b);
+    else
+        snprintf(buf, len, "%.1f %s", v, units[u]);
+}
+
+static int make_socket_dir(char *buf, size_t len)
+{
+    const char *base = getenv("XDG_RUNTIME_DIR");
+    struct stat st;
+    if (!base || base[0] != '/' || stat(base, &st) < 0 || !S_ISDIR(st.st_mode) ||
+        access(base, W_OK | X_OK) < 0)
+        base = "/tmp";
+    int n = snprintf(buf, len, "%s/heapprof-XXXXXX", base);
+    if (n < 0 || (size_t)n >= len)
+        return -ENAMETOOLONG;
+    if (!mkdtemp(buf))
+        return -errno;
+    return 0;
+}
+
+static int cmd_record(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"output", required_argument, NULL, 'o'},
+        {"sampling-interval", required_argument, NULL, 'i'},
+        {"shmem-size", required_argument, NULL, 'S'},
+        {"max-stack", required_argument, NULL, 'K'},
+        {"block-client", no_argument, NULL, 'B'},
+        {"block-timeout-us", required_argument, NULL, 'T'},
+        {"dump-at-max", no_argument, NULL, 'M'},
+        {"seed", required_argument, NULL, 's'},
+        {"top", required_argument, NULL, 'n'},
+        {"quiet", no_argument, NULL, 'q'},
+        {"help", no_argument, NULL, 'h'},
+        {0},
+    };
+    struct svc_config cfg;
+    const char *output = NULL, *seed = NULL;
+    bool quiet = false;
+    long top = 10, v;
+    uint64_t bytes;
+    int c;
+
+    svc_config_init(&cfg);
+    while ((c = getopt_long(argc, argv, "+o:i:qh", opts, NULL)) != -1) {
+        switch (c) {
+        case 'o':
+            output = optarg;
+            break;
+        case 'i':
+            if (svc_parse_bytes(optarg, &bytes) < 0) {
+                fprintf(stderr,
+                        "heapprof record: invalid sampling interval '%s': expected a number "
+                        "of bytes >= 1 (e.g. 4096, 512k)\n",
+                        optarg);
+                return EXIT_USAGE;
+            }
+            cfg.sampling_interval_bytes = bytes;
+            break;
+        case 'S':
+            if (svc_parse_bytes(optarg, &bytes) < 0) {
+                fprintf(stderr, "heapprof record: invalid --shmem-size '%s'\n", optarg);
+                return EXIT_USAGE;
+            }
+            cfg.shmem_size_bytes = bytes;
+            break;
+        case 'K':
+            if (svc_parse_bytes(optarg, &bytes) < 0) {
+                fprintf(stderr, "heapprof record: invalid --max-stack '%s'\n", optarg);
+                return EXIT_USAGE;
+            }
+            cfg.max_stack_bytes = bytes;
+            break;
+        case 'B':
+            cfg.block_client = true;
+            break;
+        case 'T':
+            if (parse_int(optarg, 0, 60000000, &v) < 0) {
+                fprintf(stderr, "heapprof record: invalid --block-timeout-us '%s'\n", optarg);
+                return EXIT_USAGE;
+            }
+            cfg.block_client_timeout_us = (uint32_t)v;
+            break;
+        case 'M':
+            cfg.dump_at_max = true;
+            break;
+        case 's':
+            if (parse_int(optarg, 0, LONG_MAX, &v) < 0) {
+                fprintf(stderr, "heapprof record: invalid --seed '%s'\n", optarg);
+                return EXIT_USAGE;
+            }
+            seed = optarg;
+            break;
+        case 'n':
+            if (parse_int(optarg, 0, 100000, &top) < 0) {
+                fprintf(stderr, "heapprof record: invalid --top '%s'\n", optarg);
+                return EXIT_USAGE;
+            }
+            break;
+        case 'q':
+            quiet = true;
+            break;
+        case 'h':
+            usage_record(stdout);
+            return 0;
+        default:
+            usage_record(stderr);
+            return EXIT_USAGE;
+        }
+    }
+    if (optind >= argc) {
+        fprintf(stderr, "heapprof record: no program given\n");
+        usage_record(stderr);
+        return EXIT_USAGE;
+    }
+    char err[256];
+    if (svc_config_check(&cfg, err, sizeof(err)) < 0) {
+        fprintf(stderr, "heapprof record: %s\n", err);
+        return EXIT_USAGE;
+    }
+    char **child_argv = argv + optind;
+    char *prog = find_program(child_argv[0]);
+    if (!prog) {
+        fprintf(stderr, "heapprof record: cannot find program '%s'%s\n", child_argv[0],
+                strchr(child_argv[0], '/') ? "" : " in PATH");
+        return EXIT_NOT_FOUND;
+    }
+    int dyn = is_dynamic(prog);
+    if (dyn == 0) {
+        fprintf(stderr,
+                "heapprof record: '%s' is statically linked; heapprof works through "
+                "LD_PRELOAD and needs a dynamically linked program\n",
+                prog);
+        return EXIT_CANNOT_RUN;
+    }
+    if (dyn < 0 && dyn != -ENOEXEC) {
+        fprintf(stderr, "heapprof record: cannot read '%s': %s\n", prog, strerror(-dyn));
+        return EXIT_CANNOT_RUN;
+    }
+    char *lib = find_library();
+    if (!lib) {
+        fprintf(stderr, "heapprof record: cannot find libheapprof.so next to the heapprof "
+                        "binary (set HEAPPROF_LIB to its path)\n");
+        return EXIT_PROFILER;
+    }
+
+    char dir[PATH_MAX], sock[PATH_MAX + 32];
+    int r = make_socket_dir(dir, sizeof(dir));
+    if (r < 0) {
+        fprintf(stderr, "heapprof record: cannot create a private socket directory: %s\n",
+                strerror(-r));
+        return EXIT_PROFILER;
+    }
+    snprintf(sock, sizeof(sock), "%s/heapprofd.sock", dir);
+    cfg.socket_dir = dir;
+    char **env = build_env(lib, sock, seed);
+    if (!env) {
+        (void)rmdir(dir);
+        return EXIT_PROFILER;
+    }
+
+    /* Signals are taken through a signalfd; the child gets the original mask back. */
+    sigset_t mask, old_mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGHUP);
+    sigaddset(&mask, SIGQUIT);
+    sigprocmask(SIG_BLOCK, &mask, &old_mask);
+    int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+
+    /* The child waits for a go byte, so the service is listening (and the output named
+     * after its pid is open) before its first allocation. */
+    int go[2];
+    if (sfd < 0 || pipe2(go, O_CLOEXEC) < 0) {
+        perror("heapprof record");
+        (void)rmdir(dir);
+        return EXIT_PROFILER;
+    }
+    fflush(NULL);
+    pid_t child = fork();
+    if (child < 0) {
+        perror("heapprof record: fork");
+        (void)rmdir(dir);
+        return EXIT_PROFILER;
+    }
+    if (child == 0) {
+        char b;
+        (void)close(go[1]);
+        sigprocmask(SIG_SETMASK, &old_mask, NULL);
+        if (read(go[0], &b, 1) != 1)
+            _exit(EXIT_PROFILER);
+        execve(prog, child_argv, env);
+        int e = errno;
+        dprintf(STDERR_FILENO, "heapprof record: cannot run '%s': %s\n", prog, strerror(e));
+        _exit(e == ENOENT ? EXIT_NOT_FOUND : EXIT_CANNOT_RUN);
+    }
+    (void)close(go[0]);
+
+    char *out_path = NULL;
+    if (output)
+        out_path = strdup(output);
+    else if (asprintf(&out_path, "heapprof-%s-%d.pftrace", base_name(prog), (int)child) < 0)
+        out_path = NULL;
+    int out_fd = out_path ? open(out_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
+    svc_t *s = NULL;
+    if (out_fd < 0) {
+        fprintf(stderr, "heapprof record: cannot write the trace to '%s': %s\n",
+                out_path ? out_path : "?", strerror(errno));
+    } else {
+        r = svc_new(&cfg, out_fd, &s);
+        if (r < 0)
+            fprintf(stderr, "heapprof record: cannot start the profiling service: %s\n",
+                    strerror(-r));
+    }
+    if (!s) {
+        (void)close(go[1]);
+        (void)waitpid(child, NULL, 0);
+        (void)rmdir(dir);
+        return EXIT_PROFILER;
+    }
+    if (write(go[1], "g", 1) != 1) {
+        perror("heapprof record");
+    }
+    (void)close(go[1]);
+
+    int status = 0;
+    bool exited = false;
+    uint64_t exit_ns = 0;
+    for (;;) {
+        r = svc_poll(s, 50);
+        if (r < 0)
+            hp_log_warn("accept: %s", strerror(-r));
+        struct signalfd_siginfo si;
+        while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+            if (si.ssi_signo == SIGCHLD) {
+                pid_t w;
+                int st;
+                while ((w = waitpid(-1, &st, WNOHANG)) > 0) {
+                    if (w == child) {
+                        status = st;
+                        exited = true;
+                        exit_ns = hp_clock_ns(CLOCK_MONOTONIC);
+                    }
+                }
+            } else if (!exited && si.ssi_pid != 0) {
+                /* Sent by a process, not by the terminal (which signals the whole
+                 * process group): pass it on. */
+                (void)kill(child, (int)si.ssi_signo);
+            }
+        }
+        if (exited) {
+            /* Let every client that exited with the program be drained; descendants
+             * still running after a grace period are dumped as they are. */
+            if (svc_live_clients(s) == 0 ||
+                hp_clock_ns(CLOCK_MONOTONIC) - exit_ns > 2000000000ull)
+                break;
+        }
+    }
+
+    struct svc_summary sum;
+    r = svc_finish(s, &sum);
+    svc_free(s);
+    (void)rmdir(dir);
+    if (close(out_fd) < 0 && r == 0)
+        r = -errno;
+    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+
+    if (r < 0) {
+        fprintf(stderr, "heapprof record: writing '%s' failed: %s\n", out_path, strerror(-r));
+        return rc ? rc : EXIT_PROFILER;
+    }
+    if (!quiet) {
+        char hb[32];
+        human_bytes(sum.output_bytes, hb, sizeof(hb));
+        fprintf(stderr,
+                "\nheapprof: %llu process%s, %llu samples, %llu frees recorded; %llu samples "
+                "dropped, %llu unwinding errors%s\n",
+                (unsigned long long)sum.processes, sum.processes == 1 ? "" : "es",
+                (unsigned long long)sum.samples, (unsigned long long)sum.frees,
+                (unsigned long long)sum.records_dropped,
+                (unsigned long long)sum.unwinding_errors,
+                sum.corrupt_clients ? "; a client sent corrupt data" : "");
+        if (top > 0) {
+            struct bk_trace *t;
+            if (bk_trace_load(out_path, &(struct bk_trace_options){0}, &t) == 0) {
+                bk_report_print(stderr, t,
+                                &(struct bk_report_options){.top_n = (int)top,
+                                                            .demangle = true,
+                                                            .unreleased_only = true});
+                bk_trace_free(t);
+            }
+        }
+        fprintf(stderr, "heapprof: trace written to %s (%s); view it with 'heapprof report %s' "
+                        "or at ui.perfetto.dev\n",
+                out_path, hb, out_path);
+    }
+    free(out_path);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage_main(stderr);
+        return EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage_main(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version")) {
+        printf("heapprof %s\n", HP_VERSION);
+        return 0;
+    }
+    if (!strcmp(cmd, "record"))
+        return cmd_record(argc - 1, argv + 1);
+    if (!strcmp(cmd, "report"))
+        return cmd_report(argc - 1, argv + 1);
+    fprintf(stderr, "heapprof: unknown command '%s'\n", cmd);
+    usage_main(stderr);
+    return EXIT_USAGE;
+}

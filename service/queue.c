@@ -1,0 +1,93 @@
+/* service/queue.c: batches of messages from the unwinder threads to the bookkeeping
+ * thread. */
+#include "service/svc_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void svc__bkq_init(struct svc_bkq *q)
+{
+    memset(q, 0, sizeof(*q));
+    pthread_mutex_init(&q->lock, NULL);
+    pthread_cond_init(&q->cond, NULL);
+}
+
+void svc__bkq_done(struct svc_bkq *q)
+{
+    struct svc_batch *b = q->head;
+    while (b) {
+        struct svc_batch *n = b->next;
+        free(b);
+        b = n;
+    }
+    q->head = q->tail = NULL;
+    pthread_cond_destroy(&q->cond);
+    pthread_mutex_destroy(&q->lock);
+}
+
+void svc__bkq_post(struct svc_bkq *q, struct svc_batch *b)
+{
+    b->next = NULL;
+    pthread_mutex_lock(&q->lock);
+    if (q->tail)
+        q->tail->next = b;
+    else
+        q->head = b;
+    q->tail = b;
+    pthread_cond_signal(&q->cond);
+    pthread_mutex_unlock(&q->lock);
+}
+
+void svc__bkq_quit(struct svc_bkq *q)
+{
+    pthread_mutex_lock(&q->lock);
+    q->quit = true;
+    pthread_cond_broadcast(&q->cond);
+    pthread_mutex_unlock(&q->lock);
+}
+
+struct svc_batch *svc__bkq_take(struct svc_bkq *q)
+{
+    pthread_mutex_lock(&q->lock);
+    while (!q->head && !q->quit)
+        pthread_cond_wait(&q->cond, &q->lock);
+    struct svc_batch *b = q->head;
+    if (b) {
+        q->head = b->next;
+        if (!q->head)
+            q->tail = NULL;
+    }
+    pthread_mutex_unlock(&q->lock);
+    return b;
+}
+
+struct svc_msg *svc__batch_add(struct svc_batcher *b, size_t len)
+{
+    len = HP_ALIGN_UP(len, (size_t)8);
+    if (len > SVC_BATCH_BYTES)
+        return NULL;
+    if (b->cur && SVC_BATCH_BYTES - b->cur->used < len)
+        svc__batch_flush(b);
+    if (!b->cur) {
+        b->cur = malloc(sizeof(*b->cur));
+        if (!b->cur)
+            return NULL;
+        b->cur->used = 0;
+        b->cur->next = NULL;
+    }
+    struct svc_msg *m = (struct svc_msg *)(b->cur->data + b->cur->used);
+    memset(m, 0, sizeof(*m));
+    m->len = (uint32_t)len;
+    b->cur->used += len;
+    return m;
+}
+
+void svc__batch_flush(struct svc_batcher *b)
+{
+    if (!b->cur)
+        return;
+    if (b->cur->used == 0)
+        return;
+    svc__bkq_post(b->q, b->cur);
+    b->cur = NULL;
+}

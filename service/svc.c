@@ -1,0 +1,496 @@
+/* service/svc.c: the session: private socket directory, listening socket, handshakes
+ * (peer checks, ring creation), and the unwinder and bookkeeping threads. */
+#include "service/svc.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "common/fdpass.h"
+#include "common/log.h"
+#include "service/svc_internal.h"
+#include "shmem_ring/wire.h"
+
+#define HANDSHAKE_TIMEOUT_MS 2000
+#define MAX_CMDLINE 4096
+#define MAX_UNWINDERS 8
+
+struct svc_client *svc__client_free(struct svc_client *c)
+{
+    if (!c)
+        return NULL;
+    if (c->sock >= 0)
+        (void)close(c->sock);
+    if (c->maps_fd >= 0)
+        (void)close(c->maps_fd);
+    if (c->mem_fd >= 0)
+        (void)close(c->mem_fd);
+    c->unw = unwinder_process_free(c->unw);
+    c->ring = ring_unmap(c->ring);
+    free(c->cmdline);
+    free(c);
+    return NULL;
+}
+
+void svc__mark_done(struct svc *s, pid_t pid)
+{
+    pthread_mutex_lock(&s->done_lock);
+    if (s->n_done == s->cap_done) {
+        size_t cap = s->cap_done ? s->cap_done * 2 : 16;
+        pid_t *p = realloc(s->done_pids, cap * sizeof(*p));
+        if (p) {
+            s->done_pids = p;
+            s->cap_done = cap;
+        }
+    }
+    if (s->n_done < s->cap_done)
+        s->done_pids[s->n_done++] = pid;
+    pthread_mutex_unlock(&s->done_lock);
+}
+
+bool svc_client_done(svc_t *s, pid_t pid)
+{
+    bool done = false;
+    pthread_mutex_lock(&s->done_lock);
+    for (size_t i = 0; i < s->n_done && !done; i++)
+        done = s->done_pids[i] == pid;
+    pthread_mutex_unlock(&s->done_lock);
+    return done;
+}
+
+unsigned svc_live_clients(svc_t *s)
+{
+    return atomic_load_explicit(&s->live_clients, memory_order_relaxed);
+}
+
+const char *svc_socket_path(svc_t *s)
+{
+    return s->sock_path;
+}
+
+static int make_dir(const struct svc_config *cfg, char **ret)
+{
+    char tmpl[PATH_MAX];
+    if (cfg->socket_dir) {
+        if (mkdir(cfg->socket_dir, 0700) < 0 && errno != EEXIST)
+            return -errno;
+        char *d = strdup(cfg->socket_dir);
+        if (!d)
+            return -ENOMEM;
+        *ret = d;
+        return 0;
+    }
+    const char *base = getenv("XDG_RUNTIME_DIR");
+    struct stat st;
+    if (!base || base[0] != '/' || stat(base, &st) < 0 || !S_ISDIR(st.st_mode) ||
+        access(base, W_OK) < 0)
+        base = "/tmp";
+    int n = snprintf(tmpl, sizeof(tmpl), "%s/heapprof-XXXXXX", base);
+    if (n < 0 || (size_t)n >= sizeof(tmpl))
+        return -ENAMETOOLONG;
+    if (!mkdtemp(tmpl)) /* mode 0700 */
+        return -errno;
+    char *d = strdup(tmpl);
+    if (!d)
+        return -ENOMEM;
+    *ret = d;
+    return 0;
+}
+
+static int listen_on(const char *path, int *ret_fd)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof(addr.sun_path))
+        return -ENAMETOOLONG;
+    strcpy(addr.sun_path, path);
+    HP_CLEANUP_CLOSE int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return -errno;
+    (void)unlink(path);
+    if (bind(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0)
+        return -errno;
+    if (listen(fd, 128) < 0)
+        return -errno;
+    *ret_fd = HP_TAKE_FD(fd);
+    return 0;
+}
+
+static int start_unwinder(struct svc *s, struct svc_unwinder *u)
+{
+    u->svc = s;
+    u->epfd = u->wake_fd = -1;
+    pthread_mutex_init(&u->lock, NULL);
+    u->batcher.q = &s->bkq;
+    u->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (u->epfd < 0)
+        return -errno;
+    u->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (u->wake_fd < 0)
+        return -errno;
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+    if (epoll_ctl(u->epfd, EPOLL_CTL_ADD, u->wake_fd, &ev) < 0)
+        return -errno;
+    int r = pthread_create(&u->thread, NULL, svc__unwinder_main, u);
+    return -r;
+}
+
+int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret)
+{
+    char err[256];
+    int r = svc_config_check(cfg, err, sizeof(err));
+    if (r < 0) {
+        hp_log_error("%s", err);
+        return r;
+    }
+    struct svc *s = calloc(1, sizeof(*s));
+    if (!s)
+        return -ENOMEM;
+    s->cfg = *cfg;
+    s->out_fd = out_fd;
+    s->listen_fd = s->epfd = -1;
+    pthread_mutex_init(&s->done_lock, NULL);
+    svc__bkq_init(&s->bkq);
+
+    r = make_dir(cfg, &s->dir);
+    if (r < 0) {
+        hp_log_error("cannot create the socket directory: %s", strerror(-r));
+        goto fail;
+    }
+    if (asprintf(&s->sock_path, "%s/heapprofd.sock", s->dir) < 0) {
+        s->sock_path = NULL;
+        r = -ENOMEM;
+        goto fail;
+    }
+    r = listen_on(s->sock_path, &s->listen_fd);
+    if (r < 0) {
+        hp_log_error("cannot listen on %s: %s", s->sock_path, strerror(-r));
+        goto fail;
+    }
+    s->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (s->epfd < 0) {
+        r = -errno;
+        goto fail;
+    }
+    struct epoll_event ev = {.events = EPOLLIN};
+    if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->listen_fd, &ev) < 0) {
+        r = -errno;
+        goto fail;
+    }
+
+    r = unwinder_global_init();
+    if (r < 0) {
+        hp_log_error("cannot initialise the unwinder: %s", strerror(-r));
+        goto fail;
+    }
+    r = bk_new(&(struct bk_config){.out_fd = out_fd, .sequence_id = 1,
+                                   .dump_at_max = cfg->dump_at_max},
+               &s->bk);
+    if (r < 0)
+        goto fail;
+    r = -pthread_create(&s->bk_thread, NULL, svc__bk_main, s);
+    if (r < 0)
+        goto fail;
+    s->bk_started = true;
+
+    unsigned n = cfg->unwinder_threads;
+    if (n == 0) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        n = cpus > 0 ? (unsigned)cpus : 1;
+    }
+    if (n > MAX_UNWINDERS)
+        n = MAX_UNWINDERS;
+    s->unwinders = calloc(n, sizeof(*s->unwinders));
+    if (!s->unwinders) {
+        r = -ENOMEM;
+        goto fail;
+    }
+    for (unsigned i = 0; i < n; i++) {
+        r = start_unwinder(s, &s->unwinders[i]);
+        if (r < 0) {
+            s->unwinders[i].svc = NULL;
+            goto fail;
+        }
+        s->n_unwinders++;
+    }
+    *ret = s;
+    return 0;
+fail:
+    svc_free(s);
+    return r;
+}
+
+static int read_cmdline(pid_t pid, char **ret, size_t *ret_len)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+    HP_CLEANUP_CLOSE int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    char *buf = malloc(MAX_CMDLINE);
+    if (!buf)
+        return -ENOMEM;
+    size_t len = 0;
+    while (len < MAX_CMDLINE) {
+        ssize_t n = read(fd, buf + len, MAX_CMDLINE - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+    }
+    *ret = buf;
+    *ret_len = len;
+    return 0;
+}
+
+/* True when @fd (received from a client) is /proc/@pid/@what. The client opened
+ * /proc/self/@what, which the kernel resolves to the pid's own directory. */
+static bool fd_is_proc_file(int fd, pid_t pid, const char *what)
+{
+    char link[64], target[128], want[64];
+    snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, target, sizeof(target) - 1);
+    if (n < 0)
+        return false;
+    target[n] = '\0';
+    snprintf(want, sizeof(want), "/proc/%d/%s", (int)pid, what);
+    return strcmp(target, want) == 0;
+}
+
+static void reject(int sock)
+{
+    struct wire_client_config cfg = {.magic = WIRE_CONFIG_MAGIC,
+                                     .status = WIRE_STATUS_NOT_PROFILED};
+    (void)hp_send_fds(sock, &cfg, sizeof(cfg), NULL, 0);
+}
+
+static void hand_over(struct svc *s, struct svc_client *c)
+{
+    struct svc_unwinder *best = &s->unwinders[s->next_unwinder++ % s->n_unwinders];
+    for (unsigned i = 0; i < s->n_unwinders; i++) {
+        struct svc_unwinder *u = &s->unwinders[i];
+        if (atomic_load_explicit(&u->nclients, memory_order_relaxed) <
+            atomic_load_explicit(&best->nclients, memory_order_relaxed))
+            best = u;
+    }
+    atomic_fetch_add_explicit(&best->nclients, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->live_clients, 1, memory_order_relaxed);
+    pthread_mutex_lock(&best->lock);
+    c->next = best->incoming;
+    best->incoming = c;
+    pthread_mutex_unlock(&best->lock);
+    uint64_t one = 1;
+    (void)!write(best->wake_fd, &one, sizeof(one));
+}
+
+/* Runs the handshake on a freshly accepted socket. Takes ownership of @sock. */
+static void handshake(struct svc *s, int sock)
+{
+    struct timeval tv = {.tv_sec = HANDSHAKE_TIMEOUT_MS / 1000,
+                         .tv_usec = (HANDSHAKE_TIMEOUT_MS % 1000) * 1000};
+    struct wire_hello hello;
+    int fds[2] = {-1, -1};
+    size_t nfds = 0;
+    struct svc_client *c = NULL;
+    int ring_fd = -1;
+    int r;
+
+    (void)setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    (void)setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    r = hp_recv_fds(sock, &hello, sizeof(hello), fds, 2, &nfds);
+    if (r < 0) {
+        hp_log_warn("handshake: no valid hello from a client: %s", strerror(-r));
+        goto reject;
+    }
+    struct ucred cred;
+    socklen_t cl = sizeof(cred);
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) {
+        hp_log_warn("handshake: SO_PEERCRED: %s", strerror(errno));
+        goto reject;
+    }
+    if (hello.magic != WIRE_HELLO_MAGIC || nfds != 2) {
+        hp_log_warn("pid %d: handshake: bad hello", (int)cred.pid);
+        goto reject;
+    }
+    if (cred.uid != geteuid() && geteuid() != 0) {
+        hp_log_warn("pid %d: handshake: client of uid %u rejected", (int)cred.pid,
+                    (unsigned)cred.uid);
+        goto reject;
+    }
+    if (hello.pid != cred.pid || !fd_is_proc_file(fds[0], cred.pid, "maps") ||
+        !fd_is_proc_file(fds[1], cred.pid, "mem")) {
+        hp_log_warn("pid %d: handshake: pid or /proc descriptors do not match the peer",
+                    (int)cred.pid);
+        goto reject;
+    }
+
+    c = calloc(1, sizeof(*c));
+    if (!c)
+        goto reject;
+    c->sock = c->maps_fd = c->mem_fd = -1;
+    c->pid = cred.pid;
+    c->maps_fd = fds[0];
+    c->mem_fd = fds[1];
+    fds[0] = fds[1] = -1;
+    c->max_stack_bytes = s->cfg.max_stack_bytes;
+    c->sampling_interval_bytes = s->cfg.sampling_interval_bytes;
+    c->from_startup = hello.reason == WIRE_REASON_STARTUP;
+    if (read_cmdline(c->pid, &c->cmdline, &c->cmdline_len) < 0) {
+        c->cmdline = NULL;
+        c->cmdline_len = 0;
+    }
+
+    r = ring_create(s->cfg.shmem_size_bytes, &ring_fd);
+    if (r >= 0)
+        r = ring_map(ring_fd, RING_ROLE_READER, &c->ring);
+    if (r < 0) {
+        hp_log_warn("pid %d: cannot create the shared buffer: %s", (int)c->pid, strerror(-r));
+        goto reject;
+    }
+    ring_set_reader_idle(c->ring, true);
+
+    struct wire_client_config cfg = {
+        .magic = WIRE_CONFIG_MAGIC,
+        .status = WIRE_STATUS_PROFILE,
+        .features = hello.features & WIRE_FEATURE_REGS_X86_64,
+        .block_client = s->cfg.block_client,
+        .sampling_interval_bytes = s->cfg.sampling_interval_bytes,
+        .max_stack_bytes = s->cfg.max_stack_bytes,
+        .block_client_timeout_us = s->cfg.block_client_timeout_us,
+    };
+    r = hp_send_fds(sock, &cfg, sizeof(cfg), &ring_fd, 1);
+    (void)close(ring_fd);
+    ring_fd = -1;
+    if (r < 0) {
+        hp_log_warn("pid %d: handshake: cannot answer: %s", (int)c->pid, strerror(-r));
+        goto drop;
+    }
+    int fl = fcntl(sock, F_GETFL);
+    if (fl >= 0)
+        (void)fcntl(sock, F_SETFL, fl | O_NONBLOCK);
+    c->sock = sock;
+    atomic_fetch_add_explicit(&s->processes, 1, memory_order_relaxed);
+    hp_log_info("pid %d: profiling", (int)c->pid);
+    hand_over(s, c);
+    return;
+
+reject:
+    reject(sock);
+drop:
+    atomic_fetch_add_explicit(&s->rejected, 1, memory_order_relaxed);
+    if (ring_fd >= 0)
+        (void)close(ring_fd);
+    for (int i = 0; i < 2; i++)
+        if (fds[i] >= 0)
+            (void)close(fds[i]);
+    svc__client_free(c);
+    (void)close(sock);
+}
+
+int svc_poll(svc_t *s, int timeout_ms)
+{
+    struct epoll_event ev;
+    int n = epoll_wait(s->epfd, &ev, 1, timeout_ms);
+    if (n < 0)
+        return errno == EINTR ? 0 : -errno;
+    if (n == 0)
+        return 0;
+    for (;;) {
+        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return 0;
+            return -errno;
+        }
+        handshake(s, fd);
+    }
+}
+
+int svc_finish(svc_t *s, struct svc_summary *ret_summary)
+{
+    if (s->listen_fd >= 0) {
+        (void)close(s->listen_fd);
+        s->listen_fd = -1;
+    }
+    for (unsigned i = 0; i < s->n_unwinders; i++) {
+        struct svc_unwinder *u = &s->unwinders[i];
+        pthread_mutex_lock(&u->lock);
+        u->stop = true;
+        pthread_mutex_unlock(&u->lock);
+        uint64_t one = 1;
+        (void)!write(u->wake_fd, &one, sizeof(one));
+    }
+    for (unsigned i = 0; i < s->n_unwinders; i++) {
+        struct svc_unwinder *u = &s->unwinders[i];
+        pthread_join(u->thread, NULL);
+        /* clients handed over but never adopted */
+        while (u->incoming) {
+            struct svc_client *c = u->incoming;
+            u->incoming = c->next;
+            svc__client_free(c);
+        }
+        if (u->batcher.cur)
+            free(u->batcher.cur);
+        (void)close(u->epfd);
+        (void)close(u->wake_fd);
+        pthread_mutex_destroy(&u->lock);
+    }
+    s->n_unwinders = 0;
+    if (s->bk_started) {
+        svc__bkq_quit(&s->bkq);
+        pthread_join(s->bk_thread, NULL);
+        s->bk_started = false;
+    }
+    if (ret_summary) {
+        memset(ret_summary, 0, sizeof(*ret_summary));
+        ret_summary->processes = atomic_load(&s->processes);
+        ret_summary->samples = atomic_load(&s->samples);
+        ret_summary->frees = atomic_load(&s->frees);
+        ret_summary->records_dropped = atomic_load(&s->drops);
+        ret_summary->unwinding_errors = atomic_load(&s->unwind_errors);
+        ret_summary->handshakes_rejected = atomic_load(&s->rejected);
+        ret_summary->corrupt_clients = atomic_load(&s->corrupt);
+        ret_summary->output_bytes = s->bk_counters.bytes_written;
+        ret_summary->write_error = s->bk_counters.last_write_error;
+    }
+    return s->bk_counters.last_write_error;
+}
+
+svc_t *svc_free(svc_t *s)
+{
+    if (!s)
+        return NULL;
+    if (s->n_unwinders || s->bk_started) {
+        int ignored = svc_finish(s, NULL);
+        (void)ignored;
+    }
+    free(s->unwinders);
+    s->bk = bk_free(s->bk);
+    unwinder_global_done();
+    if (s->listen_fd >= 0)
+        (void)close(s->listen_fd);
+    if (s->epfd >= 0)
+        (void)close(s->epfd);
+    if (s->sock_path)
+        (void)unlink(s->sock_path);
+    if (s->dir && !s->cfg.socket_dir)
+        (void)rmdir(s->dir);
+    free(s->sock_path);
+    free(s->dir);
+    free(s->done_pids);
+    svc__bkq_done(&s->bkq);
+    pthread_mutex_destroy(&s->done_lock);
+    free(s);
+    return NULL;
+}

@@ -1,0 +1,80 @@
+/* service/svc.h: the profiling service, as embedded by `heapprof record` and run by the
+ * daemon: a listening socket served by the calling thread, unwinder threads owning the
+ * clients after their handshake, and one bookkeeping thread owning all profile state and
+ * the output file.
+ *
+ *     struct svc_config cfg;
+ *     svc_config_init(&cfg);
+ *     svc_t *s;
+ *     svc_new(&cfg, out_fd, &s);             // creates socket dir, threads
+ *     ... svc_socket_path(s) ...             // give it to clients
+ *     while (!done) svc_poll(s, 100);        // accept + handshake
+ *     svc_finish(s);                         // drain, final dumps, join threads
+ *     s = svc_free(s);
+ *
+ * Not thread-safe: the owner thread calls everything.
+ */
+#ifndef HP_SERVICE_SVC_H
+#define HP_SERVICE_SVC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "common/macros.h"
+
+/* Field names follow Perfetto's HeapprofdConfig. */
+struct svc_config {
+    uint64_t sampling_interval_bytes; /* >= 1; default 4096 */
+    uint64_t shmem_size_bytes;        /* power of two; default 8 MiB */
+    uint64_t max_stack_bytes;         /* cap of a stack copy; default 64 KiB */
+    bool block_client;
+    uint32_t block_client_timeout_us;
+    bool dump_at_max;
+    unsigned unwinder_threads; /* 0: number of CPUs, capped */
+    const char *socket_dir;    /* NULL: private dir under $XDG_RUNTIME_DIR or /tmp */
+};
+
+void svc_config_init(struct svc_config *cfg);
+
+/* Parses a byte count ("4096", "64k", "8M", "1G"); rejects 0, garbage and overflow.
+ * Returns 0 or -EINVAL. */
+int svc_parse_bytes(const char *s, uint64_t *ret) HP_WARN_UNUSED;
+/* Checks a configuration; on error returns -EINVAL and a message in @err. */
+int svc_config_check(const struct svc_config *cfg, char *err, size_t err_len) HP_WARN_UNUSED;
+
+typedef struct svc svc_t;
+
+/* Session-wide counters, valid after svc_finish(). */
+struct svc_summary {
+    uint64_t processes;
+    uint64_t samples;
+    uint64_t frees;
+    uint64_t records_dropped;
+    uint64_t unwinding_errors;
+    uint64_t handshakes_rejected;
+    uint64_t corrupt_clients;
+    uint64_t output_bytes;
+    int write_error; /* 0 or -errno */
+};
+
+/* Creates the socket and starts the threads. @out_fd is borrowed; the bookkeeping
+ * thread writes the trace to it until svc_finish() returns. */
+int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret) HP_WARN_UNUSED;
+/* Borrowed; valid until svc_free(). */
+const char *svc_socket_path(svc_t *s);
+/* Serves the listening socket for up to @timeout_ms (accepting and handshaking clients).
+ * Returns 0 or -errno. */
+int svc_poll(svc_t *s, int timeout_ms) HP_WARN_UNUSED;
+/* Number of clients handed to unwinder threads that have not yet disconnected. */
+unsigned svc_live_clients(svc_t *s);
+/* True once the client with @pid connected and has since disconnected and been fully
+ * drained. */
+bool svc_client_done(svc_t *s, pid_t pid);
+/* Stops accepting, drains every ring, writes the final dumps, joins the threads. */
+int svc_finish(svc_t *s, struct svc_summary *ret_summary) HP_WARN_UNUSED;
+/* Removes the socket and its directory, frees everything; accepts NULL. */
+svc_t *svc_free(svc_t *s);
+
+#endif

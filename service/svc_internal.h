@@ -1,0 +1,147 @@
+/* service/svc_internal.h: types shared by the service's threads. Threads exchange
+ * messages only: a client object moves from the main thread to one unwinder thread
+ * (which then owns it), and unwinder threads post batches of records to the bookkeeping
+ * thread. */
+#ifndef HP_SERVICE_SVC_INTERNAL_H
+#define HP_SERVICE_SVC_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "bookkeeping/bookkeeping.h"
+#include "common/frame.h"
+#include "service/svc.h"
+#include "shmem_ring/ring.h"
+#include "unwinder/unwinder.h"
+
+/* ---- Messages to the bookkeeping thread ---------------------------------------- */
+
+enum svc_msg_type {
+    SVC_MSG_PROC_START = 1,
+    SVC_MSG_ALLOC = 2,
+    SVC_MSG_FREE = 3,
+    SVC_MSG_PROC_END = 4,
+};
+
+/* Entries are 8-byte aligned and packed in a batch one after another. */
+struct svc_msg {
+    uint32_t type;
+    uint32_t len; /* total bytes of this entry, aligned to 8 */
+    int32_t pid;
+    uint32_t n;  /* ALLOC: frames; PROC_START: cmdline bytes; PROC_END: flags */
+    uint64_t seq;
+    uint64_t addr;
+    uint64_t size;
+    uint64_t sample_size; /* PROC_START: sampling interval; PROC_END: unused */
+    /* followed by: ALLOC: struct hp_frame[n]; PROC_START: cmdline bytes;
+     *              PROC_END: struct bk_process_stats */
+};
+
+#define SVC_BATCH_BYTES (256u << 10)
+
+struct svc_batch {
+    struct svc_batch *next;
+    size_t used;
+    uint8_t data[SVC_BATCH_BYTES];
+};
+
+/* Multi-producer queue of batches for the bookkeeping thread. Thread-safe. */
+struct svc_bkq {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    struct svc_batch *head, *tail;
+    bool quit;
+};
+
+void svc__bkq_init(struct svc_bkq *q);
+void svc__bkq_done(struct svc_bkq *q);
+/* Takes ownership of @b. */
+void svc__bkq_post(struct svc_bkq *q, struct svc_batch *b);
+void svc__bkq_quit(struct svc_bkq *q);
+/* Blocks until a batch or quit; returns NULL on quit with an empty queue. */
+struct svc_batch *svc__bkq_take(struct svc_bkq *q);
+
+/* A producer's current batch. Not thread-safe; one per unwinder thread. */
+struct svc_batcher {
+    struct svc_bkq *q;
+    struct svc_batch *cur;
+};
+/* Reserves @len bytes (aligned to 8) in the current batch, posting it first when full.
+ * Returns NULL on allocation failure. */
+struct svc_msg *svc__batch_add(struct svc_batcher *b, size_t len);
+void svc__batch_flush(struct svc_batcher *b);
+
+/* ---- Clients --------------------------------------------------------------------- */
+
+/* A profiled process after its handshake. Owned by the main thread until handed to an
+ * unwinder thread, then by that thread alone. */
+struct svc_client {
+    struct svc_client *next; /* hand-off list / unwinder thread's list */
+    pid_t pid;
+    int sock;
+    int maps_fd, mem_fd; /* moved into the unwinder process state */
+    ring_t *ring;
+    unwinder_process_t *unw;
+    uint64_t max_stack_bytes;
+    uint64_t sampling_interval_bytes;
+    bool from_startup;
+    bool started; /* PROC_START posted */
+    bool has_work; /* ring not known to be empty */
+    uint32_t flags;   /* BK_FLAG_* */
+    char *cmdline;
+    size_t cmdline_len;
+    struct bk_process_stats stats;
+    uint64_t frees;
+};
+
+struct svc_client *svc__client_free(struct svc_client *c);
+
+struct svc;
+
+/* An unwinder thread. */
+struct svc_unwinder {
+    struct svc *svc;
+    pthread_t thread;
+    int epfd;
+    int wake_fd; /* eventfd */
+    pthread_mutex_t lock;
+    struct svc_client *incoming; /* handed over, protected by lock */
+    bool stop;                   /* protected by lock */
+    struct svc_client *clients;  /* owned by the thread */
+    _Atomic unsigned nclients;
+    struct svc_batcher batcher;
+    struct hp_frame frames[UNWINDER_MAX_FRAMES + 1];
+};
+
+struct svc {
+    struct svc_config cfg;
+    int out_fd;
+    char *dir;
+    char *sock_path;
+    int listen_fd;
+    int epfd;
+    struct svc_bkq bkq;
+    pthread_t bk_thread;
+    bool bk_started;
+    bk_t *bk;
+    unsigned n_unwinders;
+    struct svc_unwinder *unwinders;
+    unsigned next_unwinder;
+    /* pids whose clients are fully drained, written by unwinder threads */
+    pthread_mutex_t done_lock;
+    pid_t *done_pids;
+    size_t n_done, cap_done;
+    _Atomic unsigned live_clients;
+    /* summary counters, atomics updated by the threads */
+    _Atomic uint64_t processes, samples, frees, drops, unwind_errors, rejected, corrupt;
+    struct bk_counters bk_counters; /* written by the bk thread before it exits */
+};
+
+void *svc__unwinder_main(void *arg);
+void *svc__bk_main(void *arg);
+void svc__mark_done(struct svc *s, pid_t pid);
+
+#endif

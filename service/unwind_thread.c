@@ -1,0 +1,297 @@
+/* service/unwind_thread.c: an unwinder thread. It owns the clients handed to it: their
+ * sockets, rings and unwinder state. It drains each ring, unwinds every sampled stack and
+ * posts compact records to the bookkeeping thread. */
+#include "service/svc_internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "shmem_ring/wire.h"
+
+/* Records handled per client before looking at the others, so one busy process cannot
+ * starve the rest. */
+#define DRAIN_BUDGET 4096
+
+static const uint64_t hist_bounds[] = BK_UNWIND_HIST_BOUNDS;
+
+static void post_start(struct svc_unwinder *u, struct svc_client *c)
+{
+    struct svc_msg *m = svc__batch_add(&u->batcher, sizeof(*m) + c->cmdline_len);
+    if (!m)
+        return;
+    m->type = SVC_MSG_PROC_START;
+    m->pid = c->pid;
+    m->n = (uint32_t)c->cmdline_len;
+    m->sample_size = c->sampling_interval_bytes;
+    m->size = c->from_startup;
+    if (c->cmdline_len)
+        memcpy(m + 1, c->cmdline, c->cmdline_len);
+    c->started = true;
+}
+
+static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uint8_t *data,
+                         size_t len)
+{
+    struct wire_alloc a;
+    if (len < sizeof(a)) {
+        c->flags |= BK_FLAG_BUFFER_CORRUPTED;
+        return;
+    }
+    memcpy(&a, data, sizeof(a)); /* one copy out of shared memory, then validate */
+    uint64_t stack_len = a.stack_len;
+    if (stack_len > len - sizeof(a) || stack_len > c->max_stack_bytes) {
+        c->flags |= BK_FLAG_BUFFER_CORRUPTED;
+        return;
+    }
+
+    size_t n = 0;
+    struct unwinder_result res = {0};
+    uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
+    int r = -ENOENT;
+    if (c->unw)
+        r = unwinder_unwind(c->unw, a.regs, a.stack_ptr, data + sizeof(a), (size_t)stack_len,
+                            u->frames, UNWINDER_MAX_FRAMES, &n, &res);
+    uint64_t us = (hp_clock_ns(CLOCK_MONOTONIC) - t0) / 1000;
+    if (r < 0)
+        n = 0;
+    c->stats.heap_samples++;
+    c->stats.total_unwinding_time_us += us;
+    for (size_t i = 0; i < HP_ARRAY_SIZE(hist_bounds); i++) {
+        if (us <= hist_bounds[i]) {
+            c->stats.unwinding_time_hist[i]++;
+            break;
+        }
+    }
+    if (res.error || r < 0) {
+        c->stats.unwinding_errors++;
+        atomic_fetch_add_explicit(&u->svc->unwind_errors, 1, memory_order_relaxed);
+    }
+    if (res.reparsed_maps)
+        c->stats.map_reparses++;
+
+    struct svc_msg *m = svc__batch_add(&u->batcher, sizeof(*m) + n * sizeof(struct hp_frame));
+    if (!m)
+        return;
+    m->type = SVC_MSG_ALLOC;
+    m->pid = c->pid;
+    m->n = (uint32_t)n;
+    m->seq = a.seq;
+    m->addr = a.addr;
+    m->size = a.size;
+    m->sample_size = a.sample_size;
+    memcpy(m + 1, u->frames, n * sizeof(struct hp_frame));
+    atomic_fetch_add_explicit(&u->svc->samples, 1, memory_order_relaxed);
+}
+
+static void handle_free(struct svc_unwinder *u, struct svc_client *c, const uint8_t *data,
+                        size_t len)
+{
+    struct wire_free f;
+    if (len < sizeof(f)) {
+        c->flags |= BK_FLAG_BUFFER_CORRUPTED;
+        return;
+    }
+    memcpy(&f, data, sizeof(f));
+    struct svc_msg *m = svc__batch_add(&u->batcher, sizeof(*m));
+    if (!m)
+        return;
+    m->type = SVC_MSG_FREE;
+    m->pid = c->pid;
+    m->seq = f.seq;
+    m->addr = f.addr;
+    c->frees++;
+}
+
+/* Reads up to @budget records. Returns true when the ring may hold more. */
+static bool drain(struct svc_unwinder *u, struct svc_client *c, unsigned budget)
+{
+    if (c->flags & BK_FLAG_BUFFER_CORRUPTED)
+        return false;
+    for (unsigned i = 0; i < budget; i++) {
+        struct ring_rspan rd;
+        int r = ring_begin_read(c->ring, &rd);
+        if (r == -EAGAIN)
+            return false;
+        if (r < 0) {
+            c->flags |= BK_FLAG_BUFFER_CORRUPTED;
+            return false;
+        }
+        switch (rd.type) {
+        case WIRE_ALLOC:
+            handle_alloc(u, c, rd.data, rd.len);
+            break;
+        case WIRE_FREE:
+            handle_free(u, c, rd.data, rd.len);
+            break;
+        default:
+            c->flags |= BK_FLAG_BUFFER_CORRUPTED;
+            break;
+        }
+        ring_end_read(c->ring, &rd);
+        if (c->flags & BK_FLAG_BUFFER_CORRUPTED)
+            return false;
+    }
+    return true;
+}
+
+/* Drains what is left, posts the end of the process and frees the client. */
+static void finish_client(struct svc_unwinder *u, struct svc_client *c, uint32_t flags)
+{
+    while (drain(u, c, DRAIN_BUDGET))
+        ;
+    if (c->flags & BK_FLAG_BUFFER_CORRUPTED) {
+        atomic_fetch_add_explicit(&u->svc->corrupt, 1, memory_order_relaxed);
+        hp_log_warn("pid %d: corrupt data in the shared buffer; client disconnected", c->pid);
+    }
+    struct ring_stats rs;
+    ring_get_stats(c->ring, &rs);
+    c->stats.client_spinlock_blocked_us = rs.client_spinlock_blocked_us;
+    c->stats.records_dropped = rs.records_dropped;
+    if (rs.records_dropped) {
+        c->flags |= BK_FLAG_BUFFER_OVERRAN;
+        atomic_fetch_add_explicit(&u->svc->drops, rs.records_dropped, memory_order_relaxed);
+    }
+    atomic_fetch_add_explicit(&u->svc->frees, c->frees, memory_order_relaxed);
+
+    struct svc_msg *m = svc__batch_add(&u->batcher, sizeof(*m) + sizeof(c->stats));
+    if (m) {
+        m->type = SVC_MSG_PROC_END;
+        m->pid = c->pid;
+        m->n = c->flags | flags;
+        memcpy(m + 1, &c->stats, sizeof(c->stats));
+    }
+    svc__batch_flush(&u->batcher);
+    (void)epoll_ctl(u->epfd, EPOLL_CTL_DEL, c->sock, NULL);
+    atomic_fetch_sub_explicit(&u->nclients, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&u->svc->live_clients, 1, memory_order_relaxed);
+    svc__client_free(c);
+}
+
+static void adopt(struct svc_unwinder *u, struct svc_client *c)
+{
+    int r = unwinder_process_new(c->pid, c->maps_fd, c->mem_fd, &c->unw);
+    c->maps_fd = c->mem_fd = -1;
+    if (r < 0) {
+        hp_log_warn("pid %d: cannot set up unwinding: %s", c->pid, strerror(-r));
+        c->unw = NULL;
+    }
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
+    if (epoll_ctl(u->epfd, EPOLL_CTL_ADD, c->sock, &ev) < 0)
+        hp_log_warn("pid %d: epoll: %s", c->pid, strerror(errno));
+    c->next = u->clients;
+    u->clients = c;
+    c->has_work = true;
+    post_start(u, c);
+}
+
+static void unlink_client(struct svc_unwinder *u, struct svc_client *c)
+{
+    for (struct svc_client **pp = &u->clients; *pp; pp = &(*pp)->next) {
+        if (*pp == c) {
+            *pp = c->next;
+            return;
+        }
+    }
+}
+
+/* The client's socket is readable: consume the wakeup bytes; on EOF the process is gone. */
+static bool socket_closed(struct svc_client *c)
+{
+    char buf[256];
+    for (;;) {
+        ssize_t n = recv(c->sock, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n > 0)
+            continue;
+        if (n == 0)
+            return true;
+        if (errno == EINTR)
+            continue;
+        return errno != EAGAIN && errno != EWOULDBLOCK;
+    }
+}
+
+void *svc__unwinder_main(void *arg)
+{
+    struct svc_unwinder *u = arg;
+    struct epoll_event evs[64];
+
+    for (;;) {
+        /* Take over new clients. */
+        pthread_mutex_lock(&u->lock);
+        struct svc_client *in = u->incoming;
+        u->incoming = NULL;
+        bool stop = u->stop;
+        pthread_mutex_unlock(&u->lock);
+        while (in) {
+            struct svc_client *next = in->next;
+            adopt(u, in);
+            in = next;
+        }
+
+        /* Drain rings, a bounded amount per client. */
+        bool busy = false;
+        for (struct svc_client *c = u->clients; c; c = c->next) {
+            if (!c->has_work)
+                continue;
+            if (drain(u, c, DRAIN_BUDGET)) {
+                busy = true;
+                continue;
+            }
+            ring_set_reader_idle(c->ring, true);
+            /* Re-check after announcing idleness so no wakeup is lost. */
+            c->has_work = drain(u, c, DRAIN_BUDGET);
+            if (c->has_work) {
+                ring_set_reader_idle(c->ring, false);
+                busy = true;
+            }
+        }
+        svc__batch_flush(&u->batcher);
+
+        /* Drop corrupt clients: the service and other clients carry on. */
+        for (struct svc_client *c = u->clients, *next; c; c = next) {
+            next = c->next;
+            if (c->flags & BK_FLAG_BUFFER_CORRUPTED) {
+                unlink_client(u, c);
+                finish_client(u, c, BK_FLAG_DISCONNECTED);
+            }
+        }
+
+        if (stop) {
+            while (u->clients) {
+                struct svc_client *c = u->clients;
+                u->clients = c->next;
+                finish_client(u, c, 0);
+            }
+            break;
+        }
+
+        int n = epoll_wait(u->epfd, evs, HP_ARRAY_SIZE(evs), busy ? 0 : 1000);
+        for (int i = 0; i < n; i++) {
+            if (evs[i].data.ptr == NULL) {
+                uint64_t v;
+                (void)!read(u->wake_fd, &v, sizeof(v));
+                continue;
+            }
+            struct svc_client *c = evs[i].data.ptr;
+            c->has_work = true;
+            ring_set_reader_idle(c->ring, false);
+            bool gone = (evs[i].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) || socket_closed(c);
+            if (gone) {
+                /* EOF: the process can no longer write; drain the rest and end it. */
+                unlink_client(u, c);
+                finish_client(u, c, BK_FLAG_DISCONNECTED);
+                /* the remaining events may name freed clients; epoll reports them again */
+                break;
+            }
+        }
+    }
+    svc__batch_flush(&u->batcher);
+    return NULL;
+}
