@@ -1,0 +1,185 @@
+#include "tests/e2e/e2e_util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static int append(char **buf, size_t *len, size_t *cap, const char *data, size_t n)
+{
+    if (*len + n + 1 > *cap) {
+        size_t c = (*cap ? *cap * 2 : 4096);
+        while (c < *len + n + 1)
+            c *= 2;
+        char *b = realloc(*buf, c);
+        if (!b)
+            return -ENOMEM;
+        *buf = b;
+        *cap = c;
+    }
+    memcpy(*buf + *len, data, n);
+    *len += n;
+    (*buf)[*len] = '\0';
+    return 0;
+}
+
+int e2e_run(char *const argv[], char *const env[], struct e2e_run *ret)
+{
+    int po[2], pe[2];
+    if (pipe2(po, O_CLOEXEC) < 0 || pipe2(pe, O_CLOEXEC) < 0)
+        return -errno;
+    size_t n_env = 0, n_extra = 0;
+    while (environ[n_env])
+        n_env++;
+    while (env && env[n_extra])
+        n_extra++;
+    char **full = calloc(n_env + n_extra + 1, sizeof(char *));
+    size_t k = 0;
+    for (size_t i = 0; i < n_extra; i++)
+        full[k++] = env[i];
+    for (size_t i = 0; i < n_env; i++) {
+        const char *eq = strchr(environ[i], '=');
+        size_t nl = eq ? (size_t)(eq - environ[i]) + 1 : strlen(environ[i]);
+        bool overridden = false;
+        for (size_t j = 0; j < n_extra; j++)
+            overridden |= strncmp(env[j], environ[i], nl) == 0;
+        if (!overridden)
+            full[k++] = environ[i];
+    }
+    full[k] = NULL;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -errno;
+    if (pid == 0) {
+        dup2(po[1], 1);
+        dup2(pe[1], 2);
+        execvpe(argv[0], argv, full);
+        _exit(127);
+    }
+    free(full);
+    close(po[1]);
+    close(pe[1]);
+    memset(ret, 0, sizeof(*ret));
+    size_t ol = 0, oc = 0, el = 0, ec = 0;
+    append(&ret->out, &ol, &oc, "", 0);
+    append(&ret->err, &el, &ec, "", 0);
+    struct pollfd pf[2] = {{.fd = po[0], .events = POLLIN}, {.fd = pe[0], .events = POLLIN}};
+    int open_fds = 2;
+    while (open_fds > 0) {
+        if (poll(pf, 2, -1) < 0 && errno != EINTR)
+            break;
+        for (int i = 0; i < 2; i++) {
+            if (pf[i].fd < 0 || !(pf[i].revents & (POLLIN | POLLHUP | POLLERR)))
+                continue;
+            char buf[65536];
+            ssize_t n = read(pf[i].fd, buf, sizeof(buf));
+            if (n <= 0) {
+                close(pf[i].fd);
+                pf[i].fd = -1;
+                open_fds--;
+                continue;
+            }
+            if (i == 0)
+                append(&ret->out, &ol, &oc, buf, (size_t)n);
+            else
+                append(&ret->err, &el, &ec, buf, (size_t)n);
+        }
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    ret->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return 0;
+}
+
+void e2e_run_free(struct e2e_run *r)
+{
+    free(r->out);
+    free(r->err);
+    r->out = r->err = NULL;
+}
+
+size_t e2e_parse_truth(const char *out, struct e2e_truth *t, size_t max)
+{
+    size_t n = 0;
+    const char *p = out;
+    while (p && *p && n < max) {
+        unsigned long long a, b, c, d;
+        char name[64];
+        if (sscanf(p, "truth %63s %llu %llu %llu %llu", name, &a, &b, &c, &d) == 5) {
+            snprintf(t[n].name, sizeof(t[n].name), "%s", name);
+            t[n].alloc_bytes = a;
+            t[n].alloc_count = b;
+            t[n].free_bytes = c;
+            t[n].free_count = d;
+            n++;
+        }
+        p = strchr(p, '\n');
+        if (p)
+            p++;
+    }
+    return n;
+}
+
+void e2e_sum_function(const struct bk_trace_process *p, const char *fn, struct e2e_sums *ret)
+{
+    memset(ret, 0, sizeof(*ret));
+    for (size_t i = 0; i < p->n_callsites; i++) {
+        const struct bk_trace_callsite *cs = &p->callsites[i];
+        bool hit = false;
+        for (size_t j = 0; j < cs->n_frames && !hit; j++) {
+            char buf[1024];
+            const char *name = bk_demangle(cs->frames[j].function_name, buf, sizeof(buf));
+            hit = strstr(name, fn) != NULL;
+        }
+        if (!hit)
+            continue;
+        ret->alloc_bytes += cs->self_allocated;
+        ret->alloc_count += cs->alloc_count;
+        ret->free_bytes += cs->self_freed;
+        ret->free_count += cs->free_count;
+        ret->callsites++;
+    }
+}
+
+const struct bk_trace_process *e2e_find_process(const struct bk_trace *t, const char *needle)
+{
+    for (size_t i = 0; i < t->n_processes; i++)
+        if (t->processes[i].cmdline && strstr(t->processes[i].cmdline, needle))
+            return &t->processes[i];
+    return NULL;
+}
+
+char *e2e_tmp_path(const char *suffix)
+{
+    const char *dir = getenv("TMPDIR");
+    if (!dir || !*dir)
+        dir = "/tmp";
+    char tmpl[4096];
+    snprintf(tmpl, sizeof(tmpl), "%s/heapprof-e2e-XXXXXX", dir);
+    int fd = mkstemp(tmpl);
+    if (fd < 0)
+        return NULL;
+    close(fd);
+    unlink(tmpl);
+    char *p;
+    if (asprintf(&p, "%s%s", tmpl, suffix) < 0)
+        return NULL;
+    return p;
+}
+
+const char *e2e_env(const char *var)
+{
+    const char *v = getenv(var);
+    if (!v || !*v) {
+        fprintf(stderr, "environment variable %s is not set\n", var);
+        abort();
+    }
+    return v;
+}

@@ -1,0 +1,48 @@
+/* tests/e2e/e2e_util.h: helpers for end-to-end tests that run real programs under
+ * `heapprof record` and check the decoded trace. */
+#ifndef HP_TESTS_E2E_UTIL_H
+#define HP_TESTS_E2E_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bookkeeping/reader.h"
+
+#define E2E_MAX_TRUTH 16
+
+struct e2e_truth {
+    char name[64];
+    uint64_t alloc_bytes, alloc_count, free_bytes, free_count;
+};
+
+struct e2e_run {
+    int status;    /* exit code, or 128 + signal */
+    char *out;     /* captured stdout (malloc'd, NUL-terminated) */
+    char *err;     /* captured stderr */
+};
+
+/* Runs @argv (NULL-terminated) with extra environment entries @env (NULL-terminated or
+ * NULL), capturing stdout and stderr. Returns 0 or -errno. */
+int e2e_run(char *const argv[], char *const env[], struct e2e_run *ret);
+void e2e_run_free(struct e2e_run *r);
+
+/* Parses "truth NAME A B C D" lines. Returns the count. */
+size_t e2e_parse_truth(const char *out, struct e2e_truth *t, size_t max);
+
+/* Sums the callsites of @p with a frame whose (demangled) name contains @fn. */
+struct e2e_sums {
+    uint64_t alloc_bytes, alloc_count, free_bytes, free_count, callsites;
+};
+void e2e_sum_function(const struct bk_trace_process *p, const char *fn, struct e2e_sums *ret);
+
+/* The process whose cmdline contains @needle, or NULL. */
+const struct bk_trace_process *e2e_find_process(const struct bk_trace *t, const char *needle);
+
+/* A fresh temporary file path (malloc'd) ending in @suffix. */
+char *e2e_tmp_path(const char *suffix);
+
+/* Path from the environment variable @var, failing the test when unset. */
+const char *e2e_env(const char *var);
+
+#endif

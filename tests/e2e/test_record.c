@@ -1,0 +1,283 @@
+/* tests/e2e/test_record.c: `heapprof record` on real programs, checked by decoding the
+ * trace with the project's reader (and protoc).
+ *
+ * Statistical checks: with Poisson sampling over bytes at interval I, a site that
+ * allocated B bytes is estimated as I * K with K ~ Poisson(B / I): unbiased, standard
+ * deviation sqrt(I * B). Each check allows 5 standard deviations (+ one interval), a
+ * false-failure probability below 1e-6 per check; the runs use fixed seeds. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tests/e2e/e2e_util.h"
+
+static char *record(const char *interval, const char *seed, char *const prog_argv[],
+                    struct e2e_run *run)
+{
+    char *trace = e2e_tmp_path(".pftrace");
+    char *argv[64];
+    size_t k = 0;
+    argv[k++] = (char *)e2e_env("HEAPPROF_BIN");
+    argv[k++] = "record";
+    argv[k++] = "-o";
+    argv[k++] = trace;
+    argv[k++] = "-i";
+    argv[k++] = (char *)interval;
+    if (seed) {
+        argv[k++] = "--seed";
+        argv[k++] = (char *)seed;
+    }
+    argv[k++] = "--";
+    for (size_t i = 0; prog_argv[i] && k < 63; i++)
+        argv[k++] = prog_argv[i];
+    argv[k] = NULL;
+    assert_int_equal(e2e_run(argv, NULL, run), 0);
+    return trace;
+}
+
+static struct bk_trace *load(const char *trace)
+{
+    struct bk_trace *t = NULL;
+    int r = bk_trace_load(trace, &(struct bk_trace_options){0}, &t);
+    assert_int_equal(r, 0);
+    assert_non_null(t);
+    assert_true(t->has_clock_snapshot);
+    return t;
+}
+
+static void check_protoc(const char *trace)
+{
+    const char *protoc = getenv("PROTOC");
+    if (!protoc || !*protoc)
+        return; /* not installed: the unit suite's protoc test reports it */
+    char cmd[8192];
+    snprintf(cmd, sizeof(cmd), "'%s' --decode=perfetto.protos.Trace -I '%s' '%s' < '%s' > /dev/null",
+             protoc, e2e_env("PROTOS_DIR"), e2e_env("TRACE_PROTO"), trace);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void check_exact(const struct bk_trace_process *p, const struct e2e_truth *t)
+{
+    struct e2e_sums s;
+    e2e_sum_function(p, t->name, &s);
+    print_message("  %-14s alloc %llu/%llu (truth %llu/%llu) freed %llu/%llu (truth %llu/%llu)\n",
+                  t->name, (unsigned long long)s.alloc_bytes, (unsigned long long)s.alloc_count,
+                  (unsigned long long)t->alloc_bytes, (unsigned long long)t->alloc_count,
+                  (unsigned long long)s.free_bytes, (unsigned long long)s.free_count,
+                  (unsigned long long)t->free_bytes, (unsigned long long)t->free_count);
+    assert_true(s.callsites > 0);
+    assert_int_equal(s.alloc_bytes, t->alloc_bytes);
+    assert_int_equal(s.alloc_count, t->alloc_count);
+    assert_int_equal(s.free_bytes, t->free_bytes);
+    assert_int_equal(s.free_count, t->free_count);
+}
+
+static void check_within(uint64_t got, uint64_t truth, uint64_t interval, const char *what)
+{
+    double sd = sqrt((double)interval * (double)truth);
+    double tol = 5 * sd + (double)interval;
+    print_message("  %-28s got %llu truth %llu (tolerance %.0f)\n", what,
+                  (unsigned long long)got, (unsigned long long)truth, tol);
+    assert_true(fabs((double)got - (double)truth) <= tol);
+}
+
+static void test_record_three_sites_exact(void **state)
+{
+    (void)state;
+    struct e2e_run run;
+    char *prog[] = {(char *)e2e_env("THREE_SITES"), "1", "7", NULL};
+    char *trace = record("1", "1", prog, &run);
+    assert_int_equal(run.status, 7); /* the program's own exit status */
+
+    struct e2e_truth truth[E2E_MAX_TRUTH];
+    size_t nt = e2e_parse_truth(run.out, truth, E2E_MAX_TRUTH);
+    assert_int_equal(nt, 3);
+    assert_non_null(strstr(run.err, "trace written to"));
+
+    struct bk_trace *t = load(trace);
+    const struct bk_trace_process *p = e2e_find_process(t, "three_sites");
+    assert_non_null(p);
+    assert_int_equal(p->sampling_interval_bytes, 1);
+    assert_true(p->from_startup);
+    assert_true(p->n_dumps >= 1);
+    assert_int_equal(p->unwinding_errors, 0);
+    for (size_t i = 0; i < nt; i++)
+        check_exact(p, &truth[i]);
+
+    /* Every site's stack reaches main. */
+    for (size_t i = 0; i < nt; i++) {
+        for (size_t c = 0; c < p->n_callsites; c++) {
+            const struct bk_trace_callsite *cs = &p->callsites[c];
+            bool has_site = false, has_main = false;
+            for (size_t f = 0; f < cs->n_frames; f++) {
+                has_site |= strcmp(cs->frames[f].function_name, truth[i].name) == 0;
+                has_main |= strcmp(cs->frames[f].function_name, "main") == 0;
+                assert_null(strstr(cs->frames[f].mapping_path, "libheapprof"));
+            }
+            if (has_site)
+                assert_true(has_main);
+        }
+    }
+    check_protoc(trace);
+    bk_trace_free(t);
+    unlink(trace);
+    free(trace);
+    e2e_run_free(&run);
+}
+
+static void test_record_three_sites_sampled(void **state)
+{
+    (void)state;
+    const char *seeds[] = {"11", "12"};
+    for (size_t si = 0; si < 2; si++) {
+        struct e2e_run run;
+        char *prog[] = {(char *)e2e_env("THREE_SITES"), "2", NULL};
+        char *trace = record("4096", seeds[si], prog, &run);
+        assert_int_equal(run.status, 0);
+        struct e2e_truth truth[E2E_MAX_TRUTH];
+        size_t nt = e2e_parse_truth(run.out, truth, E2E_MAX_TRUTH);
+        assert_int_equal(nt, 3);
+        struct bk_trace *t = load(trace);
+        const struct bk_trace_process *p = e2e_find_process(t, "three_sites");
+        assert_non_null(p);
+        assert_int_equal(p->sampling_interval_bytes, 4096);
+        print_message("seed %s\n", seeds[si]);
+        for (size_t i = 0; i < nt; i++) {
+            struct e2e_sums s;
+            e2e_sum_function(p, truth[i].name, &s);
+            char what[96];
+            snprintf(what, sizeof(what), "%s allocated", truth[i].name);
+            check_within(s.alloc_bytes, truth[i].alloc_bytes, 4096, what);
+            snprintf(what, sizeof(what), "%s unreleased", truth[i].name);
+            check_within(s.alloc_bytes - s.free_bytes,
+                         truth[i].alloc_bytes - truth[i].free_bytes, 4096, what);
+        }
+        check_protoc(trace);
+        bk_trace_free(t);
+        unlink(trace);
+        free(trace);
+        e2e_run_free(&run);
+    }
+}
+
+static void test_record_cpp(void **state)
+{
+    (void)state;
+    struct e2e_run run;
+    char *prog[] = {(char *)e2e_env("CPP_SITES"), NULL};
+    char *trace = record("1", "3", prog, &run);
+    assert_int_equal(run.status, 0);
+    struct e2e_truth truth[E2E_MAX_TRUTH];
+    size_t nt = e2e_parse_truth(run.out, truth, E2E_MAX_TRUTH);
+    assert_int_equal(nt, 3);
+    struct bk_trace *t = load(trace);
+    const struct bk_trace_process *p = e2e_find_process(t, "cpp_sites");
+    assert_non_null(p);
+    for (size_t i = 0; i < nt; i++)
+        check_exact(p, &truth[i]);
+    check_protoc(trace);
+
+    /* The report demangles C++ names. */
+    char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"), "report", trace, NULL};
+    struct e2e_run rep;
+    assert_int_equal(e2e_run(argv, NULL, &rep), 0);
+    assert_int_equal(rep.status, 0);
+    assert_non_null(strstr(rep.out, "heapprof_test::make_widgets(int)"));
+    assert_non_null(strstr(rep.out, "operator new"));
+    e2e_run_free(&rep);
+    bk_trace_free(t);
+    unlink(trace);
+    free(trace);
+    e2e_run_free(&run);
+}
+
+static void test_record_python(void **state)
+{
+    (void)state;
+    const char *py = "/usr/bin/python3";
+    if (access(py, X_OK) != 0)
+        skip();
+    struct e2e_run run;
+    char *prog[] = {(char *)py, "-c",
+                    "import sys\n"
+                    "d = {str(i): [bytearray(200) for _ in range(3)] for i in range(20000)}\n"
+                    "print(len(d))\n"
+                    "sys.exit(3)\n",
+                    NULL};
+    char *trace = record("4096", "5", prog, &run);
+    assert_int_equal(run.status, 3);
+    assert_non_null(strstr(run.out, "20000"));
+    struct bk_trace *t = load(trace);
+    const struct bk_trace_process *p = e2e_find_process(t, "python3");
+    assert_non_null(p);
+    assert_true(p->heap_samples > 100);
+    /* Named Python frames appear in the stacks. */
+    size_t named = 0;
+    for (size_t c = 0; c < p->n_callsites; c++)
+        for (size_t f = 0; f < p->callsites[c].n_frames; f++)
+            if (!strncmp(p->callsites[c].frames[f].function_name, "Py", 2) ||
+                !strncmp(p->callsites[c].frames[f].function_name, "_Py", 3))
+                named++;
+    assert_true(named > 0);
+    uint64_t unreleased = 0;
+    for (size_t c = 0; c < p->n_callsites; c++)
+        unreleased += p->callsites[c].self_allocated - p->callsites[c].self_freed;
+    /* 60000 bytearrays of 200 bytes plus their objects and the dict are alive at exit. */
+    print_message("python unreleased %llu bytes\n", (unsigned long long)unreleased);
+    assert_true(unreleased > 10u << 20);
+    check_protoc(trace);
+    bk_trace_free(t);
+    unlink(trace);
+    free(trace);
+    e2e_run_free(&run);
+}
+
+static void expect_failure(char *const argv[], int status, const char *msg)
+{
+    struct e2e_run run;
+    assert_int_equal(e2e_run(argv, NULL, &run), 0);
+    print_message("  status %d, stderr: %s", run.status, run.err);
+    assert_int_equal(run.status, status);
+    assert_non_null(strstr(run.err, msg));
+    e2e_run_free(&run);
+}
+
+static void test_record_user_errors(void **state)
+{
+    (void)state;
+    char *bin = (char *)e2e_env("HEAPPROF_BIN");
+    char *prog = (char *)e2e_env("THREE_SITES");
+    char *zero[] = {bin, "record", "-i", "0", "--", prog, NULL};
+    expect_failure(zero, 2, "invalid sampling interval '0'");
+    char *garbage[] = {bin, "record", "-i", "12abc", "--", prog, NULL};
+    expect_failure(garbage, 2, "invalid sampling interval '12abc'");
+    char *missing[] = {bin, "record", "--", "heapprof-no-such-program", NULL};
+    expect_failure(missing, 127, "cannot find program 'heapprof-no-such-program'");
+    char *none[] = {bin, "record", NULL};
+    expect_failure(none, 2, "no program given");
+    char *stat[] = {bin, "record", "--", (char *)e2e_env("STATIC_PROG"), NULL};
+    expect_failure(stat, 126, "statically linked");
+    char *badfile[] = {bin, "report", "/nonexistent/heapprof.pftrace", NULL};
+    expect_failure(badfile, 1, "cannot read");
+    char *unknown[] = {bin, "frobnicate", NULL};
+    expect_failure(unknown, 2, "unknown command");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_record_three_sites_exact),
+        cmocka_unit_test(test_record_three_sites_sampled),
+        cmocka_unit_test(test_record_cpp),
+        cmocka_unit_test(test_record_python),
+        cmocka_unit_test(test_record_user_errors),
+    };
+    return cmocka_run_group_tests_name("e2e_record", tests, NULL, NULL);
+}
