@@ -153,12 +153,31 @@ static int intern_path(struct bk_intern *in, const char *path, size_t len, uint3
     return 0;
 }
 
+/* Whether @m has exactly the content of interned mapping @id. */
+static bool mapping_same(const struct bk_intern *in, uint32_t id, const struct hp_mapping *m)
+{
+    const struct bk_mapping *e = &in->mappings[id];
+    const struct bk_str *bid = &in->str[BK_STR_BUILD_ID].v[e->build_id];
+    return e->start == m->start && e->end == m->end && e->exact_offset == m->exact_offset &&
+           e->start_offset == m->start_offset && e->load_bias == m->load_bias &&
+           bid->len == m->build_id_len && memcmp(bid->s, m->build_id, bid->len) == 0 && m->path &&
+           memcmp(e->path, m->path, e->path_len) == 0 && m->path[e->path_len] == 0;
+}
+
 int bk__intern_mapping(struct bk_intern *in, const struct hp_mapping *m, uint32_t *ret_id)
 {
     static const struct hp_mapping unknown = {.path = ""};
     if (!m && in->unknown_mapping >= 0) {
         *ret_id = (uint32_t)in->unknown_mapping;
         return 0;
+    }
+    struct bk_mapping_cache *slot = NULL;
+    if (m) {
+        slot = &in->mapping_cache[(bk__hash_u64((uintptr_t)m) >> 7) % BK_MAPPING_CACHE_SLOTS];
+        if (slot->ptr == m && mapping_same(in, slot->id, m)) {
+            *ret_id = slot->id;
+            return 0;
+        }
     }
     const struct hp_mapping *src = m ? m : &unknown;
     struct mapping_key key = {.m = src, .path = src->path ? src->path : ""};
@@ -208,6 +227,8 @@ int bk__intern_mapping(struct bk_intern *in, const struct hp_mapping *m, uint32_
     }
     if (!m)
         in->unknown_mapping = id;
+    else
+        *slot = (struct bk_mapping_cache){.ptr = m, .id = (uint32_t)id};
     *ret_id = (uint32_t)id;
     return 0;
 }

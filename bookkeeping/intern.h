@@ -86,8 +86,18 @@ struct bk_cs_node {
     bool queued;    /* already on the emit list */
 };
 
+/* Recently seen hp_mapping objects: the unwinder hands out the same immutable objects
+ * again and again, so a hit (validated against the stored content, never trusted by
+ * pointer alone) skips hashing the path and build id. */
+#define BK_MAPPING_CACHE_SLOTS 64
+struct bk_mapping_cache {
+    const struct hp_mapping *ptr;
+    uint32_t id;
+};
+
 struct bk_intern {
     struct bk_arena arena;
+    struct bk_mapping_cache mapping_cache[BK_MAPPING_CACHE_SLOTS];
     struct bk_strtab str[BK_STR_KINDS];
     struct bk_idtab mapping_index, frame_index, cs_index;
     struct bk_mapping *mappings; /* by id; [0] unused */

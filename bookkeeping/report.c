@@ -148,7 +148,8 @@ static void print_table(FILE *out, const struct bk_trace_process *p, enum order 
         if (k)
             items[n++] = (struct sort_item){.key = k, .c = &p->callsites[i]};
     }
-    qsort(items, n, sizeof(*items), cmp_items);
+    if (n)
+        qsort(items, n, sizeof(*items), cmp_items);
     fprintf(out, "\n  Top %zu sites by %s:\n", top_n, titles[o]);
     if (n == 0)
         fprintf(out, "    (none)\n");

@@ -37,13 +37,23 @@ uint64_t bk__hash_u64(uint64_t x)
 
 uint64_t bk__hash_bytes(const void *p, size_t len, uint64_t seed)
 {
+    /* Eight bytes per step, each word mixed in with a multiply-rotate; the tail is
+     * zero-padded, and the length goes into the final mix. */
     const unsigned char *s = p;
-    uint64_t h = 1469598103934665603ull ^ seed; /* FNV-1a, then mixed */
-    for (size_t i = 0; i < len; i++) {
-        h ^= s[i];
-        h *= 1099511628211ull;
+    const size_t total = len;
+    uint64_t h = seed ^ 0x9e3779b97f4a7c15ull;
+    while (len >= 8) {
+        uint64_t w;
+        memcpy(&w, s, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdull;
+        h = (h << 29) | (h >> 35);
+        s += 8;
+        len -= 8;
     }
-    return bk__hash_u64(h ^ len);
+    uint64_t w = 0;
+    memcpy(&w, s, len);
+    h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
+    return bk__hash_u64(h ^ (uint64_t)total);
 }
 
 /* ---- arena ---- */
@@ -251,8 +261,7 @@ void bk__idtab_init(struct bk_idtab *t)
 
 void bk__idtab_done(struct bk_idtab *t)
 {
-    free(t->ids);
-    free(t->hashes);
+    free(t->slots);
     bk__idtab_init(t);
 }
 
@@ -263,47 +272,40 @@ int64_t bk__idtab_find(const struct bk_idtab *t, uint64_t hash, bk_idtab_eq_fn e
         return -1;
     size_t mask = t->cap - 1;
     uint32_t h32 = (uint32_t)hash;
-    for (size_t i = h32 & mask; t->ids[i]; i = (i + 1) & mask) {
-        if (t->hashes[i] == h32 && eq(ctx, t->ids[i] - 1, key))
-            return t->ids[i] - 1;
+    for (size_t i = h32 & mask; t->slots[i].id; i = (i + 1) & mask) {
+        if (t->slots[i].hash == h32 && eq(ctx, t->slots[i].id - 1, key))
+            return t->slots[i].id - 1;
     }
     return -1;
 }
 
 /* Callers' hashes are already mixed, so the stored low half also picks the home slot. */
-static void idtab_place(struct bk_idtab *t, uint32_t h32, uint32_t slot_id)
+static void idtab_place(struct bk_idtab *t, struct bk_idtab_slot s)
 {
     size_t mask = t->cap - 1;
-    size_t i = h32 & mask;
-    while (t->ids[i])
+    size_t i = s.hash & mask;
+    while (t->slots[i].id)
         i = (i + 1) & mask;
-    t->ids[i] = slot_id;
-    t->hashes[i] = h32;
+    t->slots[i] = s;
 }
 
 int bk__idtab_add(struct bk_idtab *t, uint64_t hash, uint32_t id)
 {
     if ((t->count + 1) * 4 > t->cap * 3) {
         size_t cap = t->cap ? t->cap * 2 : 64;
-        if (cap > SIZE_MAX / sizeof(uint32_t))
+        if (cap > SIZE_MAX / sizeof(struct bk_idtab_slot))
             return -ENOMEM;
         struct bk_idtab n = {.cap = cap, .count = t->count};
-        n.ids = calloc(cap, sizeof(*n.ids));
-        n.hashes = malloc(cap * sizeof(*n.hashes));
-        if (!n.ids || !n.hashes) {
-            free(n.ids);
-            free(n.hashes);
+        n.slots = calloc(cap, sizeof(*n.slots));
+        if (!n.slots)
             return -ENOMEM;
-        }
-        for (size_t i = 0; i < t->cap; i++) {
-            if (t->ids[i])
-                idtab_place(&n, t->hashes[i], t->ids[i]);
-        }
-        free(t->ids);
-        free(t->hashes);
+        for (size_t i = 0; i < t->cap; i++)
+            if (t->slots[i].id)
+                idtab_place(&n, t->slots[i]);
+        free(t->slots);
         *t = n;
     }
-    idtab_place(t, (uint32_t)hash, id + 1);
+    idtab_place(t, (struct bk_idtab_slot){.hash = (uint32_t)hash, .id = id + 1});
     t->count++;
     return 0;
 }

@@ -70,10 +70,14 @@ bool bk__map_next(const struct bk_map *m, size_t *pos, uint64_t *ret_key, void *
 
 typedef bool (*bk_idtab_eq_fn)(const void *ctx, uint32_t id, const void *key);
 
+struct bk_idtab_slot {
+    uint32_t hash; /* low half of the content hash */
+    uint32_t id;   /* id + 1; 0 marks an empty slot */
+};
+
 struct bk_idtab {
     size_t cap, count;
-    uint32_t *ids; /* id + 1; 0 marks an empty slot */
-    uint32_t *hashes;
+    struct bk_idtab_slot *slots;
 };
 
 void bk__idtab_init(struct bk_idtab *t);
