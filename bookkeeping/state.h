@@ -14,6 +14,10 @@
  * since the peak and its live values are the peak values. O(1) per record, two words
  * per site.
  *
+ *     struct bk_proc *p = bk__find_proc(bk, pid);
+ *     bk__flush_pending(bk, p);      // apply what waits in the reorder heap
+ *     int r = bk__dump_proc(bk, p);  // then write its dump
+ *
  * Bookkeeping thread only.
  */
 #ifndef HP_BOOKKEEPING_STATE_H

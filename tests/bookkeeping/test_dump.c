@@ -564,6 +564,53 @@ static void test_dump_truncated_last_packet(void **state)
     close(w.fd);
 }
 
+/* Writes one dump of @pid with a single allocation at a stack whose leaf is @leaf. */
+static void write_one(bk_t *bk, int32_t pid, const char *leaf, uint64_t size)
+{
+    struct hp_frame f[2] = {{&libs[0], leaf, 0x10}, {&libs[2], "main", 0x20}};
+    assert_int_equal(bk_process_start(bk, pid, "p", 1, true, 4096), 0);
+    bk_record_alloc(bk, pid, 1, 0x1000, size, size, f, 2);
+    assert_int_equal(bk_dump_process(bk, pid), 0);
+}
+
+static void check_one(const struct bk_trace *t, int32_t pid, const char *leaf, uint64_t size)
+{
+    const struct bk_trace_process *p = find_proc(t, pid);
+    assert_int_equal(p->n_callsites, 1);
+    assert_int_equal(p->callsites[0].self_allocated, size);
+    assert_int_equal(p->callsites[0].n_frames, 2);
+    assert_string_equal(p->callsites[0].frames[1].function_name, leaf);
+    assert_string_equal(p->callsites[0].frames[0].function_name, "main");
+}
+
+static void test_dump_sequences_kept_apart(void **state)
+{
+    (void)state;
+    struct written w;
+    assert_int_equal(memfd_path(&w), 0);
+    /* Two writers interleaved on one file, each with its own sequence (and so its own
+     * ids, which collide), then a third one reusing sequence 1 from a cleared state. */
+    bk_t *a, *b, *c;
+    assert_int_equal(bk_new(&(struct bk_config){.out_fd = w.fd, .sequence_id = 1}, &a), 0);
+    assert_int_equal(bk_new(&(struct bk_config){.out_fd = w.fd, .sequence_id = 2}, &b), 0);
+    write_one(a, 10, "from_a", 100);
+    write_one(b, 20, "from_b", 200);
+    a = bk_free(a);
+    b = bk_free(b);
+    assert_int_equal(bk_new(&(struct bk_config){.out_fd = w.fd, .sequence_id = 1}, &c), 0);
+    write_one(c, 30, "from_c", 300);
+    c = bk_free(c);
+
+    struct bk_trace *t;
+    assert_int_equal(bk_trace_load(w.path, NULL, &t), 0);
+    assert_int_equal(t->n_processes, 3);
+    check_one(t, 10, "from_a", 100);
+    check_one(t, 20, "from_b", 200);
+    check_one(t, 30, "from_c", 300);
+    bk_trace_free(t);
+    close(w.fd);
+}
+
 static void test_dump_write_error_is_kept(void **state)
 {
     (void)state;
@@ -772,6 +819,7 @@ int main(void)
         cmocka_unit_test(test_dump_self_max_at_peak),
         cmocka_unit_test(test_dump_packet_structure),
         cmocka_unit_test(test_dump_truncated_last_packet),
+        cmocka_unit_test(test_dump_sequences_kept_apart),
         cmocka_unit_test(test_dump_write_error_is_kept),
         cmocka_unit_test(test_dump_hostile_input),
         cmocka_unit_test(test_dump_report_text),

@@ -153,6 +153,29 @@ static void test_intern_mapping_keyed_by_content(void **state)
     assert_int_equal(s->comps[0], e->comps[0]);
 }
 
+static void test_intern_mapping_cache_checks_content(void **state)
+{
+    struct bk_intern *in = *state;
+    /* The same object with new content is a new mapping: the cache by pointer must not
+     * answer with the old id. */
+    char path[32] = "/lib/a.so";
+    struct hp_mapping m = {.start = 0x1000, .end = 0x2000, .path = path};
+    uint32_t a = mapping_id(in, &m);
+    assert_int_equal(mapping_id(in, &m), a);
+    m.end = 0x3000;
+    uint32_t b = mapping_id(in, &m);
+    assert_int_not_equal(b, a);
+    m.end = 0x2000;
+    assert_int_equal(mapping_id(in, &m), a);
+    strcpy(path, "/lib/a.so.1");
+    uint32_t c = mapping_id(in, &m);
+    assert_int_not_equal(c, a);
+    path[9] = '\0'; /* "/lib/a.so" again */
+    assert_int_equal(mapping_id(in, &m), a);
+    m.build_id_len = 1;
+    assert_int_not_equal(mapping_id(in, &m), a);
+}
+
 static void test_intern_unknown_mapping_is_empty(void **state)
 {
     struct bk_intern *in = *state;
@@ -264,6 +287,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_intern_strings_separate_id_spaces, setup, teardown),
         cmocka_unit_test_setup_teardown(test_intern_strings_truncated, setup, teardown),
         cmocka_unit_test_setup_teardown(test_intern_mapping_keyed_by_content, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_intern_mapping_cache_checks_content, setup, teardown),
         cmocka_unit_test_setup_teardown(test_intern_unknown_mapping_is_empty, setup, teardown),
         cmocka_unit_test_setup_teardown(test_intern_frames_by_mapping_pc_and_name, setup, teardown),
         cmocka_unit_test_setup_teardown(test_intern_callstack_trie_shares_prefixes, setup,
