@@ -23,19 +23,19 @@
 #ifndef HP_BOOKKEEPING_BOOKKEEPING_H
 #define HP_BOOKKEEPING_BOOKKEEPING_H
 
+#include "common/frame.h"
+#include "common/macros.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/frame.h"
-#include "common/macros.h"
-
 typedef struct bk bk_t;
 
 struct bk_config {
-    int out_fd;            /* borrowed; TracePackets are appended with write(2) */
-    uint32_t sequence_id;  /* trusted_packet_sequence_id, non-zero; 0 means 1 */
-    bool dump_at_max;      /* dumps show self_max/self_max_count at the peak */
+    int out_fd;           /* borrowed; TracePackets are appended with write(2) */
+    uint32_t sequence_id; /* trusted_packet_sequence_id, non-zero; 0 means 1 */
+    bool dump_at_max;     /* dumps show self_max/self_max_count at the peak */
 };
 
 /* ProcessHeapSamples flags for a process's dumps. */
@@ -56,7 +56,10 @@ struct bk_process_stats {
     /* unwinding time histogram, bucket upper bounds in us: BK_UNWIND_HIST_BOUNDS */
     uint64_t unwinding_time_hist[8];
 };
-#define BK_UNWIND_HIST_BOUNDS {1, 2, 5, 10, 50, 100, 1000, UINT64_MAX}
+#define BK_UNWIND_HIST_BOUNDS                                                                      \
+    {                                                                                              \
+        1, 2, 5, 10, 50, 100, 1000, UINT64_MAX                                                     \
+    }
 
 int bk_new(const struct bk_config *cfg, bk_t **ret) HP_WARN_UNUSED;
 /* Frees all state; does not dump and does not close out_fd. Accepts NULL. */
@@ -74,8 +77,7 @@ void bk_record_alloc(bk_t *bk, int32_t pid, uint64_t seq, uint64_t addr, uint64_
 void bk_record_free(bk_t *bk, int32_t pid, uint64_t seq, uint64_t addr);
 
 /* Replaces the process's stats and ORs @flags into its ProcessHeapSamples flags. */
-void bk_process_update(bk_t *bk, int32_t pid, const struct bk_process_stats *stats,
-                       uint32_t flags);
+void bk_process_update(bk_t *bk, int32_t pid, const struct bk_process_stats *stats, uint32_t flags);
 
 /* Dumps one process (all pending records applied first). */
 int bk_dump_process(bk_t *bk, int32_t pid) HP_WARN_UNUSED;

@@ -14,12 +14,12 @@
 #ifndef HP_BOOKKEEPING_READER_H
 #define HP_BOOKKEEPING_READER_H
 
+#include "common/macros.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
-
-#include "common/macros.h"
 
 struct bk_trace_frame {
     const char *function_name; /* as stored (possibly mangled); "" when unknown */
@@ -45,10 +45,9 @@ struct bk_trace_process {
     const char *cmdline; /* arguments joined by spaces; "" if no process_tree packet */
     const char *heap_name;
     uint64_t sampling_interval_bytes;
-    uint64_t timestamp;       /* of the selected dump */
-    uint32_t n_dumps;         /* complete dumps seen */
-    bool from_startup, disconnected, buffer_overran, buffer_corrupted, hit_guardrail,
-        client_error;
+    uint64_t timestamp; /* of the selected dump */
+    uint32_t n_dumps;   /* complete dumps seen */
+    bool from_startup, disconnected, buffer_overran, buffer_corrupted, hit_guardrail, client_error;
     /* ProcessStats */
     uint64_t unwinding_errors, heap_samples, map_reparses, total_unwinding_time_us,
         client_spinlock_blocked_us;

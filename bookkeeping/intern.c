@@ -1,0 +1,366 @@
+#include "bookkeeping/intern.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+int bk__intern_init(struct bk_intern *in)
+{
+    *in = (struct bk_intern){.unknown_mapping = -1};
+    for (int k = 0; k < BK_STR_KINDS; k++)
+        bk__idtab_init(&in->str[k].index);
+    bk__idtab_init(&in->mapping_index);
+    bk__idtab_init(&in->frame_index);
+    bk__idtab_init(&in->cs_index);
+    /* Slot 0 of every table: "" for strings, unused for the others (ids start at 1). */
+    int r = 0;
+    for (int k = 0; k < BK_STR_KINDS && r == 0; k++) {
+        r = bk__grow((void **)&in->str[k].v, &in->str[k].cap, 1, sizeof(struct bk_str));
+        if (r == 0) {
+            in->str[k].v[0] = (struct bk_str){.s = "", .len = 0};
+            in->str[k].n = 1;
+            r = bk__idtab_add(&in->str[k].index, bk__hash_bytes("", 0, (uint64_t)k), 0);
+        }
+    }
+    if (r == 0)
+        r = bk__grow((void **)&in->mappings, &in->cap_mappings, 1, sizeof(*in->mappings));
+    if (r == 0)
+        r = bk__grow((void **)&in->frames, &in->cap_frames, 1, sizeof(*in->frames));
+    if (r == 0)
+        r = bk__grow((void **)&in->nodes, &in->cap_nodes, 1, sizeof(*in->nodes));
+    if (r < 0) {
+        bk__intern_done(in);
+        return r;
+    }
+    memset(&in->mappings[0], 0, sizeof(in->mappings[0]));
+    memset(&in->frames[0], 0, sizeof(in->frames[0]));
+    memset(&in->nodes[0], 0, sizeof(in->nodes[0]));
+    in->n_mappings = in->n_frames = in->n_nodes = 1;
+    return 0;
+}
+
+void bk__intern_done(struct bk_intern *in)
+{
+    for (int k = 0; k < BK_STR_KINDS; k++) {
+        bk__idtab_done(&in->str[k].index);
+        free(in->str[k].v);
+    }
+    bk__idtab_done(&in->mapping_index);
+    bk__idtab_done(&in->frame_index);
+    bk__idtab_done(&in->cs_index);
+    free(in->mappings);
+    free(in->frames);
+    free(in->nodes);
+    free(in->emit);
+    bk__arena_done(&in->arena);
+    *in = (struct bk_intern){.unknown_mapping = -1};
+}
+
+/* ---- strings ---- */
+
+struct str_key {
+    const char *s;
+    size_t len;
+};
+
+static bool str_eq(const void *ctx, uint32_t id, const void *key)
+{
+    const struct bk_strtab *t = ctx;
+    const struct str_key *k = key;
+    return t->v[id].len == k->len && memcmp(t->v[id].s, k->s, k->len) == 0;
+}
+
+int bk__intern_string(struct bk_intern *in, enum bk_str_kind kind, const char *s, size_t len,
+                      uint32_t *ret_id)
+{
+    struct bk_strtab *t = &in->str[kind];
+    if (len > BK_MAX_STRING_BYTES)
+        len = BK_MAX_STRING_BYTES;
+    struct str_key key = {.s = s ? s : "", .len = s ? len : 0};
+    uint64_t h = bk__hash_bytes(key.s, key.len, (uint64_t)kind);
+    int64_t id = bk__idtab_find(&t->index, h, str_eq, t, &key);
+    if (id >= 0) {
+        *ret_id = (uint32_t)id;
+        return 0;
+    }
+    if (t->n >= UINT32_MAX - 1)
+        return -ENOMEM;
+    int r = bk__grow((void **)&t->v, &t->cap, t->n + 1, sizeof(*t->v));
+    if (r < 0)
+        return r;
+    char *copy = bk__arena_strndup(&in->arena, key.s, key.len);
+    if (!copy)
+        return -ENOMEM;
+    uint32_t nid = (uint32_t)t->n;
+    r = bk__idtab_add(&t->index, h, nid);
+    if (r < 0)
+        return r;
+    t->v[nid] = (struct bk_str){.s = copy, .len = (uint32_t)key.len};
+    t->n++;
+    *ret_id = nid;
+    return 0;
+}
+
+/* ---- mappings ---- */
+
+struct mapping_key {
+    const struct hp_mapping *m;
+    const char *path;
+    size_t path_len;
+    uint32_t build_id;
+};
+
+static bool mapping_eq(const void *ctx, uint32_t id, const void *key)
+{
+    const struct bk_intern *in = ctx;
+    const struct mapping_key *k = key;
+    const struct bk_mapping *e = &in->mappings[id];
+    return e->start == k->m->start && e->end == k->m->end &&
+           e->exact_offset == k->m->exact_offset && e->start_offset == k->m->start_offset &&
+           e->load_bias == k->m->load_bias && e->build_id == k->build_id &&
+           e->path_len == k->path_len && memcmp(e->path, k->path, k->path_len) == 0;
+}
+
+/* Splits @path at '/' (empty components are dropped) and interns each component. */
+static int intern_path(struct bk_intern *in, const char *path, size_t len, uint32_t **ret_comps,
+                       uint32_t *ret_n)
+{
+    uint32_t ids[BK_MAX_PATH_COMPONENTS];
+    uint32_t n = 0;
+    size_t i = 0;
+    while (i < len && n < BK_MAX_PATH_COMPONENTS) {
+        while (i < len && path[i] == '/')
+            i++;
+        size_t b = i;
+        while (i < len && path[i] != '/')
+            i++;
+        if (i > b) {
+            int r = bk__intern_string(in, BK_STR_PATH, path + b, i - b, &ids[n]);
+            if (r < 0)
+                return r;
+            n++;
+        }
+    }
+    uint32_t *comps = NULL;
+    if (n) {
+        comps = bk__arena_alloc(&in->arena, n * sizeof(*comps));
+        if (!comps)
+            return -ENOMEM;
+        memcpy(comps, ids, n * sizeof(*comps));
+    }
+    *ret_comps = comps;
+    *ret_n = n;
+    return 0;
+}
+
+/* Whether @m has exactly the content of interned mapping @id. */
+static bool mapping_same(const struct bk_intern *in, uint32_t id, const struct hp_mapping *m)
+{
+    const struct bk_mapping *e = &in->mappings[id];
+    const struct bk_str *bid = &in->str[BK_STR_BUILD_ID].v[e->build_id];
+    return e->start == m->start && e->end == m->end && e->exact_offset == m->exact_offset &&
+           e->start_offset == m->start_offset && e->load_bias == m->load_bias &&
+           bid->len == m->build_id_len && memcmp(bid->s, m->build_id, bid->len) == 0 && m->path &&
+           memcmp(e->path, m->path, e->path_len) == 0 && m->path[e->path_len] == 0;
+}
+
+int bk__intern_mapping(struct bk_intern *in, const struct hp_mapping *m, uint32_t *ret_id)
+{
+    static const struct hp_mapping unknown = {.path = ""};
+    if (!m && in->unknown_mapping >= 0) {
+        *ret_id = (uint32_t)in->unknown_mapping;
+        return 0;
+    }
+    struct bk_mapping_cache *slot = NULL;
+    if (m) {
+        slot = &in->mapping_cache[(bk__hash_u64((uintptr_t)m) >> 7) % BK_MAPPING_CACHE_SLOTS];
+        if (slot->ptr == m && mapping_same(in, slot->id, m)) {
+            *ret_id = slot->id;
+            return 0;
+        }
+    }
+    const struct hp_mapping *src = m ? m : &unknown;
+    struct mapping_key key = {.m = src, .path = src->path ? src->path : ""};
+    key.path_len = strnlen(key.path, BK_MAX_STRING_BYTES);
+    uint32_t bid_len = HP_MIN(src->build_id_len, (uint32_t)HP_BUILD_ID_MAX);
+    int r =
+        bk__intern_string(in, BK_STR_BUILD_ID, (const char *)src->build_id, bid_len, &key.build_id);
+    if (r < 0)
+        return r;
+    uint64_t h = bk__hash_bytes(key.path, key.path_len, key.build_id);
+    h = bk__hash_combine(h, src->start);
+    h = bk__hash_combine(h, src->end);
+    h = bk__hash_combine(h, src->exact_offset);
+    h = bk__hash_combine(h, src->start_offset);
+    h = bk__hash_combine(h, src->load_bias);
+    int64_t id = bk__idtab_find(&in->mapping_index, h, mapping_eq, in, &key);
+    if (id < 0) {
+        if (in->n_mappings >= UINT32_MAX - 1)
+            return -ENOMEM;
+        r = bk__grow((void **)&in->mappings, &in->cap_mappings, in->n_mappings + 1,
+                     sizeof(*in->mappings));
+        if (r < 0)
+            return r;
+        struct bk_mapping e = {
+            .start = src->start,
+            .end = src->end,
+            .exact_offset = src->exact_offset,
+            .start_offset = src->start_offset,
+            .load_bias = src->load_bias,
+            .build_id = key.build_id,
+            .path_len = (uint32_t)key.path_len,
+        };
+        uint32_t *comps;
+        r = intern_path(in, key.path, key.path_len, &comps, &e.n_comps);
+        if (r < 0)
+            return r;
+        e.comps = comps;
+        e.path = bk__arena_strndup(&in->arena, key.path, key.path_len);
+        if (!e.path)
+            return -ENOMEM;
+        id = (int64_t)in->n_mappings;
+        r = bk__idtab_add(&in->mapping_index, h, (uint32_t)id);
+        if (r < 0)
+            return r;
+        in->mappings[id] = e;
+        in->n_mappings++;
+    }
+    if (!m)
+        in->unknown_mapping = id;
+    else
+        *slot = (struct bk_mapping_cache){.ptr = m, .id = (uint32_t)id};
+    *ret_id = (uint32_t)id;
+    return 0;
+}
+
+/* ---- frames ---- */
+
+struct frame_key {
+    uint32_t mapping_id;
+    uint64_t rel_pc;
+    struct str_key name;
+};
+
+static bool frame_eq(const void *ctx, uint32_t id, const void *key)
+{
+    const struct bk_intern *in = ctx;
+    const struct frame_key *k = key;
+    const struct bk_frame *e = &in->frames[id];
+    return e->mapping_id == k->mapping_id && e->rel_pc == k->rel_pc &&
+           str_eq(&in->str[BK_STR_FUNCTION], e->function_name_id, &k->name);
+}
+
+int bk__intern_frame(struct bk_intern *in, const struct hp_frame *f, uint32_t *ret_id)
+{
+    struct frame_key key = {.rel_pc = f->rel_pc};
+    int r = bk__intern_mapping(in, f->map, &key.mapping_id);
+    if (r < 0)
+        return r;
+    key.name.s = f->function_name ? f->function_name : "";
+    key.name.len = strnlen(key.name.s, BK_MAX_STRING_BYTES);
+    /* The name is not hashed: it almost never differs for one (mapping, pc). */
+    uint64_t h = bk__hash_combine(bk__hash_u64(key.mapping_id), key.rel_pc);
+    int64_t id = bk__idtab_find(&in->frame_index, h, frame_eq, in, &key);
+    if (id >= 0) {
+        *ret_id = (uint32_t)id;
+        return 0;
+    }
+    if (in->n_frames >= UINT32_MAX - 1)
+        return -ENOMEM;
+    uint32_t name_id;
+    r = bk__intern_string(in, BK_STR_FUNCTION, key.name.s, key.name.len, &name_id);
+    if (r < 0)
+        return r;
+    r = bk__grow((void **)&in->frames, &in->cap_frames, in->n_frames + 1, sizeof(*in->frames));
+    if (r < 0)
+        return r;
+    uint32_t nid = (uint32_t)in->n_frames;
+    r = bk__idtab_add(&in->frame_index, h, nid);
+    if (r < 0)
+        return r;
+    in->frames[nid] = (struct bk_frame){
+        .rel_pc = key.rel_pc, .mapping_id = key.mapping_id, .function_name_id = name_id};
+    in->n_frames++;
+    *ret_id = nid;
+    return 0;
+}
+
+/* ---- callstack trie ---- */
+
+struct node_key {
+    uint32_t parent, frame_id;
+};
+
+static bool node_eq(const void *ctx, uint32_t id, const void *key)
+{
+    const struct bk_intern *in = ctx;
+    const struct node_key *k = key;
+    return in->nodes[id].parent == k->parent && in->nodes[id].frame_id == k->frame_id;
+}
+
+int bk__intern_node(struct bk_intern *in, uint32_t parent, uint32_t frame_id, uint32_t *ret_id)
+{
+    struct node_key key = {.parent = parent, .frame_id = frame_id};
+    uint64_t h = bk__hash_combine(bk__hash_u64(parent), frame_id);
+    int64_t id = bk__idtab_find(&in->cs_index, h, node_eq, in, &key);
+    if (id >= 0) {
+        *ret_id = (uint32_t)id;
+        return 0;
+    }
+    if (in->n_nodes >= UINT32_MAX - 1 || parent >= in->n_nodes)
+        return -ENOMEM;
+    int r = bk__grow((void **)&in->nodes, &in->cap_nodes, in->n_nodes + 1, sizeof(*in->nodes));
+    if (r < 0)
+        return r;
+    uint32_t nid = (uint32_t)in->n_nodes;
+    r = bk__idtab_add(&in->cs_index, h, nid);
+    if (r < 0)
+        return r;
+    in->nodes[nid] = (struct bk_cs_node){
+        .parent = parent, .frame_id = frame_id, .depth = in->nodes[parent].depth + 1};
+    in->n_nodes++;
+    *ret_id = nid;
+    return 0;
+}
+
+int bk__intern_stack(struct bk_intern *in, const struct hp_frame *frames, size_t n,
+                     uint32_t *ret_id)
+{
+    static const struct hp_frame unknown_frame = {.function_name = ""};
+    if (n == 0) {
+        frames = &unknown_frame;
+        n = 1;
+    }
+    if (n > BK_MAX_FRAMES)
+        n = BK_MAX_FRAMES; /* keep the leaf side: it says who allocated */
+    uint32_t node = 0;
+    for (size_t i = n; i-- > 0;) {
+        uint32_t fid;
+        int r = bk__intern_frame(in, &frames[i], &fid);
+        if (r < 0)
+            return r;
+        r = bk__intern_node(in, node, fid, &node);
+        if (r < 0)
+            return r;
+    }
+    if (!in->nodes[node].queued) {
+        int r = bk__grow((void **)&in->emit, &in->cap_emit, in->n_emit + 1, sizeof(*in->emit));
+        if (r < 0)
+            return r;
+        in->emit[in->n_emit++] = node;
+        in->nodes[node].queued = true;
+    }
+    *ret_id = node;
+    return 0;
+}
+
+size_t bk__intern_callstack_frames(const struct bk_intern *in, uint32_t cs, uint32_t *buf)
+{
+    size_t depth = cs < in->n_nodes ? in->nodes[cs].depth : 0;
+    if (depth > BK_MAX_FRAMES)
+        depth = BK_MAX_FRAMES;
+    size_t i = depth;
+    for (uint32_t n = cs; n && i > 0; n = in->nodes[n].parent)
+        buf[--i] = in->nodes[n].frame_id;
+    return depth;
+}

@@ -1,0 +1,141 @@
+/* bookkeeping/intern.h: the interning tables of a session (one Perfetto packet sequence).
+ *
+ * Ids are small integers assigned in order of first use and stable for the session, one
+ * id space per table as in Perfetto's InternedData:
+ *
+ *     function_names, mapping_paths, build_ids   id 0 = "" (pre-defined), then 1, 2, ...
+ *     mappings    by content (path, build id, start, end, offsets, load bias), from 1
+ *     frames      by (mapping id, rel_pc, function name), from 1
+ *     callstacks  nodes of a trie keyed by (parent callstack, frame), from 1
+ *
+ * A callstack is the path from the trie's root (outermost frame) to a node:
+ *
+ *     (root) --main--> [1] --run--> [2] --malloc_wrapper--> [3]
+ *                        \--init--> [4]
+ *
+ * so [3] is main > run > malloc_wrapper, and interning a stack costs one lookup per
+ * frame while shared prefixes are stored once. Only nodes that are the full stack of
+ * some allocation are written to the trace (their ids go to the `emit` list when first
+ * used), with their frames root first.
+ *
+ * A frame's name is part of its key because error frames ("ERROR <reason>") on the
+ * unknown mapping differ only by name. A NULL hp_frame.map is the unknown mapping: one
+ * interned empty mapping (no path, no build id, zero range).
+ *
+ *     struct bk_intern in;
+ *     bk__intern_init(&in);
+ *     uint32_t cs;
+ *     if (bk__intern_stack(&in, frames, n, &cs) == 0) ...   // frames leaf first
+ *     bk__intern_done(&in);
+ *
+ * Bookkeeping thread only.
+ */
+#ifndef HP_BOOKKEEPING_INTERN_H
+#define HP_BOOKKEEPING_INTERN_H
+
+#include "bookkeeping/util.h"
+#include "common/frame.h"
+#include "common/macros.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Longer strings are truncated; deeper stacks keep their leaf-most frames. */
+#define BK_MAX_STRING_BYTES 4096
+#define BK_MAX_FRAMES 1024
+#define BK_MAX_PATH_COMPONENTS 256
+
+enum bk_str_kind {
+    BK_STR_FUNCTION = 0,
+    BK_STR_PATH = 1, /* one component of a mapping path */
+    BK_STR_BUILD_ID = 2,
+    BK_STR_KINDS
+};
+
+struct bk_str {
+    const char *s; /* NUL-terminated copy (build ids may contain NULs: use len) */
+    uint32_t len;
+};
+
+struct bk_strtab {
+    struct bk_idtab index;
+    struct bk_str *v; /* by id */
+    size_t n, cap;
+};
+
+struct bk_mapping {
+    uint64_t start, end, exact_offset, start_offset, load_bias;
+    uint32_t build_id;     /* BK_STR_BUILD_ID id */
+    uint32_t n_comps;      /* path components ... */
+    const uint32_t *comps; /* ... as BK_STR_PATH ids, in the arena */
+    const char *path;      /* the full path, for the content key */
+    uint32_t path_len;
+};
+
+struct bk_frame {
+    uint64_t rel_pc;
+    uint32_t mapping_id;
+    uint32_t function_name_id;
+};
+
+struct bk_cs_node {
+    uint32_t parent; /* 0: the root */
+    uint32_t frame_id;
+    uint32_t depth; /* frames from the root, >= 1 */
+    bool queued;    /* already on the emit list */
+};
+
+/* Recently seen hp_mapping objects: the unwinder hands out the same immutable objects
+ * again and again, so a hit (validated against the stored content, never trusted by
+ * pointer alone) skips hashing the path and build id. */
+#define BK_MAPPING_CACHE_SLOTS 64
+struct bk_mapping_cache {
+    const struct hp_mapping *ptr;
+    uint32_t id;
+};
+
+struct bk_intern {
+    struct bk_arena arena;
+    struct bk_mapping_cache mapping_cache[BK_MAPPING_CACHE_SLOTS];
+    struct bk_strtab str[BK_STR_KINDS];
+    struct bk_idtab mapping_index, frame_index, cs_index;
+    struct bk_mapping *mappings; /* by id; [0] unused */
+    size_t n_mappings, cap_mappings;
+    struct bk_frame *frames; /* by id; [0] unused */
+    size_t n_frames, cap_frames;
+    struct bk_cs_node *nodes; /* by id; [0] unused */
+    size_t n_nodes, cap_nodes;
+    uint32_t *emit; /* callstack ids in order of first use as a full stack */
+    size_t n_emit, cap_emit;
+    int64_t unknown_mapping; /* id of the empty mapping, -1 until needed */
+};
+
+int bk__intern_init(struct bk_intern *in) HP_WARN_UNUSED;
+void bk__intern_done(struct bk_intern *in);
+
+int bk__intern_string(struct bk_intern *in, enum bk_str_kind kind, const char *s, size_t len,
+                      uint32_t *ret_id) HP_WARN_UNUSED;
+/* @m NULL: the unknown mapping. */
+int bk__intern_mapping(struct bk_intern *in, const struct hp_mapping *m,
+                       uint32_t *ret_id) HP_WARN_UNUSED;
+int bk__intern_frame(struct bk_intern *in, const struct hp_frame *f,
+                     uint32_t *ret_id) HP_WARN_UNUSED;
+int bk__intern_node(struct bk_intern *in, uint32_t parent, uint32_t frame_id,
+                    uint32_t *ret_id) HP_WARN_UNUSED;
+/* Interns a whole stack given leaf first (n == 0 becomes one unknown frame) and queues
+ * its callstack for emission when new. */
+int bk__intern_stack(struct bk_intern *in, const struct hp_frame *frames, size_t n,
+                     uint32_t *ret_id) HP_WARN_UNUSED;
+
+/* Writes the frame ids of callstack @cs root first into @buf (BK_MAX_FRAMES entries);
+ * returns their number. */
+size_t bk__intern_callstack_frames(const struct bk_intern *in, uint32_t cs, uint32_t *buf);
+
+/* Number of ids in use per table (i.e. the next id to be assigned). */
+static inline size_t bk__intern_n_strings(const struct bk_intern *in, enum bk_str_kind k)
+{
+    return in->str[k].n;
+}
+
+#endif

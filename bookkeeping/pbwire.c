@@ -1,0 +1,136 @@
+#include "bookkeeping/pbwire.h"
+
+#include <errno.h>
+
+size_t bk__pb_varint_size(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+size_t bk__pb_put_varint(uint8_t *buf, uint64_t v)
+{
+    size_t n = 0;
+    while (v >= 0x80) {
+        buf[n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    buf[n++] = (uint8_t)v;
+    return n;
+}
+
+int bk__pb_get_varint(const uint8_t **p, const uint8_t *end, uint64_t *ret)
+{
+    const uint8_t *q = *p;
+    uint64_t v = 0;
+    for (unsigned shift = 0; shift < 70; shift += 7) {
+        if (q >= end)
+            return -EAGAIN;
+        uint8_t b = *q++;
+        /* The 10th byte may only carry the top bit of a uint64_t. */
+        if (shift == 63 && b > 1)
+            return -EBADMSG;
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *p = q;
+            *ret = v;
+            return 0;
+        }
+    }
+    return -EBADMSG;
+}
+
+size_t bk__pb_put_packet_header(uint8_t *buf, size_t packet_len)
+{
+    buf[0] = BK_PB_TRACE_PACKET_TAG;
+    return 1 + bk__pb_put_varint(buf + 1, packet_len);
+}
+
+void bk__pb_iter_init(struct bk_pb_iter *it, const void *buf, size_t len)
+{
+    it->p = buf;
+    it->end = it->p + len;
+    it->error = false;
+}
+
+bool bk__pb_next(struct bk_pb_iter *it, struct bk_pb_field *ret)
+{
+    if (it->error || it->p >= it->end)
+        return false;
+    uint64_t tag, v;
+    const uint8_t *p = it->p;
+    if (bk__pb_get_varint(&p, it->end, &tag) < 0 || (tag >> 3) == 0 || (tag >> 3) > UINT32_MAX)
+        goto bad;
+    struct bk_pb_field f = {.num = (uint32_t)(tag >> 3), .wire_type = (uint8_t)(tag & 7)};
+    switch (f.wire_type) {
+    case BK_PB_VARINT:
+        if (bk__pb_get_varint(&p, it->end, &f.varint) < 0)
+            goto bad;
+        break;
+    case BK_PB_FIXED64:
+    case BK_PB_FIXED32: {
+        size_t n = f.wire_type == BK_PB_FIXED64 ? 8 : 4;
+        if ((size_t)(it->end - p) < n)
+            goto bad;
+        for (size_t i = 0; i < n; i++)
+            f.varint |= (uint64_t)p[i] << (8 * i);
+        p += n;
+        break;
+    }
+    case BK_PB_LEN:
+        if (bk__pb_get_varint(&p, it->end, &v) < 0 || v > (uint64_t)(it->end - p))
+            goto bad;
+        f.ptr = p;
+        f.len = (size_t)v;
+        p += v;
+        break;
+    default:
+        goto bad;
+    }
+    it->p = p;
+    *ret = f;
+    return true;
+bad:
+    it->error = true;
+    return false;
+}
+
+void bk__pb_ints_init(struct bk_pb_ints *it, const struct bk_pb_field *f)
+{
+    *it = (struct bk_pb_ints){0};
+    if (f->wire_type == BK_PB_LEN) {
+        it->p = f->ptr;
+        it->end = f->ptr + f->len;
+        it->state = 1;
+    } else if (f->wire_type == BK_PB_VARINT) {
+        it->single = f->varint;
+        it->state = 0;
+    } else {
+        it->state = 2;
+    }
+}
+
+bool bk__pb_ints_next(struct bk_pb_ints *it, uint64_t *ret, bool *error)
+{
+    switch (it->state) {
+    case 0:
+        it->state = 2;
+        *ret = it->single;
+        return true;
+    case 1:
+        if (it->p >= it->end)
+            return false;
+        if (bk__pb_get_varint(&it->p, it->end, ret) < 0) {
+            *error = true;
+            it->state = 2;
+            return false;
+        }
+        return true;
+    default:
+        return false;
+    }
+}

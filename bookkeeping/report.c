@@ -1,0 +1,232 @@
+/* bookkeeping/report.c: the text report of a loaded trace (`heapprof report`). */
+#include "bookkeeping/reader.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* libstdc++'s demangler (the Itanium C++ ABI entry point); declared here so that the C
+ * code needs no C++ header. Returns a malloc()ed string or NULL, status 0 on success. */
+char *__cxa_demangle(const char *mangled, char *buf, size_t *len, int *status);
+
+const char *bk_demangle(const char *name, char *buf, size_t buf_len)
+{
+    if (!name || strncmp(name, "_Z", 2) != 0 || buf_len == 0)
+        return name;
+    int status = -1;
+    char *d = __cxa_demangle(name, NULL, NULL, &status);
+    if (!d || status != 0) {
+        free(d);
+        return name;
+    }
+    size_t n = strlen(d);
+    if (n >= buf_len)
+        n = buf_len - 1;
+    memcpy(buf, d, n);
+    buf[n] = '\0';
+    free(d);
+    return buf;
+}
+
+static const char *human_bytes(uint64_t v, char *buf, size_t len)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    if (v < 1024) {
+        snprintf(buf, len, "%" PRIu64 " B", v);
+        return buf;
+    }
+    double d = (double)v;
+    size_t u = 0;
+    while (d >= 1024 && u + 1 < sizeof(units) / sizeof(units[0])) {
+        d /= 1024;
+        u++;
+    }
+    snprintf(buf, len, "%.1f %s", d, units[u]);
+    return buf;
+}
+
+static uint64_t unreleased(const struct bk_trace_callsite *c)
+{
+    return c->self_allocated > c->self_freed ? c->self_allocated - c->self_freed : 0;
+}
+
+static uint64_t unreleased_count(const struct bk_trace_callsite *c)
+{
+    return c->alloc_count > c->free_count ? c->alloc_count - c->free_count : 0;
+}
+
+enum order { BY_UNRELEASED, BY_ALLOCATED, BY_PEAK };
+
+static uint64_t key_of(const struct bk_trace_callsite *c, enum order o)
+{
+    switch (o) {
+    case BY_UNRELEASED:
+        return unreleased(c);
+    case BY_ALLOCATED:
+        return c->self_allocated;
+    case BY_PEAK:
+        return c->self_max;
+    }
+    return 0;
+}
+
+struct sort_item {
+    uint64_t key;
+    const struct bk_trace_callsite *c;
+};
+
+static int cmp_items(const void *a, const void *b)
+{
+    const struct sort_item *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key < y->key ? 1 : -1; /* descending */
+    if (x->c->callstack_id != y->c->callstack_id)
+        return x->c->callstack_id < y->c->callstack_id ? -1 : 1;
+    return 0;
+}
+
+static const char *frame_name(const struct bk_trace_frame *f, bool demangle, char *buf, size_t len)
+{
+    if (!f->function_name || !f->function_name[0])
+        return "<unknown>";
+    return demangle ? bk_demangle(f->function_name, buf, len) : f->function_name;
+}
+
+static void print_site(FILE *out, size_t rank, const struct bk_trace_callsite *c, enum order o,
+                       const struct bk_report_options *opt)
+{
+    char b1[32], b2[32], name[1024];
+    switch (o) {
+    case BY_UNRELEASED:
+        fprintf(out, "  #%zu  %s (%" PRIu64 " bytes) unreleased in %" PRIu64 " allocations", rank,
+                human_bytes(unreleased(c), b1, sizeof(b1)), unreleased(c), unreleased_count(c));
+        fprintf(out, "; allocated %s (%" PRIu64 " bytes) in %" PRIu64 " allocations\n",
+                human_bytes(c->self_allocated, b2, sizeof(b2)), c->self_allocated, c->alloc_count);
+        break;
+    case BY_ALLOCATED:
+        fprintf(out,
+                "  #%zu  %s (%" PRIu64 " bytes) allocated in %" PRIu64 " allocations, %" PRIu64
+                " freed",
+                rank, human_bytes(c->self_allocated, b1, sizeof(b1)), c->self_allocated,
+                c->alloc_count, c->free_count);
+        fprintf(out, "; unreleased %s (%" PRIu64 " bytes)\n",
+                human_bytes(unreleased(c), b2, sizeof(b2)), unreleased(c));
+        break;
+    case BY_PEAK:
+        fprintf(out, "  #%zu  %s (%" PRIu64 " bytes) in %" PRIu64 " allocations at the peak\n",
+                rank, human_bytes(c->self_max, b1, sizeof(b1)), c->self_max, c->self_max_count);
+        break;
+    }
+    if (c->n_frames == 0) {
+        fprintf(out, "        (no frames)\n");
+        return;
+    }
+    if (opt->no_stacks) {
+        const struct bk_trace_frame *leaf = &c->frames[c->n_frames - 1];
+        fprintf(out, "        %s\n", frame_name(leaf, opt->demangle, name, sizeof(name)));
+        return;
+    }
+    for (size_t i = c->n_frames; i-- > 0;) { /* leaf first */
+        const struct bk_trace_frame *f = &c->frames[i];
+        const char *path = f->mapping_path && f->mapping_path[0] ? f->mapping_path : "?";
+        fprintf(out, "        %s  %s+%#" PRIx64 "\n",
+                frame_name(f, opt->demangle, name, sizeof(name)), path, f->rel_pc);
+    }
+}
+
+static void print_table(FILE *out, const struct bk_trace_process *p, enum order o,
+                        const struct bk_report_options *opt, size_t top_n, struct sort_item *items)
+{
+    static const char *const titles[] = {
+        [BY_UNRELEASED] = "unreleased bytes",
+        [BY_ALLOCATED] = "allocated bytes",
+        [BY_PEAK] = "bytes at the heap peak",
+    };
+    size_t n = 0;
+    for (size_t i = 0; i < p->n_callsites; i++) {
+        uint64_t k = key_of(&p->callsites[i], o);
+        if (k)
+            items[n++] = (struct sort_item){.key = k, .c = &p->callsites[i]};
+    }
+    if (n)
+        qsort(items, n, sizeof(*items), cmp_items);
+    fprintf(out, "\n  Top %zu sites by %s:\n", top_n, titles[o]);
+    if (n == 0)
+        fprintf(out, "    (none)\n");
+    for (size_t i = 0; i < n && i < top_n; i++)
+        print_site(out, i + 1, items[i].c, o, opt);
+}
+
+static void print_process(FILE *out, const struct bk_trace_process *p,
+                          const struct bk_report_options *opt)
+{
+    size_t top_n = opt->top_n > 0 ? (size_t)opt->top_n : 10;
+    char b[32];
+    fprintf(out, "Process %" PRId32 ": %s\n", p->pid, p->cmdline[0] ? p->cmdline : "(unknown)");
+    fprintf(out, "  heap %s, sampling interval %" PRIu64 " bytes, %" PRIu32 " dump%s, %s",
+            p->heap_name[0] ? p->heap_name : "(unnamed)", p->sampling_interval_bytes, p->n_dumps,
+            p->n_dumps == 1 ? "" : "s",
+            p->from_startup ? "profiled from startup" : "attached while running");
+    if (p->disconnected)
+        fprintf(out, ", disconnected");
+    if (p->buffer_overran)
+        fprintf(out, ", BUFFER OVERRAN (samples were dropped)");
+    if (p->buffer_corrupted)
+        fprintf(out, ", BUFFER CORRUPTED");
+    if (p->hit_guardrail)
+        fprintf(out, ", HIT GUARDRAIL");
+    if (p->client_error)
+        fprintf(out, ", CLIENT ERROR");
+    fprintf(out, "\n");
+    if (p->n_dumps == 0) {
+        fprintf(out, "  no complete dump\n\n");
+        return;
+    }
+
+    uint64_t alloc = 0, freed = 0, nalloc = 0, nfree = 0;
+    bool has_peak = false;
+    for (size_t i = 0; i < p->n_callsites; i++) {
+        const struct bk_trace_callsite *c = &p->callsites[i];
+        alloc += c->self_allocated;
+        freed += c->self_freed;
+        nalloc += c->alloc_count;
+        nfree += c->free_count;
+        has_peak |= c->self_max != 0;
+    }
+    fprintf(out, "  Totals: allocated %s (%" PRIu64 " bytes, %" PRIu64 " allocations)",
+            human_bytes(alloc, b, sizeof(b)), alloc, nalloc);
+    fprintf(out, ", freed %s (%" PRIu64 " bytes, %" PRIu64 " frees)",
+            human_bytes(freed, b, sizeof(b)), freed, nfree);
+    fprintf(out, ", unreleased %s (%" PRIu64 " bytes)\n",
+            human_bytes(alloc > freed ? alloc - freed : 0, b, sizeof(b)),
+            alloc > freed ? alloc - freed : 0);
+
+    struct sort_item *items = p->n_callsites ? calloc(p->n_callsites, sizeof(*items)) : NULL;
+    if (p->n_callsites && !items) {
+        fprintf(out, "  (out of memory)\n\n");
+        return;
+    }
+    print_table(out, p, BY_UNRELEASED, opt, top_n, items);
+    print_table(out, p, BY_ALLOCATED, opt, top_n, items);
+    if (has_peak)
+        print_table(out, p, BY_PEAK, opt, top_n, items);
+    free(items);
+
+    fprintf(out,
+            "\n  Stats: %" PRIu64 " samples, %" PRIu64 " unwinding errors, %" PRIu64
+            " map reparses, %" PRIu64 " us unwinding, %" PRIu64
+            " us client blocked on the ring\n\n",
+            p->heap_samples, p->unwinding_errors, p->map_reparses, p->total_unwinding_time_us,
+            p->client_spinlock_blocked_us);
+}
+
+void bk_report_print(FILE *out, const struct bk_trace *t, const struct bk_report_options *opt)
+{
+    static const struct bk_report_options defaults = {.demangle = true};
+    if (!opt)
+        opt = &defaults;
+    if (t->n_processes == 0)
+        fprintf(out, "No heap profiles in this trace (%" PRIu64 " packets).\n", t->n_packets);
+    for (size_t i = 0; i < t->n_processes; i++)
+        print_process(out, &t->processes[i], opt);
+}

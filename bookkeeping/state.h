@@ -1,0 +1,142 @@
+/* bookkeeping/state.h: the state behind bk_t, shared by bookkeeping/bookkeeping.c (record
+ * application) and bookkeeping/dump.c (TracePacket encoding). Internal to bookkeeping/.
+ *
+ * Per process:
+ *
+ *     records --> reorder heap (by seq) --> apply --> live: addr -> (site, size, seq)
+ *                                                      sites: callstack -> counters
+ *
+ * A site holds cumulative allocated/freed bytes and counts of one callstack in one
+ * process, its live bytes/count now, and its live bytes/count at the process's heap peak
+ * (for dump_at_max). The peak values are kept lazily: `peak_id` counts new peaks; a site
+ * saves its live values into max_* (stamped with the current peak_id) just before its
+ * first change after a peak, so a site whose stamp differs from peak_id has not changed
+ * since the peak and its live values are the peak values. O(1) per record, two words
+ * per site.
+ *
+ *     struct bk_proc *p = bk__find_proc(bk, pid);
+ *     bk__flush_pending(bk, p);      // apply what waits in the reorder heap
+ *     int r = bk__dump_proc(bk, p);  // then write its dump
+ *
+ * Bookkeeping thread only.
+ */
+#ifndef HP_BOOKKEEPING_STATE_H
+#define HP_BOOKKEEPING_STATE_H
+
+#include "bookkeeping/bookkeeping.h"
+#include "bookkeeping/intern.h"
+#include "bookkeeping/util.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Records pending beyond this many force the oldest one through (a seq gap). */
+#define BK_REORDER_WINDOW 1024
+/* Dumps are split so that no TracePacket exceeds this many bytes. */
+#define BK_MAX_PACKET_BYTES (400 * 1000)
+#define BK_HEAP_NAME "libc.malloc"
+
+enum bk_rec_kind { BK_REC_ALLOC = 1, BK_REC_FREE = 2 };
+
+struct bk_pending {
+    uint64_t seq;
+    uint64_t addr;
+    uint64_t size; /* sample_size of an allocation */
+    uint32_t callstack;
+    uint32_t kind;
+};
+
+struct bk_live {
+    uint64_t size;
+    uint64_t seq;
+    uint32_t site;
+};
+
+struct bk_site {
+    uint32_t callstack_id;
+    uint64_t allocated, freed, alloc_count, free_count;
+    uint64_t live_bytes, live_count;
+    uint64_t max_bytes, max_count, max_peak;
+};
+
+struct bk_proc {
+    int32_t pid;
+    bool from_startup;
+    uint64_t sampling_interval_bytes;
+    char *cmdline;
+    size_t cmdline_len;
+    struct bk_process_stats stats;
+    uint32_t flags;
+
+    uint64_t next_seq;
+    struct bk_pending *heap; /* min-heap by seq */
+    size_t n_heap, cap_heap;
+
+    struct bk_map live;       /* addr -> struct bk_live */
+    struct bk_map site_index; /* callstack id -> index in sites */
+    struct bk_site *sites;
+    size_t n_sites, cap_sites;
+
+    uint64_t live_total, peak_total, peak_id;
+};
+
+struct bk_buf {
+    uint8_t *p;
+    size_t len, cap;
+};
+
+struct bk {
+    int out_fd;
+    uint32_t sequence_id;
+    bool dump_at_max;
+
+    struct bk_intern in;
+    struct bk_counters counters;
+
+    struct bk_proc **procs;
+    size_t n_procs, cap_procs;
+    struct bk_map proc_index; /* pid -> index in procs */
+
+    /* What the trace already defines: entries below these are not written again. */
+    size_t emitted_str[BK_STR_KINDS];
+    size_t emitted_mappings, emitted_frames, emitted_callstacks;
+    uint64_t next_packet_index; /* ProfilePacket.index */
+
+    size_t max_packet_bytes;
+    bool out_broken; /* a write failed: later packets are not written */
+    struct bk_buf buf;
+};
+
+/* The site's live bytes and count at the process's heap peak. */
+static inline void bk__site_at_peak(const struct bk_proc *p, const struct bk_site *s,
+                                    uint64_t *ret_bytes, uint64_t *ret_count)
+{
+    if (p->peak_id == 0) {
+        *ret_bytes = *ret_count = 0;
+    } else if (s->max_peak == p->peak_id) {
+        *ret_bytes = s->max_bytes;
+        *ret_count = s->max_count;
+    } else {
+        *ret_bytes = s->live_bytes;
+        *ret_count = s->live_count;
+    }
+}
+
+/* bookkeeping/bookkeeping.c */
+struct bk_proc *bk__find_proc(bk_t *bk, int32_t pid);
+/* Applies every pending record of @p in seq order. */
+void bk__flush_pending(bk_t *bk, struct bk_proc *p);
+
+/* bookkeeping/dump.c */
+/* The first packet: clock snapshot, SEQ_INCREMENTAL_STATE_CLEARED, iid 0 = "". */
+int bk__write_start(bk_t *bk) HP_WARN_UNUSED;
+int bk__write_clock_snapshot(bk_t *bk) HP_WARN_UNUSED;
+int bk__write_process_tree(bk_t *bk, const struct bk_proc *p) HP_WARN_UNUSED;
+/* Writes one dump of @p (pending records must have been flushed). */
+int bk__dump_proc(bk_t *bk, struct bk_proc *p) HP_WARN_UNUSED;
+
+/* For tests: split dumps into packets of at most @n bytes (items permitting). */
+void bk__set_max_packet_bytes(bk_t *bk, size_t n);
+
+#endif

@@ -1,0 +1,66 @@
+/* tests/bookkeeping/gen_trace.c: writes a small but complete heapprof trace (two
+ * processes, two dumps, dump_at_max) to the file named by argv[1], for checks with
+ * external decoders such as `protoc --decode=perfetto.protos.Trace`. */
+#include "bookkeeping/bookkeeping.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s OUT.pftrace\n", argv[0]);
+        return 2;
+    }
+    int fd = open(argv[1], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        perror(argv[1]);
+        return 1;
+    }
+    struct hp_mapping libc = {.start = 0x7f0000000000,
+                              .end = 0x7f0000200000,
+                              .exact_offset = 0x28000,
+                              .start_offset = 0,
+                              .load_bias = 0,
+                              .path = "/usr/lib/x86_64-linux-gnu/libc.so.6",
+                              .build_id_len = 4,
+                              .build_id = {0xde, 0xad, 0xbe, 0xef}};
+    struct hp_mapping app = {.start = 0x400000, .end = 0x401000, .path = "/usr/bin/app"};
+    struct hp_frame stack_a[] = {{&libc, "malloc", 0x1234},
+                                 {&app, "_ZN3foo3barEv", 0x100},
+                                 {&app, "main", 0x80},
+                                 {NULL, "", 0xdead}};
+    struct hp_frame stack_b[] = {{&app, "make_buffer", 0x200}, {&app, "main", 0x80}};
+
+    bk_t *bk;
+    int r = bk_new(&(struct bk_config){.out_fd = fd, .sequence_id = 7, .dump_at_max = true}, &bk);
+    if (r < 0) {
+        fprintf(stderr, "bk_new: %s\n", strerror(-r));
+        return 1;
+    }
+    r = bk_process_start(bk, 100, "app\0--flag\0", 11, true, 4096);
+    if (r == 0)
+        r = bk_process_start(bk, 200, "other", 5, false, 512);
+    for (uint64_t i = 0; i < 10 && r == 0; i++) {
+        bk_record_alloc(bk, 100, 2 * i + 1, 0x1000 + i * 64, 64, 4096, stack_a, 4);
+        bk_record_alloc(bk, 100, 2 * i + 2, 0x9000 + i * 64, 64, 8192, stack_b, 2);
+        bk_record_alloc(bk, 200, i + 1, 0x5000 + i * 64, 16, 512, stack_b, 2);
+    }
+    if (r == 0)
+        r = bk_dump_all(bk);
+    for (uint64_t i = 0; i < 5 && r == 0; i++)
+        bk_record_free(bk, 100, 21 + i, 0x1000 + i * 64);
+    struct bk_process_stats st = {.heap_samples = 25, .unwinding_errors = 1};
+    if (r == 0)
+        r = bk_process_end(bk, 100, &st, BK_FLAG_DISCONNECTED);
+    if (r == 0)
+        r = bk_dump_all(bk);
+    bk = bk_free(bk);
+    if (close(fd) < 0 || r < 0) {
+        fprintf(stderr, "writing %s failed\n", argv[1]);
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,469 @@
+/* tests/bookkeeping/test_bookkeeping.c: semantics of record application: counters,
+ * unknown frees, replaced allocations, sequence reordering and gaps, peak (dump_at_max)
+ * values. The state is inspected through bookkeeping/state.h. */
+/* cmocka.h needs these first. */
+// clang-format off
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+// clang-format on
+
+#include "bookkeeping/bookkeeping.h"
+#include "bookkeeping/state.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#define PID 42
+
+static const struct hp_mapping app = {.start = 0x400000, .end = 0x500000, .path = "/bin/app"};
+
+/* Stack number @k: leaf "site<k>" called from main. */
+static void make_stack(struct hp_frame f[2], unsigned k, char name[16])
+{
+    snprintf(name, 16, "site%u", k);
+    f[0] = (struct hp_frame){.map = &app, .function_name = name, .rel_pc = 0x100 + k};
+    f[1] = (struct hp_frame){.map = &app, .function_name = "main", .rel_pc = 0x10};
+}
+
+struct fixture {
+    int fd;
+    bk_t *bk;
+};
+
+static int setup_cfg(void **state, bool dump_at_max)
+{
+    struct fixture *fx = test_calloc(1, sizeof(*fx));
+    fx->fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (fx->fd < 0 ||
+        bk_new(&(struct bk_config){.out_fd = fx->fd, .dump_at_max = dump_at_max}, &fx->bk) < 0 ||
+        bk_process_start(fx->bk, PID, "app", 3, true, 4096) < 0)
+        return -1;
+    *state = fx;
+    return 0;
+}
+
+static int setup(void **state)
+{
+    return setup_cfg(state, false);
+}
+
+static int setup_max(void **state)
+{
+    return setup_cfg(state, true);
+}
+
+static int teardown(void **state)
+{
+    struct fixture *fx = *state;
+    fx->bk = bk_free(fx->bk);
+    close(fx->fd);
+    test_free(fx);
+    return 0;
+}
+
+static void alloc(bk_t *bk, uint64_t seq, uint64_t addr, uint64_t size, unsigned site)
+{
+    struct hp_frame f[2];
+    char name[16];
+    make_stack(f, site, name);
+    bk_record_alloc(bk, PID, seq, addr, size, size, f, 2);
+}
+
+static uint32_t callstack_of(bk_t *bk, unsigned site)
+{
+    struct hp_frame f[2];
+    char name[16];
+    make_stack(f, site, name);
+    uint32_t id;
+    assert_int_equal(bk__intern_stack(&bk->in, f, 2, &id), 0);
+    return id;
+}
+
+/* The counters of @site in PID; a zeroed site if it never allocated. */
+static struct bk_site site_of(bk_t *bk, unsigned site)
+{
+    struct bk_proc *p = bk__find_proc(bk, PID);
+    assert_non_null(p);
+    uint64_t *idx = bk__map_get(&p->site_index, callstack_of(bk, site));
+    return idx ? p->sites[*idx] : (struct bk_site){0};
+}
+
+static struct bk_counters counters(bk_t *bk)
+{
+    struct bk_counters c;
+    bk_get_counters(bk, &c);
+    return c;
+}
+
+static void test_bookkeeping_alloc_free_counters(void **state)
+{
+    struct fixture *fx = *state;
+    bk_t *bk = fx->bk;
+    alloc(bk, 1, 0x1000, 100, 1);
+    alloc(bk, 2, 0x2000, 200, 1);
+    alloc(bk, 3, 0x3000, 4096, 2);
+    bk_record_free(bk, PID, 4, 0x1000);
+    bk_record_free(bk, PID, 5, 0x3000);
+    alloc(bk, 6, 0x1000, 50, 2); /* the freed address reused */
+
+    struct bk_site s1 = site_of(bk, 1), s2 = site_of(bk, 2);
+    assert_int_equal(s1.allocated, 300);
+    assert_int_equal(s1.alloc_count, 2);
+    assert_int_equal(s1.freed, 100);
+    assert_int_equal(s1.free_count, 1);
+    assert_int_equal(s1.live_bytes, 200);
+    assert_int_equal(s2.allocated, 4146);
+    assert_int_equal(s2.alloc_count, 2);
+    assert_int_equal(s2.freed, 4096);
+    assert_int_equal(s2.free_count, 1);
+    assert_int_equal(s2.live_count, 1);
+    assert_int_equal(bk__find_proc(bk, PID)->live_total, 250);
+    struct bk_counters c = counters(bk);
+    assert_int_equal(c.records_applied, 6);
+    assert_int_equal(c.unknown_frees, 0);
+    assert_int_equal(c.replaced_allocs, 0);
+    assert_int_equal(c.seq_gaps, 0);
+
+    /* Records of processes never started are dropped, not applied. */
+    bk_record_free(bk, PID + 1, 1, 0x2000);
+    assert_int_equal(counters(bk).records_applied, 6);
+}
+
+static void test_bookkeeping_unknown_free_ignored(void **state)
+{
+    struct fixture *fx = *state;
+    bk_t *bk = fx->bk;
+    alloc(bk, 1, 0x1000, 100, 1);
+    bk_record_free(bk, PID, 2, 0xdead);
+    bk_record_free(bk, PID, 3, 0x1000);
+    bk_record_free(bk, PID, 4, 0x1000); /* double free of a sampled address */
+    struct bk_site s1 = site_of(bk, 1);
+    assert_int_equal(s1.freed, 100);
+    assert_int_equal(s1.free_count, 1);
+    assert_int_equal(counters(bk).unknown_frees, 2);
+    assert_int_equal(counters(bk).records_applied, 4);
+}
+
+static void test_bookkeeping_replace_at_live_address(void **state)
+{
+    struct fixture *fx = *state;
+    bk_t *bk = fx->bk;
+    alloc(bk, 1, 0x1000, 100, 1);
+    alloc(bk, 2, 0x1000, 300, 2); /* the free of the first one was lost */
+    struct bk_site s1 = site_of(bk, 1), s2 = site_of(bk, 2);
+    assert_int_equal(counters(bk).replaced_allocs, 1);
+    assert_int_equal(s1.allocated, 100);
+    assert_int_equal(s1.freed, 100);
+    assert_int_equal(s1.free_count, 1);
+    assert_int_equal(s1.live_bytes, 0);
+    assert_int_equal(s2.allocated, 300);
+    assert_int_equal(s2.alloc_count, 1);
+    assert_int_equal(s2.live_bytes, 300);
+    assert_int_equal(bk__find_proc(bk, PID)->live_total, 300);
+    bk_record_free(bk, PID, 3, 0x1000);
+    assert_int_equal(site_of(bk, 2).freed, 300);
+    assert_int_equal(site_of(bk, 1).free_count, 1);
+}
+
+/* A deterministic workload: allocations on 8 sites over 64 addresses with frees of live
+ * ones, so addresses are reused and order matters. */
+struct op {
+    bool is_free;
+    uint64_t addr, size;
+    unsigned site;
+};
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static size_t make_workload(struct op *ops, size_t n, uint64_t seed)
+{
+    bool live[64] = {0};
+    for (size_t i = 0; i < n; i++) {
+        unsigned a = (unsigned)(rng_next(&seed) % 64);
+        if (live[a] && rng_next(&seed) % 2) {
+            ops[i] = (struct op){.is_free = true, .addr = 0x10000 + a * 16};
+            live[a] = false;
+        } else {
+            ops[i] = (struct op){.addr = 0x10000 + a * 16,
+                                 .size = 16 + rng_next(&seed) % 1000,
+                                 .site = (unsigned)(rng_next(&seed) % 8)};
+            live[a] = true;
+        }
+    }
+    return n;
+}
+
+static void submit_op(bk_t *bk, const struct op *o, uint64_t seq)
+{
+    if (o->is_free)
+        bk_record_free(bk, PID, seq, o->addr);
+    else
+        alloc(bk, seq, o->addr, o->size, o->site);
+}
+
+static void test_bookkeeping_reorder_within_window(void **state)
+{
+    struct fixture *fx = *state;
+    enum { N = 3000, BLOCK = 500 }; /* shuffled blocks stay below the window */
+    static struct op ops[N];
+    static size_t order[N];
+    const uint64_t seed = 0x5eed1234; /* workload and shuffle seed */
+    make_workload(ops, N, seed);
+
+    bk_t *shuffled;
+    assert_int_equal(bk_new(&(struct bk_config){.out_fd = fx->fd}, &shuffled), 0);
+    assert_int_equal(bk_process_start(shuffled, PID, "app", 3, true, 4096), 0);
+    for (size_t i = 0; i < N; i++)
+        order[i] = i;
+    uint64_t s = seed;
+    for (size_t b = 0; b < N; b += BLOCK) {
+        for (size_t i = BLOCK - 1; i > 0; i--) {
+            size_t j = (size_t)(rng_next(&s) % (i + 1));
+            size_t t = order[b + i];
+            order[b + i] = order[b + j];
+            order[b + j] = t;
+        }
+    }
+    for (size_t i = 0; i < N; i++) {
+        submit_op(fx->bk, &ops[i], i + 1);
+        submit_op(shuffled, &ops[order[i]], order[i] + 1);
+    }
+    /* Everything arrived: nothing waits, nothing was skipped. */
+    assert_int_equal(bk__find_proc(shuffled, PID)->n_heap, 0);
+    struct bk_counters a = counters(fx->bk), b;
+    bk_get_counters(shuffled, &b);
+    assert_int_equal(b.seq_gaps, 0);
+    assert_int_equal(b.records_applied, N);
+    assert_int_equal(a.unknown_frees, b.unknown_frees);
+    assert_int_equal(a.replaced_allocs, b.replaced_allocs);
+    for (unsigned k = 0; k < 8; k++) {
+        struct bk_site x = site_of(fx->bk, k), y;
+        struct bk_proc *p = bk__find_proc(shuffled, PID);
+        uint32_t cs;
+        struct hp_frame f[2];
+        char name[16];
+        make_stack(f, k, name);
+        assert_int_equal(bk__intern_stack(&shuffled->in, f, 2, &cs), 0);
+        uint64_t *idx = bk__map_get(&p->site_index, cs);
+        assert_non_null(idx);
+        y = p->sites[*idx];
+        assert_true(x.alloc_count > 0);
+        assert_int_equal(x.allocated, y.allocated);
+        assert_int_equal(x.freed, y.freed);
+        assert_int_equal(x.alloc_count, y.alloc_count);
+        assert_int_equal(x.free_count, y.free_count);
+        assert_int_equal(x.live_bytes, y.live_bytes);
+    }
+    bk_free(shuffled);
+}
+
+static void test_bookkeeping_gap_skipped_after_window(void **state)
+{
+    struct fixture *fx = *state;
+    bk_t *bk = fx->bk;
+    alloc(bk, 1, 0x1000, 100, 1);
+    /* seq 2 is missing; 3 .. 3 + WINDOW - 1 wait for it. */
+    for (uint64_t s = 3; s < 3 + BK_REORDER_WINDOW; s++)
+        alloc(bk, s, 0x100000 + s * 16, 10, 2);
+    assert_int_equal(counters(bk).records_applied, 1);
+    assert_int_equal(bk__find_proc(bk, PID)->n_heap, BK_REORDER_WINDOW);
+    /* One more overflows the window: the gap is skipped and everything applies. */
+    alloc(bk, 3 + BK_REORDER_WINDOW, 0x2000, 10, 2);
+    struct bk_counters c = counters(bk);
+    assert_int_equal(c.seq_gaps, 1);
+    assert_int_equal(c.records_applied, 2 + BK_REORDER_WINDOW);
+    assert_int_equal(bk__find_proc(bk, PID)->n_heap, 0);
+    assert_int_equal(site_of(bk, 2).alloc_count, BK_REORDER_WINDOW + 1);
+    /* Then seq 2 arrives late: it is applied at once (the free of seq 1's block). */
+    bk_record_free(bk, PID, 2, 0x1000);
+    assert_int_equal(site_of(bk, 1).freed, 100);
+    /* The sequence continues after the highest seq seen. */
+    alloc(bk, 4 + BK_REORDER_WINDOW, 0x3000, 10, 3);
+    assert_int_equal(site_of(bk, 3).alloc_count, 1);
+    assert_int_equal(counters(bk).seq_gaps, 1);
+}
+
+static void test_bookkeeping_dump_flushes_pending(void **state)
+{
+    struct fixture *fx = *state;
+    bk_t *bk = fx->bk;
+    alloc(bk, 1, 0x1000, 100, 1);
+    alloc(bk, 5, 0x2000, 200, 2); /* waits for 2..4 */
+    bk_record_free(bk, PID, 3, 0x1000);
+    assert_int_equal(counters(bk).records_applied, 1);
+    assert_int_equal(bk_dump_process(bk, PID), 0);
+    struct bk_counters c = counters(bk);
+    assert_int_equal(c.records_applied, 3);
+    assert_int_equal(c.seq_gaps, 2); /* before 3 and before 5 */
+    assert_int_equal(c.dumps, 1);
+    assert_int_equal(site_of(bk, 1).freed, 100);
+    assert_int_equal(site_of(bk, 2).allocated, 200);
+    assert_int_equal(bk_dump_process(bk, PID + 1), -ESRCH);
+}
+
+static void test_bookkeeping_late_records_respect_newer_state(void **state)
+{
+    struct fixture *fx = *state;
+    bk_t *bk = fx->bk;
+    /* Truth: 1 alloc X (site 1), 2 free X, 3 alloc X (site 2). Seq 1 comes last. */
+    bk_record_free(bk, PID, 2, 0x1000);
+    alloc(bk, 3, 0x1000, 300, 2);
+    assert_int_equal(bk_dump_process(bk, PID), 0); /* skips the gap at 1 */
+    assert_int_equal(counters(bk).unknown_frees, 1);
+    alloc(bk, 1, 0x1000, 100, 1); /* late, superseded by seq 3 */
+    struct bk_site s1 = site_of(bk, 1), s2 = site_of(bk, 2);
+    assert_int_equal(s1.allocated, 100);
+    assert_int_equal(s1.freed, 100); /* it must have been freed before seq 3 */
+    assert_int_equal(s1.live_bytes, 0);
+    assert_int_equal(s2.live_bytes, 300);
+    assert_int_equal(s2.freed, 0);
+    /* A late free older than the allocation at the address does not free it. */
+    alloc(bk, 10, 0x5000, 50, 3);
+    assert_int_equal(bk_dump_process(bk, PID), 0);
+    bk_record_free(bk, PID, 7, 0x5000);
+    assert_int_equal(site_of(bk, 3).live_bytes, 50);
+    assert_int_equal(counters(bk).unknown_frees, 2);
+}
+
+static void peak_of(bk_t *bk, unsigned site, uint64_t *bytes, uint64_t *count)
+{
+    struct bk_site s = site_of(bk, site);
+    bk__site_at_peak(bk__find_proc(bk, PID), &s, bytes, count);
+}
+
+static void test_bookkeeping_peak_values(void **state)
+{
+    struct fixture *fx = *state;
+    bk_t *bk = fx->bk;
+    uint64_t b, n;
+    alloc(bk, 1, 0xa, 100, 1);
+    alloc(bk, 2, 0xb, 50, 2); /* total 150: a peak */
+    bk_record_free(bk, PID, 3, 0xa);
+    alloc(bk, 4, 0xc, 60, 2); /* 110 */
+    peak_of(bk, 1, &b, &n);
+    assert_int_equal(b, 100);
+    assert_int_equal(n, 1);
+    peak_of(bk, 2, &b, &n);
+    assert_int_equal(b, 50);
+    assert_int_equal(n, 1);
+    alloc(bk, 5, 0xd, 200, 1); /* 310: the new peak */
+    bk_record_free(bk, PID, 6, 0xd);
+    bk_record_free(bk, PID, 7, 0xb);
+    alloc(bk, 8, 0xe, 10, 3); /* 70 */
+    struct bk_proc *p = bk__find_proc(bk, PID);
+    assert_int_equal(p->peak_total, 310);
+    peak_of(bk, 1, &b, &n);
+    assert_int_equal(b, 200);
+    assert_int_equal(n, 1);
+    peak_of(bk, 2, &b, &n);
+    assert_int_equal(b, 110);
+    assert_int_equal(n, 2);
+    peak_of(bk, 3, &b, &n);
+    assert_int_equal(b, 0);
+    assert_int_equal(n, 0);
+    /* A dump does not reset the peak. */
+    assert_int_equal(bk_dump_process(bk, PID), 0);
+    peak_of(bk, 1, &b, &n);
+    assert_int_equal(b, 200);
+}
+
+/* Lazy peak bookkeeping against a model that copies every site at every new peak. */
+static void test_bookkeeping_peak_matches_model(void **state)
+{
+    struct fixture *fx = *state;
+    enum { N = 4000, SITES = 8 };
+    static struct op ops[N];
+    const uint64_t seed = 0xfeedbeef; /* deterministic workload */
+    make_workload(ops, N, seed);
+    uint64_t live_addr_size[64] = {0};
+    unsigned live_addr_site[64] = {0};
+    int64_t live[SITES] = {0}, live_n[SITES] = {0};
+    int64_t at_peak[SITES] = {0}, at_peak_n[SITES] = {0};
+    uint64_t total = 0, peak = 0;
+    for (size_t i = 0; i < N; i++) {
+        const struct op *o = &ops[i];
+        unsigned a = (unsigned)((o->addr - 0x10000) / 16);
+        if (live_addr_size[a]) { /* a free, or a replacing allocation */
+            live[live_addr_site[a]] -= (int64_t)live_addr_size[a];
+            live_n[live_addr_site[a]]--;
+            total -= live_addr_size[a];
+            live_addr_size[a] = 0;
+        }
+        if (!o->is_free) {
+            live[o->site] += (int64_t)o->size;
+            live_n[o->site]++;
+            total += o->size;
+            live_addr_size[a] = o->size;
+            live_addr_site[a] = o->site;
+        }
+        if (total > peak) {
+            peak = total;
+            memcpy(at_peak, live, sizeof(live));
+            memcpy(at_peak_n, live_n, sizeof(live_n));
+        }
+        submit_op(fx->bk, o, i + 1);
+    }
+    assert_int_equal(bk__find_proc(fx->bk, PID)->peak_total, peak);
+    for (unsigned k = 0; k < SITES; k++) {
+        uint64_t b, n;
+        peak_of(fx->bk, k, &b, &n);
+        assert_int_equal(b, at_peak[k]);
+        assert_int_equal(n, at_peak_n[k]);
+    }
+}
+
+static void test_bookkeeping_process_lifecycle(void **state)
+{
+    struct fixture *fx = *state;
+    bk_t *bk = fx->bk;
+    assert_int_equal(bk_process_start(bk, PID, "x", 1, false, 1), -EEXIST);
+    assert_int_equal(bk_process_start(bk, PID + 1, "b", 1, false, 512), 0);
+    assert_int_equal(bk_process_start(bk, PID + 2, "c", 1, false, 512), 0);
+    alloc(bk, 1, 0x10, 10, 1);
+    struct bk_process_stats st = {.heap_samples = 3, .records_dropped = 1};
+    bk_process_update(bk, PID, &st, BK_FLAG_HIT_GUARDRAIL);
+    struct bk_proc *p = bk__find_proc(bk, PID);
+    assert_int_equal(p->stats.heap_samples, 3);
+    assert_int_equal(p->flags, BK_FLAG_HIT_GUARDRAIL);
+    assert_int_equal(bk_process_end(bk, PID, NULL, BK_FLAG_DISCONNECTED), 0);
+    assert_null(bk__find_proc(bk, PID));
+    /* The others are still found after the process table was compacted. */
+    assert_int_equal(bk__find_proc(bk, PID + 1)->pid, PID + 1);
+    assert_int_equal(bk__find_proc(bk, PID + 2)->pid, PID + 2);
+    assert_int_equal(bk_process_end(bk, PID, NULL, 0), -ESRCH);
+    assert_int_equal(bk_dump_all(bk), 0);
+    assert_int_equal(counters(bk).dumps, 3);
+    /* The pid may come back as a new process. */
+    assert_int_equal(bk_process_start(bk, PID, "app", 3, true, 4096), 0);
+    assert_int_equal(site_of(bk, 1).alloc_count, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_bookkeeping_alloc_free_counters, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bookkeeping_unknown_free_ignored, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bookkeeping_replace_at_live_address, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bookkeeping_reorder_within_window, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bookkeeping_gap_skipped_after_window, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bookkeeping_dump_flushes_pending, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bookkeeping_late_records_respect_newer_state, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_bookkeeping_peak_values, setup_max, teardown),
+        cmocka_unit_test_setup_teardown(test_bookkeeping_peak_matches_model, setup_max, teardown),
+        cmocka_unit_test_setup_teardown(test_bookkeeping_process_lifecycle, setup, teardown),
+    };
+    return cmocka_run_group_tests_name("bookkeeping", tests, NULL, NULL);
+}

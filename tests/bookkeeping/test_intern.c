@@ -1,0 +1,299 @@
+/* tests/bookkeeping/test_intern.c: interning of strings, mappings, frames and the
+ * callstack trie (bookkeeping/intern.h). */
+/* cmocka.h needs these first. */
+// clang-format off
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+// clang-format on
+
+#include "bookkeeping/intern.h"
+
+#include <stdint.h>
+#include <string.h>
+
+static int setup(void **state)
+{
+    struct bk_intern *in = test_malloc(sizeof(*in));
+    if (bk__intern_init(in) < 0) {
+        test_free(in);
+        return -1;
+    }
+    *state = in;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct bk_intern *in = *state;
+    bk__intern_done(in);
+    test_free(in);
+    return 0;
+}
+
+static uint32_t str_id(struct bk_intern *in, enum bk_str_kind k, const char *s)
+{
+    uint32_t id = UINT32_MAX;
+    assert_int_equal(bk__intern_string(in, k, s, strlen(s), &id), 0);
+    return id;
+}
+
+static uint32_t mapping_id(struct bk_intern *in, const struct hp_mapping *m)
+{
+    uint32_t id = 0;
+    assert_int_equal(bk__intern_mapping(in, m, &id), 0);
+    assert_true(id > 0);
+    return id;
+}
+
+static uint32_t frame_id(struct bk_intern *in, const struct hp_mapping *m, const char *name,
+                         uint64_t rel_pc)
+{
+    struct hp_frame f = {.map = m, .function_name = name, .rel_pc = rel_pc};
+    uint32_t id = 0;
+    assert_int_equal(bk__intern_frame(in, &f, &id), 0);
+    assert_true(id > 0);
+    return id;
+}
+
+static uint32_t stack_id(struct bk_intern *in, const struct hp_frame *frames, size_t n)
+{
+    uint32_t id = 0;
+    assert_int_equal(bk__intern_stack(in, frames, n, &id), 0);
+    assert_true(id > 0);
+    return id;
+}
+
+static void test_intern_strings_separate_id_spaces(void **state)
+{
+    struct bk_intern *in = *state;
+    for (int k = 0; k < BK_STR_KINDS; k++)
+        assert_int_equal(str_id(in, (enum bk_str_kind)k, ""), 0);
+    assert_int_equal(str_id(in, BK_STR_FUNCTION, "main"), 1);
+    assert_int_equal(str_id(in, BK_STR_FUNCTION, "run"), 2);
+    assert_int_equal(str_id(in, BK_STR_FUNCTION, "main"), 1);
+    /* Each table numbers on its own, as Perfetto's InternedData tables do. */
+    assert_int_equal(str_id(in, BK_STR_PATH, "main"), 1);
+    assert_int_equal(str_id(in, BK_STR_BUILD_ID, "run"), 1);
+    assert_int_equal(in->str[BK_STR_FUNCTION].n, 3);
+    assert_string_equal(in->str[BK_STR_FUNCTION].v[2].s, "run");
+
+    /* Build ids are binary: embedded NULs are content. */
+    uint32_t a, b;
+    assert_int_equal(bk__intern_string(in, BK_STR_BUILD_ID, "a\0b", 3, &a), 0);
+    assert_int_equal(bk__intern_string(in, BK_STR_BUILD_ID, "a\0c", 3, &b), 0);
+    assert_int_not_equal(a, b);
+    assert_int_equal(in->str[BK_STR_BUILD_ID].v[a].len, 3);
+}
+
+static void test_intern_strings_truncated(void **state)
+{
+    struct bk_intern *in = *state;
+    static char big[BK_MAX_STRING_BYTES + 100];
+    memset(big, 'x', sizeof(big) - 1);
+    uint32_t id;
+    assert_int_equal(bk__intern_string(in, BK_STR_FUNCTION, big, strlen(big), &id), 0);
+    assert_int_equal(in->str[BK_STR_FUNCTION].v[id].len, BK_MAX_STRING_BYTES);
+}
+
+static void test_intern_mapping_keyed_by_content(void **state)
+{
+    struct bk_intern *in = *state;
+    char path1[] = "/usr/lib/libc.so.6";
+    char path2[] = "/usr/lib/libc.so.6";
+    struct hp_mapping m1 = {.start = 0x1000,
+                            .end = 0x2000,
+                            .exact_offset = 0x100,
+                            .start_offset = 0x10,
+                            .load_bias = 0x5,
+                            .path = path1,
+                            .build_id_len = 2,
+                            .build_id = {1, 2}};
+    struct hp_mapping m2 = m1;
+    m2.path = path2; /* equal content, different storage */
+    uint32_t id = mapping_id(in, &m1);
+    assert_int_equal(mapping_id(in, &m2), id);
+
+    /* Every part of the key matters. */
+    struct hp_mapping v;
+    uint32_t seen[8];
+    size_t n = 0;
+    seen[n++] = id;
+#define EXPECT_NEW(mutation)                                                                       \
+    do {                                                                                           \
+        v = m1;                                                                                    \
+        mutation;                                                                                  \
+        uint32_t x = mapping_id(in, &v);                                                           \
+        for (size_t i = 0; i < n; i++)                                                             \
+            assert_int_not_equal(x, seen[i]);                                                      \
+        seen[n++] = x;                                                                             \
+        assert_int_equal(mapping_id(in, &v), x);                                                   \
+    } while (0)
+    EXPECT_NEW(v.start = 0x1001);
+    EXPECT_NEW(v.end = 0x3000);
+    EXPECT_NEW(v.exact_offset = 0);
+    EXPECT_NEW(v.start_offset = 0);
+    EXPECT_NEW(v.load_bias = 0);
+    EXPECT_NEW(v.build_id[1] = 3);
+    EXPECT_NEW(v.path = "/usr/lib/libm.so.6");
+#undef EXPECT_NEW
+
+    /* The path is stored as its components, each interned once. */
+    const struct bk_mapping *e = &in->mappings[id];
+    assert_int_equal(e->n_comps, 3);
+    assert_string_equal(in->str[BK_STR_PATH].v[e->comps[0]].s, "usr");
+    assert_string_equal(in->str[BK_STR_PATH].v[e->comps[1]].s, "lib");
+    assert_string_equal(in->str[BK_STR_PATH].v[e->comps[2]].s, "libc.so.6");
+    assert_string_equal(in->str[BK_STR_BUILD_ID].v[e->build_id].s, "\x01\x02");
+    struct hp_mapping slashes = m1;
+    slashes.path = "//usr///lib/x";
+    const struct bk_mapping *s = &in->mappings[mapping_id(in, &slashes)];
+    assert_int_equal(s->n_comps, 3);
+    assert_int_equal(s->comps[0], e->comps[0]);
+}
+
+static void test_intern_mapping_cache_checks_content(void **state)
+{
+    struct bk_intern *in = *state;
+    /* The same object with new content is a new mapping: the cache by pointer must not
+     * answer with the old id. */
+    char path[32] = "/lib/a.so";
+    struct hp_mapping m = {.start = 0x1000, .end = 0x2000, .path = path};
+    uint32_t a = mapping_id(in, &m);
+    assert_int_equal(mapping_id(in, &m), a);
+    m.end = 0x3000;
+    uint32_t b = mapping_id(in, &m);
+    assert_int_not_equal(b, a);
+    m.end = 0x2000;
+    assert_int_equal(mapping_id(in, &m), a);
+    strcpy(path, "/lib/a.so.1");
+    uint32_t c = mapping_id(in, &m);
+    assert_int_not_equal(c, a);
+    path[9] = '\0'; /* "/lib/a.so" again */
+    assert_int_equal(mapping_id(in, &m), a);
+    m.build_id_len = 1;
+    assert_int_not_equal(mapping_id(in, &m), a);
+}
+
+static void test_intern_unknown_mapping_is_empty(void **state)
+{
+    struct bk_intern *in = *state;
+    uint32_t u = mapping_id(in, NULL);
+    assert_int_equal(mapping_id(in, NULL), u);
+    const struct bk_mapping *e = &in->mappings[u];
+    assert_int_equal(e->n_comps, 0);
+    assert_int_equal(e->build_id, 0);
+    assert_int_equal(e->start, 0);
+    assert_int_equal(e->end, 0);
+    struct hp_mapping anon = {.start = 0x1000, .end = 0x2000, .path = ""};
+    assert_int_not_equal(mapping_id(in, &anon), u);
+}
+
+static void test_intern_frames_by_mapping_pc_and_name(void **state)
+{
+    struct bk_intern *in = *state;
+    struct hp_mapping m = {.start = 0x400000, .end = 0x500000, .path = "/bin/app"};
+    uint32_t f1 = frame_id(in, &m, "main", 0x10);
+    assert_int_equal(frame_id(in, &m, "main", 0x10), f1);
+    uint32_t f2 = frame_id(in, &m, "main", 0x11);
+    assert_int_not_equal(f1, f2);
+    /* Error frames on the unknown mapping differ only by name. */
+    uint32_t e1 = frame_id(in, NULL, "ERROR bad memory", 0);
+    uint32_t e2 = frame_id(in, NULL, "ERROR no unwind info", 0);
+    assert_int_not_equal(e1, e2);
+    assert_int_equal(frame_id(in, NULL, "ERROR bad memory", 0), e1);
+    /* NULL names are unknown names, i.e. "" with id 0. */
+    uint32_t n = frame_id(in, &m, NULL, 0x20);
+    assert_int_equal(in->frames[n].function_name_id, 0);
+    assert_int_equal(frame_id(in, &m, "", 0x20), n);
+
+    const struct bk_frame *e = &in->frames[f2];
+    assert_int_equal(e->rel_pc, 0x11);
+    assert_int_equal(e->mapping_id, mapping_id(in, &m));
+    assert_string_equal(in->str[BK_STR_FUNCTION].v[e->function_name_id].s, "main");
+}
+
+static void test_intern_callstack_trie_shares_prefixes(void **state)
+{
+    struct bk_intern *in = *state;
+    struct hp_mapping m = {.start = 0x400000, .end = 0x500000, .path = "/bin/app"};
+    /* Leaf first, as the unwinder hands them over. */
+    struct hp_frame a[] = {{&m, "leaf_a", 3}, {&m, "mid", 2}, {&m, "main", 1}};
+    struct hp_frame b[] = {{&m, "leaf_b", 4}, {&m, "mid", 2}, {&m, "main", 1}};
+    uint32_t sa = stack_id(in, a, 3);
+    uint32_t sb = stack_id(in, b, 3);
+    assert_int_not_equal(sa, sb);
+    assert_int_equal(in->nodes[sa].parent, in->nodes[sb].parent);
+    assert_int_equal(in->nodes[sa].depth, 3);
+    assert_int_equal(stack_id(in, a, 3), sa); /* stable */
+
+    /* Frames come back root first. */
+    uint32_t ids[BK_MAX_FRAMES];
+    assert_int_equal(bk__intern_callstack_frames(in, sa, ids), 3);
+    assert_int_equal(ids[0], frame_id(in, &m, "main", 1));
+    assert_int_equal(ids[1], frame_id(in, &m, "mid", 2));
+    assert_int_equal(ids[2], frame_id(in, &m, "leaf_a", 3));
+
+    /* Only full stacks are queued for the trace, once, in order of first use. */
+    assert_int_equal(in->n_emit, 2);
+    assert_int_equal(in->emit[0], sa);
+    assert_int_equal(in->emit[1], sb);
+    uint32_t prefix = stack_id(in, a + 1, 2); /* mid <- main: an inner node until now */
+    assert_int_equal(prefix, in->nodes[sa].parent);
+    assert_int_equal(in->n_emit, 3);
+    assert_int_equal(in->emit[2], prefix);
+    assert_int_equal(stack_id(in, a + 1, 2), prefix);
+    assert_int_equal(in->n_emit, 3);
+}
+
+static void test_intern_empty_and_deep_stacks(void **state)
+{
+    struct bk_intern *in = *state;
+    uint32_t e = stack_id(in, NULL, 0);
+    uint32_t ids[BK_MAX_FRAMES];
+    assert_int_equal(bk__intern_callstack_frames(in, e, ids), 1);
+    assert_int_equal(in->frames[ids[0]].mapping_id, mapping_id(in, NULL));
+
+    static struct hp_frame deep[BK_MAX_FRAMES + 500];
+    for (size_t i = 0; i < HP_ARRAY_SIZE(deep); i++)
+        deep[i] = (struct hp_frame){.function_name = "f", .rel_pc = i};
+    uint32_t d = stack_id(in, deep, HP_ARRAY_SIZE(deep));
+    assert_int_equal(bk__intern_callstack_frames(in, d, ids), BK_MAX_FRAMES);
+    /* The leaf side is kept: the last (leaf) frame is deep[0]. */
+    assert_int_equal(in->frames[ids[BK_MAX_FRAMES - 1]].rel_pc, 0);
+    assert_int_equal(in->frames[ids[0]].rel_pc, BK_MAX_FRAMES - 1);
+}
+
+static void test_intern_many_entries_stay_distinct(void **state)
+{
+    struct bk_intern *in = *state;
+    /* Enough to grow every index several times. */
+    struct hp_mapping m = {.start = 1, .end = 2, .path = "/x"};
+    uint32_t first = 0;
+    for (uint64_t i = 0; i < 20000; i++) {
+        uint32_t id = frame_id(in, &m, "f", i);
+        if (i == 0)
+            first = id;
+        assert_int_equal(id, first + i);
+    }
+    for (uint64_t i = 0; i < 20000; i += 997)
+        assert_int_equal(frame_id(in, &m, "f", i), first + i);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_intern_strings_separate_id_spaces, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_intern_strings_truncated, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_intern_mapping_keyed_by_content, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_intern_mapping_cache_checks_content, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_intern_unknown_mapping_is_empty, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_intern_frames_by_mapping_pc_and_name, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_intern_callstack_trie_shares_prefixes, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_intern_empty_and_deep_stacks, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_intern_many_entries_stay_distinct, setup, teardown),
+    };
+    return cmocka_run_group_tests_name("bookkeeping_intern", tests, NULL, NULL);
+}
