@@ -207,8 +207,9 @@ static void print_process(FILE *out, const struct bk_trace_process *p,
         return;
     }
     print_table(out, p, BY_UNRELEASED, opt, top_n, items);
-    print_table(out, p, BY_ALLOCATED, opt, top_n, items);
-    if (has_peak)
+    if (!opt->unreleased_only)
+        print_table(out, p, BY_ALLOCATED, opt, top_n, items);
+    if (has_peak && !opt->unreleased_only)
         print_table(out, p, BY_PEAK, opt, top_n, items);
     free(items);
 

@@ -19,6 +19,11 @@ struct cache_entry {
 
 static struct cache_entry *cache;
 
+struct request *parse_request(int i);
+void free_request(struct request *r);
+void cache_response(const char *key, size_t size);
+char *build_report(int n);
+
 NOINLINE struct request *parse_request(int i)
 {
     struct request *r = malloc(sizeof(*r));

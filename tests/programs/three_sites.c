@@ -11,6 +11,11 @@
 
 static void *volatile sink;
 
+/* Not static: their names must appear in the profile's stacks. */
+void *alloc_leaked(size_t n);
+void *alloc_freed(size_t n);
+void *alloc_half(size_t n);
+
 NOINLINE void *alloc_leaked(size_t n)
 {
     void *p = malloc(n);
