@@ -273,12 +273,16 @@ static int build(struct unwinder__elf *e)
     /* A deleted file's path names whatever lives there now, not what was mapped. */
     if (e->path[0] != '/' || has_suffix(e->path, plen, " (deleted)"))
         return 0;
+    /* Opening a device or FIFO can have side effects or block: only open regular files
+     * (fstat below closes the race). */
+    struct stat st;
+    if (stat(e->path, &st) != 0 || !S_ISREG(st.st_mode))
+        return 0;
     int fd = open(e->path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0)
         return 0;
     int r = 0;
     Elf *elf = NULL;
-    struct stat st;
     /* The device is not compared: on overlayfs, stat() and /proc/PID/maps disagree on it. */
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < (off_t)sizeof(Elf64_Ehdr) ||
         (uint64_t)st.st_size > ELF_MAX_FILE_BYTES || (e->inode && st.st_ino != e->inode))

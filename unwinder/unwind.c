@@ -510,6 +510,9 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
     }
 
 out:
+    /* Only hook frames and then the end: nothing a profile could use. */
+    if (n == 0 && !err)
+        err = "ERROR UNWIND_INFO_INVALID";
     if (err) {
         if (n == max)
             n--;

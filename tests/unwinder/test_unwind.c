@@ -17,6 +17,7 @@
 #include "unwinder/maps.h"
 #include "unwinder/unwinder.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -424,6 +425,86 @@ static void test_unwind_reparse_is_rate_limited(void **state)
     munmap(code2, (size_t)page);
 }
 
+static uint64_t xorshift(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *s = x;
+}
+
+/* Copies of libunwtest.so with bytes flipped (seed 0xe1f, 24 files), mapped executable:
+ * the ELF cache and libunwind must cope with broken headers, program headers and unwind
+ * tables. Files are kept until the end so that no inode is reused while cached. */
+static void test_unwind_corrupt_elf_files(void **state)
+{
+    (void)state;
+    Dl_info info;
+    assert_true(dladdr((void *)unwtest_lib_call, &info) != 0);
+    int src = open(info.dli_fname, O_RDONLY | O_CLOEXEC);
+    assert_true(src >= 0);
+    static uint8_t orig[1 << 20];
+    ssize_t size = read(src, orig, sizeof(orig));
+    close(src);
+    assert_true(size > 4096 && size < (ssize_t)sizeof(orig));
+
+    enum { NFILES = 24 };
+    char paths[NFILES][64];
+    void *maps[NFILES];
+    static uint8_t buf[1 << 20], stack[1024];
+    uint64_t seed = 0xe1f;
+    unwinder_process_t *p = NULL;
+    for (int f = 0; f < NFILES; f++) {
+        memcpy(buf, orig, (size_t)size);
+        /* Half the flips in the first page (headers), the rest anywhere. */
+        for (int k = 0; k < 64; k++) {
+            uint64_t r = xorshift(&seed);
+            size_t at = k % 2 ? (size_t)(r % 4096) : (size_t)(r % (uint64_t)size);
+            buf[at] ^= (uint8_t)(r >> 32) | 1;
+        }
+        snprintf(paths[f], sizeof(paths[f]), "/tmp/unwtest-elf-XXXXXX");
+        int fd = mkstemp(paths[f]);
+        assert_true(fd >= 0);
+        assert_int_equal(write(fd, buf, (size_t)size), size);
+        maps[f] = mmap(NULL, (size_t)size, PROT_READ | PROT_EXEC, MAP_PRIVATE, fd, 0);
+        assert_true(maps[f] != MAP_FAILED);
+        close(fd);
+    }
+    p = self_process();
+    size_t named = 0, deeper = 0;
+    for (int f = 0; f < NFILES; f++) {
+        for (int k = 0; k < 8; k++) {
+            uint64_t regs[HP_NREGS];
+            for (size_t r = 0; r < HP_NREGS; r++)
+                regs[r] = xorshift(&seed);
+            for (size_t i = 0; i < sizeof(stack); i++)
+                stack[i] = (uint8_t)xorshift(&seed);
+            uint64_t sp = 0x7ff000000000ull;
+            regs[HP_REG_RIP] = (uint64_t)(uintptr_t)maps[f] + xorshift(&seed) % (uint64_t)size;
+            regs[HP_REG_RSP] = sp;
+            size_t n;
+            struct unwinder_result res;
+            assert_int_equal(unwinder_unwind(p, regs, sp, stack, sizeof(stack), g_frames,
+                                             UNWINDER_MAX_FRAMES, &n, &res),
+                             0);
+            assert_true(n >= 1);
+            /* The first frame is always attributed to the file it points into. */
+            assert_non_null(g_frames[0].map);
+            assert_string_equal(g_frames[0].map->path, paths[f]);
+            named += g_frames[0].function_name[0] != '\0';
+            deeper += n > 2;
+        }
+    }
+    print_message("corrupt ELF files: %zu of %d leaf frames named, %zu unwinds past 2 frames\n",
+                  named, NFILES * 8, deeper);
+    p = unwinder_process_free(p);
+    for (int f = 0; f < NFILES; f++) {
+        munmap(maps[f], (size_t)size);
+        unlink(paths[f]);
+    }
+}
+
 #define CONC_THREADS 4
 #define CONC_FRAMES 16
 
@@ -476,15 +557,6 @@ static void test_unwind_concurrent_processes(void **state)
     }
     assert_string_equal(c[0].frames[0].function_name, "unw_test_level3");
     assert_string_equal(c[0].frames[3].function_name, "test_unwind_concurrent_processes");
-}
-
-static uint64_t xorshift(uint64_t *s)
-{
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *s = x;
 }
 
 /* Seed 0x5eed, 1000 iterations; each unwind must finish, and all of them within 10 s
@@ -591,6 +663,7 @@ int main(void)
         cmocka_unit_test(test_unwind_bad_arguments),
         cmocka_unit_test(test_unwind_reparse_is_rate_limited),
         cmocka_unit_test(test_unwind_hostile_input_terminates),
+        cmocka_unit_test(test_unwind_corrupt_elf_files),
         cmocka_unit_test(test_unwind_concurrent_processes),
     };
     return cmocka_run_group_tests_name("unwinder_unwind", tests, group_setup, group_teardown);
