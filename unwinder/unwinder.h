@@ -18,14 +18,14 @@
 #ifndef HP_UNWINDER_UNWINDER_H
 #define HP_UNWINDER_UNWINDER_H
 
+#include "common/frame.h"
+#include "common/macros.h"
+#include "shmem_ring/wire.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
-
-#include "common/frame.h"
-#include "common/macros.h"
-#include "shmem_ring/wire.h"
 
 #define UNWINDER_MAX_FRAMES 500
 
@@ -33,9 +33,9 @@ typedef struct unwinder_process unwinder_process_t;
 
 /* Outcome of one unwind, for ProcessStats. */
 struct unwinder_result {
-    bool error;           /* the last frame is an "ERROR <reason>" frame */
-    bool reparsed_maps;   /* an unknown pc made us reread /proc/PID/maps */
-    bool truncated;       /* stopped at max_frames */
+    bool error;         /* the last frame is an "ERROR <reason>" frame */
+    bool reparsed_maps; /* an unknown pc made us reread /proc/PID/maps */
+    bool truncated;     /* stopped at max_frames */
 };
 
 /* Thread-safe; call once before any other call, and unwinder_global_done() after the

@@ -1,0 +1,17 @@
+/* tests/unwinder/libheapprof_unwtest.c: stands in for libheapprof.so's hook frames; the
+ * unwinder skips leading frames in files whose name starts with "libheapprof". */
+#include "common/regs.h"
+#include "tests/unwinder/unwtest.h"
+
+static UNWTEST_NOINLINE void hpskiptest_inner(uint64_t *regs, void (*after)(void *), void *arg)
+{
+    hp_capture_regs(regs);
+    after(arg);
+    UNWTEST_BARRIER();
+}
+
+UNWTEST_NOINLINE void hpskiptest_capture(uint64_t *regs, void (*after)(void *), void *arg)
+{
+    hpskiptest_inner(regs, after, arg);
+    UNWTEST_BARRIER();
+}

@@ -1,0 +1,443 @@
+#include "unwinder/elf_cache.h"
+
+#include "unwinder/global.h"
+
+#include <elf.h>
+#include <elfutils/libdwelf.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <gelf.h>
+#include <libelf.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Files larger than this are not mapped (debug builds of browsers reach a few GiB). */
+#define ELF_MAX_FILE_BYTES (16ull << 30)
+/* Cap of symbols indexed per file. */
+#define ELF_MAX_SYMS (8u << 20)
+/* How many overlapping symbols before the best candidate a lookup considers. */
+#define ELF_SYM_BACKTRACK 8
+
+#define NBUCKETS 4096
+
+static pthread_mutex_t c_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct unwinder__elf *c_buckets[NBUCKETS];
+static uint64_t c_page_size = 4096;
+
+int unwinder__elf_cache_init(void)
+{
+    if (elf_version(EV_CURRENT) == EV_NONE)
+        return -ENOTSUP;
+    long ps = sysconf(_SC_PAGESIZE);
+    if (ps > 0 && (ps & (ps - 1)) == 0)
+        c_page_size = (uint64_t)ps;
+    return 0;
+}
+
+static void entry_free(struct unwinder__elf *e)
+{
+    if (!e)
+        return;
+    if (e->image)
+        (void)munmap((void *)e->image, e->image_size);
+    free(e->syms);
+    free(e);
+}
+
+void unwinder__elf_cache_done(void)
+{
+    pthread_mutex_lock(&c_lock);
+    for (size_t i = 0; i < NBUCKETS; i++) {
+        struct unwinder__elf *e = c_buckets[i];
+        while (e) {
+            struct unwinder__elf *next = e->next;
+            entry_free(e);
+            e = next;
+        }
+        c_buckets[i] = NULL;
+    }
+    pthread_mutex_unlock(&c_lock);
+}
+
+static size_t bucket_of(uint64_t dev, uint64_t inode, const char *path)
+{
+    uint64_t h = inode ? (dev * 0x9e3779b97f4a7c15ull) ^ (inode * 0xc2b2ae3d27d4eb4full)
+                       : (uint64_t)(uintptr_t)path * 0x9e3779b97f4a7c15ull;
+    h ^= h >> 31;
+    return (size_t)(h % NBUCKETS);
+}
+
+static struct unwinder__elf *find_locked(uint64_t dev, uint64_t inode, const char *path)
+{
+    for (struct unwinder__elf *e = c_buckets[bucket_of(dev, inode, path)]; e; e = e->next) {
+        if (inode ? (e->dev == dev && e->inode == inode) : (e->inode == 0 && e->path == path))
+            return e;
+    }
+    return NULL;
+}
+
+/* ---- .eh_frame_hdr ------------------------------------------------------------- */
+
+#define DW_EH_PE_omit 0xff
+#define DW_EH_PE_datarel_sdata4 0x3b
+
+/* Size of a fixed-size DWARF pointer encoding, or 0 if variable-size or unknown. */
+static size_t enc_size(uint8_t enc)
+{
+    switch (enc & 0x0f) {
+    case 0x00: /* absptr */
+    case 0x04: /* udata8 */
+    case 0x0c: /* sdata8 */
+        return 8;
+    case 0x02: /* udata2 */
+    case 0x0a: /* sdata2 */
+        return 2;
+    case 0x03: /* udata4 */
+    case 0x0b: /* sdata4 */
+        return 4;
+    default:
+        return 0;
+    }
+}
+
+/* Checks the header at [hdr, hdr+len) and finds its binary-search table. Layout: version,
+ * eh_frame_ptr_enc, fde_count_enc, table_enc, eh_frame_ptr, fde_count, table. */
+static bool parse_eh_hdr(const uint8_t *hdr, uint64_t len, uint64_t *ret_table_off,
+                         uint64_t *ret_count)
+{
+    if (len < 4 || hdr[0] != 1 || hdr[3] != DW_EH_PE_datarel_sdata4)
+        return false;
+    uint8_t ptr_enc = hdr[1], count_enc = hdr[2];
+    size_t ptr_size = ptr_enc == DW_EH_PE_omit ? 0 : enc_size(ptr_enc);
+    if (ptr_enc != DW_EH_PE_omit && ptr_size == 0)
+        return false;
+    /* The count must be a plain (absolute) unsigned number. */
+    size_t count_size = enc_size(count_enc);
+    if (count_enc == DW_EH_PE_omit || count_size == 0 || (count_enc & 0x70) != 0)
+        return false;
+    uint64_t off = 4 + ptr_size;
+    if (off + count_size > len)
+        return false;
+    uint64_t count = 0;
+    for (size_t i = 0; i < count_size; i++)
+        count |= (uint64_t)hdr[off + i] << (8 * i);
+    if ((count_enc & 0x08) && count_size < 8 && (count >> (8 * count_size - 1)))
+        return false; /* negative signed count */
+    off += count_size;
+    if (count > (len - off) / 8)
+        return false;
+    *ret_table_off = off;
+    *ret_count = count;
+    return true;
+}
+
+/* ---- symbols ----------------------------------------------------------------- */
+
+struct rawsym {
+    uint64_t start, size;
+    const char *name; /* into libelf's data, valid until elf_end() */
+    int rank;         /* lower wins among symbols at the same address */
+};
+
+static int cmp_rawsym(const void *a, const void *b)
+{
+    const struct rawsym *x = a, *y = b;
+    if (x->start != y->start)
+        return x->start < y->start ? -1 : 1;
+    if (x->rank != y->rank)
+        return x->rank < y->rank ? -1 : 1;
+    if (x->size != y->size)
+        return x->size > y->size ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+static int bind_rank(unsigned bind)
+{
+    switch (bind) {
+    case STB_GLOBAL:
+        return 0;
+    case STB_WEAK:
+        return 1;
+    default:
+        return 2;
+    }
+}
+
+static int load_symbols(Elf *elf, struct unwinder__elf *e)
+{
+    Elf_Scn *scn = NULL, *symtab = NULL, *dynsym = NULL;
+    while ((scn = elf_nextscn(elf, scn)) != NULL) {
+        GElf_Shdr sh;
+        if (!gelf_getshdr(scn, &sh))
+            continue;
+        if (sh.sh_type == SHT_SYMTAB && !symtab)
+            symtab = scn;
+        else if (sh.sh_type == SHT_DYNSYM && !dynsym)
+            dynsym = scn;
+    }
+    scn = symtab ? symtab : dynsym;
+    if (!scn)
+        return 0;
+    GElf_Shdr sh;
+    Elf_Data *data = elf_getdata(scn, NULL);
+    if (!gelf_getshdr(scn, &sh) || !data || !data->d_buf)
+        return 0;
+    size_t count = data->d_size / sizeof(Elf64_Sym);
+    if (count > ELF_MAX_SYMS)
+        count = ELF_MAX_SYMS;
+    if (count == 0)
+        return 0;
+
+    struct rawsym *raw = malloc(count * sizeof(*raw));
+    if (!raw)
+        return -ENOMEM;
+    size_t n = 0;
+    for (size_t i = 0; i < count; i++) {
+        GElf_Sym s;
+        if (!gelf_getsym(data, (int)i, &s))
+            continue;
+        unsigned type = GELF_ST_TYPE(s.st_info);
+        if ((type != STT_FUNC && type != STT_GNU_IFUNC) || s.st_shndx == SHN_UNDEF ||
+            s.st_value == 0)
+            continue;
+        const char *name = elf_strptr(elf, sh.sh_link, s.st_name);
+        if (!name || !name[0])
+            continue;
+        raw[n++] = (struct rawsym){.start = s.st_value,
+                                   .size = s.st_size ? s.st_size : 1,
+                                   .name = name,
+                                   .rank = bind_rank(GELF_ST_BIND(s.st_info))};
+    }
+    qsort(raw, n, sizeof(*raw), cmp_rawsym);
+
+    struct unwinder__symbol *syms = n ? malloc(n * sizeof(*syms)) : NULL;
+    if (n && !syms) {
+        free(raw);
+        return -ENOMEM;
+    }
+    size_t out = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (out > 0 && syms[out - 1].start == raw[i].start)
+            continue;
+        syms[out++] = (struct unwinder__symbol){
+            .start = raw[i].start,
+            .size = raw[i].size,
+            .name = unwinder__intern(raw[i].name, strlen(raw[i].name)),
+        };
+    }
+    free(raw);
+    e->syms = syms;
+    e->n_syms = out;
+    return 0;
+}
+
+const char *unwinder__elf_symbol(const struct unwinder__elf *e, uint64_t vaddr)
+{
+    if (!e->ok || e->n_syms == 0)
+        return NULL;
+    size_t lo = 0, hi = e->n_syms;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (e->syms[mid].start <= vaddr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    /* The closest start is not always the container: a large function may enclose a
+     * smaller symbol (local labels marked as functions), so look a few entries back. */
+    for (size_t k = 0; k < ELF_SYM_BACKTRACK && lo > 0; k++, lo--) {
+        const struct unwinder__symbol *s = &e->syms[lo - 1];
+        if (vaddr - s->start < s->size)
+            return s->name;
+    }
+    return NULL;
+}
+
+/* ---- entries ------------------------------------------------------------------ */
+
+static bool has_suffix(const char *s, size_t len, const char *suffix)
+{
+    size_t sl = strlen(suffix);
+    return len >= sl && memcmp(s + len - sl, suffix, sl) == 0;
+}
+
+/* Fills @e from the file. Any problem with the file leaves e->ok false (a negative entry);
+ * only allocation failures are returned. */
+static int build(struct unwinder__elf *e)
+{
+    size_t plen = strlen(e->path);
+    /* A deleted file's path names whatever lives there now, not what was mapped. */
+    if (e->path[0] != '/' || has_suffix(e->path, plen, " (deleted)"))
+        return 0;
+    /* Opening a device or FIFO can have side effects or block: only open regular files
+     * (fstat below closes the race). */
+    struct stat st;
+    if (stat(e->path, &st) != 0 || !S_ISREG(st.st_mode))
+        return 0;
+    int fd = open(e->path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0)
+        return 0;
+    int r = 0;
+    Elf *elf = NULL;
+    /* The device is not compared: on overlayfs, stat() and /proc/PID/maps disagree on it. */
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < (off_t)sizeof(Elf64_Ehdr) ||
+        (uint64_t)st.st_size > ELF_MAX_FILE_BYTES || (e->inode && st.st_ino != e->inode))
+        goto out;
+    size_t size = (size_t)st.st_size;
+    void *img = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (img == MAP_FAILED)
+        goto out;
+    e->image = img;
+    e->image_size = size;
+
+    Elf64_Ehdr eh;
+    memcpy(&eh, img, sizeof(eh));
+    if (memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+        eh.e_ident[EI_DATA] != ELFDATA2LSB || eh.e_machine != EM_X86_64)
+        goto out;
+    elf = elf_begin(fd, ELF_C_READ_MMAP, NULL);
+    if (!elf || elf_kind(elf) != ELF_K_ELF)
+        goto out;
+
+    size_t nph;
+    if (elf_getphdrnum(elf, &nph) != 0)
+        goto out;
+    bool have_eh = false, have_bias = false;
+    GElf_Phdr eh_ph = {0};
+    for (size_t i = 0; i < nph; i++) {
+        GElf_Phdr ph;
+        if (!gelf_getphdr(elf, (int)i, &ph))
+            continue;
+        if (ph.p_type == PT_LOAD && e->n_loads < UNWINDER_ELF_MAX_LOADS) {
+            struct unwinder__segment s = {.vaddr = ph.p_vaddr,
+                                          .memsz = ph.p_memsz,
+                                          .offset = ph.p_offset,
+                                          .filesz = ph.p_filesz,
+                                          .flags = ph.p_flags};
+            s.filesz = s.offset > size ? 0 : HP_MIN(s.filesz, size - s.offset);
+            e->loads[e->n_loads++] = s;
+            if ((ph.p_flags & PF_X) && !have_bias) {
+                e->load_bias = ph.p_vaddr - ph.p_offset;
+                have_bias = true;
+            }
+        } else if (ph.p_type == PT_GNU_EH_FRAME && !have_eh) {
+            eh_ph = ph;
+            have_eh = true;
+        }
+    }
+    if (!have_bias && e->n_loads > 0)
+        e->load_bias = e->loads[0].vaddr - e->loads[0].offset;
+    if (have_eh && eh_ph.p_offset < size) {
+        uint64_t len = HP_MIN(eh_ph.p_filesz, size - eh_ph.p_offset);
+        e->has_eh_hdr = parse_eh_hdr((const uint8_t *)img + eh_ph.p_offset, len, &e->eh_table_off,
+                                     &e->eh_fde_count);
+        e->eh_hdr_vaddr = eh_ph.p_vaddr;
+    }
+
+    const void *bid;
+    ssize_t bid_len = dwelf_elf_gnu_build_id(elf, &bid);
+    if (bid_len > 0) {
+        e->build_id_len = (uint32_t)HP_MIN((size_t)bid_len, (size_t)HP_BUILD_ID_MAX);
+        memcpy(e->build_id, bid, e->build_id_len);
+    }
+
+    r = load_symbols(elf, e);
+    if (r == 0)
+        e->ok = true;
+out:
+    if (elf)
+        elf_end(elf);
+    (void)close(fd);
+    if (!e->ok && e->image) {
+        (void)munmap((void *)e->image, e->image_size);
+        e->image = NULL;
+        e->image_size = 0;
+        e->n_loads = 0;
+        e->has_eh_hdr = false;
+    }
+    return r;
+}
+
+int unwinder__elf_get(uint64_t dev, uint64_t inode, const char *path,
+                      const struct unwinder__elf **ret)
+{
+    const char *ipath = unwinder__intern(path, strlen(path));
+    if (!inode)
+        dev = 0;
+
+    pthread_mutex_lock(&c_lock);
+    struct unwinder__elf *found = find_locked(dev, inode, ipath);
+    pthread_mutex_unlock(&c_lock);
+    if (found) {
+        *ret = found;
+        return 0;
+    }
+
+    /* Built outside the lock: parsing a large library takes milliseconds and other
+     * unwinder threads should not wait for it. A racing twin is discarded below. */
+    struct unwinder__elf *e = calloc(1, sizeof(*e));
+    if (!e)
+        return -ENOMEM;
+    e->dev = dev;
+    e->inode = inode;
+    e->path = ipath;
+    int r = build(e);
+    if (r < 0) {
+        entry_free(e);
+        return r;
+    }
+
+    pthread_mutex_lock(&c_lock);
+    found = find_locked(dev, inode, ipath);
+    if (!found) {
+        size_t b = bucket_of(dev, inode, ipath);
+        e->next = c_buckets[b];
+        c_buckets[b] = e;
+        unwinder__account((ssize_t)(sizeof(*e) + e->n_syms * sizeof(*e->syms)));
+        found = e;
+        e = NULL;
+    }
+    pthread_mutex_unlock(&c_lock);
+    entry_free(e);
+    *ret = found;
+    return 0;
+}
+
+int unwinder__elf_read(const struct unwinder__elf *e, uint64_t off, void *buf, size_t len)
+{
+    if (!e->ok)
+        return -EFAULT;
+    uint64_t mapped_end = HP_ALIGN_UP((uint64_t)e->image_size, c_page_size);
+    if (off >= mapped_end || len > mapped_end - off)
+        return -EFAULT;
+    size_t avail = off < e->image_size ? HP_MIN(len, e->image_size - (size_t)off) : 0;
+    if (avail)
+        memcpy(buf, e->image + off, avail);
+    if (avail < len)
+        memset((uint8_t *)buf + avail, 0, len - avail);
+    return 0;
+}
+
+const struct unwinder__segment *unwinder__elf_segment_for(const struct unwinder__elf *e,
+                                                          uint64_t pgoff, uint32_t want_flags)
+{
+    const struct unwinder__segment *any = NULL;
+    if (!e->ok)
+        return NULL;
+    for (size_t i = 0; i < e->n_loads; i++) {
+        const struct unwinder__segment *s = &e->loads[i];
+        uint64_t first = s->offset & ~(c_page_size - 1);
+        if (s->filesz == 0 || pgoff < first ||
+            (pgoff >= s->offset && pgoff - s->offset >= s->filesz))
+            continue;
+        if ((s->flags & want_flags) == want_flags)
+            return s;
+        if (!any)
+            any = s;
+    }
+    return any;
+}

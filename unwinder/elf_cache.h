@@ -1,0 +1,93 @@
+/* unwinder/elf_cache.h: the global cache of ELF files met in target processes (internal to
+ * unwinder/).
+ *
+ * One entry per file, keyed by device and inode from /proc/PID/maps (or by path when both
+ * are 0). An entry keeps the file mmap'd read-only and what unwinding and symbolization
+ * need: the PT_LOAD table (address -> file offset), the .eh_frame_hdr search table
+ * (PT_GNU_EH_FRAME), the GNU build id, the load bias and a sorted symbol index built once
+ * from .symtab (else .dynsym), names interned. Files that cannot be used (missing,
+ * replaced, not a native ELF) get a negative entry (ok == false) so they are tried once.
+ *
+ *     const struct unwinder__elf *e;
+ *     unwinder__elf_get(dev, inode, path, &e);
+ *     if (e->ok) name = unwinder__elf_symbol(e, vaddr);
+ *
+ * Thread-safe. Entries are immutable once published and live until
+ * unwinder_global_done().
+ *
+ * Known limit: the file is mmap'd, so a file truncated behind our back makes reads of its
+ * tail fault (SIGBUS) in the service.
+ */
+#ifndef HP_UNWINDER_ELF_CACHE_H
+#define HP_UNWINDER_ELF_CACHE_H
+
+#include "common/frame.h"
+#include "common/macros.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Cap of PT_LOAD entries kept per file; real files have 2 to 5. */
+#define UNWINDER_ELF_MAX_LOADS 16
+
+struct unwinder__segment {
+    uint64_t vaddr, memsz;   /* p_vaddr, p_memsz */
+    uint64_t offset, filesz; /* p_offset, p_filesz (clamped to the file) */
+    uint32_t flags;          /* PF_R | PF_W | PF_X */
+};
+
+struct unwinder__symbol {
+    uint64_t start, size; /* st_value, st_size (0 is treated as 1) */
+    const char *name;     /* interned */
+};
+
+struct unwinder__elf {
+    /* key */
+    uint64_t dev, inode;
+    const char *path; /* interned */
+
+    bool ok; /* false: negative entry, nothing below is valid */
+    const uint8_t *image;
+    size_t image_size;
+
+    struct unwinder__segment loads[UNWINDER_ELF_MAX_LOADS];
+    size_t n_loads;
+    uint64_t load_bias; /* p_vaddr - p_offset of the first executable PT_LOAD */
+
+    /* .eh_frame_hdr with a usable binary-search table (datarel|sdata4 entries). */
+    bool has_eh_hdr;
+    uint64_t eh_hdr_vaddr; /* p_vaddr of PT_GNU_EH_FRAME */
+    uint64_t eh_table_off; /* offset of the search table from the header's start */
+    uint64_t eh_fde_count; /* entries in the table, 8 bytes each */
+
+    uint32_t build_id_len;
+    uint8_t build_id[HP_BUILD_ID_MAX];
+
+    struct unwinder__symbol *syms; /* sorted by start, unique starts */
+    size_t n_syms;
+
+    struct unwinder__elf *next; /* hash chain */
+};
+
+/* Finds or creates the entry of a file. @path is the path from the maps line (any bytes;
+ * only absolute paths are opened). @dev is makedev(major, minor) as in the maps line.
+ * Sets @ret (possibly to a negative entry) and returns 0, or -ENOMEM. */
+int unwinder__elf_get(uint64_t dev, uint64_t inode, const char *path,
+                      const struct unwinder__elf **ret) HP_WARN_UNUSED;
+
+/* Copies @len bytes at file offset @off of the image; bytes past the end of the file but
+ * within the same page read as zero, as the kernel maps them. 0 or -EFAULT. */
+int unwinder__elf_read(const struct unwinder__elf *e, uint64_t off, void *buf,
+                       size_t len) HP_WARN_UNUSED;
+
+/* The PT_LOAD that a mapping with file offset @pgoff (page-aligned) shows, or NULL:
+ * the segment whose page-aligned file range holds @pgoff, preferring one with
+ * @want_flags (e.g. PF_X for an executable mapping). */
+const struct unwinder__segment *unwinder__elf_segment_for(const struct unwinder__elf *e,
+                                                          uint64_t pgoff, uint32_t want_flags);
+
+/* The interned name of the function that holds ELF virtual address @vaddr, or NULL. */
+const char *unwinder__elf_symbol(const struct unwinder__elf *e, uint64_t vaddr);
+
+#endif

@@ -1,0 +1,37 @@
+/* unwinder/global.h: the state of unwinder/ shared by all processes and threads
+ * (internal to unwinder/): the string table that interns paths and function names, and
+ * the table of interned, immutable struct hp_mapping objects.
+ *
+ *     const char *name = unwinder__intern("main", 4);        // same pointer for equal text
+ *     const struct hp_mapping *m = unwinder__mapping_intern(&tmpl);
+ *
+ * Thread-safe once unwinder_global_init() returned; everything handed out stays valid
+ * until unwinder_global_done().
+ */
+#ifndef HP_UNWINDER_GLOBAL_H
+#define HP_UNWINDER_GLOBAL_H
+
+#include "common/frame.h"
+
+#include <stddef.h>
+#include <sys/types.h>
+
+/* Interned copy of @s[0..len). On allocation failure returns the interned "" (never
+ * NULL), so callers can always store the result in a frame. */
+const char *unwinder__intern(const char *s, size_t len);
+
+/* The interned "". */
+const char *unwinder__empty(void);
+
+/* Interned copy of @tmpl: equal content (path compared by pointer, so intern it first;
+ * build_id compared up to build_id_len) gives the same pointer. NULL on ENOMEM. */
+const struct hp_mapping *unwinder__mapping_intern(const struct hp_mapping *tmpl);
+
+/* Adds @delta to the heap bytes reported by unwinder_global_bytes(). */
+void unwinder__account(ssize_t delta);
+
+/* The ELF cache's part of unwinder_global_init()/done() (unwinder/elf_cache.c). */
+int unwinder__elf_cache_init(void);
+void unwinder__elf_cache_done(void);
+
+#endif

@@ -1,0 +1,530 @@
+/* unwinder/unwind.c: remote unwinding of stack copies with libunwind, and the frames'
+ * mappings and names.
+ *
+ * libunwind's remote API asks us, through unw_accessors_t, for registers (from the
+ * client's capture), memory (the stack copy first, then the mmap'd ELF file behind a
+ * read-only file mapping, then /proc/PID/mem) and unwind tables (the .eh_frame_hdr of the
+ * ELF behind the pc, described to libunwind at its address in the target).
+ *
+ * Frame pcs. Frame 0's pc is used as is. Every later frame's pc is a return address, so
+ * the function and the rel_pc we report are those of pc - 1, an address inside the call
+ * instruction: a call that is the last instruction of a function (noreturn callee) would
+ * otherwise be attributed to the next function, and a symbolizer looking up rel_pc gets
+ * the line of the call. This is also what libunwindstack (heapprofd's unwinder) reports:
+ * its non-leaf rel_pc is adjusted by 1 on x86_64. Frames right above a signal frame are
+ * interrupted, not calling, and keep their exact pc.
+ */
+#include "common/clock.h"
+#include "unwinder/elf_cache.h"
+#include "unwinder/global.h"
+#include "unwinder/maps.h"
+#include "unwinder/unwinder.h"
+
+#include <elf.h>
+#include <errno.h>
+#include <libunwind.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+/* Exported by libunwind-x86_64 (PROTECTED in its sources) but not declared in the
+ * installed headers. Searches a UNW_INFO_FORMAT_REMOTE_TABLE through the accessors. */
+int _Ux86_64_dwarf_search_unwind_table(unw_addr_space_t as, unw_word_t ip, unw_dyn_info_t *di,
+                                       unw_proc_info_t *pi, int need_unwind_info, void *arg);
+
+_Static_assert(WIRE_REG_RIP == UNW_X86_64_RIP, "register numbering");
+_Static_assert(WIRE_REG_RSP == UNW_X86_64_RSP, "register numbering");
+_Static_assert(WIRE_REG_RBP == UNW_X86_64_RBP, "register numbering");
+_Static_assert(WIRE_REG_RBX == UNW_X86_64_RBX, "register numbering");
+_Static_assert(WIRE_REG_R15 == UNW_X86_64_R15, "register numbering");
+
+/* A pc outside every known executable mapping rereads the maps at most this often. */
+#define REPARSE_MIN_INTERVAL_NS (100u * 1000 * 1000)
+/* preads on /proc/PID/mem per unwind: bounds the time hostile stacks can cost. */
+#define MEM_READ_BUDGET 2048
+/* Leading libheapprof frames skipped at most (the hooks are a few frames deep). */
+#define SKIP_MAX 32
+/* Entries of libunwind's register-state cache per process (it rounds to a power of 2). */
+#define UNW_CACHE_ENTRIES 4096
+
+/* What went wrong inside the accessors during one unw_step(). */
+enum {
+    FAIL_NO_MAP = 1u << 0,  /* a pc in no executable mapping */
+    FAIL_ELF = 1u << 1,     /* a pc in a file mapping whose ELF we cannot use */
+    FAIL_NO_INFO = 1u << 2, /* no unwind table, or no entry for the pc */
+    FAIL_MEM = 1u << 3,     /* a memory read found nothing */
+};
+
+/* Facts about maps.v[i], resolved on first use and dropped when the maps are reread. */
+struct pmap {
+    const struct unwinder__elf *elf;     /* NULL: anonymous, special or unusable */
+    const struct unwinder__segment *seg; /* the PT_LOAD this mapping shows */
+    const struct hp_mapping *hm;
+    bool elf_done, hm_done;
+};
+
+struct unwinder_process {
+    pid_t pid;
+    int maps_fd, mem_fd;
+    struct unwinder__maps maps;
+    struct pmap *pm; /* maps.n entries */
+    uint64_t last_reparse_ns;
+    unw_addr_space_t as;
+
+    /* The current unwinder_unwind() call's input (borrowed from its caller). */
+    const uint64_t *regs;
+    uint64_t stack_ptr;
+    const uint8_t *stack;
+    size_t stack_len;
+    unsigned fail;       /* FAIL_* during the current step */
+    unsigned mem_budget; /* preads left */
+    bool reparsed;
+};
+
+/* ---- mappings ---------------------------------------------------------------- */
+
+static bool reparse(struct unwinder_process *p)
+{
+    uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
+    if (p->last_reparse_ns && now - p->last_reparse_ns < REPARSE_MIN_INTERVAL_NS)
+        return false;
+    p->last_reparse_ns = now ? now : 1;
+    struct unwinder__maps m;
+    if (unwinder__maps_read(p->maps_fd, &m) < 0)
+        return false;
+    struct pmap *pm = calloc(m.n ? m.n : 1, sizeof(*pm));
+    if (!pm) {
+        unwinder__maps_done(&m);
+        return false;
+    }
+    unwinder__maps_done(&p->maps);
+    free(p->pm);
+    p->maps = m;
+    p->pm = pm;
+    p->reparsed = true;
+    /* Libraries may have been replaced at the same addresses. Only bumps a generation
+     * counter, so it is safe from inside an accessor. */
+    unw_flush_cache(p->as, 0, 0);
+    return true;
+}
+
+/* Index of the executable mapping holding @pc, rereading the maps (rate-limited) when
+ * none does; -1 if none. Invalidates pointers into p->maps. */
+static ssize_t find_exec(struct unwinder_process *p, uint64_t pc)
+{
+    ssize_t i = unwinder__maps_find(&p->maps, pc);
+    if (i >= 0 && (p->maps.v[i].perms & UNWINDER_PERM_EXEC))
+        return i;
+    if (!reparse(p))
+        return -1;
+    i = unwinder__maps_find(&p->maps, pc);
+    return i >= 0 && (p->maps.v[i].perms & UNWINDER_PERM_EXEC) ? i : -1;
+}
+
+static const struct unwinder__elf *pmap_elf(struct unwinder_process *p, size_t i)
+{
+    struct pmap *pm = &p->pm[i];
+    if (pm->elf_done)
+        return pm->elf;
+    pm->elf_done = true;
+    const struct unwinder__map *m = &p->maps.v[i];
+    const struct unwinder__elf *e;
+    if (m->path[0] != '/' ||
+        unwinder__elf_get(makedev(m->dev_major, m->dev_minor), m->inode, m->path, &e) < 0 || !e->ok)
+        return NULL;
+    pm->elf = e;
+    pm->seg = unwinder__elf_segment_for(e, m->pgoff, (m->perms & UNWINDER_PERM_EXEC) ? PF_X : 0);
+    return e;
+}
+
+static const struct hp_mapping *pmap_mapping(struct unwinder_process *p, size_t i)
+{
+    struct pmap *pm = &p->pm[i];
+    if (pm->hm_done)
+        return pm->hm;
+    const struct unwinder__elf *e = pmap_elf(p, i);
+    const struct unwinder__map *m = &p->maps.v[i];
+    struct hp_mapping t = {
+        .start = m->start,
+        .end = m->end,
+        .exact_offset = m->pgoff,
+        .start_offset = 0,
+        .load_bias = e ? e->load_bias : 0,
+        .path = unwinder__intern(m->path, m->path_len),
+    };
+    if (e) {
+        t.build_id_len = e->build_id_len;
+        memcpy(t.build_id, e->build_id, e->build_id_len);
+    }
+    pm->hm = unwinder__mapping_intern(&t);
+    pm->hm_done = pm->hm != NULL; /* retried after an allocation failure */
+    return pm->hm;
+}
+
+/* ---- libunwind accessors ----------------------------------------------------- */
+
+static int acc_find_proc_info(unw_addr_space_t as, unw_word_t ip, unw_proc_info_t *pi,
+                              int need_unwind_info, void *arg)
+{
+    struct unwinder_process *p = arg;
+    ssize_t i = find_exec(p, ip);
+    if (i < 0) {
+        p->fail |= FAIL_NO_MAP;
+        return -UNW_ENOINFO;
+    }
+    const struct unwinder__map *m = &p->maps.v[i];
+    const struct unwinder__elf *e = pmap_elf(p, (size_t)i);
+    const struct unwinder__segment *seg = p->pm[i].seg;
+    if (!e || !seg) {
+        p->fail |= m->path[0] == '/' ? FAIL_ELF : FAIL_NO_INFO;
+        return -UNW_ENOINFO;
+    }
+    if (!e->has_eh_hdr) {
+        p->fail |= FAIL_NO_INFO;
+        return -UNW_ENOINFO;
+    }
+    /* The object's load base in the target: ELF vaddr v lives at base + v. */
+    uint64_t base = m->start - m->pgoff - (seg->vaddr - seg->offset);
+    unw_dyn_info_t di;
+    memset(&di, 0, sizeof(di));
+    di.format = UNW_INFO_FORMAT_REMOTE_TABLE;
+    di.start_ip = base + seg->vaddr;
+    di.end_ip = di.start_ip + seg->memsz;
+    /* libunwind asserts this; with hostile maps it need not hold. */
+    if (ip < di.start_ip || ip >= di.end_ip) {
+        p->fail |= FAIL_NO_INFO;
+        return -UNW_ENOINFO;
+    }
+    di.u.rti.name_ptr = 0;
+    di.u.rti.segbase = base + e->eh_hdr_vaddr;
+    di.u.rti.table_data = di.u.rti.segbase + e->eh_table_off;
+    di.u.rti.table_len = e->eh_fde_count * 8 / sizeof(unw_word_t);
+    int r = _Ux86_64_dwarf_search_unwind_table(as, ip, &di, pi, need_unwind_info, arg);
+    if (r < 0)
+        p->fail |= FAIL_NO_INFO;
+    return r;
+}
+
+/* libunwind calls this only for proc info it got from the dynamic-registration list
+ * (UNW_INFO_FORMAT_DYNAMIC), which we never provide (get_dyn_info_list_addr fails).
+ * The unwind_info that _Ux86_64_dwarf_search_unwind_table() fills in comes from
+ * libunwind's internal pool and libunwind returns it there itself (its DWARF parser
+ * releases UNW_INFO_FORMAT_TABLE info after each use), so freeing it here, as the ptrace
+ * and coredump accessors of libunwind do with free(), would corrupt the heap. */
+static void acc_put_unwind_info(unw_addr_space_t as, unw_proc_info_t *pi, void *arg)
+{
+    (void)as;
+    (void)pi;
+    (void)arg;
+}
+
+static int acc_get_dyn_info_list_addr(unw_addr_space_t as, unw_word_t *dilap, void *arg)
+{
+    (void)as;
+    (void)dilap;
+    (void)arg;
+    return -UNW_ENOINFO;
+}
+
+static int acc_access_mem(unw_addr_space_t as, unw_word_t addr, unw_word_t *valp, int write,
+                          void *arg)
+{
+    (void)as;
+    struct unwinder_process *p = arg;
+    if (write)
+        return -UNW_EINVAL;
+    const size_t w = sizeof(*valp);
+
+    uint64_t rel = addr - p->stack_ptr;
+    if (addr >= p->stack_ptr && rel < p->stack_len && p->stack_len - rel >= w) {
+        memcpy(valp, p->stack + rel, w);
+        return 0;
+    }
+
+    /* Read-only file mappings show the file's bytes: serve them from the cached image
+     * (unwind tables, code for signal-frame checks) without a syscall. Writable segments
+     * (data, relocated RELRO) differ from the file and go to the target's memory. */
+    ssize_t i = unwinder__maps_find(&p->maps, addr);
+    if (i >= 0) {
+        const struct unwinder__map *m = &p->maps.v[i];
+        if (!(m->perms & UNWINDER_PERM_WRITE) && m->end - addr >= w) {
+            const struct unwinder__elf *e = pmap_elf(p, (size_t)i);
+            const struct unwinder__segment *seg = p->pm[i].seg;
+            uint64_t off = addr - m->start + m->pgoff;
+            if (e && seg && !(seg->flags & PF_W) && off >= m->pgoff &&
+                unwinder__elf_read(e, off, valp, w) == 0)
+                return 0;
+        }
+    }
+
+    if (p->mem_fd >= 0 && p->mem_budget > 0 && addr <= (uint64_t)INT64_MAX - w) {
+        p->mem_budget--;
+        if (pread(p->mem_fd, valp, w, (off_t)addr) == (ssize_t)w)
+            return 0;
+    }
+    p->fail |= FAIL_MEM;
+    return -UNW_EINVAL;
+}
+
+static int acc_access_reg(unw_addr_space_t as, unw_regnum_t reg, unw_word_t *valp, int write,
+                          void *arg)
+{
+    (void)as;
+    struct unwinder_process *p = arg;
+    if (write)
+        return -UNW_EREADONLYREG;
+    /* UNW_REG_IP and UNW_REG_SP are UNW_X86_64_RIP and UNW_X86_64_RSP. */
+    if (reg < 0 || reg >= WIRE_NREGS)
+        return -UNW_EBADREG;
+    *valp = p->regs[reg];
+    return 0;
+}
+
+static int acc_access_fpreg(unw_addr_space_t as, unw_regnum_t reg, unw_fpreg_t *val, int write,
+                            void *arg)
+{
+    (void)as;
+    (void)reg;
+    (void)val;
+    (void)write;
+    (void)arg;
+    return -UNW_EINVAL;
+}
+
+static int acc_resume(unw_addr_space_t as, unw_cursor_t *c, void *arg)
+{
+    (void)as;
+    (void)c;
+    (void)arg;
+    return -UNW_EINVAL;
+}
+
+/* We symbolize from our own symbol index. */
+static int acc_get_proc_name(unw_addr_space_t as, unw_word_t addr, char *buf, size_t len,
+                             unw_word_t *offp, void *arg)
+{
+    (void)as;
+    (void)addr;
+    (void)buf;
+    (void)len;
+    (void)offp;
+    (void)arg;
+    return -UNW_EINVAL;
+}
+
+/* ---- processes --------------------------------------------------------------- */
+
+int unwinder_process_new(pid_t pid, int maps_fd, int mem_fd, unwinder_process_t **ret)
+{
+    int r;
+    unwinder_process_t *p = calloc(1, sizeof(*p));
+    if (!p) {
+        if (maps_fd >= 0)
+            (void)close(maps_fd);
+        if (mem_fd >= 0)
+            (void)close(mem_fd);
+        return -ENOMEM;
+    }
+    p->pid = pid;
+    p->maps_fd = maps_fd;
+    p->mem_fd = mem_fd;
+    if (!ret) {
+        r = -EINVAL;
+        goto fail;
+    }
+    r = unwinder__maps_read(maps_fd, &p->maps);
+    if (r < 0)
+        goto fail;
+    p->pm = calloc(p->maps.n ? p->maps.n : 1, sizeof(*p->pm));
+    /* libunwind copies the accessors into the address space. */
+    unw_accessors_t acc = {
+        .find_proc_info = acc_find_proc_info,
+        .put_unwind_info = acc_put_unwind_info,
+        .get_dyn_info_list_addr = acc_get_dyn_info_list_addr,
+        .access_mem = acc_access_mem,
+        .access_reg = acc_access_reg,
+        .access_fpreg = acc_access_fpreg,
+        .resume = acc_resume,
+        .get_proc_name = acc_get_proc_name,
+    };
+    p->as = p->pm ? unw_create_addr_space(&acc, 0) : NULL;
+    if (!p->as) {
+        r = -ENOMEM;
+        goto fail;
+    }
+    /* GLOBAL (one cache per address space, behind a lock) rather than PER_THREAD: the
+     * per-thread cache is shared by every address space a thread uses, and one unwinder
+     * thread serves several processes. */
+    (void)unw_set_caching_policy(p->as, UNW_CACHE_GLOBAL);
+    (void)unw_set_cache_size(p->as, UNW_CACHE_ENTRIES, 0);
+    *ret = p;
+    return 0;
+fail:
+    unwinder_process_free(p);
+    return r;
+}
+
+unwinder_process_t *unwinder_process_free(unwinder_process_t *p)
+{
+    if (!p)
+        return NULL;
+    if (p->as)
+        unw_destroy_addr_space(p->as);
+    unwinder__maps_done(&p->maps);
+    free(p->pm);
+    if (p->maps_fd >= 0)
+        (void)close(p->maps_fd);
+    if (p->mem_fd >= 0)
+        (void)close(p->mem_fd);
+    free(p);
+    return NULL;
+}
+
+/* ---- unwinding --------------------------------------------------------------- */
+
+static const char *fail_reason(unsigned fail, int r)
+{
+    if (fail & FAIL_NO_MAP)
+        return "ERROR INVALID_MAP";
+    if (fail & FAIL_ELF)
+        return "ERROR INVALID_ELF";
+    if (fail & FAIL_NO_INFO)
+        return "ERROR UNWIND_INFO_INVALID";
+    if (fail & FAIL_MEM)
+        return "ERROR MEMORY_INVALID";
+    switch (r) {
+    case -UNW_EINVALIDIP:
+        return "ERROR INVALID_MAP";
+    case -UNW_EBADREG:
+    case -UNW_EINVAL:
+        return "ERROR MEMORY_INVALID";
+    default:
+        return "ERROR UNWIND_INFO_INVALID";
+    }
+}
+
+static bool is_libheapprof(const struct unwinder__map *m)
+{
+    const char *base = strrchr(m->path, '/');
+    base = base ? base + 1 : m->path;
+    return strncmp(base, "libheapprof", 11) == 0;
+}
+
+/* Fills @f for the pc @pc (already adjusted for return addresses). */
+static void resolve_frame(struct unwinder_process *p, uint64_t pc, struct hp_frame *f,
+                          bool *ret_skip)
+{
+    *f = (struct hp_frame){.map = NULL, .function_name = unwinder__empty(), .rel_pc = pc};
+    *ret_skip = false;
+    ssize_t i = find_exec(p, pc);
+    if (i < 0)
+        return;
+    const struct unwinder__map *m = &p->maps.v[i];
+    *ret_skip = is_libheapprof(m);
+    const struct hp_mapping *hm = pmap_mapping(p, (size_t)i);
+    const struct unwinder__elf *e = p->pm[i].elf;
+    const struct unwinder__segment *seg = p->pm[i].seg;
+    if (!hm)
+        return;
+    f->map = hm;
+    f->rel_pc = pc - m->start + m->pgoff + (seg ? seg->vaddr - seg->offset : 0);
+    if (e && seg) {
+        const char *name = unwinder__elf_symbol(e, f->rel_pc);
+        if (name)
+            f->function_name = name;
+    }
+}
+
+int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint64_t stack_ptr,
+                    const uint8_t *stack, size_t stack_len, struct hp_frame *frames,
+                    size_t max_frames, size_t *ret_n, struct unwinder_result *ret_res)
+{
+    if (!p || !regs || !frames || !ret_n || !ret_res || max_frames == 0 || (!stack && stack_len))
+        return -EINVAL;
+    size_t max = HP_MIN(max_frames, (size_t)UNWINDER_MAX_FRAMES);
+    struct unwinder_result res = {0};
+    const char *err = NULL;
+    size_t n = 0;
+
+    p->regs = regs;
+    p->stack_ptr = stack_ptr;
+    p->stack = stack;
+    p->stack_len = stack_len;
+    p->mem_budget = MEM_READ_BUDGET;
+    p->reparsed = false;
+    p->fail = 0;
+
+    unw_cursor_t c;
+    int r = unw_init_remote(&c, p->as, p);
+    if (r < 0) {
+        err = fail_reason(p->fail, r);
+        goto out;
+    }
+    uint64_t prev_ip = 0, prev_sp = 0;
+    bool exact_pc = true; /* frame 0, and frames interrupted by a signal */
+    size_t skipped = 0;
+    for (size_t step = 0;; step++) {
+        unw_word_t ip, sp;
+        if (unw_get_reg(&c, UNW_REG_IP, &ip) < 0 || unw_get_reg(&c, UNW_REG_SP, &sp) < 0) {
+            err = "ERROR MEMORY_INVALID";
+            break;
+        }
+        if (ip == 0) {
+            if (step == 0)
+                err = "ERROR INVALID_MAP";
+            break;
+        }
+        if (step > 0 && ip == prev_ip && sp == prev_sp) {
+            err = "ERROR REPEATED_FRAME";
+            break;
+        }
+        prev_ip = ip;
+        prev_sp = sp;
+
+        struct hp_frame f;
+        bool skip;
+        resolve_frame(p, exact_pc ? ip : ip - 1, &f, &skip);
+        if (skip && n == 0 && skipped < SKIP_MAX) {
+            skipped++;
+        } else {
+            if (n == max) {
+                res.truncated = true;
+                err = "ERROR MAX_FRAMES_EXCEEDED";
+                break;
+            }
+            frames[n++] = f;
+        }
+
+        exact_pc = unw_is_signal_frame(&c) > 0;
+        p->fail = 0;
+        r = unw_step(&c);
+        /* libunwind ends a chain it cannot follow (no unwind info, frame-pointer guess
+         * rejected) with 0, like a real end; our accessors know better. */
+        if (r < 0 || (r == 0 && (p->fail & (FAIL_NO_MAP | FAIL_ELF | FAIL_NO_INFO)))) {
+            err = fail_reason(p->fail, r);
+            break;
+        }
+        if (r == 0)
+            break;
+    }
+
+out:
+    /* Only hook frames and then the end: nothing a profile could use. */
+    if (n == 0 && !err)
+        err = "ERROR UNWIND_INFO_INVALID";
+    if (err) {
+        if (n == max)
+            n--;
+        frames[n++] = (struct hp_frame){
+            .map = NULL, .function_name = unwinder__intern(err, strlen(err)), .rel_pc = 0};
+        res.error = true;
+    }
+    res.reparsed_maps = p->reparsed;
+    p->regs = NULL;
+    p->stack = NULL;
+    p->stack_len = 0;
+    *ret_n = n;
+    *ret_res = res;
+    return 0;
+}
