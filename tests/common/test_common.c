@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "common/fdpass.h"
+#include "common/paths.h"
 #include "common/regs.h"
 #include "common/strtab.h"
 
@@ -148,6 +149,29 @@ static void test_regs_capture(void **state)
                 regs[HP_REG_RIP] > (uint64_t)(uintptr_t)pc + 64);
 }
 
+static void test_paths_runtime_dir(void **state)
+{
+    (void)state;
+    char buf[HP_PATH_MAX];
+    assert_int_equal(hp_runtime_dir("/run/user/1000", 1000, buf, sizeof(buf)), 0);
+    assert_string_equal(buf, "/run/user/1000/heapprof");
+    assert_int_equal(hp_runtime_dir(NULL, 1234, buf, sizeof(buf)), 0);
+    assert_string_equal(buf, "/tmp/heapprof-1234");
+    assert_int_equal(hp_runtime_dir("relative/dir", 0, buf, sizeof(buf)), 0);
+    assert_string_equal(buf, "/tmp/heapprof-0");
+    assert_int_equal(hp_socket_path(NULL, 5, 0, buf, sizeof(buf)), 0);
+    assert_string_equal(buf, "/tmp/heapprof-5/heapprofd.sock");
+    assert_int_equal(hp_socket_path("/run/user/5", 5, 4242, buf, sizeof(buf)), 0);
+    assert_string_equal(buf, "/run/user/5/heapprof/attach-4242.sock");
+    char longdir[200];
+    memset(longdir, 'a', sizeof(longdir));
+    longdir[0] = '/';
+    longdir[199] = '\0';
+    assert_int_equal(hp_socket_path(longdir, 5, 1, buf, sizeof(buf)), -ENAMETOOLONG);
+    char tiny[8];
+    assert_int_equal(hp_runtime_dir(NULL, 1234, tiny, sizeof(tiny)), -ENAMETOOLONG);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -156,6 +180,7 @@ int main(void)
         cmocka_unit_test(test_fdpass_short_and_eof),
         cmocka_unit_test(test_strtab_intern),
         cmocka_unit_test(test_regs_capture),
+        cmocka_unit_test(test_paths_runtime_dir),
     };
     return cmocka_run_group_tests_name("common", tests, NULL, NULL);
 }

@@ -1,0 +1,29 @@
+/* common/paths.h: where the service's sockets live, computed the same way by the
+ * service and by the preload client. Hook-safe (no allocation, no libc locale or stdio).
+ *
+ * The runtime directory is "$XDG_RUNTIME_DIR/heapprof" when XDG_RUNTIME_DIR is an
+ * absolute path, else "/tmp/heapprof-<uid>". Both sides require it to be a directory
+ * owned by the uid with mode 0700. In it:
+ *   heapprofd.sock       the daemon's socket
+ *   attach-<pid>.sock    the socket of a `heapprof attach` session run by process <pid>;
+ *                        the attach signal carries <pid> in si_value (sigqueue)
+ *
+ *     char dir[HP_PATH_MAX];
+ *     hp_runtime_dir(getenv("XDG_RUNTIME_DIR"), getuid(), dir, sizeof(dir));
+ */
+#ifndef HP_COMMON_PATHS_H
+#define HP_COMMON_PATHS_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+#define HP_PATH_MAX 108 /* sizeof(sockaddr_un.sun_path) */
+#define HP_DAEMON_SOCKET_NAME "heapprofd.sock"
+
+/* Writes the runtime directory. Returns 0, or -ENAMETOOLONG. */
+int hp_runtime_dir(const char *xdg_runtime_dir, uid_t uid, char *buf, size_t len);
+/* Writes "<dir>/heapprofd.sock" (@attach_pid <= 0) or "<dir>/attach-<pid>.sock". */
+int hp_socket_path(const char *xdg_runtime_dir, uid_t uid, pid_t attach_pid, char *buf,
+                   size_t len);
+
+#endif
