@@ -5,6 +5,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "shmem_ring/ring.h"
@@ -16,6 +17,13 @@ void svc_config_init(struct svc_config *cfg)
     cfg->shmem_size_bytes = RING_DEFAULT_SIZE;
     cfg->max_stack_bytes = 64u << 10;
     cfg->block_client_timeout_us = 100000;
+}
+
+void svc_config_done(struct svc_config *cfg)
+{
+    for (size_t i = 0; i < cfg->n_process_cmdline; i++)
+        free(cfg->process_cmdline[i]);
+    cfg->n_process_cmdline = 0;
 }
 
 int svc_parse_bytes(const char *s, uint64_t *ret)
@@ -78,6 +86,10 @@ int svc_config_check(const struct svc_config *cfg, char *err, size_t err_len)
     if (cfg->max_stack_bytes < 1024 || cfg->max_stack_bytes > (1u << 19) ||
         cfg->max_stack_bytes % 8 != 0) {
         snprintf(err, err_len, "max stack copy must be a multiple of 8 between 1 KiB and 512 KiB");
+        return -EINVAL;
+    }
+    if (cfg->dump_interval_ms != 0 && cfg->dump_interval_ms < 10) {
+        snprintf(err, err_len, "dump_interval_ms must be 0 (off) or at least 10");
         return -EINVAL;
     }
     if (cfg->max_stack_bytes + 4096 > n / 4) {

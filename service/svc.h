@@ -24,6 +24,8 @@
 
 #include "common/macros.h"
 
+#define SVC_MAX_TARGETS 64
+
 /* Field names follow Perfetto's HeapprofdConfig. */
 struct svc_config {
     uint64_t sampling_interval_bytes; /* >= 1; default 4096 */
@@ -34,9 +36,47 @@ struct svc_config {
     bool dump_at_max;
     unsigned unwinder_threads; /* 0: number of CPUs, capped */
     const char *socket_dir;    /* NULL: private dir under $XDG_RUNTIME_DIR or /tmp */
+    const char *socket_path;   /* NULL: <socket_dir>/heapprofd.sock */
+
+    /* Targets (daemon and attach). With none and !all, every client that connects is
+     * profiled (heapprof record's private socket). */
+    int32_t pid[SVC_MAX_TARGETS];
+    size_t n_pid;
+    char *process_cmdline[SVC_MAX_TARGETS]; /* exact, basename or glob; owned */
+    size_t n_process_cmdline;
+    bool all;
+    bool no_startup; /* do not profile processes that connect at startup */
+    bool no_running; /* do not signal running processes */
+    /* continuous_dump_config */
+    uint32_t dump_phase_ms;
+    uint32_t dump_interval_ms; /* 0: no continuous dumps */
+    /* guardrails: 0 = none */
+    uint64_t max_heapprofd_memory_kb;
+    uint64_t max_heapprofd_cpu_secs;
+    bool disable_fork_teardown;
 };
 
 void svc_config_init(struct svc_config *cfg);
+/* Frees the strings the configuration owns (process_cmdline). */
+void svc_config_done(struct svc_config *cfg);
+
+/* Parses a HeapprofdConfig in protobuf text format (field names as Perfetto's, e.g.
+ * `sampling_interval_bytes: 4096`, `process_cmdline: "myapp"`,
+ * `continuous_dump_config { dump_phase_ms: 0 dump_interval_ms: 1000 }`) into @cfg, on top
+ * of what it holds. Unknown fields, bad values and syntax errors fail with -EINVAL and a
+ * message "FILE:LINE: ..." in @err. */
+int svc_config_parse_text(const char *text, size_t len, const char *filename,
+                          struct svc_config *cfg, char *err, size_t err_len) HP_WARN_UNUSED;
+int svc_config_load_file(const char *path, struct svc_config *cfg, char *err,
+                         size_t err_len) HP_WARN_UNUSED;
+
+/* True when a process with @pid and @cmdline (NUL-separated, @len bytes) is a target:
+ * its pid is listed, its argv[0] equals a process_cmdline entry, or its basename does,
+ * or matches it as a glob; or `all`. */
+bool svc_config_matches(const struct svc_config *cfg, int32_t pid, const char *cmdline,
+                        size_t len);
+/* True when the configuration names targets (pid, process_cmdline or all). */
+bool svc_config_has_targets(const struct svc_config *cfg);
 
 /* Parses a byte count ("4096", "64k", "8M", "1G"); rejects 0, garbage and overflow.
  * Returns 0 or -EINVAL. */

@@ -4,7 +4,10 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -65,11 +68,124 @@ static void test_config_check(void **state)
     assert_non_null(strstr(err, "too small"));
 }
 
+static void test_config_text_full(void **state)
+{
+    (void)state;
+    const char *text = "# heapprofd config\n"
+                       "sampling_interval_bytes: 512\n"
+                       "process_cmdline: \"myapp\"\n"
+                       "process_cmdline: 'worker-*'\n"
+                       "pid: 1234, pid: 99;\n"
+                       "continuous_dump_config { dump_phase_ms: 10 dump_interval_ms: 1000 }\n"
+                       "shmem_size_bytes: 1048576\n"
+                       "block_client: true\n"
+                       "block_client_timeout_us: 500\n"
+                       "dump_at_max: true no_startup: false no_running: true\n"
+                       "max_heapprofd_memory_kb: 65536\n"
+                       "max_heapprofd_cpu_secs: 30\n"
+                       "heaps: \"libc.malloc\"\n"
+                       "all: false disable_fork_teardown: true\n";
+    struct svc_config c;
+    char err[256];
+    svc_config_init(&c);
+    assert_int_equal(svc_config_parse_text(text, strlen(text), "a.cfg", &c, err, sizeof(err)),
+                     0);
+    assert_int_equal(c.sampling_interval_bytes, 512);
+    assert_int_equal(c.n_process_cmdline, 2);
+    assert_string_equal(c.process_cmdline[0], "myapp");
+    assert_string_equal(c.process_cmdline[1], "worker-*");
+    assert_int_equal(c.n_pid, 2);
+    assert_int_equal(c.pid[0], 1234);
+    assert_int_equal(c.pid[1], 99);
+    assert_int_equal(c.dump_phase_ms, 10);
+    assert_int_equal(c.dump_interval_ms, 1000);
+    assert_int_equal(c.shmem_size_bytes, 1 << 20);
+    assert_true(c.block_client);
+    assert_int_equal(c.block_client_timeout_us, 500);
+    assert_true(c.dump_at_max);
+    assert_false(c.no_startup);
+    assert_true(c.no_running);
+    assert_int_equal(c.max_heapprofd_memory_kb, 65536);
+    assert_int_equal(c.max_heapprofd_cpu_secs, 30);
+    assert_true(c.disable_fork_teardown);
+    assert_int_equal(svc_config_check(&c, err, sizeof(err)), 0);
+
+    /* matching: pid, exact argv[0], basename, glob */
+    assert_true(svc_config_matches(&c, 99, "x\0", 2));
+    assert_true(svc_config_matches(&c, 5, "/usr/bin/myapp\0--flag\0", 22));
+    assert_true(svc_config_matches(&c, 5, "myapp\0", 6));
+    assert_true(svc_config_matches(&c, 5, "/opt/worker-7\0", 14));
+    assert_false(svc_config_matches(&c, 5, "/usr/bin/other\0", 15));
+    assert_false(svc_config_matches(&c, 5, "myapp", 5)); /* not NUL-terminated */
+    assert_false(svc_config_matches(&c, 5, NULL, 0));
+    svc_config_done(&c);
+}
+
+static void expect_error(const char *text, const char *msg)
+{
+    struct svc_config c;
+    char err[256];
+    svc_config_init(&c);
+    int r = svc_config_parse_text(text, strlen(text), "bad.cfg", &c, err, sizeof(err));
+    print_message("  %s\n", err);
+    assert_int_equal(r, -EINVAL);
+    assert_non_null(strstr(err, msg));
+    svc_config_done(&c);
+}
+
+static void test_config_text_errors(void **state)
+{
+    (void)state;
+    expect_error("sampling_interval_bytes: 0\n", "bad.cfg:1: sampling_interval_bytes must be");
+    expect_error("\n\nfrobnicate: 3\n", "bad.cfg:3: unknown field 'frobnicate'");
+    expect_error("sampling_interval_bytes: abc\n", "wants a number");
+    expect_error("sampling_interval_bytes: -5\n", "invalid value '-5'");
+    expect_error("sampling_interval_bytes 5\n", "expected ':'");
+    expect_error("block_client: maybe\n", "wants true or false");
+    expect_error("process_cmdline: myapp\n", "wants a quoted string");
+    expect_error("process_cmdline: \"unterminated\n", "unterminated string");
+    expect_error("continuous_dump_config { dump_interval_ms: 5 \n", "unexpected end of file");
+    expect_error("continuous_dump_config { bogus: 5 }\n", "unknown field 'bogus'");
+    expect_error("}\n", "unexpected '}'");
+    expect_error("shmem_size_bytes: 1000\n", "power of two");
+    expect_error("heaps: \"libart\"\n", "only the heap");
+    expect_error("pid: 0\n", "pid must be positive");
+    expect_error("sampling_interval_bytes: 99999999999999999999999\n", "invalid value");
+    expect_error("@\n", "unexpected character '@'");
+}
+
+static void test_config_load_file(void **state)
+{
+    (void)state;
+    struct svc_config c;
+    char err[256];
+    svc_config_init(&c);
+    assert_int_equal(svc_config_load_file("/nonexistent/heapprof.cfg", &c, err, sizeof(err)),
+                     -ENOENT);
+    assert_non_null(strstr(err, "/nonexistent/heapprof.cfg"));
+    char path[] = "/tmp/heapprof-cfg-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    const char *t = "sampling_interval_bytes: 100\nall: true\n";
+    assert_int_equal(write(fd, t, strlen(t)), (ssize_t)strlen(t));
+    close(fd);
+    assert_int_equal(svc_config_load_file(path, &c, err, sizeof(err)), 0);
+    assert_int_equal(c.sampling_interval_bytes, 100);
+    assert_true(c.all);
+    assert_true(svc_config_has_targets(&c));
+    assert_true(svc_config_matches(&c, 1, NULL, 0));
+    unlink(path);
+    svc_config_done(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_parse_bytes),
         cmocka_unit_test(test_config_check),
+        cmocka_unit_test(test_config_text_full),
+        cmocka_unit_test(test_config_text_errors),
+        cmocka_unit_test(test_config_load_file),
     };
     return cmocka_run_group_tests_name("service_config", tests, NULL, NULL);
 }
