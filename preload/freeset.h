@@ -1,0 +1,64 @@
+/* preload/freeset.h: the set of sampled addresses still live, so that free() records only
+ * frees of sampled allocations.
+ *
+ * A lock-free open-addressing table (linear probing) of 2^CLIENT_FREESET_LOG2 slots,
+ * mmap'd once at the handshake and never freed. A slot holds 0 (empty), 1 (tombstone) or
+ * an address. Inserts claim the first empty or tombstone slot with a compare-and-swap;
+ * removals turn the slot into a tombstone, so a probe chain never breaks. Every operation
+ * looks at most CLIENT_FREESET_PROBES slots; an insert that finds no room fails, and the
+ * caller then records every free instead (correct, slower).
+ *
+ *     if (client_freeset_insert(&set, (uintptr_t)p) < 0) send_every_free = true;
+ *     if (client_freeset_remove(&set, (uintptr_t)p)) record_free(p);
+ *
+ * Thread-safe and hook-safe (atomics only). Addresses must be neither 0 nor 1 and unique
+ * among live entries (true of live heap blocks).
+ */
+#ifndef HP_PRELOAD_FREESET_H
+#define HP_PRELOAD_FREESET_H
+
+#include "common/macros.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define CLIENT_FREESET_LOG2 19
+#define CLIENT_FREESET_PROBES 32
+#define CLIENT_FREESET_EMPTY 0u
+#define CLIENT_FREESET_TOMB 1u
+
+struct client_freeset {
+    _Atomic uint64_t *slots;
+    uint64_t mask;
+    unsigned shift; /* 64 - log2(slots) */
+};
+
+/* Maps the table; returns 0 or -errno. */
+int client_freeset_init(struct client_freeset *s, unsigned log2_slots) HP_WARN_UNUSED;
+/* Returns 0, or -ENOSPC when no slot within the probe bound is free. */
+int client_freeset_insert(struct client_freeset *s, uint64_t addr) HP_WARN_UNUSED;
+
+static inline uint64_t client_freeset_hash(const struct client_freeset *s, uint64_t addr)
+{
+    return ((addr >> 4) * 0x9e3779b97f4a7c15ull) >> s->shift;
+}
+
+/* Removes @addr; returns true when it was in the set. Relaxed atomics are enough: an
+ * address reaches the thread freeing it only through the application's own
+ * synchronisation, which orders our insert before this removal. */
+static inline bool client_freeset_remove(struct client_freeset *s, uint64_t addr)
+{
+    uint64_t i = client_freeset_hash(s, addr);
+    for (unsigned n = 0; n < CLIENT_FREESET_PROBES; n++, i = (i + 1) & s->mask) {
+        uint64_t v = atomic_load_explicit(&s->slots[i], memory_order_relaxed);
+        if (HP_LIKELY(v == CLIENT_FREESET_EMPTY))
+            return false;
+        if (v == addr)
+            return atomic_compare_exchange_strong_explicit(
+                &s->slots[i], &v, CLIENT_FREESET_TOMB, memory_order_relaxed, memory_order_relaxed);
+    }
+    return false;
+}
+
+#endif

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Checks that libheapprof.so exports exactly the allocator entry points.
+# Usage: scripts/check-exports.sh BUILD_DIR/preload/libheapprof.so
+set -euo pipefail
+
+lib=${1:?usage: check-exports.sh path/to/libheapprof.so}
+allowed="aligned_alloc calloc free malloc memalign posix_memalign pvalloc realloc reallocarray valloc"
+
+actual=$(nm -D --defined-only "$lib" | awk '{print $NF}' | sed 's/@.*//' | sort -u | tr '\n' ' ')
+expected=$(echo "$allowed" | tr ' ' '\n' | sort -u | tr '\n' ' ')
+
+if [ "$actual" != "$expected" ]; then
+    echo "check-exports: $lib exports unexpected symbols" >&2
+    echo "  expected: $expected" >&2
+    echo "  actual:   $actual" >&2
+    exit 1
+fi
+echo "check-exports: ok ($lib)"

@@ -1,0 +1,152 @@
+/* shmem_ring/ring.c: creating, mapping and unmapping rings; statistics. Called once per
+ * client on both sides (the client calls ring_map() during its handshake, from inside a
+ * malloc hook with its reentrancy guard set): no allocation, no stdio. */
+#include "shmem_ring/ring.h"
+
+#include "shmem_ring/ring_layout.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static bool ring_size_valid(uint64_t n)
+{
+    return n >= RING_MIN_SIZE && n <= RING_MAX_SIZE && (n & (n - 1)) == 0;
+}
+
+int ring_create(size_t data_size_bytes, int *ret_fd)
+{
+    int fd = -1;
+    void *p = MAP_FAILED;
+    int r;
+
+    if (!ring_size_valid(data_size_bytes))
+        return -EINVAL;
+    fd = memfd_create("heapprof-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return -errno;
+    if (ftruncate(fd, (off_t)(RING_HEADER_SIZE + data_size_bytes)) < 0) {
+        r = -errno;
+        goto fail;
+    }
+    p = mmap(NULL, RING_HEADER_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        r = -errno;
+        goto fail;
+    }
+    struct ring_shared *hdr = p;
+    hdr->magic = RING_HEADER_MAGIC;
+    hdr->data_size = data_size_bytes;
+    (void)munmap(p, RING_HEADER_SIZE);
+    /* A peer shrinking the file would make every access past the new end SIGBUS. */
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+        r = -errno;
+        goto fail;
+    }
+    *ret_fd = fd;
+    return 0;
+
+fail:
+    (void)close(fd);
+    return r;
+}
+
+int ring_map(int fd, enum ring_role role, ring_t **ret)
+{
+    struct stat st;
+    uint64_t n;
+    int prot_data = role == RING_ROLE_WRITER ? PROT_READ | PROT_WRITE : PROT_READ;
+    uint8_t *base;
+    size_t map_len;
+    int r;
+
+    if (role != RING_ROLE_READER && role != RING_ROLE_WRITER)
+        return -EINVAL;
+    if (fstat(fd, &st) < 0)
+        return -errno;
+    if (st.st_size < (off_t)RING_HEADER_SIZE)
+        return -EBADMSG;
+    n = (uint64_t)st.st_size - RING_HEADER_SIZE;
+    if (!ring_size_valid(n))
+        return -EBADMSG;
+    if (role == RING_ROLE_READER) {
+        /* The reader maps memory a client can write to: it must not be able to shrink the
+         * file under the reader's feet. */
+        int seals = fcntl(fd, F_GET_SEALS);
+        if (seals < 0)
+            return -errno;
+        if ((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+            return -EPERM;
+    }
+
+    map_len = RING_PRIVATE_SIZE + RING_HEADER_SIZE + 2 * n;
+    base = mmap(NULL, map_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED)
+        return -errno;
+    if (mmap(base, RING_PRIVATE_SIZE, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)
+        goto fail_errno;
+    if (mmap(base + RING_PRIVATE_SIZE, RING_HEADER_SIZE, PROT_READ | PROT_WRITE,
+             MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED)
+        goto fail_errno;
+    if (mmap(base + RING_PRIVATE_SIZE + RING_HEADER_SIZE, n, prot_data, MAP_SHARED | MAP_FIXED, fd,
+             RING_HEADER_SIZE) == MAP_FAILED)
+        goto fail_errno;
+    if (mmap(base + RING_PRIVATE_SIZE + RING_HEADER_SIZE + n, n, prot_data, MAP_SHARED | MAP_FIXED,
+             fd, RING_HEADER_SIZE) == MAP_FAILED)
+        goto fail_errno;
+
+    struct ring *ring = (struct ring *)base;
+    ring->hdr = (struct ring_shared *)(base + RING_PRIVATE_SIZE);
+    ring->data = base + RING_PRIVATE_SIZE + RING_HEADER_SIZE;
+    ring->size = n;
+    ring->mask = n - 1;
+    ring->map_base = base;
+    ring->map_len = map_len;
+    ring->role = role;
+    atomic_init(&ring->blocking, false);
+    atomic_init(&ring->block_timeout_us, 0);
+
+    /* Copy the header fields once; the peer may change them at any time. */
+    uint64_t magic = ((volatile struct ring_shared *)ring->hdr)->magic;
+    uint64_t data_size = ((volatile struct ring_shared *)ring->hdr)->data_size;
+    if (magic != RING_HEADER_MAGIC || data_size != n) {
+        r = -EBADMSG;
+        goto fail;
+    }
+    ring->read_pos = atomic_load_explicit(&ring->hdr->read_pos, memory_order_acquire);
+    *ret = ring;
+    return 0;
+
+fail_errno:
+    r = -errno;
+fail:
+    (void)munmap(base, map_len);
+    return r;
+}
+
+ring_t *ring_unmap(ring_t *r)
+{
+    if (r)
+        (void)munmap(r->map_base, r->map_len);
+    return NULL;
+}
+
+void ring_get_stats(ring_t *r, struct ring_stats *ret)
+{
+    struct ring_shared *h = r->hdr;
+
+    memset(ret, 0, sizeof(*ret));
+    ret->records_written = atomic_load_explicit(&h->stats.records_written, memory_order_relaxed);
+    ret->bytes_written = atomic_load_explicit(&h->stats.bytes_written, memory_order_relaxed);
+    ret->records_dropped = atomic_load_explicit(&h->stats.records_dropped, memory_order_relaxed);
+    ret->reserve_failures = atomic_load_explicit(&h->stats.reserve_failures, memory_order_relaxed);
+    ret->client_spinlock_blocked_us =
+        atomic_load_explicit(&h->stats.client_spinlock_blocked_us, memory_order_relaxed);
+    ret->max_fill_bytes = atomic_load_explicit(&h->stats.max_fill_bytes, memory_order_relaxed);
+    ret->size_bytes = r->size;
+}

@@ -1,0 +1,93 @@
+/* shmem_ring/ring_layout.h: internal layout of the shared ring (both sides).
+ *
+ * The memfd holds one 4 KiB header page followed by the data area (N bytes, a power of
+ * two). Each process reserves 4096 + 4096 + 2N bytes of address space and maps, in order:
+ * a private page holding its own `struct ring` (so mapping a ring never calls malloc),
+ * the shared header page, the data area, and the data area a second time, so that a
+ * record starting near the end of the data area is contiguous in memory:
+ *
+ *     base                base+4K            base+8K          base+8K+N       base+8K+2N
+ *     | struct ring (priv) | ring_shared (hdr) | data [0, N)     | data [0, N) again |
+ *
+ * Positions are 64-bit byte counters that only grow; a record at position p starts at
+ * data + (p & (N - 1)). Records are 8-byte aligned and start with a ring_rec header. A
+ * record is published when its commit tag equals its position XOR RING_TAG_MAGIC: a tag
+ * left over from an earlier lap (a different position) never matches.
+ *
+ * Every field below the magic is written by untrusted parties from the reader's point of
+ * view: the reader copies what it needs into locals once and validates it.
+ */
+#ifndef HP_SHMEM_RING_RING_LAYOUT_H
+#define HP_SHMEM_RING_RING_LAYOUT_H
+
+#include "shmem_ring/ring.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RING_HEADER_SIZE 4096u
+#define RING_PRIVATE_SIZE 4096u
+#define RING_CACHE_LINE 64u
+#define RING_HEADER_MAGIC 0x4850524e47303031ull /* "HPRNG001" */
+#define RING_TAG_MAGIC 0x9e3779b97f4a7c15ull
+/* Writers give up a reservation after this many lost compare-and-swap races. */
+#define RING_MAX_CAS_RETRIES 64
+/* ring_rec.flags: the low bits hold the padding added to reach 8-byte alignment. */
+#define RING_REC_PAD_MASK 0x7u
+
+struct ring_rec {
+    _Atomic uint64_t commit_tag; /* pos ^ RING_TAG_MAGIC once published */
+    uint32_t len_total;          /* header + payload + padding; multiple of 8 */
+    uint16_t type;               /* enum wire_type */
+    uint16_t flags;              /* RING_REC_PAD_MASK: padding bytes after the payload */
+};
+_Static_assert(sizeof(struct ring_rec) == 16, "ring_rec ABI");
+
+/* The shared header page. Hot fields sit on their own cache line so writers bumping
+ * write_pos do not slow down the reader's read_pos updates and vice versa. */
+struct ring_shared {
+    _Alignas(RING_CACHE_LINE) uint64_t magic; /* RING_HEADER_MAGIC, written by ring_create */
+    uint64_t data_size;                       /* N */
+    _Alignas(RING_CACHE_LINE) _Atomic uint64_t write_pos;
+    _Alignas(RING_CACHE_LINE) _Atomic uint64_t read_pos;
+    _Alignas(RING_CACHE_LINE) _Atomic uint32_t reader_idle;
+    _Alignas(RING_CACHE_LINE) struct {
+        _Atomic uint64_t records_written;
+        _Atomic uint64_t bytes_written;
+        _Atomic uint64_t records_dropped;
+        _Atomic uint64_t reserve_failures;
+        _Atomic uint64_t client_spinlock_blocked_us;
+        _Atomic uint64_t max_fill_bytes;
+    } stats;
+};
+_Static_assert(sizeof(struct ring_shared) <= RING_HEADER_SIZE, "ring header fits a page");
+_Static_assert(offsetof(struct ring_shared, write_pos) == 64, "ring_shared layout");
+_Static_assert(offsetof(struct ring_shared, read_pos) == 128, "ring_shared layout");
+_Static_assert(offsetof(struct ring_shared, reader_idle) == 192, "ring_shared layout");
+_Static_assert(offsetof(struct ring_shared, stats) == 256, "ring_shared layout");
+
+/* Per-process view of a ring; lives in the private page in front of the mappings. */
+struct ring {
+    struct ring_shared *hdr;
+    uint8_t *data; /* first copy of the data area; data + N is the second copy */
+    uint64_t size; /* N */
+    uint64_t mask; /* N - 1 */
+    void *map_base;
+    size_t map_len;
+    enum ring_role role;
+    /* Writer: block mode, set once before the ring is shared between threads. */
+    _Atomic bool blocking;
+    _Atomic uint32_t block_timeout_us;
+    /* Reader: its own read position; the shared copy is only written, never trusted. */
+    uint64_t read_pos;
+};
+_Static_assert(sizeof(struct ring) <= RING_PRIVATE_SIZE, "ring fits its private page");
+
+static inline uint64_t ring__record_total(size_t payload_len)
+{
+    return ((uint64_t)payload_len + sizeof(struct ring_rec) + 7u) & ~(uint64_t)7u;
+}
+
+#endif

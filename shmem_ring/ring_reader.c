@@ -1,0 +1,70 @@
+/* shmem_ring/ring_reader.c: the reader side of the ring (the service's unwinder thread).
+ * Everything in the shared mapping is untrusted: positions and record headers are copied
+ * into locals once, validated, and only then used. Whatever the bytes, the reader only
+ * touches [data, data + 2N), which is mapped. */
+#include "shmem_ring/ring.h"
+#include "shmem_ring/ring_layout.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <stdatomic.h>
+
+int ring_begin_read(ring_t *r, struct ring_rspan *ret)
+{
+    uint64_t rp = r->read_pos;
+    /* Acquire is not needed for the record bytes (the commit tag orders them) but keeps
+     * the snapshot of write_pos no older than what writers published before it. */
+    uint64_t wp = atomic_load_explicit(&r->hdr->write_pos, memory_order_acquire);
+
+    if (wp == rp)
+        return -EAGAIN;
+    uint64_t avail = wp - rp;
+    if (avail > r->size || avail < sizeof(struct ring_rec) || (avail & 7u) != 0 || (rp & 7u) != 0)
+        return -EBADMSG;
+
+    const struct ring_rec *rec = (const struct ring_rec *)(r->data + (rp & r->mask));
+    /* Acquire pairs with the release store in ring_end_write(). */
+    uint64_t tag = atomic_load_explicit(&rec->commit_tag, memory_order_acquire);
+    if (tag != (rp ^ RING_TAG_MAGIC))
+        return -EAGAIN; /* reserved, still being written */
+
+    const volatile struct ring_rec *vrec = (const volatile struct ring_rec *)rec;
+    uint32_t len = vrec->len_total;
+    uint16_t type = vrec->type;
+    uint16_t flags = vrec->flags;
+    if (len < sizeof(struct ring_rec) || (len & 7u) != 0 || len > avail)
+        return -EBADMSG;
+    if ((flags & ~RING_REC_PAD_MASK) != 0)
+        return -EBADMSG;
+    uint32_t pad = flags & RING_REC_PAD_MASK;
+    if (len - sizeof(struct ring_rec) < pad)
+        return -EBADMSG;
+    size_t payload = len - sizeof(struct ring_rec) - pad;
+    if (payload > RING_MAX_PAYLOAD)
+        return -EBADMSG;
+
+    ret->data = rec + 1;
+    ret->len = payload;
+    ret->type = type;
+    ret->pos = rp;
+    ret->total = len;
+    return 0;
+}
+
+void ring_end_read(ring_t *r, const struct ring_rspan *rd)
+{
+    assert(rd->pos == r->read_pos);
+    r->read_pos = rd->pos + rd->total;
+    /* Release pairs with the acquire load of read_pos in ring_try_begin_write(): we are
+     * done with the record's bytes before a writer may reuse them. */
+    atomic_store_explicit(&r->hdr->read_pos, r->read_pos, memory_order_release);
+}
+
+void ring_set_reader_idle(ring_t *r, bool idle)
+{
+    atomic_store_explicit(&r->hdr->reader_idle, idle ? 1u : 0u, memory_order_relaxed);
+    /* Matches the fence in ring_end_write(): after this, either our next ring_begin_read()
+     * sees a record published before the fence, or its writer sees the flag. */
+    if (idle)
+        atomic_thread_fence(memory_order_seq_cst);
+}
