@@ -61,9 +61,10 @@ static void usage_record(FILE *f)
           "                               every allocation); suffixes k, M, G accepted\n"
           "      --shmem-size N           shared buffer per process, power of two (default 8M)\n"
           "      --max-stack N            bytes of stack copied per sample (default 64k)\n"
-          "      --block-client           make the app wait for buffer space instead of\n"
-          "                               dropping samples (bounded by --block-timeout-us)\n"
-          "      --block-timeout-us N     (default 100000)\n"
+          "      --no-block-client        drop samples when the buffer is full instead of\n"
+          "                               making the app wait (the default waits, bounded\n"
+          "                               by --block-timeout-us)\n"
+          "      --block-timeout-us N     longest wait for buffer space (default 100000)\n"
           "      --dump-at-max            report live memory at the peak, not at the end\n"
           "      --seed N                 fixed sampler seed for reproducible runs\n"
           "      --top N                  sites in the summary (default 10; 0: none)\n"
@@ -355,6 +356,7 @@ static int cmd_record(int argc, char **argv)
         {"shmem-size", required_argument, NULL, 'S'},
         {"max-stack", required_argument, NULL, 'K'},
         {"block-client", no_argument, NULL, 'B'},
+        {"no-block-client", no_argument, NULL, 'N'},
         {"block-timeout-us", required_argument, NULL, 'T'},
         {"dump-at-max", no_argument, NULL, 'M'},
         {"seed", required_argument, NULL, 's'},
@@ -371,6 +373,9 @@ static int cmd_record(int argc, char **argv)
     int c;
 
     svc_config_init(&cfg);
+    /* A recorded program is ours to slow down: wait for buffer space rather than lose
+     * samples (bounded by the timeout). */
+    cfg.block_client = true;
     while ((c = getopt_long(argc, argv, "+o:i:qh", opts, NULL)) != -1) {
         switch (c) {
         case 'o':
@@ -402,6 +407,9 @@ static int cmd_record(int argc, char **argv)
             break;
         case 'B':
             cfg.block_client = true;
+            break;
+        case 'N':
+            cfg.block_client = false;
             break;
         case 'T':
             if (parse_int(optarg, 0, 60000000, &v) < 0) {

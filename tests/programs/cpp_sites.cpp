@@ -15,8 +15,9 @@ struct Widget {
     char payload[4000];
 };
 
-std::vector<std::unique_ptr<Widget>> g_widgets;
-std::vector<std::string> g_strings;
+// Heap-allocated and never destroyed, so the widgets and strings stay live at exit.
+std::vector<std::unique_ptr<Widget>> &g_widgets = *new std::vector<std::unique_ptr<Widget>>;
+std::vector<std::string> &g_strings = *new std::vector<std::string>;
 
 NOINLINE void make_widgets(int n)
 {
