@@ -21,6 +21,7 @@
 #include "bookkeeping/reader.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/macros.h"
 #include "service/svc.h"
 
 #ifndef HP_LIBDIR_FROM_BINDIR
@@ -276,9 +277,24 @@ static const char *base_name(const char *p)
     return s ? s + 1 : p;
 }
 
+struct child_env {
+    char **env;
+    char *owned[4];
+    size_t n_owned;
+};
+
+static void child_env_done(struct child_env *ce)
+{
+    for (size_t i = 0; i < ce->n_owned; i++)
+        free(ce->owned[i]);
+    free(ce->env);
+    memset(ce, 0, sizeof(*ce));
+}
+
 /* Builds the child's environment: ours plus the profiler's variables; LD_PRELOAD keeps
  * the user's entries after ours. */
-static char **build_env(const char *lib, const char *sock, const char *seed)
+static char **build_env(struct child_env *ce, const char *lib, const char *sock,
+                        const char *seed)
 {
     size_t n = 0;
     while (environ[n])
@@ -286,6 +302,7 @@ static char **build_env(const char *lib, const char *sock, const char *seed)
     char **env = calloc(n + 8, sizeof(*env));
     if (!env)
         return NULL;
+    ce->env = env;
     size_t k = 0;
     const char *old_preload = NULL;
     for (size_t i = 0; i < n; i++) {
@@ -304,15 +321,15 @@ static char **build_env(const char *lib, const char *sock, const char *seed)
     } else if (asprintf(&s, "LD_PRELOAD=%s", lib) < 0) {
         return NULL;
     }
-    env[k++] = s;
+    env[k++] = ce->owned[ce->n_owned++] = s;
     if (asprintf(&s, "HEAPPROF_SOCKET=%s", sock) < 0)
         return NULL;
-    env[k++] = s;
+    env[k++] = ce->owned[ce->n_owned++] = s;
     env[k++] = "HEAPPROF_STARTUP=1";
     if (seed) {
         if (asprintf(&s, "HEAPPROF_SEED=%s", seed) < 0)
             return NULL;
-        env[k++] = s;
+        env[k++] = ce->owned[ce->n_owned++] = s;
     }
     env[k] = NULL;
     return env;
@@ -456,7 +473,7 @@ static int cmd_record(int argc, char **argv)
         return EXIT_USAGE;
     }
     char **child_argv = argv + optind;
-    char *prog = find_program(child_argv[0]);
+    HP_CLEANUP_FREE char *prog = find_program(child_argv[0]);
     if (!prog) {
         fprintf(stderr, "heapprof record: cannot find program '%s'%s\n", child_argv[0],
                 strchr(child_argv[0], '/') ? "" : " in PATH");
@@ -474,7 +491,7 @@ static int cmd_record(int argc, char **argv)
         fprintf(stderr, "heapprof record: cannot read '%s': %s\n", prog, strerror(-dyn));
         return EXIT_CANNOT_RUN;
     }
-    char *lib = find_library();
+    HP_CLEANUP_FREE char *lib = find_library();
     if (!lib) {
         fprintf(stderr, "heapprof record: cannot find libheapprof.so next to the heapprof "
                         "binary (set HEAPPROF_LIB to its path)\n");
@@ -490,8 +507,10 @@ static int cmd_record(int argc, char **argv)
     }
     snprintf(sock, sizeof(sock), "%s/heapprofd.sock", dir);
     cfg.socket_dir = dir;
-    char **env = build_env(lib, sock, seed);
+    struct child_env ce = {0};
+    char **env = build_env(&ce, lib, sock, seed);
     if (!env) {
+        child_env_done(&ce);
         (void)rmdir(dir);
         return EXIT_PROFILER;
     }
@@ -534,8 +553,9 @@ static int cmd_record(int argc, char **argv)
         _exit(e == ENOENT ? EXIT_NOT_FOUND : EXIT_CANNOT_RUN);
     }
     (void)close(go[0]);
+    child_env_done(&ce);
 
-    char *out_path = NULL;
+    HP_CLEANUP_FREE char *out_path = NULL;
     if (output)
         out_path = strdup(output);
     else if (asprintf(&out_path, "heapprof-%s-%d.pftrace", base_name(prog), (int)child) < 0)
@@ -633,7 +653,6 @@ static int cmd_record(int argc, char **argv)
                         "or at ui.perfetto.dev\n",
                 out_path, hb, out_path);
     }
-    free(out_path);
     return rc;
 }
 
