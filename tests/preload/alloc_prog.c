@@ -4,9 +4,11 @@
  * Prints "allocs=N bytes=B frees=F" on stdout; with the argument "addrs" also one line
  * per allocation ("A addr size") and per free of a live block ("F addr"). Uses write(2)
  * and its own number formatting only, so that it allocates nothing besides what it
- * counts. With "many", it also makes 20000 malloc(100)/free pairs (not listed).
+ * counts. With "many", it also makes 20000 malloc(100)/free pairs (not listed). With
+ * "threads", it only runs 4 threads making 20000 malloc(64)/free pairs each.
  */
 #include <malloc.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -71,12 +73,41 @@ static void do_free(void *p)
     free(p);
 }
 
+#define THREADS 4
+#define PER_THREAD 20000
+
+static void *thread_main(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < PER_THREAD; i++) {
+        void *volatile q = malloc(64);
+        if (!q)
+            _exit(6);
+        free(q);
+    }
+    return NULL;
+}
+
+static int run_threads(void)
+{
+    pthread_t th[THREADS];
+    for (int i = 0; i < THREADS; i++)
+        if (pthread_create(&th[i], NULL, thread_main, NULL) != 0)
+            return 7;
+    for (int i = 0; i < THREADS; i++)
+        (void)pthread_join(th[i], NULL);
+    static const char msg[] = "threads done\n";
+    return write(1, msg, sizeof(msg) - 1) == sizeof(msg) - 1 ? 0 : 5;
+}
+
 int main(int argc, char **argv)
 {
     static void *blocks[100];
     void *p = NULL;
 
     show_addrs = argc > 1 && strcmp(argv[1], "addrs") == 0;
+    if (argc > 1 && strcmp(argv[1], "threads") == 0)
+        return run_threads();
 
     for (int i = 0; i < 100; i++)
         blocks[i] = note_alloc(malloc(1000), 1000);

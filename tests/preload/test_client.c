@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -489,6 +490,70 @@ static void test_client_service_hangs_up(void **state)
     assert_true(took_ms < 10000);
 }
 
+static void check_threads_run(struct run *run, uint64_t interval)
+{
+    assert_true(exited_ok(run));
+    assert_string_equal(run->out, "threads done\n");
+    assert_int_equal(run->err_len, 0);
+    assert_int_equal(run->stats.records_dropped, 0);
+
+    uint32_t tids[16];
+    size_t ntids = 0;
+    uint64_t n64 = 0, est64 = 0, frees = 0, stack_bytes = 0;
+    for (size_t i = 0; i < run->nrecs; i++) {
+        const struct record *rec = &run->recs[i];
+        if (rec->type == WIRE_FREE) {
+            frees++;
+            continue;
+        }
+        const struct wire_alloc *a = &rec->a;
+        assert_true(a->stack_len > 0);
+        assert_int_equal(a->flags & WIRE_ALLOC_UNKNOWN_STACK, 0);
+        assert_int_not_equal(a->regs[WIRE_REG_RIP], 0);
+        assert_int_equal(a->sample_size % interval, 0);
+        if (a->size != 64)
+            continue;
+        n64++;
+        est64 += a->sample_size;
+        stack_bytes += a->stack_len;
+        bool seen = false;
+        for (size_t j = 0; j < ntids; j++)
+            seen = seen || tids[j] == a->tid;
+        if (!seen) {
+            assert_true(ntids < 16);
+            tids[ntids++] = a->tid;
+        }
+    }
+    const double total = 4.0 * 20000 * 64;
+    printf("# interval %llu: %llu samples of malloc(64), estimate %llu of %.0f, %zu threads, "
+           "%llu frees, mean stack copy %llu bytes\n",
+           (unsigned long long)interval, (unsigned long long)n64, (unsigned long long)est64, total,
+           ntids, (unsigned long long)frees, (unsigned long long)(n64 ? stack_bytes / n64 : 0));
+    assert_true(ntids >= 2);
+    if (interval == 1) {
+        assert_int_equal(n64, 4 * 20000);
+        assert_int_equal(ntids, 4);
+        assert_true(frees >= n64);
+    } else {
+        /* Poisson: sd = sqrt(total * interval) = 2.8% of the total; allow 5 sd. */
+        assert_true(fabs((double)est64 - total) < 5 * sqrt(total * (double)interval));
+    }
+}
+
+static void test_client_threads(void **state)
+{
+    struct fixture *f = *state;
+    struct env_opts o = {.preload = true, .socket_path = f->sock_path, .startup = true};
+
+    struct run *run = fresh_run(f);
+    run_prog(alloc_prog, "threads", &o, SERVE_PROFILE, 1, f->lsock, run);
+    check_threads_run(run, 1);
+
+    run = fresh_run(f);
+    run_prog(alloc_prog, "threads", &o, SERVE_PROFILE, 4096, f->lsock, run);
+    check_threads_run(run, 4096);
+}
+
 static void test_client_glibc_semantics_kept(void **state)
 {
     struct fixture *f = *state;
@@ -538,6 +603,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_client_not_profiled_answer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_service_hangs_up, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_glibc_semantics_kept, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_client_threads, setup, teardown),
     };
     return cmocka_run_group_tests_name("client", tests, NULL, NULL);
 }
