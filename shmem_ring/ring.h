@@ -23,11 +23,11 @@
 #ifndef HP_SHMEM_RING_RING_H
 #define HP_SHMEM_RING_RING_H
 
-#include "common/macros.h"
-
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "common/macros.h"
 
 typedef struct ring ring_t;
 
