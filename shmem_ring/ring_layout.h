@@ -53,6 +53,11 @@ struct ring_shared {
     _Alignas(RING_CACHE_LINE) _Atomic uint64_t write_pos;
     _Alignas(RING_CACHE_LINE) _Atomic uint64_t read_pos;
     _Alignas(RING_CACHE_LINE) _Atomic uint32_t reader_idle;
+    /* Written by the writers with relaxed atomics. bytes_written counts whole records
+     * (header and padding included); records_dropped counts records refused because the
+     * ring was full (after the block_client wait, if any) or the record too big;
+     * reserve_failures counts records given up after RING_MAX_CAS_RETRIES lost races
+     * (not included in records_dropped). */
     _Alignas(RING_CACHE_LINE) struct {
         _Atomic uint64_t records_written;
         _Atomic uint64_t bytes_written;

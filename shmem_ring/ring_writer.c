@@ -9,7 +9,9 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Spins on sched_yield() this many times before sleeping between retries. */
 #define RING_BLOCK_YIELDS 16
@@ -34,8 +36,10 @@ static void ring_block_pause(unsigned round)
     if (round < RING_BLOCK_YIELDS) {
         (void)sched_yield();
     } else {
+        /* Through syscall(2): nanosleep(3) is a cancellation point and this runs inside
+         * malloc, which must not be one. */
         struct timespec ts = {.tv_sec = 0, .tv_nsec = RING_BLOCK_SLEEP_NS};
-        (void)nanosleep(&ts, NULL);
+        (void)syscall(SYS_nanosleep, &ts, NULL);
     }
 }
 

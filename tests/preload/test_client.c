@@ -1,0 +1,609 @@
+/* tests/preload/test_client.c: libheapprof.so end to end against a fake service.
+ *
+ * The test plays the service: it listens on a UNIX socket in a temporary directory,
+ * accepts the handshake, hands out a ring made with ring_create() and reads the records,
+ * while a small program (tests/preload/alloc_prog.c, semantics_prog.c) runs under
+ * LD_PRELOAD. Paths come from the environment set in tests/preload/meson.build:
+ * HEAPPROF_TEST_LIB, HEAPPROF_TEST_ALLOC_PROG, HEAPPROF_TEST_SEMANTICS_PROG.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* cmocka.h needs these four first. */
+// clang-format off
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+// clang-format on
+
+#include "common/clock.h"
+#include "common/fdpass.h"
+#include "shmem_ring/ring.h"
+#include "shmem_ring/wire.h"
+
+static const char *lib_path;
+static const char *alloc_prog;
+static const char *semantics_prog;
+
+enum serve_mode {
+    SERVE_NONE,         /* no service at all */
+    SERVE_PROFILE,      /* full handshake, read every record */
+    SERVE_NOT_PROFILED, /* answer WIRE_STATUS_NOT_PROFILED */
+    SERVE_HANG_UP,      /* handshake, then close the connection at once */
+};
+
+struct record {
+    uint16_t type;
+    struct wire_alloc a; /* WIRE_ALLOC */
+    struct wire_free f;  /* WIRE_FREE */
+    size_t payload_len;
+};
+
+struct run {
+    int status;
+    char out[65536];
+    size_t out_len;
+    char err[8192];
+    size_t err_len;
+    /* filled by the fake service */
+    bool served;
+    struct wire_hello hello;
+    struct record *recs;
+    size_t nrecs, cap;
+    struct ring_stats stats;
+};
+
+struct env_opts {
+    bool preload;
+    const char *socket_path; /* NULL: no HEAPPROF_SOCKET */
+    bool startup;
+};
+
+static void read_all(int fd, char *buf, size_t cap, size_t *len)
+{
+    *len = 0;
+    for (;;) {
+        ssize_t n = read(fd, buf + *len, cap - 1 - *len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        *len += (size_t)n;
+    }
+    buf[*len] = 0;
+}
+
+static pid_t spawn(const char *prog, const char *arg, const struct env_opts *o, int out_fd,
+                   int err_fd)
+{
+    static char env_preload[4096], env_socket[4096];
+    char *envp[8];
+    int n = 0;
+
+    if (o->preload) {
+        snprintf(env_preload, sizeof(env_preload), "LD_PRELOAD=%s", lib_path);
+        envp[n++] = env_preload;
+    }
+    if (o->socket_path) {
+        snprintf(env_socket, sizeof(env_socket), "HEAPPROF_SOCKET=%s", o->socket_path);
+        envp[n++] = env_socket;
+    }
+    if (o->startup)
+        envp[n++] = "HEAPPROF_STARTUP=1";
+    if (o->socket_path || o->startup) {
+        envp[n++] = "HEAPPROF_INIT_TIMEOUT_MS=5000";
+        envp[n++] = "HEAPPROF_SEED=1";
+    }
+    envp[n] = NULL;
+    char *argv[3] = {(char *)prog, (char *)arg, NULL};
+
+    pid_t pid = fork();
+    if (pid == 0) {
+        (void)dup2(out_fd, 1);
+        (void)dup2(err_fd, 2);
+        execve(prog, argv, envp);
+        _exit(127);
+    }
+    return pid;
+}
+
+static void add_record(struct run *run, const struct record *r)
+{
+    if (run->nrecs == run->cap) {
+        run->cap = run->cap ? run->cap * 2 : 256;
+        run->recs = realloc(run->recs, run->cap * sizeof(*run->recs));
+        assert_non_null(run->recs);
+    }
+    run->recs[run->nrecs++] = *r;
+}
+
+static void drain(ring_t *r, struct run *run)
+{
+    struct ring_rspan rs;
+    int ret;
+    while ((ret = ring_begin_read(r, &rs)) == 0) {
+        struct record rec = {.type = rs.type, .payload_len = rs.len};
+        if (rs.type == WIRE_ALLOC) {
+            assert_true(rs.len >= sizeof(rec.a));
+            memcpy(&rec.a, rs.data, sizeof(rec.a));
+        } else {
+            assert_int_equal(rs.type, WIRE_FREE);
+            assert_int_equal(rs.len, sizeof(rec.f));
+            memcpy(&rec.f, rs.data, sizeof(rec.f));
+        }
+        add_record(run, &rec);
+        ring_end_read(r, &rs);
+    }
+    assert_int_equal(ret, -EAGAIN);
+}
+
+static void check_proc_fd(int fd, pid_t pid, const char *what)
+{
+    char link[64], target[256], want[64];
+    snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, target, sizeof(target) - 1);
+    assert_true(n > 0);
+    target[n] = 0;
+    snprintf(want, sizeof(want), "/proc/%d/%s", (int)pid, what);
+    assert_string_equal(target, want);
+}
+
+static void serve(int lsock, pid_t child, enum serve_mode mode, uint64_t interval, struct run *run)
+{
+    struct pollfd pfd = {.fd = lsock, .events = POLLIN};
+    assert_int_equal(poll(&pfd, 1, 10000), 1);
+    int s = accept4(lsock, NULL, NULL, SOCK_CLOEXEC);
+    assert_true(s >= 0);
+
+    int fds[2] = {-1, -1};
+    size_t nfds = 0;
+    assert_int_equal(hp_recv_fds(s, &run->hello, sizeof(run->hello), fds, 2, &nfds), 0);
+    run->served = true;
+    assert_int_equal(run->hello.magic, WIRE_HELLO_MAGIC);
+    assert_int_equal(run->hello.pid, child);
+    assert_int_equal(run->hello.reason, WIRE_REASON_STARTUP);
+    assert_int_equal(nfds, 2);
+    check_proc_fd(fds[0], child, "maps");
+    check_proc_fd(fds[1], child, "mem");
+    (void)close(fds[0]);
+    (void)close(fds[1]);
+
+    struct wire_client_config cfg = {
+        .magic = WIRE_CONFIG_MAGIC,
+        .status = WIRE_STATUS_PROFILE,
+        .features = run->hello.features & WIRE_FEATURE_REGS_X86_64,
+        .block_client = mode == SERVE_PROFILE,
+        .sampling_interval_bytes = interval,
+        .max_stack_bytes = 64 << 10,
+        .block_client_timeout_us = 2000000,
+    };
+    if (mode == SERVE_NOT_PROFILED) {
+        cfg.status = WIRE_STATUS_NOT_PROFILED;
+        assert_int_equal(hp_send_fds(s, &cfg, sizeof(cfg), NULL, 0), 0);
+        (void)close(s);
+        return;
+    }
+    int rfd = -1;
+    ring_t *r = NULL;
+    assert_int_equal(ring_create(8u << 20, &rfd), 0);
+    assert_int_equal(ring_map(rfd, RING_ROLE_READER, &r), 0);
+    assert_int_equal(hp_send_fds(s, &cfg, sizeof(cfg), &rfd, 1), 0);
+    (void)close(rfd);
+    if (mode == SERVE_HANG_UP) {
+        (void)close(s);
+        r = ring_unmap(r);
+        return;
+    }
+
+    uint64_t deadline = hp_clock_ns(CLOCK_MONOTONIC) + 30ull * 1000000000u;
+    bool eof = false;
+    while (!eof) {
+        drain(r, run);
+        ring_set_reader_idle(r, true);
+        drain(r, run);
+        struct pollfd sp = {.fd = s, .events = POLLIN};
+        int n = poll(&sp, 1, 200);
+        ring_set_reader_idle(r, false);
+        if (n == 1) {
+            char buf[256];
+            ssize_t got = read(s, buf, sizeof(buf));
+            if (got == 0 || (got < 0 && errno == ECONNRESET))
+                eof = true;
+        }
+        assert_true(hp_clock_ns(CLOCK_MONOTONIC) < deadline);
+    }
+    /* The client is gone: everything it reserved is published. */
+    drain(r, run);
+    ring_get_stats(r, &run->stats);
+    r = ring_unmap(r);
+    (void)close(s);
+}
+
+/* Runs @prog (with @arg) in the environment @o, served per @mode. */
+static void run_prog(const char *prog, const char *arg, const struct env_opts *o,
+                     enum serve_mode mode, uint64_t interval, int lsock, struct run *run)
+{
+    int out[2], err[2];
+
+    assert_int_equal(pipe2(out, O_CLOEXEC), 0);
+    assert_int_equal(pipe2(err, O_CLOEXEC), 0);
+    pid_t pid = spawn(prog, arg, o, out[1], err[1]);
+    assert_true(pid > 0);
+    (void)close(out[1]);
+    (void)close(err[1]);
+    if (mode != SERVE_NONE)
+        serve(lsock, pid, mode, interval, run);
+    read_all(out[0], run->out, sizeof(run->out), &run->out_len);
+    read_all(err[0], run->err, sizeof(run->err), &run->err_len);
+    (void)close(out[0]);
+    (void)close(err[0]);
+    assert_int_equal(waitpid(pid, &run->status, 0), pid);
+}
+
+/* ---- fixture: a listening socket in a temporary directory ---------------------- */
+
+struct fixture {
+    char dir[64];
+    char sock_path[128];
+    int lsock;
+    struct run *run;
+};
+
+static int setup(void **state)
+{
+    struct fixture *f = calloc(1, sizeof(*f));
+    if (!f)
+        return -1;
+    snprintf(f->dir, sizeof(f->dir), "/tmp/heapprof-test-XXXXXX");
+    if (!mkdtemp(f->dir))
+        return -1;
+    snprintf(f->sock_path, sizeof(f->sock_path), "%s/sock", f->dir);
+    f->lsock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    strcpy(sa.sun_path, f->sock_path);
+    if (bind(f->lsock, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(f->lsock, 4) < 0)
+        return -1;
+    f->run = calloc(1, sizeof(*f->run));
+    *state = f;
+    return f->run ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    struct fixture *f = *state;
+    (void)close(f->lsock);
+    (void)unlink(f->sock_path);
+    (void)rmdir(f->dir);
+    free(f->run->recs);
+    free(f->run);
+    free(f);
+    return 0;
+}
+
+static struct run *fresh_run(struct fixture *f)
+{
+    free(f->run->recs);
+    memset(f->run, 0, sizeof(*f->run));
+    return f->run;
+}
+
+static bool exited_ok(const struct run *run)
+{
+    return WIFEXITED(run->status) && WEXITSTATUS(run->status) == 0;
+}
+
+/* ---- tests ----------------------------------------------------------------------- */
+
+struct prog_alloc {
+    uint64_t addr, size;
+};
+
+static void test_client_records_allocations(void **state)
+{
+    struct fixture *f = *state;
+    struct run *run = fresh_run(f);
+    struct env_opts o = {.preload = true, .socket_path = f->sock_path, .startup = true};
+
+    run_prog(alloc_prog, "addrs", &o, SERVE_PROFILE, 1, f->lsock, run);
+    assert_true(exited_ok(run));
+    assert_int_equal(run->err_len, 0);
+    assert_true(run->served);
+    assert_int_equal(run->stats.records_dropped, 0);
+
+    /* What the program says it did. */
+    struct prog_alloc allocs[256];
+    uint64_t frees[256];
+    size_t na = 0, nf = 0;
+    unsigned long long sum_allocs = 0, sum_bytes = 0, sum_frees = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(run->out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        unsigned long long a, s;
+        if (sscanf(line, "A %llx %llu", &a, &s) == 2) {
+            assert_true(na < 256);
+            allocs[na++] = (struct prog_alloc){a, s};
+        } else if (sscanf(line, "F %llx", &a) == 1) {
+            assert_true(nf < 256);
+            frees[nf++] = a;
+        } else {
+            assert_int_equal(sscanf(line, "allocs=%llu bytes=%llu frees=%llu", &sum_allocs,
+                                    &sum_bytes, &sum_frees),
+                             3);
+        }
+    }
+    assert_int_equal(na, sum_allocs);
+    assert_int_equal(nf, sum_frees);
+    assert_int_equal(na, 109);
+    assert_int_equal(nf, 59);
+
+    /* Sequence numbers are unique; replay the records in seq order. */
+    uint64_t max_seq = 0;
+    for (size_t i = 0; i < run->nrecs; i++) {
+        uint64_t seq = run->recs[i].type == WIRE_ALLOC ? run->recs[i].a.seq : run->recs[i].f.seq;
+        if (seq > max_seq)
+            max_seq = seq;
+    }
+    assert_true(max_seq < 1000000);
+    int *by_seq = calloc(max_seq + 1, sizeof(int));
+    assert_non_null(by_seq);
+    for (size_t i = 0; i < run->nrecs; i++) {
+        uint64_t seq = run->recs[i].type == WIRE_ALLOC ? run->recs[i].a.seq : run->recs[i].f.seq;
+        assert_true(seq > 0);
+        assert_int_equal(by_seq[seq], 0); /* unique */
+        by_seq[seq] = (int)i + 1;
+    }
+
+    uint64_t sample_sum = 0;
+    size_t live_cap = run->nrecs + 1, nlive = 0, freed_sampled = 0;
+    uint64_t *live = calloc(live_cap, sizeof(uint64_t));
+    uint64_t *freed = calloc(live_cap, sizeof(uint64_t));
+    for (uint64_t seq = 1; seq <= max_seq; seq++) {
+        if (!by_seq[seq])
+            continue;
+        const struct record *rec = &run->recs[by_seq[seq] - 1];
+        if (rec->type == WIRE_ALLOC) {
+            const struct wire_alloc *a = &rec->a;
+            sample_sum += a->sample_size;
+            assert_int_equal(a->sample_size, a->size); /* interval 1: exact */
+            assert_true(a->stack_len > 0);
+            assert_int_equal(rec->payload_len, sizeof(*a) + a->stack_len);
+            assert_true(a->stack_len <= 64 << 10);
+            assert_int_not_equal(a->regs[WIRE_REG_RIP], 0);
+            assert_int_equal(a->stack_ptr, a->regs[WIRE_REG_RSP]);
+            assert_int_equal(a->tid, run->hello.pid);
+            assert_int_equal(a->flags & WIRE_ALLOC_UNKNOWN_STACK, 0);
+            assert_int_equal(a->heap_id, 0);
+            live[nlive++] = a->addr;
+        } else {
+            /* A free follows an allocation of the same address that is still live. */
+            bool found = false;
+            for (size_t i = 0; i < nlive && !found; i++) {
+                if (live[i] == rec->f.addr) {
+                    live[i] = live[--nlive];
+                    found = true;
+                }
+            }
+            assert_true(found);
+            freed[freed_sampled++] = rec->f.addr;
+        }
+    }
+    printf("# %zu records, %llu bytes attributed, max fill %llu\n", run->nrecs,
+           (unsigned long long)sample_sum, (unsigned long long)run->stats.max_fill_bytes);
+    /* Exactly the program's allocations, and every one of its frees. */
+    assert_int_equal(sample_sum, sum_bytes);
+    for (size_t i = 0; i < na; i++) {
+        bool found = false;
+        for (size_t j = 0; j < run->nrecs && !found; j++)
+            found = run->recs[j].type == WIRE_ALLOC && run->recs[j].a.addr == allocs[i].addr &&
+                    run->recs[j].a.size == allocs[i].size;
+        assert_true(found);
+    }
+    assert_int_equal(freed_sampled, nf);
+    for (size_t i = 0; i < nf; i++) {
+        bool found = false;
+        for (size_t j = 0; j < freed_sampled && !found; j++)
+            found = freed[j] == frees[i];
+        assert_true(found);
+    }
+    free(by_seq);
+    free(live);
+    free(freed);
+}
+
+static void test_client_passthrough_when_service_missing(void **state)
+{
+    struct fixture *f = *state;
+    struct run *run = fresh_run(f);
+    char missing[160];
+    struct env_opts plain = {0};
+
+    run_prog(alloc_prog, NULL, &plain, SERVE_NONE, 0, -1, run);
+    assert_true(exited_ok(run));
+    char expected[256];
+    assert_true(run->out_len < sizeof(expected));
+    memcpy(expected, run->out, run->out_len + 1);
+    assert_string_equal(expected, "allocs=109 bytes=116789 frees=59\n");
+
+    snprintf(missing, sizeof(missing), "%s/missing", f->dir);
+    struct env_opts o = {.preload = true, .socket_path = missing, .startup = true};
+    run = fresh_run(f);
+    run_prog(alloc_prog, NULL, &o, SERVE_NONE, 0, -1, run);
+    assert_true(exited_ok(run));
+    assert_string_equal(run->out, expected);
+    /* Exactly one line on stderr, naming the socket. */
+    assert_true(run->err_len > 0);
+    assert_int_equal(run->err[run->err_len - 1], '\n');
+    assert_null(memchr(run->err, '\n', run->err_len - 1));
+    assert_non_null(strstr(run->err, "heapprof: cannot reach the profiling service at "));
+    assert_non_null(strstr(run->err, missing));
+    assert_non_null(strstr(run->err, "running unprofiled"));
+
+    /* No HEAPPROF_* variable at all: silent. */
+    struct env_opts dormant = {.preload = true};
+    run = fresh_run(f);
+    run_prog(alloc_prog, NULL, &dormant, SERVE_NONE, 0, -1, run);
+    assert_true(exited_ok(run));
+    assert_string_equal(run->out, expected);
+    assert_int_equal(run->err_len, 0);
+}
+
+static void test_client_not_profiled_answer(void **state)
+{
+    struct fixture *f = *state;
+    struct run *run = fresh_run(f);
+    struct env_opts o = {.preload = true, .socket_path = f->sock_path, .startup = true};
+
+    run_prog(alloc_prog, NULL, &o, SERVE_NOT_PROFILED, 1, f->lsock, run);
+    assert_true(exited_ok(run));
+    assert_true(run->served);
+    assert_string_equal(run->out, "allocs=109 bytes=116789 frees=59\n");
+    assert_int_equal(run->err_len, 0);
+}
+
+static void test_client_service_hangs_up(void **state)
+{
+    struct fixture *f = *state;
+    struct run *run = fresh_run(f);
+    struct env_opts o = {.preload = true, .socket_path = f->sock_path, .startup = true};
+
+    /* The service closes the connection right after the handshake and nobody reads the
+     * ring: the client must notice, go passthrough and let the program finish. */
+    uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
+    run_prog(alloc_prog, "many", &o, SERVE_HANG_UP, 1, f->lsock, run);
+    uint64_t took_ms = (hp_clock_ns(CLOCK_MONOTONIC) - t0) / 1000000;
+    assert_true(exited_ok(run));
+    assert_int_equal(run->err_len, 0);
+    assert_non_null(strstr(run->out, "allocs=20109 "));
+    assert_true(took_ms < 10000);
+}
+
+static void check_threads_run(struct run *run, uint64_t interval)
+{
+    assert_true(exited_ok(run));
+    assert_string_equal(run->out, "threads done\n");
+    assert_int_equal(run->err_len, 0);
+    assert_int_equal(run->stats.records_dropped, 0);
+
+    uint32_t tids[16];
+    size_t ntids = 0;
+    uint64_t n64 = 0, est64 = 0, frees = 0, stack_bytes = 0;
+    for (size_t i = 0; i < run->nrecs; i++) {
+        const struct record *rec = &run->recs[i];
+        if (rec->type == WIRE_FREE) {
+            frees++;
+            continue;
+        }
+        const struct wire_alloc *a = &rec->a;
+        assert_true(a->stack_len > 0);
+        assert_int_equal(a->flags & WIRE_ALLOC_UNKNOWN_STACK, 0);
+        assert_int_not_equal(a->regs[WIRE_REG_RIP], 0);
+        assert_int_equal(a->sample_size % interval, 0);
+        if (a->size != 64)
+            continue;
+        n64++;
+        est64 += a->sample_size;
+        stack_bytes += a->stack_len;
+        bool seen = false;
+        for (size_t j = 0; j < ntids; j++)
+            seen = seen || tids[j] == a->tid;
+        if (!seen) {
+            assert_true(ntids < 16);
+            tids[ntids++] = a->tid;
+        }
+    }
+    const double total = 4.0 * 20000 * 64;
+    printf("# interval %llu: %llu samples of malloc(64), estimate %llu of %.0f, %zu threads, "
+           "%llu frees, mean stack copy %llu bytes\n",
+           (unsigned long long)interval, (unsigned long long)n64, (unsigned long long)est64, total,
+           ntids, (unsigned long long)frees, (unsigned long long)(n64 ? stack_bytes / n64 : 0));
+    assert_true(ntids >= 2);
+    if (interval == 1) {
+        assert_int_equal(n64, 4 * 20000);
+        assert_int_equal(ntids, 4);
+        assert_true(frees >= n64);
+    } else {
+        /* Poisson: sd = sqrt(total * interval) = 2.8% of the total; allow 5 sd. */
+        assert_true(fabs((double)est64 - total) < 5 * sqrt(total * (double)interval));
+    }
+}
+
+static void test_client_threads(void **state)
+{
+    struct fixture *f = *state;
+    struct env_opts o = {.preload = true, .socket_path = f->sock_path, .startup = true};
+
+    struct run *run = fresh_run(f);
+    run_prog(alloc_prog, "threads", &o, SERVE_PROFILE, 1, f->lsock, run);
+    check_threads_run(run, 1);
+
+    run = fresh_run(f);
+    run_prog(alloc_prog, "threads", &o, SERVE_PROFILE, 4096, f->lsock, run);
+    check_threads_run(run, 4096);
+}
+
+static void test_client_glibc_semantics_kept(void **state)
+{
+    struct fixture *f = *state;
+    char reference[sizeof(f->run->out)];
+
+    struct env_opts plain = {0};
+    struct run *run = fresh_run(f);
+    run_prog(semantics_prog, NULL, &plain, SERVE_NONE, 0, -1, run);
+    assert_true(exited_ok(run));
+    memcpy(reference, run->out, run->out_len + 1);
+    assert_null(strstr(reference, "FAIL"));
+
+    /* Preloaded but dormant. */
+    struct env_opts dormant = {.preload = true};
+    run = fresh_run(f);
+    run_prog(semantics_prog, NULL, &dormant, SERVE_NONE, 0, -1, run);
+    assert_true(exited_ok(run));
+    assert_string_equal(run->out, reference);
+    assert_int_equal(run->err_len, 0);
+
+    /* Preloaded and profiling every allocation. */
+    struct env_opts o = {.preload = true, .socket_path = f->sock_path, .startup = true};
+    run = fresh_run(f);
+    run_prog(semantics_prog, NULL, &o, SERVE_PROFILE, 1, f->lsock, run);
+    assert_true(exited_ok(run));
+    assert_string_equal(run->out, reference);
+    assert_int_equal(run->err_len, 0);
+    assert_true(run->nrecs > 10);
+}
+
+int main(void)
+{
+    lib_path = getenv("HEAPPROF_TEST_LIB");
+    alloc_prog = getenv("HEAPPROF_TEST_ALLOC_PROG");
+    semantics_prog = getenv("HEAPPROF_TEST_SEMANTICS_PROG");
+    if (!lib_path || !alloc_prog || !semantics_prog) {
+        fprintf(stderr, "HEAPPROF_TEST_LIB, HEAPPROF_TEST_ALLOC_PROG and "
+                        "HEAPPROF_TEST_SEMANTICS_PROG must be set\n");
+        return 1;
+    }
+    signal(SIGPIPE, SIG_IGN);
+
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_client_records_allocations, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_client_passthrough_when_service_missing, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_client_not_profiled_answer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_client_service_hangs_up, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_client_glibc_semantics_kept, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_client_threads, setup, teardown),
+    };
+    return cmocka_run_group_tests_name("client", tests, NULL, NULL);
+}
