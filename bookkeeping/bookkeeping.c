@@ -1,10 +1,10 @@
 #include "bookkeeping/bookkeeping.h"
 
-#include "bookkeeping/state.h"
-
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "bookkeeping/state.h"
 
 int bk_new(const struct bk_config *cfg, bk_t **ret)
 {

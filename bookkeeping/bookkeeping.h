@@ -23,12 +23,12 @@
 #ifndef HP_BOOKKEEPING_BOOKKEEPING_H
 #define HP_BOOKKEEPING_BOOKKEEPING_H
 
-#include "common/frame.h"
-#include "common/macros.h"
-
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "common/frame.h"
+#include "common/macros.h"
 
 typedef struct bk bk_t;
 

@@ -20,17 +20,17 @@
  * nanopb encodes a submessage twice (once to size it, once to write it), so the
  * callbacks below must produce the same bytes on every call: they only read state.
  */
-#include "bookkeeping/pbwire.h"
-#include "bookkeeping/state.h"
-#include "common/clock.h"
-#include "protos/trace_packet.pb.h"
-
 #include <errno.h>
 #include <pb_encode.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "bookkeeping/pbwire.h"
+#include "bookkeeping/state.h"
+#include "common/clock.h"
+#include "protos/trace_packet.pb.h"
 
 #define SEQ_INCREMENTAL_STATE_CLEARED 1u
 #define SEQ_NEEDS_INCREMENTAL_STATE 2u

@@ -33,13 +33,13 @@
 #ifndef HP_BOOKKEEPING_INTERN_H
 #define HP_BOOKKEEPING_INTERN_H
 
-#include "bookkeeping/util.h"
-#include "common/frame.h"
-#include "common/macros.h"
-
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "bookkeeping/util.h"
+#include "common/frame.h"
+#include "common/macros.h"
 
 /* Longer strings are truncated; deeper stacks keep their leaf-most frames. */
 #define BK_MAX_STRING_BYTES 4096

@@ -17,13 +17,13 @@
  */
 #include "bookkeeping/reader.h"
 
-#include "bookkeeping/pbwire.h"
-#include "bookkeeping/util.h"
-#include "common/strtab.h"
-
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "bookkeeping/pbwire.h"
+#include "bookkeeping/util.h"
+#include "common/strtab.h"
 
 #define READ_MAX_PACKET_BYTES (64u * 1024 * 1024)
 #define READ_MAX_STRING_BYTES 4096

@@ -23,13 +23,13 @@
 #ifndef HP_BOOKKEEPING_STATE_H
 #define HP_BOOKKEEPING_STATE_H
 
-#include "bookkeeping/bookkeeping.h"
-#include "bookkeeping/intern.h"
-#include "bookkeeping/util.h"
-
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "bookkeeping/bookkeeping.h"
+#include "bookkeeping/intern.h"
+#include "bookkeeping/util.h"
 
 /* Records pending beyond this many force the oldest one through (a seq gap). */
 #define BK_REORDER_WINDOW 1024

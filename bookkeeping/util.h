@@ -18,11 +18,11 @@
 #ifndef HP_BOOKKEEPING_UTIL_H
 #define HP_BOOKKEEPING_UTIL_H
 
-#include "common/macros.h"
-
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "common/macros.h"
 
 /* Grows the array *@p of *@cap elements of @elem bytes so it holds at least @need.
  * Returns 0 or -ENOMEM (then *@p and *@cap are unchanged). */

@@ -49,7 +49,10 @@ void hp_log(enum hp_log_level level, const char *fmt, ...)
     va_start(ap, fmt);
     int m = vsnprintf(buf + n, sizeof(buf) - (size_t)n - 1, fmt, ap);
     va_end(ap);
-    size_t len = (size_t)n + (m < 0 ? 0 : ((size_t)m < sizeof(buf) - (size_t)n - 2 ? (size_t)m : sizeof(buf) - (size_t)n - 2));
+    size_t len = (size_t)n +
+                 (m < 0 ? 0
+                        : ((size_t)m < sizeof(buf) - (size_t)n - 2 ? (size_t)m
+                                                                   : sizeof(buf) - (size_t)n - 2));
     buf[len++] = '\n';
     (void)!write(STDERR_FILENO, buf, len);
 }

@@ -39,18 +39,18 @@ static inline void hp__closep(const int *fd)
 #define HP_CLEANUP_CLOSE __attribute__((cleanup(hp__closep)))
 
 /* Returns the fd and disarms the cleanup of the variable holding it. */
-#define HP_TAKE_FD(fd)                                                                         \
-    ({                                                                                         \
-        int hp__fd_ = (fd);                                                                    \
-        (fd) = -1;                                                                             \
-        hp__fd_;                                                                               \
+#define HP_TAKE_FD(fd)                                                                             \
+    ({                                                                                             \
+        int hp__fd_ = (fd);                                                                        \
+        (fd) = -1;                                                                                 \
+        hp__fd_;                                                                                   \
     })
 
-#define HP_TAKE_PTR(p)                                                                         \
-    ({                                                                                         \
-        __typeof__(p) hp__p_ = (p);                                                            \
-        (p) = NULL;                                                                            \
-        hp__p_;                                                                                \
+#define HP_TAKE_PTR(p)                                                                             \
+    ({                                                                                             \
+        __typeof__(p) hp__p_ = (p);                                                                \
+        (p) = NULL;                                                                                \
+        hp__p_;                                                                                    \
     })
 
 #endif

@@ -23,7 +23,6 @@
 /* Writes the runtime directory. Returns 0, or -ENAMETOOLONG. */
 int hp_runtime_dir(const char *xdg_runtime_dir, uid_t uid, char *buf, size_t len);
 /* Writes "<dir>/heapprofd.sock" (@attach_pid <= 0) or "<dir>/attach-<pid>.sock". */
-int hp_socket_path(const char *xdg_runtime_dir, uid_t uid, pid_t attach_pid, char *buf,
-                   size_t len);
+int hp_socket_path(const char *xdg_runtime_dir, uid_t uid, pid_t attach_pid, char *buf, size_t len);
 
 #endif

@@ -8,11 +8,6 @@
  */
 #include "preload/client.h"
 
-#include "common/clock.h"
-#include "common/fdpass.h"
-#include "common/macros.h"
-#include "shmem_ring/wire.h"
-
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -25,6 +20,11 @@
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "common/clock.h"
+#include "common/fdpass.h"
+#include "common/macros.h"
+#include "shmem_ring/wire.h"
 
 extern char **environ;
 

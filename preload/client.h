@@ -13,16 +13,16 @@
 #ifndef HP_PRELOAD_CLIENT_H
 #define HP_PRELOAD_CLIENT_H
 
-#include "preload/freeset.h"
-#include "preload/sample.h"
-#include "preload/stack.h"
-#include "shmem_ring/ring.h"
-
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+
+#include "preload/freeset.h"
+#include "preload/sample.h"
+#include "preload/stack.h"
+#include "shmem_ring/ring.h"
 
 #pragma GCC visibility push(hidden)
 

@@ -17,11 +17,11 @@
 #ifndef HP_PRELOAD_FREESET_H
 #define HP_PRELOAD_FREESET_H
 
-#include "common/macros.h"
-
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+
+#include "common/macros.h"
 
 #define CLIENT_FREESET_LOG2 19
 #define CLIENT_FREESET_PROBES 32

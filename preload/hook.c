@@ -8,12 +8,6 @@
  * decrement and a branch. Fast path of a free: one relaxed load and, while profiling, one
  * probe of the sampled-address set.
  */
-#include "common/clock.h"
-#include "common/macros.h"
-#include "common/regs.h"
-#include "preload/client.h"
-#include "shmem_ring/wire.h"
-
 #include <errno.h>
 #include <malloc.h>
 #include <stdatomic.h>
@@ -23,6 +17,12 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "common/clock.h"
+#include "common/macros.h"
+#include "common/regs.h"
+#include "preload/client.h"
+#include "shmem_ring/wire.h"
 
 /* glibc's allocator entry points (exported by libc.so.6 for exactly this purpose). */
 extern void *__libc_malloc(size_t size);

@@ -17,9 +17,9 @@
 #ifndef HP_PRELOAD_SAMPLE_H
 #define HP_PRELOAD_SAMPLE_H
 
-#include "common/macros.h"
-
 #include <stdint.h>
+
+#include "common/macros.h"
 
 struct client_sampler_params {
     uint64_t interval;

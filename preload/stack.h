@@ -14,9 +14,9 @@
 #ifndef HP_PRELOAD_STACK_H
 #define HP_PRELOAD_STACK_H
 
-#include "common/macros.h"
-
 #include <stdint.h>
+
+#include "common/macros.h"
 
 struct client_stack_cache {
     uint64_t lo, hi; /* [lo, hi) of the thread's stack mapping; hi == 0: unknown */

@@ -1,11 +1,10 @@
 /* service/bk_thread.c: the bookkeeping thread. It owns the bk_t and the output file and
  * applies the batches the unwinder threads post, in the order each thread posted them. */
-#include "service/svc_internal.h"
-
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
+#include "service/svc_internal.h"
 
 static void apply(struct svc *s, const struct svc_msg *m)
 {

@@ -5,8 +5,6 @@
  *   field { ... }         nested messages (also `field: { ... }`)
  *   # comment             to the end of the line
  * Separators `,` and `;` after a field are allowed. Repeated fields repeat the field. */
-#include "service/svc.h"
-
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -18,11 +16,22 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "service/svc.h"
+
 #define MAX_CONFIG_BYTES (1u << 20)
 #define MAX_STRING 4096
 
-enum tok_type { TOK_EOF, TOK_IDENT, TOK_INT, TOK_STRING, TOK_COLON, TOK_LBRACE, TOK_RBRACE,
-                TOK_SEP, TOK_ERROR };
+enum tok_type {
+    TOK_EOF,
+    TOK_IDENT,
+    TOK_INT,
+    TOK_STRING,
+    TOK_COLON,
+    TOK_LBRACE,
+    TOK_RBRACE,
+    TOK_SEP,
+    TOK_ERROR
+};
 
 struct parser {
     const char *p, *end;
@@ -77,10 +86,7 @@ static int next(struct parser *ps)
     char c = *ps->p;
     if (c == ':' || c == '{' || c == '}' || c == ',' || c == ';') {
         ps->p++;
-        ps->t = c == ':' ? TOK_COLON
-                : c == '{' ? TOK_LBRACE
-                : c == '}' ? TOK_RBRACE
-                           : TOK_SEP;
+        ps->t = c == ':' ? TOK_COLON : c == '{' ? TOK_LBRACE : c == '}' ? TOK_RBRACE : TOK_SEP;
         return 0;
     }
     if (c == '"' || c == '\'') {
@@ -299,8 +305,7 @@ static int parse_message(struct parser *ps, struct svc_config *cfg, bool nested_
                 return r;
             if (cfg->n_process_cmdline >= SVC_MAX_TARGETS) {
                 free(s);
-                return fail(ps, ps->tline, "more than %d process_cmdline entries",
-                            SVC_MAX_TARGETS);
+                return fail(ps, ps->tline, "more than %d process_cmdline entries", SVC_MAX_TARGETS);
             }
             cfg->process_cmdline[cfg->n_process_cmdline++] = s;
         } else if (!strcmp(f, "heaps")) {
@@ -393,8 +398,7 @@ bool svc_config_has_targets(const struct svc_config *cfg)
     return cfg->all || cfg->n_pid > 0 || cfg->n_process_cmdline > 0;
 }
 
-bool svc_config_matches(const struct svc_config *cfg, int32_t pid, const char *cmdline,
-                        size_t len)
+bool svc_config_matches(const struct svc_config *cfg, int32_t pid, const char *cmdline, size_t len)
 {
     if (cfg->all)
         return true;

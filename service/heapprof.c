@@ -117,9 +117,9 @@ static int parse_int(const char *s, long min, long max, long *ret)
 static int cmd_report(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"top", required_argument, NULL, 'n'},     {"dump", required_argument, NULL, 'd'},
-        {"no-demangle", no_argument, NULL, 'D'},   {"no-stacks", no_argument, NULL, 'S'},
-        {"help", no_argument, NULL, 'h'},          {0},
+        {"top", required_argument, NULL, 'n'},   {"dump", required_argument, NULL, 'd'},
+        {"no-demangle", no_argument, NULL, 'D'}, {"no-stacks", no_argument, NULL, 'S'},
+        {"help", no_argument, NULL, 'h'},        {0},
     };
     struct bk_report_options ro = {.top_n = 10, .demangle = true};
     struct bk_trace_options to = {0};
@@ -130,16 +130,14 @@ static int cmd_report(int argc, char **argv)
         switch (c) {
         case 'n':
             if (parse_int(optarg, 1, 100000, &v) < 0) {
-                fprintf(stderr, "heapprof report: --top wants a number >= 1, not '%s'\n",
-                        optarg);
+                fprintf(stderr, "heapprof report: --top wants a number >= 1, not '%s'\n", optarg);
                 return EXIT_USAGE;
             }
             ro.top_n = (int)v;
             break;
         case 'd':
             if (parse_int(optarg, 1, INT_MAX, &v) < 0) {
-                fprintf(stderr, "heapprof report: --dump wants a number >= 1, not '%s'\n",
-                        optarg);
+                fprintf(stderr, "heapprof report: --dump wants a number >= 1, not '%s'\n", optarg);
                 return EXIT_USAGE;
             }
             to.dump_index = (int)v;
@@ -293,8 +291,7 @@ static void child_env_done(struct child_env *ce)
 
 /* Builds the child's environment: ours plus the profiler's variables; LD_PRELOAD keeps
  * the user's entries after ours. */
-static char **build_env(struct child_env *ce, const char *lib, const char *sock,
-                        const char *seed)
+static char **build_env(struct child_env *ce, const char *lib, const char *sock, const char *seed)
 {
     size_t n = 0;
     while (environ[n])
@@ -610,8 +607,7 @@ static int cmd_record(int argc, char **argv)
         if (exited) {
             /* Let every client that exited with the program be drained; descendants
              * still running after a grace period are dumped as they are. */
-            if (svc_live_clients(s) == 0 ||
-                hp_clock_ns(CLOCK_MONOTONIC) - exit_ns > 2000000000ull)
+            if (svc_live_clients(s) == 0 || hp_clock_ns(CLOCK_MONOTONIC) - exit_ns > 2000000000ull)
                 break;
         }
     }
@@ -636,21 +632,20 @@ static int cmd_record(int argc, char **argv)
                 "dropped, %llu unwinding errors%s\n",
                 (unsigned long long)sum.processes, sum.processes == 1 ? "" : "es",
                 (unsigned long long)sum.samples, (unsigned long long)sum.frees,
-                (unsigned long long)sum.records_dropped,
-                (unsigned long long)sum.unwinding_errors,
+                (unsigned long long)sum.records_dropped, (unsigned long long)sum.unwinding_errors,
                 sum.corrupt_clients ? "; a client sent corrupt data" : "");
         if (top > 0) {
             struct bk_trace *t;
             if (bk_trace_load(out_path, &(struct bk_trace_options){0}, &t) == 0) {
                 bk_report_print(stderr, t,
-                                &(struct bk_report_options){.top_n = (int)top,
-                                                            .demangle = true,
-                                                            .unreleased_only = true});
+                                &(struct bk_report_options){
+                                    .top_n = (int)top, .demangle = true, .unreleased_only = true});
                 bk_trace_free(t);
             }
         }
-        fprintf(stderr, "heapprof: trace written to %s (%s); view it with 'heapprof report %s' "
-                        "or at ui.perfetto.dev\n",
+        fprintf(stderr,
+                "heapprof: trace written to %s (%s); view it with 'heapprof report %s' "
+                "or at ui.perfetto.dev\n",
                 out_path, hb, out_path);
     }
     return rc;

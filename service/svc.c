@@ -191,9 +191,9 @@ int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret)
         hp_log_error("cannot initialise the unwinder: %s", strerror(-r));
         goto fail;
     }
-    r = bk_new(&(struct bk_config){.out_fd = out_fd, .sequence_id = 1,
-                                   .dump_at_max = cfg->dump_at_max},
-               &s->bk);
+    r = bk_new(
+        &(struct bk_config){.out_fd = out_fd, .sequence_id = 1, .dump_at_max = cfg->dump_at_max},
+        &s->bk);
     if (r < 0)
         goto fail;
     r = -pthread_create(&s->bk_thread, NULL, svc__bk_main, s);

@@ -73,8 +73,7 @@ int svc_config_load_file(const char *path, struct svc_config *cfg, char *err,
 /* True when a process with @pid and @cmdline (NUL-separated, @len bytes) is a target:
  * its pid is listed, its argv[0] equals a process_cmdline entry, or its basename does,
  * or matches it as a glob; or `all`. */
-bool svc_config_matches(const struct svc_config *cfg, int32_t pid, const char *cmdline,
-                        size_t len);
+bool svc_config_matches(const struct svc_config *cfg, int32_t pid, const char *cmdline, size_t len);
 /* True when the configuration names targets (pid, process_cmdline or all). */
 bool svc_config_has_targets(const struct svc_config *cfg);
 

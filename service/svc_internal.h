@@ -31,7 +31,7 @@ struct svc_msg {
     uint32_t type;
     uint32_t len; /* total bytes of this entry, aligned to 8 */
     int32_t pid;
-    uint32_t n;  /* ALLOC: frames; PROC_START: cmdline bytes; PROC_END: flags */
+    uint32_t n; /* ALLOC: frames; PROC_START: cmdline bytes; PROC_END: flags */
     uint64_t seq;
     uint64_t addr;
     uint64_t size;
@@ -88,9 +88,9 @@ struct svc_client {
     uint64_t max_stack_bytes;
     uint64_t sampling_interval_bytes;
     bool from_startup;
-    bool started; /* PROC_START posted */
-    bool has_work; /* ring not known to be empty */
-    uint32_t flags;   /* BK_FLAG_* */
+    bool started;   /* PROC_START posted */
+    bool has_work;  /* ring not known to be empty */
+    uint32_t flags; /* BK_FLAG_* */
     char *cmdline;
     size_t cmdline_len;
     struct bk_process_stats stats;

@@ -3,8 +3,6 @@
  * malloc hook with its reentrancy guard set): no allocation, no stdio. */
 #include "shmem_ring/ring.h"
 
-#include "shmem_ring/ring_layout.h"
-
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
@@ -12,6 +10,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "shmem_ring/ring_layout.h"
 
 static bool ring_size_valid(uint64_t n)
 {

@@ -20,12 +20,12 @@
 #ifndef HP_SHMEM_RING_RING_LAYOUT_H
 #define HP_SHMEM_RING_RING_LAYOUT_H
 
-#include "shmem_ring/ring.h"
-
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "shmem_ring/ring.h"
 
 #define RING_HEADER_SIZE 4096u
 #define RING_PRIVATE_SIZE 4096u

@@ -2,12 +2,12 @@
  * Everything in the shared mapping is untrusted: positions and record headers are copied
  * into locals once, validated, and only then used. Whatever the bytes, the reader only
  * touches [data, data + 2N), which is mapped. */
-#include "shmem_ring/ring.h"
-#include "shmem_ring/ring_layout.h"
-
 #include <assert.h>
 #include <errno.h>
 #include <stdatomic.h>
+
+#include "shmem_ring/ring.h"
+#include "shmem_ring/ring_layout.h"
 
 int ring_begin_read(ring_t *r, struct ring_rspan *ret)
 {

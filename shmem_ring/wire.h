@@ -47,15 +47,15 @@ struct wire_hello {
 _Static_assert(sizeof(struct wire_hello) == 16, "wire_hello ABI");
 
 /* wire_client_config.status */
-#define WIRE_STATUS_PROFILE 0u     /* ring fd attached; start sampling */
+#define WIRE_STATUS_PROFILE 0u      /* ring fd attached; start sampling */
 #define WIRE_STATUS_NOT_PROFILED 1u /* no fd; stay passthrough */
 
 /* Service -> client, with SCM_RIGHTS [ring_fd] when status == WIRE_STATUS_PROFILE. */
 struct wire_client_config {
-    uint32_t magic;    /* WIRE_CONFIG_MAGIC */
-    uint32_t status;   /* WIRE_STATUS_* */
-    uint32_t features; /* features the service accepted (subset of the hello's) */
-    uint32_t block_client; /* 1: wait for ring space up to block_client_timeout_us */
+    uint32_t magic;                   /* WIRE_CONFIG_MAGIC */
+    uint32_t status;                  /* WIRE_STATUS_* */
+    uint32_t features;                /* features the service accepted (subset of the hello's) */
+    uint32_t block_client;            /* 1: wait for ring space up to block_client_timeout_us */
     uint64_t sampling_interval_bytes; /* >= 1 */
     uint64_t max_stack_bytes;         /* cap of a stack copy, multiple of 8 */
     uint32_t block_client_timeout_us;

@@ -1,7 +1,5 @@
 #include "unwinder/elf_cache.h"
 
-#include "unwinder/global.h"
-
 #include <elf.h>
 #include <elfutils/libdwelf.h>
 #include <errno.h>
@@ -14,6 +12,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "unwinder/global.h"
 
 /* Files larger than this are not mapped (debug builds of browsers reach a few GiB). */
 #define ELF_MAX_FILE_BYTES (16ull << 30)

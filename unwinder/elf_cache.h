@@ -21,12 +21,12 @@
 #ifndef HP_UNWINDER_ELF_CACHE_H
 #define HP_UNWINDER_ELF_CACHE_H
 
-#include "common/frame.h"
-#include "common/macros.h"
-
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "common/frame.h"
+#include "common/macros.h"
 
 /* Cap of PT_LOAD entries kept per file; real files have 2 to 5. */
 #define UNWINDER_ELF_MAX_LOADS 16

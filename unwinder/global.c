@@ -1,14 +1,14 @@
 #include "unwinder/global.h"
 
-#include "common/strtab.h"
-#include "unwinder/unwinder.h"
-
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "common/strtab.h"
+#include "unwinder/unwinder.h"
 
 /* Guards the reference count and the mapping table. The string table has its own lock. */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;

@@ -11,10 +11,10 @@
 #ifndef HP_UNWINDER_GLOBAL_H
 #define HP_UNWINDER_GLOBAL_H
 
-#include "common/frame.h"
-
 #include <stddef.h>
 #include <sys/types.h>
+
+#include "common/frame.h"
 
 /* Interned copy of @s[0..len). On allocation failure returns the interned "" (never
  * NULL), so callers can always store the result in a frame. */

@@ -21,11 +21,11 @@
 #ifndef HP_UNWINDER_MAPS_H
 #define HP_UNWINDER_MAPS_H
 
-#include "common/macros.h"
-
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+
+#include "common/macros.h"
 
 /* Upper bound of the maps text we read; a process with more is not profiled sensibly
  * anyway, and the cap keeps a hostile or huge file from exhausting the service. */

@@ -14,12 +14,6 @@
  * its non-leaf rel_pc is adjusted by 1 on x86_64. Frames right above a signal frame are
  * interrupted, not calling, and keep their exact pc.
  */
-#include "common/clock.h"
-#include "unwinder/elf_cache.h"
-#include "unwinder/global.h"
-#include "unwinder/maps.h"
-#include "unwinder/unwinder.h"
-
 #include <elf.h>
 #include <errno.h>
 #include <libunwind.h>
@@ -27,6 +21,12 @@
 #include <string.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
+
+#include "common/clock.h"
+#include "unwinder/elf_cache.h"
+#include "unwinder/global.h"
+#include "unwinder/maps.h"
+#include "unwinder/unwinder.h"
 
 /* Exported by libunwind-x86_64 (PROTECTED in its sources) but not declared in the
  * installed headers. Searches a UNW_INFO_FORMAT_REMOTE_TABLE through the accessors. */

@@ -18,14 +18,14 @@
 #ifndef HP_UNWINDER_UNWINDER_H
 #define HP_UNWINDER_UNWINDER_H
 
-#include "common/frame.h"
-#include "common/macros.h"
-#include "shmem_ring/wire.h"
-
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+
+#include "common/frame.h"
+#include "common/macros.h"
+#include "shmem_ring/wire.h"
 
 #define UNWINDER_MAX_FRAMES 500
 

@@ -1,12 +1,12 @@
 /* tests/bookkeeping/gen_trace.c: writes a small but complete heapprof trace (two
  * processes, two dumps, dump_at_max) to the file named by argv[1], for checks with
  * external decoders such as `protoc --decode=perfetto.protos.Trace`. */
-#include "bookkeeping/bookkeeping.h"
-
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "bookkeeping/bookkeeping.h"
 
 int main(int argc, char **argv)
 {

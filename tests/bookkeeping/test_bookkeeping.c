@@ -9,15 +9,15 @@
 #include <cmocka.h>
 // clang-format on
 
-#include "bookkeeping/bookkeeping.h"
-#include "bookkeeping/state.h"
-
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "bookkeeping/bookkeeping.h"
+#include "bookkeeping/state.h"
 
 #define PID 42
 

@@ -10,11 +10,6 @@
 #include <cmocka.h>
 // clang-format on
 
-#include "bookkeeping/bookkeeping.h"
-#include "bookkeeping/pbwire.h"
-#include "bookkeeping/reader.h"
-#include "bookkeeping/state.h"
-
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -24,6 +19,11 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "bookkeeping/bookkeeping.h"
+#include "bookkeeping/pbwire.h"
+#include "bookkeeping/reader.h"
+#include "bookkeeping/state.h"
 
 #define SEQ_ID 7
 #define SITES 300

@@ -8,10 +8,10 @@
 #include <cmocka.h>
 // clang-format on
 
-#include "bookkeeping/intern.h"
-
 #include <stdint.h>
 #include <string.h>
+
+#include "bookkeeping/intern.h"
 
 static int setup(void **state)
 {

@@ -175,12 +175,9 @@ static void test_paths_runtime_dir(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fdpass_roundtrip),
-        cmocka_unit_test(test_fdpass_extra_fds_closed),
-        cmocka_unit_test(test_fdpass_short_and_eof),
-        cmocka_unit_test(test_strtab_intern),
-        cmocka_unit_test(test_regs_capture),
-        cmocka_unit_test(test_paths_runtime_dir),
+        cmocka_unit_test(test_fdpass_roundtrip),     cmocka_unit_test(test_fdpass_extra_fds_closed),
+        cmocka_unit_test(test_fdpass_short_and_eof), cmocka_unit_test(test_strtab_intern),
+        cmocka_unit_test(test_regs_capture),         cmocka_unit_test(test_paths_runtime_dir),
     };
     return cmocka_run_group_tests_name("common", tests, NULL, NULL);
 }

@@ -17,9 +17,9 @@ struct e2e_truth {
 };
 
 struct e2e_run {
-    int status;    /* exit code, or 128 + signal */
-    char *out;     /* captured stdout (malloc'd, NUL-terminated) */
-    char *err;     /* captured stderr */
+    int status; /* exit code, or 128 + signal */
+    char *out;  /* captured stdout (malloc'd, NUL-terminated) */
+    char *err;  /* captured stderr */
 };
 
 /* Runs @argv (NULL-terminated) with extra environment entries @env (NULL-terminated or

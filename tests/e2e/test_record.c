@@ -58,8 +58,9 @@ static void check_protoc(const char *trace)
     if (!protoc || !*protoc)
         return; /* not installed: the unit suite's protoc test reports it */
     char cmd[8192];
-    snprintf(cmd, sizeof(cmd), "'%s' --decode=perfetto.protos.Trace -I '%s' '%s' < '%s' > /dev/null",
-             protoc, e2e_env("PROTOS_DIR"), e2e_env("TRACE_PROTO"), trace);
+    snprintf(cmd, sizeof(cmd),
+             "'%s' --decode=perfetto.protos.Trace -I '%s' '%s' < '%s' > /dev/null", protoc,
+             e2e_env("PROTOS_DIR"), e2e_env("TRACE_PROTO"), trace);
     assert_int_equal(system(cmd), 0);
 }
 
@@ -83,8 +84,8 @@ static void check_within(uint64_t got, uint64_t truth, uint64_t interval, const 
 {
     double sd = sqrt((double)interval * (double)truth);
     double tol = 5 * sd + (double)interval;
-    print_message("  %-28s got %llu truth %llu (tolerance %.0f)\n", what,
-                  (unsigned long long)got, (unsigned long long)truth, tol);
+    print_message("  %-28s got %llu truth %llu (tolerance %.0f)\n", what, (unsigned long long)got,
+                  (unsigned long long)truth, tol);
     assert_true(fabs((double)got - (double)truth) <= tol);
 }
 
@@ -156,8 +157,8 @@ static void test_record_three_sites_sampled(void **state)
             snprintf(what, sizeof(what), "%.60s allocated", truth[i].name);
             check_within(s.alloc_bytes, truth[i].alloc_bytes, 4096, what);
             snprintf(what, sizeof(what), "%.60s unreleased", truth[i].name);
-            check_within(s.alloc_bytes - s.free_bytes,
-                         truth[i].alloc_bytes - truth[i].free_bytes, 4096, what);
+            check_within(s.alloc_bytes - s.free_bytes, truth[i].alloc_bytes - truth[i].free_bytes,
+                         4096, what);
         }
         check_protoc(trace);
         bk_trace_free(t);

@@ -9,7 +9,8 @@
 #define NOINLINE __attribute__((noinline))
 #define BARRIER() __asm__ volatile("" ::: "memory")
 
-namespace heapprof_test {
+namespace heapprof_test
+{
 
 struct Widget {
     char payload[4000];

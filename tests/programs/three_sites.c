@@ -50,9 +50,8 @@ int main(int argc, char **argv)
     int code = argc > 2 ? atoi(argv[2]) : 0;
     if (scale < 1)
         scale = 1;
-    struct truth t[3] = {{"alloc_leaked", 0, 0, 0, 0},
-                         {"alloc_freed", 0, 0, 0, 0},
-                         {"alloc_half", 0, 0, 0, 0}};
+    struct truth t[3] = {
+        {"alloc_leaked", 0, 0, 0, 0}, {"alloc_freed", 0, 0, 0, 0}, {"alloc_half", 0, 0, 0, 0}};
 
     int n_leak = 2000 * scale, n_freed = 3000 * scale, n_half = 4000 * scale;
     void **keep = malloc(sizeof(void *) * (size_t)n_half);

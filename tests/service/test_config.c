@@ -29,8 +29,19 @@ static void test_config_parse_bytes(void **state)
     assert_int_equal(v, 2ull << 30);
     assert_int_equal(svc_parse_bytes("64KB", &v), 0);
     assert_int_equal(v, 64u << 10);
-    const char *bad[] = {"0", "", "-1", "abc", "12abc", "4096 ", " 4096", "1kk",
-                         "99999999999999999999", "17179869184G", "0k", "k", NULL};
+    const char *bad[] = {"0",
+                         "",
+                         "-1",
+                         "abc",
+                         "12abc",
+                         "4096 ",
+                         " 4096",
+                         "1kk",
+                         "99999999999999999999",
+                         "17179869184G",
+                         "0k",
+                         "k",
+                         NULL};
     for (size_t i = 0; bad[i]; i++) {
         v = 12345;
         assert_int_equal(svc_parse_bytes(bad[i], &v), -EINVAL);
@@ -88,8 +99,7 @@ static void test_config_text_full(void **state)
     struct svc_config c;
     char err[256];
     svc_config_init(&c);
-    assert_int_equal(svc_config_parse_text(text, strlen(text), "a.cfg", &c, err, sizeof(err)),
-                     0);
+    assert_int_equal(svc_config_parse_text(text, strlen(text), "a.cfg", &c, err, sizeof(err)), 0);
     assert_int_equal(c.sampling_interval_bytes, 512);
     assert_int_equal(c.n_process_cmdline, 2);
     assert_string_equal(c.process_cmdline[0], "myapp");
@@ -181,10 +191,8 @@ static void test_config_load_file(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_config_parse_bytes),
-        cmocka_unit_test(test_config_check),
-        cmocka_unit_test(test_config_text_full),
-        cmocka_unit_test(test_config_text_errors),
+        cmocka_unit_test(test_config_parse_bytes), cmocka_unit_test(test_config_check),
+        cmocka_unit_test(test_config_text_full),   cmocka_unit_test(test_config_text_errors),
         cmocka_unit_test(test_config_load_file),
     };
     return cmocka_run_group_tests_name("service_config", tests, NULL, NULL);

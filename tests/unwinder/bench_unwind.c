@@ -6,10 +6,6 @@
  *
  * Not registered as a test: timings on shared machines are noise for pass/fail.
  */
-#include "common/clock.h"
-#include "common/regs.h"
-#include "unwinder/unwinder.h"
-
 #include <fcntl.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -20,6 +16,10 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include "common/clock.h"
+#include "common/regs.h"
+#include "unwinder/unwinder.h"
 
 #define STACK_CAP (64 * 1024)
 /* main, __libc_start_call_main, __libc_start_main and _start make 4 more frames. */

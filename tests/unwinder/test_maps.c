@@ -7,14 +7,14 @@
 #include <cmocka.h>
 /* clang-format on */
 
-#include "unwinder/maps.h"
-
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "unwinder/maps.h"
 
 static const char SAMPLE[] =
     "55d0c1a00000-55d0c1a02000 r--p 00000000 fe:00 247134                     /usr/bin/cat\n"

@@ -11,12 +11,6 @@
 #include <cmocka.h>
 /* clang-format on */
 
-#include "common/clock.h"
-#include "common/regs.h"
-#include "tests/unwinder/unwtest.h"
-#include "unwinder/maps.h"
-#include "unwinder/unwinder.h"
-
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -28,6 +22,12 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+
+#include "common/clock.h"
+#include "common/regs.h"
+#include "tests/unwinder/unwtest.h"
+#include "unwinder/maps.h"
+#include "unwinder/unwinder.h"
 
 #define STACK_CAP (64 * 1024)
 
