@@ -1,6 +1,7 @@
 #include "unwinder/global.h"
 
 #include "common/strtab.h"
+#include "unwinder/sigmask.h"
 #include "unwinder/unwinder.h"
 
 #include <errno.h>
@@ -156,6 +157,7 @@ int unwinder_global_init(void)
     r = unwinder__elf_cache_init();
     if (r < 0)
         goto fail;
+    unwinder__sigmask_init();
     goto out;
 fail:
     g_refs--;

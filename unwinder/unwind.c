@@ -18,6 +18,7 @@
 #include "unwinder/elf_cache.h"
 #include "unwinder/global.h"
 #include "unwinder/maps.h"
+#include "unwinder/sigmask.h"
 #include "unwinder/unwinder.h"
 
 #include <elf.h>
@@ -455,6 +456,7 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
     p->reparsed = false;
     p->fail = 0;
 
+    unwinder__sigmask_skip = true;
     unw_cursor_t c;
     int r = unw_init_remote(&c, p->as, p);
     if (r < 0) {
@@ -510,6 +512,7 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
     }
 
 out:
+    unwinder__sigmask_skip = false;
     /* Only hook frames and then the end: nothing a profile could use. */
     if (n == 0 && !err)
         err = "ERROR UNWIND_INFO_INVALID";

@@ -15,12 +15,14 @@
 #include "common/regs.h"
 #include "tests/unwinder/unwtest.h"
 #include "unwinder/maps.h"
+#include "unwinder/sigmask.h"
 #include "unwinder/unwinder.h"
 
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -632,6 +634,30 @@ static void test_unwind_hostile_input_terminates(void **state)
     p = unwinder_process_free(p);
 }
 
+/* libunwind's sigprocmask calls reach our no-op definition, and only inside an unwind:
+ * outside, the real function still changes the mask. */
+static void test_unwind_sigmask_bypass(void **state)
+{
+    (void)state;
+    assert_true(unwinder__sigmask_interposed());
+    sigset_t usr1, old, now;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    assert_int_equal(sigprocmask(SIG_BLOCK, &usr1, &old), 0);
+    assert_int_equal(sigprocmask(SIG_SETMASK, NULL, &now), 0);
+    assert_true(sigismember(&now, SIGUSR1));
+    assert_int_equal(pthread_sigmask(SIG_SETMASK, &old, NULL), 0);
+    assert_int_equal(pthread_sigmask(SIG_SETMASK, NULL, &now), 0);
+    assert_false(sigismember(&now, SIGUSR1));
+    /* Unwinding still works, and leaves the flag clear. */
+    unw_test_level1(&g_cap);
+    struct unwinder_result res;
+    size_t n = unwind_capture(&g_cap, "sigmask", UNWINDER_MAX_FRAMES, &res);
+    assert_true(n >= 4);
+    assert_false(res.error);
+    assert_false(unwinder__sigmask_skip);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -665,6 +691,7 @@ int main(void)
         cmocka_unit_test(test_unwind_hostile_input_terminates),
         cmocka_unit_test(test_unwind_corrupt_elf_files),
         cmocka_unit_test(test_unwind_concurrent_processes),
+        cmocka_unit_test(test_unwind_sigmask_bypass),
     };
     return cmocka_run_group_tests_name("unwinder_unwind", tests, group_setup, group_teardown);
 }
