@@ -214,8 +214,12 @@ static void test_unwind_chain(void **state)
     assert_exe_frame(&g_frames[m], "main");
     assert_false(res.error);
     assert_false(res.truncated);
-    /* The stack ends in _start, after libc's __libc_start_main. */
+    /* The stack ends in _start, after libc's __libc_start_main and its internal
+     * __libc_start_call_main, named from libc's separate debug file (found by build id). */
     assert_string_equal(g_frames[n - 1].function_name, "_start");
+    assert_true(m + 3 == n - 1);
+    assert_string_equal(g_frames[m + 1].function_name, "__libc_start_call_main");
+    assert_string_equal(g_frames[m + 2].function_name, "__libc_start_main");
     /* One mapping object per mapping: all frames of the executable's text share it. */
     assert_ptr_equal(g_frames[0].map, g_frames[3].map);
 }
@@ -258,6 +262,10 @@ static void test_unwind_through_qsort(void **state)
         i++;
     assert_true(i >= 2);
     assert_true(i < n);
+    /* libc's internal sort functions have names (from its debug file). */
+    for (size_t k = 1; k < i; k++)
+        if (strstr(g_frames[k].map->path, "/libc.so"))
+            assert_true(g_frames[k].function_name[0] != '\0');
     assert_exe_frame(&g_frames[i], "test_unwind_through_qsort");
     assert_true(find_name(g_frames, n, i, "main") != SIZE_MAX);
     assert_false(res.error);
