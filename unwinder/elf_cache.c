@@ -155,6 +155,12 @@ static int cmp_rawsym(const void *a, const void *b)
         return x->rank < y->rank ? -1 : 1;
     if (x->size != y->size)
         return x->size > y->size ? -1 : 1;
+    /* Aliases: the public spelling (clone3) over internal ones (__clone3, __GI___clone3). */
+    size_t ux = strspn(x->name, "_"), uy = strspn(y->name, "_");
+    if (ux != uy)
+        return ux < uy ? -1 : 1;
+    if (!strncmp(x->name, "__GI_", 5) != !strncmp(y->name, "__GI_", 5))
+        return strncmp(x->name, "__GI_", 5) ? -1 : 1;
     return strcmp(x->name, y->name);
 }
 

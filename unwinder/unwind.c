@@ -464,7 +464,7 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
         goto out;
     }
     uint64_t prev_ip = 0, prev_sp = 0;
-    bool exact_pc = true; /* frame 0, and frames interrupted by a signal */
+    bool prev_added = false; /* frames[n - 1] is the previous step's frame */
     size_t skipped = 0;
     for (size_t step = 0;; step++) {
         unw_word_t ip, sp;
@@ -481,12 +481,22 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
             err = "ERROR REPEATED_FRAME";
             break;
         }
+        uint64_t trampoline_ip = prev_ip;
         prev_ip = ip;
         prev_sp = sp;
 
+        /* libunwind flags the frame whose registers came from a signal frame: this one
+         * was interrupted (its pc is exact), and the previous one is the trampoline,
+         * whose pc is where the handler returned to, its first instruction. */
+        bool interrupted = step > 0 && unw_is_signal_frame(&c) > 0;
+        if (interrupted && prev_added) {
+            bool ignored;
+            resolve_frame(p, trampoline_ip, &frames[n - 1], &ignored);
+        }
         struct hp_frame f;
         bool skip;
-        resolve_frame(p, exact_pc ? ip : ip - 1, &f, &skip);
+        resolve_frame(p, step == 0 || interrupted ? ip : ip - 1, &f, &skip);
+        prev_added = false;
         if (skip && n == 0 && skipped < SKIP_MAX) {
             skipped++;
         } else {
@@ -496,9 +506,9 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
                 break;
             }
             frames[n++] = f;
+            prev_added = true;
         }
 
-        exact_pc = unw_is_signal_frame(&c) > 0;
         p->fail = 0;
         r = unw_step(&c);
         /* libunwind ends a chain it cannot follow (no unwind info, frame-pointer guess
