@@ -131,6 +131,7 @@ out:
 
 static void free_all_locked(void)
 {
+    unwinder__srcline_done();
     unwinder__elf_cache_done();
     for (size_t i = 0; i < g_maps_cap; i++)
         free((void *)g_maps[i]);

@@ -93,9 +93,13 @@ UNWTEST_NOINLINE void unw_test_level3(struct capture *c)
     UNWTEST_BARRIER();
 }
 
+static int g_level2_call_line;
+
 UNWTEST_NOINLINE void unw_test_level2(struct capture *c)
 {
-    unw_test_level3(c);
+    /* clang-format off */
+    unw_test_level3(c); g_level2_call_line = __LINE__;
+    /* clang-format on */
     UNWTEST_BARRIER();
 }
 
@@ -666,6 +670,39 @@ static void test_unwind_sigmask_bypass(void **state)
     assert_false(unwinder__sigmask_skip);
 }
 
+/* Lines of frames of this program and of libc (from libc's separate debug file). */
+static void test_unwind_source_lines(void **state)
+{
+    (void)state;
+    unw_test_level1(&g_cap);
+    struct unwinder_result res;
+    size_t n = unwind_capture(&g_cap, "source lines", UNWINDER_MAX_FRAMES, &res);
+    assert_true(n >= 4);
+    const char *file = NULL;
+    uint32_t line = 0;
+    assert_int_equal(unwinder_source_line(g_frames[1].map, g_frames[1].rel_pc, &file, &line), 0);
+    print_message("unw_test_level2: %s:%u\n", file, line);
+    assert_non_null(strstr(file, "test_unwind.c"));
+    assert_int_equal(line, g_level2_call_line);
+    /* Cached: the same interned pointer. */
+    const char *file2 = NULL;
+    assert_int_equal(unwinder_source_line(g_frames[1].map, g_frames[1].rel_pc, &file2, &line), 0);
+    assert_ptr_equal(file, file2);
+    size_t m = find_name(g_frames, n, 0, "__libc_start_call_main");
+    assert_true(m != SIZE_MAX);
+    assert_int_equal(unwinder_source_line(g_frames[m].map, g_frames[m].rel_pc, &file, &line), 0);
+    print_message("__libc_start_call_main: %s:%u\n", file, line);
+    assert_true(line > 0);
+    assert_true(file[0] != '\0');
+    /* Anonymous memory has no lines; the off switch answers at once. */
+    struct hp_mapping anon = {.path = ""};
+    assert_int_equal(unwinder_source_line(&anon, 0x10, &file, &line), -ENOENT);
+    unwinder_set_source_lines(false);
+    assert_int_equal(unwinder_source_line(g_frames[1].map, g_frames[1].rel_pc, &file, &line),
+                     -ECANCELED);
+    unwinder_set_source_lines(true);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -700,6 +737,7 @@ int main(void)
         cmocka_unit_test(test_unwind_corrupt_elf_files),
         cmocka_unit_test(test_unwind_concurrent_processes),
         cmocka_unit_test(test_unwind_sigmask_bypass),
+        cmocka_unit_test(test_unwind_source_lines),
     };
     return cmocka_run_group_tests_name("unwinder_unwind", tests, group_setup, group_teardown);
 }
