@@ -475,6 +475,18 @@ static int build(struct unwinder__elf *e)
         memcpy(e->build_id, bid, e->build_id_len);
     }
 
+    size_t shstrndx;
+    if (elf_getshdrstrndx(elf, &shstrndx) == 0) {
+        Elf_Scn *scn = NULL;
+        while ((scn = elf_nextscn(elf, scn)) != NULL) {
+            GElf_Shdr sh;
+            const char *name =
+                gelf_getshdr(scn, &sh) ? elf_strptr(elf, shstrndx, sh.sh_name) : NULL;
+            if (name && strcmp(name, ".debug_frame") == 0 && sh.sh_type == SHT_PROGBITS)
+                e->has_debug_frame = true;
+        }
+    }
+
     r = load_symbols_with_debug_file(elf, e);
     if (r == 0)
         e->ok = true;

@@ -65,6 +65,8 @@ struct unwinder__elf {
     uint32_t build_id_len;
     uint8_t build_id[HP_BUILD_ID_MAX];
 
+    bool has_debug_frame; /* has a .debug_frame section (CFI the fallback unwinder reads) */
+
     const char *debug_path;        /* interned; the separate debug file the symbols came from, or
                                       NULL when they came from the file itself */
     struct unwinder__symbol *syms; /* sorted by start, unique starts */
