@@ -2,6 +2,7 @@
  * sockets, rings and unwinder state. It drains each ring, unwinds every sampled stack and
  * posts compact records to the bookkeeping thread. */
 #include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -220,6 +221,11 @@ void *svc__unwinder_main(void *arg)
 {
     struct svc_unwinder *u = arg;
     struct epoll_event evs[64];
+    /* No signal handler runs on this thread: the unwinder skips libunwind's signal-mask
+     * syscalls, which only matter to handlers that unwind (unwinder/sigmask.h). */
+    sigset_t all;
+    sigfillset(&all);
+    (void)pthread_sigmask(SIG_BLOCK, &all, NULL);
 
     for (;;) {
         /* Take over new clients. */

@@ -7,6 +7,7 @@
 #include <gelf.h>
 #include <libelf.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -27,6 +28,8 @@
 static pthread_mutex_t c_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct unwinder__elf *c_buckets[NBUCKETS];
 static uint64_t c_page_size = 4096;
+
+const char *unwinder__debug_root = "/usr/lib/debug";
 
 int unwinder__elf_cache_init(void)
 {
@@ -152,6 +155,12 @@ static int cmp_rawsym(const void *a, const void *b)
         return x->rank < y->rank ? -1 : 1;
     if (x->size != y->size)
         return x->size > y->size ? -1 : 1;
+    /* Aliases: the public spelling (clone3) over internal ones (__clone3, __GI___clone3). */
+    size_t ux = strspn(x->name, "_"), uy = strspn(y->name, "_");
+    if (ux != uy)
+        return ux < uy ? -1 : 1;
+    if (!strncmp(x->name, "__GI_", 5) != !strncmp(y->name, "__GI_", 5))
+        return strncmp(x->name, "__GI_", 5) ? -1 : 1;
     return strcmp(x->name, y->name);
 }
 
@@ -226,7 +235,8 @@ static int load_symbols(Elf *elf, struct unwinder__elf *e)
         syms[out++] = (struct unwinder__symbol){
             .start = raw[i].start,
             .size = raw[i].size,
-            .name = unwinder__intern(raw[i].name, strlen(raw[i].name)),
+            /* Versioned names in a .symtab carry "@VERSION" or "@@VERSION". */
+            .name = unwinder__intern(raw[i].name, strcspn(raw[i].name, "@")),
         };
     }
     free(raw);
@@ -255,6 +265,126 @@ const char *unwinder__elf_symbol(const struct unwinder__elf *e, uint64_t vaddr)
             return s->name;
     }
     return NULL;
+}
+
+/* ---- separate debug files --------------------------------------------------------- */
+
+static bool has_section(Elf *elf, uint32_t type)
+{
+    Elf_Scn *scn = NULL;
+    while ((scn = elf_nextscn(elf, scn)) != NULL) {
+        GElf_Shdr sh;
+        if (gelf_getshdr(scn, &sh) && sh.sh_type == type)
+            return true;
+    }
+    return false;
+}
+
+/* Opens @path as an ELF file for reading with libelf; NULL if it is not one. */
+static Elf *open_elf(const char *path, int *ret_fd)
+{
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+        return NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0)
+        return NULL;
+    Elf *elf = elf_begin(fd, ELF_C_READ_MMAP, NULL);
+    if (!elf || elf_kind(elf) != ELF_K_ELF) {
+        if (elf)
+            elf_end(elf);
+        (void)close(fd);
+        return NULL;
+    }
+    *ret_fd = fd;
+    return elf;
+}
+
+/* A candidate debug file is only used when its build id matches the file's (when the
+ * file has one). */
+static Elf *open_debug_candidate(const char *path, const struct unwinder__elf *e, int *ret_fd)
+{
+    Elf *elf = open_elf(path, ret_fd);
+    if (!elf)
+        return NULL;
+    if (e->build_id_len > 0) {
+        const void *bid;
+        ssize_t len = dwelf_elf_gnu_build_id(elf, &bid);
+        if (len != (ssize_t)e->build_id_len || memcmp(bid, e->build_id, e->build_id_len) != 0) {
+            elf_end(elf);
+            (void)close(*ret_fd);
+            return NULL;
+        }
+    }
+    if (!has_section(elf, SHT_SYMTAB)) {
+        elf_end(elf);
+        (void)close(*ret_fd);
+        return NULL;
+    }
+    return elf;
+}
+
+/* Finds the separate debug file of @e (whose ELF is @elf): by build id under the debug
+ * root, then by .gnu_debuglink next to the file, in its .debug/ folder and under the
+ * debug root. Writes its path to @buf and returns it opened, or NULL. */
+static Elf *find_debug_file(Elf *elf, const struct unwinder__elf *e, char *buf, size_t cap,
+                            int *ret_fd)
+{
+    const char *root = unwinder__debug_root;
+    Elf *d;
+    if (e->build_id_len >= 2) {
+        int k = snprintf(buf, cap, "%s/.build-id/%02x/", root, e->build_id[0]);
+        for (uint32_t i = 1; k > 0 && (size_t)k + 3 < cap && i < e->build_id_len; i++)
+            k += snprintf(buf + k, cap - (size_t)k, "%02x", e->build_id[i]);
+        if (k > 0 && (size_t)k + 7 < cap) {
+            memcpy(buf + k, ".debug", 7);
+            if ((d = open_debug_candidate(buf, e, ret_fd)) != NULL)
+                return d;
+        }
+    }
+    GElf_Word crc;
+    const char *link = dwelf_elf_gnu_debuglink(elf, &crc);
+    if (!link || !link[0] || strchr(link, '/'))
+        return NULL;
+    const char *slash = strrchr(e->path, '/');
+    int dlen = (int)(slash - e->path);
+    for (int i = 0; i < 3; i++) {
+        int k;
+        if (i == 0)
+            k = snprintf(buf, cap, "%.*s/%s", dlen, e->path, link);
+        else if (i == 1)
+            k = snprintf(buf, cap, "%.*s/.debug/%s", dlen, e->path, link);
+        else
+            k = snprintf(buf, cap, "%s%.*s/%s", root, dlen, e->path, link);
+        if (k <= 0 || (size_t)k >= cap || strcmp(buf, e->path) == 0)
+            continue;
+        if ((d = open_debug_candidate(buf, e, ret_fd)) != NULL)
+            return d;
+    }
+    return NULL;
+}
+
+/* Symbols from the file's .symtab, else from its separate debug file's .symtab, else from
+ * its .dynsym (stripped libraries keep only exported names there). */
+static int load_symbols_with_debug_file(Elf *elf, struct unwinder__elf *e)
+{
+    if (!has_section(elf, SHT_SYMTAB)) {
+        char path[4096];
+        int fd = -1;
+        Elf *d = find_debug_file(elf, e, path, sizeof(path), &fd);
+        if (d) {
+            int r = load_symbols(d, e);
+            elf_end(d);
+            (void)close(fd);
+            if (r < 0)
+                return r;
+            if (e->n_syms > 0) {
+                e->debug_path = unwinder__intern(path, strlen(path));
+                return 0;
+            }
+        }
+    }
+    return load_symbols(elf, e);
 }
 
 /* ---- entries ------------------------------------------------------------------ */
@@ -345,7 +475,19 @@ static int build(struct unwinder__elf *e)
         memcpy(e->build_id, bid, e->build_id_len);
     }
 
-    r = load_symbols(elf, e);
+    size_t shstrndx;
+    if (elf_getshdrstrndx(elf, &shstrndx) == 0) {
+        Elf_Scn *scn = NULL;
+        while ((scn = elf_nextscn(elf, scn)) != NULL) {
+            GElf_Shdr sh;
+            const char *name =
+                gelf_getshdr(scn, &sh) ? elf_strptr(elf, shstrndx, sh.sh_name) : NULL;
+            if (name && strcmp(name, ".debug_frame") == 0 && sh.sh_type == SHT_PROGBITS)
+                e->has_debug_frame = true;
+        }
+    }
+
+    r = load_symbols_with_debug_file(elf, e);
     if (r == 0)
         e->ok = true;
 out:

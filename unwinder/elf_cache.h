@@ -5,7 +5,8 @@
  * are 0). An entry keeps the file mmap'd read-only and what unwinding and symbolization
  * need: the PT_LOAD table (address -> file offset), the .eh_frame_hdr search table
  * (PT_GNU_EH_FRAME), the GNU build id, the load bias and a sorted symbol index built once
- * from .symtab (else .dynsym), names interned. Files that cannot be used (missing,
+ * from .symtab, else from the .symtab of a separate debug file found by build id or
+ * .gnu_debuglink, else from .dynsym; names interned. Files that cannot be used (missing,
  * replaced, not a native ELF) get a negative entry (ok == false) so they are tried once.
  *
  *     const struct unwinder__elf *e;
@@ -64,11 +65,20 @@ struct unwinder__elf {
     uint32_t build_id_len;
     uint8_t build_id[HP_BUILD_ID_MAX];
 
+    bool has_debug_frame; /* has a .debug_frame section (CFI the fallback unwinder reads) */
+
+    const char *debug_path;        /* interned; the separate debug file the symbols came from, or
+                                      NULL when they came from the file itself */
     struct unwinder__symbol *syms; /* sorted by start, unique starts */
     size_t n_syms;
 
     struct unwinder__elf *next; /* hash chain */
 };
+
+/* Where separate debug files live (default "/usr/lib/debug"): <root>/.build-id/xx/yyyy.debug
+ * and <root><dir of the file>/<.gnu_debuglink name>. Set before the first
+ * unwinder__elf_get(); for tests. */
+extern const char *unwinder__debug_root;
 
 /* Finds or creates the entry of a file. @path is the path from the maps line (any bytes;
  * only absolute paths are opened). @dev is makedev(major, minor) as in the maps line.

@@ -1,5 +1,12 @@
 #include "unwinder/global.h"
 
+<<<<<<< HEAD
+=======
+#include "common/strtab.h"
+#include "unwinder/sigmask.h"
+#include "unwinder/unwinder.h"
+
+    >>>>>>> wip-unw2
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -10,8 +17,8 @@
 #include "common/strtab.h"
 #include "unwinder/unwinder.h"
 
-/* Guards the reference count and the mapping table. The string table has its own lock. */
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+    /* Guards the reference count and the mapping table. The string table has its own lock. */
+    static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned g_refs;
 static hp_strtab_t *g_strs;
 static const char *g_empty;
@@ -130,6 +137,7 @@ out:
 
 static void free_all_locked(void)
 {
+    unwinder__srcline_done();
     unwinder__elf_cache_done();
     for (size_t i = 0; i < g_maps_cap; i++)
         free((void *)g_maps[i]);
@@ -156,6 +164,7 @@ int unwinder_global_init(void)
     r = unwinder__elf_cache_init();
     if (r < 0)
         goto fail;
+    unwinder__sigmask_init();
     goto out;
 fail:
     g_refs--;

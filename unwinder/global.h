@@ -34,4 +34,7 @@ void unwinder__account(ssize_t delta);
 int unwinder__elf_cache_init(void);
 void unwinder__elf_cache_done(void);
 
+/* Releases the source-line cache (unwinder/srcline.c). */
+void unwinder__srcline_done(void);
+
 #endif

@@ -15,6 +15,7 @@
  * interrupted, not calling, and keep their exact pc.
  */
 #include <elf.h>
+#include <elfutils/libdwfl.h>
 #include <errno.h>
 #include <libunwind.h>
 #include <stdlib.h>
@@ -26,6 +27,7 @@
 #include "unwinder/elf_cache.h"
 #include "unwinder/global.h"
 #include "unwinder/maps.h"
+#include "unwinder/sigmask.h"
 #include "unwinder/unwinder.h"
 
 /* Exported by libunwind-x86_64 (PROTECTED in its sources) but not declared in the
@@ -50,10 +52,11 @@ _Static_assert(WIRE_REG_R15 == UNW_X86_64_R15, "register numbering");
 
 /* What went wrong inside the accessors during one unw_step(). */
 enum {
-    FAIL_NO_MAP = 1u << 0,  /* a pc in no executable mapping */
-    FAIL_ELF = 1u << 1,     /* a pc in a file mapping whose ELF we cannot use */
-    FAIL_NO_INFO = 1u << 2, /* no unwind table, or no entry for the pc */
-    FAIL_MEM = 1u << 3,     /* a memory read found nothing */
+    FAIL_NO_MAP = 1u << 0,      /* a pc in no executable mapping */
+    FAIL_ELF = 1u << 1,         /* a pc in a file mapping whose ELF we cannot use */
+    FAIL_NO_INFO = 1u << 2,     /* no unwind table, or no entry for the pc */
+    FAIL_MEM = 1u << 3,         /* a memory read found nothing */
+    FAIL_DEBUG_FRAME = 1u << 4, /* FAIL_NO_INFO in a file that has .debug_frame */
 };
 
 /* Facts about maps.v[i], resolved on first use and dropped when the maps are reread. */
@@ -71,6 +74,10 @@ struct unwinder_process {
     struct pmap *pm; /* maps.n entries */
     uint64_t last_reparse_ns;
     unw_addr_space_t as;
+    Dwfl *dwfl;      /* the fallback unwinder's view of the maps; NULL until needed */
+    bool dwfl_stale; /* the maps were reread since it was made */
+    uint64_t dw_pcs[UNWINDER_MAX_FRAMES + SKIP_MAX + 1];
+    bool dw_exact[UNWINDER_MAX_FRAMES + SKIP_MAX + 1];
 
     /* The current unwinder_unwind() call's input (borrowed from its caller). */
     const uint64_t *regs;
@@ -103,6 +110,7 @@ static bool reparse(struct unwinder_process *p)
     p->maps = m;
     p->pm = pm;
     p->reparsed = true;
+    p->dwfl_stale = true;
     /* Libraries may have been replaced at the same addresses. Only bumps a generation
      * counter, so it is safe from inside an accessor. */
     unw_flush_cache(p->as, 0, 0);
@@ -181,7 +189,7 @@ static int acc_find_proc_info(unw_addr_space_t as, unw_word_t ip, unw_proc_info_
         return -UNW_ENOINFO;
     }
     if (!e->has_eh_hdr) {
-        p->fail |= FAIL_NO_INFO;
+        p->fail |= FAIL_NO_INFO | (e->has_debug_frame ? FAIL_DEBUG_FRAME : 0);
         return -UNW_ENOINFO;
     }
     /* The object's load base in the target: ELF vaddr v lives at base + v. */
@@ -202,7 +210,7 @@ static int acc_find_proc_info(unw_addr_space_t as, unw_word_t ip, unw_proc_info_
     di.u.rti.table_len = e->eh_fde_count * 8 / sizeof(unw_word_t);
     int r = _Ux86_64_dwarf_search_unwind_table(as, ip, &di, pi, need_unwind_info, arg);
     if (r < 0)
-        p->fail |= FAIL_NO_INFO;
+        p->fail |= FAIL_NO_INFO | (e->has_debug_frame ? FAIL_DEBUG_FRAME : 0);
     return r;
 }
 
@@ -371,6 +379,8 @@ unwinder_process_t *unwinder_process_free(unwinder_process_t *p)
         return NULL;
     if (p->as)
         unw_destroy_addr_space(p->as);
+    if (p->dwfl)
+        dwfl_end(p->dwfl);
     unwinder__maps_done(&p->maps);
     free(p->pm);
     if (p->maps_fd >= 0)
@@ -381,7 +391,163 @@ unwinder_process_t *unwinder_process_free(unwinder_process_t *p)
     return NULL;
 }
 
+/* ---- fallback: elfutils' unwinder, for code described only by .debug_frame ---- */
+
+static pid_t dw_next_thread(Dwfl *dwfl, void *dwfl_arg, void **thread_argp)
+{
+    (void)dwfl;
+    if (*thread_argp)
+        return 0;
+    *thread_argp = dwfl_arg;
+    struct unwinder_process *p = dwfl_arg;
+    return p->pid > 0 ? p->pid : 1;
+}
+
+static bool dw_memory_read(Dwfl *dwfl, Dwarf_Addr addr, Dwarf_Word *result, void *dwfl_arg)
+{
+    (void)dwfl;
+    unw_word_t v;
+    if (acc_access_mem(NULL, addr, &v, 0, dwfl_arg) < 0)
+        return false;
+    *result = v;
+    return true;
+}
+
+static bool dw_set_initial_registers(Dwfl_Thread *thread, void *thread_arg)
+{
+    struct unwinder_process *p = thread_arg;
+    /* DWARF numbering for x86_64 is the wire's: 0-15 general registers, 16 the return
+     * address column (rip). */
+    Dwarf_Word regs[WIRE_NREGS];
+    for (size_t i = 0; i < WIRE_NREGS; i++)
+        regs[i] = p->regs[i];
+    if (!dwfl_thread_state_registers(thread, 0, WIRE_NREGS, regs))
+        return false;
+    dwfl_thread_state_register_pc(thread, regs[WIRE_REG_RIP]);
+    return true;
+}
+
+static const Dwfl_Thread_Callbacks dw_thread_callbacks = {
+    .next_thread = dw_next_thread,
+    .memory_read = dw_memory_read,
+    .set_initial_registers = dw_set_initial_registers,
+};
+
+static char *dw_debuginfo_path;
+static const Dwfl_Callbacks dw_callbacks = {
+    .find_elf = dwfl_linux_proc_find_elf,
+    .find_debuginfo = dwfl_standard_find_debuginfo,
+    .section_address = dwfl_offline_section_address,
+    .debuginfo_path = &dw_debuginfo_path,
+};
+
+/* A Dwfl reporting every usable ELF mapping at its load address, attached to the
+ * process through our callbacks (the stack copy and the cached files). */
+static Dwfl *dw_make(struct unwinder_process *p)
+{
+    Dwfl *dwfl = dwfl_begin(&dw_callbacks);
+    if (!dwfl)
+        return NULL;
+    dwfl_report_begin(dwfl);
+    for (size_t i = 0; i < p->maps.n; i++) {
+        const struct unwinder__map *m = &p->maps.v[i];
+        if (!(m->perms & UNWINDER_PERM_EXEC) || m->path[0] != '/')
+            continue;
+        const struct unwinder__elf *e = pmap_elf(p, i);
+        const struct unwinder__segment *seg = p->pm[i].seg;
+        if (!e || !seg)
+            continue;
+        uint64_t base = m->start - m->pgoff - (seg->vaddr - seg->offset);
+        (void)dwfl_report_elf(dwfl, m->path, m->path, -1, base, false);
+    }
+    if (dwfl_report_end(dwfl, NULL, NULL) != 0 ||
+        !dwfl_attach_state(dwfl, NULL, p->pid > 0 ? p->pid : 1, &dw_thread_callbacks, p)) {
+        dwfl_end(dwfl);
+        return NULL;
+    }
+    return dwfl;
+}
+
+struct dw_walk {
+    uint64_t *pcs;
+    bool *exact;
+    size_t n, max;
+};
+
+static int dw_frame_cb(Dwfl_Frame *state, void *arg)
+{
+    struct dw_walk *w = arg;
+    Dwarf_Addr pc;
+    bool activation;
+    if (!dwfl_frame_pc(state, &pc, &activation) || pc == 0)
+        return DWARF_CB_ABORT;
+    if (w->n > 0 && w->pcs[w->n - 1] == pc && !activation)
+        return DWARF_CB_ABORT;
+    w->pcs[w->n] = pc;
+    w->exact[w->n] = activation;
+    w->n++;
+    return w->n < w->max ? DWARF_CB_OK : DWARF_CB_ABORT;
+}
+
+/* Unwinds the current input again with elfutils. Returns the number of frames found (pcs
+ * and whether each is exact), 0 if the fallback cannot run. */
+static size_t dw_unwind(struct unwinder_process *p, uint64_t *pcs, bool *exact, size_t max)
+{
+    if (p->dwfl && p->dwfl_stale) {
+        dwfl_end(p->dwfl);
+        p->dwfl = NULL;
+    }
+    if (!p->dwfl) {
+        p->dwfl = dw_make(p);
+        p->dwfl_stale = false;
+        if (!p->dwfl)
+            return 0;
+    }
+    struct dw_walk w = {.pcs = pcs, .exact = exact, .n = 0, .max = max};
+    (void)dwfl_getthread_frames(p->dwfl, p->pid > 0 ? p->pid : 1, dw_frame_cb, &w);
+    return w.n;
+}
+
 /* ---- unwinding --------------------------------------------------------------- */
+
+static void resolve_frame(struct unwinder_process *p, uint64_t pc, struct hp_frame *f,
+                          bool *ret_skip);
+
+/* libunwind stopped after @steps frames in code with only .debug_frame: unwinds again
+ * with elfutils and keeps its stack if it goes further. */
+static void fallback_unwind(struct unwinder_process *p, size_t steps, struct hp_frame *frames,
+                            size_t max, size_t *ret_n, const char **ret_err,
+                            struct unwinder_result *res)
+{
+    size_t want = max + SKIP_MAX + 1;
+    size_t got = dw_unwind(p, p->dw_pcs, p->dw_exact, want);
+    if (got <= steps)
+        return;
+    size_t n = 0, skipped = 0;
+    const char *err = NULL;
+    for (size_t i = 0; i < got; i++) {
+        struct hp_frame f;
+        bool skip;
+        uint64_t pc = p->dw_pcs[i];
+        resolve_frame(p, i == 0 || p->dw_exact[i] ? pc : pc - 1, &f, &skip);
+        if (skip && n == 0 && skipped < SKIP_MAX) {
+            skipped++;
+            continue;
+        }
+        if (n == max) {
+            res->truncated = true;
+            err = "ERROR MAX_FRAMES_EXCEEDED";
+            break;
+        }
+        frames[n++] = f;
+    }
+    if (!err && got == want) {
+        res->truncated = true;
+        err = "ERROR MAX_FRAMES_EXCEEDED";
+    }
+    *ret_n = n;
+    *ret_err = err;
+}
 
 static const char *fail_reason(unsigned fail, int r)
 {
@@ -455,6 +621,7 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
     p->reparsed = false;
     p->fail = 0;
 
+    unwinder__sigmask_skip = true;
     unw_cursor_t c;
     int r = unw_init_remote(&c, p->as, p);
     if (r < 0) {
@@ -462,7 +629,9 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
         goto out;
     }
     uint64_t prev_ip = 0, prev_sp = 0;
-    bool exact_pc = true; /* frame 0, and frames interrupted by a signal */
+    bool prev_added = false; /* frames[n - 1] is the previous step's frame */
+    bool fallback = false;   /* libunwind met code described only by .debug_frame */
+    size_t steps = 0;
     size_t skipped = 0;
     for (size_t step = 0;; step++) {
         unw_word_t ip, sp;
@@ -479,12 +648,22 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
             err = "ERROR REPEATED_FRAME";
             break;
         }
+        uint64_t trampoline_ip = prev_ip;
         prev_ip = ip;
         prev_sp = sp;
 
+        /* libunwind flags the frame whose registers came from a signal frame: this one
+         * was interrupted (its pc is exact), and the previous one is the trampoline,
+         * whose pc is where the handler returned to, its first instruction. */
+        bool interrupted = step > 0 && unw_is_signal_frame(&c) > 0;
+        if (interrupted && prev_added) {
+            bool ignored;
+            resolve_frame(p, trampoline_ip, &frames[n - 1], &ignored);
+        }
         struct hp_frame f;
         bool skip;
-        resolve_frame(p, exact_pc ? ip : ip - 1, &f, &skip);
+        resolve_frame(p, step == 0 || interrupted ? ip : ip - 1, &f, &skip);
+        prev_added = false;
         if (skip && n == 0 && skipped < SKIP_MAX) {
             skipped++;
         } else {
@@ -494,22 +673,27 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
                 break;
             }
             frames[n++] = f;
+            prev_added = true;
         }
 
-        exact_pc = unw_is_signal_frame(&c) > 0;
         p->fail = 0;
         r = unw_step(&c);
         /* libunwind ends a chain it cannot follow (no unwind info, frame-pointer guess
          * rejected) with 0, like a real end; our accessors know better. */
         if (r < 0 || (r == 0 && (p->fail & (FAIL_NO_MAP | FAIL_ELF | FAIL_NO_INFO)))) {
             err = fail_reason(p->fail, r);
+            fallback = (p->fail & FAIL_DEBUG_FRAME) != 0;
+            steps = step + 1;
             break;
         }
         if (r == 0)
             break;
     }
 
+    if (fallback)
+        fallback_unwind(p, steps, frames, max, &n, &err, &res);
 out:
+    unwinder__sigmask_skip = false;
     /* Only hook frames and then the end: nothing a profile could use. */
     if (n == 0 && !err)
         err = "ERROR UNWIND_INFO_INVALID";

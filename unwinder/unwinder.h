@@ -61,6 +61,18 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
                     const uint8_t *stack, size_t stack_len, struct hp_frame *frames,
                     size_t max_frames, size_t *ret_n, struct unwinder_result *ret_res);
 
+/* Source file and line of @rel_pc (a frame's rel_pc) in the file of mapping @m, from the
+ * file's DWARF or its separate debug file's. Computed lazily and cached per (file, pc);
+ * the first lookup in a file opens its debug info (tens of ms for a large compressed
+ * one), so call it at dump time, never per sample. Sets @ret_file (interned, valid until
+ * unwinder_global_done()) and @ret_line, and returns 0; -ENOENT when unknown, -ECANCELED
+ * when switched off. Thread-safe. */
+int unwinder_source_line(const struct hp_mapping *m, uint64_t rel_pc, const char **ret_file,
+                         uint32_t *ret_line);
+
+/* The off switch of unwinder_source_line() (on by default). Thread-safe. */
+void unwinder_set_source_lines(bool enabled);
+
 /* Bytes of memory held by the global caches. */
 size_t unwinder_global_bytes(void);
 

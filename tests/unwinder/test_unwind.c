@@ -11,10 +11,21 @@
 #include <cmocka.h>
 /* clang-format on */
 
+<<<<<<< HEAD
+=======
+#include "common/clock.h"
+#include "common/regs.h"
+#include "tests/unwinder/unwtest.h"
+#include "unwinder/maps.h"
+#include "unwinder/sigmask.h"
+#include "unwinder/unwinder.h"
+
+>>>>>>> wip-unw2
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -91,9 +102,13 @@ UNWTEST_NOINLINE void unw_test_level3(struct capture *c)
     UNWTEST_BARRIER();
 }
 
+static int g_level2_call_line;
+
 UNWTEST_NOINLINE void unw_test_level2(struct capture *c)
 {
-    unw_test_level3(c);
+    /* clang-format off */
+    unw_test_level3(c); g_level2_call_line = __LINE__;
+    /* clang-format on */
     UNWTEST_BARRIER();
 }
 
@@ -212,8 +227,12 @@ static void test_unwind_chain(void **state)
     assert_exe_frame(&g_frames[m], "main");
     assert_false(res.error);
     assert_false(res.truncated);
-    /* The stack ends in _start, after libc's __libc_start_main. */
+    /* The stack ends in _start, after libc's __libc_start_main and its internal
+     * __libc_start_call_main, named from libc's separate debug file (found by build id). */
     assert_string_equal(g_frames[n - 1].function_name, "_start");
+    assert_true(m + 3 == n - 1);
+    assert_string_equal(g_frames[m + 1].function_name, "__libc_start_call_main");
+    assert_string_equal(g_frames[m + 2].function_name, "__libc_start_main");
     /* One mapping object per mapping: all frames of the executable's text share it. */
     assert_ptr_equal(g_frames[0].map, g_frames[3].map);
 }
@@ -256,6 +275,10 @@ static void test_unwind_through_qsort(void **state)
         i++;
     assert_true(i >= 2);
     assert_true(i < n);
+    /* libc's internal sort functions have names (from its debug file). */
+    for (size_t k = 1; k < i; k++)
+        if (strstr(g_frames[k].map->path, "/libc.so"))
+            assert_true(g_frames[k].function_name[0] != '\0');
     assert_exe_frame(&g_frames[i], "test_unwind_through_qsort");
     assert_true(find_name(g_frames, n, i, "main") != SIZE_MAX);
     assert_false(res.error);
@@ -632,6 +655,63 @@ static void test_unwind_hostile_input_terminates(void **state)
     p = unwinder_process_free(p);
 }
 
+/* libunwind's sigprocmask calls reach our no-op definition, and only inside an unwind:
+ * outside, the real function still changes the mask. */
+static void test_unwind_sigmask_bypass(void **state)
+{
+    (void)state;
+    assert_true(unwinder__sigmask_interposed());
+    sigset_t usr1, old, now;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    assert_int_equal(sigprocmask(SIG_BLOCK, &usr1, &old), 0);
+    assert_int_equal(sigprocmask(SIG_SETMASK, NULL, &now), 0);
+    assert_true(sigismember(&now, SIGUSR1));
+    assert_int_equal(pthread_sigmask(SIG_SETMASK, &old, NULL), 0);
+    assert_int_equal(pthread_sigmask(SIG_SETMASK, NULL, &now), 0);
+    assert_false(sigismember(&now, SIGUSR1));
+    /* Unwinding still works, and leaves the flag clear. */
+    unw_test_level1(&g_cap);
+    struct unwinder_result res;
+    size_t n = unwind_capture(&g_cap, "sigmask", UNWINDER_MAX_FRAMES, &res);
+    assert_true(n >= 4);
+    assert_false(res.error);
+    assert_false(unwinder__sigmask_skip);
+}
+
+/* Lines of frames of this program and of libc (from libc's separate debug file). */
+static void test_unwind_source_lines(void **state)
+{
+    (void)state;
+    unw_test_level1(&g_cap);
+    struct unwinder_result res;
+    size_t n = unwind_capture(&g_cap, "source lines", UNWINDER_MAX_FRAMES, &res);
+    assert_true(n >= 4);
+    const char *file = NULL;
+    uint32_t line = 0;
+    assert_int_equal(unwinder_source_line(g_frames[1].map, g_frames[1].rel_pc, &file, &line), 0);
+    print_message("unw_test_level2: %s:%u\n", file, line);
+    assert_non_null(strstr(file, "test_unwind.c"));
+    assert_int_equal(line, g_level2_call_line);
+    /* Cached: the same interned pointer. */
+    const char *file2 = NULL;
+    assert_int_equal(unwinder_source_line(g_frames[1].map, g_frames[1].rel_pc, &file2, &line), 0);
+    assert_ptr_equal(file, file2);
+    size_t m = find_name(g_frames, n, 0, "__libc_start_call_main");
+    assert_true(m != SIZE_MAX);
+    assert_int_equal(unwinder_source_line(g_frames[m].map, g_frames[m].rel_pc, &file, &line), 0);
+    print_message("__libc_start_call_main: %s:%u\n", file, line);
+    assert_true(line > 0);
+    assert_true(file[0] != '\0');
+    /* Anonymous memory has no lines; the off switch answers at once. */
+    struct hp_mapping anon = {.path = ""};
+    assert_int_equal(unwinder_source_line(&anon, 0x10, &file, &line), -ENOENT);
+    unwinder_set_source_lines(false);
+    assert_int_equal(unwinder_source_line(g_frames[1].map, g_frames[1].rel_pc, &file, &line),
+                     -ECANCELED);
+    unwinder_set_source_lines(true);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -665,6 +745,8 @@ int main(void)
         cmocka_unit_test(test_unwind_hostile_input_terminates),
         cmocka_unit_test(test_unwind_corrupt_elf_files),
         cmocka_unit_test(test_unwind_concurrent_processes),
+        cmocka_unit_test(test_unwind_sigmask_bypass),
+        cmocka_unit_test(test_unwind_source_lines),
     };
     return cmocka_run_group_tests_name("unwinder_unwind", tests, group_setup, group_teardown);
 }

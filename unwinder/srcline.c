@@ -1,0 +1,214 @@
+/* unwinder/srcline.c: source file and line of a frame, looked up lazily with libdw and
+ * cached per (file, pc). Called at dump time, never on the unwinding path.
+ *
+ * The DWARF comes from the mapped file itself when it has .debug_info, else from its
+ * separate debug file (by build id under the debug root, as for symbols). One Dwarf
+ * handle per file stays open until unwinder_global_done(); libdw handles are not
+ * thread-safe, so every lookup holds one lock (lookups are rare: once per unique frame).
+ */
+#include <elfutils/libdw.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "unwinder/elf_cache.h"
+#include "unwinder/global.h"
+#include "unwinder/unwinder.h"
+
+/* Cap of cached (file, pc) results: a bound on what hostile stacks can make us keep. */
+#define SRC_MAX_ENTRIES (1u << 20)
+/* Cap of files kept open with their DWARF. */
+#define SRC_MAX_FILES 4096
+
+struct src_file {
+    const char *path; /* interned mapping path: the key */
+    Dwarf *dw;        /* NULL: no usable debug info */
+    int fd;
+};
+
+struct src_entry {
+    const char *path; /* interned mapping path; NULL: empty slot */
+    uint64_t pc;
+    const char *file; /* interned; NULL: unknown */
+    uint32_t line;
+};
+
+static pthread_mutex_t s_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_bool s_enabled = true;
+static struct src_file *s_files;
+static size_t s_nfiles, s_files_cap;
+static struct src_entry *s_tab;
+static size_t s_tab_cap, s_tab_n;
+
+void unwinder_set_source_lines(bool enabled)
+{
+    atomic_store_explicit(&s_enabled, enabled, memory_order_relaxed);
+}
+
+void unwinder__srcline_done(void)
+{
+    pthread_mutex_lock(&s_lock);
+    for (size_t i = 0; i < s_nfiles; i++) {
+        if (s_files[i].dw)
+            dwarf_end(s_files[i].dw);
+        if (s_files[i].fd >= 0)
+            (void)close(s_files[i].fd);
+    }
+    free(s_files);
+    free(s_tab);
+    s_files = NULL;
+    s_tab = NULL;
+    s_nfiles = s_files_cap = s_tab_cap = s_tab_n = 0;
+    pthread_mutex_unlock(&s_lock);
+}
+
+static Dwarf *open_dwarf(const char *path, int *ret_fd)
+{
+    struct stat st;
+    if (path[0] != '/' || stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+        return NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0)
+        return NULL;
+    Dwarf *dw = dwarf_begin(fd, DWARF_C_READ);
+    if (!dw) {
+        (void)close(fd);
+        return NULL;
+    }
+    *ret_fd = fd;
+    return dw;
+}
+
+static struct src_file *file_locked(const struct hp_mapping *m)
+{
+    for (size_t i = 0; i < s_nfiles; i++)
+        if (s_files[i].path == m->path)
+            return &s_files[i];
+    if (s_nfiles == SRC_MAX_FILES)
+        return NULL;
+    if (s_nfiles == s_files_cap) {
+        size_t ncap = s_files_cap ? s_files_cap * 2 : 16;
+        struct src_file *nv = realloc(s_files, ncap * sizeof(*nv));
+        if (!nv)
+            return NULL;
+        unwinder__account((ssize_t)((ncap - s_files_cap) * sizeof(*nv)));
+        s_files = nv;
+        s_files_cap = ncap;
+    }
+    struct src_file *f = &s_files[s_nfiles++];
+    *f = (struct src_file){.path = m->path, .dw = NULL, .fd = -1};
+    f->dw = open_dwarf(m->path, &f->fd);
+    if (!f->dw && m->build_id_len >= 2) {
+        char buf[4096];
+        int k =
+            snprintf(buf, sizeof(buf), "%s/.build-id/%02x/", unwinder__debug_root, m->build_id[0]);
+        for (uint32_t i = 1; k > 0 && (size_t)k + 3 < sizeof(buf) && i < m->build_id_len; i++)
+            k += snprintf(buf + k, sizeof(buf) - (size_t)k, "%02x", m->build_id[i]);
+        if (k > 0 && (size_t)k + 7 < sizeof(buf)) {
+            memcpy(buf + k, ".debug", 7);
+            f->dw = open_dwarf(buf, &f->fd);
+        }
+    }
+    return f;
+}
+
+static uint64_t entry_hash(const char *path, uint64_t pc)
+{
+    uint64_t h = ((uint64_t)(uintptr_t)path * 0x9e3779b97f4a7c15ull) ^ (pc * 0xc2b2ae3d27d4eb4full);
+    return h ^ (h >> 29);
+}
+
+static struct src_entry *slot_locked(const char *path, uint64_t pc, bool *ret_found)
+{
+    size_t i = entry_hash(path, pc) & (s_tab_cap - 1);
+    while (s_tab[i].path) {
+        if (s_tab[i].path == path && s_tab[i].pc == pc) {
+            *ret_found = true;
+            return &s_tab[i];
+        }
+        i = (i + 1) & (s_tab_cap - 1);
+    }
+    *ret_found = false;
+    return &s_tab[i];
+}
+
+static int grow_locked(void)
+{
+    size_t ncap = s_tab_cap ? s_tab_cap * 2 : 1024;
+    struct src_entry *nv = calloc(ncap, sizeof(*nv));
+    if (!nv)
+        return -ENOMEM;
+    for (size_t i = 0; i < s_tab_cap; i++) {
+        if (!s_tab[i].path)
+            continue;
+        size_t j = entry_hash(s_tab[i].path, s_tab[i].pc) & (ncap - 1);
+        while (nv[j].path)
+            j = (j + 1) & (ncap - 1);
+        nv[j] = s_tab[i];
+    }
+    unwinder__account((ssize_t)((ncap - s_tab_cap) * sizeof(*nv)));
+    free(s_tab);
+    s_tab = nv;
+    s_tab_cap = ncap;
+    return 0;
+}
+
+static void lookup(Dwarf *dw, uint64_t pc, const char **ret_file, uint32_t *ret_line)
+{
+    Dwarf_Die cu;
+    if (!dwarf_addrdie(dw, pc, &cu))
+        return;
+    Dwarf_Line *l = dwarf_getsrc_die(&cu, pc);
+    int line;
+    const char *file = l ? dwarf_linesrc(l, NULL, NULL) : NULL;
+    if (!file || dwarf_lineno(l, &line) != 0 || line <= 0)
+        return;
+    *ret_file = unwinder__intern(file, strlen(file));
+    *ret_line = (uint32_t)line;
+}
+
+int unwinder_source_line(const struct hp_mapping *m, uint64_t rel_pc, const char **ret_file,
+                         uint32_t *ret_line)
+{
+    if (!m || !ret_file || !ret_line)
+        return -EINVAL;
+    if (!atomic_load_explicit(&s_enabled, memory_order_relaxed))
+        return -ECANCELED;
+    if (!m->path || !m->path[0])
+        return -ENOENT;
+    const char *file = NULL;
+    uint32_t line = 0;
+    int r = 0;
+    pthread_mutex_lock(&s_lock);
+    if ((s_tab_n + 1) * 2 > s_tab_cap && (r = grow_locked()) < 0)
+        goto out;
+    bool found;
+    struct src_entry *e = slot_locked(m->path, rel_pc, &found);
+    if (found) {
+        file = e->file;
+        line = e->line;
+        goto out;
+    }
+    struct src_file *f = file_locked(m);
+    if (f && f->dw)
+        lookup(f->dw, rel_pc, &file, &line);
+    if (s_tab_n < SRC_MAX_ENTRIES) {
+        *e = (struct src_entry){.path = m->path, .pc = rel_pc, .file = file, .line = line};
+        s_tab_n++;
+    }
+out:
+    pthread_mutex_unlock(&s_lock);
+    if (r < 0)
+        return r;
+    if (!file)
+        return -ENOENT;
+    *ret_file = file;
+    *ret_line = line;
+    return 0;
+}
