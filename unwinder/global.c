@@ -1,12 +1,5 @@
 #include "unwinder/global.h"
 
-<<<<<<< HEAD
-=======
-#include "common/strtab.h"
-#include "unwinder/sigmask.h"
-#include "unwinder/unwinder.h"
-
-    >>>>>>> wip-unw2
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -15,10 +8,11 @@
 #include <string.h>
 
 #include "common/strtab.h"
+#include "unwinder/sigmask.h"
 #include "unwinder/unwinder.h"
 
-    /* Guards the reference count and the mapping table. The string table has its own lock. */
-    static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Guards the reference count and the mapping table. The string table has its own lock. */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned g_refs;
 static hp_strtab_t *g_strs;
 static const char *g_empty;

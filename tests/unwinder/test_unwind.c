@@ -11,16 +11,6 @@
 #include <cmocka.h>
 /* clang-format on */
 
-<<<<<<< HEAD
-=======
-#include "common/clock.h"
-#include "common/regs.h"
-#include "tests/unwinder/unwtest.h"
-#include "unwinder/maps.h"
-#include "unwinder/sigmask.h"
-#include "unwinder/unwinder.h"
-
->>>>>>> wip-unw2
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -38,6 +28,7 @@
 #include "common/regs.h"
 #include "tests/unwinder/unwtest.h"
 #include "unwinder/maps.h"
+#include "unwinder/sigmask.h"
 #include "unwinder/unwinder.h"
 
 #define STACK_CAP (64 * 1024)
