@@ -54,7 +54,7 @@ extern char **environ;
 struct client_session client_sessions[CLIENT_MAX_SESSIONS];
 _Atomic(struct client_session *) client_current = NULL;
 _Atomic int client_state = CLIENT_UNINIT;
-_Atomic uint64_t client_fast_interval = UINT64_MAX;
+_Atomic uint64_t client_fast_interval = CLIENT_FAST_UNINIT;
 uint64_t client_seed;
 _Atomic uint64_t client_thread_counter = 0;
 _Atomic uint64_t client_stat_unknown_stacks = 0;
@@ -304,7 +304,7 @@ static struct client_session *client_free_slot(void)
 
 /* Handshakes on @path and, when the service profiles us, publishes the new session and
  * makes the client ACTIVE. Returns 0 (ACTIVE), 1 (NOT_PROFILED) or -errno. */
-static int client_session_open(const char *path, uint32_t reason, uint32_t timeout_ms)
+static int client_session_open(const char *path, uint32_t reason, uint32_t timeout_ms, bool warm_up)
 {
     struct wire_client_config cfg = {0};
     int sock = -1, ring_fd = -1;
@@ -316,6 +316,11 @@ static int client_session_open(const char *path, uint32_t reason, uint32_t timeo
         int r = client_freeset_init(&s->freeset, CLIENT_FREESET_LOG2);
         if (r < 0)
             return r;
+        void *page = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (page != MAP_FAILED && madvise(page, 4096, MADV_WIPEONFORK) == 0)
+            s->fork_token = page;
+        else if (page != MAP_FAILED)
+            (void)munmap(page, 4096);
     }
     int r = client_handshake(path, reason, timeout_ms, &cfg, &sock, &ring_fd);
     if (r != 0)
@@ -339,13 +344,17 @@ static int client_session_open(const char *path, uint32_t reason, uint32_t timeo
     atomic_store_explicit(&s->writers, 0, memory_order_relaxed);
     atomic_store_explicit(&s->send_all_frees, false, memory_order_relaxed);
     s->stuck = false;
+    if (s->fork_token)
+        atomic_store_explicit(s->fork_token, s->gen, memory_order_relaxed);
     size_t plen = strlen(path);
     memcpy(s->path, path, plen + 1 <= sizeof(s->path) ? plen + 1 : 0);
 
     /* Release pairs with the acquire loads of client_current in the hooks: the session
      * and its set are in place before anyone uses them. */
     atomic_store_explicit(&client_current, s, memory_order_release);
-    atomic_store_explicit(&client_fast_interval, cfg.sampling_interval_bytes, memory_order_relaxed);
+    atomic_store_explicit(&client_fast_interval,
+                          warm_up ? CLIENT_FAST_WARM_UP : cfg.sampling_interval_bytes,
+                          memory_order_relaxed);
     atomic_store_explicit(&client_state, CLIENT_ACTIVE, memory_order_release);
     return 0;
 }
@@ -355,7 +364,7 @@ static int client_session_open(const char *path, uint32_t reason, uint32_t timeo
  * slot is kept mapped for good). */
 static void client_session_close(struct client_session *s)
 {
-    atomic_store_explicit(&client_fast_interval, UINT64_MAX, memory_order_relaxed);
+    atomic_store_explicit(&client_fast_interval, CLIENT_FAST_OFF, memory_order_relaxed);
     /* seq_cst: see client_session_enter(). */
     atomic_store_explicit(&client_current, NULL, memory_order_seq_cst);
     atomic_store_explicit(&client_state, CLIENT_DORMANT, memory_order_release);
@@ -410,7 +419,18 @@ static void client_attach(int pid)
     if (r < 0)
         return;
     /* Failures are silent: the attacher reports them. */
-    (void)client_session_open(path, WIRE_REASON_ATTACH, client_timeout_ms);
+    if (client_session_open(path, WIRE_REASON_ATTACH, client_timeout_ms, true) != 0)
+        return;
+    /* Threads that allocate during the warm-up reseed for this session (see
+     * CLIENT_FAST_WARM_UP); then the fast path takes over. */
+    struct timespec warm = {0, CLIENT_WARM_UP_MS * 1000000};
+    (void)nanosleep(&warm, NULL);
+    struct client_session *s = atomic_load_explicit(&client_current, memory_order_relaxed);
+    uint64_t expected = CLIENT_FAST_WARM_UP;
+    if (s)
+        (void)atomic_compare_exchange_strong_explicit(&client_fast_interval, &expected,
+                                                      s->params.interval, memory_order_relaxed,
+                                                      memory_order_relaxed);
 }
 
 static void client_drain_wake(void)
@@ -529,7 +549,7 @@ static void client_atfork_child(void)
     if (follow)
         memcpy(path, cur->path, sizeof(path));
     /* The child must never write into the parent's ring nor keep its connection open. */
-    atomic_store_explicit(&client_fast_interval, UINT64_MAX, memory_order_relaxed);
+    atomic_store_explicit(&client_fast_interval, CLIENT_FAST_OFF, memory_order_relaxed);
     atomic_store_explicit(&client_current, NULL, memory_order_seq_cst);
     for (unsigned i = 0; i < CLIENT_MAX_SESSIONS; i++) {
         struct client_session *s = &client_sessions[i];
@@ -567,7 +587,7 @@ static void client_atfork_child(void)
         (void)client_wake_pipe_open();
     }
     if (follow)
-        (void)client_session_open(path, WIRE_REASON_STARTUP, client_timeout_ms);
+        (void)client_session_open(path, WIRE_REASON_STARTUP, client_timeout_ms, false);
     if (client_attach_installed || atomic_load_explicit(&client_current, memory_order_relaxed))
         client_helper_start();
     t->in_hook = was_in_hook;
@@ -651,16 +671,18 @@ void client_init(void)
     } else if (!never && r == 0) {
         struct stat st;
         if (required)
-            r = client_session_open(path, WIRE_REASON_STARTUP, client_timeout_ms);
+            r = client_session_open(path, WIRE_REASON_STARTUP, client_timeout_ms, false);
         else if (stat(path, &st) == 0 && S_ISSOCK(st.st_mode))
             r = client_session_open(path, WIRE_REASON_STARTUP,
-                                    HP_MIN(client_timeout_ms, CLIENT_OPTIONAL_TIMEOUT_MS));
+                                    HP_MIN(client_timeout_ms, CLIENT_OPTIONAL_TIMEOUT_MS), false);
         if (r < 0 && required)
             client_unreachable(path, -r);
     }
     /* Not profiled: dormant, a later attach signal may still start profiling. */
-    if (!atomic_load_explicit(&client_current, memory_order_relaxed))
+    if (!atomic_load_explicit(&client_current, memory_order_relaxed)) {
+        atomic_store_explicit(&client_fast_interval, CLIENT_FAST_OFF, memory_order_relaxed);
         atomic_store_explicit(&client_state, CLIENT_DORMANT, memory_order_release);
+    }
 }
 
 /* Initialise before main() even if nothing allocates before it, and set up attaching. */

@@ -44,9 +44,17 @@ enum client_state {
     CLIENT_PASSTHROUGH = 4,
 };
 
-/* Dormant threads look at the client state again after this many bytes, so that an
- * attach reaches every allocating thread soon. */
-#define CLIENT_DORMANT_RECHECK_BYTES (64 << 10)
+/* client_fast_interval outside ACTIVE. OFF: the hooks forward at once, touching no
+ * per-thread state (DORMANT, PASSTHROUGH). UNINIT: every allocation takes the slow path,
+ * which initialises. WARM_UP: the first CLIENT_WARM_UP_MS of an attached session, every
+ * allocation takes the slow path, so that threads whose counter is left over from an
+ * earlier session (with another interval) reseed at once; a thread that does not
+ * allocate then keeps its old distance, which is unbiased when the interval is the same
+ * (the geometric distribution has no memory). */
+#define CLIENT_FAST_OFF 0u
+#define CLIENT_FAST_UNINIT 1u
+#define CLIENT_FAST_WARM_UP 1u
+#define CLIENT_WARM_UP_MS 10
 #define CLIENT_DEFAULT_INIT_TIMEOUT_MS 5000u
 /* HEAPPROF_STARTUP unset and the socket exists: a short, silent attempt. */
 #define CLIENT_OPTIONAL_TIMEOUT_MS 1000u
@@ -81,7 +89,13 @@ struct client_session {
     _Atomic uint64_t writers;      /* hooks inside client_session_enter/leave */
     _Atomic bool send_all_frees;   /* the set overflowed: record every free */
     bool stuck;                    /* writers never drained: slot kept mapped for good */
-    char path[HP_PATH_MAX];        /* socket of the session (follow forks) */
+    /* A page the kernel zeroes in a child of fork (MADV_WIPEONFORK): while *fork_token
+     * == gen we are the process that did the handshake, however the child was made
+     * (_Fork, clone without CLONE_VM), with no system call. Children sharing our memory
+     * (vfork, CLONE_VM) see the token and write into the ring: that is their parent's
+     * memory, the records are as valid as the parent's. NULL: use getpid(). */
+    _Atomic uint64_t *fork_token;
+    char path[HP_PATH_MAX]; /* socket of the session (follow forks) */
 };
 
 extern struct client_session client_sessions[CLIENT_MAX_SESSIONS];
@@ -89,8 +103,7 @@ extern struct client_session client_sessions[CLIENT_MAX_SESSIONS];
  * acquire by the hooks. */
 extern _Atomic(struct client_session *) client_current;
 extern _Atomic int client_state;
-/* Sampling interval for the fast path: UINT64_MAX unless ACTIVE, so that large
- * allocations reach the slow path only while profiling. */
+/* Sampling interval for the fast path while ACTIVE; else a CLIENT_FAST_* value. */
 extern _Atomic uint64_t client_fast_interval;
 extern uint64_t client_seed;
 extern _Atomic uint64_t client_thread_counter;

@@ -54,13 +54,16 @@ static void hook_poke(struct client_session *s)
     (void)syscall(SYS_sendto, s->sock, &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL, NULL, 0);
 }
 
-/* True in a child made without our atfork handler (vfork, _Fork, clone): it must not
- * write into the parent's ring, nor change the shared state (with CLONE_VM it is the
- * parent's memory). */
+/* True in a child made without our atfork handler (_Fork, clone): it must not write
+ * into the parent's ring, nor change the shared state. */
 static bool hook_foreign_pid(const struct client_session *s)
 {
-    if (HP_LIKELY(getpid() == s->pid))
+    if (HP_LIKELY(s->fork_token != NULL)) {
+        if (HP_LIKELY(atomic_load_explicit(s->fork_token, memory_order_relaxed) == s->gen))
+            return false;
+    } else if (getpid() == s->pid) {
         return false;
+    }
     atomic_fetch_add_explicit(&client_stat_foreign_pid_samples, 1, memory_order_relaxed);
     return true;
 }
@@ -196,23 +199,20 @@ uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint6
         client_init();
     /* Acquire pairs with the release store publishing the session. */
     struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
-    if (!s) {
-        int state = atomic_load_explicit(&client_state, memory_order_relaxed);
-        if (state == CLIENT_PASSTHROUGH)
-            t->sampler.bytes_left = INT64_MAX / 2;
-        else if (state == CLIENT_DORMANT)
-            t->sampler.bytes_left = CLIENT_DORMANT_RECHECK_BYTES;
-        else
-            t->sampler.bytes_left = 0; /* initialising elsewhere: look again next time */
-    } else {
+    if (s) {
+        /* Reached because the size is at least the interval (the counter was not
+         * touched), the counter ran out (it was), or during a warm-up (it was not, and
+         * is still positive). */
         uint64_t sample_size;
         if (t->gen != s->gen) {
             hook_seed_thread(t, s);
             sample_size = client_sampler_step(&t->sampler, &s->params, size);
         } else if (size >= s->params.interval) {
             sample_size = size;
-        } else {
+        } else if (t->sampler.bytes_left <= 0) {
             sample_size = client_sampler_refill(&t->sampler, &s->params);
+        } else {
+            sample_size = client_sampler_step(&t->sampler, &s->params, size);
         }
         if (sample_size > 0 && p != 0 && client_session_enter(s)) {
             hook_record_alloc(t, s, (void *)p, size, sample_size, regs);
@@ -227,41 +227,77 @@ uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint6
 
 /* ---- the exported entry points ---------------------------------------------------- */
 
-/* True when the allocation is not sampled. The slow path is reached by a tail call to
- * the trampoline, so that it sees the application's registers. */
+/* True when the allocation is not sampled (one load and a branch while dormant). The slow path is
+ * reached by a tail call to the trampoline, so that it sees the application's registers. */
+static HP_ALWAYS_INLINE bool hook_unsampled_at(size_t size, uint64_t interval)
+{
+    return HP_LIKELY(size < interval) &&
+           HP_LIKELY((client_tls.sampler.bytes_left -= (int64_t)size) > 0);
+}
+
 static HP_ALWAYS_INLINE bool hook_unsampled(size_t size)
 {
-    return HP_LIKELY(size < atomic_load_explicit(&client_fast_interval, memory_order_relaxed)) &&
-           HP_LIKELY((client_tls.sampler.bytes_left -= (int64_t)size) > 0);
+    return hook_unsampled_at(size,
+                             atomic_load_explicit(&client_fast_interval, memory_order_relaxed));
+}
+
+/* Dormant or passthrough: the exported functions then jump straight to glibc (no frame).
+ * A session starting between this test and the allocation only misses that allocation. */
+static HP_ALWAYS_INLINE bool hook_off(void)
+{
+    return atomic_load_explicit(&client_fast_interval, memory_order_relaxed) == CLIENT_FAST_OFF;
+}
+
+/* While a session is active: records the free of a sampled address, before the real
+ * free (see hook_realloc). */
+static HP_ALWAYS_INLINE void hook_free_watched(struct client_session *s, void *p)
+{
+    if ((client_freeset_remove(&s->freeset, (uint64_t)(uintptr_t)p) ||
+         HP_UNLIKELY(atomic_load_explicit(&s->send_all_frees, memory_order_relaxed) && p)) &&
+        !client_tls.in_hook)
+        client_record_free(s, p);
 }
 
 static HP_ALWAYS_INLINE void hook_before_free(void *p)
 {
     /* Acquire pairs with the release store publishing the session (its set is mapped). */
     struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
-    if (HP_UNLIKELY(s != NULL) && p && !client_tls.in_hook) {
-        if (client_freeset_remove(&s->freeset, (uint64_t)(uintptr_t)p) ||
-            HP_UNLIKELY(atomic_load_explicit(&s->send_all_frees, memory_order_relaxed)))
-            client_record_free(s, p);
-    }
+    if (HP_UNLIKELY(s != NULL))
+        hook_free_watched(s, p);
+}
+
+/* Out of line, so that free() while dormant needs no stack frame: both paths end in a
+ * tail call. */
+static HP_NOINLINE void hook_free_active(struct client_session *s, void *p)
+{
+    hook_free_watched(s, p);
+    __libc_free(p);
 }
 
 HP_EXPORT void *malloc(size_t size)
 {
+    uint64_t interval = atomic_load_explicit(&client_fast_interval, memory_order_relaxed);
+    if (interval == CLIENT_FAST_OFF)
+        return __libc_malloc(size);
     void *p = __libc_malloc(size);
-    if (hook_unsampled(size))
+    if (hook_unsampled_at(size, interval))
         return p;
     return client_sample_tramp(p, size, p);
 }
 
 HP_EXPORT void free(void *p)
 {
-    hook_before_free(p);
-    __libc_free(p);
+    struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
+    if (HP_UNLIKELY(s != NULL))
+        hook_free_active(s, p);
+    else
+        __libc_free(p);
 }
 
 HP_EXPORT void *calloc(size_t n, size_t size)
 {
+    if (hook_off())
+        return __libc_calloc(n, size);
     void *p = __libc_calloc(n, size);
     /* No overflow when the call succeeded (glibc fails with ENOMEM otherwise). */
     if (!p || hook_unsampled(n * size))
@@ -271,6 +307,8 @@ HP_EXPORT void *calloc(size_t n, size_t size)
 
 static HP_ALWAYS_INLINE void *hook_realloc(void *p, size_t size)
 {
+    if (hook_off() && !atomic_load_explicit(&client_current, memory_order_relaxed))
+        return __libc_realloc(p, size);
     /* The old block is recorded as freed before it really is, so that a reuse of its
      * address by another thread gets a later sequence number. If the reallocation then
      * fails, the block stays live but unrecorded (an underestimate, only under OOM). */
@@ -300,6 +338,8 @@ HP_EXPORT void *reallocarray(void *p, size_t n, size_t size)
 
 HP_EXPORT void *memalign(size_t alignment, size_t size)
 {
+    if (hook_off())
+        return __libc_memalign(alignment, size);
     void *p = __libc_memalign(alignment, size);
     if (!p || hook_unsampled(size))
         return p;
@@ -309,6 +349,8 @@ HP_EXPORT void *memalign(size_t alignment, size_t size)
 /* glibc 2.36 defines aligned_alloc as an alias of memalign (no alignment check). */
 HP_EXPORT void *aligned_alloc(size_t alignment, size_t size)
 {
+    if (hook_off())
+        return __libc_memalign(alignment, size);
     void *p = __libc_memalign(alignment, size);
     if (!p || hook_unsampled(size))
         return p;
@@ -332,6 +374,8 @@ HP_EXPORT int posix_memalign(void **memptr, size_t alignment, size_t size)
 
 HP_EXPORT void *valloc(size_t size)
 {
+    if (hook_off())
+        return __libc_valloc(size);
     void *p = __libc_valloc(size);
     if (!p || hook_unsampled(size))
         return p;
@@ -340,6 +384,8 @@ HP_EXPORT void *valloc(size_t size)
 
 HP_EXPORT void *pvalloc(size_t size)
 {
+    if (hook_off())
+        return __libc_pvalloc(size);
     void *p = __libc_pvalloc(size);
     if (!p || hook_unsampled(size))
         return p;
