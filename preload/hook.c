@@ -68,11 +68,15 @@ static bool hook_foreign_pid(const struct client_session *s)
     return true;
 }
 
-static uint32_t hook_tid(struct client_tls *t)
+/* A vfork child runs on its parent's thread state: it must not leave its tid there. */
+static uint32_t hook_tid(struct client_tls *t, const struct client_session *s)
 {
-    if (HP_UNLIKELY(t->tid == 0))
-        t->tid = (uint32_t)syscall(SYS_gettid);
-    return t->tid;
+    if (HP_LIKELY(t->tid != 0))
+        return t->tid;
+    uint32_t tid = (uint32_t)syscall(SYS_gettid);
+    if (getpid() == s->pid)
+        t->tid = tid;
+    return tid;
 }
 
 /* The stack we copy belongs to the application; under AddressSanitizer parts of it are
@@ -133,7 +137,7 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
     a->sample_size = sample_size;
     a->ts_ns = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
     a->heap_id = 0;
-    a->tid = hook_tid(t);
+    a->tid = hook_tid(t, s);
     a->stack_ptr = sp;
     a->stack_len = (uint32_t)len;
     a->flags = flags;
