@@ -52,12 +52,14 @@
 extern char **environ;
 
 struct client_session client_sessions[CLIENT_MAX_SESSIONS];
-_Atomic(struct client_session *) client_current = NULL;
-_Atomic int client_state = CLIENT_UNINIT;
+/* Read by every hook call: aligned so that no counter written on sampled calls shares
+ * their cache line. */
+_Alignas(64) _Atomic(struct client_session *) client_current = NULL;
 _Atomic uint64_t client_fast_interval = CLIENT_FAST_UNINIT;
+_Atomic int client_state = CLIENT_UNINIT;
 uint64_t client_seed;
 _Atomic uint64_t client_thread_counter = 0;
-_Atomic uint64_t client_stat_unknown_stacks = 0;
+_Alignas(64) _Atomic uint64_t client_stat_unknown_stacks = 0;
 _Atomic uint64_t client_stat_freeset_overflows = 0;
 _Atomic uint64_t client_stat_foreign_pid_samples = 0;
 
@@ -286,7 +288,7 @@ fail:
 
 static size_t client_freeset_bytes(void)
 {
-    return ((size_t)1 << CLIENT_FREESET_LOG2) * sizeof(uint64_t);
+    return CLIENT_FREESET_MAP_BYTES(CLIENT_FREESET_LOG2);
 }
 
 static struct client_session *client_free_slot(void)

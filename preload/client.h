@@ -86,9 +86,12 @@ struct client_session {
     uint64_t max_stack_bytes;
     struct client_sampler_params params;
     struct client_freeset freeset; /* mapped once per slot, cleared on reuse */
-    _Atomic uint64_t writers;      /* hooks inside client_session_enter/leave */
     _Atomic bool send_all_frees;   /* the set overflowed: record every free */
-    bool stuck;                    /* writers never drained: slot kept mapped for good */
+    /* Written by every sampled call: on a line of its own, away from the fields every
+     * free() reads. */
+    _Alignas(64) _Atomic uint64_t writers; /* hooks inside client_session_enter/leave */
+    char writers_pad[56];
+    bool stuck; /* writers never drained: slot kept mapped for good */
     /* A page the kernel zeroes in a child of fork (MADV_WIPEONFORK): while *fork_token
      * == gen we are the process that did the handshake, however the child was made
      * (_Fork, clone without CLONE_VM), with no system call. Children sharing our memory

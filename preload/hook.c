@@ -43,7 +43,7 @@ __thread struct client_tls client_tls __attribute__((tls_model("initial-exec")))
 /* ---- recording -------------------------------------------------------------------- */
 
 /* Sequence numbers of the process's records (allocations and frees alike). */
-static _Atomic uint64_t hook_seq;
+static _Alignas(64) _Atomic uint64_t hook_seq;
 
 static void hook_poke(struct client_session *s)
 {
