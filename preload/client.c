@@ -370,6 +370,9 @@ static void client_session_close(struct client_session *s)
     /* seq_cst: see client_session_enter(). */
     atomic_store_explicit(&client_current, NULL, memory_order_seq_cst);
     atomic_store_explicit(&client_state, CLIENT_DORMANT, memory_order_release);
+    /* Writers waiting for space (block_client) would wait for a reader that is gone: the
+     * flag is atomic and read on every round of their wait. */
+    ring_set_blocking(s->ring, false, 0);
 
     for (uint32_t waited = 0; atomic_load_explicit(&s->writers, memory_order_seq_cst) != 0;
          waited++) {
