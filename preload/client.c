@@ -58,6 +58,7 @@ _Alignas(64) _Atomic(struct client_session *) client_current = NULL;
 _Atomic uint64_t client_fast_interval = CLIENT_FAST_UNINIT;
 _Atomic int client_state = CLIENT_UNINIT;
 uint64_t client_seed;
+bool client_trap_reentry;
 _Atomic uint64_t client_thread_counter = 0;
 _Alignas(64) _Atomic uint64_t client_stat_unknown_stacks = 0;
 _Atomic uint64_t client_stat_freeset_overflows = 0;
@@ -641,6 +642,7 @@ void client_init(void)
     client_copy_env(xdg, client_env_xdg, sizeof(client_env_xdg), NULL);
     if (xdg && !client_env_xdg[0] && xdg[0])
         client_env_xdg_set = false; /* too long for a socket path: use the fallback dir */
+    client_trap_reentry = client_parse_u64(client_getenv("HEAPPROF_TRAP_REENTRY"), &v) && v == 1;
     if (client_parse_u64(client_getenv("HEAPPROF_SEED"), &v))
         client_seed = v;
     else

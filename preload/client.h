@@ -68,9 +68,10 @@ enum client_state {
 struct client_tls {
     struct client_sampler sampler; /* bytes_left first: the fast path's only access */
     struct client_stack_cache stack;
-    uint64_t gen; /* session the sampler is seeded for; 0: none */
-    uint32_t tid; /* 0 until needed */
-    bool in_hook; /* reentrancy guard: inside, forward to glibc at once */
+    uint64_t gen;   /* session the sampler is seeded for; 0: none */
+    uint32_t tid;   /* 0 until needed */
+    bool in_hook;   /* reentrancy guard: inside, forward to glibc at once */
+    bool in_sample; /* recording a sample: an allocation now is a bug (see trap below) */
 };
 extern __thread struct client_tls client_tls __attribute__((tls_model("initial-exec")));
 
@@ -109,6 +110,9 @@ extern _Atomic int client_state;
 /* Sampling interval for the fast path while ACTIVE; else a CLIENT_FAST_* value. */
 extern _Atomic uint64_t client_fast_interval;
 extern uint64_t client_seed;
+/* HEAPPROF_TRAP_REENTRY=1 (tests): abort when the sampled path itself allocates, which
+ * would be a hook-safety bug (with interval 1 every allocation reaches the check). */
+extern bool client_trap_reentry;
 extern _Atomic uint64_t client_thread_counter;
 
 /* Statistics (relaxed counters, for tests and debugging). */

@@ -158,6 +158,7 @@ void client_record_free(struct client_session *s, void *p)
     int saved_errno = errno;
 
     t->in_hook = true;
+    t->in_sample = true;
     if (client_session_enter(s)) {
         if (!hook_foreign_pid(s)) {
             ring_t *ring = s->ring;
@@ -177,6 +178,7 @@ void client_record_free(struct client_session *s, void *p)
         }
         client_session_leave(s);
     }
+    t->in_sample = false;
     t->in_hook = false;
     errno = saved_errno;
 }
@@ -194,8 +196,11 @@ uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint6
 {
     struct client_tls *t = &client_tls;
 
-    if (t->in_hook)
+    if (t->in_hook) {
+        if (HP_UNLIKELY(t->in_sample && client_trap_reentry))
+            abort();
         return ret;
+    }
     t->in_hook = true;
     int saved_errno = errno;
 
@@ -219,7 +224,9 @@ uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint6
             sample_size = client_sampler_step(&t->sampler, &s->params, size);
         }
         if (sample_size > 0 && p != 0 && client_session_enter(s)) {
+            t->in_sample = true;
             hook_record_alloc(t, s, (void *)p, size, sample_size, regs);
+            t->in_sample = false;
             client_session_leave(s);
         }
     }

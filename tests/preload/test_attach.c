@@ -66,6 +66,7 @@ static void prog_start(struct fixture *f, const char *const *extra)
     envp[n++] = env_preload;
     envp[n++] = env_xdg;
     envp[n++] = "HEAPPROF_SEED=7";
+    envp[n++] = "HEAPPROF_TRAP_REENTRY=1"; /* the hook path must never allocate */
     if (getenv("ATTACH_PROG_DLLIB")) {
         snprintf(env_dl, sizeof(env_dl), "ATTACH_PROG_DLLIB=%s", getenv("ATTACH_PROG_DLLIB"));
         envp[n++] = env_dl;

@@ -94,7 +94,7 @@ static pid_t spawn(const char *prog, const char *arg, const struct env_opts *o, 
                    int err_fd)
 {
     static char env_preload[4096], env_socket[4096];
-    char *envp[8];
+    char *envp[12];
     int n = 0;
 
     if (o->preload) {
@@ -110,6 +110,8 @@ static pid_t spawn(const char *prog, const char *arg, const struct env_opts *o, 
     if (o->socket_path || o->startup) {
         envp[n++] = "HEAPPROF_INIT_TIMEOUT_MS=5000";
         envp[n++] = "HEAPPROF_SEED=1";
+        /* The hook path must never allocate: abort if it does. */
+        envp[n++] = "HEAPPROF_TRAP_REENTRY=1";
     }
     envp[n] = NULL;
     char *argv[3] = {(char *)prog, (char *)arg, NULL};
