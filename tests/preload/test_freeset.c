@@ -29,6 +29,35 @@ static void test_freeset_insert_remove(void **state)
     for (uint64_t i = 1; i <= 1000; i++)
         assert_false(client_freeset_remove(&s, i * 16 + 0x10000));
     assert_false(client_freeset_remove(&s, 0x999990));
+    /* Every filter counter went back to zero: unsampled frees read only the filter. */
+    for (size_t i = 0; i < ((size_t)1 << (12 - CLIENT_FREESET_LINE_LOG2)); i++)
+        assert_int_equal(atomic_load(&s.filter[i]), 0);
+}
+
+static void test_freeset_filter_tracks_line(void **state)
+{
+    (void)state;
+    struct client_freeset s;
+    assert_int_equal(client_freeset_init(&s, 12), 0);
+
+    /* Many addresses whose home slot lies in one line (one filter counter). */
+    uint64_t addrs[300];
+    size_t n = 0;
+    uint64_t line = client_freeset_hash(&s, 0x10000) >> CLIENT_FREESET_LINE_LOG2;
+    for (uint64_t a = 0x10000; n < 300; a += 16)
+        if (client_freeset_hash(&s, a) >> CLIENT_FREESET_LINE_LOG2 == line)
+            addrs[n++] = a;
+    size_t inserted = 0;
+    for (size_t i = 0; i < n; i++)
+        inserted += client_freeset_insert(&s, addrs[i]) == 0;
+    /* The probe bound limits how many fit around one line; the counter is non-zero while
+     * they are present and back to zero once all are removed (failed inserts undo their
+     * raise). */
+    assert_true(inserted >= CLIENT_FREESET_PROBES - 8);
+    assert_true(atomic_load(&s.filter[line]) > 0);
+    for (size_t i = 0; i < n; i++)
+        (void)client_freeset_remove(&s, addrs[i]);
+    assert_int_equal(atomic_load(&s.filter[line]), 0);
 }
 
 static void test_freeset_tombstones_reused_and_bounded(void **state)
@@ -91,6 +120,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_freeset_insert_remove),
         cmocka_unit_test(test_freeset_tombstones_reused_and_bounded),
+        cmocka_unit_test(test_freeset_filter_tracks_line),
         cmocka_unit_test(test_freeset_concurrent_churn),
     };
     return cmocka_run_group_tests_name("freeset", tests, NULL, NULL);
