@@ -385,7 +385,8 @@ static void client_session_close(struct client_session *s)
         (void)nanosleep(&ms, NULL);
     }
     s->ring = ring_unmap(s->ring);
-    (void)close(s->sock);
+    if (s->sock >= 0)
+        (void)close(s->sock);
     s->sock = -1;
     /* A hook that loaded @s before the detach may still probe the set: it stays mapped;
      * zero pages make it empty for the slot's next session. */
@@ -470,6 +471,8 @@ static void *client_helper_main(void *arg)
             ssize_t got = recv(s->sock, buf, sizeof(buf), MSG_DONTWAIT);
             bool gone = got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR) ||
                         (pf[1].revents & (POLLHUP | POLLERR | POLLNVAL));
+            if (pf[1].revents & POLLNVAL)
+                s->sock = -1; /* the application closed it: its number is not ours now */
             if (gone)
                 client_session_close(s);
         }
