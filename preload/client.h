@@ -2,15 +2,17 @@
  *
  * Life of the client:
  *
- *   UNINIT -> INITIALIZING -> DORMANT <-> ACTIVE         PASSTHROUGH (for good)
- *                               ^  attach signal / detach
+ *   UNINIT -> INITIALIZING -> DORMANT <-> ACTIVE
+ *                               attach signal / detach (socket closed)
  *
  * INITIALIZING: one thread reads the environment and, when asked to, does the startup
- * handshake (the others pass through meanwhile). DORMANT: no session; the hooks cost a
- * counter decrement and a load of a global; the attach signal wakes the helper thread,
+ * handshake (the others pass through meanwhile). DORMANT: no session; the exported
+ * functions load one global and jump to glibc; the attach signal wakes the helper thread,
  * which handshakes and makes the client ACTIVE. ACTIVE: sampling into the session's ring;
- * when the service closes the socket the helper thread notices and returns to DORMANT.
- * PASSTHROUGH: nothing will ever be profiled in this process (init failed for good).
+ * when the service closes the socket (end of session, service death) the helper thread
+ * notices and returns to DORMANT, attachable again. A failed or refused startup
+ * handshake also leaves the client DORMANT. PASSTHROUGH (nothing will ever be profiled)
+ * is kept for callers that need it; nothing enters it today.
  *
  * Sessions live in a small static array and are never freed while a hook may use them:
  *
