@@ -11,10 +11,10 @@
  *     if (client_freeset_insert(&set, (uintptr_t)p) < 0) send_every_free = true;
  *     if (client_freeset_remove(&set, (uintptr_t)p)) record_free(p);
  *
- * In front of the table sits a filter of one saturating 8-bit counter per cache line of
- * slots (the entries whose home slot lies in that line): a free of an unsampled address
- * usually reads only the filter, CLIENT_FREESET_FILTER_BYTES(log2) bytes that stay in
- * cache, instead of a random line of the table. A counter is raised before its entry is
+ * In front of the table sits a filter of one saturating 8-bit counter per group of
+ * 2^CLIENT_FREESET_LINE_LOG2 slots (the entries whose home slot lies in that group): a
+ * free of an unsampled address usually reads only the filter, which stays in cache,
+ * instead of a random line of the table. A counter is raised before its entry is
  * stored and lowered after it is removed; at 255 it stays (the table is then probed).
  *
  * Thread-safe and hook-safe (atomics only). Addresses must be neither 0 nor 1 and unique
@@ -33,8 +33,9 @@
 #define CLIENT_FREESET_PROBES 32
 #define CLIENT_FREESET_EMPTY 0u
 #define CLIENT_FREESET_TOMB 1u
-/* 8 slots of 8 bytes: one cache line per filter counter. */
-#define CLIENT_FREESET_LINE_LOG2 3
+/* One filter counter per 32 slots (4 cache lines): a 16 KiB filter for the default
+ * table, small enough to stay in L1 next to the application's own data. */
+#define CLIENT_FREESET_LINE_LOG2 5
 #define CLIENT_FREESET_FILTER_SAT 255u
 
 struct client_freeset {
