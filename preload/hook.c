@@ -105,6 +105,11 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
     uint32_t flags = 0;
     int r = client_stack_lookup(&t->stack, sp, &end);
     if (r == 0) {
+        /* glibc puts a thread's descriptor (the TCB, ~2 KiB, at the thread pointer) at
+         * the top of its stack mapping: no frame lives there. */
+        uint64_t tp = (uint64_t)(uintptr_t)__builtin_thread_pointer();
+        if (tp > sp && tp < end)
+            end = tp;
         avail = end - sp;
     } else {
         /* Not the thread's own stack (signal stack, fiber, ucontext), or no answer from
