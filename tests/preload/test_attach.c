@@ -549,6 +549,73 @@ static void test_attach_fork_followed(void **state)
     run_fork(*state, true);
 }
 
+static void test_attach_refuses_service_of_another_user(void **state)
+{
+    struct fixture *f = *state;
+    char dir[160], path[200], line[128], env_sock[240];
+
+    if (getuid() != 0) {
+        skip(); /* needs to run a fake service as another user */
+        return;
+    }
+    snprintf(dir, sizeof(dir), "%s/other", f->xdg);
+    assert_int_equal(mkdir(dir, 0777), 0);
+    assert_int_equal(chmod(dir, 0777), 0);
+    assert_int_equal(chmod(f->xdg, 0755), 0);
+    snprintf(path, sizeof(path), "%s/sock", dir);
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    pid_t svc = fork();
+    assert_true(svc >= 0);
+    if (svc == 0) {
+        /* The service, as nobody: SO_PEERCRED reports the uid of listen(). */
+        if (setgid(65534) < 0 || setuid(65534) < 0)
+            _exit(2);
+        int l = socket(AF_UNIX, SOCK_STREAM, 0);
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        strcpy(sa.sun_path, path);
+        if (bind(l, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(l, 1) < 0)
+            _exit(3);
+        (void)!write(ready[1], "r", 1);
+        int c = accept(l, NULL, NULL);
+        char buf[64];
+        /* The client must hang up without a hello (and without its /proc fds). */
+        ssize_t n = read(c, buf, sizeof(buf));
+        _exit(n == 0 ? 0 : 1);
+    }
+    char b;
+    assert_int_equal(read(ready[0], &b, 1), 1);
+    (void)close(ready[0]);
+    (void)close(ready[1]);
+    snprintf(env_sock, sizeof(env_sock), "HEAPPROF_SOCKET=%s", path);
+    const char *env[] = {"HEAPPROF_STARTUP=1", env_sock, NULL};
+    prog_start(f, env);
+    prog_line(f, line, sizeof(line));
+    assert_string_equal(line, "ready");
+    int st;
+    assert_int_equal(waitpid(svc, &st, 0), svc);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    /* The program runs on, unprofiled, after one line on stderr. */
+    prog_cmd(f, 'a', line, sizeof(line));
+    assert_string_equal(line, "a");
+    assert_int_equal(write(f->prog.in, "q", 1), 1);
+    prog_line(f, line, sizeof(line));
+    assert_int_equal(waitpid(f->prog.pid, &st, 0), f->prog.pid);
+    f->prog.pid = 0;
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    char err[512] = "";
+    int fd = open(f->prog.err_path, O_RDONLY);
+    assert_true(fd >= 0);
+    ssize_t n = read(fd, err, sizeof(err) - 1);
+    (void)close(fd);
+    assert_true(n > 0);
+    err[n] = 0;
+    assert_non_null(strstr(err, "runs as another user"));
+    assert_non_null(strchr(err, '\n'));
+    assert_ptr_equal(strchr(err, '\n'), err + n - 1);
+}
+
 /* ---- torture ------------------------------------------------------------------------ */
 
 /* Starts the program dormant and attaches it; returns the listening socket. */
@@ -724,6 +791,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_attach_signal_zero_disables, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attach_fork_not_followed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attach_fork_followed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_attach_refuses_service_of_another_user, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_attach_torture_64_threads_attach_detach, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_attach_torture_fork_vfork_exec_storm, setup, teardown),
