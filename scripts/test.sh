@@ -68,7 +68,7 @@ if [ $quick -eq 0 ]; then
 
     setup build-tsan -Dwerror=true -Dbuildtype=debug -Dtests=enabled \
         -Db_sanitize=thread -Db_lundef=false || exit 1
-    TSAN_OPTIONS=halt_on_error=1 step "TSan build" build-tsan --suite unit --no-suite no-tsan
+    TSAN_OPTIONS=halt_on_error=1 step "TSan build" build-tsan --no-suite no-asan --no-suite no-tsan
 
     echo "=== clang-format"
     if command -v clang-format >/dev/null; then

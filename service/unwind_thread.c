@@ -233,6 +233,10 @@ void *svc__unwinder_main(void *arg)
         struct svc_client *in = u->incoming;
         u->incoming = NULL;
         bool stop = u->stop;
+        bool detach = u->detach;
+        uint32_t detach_flags = u->detach_flags;
+        u->detach = false;
+        u->detach_flags = 0;
         pthread_mutex_unlock(&u->lock);
         while (in) {
             struct svc_client *next = in->next;
@@ -265,6 +269,14 @@ void *svc__unwinder_main(void *arg)
             if (c->flags & BK_FLAG_BUFFER_CORRUPTED) {
                 unlink_client(u, c);
                 finish_client(u, c, BK_FLAG_DISCONNECTED);
+            }
+        }
+
+        if (detach) {
+            while (u->clients) {
+                struct svc_client *c = u->clients;
+                u->clients = c->next;
+                finish_client(u, c, detach_flags);
             }
         }
 
