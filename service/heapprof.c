@@ -22,17 +22,14 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/macros.h"
+#include "service/cmds.h"
+#include "service/loop.h"
 #include "service/svc.h"
 
 #ifndef HP_LIBDIR_FROM_BINDIR
 #define HP_LIBDIR_FROM_BINDIR "../lib"
 #endif
 
-/* Exit codes (documented in --help). */
-#define EXIT_USAGE 2
-#define EXIT_NOT_FOUND 127
-#define EXIT_CANNOT_RUN 126
-#define EXIT_PROFILER 3
 
 extern char **environ;
 
@@ -43,6 +40,9 @@ static void usage_main(FILE *f)
           "A sampling heap profiler. Commands:\n"
           "  record [options] -- CMD [ARGS...]  run CMD under the profiler, write a trace\n"
           "  report FILE [options]              print the top allocation sites of a trace\n"
+          "  attach -p PID | -n NAME [options]  profile running processes that have\n"
+          "                                     libheapprof.so preloaded\n"
+          "  dump [DAEMON_PID]                  ask the running heapprofd to dump now\n"
           "\n"
           "Run 'heapprof COMMAND --help' for the options of a command.\n",
           f);
@@ -68,6 +68,8 @@ static void usage_record(FILE *f)
           "      --block-timeout-us N     longest wait for buffer space (default 100000)\n"
           "      --dump-at-max            report live memory at the peak, not at the end\n"
           "      --seed N                 fixed sampler seed for reproducible runs\n"
+          "      --continuous-dump MS[,PHASE_MS]  also dump every MS milliseconds\n"
+          "      --status                 live status line on a terminal\n"
           "      --top N                  sites in the summary (default 10; 0: none)\n"
           "  -q, --quiet                  no summary\n"
           "  -h, --help                   this help\n"
@@ -332,20 +334,6 @@ static char **build_env(struct child_env *ce, const char *lib, const char *sock,
     return env;
 }
 
-static void human_bytes(uint64_t b, char *buf, size_t len)
-{
-    const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)b;
-    unsigned u = 0;
-    while (v >= 1024 && u < 4) {
-        v /= 1024;
-        u++;
-    }
-    if (u == 0)
-        snprintf(buf, len, "%llu B", (unsigned long long)b);
-    else
-        snprintf(buf, len, "%.1f %s", v, units[u]);
-}
 
 static int make_socket_dir(char *buf, size_t len)
 {
@@ -375,13 +363,15 @@ static int cmd_record(int argc, char **argv)
         {"dump-at-max", no_argument, NULL, 'M'},
         {"seed", required_argument, NULL, 's'},
         {"top", required_argument, NULL, 'n'},
+        {"continuous-dump", required_argument, NULL, 'C'},
+        {"status", no_argument, NULL, 'U'},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
         {0},
     };
     struct svc_config cfg;
     const char *output = NULL, *seed = NULL;
-    bool quiet = false;
+    bool quiet = false, status_line = false;
     long top = 10, v;
     uint64_t bytes;
     int c;
@@ -448,6 +438,18 @@ static int cmd_record(int argc, char **argv)
                 return EXIT_USAGE;
             }
             break;
+        case 'C':
+            if (parse_continuous_dump(optarg, &cfg) < 0) {
+                fprintf(stderr,
+                        "heapprof record: invalid --continuous-dump '%s': expected "
+                        "INTERVAL_MS[,PHASE_MS] with INTERVAL_MS >= 10\n",
+                        optarg);
+                return EXIT_USAGE;
+            }
+            break;
+        case 'U':
+            status_line = true;
+            break;
         case 'q':
             quiet = true;
             break;
@@ -513,20 +515,13 @@ static int cmd_record(int argc, char **argv)
     }
 
     /* Signals are taken through a signalfd; the child gets the original mask back. */
-    sigset_t mask, old_mask;
-    sigemptyset(&mask);
-    sigaddset(&mask, SIGCHLD);
-    sigaddset(&mask, SIGINT);
-    sigaddset(&mask, SIGTERM);
-    sigaddset(&mask, SIGHUP);
-    sigaddset(&mask, SIGQUIT);
-    sigprocmask(SIG_BLOCK, &mask, &old_mask);
-    int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    sigset_t old_mask;
+    svc_loop_block_signals(&old_mask);
 
     /* The child waits for a go byte, so the service is listening (and the output named
      * after its pid is open) before its first allocation. */
     int go[2];
-    if (sfd < 0 || pipe2(go, O_CLOEXEC) < 0) {
+    if (pipe2(go, O_CLOEXEC) < 0) {
         perror("heapprof record");
         (void)rmdir(dir);
         return EXIT_PROFILER;
@@ -579,38 +574,19 @@ static int cmd_record(int argc, char **argv)
     }
     (void)close(go[1]);
 
-    int status = 0;
-    bool exited = false;
-    uint64_t exit_ns = 0;
-    for (;;) {
-        r = svc_poll(s, 50);
-        if (r < 0)
-            hp_log_warn("accept: %s", strerror(-r));
-        struct signalfd_siginfo si;
-        while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
-            if (si.ssi_signo == SIGCHLD) {
-                pid_t w;
-                int st;
-                while ((w = waitpid(-1, &st, WNOHANG)) > 0) {
-                    if (w == child) {
-                        status = st;
-                        exited = true;
-                        exit_ns = hp_clock_ns(CLOCK_MONOTONIC);
-                    }
-                }
-            } else if (!exited && si.ssi_pid != 0) {
-                /* Sent by a process, not by the terminal (which signals the whole
-                 * process group): pass it on. */
-                (void)kill(child, (int)si.ssi_signo);
-            }
-        }
-        if (exited) {
-            /* Let every client that exited with the program be drained; descendants
-             * still running after a grace period are dumped as they are. */
-            if (svc_live_clients(s) == 0 || hp_clock_ns(CLOCK_MONOTONIC) - exit_ns > 2000000000ull)
-                break;
-        }
-    }
+    struct svc_loop_opts lo = {
+        .dump_interval_ms = cfg.dump_interval_ms,
+        .dump_phase_ms = cfg.dump_phase_ms,
+        .status_line = !quiet && isatty(STDERR_FILENO) && status_line,
+        .child = child,
+        .forward_signals = true,
+    };
+    struct svc_loop_result res;
+    r = svc_loop_run(s, &lo, &res);
+    if (r < 0)
+        hp_log_warn("%s", strerror(-r));
+    int status = res.child_status;
+    svc_loop_arm_second_interrupt(out_fd, s);
 
     struct svc_summary sum;
     r = svc_finish(s, &sum);
@@ -624,30 +600,8 @@ static int cmd_record(int argc, char **argv)
         fprintf(stderr, "heapprof record: writing '%s' failed: %s\n", out_path, strerror(-r));
         return rc ? rc : EXIT_PROFILER;
     }
-    if (!quiet) {
-        char hb[32];
-        human_bytes(sum.output_bytes, hb, sizeof(hb));
-        fprintf(stderr,
-                "\nheapprof: %llu process%s, %llu samples, %llu frees recorded; %llu samples "
-                "dropped, %llu unwinding errors%s\n",
-                (unsigned long long)sum.processes, sum.processes == 1 ? "" : "es",
-                (unsigned long long)sum.samples, (unsigned long long)sum.frees,
-                (unsigned long long)sum.records_dropped, (unsigned long long)sum.unwinding_errors,
-                sum.corrupt_clients ? "; a client sent corrupt data" : "");
-        if (top > 0) {
-            struct bk_trace *t;
-            if (bk_trace_load(out_path, &(struct bk_trace_options){0}, &t) == 0) {
-                bk_report_print(stderr, t,
-                                &(struct bk_report_options){
-                                    .top_n = (int)top, .demangle = true, .unreleased_only = true});
-                bk_trace_free(t);
-            }
-        }
-        fprintf(stderr,
-                "heapprof: trace written to %s (%s); view it with 'heapprof report %s' "
-                "or at ui.perfetto.dev\n",
-                out_path, hb, out_path);
-    }
+    if (!quiet)
+        svc_print_summary(out_path, &sum, (int)top);
     return rc;
 }
 
@@ -670,6 +624,10 @@ int main(int argc, char **argv)
         return cmd_record(argc - 1, argv + 1);
     if (!strcmp(cmd, "report"))
         return cmd_report(argc - 1, argv + 1);
+    if (!strcmp(cmd, "attach"))
+        return cmd_attach(argc - 1, argv + 1);
+    if (!strcmp(cmd, "dump"))
+        return cmd_dump(argc - 1, argv + 1);
     fprintf(stderr, "heapprof: unknown command '%s'\n", cmd);
     usage_main(stderr);
     return EXIT_USAGE;
