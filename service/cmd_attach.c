@@ -209,8 +209,7 @@ int cmd_attach(int argc, char **argv)
             errno = 0;
             duration = strtod(optarg, &end);
             if (errno || *end || !(duration > 0) || duration > 1e9) {
-                fprintf(stderr, "heapprof attach: invalid --duration '%s' (seconds > 0)\n",
-                        optarg);
+                fprintf(stderr, "heapprof attach: invalid --duration '%s' (seconds > 0)\n", optarg);
                 rc = EXIT_USAGE;
                 goto out;
             }
@@ -275,8 +274,9 @@ int cmd_attach(int argc, char **argv)
         }
     }
     if (optind != argc || (cfg.n_pid == 0 && cfg.n_process_cmdline == 0)) {
-        fprintf(stderr, optind != argc ? "heapprof attach: unexpected argument '%s'\n"
-                                       : "heapprof attach: name a process with -p or -n%s\n",
+        fprintf(stderr,
+                optind != argc ? "heapprof attach: unexpected argument '%s'\n"
+                               : "heapprof attach: name a process with -p or -n%s\n",
                 optind != argc ? argv[optind] : "");
         usage_attach(stderr);
         rc = EXIT_USAGE;
@@ -352,8 +352,7 @@ int cmd_attach(int argc, char **argv)
     svc_t *s = NULL;
     int r = svc_new(&cfg, out_fd, &s);
     if (r < 0) {
-        fprintf(stderr, "heapprof attach: cannot start the profiling service: %s\n",
-                strerror(-r));
+        fprintf(stderr, "heapprof attach: cannot start the profiling service: %s\n", strerror(-r));
         rc = EXIT_PROFILER;
         goto out;
     }

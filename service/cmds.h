@@ -33,8 +33,8 @@ int svc_runtime_dir_prepare(char *buf, size_t len, char *err, size_t err_len);
 /* Target discovery for attach. */
 struct svc_proc {
     pid_t pid;
-    char name[64];    /* basename of argv[0] */
-    bool preloaded;   /* libheapprof.so mapped */
+    char name[64];  /* basename of argv[0] */
+    bool preloaded; /* libheapprof.so mapped */
     bool same_user;
 };
 /* Reads /proc/@pid: 0, -ENOENT (gone), -errno. */

@@ -6,9 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "service/svc.h"
-
 #include "service/cmds.h"
+#include "service/svc.h"
 #include "shmem_ring/ring.h"
 
 void svc_config_init(struct svc_config *cfg)

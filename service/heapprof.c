@@ -30,7 +30,6 @@
 #define HP_LIBDIR_FROM_BINDIR "../lib"
 #endif
 
-
 extern char **environ;
 
 static void usage_main(FILE *f)
@@ -333,7 +332,6 @@ static char **build_env(struct child_env *ce, const char *lib, const char *sock,
     env[k] = NULL;
     return env;
 }
-
 
 static int make_socket_dir(char *buf, size_t len)
 {

@@ -2,11 +2,11 @@
  * preloaded connect to its socket at startup; those matching the targets are profiled
  * from startup and dumped when they exit; running targets are woken by the attach
  * signal. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
-#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +56,8 @@ static void usage(FILE *f)
           "      --max-cpu-secs N         max_heapprofd_cpu_secs guardrail\n"
           "      --disable-fork-teardown  disable_fork_teardown\n"
           "      --status                 live status line on a terminal\n"
+          "      --allow-other-users      as root, also profile other users' processes (the\n"
+          "                               socket must then be reachable by them)\n"
           "  -h, --help                   this help\n"
           "\n"
           "example:\n"
@@ -81,6 +83,7 @@ enum {
     OPT_CPU,
     OPT_FORK,
     OPT_STATUS,
+    OPT_OTHER_USERS,
 };
 
 static const struct option opts[] = {
@@ -102,6 +105,7 @@ static const struct option opts[] = {
     {"max-cpu-secs", required_argument, NULL, OPT_CPU},
     {"disable-fork-teardown", no_argument, NULL, OPT_FORK},
     {"status", no_argument, NULL, OPT_STATUS},
+    {"allow-other-users", no_argument, NULL, OPT_OTHER_USERS},
     {"help", no_argument, NULL, 'h'},
     {0},
 };
@@ -267,6 +271,9 @@ int cmd_daemon(int argc, char **argv, const char *prog)
         case OPT_STATUS:
             status_line = true;
             break;
+        case OPT_OTHER_USERS:
+            cfg.allow_other_users = true;
+            break;
         case 'h':
             usage(stdout);
             goto out;
@@ -320,8 +327,7 @@ int cmd_daemon(int argc, char **argv, const char *prog)
     }
     out_fd = open(output, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (out_fd < 0) {
-        fprintf(stderr, "heapprofd: cannot write the trace to '%s': %s\n", output,
-                strerror(errno));
+        fprintf(stderr, "heapprofd: cannot write the trace to '%s': %s\n", output, strerror(errno));
         rc = EXIT_PROFILER;
         goto out;
     }

@@ -58,8 +58,7 @@ static void draw_status(svc_t *s, uint64_t *last_samples, uint64_t *last_ns, boo
     *last_ns = now;
     char out[32];
     svc_human_bytes(st.output_bytes, out, sizeof(out));
-    fprintf(stderr,
-            "\r\033[Kheapprof: %u process%s, %.0f samples/s, %llu dropped, %llu dump%s, %s",
+    fprintf(stderr, "\r\033[Kheapprof: %u process%s, %.0f samples/s, %llu dropped, %llu dump%s, %s",
             st.live_processes, st.live_processes == 1 ? "" : "es", rate,
             (unsigned long long)st.records_dropped, (unsigned long long)st.dumps,
             st.dumps == 1 ? "" : "s", out);
@@ -77,9 +76,8 @@ int svc_loop_run(svc_t *s, const struct svc_loop_opts *o, struct svc_loop_result
         return -errno;
 
     uint64_t start = hp_clock_ns(CLOCK_MONOTONIC);
-    uint64_t next_dump = o->dump_interval_ms
-                             ? start + (uint64_t)o->dump_phase_ms * 1000000u
-                             : UINT64_MAX;
+    uint64_t next_dump =
+        o->dump_interval_ms ? start + (uint64_t)o->dump_phase_ms * 1000000u : UINT64_MAX;
     uint64_t next_tick = start, next_status = start + 1000000000u;
     uint64_t exit_ns = 0, last_samples = 0, last_status_ns = start;
     bool had_clients = false;

@@ -19,10 +19,9 @@ void svc_print_summary(const char *out_path, const struct svc_summary *sum, int 
     if (top > 0) {
         struct bk_trace *t;
         if (bk_trace_load(out_path, &(struct bk_trace_options){0}, &t) == 0) {
-            bk_report_print(
-                stderr, t,
-                &(struct bk_report_options){
-                    .top_n = top, .demangle = true, .unreleased_only = true});
+            bk_report_print(stderr, t,
+                            &(struct bk_report_options){
+                                .top_n = top, .demangle = true, .unreleased_only = true});
             bk_trace_free(t);
         }
     }

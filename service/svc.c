@@ -10,8 +10,8 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/socket.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -169,8 +169,8 @@ bool svc_check_guardrails(svc_t *s)
     if (!what)
         return false;
     s->guardrail_fired = true;
-    hp_log_warn("guardrail hit: service %s %llu > limit %llu; profiling stopped, data dumped",
-                what, (unsigned long long)value, (unsigned long long)limit);
+    hp_log_warn("guardrail hit: service %s %llu > limit %llu; profiling stopped, data dumped", what,
+                (unsigned long long)value, (unsigned long long)limit);
     svc_detach_all(s, BK_FLAG_HIT_GUARDRAIL);
     return true;
 }
@@ -444,7 +444,7 @@ static void handshake(struct svc *s, int sock)
         hp_log_warn("pid %d: handshake: bad hello", (int)cred.pid);
         goto reject;
     }
-    if (cred.uid != geteuid() && geteuid() != 0) {
+    if (cred.uid != geteuid() && !(geteuid() == 0 && s->cfg.allow_other_users)) {
         hp_log_warn("pid %d: handshake: client of uid %u rejected", (int)cred.pid,
                     (unsigned)cred.uid);
         goto reject;

@@ -54,6 +54,9 @@ struct svc_config {
     uint64_t max_heapprofd_memory_kb;
     uint64_t max_heapprofd_cpu_secs;
     bool disable_fork_teardown;
+    /* Not in HeapprofdConfig: a service running as root also profiles other users'
+     * processes (by default only its own uid's). */
+    bool allow_other_users;
 };
 
 void svc_config_init(struct svc_config *cfg);
