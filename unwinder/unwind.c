@@ -49,6 +49,8 @@ _Static_assert(WIRE_REG_R15 == UNW_X86_64_R15, "register numbering");
 #define SKIP_MAX 32
 /* Entries of libunwind's register-state cache per process (it rounds to a power of 2). */
 #define UNW_CACHE_ENTRIES 4096
+/* Slots of the per-process cache of resolved frames (direct-mapped by pc, power of 2). */
+#define PC_CACHE_SLOTS 2048
 
 /* What went wrong inside the accessors during one unw_step(). */
 enum {
@@ -67,11 +69,21 @@ struct pmap {
     bool elf_done, hm_done;
 };
 
+/* A frame resolved for one pc under one generation of the maps. */
+struct pc_slot {
+    uint64_t pc;  /* the looked-up pc (already adjusted for return addresses) */
+    uint32_t gen; /* p->maps_gen when filled; 0: empty */
+    bool skip;    /* in libheapprof */
+    struct hp_frame f;
+};
+
 struct unwinder_process {
     pid_t pid;
     int maps_fd, mem_fd;
     struct unwinder__maps maps;
-    struct pmap *pm; /* maps.n entries */
+    struct pmap *pm;     /* maps.n entries */
+    uint32_t maps_gen;   /* bumped when the maps are reread; never 0 */
+    struct pc_slot *pcs; /* PC_CACHE_SLOTS entries */
     uint64_t last_reparse_ns;
     unw_addr_space_t as;
     Dwfl *dwfl;      /* the fallback unwinder's view of the maps; NULL until needed */
@@ -111,6 +123,8 @@ static bool reparse(struct unwinder_process *p)
     p->pm = pm;
     p->reparsed = true;
     p->dwfl_stale = true;
+    if (++p->maps_gen == 0)
+        p->maps_gen = 1;
     /* Libraries may have been replaced at the same addresses. Only bumps a generation
      * counter, so it is safe from inside an accessor. */
     unw_flush_cache(p->as, 0, 0);
@@ -345,6 +359,8 @@ int unwinder_process_new(pid_t pid, int maps_fd, int mem_fd, unwinder_process_t 
     if (r < 0)
         goto fail;
     p->pm = calloc(p->maps.n ? p->maps.n : 1, sizeof(*p->pm));
+    p->pcs = calloc(PC_CACHE_SLOTS, sizeof(*p->pcs));
+    p->maps_gen = 1;
     /* libunwind copies the accessors into the address space. */
     unw_accessors_t acc = {
         .find_proc_info = acc_find_proc_info,
@@ -356,7 +372,7 @@ int unwinder_process_new(pid_t pid, int maps_fd, int mem_fd, unwinder_process_t 
         .resume = acc_resume,
         .get_proc_name = acc_get_proc_name,
     };
-    p->as = p->pm ? unw_create_addr_space(&acc, 0) : NULL;
+    p->as = p->pm && p->pcs ? unw_create_addr_space(&acc, 0) : NULL;
     if (!p->as) {
         r = -ENOMEM;
         goto fail;
@@ -383,6 +399,7 @@ unwinder_process_t *unwinder_process_free(unwinder_process_t *p)
         dwfl_end(p->dwfl);
     unwinder__maps_done(&p->maps);
     free(p->pm);
+    free(p->pcs);
     if (p->maps_fd >= 0)
         (void)close(p->maps_fd);
     if (p->mem_fd >= 0)
@@ -578,8 +595,8 @@ static bool is_libheapprof(const struct unwinder__map *m)
 }
 
 /* Fills @f for the pc @pc (already adjusted for return addresses). */
-static void resolve_frame(struct unwinder_process *p, uint64_t pc, struct hp_frame *f,
-                          bool *ret_skip)
+static void resolve_frame_slow(struct unwinder_process *p, uint64_t pc, struct hp_frame *f,
+                               bool *ret_skip)
 {
     *f = (struct hp_frame){.map = NULL, .function_name = unwinder__empty(), .rel_pc = pc};
     *ret_skip = false;
@@ -599,6 +616,28 @@ static void resolve_frame(struct unwinder_process *p, uint64_t pc, struct hp_fra
         const char *name = unwinder__elf_symbol(e, f->rel_pc);
         if (name)
             f->function_name = name;
+    }
+}
+
+/* resolve_frame_slow(), cached per pc for the current maps: a warm unwind resolves each
+ * frame with one probe instead of a mapping search, a symbol search and a name check. */
+static void resolve_frame(struct unwinder_process *p, uint64_t pc, struct hp_frame *f,
+                          bool *ret_skip)
+{
+    uint64_t h = pc * 0x9e3779b97f4a7c15ull;
+    struct pc_slot *s = &p->pcs[(h >> 40) & (PC_CACHE_SLOTS - 1)];
+    if (s->gen == p->maps_gen && s->pc == pc) {
+        *f = s->f;
+        *ret_skip = s->skip;
+        return;
+    }
+    resolve_frame_slow(p, pc, f, ret_skip);
+    /* Only frames in a known mapping: an unknown pc may be found after a reread. */
+    if (f->map) {
+        s->pc = pc;
+        s->gen = p->maps_gen;
+        s->skip = *ret_skip;
+        s->f = *f;
     }
 }
 
