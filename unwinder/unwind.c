@@ -489,6 +489,8 @@ struct dw_walk {
     uint64_t *pcs;
     bool *exact;
     size_t n, max;
+    uint64_t sp; /* the previous frame's stack pointer, if have_sp */
+    bool have_sp;
 };
 
 static int dw_frame_cb(Dwfl_Frame *state, void *arg)
@@ -498,8 +500,15 @@ static int dw_frame_cb(Dwfl_Frame *state, void *arg)
     bool activation;
     if (!dwfl_frame_pc(state, &pc, &activation) || pc == 0)
         return DWARF_CB_ABORT;
-    if (w->n > 0 && w->pcs[w->n - 1] == pc && !activation)
+    /* A frame equal to the previous one (pc and stack pointer) would repeat forever;
+     * recursion repeats the pc only. Without the stack pointer the walk is still bounded
+     * by w->max. */
+    Dwarf_Word sp = 0;
+    bool have_sp = dwfl_frame_reg(state, WIRE_REG_RSP, &sp) == 0;
+    if (w->n > 0 && w->pcs[w->n - 1] == pc && have_sp && w->have_sp && w->sp == sp)
         return DWARF_CB_ABORT;
+    w->sp = sp;
+    w->have_sp = have_sp;
     w->pcs[w->n] = pc;
     w->exact[w->n] = activation;
     w->n++;
@@ -520,7 +529,7 @@ static size_t dw_unwind(struct unwinder_process *p, uint64_t *pcs, bool *exact, 
         if (!p->dwfl)
             return 0;
     }
-    struct dw_walk w = {.pcs = pcs, .exact = exact, .n = 0, .max = max};
+    struct dw_walk w = {.pcs = pcs, .exact = exact, .n = 0, .max = max, .sp = 0, .have_sp = false};
     (void)dwfl_getthread_frames(p->dwfl, p->pid > 0 ? p->pid : 1, dw_frame_cb, &w);
     return w.n;
 }
@@ -717,6 +726,15 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
 
         p->fail = 0;
         r = unw_step(&c);
+        /* A pc in a file whose CFI is only in .debug_frame: libunwind found no unwind info
+         * and guessed (frame pointer, or the end), so whatever it stepped to is not to be
+         * trusted; elfutils, which reads .debug_frame, takes over from the start. */
+        if (p->fail & FAIL_DEBUG_FRAME) {
+            err = fail_reason(p->fail, r < 0 ? r : -UNW_ENOINFO);
+            fallback = true;
+            steps = step + 1;
+            break;
+        }
         /* libunwind ends a chain it cannot follow (no unwind info, frame-pointer guess
          * rejected) with 0, like a real end; our accessors know better. */
         if (r < 0 || (r == 0 && (p->fail & (FAIL_NO_MAP | FAIL_ELF | FAIL_NO_INFO)))) {
