@@ -49,8 +49,9 @@ _Static_assert(WIRE_REG_R15 == UNW_X86_64_R15, "register numbering");
 #define SKIP_MAX 32
 /* Entries of libunwind's register-state cache per process (it rounds to a power of 2). */
 #define UNW_CACHE_ENTRIES 4096
-/* Slots of the per-process cache of resolved frames (direct-mapped by pc, power of 2). */
+/* Slots of the per-process cache of resolved frames (power of 2). */
 #define PC_CACHE_SLOTS 2048
+#define PC_CACHE_WAYS 4
 
 /* What went wrong inside the accessors during one unw_step(). */
 enum {
@@ -84,6 +85,7 @@ struct unwinder_process {
     struct pmap *pm;     /* maps.n entries */
     uint32_t maps_gen;   /* bumped when the maps are reread; never 0 */
     struct pc_slot *pcs; /* PC_CACHE_SLOTS entries */
+    unsigned pc_victim;  /* round-robin replacement in a full set of pcs */
     uint64_t last_reparse_ns;
     unw_addr_space_t as;
     Dwfl *dwfl;      /* the fallback unwinder's view of the maps; NULL until needed */
@@ -633,21 +635,33 @@ static void resolve_frame_slow(struct unwinder_process *p, uint64_t pc, struct h
 static void resolve_frame(struct unwinder_process *p, uint64_t pc, struct hp_frame *f,
                           bool *ret_skip)
 {
+    /* PC_CACHE_WAYS-way set associative: direct mapping made a collision between two of
+     * a stack's pcs (likely for a few dozen pcs in 2048 slots) cost both a slow lookup on
+     * every unwind. */
     uint64_t h = pc * 0x9e3779b97f4a7c15ull;
-    struct pc_slot *s = &p->pcs[(h >> 40) & (PC_CACHE_SLOTS - 1)];
-    if (s->gen == p->maps_gen && s->pc == pc) {
-        *f = s->f;
-        *ret_skip = s->skip;
-        return;
+    struct pc_slot *set =
+        &p->pcs[((h >> 40) & (PC_CACHE_SLOTS / PC_CACHE_WAYS - 1)) * PC_CACHE_WAYS];
+    for (size_t w = 0; w < PC_CACHE_WAYS; w++) {
+        if (set[w].pc == pc && set[w].gen == p->maps_gen) {
+            *f = set[w].f;
+            *ret_skip = set[w].skip;
+            return;
+        }
     }
     resolve_frame_slow(p, pc, f, ret_skip);
     /* Only frames in a known mapping: an unknown pc may be found after a reread. */
-    if (f->map) {
-        s->pc = pc;
-        s->gen = p->maps_gen;
-        s->skip = *ret_skip;
-        s->f = *f;
-    }
+    if (!f->map)
+        return;
+    struct pc_slot *s = NULL;
+    for (size_t w = 0; w < PC_CACHE_WAYS && !s; w++)
+        if (set[w].gen != p->maps_gen)
+            s = &set[w];
+    if (!s)
+        s = &set[p->pc_victim++ % PC_CACHE_WAYS];
+    s->pc = pc;
+    s->gen = p->maps_gen;
+    s->skip = *ret_skip;
+    s->f = *f;
 }
 
 int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint64_t stack_ptr,
