@@ -105,6 +105,14 @@ struct unwinder_process {
 
 /* ---- mappings ---------------------------------------------------------------- */
 
+/* Releases the ELF entries held by @pm (@n entries) and frees it. */
+static void pmaps_free(struct pmap *pm, size_t n)
+{
+    for (size_t i = 0; pm && i < n; i++)
+        unwinder__elf_put(pm[i].elf);
+    free(pm);
+}
+
 static bool reparse(struct unwinder_process *p)
 {
     uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
@@ -119,8 +127,8 @@ static bool reparse(struct unwinder_process *p)
         unwinder__maps_done(&m);
         return false;
     }
+    pmaps_free(p->pm, p->maps.n);
     unwinder__maps_done(&p->maps);
-    free(p->pm);
     p->maps = m;
     p->pm = pm;
     p->reparsed = true;
@@ -155,9 +163,13 @@ static const struct unwinder__elf *pmap_elf(struct unwinder_process *p, size_t i
     const struct unwinder__map *m = &p->maps.v[i];
     const struct unwinder__elf *e;
     if (m->path[0] != '/' ||
-        unwinder__elf_get(makedev(m->dev_major, m->dev_minor), m->inode, m->path, &e) < 0 || !e->ok)
+        unwinder__elf_get(makedev(m->dev_major, m->dev_minor), m->inode, m->path, &e) < 0)
         return NULL;
-    pm->elf = e;
+    if (!e->ok) {
+        unwinder__elf_put(e);
+        return NULL;
+    }
+    pm->elf = e; /* held until the maps are reread or the process is freed */
     pm->seg = unwinder__elf_segment_for(e, m->pgoff, (m->perms & UNWINDER_PERM_EXEC) ? PF_X : 0);
     return e;
 }
@@ -399,8 +411,8 @@ unwinder_process_t *unwinder_process_free(unwinder_process_t *p)
         unw_destroy_addr_space(p->as);
     if (p->dwfl)
         dwfl_end(p->dwfl);
+    pmaps_free(p->pm, p->maps.n);
     unwinder__maps_done(&p->maps);
-    free(p->pm);
     free(p->pcs);
     if (p->maps_fd >= 0)
         (void)close(p->maps_fd);
