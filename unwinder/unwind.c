@@ -43,6 +43,10 @@ _Static_assert(WIRE_REG_R15 == UNW_X86_64_R15, "register numbering");
 
 /* A pc outside every known executable mapping rereads the maps at most this often. */
 #define REPARSE_MIN_INTERVAL_NS (100u * 1000 * 1000)
+
+/* Maps older than this are reread before an unwind, so that a library unloaded and
+ * another loaded at the same addresses (whose pcs are not unknown) is noticed. */
+uint64_t unwinder__maps_refresh_ns = 1000ull * 1000 * 1000;
 /* preads on /proc/PID/mem per unwind: bounds the time hostile stacks can cost. */
 #define MEM_READ_BUDGET 2048
 /* Leading libheapprof frames skipped at most (the hooks are a few frames deep). */
@@ -82,11 +86,12 @@ struct unwinder_process {
     pid_t pid;
     int maps_fd, mem_fd;
     struct unwinder__maps maps;
-    struct pmap *pm;     /* maps.n entries */
-    uint32_t maps_gen;   /* bumped when the maps are reread; never 0 */
-    struct pc_slot *pcs; /* PC_CACHE_SLOTS entries */
-    unsigned pc_victim;  /* round-robin replacement in a full set of pcs */
-    uint64_t last_reparse_ns;
+    struct pmap *pm;          /* maps.n entries */
+    uint32_t maps_gen;        /* bumped when the maps are reread; never 0 */
+    struct pc_slot *pcs;      /* PC_CACHE_SLOTS entries */
+    unsigned pc_victim;       /* round-robin replacement in a full set of pcs */
+    uint64_t last_reparse_ns; /* last reread for an unknown pc */
+    uint64_t parsed_ns;       /* last read of the maps, for any reason */
     unw_addr_space_t as;
     Dwfl *dwfl;      /* the fallback unwinder's view of the maps; NULL until needed */
     bool dwfl_stale; /* the maps were reread since it was made */
@@ -113,15 +118,33 @@ static void pmaps_free(struct pmap *pm, size_t n)
     free(pm);
 }
 
-static bool reparse(struct unwinder_process *p)
+static bool maps_equal(const struct unwinder__maps *a, const struct unwinder__maps *b)
 {
-    uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
-    if (p->last_reparse_ns && now - p->last_reparse_ns < REPARSE_MIN_INTERVAL_NS)
+    if (a->n != b->n)
         return false;
-    p->last_reparse_ns = now ? now : 1;
+    for (size_t i = 0; i < a->n; i++) {
+        const struct unwinder__map *x = &a->v[i], *y = &b->v[i];
+        if (x->start != y->start || x->end != y->end || x->pgoff != y->pgoff ||
+            x->inode != y->inode || x->dev_major != y->dev_major || x->dev_minor != y->dev_minor ||
+            x->perms != y->perms || x->path_len != y->path_len ||
+            memcmp(x->path, y->path, x->path_len) != 0)
+            return false;
+    }
+    return true;
+}
+
+/* Rereads the maps. When they changed, everything derived from the old ones is dropped
+ * (returns true); identical maps keep the caches. */
+static bool maps_reload(struct unwinder_process *p)
+{
+    p->parsed_ns = hp_clock_ns(CLOCK_MONOTONIC);
     struct unwinder__maps m;
     if (unwinder__maps_read(p->maps_fd, &m) < 0)
         return false;
+    if (maps_equal(&m, &p->maps)) {
+        unwinder__maps_done(&m);
+        return false;
+    }
     struct pmap *pm = calloc(m.n ? m.n : 1, sizeof(*pm));
     if (!pm) {
         unwinder__maps_done(&m);
@@ -131,7 +154,6 @@ static bool reparse(struct unwinder_process *p)
     unwinder__maps_done(&p->maps);
     p->maps = m;
     p->pm = pm;
-    p->reparsed = true;
     p->dwfl_stale = true;
     if (++p->maps_gen == 0)
         p->maps_gen = 1;
@@ -139,6 +161,18 @@ static bool reparse(struct unwinder_process *p)
      * counter, so it is safe from inside an accessor. */
     unw_flush_cache(p->as, 0, 0);
     return true;
+}
+
+/* An unknown pc: rereads the maps, at most every REPARSE_MIN_INTERVAL_NS. True when they
+ * changed. */
+static bool reparse(struct unwinder_process *p)
+{
+    uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
+    if (p->last_reparse_ns && now - p->last_reparse_ns < REPARSE_MIN_INTERVAL_NS)
+        return false;
+    p->last_reparse_ns = now ? now : 1;
+    p->reparsed = true;
+    return maps_reload(p);
 }
 
 /* Index of the executable mapping holding @pc, rereading the maps (rate-limited) when
@@ -372,6 +406,7 @@ int unwinder_process_new(pid_t pid, int maps_fd, int mem_fd, unwinder_process_t 
     r = unwinder__maps_read(maps_fd, &p->maps);
     if (r < 0)
         goto fail;
+    p->parsed_ns = hp_clock_ns(CLOCK_MONOTONIC);
     p->pm = calloc(p->maps.n ? p->maps.n : 1, sizeof(*p->pm));
     p->pcs = calloc(PC_CACHE_SLOTS, sizeof(*p->pcs));
     p->maps_gen = 1;
@@ -694,6 +729,8 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
     p->mem_budget = MEM_READ_BUDGET;
     p->reparsed = false;
     p->fail = 0;
+    if (hp_clock_ns(CLOCK_MONOTONIC) - p->parsed_ns >= unwinder__maps_refresh_ns)
+        (void)maps_reload(p);
 
     unwinder__sigmask_skip = true;
     unw_cursor_t c;
