@@ -22,7 +22,8 @@
  * Files are mmap'd. Reads of the image go through a copy routine that survives the
  * SIGBUS of a file truncated behind our back (unwinder__elf_cache_init() installs a
  * process-wide SIGBUS handler that only acts on faults inside that routine; others go to
- * the previous disposition); such a read fails with -EFAULT. Known limit: libelf and
+ * the previous disposition); such a read fails with -EFAULT. Threads that unwind must
+ * not block SIGBUS: the kernel kills a process that faults with it blocked. Known limit: libelf and
  * libdw read the files through their own mappings while an entry is built, and in the
  * source-line lookups and the .debug_frame fallback; a truncation during those still
  * faults.
