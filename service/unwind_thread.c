@@ -222,9 +222,12 @@ void *svc__unwinder_main(void *arg)
     struct svc_unwinder *u = arg;
     struct epoll_event evs[64];
     /* No signal handler runs on this thread: the unwinder skips libunwind's signal-mask
-     * syscalls, which only matter to handlers that unwind (unwinder/sigmask.h). */
+     * syscalls, which only matter to handlers that unwind (unwinder/sigmask.h). Except
+     * SIGBUS: the unwinder's handler turns a fault on a cached file truncated behind our
+     * back into a failed read (unwinder/elf_cache.h), and a blocked SIGBUS would kill. */
     sigset_t all;
     sigfillset(&all);
+    sigdelset(&all, SIGBUS);
     (void)pthread_sigmask(SIG_BLOCK, &all, NULL);
 
     for (;;) {
