@@ -569,7 +569,12 @@ int bk__dump_proc(bk_t *bk, struct bk_proc *p)
     d.limit[SRC_SAMPLES] = p->n_sites;
 
     uint64_t ts_boot = hp_clock_ns(CLOCK_BOOTTIME);
+    /* The coarse clock ticks every few ms: keep each process's dump timestamps strictly
+     * increasing so every dump is its own slice. */
     d.ts_coarse_ns = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
+    if (d.ts_coarse_ns <= p->last_dump_ts)
+        d.ts_coarse_ns = p->last_dump_ts + 1;
+    p->last_dump_ts = d.ts_coarse_ns;
 
     /* The fixed part of every packet: headers, stats and flags, no items. */
     memcpy(d.end, d.begin, sizeof(d.end));

@@ -61,6 +61,7 @@ struct bk_site {
 };
 
 struct bk_proc {
+    uint64_t last_dump_ts; /* MONOTONIC_COARSE of the last dump; dumps stay increasing */
     int32_t pid;
     bool from_startup;
     uint64_t sampling_interval_bytes;
