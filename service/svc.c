@@ -471,6 +471,11 @@ static void handshake(struct svc *s, int sock)
         c->cmdline = NULL;
         c->cmdline_len = 0;
     }
+    if (s->guardrail_fired) {
+        hp_log_info("pid %d: the session hit a guardrail; left unprofiled", (int)c->pid);
+        reject(sock);
+        goto drop_quietly;
+    }
     if (svc_config_has_targets(&s->cfg)) {
         bool target = svc_config_matches(&s->cfg, c->pid, c->cmdline, c->cmdline_len);
         if (c->from_startup && s->cfg.no_startup)

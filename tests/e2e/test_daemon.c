@@ -414,6 +414,50 @@ static void test_daemon_target_killed(void **state)
     daemon_cleanup(&d);
 }
 
+static void test_daemon_guardrail(void **state)
+{
+    (void)state;
+    struct daemon d;
+    /* The service's own resident memory at rest, then a limit 3 MiB above it: reading a
+     * busy client's 8 MiB ring pushes it over. */
+    const char *plain[] = {"--all", "--no-running", NULL};
+    daemon_start(&d, plain);
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)d.pid);
+    char *status = read_file(path);
+    const char *rss = strstr(status, "VmRSS:");
+    assert_non_null(rss);
+    long base_kb = atol(rss + 6);
+    free(status);
+    assert_int_equal(daemon_stop(&d, SIGINT), 0);
+    daemon_cleanup(&d);
+    char limit[32];
+    snprintf(limit, sizeof(limit), "%ld", base_kb + 3072);
+    const char *args[] = {"--all", "--no-running", "--max-memory-kb", limit, NULL};
+    daemon_start(&d, args);
+    char out[300];
+    snprintf(out, sizeof(out), "%s/worker.txt", d.dir);
+    char *prog[] = {(char *)e2e_env("WORKER"), "busy", "600", NULL};
+    pid_t w = spawn_client(&d, prog, out);
+    assert_int_equal(wait_status(w), 0);
+    char *o = read_file(out);
+    assert_non_null(strstr(o, "done"));
+    free(o);
+    unlink(out);
+    assert_int_equal(daemon_stop(&d, SIGINT), 0);
+    char *log = read_file(d.log);
+    assert_non_null(strstr(log, "guardrail hit"));
+    free(log);
+    struct bk_trace *t = NULL;
+    assert_int_equal(bk_trace_load(d.trace, &(struct bk_trace_options){0}, &t), 0);
+    const struct bk_trace_process *p = e2e_find_process(t, "worker");
+    assert_non_null(p);
+    assert_true(p->hit_guardrail);
+    assert_true(p->heap_samples > 0);
+    bk_trace_free(t);
+    daemon_cleanup(&d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -425,6 +469,7 @@ int main(void)
         cmocka_unit_test(test_daemon_other_user_rejected),
         cmocka_unit_test(test_daemon_killed_mid_run),
         cmocka_unit_test(test_daemon_target_killed),
+        cmocka_unit_test(test_daemon_guardrail),
     };
     return cmocka_run_group_tests_name("e2e_daemon", tests, NULL, NULL);
 }
