@@ -639,6 +639,103 @@ static void test_ring_blocking_waits_for_space(void **state)
     assert_int_equal(st.records_dropped, 1);
 }
 
+/* ---- end of session, fork ------------------------------------------------------ */
+
+static void test_ring_detached_stops_writers(void **state)
+{
+    struct fixture *f = *state;
+    struct ring_wspan ws;
+    struct ring_rspan rs;
+    struct ring_stats st;
+    static uint8_t before[SMALL];
+
+    assert_false(ring_is_detached(f->writer));
+    assert_int_equal(write_one(f->writer, 1, 40, 1), 0);
+    assert_int_equal(ring_try_begin_write(f->writer, 2, 100, &ws), 0);
+    fill_pattern(ws.data, 100, 2);
+
+    ring_set_detached(f->reader);
+    assert_true(ring_is_detached(f->writer));
+    uint64_t wp = atomic_load(&f->writer->hdr->write_pos);
+    memcpy(before, f->writer->data, SMALL);
+    struct ring_wspan ws2;
+    for (size_t len = 0; len < 5000; len += 333)
+        assert_int_equal(ring_try_begin_write(f->writer, 3, len, &ws2), -EPIPE);
+    assert_int_equal(ring_try_begin_write(f->writer, 3, SIZE_MAX, &ws2), -EPIPE);
+    /* Neither the data area nor the positions moved; nothing is counted as dropped. */
+    assert_memory_equal(before, f->writer->data, SMALL);
+    assert_int_equal(atomic_load(&f->writer->hdr->write_pos), wp);
+    ring_get_stats(f->writer, &st);
+    assert_int_equal(st.records_dropped, 0);
+    assert_int_equal(st.records_written, 1);
+
+    /* A record reserved before the detach is still published and drained. */
+    (void)ring_end_write(f->writer, &ws);
+    read_one_expect(f->reader, 1, 40, 1);
+    read_one_expect(f->reader, 2, 100, 2);
+    assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
+}
+
+static void *detach_later(void *arg)
+{
+    usleep(20000);
+    ring_set_detached(arg);
+    return NULL;
+}
+
+static void test_ring_detached_releases_blocked_writer(void **state)
+{
+    struct fixture *f = *state;
+    pthread_t th;
+
+    while (write_one(f->writer, 1, 4000, 0) == 0) {
+    }
+    ring_set_blocking(f->writer, true, 10 * 1000 * 1000);
+    assert_int_equal(pthread_create(&th, NULL, detach_later, f->reader), 0);
+    uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
+    assert_int_equal(write_one(f->writer, 1, 4000, 0), -EPIPE);
+    uint64_t waited_ms = (hp_clock_ns(CLOCK_MONOTONIC) - t0) / 1000000u;
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_true(waited_ms < 5000);
+    struct ring_stats st;
+    ring_get_stats(f->writer, &st);
+    assert_true(st.client_spinlock_blocked_us > 0);
+}
+
+static void test_ring_fork_child_never_writes(void **state)
+{
+    struct fixture *f = *state;
+    struct ring_rspan rs;
+
+    assert_int_equal(write_one(f->writer, 1, 16, 1), 0);
+    uint64_t wp = atomic_load(&f->writer->hdr->write_pos);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* The child inherited the parent's ring_t pointer: it must see a dead ring. */
+        struct ring_wspan ws;
+        struct ring_stats st;
+        int bad = 0;
+        bad |= !ring_is_detached(f->writer) << 0;
+        bad |= (ring_try_begin_write(f->writer, 1, 16, &ws) != -EPIPE) << 1;
+        ring_get_stats(f->writer, &st);
+        bad |= (st.records_written != 0) << 2;
+        f->writer = ring_unmap(f->writer);
+        _exit(bad);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    /* The parent's ring is intact and still usable. */
+    assert_false(ring_is_detached(f->writer));
+    assert_int_equal(atomic_load(&f->writer->hdr->write_pos), wp);
+    assert_int_equal(write_one(f->writer, 1, 16, 2), 0);
+    read_one_expect(f->reader, 1, 16, 1);
+    read_one_expect(f->reader, 1, 16, 2);
+    assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -658,6 +755,10 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_ring_blocking_times_out, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_blocking_waits_for_space, setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_detached_stops_writers, setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_detached_releases_blocked_writer, setup_small,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_ring_fork_child_never_writes, setup_small, teardown),
     };
     return cmocka_run_group_tests_name("ring", tests, NULL, NULL);
 }
