@@ -73,9 +73,9 @@ if [ $quick -eq 0 ]; then
 
     # Every libFuzzer target (tests/fuzz/fuzz_*.c) runs for a bounded time from its seed
     # corpus; new inputs go to a scratch directory, a crash, leak or timeout is a failure.
-    if command -v clang >/dev/null; then
+    if command -v clang >/dev/null && command -v clang++ >/dev/null; then
         echo "=== fuzz (libFuzzer, 20 s per target)"
-        if CC=clang setup build-fuzz -Dfuzzing=true -Db_sanitize=address,undefined \
+        if CC=clang CXX=clang++ setup build-fuzz -Dfuzzing=true -Db_sanitize=address,undefined \
             -Db_lundef=false && ninja -C build-fuzz -j2 >build-fuzz/ninja.log 2>&1; then
             for fz in build-fuzz/tests/fuzz/fuzz_*; do
                 [ -x "$fz" ] && [ -f "$fz" ] || continue
