@@ -260,6 +260,71 @@ static void test_ring_many_sizes(void **state)
     assert_int_equal(rlen, 3001);
 }
 
+/* Writes a record of @len bytes whose first and last 8 bytes (or whole payload, when
+ * shorter than 16) carry @tag, and reads it back. */
+static void write_read_marked(ring_t *w, ring_t *rd, size_t len, uint64_t tag)
+{
+    struct ring_wspan ws;
+    struct ring_rspan rs;
+    assert_int_equal(ring_try_begin_write(w, 6, len, &ws), 0);
+    if (len < 16) {
+        fill_pattern(ws.data, len, tag);
+    } else {
+        memcpy(ws.data, &tag, 8);
+        uint64_t t2 = ~tag;
+        memcpy((uint8_t *)ws.data + len - 8, &t2, 8);
+    }
+    (void)ring_end_write(w, &ws);
+    assert_int_equal(ring_begin_read(rd, &rs), 0);
+    assert_int_equal(rs.type, 6);
+    assert_int_equal(rs.len, len);
+    if (len < 16) {
+        assert_true(check_pattern(rs.data, len, tag));
+    } else {
+        uint64_t a, b;
+        memcpy(&a, rs.data, 8);
+        memcpy(&b, (const uint8_t *)rs.data + len - 8, 8);
+        assert_int_equal(a, tag);
+        assert_int_equal(b, ~tag);
+    }
+    ring_end_read(rd, &rs);
+}
+
+static void test_ring_every_size_up_to_the_ring(void **state)
+{
+    struct fixture *f = *state;
+    /* Every payload size a 64 KiB ring takes, at the ever-moving offsets the previous
+     * records leave (every record starts somewhere else, many straddle the end). */
+    for (size_t len = 0; len <= SMALL - sizeof(struct ring_rec); len++)
+        write_read_marked(f->writer, f->reader, len, len * 2654435761u + 1);
+    struct ring_wspan ws;
+    assert_int_equal(ring_try_begin_write(f->writer, 6, SMALL - sizeof(struct ring_rec) + 1, &ws),
+                     -EMSGSIZE);
+}
+
+static void test_ring_every_size_up_to_max_payload(void **state)
+{
+    (void)state;
+    struct fixture f;
+    struct ring_wspan ws;
+    struct ring_stats st;
+
+    /* The smallest ring that takes RING_MAX_PAYLOAD: sizes near the maximum, each once
+     * at the start and once straddling the end of the data area. */
+    assert_int_equal(setup_ring(&f, 2u << 20), 0);
+    for (size_t len = RING_MAX_PAYLOAD - 64; len <= RING_MAX_PAYLOAD; len++)
+        write_read_marked(f.writer, f.reader, len, len);
+    assert_int_equal(write_one(f.writer, 1, RING_MAX_PAYLOAD, 99), 0);
+    read_one_expect(f.reader, 1, RING_MAX_PAYLOAD, 99);
+    assert_int_equal(ring_try_begin_write(f.writer, 1, (size_t)RING_MAX_PAYLOAD + 1, &ws),
+                     -EMSGSIZE);
+    assert_int_equal(ring_try_begin_write(f.writer, 1, (size_t)4 << 20, &ws), -EMSGSIZE);
+    ring_get_stats(f.writer, &st);
+    assert_int_equal(st.records_dropped, 2);
+    assert_int_equal(st.records_written, 66);
+    (void)teardown(&(void *){&f});
+}
+
 /* ---- concurrency ---------------------------------------------------------------- */
 
 #define CONC_WRITERS 4
@@ -869,6 +934,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ring_too_large_rejected, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_wrap_at_every_offset, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_many_sizes, setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_every_size_up_to_the_ring, setup_small, teardown),
+        cmocka_unit_test(test_ring_every_size_up_to_max_payload),
         cmocka_unit_test_setup_teardown(test_ring_concurrent_writers, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_concurrent_writers_two_mappings, setup_small,
                                         teardown),
