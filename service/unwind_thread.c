@@ -168,6 +168,8 @@ static void finish_client(struct svc_unwinder *u, struct svc_client *c, uint32_t
         memcpy(m + 1, &c->stats, sizeof(c->stats));
     }
     svc__batch_flush(&u->batcher);
+    /* Writers stop before the socket closes, so nothing is written that nobody reads. */
+    ring_set_detached(c->ring);
     (void)epoll_ctl(u->epfd, EPOLL_CTL_DEL, c->sock, NULL);
     atomic_fetch_sub_explicit(&u->nclients, 1, memory_order_relaxed);
     atomic_fetch_sub_explicit(&u->svc->live_clients, 1, memory_order_relaxed);
@@ -293,6 +295,12 @@ void *svc__unwinder_main(void *arg)
         }
 
         int n = epoll_wait(u->epfd, evs, HP_ARRAY_SIZE(evs), busy ? 0 : 1000);
+        if (n == 0 && !busy) {
+            /* Quiet for a second: look at every ring once more, so a record left
+             * unpublished by a stalled or dead writer is found and the client cut off. */
+            for (struct svc_client *c = u->clients; c; c = c->next)
+                c->has_work = true;
+        }
         for (int i = 0; i < n; i++) {
             if (evs[i].data.ptr == NULL) {
                 uint64_t v;
