@@ -1,12 +1,21 @@
 /* preload/client.h: state shared by the files of libheapprof.so (internal).
  *
- * Life of the client: UNINIT -> INITIALIZING (one thread reads the environment and, when
- * asked to, does the handshake; the others pass through meanwhile) -> DORMANT (no
- * profiling asked for), ACTIVE (sampling into the ring) or PASSTHROUGH (for good: the
- * service is unreachable, refused us, went away, or this is a forked child).
+ * Life of the client:
  *
- *     if (atomic_load_explicit(&client_state, memory_order_acquire) == CLIENT_ACTIVE)
- *         use(client_cfg.ring);   // client_cfg is written once, before ACTIVE
+ *   UNINIT -> INITIALIZING -> DORMANT <-> ACTIVE         PASSTHROUGH (for good)
+ *                               ^  attach signal / detach
+ *
+ * INITIALIZING: one thread reads the environment and, when asked to, does the startup
+ * handshake (the others pass through meanwhile). DORMANT: no session; the hooks cost a
+ * counter decrement and a load of a global; the attach signal wakes the helper thread,
+ * which handshakes and makes the client ACTIVE. ACTIVE: sampling into the session's ring;
+ * when the service closes the socket the helper thread notices and returns to DORMANT.
+ * PASSTHROUGH: nothing will ever be profiled in this process (init failed for good).
+ *
+ * Sessions live in a small static array and are never freed while a hook may use them:
+ *
+ *     struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
+ *     if (s && client_session_enter(s)) { use(s->ring); client_session_leave(s); }
  *
  * Everything here is hook-safe unless said otherwise.
  */
@@ -19,6 +28,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "common/paths.h"
 #include "preload/freeset.h"
 #include "preload/sample.h"
 #include "preload/stack.h"
@@ -34,55 +44,114 @@ enum client_state {
     CLIENT_PASSTHROUGH = 4,
 };
 
-/* Dormant threads look at the client state again after this many bytes. */
-#define CLIENT_DORMANT_RECHECK_BYTES (1 << 20)
+/* client_fast_interval outside ACTIVE. OFF: the hooks forward at once, touching no
+ * per-thread state (DORMANT, PASSTHROUGH). UNINIT: every allocation takes the slow path,
+ * which initialises. WARM_UP: the first CLIENT_WARM_UP_MS of an attached session, every
+ * allocation takes the slow path, so that threads whose counter is left over from an
+ * earlier session (with another interval) reseed at once; a thread that does not
+ * allocate then keeps its old distance, which is unbiased when the interval is the same
+ * (the geometric distribution has no memory). */
+#define CLIENT_FAST_OFF 0u
+#define CLIENT_FAST_UNINIT 1u
+#define CLIENT_FAST_WARM_UP 1u
+#define CLIENT_WARM_UP_MS 10
 #define CLIENT_DEFAULT_INIT_TIMEOUT_MS 5000u
+/* HEAPPROF_STARTUP unset and the socket exists: a short, silent attempt. */
+#define CLIENT_OPTIONAL_TIMEOUT_MS 1000u
+/* Sessions kept at once: the current one plus detached ones whose ring a late writer may
+ * still hold. */
+#define CLIENT_MAX_SESSIONS 4
+/* A detach waits this long for in-flight writers before giving the slot up for good. */
+#define CLIENT_DETACH_WAIT_MS 5000u
 
 /* Per-thread state; initial-exec TLS, keep it small (DESIGN.md: under 1 KiB in all). */
 struct client_tls {
     struct client_sampler sampler; /* bytes_left first: the fast path's only access */
     struct client_stack_cache stack;
-    uint32_t tid; /* 0 until needed */
-    bool in_hook; /* reentrancy guard: inside, forward to glibc at once */
-    bool seeded;  /* sampler seeded for the current ACTIVE period */
+    uint64_t gen;   /* session the sampler is seeded for; 0: none */
+    uint32_t tid;   /* 0 until needed */
+    bool in_hook;   /* reentrancy guard: inside, forward to glibc at once */
+    bool in_sample; /* recording a sample: an allocation now is a bug (see trap below) */
 };
 extern __thread struct client_tls client_tls __attribute__((tls_model("initial-exec")));
 
-/* Written once by the initialising thread before client_state becomes ACTIVE
- * (release); read after an acquire load of client_state. */
-struct client_config {
-    ring_t *ring;
+/* One handshake's worth of state. Written by the thread that owns the sessions (the
+ * initialising thread before the helper exists, then the helper thread, or the child in
+ * its atfork handler) before being published in client_current (release). */
+struct client_session {
+    ring_t *ring; /* NULL: slot free */
     int sock;
     pid_t pid;
+    uint32_t features; /* accepted by the service */
+    uint64_t gen;      /* > 0, unique per session */
     uint64_t max_stack_bytes;
     struct client_sampler_params params;
+    struct client_freeset freeset; /* mapped once per slot, cleared on reuse */
+    _Atomic bool send_all_frees;   /* the set overflowed: record every free */
+    /* Written by every sampled call: on a line of its own, away from the fields every
+     * free() reads. */
+    _Alignas(64) _Atomic uint64_t writers; /* hooks inside client_session_enter/leave */
+    char writers_pad[56];
+    bool stuck; /* writers never drained: slot kept mapped for good */
+    /* A page the kernel zeroes in a child of fork (MADV_WIPEONFORK): while *fork_token
+     * == gen we are the process that did the handshake, however the child was made
+     * (_Fork, clone without CLONE_VM), with no system call. Children sharing our memory
+     * (vfork, CLONE_VM) see the token and write into the ring: that is their parent's
+     * memory, the records are as valid as the parent's. NULL: use getpid(). */
+    _Atomic uint64_t *fork_token;
+    char path[HP_PATH_MAX]; /* socket of the session (follow forks) */
 };
-extern struct client_config client_cfg;
 
+extern struct client_session client_sessions[CLIENT_MAX_SESSIONS];
+/* The ACTIVE session, or NULL. Stored with release (seq_cst on detach); loaded with
+ * acquire by the hooks. */
+extern _Atomic(struct client_session *) client_current;
 extern _Atomic int client_state;
-/* Sampling interval for the fast path: UINT64_MAX unless ACTIVE, so that every
- * allocation goes through the per-thread counter and reaches the slow path now and then. */
+/* Sampling interval for the fast path while ACTIVE; else a CLIENT_FAST_* value. */
 extern _Atomic uint64_t client_fast_interval;
-/* True while ACTIVE: free() consults the sampled-address set. */
-extern _Atomic bool client_free_watch;
-/* Set when an insert into the set failed: from then on every free is recorded. */
-extern _Atomic bool client_send_all_frees;
-extern _Atomic uint64_t client_freeset_overflows;
-extern struct client_freeset client_freeset;
-extern _Atomic uint64_t client_seq;
 extern uint64_t client_seed;
+/* HEAPPROF_TRAP_REENTRY=1 (tests): abort when the sampled path itself allocates, which
+ * would be a hook-safety bug (with interval 1 every allocation reaches the check). */
+extern bool client_trap_reentry;
 extern _Atomic uint64_t client_thread_counter;
 
-/* Reads the environment and does the handshake when asked to; runs once. Called with the
- * caller's in_hook set, from the constructor or the first hook call, whichever comes
- * first. Not hook-safe in the strict sense: blocks up to HEAPPROF_INIT_TIMEOUT_MS. */
-void client_init(void);
-/* Stops profiling for good; the ring stays mapped (other threads may be writing). */
-void client_go_passthrough(void);
+/* Statistics (relaxed counters, for tests and debugging). */
+extern _Atomic uint64_t client_stat_unknown_stacks;
+extern _Atomic uint64_t client_stat_freeset_overflows;
+extern _Atomic uint64_t client_stat_foreign_pid_samples;
 
-/* Slow paths of the hooks (preload/hook.c). */
-void *client_alloc_slow(void *p, size_t size);
-void client_record_free(void *p);
+/* A hook announces itself before using @s; false when @s is no longer current (the
+ * caller must not touch it). seq_cst pairs with the detaching thread's store of
+ * client_current and load of s->writers (a Dekker handshake). */
+static inline bool client_session_enter(struct client_session *s)
+{
+    atomic_fetch_add_explicit(&s->writers, 1, memory_order_seq_cst);
+    if (atomic_load_explicit(&client_current, memory_order_seq_cst) == s)
+        return true;
+    atomic_fetch_sub_explicit(&s->writers, 1, memory_order_release);
+    return false;
+}
+
+static inline void client_session_leave(struct client_session *s)
+{
+    /* Release: our ring writes happen before the detaching thread sees zero. */
+    atomic_fetch_sub_explicit(&s->writers, 1, memory_order_release);
+}
+
+/* Reads the environment and does the startup handshake when asked to; runs once. Called
+ * with the caller's in_hook set, from the constructor or the first hook call, whichever
+ * comes first. Not hook-safe in the strict sense: blocks up to HEAPPROF_INIT_TIMEOUT_MS. */
+void client_init(void);
+
+/* Slow path of the allocation hooks (preload/hook.c), reached through
+ * client_sample_tramp (preload/tramp_x86_64.S) with the caller's registers in @regs.
+ * Returns @ret. */
+uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint64_t *regs);
+/* Trampolines: tail-called from the exported functions, they capture the registers of
+ * the application's frame and call client_alloc_slow(). Both return @ret. */
+void *client_sample_tramp(void *p, size_t size, void *ret);
+int client_sample_tramp_int(void *p, size_t size, int ret);
+void client_record_free(struct client_session *s, void *p);
 
 #pragma GCC visibility pop
 

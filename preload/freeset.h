@@ -11,6 +11,12 @@
  *     if (client_freeset_insert(&set, (uintptr_t)p) < 0) send_every_free = true;
  *     if (client_freeset_remove(&set, (uintptr_t)p)) record_free(p);
  *
+ * In front of the table sits a filter of one saturating 8-bit counter per cache line of
+ * slots (the entries whose home slot lies in that line): a free of an unsampled address
+ * usually reads only the filter, CLIENT_FREESET_FILTER_BYTES(log2) bytes that stay in
+ * cache, instead of a random line of the table. A counter is raised before its entry is
+ * stored and lowered after it is removed; at 255 it stays (the table is then probed).
+ *
  * Thread-safe and hook-safe (atomics only). Addresses must be neither 0 nor 1 and unique
  * among live entries (true of live heap blocks).
  */
@@ -27,14 +33,25 @@
 #define CLIENT_FREESET_PROBES 32
 #define CLIENT_FREESET_EMPTY 0u
 #define CLIENT_FREESET_TOMB 1u
+/* 8 slots of 8 bytes: one cache line per filter counter. */
+#define CLIENT_FREESET_LINE_LOG2 3
+#define CLIENT_FREESET_FILTER_SAT 255u
 
 struct client_freeset {
     _Atomic uint64_t *slots;
+    _Atomic uint8_t *filter; /* slots >> CLIENT_FREESET_LINE_LOG2 counters, after the slots */
     uint64_t mask;
     unsigned shift; /* 64 - log2(slots) */
 };
 
-/* Maps the table; returns 0 or -errno. */
+/* Bytes of the one mapping holding 2^log2_slots slots and their filter. */
+#define CLIENT_FREESET_MAP_BYTES(log2_slots)                                                       \
+    (((size_t)8 << (log2_slots)) + ((size_t)1 << ((log2_slots)-CLIENT_FREESET_LINE_LOG2)))
+
+/* Lowers the filter counter of home slot @i (not below 0, never from saturation). */
+void client_freeset_filter_dec(struct client_freeset *s, uint64_t i);
+
+/* Maps the table (pre: log2_slots >= CLIENT_FREESET_LINE_LOG2); returns 0 or -errno. */
 int client_freeset_init(struct client_freeset *s, unsigned log2_slots) HP_WARN_UNUSED;
 /* Returns 0, or -ENOSPC when no slot within the probe bound is free. */
 int client_freeset_insert(struct client_freeset *s, uint64_t addr) HP_WARN_UNUSED;
@@ -49,14 +66,22 @@ static inline uint64_t client_freeset_hash(const struct client_freeset *s, uint6
  * synchronisation, which orders our insert before this removal. */
 static inline bool client_freeset_remove(struct client_freeset *s, uint64_t addr)
 {
-    uint64_t i = client_freeset_hash(s, addr);
+    uint64_t home = client_freeset_hash(s, addr), i = home;
+    if (HP_LIKELY(atomic_load_explicit(&s->filter[home >> CLIENT_FREESET_LINE_LOG2],
+                                       memory_order_relaxed) == 0))
+        return false;
     for (unsigned n = 0; n < CLIENT_FREESET_PROBES; n++, i = (i + 1) & s->mask) {
         uint64_t v = atomic_load_explicit(&s->slots[i], memory_order_relaxed);
-        if (HP_LIKELY(v == CLIENT_FREESET_EMPTY))
+        if (v == CLIENT_FREESET_EMPTY)
             return false;
-        if (v == addr)
-            return atomic_compare_exchange_strong_explicit(
-                &s->slots[i], &v, CLIENT_FREESET_TOMB, memory_order_relaxed, memory_order_relaxed);
+        if (v == addr) {
+            if (!atomic_compare_exchange_strong_explicit(&s->slots[i], &v, CLIENT_FREESET_TOMB,
+                                                         memory_order_relaxed,
+                                                         memory_order_relaxed))
+                return false;
+            client_freeset_filter_dec(s, home);
+            return true;
+        }
     }
     return false;
 }

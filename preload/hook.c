@@ -5,8 +5,14 @@
  * cancellation points. errno is preserved around everything we do besides the real call.
  *
  * Fast path of an allocation: the real call, one relaxed load of the interval, one TLS
- * decrement and a branch. Fast path of a free: one relaxed load and, while profiling, one
- * probe of the sampled-address set.
+ * decrement and a branch. Fast path of a free: one load of client_current and, while
+ * profiling, one probe of the sampled-address set. No atomic read-modify-write and no
+ * system call unless a sample is taken (fork is noticed by the atfork handler; a child
+ * made without it, by the getpid() check on the sampled path).
+ *
+ * free_sized/free_aligned_sized (glibc 2.39) are not exported: glibc 2.36 has none, and
+ * a program built against a newer glibc would bind its versioned reference to glibc's
+ * own symbol anyway, so exporting ours would hook nothing and only widen the ABI.
  */
 #include <errno.h>
 #include <malloc.h>
@@ -20,7 +26,6 @@
 
 #include "common/clock.h"
 #include "common/macros.h"
-#include "common/regs.h"
 #include "preload/client.h"
 #include "shmem_ring/wire.h"
 
@@ -37,34 +42,45 @@ __thread struct client_tls client_tls __attribute__((tls_model("initial-exec")))
 
 /* ---- recording -------------------------------------------------------------------- */
 
-static void hook_poke(void)
+/* Sequence numbers of the process's records (allocations and frees alike). */
+static _Alignas(64) _Atomic uint64_t hook_seq;
+
+static void hook_poke(struct client_session *s)
 {
     static const char byte = 0;
-    /* sendto via syscall(2): send(2) is a cancellation point, malloc must not be one. */
-    long n = syscall(SYS_sendto, client_cfg.sock, &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL, NULL, 0);
-    if (n < 0 && (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN))
-        client_go_passthrough();
-    /* EAGAIN: the socket buffer is full of pokes already; the reader is awake. */
+    /* sendto via syscall(2): send(2) is a cancellation point, malloc must not be one.
+     * EPIPE/ECONNRESET: the service is gone; the helper thread sees the hang-up on the
+     * socket and detaches. EAGAIN: the socket is full of pokes; the reader is awake. */
+    (void)syscall(SYS_sendto, s->sock, &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL, NULL, 0);
 }
 
-/* True in a child forked without our atfork handler running (_Fork, raw clone). */
-static bool hook_forked_child(void)
+/* True in a child made without our atfork handler (_Fork, clone): it must not write
+ * into the parent's ring, nor change the shared state. */
+static bool hook_foreign_pid(const struct client_session *s)
 {
-    if (HP_LIKELY(getpid() == client_cfg.pid))
+    if (HP_LIKELY(s->fork_token != NULL)) {
+        if (HP_LIKELY(atomic_load_explicit(s->fork_token, memory_order_relaxed) == s->gen))
+            return false;
+    } else if (getpid() == s->pid) {
         return false;
-    client_go_passthrough();
+    }
+    atomic_fetch_add_explicit(&client_stat_foreign_pid_samples, 1, memory_order_relaxed);
     return true;
 }
 
-static uint32_t hook_tid(struct client_tls *t)
+/* A vfork child runs on its parent's thread state: it must not leave its tid there. */
+static uint32_t hook_tid(struct client_tls *t, const struct client_session *s)
 {
-    if (HP_UNLIKELY(t->tid == 0))
-        t->tid = (uint32_t)syscall(SYS_gettid);
-    return t->tid;
+    if (HP_LIKELY(t->tid != 0))
+        return t->tid;
+    uint32_t tid = (uint32_t)syscall(SYS_gettid);
+    if (getpid() == s->pid)
+        t->tid = tid;
+    return tid;
 }
 
 /* The stack we copy belongs to the application; under AddressSanitizer parts of it are
- * poisoned redzones. rep movsb is never instrumented. */
+ * poisoned redzones, and fortified memcpy checks object sizes. rep movsb is neither. */
 __attribute__((no_sanitize("address"))) static void hook_copy_stack(void *dst, const void *src,
                                                                     size_t len)
 {
@@ -78,190 +94,241 @@ __attribute__((no_sanitize("address"))) static void hook_copy_stack(void *dst, c
 #endif
 }
 
-/* @safe_top: an address above the stack pointer up to which the stack is certainly
- * mapped (the slow path's own frame), used when the stack mapping is unknown. */
-static HP_NOINLINE void hook_record_alloc(struct client_tls *t, void *p, size_t size,
-                                          uint64_t sample_size, uint64_t safe_top)
+/* pre: client_session_enter(s) succeeded. */
+static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_session *s, void *p,
+                                          size_t size, uint64_t sample_size, const uint64_t *regs)
 {
-    uint64_t regs[HP_NREGS];
-    hp_capture_regs(regs);
-
-    if (hook_forked_child())
+    if (hook_foreign_pid(s))
         return;
-    uint64_t sp = regs[HP_REG_RSP];
+    uint64_t sp = regs[WIRE_REG_RSP];
     uint64_t end, avail;
     uint32_t flags = 0;
-    if (client_stack_lookup(&t->stack, sp, &end) == 0) {
+    int r = client_stack_lookup(&t->stack, sp, &end);
+    if (r == 0) {
         avail = end - sp;
     } else {
+        /* Not the thread's own stack (signal stack, fiber, ucontext), or no answer from
+         * /proc: copy what is there, or at least the rest of sp's page (mapped). */
         flags |= WIRE_ALLOC_UNKNOWN_STACK;
-        avail = safe_top > sp ? safe_top - sp : 0;
+        atomic_fetch_add_explicit(&client_stat_unknown_stacks, 1, memory_order_relaxed);
+        avail = r > 0 ? end - sp : 4096 - (sp & 4095);
     }
     uint64_t len = avail;
-    if (len > client_cfg.max_stack_bytes) {
-        len = client_cfg.max_stack_bytes;
+    if (len > s->max_stack_bytes) {
+        len = s->max_stack_bytes;
         flags |= WIRE_ALLOC_STACK_TRUNCATED;
     }
 
-    ring_t *ring = client_cfg.ring;
+    ring_t *ring = s->ring;
     struct ring_wspan w;
-    int r = ring_try_begin_write(ring, WIRE_ALLOC, sizeof(struct wire_alloc) + len, &w);
+    r = ring_try_begin_write(ring, WIRE_ALLOC, sizeof(struct wire_alloc) + len, &w);
     if (r < 0) {
-        /* Full: make sure a sleeping reader hears about it (and notice a dead peer). */
+        /* Full: make sure a sleeping reader hears about it. */
         if (r == -EAGAIN)
-            hook_poke();
+            hook_poke(s);
         return;
     }
     struct wire_alloc *a = w.data;
-    /* Taken after the reservation: see DESIGN.md (sequence numbers settle races). */
-    a->seq = atomic_fetch_add_explicit(&client_seq, 1, memory_order_relaxed) + 1;
+    /* Taken after the real malloc and the reservation: see DESIGN.md (sequence numbers
+     * settle races with a free of the same address in another thread). */
+    a->seq = atomic_fetch_add_explicit(&hook_seq, 1, memory_order_relaxed) + 1;
     a->addr = (uint64_t)(uintptr_t)p;
     a->size = size;
     a->sample_size = sample_size;
     a->ts_ns = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
     a->heap_id = 0;
-    a->tid = hook_tid(t);
+    a->tid = hook_tid(t, s);
     a->stack_ptr = sp;
     a->stack_len = (uint32_t)len;
     a->flags = flags;
     memcpy(a->regs, regs, sizeof(a->regs));
     hook_copy_stack(a + 1, (const void *)(uintptr_t)sp, (size_t)len);
     if (ring_end_write(ring, &w))
-        hook_poke();
+        hook_poke(s);
 
-    if (client_freeset_insert(&client_freeset, (uint64_t)(uintptr_t)p) < 0) {
-        atomic_fetch_add_explicit(&client_freeset_overflows, 1, memory_order_relaxed);
-        atomic_store_explicit(&client_send_all_frees, true, memory_order_relaxed);
+    if (client_freeset_insert(&s->freeset, (uint64_t)(uintptr_t)p) < 0) {
+        atomic_fetch_add_explicit(&client_stat_freeset_overflows, 1, memory_order_relaxed);
+        atomic_store_explicit(&s->send_all_frees, true, memory_order_relaxed);
     }
 }
 
-void client_record_free(void *p)
+void client_record_free(struct client_session *s, void *p)
 {
     struct client_tls *t = &client_tls;
     int saved_errno = errno;
 
     t->in_hook = true;
-    if (atomic_load_explicit(&client_state, memory_order_acquire) == CLIENT_ACTIVE &&
-        !hook_forked_child()) {
-        ring_t *ring = client_cfg.ring;
-        struct ring_wspan w;
-        int r = ring_try_begin_write(ring, WIRE_FREE, sizeof(struct wire_free), &w);
-        if (r == 0) {
-            struct wire_free *f = w.data;
-            f->seq = atomic_fetch_add_explicit(&client_seq, 1, memory_order_relaxed) + 1;
-            f->addr = (uint64_t)(uintptr_t)p;
-            f->heap_id = 0;
-            f->reserved = 0;
-            if (ring_end_write(ring, &w))
-                hook_poke();
-        } else if (r == -EAGAIN) {
-            hook_poke();
+    t->in_sample = true;
+    if (client_session_enter(s)) {
+        if (!hook_foreign_pid(s)) {
+            ring_t *ring = s->ring;
+            struct ring_wspan w;
+            int r = ring_try_begin_write(ring, WIRE_FREE, sizeof(struct wire_free), &w);
+            if (r == 0) {
+                struct wire_free *f = w.data;
+                f->seq = atomic_fetch_add_explicit(&hook_seq, 1, memory_order_relaxed) + 1;
+                f->addr = (uint64_t)(uintptr_t)p;
+                f->heap_id = 0;
+                f->reserved = 0;
+                if (ring_end_write(ring, &w))
+                    hook_poke(s);
+            } else if (r == -EAGAIN) {
+                hook_poke(s);
+            }
         }
+        client_session_leave(s);
     }
+    t->in_sample = false;
     t->in_hook = false;
     errno = saved_errno;
 }
 
 /* ---- slow path -------------------------------------------------------------------- */
 
-static void hook_seed_thread(struct client_tls *t)
+static void hook_seed_thread(struct client_tls *t, const struct client_session *s)
 {
     uint64_t n = atomic_fetch_add_explicit(&client_thread_counter, 1, memory_order_relaxed);
-    client_sampler_init(&t->sampler, &client_cfg.params, client_seed ^ client_mix64(n + 1));
-    t->seeded = true;
+    client_sampler_init(&t->sampler, &s->params, client_seed ^ client_mix64(n + 1));
+    t->gen = s->gen;
 }
 
-/* Reached when the fast path's counter ran out or the size is at least the interval. */
-HP_NOINLINE void *client_alloc_slow(void *p, size_t size)
+uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint64_t *regs)
 {
     struct client_tls *t = &client_tls;
 
-    if (t->in_hook)
-        return p;
+    if (t->in_hook) {
+        if (HP_UNLIKELY(t->in_sample && client_trap_reentry))
+            abort();
+        return ret;
+    }
     t->in_hook = true;
     int saved_errno = errno;
 
-    int state = atomic_load_explicit(&client_state, memory_order_acquire);
-    if (HP_UNLIKELY(state == CLIENT_UNINIT)) {
+    if (HP_UNLIKELY(atomic_load_explicit(&client_state, memory_order_acquire) == CLIENT_UNINIT))
         client_init();
-        state = atomic_load_explicit(&client_state, memory_order_acquire);
-        t->seeded = false;
-    }
-    if (state != CLIENT_ACTIVE) {
-        if (state == CLIENT_DORMANT)
-            t->sampler.bytes_left = CLIENT_DORMANT_RECHECK_BYTES;
-        else if (state == CLIENT_PASSTHROUGH)
-            t->sampler.bytes_left = INT64_MAX / 2;
-        else
-            t->sampler.bytes_left = 0; /* initialising elsewhere: look again next time */
-    } else {
+    /* Acquire pairs with the release store publishing the session. */
+    struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
+    if (s) {
+        /* Reached because the size is at least the interval (the counter was not
+         * touched), the counter ran out (it was), or during a warm-up (it was not, and
+         * is still positive). */
         uint64_t sample_size;
-        if (!t->seeded) {
-            hook_seed_thread(t);
-            sample_size = client_sampler_step(&t->sampler, &client_cfg.params, size);
-        } else if (size >= client_cfg.params.interval) {
+        if (t->gen != s->gen) {
+            hook_seed_thread(t, s);
+            sample_size = client_sampler_step(&t->sampler, &s->params, size);
+        } else if (size >= s->params.interval) {
             sample_size = size;
+        } else if (t->sampler.bytes_left <= 0) {
+            sample_size = client_sampler_refill(&t->sampler, &s->params);
         } else {
-            sample_size = client_sampler_refill(&t->sampler, &client_cfg.params);
+            sample_size = client_sampler_step(&t->sampler, &s->params, size);
         }
-        if (sample_size > 0 && p != NULL)
-            hook_record_alloc(t, p, size, sample_size,
-                              (uint64_t)(uintptr_t)__builtin_frame_address(0) + 16);
+        if (sample_size > 0 && p != 0 && client_session_enter(s)) {
+            t->in_sample = true;
+            hook_record_alloc(t, s, (void *)p, size, sample_size, regs);
+            t->in_sample = false;
+            client_session_leave(s);
+        }
     }
 
     errno = saved_errno;
     t->in_hook = false;
-    return p;
+    return ret;
 }
 
 /* ---- the exported entry points ---------------------------------------------------- */
 
-static HP_ALWAYS_INLINE void *hook_after_alloc(void *p, size_t size)
+/* True when the allocation is not sampled (one load and a branch while dormant). The slow path is
+ * reached by a tail call to the trampoline, so that it sees the application's registers. */
+static HP_ALWAYS_INLINE bool hook_unsampled_at(size_t size, uint64_t interval)
 {
-    if (HP_LIKELY(size < atomic_load_explicit(&client_fast_interval, memory_order_relaxed)) &&
-        HP_LIKELY((client_tls.sampler.bytes_left -= (int64_t)size) > 0))
-        return p;
-    return client_alloc_slow(p, size);
+    return HP_LIKELY(size < interval) &&
+           HP_LIKELY((client_tls.sampler.bytes_left -= (int64_t)size) > 0);
+}
+
+static HP_ALWAYS_INLINE bool hook_unsampled(size_t size)
+{
+    return hook_unsampled_at(size,
+                             atomic_load_explicit(&client_fast_interval, memory_order_relaxed));
+}
+
+/* Dormant or passthrough: the exported functions then jump straight to glibc (no frame).
+ * A session starting between this test and the allocation only misses that allocation. */
+static HP_ALWAYS_INLINE bool hook_off(void)
+{
+    return atomic_load_explicit(&client_fast_interval, memory_order_relaxed) == CLIENT_FAST_OFF;
+}
+
+/* While a session is active: records the free of a sampled address, before the real
+ * free (see hook_realloc). */
+static HP_ALWAYS_INLINE void hook_free_watched(struct client_session *s, void *p)
+{
+    if ((client_freeset_remove(&s->freeset, (uint64_t)(uintptr_t)p) ||
+         HP_UNLIKELY(atomic_load_explicit(&s->send_all_frees, memory_order_relaxed) && p)) &&
+        !client_tls.in_hook)
+        client_record_free(s, p);
 }
 
 static HP_ALWAYS_INLINE void hook_before_free(void *p)
 {
-    /* Acquire pairs with the release store in client_init(): the set is mapped. */
-    if (HP_UNLIKELY(atomic_load_explicit(&client_free_watch, memory_order_acquire)) && p &&
-        !client_tls.in_hook) {
-        if (client_freeset_remove(&client_freeset, (uint64_t)(uintptr_t)p) ||
-            HP_UNLIKELY(atomic_load_explicit(&client_send_all_frees, memory_order_relaxed)))
-            client_record_free(p);
-    }
+    /* Acquire pairs with the release store publishing the session (its set is mapped). */
+    struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
+    if (HP_UNLIKELY(s != NULL))
+        hook_free_watched(s, p);
+}
+
+/* Out of line, so that free() while dormant needs no stack frame: both paths end in a
+ * tail call. */
+static HP_NOINLINE void hook_free_active(struct client_session *s, void *p)
+{
+    hook_free_watched(s, p);
+    __libc_free(p);
 }
 
 HP_EXPORT void *malloc(size_t size)
 {
-    return hook_after_alloc(__libc_malloc(size), size);
+    uint64_t interval = atomic_load_explicit(&client_fast_interval, memory_order_relaxed);
+    if (interval == CLIENT_FAST_OFF)
+        return __libc_malloc(size);
+    void *p = __libc_malloc(size);
+    if (hook_unsampled_at(size, interval))
+        return p;
+    return client_sample_tramp(p, size, p);
 }
 
 HP_EXPORT void free(void *p)
 {
-    hook_before_free(p);
-    __libc_free(p);
+    struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
+    if (HP_UNLIKELY(s != NULL))
+        hook_free_active(s, p);
+    else
+        __libc_free(p);
 }
 
 HP_EXPORT void *calloc(size_t n, size_t size)
 {
+    if (hook_off())
+        return __libc_calloc(n, size);
     void *p = __libc_calloc(n, size);
     /* No overflow when the call succeeded (glibc fails with ENOMEM otherwise). */
-    return p ? hook_after_alloc(p, n * size) : p;
+    if (!p || hook_unsampled(n * size))
+        return p;
+    return client_sample_tramp(p, n * size, p);
 }
 
 static HP_ALWAYS_INLINE void *hook_realloc(void *p, size_t size)
 {
+    if (hook_off() && !atomic_load_explicit(&client_current, memory_order_relaxed))
+        return __libc_realloc(p, size);
     /* The old block is recorded as freed before it really is, so that a reuse of its
      * address by another thread gets a later sequence number. If the reallocation then
      * fails, the block stays live but unrecorded (an underestimate, only under OOM). */
     hook_before_free(p);
     void *q = __libc_realloc(p, size);
     /* realloc(p, 0) frees p and returns NULL (glibc: REALLOC_ZERO_BYTES_FREES). */
-    return q ? hook_after_alloc(q, size) : q;
+    if (!q || hook_unsampled(size))
+        return q;
+    return client_sample_tramp(q, size, q);
 }
 
 HP_EXPORT void *realloc(void *p, size_t size)
@@ -282,15 +349,23 @@ HP_EXPORT void *reallocarray(void *p, size_t n, size_t size)
 
 HP_EXPORT void *memalign(size_t alignment, size_t size)
 {
+    if (hook_off())
+        return __libc_memalign(alignment, size);
     void *p = __libc_memalign(alignment, size);
-    return p ? hook_after_alloc(p, size) : p;
+    if (!p || hook_unsampled(size))
+        return p;
+    return client_sample_tramp(p, size, p);
 }
 
 /* glibc 2.36 defines aligned_alloc as an alias of memalign (no alignment check). */
 HP_EXPORT void *aligned_alloc(size_t alignment, size_t size)
 {
+    if (hook_off())
+        return __libc_memalign(alignment, size);
     void *p = __libc_memalign(alignment, size);
-    return p ? hook_after_alloc(p, size) : p;
+    if (!p || hook_unsampled(size))
+        return p;
+    return client_sample_tramp(p, size, p);
 }
 
 HP_EXPORT int posix_memalign(void **memptr, size_t alignment, size_t size)
@@ -302,18 +377,28 @@ HP_EXPORT int posix_memalign(void **memptr, size_t alignment, size_t size)
     void *p = __libc_memalign(alignment, size);
     if (p == NULL)
         return ENOMEM;
-    *memptr = hook_after_alloc(p, size);
-    return 0;
+    *memptr = p;
+    if (hook_unsampled(size))
+        return 0;
+    return client_sample_tramp_int(p, size, 0);
 }
 
 HP_EXPORT void *valloc(size_t size)
 {
+    if (hook_off())
+        return __libc_valloc(size);
     void *p = __libc_valloc(size);
-    return p ? hook_after_alloc(p, size) : p;
+    if (!p || hook_unsampled(size))
+        return p;
+    return client_sample_tramp(p, size, p);
 }
 
 HP_EXPORT void *pvalloc(size_t size)
 {
+    if (hook_off())
+        return __libc_pvalloc(size);
     void *p = __libc_pvalloc(size);
-    return p ? hook_after_alloc(p, size) : p;
+    if (!p || hook_unsampled(size))
+        return p;
+    return client_sample_tramp(p, size, p);
 }

@@ -86,11 +86,12 @@ int client_stack_lookup(struct client_stack_cache *cache, uint64_t sp, uint64_t 
     if (r < 0)
         return r;
     /* First lookup of the thread, or its stack grew down: cache. Another stack
-     * (sigaltstack, fiber): answer without caching. */
+     * (sigaltstack, fiber): answer without caching, since that mapping may go away. */
+    *ret_end = hi;
     if (cache->hi == 0 || hi == cache->hi) {
         cache->lo = lo;
         cache->hi = hi;
+        return 0;
     }
-    *ret_end = hi;
-    return 0;
+    return 1;
 }

@@ -7,7 +7,7 @@
  * the thread runs on another stack (sigaltstack, a fiber: the answer is not cached).
  *
  *     uint64_t end;
- *     if (client_stack_lookup(&cache, sp, &end) == 0) copy(sp, min(end - sp, cap));
+ *     if (client_stack_lookup(&cache, sp, &end) >= 0) copy(sp, min(end - sp, cap));
  *
  * Hook-safe.
  */
@@ -26,8 +26,9 @@ struct client_stack_cache {
  * holds it, or -errno. */
 int client_find_mapping(uint64_t addr, uint64_t *ret_start, uint64_t *ret_end) HP_WARN_UNUSED;
 
-/* Returns 0 with the end of the stack mapping holding @sp, using and updating @cache, or
- * -ENOENT. */
+/* Returns 0 with the end of the thread's stack mapping holding @sp (using and updating
+ * @cache), 1 with the end of another mapping holding @sp (a stack we do not know: signal
+ * stack, fiber; not cached), or -ENOENT / -errno. */
 int client_stack_lookup(struct client_stack_cache *cache, uint64_t sp,
                         uint64_t *ret_end) HP_WARN_UNUSED;
 

@@ -32,6 +32,10 @@
 
 /* Feature bits (wire_hello.features / wire_client_config.features). */
 #define WIRE_FEATURE_REGS_X86_64 (1u << 0)
+/* Follow forks: in the config, asks the child of fork() to handshake again (reason
+ * WIRE_REASON_STARTUP) as a new process with its own ring; without it the child is not
+ * profiled unless attached later. */
+#define WIRE_FEATURE_FOLLOW_FORK (1u << 1)
 
 /* Why the client connects (wire_hello.reason). */
 #define WIRE_REASON_STARTUP 1u /* profiling asked for by the environment at startup */

@@ -65,6 +65,9 @@ struct run {
     struct record *recs;
     size_t nrecs, cap;
     struct ring_stats stats;
+    /* executable mappings of the program itself, from the maps fd of the handshake */
+    uint64_t exe_lo[8], exe_hi[8];
+    size_t nexe;
 };
 
 struct env_opts {
@@ -91,7 +94,7 @@ static pid_t spawn(const char *prog, const char *arg, const struct env_opts *o, 
                    int err_fd)
 {
     static char env_preload[4096], env_socket[4096];
-    char *envp[8];
+    char *envp[12];
     int n = 0;
 
     if (o->preload) {
@@ -107,6 +110,8 @@ static pid_t spawn(const char *prog, const char *arg, const struct env_opts *o, 
     if (o->socket_path || o->startup) {
         envp[n++] = "HEAPPROF_INIT_TIMEOUT_MS=5000";
         envp[n++] = "HEAPPROF_SEED=1";
+        /* The hook path must never allocate: abort if it does. */
+        envp[n++] = "HEAPPROF_TRAP_REENTRY=1";
     }
     envp[n] = NULL;
     char *argv[3] = {(char *)prog, (char *)arg, NULL};
@@ -162,6 +167,37 @@ static void check_proc_fd(int fd, pid_t pid, const char *what)
     assert_string_equal(target, want);
 }
 
+static const char *served_prog;
+
+static void read_exe_mappings(int maps_fd, struct run *run)
+{
+    static char buf[1 << 16];
+    ssize_t n = pread(maps_fd, buf, sizeof(buf) - 1, 0);
+    assert_true(n > 0);
+    buf[n] = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        unsigned long long lo, hi;
+        char perms[8];
+        const char *path = strchr(line, '/');
+        if (!path || !served_prog || strcmp(path, served_prog) != 0)
+            continue;
+        if (sscanf(line, "%llx-%llx %7s", &lo, &hi, perms) == 3 && perms[2] == 'x' &&
+            run->nexe < 8) {
+            run->exe_lo[run->nexe] = lo;
+            run->exe_hi[run->nexe++] = hi;
+        }
+    }
+}
+
+static bool in_exe(const struct run *run, uint64_t pc)
+{
+    for (size_t i = 0; i < run->nexe; i++)
+        if (pc >= run->exe_lo[i] && pc < run->exe_hi[i])
+            return true;
+    return false;
+}
+
 static void serve(int lsock, pid_t child, enum serve_mode mode, uint64_t interval, struct run *run)
 {
     struct pollfd pfd = {.fd = lsock, .events = POLLIN};
@@ -179,6 +215,7 @@ static void serve(int lsock, pid_t child, enum serve_mode mode, uint64_t interva
     assert_int_equal(nfds, 2);
     check_proc_fd(fds[0], child, "maps");
     check_proc_fd(fds[1], child, "mem");
+    read_exe_mappings(fds[0], run);
     (void)close(fds[0]);
     (void)close(fds[1]);
 
@@ -241,6 +278,8 @@ static void run_prog(const char *prog, const char *arg, const struct env_opts *o
 
     assert_int_equal(pipe2(out, O_CLOEXEC), 0);
     assert_int_equal(pipe2(err, O_CLOEXEC), 0);
+    char real[4096];
+    served_prog = realpath(prog, real) ? real : prog;
     pid_t pid = spawn(prog, arg, o, out[1], err[1]);
     assert_true(pid > 0);
     (void)close(out[1]);
@@ -323,6 +362,7 @@ static void test_client_records_allocations(void **state)
     assert_int_equal(run->err_len, 0);
     assert_true(run->served);
     assert_int_equal(run->stats.records_dropped, 0);
+    assert_true(run->nexe > 0);
 
     /* What the program says it did. */
     struct prog_alloc allocs[256];
@@ -383,6 +423,8 @@ static void test_client_records_allocations(void **state)
             assert_true(a->stack_len <= 64 << 10);
             assert_int_not_equal(a->regs[WIRE_REG_RIP], 0);
             assert_int_equal(a->stack_ptr, a->regs[WIRE_REG_RSP]);
+            /* The stack starts in the program's own frame: no libheapprof.so frame. */
+            assert_true(in_exe(run, a->regs[WIRE_REG_RIP]));
             assert_int_equal(a->tid, run->hello.pid);
             assert_int_equal(a->flags & WIRE_ALLOC_UNKNOWN_STACK, 0);
             assert_int_equal(a->heap_id, 0);

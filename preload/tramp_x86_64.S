@@ -1,0 +1,55 @@
+/* preload/tramp_x86_64.S: client_sample_tramp(p, size, ret), see preload/client.h.
+ *
+ * The exported allocation functions tail-call this when the sampler fires. At entry the
+ * callee-saved registers still hold the application's values and (%rsp) is the return
+ * address into the application, so the registers stored here describe the application's
+ * frame at its call to malloc: the stack copy starts at the caller's stack pointer and
+ * the profile's stack starts at the call site, with no libheapprof.so frame. Without the
+ * tail call (an unoptimised build) they describe the exported function's frame instead,
+ * which is just as consistent (the unwinder skips it).
+ *
+ * regs[] (DWARF order, see common/regs.h) lives in our frame; caller-saved slots are 0.
+ */
+    .text
+    .globl client_sample_tramp
+    .hidden client_sample_tramp
+    .type client_sample_tramp, @function
+    .globl client_sample_tramp_int
+    .hidden client_sample_tramp_int
+    .type client_sample_tramp_int, @function
+    .p2align 4
+client_sample_tramp:
+client_sample_tramp_int:
+    .cfi_startproc
+    /* 17 slots: entry %rsp is 8 mod 16, so %rsp is 16-aligned after this. */
+    subq $136, %rsp
+    .cfi_adjust_cfa_offset 136
+    movq $0, 0(%rsp)
+    movq $0, 8(%rsp)
+    movq $0, 16(%rsp)
+    movq %rbx, 24(%rsp)
+    movq $0, 32(%rsp)
+    movq $0, 40(%rsp)
+    movq %rbp, 48(%rsp)
+    leaq 144(%rsp), %rax
+    movq %rax, 56(%rsp)
+    movq $0, 64(%rsp)
+    movq $0, 72(%rsp)
+    movq $0, 80(%rsp)
+    movq $0, 88(%rsp)
+    movq %r12, 96(%rsp)
+    movq %r13, 104(%rsp)
+    movq %r14, 112(%rsp)
+    movq %r15, 120(%rsp)
+    movq 136(%rsp), %rax
+    movq %rax, 128(%rsp)
+    /* client_alloc_slow(p = %rdi, size = %rsi, ret = %rdx, regs = %rcx) */
+    movq %rsp, %rcx
+    call client_alloc_slow
+    addq $136, %rsp
+    .cfi_adjust_cfa_offset -136
+    ret
+    .cfi_endproc
+    .size client_sample_tramp, .-client_sample_tramp
+    .size client_sample_tramp_int, .-client_sample_tramp_int
+    .section .note.GNU-stack,"",@progbits

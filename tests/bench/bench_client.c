@@ -1,0 +1,281 @@
+/* tests/bench/bench_client.c: cost of the preload client's hooks, in one run.
+ *
+ * Re-executes itself under LD_PRELOAD=libheapprof.so (HEAPPROF_LIB, else the library
+ * beside this build) with no session, so the client starts DORMANT. It then measures:
+ *   glibc_pair_ns                  malloc(64)+free through __libc_malloc/__libc_free
+ *   client_dormant_pair_extra_ns   the hooked pair while dormant, minus glibc's
+ *   client_unsampled_pair_extra_ns the hooked pair while a session is active with an
+ *                                  interval no 64-byte allocation reaches, minus glibc's
+ *   client_sampled_d{20,200}_{median,p99}_ns
+ *                                  one sampled malloc(64) at stack depth 20/200 (every
+ *                                  allocation sampled), minus glibc's median malloc
+ * The session comes from a fake service inside this process: it listens on
+ * attach-<pid>.sock in a private XDG_RUNTIME_DIR, sends itself the attach signal, and a
+ * reader thread drains the ring (the sampled figures measure the client only).
+ * Pair loops alternate baseline and hooked rounds and compare the best of each; sampled
+ * figures are percentiles of individually timed calls.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/fdpass.h"
+#include "common/paths.h"
+#include "shmem_ring/ring.h"
+#include "shmem_ring/wire.h"
+
+extern void *__libc_malloc(size_t size);
+extern void __libc_free(void *p);
+
+#define PAIRS 100000
+#define ROUNDS 41
+
+typedef void *(*alloc_fn)(size_t);
+typedef void (*free_fn)(void *);
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static __attribute__((noinline)) double pair_loop_ns(alloc_fn am, free_fn fr)
+{
+    uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
+    for (int i = 0; i < PAIRS; i++) {
+        void *volatile p = am(64);
+        fr(p);
+    }
+    return (double)(hp_clock_ns(CLOCK_MONOTONIC) - t0) / PAIRS;
+}
+
+/* Best hooked round minus best glibc round, over alternating rounds: the machine is
+ * shared, and preemption only ever adds time, so the minimum is the robust estimate. */
+static double extra_pair_ns(double *ret_glibc)
+{
+    double best_base = 1e9, best_hooked = 1e9;
+    (void)pair_loop_ns(malloc, free); /* warm up */
+    for (int r = 0; r < ROUNDS; r++) {
+        double b = pair_loop_ns(__libc_malloc, __libc_free);
+        double h = pair_loop_ns(malloc, free);
+        if (getenv("BENCH_VERBOSE"))
+            fprintf(stderr, "round %d: glibc %.2f hooked %.2f\n", r, b, h);
+        best_base = b < best_base ? b : best_base;
+        best_hooked = h < best_hooked ? h : best_hooked;
+    }
+    if (ret_glibc)
+        *ret_glibc = best_base;
+    return best_hooked - best_base;
+}
+
+/* ---- the fake service ------------------------------------------------------------ */
+
+static char xdg[64];
+static int lsock = -1;
+static _Atomic bool reader_stop;
+
+struct session {
+    int sock;
+    ring_t *ring;
+    pthread_t reader;
+};
+
+static void *reader_main(void *arg)
+{
+    struct session *s = arg;
+    struct ring_rspan rs;
+    /* As the service does: drain, announce idleness, drain again, sleep until poked. */
+    while (!atomic_load(&reader_stop)) {
+        while (ring_begin_read(s->ring, &rs) == 0)
+            ring_end_read(s->ring, &rs);
+        ring_set_reader_idle(s->ring, true);
+        while (ring_begin_read(s->ring, &rs) == 0)
+            ring_end_read(s->ring, &rs);
+        struct pollfd p = {.fd = s->sock, .events = POLLIN};
+        if (poll(&p, 1, 10) == 1) {
+            char buf[4096];
+            (void)!read(s->sock, buf, sizeof(buf));
+        }
+        ring_set_reader_idle(s->ring, false);
+    }
+    return NULL;
+}
+
+static int attach_session(uint64_t interval, struct session *s)
+{
+    union sigval v = {.sival_int = getpid()};
+    if (sigqueue(getpid(), SIGRTMIN + 4, v) < 0)
+        return -1;
+    struct pollfd p = {.fd = lsock, .events = POLLIN};
+    if (poll(&p, 1, 5000) != 1)
+        return -1;
+    s->sock = accept4(lsock, NULL, NULL, SOCK_CLOEXEC);
+    struct wire_hello hello;
+    int fds[2];
+    size_t nfds = 0;
+    if (s->sock < 0 || hp_recv_fds(s->sock, &hello, sizeof(hello), fds, 2, &nfds) < 0)
+        return -1;
+    for (size_t i = 0; i < nfds; i++)
+        (void)close(fds[i]);
+    struct wire_client_config cfg = {
+        .magic = WIRE_CONFIG_MAGIC,
+        .status = WIRE_STATUS_PROFILE,
+        .features = hello.features & WIRE_FEATURE_REGS_X86_64,
+        .block_client = 1,
+        .sampling_interval_bytes = interval,
+        .max_stack_bytes = 64 << 10,
+        .block_client_timeout_us = 1000000,
+    };
+    int rfd;
+    if (ring_create(8u << 20, &rfd) < 0 || ring_map(rfd, RING_ROLE_READER, &s->ring) < 0)
+        return -1;
+    if (hp_send_fds(s->sock, &cfg, sizeof(cfg), &rfd, 1) < 0)
+        return -1;
+    (void)close(rfd);
+    atomic_store(&reader_stop, false);
+    if (pthread_create(&s->reader, NULL, reader_main, s) != 0)
+        return -1;
+    /* The client is ACTIVE once the helper has its answer: give it a moment. */
+    struct timespec ms = {0, 20 * 1000000};
+    nanosleep(&ms, NULL);
+    return 0;
+}
+
+static void detach_session(struct session *s)
+{
+    atomic_store(&reader_stop, true);
+    (void)pthread_join(s->reader, NULL);
+    (void)close(s->sock);
+    struct timespec ms = {0, 50 * 1000000};
+    nanosleep(&ms, NULL);
+    s->ring = ring_unmap(s->ring);
+}
+
+/* ---- sampled path ----------------------------------------------------------------- */
+
+#define SAMPLES 20000
+static uint64_t times[SAMPLES];
+
+static __attribute__((noinline)) uint64_t timed_malloc(alloc_fn am, free_fn fr)
+{
+    uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
+    void *volatile p = am(64);
+    uint64_t t1 = hp_clock_ns(CLOCK_MONOTONIC);
+    fr(p);
+    return t1 - t0;
+}
+
+static __attribute__((noinline)) uint64_t at_depth(int depth, alloc_fn am, free_fn fr)
+{
+    if (depth > 1) {
+        uint64_t r = at_depth(depth - 1, am, fr);
+        __asm__ volatile("" ::: "memory"); /* no tail call: keep the frame */
+        return r;
+    }
+    return timed_malloc(am, fr);
+}
+
+static void sampled(int depth)
+{
+    uint64_t base[SAMPLES / 4];
+    for (int i = 0; i < SAMPLES / 4; i++)
+        base[i] = at_depth(depth, __libc_malloc, __libc_free);
+    for (int i = 0; i < SAMPLES; i++)
+        times[i] = at_depth(depth, malloc, free);
+    qsort(base, SAMPLES / 4, sizeof(uint64_t), cmp_u64);
+    qsort(times, SAMPLES, sizeof(uint64_t), cmp_u64);
+    uint64_t b = base[SAMPLES / 8];
+    uint64_t med = times[SAMPLES / 2], p99 = times[SAMPLES * 99 / 100];
+    printf("bench: client_sampled_d%d_median_ns %llu ns\n", depth,
+           (unsigned long long)(med > b ? med - b : 0));
+    printf("bench: client_sampled_d%d_p99_ns %llu ns\n", depth,
+           (unsigned long long)(p99 > b ? p99 - b : 0));
+}
+
+static int measure(void)
+{
+    char dir[128], path[HP_PATH_MAX];
+    const char *x = getenv("XDG_RUNTIME_DIR");
+    snprintf(xdg, sizeof(xdg), "%s", x ? x : "");
+    if (hp_runtime_dir(xdg, getuid(), dir, sizeof(dir)) < 0 || mkdir(dir, 0700) < 0 ||
+        hp_socket_path(xdg, getuid(), getpid(), path, sizeof(path)) < 0)
+        return 1;
+    lsock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    if (bind(lsock, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(lsock, 4) < 0)
+        return 1;
+
+    double glibc;
+    double dormant = extra_pair_ns(&glibc);
+    printf("bench: glibc_pair_ns %.2f ns\n", glibc);
+    printf("bench: client_dormant_pair_extra_ns %.2f ns\n", dormant);
+
+    struct session s;
+    if (attach_session(UINT64_C(1) << 40, &s) < 0) {
+        fprintf(stderr, "bench_client: attach failed\n");
+        return 1;
+    }
+    printf("bench: client_unsampled_pair_extra_ns %.2f ns\n", extra_pair_ns(NULL));
+    detach_session(&s);
+
+    if (attach_session(1, &s) < 0) {
+        fprintf(stderr, "bench_client: second attach failed\n");
+        return 1;
+    }
+    sampled(20);
+    sampled(200);
+    detach_session(&s);
+    (void)unlink(path);
+    (void)rmdir(dir);
+    (void)rmdir(xdg);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    if (getenv("BENCH_CLIENT_CHILD"))
+        return measure();
+
+    char lib[8192], self[4096], tmpl[] = "/tmp/heapprof-bench-XXXXXX";
+    const char *env_lib = getenv("HEAPPROF_LIB");
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0)
+        return 1;
+    self[n] = 0;
+    if (env_lib) {
+        snprintf(lib, sizeof(lib), "%s", env_lib);
+    } else {
+        /* <build>/tests/bench/bench_client -> <build>/preload/libheapprof.so */
+        char *slash = strrchr(self, '/');
+        *slash = 0;
+        snprintf(lib, sizeof(lib), "%s/../../preload/libheapprof.so", self);
+        *slash = '/';
+    }
+    if (!mkdtemp(tmpl))
+        return 1;
+    setenv("LD_PRELOAD", lib, 1);
+    setenv("XDG_RUNTIME_DIR", tmpl, 1);
+    setenv("BENCH_CLIENT_CHILD", "1", 1);
+    unsetenv("HEAPPROF_SOCKET");
+    setenv("HEAPPROF_STARTUP", "0", 1);
+    setenv("HEAPPROF_SEED", "1", 1);
+    execv(self, argv);
+    perror("bench_client: exec");
+    return 1;
+}

@@ -1,0 +1,117 @@
+/* tests/bench/bench_client_app.c: wall time of a malloc-heavy two-thread program
+ * (tests/bench/churn.c) under `heapprof record`, against the same program unprofiled.
+ *
+ * Runs churn and `heapprof record -q -i N -o <tmp> -- churn` alternately from the same
+ * build (beside this binary, or HEAPPROF_BUILD), RUNS times each, and prints the ratio
+ * of the medians as app_churn2t_ratio_4k (interval 4096) and app_churn2t_ratio_512k
+ * (interval 524288). Also checks that the profiled run prints the same output.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+
+#define RUNS 5
+#define ITERATIONS "20000000"
+
+extern char **environ;
+
+static char build[4096];
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Runs @argv with stdout captured into @out; returns the wall time in ms, < 0 on error. */
+static double run(char *const argv[], char *out, size_t cap)
+{
+    int p[2];
+    if (pipe(p) < 0)
+        return -1;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+    posix_spawn_file_actions_addclose(&fa, p[0]);
+    uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
+    pid_t pid;
+    if (posix_spawn(&pid, argv[0], &fa, NULL, argv, environ) != 0)
+        return -1;
+    posix_spawn_file_actions_destroy(&fa);
+    (void)close(p[1]);
+    size_t n = 0;
+    for (;;) {
+        ssize_t r = read(p[0], out + n, cap - 1 - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        n += (size_t)r;
+    }
+    out[n] = 0;
+    (void)close(p[0]);
+    int st;
+    if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        return -1;
+    return (double)(hp_clock_ns(CLOCK_MONOTONIC) - t0) / 1e6;
+}
+
+static int ratio(const char *interval, const char *name)
+{
+    char churn[8192], heapprof[8192], trace[] = "/tmp/heapprof-bench-XXXXXX";
+    char out_plain[256], out_prof[256];
+    double plain[RUNS], prof[RUNS];
+
+    snprintf(churn, sizeof(churn), "%s/tests/bench/churn", build);
+    snprintf(heapprof, sizeof(heapprof), "%s/service/heapprof", build);
+    int fd = mkstemp(trace);
+    if (fd < 0)
+        return 1;
+    (void)close(fd);
+    char *argv_plain[] = {churn, ITERATIONS, NULL};
+    char *argv_prof[] = {heapprof, "record", "-q",       "-i", (char *)interval, "-o", trace,
+                         "--",     churn,    ITERATIONS, NULL};
+    for (int i = 0; i < RUNS; i++) {
+        plain[i] = run(argv_plain, out_plain, sizeof(out_plain));
+        prof[i] = run(argv_prof, out_prof, sizeof(out_prof));
+        if (plain[i] < 0 || prof[i] < 0 || strcmp(out_plain, out_prof) != 0) {
+            fprintf(stderr, "bench_client_app: run failed or output differs\n");
+            (void)unlink(trace);
+            return 1;
+        }
+    }
+    (void)unlink(trace);
+    qsort(plain, RUNS, sizeof(double), cmp_double);
+    qsort(prof, RUNS, sizeof(double), cmp_double);
+    printf("bench: %s %.3f ratio\n", name, prof[RUNS / 2] / plain[RUNS / 2]);
+    fprintf(stderr, "# %s: unprofiled median %.1f ms, profiled median %.1f ms\n", name,
+            plain[RUNS / 2], prof[RUNS / 2]);
+    return 0;
+}
+
+int main(void)
+{
+    const char *env = getenv("HEAPPROF_BUILD");
+    if (env) {
+        snprintf(build, sizeof(build), "%s", env);
+    } else {
+        /* <build>/tests/bench/bench_client_app */
+        ssize_t n = readlink("/proc/self/exe", build, sizeof(build) - 1);
+        if (n <= 0)
+            return 1;
+        build[n] = 0;
+        for (int i = 0; i < 3; i++)
+            *strrchr(build, '/') = 0;
+    }
+    int r = ratio("4096", "app_churn2t_ratio_4k");
+    return r | ratio("524288", "app_churn2t_ratio_512k");
+}
