@@ -69,6 +69,8 @@ static void usage_record(FILE *f)
           "      --seed N                 fixed sampler seed for reproducible runs\n"
           "      --continuous-dump MS[,PHASE_MS]  also dump every MS milliseconds\n"
           "      --status                 live status line on a terminal\n"
+          "      --follow-fork            profile children of fork() too, each as its own\n"
+          "                               process (children that exec are always profiled)\n"
           "      --top N                  sites in the summary (default 10; 0: none)\n"
           "  -q, --quiet                  no summary\n"
           "  -h, --help                   this help\n"
@@ -363,6 +365,7 @@ static int cmd_record(int argc, char **argv)
         {"top", required_argument, NULL, 'n'},
         {"continuous-dump", required_argument, NULL, 'C'},
         {"status", no_argument, NULL, 'U'},
+        {"follow-fork", no_argument, NULL, 'F'},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
         {0},
@@ -447,6 +450,9 @@ static int cmd_record(int argc, char **argv)
             break;
         case 'U':
             status_line = true;
+            break;
+        case 'F':
+            cfg.follow_fork = true;
             break;
         case 'q':
             quiet = true;

@@ -499,7 +499,8 @@ static void handshake(struct svc *s, int sock)
     struct wire_client_config cfg = {
         .magic = WIRE_CONFIG_MAGIC,
         .status = WIRE_STATUS_PROFILE,
-        .features = hello.features & WIRE_FEATURE_REGS_X86_64,
+        .features = hello.features & (WIRE_FEATURE_REGS_X86_64 |
+                                      (s->cfg.follow_fork ? WIRE_FEATURE_FOLLOW_FORK : 0)),
         .block_client = s->cfg.block_client,
         .sampling_interval_bytes = s->cfg.sampling_interval_bytes,
         .max_stack_bytes = s->cfg.max_stack_bytes,

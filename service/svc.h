@@ -57,6 +57,8 @@ struct svc_config {
     /* Not in HeapprofdConfig: a service running as root also profiles other users'
      * processes (by default only its own uid's). */
     bool allow_other_users;
+    /* Children of fork() handshake again and are profiled as processes of their own. */
+    bool follow_fork;
 };
 
 void svc_config_init(struct svc_config *cfg);

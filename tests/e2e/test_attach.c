@@ -231,8 +231,9 @@ static void test_attach_user_errors(void **state)
     kill(plain, SIGKILL);
     wait_status(plain);
 
-    char *gone[] = {"-p", "999999999", NULL};
-    attach(gone, trace, 2, &run); /* out of range: usage error */
+    char *bad[] = {"-p", "12abc", NULL};
+    attach(bad, trace, 2, &run);
+    assert_non_null(strstr(run.err, "invalid pid '12abc'"));
     e2e_run_free(&run);
     char *none[] = {"-p", "4194303", NULL};
     attach(none, trace, 1, &run);

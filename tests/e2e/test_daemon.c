@@ -34,8 +34,8 @@ static void sleep_ms(long ms)
         ;
 }
 
-/* Starts heapprofd with @args (NULL-terminated) plus --socket/--output in a temp dir. */
-static void daemon_start(struct daemon *d, const char *const args[])
+/* A temp dir with the paths of the daemon's socket, trace and log. */
+static void daemon_prepare(struct daemon *d)
 {
     memset(d, 0, sizeof(*d));
     snprintf(d->dir, sizeof(d->dir), "/tmp/heapprof-e2e-daemon-XXXXXX");
@@ -43,6 +43,11 @@ static void daemon_start(struct daemon *d, const char *const args[])
     snprintf(d->sock, sizeof(d->sock), "%s/sock", d->dir);
     snprintf(d->trace, sizeof(d->trace), "%s/out.pftrace", d->dir);
     snprintf(d->log, sizeof(d->log), "%s/daemon.log", d->dir);
+}
+
+/* Starts heapprofd with @args (NULL-terminated) plus --socket/--output in @d's dir. */
+static void daemon_launch(struct daemon *d, const char *const args[])
+{
     char *argv[64];
     size_t k = 0;
     argv[k++] = (char *)e2e_env("HEAPPROFD_BIN");
@@ -68,6 +73,12 @@ static void daemon_start(struct daemon *d, const char *const args[])
         sleep_ms(10);
     }
     fail_msg("heapprofd did not create its socket");
+}
+
+static void daemon_start(struct daemon *d, const char *const args[])
+{
+    daemon_prepare(d);
+    daemon_launch(d, args);
 }
 
 static int daemon_stop(struct daemon *d, int sig)
@@ -458,6 +469,47 @@ static void test_daemon_guardrail(void **state)
     daemon_cleanup(&d);
 }
 
+static void test_daemon_attaches_running_targets(void **state)
+{
+    (void)state;
+    /* A dormant process (library preloaded, not connecting at startup) that is already
+     * running when the daemon starts gets the attach signal and is profiled. */
+    struct daemon d;
+    daemon_prepare(&d);
+    char out[300];
+    snprintf(out, sizeof(out), "%s/worker.txt", d.dir);
+    pid_t w = fork();
+    if (w == 0) {
+        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        setenv("LD_PRELOAD", e2e_env("HEAPPROF_LIB"), 1);
+        setenv("HEAPPROF_SOCKET", d.sock, 1);
+        setenv("HEAPPROF_STARTUP", "0", 1);
+        execl(e2e_env("WORKER"), "worker", "idle", "1500", (char *)NULL);
+        _exit(127);
+    }
+    sleep_ms(200);
+    char pidbuf[16];
+    snprintf(pidbuf, sizeof(pidbuf), "%d", (int)w);
+    const char *args[] = {"-p", pidbuf, "-i", "1", NULL};
+    daemon_launch(&d, args);
+    assert_int_equal(wait_status(w), 0);
+    assert_int_equal(daemon_stop(&d, SIGINT), 0);
+    struct bk_trace *t = NULL;
+    assert_int_equal(bk_trace_load(d.trace, &(struct bk_trace_options){0}, &t), 0);
+    const struct bk_trace_process *p = e2e_find_process(t, "worker");
+    assert_non_null(p);
+    assert_false(p->from_startup);
+    struct e2e_sums s;
+    e2e_sum_function(p, "worker_leak", &s);
+    print_message("  running target: %llu worker_leak allocations\n",
+                  (unsigned long long)s.alloc_count);
+    assert_true(s.alloc_count >= 3);
+    bk_trace_free(t);
+    unlink(out);
+    daemon_cleanup(&d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -470,6 +522,7 @@ int main(void)
         cmocka_unit_test(test_daemon_killed_mid_run),
         cmocka_unit_test(test_daemon_target_killed),
         cmocka_unit_test(test_daemon_guardrail),
+        cmocka_unit_test(test_daemon_attaches_running_targets),
     };
     return cmocka_run_group_tests_name("e2e_daemon", tests, NULL, NULL);
 }
