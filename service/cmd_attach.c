@@ -46,7 +46,7 @@ static void usage_attach(FILE *f)
           "      --dump-at-max            report live memory at its peak\n"
           "      --shmem-size N           shared buffer per process (default 8M)\n"
           "      --block-client           make the app wait for buffer space\n"
-          "      --status                 live status line on a terminal\n"
+          "      --no-status              no live status line (shown on a terminal)\n"
           "      --top N                  sites in the summary (default 10)\n"
           "  -q, --quiet                  no summary\n"
           "  -h, --help                   this help\n"
@@ -169,6 +169,7 @@ int cmd_attach(int argc, char **argv)
         {"shmem-size", required_argument, NULL, 'S'},
         {"block-client", no_argument, NULL, 'B'},
         {"status", no_argument, NULL, 'U'},
+        {"no-status", no_argument, NULL, 'u'},
         {"top", required_argument, NULL, 't'},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
@@ -177,7 +178,7 @@ int cmd_attach(int argc, char **argv)
     struct svc_config cfg;
     const char *output = NULL;
     double duration = 0;
-    bool quiet = false, status_line = false;
+    bool quiet = false, status_line = true; /* on a terminal */
     long top = 10;
     uint64_t bytes;
     int c, rc = 0, out_fd = -1;
@@ -251,6 +252,9 @@ int cmd_attach(int argc, char **argv)
             break;
         case 'U':
             status_line = true;
+            break;
+        case 'u':
+            status_line = false;
             break;
         case 't':
             errno = 0;

@@ -55,7 +55,7 @@ static void usage(FILE *f)
           "      --max-memory-kb N        max_heapprofd_memory_kb guardrail\n"
           "      --max-cpu-secs N         max_heapprofd_cpu_secs guardrail\n"
           "      --disable-fork-teardown  disable_fork_teardown\n"
-          "      --status                 live status line on a terminal\n"
+          "      --no-status              no live status line (shown on a terminal)\n"
           "      --allow-other-users      as root, also profile other users' processes (the\n"
           "                               socket must then be reachable by them)\n"
           "  -h, --help                   this help\n"
@@ -84,6 +84,7 @@ enum {
     OPT_FORK,
     OPT_STATUS,
     OPT_OTHER_USERS,
+    OPT_NO_STATUS,
 };
 
 static const struct option opts[] = {
@@ -105,6 +106,7 @@ static const struct option opts[] = {
     {"max-cpu-secs", required_argument, NULL, OPT_CPU},
     {"disable-fork-teardown", no_argument, NULL, OPT_FORK},
     {"status", no_argument, NULL, OPT_STATUS},
+    {"no-status", no_argument, NULL, OPT_NO_STATUS},
     {"allow-other-users", no_argument, NULL, OPT_OTHER_USERS},
     {"help", no_argument, NULL, 'h'},
     {0},
@@ -166,7 +168,7 @@ int cmd_daemon(int argc, char **argv, const char *prog)
 {
     struct svc_config cfg;
     const char *output = NULL, *socket_path = NULL;
-    bool status_line = false;
+    bool status_line = true; /* on a terminal */
     char err[512];
     uint64_t v;
     int c, rc = 0, out_fd = -1;
@@ -270,6 +272,9 @@ int cmd_daemon(int argc, char **argv, const char *prog)
             break;
         case OPT_STATUS:
             status_line = true;
+            break;
+        case OPT_NO_STATUS:
+            status_line = false;
             break;
         case OPT_OTHER_USERS:
             cfg.allow_other_users = true;

@@ -291,6 +291,24 @@ static void test_record_follow_fork(void **state)
     }
 }
 
+static void test_record_keeps_user_preload(void **state)
+{
+    (void)state;
+    char *trace = e2e_tmp_path(".pftrace");
+    char *argv[] = {
+        (char *)e2e_env("HEAPPROF_BIN"), "record", "-q", "-o", trace, "--", "/bin/sh", "-c",
+        "echo \"preload=$LD_PRELOAD\"",  NULL};
+    char *env[] = {"LD_PRELOAD=/lib/x86_64-linux-gnu/libm.so.6", NULL};
+    struct e2e_run run;
+    assert_int_equal(e2e_run(argv, env, &run), 0);
+    assert_int_equal(run.status, 0);
+    print_message("  %s", run.out);
+    assert_non_null(strstr(run.out, "libheapprof.so:/lib/x86_64-linux-gnu/libm.so.6"));
+    unlink(trace);
+    free(trace);
+    e2e_run_free(&run);
+}
+
 static void expect_failure(char *const argv[], int status, const char *msg)
 {
     struct e2e_run run;
@@ -330,6 +348,7 @@ int main(void)
         cmocka_unit_test(test_record_cpp),
         cmocka_unit_test(test_record_python),
         cmocka_unit_test(test_record_follow_fork),
+        cmocka_unit_test(test_record_keeps_user_preload),
         cmocka_unit_test(test_record_user_errors),
     };
     return cmocka_run_group_tests_name("e2e_record", tests, NULL, NULL);
