@@ -75,6 +75,7 @@ struct src_arg {
 struct dump_ctx {
     bk_t *bk;
     struct bk_proc *p; /* NULL outside dumps */
+    struct bk_heap *h; /* the heap being dumped */
     size_t begin[SRC_COUNT], end[SRC_COUNT], limit[SRC_COUNT];
     struct src_arg args[SRC_COUNT];
     bool last; /* this packet ends the dump: flags and stats go in it */
@@ -193,7 +194,7 @@ static const pb_msgdesc_t *build_item(const struct dump_ctx *d, enum src src, si
         it->callstack.frame_ids.arg = aux;
         return perfetto_protos_Callstack_fields;
     case SRC_SAMPLES: {
-        const struct bk_site *s = &d->p->sites[i];
+        const struct bk_site *s = &d->h->sites[i];
         it->sample = (heap_sample_t){
             .has_callstack_id = true,
             .callstack_id = s->callstack_id,
@@ -208,7 +209,7 @@ static const pb_msgdesc_t *build_item(const struct dump_ctx *d, enum src src, si
         };
         if (bk->dump_at_max) {
             it->sample.has_self_max = it->sample.has_self_max_count = true;
-            bk__site_at_peak(d->p, s, &it->sample.self_max, &it->sample.self_max_count);
+            bk__site_at_peak(d->h, s, &it->sample.self_max, &it->sample.self_max_count);
         }
         return perfetto_protos_ProfilePacket_HeapSample_fields;
     }
@@ -328,8 +329,7 @@ static bool encode_process_dump_cb(pb_ostream_t *s, const pb_field_iter_t *field
         .has_orig_sampling_interval_bytes = true,
         .orig_sampling_interval_bytes = p->sampling_interval_bytes,
     };
-    _Static_assert(sizeof(BK_HEAP_NAME) <= sizeof(h.heap_name), "heap_name fits");
-    memcpy(h.heap_name, BK_HEAP_NAME, sizeof(BK_HEAP_NAME));
+    bk__heap_name(d->h->heap_id, h.heap_name, sizeof(h.heap_name));
     if (d->last) {
         bool overran = (p->flags & BK_FLAG_BUFFER_OVERRAN) || p->stats.records_dropped;
         h.has_disconnected = h.has_buffer_overran = h.has_buffer_corrupted = true;
@@ -549,12 +549,10 @@ done:
         d->last &= d->end[s] == d->limit[s];
 }
 
-int bk__dump_proc(bk_t *bk, struct bk_proc *p)
+static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
 {
-    if (bk->out_broken)
-        return bk->counters.last_write_error;
     const struct bk_intern *in = &bk->in;
-    struct dump_ctx d = {.bk = bk, .p = p};
+    struct dump_ctx d = {.bk = bk, .p = p, .h = heap};
     for (int s = SRC_FUNCTION_NAMES; s <= SRC_BUILD_IDS; s++) {
         d.begin[s] = bk->emitted_str[src_str_kind[s]];
         d.limit[s] = in->str[src_str_kind[s]].n;
@@ -566,7 +564,7 @@ int bk__dump_proc(bk_t *bk, struct bk_proc *p)
     d.begin[SRC_CALLSTACKS] = bk->emitted_callstacks;
     d.limit[SRC_CALLSTACKS] = in->n_emit;
     d.begin[SRC_SAMPLES] = 0;
-    d.limit[SRC_SAMPLES] = p->n_sites;
+    d.limit[SRC_SAMPLES] = heap->n_sites;
 
     uint64_t ts_boot = hp_clock_ns(CLOCK_BOOTTIME);
     d.ts_coarse_ns = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
@@ -597,6 +595,18 @@ int bk__dump_proc(bk_t *bk, struct bk_proc *p)
         if (d.last)
             break;
         memcpy(d.begin, d.end, sizeof(d.begin));
+    }
+    return 0;
+}
+
+int bk__dump_proc(bk_t *bk, struct bk_proc *p)
+{
+    if (bk->out_broken)
+        return bk->counters.last_write_error;
+    for (size_t i = 0; i < p->n_heaps; i++) {
+        int r = dump_heap(bk, p, p->heaps[i]);
+        if (r < 0)
+            return r;
     }
     bk->counters.dumps++;
     return 0;

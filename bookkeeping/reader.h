@@ -74,9 +74,9 @@ int bk_trace_load(const char *path, const struct bk_trace_options *opt,
 struct bk_trace *bk_trace_free(struct bk_trace *t);
 
 struct bk_report_options {
-    int top_n;      /* sites per table; 0 means 10 */
-    bool demangle;  /* demangle C++ names (default on in the CLI) */
-    bool no_stacks; /* one line per site instead of full stacks */
+    int top_n;            /* sites per table; 0 means 10 */
+    bool demangle;        /* demangle C++ names (default on in the CLI) */
+    bool no_stacks;       /* one line per site instead of full stacks */
     bool unreleased_only; /* only the table of sites by unreleased bytes */
 };
 

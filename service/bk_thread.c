@@ -1,11 +1,10 @@
 /* service/bk_thread.c: the bookkeeping thread. It owns the bk_t and the output file and
  * applies the batches the unwinder threads post, in the order each thread posted them. */
+#include "common/log.h"
 #include "service/svc_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-#include "common/log.h"
 
 static void apply(struct svc *s, const struct svc_msg *m)
 {
@@ -20,11 +19,12 @@ static void apply(struct svc *s, const struct svc_msg *m)
             hp_log_warn("pid %d: cannot start bookkeeping: %s", m->pid, strerror(-r));
         break;
     case SVC_MSG_ALLOC:
-        bk_record_alloc(s->bk, m->pid, m->seq, m->addr, m->size, m->sample_size,
+        /* struct svc_msg carries no heap id yet: every record goes to heap 0. */
+        bk_record_alloc(s->bk, m->pid, 0, m->seq, m->addr, m->size, m->sample_size,
                         (const struct hp_frame *)payload, m->n);
         break;
     case SVC_MSG_FREE:
-        bk_record_free(s->bk, m->pid, m->seq, m->addr);
+        bk_record_free(s->bk, m->pid, 0, m->seq, m->addr);
         break;
     case SVC_MSG_PROC_END: {
         struct bk_process_stats st;

@@ -44,14 +44,14 @@ int main(int argc, char **argv)
     if (r == 0)
         r = bk_process_start(bk, 200, "other", 5, false, 512);
     for (uint64_t i = 0; i < 10 && r == 0; i++) {
-        bk_record_alloc(bk, 100, 2 * i + 1, 0x1000 + i * 64, 64, 4096, stack_a, 4);
-        bk_record_alloc(bk, 100, 2 * i + 2, 0x9000 + i * 64, 64, 8192, stack_b, 2);
-        bk_record_alloc(bk, 200, i + 1, 0x5000 + i * 64, 16, 512, stack_b, 2);
+        bk_record_alloc(bk, 100, 0, 2 * i + 1, 0x1000 + i * 64, 64, 4096, stack_a, 4);
+        bk_record_alloc(bk, 100, 0, 2 * i + 2, 0x9000 + i * 64, 64, 8192, stack_b, 2);
+        bk_record_alloc(bk, 200, 0, i + 1, 0x5000 + i * 64, 16, 512, stack_b, 2);
     }
     if (r == 0)
         r = bk_dump_all(bk);
     for (uint64_t i = 0; i < 5 && r == 0; i++)
-        bk_record_free(bk, 100, 21 + i, 0x1000 + i * 64);
+        bk_record_free(bk, 100, 0, 21 + i, 0x1000 + i * 64);
     struct bk_process_stats st = {.heap_samples = 25, .unwinding_errors = 1};
     if (r == 0)
         r = bk_process_end(bk, 100, &st, BK_FLAG_DISCONNECTED);
