@@ -41,6 +41,7 @@ int bk__intern_init(struct bk_intern *in)
 
 void bk__intern_done(struct bk_intern *in)
 {
+    free(in->stack_cache);
     for (int k = 0; k < BK_STR_KINDS; k++) {
         bk__idtab_done(&in->str[k].index);
         free(in->str[k].v);
@@ -278,8 +279,11 @@ int bk__intern_frame(struct bk_intern *in, const struct hp_frame *f, uint32_t *r
     r = bk__idtab_add(&in->frame_index, h, nid);
     if (r < 0)
         return r;
-    in->frames[nid] = (struct bk_frame){
-        .rel_pc = key.rel_pc, .mapping_id = key.mapping_id, .function_name_id = name_id};
+    in->frames[nid] = (struct bk_frame){.rel_pc = key.rel_pc,
+                                        .mapping_id = key.mapping_id,
+                                        .function_name_id = name_id,
+                                        .src_map = f->map,
+                                        .src_name = f->function_name};
     in->n_frames++;
     *ret_id = nid;
     return 0;
@@ -323,6 +327,22 @@ int bk__intern_node(struct bk_intern *in, uint32_t parent, uint32_t frame_id, ui
     return 0;
 }
 
+/* Whether callstack @cs is exactly @frames (leaf first), by the pointers its frames were
+ * interned from. */
+static bool stack_matches(const struct bk_intern *in, uint32_t cs, const struct hp_frame *frames,
+                          size_t n)
+{
+    if (in->nodes[cs].depth != n)
+        return false;
+    for (size_t i = 0; i < n; i++, cs = in->nodes[cs].parent) {
+        const struct bk_frame *f = &in->frames[in->nodes[cs].frame_id];
+        if (f->rel_pc != frames[i].rel_pc || f->src_map != frames[i].map ||
+            f->src_name != frames[i].function_name)
+            return false;
+    }
+    return true;
+}
+
 int bk__intern_stack(struct bk_intern *in, const struct hp_frame *frames, size_t n,
                      uint32_t *ret_id)
 {
@@ -333,6 +353,22 @@ int bk__intern_stack(struct bk_intern *in, const struct hp_frame *frames, size_t
     }
     if (n > BK_MAX_FRAMES)
         n = BK_MAX_FRAMES; /* keep the leaf side: it says who allocated */
+    _Static_assert(sizeof(struct hp_frame) == 24, "hp_frame has no padding to hash");
+    if (HP_UNLIKELY(!in->stack_cache && !in->stack_cache_failed)) {
+        in->stack_cache = calloc(BK_STACK_CACHE_SLOTS, sizeof(*in->stack_cache));
+        in->stack_cache_failed = !in->stack_cache;
+    }
+    struct bk_stack_cache_slot *slot = NULL;
+    uint64_t hash = 0;
+    if (in->stack_cache) {
+        hash = bk__hash_bytes(frames, n * sizeof(*frames), n);
+        slot = &in->stack_cache[hash & (BK_STACK_CACHE_SLOTS - 1)];
+        if (slot->id && slot->hash == (uint32_t)(hash >> 32) &&
+            stack_matches(in, slot->id, frames, n)) {
+            *ret_id = slot->id;
+            return 0;
+        }
+    }
     uint32_t node = 0;
     for (size_t i = n; i-- > 0;) {
         uint32_t fid;
@@ -350,6 +386,8 @@ int bk__intern_stack(struct bk_intern *in, const struct hp_frame *frames, size_t
         in->emit[in->n_emit++] = node;
         in->nodes[node].queued = true;
     }
+    if (slot)
+        *slot = (struct bk_stack_cache_slot){.hash = (uint32_t)(hash >> 32), .id = node};
     *ret_id = node;
     return 0;
 }

@@ -77,6 +77,9 @@ struct bk_frame {
     uint64_t rel_pc;
     uint32_t mapping_id;
     uint32_t function_name_id;
+    /* The objects it was first interned from, for the stack cache's check. */
+    const struct hp_mapping *src_map;
+    const char *src_name;
 };
 
 struct bk_cs_node {
@@ -95,7 +98,21 @@ struct bk_mapping_cache {
     uint32_t id;
 };
 
+/* Whole stacks seen recently, by a hash of their hp_frame arrays: a hit skips the
+ * per-frame interning and the trie walk. A hit is confirmed by walking the cached node
+ * up to the root and comparing each frame's rel_pc and the mapping and name pointers it
+ * was first interned from, never by hash alone; comparing pointers is sound because
+ * mappings and function names are immutable and live for the whole session
+ * (common/frame.h). A frame met again through other pointers merely misses. */
+#define BK_STACK_CACHE_SLOTS 16384 /* a power of two */
+struct bk_stack_cache_slot {
+    uint32_t hash; /* high half of the hash (the low bits pick the slot) */
+    uint32_t id;   /* 0: empty */
+};
+
 struct bk_intern {
+    struct bk_stack_cache_slot *stack_cache; /* allocated on first use; NULL if that failed */
+    bool stack_cache_failed;
     struct bk_arena arena;
     struct bk_mapping_cache mapping_cache[BK_MAPPING_CACHE_SLOTS];
     struct bk_strtab str[BK_STR_KINDS];
