@@ -2,7 +2,13 @@
  *
  *     heapprof record [options] -- CMD [ARGS...]   profile CMD from its first allocation
  *     heapprof report FILE [--top N]               print the top allocation sites
+ *     heapprof pprof FILE [-o OUT]                 export the dumps as gzipped pprof
  */
+#include "bookkeeping/reader.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "service/svc.h"
+
 #include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -17,11 +23,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-#include "bookkeeping/reader.h"
-#include "common/clock.h"
-#include "common/log.h"
-#include "service/svc.h"
 
 #ifndef HP_LIBDIR_FROM_BINDIR
 #define HP_LIBDIR_FROM_BINDIR "../lib"
@@ -42,6 +43,7 @@ static void usage_main(FILE *f)
           "A sampling heap profiler. Commands:\n"
           "  record [options] -- CMD [ARGS...]  run CMD under the profiler, write a trace\n"
           "  report FILE [options]              print the top allocation sites of a trace\n"
+          "  pprof FILE [options]               export the dumps of a trace as pprof files\n"
           "\n"
           "Run 'heapprof COMMAND --help' for the options of a command.\n",
           f);
@@ -90,12 +92,38 @@ static void usage_report(FILE *f)
           "options:\n"
           "  -n, --top N        sites per table (default 10)\n"
           "      --dump N       use the Nth dump of each process (default: the last)\n"
+          "      --process PID  only this process\n"
+          "      --diff BASE    print the growth per site since the trace BASE (or, with\n"
+          "                     --base-dump M and BASE = FILE, since dump M of FILE)\n"
+          "      --base-dump M  the dump of BASE to compare with (default: the last)\n"
           "      --no-demangle  print C++ names as stored\n"
           "      --no-stacks    one line per site\n"
           "  -h, --help         this help\n"
           "\n"
           "example:\n"
-          "  heapprof report heapprof-myapp-1234.pftrace --top 5\n",
+          "  heapprof report heapprof-myapp-1234.pftrace --top 5\n"
+          "  heapprof report after.pftrace --diff before.pftrace\n",
+          f);
+}
+
+static void usage_pprof(FILE *f)
+{
+    fputs("usage: heapprof pprof FILE [options]\n"
+          "\n"
+          "Writes each dump of each process and heap of a trace as a gzipped pprof profile\n"
+          "(sample types alloc_objects, alloc_space, inuse_objects, inuse_space) named\n"
+          "OUT.pid<PID>.<heap>.dump<N>.pb.gz, or OUT itself if it ends in .pb.gz and one\n"
+          "profile is selected. Prints the names of the files written.\n"
+          "\n"
+          "options:\n"
+          "  -o, --output OUT   output name or prefix (default: FILE without .pftrace)\n"
+          "      --dump N       only the Nth dump of each process\n"
+          "      --process PID  only this process\n"
+          "  -h, --help         this help\n"
+          "\n"
+          "example:\n"
+          "  heapprof pprof app.pftrace -o app && go tool pprof "
+          "app.pid1234.libc.malloc.dump1.pb.gz\n",
           f);
 }
 
@@ -115,12 +143,19 @@ static int parse_int(const char *s, long min, long max, long *ret)
 static int cmd_report(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"top", required_argument, NULL, 'n'},     {"dump", required_argument, NULL, 'd'},
-        {"no-demangle", no_argument, NULL, 'D'},   {"no-stacks", no_argument, NULL, 'S'},
-        {"help", no_argument, NULL, 'h'},          {0},
+        {"top", required_argument, NULL, 'n'},
+        {"dump", required_argument, NULL, 'd'},
+        {"no-demangle", no_argument, NULL, 'D'},
+        {"no-stacks", no_argument, NULL, 'S'},
+        {"help", no_argument, NULL, 'h'},
+        {"process", required_argument, NULL, 'p'},
+        {"diff", required_argument, NULL, 'B'},
+        {"base-dump", required_argument, NULL, 'b'},
+        {0},
     };
     struct bk_report_options ro = {.top_n = 10, .demangle = true};
-    struct bk_trace_options to = {0};
+    struct bk_trace_options to = {0}, base_to = {0};
+    const char *base_path = NULL;
     long v;
     int c;
 
@@ -128,19 +163,35 @@ static int cmd_report(int argc, char **argv)
         switch (c) {
         case 'n':
             if (parse_int(optarg, 1, 100000, &v) < 0) {
-                fprintf(stderr, "heapprof report: --top wants a number >= 1, not '%s'\n",
-                        optarg);
+                fprintf(stderr, "heapprof report: --top wants a number >= 1, not '%s'\n", optarg);
                 return EXIT_USAGE;
             }
             ro.top_n = (int)v;
             break;
         case 'd':
             if (parse_int(optarg, 1, INT_MAX, &v) < 0) {
-                fprintf(stderr, "heapprof report: --dump wants a number >= 1, not '%s'\n",
-                        optarg);
+                fprintf(stderr, "heapprof report: --dump wants a number >= 1, not '%s'\n", optarg);
                 return EXIT_USAGE;
             }
             to.dump_index = (int)v;
+            break;
+        case 'b':
+            if (parse_int(optarg, 1, INT_MAX, &v) < 0) {
+                fprintf(stderr, "heapprof report: --base-dump wants a number >= 1, not '%s'\n",
+                        optarg);
+                return EXIT_USAGE;
+            }
+            base_to.dump_index = (int)v;
+            break;
+        case 'p':
+            if (parse_int(optarg, 1, INT32_MAX, &v) < 0) {
+                fprintf(stderr, "heapprof report: --process wants a pid, not '%s'\n", optarg);
+                return EXIT_USAGE;
+            }
+            to.pid = base_to.pid = (int32_t)v;
+            break;
+        case 'B':
+            base_path = optarg;
             break;
         case 'D':
             ro.demangle = false;
@@ -169,8 +220,97 @@ static int cmd_report(int argc, char **argv)
                 r == -EBADMSG ? "not a valid trace file" : strerror(-r));
         return 1;
     }
-    bk_report_print(stdout, t, &ro);
+    if (base_path) {
+        struct bk_trace *base;
+        /* Pids differ between two runs: the base keeps every process when the selection
+         * is by pid and the base has no such pid. */
+        r = bk_trace_load(base_path, &base_to, &base);
+        if (r == 0 && base_to.pid && base->n_processes == 0) {
+            base = bk_trace_free(base);
+            base_to.pid = 0;
+            r = bk_trace_load(base_path, &base_to, &base);
+        }
+        if (r < 0) {
+            fprintf(stderr, "heapprof report: cannot read %s: %s\n", base_path,
+                    r == -EBADMSG ? "not a valid trace file" : strerror(-r));
+            bk_trace_free(t);
+            return 1;
+        }
+        bk_report_print_diff(stdout, base, t, &ro);
+        bk_trace_free(base);
+    } else {
+        bk_report_print(stdout, t, &ro);
+    }
     bk_trace_free(t);
+    return 0;
+}
+
+/* ---- pprof ------------------------------------------------------------------------ */
+
+static int cmd_pprof(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"output", required_argument, NULL, 'o'},
+        {"dump", required_argument, NULL, 'd'},
+        {"process", required_argument, NULL, 'p'},
+        {"help", no_argument, NULL, 'h'},
+        {0},
+    };
+    const char *out = NULL;
+    int dump = 0;
+    int32_t pid = 0;
+    long v;
+    int c;
+
+    while ((c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'o':
+            out = optarg;
+            break;
+        case 'd':
+            if (parse_int(optarg, 1, INT_MAX, &v) < 0) {
+                fprintf(stderr, "heapprof pprof: --dump wants a number >= 1, not '%s'\n", optarg);
+                return EXIT_USAGE;
+            }
+            dump = (int)v;
+            break;
+        case 'p':
+            if (parse_int(optarg, 1, INT32_MAX, &v) < 0) {
+                fprintf(stderr, "heapprof pprof: --process wants a pid, not '%s'\n", optarg);
+                return EXIT_USAGE;
+            }
+            pid = (int32_t)v;
+            break;
+        case 'h':
+            usage_pprof(stdout);
+            return 0;
+        default:
+            usage_pprof(stderr);
+            return EXIT_USAGE;
+        }
+    }
+    if (optind != argc - 1) {
+        fprintf(stderr, "heapprof pprof: expected one trace file\n");
+        usage_pprof(stderr);
+        return EXIT_USAGE;
+    }
+    const char *path = argv[optind];
+    char prefix[PATH_MAX];
+    if (!out) {
+        size_t n = strlen(path);
+        if (n > 8 && !strcmp(path + n - 8, ".pftrace"))
+            n -= 8;
+        snprintf(prefix, sizeof(prefix), "%.*s", (int)n, path);
+        out = prefix;
+    }
+    int r = bk_pprof_export(path, out, dump, pid, stdout);
+    if (r < 0) {
+        fprintf(stderr, "heapprof pprof: %s: %s\n", path,
+                r == -ENODATA   ? "no dump matches"
+                : r == -EBADMSG ? "not a valid trace file"
+                                : strerror(-r));
+        return 1;
+    }
     return 0;
 }
 
@@ -582,8 +722,7 @@ static int cmd_record(int argc, char **argv)
         if (exited) {
             /* Let every client that exited with the program be drained; descendants
              * still running after a grace period are dumped as they are. */
-            if (svc_live_clients(s) == 0 ||
-                hp_clock_ns(CLOCK_MONOTONIC) - exit_ns > 2000000000ull)
+            if (svc_live_clients(s) == 0 || hp_clock_ns(CLOCK_MONOTONIC) - exit_ns > 2000000000ull)
                 break;
         }
     }
@@ -608,21 +747,20 @@ static int cmd_record(int argc, char **argv)
                 "dropped, %llu unwinding errors%s\n",
                 (unsigned long long)sum.processes, sum.processes == 1 ? "" : "es",
                 (unsigned long long)sum.samples, (unsigned long long)sum.frees,
-                (unsigned long long)sum.records_dropped,
-                (unsigned long long)sum.unwinding_errors,
+                (unsigned long long)sum.records_dropped, (unsigned long long)sum.unwinding_errors,
                 sum.corrupt_clients ? "; a client sent corrupt data" : "");
         if (top > 0) {
             struct bk_trace *t;
             if (bk_trace_load(out_path, &(struct bk_trace_options){0}, &t) == 0) {
                 bk_report_print(stderr, t,
-                                &(struct bk_report_options){.top_n = (int)top,
-                                                            .demangle = true,
-                                                            .unreleased_only = true});
+                                &(struct bk_report_options){
+                                    .top_n = (int)top, .demangle = true, .unreleased_only = true});
                 bk_trace_free(t);
             }
         }
-        fprintf(stderr, "heapprof: trace written to %s (%s); view it with 'heapprof report %s' "
-                        "or at ui.perfetto.dev\n",
+        fprintf(stderr,
+                "heapprof: trace written to %s (%s); view it with 'heapprof report %s' "
+                "or at ui.perfetto.dev\n",
                 out_path, hb, out_path);
     }
     free(out_path);
@@ -648,6 +786,8 @@ int main(int argc, char **argv)
         return cmd_record(argc - 1, argv + 1);
     if (!strcmp(cmd, "report"))
         return cmd_report(argc - 1, argv + 1);
+    if (!strcmp(cmd, "pprof"))
+        return cmd_pprof(argc - 1, argv + 1);
     fprintf(stderr, "heapprof: unknown command '%s'\n", cmd);
     usage_main(stderr);
     return EXIT_USAGE;
