@@ -4,11 +4,6 @@
  *     heapprof report FILE [--top N]               print the top allocation sites
  *     heapprof pprof FILE [-o OUT]                 export the dumps as gzipped pprof
  */
-#include "bookkeeping/reader.h"
-#include "common/clock.h"
-#include "common/log.h"
-#include "service/svc.h"
-
 #include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +18,11 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "bookkeeping/reader.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "service/svc.h"
 
 #ifndef HP_LIBDIR_FROM_BINDIR
 #define HP_LIBDIR_FROM_BINDIR "../lib"
@@ -163,14 +163,16 @@ static int cmd_report(int argc, char **argv)
         switch (c) {
         case 'n':
             if (parse_int(optarg, 1, 100000, &v) < 0) {
-                fprintf(stderr, "heapprof report: --top wants a number >= 1, not '%s'\n", optarg);
+                fprintf(stderr, "heapprof report: --top wants a number >= 1, not '%s'\n",
+                        optarg);
                 return EXIT_USAGE;
             }
             ro.top_n = (int)v;
             break;
         case 'd':
             if (parse_int(optarg, 1, INT_MAX, &v) < 0) {
-                fprintf(stderr, "heapprof report: --dump wants a number >= 1, not '%s'\n", optarg);
+                fprintf(stderr, "heapprof report: --dump wants a number >= 1, not '%s'\n",
+                        optarg);
                 return EXIT_USAGE;
             }
             to.dump_index = (int)v;
@@ -722,7 +724,8 @@ static int cmd_record(int argc, char **argv)
         if (exited) {
             /* Let every client that exited with the program be drained; descendants
              * still running after a grace period are dumped as they are. */
-            if (svc_live_clients(s) == 0 || hp_clock_ns(CLOCK_MONOTONIC) - exit_ns > 2000000000ull)
+            if (svc_live_clients(s) == 0 ||
+                hp_clock_ns(CLOCK_MONOTONIC) - exit_ns > 2000000000ull)
                 break;
         }
     }
@@ -747,20 +750,21 @@ static int cmd_record(int argc, char **argv)
                 "dropped, %llu unwinding errors%s\n",
                 (unsigned long long)sum.processes, sum.processes == 1 ? "" : "es",
                 (unsigned long long)sum.samples, (unsigned long long)sum.frees,
-                (unsigned long long)sum.records_dropped, (unsigned long long)sum.unwinding_errors,
+                (unsigned long long)sum.records_dropped,
+                (unsigned long long)sum.unwinding_errors,
                 sum.corrupt_clients ? "; a client sent corrupt data" : "");
         if (top > 0) {
             struct bk_trace *t;
             if (bk_trace_load(out_path, &(struct bk_trace_options){0}, &t) == 0) {
                 bk_report_print(stderr, t,
-                                &(struct bk_report_options){
-                                    .top_n = (int)top, .demangle = true, .unreleased_only = true});
+                                &(struct bk_report_options){.top_n = (int)top,
+                                                            .demangle = true,
+                                                            .unreleased_only = true});
                 bk_trace_free(t);
             }
         }
-        fprintf(stderr,
-                "heapprof: trace written to %s (%s); view it with 'heapprof report %s' "
-                "or at ui.perfetto.dev\n",
+        fprintf(stderr, "heapprof: trace written to %s (%s); view it with 'heapprof report %s' "
+                        "or at ui.perfetto.dev\n",
                 out_path, hb, out_path);
     }
     free(out_path);
