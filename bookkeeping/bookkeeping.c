@@ -16,6 +16,9 @@ int bk_new(const struct bk_config *cfg, bk_t **ret)
     bk->out_fd = cfg->out_fd;
     bk->sequence_id = cfg->sequence_id ? cfg->sequence_id : 1;
     bk->dump_at_max = cfg->dump_at_max;
+    bk->source_line = cfg->source_line;
+    bk->source_line_ctx = cfg->source_line_ctx;
+    bk->symbolized_frames = 1; /* frame id 0 is unused */
     bk->max_packet_bytes = BK_MAX_PACKET_BYTES;
     bk__map_init(&bk->proc_index, sizeof(uint64_t));
     int r = bk__intern_init(&bk->in);

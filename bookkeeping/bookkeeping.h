@@ -36,6 +36,13 @@ struct bk_config {
     int out_fd;           /* borrowed; TracePackets are appended with write(2) */
     uint32_t sequence_id; /* trusted_packet_sequence_id, non-zero; 0 means 1 */
     bool dump_at_max;     /* dumps show self_max/self_max_count at the peak */
+    /* Source file and line of the code at @rel_pc in @m, for Perfetto ModuleSymbols
+     * packets (the UI shows them with the frames). Called lazily, once per unique frame,
+     * by the dump that first writes the frame. Returns 0 with *ret_file (borrowed until
+     * the call returns) and *ret_line set, or < 0 when unknown. NULL: no source lines. */
+    int (*source_line)(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
+                       const char **ret_file, uint32_t *ret_line);
+    void *source_line_ctx;
 };
 
 /* ProcessHeapSamples flags for a process's dumps. */
@@ -99,6 +106,7 @@ struct bk_counters {
     uint64_t dropped_records; /* beyond the cap of heaps per process, or out of memory */
     uint64_t dumps;
     uint64_t packets_written;
+    uint64_t source_lines; /* frames given a source line in ModuleSymbols */
     uint64_t bytes_written;
     int last_write_error; /* 0 or -errno of the last failed write */
 };

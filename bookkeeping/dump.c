@@ -599,6 +599,123 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
     return 0;
 }
 
+/* ---- source lines: ModuleSymbols packets ---- */
+
+#define TRACE_PACKET_MODULE_SYMBOLS 61
+
+/* Appends @body (a complete TracePacket) to the output as one Trace.packet. */
+static int write_raw_packet(bk_t *bk, const uint8_t *body, size_t len)
+{
+    if (bk->out_broken)
+        return bk->counters.last_write_error;
+    uint8_t hdr[FRAME_HEADROOM];
+    size_t hlen = bk__pb_put_packet_header(hdr, len);
+    int r = write_all(bk->out_fd, hdr, hlen);
+    if (r == 0)
+        r = write_all(bk->out_fd, body, len);
+    if (r < 0) {
+        bk->counters.last_write_error = r;
+        bk->out_broken = true;
+        return r;
+    }
+    bk->counters.packets_written++;
+    bk->counters.bytes_written += hlen + len;
+    return 0;
+}
+
+/* The address_symbols of one mapping, as they are collected. */
+struct module_syms {
+    uint32_t mapping_id;
+    struct bk_pbw syms;
+};
+
+static int flush_module(bk_t *bk, struct module_syms *ms)
+{
+    const struct bk_intern *in = &bk->in;
+    const struct bk_mapping *m = &in->mappings[ms->mapping_id];
+    const struct bk_str *bid = &in->str[BK_STR_BUILD_ID].v[m->build_id];
+    struct bk_pbw mod = {0}, pkt = {0};
+    bk__pbw_len(&mod, 1, m->path, m->path_len);
+    /* Raw build id bytes, as Perfetto's ModuleSymbols.build_id wants them. */
+    if (bid->len)
+        bk__pbw_len(&mod, 2, bid->s, bid->len);
+    bk__pbw_bytes(&mod, ms->syms.p, ms->syms.len);
+    mod.oom |= ms->syms.oom;
+    ms->syms.len = 0;
+    bk__pbw_uint_always(&pkt, 8, hp_clock_ns(CLOCK_BOOTTIME));
+    bk__pbw_uint_always(&pkt, 10, bk->sequence_id);
+    bk__pbw_msg(&pkt, TRACE_PACKET_MODULE_SYMBOLS, &mod);
+    int r = pkt.oom ? -ENOMEM : write_raw_packet(bk, pkt.p, pkt.len);
+    free(mod.p);
+    free(pkt.p);
+    return r;
+}
+
+/* Offers the frames written since the last call to the source_line callback and writes
+ * what it knows as ModuleSymbols packets, one or more per mapping, each below the packet
+ * size bound. */
+static int write_source_lines(bk_t *bk)
+{
+    struct bk_intern *in = &bk->in;
+    size_t end = bk->emitted_frames;
+    if (!bk->source_line || bk->symbolized_frames >= end) {
+        bk->symbolized_frames = HP_MAX(bk->symbolized_frames, end);
+        return 0;
+    }
+    struct module_syms *mods = NULL;
+    size_t n_mods = 0, cap_mods = 0;
+    struct bk_map index; /* mapping id -> index in mods */
+    bk__map_init(&index, sizeof(uint64_t));
+    struct bk_pbw sym = {0}, line = {0};
+    int r = 0;
+    for (size_t i = bk->symbolized_frames; i < end && r == 0; i++) {
+        const struct bk_frame *f = &in->frames[i];
+        const char *file = NULL;
+        uint32_t lineno = 0;
+        if (!f->src_map ||
+            bk->source_line(bk->source_line_ctx, f->src_map, f->rel_pc, &file, &lineno) < 0 ||
+            !file)
+            continue;
+        const struct bk_str *name = &in->str[BK_STR_FUNCTION].v[f->function_name_id];
+        if (name->len)
+            bk__pbw_len(&line, 1, name->s, name->len);
+        bk__pbw_len(&line, 2, file, strnlen(file, BK_MAX_STRING_BYTES));
+        bk__pbw_uint_always(&line, 3, lineno);
+        bk__pbw_uint_always(&sym, 1, f->rel_pc);
+        bk__pbw_msg(&sym, 2, &line);
+
+        uint64_t *slot;
+        int put = bk__map_put(&index, f->mapping_id, (void **)&slot);
+        if (put < 0) {
+            r = put;
+            break;
+        }
+        if (put == 1) {
+            r = bk__grow((void **)&mods, &cap_mods, n_mods + 1, sizeof(*mods));
+            if (r < 0)
+                break;
+            mods[n_mods] = (struct module_syms){.mapping_id = f->mapping_id};
+            *slot = n_mods++;
+        }
+        struct module_syms *ms = &mods[*slot];
+        bk__pbw_msg(&ms->syms, 3, &sym);
+        bk->counters.source_lines++;
+        if (ms->syms.len + 2 * BK_MAX_STRING_BYTES > bk->max_packet_bytes)
+            r = flush_module(bk, ms);
+    }
+    for (size_t i = 0; i < n_mods; i++) {
+        if (r == 0 && (mods[i].syms.len || mods[i].syms.oom))
+            r = flush_module(bk, &mods[i]);
+        free(mods[i].syms.p);
+    }
+    free(mods);
+    free(sym.p);
+    free(line.p);
+    bk__map_done(&index);
+    bk->symbolized_frames = end;
+    return r;
+}
+
 int bk__dump_proc(bk_t *bk, struct bk_proc *p)
 {
     if (bk->out_broken)
@@ -609,5 +726,5 @@ int bk__dump_proc(bk_t *bk, struct bk_proc *p)
             return r;
     }
     bk->counters.dumps++;
-    return 0;
+    return write_source_lines(bk);
 }

@@ -18,51 +18,6 @@
 #include <unistd.h>
 #include <zlib.h>
 
-struct pbw {
-    uint8_t *p;
-    size_t len, cap;
-    bool oom;
-};
-
-static void pbw_bytes(struct pbw *w, const void *b, size_t n)
-{
-    if (w->oom || bk__grow((void **)&w->p, &w->cap, w->len + n, 1) < 0) {
-        w->oom = true;
-        return;
-    }
-    memcpy(w->p + w->len, b, n);
-    w->len += n;
-}
-
-static void pbw_varint(struct pbw *w, uint64_t v)
-{
-    uint8_t b[BK_PB_VARINT_MAX];
-    pbw_bytes(w, b, bk__pb_put_varint(b, v));
-}
-
-static void pbw_uint(struct pbw *w, uint32_t field, uint64_t v)
-{
-    if (!v)
-        return; /* proto3: zero is the default */
-    pbw_varint(w, (uint64_t)field << 3 | BK_PB_VARINT);
-    pbw_varint(w, v);
-}
-
-static void pbw_len(struct pbw *w, uint32_t field, const void *b, size_t n)
-{
-    pbw_varint(w, (uint64_t)field << 3 | BK_PB_LEN);
-    pbw_varint(w, n);
-    pbw_bytes(w, b, n);
-}
-
-/* Appends @sub as submessage @field of @w, and empties @sub for reuse. */
-static void pbw_msg(struct pbw *w, uint32_t field, struct pbw *sub)
-{
-    w->oom |= sub->oom;
-    pbw_len(w, field, sub->p, sub->len);
-    sub->len = 0;
-}
-
 struct pp_mapping {
     const char *path, *build_id;
     uint64_t start, end, offset;
@@ -73,7 +28,7 @@ struct pp_location {
 };
 
 struct pp {
-    struct pbw strings, samples, mappings, locations, functions, tmp, tmp2, line;
+    struct bk_pbw strings, samples, mappings, locations, functions, tmp, tmp2, line;
     struct bk_map str_index; /* const char * -> string index */
     size_t n_strings;
     struct bk_map map_index, loc_index, fn_index; /* content hash -> id */
@@ -99,7 +54,7 @@ static uint64_t str_id(struct pp *pp, const char *s)
     }
     if (r == 1) {
         *v = pp->n_strings++;
-        pbw_len(&pp->strings, 6, s, strlen(s));
+        bk__pbw_len(&pp->strings, 6, s, strlen(s));
     }
     return *v;
 }
@@ -139,15 +94,15 @@ static uint64_t map_add(struct pp *pp, const void *key)
     }
     pp->maps[pp->n_maps++] = *m;
     uint64_t id = pp->n_maps;
-    struct pbw *t = &pp->tmp;
-    pbw_uint(t, 1, id);
-    pbw_uint(t, 2, m->start);
-    pbw_uint(t, 3, m->end);
-    pbw_uint(t, 4, m->offset);
-    pbw_uint(t, 5, str_id(pp, m->path));
-    pbw_uint(t, 6, str_id(pp, m->build_id));
-    pbw_uint(t, 7, 1); /* has_functions: names come from the trace */
-    pbw_msg(&pp->mappings, 3, t);
+    struct bk_pbw *t = &pp->tmp;
+    bk__pbw_uint(t, 1, id);
+    bk__pbw_uint(t, 2, m->start);
+    bk__pbw_uint(t, 3, m->end);
+    bk__pbw_uint(t, 4, m->offset);
+    bk__pbw_uint(t, 5, str_id(pp, m->path));
+    bk__pbw_uint(t, 6, str_id(pp, m->build_id));
+    bk__pbw_uint(t, 7, 1); /* has_functions: names come from the trace */
+    bk__pbw_msg(&pp->mappings, 3, t);
     return id;
 }
 
@@ -164,12 +119,12 @@ static uint64_t fn_add(struct pp *pp, const void *key)
     }
     pp->fns[pp->n_fns++] = key;
     uint64_t id = pp->n_fns;
-    struct pbw *t = &pp->tmp;
+    struct bk_pbw *t = &pp->tmp;
     uint64_t name = str_id(pp, key);
-    pbw_uint(t, 1, id);
-    pbw_uint(t, 2, name);
-    pbw_uint(t, 3, name);
-    pbw_msg(&pp->functions, 5, t);
+    bk__pbw_uint(t, 1, id);
+    bk__pbw_uint(t, 2, name);
+    bk__pbw_uint(t, 3, name);
+    bk__pbw_msg(&pp->functions, 5, t);
     return id;
 }
 
@@ -189,15 +144,15 @@ static uint64_t loc_add(struct pp *pp, const void *key)
     }
     pp->locs[pp->n_locs++] = *l;
     uint64_t id = pp->n_locs;
-    struct pbw *t = &pp->tmp;
-    pbw_uint(t, 1, id);
-    pbw_uint(t, 2, l->mapping_id);
-    pbw_uint(t, 3, l->address);
+    struct bk_pbw *t = &pp->tmp;
+    bk__pbw_uint(t, 1, id);
+    bk__pbw_uint(t, 2, l->mapping_id);
+    bk__pbw_uint(t, 3, l->address);
     if (l->function_id) {
-        pbw_uint(&pp->line, 1, l->function_id);
-        pbw_msg(t, 4, &pp->line);
+        bk__pbw_uint(&pp->line, 1, l->function_id);
+        bk__pbw_msg(t, 4, &pp->line);
     }
-    pbw_msg(&pp->locations, 4, t);
+    bk__pbw_msg(&pp->locations, 4, t);
     return id;
 }
 
@@ -224,18 +179,18 @@ static uint64_t location_of(struct pp *pp, const struct bk_trace_frame *f)
     return dedup(&pp->loc_index, h, loc_eq, loc_add, pp, &l);
 }
 
-static void value_type(struct pp *pp, struct pbw *out, uint32_t field, const char *type,
+static void value_type(struct pp *pp, struct bk_pbw *out, uint32_t field, const char *type,
                        const char *unit)
 {
-    pbw_uint(&pp->tmp, 1, str_id(pp, type));
-    pbw_uint(&pp->tmp, 2, str_id(pp, unit));
-    pbw_msg(out, field, &pp->tmp);
+    bk__pbw_uint(&pp->tmp, 1, str_id(pp, type));
+    bk__pbw_uint(&pp->tmp, 2, str_id(pp, unit));
+    bk__pbw_msg(out, field, &pp->tmp);
 }
 
 static void pp_done(struct pp *pp)
 {
-    struct pbw *w[] = {&pp->strings,   &pp->samples, &pp->mappings, &pp->locations,
-                       &pp->functions, &pp->tmp,     &pp->tmp2};
+    struct bk_pbw *w[] = {&pp->strings,   &pp->samples, &pp->mappings, &pp->locations,
+                          &pp->functions, &pp->tmp,     &pp->tmp2,     &pp->line};
     for (size_t i = 0; i < HP_ARRAY_SIZE(w); i++)
         free(w[i]->p);
     bk__map_done(&pp->str_index);
@@ -247,7 +202,7 @@ static void pp_done(struct pp *pp)
     free(pp->fns);
 }
 
-static int gzip_to_fd(int fd, const struct pbw *parts[], size_t n_parts)
+static int gzip_to_fd(int fd, const struct bk_pbw *parts[], size_t n_parts)
 {
     z_stream z = {0};
     /* 16 + 15: a gzip wrapper around a 32 KiB-window deflate stream. */
@@ -290,38 +245,38 @@ int bk_pprof_write(const struct bk_trace *t, const struct bk_trace_process *p, i
     bk__map_init(&pp.map_index, sizeof(uint64_t));
     bk__map_init(&pp.loc_index, sizeof(uint64_t));
     bk__map_init(&pp.fn_index, sizeof(uint64_t));
-    pbw_len(&pp.strings, 6, "", 0); /* string_table[0] must be "" */
+    bk__pbw_len(&pp.strings, 6, "", 0); /* string_table[0] must be "" */
 
-    struct pbw head = {0};
+    struct bk_pbw head = {0};
     value_type(&pp, &head, 1, "alloc_objects", "count");
     value_type(&pp, &head, 1, "alloc_space", "bytes");
     value_type(&pp, &head, 1, "inuse_objects", "count");
     value_type(&pp, &head, 1, "inuse_space", "bytes");
     value_type(&pp, &head, 11, "space", "bytes");
-    pbw_uint(&head, 12, p->sampling_interval_bytes);
-    pbw_uint(&head, 14, 3); /* default_sample_type: inuse_space */
+    bk__pbw_uint(&head, 12, p->sampling_interval_bytes);
+    bk__pbw_uint(&head, 14, 3); /* default_sample_type: inuse_space */
 
     for (size_t i = 0; i < p->n_callsites; i++) {
         const struct bk_trace_callsite *c = &p->callsites[i];
-        struct pbw *s = &pp.tmp2;
-        struct pbw ids = {0};
+        struct bk_pbw *s = &pp.tmp2;
+        struct bk_pbw ids = {0};
         for (size_t j = c->n_frames; j-- > 0;) /* leaf first */
-            pbw_varint(&ids, location_of(&pp, &c->frames[j]));
-        pbw_len(s, 1, ids.p, ids.len); /* packed */
+            bk__pbw_varint(&ids, location_of(&pp, &c->frames[j]));
+        bk__pbw_len(s, 1, ids.p, ids.len); /* packed */
         s->oom |= ids.oom;
         free(ids.p);
-        struct pbw vals = {0};
-        pbw_varint(&vals, c->alloc_count);
-        pbw_varint(&vals, c->self_allocated);
-        pbw_varint(&vals, c->alloc_count - HP_MIN(c->free_count, c->alloc_count));
-        pbw_varint(&vals, c->self_allocated - HP_MIN(c->self_freed, c->self_allocated));
-        pbw_len(s, 2, vals.p, vals.len);
+        struct bk_pbw vals = {0};
+        bk__pbw_varint(&vals, c->alloc_count);
+        bk__pbw_varint(&vals, c->self_allocated);
+        bk__pbw_varint(&vals, c->alloc_count - HP_MIN(c->free_count, c->alloc_count));
+        bk__pbw_varint(&vals, c->self_allocated - HP_MIN(c->self_freed, c->self_allocated));
+        bk__pbw_len(s, 2, vals.p, vals.len);
         s->oom |= vals.oom;
         free(vals.p);
-        pbw_msg(&pp.samples, 2, s);
+        bk__pbw_msg(&pp.samples, 2, s);
     }
-    const struct pbw *parts[] = {&head,         &pp.samples,   &pp.mappings,
-                                 &pp.locations, &pp.functions, &pp.strings};
+    const struct bk_pbw *parts[] = {&head,         &pp.samples,   &pp.mappings,
+                                    &pp.locations, &pp.functions, &pp.strings};
     int r = 0;
     for (size_t i = 0; i < HP_ARRAY_SIZE(parts); i++)
         if (parts[i]->oom)

@@ -113,6 +113,10 @@ struct bk {
     /* What the trace already defines: entries below these are not written again. */
     size_t emitted_str[BK_STR_KINDS];
     size_t emitted_mappings, emitted_frames, emitted_callstacks;
+    size_t symbolized_frames; /* frames below this were offered to source_line */
+    int (*source_line)(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
+                       const char **ret_file, uint32_t *ret_line);
+    void *source_line_ctx;
     uint64_t next_packet_index; /* ProfilePacket.index */
 
     size_t max_packet_bytes;

@@ -3,10 +3,23 @@
  * external decoders such as `protoc --decode=perfetto.protos.Trace`. */
 #include "bookkeeping/bookkeeping.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+
+/* Source lines for libc frames only, as debug info would give for one library. */
+static int source_line(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
+                       const char **ret_file, uint32_t *ret_line)
+{
+    (void)ctx;
+    if (strcmp(m->path, "/usr/lib/x86_64-linux-gnu/libc.so.6") != 0)
+        return -ENOENT;
+    *ret_file = "malloc/malloc.c";
+    *ret_line = (uint32_t)(rel_pc & 0xfff);
+    return 0;
+}
 
 int main(int argc, char **argv)
 {
@@ -35,7 +48,10 @@ int main(int argc, char **argv)
     struct hp_frame stack_b[] = {{&app, "make_buffer", 0x200}, {&app, "main", 0x80}};
 
     bk_t *bk;
-    int r = bk_new(&(struct bk_config){.out_fd = fd, .sequence_id = 7, .dump_at_max = true}, &bk);
+    int r = bk_new(
+        &(struct bk_config){
+            .out_fd = fd, .sequence_id = 7, .dump_at_max = true, .source_line = source_line},
+        &bk);
     if (r < 0) {
         fprintf(stderr, "bk_new: %s\n", strerror(-r));
         return 1;

@@ -12,6 +12,7 @@
 #include "bookkeeping/reader.h"
 #include "bookkeeping/state.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -343,6 +344,58 @@ static void test_reader_buffer_and_selection(void **state)
     close(fd);
 }
 
+struct calls {
+    unsigned n;
+    uint64_t pcs[64];
+};
+
+static int count_source_line(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
+                             const char **ret_file, uint32_t *ret_line)
+{
+    struct calls *c = ctx;
+    assert_ptr_equal(m, &lib);
+    for (unsigned i = 0; i < c->n; i++)
+        assert_true(c->pcs[i] != rel_pc); /* once per unique frame */
+    c->pcs[c->n++] = rel_pc;
+    if (rel_pc == 0x10)
+        return -ENOENT; /* main: no debug info */
+    *ret_file = "src/x.c";
+    *ret_line = (uint32_t)rel_pc;
+    return 0;
+}
+
+/* The callback runs lazily: once per new frame at the dump that writes it. */
+static void test_reader_source_lines_once_per_frame(void **state)
+{
+    (void)state;
+    int fd = memfd();
+    struct calls calls = {0};
+    bk_t *bk;
+    assert_int_equal(bk_new(&(struct bk_config){.out_fd = fd,
+                                                .source_line = count_source_line,
+                                                .source_line_ctx = &calls},
+                            &bk),
+                     0);
+    assert_int_equal(bk_process_start(bk, PID, "p", 1, true, 4096), 0);
+    struct hp_frame f[3];
+    site_stack(0, f);
+    bk_record_alloc(bk, PID, 0, 1, 0x10, 10, 10, f, 3);
+    assert_int_equal(calls.n, 0); /* nothing before a dump */
+    assert_int_equal(bk_dump_all(bk), 0);
+    assert_int_equal(calls.n, 3);
+    assert_int_equal(bk_dump_all(bk), 0);
+    assert_int_equal(calls.n, 3);
+    site_stack(5, f); /* new leaf and mid frames, same main */
+    bk_record_alloc(bk, PID, 0, 2, 0x20, 10, 10, f, 3);
+    assert_int_equal(bk_dump_all(bk), 0);
+    assert_int_equal(calls.n, 5);
+    struct bk_counters c;
+    bk_get_counters(bk, &c);
+    assert_int_equal(c.source_lines, 4);
+    bk_free(bk);
+    close(fd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -350,6 +403,7 @@ int main(void)
         cmocka_unit_test(test_reader_cumulative_values_never_decrease),
         cmocka_unit_test(test_reader_diff_matches_sites_by_frames),
         cmocka_unit_test(test_reader_buffer_and_selection),
+        cmocka_unit_test(test_reader_source_lines_once_per_frame),
     };
     return cmocka_run_group_tests_name("reader", tests, NULL, NULL);
 }
