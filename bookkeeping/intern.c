@@ -353,7 +353,6 @@ int bk__intern_stack(struct bk_intern *in, const struct hp_frame *frames, size_t
     }
     if (n > BK_MAX_FRAMES)
         n = BK_MAX_FRAMES; /* keep the leaf side: it says who allocated */
-    _Static_assert(sizeof(struct hp_frame) == 24, "hp_frame has no padding to hash");
     if (HP_UNLIKELY(!in->stack_cache && !in->stack_cache_failed)) {
         in->stack_cache = calloc(BK_STACK_CACHE_SLOTS, sizeof(*in->stack_cache));
         in->stack_cache_failed = !in->stack_cache;
@@ -361,12 +360,27 @@ int bk__intern_stack(struct bk_intern *in, const struct hp_frame *frames, size_t
     struct bk_stack_cache_slot *slot = NULL;
     uint64_t hash = 0;
     if (in->stack_cache) {
-        hash = bk__hash_bytes(frames, n * sizeof(*frames), n);
-        slot = &in->stack_cache[hash & (BK_STACK_CACHE_SLOTS - 1)];
-        if (slot->id && slot->hash == (uint32_t)(hash >> 32) &&
-            stack_matches(in, slot->id, frames, n)) {
-            *ret_id = slot->id;
-            return 0;
+        /* The pcs (and the leaf's mapping) tell stacks apart well enough for a hash;
+         * the check below compares everything. */
+        hash = bk__hash_u64((uint64_t)(uintptr_t)frames[0].map ^ n);
+        for (size_t i = 0; i < n; i++) {
+            hash = (hash ^ frames[i].rel_pc) * 0x9e3779b97f4a7c15ull;
+            hash ^= hash >> 29;
+        }
+        hash = bk__hash_u64(hash);
+        /* Two ways per set, most recent first. */
+        slot = &in->stack_cache[hash & (BK_STACK_CACHE_SLOTS - 2)];
+        uint32_t tag = (uint32_t)(hash >> 32);
+        for (int w = 0; w < 2; w++) {
+            if (slot[w].id && slot[w].hash == tag && stack_matches(in, slot[w].id, frames, n)) {
+                *ret_id = slot[w].id;
+                if (w) {
+                    struct bk_stack_cache_slot t = slot[0];
+                    slot[0] = slot[1];
+                    slot[1] = t;
+                }
+                return 0;
+            }
         }
     }
     uint32_t node = 0;
@@ -386,8 +400,10 @@ int bk__intern_stack(struct bk_intern *in, const struct hp_frame *frames, size_t
         in->emit[in->n_emit++] = node;
         in->nodes[node].queued = true;
     }
-    if (slot)
-        *slot = (struct bk_stack_cache_slot){.hash = (uint32_t)(hash >> 32), .id = node};
+    if (slot) {
+        slot[1] = slot[0];
+        slot[0] = (struct bk_stack_cache_slot){.hash = (uint32_t)(hash >> 32), .id = node};
+    }
     *ret_id = node;
     return 0;
 }

@@ -104,7 +104,7 @@ struct bk_mapping_cache {
  * was first interned from, never by hash alone; comparing pointers is sound because
  * mappings and function names are immutable and live for the whole session
  * (common/frame.h). A frame met again through other pointers merely misses. */
-#define BK_STACK_CACHE_SLOTS 16384 /* a power of two */
+#define BK_STACK_CACHE_SLOTS 16384 /* a power of two; sets of two ways */
 struct bk_stack_cache_slot {
     uint32_t hash; /* high half of the hash (the low bits pick the slot) */
     uint32_t id;   /* 0: empty */

@@ -2,7 +2,9 @@
  *
  * - struct bk_arena: bump allocator for immutable bytes (strings, id lists) freed at once.
  * - struct bk_map: open-addressing hash map from a uint64_t key to a fixed-size value
- *   (linear probing, backward-shift deletion, so no tombstones pile up).
+ *   (linear probing, backward-shift deletion, so no tombstones pile up). Each slot holds
+ *   its key and value side by side, so a lookup touches one cache line; the key
+ *   UINT64_MAX marks an empty slot, and that key itself lives outside the table.
  * - struct bk_idtab: an index of uint32_t ids by content: the caller hashes the content
  *   and supplies the equality test, the table only stores ids and hashes. Used for
  *   interning, where the content lives in the caller's own arrays.
@@ -49,11 +51,12 @@ void bk__arena_done(struct bk_arena *a);
 
 struct bk_map {
     size_t val_size; /* bytes per value, rounded up to 8 */
+    size_t stride;   /* bytes per slot: key + value */
     size_t cap;      /* slots, a power of two (0 before the first insert) */
-    size_t count;
-    uint64_t *keys;
-    uint8_t *used;
-    unsigned char *vals;
+    size_t count;    /* including the UINT64_MAX key */
+    unsigned char *slots;
+    bool has_max;           /* key UINT64_MAX is present ... */
+    unsigned char *max_val; /* ... with this value */
 };
 
 void bk__map_init(struct bk_map *m, size_t val_size);

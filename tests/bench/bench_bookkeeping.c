@@ -2,7 +2,8 @@
  *
  *   bk_apply_records_per_s   records applied per second: 26-frame stacks drawn from 4096
  *                            callsites sharing 64 prefixes of 20 frames, 1/3 frees
- *   bk_bytes_per_live_alloc  service memory per live sampled allocation (500k live)
+ *   bk_bytes_per_live_alloc  service memory per live sampled allocation, after the
+ *                            apply run (~1.4M live)
  *   bk_bytes_per_callsite    interning + per-site memory per callsite (1M callsites)
  *   dump_1m_callsites_s      one dump of 1M callsites of which 500k hold live memory
  *   dump_1m_callsites_bytes  its size
@@ -67,10 +68,8 @@ static void memory_of(bk_t *bk, size_t *ret_live, size_t *ret_sites)
         const struct bk_proc *p = bk->procs[i];
         for (size_t j = 0; j < p->n_heaps; j++) {
             const struct bk_heap *h = p->heaps[j];
-            live += h->live.cap * (sizeof(uint64_t) + 1 + h->live.val_size) +
-                    h->big_sizes.cap * (sizeof(uint64_t) + 1 + h->big_sizes.val_size);
-            sites += h->cap_sites * sizeof(*h->sites) +
-                     h->site_index.cap * (sizeof(uint64_t) + 1 + h->site_index.val_size);
+            live += h->live.cap * h->live.stride + h->big_sizes.cap * h->big_sizes.stride;
+            sites += h->cap_sites * sizeof(*h->sites) + h->site_index.cap * h->site_index.stride;
         }
     }
     *ret_live = live;
@@ -149,6 +148,10 @@ static void bench_apply(void)
     }
     double t = now_s() - t0;
     printf("bench: bk_apply_records_per_s %.0f records/s\n", N_RECORDS / t);
+    size_t live_mem, site_mem;
+    memory_of(bk, &live_mem, &site_mem);
+    printf("bench: bk_bytes_per_live_alloc %.1f bytes\n",
+           (double)live_mem / (double)bk->procs[0]->heaps[0]->live.count);
     bk = bk_free(bk);
     close(fd);
     free(ops);
@@ -182,8 +185,6 @@ static void bench_dump(void)
     for (uint32_t s = 0; s < DUMP_SITES; s += 2)
         bk_record_free(bk, 1, 0, ++seq, 0x100000000ull + (uint64_t)s * 32);
     memory_of(bk, &live_mem, &site_mem);
-    size_t n_live = bk->procs[0]->heaps[0]->live.count;
-    printf("bench: bk_bytes_per_live_alloc %.1f bytes\n", (double)live_mem / (double)n_live);
     printf("bench: bk_bytes_per_callsite %.1f bytes\n", (double)site_mem / DUMP_SITES);
 
     struct bk_counters c0, c1;
