@@ -24,17 +24,6 @@ int bk__grow(void **p, size_t *cap, size_t need, size_t elem)
     return 0;
 }
 
-uint64_t bk__hash_u64(uint64_t x)
-{
-    /* splitmix64's finalizer: every input bit affects every output bit. */
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
-
 uint64_t bk__hash_bytes(const void *p, size_t len, uint64_t seed)
 {
     /* Eight bytes per step, each word mixed in with a multiply-rotate; the tail is
