@@ -93,6 +93,11 @@ static inline bool enc_reserve(bk_t *bk, struct enc *e, size_t n)
 static inline void put_varint(struct enc *e, uint64_t v)
 {
     uint8_t *q = e->p + e->len;
+    if (HP_LIKELY(v < 0x80)) {
+        *q = (uint8_t)v;
+        e->len++;
+        return;
+    }
     while (v >= 0x80) {
         *q++ = (uint8_t)(v | 0x80);
         v >>= 7;
@@ -103,7 +108,10 @@ static inline void put_varint(struct enc *e, uint64_t v)
 
 static inline void put_tag(struct enc *e, uint32_t field, uint32_t wt)
 {
-    put_varint(e, (uint64_t)field << 3 | wt);
+    if (HP_LIKELY(field < 16))
+        e->p[e->len++] = (uint8_t)(field << 3 | wt);
+    else
+        put_varint(e, (uint64_t)field << 3 | wt);
 }
 
 static inline void put_uint(struct enc *e, uint32_t field, uint64_t v)

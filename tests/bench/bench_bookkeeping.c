@@ -1,7 +1,9 @@
 /* tests/bench/bench_bookkeeping.c: bookkeeping throughput, dump cost and memory.
  *
  *   bk_apply_records_per_s   records applied per second: 26-frame stacks drawn from 4096
- *                            callsites sharing 64 prefixes of 20 frames, 1/3 frees
+ *                            callsites sharing 64 prefixes of 20 frames, 1/3 frees, most
+ *                            of recent allocations (see run_apply); and the same with
+ *                            uniformly random frees (bk_apply_records_per_s_uniform_frees)
  *   bk_bytes_per_live_alloc  service memory per live sampled allocation, after the
  *                            apply run (~1.4M live)
  *   bk_bytes_per_callsite    interning + per-site memory per callsite (1M callsites)
@@ -84,6 +86,63 @@ struct op {
     uint32_t site; /* UINT32_MAX: a free */
 };
 
+/* Applies N_RECORDS records: 2/3 allocations at one of N_CALLSITES stacks, 1/3 frees.
+ * @recent: frees mostly hit recent allocations and freed addresses come back, as heap
+ * lifetimes do (most objects die young; malloc reuses chunks); else frees pick any live
+ * allocation uniformly and addresses are never reused (the worst case for the caches). */
+static void run_apply(struct hp_frame (*stacks)[STACK_DEPTH], bool recent)
+{
+    struct op *ops = malloc(N_RECORDS * sizeof(*ops));
+    uint64_t *live = malloc(N_RECORDS * sizeof(*live));
+    uint64_t *freed = malloc(N_RECORDS * sizeof(*freed));
+    size_t n_live = 0, n_freed = 0;
+    uint64_t next_addr = 0x10000000;
+    for (size_t i = 0; i < N_RECORDS; i++) {
+        if (n_live && next_rand() % 3 == 0) {
+            size_t k = next_rand() % n_live;
+            if (recent && next_rand() % 4 != 0 && n_live > 256)
+                k = n_live - 1 - next_rand() % 256;
+            ops[i] = (struct op){.addr = live[k], .site = UINT32_MAX};
+            freed[n_freed++] = live[k];
+            live[k] = live[--n_live];
+        } else {
+            uint64_t addr;
+            if (recent && n_freed && next_rand() % 2 == 0) {
+                addr = freed[--n_freed];
+            } else {
+                addr = next_addr;
+                next_addr += 16 * (1 + next_rand() % 64);
+            }
+            ops[i] = (struct op){.addr = addr, .site = (uint32_t)(next_rand() % N_CALLSITES)};
+            live[n_live++] = addr;
+        }
+    }
+    int fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    bk_t *bk = new_bk(fd);
+    double t0 = now_s();
+    for (size_t i = 0; i < N_RECORDS; i++) {
+        if (ops[i].site == UINT32_MAX)
+            bk_record_free(bk, 1, 0, i + 1, ops[i].addr);
+        else
+            bk_record_alloc(bk, 1, 0, i + 1, ops[i].addr, 64, 4096, stacks[ops[i].site],
+                            STACK_DEPTH);
+    }
+    double t = now_s() - t0;
+    printf("bench: bk_apply_records_per_s%s %.0f records/s\n", recent ? "" : "_uniform_frees",
+           N_RECORDS / t);
+    if (recent) {
+        size_t live_mem, site_mem;
+        memory_of(bk, &live_mem, &site_mem);
+        printf("bench: bk_bytes_per_live_alloc %.1f bytes\n",
+               (double)live_mem / (double)bk->procs[0]->heaps[0]->live.count);
+    }
+    bk = bk_free(bk);
+    close(fd);
+    free(ops);
+    free(live);
+    free(freed);
+}
+
 static void bench_apply(void)
 {
     static struct hp_frame stacks[N_CALLSITES][STACK_DEPTH]; /* leaf first */
@@ -124,41 +183,8 @@ static void bench_apply(void)
         for (int d = 0; d < PREFIX_DEPTH; d++)
             stacks[c][STACK_DEPTH - 1 - d] = prefixes[p][d];
     }
-    struct op *ops = malloc(N_RECORDS * sizeof(*ops));
-    uint64_t *live = malloc(N_RECORDS * sizeof(*live));
-    size_t n_live = 0;
-    uint64_t next_addr = 0x10000000;
-    for (size_t i = 0; i < N_RECORDS; i++) {
-        if (n_live && next_rand() % 3 == 0) {
-            size_t k = next_rand() % n_live;
-            ops[i] = (struct op){.addr = live[k], .site = UINT32_MAX};
-            live[k] = live[--n_live];
-        } else {
-            ops[i] = (struct op){.addr = next_addr, .site = (uint32_t)(next_rand() % N_CALLSITES)};
-            live[n_live++] = next_addr;
-            next_addr += 16 * (1 + next_rand() % 64);
-        }
-    }
-    int fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
-    bk_t *bk = new_bk(fd);
-    double t0 = now_s();
-    for (size_t i = 0; i < N_RECORDS; i++) {
-        if (ops[i].site == UINT32_MAX)
-            bk_record_free(bk, 1, 0, i + 1, ops[i].addr);
-        else
-            bk_record_alloc(bk, 1, 0, i + 1, ops[i].addr, 64, 4096, stacks[ops[i].site],
-                            STACK_DEPTH);
-    }
-    double t = now_s() - t0;
-    printf("bench: bk_apply_records_per_s %.0f records/s\n", N_RECORDS / t);
-    size_t live_mem, site_mem;
-    memory_of(bk, &live_mem, &site_mem);
-    printf("bench: bk_bytes_per_live_alloc %.1f bytes\n",
-           (double)live_mem / (double)bk->procs[0]->heaps[0]->live.count);
-    bk = bk_free(bk);
-    close(fd);
-    free(ops);
-    free(live);
+    run_apply(stacks, true);
+    run_apply(stacks, false);
 }
 
 /* 1M callsites main > a > b > c (100 x 100 x 100), each allocated once; half freed. */
