@@ -1,7 +1,10 @@
 /* tests/bookkeeping/gen_trace.c: writes a small but complete heapprof trace (two
  * processes, two dumps, dump_at_max) to the file named by argv[1], for checks with
- * external decoders such as `protoc --decode=perfetto.protos.Trace`. */
+ * external decoders such as `protoc --decode=perfetto.protos.Trace`. With "big" as
+ * argv[2]: 2000 callsites in two heaps, five dumps split into packets of ~4 KB,
+ * addresses reused and freed in between (seeded). */
 #include "bookkeeping/bookkeeping.h"
+#include "bookkeeping/state.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,11 +24,56 @@ static int source_line(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
     return 0;
 }
 
+static int write_big(int fd)
+{
+    static char names[2000][16];
+    static const struct hp_mapping lib = {
+        .start = 0x7f0000000000, .end = 0x7f0000400000, .path = "/usr/lib/libbig.so"};
+    bk_t *bk;
+    int r = bk_new(&(struct bk_config){.out_fd = fd, .sequence_id = 3, .dump_at_max = true}, &bk);
+    if (r < 0)
+        return r;
+    bk__set_max_packet_bytes(bk, 4096);
+    r = bk_process_start(bk, 10, "big", 3, true, 4096);
+    uint64_t s = 12345, seq = 0;
+    for (int d = 0; d < 5 && r == 0; d++) {
+        for (int i = 0; i < 4000; i++) {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            unsigned k = (unsigned)(s % 2000);
+            uint32_t heap = (uint32_t)(s >> 40) % 2;
+            uint64_t addr = 0x10000 + (s >> 20) % 3000 * 16;
+            if ((s >> 50) % 3 == 0) {
+                bk_record_free(bk, 10, heap, ++seq, addr);
+                continue;
+            }
+            snprintf(names[k], sizeof(names[k]), "fn%u", k);
+            struct hp_frame f[3] = {{&lib, names[k], 0x1000u + k},
+                                    {&lib, k % 2 ? "odd" : "even", 0x100u + k % 2},
+                                    {&lib, "main", 0x10}};
+            bk_record_alloc(bk, 10, heap, ++seq, addr, 100, 4096 + k, f, 3);
+        }
+        r = bk_dump_all(bk);
+    }
+    bk_free(bk);
+    return r;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s OUT.pftrace\n", argv[0]);
+    if (argc != 2 && !(argc == 3 && !strcmp(argv[2], "big"))) {
+        fprintf(stderr, "usage: %s OUT.pftrace [big]\n", argv[0]);
         return 2;
+    }
+    if (argc == 3) {
+        int fd = open(argv[1], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        int r = fd < 0 ? -1 : write_big(fd);
+        if (fd < 0 || close(fd) < 0 || r < 0) {
+            fprintf(stderr, "writing %s failed\n", argv[1]);
+            return 1;
+        }
+        return 0;
     }
     int fd = open(argv[1], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
