@@ -116,8 +116,12 @@ bk_t *bk_free(bk_t *bk)
 
 struct bk_proc *bk__find_proc(bk_t *bk, int32_t pid)
 {
+    /* Records come in runs of one process: remember the last one found. */
+    if (HP_LIKELY(bk->last_proc && bk->last_proc->pid == pid))
+        return bk->last_proc;
     uint64_t *idx = bk__map_get(&bk->proc_index, (uint64_t)(uint32_t)pid);
-    return idx ? bk->procs[*idx] : NULL;
+    bk->last_proc = idx ? bk->procs[*idx] : NULL;
+    return bk->last_proc;
 }
 
 int bk_process_start(bk_t *bk, int32_t pid, const char *cmdline, size_t cmdline_len,
@@ -158,6 +162,7 @@ int bk_process_start(bk_t *bk, int32_t pid, const char *cmdline, size_t cmdline_
 
 static void proc_forget(bk_t *bk, struct bk_proc *p)
 {
+    bk->last_proc = NULL;
     uint64_t *idx = bk__map_get(&bk->proc_index, (uint64_t)(uint32_t)p->pid);
     size_t i = (size_t)*idx;
     bk__map_remove(&bk->proc_index, (uint64_t)(uint32_t)p->pid);

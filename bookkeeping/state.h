@@ -108,7 +108,8 @@ struct bk {
 
     struct bk_proc **procs;
     size_t n_procs, cap_procs;
-    struct bk_map proc_index; /* pid -> index in procs */
+    struct bk_map proc_index;  /* pid -> index in procs */
+    struct bk_proc *last_proc; /* bk__find_proc's last answer, or NULL */
 
     /* What the trace already defines: entries below these are not written again. */
     size_t emitted_str[BK_STR_KINDS];
