@@ -396,6 +396,45 @@ static void test_reader_source_lines_once_per_frame(void **state)
     close(fd);
 }
 
+/* Items of 128 bytes and more take the widened-length path of the encoder: a 1500-frame
+ * stack (kept to BK_MAX_FRAMES), a 3000-byte name, a long path, under a packet bound
+ * smaller than some of the items. */
+static void test_reader_big_items_roundtrip(void **state)
+{
+    (void)state;
+    static char long_name[3001], long_path[1001];
+    memset(long_name, 'n', 3000);
+    memset(long_path, 'p', 1000);
+    long_path[0] = '/';
+    const struct hp_mapping m = {.start = 0x1000, .end = 0x2000, .path = long_path};
+    static struct hp_frame deep[1500];
+    for (size_t i = 0; i < HP_ARRAY_SIZE(deep); i++)
+        deep[i] = (struct hp_frame){&m, i == 0 ? long_name : "f", 0x10 + i};
+    int fd = memfd();
+    bk_t *bk;
+    assert_int_equal(bk_new(&(struct bk_config){.out_fd = fd}, &bk), 0);
+    bk__set_max_packet_bytes(bk, 2000);
+    assert_int_equal(bk_process_start(bk, 1, "a", 1, true, 4096), 0);
+    bk_record_alloc(bk, 1, 0, 1, 0x10, 10, 777, deep, HP_ARRAY_SIZE(deep));
+    assert_int_equal(bk_dump_all(bk), 0);
+    bk_free(bk);
+    size_t len;
+    uint8_t *buf = read_fd(fd, &len);
+    struct bk_trace *t;
+    assert_int_equal(bk_trace_load_buffer(buf, len, NULL, &t), 0);
+    assert_int_equal(t->n_processes, 1);
+    const struct bk_trace_callsite *c = &t->processes[0].callsites[0];
+    assert_int_equal(c->self_allocated, 777);
+    assert_int_equal(c->n_frames, BK_MAX_FRAMES);
+    assert_string_equal(c->frames[c->n_frames - 1].function_name, long_name);
+    assert_int_equal(c->frames[c->n_frames - 1].rel_pc, 0x10);
+    assert_int_equal(c->frames[0].rel_pc, 0x10 + BK_MAX_FRAMES - 1);
+    assert_string_equal(c->frames[0].mapping_path, long_path);
+    bk_trace_free(t);
+    free(buf);
+    close(fd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -404,6 +443,7 @@ int main(void)
         cmocka_unit_test(test_reader_diff_matches_sites_by_frames),
         cmocka_unit_test(test_reader_buffer_and_selection),
         cmocka_unit_test(test_reader_source_lines_once_per_frame),
+        cmocka_unit_test(test_reader_big_items_roundtrip),
     };
     return cmocka_run_group_tests_name("reader", tests, NULL, NULL);
 }
