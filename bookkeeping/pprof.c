@@ -172,8 +172,10 @@ static uint64_t location_of(struct pp *pp, const struct bk_trace_frame *f)
                       f->function_name);
     /* rel_pc is an ELF virtual address; pprof wants the address in the process. */
     uint64_t address = f->rel_pc;
-    if (f->map_end > f->map_start)
-        address = f->map_start + (f->rel_pc - f->map_load_bias - f->map_offset);
+    uint64_t base = f->map_load_bias + f->map_offset;
+    if (f->map_end > f->map_start && f->rel_pc >= base &&
+        f->rel_pc - base < f->map_end - f->map_start)
+        address = f->map_start + (f->rel_pc - base);
     struct pp_location l = {.mapping_id = map_id, .address = address, .function_id = fn_id};
     h = bk__hash_combine(bk__hash_combine(bk__hash_u64(map_id), address), fn_id);
     return dedup(&pp->loc_index, h, loc_eq, loc_add, pp, &l);
