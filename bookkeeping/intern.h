@@ -98,16 +98,20 @@ struct bk_mapping_cache {
     uint32_t id;
 };
 
-/* Whole stacks seen recently, by a hash of their hp_frame arrays: a hit skips the
- * per-frame interning and the trie walk. A hit is confirmed by walking the cached node
- * up to the root and comparing each frame's rel_pc and the mapping and name pointers it
- * was first interned from, never by hash alone; comparing pointers is sound because
- * mappings and function names are immutable and live for the whole session
- * (common/frame.h). A frame met again through other pointers merely misses. */
+/* Whole stacks seen recently, by a hash of their pcs: a hit skips the per-frame
+ * interning and the trie walk. Each entry keeps the frame ids of its stack (leaf first),
+ * and a hit is confirmed by comparing every input frame's rel_pc, mapping and name
+ * pointers with those its frame was first interned from: exact, never by hash alone,
+ * and without chasing parent links. Comparing pointers is sound because mappings and
+ * function names are immutable and live for the whole session (common/frame.h); a
+ * frame met again through other pointers merely misses. Memory is bounded by the
+ * slots: at most BK_STACK_CACHE_SLOTS id lists of at most BK_STACK_CACHE_FRAMES. */
 #define BK_STACK_CACHE_SLOTS 16384 /* a power of two; sets of two ways */
+#define BK_STACK_CACHE_FRAMES 64   /* deeper stacks are not cached */
 struct bk_stack_cache_slot {
-    uint32_t hash; /* high half of the hash (the low bits pick the slot) */
-    uint32_t id;   /* 0: empty */
+    uint32_t hash;       /* high half of the hash (the low bits pick the set) */
+    uint32_t id;         /* callstack id; 0: empty */
+    uint32_t *frame_ids; /* leaf first, as many as the stack's depth; owned */
 };
 
 struct bk_intern {
