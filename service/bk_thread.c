@@ -19,11 +19,12 @@ static void apply(struct svc *s, const struct svc_msg *m)
             hp_log_warn("pid %d: cannot start bookkeeping: %s", m->pid, strerror(-r));
         break;
     case SVC_MSG_ALLOC:
-        bk_record_alloc(s->bk, m->pid, m->seq, m->addr, m->size, m->sample_size,
+        /* struct svc_msg carries no heap id yet: every record goes to heap 0. */
+        bk_record_alloc(s->bk, m->pid, m->heap_id, m->seq, m->addr, m->size, m->sample_size,
                         (const struct hp_frame *)payload, m->n);
         break;
     case SVC_MSG_FREE:
-        bk_record_free(s->bk, m->pid, m->seq, m->addr);
+        bk_record_free(s->bk, m->pid, m->heap_id, m->seq, m->addr);
         break;
     case SVC_MSG_PROC_END: {
         struct bk_process_stats st;

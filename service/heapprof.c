@@ -2,6 +2,7 @@
  *
  *     heapprof record [options] -- CMD [ARGS...]   profile CMD from its first allocation
  *     heapprof report FILE [--top N]               print the top allocation sites
+ *     heapprof pprof FILE [-o OUT]                 export the dumps as gzipped pprof
  */
 #include <elf.h>
 #include <errno.h>
@@ -42,6 +43,7 @@ static void usage_main(FILE *f)
           "  attach -p PID | -n NAME [options]  profile running processes that have\n"
           "                                     libheapprof.so preloaded\n"
           "  dump [DAEMON_PID]                  ask the running heapprofd to dump now\n"
+          "  pprof FILE [options]               export the dumps of a trace as pprof files\n"
           "\n"
           "Run 'heapprof COMMAND --help' for the options of a command.\n",
           f);
@@ -95,12 +97,38 @@ static void usage_report(FILE *f)
           "options:\n"
           "  -n, --top N        sites per table (default 10)\n"
           "      --dump N       use the Nth dump of each process (default: the last)\n"
+          "      --process PID  only this process\n"
+          "      --diff BASE    print the growth per site since the trace BASE (or, with\n"
+          "                     --base-dump M and BASE = FILE, since dump M of FILE)\n"
+          "      --base-dump M  the dump of BASE to compare with (default: the last)\n"
           "      --no-demangle  print C++ names as stored\n"
           "      --no-stacks    one line per site\n"
           "  -h, --help         this help\n"
           "\n"
           "example:\n"
-          "  heapprof report heapprof-myapp-1234.pftrace --top 5\n",
+          "  heapprof report heapprof-myapp-1234.pftrace --top 5\n"
+          "  heapprof report after.pftrace --diff before.pftrace\n",
+          f);
+}
+
+static void usage_pprof(FILE *f)
+{
+    fputs("usage: heapprof pprof FILE [options]\n"
+          "\n"
+          "Writes each dump of each process and heap of a trace as a gzipped pprof profile\n"
+          "(sample types alloc_objects, alloc_space, inuse_objects, inuse_space) named\n"
+          "OUT.pid<PID>.<heap>.dump<N>.pb.gz, or OUT itself if it ends in .pb.gz and one\n"
+          "profile is selected. Prints the names of the files written.\n"
+          "\n"
+          "options:\n"
+          "  -o, --output OUT   output name or prefix (default: FILE without .pftrace)\n"
+          "      --dump N       only the Nth dump of each process\n"
+          "      --process PID  only this process\n"
+          "  -h, --help         this help\n"
+          "\n"
+          "example:\n"
+          "  heapprof pprof app.pftrace -o app && go tool pprof "
+          "app.pid1234.libc.malloc.dump1.pb.gz\n",
           f);
 }
 
@@ -120,12 +148,19 @@ static int parse_int(const char *s, long min, long max, long *ret)
 static int cmd_report(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"top", required_argument, NULL, 'n'},   {"dump", required_argument, NULL, 'd'},
-        {"no-demangle", no_argument, NULL, 'D'}, {"no-stacks", no_argument, NULL, 'S'},
-        {"help", no_argument, NULL, 'h'},        {0},
+        {"top", required_argument, NULL, 'n'},
+        {"dump", required_argument, NULL, 'd'},
+        {"no-demangle", no_argument, NULL, 'D'},
+        {"no-stacks", no_argument, NULL, 'S'},
+        {"help", no_argument, NULL, 'h'},
+        {"process", required_argument, NULL, 'p'},
+        {"diff", required_argument, NULL, 'B'},
+        {"base-dump", required_argument, NULL, 'b'},
+        {0},
     };
     struct bk_report_options ro = {.top_n = 10, .demangle = true};
-    struct bk_trace_options to = {0};
+    struct bk_trace_options to = {0}, base_to = {0};
+    const char *base_path = NULL;
     long v;
     int c;
 
@@ -144,6 +179,24 @@ static int cmd_report(int argc, char **argv)
                 return EXIT_USAGE;
             }
             to.dump_index = (int)v;
+            break;
+        case 'b':
+            if (parse_int(optarg, 1, INT_MAX, &v) < 0) {
+                fprintf(stderr, "heapprof report: --base-dump wants a number >= 1, not '%s'\n",
+                        optarg);
+                return EXIT_USAGE;
+            }
+            base_to.dump_index = (int)v;
+            break;
+        case 'p':
+            if (parse_int(optarg, 1, INT32_MAX, &v) < 0) {
+                fprintf(stderr, "heapprof report: --process wants a pid, not '%s'\n", optarg);
+                return EXIT_USAGE;
+            }
+            to.pid = base_to.pid = (int32_t)v;
+            break;
+        case 'B':
+            base_path = optarg;
             break;
         case 'D':
             ro.demangle = false;
@@ -172,8 +225,97 @@ static int cmd_report(int argc, char **argv)
                 r == -EBADMSG ? "not a valid trace file" : strerror(-r));
         return 1;
     }
-    bk_report_print(stdout, t, &ro);
+    if (base_path) {
+        struct bk_trace *base;
+        /* Pids differ between two runs: the base keeps every process when the selection
+         * is by pid and the base has no such pid. */
+        r = bk_trace_load(base_path, &base_to, &base);
+        if (r == 0 && base_to.pid && base->n_processes == 0) {
+            base = bk_trace_free(base);
+            base_to.pid = 0;
+            r = bk_trace_load(base_path, &base_to, &base);
+        }
+        if (r < 0) {
+            fprintf(stderr, "heapprof report: cannot read %s: %s\n", base_path,
+                    r == -EBADMSG ? "not a valid trace file" : strerror(-r));
+            bk_trace_free(t);
+            return 1;
+        }
+        bk_report_print_diff(stdout, base, t, &ro);
+        bk_trace_free(base);
+    } else {
+        bk_report_print(stdout, t, &ro);
+    }
     bk_trace_free(t);
+    return 0;
+}
+
+/* ---- pprof ------------------------------------------------------------------------ */
+
+static int cmd_pprof(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"output", required_argument, NULL, 'o'},
+        {"dump", required_argument, NULL, 'd'},
+        {"process", required_argument, NULL, 'p'},
+        {"help", no_argument, NULL, 'h'},
+        {0},
+    };
+    const char *out = NULL;
+    int dump = 0;
+    int32_t pid = 0;
+    long v;
+    int c;
+
+    while ((c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'o':
+            out = optarg;
+            break;
+        case 'd':
+            if (parse_int(optarg, 1, INT_MAX, &v) < 0) {
+                fprintf(stderr, "heapprof pprof: --dump wants a number >= 1, not '%s'\n", optarg);
+                return EXIT_USAGE;
+            }
+            dump = (int)v;
+            break;
+        case 'p':
+            if (parse_int(optarg, 1, INT32_MAX, &v) < 0) {
+                fprintf(stderr, "heapprof pprof: --process wants a pid, not '%s'\n", optarg);
+                return EXIT_USAGE;
+            }
+            pid = (int32_t)v;
+            break;
+        case 'h':
+            usage_pprof(stdout);
+            return 0;
+        default:
+            usage_pprof(stderr);
+            return EXIT_USAGE;
+        }
+    }
+    if (optind != argc - 1) {
+        fprintf(stderr, "heapprof pprof: expected one trace file\n");
+        usage_pprof(stderr);
+        return EXIT_USAGE;
+    }
+    const char *path = argv[optind];
+    char prefix[PATH_MAX];
+    if (!out) {
+        size_t n = strlen(path);
+        if (n > 8 && !strcmp(path + n - 8, ".pftrace"))
+            n -= 8;
+        snprintf(prefix, sizeof(prefix), "%.*s", (int)n, path);
+        out = prefix;
+    }
+    int r = bk_pprof_export(path, out, dump, pid, stdout);
+    if (r < 0) {
+        fprintf(stderr, "heapprof pprof: %s: %s\n", path,
+                r == -ENODATA   ? "no dump matches"
+                : r == -EBADMSG ? "not a valid trace file"
+                                : strerror(-r));
+        return 1;
+    }
     return 0;
 }
 
@@ -632,6 +774,8 @@ int main(int argc, char **argv)
         return cmd_attach(argc - 1, argv + 1);
     if (!strcmp(cmd, "dump"))
         return cmd_dump(argc - 1, argv + 1);
+    if (!strcmp(cmd, "pprof"))
+        return cmd_pprof(argc - 1, argv + 1);
     fprintf(stderr, "heapprof: unknown command '%s'\n", cmd);
     usage_main(stderr);
     return EXIT_USAGE;

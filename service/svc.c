@@ -256,6 +256,14 @@ static int start_unwinder(struct svc *s, struct svc_unwinder *u)
     return -r;
 }
 
+/* Source file and line of a frame for the dump's ModuleSymbols (bookkeeping thread). */
+static int source_line(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
+                       const char **ret_file, uint32_t *ret_line)
+{
+    (void)ctx;
+    return unwinder_source_line(m, rel_pc, ret_file, ret_line);
+}
+
 int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret)
 {
     char err[256];
@@ -314,9 +322,12 @@ int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret)
         hp_log_error("cannot initialise the unwinder: %s", strerror(-r));
         goto fail;
     }
-    r = bk_new(
-        &(struct bk_config){.out_fd = out_fd, .sequence_id = 1, .dump_at_max = cfg->dump_at_max},
-        &s->bk);
+    unwinder_set_source_lines(!cfg->no_source_lines);
+    r = bk_new(&(struct bk_config){.out_fd = out_fd,
+                                   .sequence_id = 1,
+                                   .dump_at_max = cfg->dump_at_max,
+                                   .source_line = source_line},
+               &s->bk);
     if (r < 0)
         goto fail;
     r = -pthread_create(&s->bk_thread, NULL, svc__bk_main, s);

@@ -59,6 +59,8 @@ struct svc_config {
     bool allow_other_users;
     /* Children of fork() handshake again and are profiled as processes of their own. */
     bool follow_fork;
+    /* No source files and lines in the trace (faster dumps). */
+    bool no_source_lines;
 };
 
 void svc_config_init(struct svc_config *cfg);

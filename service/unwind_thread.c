@@ -81,6 +81,7 @@ static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uin
         return;
     m->type = SVC_MSG_ALLOC;
     m->pid = c->pid;
+    m->heap_id = a.heap_id;
     m->n = (uint32_t)n;
     m->seq = a.seq;
     m->addr = a.addr;
@@ -104,6 +105,7 @@ static void handle_free(struct svc_unwinder *u, struct svc_client *c, const uint
         return;
     m->type = SVC_MSG_FREE;
     m->pid = c->pid;
+    m->heap_id = f.heap_id;
     m->seq = f.seq;
     m->addr = f.addr;
     c->frees++;
