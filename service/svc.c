@@ -498,6 +498,16 @@ static void handshake(struct svc *s, int sock)
         }
     }
 
+    /* Read the maps now, while the client waits for our answer: a short-lived process
+     * may be gone by the time its first record is unwound. */
+    r = unwinder_process_new(c->pid, c->maps_fd, c->mem_fd, &c->unw);
+    c->maps_fd = c->mem_fd = -1;
+    if (r < 0) {
+        hp_log_warn("pid %d: cannot set up unwinding: %s", (int)c->pid, strerror(-r));
+        c->unw = NULL;
+        goto reject;
+    }
+
     r = ring_create(s->cfg.shmem_size_bytes, &ring_fd);
     if (r >= 0)
         r = ring_map(ring_fd, RING_ROLE_READER, &c->ring);

@@ -180,12 +180,6 @@ static void finish_client(struct svc_unwinder *u, struct svc_client *c, uint32_t
 
 static void adopt(struct svc_unwinder *u, struct svc_client *c)
 {
-    int r = unwinder_process_new(c->pid, c->maps_fd, c->mem_fd, &c->unw);
-    c->maps_fd = c->mem_fd = -1;
-    if (r < 0) {
-        hp_log_warn("pid %d: cannot set up unwinding: %s", c->pid, strerror(-r));
-        c->unw = NULL;
-    }
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
     if (epoll_ctl(u->epfd, EPOLL_CTL_ADD, c->sock, &ev) < 0)
         hp_log_warn("pid %d: epoll: %s", c->pid, strerror(errno));

@@ -103,6 +103,16 @@ static char *read_file(const char *path)
 
 static void daemon_cleanup(struct daemon *d)
 {
+    /* Traces with dumps follow the trace processor's import rules. */
+    struct bk_trace *t = NULL;
+    if (bk_trace_load(d->trace, &(struct bk_trace_options){0}, &t) == 0) {
+        bool dumped = false;
+        for (size_t i = 0; i < t->n_processes; i++)
+            dumped |= t->processes[i].n_dumps > 0;
+        if (dumped)
+            assert_int_equal(e2e_check_rules(d->trace), 0);
+        bk_trace_free(t);
+    }
     unlink(d->trace);
     unlink(d->log);
     unlink(d->sock);

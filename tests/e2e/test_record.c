@@ -49,6 +49,7 @@ static struct bk_trace *load(const char *trace)
     assert_int_equal(r, 0);
     assert_non_null(t);
     assert_true(t->has_clock_snapshot);
+    assert_int_equal(e2e_check_rules(trace), 0);
     return t;
 }
 
@@ -193,6 +194,25 @@ static void test_record_cpp(void **state)
     assert_non_null(strstr(rep.out, "heapprof_test::make_widgets(int)"));
     assert_non_null(strstr(rep.out, "operator new"));
     e2e_run_free(&rep);
+
+    /* pprof export of the real trace decodes against protos/profile.proto and names the
+     * C++ functions. */
+    char *pp = e2e_tmp_path(".pb.gz");
+    char *pargv[] = {(char *)e2e_env("HEAPPROF_BIN"), "pprof", trace, "-o", pp, NULL};
+    assert_int_equal(e2e_run(pargv, NULL, &rep), 0);
+    assert_int_equal(rep.status, 0);
+    e2e_run_free(&rep);
+    const char *protoc = getenv("PROTOC");
+    if (protoc && *protoc) {
+        char cmd[8192];
+        snprintf(cmd, sizeof(cmd),
+                 "gzip -dc '%s' | '%s' --decode=perftools.profiles.Profile -I '%s' "
+                 "'%s/profile.proto' | grep -q make_widgets",
+                 pp, protoc, e2e_env("PROTOS_DIR"), e2e_env("PROTOS_DIR"));
+        assert_int_equal(system(cmd), 0);
+    }
+    unlink(pp);
+    free(pp);
     bk_trace_free(t);
     unlink(trace);
     free(trace);
