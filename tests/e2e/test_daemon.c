@@ -208,7 +208,7 @@ static void test_daemon_continuous_and_sigusr1(void **state)
     struct daemon d;
     const char *args[] = {"--all", "--continuous-dump", "100,0", "--no-running", NULL};
     daemon_start(&d, args);
-    char *prog[] = {(char *)e2e_env("WORKER"), "busy", "700", NULL};
+    char *prog[] = {(char *)e2e_env("WORKER"), "busy", "1200", NULL};
     pid_t w = spawn_client(&d, prog, NULL);
     sleep_ms(350);
     kill(d.pid, SIGUSR1);
