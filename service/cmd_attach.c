@@ -100,39 +100,20 @@ static int signal_target(struct attach_state *st, const struct svc_proc *p, bool
     return 0;
 }
 
+static void signal_new_target(void *ctx, const struct svc_proc *p)
+{
+    struct attach_state *st = ctx;
+    if (p->same_user && !already_signalled(st, p->pid))
+        (void)signal_target(st, p, true);
+}
+
 /* Signals running processes that match a name target and were not signalled yet. */
 static void scan_names(struct attach_state *st)
 {
-    DIR *d = opendir("/proc");
-    if (!d)
-        return;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        char *end;
-        long pid = strtol(e->d_name, &end, 10);
-        if (*end || pid <= 0 || pid == st->self || already_signalled(st, (pid_t)pid))
-            continue;
-        char path[64], cmd[4096];
-        snprintf(path, sizeof(path), "/proc/%ld/cmdline", pid);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-            continue;
-        ssize_t n = read(fd, cmd, sizeof(cmd));
-        (void)close(fd);
-        if (n <= 0)
-            continue;
-        /* names only: pids were signalled at start */
-        struct svc_config names = *st->cfg;
-        names.n_pid = 0;
-        names.all = false;
-        if (!svc_config_matches(&names, (int32_t)pid, cmd, (size_t)n))
-            continue;
-        struct svc_proc p;
-        if (svc_proc_inspect((pid_t)pid, &p) < 0 || !p.preloaded || !p.same_user)
-            continue;
-        (void)signal_target(st, &p, true);
-    }
-    closedir(d);
+    struct svc_config names = *st->cfg; /* names only: pids were signalled at start */
+    names.n_pid = 0;
+    names.all = false;
+    svc_proc_scan_targets(&names, signal_new_target, st);
 }
 
 static bool attach_tick(void *ctx, svc_t *s)

@@ -39,6 +39,10 @@ struct svc_proc {
 };
 /* Reads /proc/@pid: 0, -ENOENT (gone), -errno. */
 int svc_proc_inspect(pid_t pid, struct svc_proc *ret);
+/* Calls @fn for every running process but ours that matches @cfg's targets and has
+ * libheapprof.so mapped. */
+void svc_proc_scan_targets(const struct svc_config *cfg,
+                           void (*fn)(void *ctx, const struct svc_proc *p), void *ctx);
 /* Sends the attach signal carrying @attacher (0: the daemon). Returns 0 or -errno. */
 int svc_proc_signal_attach(pid_t pid, pid_t attacher);
 /* The attach signal: HEAPPROF_ATTACH_SIGNAL or SIGRTMIN+4. */

@@ -129,39 +129,15 @@ static int parse_u64(const char *s, uint64_t *ret)
     return 0;
 }
 
-/* Signals the running processes that match the targets and have the library. */
-static void attach_running(const struct svc_config *cfg)
+static void signal_running(void *ctx, const struct svc_proc *p)
 {
-    DIR *d = opendir("/proc");
-    if (!d)
-        return;
-    struct dirent *e;
-    pid_t self = getpid();
-    while ((e = readdir(d)) != NULL) {
-        char *end;
-        long pid = strtol(e->d_name, &end, 10);
-        if (*end || pid <= 0 || pid == self)
-            continue;
-        char path[64], cmd[4096];
-        snprintf(path, sizeof(path), "/proc/%ld/cmdline", pid);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-            continue;
-        ssize_t n = read(fd, cmd, sizeof(cmd));
-        (void)close(fd);
-        if (n <= 0 || !svc_config_matches(cfg, (int32_t)pid, cmd, (size_t)n))
-            continue;
-        struct svc_proc p;
-        if (svc_proc_inspect((pid_t)pid, &p) < 0 || !p.preloaded)
-            continue;
-        int r = svc_proc_signal_attach((pid_t)pid, 0);
-        if (r < 0)
-            hp_log_warn("pid %ld (%s): cannot send the attach signal: %s", pid, p.name,
-                        strerror(-r));
-        else
-            hp_log_info("pid %ld (%s): attach signal sent", pid, p.name);
-    }
-    closedir(d);
+    (void)ctx;
+    int r = svc_proc_signal_attach(p->pid, 0);
+    if (r < 0)
+        hp_log_warn("pid %d (%s): cannot send the attach signal: %s", (int)p->pid, p->name,
+                    strerror(-r));
+    else
+        hp_log_info("pid %d (%s): attach signal sent", (int)p->pid, p->name);
 }
 
 int cmd_daemon(int argc, char **argv, const char *prog)
@@ -357,7 +333,7 @@ int cmd_daemon(int argc, char **argv, const char *prog)
     }
     fprintf(stderr, "heapprofd: listening on %s, writing %s\n", socket_path, output);
     if (!cfg.no_running && svc_config_has_targets(&cfg))
-        attach_running(&cfg);
+        svc_proc_scan_targets(&cfg, signal_running, NULL);
 
     struct svc_loop_opts lo = {
         .dump_interval_ms = cfg.dump_interval_ms,

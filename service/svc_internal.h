@@ -32,7 +32,7 @@ struct svc_msg {
     uint32_t type;
     uint32_t len; /* total bytes of this entry, aligned to 8 */
     int32_t pid;
-    uint32_t n; /* ALLOC: frames; PROC_START: cmdline bytes; PROC_END: flags */
+    uint32_t n;       /* ALLOC: frames; PROC_START: cmdline bytes; PROC_END: flags */
     uint32_t heap_id; /* ALLOC, FREE: the client's heap id (untrusted) */
     uint32_t reserved;
     uint64_t seq;

@@ -133,3 +133,30 @@ int svc_proc_signal_attach(pid_t pid, pid_t attacher)
         return -errno;
     return 0;
 }
+
+void svc_proc_scan_targets(const struct svc_config *cfg,
+                           void (*fn)(void *ctx, const struct svc_proc *p), void *ctx)
+{
+    DIR *d = opendir("/proc");
+    if (!d)
+        return;
+    struct dirent *e;
+    pid_t self = getpid();
+    while ((e = readdir(d)) != NULL) {
+        char *end;
+        long pid = strtol(e->d_name, &end, 10);
+        if (*end || pid <= 0 || pid == self)
+            continue;
+        char path[64], cmd[4096];
+        size_t n;
+        snprintf(path, sizeof(path), "/proc/%ld/cmdline", pid);
+        if (read_small(path, cmd, sizeof(cmd), &n) < 0 || n == 0 ||
+            !svc_config_matches(cfg, (int32_t)pid, cmd, n))
+            continue;
+        struct svc_proc p;
+        if (svc_proc_inspect((pid_t)pid, &p) < 0 || !p.preloaded)
+            continue;
+        fn(ctx, &p);
+    }
+    closedir(d);
+}
