@@ -1,6 +1,8 @@
 #include "bookkeeping/bookkeeping.h"
 
 #include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +16,9 @@ int bk_new(const struct bk_config *cfg, bk_t **ret)
     bk->out_fd = cfg->out_fd;
     bk->sequence_id = cfg->sequence_id ? cfg->sequence_id : 1;
     bk->dump_at_max = cfg->dump_at_max;
+    bk->source_line = cfg->source_line;
+    bk->source_line_ctx = cfg->source_line_ctx;
+    bk->symbolized_frames = 1; /* frame id 0 is unused */
     bk->max_packet_bytes = BK_MAX_PACKET_BYTES;
     bk__map_init(&bk->proc_index, sizeof(uint64_t));
     int r = bk__intern_init(&bk->in);
@@ -31,17 +36,68 @@ int bk_new(const struct bk_config *cfg, bk_t **ret)
     return 0;
 }
 
+static struct bk_heap *heap_free(struct bk_heap *h)
+{
+    if (!h)
+        return NULL;
+    bk__map_done(&h->live);
+    bk__map_done(&h->big_sizes);
+    bk__map_done(&h->site_index);
+    free(h->sites);
+    free(h);
+    return NULL;
+}
+
 static struct bk_proc *proc_free(struct bk_proc *p)
 {
     if (!p)
         return NULL;
     free(p->cmdline);
     free(p->heap);
-    bk__map_done(&p->live);
-    bk__map_done(&p->site_index);
-    free(p->sites);
+    for (size_t i = 0; i < p->n_heaps; i++)
+        heap_free(p->heaps[i]);
+    free(p->heaps);
     free(p);
     return NULL;
+}
+
+struct bk_heap *bk__find_heap(const struct bk_proc *p, uint32_t heap_id)
+{
+    for (size_t i = 0; i < p->n_heaps; i++)
+        if (p->heaps[i]->heap_id == heap_id)
+            return p->heaps[i];
+    return NULL;
+}
+
+/* Caps the heaps a client can make us track per process. */
+#define BK_MAX_HEAPS 64
+
+static struct bk_heap *heap_get(struct bk_proc *p, uint32_t heap_id)
+{
+    if (HP_LIKELY(p->n_heaps && p->heaps[0]->heap_id == heap_id))
+        return p->heaps[0];
+    struct bk_heap *h = bk__find_heap(p, heap_id);
+    if (h || p->n_heaps >= BK_MAX_HEAPS)
+        return h;
+    if (bk__grow((void **)&p->heaps, &p->cap_heaps, p->n_heaps + 1, sizeof(*p->heaps)) < 0)
+        return NULL;
+    h = calloc(1, sizeof(*h));
+    if (!h)
+        return NULL;
+    h->heap_id = heap_id;
+    bk__map_init(&h->live, sizeof(struct bk_live));
+    bk__map_init(&h->big_sizes, sizeof(uint64_t));
+    bk__map_init(&h->site_index, sizeof(uint32_t));
+    p->heaps[p->n_heaps++] = h;
+    return h;
+}
+
+void bk__heap_name(uint32_t heap_id, char *buf, size_t len)
+{
+    if (heap_id == 0)
+        snprintf(buf, len, "%s", BK_HEAP_NAME);
+    else
+        snprintf(buf, len, "heap_%" PRIu32, heap_id);
 }
 
 bk_t *bk_free(bk_t *bk)
@@ -60,8 +116,12 @@ bk_t *bk_free(bk_t *bk)
 
 struct bk_proc *bk__find_proc(bk_t *bk, int32_t pid)
 {
+    /* Records come in runs of one process: remember the last one found. */
+    if (HP_LIKELY(bk->last_proc && bk->last_proc->pid == pid))
+        return bk->last_proc;
     uint64_t *idx = bk__map_get(&bk->proc_index, (uint64_t)(uint32_t)pid);
-    return idx ? bk->procs[*idx] : NULL;
+    bk->last_proc = idx ? bk->procs[*idx] : NULL;
+    return bk->last_proc;
 }
 
 int bk_process_start(bk_t *bk, int32_t pid, const char *cmdline, size_t cmdline_len,
@@ -79,10 +139,8 @@ int bk_process_start(bk_t *bk, int32_t pid, const char *cmdline, size_t cmdline_
     p->from_startup = from_startup;
     p->sampling_interval_bytes = sampling_interval_bytes;
     p->next_seq = 1;
-    bk__map_init(&p->live, sizeof(struct bk_live));
-    bk__map_init(&p->site_index, sizeof(uint64_t));
     p->cmdline = malloc(cmdline_len + 1);
-    if (!p->cmdline) {
+    if (!p->cmdline || !heap_get(p, 0)) {
         proc_free(p);
         return -ENOMEM;
     }
@@ -104,6 +162,7 @@ int bk_process_start(bk_t *bk, int32_t pid, const char *cmdline, size_t cmdline_
 
 static void proc_forget(bk_t *bk, struct bk_proc *p)
 {
+    bk->last_proc = NULL;
     uint64_t *idx = bk__map_get(&bk->proc_index, (uint64_t)(uint32_t)p->pid);
     size_t i = (size_t)*idx;
     bk__map_remove(&bk->proc_index, (uint64_t)(uint32_t)p->pid);
@@ -119,52 +178,69 @@ static void proc_forget(bk_t *bk, struct bk_proc *p)
 
 /* ---- applying records ---- */
 
-static struct bk_site *site_get(struct bk_proc *p, uint32_t callstack, uint32_t *ret_idx)
+static struct bk_site *site_get(struct bk_heap *h, uint32_t callstack, uint32_t *ret_idx)
 {
-    uint64_t *idx;
-    int r = bk__map_put(&p->site_index, callstack, (void **)&idx);
+    uint32_t *idx;
+    int r = bk__map_put(&h->site_index, callstack, (void **)&idx);
     if (r < 0)
         return NULL;
     if (r == 1) {
-        if (bk__grow((void **)&p->sites, &p->cap_sites, p->n_sites + 1, sizeof(*p->sites)) < 0) {
-            bk__map_remove(&p->site_index, callstack);
+        if (h->n_sites >= UINT32_MAX ||
+            bk__grow((void **)&h->sites, &h->cap_sites, h->n_sites + 1, sizeof(*h->sites)) < 0) {
+            bk__map_remove(&h->site_index, callstack);
             return NULL;
         }
-        *idx = p->n_sites;
-        p->sites[p->n_sites++] = (struct bk_site){.callstack_id = callstack};
+        *idx = (uint32_t)h->n_sites;
+        h->sites[h->n_sites++] = (struct bk_site){.callstack_id = callstack};
     }
-    *ret_idx = (uint32_t)*idx;
-    return &p->sites[*idx];
+    *ret_idx = *idx;
+    return &h->sites[*idx];
 }
 
 /* Called before a site's live values change: see the peak scheme in state.h. */
-static void site_touch(const struct bk_proc *p, struct bk_site *s)
+static void site_touch(const struct bk_heap *h, struct bk_site *s)
 {
-    if (p->peak_id && s->max_peak != p->peak_id) {
+    if (h->peak_id && s->max_peak != h->peak_id) {
         s->max_bytes = s->live_bytes;
         s->max_count = s->live_count;
-        s->max_peak = p->peak_id;
+        s->max_peak = h->peak_id;
     }
 }
 
-static void site_free(struct bk_proc *p, struct bk_site *s, uint64_t size)
+static void site_free(struct bk_heap *h, struct bk_site *s, uint64_t size)
 {
-    site_touch(p, s);
+    site_touch(h, s);
     s->freed += size;
     s->free_count++;
     s->live_bytes -= size;
     s->live_count--;
-    p->live_total -= size;
+    h->live_total -= size;
 }
 
-static void apply_alloc(bk_t *bk, struct bk_proc *p, const struct bk_pending *r)
+static uint64_t live_size(struct bk_heap *h, uint64_t addr, const struct bk_live *l)
+{
+    if (HP_LIKELY(l->size != BK_LIVE_BIG_SIZE))
+        return l->size;
+    uint64_t *big = bk__map_get(&h->big_sizes, addr);
+    return big ? *big : BK_LIVE_BIG_SIZE;
+}
+
+/* Forgets the live allocation at @addr. */
+static void live_remove(struct bk_heap *h, uint64_t addr, const struct bk_live *l)
+{
+    if (l->size == BK_LIVE_BIG_SIZE)
+        bk__map_remove(&h->big_sizes, addr);
+    bk__map_remove(&h->live, addr);
+}
+
+static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
 {
     uint32_t si;
-    struct bk_site *s = site_get(p, r->callstack, &si);
+    struct bk_site *s = site_get(h, r->callstack, &si);
     if (!s)
         return;
     struct bk_live *live;
-    int found = bk__map_put(&p->live, r->addr, (void **)&live);
+    int found = bk__map_put(&h->live, r->addr, (void **)&live);
     if (found < 0)
         return;
     if (found == 0) {
@@ -179,40 +255,56 @@ static void apply_alloc(bk_t *bk, struct bk_proc *p, const struct bk_pending *r)
         }
         /* A live address allocated again: the free between was lost. */
         bk->counters.replaced_allocs++;
-        site_free(p, &p->sites[live->site], live->size);
+        site_free(h, &h->sites[live->site], live_size(h, r->addr, live));
     }
-    site_touch(p, s);
+    uint32_t small = r->size < BK_LIVE_BIG_SIZE ? (uint32_t)r->size : BK_LIVE_BIG_SIZE;
+    if (small == BK_LIVE_BIG_SIZE) {
+        uint64_t *big;
+        if (bk__map_put(&h->big_sizes, r->addr, (void **)&big) < 0) {
+            bk__map_remove(&h->live, r->addr);
+            return;
+        }
+        *big = r->size;
+    } else if (found == 0 && live->size == BK_LIVE_BIG_SIZE) {
+        bk__map_remove(&h->big_sizes, r->addr);
+    }
+    site_touch(h, s);
     s->allocated += r->size;
     s->alloc_count++;
     s->live_bytes += r->size;
     s->live_count++;
-    p->live_total += r->size;
-    *live = (struct bk_live){.size = r->size, .seq = r->seq, .site = si};
-    if (p->live_total > p->peak_total) {
-        p->peak_total = p->live_total;
-        p->peak_id++;
+    h->live_total += r->size;
+    *live = (struct bk_live){.seq = r->seq, .site = si, .size = small};
+    if (h->live_total > h->peak_total) {
+        h->peak_total = h->live_total;
+        h->peak_id++;
     }
 }
 
-static void apply_free(bk_t *bk, struct bk_proc *p, const struct bk_pending *r)
+static void apply_free(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
 {
-    struct bk_live *live = bk__map_get(&p->live, r->addr);
+    struct bk_live *live = bk__map_get(&h->live, r->addr);
     if (!live || live->seq > r->seq) {
         /* Never sampled, or a free older than the allocation now at the address. */
         bk->counters.unknown_frees++;
         return;
     }
-    site_free(p, &p->sites[live->site], live->size);
-    bk__map_remove(&p->live, r->addr);
+    site_free(h, &h->sites[live->site], live_size(h, r->addr, live));
+    live_remove(h, r->addr, live);
 }
 
 static void apply(bk_t *bk, struct bk_proc *p, const struct bk_pending *r)
 {
     bk->counters.records_applied++;
+    struct bk_heap *h = heap_get(p, r->heap_id);
+    if (!h) {
+        bk->counters.dropped_records++;
+        return;
+    }
     if (r->kind == BK_REC_ALLOC)
-        apply_alloc(bk, p, r);
+        apply_alloc(bk, h, r);
     else
-        apply_free(bk, p, r);
+        apply_free(bk, h, r);
 }
 
 /* ---- reorder heap ---- */
@@ -306,27 +398,36 @@ void bk__flush_pending(bk_t *bk, struct bk_proc *p)
         apply_oldest(bk, p);
 }
 
-void bk_record_alloc(bk_t *bk, int32_t pid, uint64_t seq, uint64_t addr, uint64_t size,
-                     uint64_t sample_size, const struct hp_frame *frames, size_t n_frames)
+void bk_record_alloc(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint64_t addr,
+                     uint64_t size, uint64_t sample_size, const struct hp_frame *frames,
+                     size_t n_frames)
 {
     (void)size; /* the real size is not reported; sample_size is the unbiased estimate */
     struct bk_proc *p = bk__find_proc(bk, pid);
     if (!p)
         return;
+    /* The live table is large and hit at random: its slot loads while the stack is
+     * interned. */
+    if (HP_LIKELY(p->heaps[0]->heap_id == heap_id))
+        bk__map_prefetch(&p->heaps[0]->live, addr);
     uint32_t cs;
     if (bk__intern_stack(&bk->in, frames, n_frames, &cs) < 0)
         return;
-    struct bk_pending r = {
-        .seq = seq, .addr = addr, .size = sample_size, .callstack = cs, .kind = BK_REC_ALLOC};
+    struct bk_pending r = {.seq = seq,
+                           .addr = addr,
+                           .size = sample_size,
+                           .callstack = cs,
+                           .heap_id = heap_id,
+                           .kind = BK_REC_ALLOC};
     submit(bk, p, &r);
 }
 
-void bk_record_free(bk_t *bk, int32_t pid, uint64_t seq, uint64_t addr)
+void bk_record_free(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint64_t addr)
 {
     struct bk_proc *p = bk__find_proc(bk, pid);
     if (!p)
         return;
-    struct bk_pending r = {.seq = seq, .addr = addr, .kind = BK_REC_FREE};
+    struct bk_pending r = {.seq = seq, .addr = addr, .heap_id = heap_id, .kind = BK_REC_FREE};
     submit(bk, p, &r);
 }
 

@@ -2,8 +2,8 @@
  * into Perfetto TracePackets.
  *
  * Interns mappings, frames and callstacks (a callstack is a path in a trie of frames,
- * root first), tracks live sampled allocations per (process, address), keeps
- * per-callstack cumulative allocated/freed bytes and counts, and on dump streams
+ * root first), tracks live sampled allocations per (process, heap, address), keeps
+ * per-(heap, callstack) cumulative allocated/freed bytes and counts, and on dump streams
  * TracePackets (Trace.packet, field 1, length-delimited) to the output fd, each packet
  * written as soon as it is encoded.
  *
@@ -13,8 +13,8 @@
  *     bk_t *bk;
  *     bk_new(&(struct bk_config){.out_fd = fd, .sequence_id = 1}, &bk);
  *     bk_process_start(bk, pid, "app\0arg\0", 8, true, 4096);
- *     bk_record_alloc(bk, pid, seq, addr, size, size, frames, n);   // frames leaf first
- *     bk_record_free(bk, pid, seq + 1, addr);
+ *     bk_record_alloc(bk, pid, 0, seq, addr, size, size, frames, n);   // leaf first
+ *     bk_record_free(bk, pid, 0, seq + 1, addr);
  *     bk_process_end(bk, pid, &stats, BK_FLAG_DISCONNECTED);   // final dump of pid
  *     bk = bk_free(bk);
  *
@@ -36,6 +36,13 @@ struct bk_config {
     int out_fd;           /* borrowed; TracePackets are appended with write(2) */
     uint32_t sequence_id; /* trusted_packet_sequence_id, non-zero; 0 means 1 */
     bool dump_at_max;     /* dumps show self_max/self_max_count at the peak */
+    /* Source file and line of the code at @rel_pc in @m, for Perfetto ModuleSymbols
+     * packets (the UI shows them with the frames). Called lazily, once per unique frame,
+     * by the dump that first writes the frame. Returns 0 with *ret_file (borrowed until
+     * the call returns) and *ret_line set, or < 0 when unknown. NULL: no source lines. */
+    int (*source_line)(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
+                       const char **ret_file, uint32_t *ret_line);
+    void *source_line_ctx;
 };
 
 /* ProcessHeapSamples flags for a process's dumps. */
@@ -70,11 +77,13 @@ bk_t *bk_free(bk_t *bk);
 int bk_process_start(bk_t *bk, int32_t pid, const char *cmdline, size_t cmdline_len,
                      bool from_startup, uint64_t sampling_interval_bytes) HP_WARN_UNUSED;
 
-/* A sampled allocation: @frames leaf first (as the unwinder returns them; copied). */
-void bk_record_alloc(bk_t *bk, int32_t pid, uint64_t seq, uint64_t addr, uint64_t size,
-                     uint64_t sample_size, const struct hp_frame *frames, size_t n_frames);
-/* A free. Unknown addresses are ignored and counted. */
-void bk_record_free(bk_t *bk, int32_t pid, uint64_t seq, uint64_t addr);
+/* A sampled allocation in heap @heap_id (wire heap_id; 0 = "libc.malloc", others are
+ * written as "heap_<id>"): @frames leaf first (as the unwinder returns them; copied). */
+void bk_record_alloc(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint64_t addr,
+                     uint64_t size, uint64_t sample_size, const struct hp_frame *frames,
+                     size_t n_frames);
+/* A free in heap @heap_id. Unknown addresses are ignored and counted. */
+void bk_record_free(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint64_t addr);
 
 /* Replaces the process's stats and ORs @flags into its ProcessHeapSamples flags. */
 void bk_process_update(bk_t *bk, int32_t pid, const struct bk_process_stats *stats, uint32_t flags);
@@ -94,8 +103,10 @@ struct bk_counters {
     uint64_t unknown_frees;
     uint64_t replaced_allocs;
     uint64_t seq_gaps;
+    uint64_t dropped_records; /* beyond the cap of heaps per process, or out of memory */
     uint64_t dumps;
     uint64_t packets_written;
+    uint64_t source_lines; /* frames given a source line in ModuleSymbols */
     uint64_t bytes_written;
     int last_write_error; /* 0 or -errno of the last failed write */
 };

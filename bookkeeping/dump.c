@@ -1,7 +1,6 @@
-/* bookkeeping/dump.c: turns bookkeeping state into TracePackets, encoded with nanopb and
- * written one at a time.
+/* bookkeeping/dump.c: turns bookkeeping state into TracePackets, written one at a time.
  *
- * A dump of one process is a run of TracePackets, each of them
+ * A dump of one heap of one process is a run of TracePackets, each of them
  *
  *     TracePacket { timestamp (BOOTTIME), trusted_packet_sequence_id,
  *                   sequence_flags = SEQ_NEEDS_INCREMENTAL_STATE,
@@ -11,15 +10,21 @@
  *                                    process_dumps { pid, heap_name, ..., samples } } }
  *
  * filled from seven sources in this order: the three string tables, mappings, frames,
- * callstacks, then the process's samples. Every packet is planned before it is encoded:
- * items are taken in order while their exact encoded sizes fit the packet budget, so a
- * packet is complete when written and everything it refers to was defined in it or
- * before it. Flags and stats go in the last packet of the dump only, so readers that
- * add them up per packet count each once.
+ * callstacks, then the heap's samples, while each item's size bound fits the packet
+ * budget, so a packet is complete when written and everything it refers to was defined
+ * in it or before it. Flags and stats go in the last packet of the dump only, so
+ * readers that add them up per packet count each once. After the dump, ModuleSymbols
+ * packets give source lines of the new frames.
  *
- * nanopb encodes a submessage twice (once to size it, once to write it), so the
- * callbacks below must produce the same bytes on every call: they only read state.
+ * Profile packets are encoded by hand in one pass (the bench measured nanopb's
+ * size-then-write passes at hundreds of times a copy of the same bytes); the rare small
+ * packets (clock snapshots, process tree, the first packet) use nanopb.
  */
+#include "bookkeeping/pbwire.h"
+#include "bookkeeping/state.h"
+#include "common/clock.h"
+#include "protos/trace_packet.pb.h"
+
 #include <errno.h>
 #include <pb_encode.h>
 #include <stdlib.h>
@@ -27,20 +32,21 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bookkeeping/pbwire.h"
-#include "bookkeeping/state.h"
-#include "common/clock.h"
-#include "protos/trace_packet.pb.h"
-
 #define SEQ_INCREMENTAL_STATE_CLEARED 1u
 #define SEQ_NEEDS_INCREMENTAL_STATE 2u
 /* Room for the Trace framing in front of the encoded packet. */
 #define FRAME_HEADROOM (1 + BK_PB_VARINT_MAX)
-/* Bytes the nested length prefixes may grow by beyond the planned sizes. */
-#define PLAN_SLACK 24
 
-typedef perfetto_protos_ProfilePacket_HeapSample heap_sample_t;
-typedef perfetto_protos_ProfilePacket_ProcessHeapSamples process_heap_samples_t;
+/* ---- direct encoding ----
+ *
+ * Profile packets are encoded straight into bk->buf, one pass per item, without sizing
+ * anything twice: a submessage gets a 4-byte redundant varint length (as protozero
+ * writes them) patched when it is closed, and a small item gets a 1-byte length that
+ * is widened by a memmove in the rare case its body reached 128 bytes. */
+
+/* Length field of an open submessage: 4 bytes hold lengths below 2^28. */
+#define LEN4 4
+#define MAX_LEN4 ((1u << 28) - 1)
 
 enum src {
     SRC_FUNCTION_NAMES,
@@ -59,300 +65,246 @@ static const enum bk_str_kind src_str_kind[] = {
     [SRC_BUILD_IDS] = BK_STR_BUILD_ID,
 };
 
-/* Field numbers, for the planned size of each item's tag. */
+/* InternedData field of each source (samples go in ProcessHeapSamples field 2). */
 static const uint32_t src_field[] = {
     [SRC_FUNCTION_NAMES] = 5, [SRC_MAPPING_PATHS] = 17, [SRC_BUILD_IDS] = 16, [SRC_MAPPINGS] = 19,
     [SRC_FRAMES] = 6,         [SRC_CALLSTACKS] = 7,     [SRC_SAMPLES] = 2,
 };
 
-struct dump_ctx;
-
-struct src_arg {
-    struct dump_ctx *d;
-    enum src src;
+struct enc {
+    uint8_t *p; /* bk->buf.p; may move when grown */
+    size_t len;
+    bool oom;
 };
 
-struct dump_ctx {
-    bk_t *bk;
-    struct bk_proc *p; /* NULL outside dumps */
-    size_t begin[SRC_COUNT], end[SRC_COUNT], limit[SRC_COUNT];
-    struct src_arg args[SRC_COUNT];
-    bool last; /* this packet ends the dump: flags and stats go in it */
-    uint64_t ts_coarse_ns;
-};
-
-union item {
-    perfetto_protos_InternedString str;
-    perfetto_protos_Mapping mapping;
-    perfetto_protos_Frame frame;
-    perfetto_protos_Callstack callstack;
-    heap_sample_t sample;
-};
-
-/* What the nested callbacks of one item read; lives as long as the item. */
-struct item_aux {
-    const bk_t *bk;
-    struct bk_str str;
-    const struct bk_mapping *mapping;
-    uint32_t callstack;
-};
-
-/* ---- nested callbacks ---- */
-
-static bool encode_str_cb(pb_ostream_t *s, const pb_field_iter_t *field, void *const *arg)
+static inline bool enc_reserve(bk_t *bk, struct enc *e, size_t n)
 {
-    const struct item_aux *aux = *arg;
-    return pb_encode_tag_for_field(s, field) &&
-           pb_encode_string(s, (const pb_byte_t *)aux->str.s, aux->str.len);
-}
-
-/* Repeated integers are written unpacked, as proto2 (and Perfetto's readers) expect. */
-static bool encode_path_ids_cb(pb_ostream_t *s, const pb_field_iter_t *field, void *const *arg)
-{
-    const struct item_aux *aux = *arg;
-    for (uint32_t i = 0; i < aux->mapping->n_comps; i++) {
-        if (!pb_encode_tag_for_field(s, field) || !pb_encode_varint(s, aux->mapping->comps[i]))
-            return false;
+    if (HP_LIKELY(e->len + n <= bk->buf.cap))
+        return true;
+    if (bk__grow((void **)&bk->buf.p, &bk->buf.cap, e->len + n, 1) < 0) {
+        e->oom = true;
+        return false;
     }
+    e->p = bk->buf.p;
     return true;
 }
 
-static bool encode_frame_ids_cb(pb_ostream_t *s, const pb_field_iter_t *field, void *const *arg)
+/* pre: room reserved. */
+static inline void put_varint(struct enc *e, uint64_t v)
 {
-    const struct item_aux *aux = *arg;
-    uint32_t ids[BK_MAX_FRAMES];
-    size_t n = bk__intern_callstack_frames(&aux->bk->in, aux->callstack, ids);
-    for (size_t i = 0; i < n; i++) {
-        if (!pb_encode_tag_for_field(s, field) || !pb_encode_varint(s, ids[i]))
-            return false;
+    uint8_t *q = e->p + e->len;
+    if (HP_LIKELY(v < 0x80)) {
+        *q = (uint8_t)v;
+        e->len++;
+        return;
     }
-    return true;
+    while (v >= 0x80) {
+        *q++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *q++ = (uint8_t)v;
+    e->len = (size_t)(q - e->p);
 }
 
-/* ---- items ---- */
-
-static const pb_msgdesc_t *build_item(const struct dump_ctx *d, enum src src, size_t i,
-                                      union item *it, struct item_aux *aux)
+static inline void put_tag(struct enc *e, uint32_t field, uint32_t wt)
 {
-    const bk_t *bk = d->bk;
+    if (HP_LIKELY(field < 16))
+        e->p[e->len++] = (uint8_t)(field << 3 | wt);
+    else
+        put_varint(e, (uint64_t)field << 3 | wt);
+}
+
+static inline void put_uint(struct enc *e, uint32_t field, uint64_t v)
+{
+    put_tag(e, field, BK_PB_VARINT);
+    put_varint(e, v);
+}
+
+/* Opens submessage @field with a 4-byte length; returns where the length goes. */
+static inline size_t open4(struct enc *e, uint32_t field)
+{
+    put_tag(e, field, BK_PB_LEN);
+    size_t at = e->len;
+    e->len += LEN4;
+    return at;
+}
+
+static inline void close4(struct enc *e, size_t at)
+{
+    size_t n = e->len - at - LEN4;
+    uint8_t *q = e->p + at;
+    q[0] = (uint8_t)(n | 0x80);
+    q[1] = (uint8_t)(n >> 7 | 0x80);
+    q[2] = (uint8_t)(n >> 14 | 0x80);
+    q[3] = (uint8_t)(n >> 21);
+}
+
+/* Opens a small submessage with a 1-byte length. */
+static inline size_t open1(struct enc *e, uint32_t field)
+{
+    put_tag(e, field, BK_PB_LEN);
+    return e->len++;
+}
+
+/* pre: BK_PB_VARINT_MAX bytes of room beyond the body. */
+static inline void close1(struct enc *e, size_t at)
+{
+    size_t n = e->len - at - 1;
+    if (HP_LIKELY(n < 0x80)) {
+        e->p[at] = (uint8_t)n;
+        return;
+    }
+    size_t w = bk__pb_varint_size(n);
+    memmove(e->p + at + w, e->p + at + 1, n);
+    size_t end = at + w + n;
+    e->len = at;
+    put_varint(e, n);
+    e->len = end;
+}
+
+/* An upper bound of the encoded size of item @i of @src. */
+static size_t item_bound(const bk_t *bk, enum src src, size_t i)
+{
     const struct bk_intern *in = &bk->in;
-    memset(it, 0, sizeof(*it));
-    *aux = (struct item_aux){.bk = bk};
     switch (src) {
     case SRC_FUNCTION_NAMES:
     case SRC_MAPPING_PATHS:
     case SRC_BUILD_IDS:
-        aux->str = in->str[src_str_kind[src]].v[i];
-        it->str.has_iid = true;
-        it->str.iid = i;
-        it->str.str.funcs.encode = encode_str_cb;
-        it->str.str.arg = aux;
-        return perfetto_protos_InternedString_fields;
+        return 32 + in->str[src_str_kind[src]].v[i].len;
+    case SRC_MAPPINGS:
+        return 96 + (size_t)in->mappings[i].n_comps * 12;
+    case SRC_FRAMES:
+        return 48;
+    case SRC_CALLSTACKS:
+        return 32 + (size_t)HP_MIN(in->nodes[in->emit[i]].depth, (uint32_t)BK_MAX_FRAMES) * 6;
+    case SRC_SAMPLES:
+        return 112;
+    case SRC_COUNT:
+        break;
+    }
+    return 0;
+}
+
+static void put_item(bk_t *bk, struct enc *e, enum src src, size_t i, const struct bk_heap *h)
+{
+    const struct bk_intern *in = &bk->in;
+    size_t at = open1(e, src_field[src]);
+    switch (src) {
+    case SRC_FUNCTION_NAMES:
+    case SRC_MAPPING_PATHS:
+    case SRC_BUILD_IDS: {
+        const struct bk_str *str = &in->str[src_str_kind[src]].v[i];
+        put_uint(e, 1, i);
+        put_tag(e, 2, BK_PB_LEN);
+        put_varint(e, str->len);
+        memcpy(e->p + e->len, str->s, str->len);
+        e->len += str->len;
+        break;
+    }
     case SRC_MAPPINGS: {
         const struct bk_mapping *m = &in->mappings[i];
-        aux->mapping = m;
-        it->mapping = (perfetto_protos_Mapping){
-            .has_iid = true,
-            .iid = i,
-            .has_build_id = true,
-            .build_id = m->build_id,
-            .has_start_offset = true,
-            .start_offset = m->start_offset,
-            .has_start = true,
-            .start = m->start,
-            .has_end = true,
-            .end = m->end,
-            .has_load_bias = true,
-            .load_bias = m->load_bias,
-            .has_exact_offset = true,
-            .exact_offset = m->exact_offset,
-        };
-        it->mapping.path_string_ids.funcs.encode = encode_path_ids_cb;
-        it->mapping.path_string_ids.arg = aux;
-        return perfetto_protos_Mapping_fields;
+        put_uint(e, 1, i);
+        put_uint(e, 2, m->build_id);
+        put_uint(e, 3, m->start_offset);
+        put_uint(e, 4, m->start);
+        put_uint(e, 5, m->end);
+        put_uint(e, 6, m->load_bias);
+        /* Repeated integers unpacked, as proto2 (and Perfetto's readers) expect. */
+        for (uint32_t c = 0; c < m->n_comps; c++)
+            put_uint(e, 7, m->comps[c]);
+        put_uint(e, 8, m->exact_offset);
+        break;
     }
     case SRC_FRAMES: {
         const struct bk_frame *f = &in->frames[i];
-        it->frame = (perfetto_protos_Frame){
-            .has_iid = true,
-            .iid = i,
-            .has_function_name_id = true,
-            .function_name_id = f->function_name_id,
-            .has_mapping_id = true,
-            .mapping_id = f->mapping_id,
-            .has_rel_pc = true,
-            .rel_pc = f->rel_pc,
-        };
-        return perfetto_protos_Frame_fields;
+        put_uint(e, 1, i);
+        put_uint(e, 2, f->function_name_id);
+        put_uint(e, 3, f->mapping_id);
+        put_uint(e, 4, f->rel_pc);
+        break;
     }
-    case SRC_CALLSTACKS:
-        aux->callstack = in->emit[i];
-        it->callstack.has_iid = true;
-        it->callstack.iid = in->emit[i];
-        it->callstack.frame_ids.funcs.encode = encode_frame_ids_cb;
-        it->callstack.frame_ids.arg = aux;
-        return perfetto_protos_Callstack_fields;
+    case SRC_CALLSTACKS: {
+        uint32_t cs = in->emit[i];
+        put_uint(e, 1, cs);
+        /* Root first: fill from the end while walking up from the leaf. */
+        size_t depth = HP_MIN(in->nodes[cs].depth, (uint32_t)BK_MAX_FRAMES);
+        uint32_t ids[BK_MAX_FRAMES];
+        size_t k = depth;
+        for (uint32_t n = cs; n && k > 0; n = in->nodes[n].parent)
+            ids[--k] = in->nodes[n].frame_id;
+        for (size_t j = 0; j < depth; j++)
+            put_uint(e, 2, ids[j]);
+        break;
+    }
     case SRC_SAMPLES: {
-        const struct bk_site *s = &d->p->sites[i];
-        it->sample = (heap_sample_t){
-            .has_callstack_id = true,
-            .callstack_id = s->callstack_id,
-            .has_self_allocated = true,
-            .self_allocated = s->allocated,
-            .has_self_freed = true,
-            .self_freed = s->freed,
-            .has_alloc_count = true,
-            .alloc_count = s->alloc_count,
-            .has_free_count = true,
-            .free_count = s->free_count,
-        };
+        const struct bk_site *s = &h->sites[i];
+        put_uint(e, 1, s->callstack_id);
+        put_uint(e, 2, s->allocated);
+        put_uint(e, 3, s->freed);
+        put_uint(e, 5, s->alloc_count);
+        put_uint(e, 6, s->free_count);
         if (bk->dump_at_max) {
-            it->sample.has_self_max = it->sample.has_self_max_count = true;
-            bk__site_at_peak(d->p, s, &it->sample.self_max, &it->sample.self_max_count);
+            uint64_t mb, mc;
+            bk__site_at_peak(h, s, &mb, &mc);
+            put_uint(e, 8, mb);
+            put_uint(e, 9, mc);
         }
-        return perfetto_protos_ProfilePacket_HeapSample_fields;
+        break;
     }
     case SRC_COUNT:
         break;
     }
-    return NULL;
-}
-
-static size_t item_size(const struct dump_ctx *d, enum src src, size_t i)
-{
-    union item it;
-    struct item_aux aux;
-    const pb_msgdesc_t *desc = build_item(d, src, i, &it, &aux);
-    size_t body = 0;
-    if (!pb_get_encoded_size(&body, desc, &it))
-        return SIZE_MAX / 4; /* cannot happen: sizing streams do not fail */
-    return bk__pb_varint_size((uint64_t)src_field[src] << 3) + bk__pb_varint_size(body) + body;
-}
-
-/* Encodes the items [begin, end) of one source as repeated submessages of @field. */
-static bool encode_src_cb(pb_ostream_t *s, const pb_field_iter_t *field, void *const *arg)
-{
-    const struct src_arg *a = *arg;
-    const struct dump_ctx *d = a->d;
-    for (size_t i = d->begin[a->src]; i < d->end[a->src]; i++) {
-        union item it;
-        struct item_aux aux;
-        const pb_msgdesc_t *desc = build_item(d, a->src, i, &it, &aux);
-        if (!pb_encode_tag_for_field(s, field) || !pb_encode_submessage(s, desc, &it))
-            return false;
-    }
-    return true;
-}
-
-static void set_src(struct dump_ctx *d, pb_callback_t *cb, enum src src)
-{
-    d->args[src] = (struct src_arg){.d = d, .src = src};
-    if (d->end[src] > d->begin[src]) {
-        cb->funcs.encode = encode_src_cb;
-        cb->arg = &d->args[src];
-    }
-}
-
-/* Fills @pkt's interned_data from the current ranges of @d; false when it is empty. */
-static bool set_interned(struct dump_ctx *d, perfetto_protos_TracePacket *pkt)
-{
-    perfetto_protos_InternedData *id = &pkt->interned_data;
-    set_src(d, &id->function_names, SRC_FUNCTION_NAMES);
-    set_src(d, &id->mapping_paths, SRC_MAPPING_PATHS);
-    set_src(d, &id->build_ids, SRC_BUILD_IDS);
-    set_src(d, &id->mappings, SRC_MAPPINGS);
-    set_src(d, &id->frames, SRC_FRAMES);
-    set_src(d, &id->callstacks, SRC_CALLSTACKS);
-    bool any = false;
-    for (int s = 0; s < SRC_SAMPLES; s++)
-        any |= d->end[s] > d->begin[s];
-    pkt->has_interned_data = any;
-    return any;
+    close1(e, at);
 }
 
 /* ---- process dumps ---- */
 
-static void fill_stats(const struct bk_proc *p, perfetto_protos_ProfilePacket_ProcessStats *st)
+static void put_stats(struct enc *e, const struct bk_proc *p)
 {
     static const uint64_t bounds[] = BK_UNWIND_HIST_BOUNDS;
     _Static_assert(HP_ARRAY_SIZE(bounds) == HP_ARRAY_SIZE(p->stats.unwinding_time_hist),
                    "one bound per histogram bucket");
-    _Static_assert(HP_ARRAY_SIZE(bounds) <= HP_ARRAY_SIZE(st->unwinding_time_us.buckets),
-                   "protos/profile_packet.options holds every bucket");
     const struct bk_process_stats *s = &p->stats;
-    *st = (perfetto_protos_ProfilePacket_ProcessStats){
-        .has_unwinding_errors = true,
-        .unwinding_errors = s->unwinding_errors,
-        .has_heap_samples = true,
-        .heap_samples = s->heap_samples,
-        .has_map_reparses = true,
-        .map_reparses = s->map_reparses,
-        .has_unwinding_time_us = true,
-        .has_total_unwinding_time_us = true,
-        .total_unwinding_time_us = s->total_unwinding_time_us,
-        .has_client_spinlock_blocked_us = true,
-        .client_spinlock_blocked_us = s->client_spinlock_blocked_us,
-    };
-    size_t n = HP_ARRAY_SIZE(bounds);
-    st->unwinding_time_us.buckets_count = (pb_size_t)n;
-    for (size_t i = 0; i < n; i++) {
-        perfetto_protos_ProfilePacket_Histogram_Bucket *b = &st->unwinding_time_us.buckets[i];
-        if (bounds[i] == UINT64_MAX) {
-            b->has_max_bucket = true;
-            b->max_bucket = true;
-        } else {
-            b->has_upper_limit = true;
-            b->upper_limit = bounds[i];
-        }
-        b->has_count = true;
-        b->count = s->unwinding_time_hist[i];
+    size_t st = open4(e, 5);
+    put_uint(e, 1, s->unwinding_errors);
+    put_uint(e, 2, s->heap_samples);
+    put_uint(e, 3, s->map_reparses);
+    size_t hist = open4(e, 4);
+    for (size_t i = 0; i < HP_ARRAY_SIZE(bounds); i++) {
+        size_t b = open4(e, 1);
+        if (bounds[i] == UINT64_MAX)
+            put_uint(e, 2, 1); /* max_bucket */
+        else
+            put_uint(e, 1, bounds[i]);
+        put_uint(e, 3, s->unwinding_time_hist[i]);
+        close4(e, b);
     }
+    close4(e, hist);
+    put_uint(e, 5, s->total_unwinding_time_us);
+    put_uint(e, 6, s->client_spinlock_blocked_us);
+    close4(e, st);
 }
 
-static bool encode_process_dump_cb(pb_ostream_t *s, const pb_field_iter_t *field, void *const *arg)
+/* Bytes put_flags_stats may write. */
+#define FLAGS_STATS_BOUND (64 + 8 * 32 + 6 * 12)
+
+static void put_flags_stats(struct enc *e, const struct bk_proc *p)
 {
-    struct dump_ctx *d = *arg;
-    const struct bk_proc *p = d->p;
-    process_heap_samples_t h = {
-        .has_pid = true,
-        .pid = (uint64_t)(uint32_t)p->pid,
-        .has_from_startup = true,
-        .from_startup = p->from_startup,
-        .has_timestamp = true,
-        .timestamp = d->ts_coarse_ns,
-        .has_heap_name = true,
-        .has_sampling_interval_bytes = true,
-        .sampling_interval_bytes = p->sampling_interval_bytes,
-        /* Equal to the interval: it was not adjusted. Perfetto's trace processor also
-         * reads this as "self_max_count is trustworthy". */
-        .has_orig_sampling_interval_bytes = true,
-        .orig_sampling_interval_bytes = p->sampling_interval_bytes,
-    };
-    _Static_assert(sizeof(BK_HEAP_NAME) <= sizeof(h.heap_name), "heap_name fits");
-    memcpy(h.heap_name, BK_HEAP_NAME, sizeof(BK_HEAP_NAME));
-    if (d->last) {
-        bool overran = (p->flags & BK_FLAG_BUFFER_OVERRAN) || p->stats.records_dropped;
-        h.has_disconnected = h.has_buffer_overran = h.has_buffer_corrupted = true;
-        h.has_hit_guardrail = true;
-        h.disconnected = p->flags & BK_FLAG_DISCONNECTED;
-        h.buffer_overran = overran;
-        h.buffer_corrupted = p->flags & BK_FLAG_BUFFER_CORRUPTED;
-        h.hit_guardrail = p->flags & BK_FLAG_HIT_GUARDRAIL;
-        if (p->flags & BK_FLAG_CLIENT_ERROR) {
-            /* As heapprofd: a client error with dropped records is a timeout of a
-             * blocking client; any other one is a bad stack. */
-            h.has_client_error = true;
-            h.client_error =
-                overran
-                    ? perfetto_protos_ProfilePacket_ProcessHeapSamples_ClientError_CLIENT_ERROR_HIT_TIMEOUT
-                    : perfetto_protos_ProfilePacket_ProcessHeapSamples_ClientError_CLIENT_ERROR_INVALID_STACK_BOUNDS;
-        }
-        h.has_stats = true;
-        fill_stats(p, &h.stats);
+    bool overran = (p->flags & BK_FLAG_BUFFER_OVERRAN) || p->stats.records_dropped;
+    put_uint(e, 6, !!(p->flags & BK_FLAG_DISCONNECTED));
+    put_uint(e, 7, overran);
+    put_uint(e, 8, !!(p->flags & BK_FLAG_BUFFER_CORRUPTED));
+    put_uint(e, 10, !!(p->flags & BK_FLAG_HIT_GUARDRAIL));
+    if (p->flags & BK_FLAG_CLIENT_ERROR) {
+        /* As heapprofd: a client error with dropped records is a timeout of a blocking
+         * client; any other one is a bad stack. */
+        put_uint(
+            e, 14,
+            overran
+                ? perfetto_protos_ProfilePacket_ProcessHeapSamples_ClientError_CLIENT_ERROR_HIT_TIMEOUT
+                : perfetto_protos_ProfilePacket_ProcessHeapSamples_ClientError_CLIENT_ERROR_INVALID_STACK_BOUNDS);
     }
-    set_src(d, &h.samples, SRC_SAMPLES);
-    return pb_encode_tag_for_field(s, field) &&
-           pb_encode_submessage(s, perfetto_protos_ProfilePacket_ProcessHeapSamples_fields, &h);
+    put_stats(e, p);
 }
 
 /* ---- output ---- */
@@ -384,6 +336,23 @@ static int write_all(int fd, const uint8_t *p, size_t n)
     return 0;
 }
 
+/* Appends @n bytes holding one framed Trace.packet to the output. After a failed write
+ * nothing more is written. */
+static int write_framed(bk_t *bk, const uint8_t *p, size_t n)
+{
+    if (bk->out_broken)
+        return bk->counters.last_write_error;
+    int r = write_all(bk->out_fd, p, n);
+    if (r < 0) {
+        bk->counters.last_write_error = r;
+        bk->out_broken = true;
+        return r;
+    }
+    bk->counters.packets_written++;
+    bk->counters.bytes_written += n;
+    return 0;
+}
+
 /* Encodes @pkt and appends it to the output as one Trace.packet field. After a failed
  * write nothing more is written, so the file stays a valid trace up to a possibly
  * truncated last packet (which readers skip). */
@@ -403,15 +372,7 @@ static int write_packet(bk_t *bk, const perfetto_protos_TracePacket *pkt)
     size_t hlen = bk__pb_put_packet_header(hdr, len);
     uint8_t *start = buf->p + FRAME_HEADROOM - hlen;
     memcpy(start, hdr, hlen);
-    int r = write_all(bk->out_fd, start, hlen + len);
-    if (r < 0) {
-        bk->counters.last_write_error = r;
-        bk->out_broken = true;
-        return r;
-    }
-    bk->counters.packets_written++;
-    bk->counters.bytes_written += hlen + len;
-    return 0;
+    return write_framed(bk, start, hlen + len);
 }
 
 static perfetto_protos_TracePacket packet_new(const bk_t *bk, uint64_t ts_boot_ns)
@@ -445,6 +406,14 @@ static void fill_clock_snapshot(perfetto_protos_TracePacket *pkt)
     cs->primary_trace_clock = perfetto_protos_BuiltinClock_BUILTIN_CLOCK_BOOTTIME;
 }
 
+/* One InternedString {iid: 0, str: ""}. */
+static bool encode_empty_string_cb(pb_ostream_t *s, const pb_field_iter_t *field, void *const *arg)
+{
+    (void)arg;
+    static const uint8_t empty[] = {0x08, 0x00, 0x12, 0x00};
+    return pb_encode_tag_for_field(s, field) && pb_encode_string(s, empty, sizeof(empty));
+}
+
 int bk__write_start(bk_t *bk)
 {
     perfetto_protos_TracePacket pkt = packet_new(bk, 0);
@@ -453,10 +422,10 @@ int bk__write_start(bk_t *bk)
     pkt.sequence_flags = SEQ_INCREMENTAL_STATE_CLEARED;
     /* iid 0 = "" in each string table, as Perfetto's readers expect for "no name",
      * "no path" and "no build id". */
-    struct dump_ctx d = {.bk = bk};
-    for (int s = SRC_FUNCTION_NAMES; s <= SRC_BUILD_IDS; s++)
-        d.end[s] = 1;
-    set_interned(&d, &pkt);
+    pkt.has_interned_data = true;
+    pkt.interned_data.function_names.funcs.encode = encode_empty_string_cb;
+    pkt.interned_data.mapping_paths.funcs.encode = encode_empty_string_cb;
+    pkt.interned_data.build_ids.funcs.encode = encode_empty_string_cb;
     int r = write_packet(bk, &pkt);
     if (r < 0)
         return r;
@@ -507,97 +476,263 @@ int bk__write_process_tree(bk_t *bk, const struct bk_proc *p)
     return write_packet(bk, &pkt);
 }
 
-/* The profile packet for the current ranges of @d. */
-static perfetto_protos_TracePacket dump_packet(struct dump_ctx *d, uint64_t ts_boot_ns)
+/* Encodes and writes one heap's dump: packets filled with, in order, the new strings,
+ * mappings, frames and callstacks, then the heap's samples, each packet closed when the
+ * next item would pass the size bound (an item bigger than a whole packet goes alone).
+ * Everything a packet refers to is defined in it or before it; flags and stats go in
+ * the last packet only, so readers that add them up per packet count each once. */
+static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
 {
-    perfetto_protos_TracePacket pkt = packet_new(d->bk, ts_boot_ns);
-    pkt.has_sequence_flags = true;
-    pkt.sequence_flags = SEQ_NEEDS_INCREMENTAL_STATE;
-    set_interned(d, &pkt);
-    pkt.which_data = perfetto_protos_TracePacket_profile_packet_tag;
-    perfetto_protos_ProfilePacket *pp = &pkt.data.profile_packet;
-    pp->has_index = true;
-    pp->index = d->bk->next_packet_index;
-    pp->has_continued = true;
-    pp->continued = !d->last;
-    pp->process_dumps.funcs.encode = encode_process_dump_cb;
-    pp->process_dumps.arg = d;
-    return pkt;
+    const struct bk_intern *in = &bk->in;
+    size_t begin[SRC_COUNT], limit[SRC_COUNT];
+    for (int s = SRC_FUNCTION_NAMES; s <= SRC_BUILD_IDS; s++) {
+        begin[s] = bk->emitted_str[src_str_kind[s]];
+        limit[s] = in->str[src_str_kind[s]].n;
+    }
+    begin[SRC_MAPPINGS] = HP_MAX(bk->emitted_mappings, (size_t)1);
+    limit[SRC_MAPPINGS] = in->n_mappings;
+    begin[SRC_FRAMES] = HP_MAX(bk->emitted_frames, (size_t)1);
+    limit[SRC_FRAMES] = in->n_frames;
+    begin[SRC_CALLSTACKS] = bk->emitted_callstacks;
+    limit[SRC_CALLSTACKS] = in->n_emit;
+    begin[SRC_SAMPLES] = 0;
+    limit[SRC_SAMPLES] = heap->n_sites;
+
+    uint64_t ts_boot = hp_clock_ns(CLOCK_BOOTTIME);
+    /* The coarse clock ticks every few ms: keep each heap's dump timestamps strictly
+     * increasing so every dump is its own slice. */
+    uint64_t ts_coarse = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
+    if (ts_coarse <= heap->last_dump_ts)
+        ts_coarse = heap->last_dump_ts + 1;
+    heap->last_dump_ts = ts_coarse;
+    char heap_name[64];
+    bk__heap_name(heap->heap_id, heap_name, sizeof(heap_name));
+    size_t heap_name_len = strlen(heap_name);
+    /* Headers, the ProcessHeapSamples fields, flags and stats, with room to spare. */
+    const size_t fixed = FRAME_HEADROOM + 128 + heap_name_len + FLAGS_STATS_BOUND;
+    const size_t budget = bk->max_packet_bytes > fixed ? bk->max_packet_bytes - fixed : 0;
+
+    int src = 0;
+    for (;;) {
+        struct enc e = {.p = bk->buf.p, .len = FRAME_HEADROOM};
+        if (!enc_reserve(bk, &e, fixed + 64))
+            return -ENOMEM;
+        put_uint(&e, 8, ts_boot);
+        put_uint(&e, 10, bk->sequence_id);
+        put_uint(&e, 13, SEQ_NEEDS_INCREMENTAL_STATE);
+        const size_t start = e.len;
+        size_t used = 0;
+        bool any = false;
+
+        /* Interned data, then the samples, while they fit. */
+        size_t interned = SIZE_MAX;
+        for (; src < SRC_SAMPLES; src++) {
+            for (; begin[src] < limit[src]; begin[src]++) {
+                size_t bound = item_bound(bk, (enum src)src, begin[src]);
+                if (any && used + bound > budget)
+                    goto interned_done;
+                if (interned == SIZE_MAX) {
+                    if (!enc_reserve(bk, &e, 16))
+                        return -ENOMEM;
+                    interned = open4(&e, 12);
+                }
+                if (!enc_reserve(bk, &e, bound + BK_PB_VARINT_MAX))
+                    return -ENOMEM;
+                size_t before = e.len;
+                put_item(bk, &e, (enum src)src, begin[src], heap);
+                used += e.len - before;
+                any = true;
+            }
+        }
+    interned_done:
+        if (interned != SIZE_MAX)
+            close4(&e, interned);
+        if (!enc_reserve(bk, &e, 64 + heap_name_len))
+            return -ENOMEM;
+        size_t pp = open4(&e, 37);
+        size_t hs = open4(&e, 5);
+        put_uint(&e, 1, (uint64_t)(uint32_t)p->pid);
+        put_uint(&e, 3, p->from_startup);
+        put_uint(&e, 9, ts_coarse);
+        put_tag(&e, 11, BK_PB_LEN);
+        put_varint(&e, heap_name_len);
+        memcpy(e.p + e.len, heap_name, heap_name_len);
+        e.len += heap_name_len;
+        put_uint(&e, 12, p->sampling_interval_bytes);
+        /* Equal to the interval: it was not adjusted. Perfetto's trace processor also
+         * reads this as "self_max_count is trustworthy". */
+        put_uint(&e, 13, p->sampling_interval_bytes);
+        if (src == SRC_SAMPLES) {
+            for (; begin[src] < limit[src]; begin[src]++) {
+                size_t bound = item_bound(bk, SRC_SAMPLES, 0);
+                if (any && used + bound > budget)
+                    break;
+                if (!enc_reserve(bk, &e, bound + BK_PB_VARINT_MAX))
+                    return -ENOMEM;
+                size_t before = e.len;
+                put_item(bk, &e, SRC_SAMPLES, begin[src], heap);
+                used += e.len - before;
+                any = true;
+            }
+        }
+        bool last = src == SRC_SAMPLES && begin[src] == limit[src];
+        if (!enc_reserve(bk, &e, FLAGS_STATS_BOUND + 32))
+            return -ENOMEM;
+        if (last)
+            put_flags_stats(&e, p);
+        close4(&e, hs);
+        put_uint(&e, 6, !last);
+        put_uint(&e, 7, bk->next_packet_index);
+        close4(&e, pp);
+        if (e.len - start > MAX_LEN4)
+            return -E2BIG; /* cannot happen: items are bounded and so is the budget */
+
+        /* Trace framing right in front of the packet. */
+        size_t len = e.len - FRAME_HEADROOM;
+        uint8_t hdr[FRAME_HEADROOM];
+        size_t hlen = bk__pb_put_packet_header(hdr, len);
+        uint8_t *out = e.p + FRAME_HEADROOM - hlen;
+        memcpy(out, hdr, hlen);
+        int r = write_framed(bk, out, hlen + len);
+        if (r < 0)
+            return r;
+        bk->next_packet_index++;
+        for (int s = SRC_FUNCTION_NAMES; s <= SRC_BUILD_IDS; s++)
+            bk->emitted_str[src_str_kind[s]] = begin[s];
+        bk->emitted_mappings = begin[SRC_MAPPINGS];
+        bk->emitted_frames = begin[SRC_FRAMES];
+        bk->emitted_callstacks = begin[SRC_CALLSTACKS];
+        if (last)
+            return 0;
+    }
 }
 
-/* Chooses the next packet's ranges: items in source order while they fit. */
-static void plan_packet(struct dump_ctx *d, size_t budget)
+/* ---- source lines: ModuleSymbols packets ---- */
+
+#define TRACE_PACKET_MODULE_SYMBOLS 61
+
+/* Appends @body (a complete TracePacket) to the output as one Trace.packet. */
+static int write_raw_packet(bk_t *bk, const uint8_t *body, size_t len)
 {
-    size_t used = 0;
-    bool any = false;
-    for (int s = 0; s < SRC_COUNT; s++)
-        d->end[s] = d->begin[s];
-    for (int s = 0; s < SRC_COUNT; s++) {
-        while (d->end[s] < d->limit[s]) {
-            size_t sz = item_size(d, (enum src)s, d->end[s]);
-            /* An item bigger than a whole packet still goes, alone. */
-            if (any && (sz > budget || used > budget - sz))
-                goto done;
-            used += sz;
-            any = true;
-            d->end[s]++;
-        }
+    if (bk->out_broken)
+        return bk->counters.last_write_error;
+    uint8_t hdr[FRAME_HEADROOM];
+    size_t hlen = bk__pb_put_packet_header(hdr, len);
+    int r = write_all(bk->out_fd, hdr, hlen);
+    if (r == 0)
+        r = write_all(bk->out_fd, body, len);
+    if (r < 0) {
+        bk->counters.last_write_error = r;
+        bk->out_broken = true;
+        return r;
     }
-done:
-    d->last = true;
-    for (int s = 0; s < SRC_COUNT; s++)
-        d->last &= d->end[s] == d->limit[s];
+    bk->counters.packets_written++;
+    bk->counters.bytes_written += hlen + len;
+    return 0;
+}
+
+/* The address_symbols of one mapping, as they are collected. */
+struct module_syms {
+    uint32_t mapping_id;
+    struct bk_pbw syms;
+};
+
+static int flush_module(bk_t *bk, struct module_syms *ms)
+{
+    const struct bk_intern *in = &bk->in;
+    const struct bk_mapping *m = &in->mappings[ms->mapping_id];
+    const struct bk_str *bid = &in->str[BK_STR_BUILD_ID].v[m->build_id];
+    struct bk_pbw mod = {0}, pkt = {0};
+    bk__pbw_len(&mod, 1, m->path, m->path_len);
+    /* Raw build id bytes, as Perfetto's ModuleSymbols.build_id wants them. */
+    if (bid->len)
+        bk__pbw_len(&mod, 2, bid->s, bid->len);
+    bk__pbw_bytes(&mod, ms->syms.p, ms->syms.len);
+    mod.oom |= ms->syms.oom;
+    ms->syms.len = 0;
+    bk__pbw_uint_always(&pkt, 8, hp_clock_ns(CLOCK_BOOTTIME));
+    bk__pbw_uint_always(&pkt, 10, bk->sequence_id);
+    bk__pbw_msg(&pkt, TRACE_PACKET_MODULE_SYMBOLS, &mod);
+    int r = pkt.oom ? -ENOMEM : write_raw_packet(bk, pkt.p, pkt.len);
+    free(mod.p);
+    free(pkt.p);
+    return r;
+}
+
+/* Offers the frames written since the last call to the source_line callback and writes
+ * what it knows as ModuleSymbols packets, one or more per mapping, each below the packet
+ * size bound. */
+static int write_source_lines(bk_t *bk)
+{
+    struct bk_intern *in = &bk->in;
+    size_t end = bk->emitted_frames;
+    if (!bk->source_line || bk->symbolized_frames >= end) {
+        bk->symbolized_frames = HP_MAX(bk->symbolized_frames, end);
+        return 0;
+    }
+    struct module_syms *mods = NULL;
+    size_t n_mods = 0, cap_mods = 0;
+    struct bk_map index; /* mapping id -> index in mods */
+    bk__map_init(&index, sizeof(uint64_t));
+    struct bk_pbw sym = {0}, line = {0};
+    int r = 0;
+    for (size_t i = bk->symbolized_frames; i < end && r == 0; i++) {
+        const struct bk_frame *f = &in->frames[i];
+        const char *file = NULL;
+        uint32_t lineno = 0;
+        if (!f->src_map ||
+            bk->source_line(bk->source_line_ctx, f->src_map, f->rel_pc, &file, &lineno) < 0 ||
+            !file)
+            continue;
+        const struct bk_str *name = &in->str[BK_STR_FUNCTION].v[f->function_name_id];
+        if (name->len)
+            bk__pbw_len(&line, 1, name->s, name->len);
+        bk__pbw_len(&line, 2, file, strnlen(file, BK_MAX_STRING_BYTES));
+        bk__pbw_uint_always(&line, 3, lineno);
+        bk__pbw_uint_always(&sym, 1, f->rel_pc);
+        bk__pbw_msg(&sym, 2, &line);
+
+        uint64_t *slot;
+        int put = bk__map_put(&index, f->mapping_id, (void **)&slot);
+        if (put < 0) {
+            r = put;
+            break;
+        }
+        if (put == 1) {
+            r = bk__grow((void **)&mods, &cap_mods, n_mods + 1, sizeof(*mods));
+            if (r < 0)
+                break;
+            mods[n_mods] = (struct module_syms){.mapping_id = f->mapping_id};
+            *slot = n_mods++;
+        }
+        struct module_syms *ms = &mods[*slot];
+        bk__pbw_msg(&ms->syms, 3, &sym);
+        bk->counters.source_lines++;
+        if (ms->syms.len + 2 * BK_MAX_STRING_BYTES > bk->max_packet_bytes)
+            r = flush_module(bk, ms);
+    }
+    for (size_t i = 0; i < n_mods; i++) {
+        if (r == 0 && (mods[i].syms.len || mods[i].syms.oom))
+            r = flush_module(bk, &mods[i]);
+        free(mods[i].syms.p);
+    }
+    free(mods);
+    free(sym.p);
+    free(line.p);
+    bk__map_done(&index);
+    bk->symbolized_frames = end;
+    return r;
 }
 
 int bk__dump_proc(bk_t *bk, struct bk_proc *p)
 {
     if (bk->out_broken)
         return bk->counters.last_write_error;
-    const struct bk_intern *in = &bk->in;
-    struct dump_ctx d = {.bk = bk, .p = p};
-    for (int s = SRC_FUNCTION_NAMES; s <= SRC_BUILD_IDS; s++) {
-        d.begin[s] = bk->emitted_str[src_str_kind[s]];
-        d.limit[s] = in->str[src_str_kind[s]].n;
-    }
-    d.begin[SRC_MAPPINGS] = HP_MAX(bk->emitted_mappings, (size_t)1);
-    d.limit[SRC_MAPPINGS] = in->n_mappings;
-    d.begin[SRC_FRAMES] = HP_MAX(bk->emitted_frames, (size_t)1);
-    d.limit[SRC_FRAMES] = in->n_frames;
-    d.begin[SRC_CALLSTACKS] = bk->emitted_callstacks;
-    d.limit[SRC_CALLSTACKS] = in->n_emit;
-    d.begin[SRC_SAMPLES] = 0;
-    d.limit[SRC_SAMPLES] = p->n_sites;
-
-    uint64_t ts_boot = hp_clock_ns(CLOCK_BOOTTIME);
-    d.ts_coarse_ns = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
-
-    /* The fixed part of every packet: headers, stats and flags, no items. */
-    memcpy(d.end, d.begin, sizeof(d.end));
-    d.last = true;
-    perfetto_protos_TracePacket empty = dump_packet(&d, ts_boot);
-    empty.has_interned_data = true;
-    size_t base = 0;
-    if (!pb_get_encoded_size(&base, perfetto_protos_TracePacket_fields, &empty))
-        return -EINVAL;
-    base += FRAME_HEADROOM + PLAN_SLACK;
-    size_t budget = bk->max_packet_bytes > base ? bk->max_packet_bytes - base : 0;
-
-    for (;;) {
-        plan_packet(&d, budget);
-        perfetto_protos_TracePacket pkt = dump_packet(&d, ts_boot);
-        int r = write_packet(bk, &pkt);
+    for (size_t i = 0; i < p->n_heaps; i++) {
+        int r = dump_heap(bk, p, p->heaps[i]);
         if (r < 0)
             return r;
-        bk->next_packet_index++;
-        for (int s = SRC_FUNCTION_NAMES; s <= SRC_BUILD_IDS; s++)
-            bk->emitted_str[src_str_kind[s]] = d.end[s];
-        bk->emitted_mappings = d.end[SRC_MAPPINGS];
-        bk->emitted_frames = d.end[SRC_FRAMES];
-        bk->emitted_callstacks = d.end[SRC_CALLSTACKS];
-        if (d.last)
-            break;
-        memcpy(d.begin, d.end, sizeof(d.begin));
     }
     bk->counters.dumps++;
-    return 0;
+    return write_source_lines(bk);
 }

@@ -41,6 +41,9 @@ int bk__intern_init(struct bk_intern *in)
 
 void bk__intern_done(struct bk_intern *in)
 {
+    for (size_t i = 0; in->stack_cache && i < BK_STACK_CACHE_SLOTS; i++)
+        free(in->stack_cache[i].frame_ids);
+    free(in->stack_cache);
     for (int k = 0; k < BK_STR_KINDS; k++) {
         bk__idtab_done(&in->str[k].index);
         free(in->str[k].v);
@@ -278,8 +281,11 @@ int bk__intern_frame(struct bk_intern *in, const struct hp_frame *f, uint32_t *r
     r = bk__idtab_add(&in->frame_index, h, nid);
     if (r < 0)
         return r;
-    in->frames[nid] = (struct bk_frame){
-        .rel_pc = key.rel_pc, .mapping_id = key.mapping_id, .function_name_id = name_id};
+    in->frames[nid] = (struct bk_frame){.rel_pc = key.rel_pc,
+                                        .mapping_id = key.mapping_id,
+                                        .function_name_id = name_id,
+                                        .src_map = f->map,
+                                        .src_name = f->function_name};
     in->n_frames++;
     *ret_id = nid;
     return 0;
@@ -323,6 +329,21 @@ int bk__intern_node(struct bk_intern *in, uint32_t parent, uint32_t frame_id, ui
     return 0;
 }
 
+/* Whether the cached stack @slot is exactly @frames (leaf first). */
+static bool stack_matches(const struct bk_intern *in, const struct bk_stack_cache_slot *slot,
+                          const struct hp_frame *frames, size_t n)
+{
+    if (in->nodes[slot->id].depth != n)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        const struct bk_frame *f = &in->frames[slot->frame_ids[i]];
+        if (f->rel_pc != frames[i].rel_pc || f->src_map != frames[i].map ||
+            f->src_name != frames[i].function_name)
+            return false;
+    }
+    return true;
+}
+
 int bk__intern_stack(struct bk_intern *in, const struct hp_frame *frames, size_t n,
                      uint32_t *ret_id)
 {
@@ -333,22 +354,73 @@ int bk__intern_stack(struct bk_intern *in, const struct hp_frame *frames, size_t
     }
     if (n > BK_MAX_FRAMES)
         n = BK_MAX_FRAMES; /* keep the leaf side: it says who allocated */
+    if (HP_UNLIKELY(!in->stack_cache && !in->stack_cache_failed)) {
+        in->stack_cache = calloc(BK_STACK_CACHE_SLOTS, sizeof(*in->stack_cache));
+        in->stack_cache_failed = !in->stack_cache;
+    }
+    struct bk_stack_cache_slot *slot = NULL;
+    uint64_t hash = 0;
+    uint32_t *fids = NULL;
+    if (in->stack_cache && n <= BK_STACK_CACHE_FRAMES) {
+        /* The pcs (and the leaf's mapping) tell stacks apart well enough for a hash;
+         * the check compares everything. */
+        hash = bk__hash_u64((uint64_t)(uintptr_t)frames[0].map ^ n);
+        for (size_t i = 0; i < n; i++) {
+            hash = (hash ^ frames[i].rel_pc) * 0x9e3779b97f4a7c15ull;
+            hash ^= hash >> 29;
+        }
+        hash = bk__hash_u64(hash);
+        /* Two ways per set, most recent first. */
+        slot = &in->stack_cache[hash & (BK_STACK_CACHE_SLOTS - 2)];
+        uint32_t tag = (uint32_t)(hash >> 32);
+        for (int w = 0; w < 2; w++) {
+            if (slot[w].id && slot[w].hash == tag && stack_matches(in, &slot[w], frames, n)) {
+                *ret_id = slot[w].id;
+                if (w) {
+                    struct bk_stack_cache_slot t = slot[0];
+                    slot[0] = slot[1];
+                    slot[1] = t;
+                }
+                return 0;
+            }
+        }
+        /* Reuse the evicted way's list when it is long enough. */
+        if (slot[1].frame_ids && in->nodes[slot[1].id].depth >= n) {
+            fids = slot[1].frame_ids;
+            slot[1] = (struct bk_stack_cache_slot){0};
+        } else {
+            fids = malloc(n * sizeof(*fids));
+        }
+        if (!fids)
+            slot = NULL;
+    }
     uint32_t node = 0;
     for (size_t i = n; i-- > 0;) {
         uint32_t fid;
         int r = bk__intern_frame(in, &frames[i], &fid);
-        if (r < 0)
+        if (r == 0)
+            r = bk__intern_node(in, node, fid, &node);
+        if (r < 0) {
+            free(fids);
             return r;
-        r = bk__intern_node(in, node, fid, &node);
-        if (r < 0)
-            return r;
+        }
+        if (fids)
+            fids[i] = fid;
     }
     if (!in->nodes[node].queued) {
         int r = bk__grow((void **)&in->emit, &in->cap_emit, in->n_emit + 1, sizeof(*in->emit));
-        if (r < 0)
+        if (r < 0) {
+            free(fids);
             return r;
+        }
         in->emit[in->n_emit++] = node;
         in->nodes[node].queued = true;
+    }
+    if (slot) {
+        free(slot[1].frame_ids);
+        slot[1] = slot[0];
+        slot[0] = (struct bk_stack_cache_slot){
+            .hash = (uint32_t)(hash >> 32), .id = node, .frame_ids = fids};
     }
     *ret_id = node;
     return 0;

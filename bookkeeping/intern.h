@@ -77,6 +77,9 @@ struct bk_frame {
     uint64_t rel_pc;
     uint32_t mapping_id;
     uint32_t function_name_id;
+    /* The objects it was first interned from, for the stack cache's check. */
+    const struct hp_mapping *src_map;
+    const char *src_name;
 };
 
 struct bk_cs_node {
@@ -95,7 +98,25 @@ struct bk_mapping_cache {
     uint32_t id;
 };
 
+/* Whole stacks seen recently, by a hash of their pcs: a hit skips the per-frame
+ * interning and the trie walk. Each entry keeps the frame ids of its stack (leaf first),
+ * and a hit is confirmed by comparing every input frame's rel_pc, mapping and name
+ * pointers with those its frame was first interned from: exact, never by hash alone,
+ * and without chasing parent links. Comparing pointers is sound because mappings and
+ * function names are immutable and live for the whole session (common/frame.h); a
+ * frame met again through other pointers merely misses. Memory is bounded by the
+ * slots: at most BK_STACK_CACHE_SLOTS id lists of at most BK_STACK_CACHE_FRAMES. */
+#define BK_STACK_CACHE_SLOTS 16384 /* a power of two; sets of two ways */
+#define BK_STACK_CACHE_FRAMES 64   /* deeper stacks are not cached */
+struct bk_stack_cache_slot {
+    uint32_t hash;       /* high half of the hash (the low bits pick the set) */
+    uint32_t id;         /* callstack id; 0: empty */
+    uint32_t *frame_ids; /* leaf first, as many as the stack's depth; owned */
+};
+
 struct bk_intern {
+    struct bk_stack_cache_slot *stack_cache; /* allocated on first use; NULL if that failed */
+    bool stack_cache_failed;
     struct bk_arena arena;
     struct bk_mapping_cache mapping_cache[BK_MAPPING_CACHE_SLOTS];
     struct bk_strtab str[BK_STR_KINDS];

@@ -1,6 +1,9 @@
 #include "bookkeeping/pbwire.h"
 
+#include "bookkeeping/util.h"
+
 #include <errno.h>
+#include <string.h>
 
 size_t bk__pb_varint_size(uint64_t v)
 {
@@ -133,4 +136,50 @@ bool bk__pb_ints_next(struct bk_pb_ints *it, uint64_t *ret, bool *error)
     default:
         return false;
     }
+}
+
+/* ---- append-only writer ---- */
+
+void bk__pbw_bytes(struct bk_pbw *w, const void *b, size_t n)
+{
+    if (w->oom || bk__grow((void **)&w->p, &w->cap, w->len + n, 1) < 0) {
+        w->oom = true;
+        return;
+    }
+    if (n)
+        memcpy(w->p + w->len, b, n);
+    w->len += n;
+}
+
+void bk__pbw_varint(struct bk_pbw *w, uint64_t v)
+{
+    uint8_t b[BK_PB_VARINT_MAX];
+    bk__pbw_bytes(w, b, bk__pb_put_varint(b, v));
+}
+
+void bk__pbw_uint_always(struct bk_pbw *w, uint32_t field, uint64_t v)
+{
+    bk__pbw_varint(w, (uint64_t)field << 3 | BK_PB_VARINT);
+    bk__pbw_varint(w, v);
+}
+
+void bk__pbw_uint(struct bk_pbw *w, uint32_t field, uint64_t v)
+{
+    if (v)
+        bk__pbw_uint_always(w, field, v);
+}
+
+void bk__pbw_len(struct bk_pbw *w, uint32_t field, const void *b, size_t n)
+{
+    bk__pbw_varint(w, (uint64_t)field << 3 | BK_PB_LEN);
+    bk__pbw_varint(w, n);
+    bk__pbw_bytes(w, b, n);
+}
+
+void bk__pbw_msg(struct bk_pbw *w, uint32_t field, struct bk_pbw *sub)
+{
+    w->oom |= sub->oom;
+    bk__pbw_len(w, field, sub->p, sub->len);
+    sub->len = 0;
+    sub->oom = false;
 }

@@ -70,4 +70,22 @@ struct bk_pb_ints {
 void bk__pb_ints_init(struct bk_pb_ints *it, const struct bk_pb_field *f);
 bool bk__pb_ints_next(struct bk_pb_ints *it, uint64_t *ret, bool *error);
 
+/* An append-only protobuf writer into a growable buffer. Submessages are built in a
+ * second writer and appended with their length (bk__pbw_msg). Out of memory sets @oom
+ * and makes later calls no-ops, so callers check once at the end. */
+struct bk_pbw {
+    uint8_t *p;
+    size_t len, cap;
+    bool oom;
+};
+void bk__pbw_bytes(struct bk_pbw *w, const void *b, size_t n);
+void bk__pbw_varint(struct bk_pbw *w, uint64_t v);
+/* Field @field = @v as a varint; nothing for 0 (proto3 default). */
+void bk__pbw_uint(struct bk_pbw *w, uint32_t field, uint64_t v);
+/* Field @field = @v as a varint, even when 0 (proto2 presence). */
+void bk__pbw_uint_always(struct bk_pbw *w, uint32_t field, uint64_t v);
+void bk__pbw_len(struct bk_pbw *w, uint32_t field, const void *b, size_t n);
+/* Appends @sub as submessage @field of @w and empties @sub for reuse. */
+void bk__pbw_msg(struct bk_pbw *w, uint32_t field, struct bk_pbw *sub);
+
 #endif

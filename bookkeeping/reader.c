@@ -40,6 +40,11 @@ struct rd_str {
 struct rd_mapping {
     const uint64_t *comps;
     uint32_t n_comps;
+    uint64_t build_id, start, end, exact_offset, load_bias;
+};
+
+struct rd_mapping_info {
+    const char *path, *build_id; /* strtab */
 };
 
 struct rd_frame {
@@ -80,7 +85,7 @@ struct rd_seq {
     struct bk_map mappings;        /* iid -> struct rd_mapping */
     struct bk_map frames;          /* iid -> struct rd_frame */
     struct bk_map callstacks;      /* iid -> struct rd_callstack */
-    struct bk_map path_cache;      /* mapping iid -> const char * (strtab) */
+    struct bk_map path_cache;      /* mapping iid -> struct rd_mapping_info */
     bool have_index;
     uint64_t next_index;
     struct rd_pdump *chain; /* the dump in progress */
@@ -167,7 +172,7 @@ static void seq_tables_init(struct rd_seq *seq)
     bk__map_init(&seq->mappings, sizeof(struct rd_mapping));
     bk__map_init(&seq->frames, sizeof(struct rd_frame));
     bk__map_init(&seq->callstacks, sizeof(struct rd_callstack));
-    bk__map_init(&seq->path_cache, sizeof(const char *));
+    bk__map_init(&seq->path_cache, sizeof(struct rd_mapping_info));
 }
 
 static void seq_tables_done(struct rd_seq *seq)
@@ -199,11 +204,12 @@ static struct rd_seq *seq_get(struct rd *rd, uint32_t id)
 
 /* ---- resolution of selected dumps ---- */
 
-static const char *mapping_path(struct rd *rd, struct rd_seq *seq, uint64_t mapping_id)
+static const struct rd_mapping_info *mapping_info(struct rd *rd, struct rd_seq *seq,
+                                                  uint64_t mapping_id)
 {
-    const char **cached = bk__map_get(&seq->path_cache, mapping_id);
+    struct rd_mapping_info *cached = bk__map_get(&seq->path_cache, mapping_id);
     if (cached)
-        return *cached;
+        return cached;
     const struct rd_mapping *m = bk__map_get(&seq->mappings, mapping_id);
     char buf[READ_MAX_STRING_BYTES];
     size_t len = 0;
@@ -219,13 +225,34 @@ static const char *mapping_path(struct rd *rd, struct rd_seq *seq, uint64_t mapp
     }
     /* Writers that put the whole path in one component produce "//path". */
     size_t skip = (len >= 2 && buf[0] == '/' && buf[1] == '/') ? 1 : 0;
-    const char *path = intern(rd, buf + skip, len - skip);
-    if (path) {
-        const char **slot;
-        if (bk__map_put(&seq->path_cache, mapping_id, (void **)&slot) >= 0)
-            *slot = path;
+    struct rd_mapping_info info = {.path = intern(rd, buf + skip, len - skip)};
+    /* Build ids are raw bytes (heapprof, heapprofd) or already hex text: keep hex text,
+     * encode anything else. */
+    const struct rd_str *b =
+        m && m->build_id ? bk__map_get(&seq->strs[STR_BUILD_ID], m->build_id) : NULL;
+    size_t blen = 0;
+    if (b && b->len) {
+        bool hex = true;
+        for (size_t i = 0; i < b->len && hex; i++)
+            hex = (b->s[i] >= '0' && b->s[i] <= '9') || (b->s[i] >= 'a' && b->s[i] <= 'f');
+        static const char digits[] = "0123456789abcdef";
+        for (size_t i = 0; i < b->len && blen + 2 < sizeof(buf); i++) {
+            if (hex) {
+                buf[blen++] = b->s[i];
+            } else {
+                buf[blen++] = digits[(uint8_t)b->s[i] >> 4];
+                buf[blen++] = digits[(uint8_t)b->s[i] & 15];
+            }
+        }
     }
-    return path;
+    info.build_id = intern(rd, buf, blen);
+    if (!info.path || !info.build_id)
+        return NULL;
+    struct rd_mapping_info *slot;
+    if (bk__map_put(&seq->path_cache, mapping_id, (void **)&slot) < 0)
+        return NULL;
+    *slot = info;
+    return slot;
 }
 
 static int resolve(struct rd *rd, struct rd_proc *p)
@@ -260,7 +287,8 @@ static int resolve(struct rd *rd, struct rd_proc *p)
             return -ENOMEM;
         for (size_t j = 0; j < cs->n; j++) {
             const struct rd_frame *f = bk__map_get(&seq->frames, cs->frames[j]);
-            frames[j] = (struct bk_trace_frame){.function_name = empty, .mapping_path = empty};
+            frames[j] = (struct bk_trace_frame){
+                .function_name = empty, .mapping_path = empty, .build_id = empty};
             if (!f)
                 continue;
             frames[j].rel_pc = f->rel_pc;
@@ -271,10 +299,18 @@ static int resolve(struct rd *rd, struct rd_proc *p)
                     return -ENOMEM;
                 frames[j].function_name = n;
             }
-            const char *path = mapping_path(rd, seq, f->mapping_id);
-            if (!path)
+            const struct rd_mapping_info *info = mapping_info(rd, seq, f->mapping_id);
+            if (!info)
                 return -ENOMEM;
-            frames[j].mapping_path = path;
+            frames[j].mapping_path = info->path;
+            frames[j].build_id = info->build_id;
+            const struct rd_mapping *m = bk__map_get(&seq->mappings, f->mapping_id);
+            if (m) {
+                frames[j].map_start = m->start;
+                frames[j].map_end = m->end;
+                frames[j].map_offset = m->exact_offset;
+                frames[j].map_load_bias = m->load_bias;
+            }
         }
         c->frames = frames;
         c->n_frames = cs->n;
@@ -375,6 +411,30 @@ static int parse_mapping(struct rd *rd, struct rd_seq *seq, const uint8_t *buf, 
     if (r < 0)
         return r;
     struct rd_mapping m = {.comps = copy_ids(seq, rd->tmp, n), .n_comps = (uint32_t)n};
+    struct bk_pb_iter it;
+    struct bk_pb_field f;
+    bk__pb_iter_init(&it, buf, len);
+    while (bk__pb_next(&it, &f)) {
+        if (f.wire_type != BK_PB_VARINT)
+            continue;
+        switch (f.num) {
+        case 2:
+            m.build_id = f.varint;
+            break;
+        case 4:
+            m.start = f.varint;
+            break;
+        case 5:
+            m.end = f.varint;
+            break;
+        case 6:
+            m.load_bias = f.varint;
+            break;
+        case 8:
+            m.exact_offset = f.varint;
+            break;
+        }
+    }
     struct rd_mapping *slot;
     if ((n && !m.comps) || bk__map_put(&seq->mappings, iid, (void **)&slot) < 0)
         return -ENOMEM;
@@ -658,6 +718,8 @@ static int chain_commit(struct rd *rd, struct rd_seq *seq)
     int r = 0;
     for (size_t i = 0; i < seq->n_chain && r == 0; i++) {
         struct rd_pdump *d = &seq->chain[i];
+        if (rd->opt->pid && (int32_t)d->pid != rd->opt->pid)
+            continue;
         struct rd_proc *p = proc_get(rd, (int32_t)d->pid, d->heap_name);
         if (!p) {
             r = -ENOMEM;
@@ -942,6 +1004,8 @@ static int finish(struct rd *rd)
         bool seen = false;
         for (size_t i = 0; i < rd->n_procs && !seen; i++)
             seen = rd->procs[i].pid == (int32_t)(uint32_t)key;
+        if (rd->opt->pid && (int32_t)(uint32_t)key != rd->opt->pid)
+            continue;
         if (!seen && !proc_get(rd, (int32_t)(uint32_t)key, empty))
             return -ENOMEM;
     }
@@ -996,31 +1060,49 @@ static void rd_done(struct rd *rd)
     free(rd->tmp);
 }
 
-int bk_trace_load(const char *path, const struct bk_trace_options *opt, struct bk_trace **ret)
+/* Reads the trace from @fp (NULL: an empty trace). */
+static int load_fp(FILE *fp, const struct bk_trace_options *opt, struct bk_trace **ret)
 {
     static const struct bk_trace_options defaults = {0};
-    FILE *fp = fopen(path, "rbe");
-    if (!fp)
-        return -errno;
     struct trace_priv *tp = calloc(1, sizeof(*tp));
-    if (!tp) {
-        fclose(fp);
+    if (!tp)
         return -ENOMEM;
-    }
     tp->strings = hp_strtab_new();
     struct rd rd = {.opt = opt ? opt : &defaults, .tp = tp};
     bk__map_init(&rd.cmdlines, sizeof(const char *));
-    int r = tp->strings ? read_file(&rd, fp) : -ENOMEM;
+    int r = tp->strings ? (fp ? read_file(&rd, fp) : 0) : -ENOMEM;
     if (r == 0)
         r = finish(&rd);
     rd_done(&rd);
-    fclose(fp);
     if (r < 0) {
         bk_trace_free(&tp->pub);
         return r;
     }
     *ret = &tp->pub;
     return 0;
+}
+
+int bk_trace_load(const char *path, const struct bk_trace_options *opt, struct bk_trace **ret)
+{
+    FILE *fp = fopen(path, "rbe");
+    if (!fp)
+        return -errno;
+    int r = load_fp(fp, opt, ret);
+    fclose(fp);
+    return r;
+}
+
+int bk_trace_load_buffer(const void *buf, size_t len, const struct bk_trace_options *opt,
+                         struct bk_trace **ret)
+{
+    if (len == 0)
+        return load_fp(NULL, opt, ret);
+    FILE *fp = fmemopen((void *)buf, len, "rb");
+    if (!fp)
+        return -errno;
+    int r = load_fp(fp, opt, ret);
+    fclose(fp);
+    return r;
 }
 
 struct bk_trace *bk_trace_free(struct bk_trace *t)

@@ -25,6 +25,10 @@ struct bk_trace_frame {
     const char *function_name; /* as stored (possibly mangled); "" when unknown */
     const char *mapping_path;  /* "" when unknown */
     uint64_t rel_pc;
+    /* The frame's mapping: build id in lower-case hex ("" when unknown), range in the
+     * process, file offset of its start, load bias. Strings live as long as the trace. */
+    const char *build_id;
+    uint64_t map_start, map_end, map_offset, map_load_bias;
 };
 
 /* One callstack's cumulative values in the selected dump. */
@@ -65,7 +69,12 @@ struct bk_trace {
 
 struct bk_trace_options {
     int dump_index; /* 0: latest complete dump per process; N>0: the Nth (1-based) */
+    int32_t pid;    /* 0: every process; else only this one */
 };
+
+/* Reads the trace in the @len bytes at @buf (borrowed), as bk_trace_load(). */
+int bk_trace_load_buffer(const void *buf, size_t len, const struct bk_trace_options *opt,
+                         struct bk_trace **ret) HP_WARN_UNUSED;
 
 /* Reads @path. Returns 0, -ENOENT/-errno for I/O errors, -EBADMSG for a malformed trace
  * (a truncated last packet is tolerated and ignored). */
@@ -83,6 +92,27 @@ struct bk_report_options {
 /* Prints, per process: top sites by unreleased bytes, top sites by allocated bytes, with
  * counts and full stacks, then the stats. */
 void bk_report_print(FILE *out, const struct bk_trace *t, const struct bk_report_options *opt);
+
+/* Prints the growth per callsite from @base to @t (unreleased and allocated bytes),
+ * callsites matched across the two traces by their frames (function names, mapping
+ * paths and rel_pcs; ids differ between traces), processes by pid when both have it,
+ * else in order. */
+void bk_report_print_diff(FILE *out, const struct bk_trace *base, const struct bk_trace *t,
+                          const struct bk_report_options *opt);
+
+/* Writes process @p's selected dump of @t to @fd as a gzipped pprof Profile
+ * (perftools.profiles) with sample types alloc_objects/count, alloc_space/bytes,
+ * inuse_objects/count, inuse_space/bytes. Returns 0 or -errno. */
+int bk_pprof_write(const struct bk_trace *t, const struct bk_trace_process *p,
+                   int fd) HP_WARN_UNUSED;
+
+/* Exports every dump (or dump @dump_index when > 0) of every process (or of @pid when
+ * non-zero) of the trace at @trace_path, one gzipped pprof file per (dump, process,
+ * heap): "@out.pid<PID>.<heap>.dump<N>.pb.gz", or @out itself when it ends in ".pb.gz"
+ * and exactly one profile is selected. Names the files written on @log (may be NULL).
+ * Returns 0, -ENODATA when nothing matched, or -errno. */
+int bk_pprof_export(const char *trace_path, const char *out, int dump_index, int32_t pid,
+                    FILE *log) HP_WARN_UNUSED;
 
 /* Demangles @name into @buf (truncating); returns @buf, or @name if it is not mangled. */
 const char *bk_demangle(const char *name, char *buf, size_t buf_len);

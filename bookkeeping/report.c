@@ -1,9 +1,10 @@
 /* bookkeeping/report.c: the text report of a loaded trace (`heapprof report`). */
+#include "bookkeeping/reader.h"
+#include "bookkeeping/util.h"
+
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "bookkeeping/reader.h"
 
 /* libstdc++'s demangler (the Itanium C++ ABI entry point); declared here so that the C
  * code needs no C++ header. Returns a malloc()ed string or NULL, status 0 on success. */
@@ -230,4 +231,175 @@ void bk_report_print(FILE *out, const struct bk_trace *t, const struct bk_report
         fprintf(out, "No heap profiles in this trace (%" PRIu64 " packets).\n", t->n_packets);
     for (size_t i = 0; i < t->n_processes; i++)
         print_process(out, &t->processes[i], opt);
+}
+
+/* ---- diff ---- */
+
+static uint64_t site_hash(const struct bk_trace_callsite *c)
+{
+    uint64_t h = bk__hash_u64(c->n_frames);
+    for (size_t i = 0; i < c->n_frames; i++) {
+        const struct bk_trace_frame *f = &c->frames[i];
+        const char *n = f->function_name ? f->function_name : "";
+        const char *m = f->mapping_path ? f->mapping_path : "";
+        h = bk__hash_combine(h, bk__hash_bytes(n, strlen(n), 1));
+        h = bk__hash_combine(h, bk__hash_bytes(m, strlen(m), 2));
+        h = bk__hash_combine(h, f->rel_pc);
+    }
+    return h;
+}
+
+static bool same_str(const char *a, const char *b)
+{
+    return !strcmp(a ? a : "", b ? b : "");
+}
+
+static bool same_site(const struct bk_trace_callsite *a, const struct bk_trace_callsite *b)
+{
+    if (a->n_frames != b->n_frames)
+        return false;
+    for (size_t i = 0; i < a->n_frames; i++) {
+        const struct bk_trace_frame *x = &a->frames[i], *y = &b->frames[i];
+        if (x->rel_pc != y->rel_pc || !same_str(x->function_name, y->function_name) ||
+            !same_str(x->mapping_path, y->mapping_path))
+            return false;
+    }
+    return true;
+}
+
+struct diff_item {
+    int64_t d_unreleased, d_allocated, d_alloc_count;
+    const struct bk_trace_callsite *c;
+};
+
+static int cmp_diff(const void *a, const void *b)
+{
+    const struct diff_item *x = a, *y = b;
+    if (x->d_unreleased != y->d_unreleased)
+        return x->d_unreleased < y->d_unreleased ? 1 : -1;
+    if (x->d_allocated != y->d_allocated)
+        return x->d_allocated < y->d_allocated ? 1 : -1;
+    return 0;
+}
+
+static const struct bk_trace_process *match_process(const struct bk_trace *base,
+                                                    const struct bk_trace_process *p, size_t idx)
+{
+    for (size_t i = 0; i < base->n_processes; i++)
+        if (base->processes[i].pid == p->pid &&
+            same_str(base->processes[i].heap_name, p->heap_name))
+            return &base->processes[i];
+    /* Two runs of a program have different pids: pair processes in order. */
+    return idx < base->n_processes ? &base->processes[idx] : NULL;
+}
+
+static int64_t sdiff(uint64_t a, uint64_t b)
+{
+    return (int64_t)(a - b);
+}
+
+static void diff_process(FILE *out, const struct bk_trace_process *bp,
+                         const struct bk_trace_process *p, const struct bk_report_options *opt)
+{
+    struct bk_map index; /* site hash (probed) -> base callsite index */
+    bk__map_init(&index, sizeof(uint64_t));
+    size_t nb = bp ? bp->n_callsites : 0;
+    bool *matched = calloc(nb + 1, sizeof(*matched));
+    struct diff_item *items = calloc(p->n_callsites + nb + 1, sizeof(*items));
+    if (!matched || !items) {
+        fprintf(out, "  (out of memory)\n");
+        goto out;
+    }
+    for (size_t i = 0; i < nb; i++) {
+        uint64_t *v;
+        for (uint64_t h = site_hash(&bp->callsites[i]);; h++) {
+            int r = bk__map_put(&index, h, (void **)&v);
+            if (r < 0)
+                goto out;
+            if (r == 1) {
+                *v = i;
+                break;
+            }
+        }
+    }
+    size_t n = 0;
+    int64_t tot_unrel = 0, tot_alloc = 0;
+    for (size_t i = 0; i < p->n_callsites; i++) {
+        const struct bk_trace_callsite *c = &p->callsites[i];
+        const struct bk_trace_callsite *b = NULL;
+        for (uint64_t h = site_hash(c);; h++) {
+            uint64_t *v = bk__map_get(&index, h);
+            if (!v)
+                break;
+            if (!matched[*v] && same_site(&bp->callsites[*v], c)) {
+                b = &bp->callsites[*v];
+                matched[*v] = true;
+                break;
+            }
+        }
+        struct diff_item d = {.c = c};
+        d.d_unreleased = sdiff(unreleased(c), b ? unreleased(b) : 0);
+        d.d_allocated = sdiff(c->self_allocated, b ? b->self_allocated : 0);
+        d.d_alloc_count = sdiff(c->alloc_count, b ? b->alloc_count : 0);
+        items[n++] = d;
+    }
+    for (size_t i = 0; i < nb; i++) {
+        if (matched[i])
+            continue;
+        const struct bk_trace_callsite *b = &bp->callsites[i];
+        items[n++] = (struct diff_item){.d_unreleased = -(int64_t)unreleased(b),
+                                        .d_allocated = -(int64_t)b->self_allocated,
+                                        .d_alloc_count = -(int64_t)b->alloc_count,
+                                        .c = b};
+    }
+    for (size_t i = 0; i < n; i++) {
+        tot_unrel += items[i].d_unreleased;
+        tot_alloc += items[i].d_allocated;
+    }
+    if (n)
+        qsort(items, n, sizeof(*items), cmp_diff);
+    fprintf(out, "\nProcess %d (%s) heap %s: growth since the base%s\n", (int)p->pid,
+            p->cmdline && p->cmdline[0] ? p->cmdline : "?", p->heap_name,
+            bp ? "" : " (no matching process in the base: all of it)");
+    fprintf(out, "  unreleased %+" PRId64 " bytes, allocated %+" PRId64 " bytes\n", tot_unrel,
+            tot_alloc);
+    size_t top = opt->top_n > 0 ? (size_t)opt->top_n : 10;
+    fprintf(out, "\n  Top %zu sites by unreleased growth:\n", top);
+    size_t shown = 0;
+    char name[1024];
+    for (size_t i = 0; i < n && shown < top; i++) {
+        const struct diff_item *d = &items[i];
+        if (d->d_unreleased <= 0 && d->d_allocated <= 0)
+            continue;
+        shown++;
+        fprintf(out,
+                "  #%zu  unreleased %+" PRId64 " bytes, allocated %+" PRId64 " bytes in %+" PRId64
+                " allocations\n",
+                shown, d->d_unreleased, d->d_allocated, d->d_alloc_count);
+        for (size_t j = d->c->n_frames; j-- > 0;) {
+            const struct bk_trace_frame *f = &d->c->frames[j];
+            fprintf(out, "        %s  %s+%#" PRIx64 "\n",
+                    frame_name(f, opt->demangle, name, sizeof(name)),
+                    f->mapping_path && f->mapping_path[0] ? f->mapping_path : "?", f->rel_pc);
+            if (opt->no_stacks)
+                break;
+        }
+    }
+    if (!shown)
+        fprintf(out, "    (none grew)\n");
+out:
+    bk__map_done(&index);
+    free(matched);
+    free(items);
+}
+
+void bk_report_print_diff(FILE *out, const struct bk_trace *base, const struct bk_trace *t,
+                          const struct bk_report_options *opt)
+{
+    for (size_t i = 0; i < t->n_processes; i++) {
+        const struct bk_trace_process *p = &t->processes[i];
+        if (!p->n_dumps)
+            continue;
+        diff_process(out, match_process(base, p, i), p, opt);
+    }
 }

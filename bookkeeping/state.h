@@ -1,13 +1,13 @@
 /* bookkeeping/state.h: the state behind bk_t, shared by bookkeeping/bookkeeping.c (record
  * application) and bookkeeping/dump.c (TracePacket encoding). Internal to bookkeeping/.
  *
- * Per process:
+ * Per process, and in it per heap (live allocations and sites):
  *
  *     records --> reorder heap (by seq) --> apply --> live: addr -> (site, size, seq)
  *                                                      sites: callstack -> counters
  *
  * A site holds cumulative allocated/freed bytes and counts of one callstack in one
- * process, its live bytes/count now, and its live bytes/count at the process's heap peak
+ * heap of a process, its live bytes/count now, and its live bytes/count at the heap's peak
  * (for dump_at_max). The peak values are kept lazily: `peak_id` counts new peaks; a site
  * saves its live values into max_* (stamped with the current peak_id) just before its
  * first change after a peak, so a site whose stamp differs from peak_id has not changed
@@ -44,20 +44,36 @@ struct bk_pending {
     uint64_t addr;
     uint64_t size; /* sample_size of an allocation */
     uint32_t callstack;
+    uint32_t heap_id;
     uint32_t kind;
 };
 
+/* A live allocation: 16 bytes of value per map slot. Sizes of 4 GiB and more are rare;
+ * they keep BK_LIVE_BIG_SIZE here and the real size in the heap's big_sizes map. */
 struct bk_live {
-    uint64_t size;
     uint64_t seq;
     uint32_t site;
+    uint32_t size;
 };
+#define BK_LIVE_BIG_SIZE UINT32_MAX
 
 struct bk_site {
     uint32_t callstack_id;
     uint64_t allocated, freed, alloc_count, free_count;
     uint64_t live_bytes, live_count;
     uint64_t max_bytes, max_count, max_peak;
+};
+
+/* One heap of one process: its live allocations, sites and peak. */
+struct bk_heap {
+    uint64_t last_dump_ts; /* MONOTONIC_COARSE of the last dump; dumps stay increasing */
+    uint32_t heap_id;
+    struct bk_map live;       /* addr -> struct bk_live */
+    struct bk_map big_sizes;  /* addr -> uint64_t, for live sizes >= BK_LIVE_BIG_SIZE */
+    struct bk_map site_index; /* callstack id -> index in sites */
+    struct bk_site *sites;
+    size_t n_sites, cap_sites;
+    uint64_t live_total, peak_total, peak_id;
 };
 
 struct bk_proc {
@@ -73,12 +89,9 @@ struct bk_proc {
     struct bk_pending *heap; /* min-heap by seq */
     size_t n_heap, cap_heap;
 
-    struct bk_map live;       /* addr -> struct bk_live */
-    struct bk_map site_index; /* callstack id -> index in sites */
-    struct bk_site *sites;
-    size_t n_sites, cap_sites;
-
-    uint64_t live_total, peak_total, peak_id;
+    /* Heaps in order of first use; heaps[0] exists from the start (heap id 0). */
+    struct bk_heap **heaps;
+    size_t n_heaps, cap_heaps;
 };
 
 struct bk_buf {
@@ -96,11 +109,16 @@ struct bk {
 
     struct bk_proc **procs;
     size_t n_procs, cap_procs;
-    struct bk_map proc_index; /* pid -> index in procs */
+    struct bk_map proc_index;  /* pid -> index in procs */
+    struct bk_proc *last_proc; /* bk__find_proc's last answer, or NULL */
 
     /* What the trace already defines: entries below these are not written again. */
     size_t emitted_str[BK_STR_KINDS];
     size_t emitted_mappings, emitted_frames, emitted_callstacks;
+    size_t symbolized_frames; /* frames below this were offered to source_line */
+    int (*source_line)(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
+                       const char **ret_file, uint32_t *ret_line);
+    void *source_line_ctx;
     uint64_t next_packet_index; /* ProfilePacket.index */
 
     size_t max_packet_bytes;
@@ -108,8 +126,8 @@ struct bk {
     struct bk_buf buf;
 };
 
-/* The site's live bytes and count at the process's heap peak. */
-static inline void bk__site_at_peak(const struct bk_proc *p, const struct bk_site *s,
+/* The site's live bytes and count at its heap's peak. */
+static inline void bk__site_at_peak(const struct bk_heap *p, const struct bk_site *s,
                                     uint64_t *ret_bytes, uint64_t *ret_count)
 {
     if (p->peak_id == 0) {
@@ -125,6 +143,10 @@ static inline void bk__site_at_peak(const struct bk_proc *p, const struct bk_sit
 
 /* bookkeeping/bookkeeping.c */
 struct bk_proc *bk__find_proc(bk_t *bk, int32_t pid);
+/* The heap @heap_id of @p, or NULL when it has none. */
+struct bk_heap *bk__find_heap(const struct bk_proc *p, uint32_t heap_id);
+/* The name a heap id is written under: 0 is "libc.malloc". Writes at most @len bytes. */
+void bk__heap_name(uint32_t heap_id, char *buf, size_t len);
 /* Applies every pending record of @p in seq order. */
 void bk__flush_pending(bk_t *bk, struct bk_proc *p);
 
@@ -133,7 +155,8 @@ void bk__flush_pending(bk_t *bk, struct bk_proc *p);
 int bk__write_start(bk_t *bk) HP_WARN_UNUSED;
 int bk__write_clock_snapshot(bk_t *bk) HP_WARN_UNUSED;
 int bk__write_process_tree(bk_t *bk, const struct bk_proc *p) HP_WARN_UNUSED;
-/* Writes one dump of @p (pending records must have been flushed). */
+/* Writes one dump of @p, one ProfilePacket chain per heap (pending records must have
+ * been flushed). */
 int bk__dump_proc(bk_t *bk, struct bk_proc *p) HP_WARN_UNUSED;
 
 /* For tests: split dumps into packets of at most @n bytes (items permitting). */

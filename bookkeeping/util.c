@@ -24,17 +24,6 @@ int bk__grow(void **p, size_t *cap, size_t need, size_t elem)
     return 0;
 }
 
-uint64_t bk__hash_u64(uint64_t x)
-{
-    /* splitmix64's finalizer: every input bit affects every output bit. */
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
-
 uint64_t bk__hash_bytes(const void *p, size_t len, uint64_t seed)
 {
     /* Eight bytes per step, each word mixed in with a multiply-rotate; the tail is
@@ -121,16 +110,28 @@ void bk__arena_done(struct bk_arena *a)
 
 /* ---- map ---- */
 
+#define MAP_EMPTY UINT64_MAX
+
+static inline uint64_t *slot_key(const struct bk_map *m, size_t i)
+{
+    return (uint64_t *)(void *)(m->slots + i * m->stride);
+}
+
+static inline void *slot_val(const struct bk_map *m, size_t i)
+{
+    return m->slots + i * m->stride + sizeof(uint64_t);
+}
+
 void bk__map_init(struct bk_map *m, size_t val_size)
 {
-    *m = (struct bk_map){.val_size = HP_ALIGN_UP(val_size, (size_t)8)};
+    size_t v = HP_ALIGN_UP(val_size, (size_t)8);
+    *m = (struct bk_map){.val_size = v, .stride = v + sizeof(uint64_t)};
 }
 
 void bk__map_done(struct bk_map *m)
 {
-    free(m->keys);
-    free(m->used);
-    free(m->vals);
+    free(m->slots);
+    free(m->max_val);
     bk__map_init(m, m->val_size);
 }
 
@@ -138,11 +139,14 @@ static size_t map_find(const struct bk_map *m, uint64_t key, bool *ret_found)
 {
     size_t mask = m->cap - 1;
     size_t i = bk__hash_u64(key) & mask;
-    while (m->used[i]) {
-        if (m->keys[i] == key) {
+    for (;;) {
+        uint64_t k = *slot_key(m, i);
+        if (k == key) {
             *ret_found = true;
             return i;
         }
+        if (k == MAP_EMPTY)
+            break;
         i = (i + 1) & mask;
     }
     *ret_found = false;
@@ -151,57 +155,66 @@ static size_t map_find(const struct bk_map *m, uint64_t key, bool *ret_found)
 
 void *bk__map_get(const struct bk_map *m, uint64_t key)
 {
-    if (!m->count)
+    if (HP_UNLIKELY(key == MAP_EMPTY))
+        return m->has_max ? m->max_val : NULL;
+    if (!m->cap)
         return NULL;
     bool found;
     size_t i = map_find(m, key, &found);
-    return found ? m->vals + i * m->val_size : NULL;
+    return found ? slot_val(m, i) : NULL;
 }
 
 static int map_rehash(struct bk_map *m, size_t cap)
 {
-    if (cap > SIZE_MAX / (m->val_size ? m->val_size : 1) || cap > SIZE_MAX / 8)
+    if (cap > SIZE_MAX / m->stride)
         return -ENOMEM;
-    struct bk_map n = {.val_size = m->val_size, .cap = cap};
-    n.keys = malloc(cap * sizeof(*n.keys));
-    n.used = calloc(cap, 1);
-    n.vals = malloc(cap * m->val_size + 1);
-    if (!n.keys || !n.used || !n.vals) {
-        free(n.keys);
-        free(n.used);
-        free(n.vals);
+    struct bk_map n = *m;
+    n.cap = cap;
+    n.slots = malloc(cap * m->stride);
+    if (!n.slots)
         return -ENOMEM;
-    }
+    for (size_t i = 0; i < cap; i++)
+        *slot_key(&n, i) = MAP_EMPTY;
     for (size_t i = 0; i < m->cap; i++) {
-        if (!m->used[i])
+        uint64_t k = *slot_key(m, i);
+        if (k == MAP_EMPTY)
             continue;
         bool found;
-        size_t j = map_find(&n, m->keys[i], &found);
-        n.used[j] = 1;
-        n.keys[j] = m->keys[i];
-        memcpy(n.vals + j * n.val_size, m->vals + i * m->val_size, m->val_size);
+        size_t j = map_find(&n, k, &found);
+        memcpy(n.slots + j * n.stride, m->slots + i * m->stride, m->stride);
     }
-    n.count = m->count;
-    free(m->keys);
-    free(m->used);
-    free(m->vals);
+    free(m->slots);
     *m = n;
     return 0;
 }
 
 int bk__map_put(struct bk_map *m, uint64_t key, void **ret_val)
 {
-    if ((m->count + 1) * 4 > m->cap * 3) {
+    if (HP_UNLIKELY(key == MAP_EMPTY)) {
+        if (m->has_max) {
+            *ret_val = m->max_val;
+            return 0;
+        }
+        if (!m->max_val && !(m->max_val = malloc(m->val_size ? m->val_size : 1)))
+            return -ENOMEM;
+        memset(m->max_val, 0, m->val_size);
+        m->has_max = true;
+        m->count++;
+        *ret_val = m->max_val;
+        return 1;
+    }
+    /* Load at most 13/16: linear probing with a mixing hash stays short there, and a
+     * live allocation costs at most ~59 bytes of slots (24 bytes each). */
+    if ((m->count + 1) * 16 > m->cap * 13) {
         int r = map_rehash(m, m->cap ? m->cap * 2 : 16);
         if (r < 0)
             return r;
     }
     bool found;
     size_t i = map_find(m, key, &found);
-    void *v = m->vals + i * m->val_size;
+    void *v = slot_val(m, i);
     if (!found) {
-        m->used[i] = 1;
-        m->keys[i] = key;
+        *slot_key(m, i) = key;
         memset(v, 0, m->val_size);
         m->count++;
     }
@@ -211,7 +224,14 @@ int bk__map_put(struct bk_map *m, uint64_t key, void **ret_val)
 
 bool bk__map_remove(struct bk_map *m, uint64_t key)
 {
-    if (!m->count)
+    if (HP_UNLIKELY(key == MAP_EMPTY)) {
+        if (!m->has_max)
+            return false;
+        m->has_max = false;
+        m->count--;
+        return true;
+    }
+    if (!m->cap)
         return false;
     bool found;
     size_t i = map_find(m, key, &found);
@@ -223,17 +243,17 @@ bool bk__map_remove(struct bk_map *m, uint64_t key)
     size_t j = i;
     for (;;) {
         j = (j + 1) & mask;
-        if (!m->used[j])
+        uint64_t k = *slot_key(m, j);
+        if (k == MAP_EMPTY)
             break;
-        size_t home = bk__hash_u64(m->keys[j]) & mask;
+        size_t home = bk__hash_u64(k) & mask;
         bool stays = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
         if (stays)
             continue;
-        m->keys[i] = m->keys[j];
-        memcpy(m->vals + i * m->val_size, m->vals + j * m->val_size, m->val_size);
+        memcpy(m->slots + i * m->stride, m->slots + j * m->stride, m->stride);
         i = j;
     }
-    m->used[i] = 0;
+    *slot_key(m, i) = MAP_EMPTY;
     m->count--;
     return true;
 }
@@ -241,14 +261,21 @@ bool bk__map_remove(struct bk_map *m, uint64_t key)
 bool bk__map_next(const struct bk_map *m, size_t *pos, uint64_t *ret_key, void **ret_val)
 {
     for (size_t i = *pos; i < m->cap; i++) {
-        if (!m->used[i])
+        uint64_t k = *slot_key(m, i);
+        if (k == MAP_EMPTY)
             continue;
-        *ret_key = m->keys[i];
-        *ret_val = m->vals + i * m->val_size;
+        *ret_key = k;
+        *ret_val = slot_val(m, i);
         *pos = i + 1;
         return true;
     }
-    *pos = m->cap;
+    if (*pos <= m->cap && m->has_max) {
+        *ret_key = MAP_EMPTY;
+        *ret_val = m->max_val;
+        *pos = m->cap + 1;
+        return true;
+    }
+    *pos = m->cap + 1;
     return false;
 }
 

@@ -2,7 +2,9 @@
  *
  * - struct bk_arena: bump allocator for immutable bytes (strings, id lists) freed at once.
  * - struct bk_map: open-addressing hash map from a uint64_t key to a fixed-size value
- *   (linear probing, backward-shift deletion, so no tombstones pile up).
+ *   (linear probing, backward-shift deletion, so no tombstones pile up). Each slot holds
+ *   its key and value side by side, so a lookup touches one cache line; the key
+ *   UINT64_MAX marks an empty slot, and that key itself lives outside the table.
  * - struct bk_idtab: an index of uint32_t ids by content: the caller hashes the content
  *   and supplies the equality test, the table only stores ids and hashes. Used for
  *   interning, where the content lives in the caller's own arrays.
@@ -28,7 +30,16 @@
  * Returns 0 or -ENOMEM (then *@p and *@cap are unchanged). */
 int bk__grow(void **p, size_t *cap, size_t need, size_t elem) HP_WARN_UNUSED;
 
-uint64_t bk__hash_u64(uint64_t x);
+static inline uint64_t bk__hash_u64(uint64_t x)
+{
+    /* splitmix64's finalizer: every input bit affects every output bit. */
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
 uint64_t bk__hash_bytes(const void *p, size_t len, uint64_t seed);
 static inline uint64_t bk__hash_combine(uint64_t h, uint64_t v)
 {
@@ -49,11 +60,12 @@ void bk__arena_done(struct bk_arena *a);
 
 struct bk_map {
     size_t val_size; /* bytes per value, rounded up to 8 */
+    size_t stride;   /* bytes per slot: key + value */
     size_t cap;      /* slots, a power of two (0 before the first insert) */
-    size_t count;
-    uint64_t *keys;
-    uint8_t *used;
-    unsigned char *vals;
+    size_t count;    /* including the UINT64_MAX key */
+    unsigned char *slots;
+    bool has_max;           /* key UINT64_MAX is present ... */
+    unsigned char *max_val; /* ... with this value */
 };
 
 void bk__map_init(struct bk_map *m, size_t val_size);
@@ -63,6 +75,12 @@ void *bk__map_get(const struct bk_map *m, uint64_t key);
 /* Finds or inserts @key; *@ret_val points to its value (zeroed when new). Returns 1 when
  * inserted, 0 when found, -ENOMEM. The pointer is valid until the next put or remove. */
 int bk__map_put(struct bk_map *m, uint64_t key, void **ret_val) HP_WARN_UNUSED;
+/* Starts loading the slot where @key would be, for a lookup soon after. */
+static inline void bk__map_prefetch(const struct bk_map *m, uint64_t key)
+{
+    if (m->cap)
+        __builtin_prefetch(m->slots + (bk__hash_u64(key) & (m->cap - 1)) * m->stride);
+}
 /* Removes @key; returns whether it was present. */
 bool bk__map_remove(struct bk_map *m, uint64_t key);
 /* Iteration: start with *@pos = 0; returns false at the end. */

@@ -18,7 +18,7 @@ ninja -C build-release -j2 >/dev/null
 export HEAPPROF_BUILD="$PWD/build-release"
 status=0
 for b in build-release/tests/bench/bench_* scripts/bench/bench_*.sh; do
-    [ -f "$b" ] && [ -x "$b" ] || continue
+    [ -f "$b" ] && [ -x "$b" ] || continue # not the build's .p folders
     name=$(basename "$b")
     name=${name#bench_}
     name=${name%.sh}

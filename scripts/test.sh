@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: installs dependencies, builds with warnings as errors, runs the
 # unit, end-to-end and fuzz-replay suites, then the unit suites again under ASan/UBSan and
-# TSan, and checks formatting. Prints "N passed, N failed" at the end.
+# TSan, runs every libFuzzer target for a bounded time when clang is available, and checks
+# formatting. Prints "N passed, N failed" at the end.
 #
 #   scripts/test.sh            # everything
 #   scripts/test.sh --quick    # main build only
@@ -68,7 +69,38 @@ if [ $quick -eq 0 ]; then
 
     setup build-tsan -Dwerror=true -Dbuildtype=debug -Dtests=enabled \
         -Db_sanitize=thread -Db_lundef=false || exit 1
-    TSAN_OPTIONS=halt_on_error=1 step "TSan build" build-tsan --suite unit --no-suite no-tsan
+    TSAN_OPTIONS=halt_on_error=1 step "TSan build" build-tsan --no-suite no-asan --no-suite no-tsan
+
+    # Every libFuzzer target (tests/fuzz/fuzz_*.c) runs for a bounded time from its seed
+    # corpus; new inputs go to a scratch directory, a crash, leak or timeout is a failure.
+    if command -v clang >/dev/null && command -v clang++ >/dev/null; then
+        echo "=== fuzz (libFuzzer, 20 s per target)"
+        if CC=clang CXX=clang++ setup build-fuzz -Dfuzzing=true -Db_sanitize=address,undefined \
+            -Db_lundef=false && ninja -C build-fuzz -j2 >build-fuzz/ninja.log 2>&1; then
+            for fz in build-fuzz/tests/fuzz/fuzz_*; do
+                [ -x "$fz" ] && [ -f "$fz" ] || continue
+                name=${fz##*/fuzz_}
+                scratch=$(mktemp -d)
+                if UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "$fz" -max_total_time=20 \
+                    -timeout=10 -rss_limit_mb=2048 -artifact_prefix=build-fuzz/ "$scratch" \
+                    "tests/fuzz/corpus/$name" >"build-fuzz/fuzz_$name.log" 2>&1; then
+                    echo "fuzz_$name: $(grep -E '^Done' "build-fuzz/fuzz_$name.log")"
+                    passed=$((passed + 1))
+                else
+                    tail -40 "build-fuzz/fuzz_$name.log"
+                    echo "fuzz_$name: FAILED (input saved under build-fuzz/)"
+                    failed=$((failed + 1))
+                    failures+=("fuzz: $name")
+                fi
+                rm -rf "$scratch"
+            done
+        else
+            [ -f build-fuzz/ninja.log ] && tail -50 build-fuzz/ninja.log
+            echo "=== fuzz: BUILD FAILED"
+            failed=$((failed + 1))
+            failures+=("fuzz: build")
+        fi
+    fi
 
     echo "=== clang-format"
     if command -v clang-format >/dev/null; then

@@ -19,11 +19,12 @@ static void apply(struct svc *s, const struct svc_msg *m)
             hp_log_warn("pid %d: cannot start bookkeeping: %s", m->pid, strerror(-r));
         break;
     case SVC_MSG_ALLOC:
-        bk_record_alloc(s->bk, m->pid, m->seq, m->addr, m->size, m->sample_size,
+        /* struct svc_msg carries no heap id yet: every record goes to heap 0. */
+        bk_record_alloc(s->bk, m->pid, m->heap_id, m->seq, m->addr, m->size, m->sample_size,
                         (const struct hp_frame *)payload, m->n);
         break;
     case SVC_MSG_FREE:
-        bk_record_free(s->bk, m->pid, m->seq, m->addr);
+        bk_record_free(s->bk, m->pid, m->heap_id, m->seq, m->addr);
         break;
     case SVC_MSG_PROC_END: {
         struct bk_process_stats st;
@@ -34,6 +35,11 @@ static void apply(struct svc *s, const struct svc_msg *m)
         svc__mark_done(s, m->pid);
         break;
     }
+    case SVC_MSG_DUMP_ALL:
+        r = bk_dump_all(s->bk);
+        if (r < 0)
+            hp_log_warn("dump failed: %s", strerror(-r));
+        break;
     default:
         break;
     }
@@ -52,10 +58,17 @@ void *svc__bk_main(void *arg)
             off += m->len;
         }
         free(b);
+        /* Published after whole messages only, so stat_bytes is a packet boundary. */
+        struct bk_counters c;
+        bk_get_counters(s->bk, &c);
+        atomic_store_explicit(&s->stat_dumps, c.dumps, memory_order_relaxed);
+        atomic_store_explicit(&s->stat_bytes, c.bytes_written, memory_order_relaxed);
     }
     int r = bk_dump_all(s->bk);
     if (r < 0)
         hp_log_warn("final dump failed: %s", strerror(-r));
     bk_get_counters(s->bk, &s->bk_counters);
+    atomic_store_explicit(&s->stat_dumps, s->bk_counters.dumps, memory_order_relaxed);
+    atomic_store_explicit(&s->stat_bytes, s->bk_counters.bytes_written, memory_order_relaxed);
     return NULL;
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "service/cmds.h"
 #include "service/svc.h"
 #include "shmem_ring/ring.h"
 
@@ -96,5 +97,26 @@ int svc_config_check(const struct svc_config *cfg, char *err, size_t err_len)
                  (unsigned long long)n, (unsigned long long)cfg->max_stack_bytes);
         return -EINVAL;
     }
+    return 0;
+}
+
+int parse_continuous_dump(const char *arg, struct svc_config *cfg)
+{
+    char *end;
+    errno = 0;
+    unsigned long iv = strtoul(arg, &end, 10);
+    unsigned long ph = 0;
+    if (errno || end == arg || iv < 10 || iv > UINT32_MAX || arg[0] == '-')
+        return -EINVAL;
+    if (*end == ',') {
+        const char *p = end + 1;
+        ph = strtoul(p, &end, 10);
+        if (errno || end == p || ph > UINT32_MAX || p[0] == '-')
+            return -EINVAL;
+    }
+    if (*end)
+        return -EINVAL;
+    cfg->dump_interval_ms = (uint32_t)iv;
+    cfg->dump_phase_ms = (uint32_t)ph;
     return 0;
 }

@@ -2,6 +2,7 @@
  *
  *     heapprof record [options] -- CMD [ARGS...]   profile CMD from its first allocation
  *     heapprof report FILE [--top N]               print the top allocation sites
+ *     heapprof pprof FILE [-o OUT]                 export the dumps as gzipped pprof
  */
 #include <elf.h>
 #include <errno.h>
@@ -22,17 +23,13 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/macros.h"
+#include "service/cmds.h"
+#include "service/loop.h"
 #include "service/svc.h"
 
 #ifndef HP_LIBDIR_FROM_BINDIR
 #define HP_LIBDIR_FROM_BINDIR "../lib"
 #endif
-
-/* Exit codes (documented in --help). */
-#define EXIT_USAGE 2
-#define EXIT_NOT_FOUND 127
-#define EXIT_CANNOT_RUN 126
-#define EXIT_PROFILER 3
 
 extern char **environ;
 
@@ -43,6 +40,10 @@ static void usage_main(FILE *f)
           "A sampling heap profiler. Commands:\n"
           "  record [options] -- CMD [ARGS...]  run CMD under the profiler, write a trace\n"
           "  report FILE [options]              print the top allocation sites of a trace\n"
+          "  attach -p PID | -n NAME [options]  profile running processes that have\n"
+          "                                     libheapprof.so preloaded\n"
+          "  dump [DAEMON_PID]                  ask the running heapprofd to dump now\n"
+          "  pprof FILE [options]               export the dumps of a trace as pprof files\n"
           "\n"
           "Run 'heapprof COMMAND --help' for the options of a command.\n",
           f);
@@ -68,6 +69,10 @@ static void usage_record(FILE *f)
           "      --block-timeout-us N     longest wait for buffer space (default 100000)\n"
           "      --dump-at-max            report live memory at the peak, not at the end\n"
           "      --seed N                 fixed sampler seed for reproducible runs\n"
+          "      --continuous-dump MS[,PHASE_MS]  also dump every MS milliseconds\n"
+          "      --status                 live status line on a terminal\n"
+          "      --follow-fork            profile children of fork() too, each as its own\n"
+          "                               process (children that exec are always profiled)\n"
           "      --top N                  sites in the summary (default 10; 0: none)\n"
           "  -q, --quiet                  no summary\n"
           "  -h, --help                   this help\n"
@@ -92,12 +97,38 @@ static void usage_report(FILE *f)
           "options:\n"
           "  -n, --top N        sites per table (default 10)\n"
           "      --dump N       use the Nth dump of each process (default: the last)\n"
+          "      --process PID  only this process\n"
+          "      --diff BASE    print the growth per site since the trace BASE (or, with\n"
+          "                     --base-dump M and BASE = FILE, since dump M of FILE)\n"
+          "      --base-dump M  the dump of BASE to compare with (default: the last)\n"
           "      --no-demangle  print C++ names as stored\n"
           "      --no-stacks    one line per site\n"
           "  -h, --help         this help\n"
           "\n"
           "example:\n"
-          "  heapprof report heapprof-myapp-1234.pftrace --top 5\n",
+          "  heapprof report heapprof-myapp-1234.pftrace --top 5\n"
+          "  heapprof report after.pftrace --diff before.pftrace\n",
+          f);
+}
+
+static void usage_pprof(FILE *f)
+{
+    fputs("usage: heapprof pprof FILE [options]\n"
+          "\n"
+          "Writes each dump of each process and heap of a trace as a gzipped pprof profile\n"
+          "(sample types alloc_objects, alloc_space, inuse_objects, inuse_space) named\n"
+          "OUT.pid<PID>.<heap>.dump<N>.pb.gz, or OUT itself if it ends in .pb.gz and one\n"
+          "profile is selected. Prints the names of the files written.\n"
+          "\n"
+          "options:\n"
+          "  -o, --output OUT   output name or prefix (default: FILE without .pftrace)\n"
+          "      --dump N       only the Nth dump of each process\n"
+          "      --process PID  only this process\n"
+          "  -h, --help         this help\n"
+          "\n"
+          "example:\n"
+          "  heapprof pprof app.pftrace -o app && go tool pprof "
+          "app.pid1234.libc.malloc.dump1.pb.gz\n",
           f);
 }
 
@@ -117,12 +148,19 @@ static int parse_int(const char *s, long min, long max, long *ret)
 static int cmd_report(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"top", required_argument, NULL, 'n'},   {"dump", required_argument, NULL, 'd'},
-        {"no-demangle", no_argument, NULL, 'D'}, {"no-stacks", no_argument, NULL, 'S'},
-        {"help", no_argument, NULL, 'h'},        {0},
+        {"top", required_argument, NULL, 'n'},
+        {"dump", required_argument, NULL, 'd'},
+        {"no-demangle", no_argument, NULL, 'D'},
+        {"no-stacks", no_argument, NULL, 'S'},
+        {"help", no_argument, NULL, 'h'},
+        {"process", required_argument, NULL, 'p'},
+        {"diff", required_argument, NULL, 'B'},
+        {"base-dump", required_argument, NULL, 'b'},
+        {0},
     };
     struct bk_report_options ro = {.top_n = 10, .demangle = true};
-    struct bk_trace_options to = {0};
+    struct bk_trace_options to = {0}, base_to = {0};
+    const char *base_path = NULL;
     long v;
     int c;
 
@@ -141,6 +179,24 @@ static int cmd_report(int argc, char **argv)
                 return EXIT_USAGE;
             }
             to.dump_index = (int)v;
+            break;
+        case 'b':
+            if (parse_int(optarg, 1, INT_MAX, &v) < 0) {
+                fprintf(stderr, "heapprof report: --base-dump wants a number >= 1, not '%s'\n",
+                        optarg);
+                return EXIT_USAGE;
+            }
+            base_to.dump_index = (int)v;
+            break;
+        case 'p':
+            if (parse_int(optarg, 1, INT32_MAX, &v) < 0) {
+                fprintf(stderr, "heapprof report: --process wants a pid, not '%s'\n", optarg);
+                return EXIT_USAGE;
+            }
+            to.pid = base_to.pid = (int32_t)v;
+            break;
+        case 'B':
+            base_path = optarg;
             break;
         case 'D':
             ro.demangle = false;
@@ -169,8 +225,97 @@ static int cmd_report(int argc, char **argv)
                 r == -EBADMSG ? "not a valid trace file" : strerror(-r));
         return 1;
     }
-    bk_report_print(stdout, t, &ro);
+    if (base_path) {
+        struct bk_trace *base;
+        /* Pids differ between two runs: the base keeps every process when the selection
+         * is by pid and the base has no such pid. */
+        r = bk_trace_load(base_path, &base_to, &base);
+        if (r == 0 && base_to.pid && base->n_processes == 0) {
+            base = bk_trace_free(base);
+            base_to.pid = 0;
+            r = bk_trace_load(base_path, &base_to, &base);
+        }
+        if (r < 0) {
+            fprintf(stderr, "heapprof report: cannot read %s: %s\n", base_path,
+                    r == -EBADMSG ? "not a valid trace file" : strerror(-r));
+            bk_trace_free(t);
+            return 1;
+        }
+        bk_report_print_diff(stdout, base, t, &ro);
+        bk_trace_free(base);
+    } else {
+        bk_report_print(stdout, t, &ro);
+    }
     bk_trace_free(t);
+    return 0;
+}
+
+/* ---- pprof ------------------------------------------------------------------------ */
+
+static int cmd_pprof(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"output", required_argument, NULL, 'o'},
+        {"dump", required_argument, NULL, 'd'},
+        {"process", required_argument, NULL, 'p'},
+        {"help", no_argument, NULL, 'h'},
+        {0},
+    };
+    const char *out = NULL;
+    int dump = 0;
+    int32_t pid = 0;
+    long v;
+    int c;
+
+    while ((c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'o':
+            out = optarg;
+            break;
+        case 'd':
+            if (parse_int(optarg, 1, INT_MAX, &v) < 0) {
+                fprintf(stderr, "heapprof pprof: --dump wants a number >= 1, not '%s'\n", optarg);
+                return EXIT_USAGE;
+            }
+            dump = (int)v;
+            break;
+        case 'p':
+            if (parse_int(optarg, 1, INT32_MAX, &v) < 0) {
+                fprintf(stderr, "heapprof pprof: --process wants a pid, not '%s'\n", optarg);
+                return EXIT_USAGE;
+            }
+            pid = (int32_t)v;
+            break;
+        case 'h':
+            usage_pprof(stdout);
+            return 0;
+        default:
+            usage_pprof(stderr);
+            return EXIT_USAGE;
+        }
+    }
+    if (optind != argc - 1) {
+        fprintf(stderr, "heapprof pprof: expected one trace file\n");
+        usage_pprof(stderr);
+        return EXIT_USAGE;
+    }
+    const char *path = argv[optind];
+    char prefix[PATH_MAX];
+    if (!out) {
+        size_t n = strlen(path);
+        if (n > 8 && !strcmp(path + n - 8, ".pftrace"))
+            n -= 8;
+        snprintf(prefix, sizeof(prefix), "%.*s", (int)n, path);
+        out = prefix;
+    }
+    int r = bk_pprof_export(path, out, dump, pid, stdout);
+    if (r < 0) {
+        fprintf(stderr, "heapprof pprof: %s: %s\n", path,
+                r == -ENODATA   ? "no dump matches"
+                : r == -EBADMSG ? "not a valid trace file"
+                                : strerror(-r));
+        return 1;
+    }
     return 0;
 }
 
@@ -332,21 +477,6 @@ static char **build_env(struct child_env *ce, const char *lib, const char *sock,
     return env;
 }
 
-static void human_bytes(uint64_t b, char *buf, size_t len)
-{
-    const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)b;
-    unsigned u = 0;
-    while (v >= 1024 && u < 4) {
-        v /= 1024;
-        u++;
-    }
-    if (u == 0)
-        snprintf(buf, len, "%llu B", (unsigned long long)b);
-    else
-        snprintf(buf, len, "%.1f %s", v, units[u]);
-}
-
 static int make_socket_dir(char *buf, size_t len)
 {
     const char *base = getenv("XDG_RUNTIME_DIR");
@@ -375,13 +505,16 @@ static int cmd_record(int argc, char **argv)
         {"dump-at-max", no_argument, NULL, 'M'},
         {"seed", required_argument, NULL, 's'},
         {"top", required_argument, NULL, 'n'},
+        {"continuous-dump", required_argument, NULL, 'C'},
+        {"status", no_argument, NULL, 'U'},
+        {"follow-fork", no_argument, NULL, 'F'},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
         {0},
     };
     struct svc_config cfg;
     const char *output = NULL, *seed = NULL;
-    bool quiet = false;
+    bool quiet = false, status_line = false;
     long top = 10, v;
     uint64_t bytes;
     int c;
@@ -448,6 +581,21 @@ static int cmd_record(int argc, char **argv)
                 return EXIT_USAGE;
             }
             break;
+        case 'C':
+            if (parse_continuous_dump(optarg, &cfg) < 0) {
+                fprintf(stderr,
+                        "heapprof record: invalid --continuous-dump '%s': expected "
+                        "INTERVAL_MS[,PHASE_MS] with INTERVAL_MS >= 10\n",
+                        optarg);
+                return EXIT_USAGE;
+            }
+            break;
+        case 'U':
+            status_line = true;
+            break;
+        case 'F':
+            cfg.follow_fork = true;
+            break;
         case 'q':
             quiet = true;
             break;
@@ -513,20 +661,13 @@ static int cmd_record(int argc, char **argv)
     }
 
     /* Signals are taken through a signalfd; the child gets the original mask back. */
-    sigset_t mask, old_mask;
-    sigemptyset(&mask);
-    sigaddset(&mask, SIGCHLD);
-    sigaddset(&mask, SIGINT);
-    sigaddset(&mask, SIGTERM);
-    sigaddset(&mask, SIGHUP);
-    sigaddset(&mask, SIGQUIT);
-    sigprocmask(SIG_BLOCK, &mask, &old_mask);
-    int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    sigset_t old_mask;
+    svc_loop_block_signals(&old_mask);
 
     /* The child waits for a go byte, so the service is listening (and the output named
      * after its pid is open) before its first allocation. */
     int go[2];
-    if (sfd < 0 || pipe2(go, O_CLOEXEC) < 0) {
+    if (pipe2(go, O_CLOEXEC) < 0) {
         perror("heapprof record");
         (void)rmdir(dir);
         return EXIT_PROFILER;
@@ -579,38 +720,19 @@ static int cmd_record(int argc, char **argv)
     }
     (void)close(go[1]);
 
-    int status = 0;
-    bool exited = false;
-    uint64_t exit_ns = 0;
-    for (;;) {
-        r = svc_poll(s, 50);
-        if (r < 0)
-            hp_log_warn("accept: %s", strerror(-r));
-        struct signalfd_siginfo si;
-        while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
-            if (si.ssi_signo == SIGCHLD) {
-                pid_t w;
-                int st;
-                while ((w = waitpid(-1, &st, WNOHANG)) > 0) {
-                    if (w == child) {
-                        status = st;
-                        exited = true;
-                        exit_ns = hp_clock_ns(CLOCK_MONOTONIC);
-                    }
-                }
-            } else if (!exited && si.ssi_pid != 0) {
-                /* Sent by a process, not by the terminal (which signals the whole
-                 * process group): pass it on. */
-                (void)kill(child, (int)si.ssi_signo);
-            }
-        }
-        if (exited) {
-            /* Let every client that exited with the program be drained; descendants
-             * still running after a grace period are dumped as they are. */
-            if (svc_live_clients(s) == 0 || hp_clock_ns(CLOCK_MONOTONIC) - exit_ns > 2000000000ull)
-                break;
-        }
-    }
+    struct svc_loop_opts lo = {
+        .dump_interval_ms = cfg.dump_interval_ms,
+        .dump_phase_ms = cfg.dump_phase_ms,
+        .status_line = !quiet && isatty(STDERR_FILENO) && status_line,
+        .child = child,
+        .forward_signals = true,
+    };
+    struct svc_loop_result res;
+    r = svc_loop_run(s, &lo, &res);
+    if (r < 0)
+        hp_log_warn("%s", strerror(-r));
+    int status = res.child_status;
+    svc_loop_arm_second_interrupt(out_fd, s);
 
     struct svc_summary sum;
     r = svc_finish(s, &sum);
@@ -624,30 +746,8 @@ static int cmd_record(int argc, char **argv)
         fprintf(stderr, "heapprof record: writing '%s' failed: %s\n", out_path, strerror(-r));
         return rc ? rc : EXIT_PROFILER;
     }
-    if (!quiet) {
-        char hb[32];
-        human_bytes(sum.output_bytes, hb, sizeof(hb));
-        fprintf(stderr,
-                "\nheapprof: %llu process%s, %llu samples, %llu frees recorded; %llu samples "
-                "dropped, %llu unwinding errors%s\n",
-                (unsigned long long)sum.processes, sum.processes == 1 ? "" : "es",
-                (unsigned long long)sum.samples, (unsigned long long)sum.frees,
-                (unsigned long long)sum.records_dropped, (unsigned long long)sum.unwinding_errors,
-                sum.corrupt_clients ? "; a client sent corrupt data" : "");
-        if (top > 0) {
-            struct bk_trace *t;
-            if (bk_trace_load(out_path, &(struct bk_trace_options){0}, &t) == 0) {
-                bk_report_print(stderr, t,
-                                &(struct bk_report_options){
-                                    .top_n = (int)top, .demangle = true, .unreleased_only = true});
-                bk_trace_free(t);
-            }
-        }
-        fprintf(stderr,
-                "heapprof: trace written to %s (%s); view it with 'heapprof report %s' "
-                "or at ui.perfetto.dev\n",
-                out_path, hb, out_path);
-    }
+    if (!quiet)
+        svc_print_summary(out_path, &sum, (int)top);
     return rc;
 }
 
@@ -670,6 +770,12 @@ int main(int argc, char **argv)
         return cmd_record(argc - 1, argv + 1);
     if (!strcmp(cmd, "report"))
         return cmd_report(argc - 1, argv + 1);
+    if (!strcmp(cmd, "attach"))
+        return cmd_attach(argc - 1, argv + 1);
+    if (!strcmp(cmd, "dump"))
+        return cmd_dump(argc - 1, argv + 1);
+    if (!strcmp(cmd, "pprof"))
+        return cmd_pprof(argc - 1, argv + 1);
     fprintf(stderr, "heapprof: unknown command '%s'\n", cmd);
     usage_main(stderr);
     return EXIT_USAGE;

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -67,6 +68,113 @@ bool svc_client_done(svc_t *s, pid_t pid)
     return done;
 }
 
+static void mark_seen(struct svc *s, pid_t pid)
+{
+    pthread_mutex_lock(&s->done_lock);
+    if (s->n_seen == s->cap_seen) {
+        size_t cap = s->cap_seen ? s->cap_seen * 2 : 16;
+        pid_t *p = realloc(s->seen_pids, cap * sizeof(*p));
+        if (p) {
+            s->seen_pids = p;
+            s->cap_seen = cap;
+        }
+    }
+    if (s->n_seen < s->cap_seen)
+        s->seen_pids[s->n_seen++] = pid;
+    pthread_mutex_unlock(&s->done_lock);
+}
+
+bool svc_client_seen(svc_t *s, pid_t pid)
+{
+    bool seen = false;
+    pthread_mutex_lock(&s->done_lock);
+    for (size_t i = 0; i < s->n_seen && !seen; i++)
+        seen = s->seen_pids[i] == pid;
+    pthread_mutex_unlock(&s->done_lock);
+    return seen;
+}
+
+void svc_get_status(svc_t *s, struct svc_status *ret)
+{
+    ret->live_processes = atomic_load_explicit(&s->live_clients, memory_order_relaxed);
+    ret->processes = atomic_load_explicit(&s->processes, memory_order_relaxed);
+    ret->samples = atomic_load_explicit(&s->samples, memory_order_relaxed);
+    ret->records_dropped = atomic_load_explicit(&s->drops, memory_order_relaxed);
+    ret->dumps = atomic_load_explicit(&s->stat_dumps, memory_order_relaxed);
+    ret->output_bytes = atomic_load_explicit(&s->stat_bytes, memory_order_relaxed);
+}
+
+int svc_dump_now(svc_t *s)
+{
+    struct svc_msg *m = svc__batch_add(&s->ctl, sizeof(*m));
+    if (!m)
+        return -ENOMEM;
+    m->type = SVC_MSG_DUMP_ALL;
+    svc__batch_flush(&s->ctl);
+    return 0;
+}
+
+void svc_detach_all(svc_t *s, uint32_t flags)
+{
+    for (unsigned i = 0; i < s->n_unwinders; i++) {
+        struct svc_unwinder *u = &s->unwinders[i];
+        pthread_mutex_lock(&u->lock);
+        u->detach = true;
+        u->detach_flags |= flags;
+        pthread_mutex_unlock(&u->lock);
+        uint64_t one = 1;
+        (void)!write(u->wake_fd, &one, sizeof(one));
+    }
+}
+
+/* Resident memory of this process in KiB, from /proc/self/statm. */
+static uint64_t self_rss_kb(void)
+{
+    char buf[128];
+    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    (void)close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    unsigned long long size = 0, resident = 0;
+    if (sscanf(buf, "%llu %llu", &size, &resident) != 2)
+        return 0;
+    return resident * (uint64_t)sysconf(_SC_PAGESIZE) / 1024;
+}
+
+bool svc_check_guardrails(svc_t *s)
+{
+    if (s->guardrail_fired)
+        return false;
+    const char *what = NULL;
+    uint64_t value = 0, limit = 0;
+    if (s->cfg.max_heapprofd_memory_kb) {
+        value = self_rss_kb();
+        limit = s->cfg.max_heapprofd_memory_kb;
+        if (value > limit)
+            what = "memory (KiB)";
+    }
+    if (!what && s->cfg.max_heapprofd_cpu_secs) {
+        struct rusage ru;
+        if (getrusage(RUSAGE_SELF, &ru) == 0) {
+            value = (uint64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec);
+            limit = s->cfg.max_heapprofd_cpu_secs;
+            if (value >= limit)
+                what = "CPU time (s)";
+        }
+    }
+    if (!what)
+        return false;
+    s->guardrail_fired = true;
+    hp_log_warn("guardrail hit: service %s %llu > limit %llu; profiling stopped, data dumped", what,
+                (unsigned long long)value, (unsigned long long)limit);
+    svc_detach_all(s, BK_FLAG_HIT_GUARDRAIL);
+    return true;
+}
+
 unsigned svc_live_clients(svc_t *s)
 {
     return atomic_load_explicit(&s->live_clients, memory_order_relaxed);
@@ -115,6 +223,11 @@ static int listen_on(const char *path, int *ret_fd)
     HP_CLEANUP_CLOSE int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
         return -errno;
+    /* A live service answers on an existing socket: never steal it. A stale file is
+     * removed. */
+    HP_CLEANUP_CLOSE int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (probe >= 0 && connect(probe, (struct sockaddr *)&addr, sizeof(addr)) == 0)
+        return -EADDRINUSE;
     (void)unlink(path);
     if (bind(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0)
         return -errno;
@@ -143,6 +256,14 @@ static int start_unwinder(struct svc *s, struct svc_unwinder *u)
     return -r;
 }
 
+/* Source file and line of a frame for the dump's ModuleSymbols (bookkeeping thread). */
+static int source_line(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
+                       const char **ret_file, uint32_t *ret_line)
+{
+    (void)ctx;
+    return unwinder_source_line(m, rel_pc, ret_file, ret_line);
+}
+
 int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret)
 {
     char err[256];
@@ -159,20 +280,30 @@ int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret)
     s->listen_fd = s->epfd = -1;
     pthread_mutex_init(&s->done_lock, NULL);
     svc__bkq_init(&s->bkq);
+    s->ctl.q = &s->bkq;
 
-    r = make_dir(cfg, &s->dir);
+    r = cfg->socket_path ? 0 : make_dir(cfg, &s->dir);
     if (r < 0) {
         hp_log_error("cannot create the socket directory: %s", strerror(-r));
         goto fail;
     }
-    if (asprintf(&s->sock_path, "%s/heapprofd.sock", s->dir) < 0) {
+    if (cfg->socket_path) {
+        s->sock_path = strdup(cfg->socket_path);
+        if (!s->sock_path) {
+            r = -ENOMEM;
+            goto fail;
+        }
+    } else if (asprintf(&s->sock_path, "%s/heapprofd.sock", s->dir) < 0) {
         s->sock_path = NULL;
         r = -ENOMEM;
         goto fail;
     }
     r = listen_on(s->sock_path, &s->listen_fd);
     if (r < 0) {
-        hp_log_error("cannot listen on %s: %s", s->sock_path, strerror(-r));
+        if (r == -EADDRINUSE)
+            hp_log_error("another heapprof service is already listening on %s", s->sock_path);
+        else
+            hp_log_error("cannot listen on %s: %s", s->sock_path, strerror(-r));
         goto fail;
     }
     s->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -191,9 +322,12 @@ int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret)
         hp_log_error("cannot initialise the unwinder: %s", strerror(-r));
         goto fail;
     }
-    r = bk_new(
-        &(struct bk_config){.out_fd = out_fd, .sequence_id = 1, .dump_at_max = cfg->dump_at_max},
-        &s->bk);
+    unwinder_set_source_lines(!cfg->no_source_lines);
+    r = bk_new(&(struct bk_config){.out_fd = out_fd,
+                                   .sequence_id = 1,
+                                   .dump_at_max = cfg->dump_at_max,
+                                   .source_line = source_line},
+               &s->bk);
     if (r < 0)
         goto fail;
     r = -pthread_create(&s->bk_thread, NULL, svc__bk_main, s);
@@ -321,7 +455,7 @@ static void handshake(struct svc *s, int sock)
         hp_log_warn("pid %d: handshake: bad hello", (int)cred.pid);
         goto reject;
     }
-    if (cred.uid != geteuid() && geteuid() != 0) {
+    if (cred.uid != geteuid() && !(geteuid() == 0 && s->cfg.allow_other_users)) {
         hp_log_warn("pid %d: handshake: client of uid %u rejected", (int)cred.pid,
                     (unsigned)cred.uid);
         goto reject;
@@ -348,6 +482,31 @@ static void handshake(struct svc *s, int sock)
         c->cmdline = NULL;
         c->cmdline_len = 0;
     }
+    if (s->guardrail_fired) {
+        hp_log_info("pid %d: the session hit a guardrail; left unprofiled", (int)c->pid);
+        reject(sock);
+        goto drop_quietly;
+    }
+    if (svc_config_has_targets(&s->cfg)) {
+        bool target = svc_config_matches(&s->cfg, c->pid, c->cmdline, c->cmdline_len);
+        if (c->from_startup && s->cfg.no_startup)
+            target = false;
+        if (!target) {
+            hp_log_debug("pid %d: not a target; left unprofiled", (int)c->pid);
+            reject(sock);
+            goto drop_quietly;
+        }
+    }
+
+    /* Read the maps now, while the client waits for our answer: a short-lived process
+     * may be gone by the time its first record is unwound. */
+    r = unwinder_process_new(c->pid, c->maps_fd, c->mem_fd, &c->unw);
+    c->maps_fd = c->mem_fd = -1;
+    if (r < 0) {
+        hp_log_warn("pid %d: cannot set up unwinding: %s", (int)c->pid, strerror(-r));
+        c->unw = NULL;
+        goto reject;
+    }
 
     r = ring_create(s->cfg.shmem_size_bytes, &ring_fd);
     if (r >= 0)
@@ -361,7 +520,8 @@ static void handshake(struct svc *s, int sock)
     struct wire_client_config cfg = {
         .magic = WIRE_CONFIG_MAGIC,
         .status = WIRE_STATUS_PROFILE,
-        .features = hello.features & WIRE_FEATURE_REGS_X86_64,
+        .features = hello.features & (WIRE_FEATURE_REGS_X86_64 |
+                                      (s->cfg.follow_fork ? WIRE_FEATURE_FOLLOW_FORK : 0)),
         .block_client = s->cfg.block_client,
         .sampling_interval_bytes = s->cfg.sampling_interval_bytes,
         .max_stack_bytes = s->cfg.max_stack_bytes,
@@ -379,6 +539,7 @@ static void handshake(struct svc *s, int sock)
         (void)fcntl(sock, F_SETFL, fl | O_NONBLOCK);
     c->sock = sock;
     atomic_fetch_add_explicit(&s->processes, 1, memory_order_relaxed);
+    mark_seen(s, c->pid);
     hp_log_info("pid %d: profiling", (int)c->pid);
     hand_over(s, c);
     return;
@@ -387,6 +548,7 @@ reject:
     reject(sock);
 drop:
     atomic_fetch_add_explicit(&s->rejected, 1, memory_order_relaxed);
+drop_quietly:
     if (ring_fd >= 0)
         (void)close(ring_fd);
     for (int i = 0; i < 2; i++)
@@ -484,11 +646,13 @@ svc_t *svc_free(svc_t *s)
         (void)close(s->epfd);
     if (s->sock_path)
         (void)unlink(s->sock_path);
-    if (s->dir && !s->cfg.socket_dir)
+    if (s->dir && !s->cfg.socket_dir && !s->cfg.socket_path)
         (void)rmdir(s->dir);
     free(s->sock_path);
     free(s->dir);
     free(s->done_pids);
+    free(s->seen_pids);
+    free(s->ctl.cur);
     svc__bkq_done(&s->bkq);
     pthread_mutex_destroy(&s->done_lock);
     free(s);

@@ -54,6 +54,13 @@ struct svc_config {
     uint64_t max_heapprofd_memory_kb;
     uint64_t max_heapprofd_cpu_secs;
     bool disable_fork_teardown;
+    /* Not in HeapprofdConfig: a service running as root also profiles other users'
+     * processes (by default only its own uid's). */
+    bool allow_other_users;
+    /* Children of fork() handshake again and are profiled as processes of their own. */
+    bool follow_fork;
+    /* No source files and lines in the trace (faster dumps). */
+    bool no_source_lines;
 };
 
 void svc_config_init(struct svc_config *cfg);
@@ -111,6 +118,34 @@ unsigned svc_live_clients(svc_t *s);
 /* True once the client with @pid connected and has since disconnected and been fully
  * drained. */
 bool svc_client_done(svc_t *s, pid_t pid);
+/* Live figures for a status line. Thread-safe reads of counters. */
+struct svc_status {
+    unsigned live_processes;
+    uint64_t processes;
+    uint64_t samples;
+    uint64_t records_dropped;
+    uint64_t dumps;
+    uint64_t output_bytes; /* complete packets written so far */
+};
+void svc_get_status(svc_t *s, struct svc_status *ret);
+
+/* Asks the bookkeeping thread to dump every profiled process now (continuous dumps,
+ * SIGUSR1). Returns 0 or -ENOMEM. */
+int svc_dump_now(svc_t *s) HP_WARN_UNUSED;
+
+/* Ends the profiling of every connected process: their rings are drained, they get a
+ * final dump with @flags (BK_FLAG_*) and their connection is closed, which returns them
+ * to dormant passthrough. New clients are still accepted. */
+void svc_detach_all(svc_t *s, uint32_t flags);
+
+/* True when a client with @pid has completed the handshake at any time. */
+bool svc_client_seen(svc_t *s, pid_t pid);
+
+/* Checks the guardrails (max_heapprofd_memory_kb, max_heapprofd_cpu_secs) of the
+ * service's own process; when one is exceeded, detaches every process with
+ * hit_guardrail. Returns true when a guardrail fired (once per session). */
+bool svc_check_guardrails(svc_t *s);
+
 /* Stops accepting, drains every ring, writes the final dumps, joins the threads. */
 int svc_finish(svc_t *s, struct svc_summary *ret_summary) HP_WARN_UNUSED;
 /* Removes the socket and its directory, frees everything; accepts NULL. */

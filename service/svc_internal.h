@@ -24,6 +24,7 @@ enum svc_msg_type {
     SVC_MSG_ALLOC = 2,
     SVC_MSG_FREE = 3,
     SVC_MSG_PROC_END = 4,
+    SVC_MSG_DUMP_ALL = 5,
 };
 
 /* Entries are 8-byte aligned and packed in a batch one after another. */
@@ -31,7 +32,9 @@ struct svc_msg {
     uint32_t type;
     uint32_t len; /* total bytes of this entry, aligned to 8 */
     int32_t pid;
-    uint32_t n; /* ALLOC: frames; PROC_START: cmdline bytes; PROC_END: flags */
+    uint32_t n;       /* ALLOC: frames; PROC_START: cmdline bytes; PROC_END: flags */
+    uint32_t heap_id; /* ALLOC, FREE: the client's heap id (untrusted) */
+    uint32_t reserved;
     uint64_t seq;
     uint64_t addr;
     uint64_t size;
@@ -110,6 +113,8 @@ struct svc_unwinder {
     pthread_mutex_t lock;
     struct svc_client *incoming; /* handed over, protected by lock */
     bool stop;                   /* protected by lock */
+    bool detach;                 /* protected by lock: end every client */
+    uint32_t detach_flags;       /* protected by lock */
     struct svc_client *clients;  /* owned by the thread */
     _Atomic unsigned nclients;
     struct svc_batcher batcher;
@@ -135,6 +140,12 @@ struct svc {
     pid_t *done_pids;
     size_t n_done, cap_done;
     _Atomic unsigned live_clients;
+    pid_t *seen_pids; /* protected by done_lock */
+    size_t n_seen, cap_seen;
+    /* the owner thread's own producer, for control messages (dumps) */
+    struct svc_batcher ctl;
+    bool guardrail_fired;
+    _Atomic uint64_t stat_dumps, stat_bytes; /* published by the bk thread */
     /* summary counters, atomics updated by the threads */
     _Atomic uint64_t processes, samples, frees, drops, unwind_errors, rejected, corrupt;
     struct bk_counters bk_counters; /* written by the bk thread before it exits */

@@ -81,6 +81,7 @@ static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uin
         return;
     m->type = SVC_MSG_ALLOC;
     m->pid = c->pid;
+    m->heap_id = a.heap_id;
     m->n = (uint32_t)n;
     m->seq = a.seq;
     m->addr = a.addr;
@@ -104,6 +105,7 @@ static void handle_free(struct svc_unwinder *u, struct svc_client *c, const uint
         return;
     m->type = SVC_MSG_FREE;
     m->pid = c->pid;
+    m->heap_id = f.heap_id;
     m->seq = f.seq;
     m->addr = f.addr;
     c->frees++;
@@ -168,6 +170,8 @@ static void finish_client(struct svc_unwinder *u, struct svc_client *c, uint32_t
         memcpy(m + 1, &c->stats, sizeof(c->stats));
     }
     svc__batch_flush(&u->batcher);
+    /* Writers stop before the socket closes, so nothing is written that nobody reads. */
+    ring_set_detached(c->ring);
     (void)epoll_ctl(u->epfd, EPOLL_CTL_DEL, c->sock, NULL);
     atomic_fetch_sub_explicit(&u->nclients, 1, memory_order_relaxed);
     atomic_fetch_sub_explicit(&u->svc->live_clients, 1, memory_order_relaxed);
@@ -176,12 +180,6 @@ static void finish_client(struct svc_unwinder *u, struct svc_client *c, uint32_t
 
 static void adopt(struct svc_unwinder *u, struct svc_client *c)
 {
-    int r = unwinder_process_new(c->pid, c->maps_fd, c->mem_fd, &c->unw);
-    c->maps_fd = c->mem_fd = -1;
-    if (r < 0) {
-        hp_log_warn("pid %d: cannot set up unwinding: %s", c->pid, strerror(-r));
-        c->unw = NULL;
-    }
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
     if (epoll_ctl(u->epfd, EPOLL_CTL_ADD, c->sock, &ev) < 0)
         hp_log_warn("pid %d: epoll: %s", c->pid, strerror(errno));
@@ -222,9 +220,12 @@ void *svc__unwinder_main(void *arg)
     struct svc_unwinder *u = arg;
     struct epoll_event evs[64];
     /* No signal handler runs on this thread: the unwinder skips libunwind's signal-mask
-     * syscalls, which only matter to handlers that unwind (unwinder/sigmask.h). */
+     * syscalls, which only matter to handlers that unwind (unwinder/sigmask.h). Except
+     * SIGBUS: the unwinder's handler turns a fault on a cached file truncated behind our
+     * back into a failed read (unwinder/elf_cache.h), and a blocked SIGBUS would kill. */
     sigset_t all;
     sigfillset(&all);
+    sigdelset(&all, SIGBUS);
     (void)pthread_sigmask(SIG_BLOCK, &all, NULL);
 
     for (;;) {
@@ -233,6 +234,10 @@ void *svc__unwinder_main(void *arg)
         struct svc_client *in = u->incoming;
         u->incoming = NULL;
         bool stop = u->stop;
+        bool detach = u->detach;
+        uint32_t detach_flags = u->detach_flags;
+        u->detach = false;
+        u->detach_flags = 0;
         pthread_mutex_unlock(&u->lock);
         while (in) {
             struct svc_client *next = in->next;
@@ -268,6 +273,14 @@ void *svc__unwinder_main(void *arg)
             }
         }
 
+        if (detach) {
+            while (u->clients) {
+                struct svc_client *c = u->clients;
+                u->clients = c->next;
+                finish_client(u, c, detach_flags);
+            }
+        }
+
         if (stop) {
             while (u->clients) {
                 struct svc_client *c = u->clients;
@@ -278,6 +291,12 @@ void *svc__unwinder_main(void *arg)
         }
 
         int n = epoll_wait(u->epfd, evs, HP_ARRAY_SIZE(evs), busy ? 0 : 1000);
+        if (n == 0 && !busy) {
+            /* Quiet for a second: look at every ring once more, so a record left
+             * unpublished by a stalled or dead writer is found and the client cut off. */
+            for (struct svc_client *c = u->clients; c; c = c->next)
+                c->has_work = true;
+        }
         for (int i = 0; i < n; i++) {
             if (evs[i].data.ptr == NULL) {
                 uint64_t v;

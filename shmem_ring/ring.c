@@ -100,6 +100,13 @@ int ring_map(int fd, enum ring_role role, ring_t **ret)
              fd, RING_HEADER_SIZE) == MAP_FAILED)
         goto fail_errno;
 
+        /* Fork safety (see ring_layout.h). Failing kernels (before 4.14 for WIPEONFORK) leave
+         * the check to the client's own fork handling. */
+#ifdef MADV_WIPEONFORK
+    (void)madvise(base, RING_PRIVATE_SIZE, MADV_WIPEONFORK);
+#endif
+    (void)madvise(base + RING_PRIVATE_SIZE, map_len - RING_PRIVATE_SIZE, MADV_DONTFORK);
+
     struct ring *ring = (struct ring *)base;
     ring->hdr = (struct ring_shared *)(base + RING_PRIVATE_SIZE);
     ring->data = base + RING_PRIVATE_SIZE + RING_HEADER_SIZE;
@@ -110,6 +117,9 @@ int ring_map(int fd, enum ring_role role, ring_t **ret)
     ring->role = role;
     atomic_init(&ring->blocking, false);
     atomic_init(&ring->block_timeout_us, 0);
+    ring->stall_pos = 0;
+    ring->stall_since_ns = 0;
+    ring->stall_timeout_ns = (uint64_t)RING_DEFAULT_STALL_TIMEOUT_US * 1000u;
 
     /* Copy the header fields once; the peer may change them at any time. */
     uint64_t magic = ((volatile struct ring_shared *)ring->hdr)->magic;
@@ -131,7 +141,8 @@ fail:
 
 ring_t *ring_unmap(ring_t *r)
 {
-    if (r)
+    /* In a forked child the private page reads as zeros and nothing else is mapped. */
+    if (r && r->map_base)
         (void)munmap(r->map_base, r->map_len);
     return NULL;
 }
@@ -141,6 +152,8 @@ void ring_get_stats(ring_t *r, struct ring_stats *ret)
     struct ring_shared *h = r->hdr;
 
     memset(ret, 0, sizeof(*ret));
+    if (!h)
+        return; /* forked child */
     ret->records_written = atomic_load_explicit(&h->stats.records_written, memory_order_relaxed);
     ret->bytes_written = atomic_load_explicit(&h->stats.bytes_written, memory_order_relaxed);
     ret->records_dropped = atomic_load_explicit(&h->stats.records_dropped, memory_order_relaxed);

@@ -36,6 +36,8 @@ typedef struct ring ring_t;
 #define RING_MAX_SIZE (1u << 30)
 /* Largest payload a single record may carry (a 64 KiB stack plus the alloc header fits). */
 #define RING_MAX_PAYLOAD ((1u << 20) - 64u)
+/* A reserved record unpublished for this long makes the reader give up on the ring. */
+#define RING_DEFAULT_STALL_TIMEOUT_US (2u * 1000u * 1000u)
 
 enum ring_role { RING_ROLE_READER = 0, RING_ROLE_WRITER = 1 };
 
@@ -77,9 +79,12 @@ int ring_map(int fd, enum ring_role role, ring_t **ret) HP_WARN_UNUSED;
 ring_t *ring_unmap(ring_t *r);
 
 /* Writer, hook-safe: reserves a record of @payload_len bytes of type @type. Returns 0,
- * -EAGAIN when full (record dropped and counted), -EMSGSIZE when larger than
- * RING_MAX_PAYLOAD or the ring (dropped and counted). In block mode (ring_set_blocking)
- * waits for space up to the timeout before giving up. */
+ * -EAGAIN when full (record dropped and counted in records_dropped) or when it lost too
+ * many reservation races (counted in reserve_failures), -EMSGSIZE when larger than
+ * RING_MAX_PAYLOAD or the ring (dropped and counted), -EPIPE when the reader detached
+ * (ring_set_detached()) or in a child forked after ring_map() (not counted; the data
+ * area is not touched). In block mode (ring_set_blocking) waits for space up to the
+ * timeout before giving up; the time spent waiting adds to client_spinlock_blocked_us. */
 int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len,
                          struct ring_wspan *ret) HP_WARN_UNUSED;
 /* Writer, hook-safe: publishes the record. Returns true when the reader said it is idle
@@ -87,15 +92,29 @@ int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len,
 bool ring_end_write(ring_t *r, struct ring_wspan *w);
 /* Writer: make ring_try_begin_write() wait up to @timeout_us for space. */
 void ring_set_blocking(ring_t *r, bool block, uint32_t timeout_us);
+/* Writer, hook-safe: true once the reader detached (the session is over: stop writing
+ * and go passthrough), or in a child forked after ring_map(). One relaxed load. */
+bool ring_is_detached(ring_t *r);
 
 /* Reader: returns 0 with the next record, -EAGAIN when there is none yet (empty, or the
  * next record is still being written), -EBADMSG when the shared data is corrupt (the
- * reader must then give up on this ring). Never reads outside the mapping. */
+ * reader must then give up on this ring). Never reads outside the mapping and never
+ * loops. A record reserved but still unpublished after the stall timeout (a writer that
+ * died or a hostile client; RING_DEFAULT_STALL_TIMEOUT_US unless changed) counts as
+ * corrupt: -EBADMSG. */
 int ring_begin_read(ring_t *r, struct ring_rspan *ret) HP_WARN_UNUSED;
 void ring_end_read(ring_t *r, const struct ring_rspan *rd);
 /* Reader: announce that the reader is about to sleep. After calling it the reader must
  * call ring_begin_read() once more before sleeping, so no wakeup is lost. */
 void ring_set_reader_idle(ring_t *r, bool idle);
+
+/* Reader: how long ring_begin_read() waits for a reserved record to be published before
+ * returning -EBADMSG (0: the default). */
+void ring_set_stall_timeout(ring_t *r, uint64_t timeout_us);
+/* Reader: tells the writers the session is over (before the service closes the client's
+ * socket); from then on ring_try_begin_write() returns -EPIPE. Records already reserved
+ * may still be published and can be drained. */
+void ring_set_detached(ring_t *r);
 
 /* Either side: a snapshot of the shared statistics (unvalidated on the reader side). */
 void ring_get_stats(ring_t *r, struct ring_stats *ret);

@@ -9,6 +9,10 @@
  *     base                base+4K            base+8K          base+8K+N       base+8K+2N
  *     | struct ring (priv) | ring_shared (hdr) | data [0, N)     | data [0, N) again |
  *
+ * Fork: the private page is MADV_WIPEONFORK and the rest MADV_DONTFORK, so in a child
+ * the struct ring reads as zeros (hdr == NULL: every writer call refuses with -EPIPE)
+ * and the shared pages are not mapped at all: a child can never write into the ring.
+ *
  * Positions are 64-bit byte counters that only grow; a record at position p starts at
  * data + (p & (N - 1)). Records are 8-byte aligned and start with a ring_rec header. A
  * record is published when its commit tag equals its position XOR RING_TAG_MAGIC: a tag
@@ -50,6 +54,9 @@ _Static_assert(sizeof(struct ring_rec) == 16, "ring_rec ABI");
 struct ring_shared {
     _Alignas(RING_CACHE_LINE) uint64_t magic; /* RING_HEADER_MAGIC, written by ring_create */
     uint64_t data_size;                       /* N */
+    /* Set by the reader (ring_set_detached()) when the session ends; writers then stop.
+     * Shares the read-mostly first line so the writers' check costs no extra cache miss. */
+    _Atomic uint32_t detached;
     _Alignas(RING_CACHE_LINE) _Atomic uint64_t write_pos;
     _Alignas(RING_CACHE_LINE) _Atomic uint64_t read_pos;
     _Alignas(RING_CACHE_LINE) _Atomic uint32_t reader_idle;
@@ -68,6 +75,7 @@ struct ring_shared {
     } stats;
 };
 _Static_assert(sizeof(struct ring_shared) <= RING_HEADER_SIZE, "ring header fits a page");
+_Static_assert(offsetof(struct ring_shared, detached) == 16, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, write_pos) == 64, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, read_pos) == 128, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, reader_idle) == 192, "ring_shared layout");
@@ -87,6 +95,11 @@ struct ring {
     _Atomic uint32_t block_timeout_us;
     /* Reader: its own read position; the shared copy is only written, never trusted. */
     uint64_t read_pos;
+    /* Reader: the unpublished record the reader is waiting for (stall_pos, valid when
+     * stall_since_ns != 0) and how long it waits before calling the ring corrupt. */
+    uint64_t stall_pos;
+    uint64_t stall_since_ns;
+    uint64_t stall_timeout_ns;
 };
 _Static_assert(sizeof(struct ring) <= RING_PRIVATE_SIZE, "ring fits its private page");
 

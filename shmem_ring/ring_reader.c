@@ -4,10 +4,40 @@
  * touches [data, data + 2N), which is mapped. */
 #include <assert.h>
 #include <errno.h>
+#include <sched.h>
 #include <stdatomic.h>
+#include <time.h>
 
+#include "common/clock.h"
 #include "shmem_ring/ring.h"
 #include "shmem_ring/ring_layout.h"
+
+/* Before calling a stalled ring corrupt, the reader re-checks the record this long: a
+ * process resumed after SIGSTOP gets the chance to finish the record it was writing. */
+#define RING_STALL_GRACE_NS (2u * 1000u * 1000u)
+
+/* The record at @rp is reserved (write_pos is past it) but not published. Returns -EAGAIN
+ * while that lasts less than the stall timeout, then -EBADMSG: a writer that died in the
+ * middle of a record, or a client that moved write_pos without writing, would otherwise
+ * block the reader forever. */
+static int ring_stalled(ring_t *r, uint64_t rp, const struct ring_rec *rec)
+{
+    uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
+
+    if (r->stall_since_ns == 0 || r->stall_pos != rp) {
+        r->stall_pos = rp;
+        r->stall_since_ns = now;
+        return -EAGAIN;
+    }
+    if (now - r->stall_since_ns < r->stall_timeout_ns)
+        return -EAGAIN;
+    for (uint64_t t = now; t - now < RING_STALL_GRACE_NS; t = hp_clock_ns(CLOCK_MONOTONIC)) {
+        if (atomic_load_explicit(&rec->commit_tag, memory_order_relaxed) == (rp ^ RING_TAG_MAGIC))
+            return -EAGAIN; /* published after all; the next call reads it */
+        (void)sched_yield();
+    }
+    return -EBADMSG;
+}
 
 int ring_begin_read(ring_t *r, struct ring_rspan *ret)
 {
@@ -26,7 +56,8 @@ int ring_begin_read(ring_t *r, struct ring_rspan *ret)
     /* Acquire pairs with the release store in ring_end_write(). */
     uint64_t tag = atomic_load_explicit(&rec->commit_tag, memory_order_acquire);
     if (tag != (rp ^ RING_TAG_MAGIC))
-        return -EAGAIN; /* reserved, still being written */
+        return ring_stalled(r, rp, rec); /* reserved, still being written */
+    r->stall_since_ns = 0;
 
     const volatile struct ring_rec *vrec = (const volatile struct ring_rec *)rec;
     uint32_t len = vrec->len_total;
@@ -67,4 +98,17 @@ void ring_set_reader_idle(ring_t *r, bool idle)
      * sees a record published before the fence, or its writer sees the flag. */
     if (idle)
         atomic_thread_fence(memory_order_seq_cst);
+}
+
+void ring_set_stall_timeout(ring_t *r, uint64_t timeout_us)
+{
+    if (timeout_us == 0)
+        timeout_us = RING_DEFAULT_STALL_TIMEOUT_US;
+    r->stall_timeout_ns = timeout_us > UINT64_MAX / 1000u ? UINT64_MAX : timeout_us * 1000u;
+}
+
+void ring_set_detached(ring_t *r)
+{
+    /* Relaxed: writers only need to see it eventually; nothing is published with it. */
+    atomic_store_explicit(&r->hdr->detached, 1u, memory_order_relaxed);
 }

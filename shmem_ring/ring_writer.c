@@ -51,6 +51,9 @@ int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len, struct ri
     unsigned cas_failures = 0, block_rounds = 0;
     int err = 0;
 
+    /* hdr is NULL in a child forked after ring_map() (the private page is wiped). */
+    if (HP_UNLIKELY(h == NULL || atomic_load_explicit(&h->detached, memory_order_relaxed)))
+        return -EPIPE;
     if (payload_len > RING_MAX_PAYLOAD || ring__record_total(payload_len) > r->size) {
         ring_count(&h->stats.records_dropped, 1);
         return -EMSGSIZE;
@@ -79,6 +82,11 @@ int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len, struct ri
                 break;
             }
             uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
+            if (atomic_load_explicit(&h->detached, memory_order_relaxed)) {
+                /* The session ended while we waited: no point in waiting on. */
+                err = -EPIPE;
+                break;
+            }
             if (block_rounds == 0) {
                 t_start = now;
                 deadline_ns = now + (uint64_t)atomic_load_explicit(&r->block_timeout_us,
@@ -146,6 +154,12 @@ bool ring_end_write(ring_t *r, struct ring_wspan *w)
         return false;
     /* Only the writer that clears the flag pokes the reader. */
     return atomic_exchange_explicit(&h->reader_idle, 0, memory_order_acq_rel) != 0;
+}
+
+bool ring_is_detached(ring_t *r)
+{
+    struct ring_shared *h = r->hdr;
+    return h == NULL || atomic_load_explicit(&h->detached, memory_order_relaxed) != 0;
 }
 
 void ring_set_blocking(ring_t *r, bool block, uint32_t timeout_us)

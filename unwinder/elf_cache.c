@@ -7,11 +7,13 @@
 #include <gelf.h>
 #include <libelf.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include "unwinder/global.h"
@@ -25,11 +27,91 @@
 
 #define NBUCKETS 4096
 
+/* Guards the table, the entries' refs and last_use, and the counters. */
 static pthread_mutex_t c_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct unwinder__elf *c_buckets[NBUCKETS];
+static size_t c_count;   /* entries in the table */
+static uint64_t c_clock; /* ticks of unwinder__elf_put(), for least-recently-used order */
 static uint64_t c_page_size = 4096;
 
 const char *unwinder__debug_root = "/usr/lib/debug";
+size_t unwinder__elf_cache_max = UNWINDER_ELF_CACHE_MAX;
+
+/* ---- SIGBUS-safe reads of the mapped files ------------------------------------------ */
+
+/* Copies @len bytes from @src (inside a mapped image) to @dst; returns 0, or -EFAULT when
+ * reading @src faulted: a mapped file truncated behind our back raises SIGBUS on the
+ * pages past its new end, and the handler below then resumes at the fixup label instead
+ * of letting the service die. Leaf function without a stack frame, so moving rip to the
+ * fixup is all the recovery needed. */
+int unwinder__safe_copy(void *dst, const void *src, size_t len);
+extern const char unwinder__safe_copy_end[], unwinder__safe_copy_fixup[];
+__asm__(".text\n"
+        ".p2align 4\n"
+        ".globl unwinder__safe_copy\n"
+        ".hidden unwinder__safe_copy\n"
+        ".type unwinder__safe_copy, @function\n"
+        "unwinder__safe_copy:\n"
+        "    cmp $8, %rdx\n"
+        "    jne 1f\n"
+        "    mov (%rsi), %rax\n"
+        "    mov %rax, (%rdi)\n"
+        "    xor %eax, %eax\n"
+        "    ret\n"
+        "1:  mov %rdx, %rcx\n"
+        "    rep movsb\n"
+        "    xor %eax, %eax\n"
+        "    ret\n"
+        ".globl unwinder__safe_copy_fixup\n"
+        ".hidden unwinder__safe_copy_fixup\n"
+        "unwinder__safe_copy_fixup:\n"
+        "    mov $-14, %eax\n" /* -EFAULT */
+        "    ret\n"
+        ".globl unwinder__safe_copy_end\n"
+        ".hidden unwinder__safe_copy_end\n"
+        "unwinder__safe_copy_end:\n"
+        ".size unwinder__safe_copy, .-unwinder__safe_copy\n");
+_Static_assert(EFAULT == 14, "the fixup returns -EFAULT");
+
+static struct sigaction c_old_bus;
+
+static void on_sigbus(int sig, siginfo_t *si, void *ctx)
+{
+    ucontext_t *uc = ctx;
+    uintptr_t ip = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
+    if (ip >= (uintptr_t)unwinder__safe_copy && ip < (uintptr_t)unwinder__safe_copy_end) {
+        uc->uc_mcontext.gregs[REG_RIP] = (greg_t)(uintptr_t)unwinder__safe_copy_fixup;
+        return;
+    }
+    /* Not ours: the previous disposition decides. Returning re-executes the faulting
+     * instruction, which then gets the default action. */
+    if ((c_old_bus.sa_flags & SA_SIGINFO) && c_old_bus.sa_sigaction) {
+        c_old_bus.sa_sigaction(sig, si, ctx);
+    } else if (c_old_bus.sa_handler != SIG_DFL && c_old_bus.sa_handler != SIG_IGN) {
+        c_old_bus.sa_handler(sig);
+    } else {
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof(dfl));
+        dfl.sa_handler = SIG_DFL;
+        (void)sigaction(SIGBUS, &dfl, NULL);
+    }
+}
+
+void unwinder__elf_cache_catch_sigbus(void)
+{
+    pthread_mutex_lock(&c_lock);
+    struct sigaction cur;
+    if (sigaction(SIGBUS, NULL, &cur) == 0 &&
+        !((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_sigbus)) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_sigaction = on_sigbus;
+        sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        (void)sigaction(SIGBUS, &sa, &c_old_bus);
+    }
+    pthread_mutex_unlock(&c_lock);
+}
 
 int unwinder__elf_cache_init(void)
 {
@@ -38,7 +120,14 @@ int unwinder__elf_cache_init(void)
     long ps = sysconf(_SC_PAGESIZE);
     if (ps > 0 && (ps & (ps - 1)) == 0)
         c_page_size = (uint64_t)ps;
+    /* Process-wide and kept: it only acts on faults inside unwinder__safe_copy(). */
+    unwinder__elf_cache_catch_sigbus();
     return 0;
+}
+
+static ssize_t entry_bytes(const struct unwinder__elf *e)
+{
+    return (ssize_t)(sizeof(*e) + e->n_syms * sizeof(*e->syms) + e->image_size);
 }
 
 static void entry_free(struct unwinder__elf *e)
@@ -63,6 +152,7 @@ void unwinder__elf_cache_done(void)
         }
         c_buckets[i] = NULL;
     }
+    c_count = 0;
     pthread_mutex_unlock(&c_lock);
 }
 
@@ -425,7 +515,8 @@ static int build(struct unwinder__elf *e)
     e->image_size = size;
 
     Elf64_Ehdr eh;
-    memcpy(&eh, img, sizeof(eh));
+    if (unwinder__safe_copy(&eh, img, sizeof(eh)) < 0)
+        goto out;
     if (memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
         eh.e_ident[EI_DATA] != ELFDATA2LSB || eh.e_machine != EM_X86_64)
         goto out;
@@ -463,8 +554,11 @@ static int build(struct unwinder__elf *e)
         e->load_bias = e->loads[0].vaddr - e->loads[0].offset;
     if (have_eh && eh_ph.p_offset < size) {
         uint64_t len = HP_MIN(eh_ph.p_filesz, size - eh_ph.p_offset);
-        e->has_eh_hdr = parse_eh_hdr((const uint8_t *)img + eh_ph.p_offset, len, &e->eh_table_off,
-                                     &e->eh_fde_count);
+        /* The header's fixed part is at most 20 bytes: parse a copy. */
+        uint8_t hdr[32] = {0};
+        if (unwinder__safe_copy(hdr, (const uint8_t *)img + eh_ph.p_offset,
+                                (size_t)HP_MIN(len, (uint64_t)sizeof(hdr))) == 0)
+            e->has_eh_hdr = parse_eh_hdr(hdr, len, &e->eh_table_off, &e->eh_fde_count);
         e->eh_hdr_vaddr = eh_ph.p_vaddr;
     }
 
@@ -504,6 +598,49 @@ out:
     return r;
 }
 
+/* Frees least recently used entries that nobody holds while the table is over its cap. */
+static void evict_locked(void)
+{
+    while (c_count > unwinder__elf_cache_max) {
+        struct unwinder__elf **victim = NULL;
+        for (size_t b = 0; b < NBUCKETS; b++) {
+            for (struct unwinder__elf **pe = &c_buckets[b]; *pe; pe = &(*pe)->next) {
+                if ((*pe)->refs == 0 && (!victim || (*pe)->last_use < (*victim)->last_use))
+                    victim = pe;
+            }
+        }
+        if (!victim)
+            return; /* every entry is in use: over the cap until some are released */
+        struct unwinder__elf *e = *victim;
+        *victim = e->next;
+        c_count--;
+        unwinder__account(-entry_bytes(e));
+        entry_free(e);
+    }
+}
+
+void unwinder__elf_put(const struct unwinder__elf *ce)
+{
+    if (!ce)
+        return;
+    struct unwinder__elf *e = (struct unwinder__elf *)ce;
+    pthread_mutex_lock(&c_lock);
+    if (e->refs > 0)
+        e->refs--;
+    e->last_use = ++c_clock;
+    if (e->refs == 0)
+        evict_locked();
+    pthread_mutex_unlock(&c_lock);
+}
+
+size_t unwinder__elf_cache_count(void)
+{
+    pthread_mutex_lock(&c_lock);
+    size_t n = c_count;
+    pthread_mutex_unlock(&c_lock);
+    return n;
+}
+
 int unwinder__elf_get(uint64_t dev, uint64_t inode, const char *path,
                       const struct unwinder__elf **ret)
 {
@@ -513,6 +650,8 @@ int unwinder__elf_get(uint64_t dev, uint64_t inode, const char *path,
 
     pthread_mutex_lock(&c_lock);
     struct unwinder__elf *found = find_locked(dev, inode, ipath);
+    if (found)
+        found->refs++;
     pthread_mutex_unlock(&c_lock);
     if (found) {
         *ret = found;
@@ -539,10 +678,13 @@ int unwinder__elf_get(uint64_t dev, uint64_t inode, const char *path,
         size_t b = bucket_of(dev, inode, ipath);
         e->next = c_buckets[b];
         c_buckets[b] = e;
-        unwinder__account((ssize_t)(sizeof(*e) + e->n_syms * sizeof(*e->syms)));
+        c_count++;
+        unwinder__account(entry_bytes(e));
         found = e;
         e = NULL;
     }
+    found->refs++;
+    evict_locked();
     pthread_mutex_unlock(&c_lock);
     entry_free(e);
     *ret = found;
@@ -557,8 +699,8 @@ int unwinder__elf_read(const struct unwinder__elf *e, uint64_t off, void *buf, s
     if (off >= mapped_end || len > mapped_end - off)
         return -EFAULT;
     size_t avail = off < e->image_size ? HP_MIN(len, e->image_size - (size_t)off) : 0;
-    if (avail)
-        memcpy(buf, e->image + off, avail);
+    if (avail && unwinder__safe_copy(buf, e->image + off, avail) < 0)
+        return -EFAULT;
     if (avail < len)
         memset((uint8_t *)buf + avail, 0, len - avail);
     return 0;

@@ -13,11 +13,20 @@
  *     unwinder__elf_get(dev, inode, path, &e);
  *     if (e->ok) name = unwinder__elf_symbol(e, vaddr);
  *
- * Thread-safe. Entries are immutable once published and live until
- * unwinder_global_done().
+ * Thread-safe. Entries are immutable once published (but for their reference count) and
+ * live while held: every unwinder__elf_get() is paired with an unwinder__elf_put(). The
+ * cache keeps at most unwinder__elf_cache_max entries; beyond that, the least recently
+ * released entries nobody holds are freed (their names stay: they are interned). Bytes
+ * counted in unwinder_global_bytes(): the entry, its symbol index and its mapped image.
  *
- * Known limit: the file is mmap'd, so a file truncated behind our back makes reads of its
- * tail fault (SIGBUS) in the service.
+ * Files are mmap'd. Reads of the image go through a copy routine that survives the
+ * SIGBUS of a file truncated behind our back (unwinder__elf_cache_init() installs a
+ * process-wide SIGBUS handler that only acts on faults inside that routine; others go to
+ * the previous disposition); such a read fails with -EFAULT. Threads that unwind must
+ * not block SIGBUS: the kernel kills a process that faults with it blocked. Known limit: libelf and
+ * libdw read the files through their own mappings while an entry is built, and in the
+ * source-line lookups and the .debug_frame fallback; a truncation during those still
+ * faults.
  */
 #ifndef HP_UNWINDER_ELF_CACHE_H
 #define HP_UNWINDER_ELF_CACHE_H
@@ -28,6 +37,9 @@
 
 #include "common/frame.h"
 #include "common/macros.h"
+
+/* Default cap of cached files (unwinder__elf_cache_max). */
+#define UNWINDER_ELF_CACHE_MAX 512
 
 /* Cap of PT_LOAD entries kept per file; real files have 2 to 5. */
 #define UNWINDER_ELF_MAX_LOADS 16
@@ -72,6 +84,9 @@ struct unwinder__elf {
     struct unwinder__symbol *syms; /* sorted by start, unique starts */
     size_t n_syms;
 
+    /* Guarded by the cache's lock. */
+    unsigned refs;              /* holders: unwinder__elf_get() calls not yet put */
+    uint64_t last_use;          /* tick of the last unwinder__elf_put() */
     struct unwinder__elf *next; /* hash chain */
 };
 
@@ -80,14 +95,30 @@ struct unwinder__elf {
  * unwinder__elf_get(); for tests. */
 extern const char *unwinder__debug_root;
 
-/* Finds or creates the entry of a file. @path is the path from the maps line (any bytes;
- * only absolute paths are opened). @dev is makedev(major, minor) as in the maps line.
- * Sets @ret (possibly to a negative entry) and returns 0, or -ENOMEM. */
+/* Cap of cached files; for tests. Set while no other thread uses the cache. */
+extern size_t unwinder__elf_cache_max;
+
+/* Finds or creates the entry of a file and takes a reference to it. @path is the path from the maps
+ * line (any bytes; only absolute paths are opened). @dev is makedev(major, minor) as in the maps
+ * line. Sets @ret (possibly to a negative entry) and returns 0, or -ENOMEM. */
 int unwinder__elf_get(uint64_t dev, uint64_t inode, const char *path,
                       const struct unwinder__elf **ret) HP_WARN_UNUSED;
 
+/* Drops the reference taken by unwinder__elf_get(); @e may be freed by the time it
+ * returns. Accepts NULL. */
+void unwinder__elf_put(const struct unwinder__elf *e);
+
+/* Installs the SIGBUS handler that makes reads of truncated files fail (done by
+ * unwinder_global_init(); again when something replaced it, e.g. a test framework that
+ * catches signals). Thread-safe. */
+void unwinder__elf_cache_catch_sigbus(void);
+
+/* Entries in the cache (held or not). */
+size_t unwinder__elf_cache_count(void);
+
 /* Copies @len bytes at file offset @off of the image; bytes past the end of the file but
- * within the same page read as zero, as the kernel maps them. 0 or -EFAULT. */
+ * within the same page read as zero, as the kernel maps them. 0, or -EFAULT (out of
+ * range, or the file was truncated under the mapping). */
 int unwinder__elf_read(const struct unwinder__elf *e, uint64_t off, void *buf,
                        size_t len) HP_WARN_UNUSED;
 

@@ -12,6 +12,7 @@
 #define HP_UNWINDER_GLOBAL_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "common/frame.h"
@@ -33,6 +34,17 @@ void unwinder__account(ssize_t delta);
 /* The ELF cache's part of unwinder_global_init()/done() (unwinder/elf_cache.c). */
 int unwinder__elf_cache_init(void);
 void unwinder__elf_cache_done(void);
+
+/* How old a process's maps may get before an unwind rereads them (unwinder/unwind.c;
+ * default 1 s; rereading identical maps keeps every cache). For tests. */
+extern uint64_t unwinder__maps_refresh_ns;
+
+/* How unwinder/srcline.c asks debuginfod for the debug file of a build id (when
+ * DEBUGINFOD_URLS is set): 0 with a malloc'd path, or -errno. Replaceable for tests. */
+extern int (*unwinder__debuginfod_fetch)(const uint8_t *build_id, uint32_t len, char **ret_path);
+
+/* How many times unwinder/srcline.c asked debuginfod (one per file at most). */
+unsigned long unwinder__debuginfod_tries(void);
 
 /* Releases the source-line cache (unwinder/srcline.c). */
 void unwinder__srcline_done(void);

@@ -5,7 +5,14 @@
  * separate debug file (by build id under the debug root, as for symbols). One Dwarf
  * handle per file stays open until unwinder_global_done(); libdw handles are not
  * thread-safe, so every lookup holds one lock (lookups are rare: once per unique frame).
+ *
+ * When neither has DWARF and DEBUGINFOD_URLS is set (and not empty), the debug file is
+ * asked from debuginfod by build id, once per file, through libdebuginfod loaded with
+ * dlopen() (no build or package dependency; without the library nothing is fetched).
+ * That can take seconds and holds the lock: it belongs to dump time, like every call of
+ * unwinder_source_line(); the unwinding path never fetches anything.
  */
+#include <dlfcn.h>
 #include <elfutils/libdw.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -38,6 +45,70 @@ struct src_entry {
     const char *file; /* interned; NULL: unknown */
     uint32_t line;
 };
+
+/* ---- debuginfod ---------------------------------------------------------------- */
+
+/* libdebuginfod's API (elfutils/debuginfod.h, not installed without its -dev package). */
+typedef void *(*dbgd_begin_fn)(void);
+typedef int (*dbgd_find_fn)(void *client, const unsigned char *build_id, int build_id_len,
+                            char **path);
+typedef void (*dbgd_end_fn)(void *client);
+
+static pthread_once_t s_dbgd_once = PTHREAD_ONCE_INIT;
+static dbgd_begin_fn s_dbgd_begin;
+static dbgd_find_fn s_dbgd_find;
+static dbgd_end_fn s_dbgd_end;
+static atomic_ulong s_dbgd_tries;
+
+static void dbgd_load(void)
+{
+    void *h = dlopen("libdebuginfod.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return;
+    s_dbgd_begin = (dbgd_begin_fn)(uintptr_t)dlsym(h, "debuginfod_begin");
+    s_dbgd_find = (dbgd_find_fn)(uintptr_t)dlsym(h, "debuginfod_find_debuginfo");
+    s_dbgd_end = (dbgd_end_fn)(uintptr_t)dlsym(h, "debuginfod_end");
+    if (!s_dbgd_begin || !s_dbgd_find || !s_dbgd_end)
+        s_dbgd_begin = NULL; /* the handle stays open: a library is loaded once */
+}
+
+static int dbgd_fetch(const uint8_t *build_id, uint32_t len, char **ret_path)
+{
+    (void)pthread_once(&s_dbgd_once, dbgd_load);
+    if (!s_dbgd_begin)
+        return -ENOSYS;
+    void *client = s_dbgd_begin();
+    if (!client)
+        return -ENOMEM;
+    char *path = NULL;
+    int fd = s_dbgd_find(client, build_id, (int)len, &path);
+    s_dbgd_end(client);
+    if (fd < 0) {
+        free(path);
+        return fd;
+    }
+    (void)close(fd);
+    if (!path)
+        return -ENOENT;
+    *ret_path = path;
+    return 0;
+}
+
+int (*unwinder__debuginfod_fetch)(const uint8_t *build_id, uint32_t len,
+                                  char **ret_path) = dbgd_fetch;
+
+unsigned long unwinder__debuginfod_tries(void)
+{
+    return atomic_load_explicit(&s_dbgd_tries, memory_order_relaxed);
+}
+
+static bool dbgd_enabled(void)
+{
+    const char *urls = getenv("DEBUGINFOD_URLS");
+    return urls && urls[0];
+}
+
+/* ---- cache ---------------------------------------------------------------------- */
 
 static pthread_mutex_t s_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_bool s_enabled = true;
@@ -113,6 +184,14 @@ static struct src_file *file_locked(const struct hp_mapping *m)
         if (k > 0 && (size_t)k + 7 < sizeof(buf)) {
             memcpy(buf + k, ".debug", 7);
             f->dw = open_dwarf(buf, &f->fd);
+        }
+    }
+    if (!f->dw && m->build_id_len > 0 && dbgd_enabled()) {
+        atomic_fetch_add_explicit(&s_dbgd_tries, 1, memory_order_relaxed);
+        char *path = NULL;
+        if (unwinder__debuginfod_fetch(m->build_id, m->build_id_len, &path) == 0) {
+            f->dw = open_dwarf(path, &f->fd);
+            free(path);
         }
     }
     return f;

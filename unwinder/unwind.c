@@ -43,12 +43,19 @@ _Static_assert(WIRE_REG_R15 == UNW_X86_64_R15, "register numbering");
 
 /* A pc outside every known executable mapping rereads the maps at most this often. */
 #define REPARSE_MIN_INTERVAL_NS (100u * 1000 * 1000)
+
+/* Maps older than this are reread before an unwind, so that a library unloaded and
+ * another loaded at the same addresses (whose pcs are not unknown) is noticed. */
+uint64_t unwinder__maps_refresh_ns = 1000ull * 1000 * 1000;
 /* preads on /proc/PID/mem per unwind: bounds the time hostile stacks can cost. */
 #define MEM_READ_BUDGET 2048
 /* Leading libheapprof frames skipped at most (the hooks are a few frames deep). */
 #define SKIP_MAX 32
 /* Entries of libunwind's register-state cache per process (it rounds to a power of 2). */
 #define UNW_CACHE_ENTRIES 4096
+/* Slots of the per-process cache of resolved frames (power of 2). */
+#define PC_CACHE_SLOTS 2048
+#define PC_CACHE_WAYS 4
 
 /* What went wrong inside the accessors during one unw_step(). */
 enum {
@@ -67,12 +74,24 @@ struct pmap {
     bool elf_done, hm_done;
 };
 
+/* A frame resolved for one pc under one generation of the maps. */
+struct pc_slot {
+    uint64_t pc;  /* the looked-up pc (already adjusted for return addresses) */
+    uint32_t gen; /* p->maps_gen when filled; 0: empty */
+    bool skip;    /* in libheapprof */
+    struct hp_frame f;
+};
+
 struct unwinder_process {
     pid_t pid;
     int maps_fd, mem_fd;
     struct unwinder__maps maps;
-    struct pmap *pm; /* maps.n entries */
-    uint64_t last_reparse_ns;
+    struct pmap *pm;          /* maps.n entries */
+    uint32_t maps_gen;        /* bumped when the maps are reread; never 0 */
+    struct pc_slot *pcs;      /* PC_CACHE_SLOTS entries */
+    unsigned pc_victim;       /* round-robin replacement in a full set of pcs */
+    uint64_t last_reparse_ns; /* last reread for an unknown pc */
+    uint64_t parsed_ns;       /* last read of the maps, for any reason */
     unw_addr_space_t as;
     Dwfl *dwfl;      /* the fallback unwinder's view of the maps; NULL until needed */
     bool dwfl_stale; /* the maps were reread since it was made */
@@ -91,30 +110,69 @@ struct unwinder_process {
 
 /* ---- mappings ---------------------------------------------------------------- */
 
+/* Releases the ELF entries held by @pm (@n entries) and frees it. */
+static void pmaps_free(struct pmap *pm, size_t n)
+{
+    for (size_t i = 0; pm && i < n; i++)
+        unwinder__elf_put(pm[i].elf);
+    free(pm);
+}
+
+static bool maps_equal(const struct unwinder__maps *a, const struct unwinder__maps *b)
+{
+    if (a->n != b->n)
+        return false;
+    for (size_t i = 0; i < a->n; i++) {
+        const struct unwinder__map *x = &a->v[i], *y = &b->v[i];
+        if (x->start != y->start || x->end != y->end || x->pgoff != y->pgoff ||
+            x->inode != y->inode || x->dev_major != y->dev_major || x->dev_minor != y->dev_minor ||
+            x->perms != y->perms || x->path_len != y->path_len ||
+            memcmp(x->path, y->path, x->path_len) != 0)
+            return false;
+    }
+    return true;
+}
+
+/* Rereads the maps. When they changed, everything derived from the old ones is dropped
+ * (returns true); identical maps keep the caches. */
+static bool maps_reload(struct unwinder_process *p)
+{
+    p->parsed_ns = hp_clock_ns(CLOCK_MONOTONIC);
+    struct unwinder__maps m;
+    if (unwinder__maps_read(p->maps_fd, &m) < 0)
+        return false;
+    if (maps_equal(&m, &p->maps)) {
+        unwinder__maps_done(&m);
+        return false;
+    }
+    struct pmap *pm = calloc(m.n ? m.n : 1, sizeof(*pm));
+    if (!pm) {
+        unwinder__maps_done(&m);
+        return false;
+    }
+    pmaps_free(p->pm, p->maps.n);
+    unwinder__maps_done(&p->maps);
+    p->maps = m;
+    p->pm = pm;
+    p->dwfl_stale = true;
+    if (++p->maps_gen == 0)
+        p->maps_gen = 1;
+    /* Libraries may have been replaced at the same addresses. Only bumps a generation
+     * counter, so it is safe from inside an accessor. */
+    unw_flush_cache(p->as, 0, 0);
+    return true;
+}
+
+/* An unknown pc: rereads the maps, at most every REPARSE_MIN_INTERVAL_NS. True when they
+ * changed. */
 static bool reparse(struct unwinder_process *p)
 {
     uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
     if (p->last_reparse_ns && now - p->last_reparse_ns < REPARSE_MIN_INTERVAL_NS)
         return false;
     p->last_reparse_ns = now ? now : 1;
-    struct unwinder__maps m;
-    if (unwinder__maps_read(p->maps_fd, &m) < 0)
-        return false;
-    struct pmap *pm = calloc(m.n ? m.n : 1, sizeof(*pm));
-    if (!pm) {
-        unwinder__maps_done(&m);
-        return false;
-    }
-    unwinder__maps_done(&p->maps);
-    free(p->pm);
-    p->maps = m;
-    p->pm = pm;
     p->reparsed = true;
-    p->dwfl_stale = true;
-    /* Libraries may have been replaced at the same addresses. Only bumps a generation
-     * counter, so it is safe from inside an accessor. */
-    unw_flush_cache(p->as, 0, 0);
-    return true;
+    return maps_reload(p);
 }
 
 /* Index of the executable mapping holding @pc, rereading the maps (rate-limited) when
@@ -139,9 +197,13 @@ static const struct unwinder__elf *pmap_elf(struct unwinder_process *p, size_t i
     const struct unwinder__map *m = &p->maps.v[i];
     const struct unwinder__elf *e;
     if (m->path[0] != '/' ||
-        unwinder__elf_get(makedev(m->dev_major, m->dev_minor), m->inode, m->path, &e) < 0 || !e->ok)
+        unwinder__elf_get(makedev(m->dev_major, m->dev_minor), m->inode, m->path, &e) < 0)
         return NULL;
-    pm->elf = e;
+    if (!e->ok) {
+        unwinder__elf_put(e);
+        return NULL;
+    }
+    pm->elf = e; /* held until the maps are reread or the process is freed */
     pm->seg = unwinder__elf_segment_for(e, m->pgoff, (m->perms & UNWINDER_PERM_EXEC) ? PF_X : 0);
     return e;
 }
@@ -344,7 +406,10 @@ int unwinder_process_new(pid_t pid, int maps_fd, int mem_fd, unwinder_process_t 
     r = unwinder__maps_read(maps_fd, &p->maps);
     if (r < 0)
         goto fail;
+    p->parsed_ns = hp_clock_ns(CLOCK_MONOTONIC);
     p->pm = calloc(p->maps.n ? p->maps.n : 1, sizeof(*p->pm));
+    p->pcs = calloc(PC_CACHE_SLOTS, sizeof(*p->pcs));
+    p->maps_gen = 1;
     /* libunwind copies the accessors into the address space. */
     unw_accessors_t acc = {
         .find_proc_info = acc_find_proc_info,
@@ -356,7 +421,7 @@ int unwinder_process_new(pid_t pid, int maps_fd, int mem_fd, unwinder_process_t 
         .resume = acc_resume,
         .get_proc_name = acc_get_proc_name,
     };
-    p->as = p->pm ? unw_create_addr_space(&acc, 0) : NULL;
+    p->as = p->pm && p->pcs ? unw_create_addr_space(&acc, 0) : NULL;
     if (!p->as) {
         r = -ENOMEM;
         goto fail;
@@ -381,8 +446,9 @@ unwinder_process_t *unwinder_process_free(unwinder_process_t *p)
         unw_destroy_addr_space(p->as);
     if (p->dwfl)
         dwfl_end(p->dwfl);
+    pmaps_free(p->pm, p->maps.n);
     unwinder__maps_done(&p->maps);
-    free(p->pm);
+    free(p->pcs);
     if (p->maps_fd >= 0)
         (void)close(p->maps_fd);
     if (p->mem_fd >= 0)
@@ -472,6 +538,8 @@ struct dw_walk {
     uint64_t *pcs;
     bool *exact;
     size_t n, max;
+    uint64_t sp; /* the previous frame's stack pointer, if have_sp */
+    bool have_sp;
 };
 
 static int dw_frame_cb(Dwfl_Frame *state, void *arg)
@@ -481,8 +549,15 @@ static int dw_frame_cb(Dwfl_Frame *state, void *arg)
     bool activation;
     if (!dwfl_frame_pc(state, &pc, &activation) || pc == 0)
         return DWARF_CB_ABORT;
-    if (w->n > 0 && w->pcs[w->n - 1] == pc && !activation)
+    /* A frame equal to the previous one (pc and stack pointer) would repeat forever;
+     * recursion repeats the pc only. Without the stack pointer the walk is still bounded
+     * by w->max. */
+    Dwarf_Word sp = 0;
+    bool have_sp = dwfl_frame_reg(state, WIRE_REG_RSP, &sp) == 0;
+    if (w->n > 0 && w->pcs[w->n - 1] == pc && have_sp && w->have_sp && w->sp == sp)
         return DWARF_CB_ABORT;
+    w->sp = sp;
+    w->have_sp = have_sp;
     w->pcs[w->n] = pc;
     w->exact[w->n] = activation;
     w->n++;
@@ -503,7 +578,7 @@ static size_t dw_unwind(struct unwinder_process *p, uint64_t *pcs, bool *exact, 
         if (!p->dwfl)
             return 0;
     }
-    struct dw_walk w = {.pcs = pcs, .exact = exact, .n = 0, .max = max};
+    struct dw_walk w = {.pcs = pcs, .exact = exact, .n = 0, .max = max, .sp = 0, .have_sp = false};
     (void)dwfl_getthread_frames(p->dwfl, p->pid > 0 ? p->pid : 1, dw_frame_cb, &w);
     return w.n;
 }
@@ -578,8 +653,8 @@ static bool is_libheapprof(const struct unwinder__map *m)
 }
 
 /* Fills @f for the pc @pc (already adjusted for return addresses). */
-static void resolve_frame(struct unwinder_process *p, uint64_t pc, struct hp_frame *f,
-                          bool *ret_skip)
+static void resolve_frame_slow(struct unwinder_process *p, uint64_t pc, struct hp_frame *f,
+                               bool *ret_skip)
 {
     *f = (struct hp_frame){.map = NULL, .function_name = unwinder__empty(), .rel_pc = pc};
     *ret_skip = false;
@@ -602,6 +677,40 @@ static void resolve_frame(struct unwinder_process *p, uint64_t pc, struct hp_fra
     }
 }
 
+/* resolve_frame_slow(), cached per pc for the current maps: a warm unwind resolves each
+ * frame with one probe instead of a mapping search, a symbol search and a name check. */
+static void resolve_frame(struct unwinder_process *p, uint64_t pc, struct hp_frame *f,
+                          bool *ret_skip)
+{
+    /* PC_CACHE_WAYS-way set associative: direct mapping made a collision between two of
+     * a stack's pcs (likely for a few dozen pcs in 2048 slots) cost both a slow lookup on
+     * every unwind. */
+    uint64_t h = pc * 0x9e3779b97f4a7c15ull;
+    struct pc_slot *set =
+        &p->pcs[((h >> 40) & (PC_CACHE_SLOTS / PC_CACHE_WAYS - 1)) * PC_CACHE_WAYS];
+    for (size_t w = 0; w < PC_CACHE_WAYS; w++) {
+        if (set[w].pc == pc && set[w].gen == p->maps_gen) {
+            *f = set[w].f;
+            *ret_skip = set[w].skip;
+            return;
+        }
+    }
+    resolve_frame_slow(p, pc, f, ret_skip);
+    /* Only frames in a known mapping: an unknown pc may be found after a reread. */
+    if (!f->map)
+        return;
+    struct pc_slot *s = NULL;
+    for (size_t w = 0; w < PC_CACHE_WAYS && !s; w++)
+        if (set[w].gen != p->maps_gen)
+            s = &set[w];
+    if (!s)
+        s = &set[p->pc_victim++ % PC_CACHE_WAYS];
+    s->pc = pc;
+    s->gen = p->maps_gen;
+    s->skip = *ret_skip;
+    s->f = *f;
+}
+
 int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint64_t stack_ptr,
                     const uint8_t *stack, size_t stack_len, struct hp_frame *frames,
                     size_t max_frames, size_t *ret_n, struct unwinder_result *ret_res)
@@ -620,6 +729,8 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
     p->mem_budget = MEM_READ_BUDGET;
     p->reparsed = false;
     p->fail = 0;
+    if (hp_clock_ns(CLOCK_MONOTONIC) - p->parsed_ns >= unwinder__maps_refresh_ns)
+        (void)maps_reload(p);
 
     unwinder__sigmask_skip = true;
     unw_cursor_t c;
@@ -678,6 +789,15 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
 
         p->fail = 0;
         r = unw_step(&c);
+        /* A pc in a file whose CFI is only in .debug_frame: libunwind found no unwind info
+         * and guessed (frame pointer, or the end), so whatever it stepped to is not to be
+         * trusted; elfutils, which reads .debug_frame, takes over from the start. */
+        if (p->fail & FAIL_DEBUG_FRAME) {
+            err = fail_reason(p->fail, r < 0 ? r : -UNW_ENOINFO);
+            fallback = true;
+            steps = step + 1;
+            break;
+        }
         /* libunwind ends a chain it cannot follow (no unwind info, frame-pointer guess
          * rejected) with 0, like a real end; our accessors know better. */
         if (r < 0 || (r == 0 && (p->fail & (FAIL_NO_MAP | FAIL_ELF | FAIL_NO_INFO)))) {

@@ -4,17 +4,16 @@
  *                              process (captured and copied once, as a client would);
  *                              with the baseline: the same unwind with libunwind's
  *                              signal-mask syscalls left in place
- *   unwinder_samples_per_s     records one thread turns into unwound frames: a batch of
- *                              wire_alloc records with real stack copies, laid out back to
- *                              back as in the ring's data area, each validated, copied
- *                              out of the buffer and unwound (the ring itself is not in
- *                              the loop: the shared-memory ring is built elsewhere)
+ *   unwinder_samples_per_s     records one thread turns into unwound frames: wire_alloc
+ *                              records with real stack copies written into a ring made by
+ *                              ring_create(), then read, validated, unwound and posted on
+ *                              one thread (only the reading side is timed)
  *   unwinder_first_sample_us   unwinder_process_new() plus the first unwind of a new
  *                              process: with cold global caches (ELF files parsed, symbol
  *                              indexes built) and with warm ones (another process already
  *                              met the same files)
  *
- *     build-release/tests/bench/bench_unwind [iterations]
+ *     build-release/tests/bench/bench_unwind [iterations [warm]]
  */
 #include <fcntl.h>
 #include <stdbool.h>
@@ -26,6 +25,7 @@
 
 #include "common/clock.h"
 #include "common/regs.h"
+#include "shmem_ring/ring.h"
 #include "shmem_ring/wire.h"
 #include "unwinder/sigmask.h"
 #include "unwinder/unwinder.h"
@@ -34,13 +34,13 @@
 /* main, __libc_start_call_main, __libc_start_main and _start make 4 more frames. */
 #define DEPTH 21
 #define WANT_FRAMES 26
-#define BATCH 64
 
 static uint64_t g_regs[HP_NREGS];
 static uint64_t g_sp;
 static size_t g_len;
 static uint8_t g_stack[STACK_CAP];
 static struct hp_frame g_frames[UNWINDER_MAX_FRAMES];
+static uint64_t g_unwind_us_total; /* keeps the per-record timing of samples_per_s() */
 
 static uint64_t stack_end(uint64_t sp)
 {
@@ -120,46 +120,81 @@ static double warm_median_us(unwinder_process_t *p, long iters)
     return m;
 }
 
-/* Samples per second through the record path: validate the header, copy it out of the
- * shared buffer, unwind the stack in place. */
+/* Samples per second through the ring, as the service's unwinder thread takes them: a
+ * ring made by ring_create() is filled with wire_alloc records carrying the real stack
+ * copy (untimed, writer side mapped in this process), then drained on this thread (timed):
+ * read the record, copy its header out of shared memory and validate it, unwind the stack
+ * in place, time the unwind as the service does, and copy the frames into a posted
+ * message. Repeated until @iters records went through. */
 static double samples_per_s(unwinder_process_t *p, long iters)
 {
-    size_t rec_len = HP_ALIGN_UP(sizeof(struct wire_alloc) + g_len, (size_t)8);
-    uint8_t *buf = malloc(rec_len * BATCH);
-    if (!buf)
+    int fd = -1;
+    ring_t *rr = NULL, *rw = NULL;
+    if (ring_create(RING_DEFAULT_SIZE, &fd) < 0 || ring_map(fd, RING_ROLE_READER, &rr) < 0 ||
+        ring_map(fd, RING_ROLE_WRITER, &rw) < 0) {
+        fprintf(stderr, "bench_unwind: cannot make a ring\n");
         exit(1);
-    for (size_t i = 0; i < BATCH; i++) {
-        struct wire_alloc a = {.seq = i, .addr = 0x1000 + i * 64, .size = 64, .sample_size = 4096};
-        a.stack_ptr = g_sp;
-        a.stack_len = (uint32_t)g_len;
-        memcpy(a.regs, g_regs, sizeof(a.regs));
-        memcpy(buf + i * rec_len, &a, sizeof(a));
-        memcpy(buf + i * rec_len + sizeof(a), g_stack, g_len);
     }
-    size_t frames_total = 0;
-    long rounds = HP_MAX(iters / BATCH, 1L);
-    uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
-    for (long r = 0; r < rounds; r++) {
-        for (size_t i = 0; i < BATCH; i++) {
-            const uint8_t *data = buf + i * rec_len;
+    (void)close(fd);
+    const uint64_t max_stack = HP_ALIGN_UP((uint64_t)STACK_CAP, 8);
+    static struct hp_frame post[UNWINDER_MAX_FRAMES + 8];
+    size_t frames_total = 0, posted = 0;
+    uint64_t seq = 0, dt = 0, bad = 0, unwind_us = 0;
+    while ((long)posted < iters) {
+        /* Fill. */
+        for (;;) {
+            struct ring_wspan w;
+            if (ring_try_begin_write(rw, WIRE_ALLOC, sizeof(struct wire_alloc) + g_len, &w) < 0)
+                break;
+            struct wire_alloc a = {
+                .seq = seq, .addr = 0x1000 + seq * 64, .size = 64, .sample_size = 4096};
+            seq++;
+            a.stack_ptr = g_sp;
+            a.stack_len = (uint32_t)g_len;
+            memcpy(a.regs, g_regs, sizeof(a.regs));
+            memcpy(w.data, &a, sizeof(a));
+            memcpy((uint8_t *)w.data + sizeof(a), g_stack, g_len);
+            (void)ring_end_write(rw, &w);
+        }
+        /* Drain. */
+        uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
+        struct ring_rspan rd;
+        while (ring_begin_read(rr, &rd) == 0) {
             struct wire_alloc a;
-            memcpy(&a, data, sizeof(a));
-            if (a.stack_len > rec_len - sizeof(a))
-                exit(1);
+            if (rd.type != WIRE_ALLOC || rd.len < sizeof(a)) {
+                bad++;
+                ring_end_read(rr, &rd);
+                continue;
+            }
+            memcpy(&a, rd.data, sizeof(a));
+            uint64_t stack_len = a.stack_len;
+            if (stack_len > rd.len - sizeof(a) || stack_len > max_stack) {
+                bad++;
+                ring_end_read(rr, &rd);
+                continue;
+            }
             size_t n = 0;
             struct unwinder_result res;
-            (void)unwinder_unwind(p, a.regs, a.stack_ptr, data + sizeof(a), a.stack_len, g_frames,
-                                  UNWINDER_MAX_FRAMES, &n, &res);
+            uint64_t u0 = hp_clock_ns(CLOCK_MONOTONIC);
+            (void)unwinder_unwind(p, a.regs, a.stack_ptr, (const uint8_t *)rd.data + sizeof(a),
+                                  (size_t)stack_len, g_frames, UNWINDER_MAX_FRAMES, &n, &res);
+            unwind_us += (hp_clock_ns(CLOCK_MONOTONIC) - u0) / 1000; /* ProcessStats */
+            post[0].rel_pc = a.seq;
+            memcpy(post + 1, g_frames, n * sizeof(*g_frames));
+            ring_end_read(rr, &rd);
             frames_total += n;
+            posted++;
         }
+        dt += hp_clock_ns(CLOCK_MONOTONIC) - t0;
     }
-    uint64_t dt = hp_clock_ns(CLOCK_MONOTONIC) - t0;
-    free(buf);
-    if (frames_total != (size_t)rounds * BATCH * WANT_FRAMES) {
-        fprintf(stderr, "bench_unwind: unexpected frame count in the record loop\n");
+    rr = ring_unmap(rr);
+    rw = ring_unmap(rw);
+    if (bad || frames_total != posted * WANT_FRAMES) {
+        fprintf(stderr, "bench_unwind: unexpected records or frame counts in the ring loop\n");
         exit(1);
     }
-    return (double)rounds * BATCH * 1e9 / (double)dt;
+    g_unwind_us_total = unwind_us;
+    return (double)posted * 1e9 / (double)dt;
 }
 
 static double first_sample_us(bool cold)
@@ -209,6 +244,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_unwind: warning: the sigprocmask bypass does not interpose\n");
 
     double warm = warm_median_us(p, iters);
+    if (argc > 2 && strcmp(argv[2], "warm") == 0) {
+        /* For profilers: only the warm unwinds. */
+        printf("bench: unwind_warm_d26_median_us %.2f us\n", warm);
+        p = unwinder_process_free(p);
+        unwinder_global_done();
+        return 0;
+    }
     unwinder__sigmask_set_enabled(false);
     double warm_base = warm_median_us(p, iters / 4 + 1);
     unwinder__sigmask_set_enabled(true);
@@ -219,7 +261,10 @@ int main(int argc, char **argv)
 
     printf("bench: unwind_warm_d26_median_us %.2f us\n", warm);
     printf("bench: unwind_warm_d26_median_with_sigprocmask_us %.2f us (baseline)\n", warm_base);
-    printf("bench: unwinder_samples_per_s %.0f samples/s\n", sps);
+    printf("bench: unwinder_samples_per_s %.0f samples/s (ring records of %zu bytes, %zu frames;"
+           " per-unwind timing %llu us in total)\n",
+           sps, sizeof(struct wire_alloc) + g_len, (size_t)WANT_FRAMES,
+           (unsigned long long)g_unwind_us_total);
     printf("bench: unwinder_first_sample_us %.0f us\n", first_cold);
     printf("bench: unwinder_first_sample_warm_caches_us %.0f us\n", first_warm);
     printf("bench: unwinder_global_bytes %zu bytes\n", unwinder_global_bytes());

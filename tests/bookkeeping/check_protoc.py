@@ -48,10 +48,19 @@ def main():
         "index: 0",
         "index: 3",
         "max_bucket: true",
+        # ModuleSymbols for the libc frame (rel_pc 0x1234), with its raw build id.
+        'path: "/usr/lib/x86_64-linux-gnu/libc.so.6"',
+        'build_id: "\\336\\255\\276\\357"',
+        "address: 4660",
+        'function_name: "malloc"',
+        'source_file_name: "malloc/malloc.c"',
+        "line_number: 564",
     ]
     for e in expected:
         if e not in text:
             failures.append("missing %r" % e)
+    if text.count("module_symbols {") != 1:
+        failures.append("%d module_symbols packets, want 1" % text.count("module_symbols {"))
     if text.count("packet {") < 8:
         failures.append("only %d packets" % text.count("packet {"))
     if failures:

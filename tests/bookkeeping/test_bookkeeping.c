@@ -72,7 +72,7 @@ static void alloc(bk_t *bk, uint64_t seq, uint64_t addr, uint64_t size, unsigned
     struct hp_frame f[2];
     char name[16];
     make_stack(f, site, name);
-    bk_record_alloc(bk, PID, seq, addr, size, size, f, 2);
+    bk_record_alloc(bk, PID, 0, seq, addr, size, size, f, 2);
 }
 
 static uint32_t callstack_of(bk_t *bk, unsigned site)
@@ -90,8 +90,10 @@ static struct bk_site site_of(bk_t *bk, unsigned site)
 {
     struct bk_proc *p = bk__find_proc(bk, PID);
     assert_non_null(p);
-    uint64_t *idx = bk__map_get(&p->site_index, callstack_of(bk, site));
-    return idx ? p->sites[*idx] : (struct bk_site){0};
+    struct bk_heap *h = bk__find_heap(p, 0);
+    assert_non_null(h);
+    uint32_t *idx = bk__map_get(&h->site_index, callstack_of(bk, site));
+    return idx ? h->sites[*idx] : (struct bk_site){0};
 }
 
 static struct bk_counters counters(bk_t *bk)
@@ -108,8 +110,8 @@ static void test_bookkeeping_alloc_free_counters(void **state)
     alloc(bk, 1, 0x1000, 100, 1);
     alloc(bk, 2, 0x2000, 200, 1);
     alloc(bk, 3, 0x3000, 4096, 2);
-    bk_record_free(bk, PID, 4, 0x1000);
-    bk_record_free(bk, PID, 5, 0x3000);
+    bk_record_free(bk, PID, 0, 4, 0x1000);
+    bk_record_free(bk, PID, 0, 5, 0x3000);
     alloc(bk, 6, 0x1000, 50, 2); /* the freed address reused */
 
     struct bk_site s1 = site_of(bk, 1), s2 = site_of(bk, 2);
@@ -123,7 +125,7 @@ static void test_bookkeeping_alloc_free_counters(void **state)
     assert_int_equal(s2.freed, 4096);
     assert_int_equal(s2.free_count, 1);
     assert_int_equal(s2.live_count, 1);
-    assert_int_equal(bk__find_proc(bk, PID)->live_total, 250);
+    assert_int_equal(bk__find_heap(bk__find_proc(bk, PID), 0)->live_total, 250);
     struct bk_counters c = counters(bk);
     assert_int_equal(c.records_applied, 6);
     assert_int_equal(c.unknown_frees, 0);
@@ -131,7 +133,7 @@ static void test_bookkeeping_alloc_free_counters(void **state)
     assert_int_equal(c.seq_gaps, 0);
 
     /* Records of processes never started are dropped, not applied. */
-    bk_record_free(bk, PID + 1, 1, 0x2000);
+    bk_record_free(bk, PID + 1, 0, 1, 0x2000);
     assert_int_equal(counters(bk).records_applied, 6);
 }
 
@@ -140,9 +142,9 @@ static void test_bookkeeping_unknown_free_ignored(void **state)
     struct fixture *fx = *state;
     bk_t *bk = fx->bk;
     alloc(bk, 1, 0x1000, 100, 1);
-    bk_record_free(bk, PID, 2, 0xdead);
-    bk_record_free(bk, PID, 3, 0x1000);
-    bk_record_free(bk, PID, 4, 0x1000); /* double free of a sampled address */
+    bk_record_free(bk, PID, 0, 2, 0xdead);
+    bk_record_free(bk, PID, 0, 3, 0x1000);
+    bk_record_free(bk, PID, 0, 4, 0x1000); /* double free of a sampled address */
     struct bk_site s1 = site_of(bk, 1);
     assert_int_equal(s1.freed, 100);
     assert_int_equal(s1.free_count, 1);
@@ -165,8 +167,8 @@ static void test_bookkeeping_replace_at_live_address(void **state)
     assert_int_equal(s2.allocated, 300);
     assert_int_equal(s2.alloc_count, 1);
     assert_int_equal(s2.live_bytes, 300);
-    assert_int_equal(bk__find_proc(bk, PID)->live_total, 300);
-    bk_record_free(bk, PID, 3, 0x1000);
+    assert_int_equal(bk__find_heap(bk__find_proc(bk, PID), 0)->live_total, 300);
+    bk_record_free(bk, PID, 0, 3, 0x1000);
     assert_int_equal(site_of(bk, 2).freed, 300);
     assert_int_equal(site_of(bk, 1).free_count, 1);
 }
@@ -208,7 +210,7 @@ static size_t make_workload(struct op *ops, size_t n, uint64_t seed)
 static void submit_op(bk_t *bk, const struct op *o, uint64_t seq)
 {
     if (o->is_free)
-        bk_record_free(bk, PID, seq, o->addr);
+        bk_record_free(bk, PID, 0, seq, o->addr);
     else
         alloc(bk, seq, o->addr, o->size, o->site);
 }
@@ -256,9 +258,10 @@ static void test_bookkeeping_reorder_within_window(void **state)
         char name[16];
         make_stack(f, k, name);
         assert_int_equal(bk__intern_stack(&shuffled->in, f, 2, &cs), 0);
-        uint64_t *idx = bk__map_get(&p->site_index, cs);
+        struct bk_heap *h = bk__find_heap(p, 0);
+        uint32_t *idx = bk__map_get(&h->site_index, cs);
         assert_non_null(idx);
-        y = p->sites[*idx];
+        y = h->sites[*idx];
         assert_true(x.alloc_count > 0);
         assert_int_equal(x.allocated, y.allocated);
         assert_int_equal(x.freed, y.freed);
@@ -287,7 +290,7 @@ static void test_bookkeeping_gap_skipped_after_window(void **state)
     assert_int_equal(bk__find_proc(bk, PID)->n_heap, 0);
     assert_int_equal(site_of(bk, 2).alloc_count, BK_REORDER_WINDOW + 1);
     /* Then seq 2 arrives late: it is applied at once (the free of seq 1's block). */
-    bk_record_free(bk, PID, 2, 0x1000);
+    bk_record_free(bk, PID, 0, 2, 0x1000);
     assert_int_equal(site_of(bk, 1).freed, 100);
     /* The sequence continues after the highest seq seen. */
     alloc(bk, 4 + BK_REORDER_WINDOW, 0x3000, 10, 3);
@@ -301,7 +304,7 @@ static void test_bookkeeping_dump_flushes_pending(void **state)
     bk_t *bk = fx->bk;
     alloc(bk, 1, 0x1000, 100, 1);
     alloc(bk, 5, 0x2000, 200, 2); /* waits for 2..4 */
-    bk_record_free(bk, PID, 3, 0x1000);
+    bk_record_free(bk, PID, 0, 3, 0x1000);
     assert_int_equal(counters(bk).records_applied, 1);
     assert_int_equal(bk_dump_process(bk, PID), 0);
     struct bk_counters c = counters(bk);
@@ -318,7 +321,7 @@ static void test_bookkeeping_late_records_respect_newer_state(void **state)
     struct fixture *fx = *state;
     bk_t *bk = fx->bk;
     /* Truth: 1 alloc X (site 1), 2 free X, 3 alloc X (site 2). Seq 1 comes last. */
-    bk_record_free(bk, PID, 2, 0x1000);
+    bk_record_free(bk, PID, 0, 2, 0x1000);
     alloc(bk, 3, 0x1000, 300, 2);
     assert_int_equal(bk_dump_process(bk, PID), 0); /* skips the gap at 1 */
     assert_int_equal(counters(bk).unknown_frees, 1);
@@ -332,7 +335,7 @@ static void test_bookkeeping_late_records_respect_newer_state(void **state)
     /* A late free older than the allocation at the address does not free it. */
     alloc(bk, 10, 0x5000, 50, 3);
     assert_int_equal(bk_dump_process(bk, PID), 0);
-    bk_record_free(bk, PID, 7, 0x5000);
+    bk_record_free(bk, PID, 0, 7, 0x5000);
     assert_int_equal(site_of(bk, 3).live_bytes, 50);
     assert_int_equal(counters(bk).unknown_frees, 2);
 }
@@ -340,7 +343,7 @@ static void test_bookkeeping_late_records_respect_newer_state(void **state)
 static void peak_of(bk_t *bk, unsigned site, uint64_t *bytes, uint64_t *count)
 {
     struct bk_site s = site_of(bk, site);
-    bk__site_at_peak(bk__find_proc(bk, PID), &s, bytes, count);
+    bk__site_at_peak(bk__find_heap(bk__find_proc(bk, PID), 0), &s, bytes, count);
 }
 
 static void test_bookkeeping_peak_values(void **state)
@@ -350,7 +353,7 @@ static void test_bookkeeping_peak_values(void **state)
     uint64_t b, n;
     alloc(bk, 1, 0xa, 100, 1);
     alloc(bk, 2, 0xb, 50, 2); /* total 150: a peak */
-    bk_record_free(bk, PID, 3, 0xa);
+    bk_record_free(bk, PID, 0, 3, 0xa);
     alloc(bk, 4, 0xc, 60, 2); /* 110 */
     peak_of(bk, 1, &b, &n);
     assert_int_equal(b, 100);
@@ -359,11 +362,11 @@ static void test_bookkeeping_peak_values(void **state)
     assert_int_equal(b, 50);
     assert_int_equal(n, 1);
     alloc(bk, 5, 0xd, 200, 1); /* 310: the new peak */
-    bk_record_free(bk, PID, 6, 0xd);
-    bk_record_free(bk, PID, 7, 0xb);
+    bk_record_free(bk, PID, 0, 6, 0xd);
+    bk_record_free(bk, PID, 0, 7, 0xb);
     alloc(bk, 8, 0xe, 10, 3); /* 70 */
-    struct bk_proc *p = bk__find_proc(bk, PID);
-    assert_int_equal(p->peak_total, 310);
+    struct bk_heap *h = bk__find_heap(bk__find_proc(bk, PID), 0);
+    assert_int_equal(h->peak_total, 310);
     peak_of(bk, 1, &b, &n);
     assert_int_equal(b, 200);
     assert_int_equal(n, 1);
@@ -415,7 +418,7 @@ static void test_bookkeeping_peak_matches_model(void **state)
         }
         submit_op(fx->bk, o, i + 1);
     }
-    assert_int_equal(bk__find_proc(fx->bk, PID)->peak_total, peak);
+    assert_int_equal(bk__find_heap(bk__find_proc(fx->bk, PID), 0)->peak_total, peak);
     for (unsigned k = 0; k < SITES; k++) {
         uint64_t b, n;
         peak_of(fx->bk, k, &b, &n);
@@ -450,6 +453,39 @@ static void test_bookkeeping_process_lifecycle(void **state)
     assert_int_equal(site_of(bk, 1).alloc_count, 0);
 }
 
+/* The same address in two heaps is two allocations; a free only ends the one of its
+ * heap; sizes of 4 GiB and more survive the compact live table. */
+static void test_bookkeeping_heaps_are_separate(void **state)
+{
+    struct fixture *fx = *state;
+    bk_t *bk = fx->bk;
+    struct hp_frame f[2];
+    char name[16];
+    make_stack(f, 1, name);
+    const uint64_t big = 5ull << 30;
+    bk_record_alloc(bk, PID, 0, 1, 0x1000, 100, 100, f, 2);
+    bk_record_alloc(bk, PID, 7, 2, 0x1000, big, big, f, 2);
+    struct bk_proc *p = bk__find_proc(bk, PID);
+    struct bk_heap *h0 = bk__find_heap(p, 0), *h7 = bk__find_heap(p, 7);
+    assert_non_null(h7);
+    assert_int_equal(h0->live_total, 100);
+    assert_int_equal(h7->live_total, big);
+    assert_int_equal(counters(bk).replaced_allocs, 0);
+    bk_record_free(bk, PID, 7, 3, 0x1000);
+    assert_int_equal(h7->live_total, 0);
+    assert_int_equal(h7->sites[0].freed, big);
+    assert_int_equal(h0->live_total, 100);
+    bk_record_free(bk, PID, 7, 4, 0x1000);
+    assert_int_equal(counters(bk).unknown_frees, 1);
+    bk_record_free(bk, PID, 0, 5, 0x1000);
+    assert_int_equal(h0->live_total, 0);
+    char buf[64];
+    bk__heap_name(0, buf, sizeof(buf));
+    assert_string_equal(buf, "libc.malloc");
+    bk__heap_name(7, buf, sizeof(buf));
+    assert_string_equal(buf, "heap_7");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -464,6 +500,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bookkeeping_peak_values, setup_max, teardown),
         cmocka_unit_test_setup_teardown(test_bookkeeping_peak_matches_model, setup_max, teardown),
         cmocka_unit_test_setup_teardown(test_bookkeeping_process_lifecycle, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bookkeeping_heaps_are_separate, setup, teardown),
     };
     return cmocka_run_group_tests_name("bookkeeping", tests, NULL, NULL);
 }

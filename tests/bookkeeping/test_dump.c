@@ -87,7 +87,7 @@ static void do_alloc(bk_t *bk, struct model *m, int proc, uint64_t *seq, unsigne
     struct hp_frame f[4];
     size_t n = make_stack(k, f);
     int32_t pid = proc ? PID_B : PID_A;
-    bk_record_alloc(bk, pid, ++*seq, addr_of(proc, k, j), 1, size_of(proc, k), f, n);
+    bk_record_alloc(bk, pid, 0, ++*seq, addr_of(proc, k, j), 1, size_of(proc, k), f, n);
     m->site[proc][k].allocated += size_of(proc, k);
     m->site[proc][k].alloc_count++;
     m->live[proc][k] += size_of(proc, k);
@@ -103,7 +103,7 @@ static void do_alloc(bk_t *bk, struct model *m, int proc, uint64_t *seq, unsigne
 static void do_free(bk_t *bk, struct model *m, int proc, uint64_t *seq, unsigned k, unsigned j)
 {
     int32_t pid = proc ? PID_B : PID_A;
-    bk_record_free(bk, pid, ++*seq, addr_of(proc, k, j));
+    bk_record_free(bk, pid, 0, ++*seq, addr_of(proc, k, j));
     m->site[proc][k].freed += size_of(proc, k);
     m->site[proc][k].free_count++;
     m->live[proc][k] -= size_of(proc, k);
@@ -569,7 +569,7 @@ static void write_one(bk_t *bk, int32_t pid, const char *leaf, uint64_t size)
 {
     struct hp_frame f[2] = {{&libs[0], leaf, 0x10}, {&libs[2], "main", 0x20}};
     assert_int_equal(bk_process_start(bk, pid, "p", 1, true, 4096), 0);
-    bk_record_alloc(bk, pid, 1, 0x1000, size, size, f, 2);
+    bk_record_alloc(bk, pid, 0, 1, 0x1000, size, size, f, 2);
     assert_int_equal(bk_dump_process(bk, pid), 0);
 }
 
@@ -621,7 +621,7 @@ static void test_dump_write_error_is_kept(void **state)
     assert_int_equal(bk_process_start(bk, PID_A, "a", 1, true, 4096), 0);
     struct hp_frame f[4];
     size_t n = make_stack(1, f);
-    bk_record_alloc(bk, PID_A, 1, 0x10, 16, 16, f, n);
+    bk_record_alloc(bk, PID_A, 0, 1, 0x10, 16, 16, f, n);
     /* The output fd turns read-only: writes fail with EBADF. */
     int ro = open("/dev/null", O_RDONLY | O_CLOEXEC);
     assert_true(ro >= 0);
@@ -635,7 +635,7 @@ static void test_dump_write_error_is_kept(void **state)
     assert_int_equal(after.packets_written, before.packets_written);
     assert_int_equal(after.bytes_written, before.bytes_written);
     /* Later calls report the same error and the state stays usable. */
-    bk_record_free(bk, PID_A, 2, 0x10);
+    bk_record_free(bk, PID_A, 0, 2, 0x10);
     assert_int_equal(bk_dump_all(bk), -EBADF);
     assert_int_equal(bk_process_end(bk, PID_A, NULL, 0), -EBADF);
     bk_get_counters(bk, &after);

@@ -281,9 +281,95 @@ static void test_intern_many_entries_stay_distinct(void **state)
         assert_int_equal(frame_id(in, &m, "f", i), first + i);
 }
 
+/* The map against a plain array under seeded random puts and removes (seed 99), with
+ * the special keys 0 and UINT64_MAX among them, and iteration seeing each key once. */
+static void test_intern_map_matches_reference(void **state)
+{
+    (void)state;
+    enum { KEYS = 300 };
+    static uint64_t ref[KEYS];
+    static bool present[KEYS];
+    memset(present, 0, sizeof(present));
+    struct bk_map m;
+    bk__map_init(&m, sizeof(uint64_t) * 2);
+    uint64_t s = 99;
+    for (int i = 0; i < 20000; i++) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        unsigned k = (unsigned)(s % KEYS);
+        uint64_t key = k == 0 ? UINT64_MAX : k == 1 ? 0 : (uint64_t)k * 0x10000;
+        if ((s >> 20) % 3 == 0) {
+            assert_int_equal(bk__map_remove(&m, key), present[k]);
+            present[k] = false;
+        } else {
+            uint64_t *v;
+            int r = bk__map_put(&m, key, (void **)&v);
+            assert_int_equal(r, present[k] ? 0 : 1);
+            if (r == 1)
+                assert_int_equal(v[0] | v[1], 0);
+            else
+                assert_int_equal(v[0], ref[k]);
+            v[0] = ref[k] = s;
+            present[k] = true;
+        }
+    }
+    size_t n = 0, pos = 0;
+    uint64_t key;
+    void *val;
+    while (bk__map_next(&m, &pos, &key, &val))
+        n++;
+    size_t want = 0;
+    for (unsigned k = 0; k < KEYS; k++) {
+        want += present[k];
+        uint64_t key2 = k == 0 ? UINT64_MAX : k == 1 ? 0 : (uint64_t)k * 0x10000;
+        uint64_t *v = bk__map_get(&m, key2);
+        assert_int_equal(v != NULL, present[k]);
+        if (v)
+            assert_int_equal(*v, ref[k]);
+    }
+    assert_int_equal(n, want);
+    assert_int_equal(m.count, want);
+    bk__map_done(&m);
+}
+
+/* The stack cache answers exactly what the trie walk answers: seeded random stacks
+ * (seed 5) from a small pool of frames, with colliding sets, evictions, equal pcs under
+ * other names and mappings, depths around the cache's limit, all checked against a walk
+ * that bypasses the cache. */
+static void test_intern_stack_cache_matches_walk(void **state)
+{
+    struct bk_intern *in = *state;
+    static const struct hp_mapping maps[2] = {{.start = 1, .end = 2, .path = "/a"},
+                                              {.start = 3, .end = 4, .path = "/b"}};
+    static const char *const names[3] = {"x", "y", "z"};
+    uint64_t s = 5;
+    static struct hp_frame f[BK_STACK_CACHE_FRAMES + 4];
+    for (int round = 0; round < 30000; round++) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        size_t n = 1 + (s % 5 == 0 ? BK_STACK_CACHE_FRAMES + 2 - (s >> 8) % 4 : (s >> 8) % 6);
+        for (size_t i = 0; i < n; i++) {
+            uint64_t r = (s >> (i % 40)) ^ (i * 0x9e37);
+            f[i] = (struct hp_frame){&maps[r & 1], names[(r >> 1) % 3], (r >> 3) % 4};
+        }
+        uint32_t got = stack_id(in, f, n);
+        uint32_t want = 0;
+        for (size_t i = n; i-- > 0;) {
+            uint32_t fid;
+            assert_int_equal(bk__intern_frame(in, &f[i], &fid), 0);
+            assert_int_equal(bk__intern_node(in, want, fid, &want), 0);
+        }
+        assert_int_equal(got, want);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_intern_map_matches_reference),
+        cmocka_unit_test_setup_teardown(test_intern_stack_cache_matches_walk, setup, teardown),
         cmocka_unit_test_setup_teardown(test_intern_strings_separate_id_spaces, setup, teardown),
         cmocka_unit_test_setup_teardown(test_intern_strings_truncated, setup, teardown),
         cmocka_unit_test_setup_teardown(test_intern_mapping_keyed_by_content, setup, teardown),

@@ -183,3 +183,16 @@ const char *e2e_env(const char *var)
     }
     return v;
 }
+
+int e2e_check_rules(const char *trace)
+{
+    char *argv[] = {(char *)e2e_env("CHECK_TRACE"), (char *)trace, NULL};
+    struct e2e_run run;
+    if (e2e_run(argv, NULL, &run) < 0)
+        return -1;
+    if (run.status != 0)
+        fprintf(stderr, "%s", run.err);
+    int st = run.status;
+    e2e_run_free(&run);
+    return st;
+}

@@ -49,6 +49,7 @@ static struct bk_trace *load(const char *trace)
     assert_int_equal(r, 0);
     assert_non_null(t);
     assert_true(t->has_clock_snapshot);
+    assert_int_equal(e2e_check_rules(trace), 0);
     return t;
 }
 
@@ -193,6 +194,25 @@ static void test_record_cpp(void **state)
     assert_non_null(strstr(rep.out, "heapprof_test::make_widgets(int)"));
     assert_non_null(strstr(rep.out, "operator new"));
     e2e_run_free(&rep);
+
+    /* pprof export of the real trace decodes against protos/profile.proto and names the
+     * C++ functions. */
+    char *pp = e2e_tmp_path(".pb.gz");
+    char *pargv[] = {(char *)e2e_env("HEAPPROF_BIN"), "pprof", trace, "-o", pp, NULL};
+    assert_int_equal(e2e_run(pargv, NULL, &rep), 0);
+    assert_int_equal(rep.status, 0);
+    e2e_run_free(&rep);
+    const char *protoc = getenv("PROTOC");
+    if (protoc && *protoc) {
+        char cmd[8192];
+        snprintf(cmd, sizeof(cmd),
+                 "gzip -dc '%s' | '%s' --decode=perftools.profiles.Profile -I '%s' "
+                 "'%s/profile.proto' | grep -q make_widgets",
+                 pp, protoc, e2e_env("PROTOS_DIR"), e2e_env("PROTOS_DIR"));
+        assert_int_equal(system(cmd), 0);
+    }
+    unlink(pp);
+    free(pp);
     bk_trace_free(t);
     unlink(trace);
     free(trace);
@@ -241,6 +261,74 @@ static void test_record_python(void **state)
     e2e_run_free(&run);
 }
 
+static void test_record_follow_fork(void **state)
+{
+    (void)state;
+    for (int follow = 0; follow < 2; follow++) {
+        char *trace = e2e_tmp_path(".pftrace");
+        char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"),
+                        "record",
+                        "-q",
+                        "-i",
+                        "1",
+                        "-o",
+                        trace,
+                        follow ? "--follow-fork" : "--seed",
+                        follow ? "--seed" : "1",
+                        follow ? "1" : "--",
+                        follow ? "--" : (char *)e2e_env("FORKER"),
+                        follow ? (char *)e2e_env("FORKER") : NULL,
+                        NULL};
+        struct e2e_run run;
+        assert_int_equal(e2e_run(argv, NULL, &run), 0);
+        assert_int_equal(run.status, 0);
+        struct e2e_truth truth[E2E_MAX_TRUTH];
+        assert_int_equal(e2e_parse_truth(run.out, truth, E2E_MAX_TRUTH), 2);
+        struct bk_trace *t = load(trace);
+        print_message("  follow-fork %d: %zu processes\n", follow, t->n_processes);
+        assert_int_equal(t->n_processes, follow ? 2 : 1);
+        size_t with_child = 0, with_parent = 0;
+        for (size_t i = 0; i < t->n_processes; i++) {
+            struct e2e_sums c, p;
+            e2e_sum_function(&t->processes[i], "child_alloc", &c);
+            e2e_sum_function(&t->processes[i], "parent_alloc", &p);
+            if (c.alloc_count) {
+                with_child++;
+                assert_int_equal(c.alloc_bytes, 600000);
+                assert_int_equal(p.alloc_count, 0); /* its own process, not the parent's */
+            }
+            if (p.alloc_count) {
+                with_parent++;
+                assert_int_equal(p.alloc_bytes, 500000);
+            }
+        }
+        assert_int_equal(with_parent, 1);
+        assert_int_equal(with_child, follow ? 1 : 0);
+        bk_trace_free(t);
+        unlink(trace);
+        free(trace);
+        e2e_run_free(&run);
+    }
+}
+
+static void test_record_keeps_user_preload(void **state)
+{
+    (void)state;
+    char *trace = e2e_tmp_path(".pftrace");
+    char *argv[] = {
+        (char *)e2e_env("HEAPPROF_BIN"), "record", "-q", "-o", trace, "--", "/bin/sh", "-c",
+        "echo \"preload=$LD_PRELOAD\"",  NULL};
+    char *env[] = {"LD_PRELOAD=/lib/x86_64-linux-gnu/libm.so.6", NULL};
+    struct e2e_run run;
+    assert_int_equal(e2e_run(argv, env, &run), 0);
+    assert_int_equal(run.status, 0);
+    print_message("  %s", run.out);
+    assert_non_null(strstr(run.out, "libheapprof.so:/lib/x86_64-linux-gnu/libm.so.6"));
+    unlink(trace);
+    free(trace);
+    e2e_run_free(&run);
+}
+
 static void expect_failure(char *const argv[], int status, const char *msg)
 {
     struct e2e_run run;
@@ -279,6 +367,8 @@ int main(void)
         cmocka_unit_test(test_record_three_sites_sampled),
         cmocka_unit_test(test_record_cpp),
         cmocka_unit_test(test_record_python),
+        cmocka_unit_test(test_record_follow_fork),
+        cmocka_unit_test(test_record_keeps_user_preload),
         cmocka_unit_test(test_record_user_errors),
     };
     return cmocka_run_group_tests_name("e2e_record", tests, NULL, NULL);

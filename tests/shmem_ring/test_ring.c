@@ -24,10 +24,10 @@
 
 #define SMALL RING_MIN_SIZE
 
-/* ThreadSanitizer tracks synchronisation by virtual address; the reader and the writers
- * here use separate mappings of the same pages (as separate processes do), so it cannot
- * see the release/acquire pairs between them and reports every reuse of ring bytes.
- * Those tests are skipped under it; it also does not follow fork(). */
+/* ThreadSanitizer tracks synchronisation by virtual address; tests where the reader and
+ * the writers use separate mappings of the same pages (as separate processes do) are
+ * skipped under it (see test_ring_concurrent_writers), as are tests that read through one
+ * process's mapping what another process wrote. */
 #if defined(__SANITIZE_THREAD__)
 #define SKIP_UNDER_TSAN() skip()
 #else
@@ -260,10 +260,79 @@ static void test_ring_many_sizes(void **state)
     assert_int_equal(rlen, 3001);
 }
 
+/* Writes a record of @len bytes whose first and last 8 bytes (or whole payload, when
+ * shorter than 16) carry @tag, and reads it back. */
+static void write_read_marked(ring_t *w, ring_t *rd, size_t len, uint64_t tag)
+{
+    struct ring_wspan ws;
+    struct ring_rspan rs;
+    assert_int_equal(ring_try_begin_write(w, 6, len, &ws), 0);
+    if (len < 16) {
+        fill_pattern(ws.data, len, tag);
+    } else {
+        memcpy(ws.data, &tag, 8);
+        uint64_t t2 = ~tag;
+        memcpy((uint8_t *)ws.data + len - 8, &t2, 8);
+    }
+    (void)ring_end_write(w, &ws);
+    assert_int_equal(ring_begin_read(rd, &rs), 0);
+    assert_int_equal(rs.type, 6);
+    assert_int_equal(rs.len, len);
+    if (len < 16) {
+        assert_true(check_pattern(rs.data, len, tag));
+    } else {
+        uint64_t a, b;
+        memcpy(&a, rs.data, 8);
+        memcpy(&b, (const uint8_t *)rs.data + len - 8, 8);
+        assert_int_equal(a, tag);
+        assert_int_equal(b, ~tag);
+    }
+    ring_end_read(rd, &rs);
+}
+
+static void test_ring_every_size_up_to_the_ring(void **state)
+{
+    struct fixture *f = *state;
+    /* Every payload size a 64 KiB ring takes, at the ever-moving offsets the previous
+     * records leave (every record starts somewhere else, many straddle the end). */
+    for (size_t len = 0; len <= SMALL - sizeof(struct ring_rec); len++)
+        write_read_marked(f->writer, f->reader, len, len * 2654435761u + 1);
+    struct ring_wspan ws;
+    assert_int_equal(ring_try_begin_write(f->writer, 6, SMALL - sizeof(struct ring_rec) + 1, &ws),
+                     -EMSGSIZE);
+}
+
+static void test_ring_every_size_up_to_max_payload(void **state)
+{
+    (void)state;
+    struct fixture f;
+    struct ring_wspan ws;
+    struct ring_stats st;
+
+    /* The smallest ring that takes RING_MAX_PAYLOAD: sizes near the maximum, each once
+     * at the start and once straddling the end of the data area. */
+    assert_int_equal(setup_ring(&f, 2u << 20), 0);
+    for (size_t len = RING_MAX_PAYLOAD - 64; len <= RING_MAX_PAYLOAD; len++)
+        write_read_marked(f.writer, f.reader, len, len);
+    assert_int_equal(write_one(f.writer, 1, RING_MAX_PAYLOAD, 99), 0);
+    read_one_expect(f.reader, 1, RING_MAX_PAYLOAD, 99);
+    assert_int_equal(ring_try_begin_write(f.writer, 1, (size_t)RING_MAX_PAYLOAD + 1, &ws),
+                     -EMSGSIZE);
+    assert_int_equal(ring_try_begin_write(f.writer, 1, (size_t)4 << 20, &ws), -EMSGSIZE);
+    ring_get_stats(f.writer, &st);
+    assert_int_equal(st.records_dropped, 2);
+    assert_int_equal(st.records_written, 66);
+    (void)teardown(&(void *){&f});
+}
+
 /* ---- concurrency ---------------------------------------------------------------- */
 
 #define CONC_WRITERS 4
+#if defined(__SANITIZE_THREAD__)
+#define CONC_RECORDS 10000
+#else
 #define CONC_RECORDS 40000
+#endif
 
 struct conc_hdr {
     uint32_t writer;
@@ -291,23 +360,23 @@ static void *conc_writer(void *arg)
     return NULL;
 }
 
-static void test_ring_concurrent_writers(void **state)
+/* Four writer threads, one reader verifying every byte of every record, each writer's
+ * records in its reservation order. @rd and @w may be the same mapping. */
+static void run_concurrent_writers(ring_t *rd, ring_t *w)
 {
-    struct fixture *f = *state;
     pthread_t th[CONC_WRITERS];
     void *args[CONC_WRITERS][2];
     uint64_t next_seq[CONC_WRITERS] = {0};
     uint64_t total = 0;
 
-    SKIP_UNDER_TSAN();
     for (uintptr_t i = 0; i < CONC_WRITERS; i++) {
-        args[i][0] = f->writer;
+        args[i][0] = w;
         args[i][1] = (void *)i;
         assert_int_equal(pthread_create(&th[i], NULL, conc_writer, args[i]), 0);
     }
     while (total < (uint64_t)CONC_WRITERS * CONC_RECORDS) {
         struct ring_rspan rs;
-        int r = ring_begin_read(f->reader, &rs);
+        int r = ring_begin_read(rd, &rs);
         if (r == -EAGAIN) {
             sched_yield();
             continue;
@@ -324,16 +393,37 @@ static void test_ring_concurrent_writers(void **state)
         next_seq[h.writer]++;
         assert_true(check_pattern((const uint8_t *)rs.data + sizeof(h), rs.len - sizeof(h),
                                   ((uint64_t)h.writer << 32) | h.seq));
-        ring_end_read(f->reader, &rs);
+        ring_end_read(rd, &rs);
         total++;
     }
     for (int i = 0; i < CONC_WRITERS; i++)
         assert_int_equal(pthread_join(th[i], NULL), 0);
     struct ring_rspan rs;
-    assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
+    assert_int_equal(ring_begin_read(rd, &rs), -EAGAIN);
     struct ring_stats st;
-    ring_get_stats(f->reader, &st);
+    ring_get_stats(rd, &st);
     assert_int_equal(st.records_written, total);
+}
+
+/* Reader and writers share one mapping: this is the variant ThreadSanitizer checks. It
+ * tracks memory and synchronisation by virtual address, so with two mappings of the same
+ * pages in one process (next test) it cannot link a writer's release of a commit tag,
+ * seen by the reader through its own mapping, to the reader's release of read_pos that
+ * lets the next writer reuse the bytes, and reports the reuse (writer A's payload, then
+ * writer B's header at the same offset one lap later) as a race. In production the
+ * reader is another process, where the same release/acquire chain holds through the
+ * shared pages; the one-mapping variant has the identical chain in a form TSan sees. */
+static void test_ring_concurrent_writers(void **state)
+{
+    struct fixture *f = *state;
+    run_concurrent_writers(f->writer, f->writer);
+}
+
+static void test_ring_concurrent_writers_two_mappings(void **state)
+{
+    struct fixture *f = *state;
+    SKIP_UNDER_TSAN();
+    run_concurrent_writers(f->reader, f->writer);
 }
 
 static void test_ring_writer_in_other_process(void **state)
@@ -496,6 +586,105 @@ static void test_ring_corrupt_random_bytes_never_crash(void **state)
     (void)again;
 }
 
+/* ---- writers that never publish ------------------------------------------------ */
+
+/* Calls ring_begin_read() until it stops returning -EAGAIN or @limit_ms passed. */
+static int read_until_not_again(ring_t *rd, struct ring_rspan *rs, uint64_t limit_ms,
+                                uint64_t *ret_waited_ms)
+{
+    uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
+    int r;
+    while ((r = ring_begin_read(rd, rs)) == -EAGAIN &&
+           hp_clock_ns(CLOCK_MONOTONIC) - t0 < limit_ms * 1000000u)
+        usleep(1000);
+    *ret_waited_ms = (hp_clock_ns(CLOCK_MONOTONIC) - t0) / 1000000u;
+    return r;
+}
+
+static void test_ring_stalled_record_is_corruption(void **state)
+{
+    struct fixture *f = *state;
+    struct ring_wspan ws, ws2;
+    struct ring_rspan rs;
+    uint64_t waited_ms;
+
+    ring_set_stall_timeout(f->reader, 50000);
+    /* A slow writer that publishes within the timeout is waited for. */
+    assert_int_equal(ring_try_begin_write(f->writer, 1, 24, &ws), 0);
+    assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
+    usleep(30000);
+    assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
+    (void)ring_end_write(f->writer, &ws);
+    assert_int_equal(ring_begin_read(f->reader, &rs), 0);
+    ring_end_read(f->reader, &rs);
+
+    /* The timeout restarts for each record: waiting 30 ms again is fine. */
+    assert_int_equal(ring_try_begin_write(f->writer, 1, 24, &ws), 0);
+    assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
+    usleep(30000);
+    (void)ring_end_write(f->writer, &ws);
+    assert_int_equal(ring_begin_read(f->reader, &rs), 0);
+    ring_end_read(f->reader, &rs);
+
+    /* A reserved record never published, with later ones published behind it. */
+    assert_int_equal(ring_try_begin_write(f->writer, 1, 24, &ws), 0);
+    assert_int_equal(ring_try_begin_write(f->writer, 1, 24, &ws2), 0);
+    (void)ring_end_write(f->writer, &ws2);
+    assert_int_equal(read_until_not_again(f->reader, &rs, 5000, &waited_ms), -EBADMSG);
+    assert_true(waited_ms >= 50);
+    assert_true(waited_ms < 2000);
+}
+
+static void test_ring_stalled_by_hostile_write_pos(void **state)
+{
+    struct fixture *f = *state;
+    struct ring_rspan rs;
+    uint64_t waited_ms;
+
+    /* write_pos moved ahead with no record behind it. */
+    ring_set_stall_timeout(f->reader, 20000);
+    atomic_store(&f->writer->hdr->write_pos, 4096);
+    assert_int_equal(read_until_not_again(f->reader, &rs, 5000, &waited_ms), -EBADMSG);
+    assert_true(waited_ms >= 20);
+}
+
+static void test_ring_writer_died_mid_record(void **state)
+{
+    struct fixture *f = *state;
+    struct ring_rspan rs;
+    uint64_t waited_ms;
+
+    SKIP_UNDER_TSAN();
+    ring_set_stall_timeout(f->reader, 50000);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        ring_t *w = NULL;
+        struct ring_wspan ws;
+        if (ring_map(f->fd, RING_ROLE_WRITER, &w) < 0)
+            _exit(2);
+        for (int i = 0; i < 10; i++) {
+            if (ring_try_begin_write(w, 1, 100, &ws) < 0)
+                _exit(3);
+            memset(ws.data, i, 100);
+            if (i != 5) /* dies with record 5 reserved but not published */
+                (void)ring_end_write(w, &ws);
+        }
+        _exit(0);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(ring_begin_read(f->reader, &rs), 0);
+        assert_int_equal(((const uint8_t *)rs.data)[99], i);
+        ring_end_read(f->reader, &rs);
+    }
+    assert_int_equal(read_until_not_again(f->reader, &rs, 5000, &waited_ms), -EBADMSG);
+    assert_true(waited_ms >= 50);
+}
+
 /* ---- reader idle / wakeup ------------------------------------------------------- */
 
 static void test_ring_reader_idle_wakeup(void **state)
@@ -639,6 +828,103 @@ static void test_ring_blocking_waits_for_space(void **state)
     assert_int_equal(st.records_dropped, 1);
 }
 
+/* ---- end of session, fork ------------------------------------------------------ */
+
+static void test_ring_detached_stops_writers(void **state)
+{
+    struct fixture *f = *state;
+    struct ring_wspan ws;
+    struct ring_rspan rs;
+    struct ring_stats st;
+    static uint8_t before[SMALL];
+
+    assert_false(ring_is_detached(f->writer));
+    assert_int_equal(write_one(f->writer, 1, 40, 1), 0);
+    assert_int_equal(ring_try_begin_write(f->writer, 2, 100, &ws), 0);
+    fill_pattern(ws.data, 100, 2);
+
+    ring_set_detached(f->reader);
+    assert_true(ring_is_detached(f->writer));
+    uint64_t wp = atomic_load(&f->writer->hdr->write_pos);
+    memcpy(before, f->writer->data, SMALL);
+    struct ring_wspan ws2;
+    for (size_t len = 0; len < 5000; len += 333)
+        assert_int_equal(ring_try_begin_write(f->writer, 3, len, &ws2), -EPIPE);
+    assert_int_equal(ring_try_begin_write(f->writer, 3, SIZE_MAX, &ws2), -EPIPE);
+    /* Neither the data area nor the positions moved; nothing is counted as dropped. */
+    assert_memory_equal(before, f->writer->data, SMALL);
+    assert_int_equal(atomic_load(&f->writer->hdr->write_pos), wp);
+    ring_get_stats(f->writer, &st);
+    assert_int_equal(st.records_dropped, 0);
+    assert_int_equal(st.records_written, 1);
+
+    /* A record reserved before the detach is still published and drained. */
+    (void)ring_end_write(f->writer, &ws);
+    read_one_expect(f->reader, 1, 40, 1);
+    read_one_expect(f->reader, 2, 100, 2);
+    assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
+}
+
+static void *detach_later(void *arg)
+{
+    usleep(20000);
+    ring_set_detached(arg);
+    return NULL;
+}
+
+static void test_ring_detached_releases_blocked_writer(void **state)
+{
+    struct fixture *f = *state;
+    pthread_t th;
+
+    while (write_one(f->writer, 1, 4000, 0) == 0) {
+    }
+    ring_set_blocking(f->writer, true, 10 * 1000 * 1000);
+    assert_int_equal(pthread_create(&th, NULL, detach_later, f->reader), 0);
+    uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
+    assert_int_equal(write_one(f->writer, 1, 4000, 0), -EPIPE);
+    uint64_t waited_ms = (hp_clock_ns(CLOCK_MONOTONIC) - t0) / 1000000u;
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_true(waited_ms < 5000);
+    struct ring_stats st;
+    ring_get_stats(f->writer, &st);
+    assert_true(st.client_spinlock_blocked_us > 0);
+}
+
+static void test_ring_fork_child_never_writes(void **state)
+{
+    struct fixture *f = *state;
+    struct ring_rspan rs;
+
+    assert_int_equal(write_one(f->writer, 1, 16, 1), 0);
+    uint64_t wp = atomic_load(&f->writer->hdr->write_pos);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* The child inherited the parent's ring_t pointer: it must see a dead ring. */
+        struct ring_wspan ws;
+        struct ring_stats st;
+        int bad = 0;
+        bad |= !ring_is_detached(f->writer) << 0;
+        bad |= (ring_try_begin_write(f->writer, 1, 16, &ws) != -EPIPE) << 1;
+        ring_get_stats(f->writer, &st);
+        bad |= (st.records_written != 0) << 2;
+        f->writer = ring_unmap(f->writer);
+        _exit(bad);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    /* The parent's ring is intact and still usable. */
+    assert_false(ring_is_detached(f->writer));
+    assert_int_equal(atomic_load(&f->writer->hdr->write_pos), wp);
+    assert_int_equal(write_one(f->writer, 1, 16, 2), 0);
+    read_one_expect(f->reader, 1, 16, 1);
+    read_one_expect(f->reader, 1, 16, 2);
+    assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -648,16 +934,29 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ring_too_large_rejected, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_wrap_at_every_offset, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_many_sizes, setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_every_size_up_to_the_ring, setup_small, teardown),
+        cmocka_unit_test(test_ring_every_size_up_to_max_payload),
         cmocka_unit_test_setup_teardown(test_ring_concurrent_writers, setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_concurrent_writers_two_mappings, setup_small,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_ring_writer_in_other_process, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_corrupt_header_fields, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_corrupt_random_bytes_never_crash, setup_small,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_ring_stalled_record_is_corruption, setup_small,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_ring_stalled_by_hostile_write_pos, setup_small,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_ring_writer_died_mid_record, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_reader_idle_wakeup, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_reader_idle_no_lost_wakeup, setup_small,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_ring_blocking_times_out, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_blocking_waits_for_space, setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_detached_stops_writers, setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_detached_releases_blocked_writer, setup_small,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_ring_fork_child_never_writes, setup_small, teardown),
     };
     return cmocka_run_group_tests_name("ring", tests, NULL, NULL);
 }

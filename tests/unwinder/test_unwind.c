@@ -22,11 +22,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "common/clock.h"
 #include "common/regs.h"
 #include "tests/unwinder/unwtest.h"
+#include "unwinder/elf_cache.h"
+#include "unwinder/global.h"
 #include "unwinder/maps.h"
 #include "unwinder/sigmask.h"
 #include "unwinder/unwinder.h"
@@ -519,6 +523,94 @@ static void test_unwind_corrupt_elf_files(void **state)
     }
 }
 
+/* The maps text of the libunwtest.so mappings of this process, with the path and inode
+ * replaced by those of @path (NULL: unchanged). */
+static size_t lib_maps_text(const char *path, char *out, size_t cap)
+{
+    Dl_info info;
+    assert_true(dladdr((void *)unwtest_lib_call, &info) != 0);
+    struct stat st;
+    if (path)
+        assert_int_equal(stat(path, &st), 0);
+    FILE *f = fopen("/proc/self/maps", "re");
+    assert_non_null(f);
+    char line[4096];
+    size_t len = 0;
+    while (fgets(line, sizeof(line), f)) {
+        if (!strstr(line, info.dli_fname))
+            continue;
+        char range[64], perms[8], off[32], dev[16];
+        unsigned long long ino;
+        assert_int_equal(sscanf(line, "%63s %7s %31s %15s %llu", range, perms, off, dev, &ino), 5);
+        int k =
+            path ? snprintf(out + len, cap - len, "%s %s %s %02x:%02x %llu %s\n", range, perms, off,
+                            major(st.st_dev), minor(st.st_dev), (unsigned long long)st.st_ino, path)
+                 : snprintf(out + len, cap - len, "%s", line);
+        assert_true(k > 0 && (size_t)k < cap - len);
+        len += (size_t)k;
+    }
+    fclose(f);
+    assert_true(len > 0);
+    return len;
+}
+
+/* A library unloaded and another one loaded at the same addresses (simulated: the maps
+ * text changes under fixed addresses, to a file whose function at the same offset has
+ * another name). The pc is not unknown, so only the refresh of old maps notices; the
+ * frame must then be named from the new file, not from what was cached for the old one. */
+static void test_unwind_library_replaced_at_same_address(void **state)
+{
+    (void)state;
+    static char text[16384];
+    int maps_fd = memfd_create("maps", MFD_CLOEXEC);
+    assert_true(maps_fd >= 0);
+    size_t len = lib_maps_text(NULL, text, sizeof(text));
+    assert_int_equal(pwrite(maps_fd, text, len, 0), (ssize_t)len);
+    unwinder_process_t *p = NULL;
+    assert_int_equal(unwinder_process_new(getpid(), maps_fd, -1, &p), 0);
+
+    /* Frame 0 at the function's first instruction, whose return address is 0: one frame. */
+    uint64_t regs[HP_NREGS] = {0};
+    static uint8_t stack[64];
+    memset(stack, 0, sizeof(stack));
+    uint64_t sp = 0x7ff000001000ull;
+    regs[HP_REG_RIP] = (uint64_t)(uintptr_t)unwtest_lib_call;
+    regs[HP_REG_RSP] = sp;
+    size_t n;
+    struct unwinder_result res;
+    assert_int_equal(
+        unwinder_unwind(p, regs, sp, stack, sizeof(stack), g_frames, UNWINDER_MAX_FRAMES, &n, &res),
+        0);
+    assert_true(n >= 1);
+    assert_string_equal(g_frames[0].function_name, "unwtest_lib_call");
+    uint64_t rel_pc = g_frames[0].rel_pc;
+
+    /* What the other library has at that address. */
+    struct stat st;
+    assert_int_equal(stat(UNWDL_PATH, &st), 0);
+    const struct unwinder__elf *e = NULL;
+    assert_int_equal(unwinder__elf_get(st.st_dev, st.st_ino, UNWDL_PATH, &e), 0);
+    assert_true(e->ok);
+    const char *want = unwinder__elf_symbol(e, rel_pc);
+    unwinder__elf_put(e);
+    assert_non_null(want);
+    assert_string_not_equal(want, "unwtest_lib_call");
+
+    len = lib_maps_text(UNWDL_PATH, text, sizeof(text));
+    assert_int_equal(ftruncate(maps_fd, 0), 0);
+    assert_int_equal(pwrite(maps_fd, text, len, 0), (ssize_t)len);
+    uint64_t saved = unwinder__maps_refresh_ns;
+    unwinder__maps_refresh_ns = 0;
+    assert_int_equal(
+        unwinder_unwind(p, regs, sp, stack, sizeof(stack), g_frames, UNWINDER_MAX_FRAMES, &n, &res),
+        0);
+    unwinder__maps_refresh_ns = saved;
+    assert_true(n >= 1);
+    assert_string_equal(g_frames[0].function_name, want);
+    assert_non_null(strstr(g_frames[0].map->path, "libunwdl.so"));
+    p = unwinder_process_free(p);
+}
+
 #define CONC_THREADS 4
 #define CONC_FRAMES 16
 
@@ -735,6 +827,7 @@ int main(void)
         cmocka_unit_test(test_unwind_reparse_is_rate_limited),
         cmocka_unit_test(test_unwind_hostile_input_terminates),
         cmocka_unit_test(test_unwind_corrupt_elf_files),
+        cmocka_unit_test(test_unwind_library_replaced_at_same_address),
         cmocka_unit_test(test_unwind_concurrent_processes),
         cmocka_unit_test(test_unwind_sigmask_bypass),
         cmocka_unit_test(test_unwind_source_lines),

@@ -256,9 +256,6 @@ static void test_variants_shared_library(void **state)
 static void test_variants_qsort_comparator(void **state)
 {
     (void)state;
-#ifdef VARIANT_DEBUG_FRAME_ONLY
-    skip(); /* known gap of the .debug_frame fallback */
-#endif
     int v[32];
     for (int k = 0; k < 32; k++)
         v[k] = (k * 11) % 32;
@@ -325,9 +322,6 @@ static void test_variants_thread(void **state)
 static void test_variants_recursion_300(void **state)
 {
     (void)state;
-#ifdef VARIANT_DEBUG_FRAME_ONLY
-    skip(); /* known gap of the .debug_frame fallback */
-#endif
     v_recurse(&g_cap, 300);
     unwind_capture(&g_cap, "recursion 300");
     assert_string_equal(g_frames[0].function_name, "v_level3");
@@ -340,9 +334,6 @@ static void test_variants_recursion_300(void **state)
 static void test_variants_recursion_1000_truncated(void **state)
 {
     (void)state;
-#ifdef VARIANT_DEBUG_FRAME_ONLY
-    skip(); /* known gap of the .debug_frame fallback */
-#endif
     v_recurse(&g_cap, 1000);
     unwind_capture(&g_cap, "recursion 1000");
     assert_int_equal(g_n, UNWINDER_MAX_FRAMES);

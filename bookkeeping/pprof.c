@@ -1,0 +1,346 @@
+/* bookkeeping/pprof.c: one process's dump as a gzipped pprof Profile (perftools.profiles,
+ * protos/profile.proto), for `heapprof pprof`.
+ *
+ * Encoded by hand with an append-only writer: each section goes to its own buffer while
+ * strings, mappings, functions and locations are deduplicated, then the sections are
+ * concatenated and gzipped with zlib. Every sample has four values: alloc_objects
+ * (count), alloc_space (bytes), inuse_objects (count), inuse_space (bytes), where "in
+ * use" is what was allocated and not freed at the dump.
+ */
+#include "bookkeeping/pbwire.h"
+#include "bookkeeping/reader.h"
+#include "bookkeeping/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+
+struct pp_mapping {
+    const char *path, *build_id;
+    uint64_t start, end, offset;
+};
+
+struct pp_location {
+    uint64_t mapping_id, address, function_id;
+};
+
+struct pp {
+    struct bk_pbw strings, samples, mappings, locations, functions, tmp, tmp2, line;
+    struct bk_map str_index; /* const char * -> string index */
+    size_t n_strings;
+    struct bk_map map_index, loc_index, fn_index; /* content hash -> id */
+    struct pp_mapping *maps;
+    size_t n_maps, cap_maps;
+    struct pp_location *locs;
+    size_t n_locs, cap_locs;
+    const char **fns;
+    size_t n_fns, cap_fns;
+};
+
+/* The string table index of @s, keyed by pointer (the trace's strings are interned, so
+ * equal strings from the trace share one entry). */
+static uint64_t str_id(struct pp *pp, const char *s)
+{
+    if (!s || !*s)
+        return 0;
+    uint64_t *v;
+    int r = bk__map_put(&pp->str_index, (uint64_t)(uintptr_t)s, (void **)&v);
+    if (r < 0) {
+        pp->strings.oom = true;
+        return 0;
+    }
+    if (r == 1) {
+        *v = pp->n_strings++;
+        bk__pbw_len(&pp->strings, 6, s, strlen(s));
+    }
+    return *v;
+}
+
+/* Finds @key (by @hash and @eq) or adds it with @add; returns its 1-based id. */
+static uint64_t dedup(struct bk_map *index, uint64_t hash,
+                      bool (*eq)(struct pp *, uint64_t, const void *),
+                      uint64_t (*add)(struct pp *, const void *), struct pp *pp, const void *key)
+{
+    for (uint64_t h = hash;; h++) {
+        uint64_t *v;
+        int r = bk__map_put(index, h, (void **)&v);
+        if (r < 0)
+            return 0;
+        if (r == 1) {
+            *v = add(pp, key);
+            return *v;
+        }
+        if (eq(pp, *v, key))
+            return *v;
+    }
+}
+
+static bool map_eq(struct pp *pp, uint64_t id, const void *key)
+{
+    const struct pp_mapping *a = &pp->maps[id - 1], *b = key;
+    return a->path == b->path && a->build_id == b->build_id && a->start == b->start &&
+           a->end == b->end && a->offset == b->offset;
+}
+
+static uint64_t map_add(struct pp *pp, const void *key)
+{
+    const struct pp_mapping *m = key;
+    if (bk__grow((void **)&pp->maps, &pp->cap_maps, pp->n_maps + 1, sizeof(*m)) < 0) {
+        pp->mappings.oom = true;
+        return 0;
+    }
+    pp->maps[pp->n_maps++] = *m;
+    uint64_t id = pp->n_maps;
+    struct bk_pbw *t = &pp->tmp;
+    bk__pbw_uint(t, 1, id);
+    bk__pbw_uint(t, 2, m->start);
+    bk__pbw_uint(t, 3, m->end);
+    bk__pbw_uint(t, 4, m->offset);
+    bk__pbw_uint(t, 5, str_id(pp, m->path));
+    bk__pbw_uint(t, 6, str_id(pp, m->build_id));
+    bk__pbw_uint(t, 7, 1); /* has_functions: names come from the trace */
+    bk__pbw_msg(&pp->mappings, 3, t);
+    return id;
+}
+
+static bool fn_eq(struct pp *pp, uint64_t id, const void *key)
+{
+    return pp->fns[id - 1] == key;
+}
+
+static uint64_t fn_add(struct pp *pp, const void *key)
+{
+    if (bk__grow((void **)&pp->fns, &pp->cap_fns, pp->n_fns + 1, sizeof(*pp->fns)) < 0) {
+        pp->functions.oom = true;
+        return 0;
+    }
+    pp->fns[pp->n_fns++] = key;
+    uint64_t id = pp->n_fns;
+    struct bk_pbw *t = &pp->tmp;
+    uint64_t name = str_id(pp, key);
+    bk__pbw_uint(t, 1, id);
+    bk__pbw_uint(t, 2, name);
+    bk__pbw_uint(t, 3, name);
+    bk__pbw_msg(&pp->functions, 5, t);
+    return id;
+}
+
+static bool loc_eq(struct pp *pp, uint64_t id, const void *key)
+{
+    const struct pp_location *a = &pp->locs[id - 1], *b = key;
+    return a->mapping_id == b->mapping_id && a->address == b->address &&
+           a->function_id == b->function_id;
+}
+
+static uint64_t loc_add(struct pp *pp, const void *key)
+{
+    const struct pp_location *l = key;
+    if (bk__grow((void **)&pp->locs, &pp->cap_locs, pp->n_locs + 1, sizeof(*l)) < 0) {
+        pp->locations.oom = true;
+        return 0;
+    }
+    pp->locs[pp->n_locs++] = *l;
+    uint64_t id = pp->n_locs;
+    struct bk_pbw *t = &pp->tmp;
+    bk__pbw_uint(t, 1, id);
+    bk__pbw_uint(t, 2, l->mapping_id);
+    bk__pbw_uint(t, 3, l->address);
+    if (l->function_id) {
+        bk__pbw_uint(&pp->line, 1, l->function_id);
+        bk__pbw_msg(t, 4, &pp->line);
+    }
+    bk__pbw_msg(&pp->locations, 4, t);
+    return id;
+}
+
+static uint64_t location_of(struct pp *pp, const struct bk_trace_frame *f)
+{
+    struct pp_mapping m = {.path = f->mapping_path,
+                           .build_id = f->build_id,
+                           .start = f->map_start,
+                           .end = f->map_end,
+                           .offset = f->map_offset};
+    uint64_t h = bk__hash_combine(bk__hash_u64((uintptr_t)m.path), (uintptr_t)m.build_id);
+    h = bk__hash_combine(bk__hash_combine(h, m.start), m.offset);
+    uint64_t map_id = dedup(&pp->map_index, h, map_eq, map_add, pp, &m);
+    uint64_t fn_id = 0;
+    if (f->function_name && *f->function_name)
+        fn_id = dedup(&pp->fn_index, bk__hash_u64((uintptr_t)f->function_name), fn_eq, fn_add, pp,
+                      f->function_name);
+    /* rel_pc is an ELF virtual address; pprof wants the address in the process. */
+    uint64_t address = f->rel_pc;
+    uint64_t base = f->map_load_bias + f->map_offset;
+    if (f->map_end > f->map_start && f->rel_pc >= base &&
+        f->rel_pc - base < f->map_end - f->map_start)
+        address = f->map_start + (f->rel_pc - base);
+    struct pp_location l = {.mapping_id = map_id, .address = address, .function_id = fn_id};
+    h = bk__hash_combine(bk__hash_combine(bk__hash_u64(map_id), address), fn_id);
+    return dedup(&pp->loc_index, h, loc_eq, loc_add, pp, &l);
+}
+
+static void value_type(struct pp *pp, struct bk_pbw *out, uint32_t field, const char *type,
+                       const char *unit)
+{
+    bk__pbw_uint(&pp->tmp, 1, str_id(pp, type));
+    bk__pbw_uint(&pp->tmp, 2, str_id(pp, unit));
+    bk__pbw_msg(out, field, &pp->tmp);
+}
+
+static void pp_done(struct pp *pp)
+{
+    struct bk_pbw *w[] = {&pp->strings,   &pp->samples, &pp->mappings, &pp->locations,
+                          &pp->functions, &pp->tmp,     &pp->tmp2,     &pp->line};
+    for (size_t i = 0; i < HP_ARRAY_SIZE(w); i++)
+        free(w[i]->p);
+    bk__map_done(&pp->str_index);
+    bk__map_done(&pp->map_index);
+    bk__map_done(&pp->loc_index);
+    bk__map_done(&pp->fn_index);
+    free(pp->maps);
+    free(pp->locs);
+    free(pp->fns);
+}
+
+static int gzip_to_fd(int fd, const struct bk_pbw *parts[], size_t n_parts)
+{
+    z_stream z = {0};
+    /* 16 + 15: a gzip wrapper around a 32 KiB-window deflate stream. */
+    if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 16 + 15, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+        return -ENOMEM;
+    uint8_t out[1 << 16];
+    int r = 0;
+    for (size_t i = 0; i < n_parts && r == 0; i++) {
+        z.next_in = parts[i]->p;
+        z.avail_in = (uInt)parts[i]->len; /* parts stay far below 4 GiB */
+        int flush = i + 1 == n_parts ? Z_FINISH : Z_NO_FLUSH;
+        int zr;
+        do {
+            z.next_out = out;
+            z.avail_out = sizeof(out);
+            zr = deflate(&z, flush);
+            if (zr == Z_STREAM_ERROR) {
+                r = -EIO;
+                break;
+            }
+            size_t have = sizeof(out) - z.avail_out;
+            for (size_t off = 0; off < have && r == 0;) {
+                ssize_t wr = write(fd, out + off, have - off);
+                if (wr < 0 && errno != EINTR)
+                    r = -errno;
+                else if (wr > 0)
+                    off += (size_t)wr;
+            }
+        } while (r == 0 && (z.avail_out == 0 || (flush == Z_FINISH && zr != Z_STREAM_END)));
+    }
+    deflateEnd(&z);
+    return r;
+}
+
+int bk_pprof_write(const struct bk_trace *t, const struct bk_trace_process *p, int fd)
+{
+    (void)t;
+    struct pp pp = {.n_strings = 1};
+    bk__map_init(&pp.str_index, sizeof(uint64_t));
+    bk__map_init(&pp.map_index, sizeof(uint64_t));
+    bk__map_init(&pp.loc_index, sizeof(uint64_t));
+    bk__map_init(&pp.fn_index, sizeof(uint64_t));
+    bk__pbw_len(&pp.strings, 6, "", 0); /* string_table[0] must be "" */
+
+    struct bk_pbw head = {0};
+    value_type(&pp, &head, 1, "alloc_objects", "count");
+    value_type(&pp, &head, 1, "alloc_space", "bytes");
+    value_type(&pp, &head, 1, "inuse_objects", "count");
+    value_type(&pp, &head, 1, "inuse_space", "bytes");
+    value_type(&pp, &head, 11, "space", "bytes");
+    bk__pbw_uint(&head, 12, p->sampling_interval_bytes);
+    bk__pbw_uint(&head, 14, 3); /* default_sample_type: inuse_space */
+
+    for (size_t i = 0; i < p->n_callsites; i++) {
+        const struct bk_trace_callsite *c = &p->callsites[i];
+        struct bk_pbw *s = &pp.tmp2;
+        struct bk_pbw ids = {0};
+        for (size_t j = c->n_frames; j-- > 0;) /* leaf first */
+            bk__pbw_varint(&ids, location_of(&pp, &c->frames[j]));
+        bk__pbw_len(s, 1, ids.p, ids.len); /* packed */
+        s->oom |= ids.oom;
+        free(ids.p);
+        struct bk_pbw vals = {0};
+        bk__pbw_varint(&vals, c->alloc_count);
+        bk__pbw_varint(&vals, c->self_allocated);
+        bk__pbw_varint(&vals, c->alloc_count - HP_MIN(c->free_count, c->alloc_count));
+        bk__pbw_varint(&vals, c->self_allocated - HP_MIN(c->self_freed, c->self_allocated));
+        bk__pbw_len(s, 2, vals.p, vals.len);
+        s->oom |= vals.oom;
+        free(vals.p);
+        bk__pbw_msg(&pp.samples, 2, s);
+    }
+    const struct bk_pbw *parts[] = {&head,         &pp.samples,   &pp.mappings,
+                                    &pp.locations, &pp.functions, &pp.strings};
+    int r = 0;
+    for (size_t i = 0; i < HP_ARRAY_SIZE(parts); i++)
+        if (parts[i]->oom)
+            r = -ENOMEM;
+    if (r == 0)
+        r = gzip_to_fd(fd, parts, HP_ARRAY_SIZE(parts));
+    free(head.p);
+    pp_done(&pp);
+    return r;
+}
+
+/* "PREFIX.pid<PID>.<heap>.dump<N>.pb.gz" */
+static int export_one(const struct bk_trace *t, const struct bk_trace_process *p, const char *out,
+                      bool exact, int dump, FILE *log)
+{
+    char path[4096];
+    int n = exact ? snprintf(path, sizeof(path), "%s", out)
+                  : snprintf(path, sizeof(path), "%s.pid%d.%s.dump%d.pb.gz", out, (int)p->pid,
+                             p->heap_name, dump);
+    if (n < 0 || (size_t)n >= sizeof(path))
+        return -ENAMETOOLONG;
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -errno;
+    int r = bk_pprof_write(t, p, fd);
+    if (close(fd) < 0 && r == 0)
+        r = -errno;
+    if (r == 0 && log)
+        fprintf(log, "%s\n", path);
+    return r;
+}
+
+int bk_pprof_export(const char *trace_path, const char *out, int dump_index, int32_t pid, FILE *log)
+{
+    /* A first pass learns how many dumps each process has; then one pass per dump
+     * number keeps memory bounded by one dump, however long the trace. */
+    struct bk_trace *t;
+    int r = bk_trace_load(trace_path, &(struct bk_trace_options){.pid = pid}, &t);
+    if (r < 0)
+        return r;
+    uint32_t max_dumps = 0;
+    size_t n_profiles = 0;
+    for (size_t i = 0; i < t->n_processes; i++) {
+        uint32_t nd = t->processes[i].n_dumps;
+        max_dumps = HP_MAX(max_dumps, nd);
+        n_profiles += dump_index > 0 ? (nd >= (uint32_t)dump_index) : nd;
+    }
+    t = bk_trace_free(t);
+    if (n_profiles == 0)
+        return -ENODATA;
+    size_t olen = strlen(out);
+    bool exact = n_profiles == 1 && olen > 6 && !strcmp(out + olen - 6, ".pb.gz");
+    int first = dump_index > 0 ? dump_index : 1;
+    int last = dump_index > 0 ? dump_index : (int)max_dumps;
+    for (int d = first; d <= last && r == 0; d++) {
+        r = bk_trace_load(trace_path, &(struct bk_trace_options){.dump_index = d, .pid = pid}, &t);
+        for (size_t i = 0; r == 0 && i < t->n_processes; i++) {
+            const struct bk_trace_process *p = &t->processes[i];
+            if (p->n_dumps >= (uint32_t)d)
+                r = export_one(t, p, out, exact, d, log);
+        }
+        t = bk_trace_free(t); /* NULL after a failed load */
+    }
+    return r;
+}

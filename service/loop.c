@@ -1,0 +1,189 @@
+/* service/loop.c: see loop.h. */
+#include "service/loop.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+
+static sigset_t loop_signals(void)
+{
+    sigset_t m;
+    sigemptyset(&m);
+    sigaddset(&m, SIGINT);
+    sigaddset(&m, SIGTERM);
+    sigaddset(&m, SIGHUP);
+    sigaddset(&m, SIGQUIT);
+    sigaddset(&m, SIGUSR1);
+    sigaddset(&m, SIGCHLD);
+    return m;
+}
+
+void svc_loop_block_signals(sigset_t *ret_old)
+{
+    sigset_t m = loop_signals();
+    sigprocmask(SIG_BLOCK, &m, ret_old);
+}
+
+void svc_human_bytes(uint64_t b, char *buf, size_t len)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)b;
+    unsigned u = 0;
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%llu B", (unsigned long long)b);
+    else
+        snprintf(buf, len, "%.1f %s", v, units[u]);
+}
+
+static void draw_status(svc_t *s, uint64_t *last_samples, uint64_t *last_ns, bool final)
+{
+    struct svc_status st;
+    svc_get_status(s, &st);
+    uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
+    double secs = (double)(now - *last_ns) / 1e9;
+    double rate = secs > 0 ? (double)(st.samples - *last_samples) / secs : 0;
+    *last_samples = st.samples;
+    *last_ns = now;
+    char out[32];
+    svc_human_bytes(st.output_bytes, out, sizeof(out));
+    fprintf(stderr, "\r\033[Kheapprof: %u process%s, %.0f samples/s, %llu dropped, %llu dump%s, %s",
+            st.live_processes, st.live_processes == 1 ? "" : "es", rate,
+            (unsigned long long)st.records_dropped, (unsigned long long)st.dumps,
+            st.dumps == 1 ? "" : "s", out);
+    if (final)
+        fputc('\n', stderr);
+    fflush(stderr);
+}
+
+int svc_loop_run(svc_t *s, const struct svc_loop_opts *o, struct svc_loop_result *ret)
+{
+    memset(ret, 0, sizeof(*ret));
+    sigset_t m = loop_signals();
+    int sfd = signalfd(-1, &m, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (sfd < 0)
+        return -errno;
+
+    uint64_t start = hp_clock_ns(CLOCK_MONOTONIC);
+    uint64_t next_dump =
+        o->dump_interval_ms ? start + (uint64_t)o->dump_phase_ms * 1000000u : UINT64_MAX;
+    uint64_t next_tick = start, next_status = start + 1000000000u;
+    uint64_t exit_ns = 0, last_samples = 0, last_status_ns = start;
+    bool had_clients = false;
+    int r = 0;
+
+    for (;;) {
+        r = svc_poll(s, 50);
+        if (r < 0)
+            hp_log_warn("accepting clients: %s", strerror(-r));
+        r = 0;
+
+        struct signalfd_siginfo si;
+        while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+            int sig = (int)si.ssi_signo;
+            if (sig == SIGCHLD) {
+                pid_t w;
+                int st;
+                while ((w = waitpid(-1, &st, WNOHANG)) > 0) {
+                    if (o->child > 0 && w == o->child) {
+                        ret->child_status = st;
+                        ret->child_exited = true;
+                        exit_ns = hp_clock_ns(CLOCK_MONOTONIC);
+                    }
+                }
+            } else if (sig == SIGUSR1) {
+                if (svc_dump_now(s) < 0)
+                    hp_log_warn("cannot schedule a dump");
+            } else if (o->child > 0 && !ret->child_exited) {
+                /* The terminal signals the whole process group (the child too); a
+                 * signal from another process is passed on. */
+                if (o->forward_signals && si.ssi_pid != 0)
+                    (void)kill(o->child, sig);
+            } else {
+                ret->signo = sig;
+            }
+        }
+        if (ret->signo)
+            break;
+
+        uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
+        if (now >= next_dump) {
+            if (svc_dump_now(s) < 0)
+                hp_log_warn("cannot schedule a dump");
+            next_dump += (uint64_t)o->dump_interval_ms * 1000000u;
+            if (next_dump < now)
+                next_dump = now + (uint64_t)o->dump_interval_ms * 1000000u;
+        }
+        if (now >= next_tick) {
+            next_tick = now + 100000000u;
+            (void)svc_check_guardrails(s);
+            if (o->tick && o->tick(o->tick_ctx, s))
+                break;
+        }
+        if (o->status_line && now >= next_status) {
+            draw_status(s, &last_samples, &last_status_ns, false);
+            next_status = now + 1000000000u;
+        }
+        if (o->duration_ms && now - start >= o->duration_ms * 1000000u) {
+            ret->duration_elapsed = true;
+            break;
+        }
+        unsigned live = svc_live_clients(s);
+        had_clients |= live > 0;
+        if (o->stop_when_no_clients && had_clients && live == 0)
+            break;
+        if (ret->child_exited) {
+            /* Let every client that exited with the program be drained; descendants
+             * still running after a grace period are dumped as they are. */
+            if (live == 0 || now - exit_ns > 2000000000ull)
+                break;
+        }
+    }
+    if (o->status_line)
+        draw_status(s, &last_samples, &last_status_ns, true);
+    (void)close(sfd);
+    return r;
+}
+
+static int emergency_fd = -1;
+static svc_t *emergency_svc;
+
+static void second_interrupt(int sig)
+{
+    (void)sig;
+    if (emergency_fd >= 0 && emergency_svc) {
+        struct svc_status st;
+        svc_get_status(emergency_svc, &st); /* relaxed atomic loads only */
+        (void)!ftruncate(emergency_fd, (off_t)st.output_bytes);
+    }
+    static const char msg[] = "\nheapprof: interrupted again; trace cut at its last complete "
+                              "packet\n";
+    (void)!write(STDERR_FILENO, msg, sizeof(msg) - 1);
+    _exit(130);
+}
+
+void svc_loop_arm_second_interrupt(int out_fd, svc_t *s)
+{
+    emergency_fd = out_fd;
+    emergency_svc = s;
+    struct sigaction sa = {.sa_handler = second_interrupt};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigset_t m;
+    sigemptyset(&m);
+    sigaddset(&m, SIGINT);
+    sigaddset(&m, SIGTERM);
+    sigprocmask(SIG_UNBLOCK, &m, NULL);
+}

@@ -1,0 +1,32 @@
+/* service/summary.c: the summary printed on stderr when a session ends. */
+#include <stdio.h>
+
+#include "bookkeeping/reader.h"
+#include "service/cmds.h"
+#include "service/loop.h"
+
+void svc_print_summary(const char *out_path, const struct svc_summary *sum, int top)
+{
+    char hb[32];
+    svc_human_bytes(sum->output_bytes, hb, sizeof(hb));
+    fprintf(stderr,
+            "\nheapprof: %llu process%s, %llu samples, %llu frees recorded; %llu samples "
+            "dropped, %llu unwinding errors%s\n",
+            (unsigned long long)sum->processes, sum->processes == 1 ? "" : "es",
+            (unsigned long long)sum->samples, (unsigned long long)sum->frees,
+            (unsigned long long)sum->records_dropped, (unsigned long long)sum->unwinding_errors,
+            sum->corrupt_clients ? "; a client sent corrupt data" : "");
+    if (top > 0) {
+        struct bk_trace *t;
+        if (bk_trace_load(out_path, &(struct bk_trace_options){0}, &t) == 0) {
+            bk_report_print(stderr, t,
+                            &(struct bk_report_options){
+                                .top_n = top, .demangle = true, .unreleased_only = true});
+            bk_trace_free(t);
+        }
+    }
+    fprintf(stderr,
+            "heapprof: trace written to %s (%s); view it with 'heapprof report %s' or at "
+            "ui.perfetto.dev\n",
+            out_path, hb, out_path);
+}

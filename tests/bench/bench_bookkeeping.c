@@ -1,0 +1,256 @@
+/* tests/bench/bench_bookkeeping.c: bookkeeping throughput, dump cost and memory.
+ *
+ *   bk_apply_records_per_s   records applied per second: 26-frame stacks drawn from 4096
+ *                            callsites sharing 64 prefixes of 20 frames, 1/3 frees, most
+ *                            of recent allocations (see run_apply); and the same with
+ *                            uniformly random frees (bk_apply_records_per_s_uniform_frees)
+ *   bk_bytes_per_live_alloc  service memory per live sampled allocation, after the
+ *                            apply run (~1.4M live)
+ *   bk_bytes_per_callsite    interning + per-site memory per callsite (1M callsites)
+ *   dump_1m_callsites_s      one dump of 1M callsites of which 500k hold live memory
+ *   dump_1m_callsites_bytes  its size
+ *   dump_encode_vs_sol       its time over a memcpy of the same number of bytes
+ *
+ * Seeded (xorshift, seed 42) so every run does the same work; times are the thread's
+ * CPU time. */
+#include "bookkeeping/bookkeeping.h"
+#include "bookkeeping/state.h"
+#include "common/clock.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define N_MAPS 8
+#define N_PREFIXES 64
+#define PREFIX_DEPTH 20
+#define N_CALLSITES 4096
+#define STACK_DEPTH 26
+#define N_RECORDS (4u << 20)
+
+static uint64_t rng = 42;
+static uint64_t next_rand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+static struct hp_mapping maps[N_MAPS];
+static char names[N_CALLSITES * STACK_DEPTH][24];
+
+/* CPU time of this thread: the machines are shared, and time spent descheduled is not
+ * bookkeeping's. */
+static double now_s(void)
+{
+    return (double)hp_clock_ns(CLOCK_THREAD_CPUTIME_ID) / 1e9;
+}
+
+static bk_t *new_bk(int fd)
+{
+    bk_t *bk;
+    if (bk_new(&(struct bk_config){.out_fd = fd, .dump_at_max = true}, &bk) < 0 ||
+        bk_process_start(bk, 1, "bench", 5, true, 4096) < 0) {
+        fprintf(stderr, "bk_new failed\n");
+        exit(1);
+    }
+    return bk;
+}
+
+/* Memory of the live tables of every heap, and of interning plus sites. */
+static void memory_of(bk_t *bk, size_t *ret_live, size_t *ret_sites)
+{
+    size_t live = 0, sites = 0;
+    const struct bk_intern *in = &bk->in;
+    sites += in->cap_nodes * sizeof(*in->nodes) + in->cs_index.cap * sizeof(*in->cs_index.slots) +
+             in->cap_emit * sizeof(*in->emit) + in->cap_frames * sizeof(*in->frames) +
+             in->frame_index.cap * sizeof(*in->frame_index.slots) + in->arena.bytes;
+    for (size_t i = 0; i < bk->n_procs; i++) {
+        const struct bk_proc *p = bk->procs[i];
+        for (size_t j = 0; j < p->n_heaps; j++) {
+            const struct bk_heap *h = p->heaps[j];
+            live += h->live.cap * h->live.stride + h->big_sizes.cap * h->big_sizes.stride;
+            sites += h->cap_sites * sizeof(*h->sites) + h->site_index.cap * h->site_index.stride;
+        }
+    }
+    *ret_live = live;
+    *ret_sites = sites;
+}
+
+struct op {
+    uint64_t addr;
+    uint32_t site; /* UINT32_MAX: a free */
+};
+
+/* Applies N_RECORDS records: 2/3 allocations at one of N_CALLSITES stacks, 1/3 frees.
+ * @recent: frees mostly hit recent allocations and freed addresses come back, as heap
+ * lifetimes do (most objects die young; malloc reuses chunks); else frees pick any live
+ * allocation uniformly and addresses are never reused (the worst case for the caches). */
+static void run_apply(struct hp_frame (*stacks)[STACK_DEPTH], bool recent)
+{
+    struct op *ops = malloc(N_RECORDS * sizeof(*ops));
+    uint64_t *live = malloc(N_RECORDS * sizeof(*live));
+    uint64_t *freed = malloc(N_RECORDS * sizeof(*freed));
+    size_t n_live = 0, n_freed = 0;
+    uint64_t next_addr = 0x10000000;
+    for (size_t i = 0; i < N_RECORDS; i++) {
+        if (n_live && next_rand() % 3 == 0) {
+            size_t k = next_rand() % n_live;
+            if (recent && next_rand() % 4 != 0 && n_live > 256)
+                k = n_live - 1 - next_rand() % 256;
+            ops[i] = (struct op){.addr = live[k], .site = UINT32_MAX};
+            freed[n_freed++] = live[k];
+            live[k] = live[--n_live];
+        } else {
+            uint64_t addr;
+            if (recent && n_freed && next_rand() % 2 == 0) {
+                addr = freed[--n_freed];
+            } else {
+                addr = next_addr;
+                next_addr += 16 * (1 + next_rand() % 64);
+            }
+            ops[i] = (struct op){.addr = addr, .site = (uint32_t)(next_rand() % N_CALLSITES)};
+            live[n_live++] = addr;
+        }
+    }
+    int fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    bk_t *bk = new_bk(fd);
+    double t0 = now_s();
+    for (size_t i = 0; i < N_RECORDS; i++) {
+        if (ops[i].site == UINT32_MAX)
+            bk_record_free(bk, 1, 0, i + 1, ops[i].addr);
+        else
+            bk_record_alloc(bk, 1, 0, i + 1, ops[i].addr, 64, 4096, stacks[ops[i].site],
+                            STACK_DEPTH);
+    }
+    double t = now_s() - t0;
+    printf("bench: bk_apply_records_per_s%s %.0f records/s\n", recent ? "" : "_uniform_frees",
+           N_RECORDS / t);
+    if (recent) {
+        size_t live_mem, site_mem;
+        memory_of(bk, &live_mem, &site_mem);
+        printf("bench: bk_bytes_per_live_alloc %.1f bytes\n",
+               (double)live_mem / (double)bk->procs[0]->heaps[0]->live.count);
+    }
+    bk = bk_free(bk);
+    close(fd);
+    free(ops);
+    free(live);
+    free(freed);
+}
+
+static void bench_apply(void)
+{
+    static struct hp_frame stacks[N_CALLSITES][STACK_DEPTH]; /* leaf first */
+    static struct hp_frame prefixes[N_PREFIXES][PREFIX_DEPTH];
+    for (int i = 0; i < N_MAPS; i++)
+        maps[i] = (struct hp_mapping){.start = 0x400000 + (uint64_t)i * 0x100000,
+                                      .end = 0x4f0000 + (uint64_t)i * 0x100000,
+                                      .path = "/usr/lib/libbench.so",
+                                      .build_id_len = 20,
+                                      .build_id = {(uint8_t)i}};
+    size_t nn = 0;
+    for (int p = 0; p < N_PREFIXES; p++)
+        for (int d = 0; d < PREFIX_DEPTH; d++) {
+            /* Prefixes share their outermost frames too: a tree, not 64 separate chains. */
+            int shared = d < 4 ? 0 : d < 10 ? p / 16 : p;
+            /* Names are interned by the unwinder: one pointer per distinct name. */
+            const char *name = NULL;
+            snprintf(names[nn], sizeof(names[nn]), "fn_%d_%d", shared, d);
+            for (size_t k = 0; k < nn && !name; k++)
+                if (!strcmp(names[k], names[nn]))
+                    name = names[k];
+            if (!name)
+                name = names[nn++];
+            prefixes[p][d] =
+                (struct hp_frame){.map = &maps[(shared + d) % N_MAPS],
+                                  .function_name = name,
+                                  .rel_pc = 0x1000u + (uint64_t)shared * 64 + (uint64_t)d};
+        }
+    for (int c = 0; c < N_CALLSITES; c++) {
+        int p = (int)(next_rand() % N_PREFIXES);
+        for (int d = 0; d < STACK_DEPTH - PREFIX_DEPTH; d++) {
+            snprintf(names[nn], sizeof(names[nn]), "leaf_%d_%d", c, d);
+            stacks[c][d] = (struct hp_frame){.map = &maps[c % N_MAPS],
+                                             .function_name = names[nn++],
+                                             .rel_pc = 0x90000u + (uint64_t)c * 16 + (uint64_t)d};
+        }
+        /* root first in prefixes[], leaf first in stacks[] */
+        for (int d = 0; d < PREFIX_DEPTH; d++)
+            stacks[c][STACK_DEPTH - 1 - d] = prefixes[p][d];
+    }
+    run_apply(stacks, true);
+    run_apply(stacks, false);
+}
+
+/* 1M callsites main > a > b > c (100 x 100 x 100), each allocated once; half freed. */
+#define DUMP_FAN 100
+#define DUMP_SITES (DUMP_FAN * DUMP_FAN * DUMP_FAN)
+
+static void bench_dump(void)
+{
+    static char fnames[3][DUMP_FAN][16];
+    for (int l = 0; l < 3; l++)
+        for (int i = 0; i < DUMP_FAN; i++)
+            snprintf(fnames[l][i], sizeof(fnames[l][i]), "f%d_%d", l, i);
+    int fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    bk_t *bk = new_bk(fd);
+    uint64_t seq = 0;
+    for (uint32_t s = 0; s < DUMP_SITES; s++) {
+        uint32_t a = s / (DUMP_FAN * DUMP_FAN), b = (s / DUMP_FAN) % DUMP_FAN, c = s % DUMP_FAN;
+        struct hp_frame f[4] = {
+            {&maps[2], fnames[2][c], 0x3000u + c},
+            {&maps[1], fnames[1][b], 0x2000u + b},
+            {&maps[0], fnames[0][a], 0x1000u + a},
+            {&maps[0], "main", 0x10},
+        };
+        bk_record_alloc(bk, 1, 0, ++seq, 0x100000000ull + (uint64_t)s * 32, 32, 4096, f, 4);
+    }
+    size_t live_mem, site_mem;
+    for (uint32_t s = 0; s < DUMP_SITES; s += 2)
+        bk_record_free(bk, 1, 0, ++seq, 0x100000000ull + (uint64_t)s * 32);
+    memory_of(bk, &live_mem, &site_mem);
+    printf("bench: bk_bytes_per_callsite %.1f bytes\n", (double)site_mem / DUMP_SITES);
+
+    struct bk_counters c0, c1;
+    bk_get_counters(bk, &c0);
+    double t0 = now_s();
+    if (bk_dump_all(bk) < 0) {
+        fprintf(stderr, "dump failed\n");
+        exit(1);
+    }
+    double t = now_s() - t0;
+    bk_get_counters(bk, &c1);
+    size_t bytes = c1.bytes_written - c0.bytes_written;
+    printf("bench: dump_1m_callsites_s %.3f s\n", t);
+    printf("bench: dump_1m_callsites_bytes %zu bytes\n", bytes);
+
+    /* Speed of light: copy the same number of bytes, best of 5 (pages touched first). */
+    char *src = malloc(bytes), *dst = malloc(bytes);
+    memset(src, 1, bytes);
+    memset(dst, 0, bytes);
+    double best = 1e9;
+    for (int i = 0; i < 5; i++) {
+        double s0 = now_s();
+        memcpy(dst, src, bytes);
+        __asm__ volatile("" : : "r"(dst) : "memory");
+        double d = now_s() - s0;
+        best = d < best ? d : best;
+    }
+    printf("bench: dump_encode_vs_sol %.2f ratio\n", t / best);
+    free(src);
+    free(dst);
+    bk = bk_free(bk);
+    close(fd);
+}
+
+int main(void)
+{
+    bench_apply();
+    bench_dump();
+    return 0;
+}

@@ -1,0 +1,306 @@
+/* tests/bookkeeping/check_trace.c: `bk_check_trace FILE...` checks that heap-profile
+ * traces follow the rules Perfetto's trace processor imports them by, and prints the
+ * first broken rule. Usable on any trace heapprof wrote (the e2e tests' real traces
+ * too); here it runs on gen_trace's output.
+ *
+ * Rules, per trusted_packet_sequence_id:
+ *   - every packet has a sequence id and a timestamp; the first packet of a sequence
+ *     sets SEQ_INCREMENTAL_STATE_CLEARED; a ClockSnapshot comes before any profile;
+ *   - an interned entry is defined once, and every id a packet refers to (build ids and
+ *     path components of mappings, names and mappings of frames, frames of callstacks,
+ *     callstacks of samples) is defined in that packet or before it;
+ *   - ProfilePacket.index counts 0, 1, 2, ... without gaps; a dump ends with
+ *     continued = false, and the file does not end inside one;
+ *   - per (pid, heap, callstack), the cumulative self_allocated, self_freed,
+ *     alloc_count and free_count never decrease from one dump to the next, and freed
+ *     never exceeds allocated.
+ */
+#include "bookkeeping/pbwire.h"
+#include "bookkeeping/util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct seq {
+    uint32_t id;
+    struct bk_map defined[20]; /* by InternedData field number: iid -> nothing */
+    uint64_t next_index;
+    bool in_dump;
+};
+
+struct checker {
+    const char *path;
+    struct seq seqs[8];
+    size_t n_seqs;
+    bool clock;
+    struct bk_map cumulative; /* hash(pid, heap, callstack) -> 4 values */
+    uint64_t packets, profiles, dumps;
+};
+
+#define FAIL(c, ...)                                                                               \
+    do {                                                                                           \
+        fprintf(stderr, "%s: packet %llu: ", (c)->path, (unsigned long long)(c)->packets);         \
+        fprintf(stderr, __VA_ARGS__);                                                              \
+        fputc('\n', stderr);                                                                       \
+        return false;                                                                              \
+    } while (0)
+
+static uint64_t varint_field(const uint8_t *p, size_t len, uint32_t num, uint64_t dflt)
+{
+    struct bk_pb_iter it;
+    struct bk_pb_field f;
+    bk__pb_iter_init(&it, p, len);
+    while (bk__pb_next(&it, &f))
+        if (f.num == num && f.wire_type == BK_PB_VARINT)
+            dflt = f.varint;
+    return dflt;
+}
+
+static bool is_defined(struct seq *s, uint32_t table, uint64_t iid)
+{
+    return bk__map_get(&s->defined[table], iid) != NULL;
+}
+
+/* Checks the references of one interned entry or sample, each id in table @table. */
+static bool check_refs(struct checker *c, struct seq *s, const uint8_t *p, size_t len,
+                       const uint32_t *fields, const uint32_t *tables, size_t n)
+{
+    struct bk_pb_iter it;
+    struct bk_pb_field f;
+    bk__pb_iter_init(&it, p, len);
+    while (bk__pb_next(&it, &f)) {
+        for (size_t i = 0; i < n; i++) {
+            if (f.num != fields[i])
+                continue;
+            struct bk_pb_ints ints;
+            uint64_t v;
+            bool err = false;
+            bk__pb_ints_init(&ints, &f);
+            while (bk__pb_ints_next(&ints, &v, &err)) {
+                /* Id 0 of the string tables is "", defined by the first packet. */
+                if (!is_defined(s, tables[i], v))
+                    FAIL(c, "id %llu of table %u used before it is defined", (unsigned long long)v,
+                         tables[i]);
+            }
+            if (err)
+                FAIL(c, "malformed id list");
+        }
+    }
+    if (it.error)
+        FAIL(c, "malformed message");
+    return true;
+}
+
+static bool check_interned(struct checker *c, struct seq *s, const uint8_t *p, size_t len)
+{
+    struct bk_pb_iter it;
+    struct bk_pb_field f;
+    /* Definitions first: a packet may refer to entries it defines itself. */
+    bk__pb_iter_init(&it, p, len);
+    while (bk__pb_next(&it, &f)) {
+        if (f.wire_type != BK_PB_LEN || f.num >= 20)
+            continue;
+        uint64_t iid = varint_field(f.ptr, f.len, 1, UINT64_MAX);
+        void *v;
+        int r = bk__map_put(&s->defined[f.num], iid, &v);
+        if (r < 0)
+            FAIL(c, "out of memory");
+        if (r == 0)
+            FAIL(c, "interned field %u: iid %llu defined twice", f.num, (unsigned long long)iid);
+    }
+    if (it.error)
+        FAIL(c, "malformed interned data");
+    static const uint32_t map_f[] = {2, 7}, map_t[] = {16, 17};
+    static const uint32_t frame_f[] = {2, 3}, frame_t[] = {5, 19};
+    static const uint32_t cs_f[] = {2}, cs_t[] = {6};
+    bk__pb_iter_init(&it, p, len);
+    while (bk__pb_next(&it, &f)) {
+        bool ok = true;
+        if (f.num == 19)
+            ok = check_refs(c, s, f.ptr, f.len, map_f, map_t, 2);
+        else if (f.num == 6)
+            ok = check_refs(c, s, f.ptr, f.len, frame_f, frame_t, 2);
+        else if (f.num == 7)
+            ok = check_refs(c, s, f.ptr, f.len, cs_f, cs_t, 1);
+        if (!ok)
+            return false;
+    }
+    return true;
+}
+
+static bool check_samples(struct checker *c, struct seq *s, const uint8_t *p, size_t len)
+{
+    uint64_t pid = varint_field(p, len, 1, 0);
+    uint64_t heap = 0;
+    struct bk_pb_iter it;
+    struct bk_pb_field f;
+    bk__pb_iter_init(&it, p, len);
+    while (bk__pb_next(&it, &f))
+        if (f.num == 11 && f.wire_type == BK_PB_LEN)
+            heap = bk__hash_bytes(f.ptr, f.len, 3);
+    bk__pb_iter_init(&it, p, len);
+    while (bk__pb_next(&it, &f)) {
+        if (f.num != 2 || f.wire_type != BK_PB_LEN)
+            continue;
+        static const uint32_t sf[] = {1}, st[] = {7};
+        if (!check_refs(c, s, f.ptr, f.len, sf, st, 1))
+            return false;
+        uint64_t cs = varint_field(f.ptr, f.len, 1, 0);
+        uint64_t v[4] = {varint_field(f.ptr, f.len, 2, 0), varint_field(f.ptr, f.len, 3, 0),
+                         varint_field(f.ptr, f.len, 5, 0), varint_field(f.ptr, f.len, 6, 0)};
+        if (v[1] > v[0] || v[3] > v[2])
+            FAIL(c, "pid %llu callstack %llu: more freed than allocated", (unsigned long long)pid,
+                 (unsigned long long)cs);
+        uint64_t key = bk__hash_combine(bk__hash_combine(bk__hash_u64(pid), heap), cs);
+        key = bk__hash_combine(key, s->id);
+        uint64_t *prev;
+        if (bk__map_put(&c->cumulative, key, (void **)&prev) < 0)
+            FAIL(c, "out of memory");
+        for (int i = 0; i < 4; i++) {
+            if (v[i] < prev[i])
+                FAIL(c, "pid %llu callstack %llu: cumulative value %d went down (%llu < %llu)",
+                     (unsigned long long)pid, (unsigned long long)cs, i, (unsigned long long)v[i],
+                     (unsigned long long)prev[i]);
+            prev[i] = v[i];
+        }
+    }
+    return true;
+}
+
+static bool check_packet(struct checker *c, const uint8_t *p, size_t len)
+{
+    c->packets++;
+    uint64_t seq_id = varint_field(p, len, 10, 0);
+    uint64_t flags = varint_field(p, len, 13, 0);
+    if (!seq_id)
+        FAIL(c, "no trusted_packet_sequence_id");
+    if (varint_field(p, len, 8, UINT64_MAX) == UINT64_MAX)
+        FAIL(c, "no timestamp");
+    struct seq *s = NULL;
+    for (size_t i = 0; i < c->n_seqs && !s; i++)
+        if (c->seqs[i].id == seq_id)
+            s = &c->seqs[i];
+    if (!s) {
+        if (c->n_seqs == HP_ARRAY_SIZE(c->seqs))
+            FAIL(c, "too many sequences");
+        s = &c->seqs[c->n_seqs++];
+        s->id = (uint32_t)seq_id;
+        for (size_t k = 0; k < HP_ARRAY_SIZE(s->defined); k++)
+            bk__map_init(&s->defined[k], 0);
+        if (!(flags & 1))
+            FAIL(c, "the first packet of sequence %llu does not clear incremental state",
+                 (unsigned long long)seq_id);
+    }
+    struct bk_pb_iter it;
+    struct bk_pb_field f;
+    bk__pb_iter_init(&it, p, len);
+    while (bk__pb_next(&it, &f)) {
+        if (f.num == 6 && f.wire_type == BK_PB_LEN)
+            c->clock = true;
+        if (f.num == 12 && f.wire_type == BK_PB_LEN && !check_interned(c, s, f.ptr, f.len))
+            return false;
+    }
+    bk__pb_iter_init(&it, p, len);
+    while (bk__pb_next(&it, &f)) {
+        if (f.num != 37 || f.wire_type != BK_PB_LEN)
+            continue;
+        c->profiles++;
+        if (!c->clock)
+            FAIL(c, "profile before any clock snapshot");
+        if (!(flags & 2))
+            FAIL(c, "profile packet without SEQ_NEEDS_INCREMENTAL_STATE");
+        uint64_t index = varint_field(f.ptr, f.len, 7, UINT64_MAX);
+        if (index != s->next_index)
+            FAIL(c, "index %llu, expected %llu", (unsigned long long)index,
+                 (unsigned long long)s->next_index);
+        s->next_index++;
+        bool continued = varint_field(f.ptr, f.len, 6, 0) != 0;
+        struct bk_pb_iter pi;
+        struct bk_pb_field pf;
+        bk__pb_iter_init(&pi, f.ptr, f.len);
+        while (bk__pb_next(&pi, &pf))
+            if (pf.num == 5 && pf.wire_type == BK_PB_LEN && !check_samples(c, s, pf.ptr, pf.len))
+                return false;
+        s->in_dump = continued;
+        c->dumps += !continued;
+    }
+    if (it.error)
+        FAIL(c, "malformed packet");
+    return true;
+}
+
+static bool check_file(const char *path)
+{
+    FILE *fp = fopen(path, "rbe");
+    if (!fp) {
+        perror(path);
+        return false;
+    }
+    static struct checker c;
+    memset(&c, 0, sizeof(c));
+    c.path = path;
+    bk__map_init(&c.cumulative, 4 * sizeof(uint64_t));
+    size_t cap = 1 << 20, len = 0;
+    uint8_t *buf = malloc(cap);
+    size_t n;
+    while (buf && (n = fread(buf + len, 1, cap - len, fp)) > 0) {
+        len += n;
+        if (len == cap) {
+            uint8_t *b = realloc(buf, cap *= 2);
+            if (!b)
+                free(buf);
+            buf = b;
+        }
+    }
+    fclose(fp);
+    bool ok = buf != NULL;
+    struct bk_pb_iter it;
+    struct bk_pb_field f;
+    bk__pb_iter_init(&it, buf, len);
+    while (ok && bk__pb_next(&it, &f)) {
+        if (f.num != 1 || f.wire_type != BK_PB_LEN) {
+            fprintf(stderr, "%s: not a Trace.packet field\n", path);
+            ok = false;
+        } else {
+            ok = check_packet(&c, f.ptr, f.len);
+        }
+    }
+    if (ok && it.error) {
+        fprintf(stderr, "%s: truncated or malformed framing\n", path);
+        ok = false;
+    }
+    for (size_t i = 0; ok && i < c.n_seqs; i++) {
+        if (c.seqs[i].in_dump) {
+            fprintf(stderr, "%s: the file ends inside a dump\n", path);
+            ok = false;
+        }
+    }
+    if (ok && !c.profiles) {
+        fprintf(stderr, "%s: no profile packets\n", path);
+        ok = false;
+    }
+    if (ok)
+        printf("%s: %llu packets, %llu profile packets, %llu dumps: ok\n", path,
+               (unsigned long long)c.packets, (unsigned long long)c.profiles,
+               (unsigned long long)c.dumps);
+    for (size_t i = 0; i < c.n_seqs; i++)
+        for (size_t k = 0; k < HP_ARRAY_SIZE(c.seqs[i].defined); k++)
+            bk__map_done(&c.seqs[i].defined[k]);
+    bk__map_done(&c.cumulative);
+    free(buf);
+    return ok;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s TRACE...\n", argv[0]);
+        return 2;
+    }
+    int status = 0;
+    for (int i = 1; i < argc; i++)
+        if (!check_file(argv[i]))
+            status = 1;
+    return status;
+}

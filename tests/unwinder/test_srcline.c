@@ -1,0 +1,129 @@
+/* tests/unwinder/test_srcline.c: the optional debuginfod route of unwinder_source_line():
+ * never taken when DEBUGINFOD_URLS is unset or empty, taken once per file when it is set.
+ * The fetch itself is replaced by a fake: no network in tests. */
+
+/* cmocka.h needs these first. */
+/* clang-format off */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+/* clang-format on */
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "unwinder/elf_cache.h"
+#include "unwinder/global.h"
+#include "unwinder/unwinder.h"
+
+static int g_fetches;
+static uint8_t g_fetched_id[HP_BUILD_ID_MAX];
+
+/* Answers with the debug file the build made next to the stripped library. */
+static int fake_fetch(const uint8_t *build_id, uint32_t len, char **ret_path)
+{
+    g_fetches++;
+    memcpy(g_fetched_id, build_id, len < HP_BUILD_ID_MAX ? len : HP_BUILD_ID_MAX);
+    char *path = strdup(UNWDBG_DEBUG_PATH);
+    if (!path)
+        return -ENOMEM;
+    *ret_path = path;
+    return 0;
+}
+
+/* A mapping of the stripped library under the name @alias (source-line state is kept per
+ * path, so each test uses its own), and the ELF address of its static function. */
+static struct hp_mapping stripped_mapping(const char *alias, uint64_t *ret_vaddr)
+{
+    void *h = dlopen(UNWDBG_PATH, RTLD_NOW | RTLD_LOCAL);
+    assert_non_null(h);
+    uintptr_t (*addr_fn)(void) = (uintptr_t(*)(void))(uintptr_t)dlsym(h, "unwdbg_helper_addr");
+    assert_non_null(addr_fn);
+    Dl_info info;
+    uintptr_t helper = addr_fn();
+    assert_true(dladdr((void *)helper, &info) != 0);
+    *ret_vaddr = helper - (uintptr_t)info.dli_fbase;
+    struct stat st;
+    assert_int_equal(stat(UNWDBG_PATH, &st), 0);
+    const struct unwinder__elf *e = NULL;
+    assert_int_equal(unwinder__elf_get(st.st_dev, st.st_ino, UNWDBG_PATH, &e), 0);
+    assert_true(e->ok);
+    assert_true(e->build_id_len >= 16);
+    struct hp_mapping m = {.path = unwinder__intern(alias, strlen(alias)),
+                           .build_id_len = e->build_id_len};
+    memcpy(m.build_id, e->build_id, e->build_id_len);
+    unwinder__elf_put(e);
+    return m;
+}
+
+/* Unset or empty: nothing is asked from debuginfod; the line stays unknown. */
+static void test_srcline_debuginfod_off_when_unset(void **state)
+{
+    (void)state;
+    uint64_t vaddr;
+    struct hp_mapping m = stripped_mapping(UNWDBG_PATH, &vaddr);
+    assert_int_equal(unsetenv("DEBUGINFOD_URLS"), 0);
+    g_fetches = 0;
+    unsigned long tries = unwinder__debuginfod_tries();
+    const char *file;
+    uint32_t line;
+    assert_int_equal(unwinder_source_line(&m, vaddr, &file, &line), -ENOENT);
+    assert_int_equal(setenv("DEBUGINFOD_URLS", "", 1), 0);
+    assert_int_equal(unwinder_source_line(&m, vaddr + 1, &file, &line), -ENOENT);
+    assert_int_equal(unsetenv("DEBUGINFOD_URLS"), 0);
+    assert_int_equal(g_fetches, 0);
+    assert_int_equal(unwinder__debuginfod_tries(), tries);
+}
+
+/* Set: the build id is asked for once per file and the line comes from the answer. */
+static void test_srcline_debuginfod_when_set(void **state)
+{
+    (void)state;
+    uint64_t vaddr;
+    /* Another name for the same file: a fresh source-line entry. */
+    struct hp_mapping m = stripped_mapping(UNWDBG_PATH "-via-debuginfod", &vaddr);
+    assert_int_equal(setenv("DEBUGINFOD_URLS", "http://127.0.0.1:9/", 1), 0);
+    g_fetches = 0;
+    const char *file = NULL;
+    uint32_t line = 0;
+    int r = unwinder_source_line(&m, vaddr, &file, &line);
+    assert_int_equal(unsetenv("DEBUGINFOD_URLS"), 0);
+    assert_int_equal(r, 0);
+    assert_int_equal(g_fetches, 1);
+    assert_memory_equal(g_fetched_id, m.build_id, m.build_id_len);
+    assert_non_null(strstr(file, "libunwdbg.c"));
+    assert_true(line > 0);
+    assert_int_equal(unwinder_source_line(&m, vaddr + 2, &file, &line), 0);
+    assert_int_equal(g_fetches, 1);
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    unwinder__debuginfod_fetch = fake_fetch;
+    return unwinder_global_init() == 0 ? 0 : -1;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    unwinder_global_done();
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_srcline_debuginfod_off_when_unset),
+        cmocka_unit_test(test_srcline_debuginfod_when_set),
+    };
+    return cmocka_run_group_tests_name("unwinder_srcline", tests, group_setup, group_teardown);
+}
