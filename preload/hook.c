@@ -98,7 +98,8 @@ __attribute__((no_sanitize("address"))) static void hook_copy_stack(void *dst, c
 static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_session *s, void *p,
                                           size_t size, uint64_t sample_size, const uint64_t *regs)
 {
-    if (hook_foreign_pid(s))
+    /* The service ended the session (its socket closes next; the helper detaches). */
+    if (hook_foreign_pid(s) || ring_is_detached(s->ring))
         return;
     uint64_t sp = regs[WIRE_REG_RSP];
     uint64_t end, avail;
