@@ -62,6 +62,14 @@ static inline uint64_t client_freeset_hash(const struct client_freeset *s, uint6
     return ((addr >> 4) * 0x9e3779b97f4a7c15ull) >> s->shift;
 }
 
+/* False when @addr is certainly not in the set (its filter counter is 0): one load. */
+static inline bool client_freeset_maybe(const struct client_freeset *s, uint64_t addr)
+{
+    uint64_t home = client_freeset_hash(s, addr);
+    return atomic_load_explicit(&s->filter[home >> CLIENT_FREESET_LINE_LOG2],
+                                memory_order_relaxed) != 0;
+}
+
 /* Removes @addr; returns true when it was in the set. Relaxed atomics are enough: an
  * address reaches the thread freeing it only through the application's own
  * synchronisation, which orders our insert before this removal. */

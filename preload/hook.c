@@ -283,8 +283,8 @@ static HP_ALWAYS_INLINE void hook_before_free(void *p)
         hook_free_watched(s, p);
 }
 
-/* Out of line, so that free() while dormant needs no stack frame: both paths end in a
- * tail call. */
+/* Out of line, so that free() needs no stack frame on its common paths: every path of
+ * free() ends in a tail call. */
 static HP_NOINLINE void hook_free_active(struct client_session *s, void *p)
 {
     hook_free_watched(s, p);
@@ -304,11 +304,14 @@ HP_EXPORT void *malloc(size_t size)
 
 HP_EXPORT void free(void *p)
 {
+    /* Acquire pairs with the release store publishing the session (its set is mapped). */
     struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
-    if (HP_UNLIKELY(s != NULL))
-        hook_free_active(s, p);
-    else
+    if (HP_LIKELY(s == NULL) ||
+        (HP_LIKELY(!client_freeset_maybe(&s->freeset, (uint64_t)(uintptr_t)p)) &&
+         HP_LIKELY(!atomic_load_explicit(&s->send_all_frees, memory_order_relaxed))))
         __libc_free(p);
+    else
+        hook_free_active(s, p);
 }
 
 HP_EXPORT void *calloc(size_t n, size_t size)
