@@ -214,7 +214,9 @@ uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint6
         client_init();
     /* Acquire pairs with the release store publishing the session. */
     struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
-    if (s) {
+    /* Entered before reading the session: its fields stay as they are while we are
+     * inside (a slot is reused only once no hook is in it). */
+    if (s && client_session_enter(s)) {
         /* Reached because the size is at least the interval (the counter was not
          * touched), the counter ran out (it was), or during a warm-up (it was not, and
          * is still positive). */
@@ -229,12 +231,12 @@ uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint6
         } else {
             sample_size = client_sampler_step(&t->sampler, &s->params, size);
         }
-        if (sample_size > 0 && p != 0 && client_session_enter(s)) {
+        if (sample_size > 0 && p != 0) {
             t->in_sample = true;
             hook_record_alloc(t, s, (void *)p, size, sample_size, regs);
             t->in_sample = false;
-            client_session_leave(s);
         }
+        client_session_leave(s);
     }
 
     errno = saved_errno;
