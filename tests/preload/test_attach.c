@@ -629,6 +629,15 @@ static int start_attached(struct fixture *f, struct conn *c)
     assert_string_equal(line, "ready");
     attach_signal(f->prog.pid, getpid());
     assert_true(accept_conn(lsock, 5000, 0, c));
+    /* The helper maps the ring after our answer; on a loaded machine that may take a
+     * while: allocate until records show up, then start counting afresh. */
+    uint64_t deadline = hp_clock_ns(CLOCK_MONOTONIC) + 5000 * 1000000ull;
+    while (c->allocs == 0) {
+        assert_true(hp_clock_ns(CLOCK_MONOTONIC) < deadline);
+        prog_cmd(f, 'a', line, sizeof(line));
+        conn_drain(c);
+    }
+    c->allocs = c->frees = c->unknown_stack = c->n3000 = c->n5000 = 0;
     return lsock;
 }
 
@@ -662,9 +671,14 @@ static void test_attach_torture_64_threads_attach_detach(void **state)
             attach_signal(f->prog.pid, getpid());
             assert_true(accept_conn(lsock, 5000, 0, &c));
         }
-        uint64_t until = hp_clock_ns(CLOCK_MONOTONIC) + 100 * 1000000ull;
-        while (hp_clock_ns(CLOCK_MONOTONIC) < until)
+        /* Read for 100 ms once records flow (5 s at most for the first). */
+        uint64_t now = hp_clock_ns(CLOCK_MONOTONIC), until = now + 100 * 1000000ull;
+        uint64_t deadline = now + 5000 * 1000000ull;
+        while (hp_clock_ns(CLOCK_MONOTONIC) < (c.allocs ? until : deadline)) {
             conn_drain(&c);
+            if (!c.allocs)
+                until = hp_clock_ns(CLOCK_MONOTONIC) + 100 * 1000000ull;
+        }
         assert_true(c.allocs > 0);
         /* Detach with 64 threads inside the hooks. */
         conn_close(&c);
