@@ -42,7 +42,7 @@ int bk__intern_init(struct bk_intern *in)
 void bk__intern_done(struct bk_intern *in)
 {
     for (size_t i = 0; in->stack_cache && i < BK_STACK_CACHE_SLOTS; i++)
-        free(in->stack_cache[i].frames);
+        free(in->stack_cache[i].copy);
     free(in->stack_cache);
     for (int k = 0; k < BK_STR_KINDS; k++) {
         bk__idtab_done(&in->str[k].index);
@@ -377,19 +377,24 @@ int bk__intern_stack(struct bk_intern *in, const struct hp_frame *frames, size_t
     if (n > BK_MAX_FRAMES)
         n = BK_MAX_FRAMES; /* keep the leaf side: it says who allocated */
     if (HP_UNLIKELY(!in->stack_cache && !in->stack_cache_failed)) {
-        in->stack_cache = calloc(BK_STACK_CACHE_SLOTS, sizeof(*in->stack_cache));
+        size_t bytes = BK_STACK_CACHE_SLOTS * sizeof(*in->stack_cache);
+        in->stack_cache = aligned_alloc(64, bytes);
+        if (in->stack_cache)
+            memset(in->stack_cache, 0, bytes);
         in->stack_cache_failed = !in->stack_cache;
     }
     if (!in->stack_cache || n > BK_STACK_CACHE_FRAMES)
         return intern_walk(in, frames, n, ret_id);
 
     uint64_t hash = stack_hash(frames, n);
+    uint32_t tag = (uint32_t)(hash >> 32);
     struct bk_stack_cache_slot *set =
         &in->stack_cache[hash & (BK_STACK_CACHE_SLOTS - BK_STACK_CACHE_WAYS)];
     /* Ways in order of last use, most recent first. */
     for (int w = 0; w < BK_STACK_CACHE_WAYS; w++) {
-        if (set[w].hash == hash && set[w].n == n && set[w].id &&
-            memcmp(set[w].frames, frames, n * sizeof(*frames)) == 0) {
+        const struct bk_stack_cache_copy *c = set[w].copy;
+        if (set[w].tag == tag && set[w].id && c->n == n &&
+            memcmp(c->frames, frames, n * sizeof(*frames)) == 0) {
             struct bk_stack_cache_slot hit = set[w];
             memmove(&set[1], &set[0], (size_t)w * sizeof(*set));
             set[0] = hit;
@@ -401,19 +406,14 @@ int bk__intern_stack(struct bk_intern *in, const struct hp_frame *frames, size_t
     int r = intern_walk(in, frames, n, &id);
     if (r < 0)
         return r;
-    /* The least recently used way makes room; its copy is reused when big enough (a
-     * copy holds at least as many frames as its entry's n). */
-    struct bk_stack_cache_slot old = set[BK_STACK_CACHE_WAYS - 1];
-    struct hp_frame *copy = old.frames;
-    if (!copy || old.n < n) {
-        free(copy);
-        copy = malloc(n * sizeof(*copy));
-    }
+    /* The least recently used way makes room. */
+    free(set[BK_STACK_CACHE_WAYS - 1].copy);
     memmove(&set[1], &set[0], (BK_STACK_CACHE_WAYS - 1) * sizeof(*set));
+    struct bk_stack_cache_copy *copy = malloc(sizeof(*copy) + n * sizeof(*frames));
     if (copy) {
-        memcpy(copy, frames, n * sizeof(*frames));
-        set[0] =
-            (struct bk_stack_cache_slot){.hash = hash, .id = id, .n = (uint32_t)n, .frames = copy};
+        copy->n = n;
+        memcpy(copy->frames, frames, n * sizeof(*frames));
+        set[0] = (struct bk_stack_cache_slot){.tag = tag, .id = id, .copy = copy};
     } else {
         set[0] = (struct bk_stack_cache_slot){0};
     }

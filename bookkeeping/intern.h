@@ -109,11 +109,15 @@ struct bk_mapping_cache {
 #define BK_STACK_CACHE_SLOTS 16384 /* a power of two */
 #define BK_STACK_CACHE_WAYS 4      /* a power of two */
 #define BK_STACK_CACHE_FRAMES 64   /* deeper stacks are not cached */
+/* 16 bytes, so a set of 4 ways is one cache line (the table is aligned to 64). */
 struct bk_stack_cache_slot {
-    uint64_t hash;
-    uint32_t id;             /* callstack id; 0: empty */
-    uint32_t n;              /* frames in the copy */
-    struct hp_frame *frames; /* copy of the input, leaf first; owned */
+    uint32_t tag;                     /* high half of the hash */
+    uint32_t id;                      /* callstack id; 0: empty */
+    struct bk_stack_cache_copy *copy; /* owned */
+};
+struct bk_stack_cache_copy {
+    uint64_t n;               /* frames */
+    struct hp_frame frames[]; /* the input, leaf first */
 };
 
 struct bk_intern {
