@@ -201,8 +201,8 @@ static struct bk_site *site_get(struct bk_heap *h, uint32_t callstack, uint32_t 
 static void site_touch(const struct bk_heap *h, struct bk_site *s)
 {
     if (h->peak_id && s->max_peak != h->peak_id) {
-        s->max_bytes = s->live_bytes;
-        s->max_count = s->live_count;
+        s->max_bytes = bk__site_live_bytes(s);
+        s->max_count = bk__site_live_count(s);
         s->max_peak = h->peak_id;
     }
 }
@@ -212,8 +212,6 @@ static void site_free(struct bk_heap *h, struct bk_site *s, uint64_t size)
     site_touch(h, s);
     s->freed += size;
     s->free_count++;
-    s->live_bytes -= size;
-    s->live_count--;
     h->live_total -= size;
 }
 
@@ -271,8 +269,6 @@ static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
     site_touch(h, s);
     s->allocated += r->size;
     s->alloc_count++;
-    s->live_bytes += r->size;
-    s->live_count++;
     h->live_total += r->size;
     *live = (struct bk_live){.seq = r->seq, .site = si, .size = small};
     if (h->live_total > h->peak_total) {

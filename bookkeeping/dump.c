@@ -20,17 +20,17 @@
  * size-then-write passes at hundreds of times a copy of the same bytes); the rare small
  * packets (clock snapshots, process tree, the first packet) use nanopb.
  */
-#include "bookkeeping/pbwire.h"
-#include "bookkeeping/state.h"
-#include "common/clock.h"
-#include "protos/trace_packet.pb.h"
-
 #include <errno.h>
 #include <pb_encode.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "bookkeeping/pbwire.h"
+#include "bookkeeping/state.h"
+#include "common/clock.h"
+#include "protos/trace_packet.pb.h"
 
 #define SEQ_INCREMENTAL_STATE_CLEARED 1u
 #define SEQ_NEEDS_INCREMENTAL_STATE 2u
@@ -255,6 +255,126 @@ static void put_item(bk_t *bk, struct enc *e, enum src src, size_t i, const stru
         break;
     }
     close1(e, at);
+}
+
+/* ---- the two big sources, in tight loops ----
+ *
+ * A dump of many callsites is mostly callstacks and samples: they are encoded through a
+ * local write pointer (stores through uint8_t pointers would otherwise make the
+ * compiler reload the buffer's position after every byte), with room reserved once per
+ * run of items, and without a per-item switch. The bytes are those put_item writes. */
+
+/* pre: BK_PB_VARINT_MAX bytes of room. */
+static inline uint8_t *vput(uint8_t *q, uint64_t v)
+{
+    if (HP_LIKELY(v < 0x80)) {
+        *q = (uint8_t)v;
+        return q + 1;
+    }
+    if (v < 0x4000) {
+        q[0] = (uint8_t)(v | 0x80);
+        q[1] = (uint8_t)(v >> 7);
+        return q + 2;
+    }
+    while (v >= 0x80) {
+        *q++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *q++ = (uint8_t)v;
+    return q;
+}
+
+/* Largest sample body: field 1 (uint32) and six uint64 fields, one-byte tags. */
+#define SAMPLE_BODY_MAX (1 + 5 + 6 * (1 + BK_PB_VARINT_MAX))
+_Static_assert(SAMPLE_BODY_MAX < 0x80, "a sample's length fits one byte");
+
+/* Encodes samples [*@i, @limit) of @h, each while @used plus an item's bound stays
+ * within @budget (the first one regardless when !@any), as put_item would one by one.
+ * Returns false when out of memory. */
+static bool put_samples(bk_t *bk, struct enc *e, const struct bk_heap *h, size_t *i, size_t limit,
+                        size_t *used, size_t budget, bool *any)
+{
+    const size_t bound = item_bound(bk, SRC_SAMPLES, 0);
+    const bool at_max = bk->dump_at_max;
+    while (*i < limit) {
+        size_t n = *used + bound <= budget ? (budget - *used) / bound : !*any;
+        if (n == 0)
+            break;
+        n = HP_MIN(n, limit - *i);
+        if (!enc_reserve(bk, e, n * bound + BK_PB_VARINT_MAX))
+            return false;
+        uint8_t *q = e->p + e->len, *const q0 = q;
+        const struct bk_site *s = &h->sites[*i], *const end = s + n;
+        for (; s < end; s++) {
+            q[0] = (uint8_t)(2 << 3 | BK_PB_LEN);
+            uint8_t *len = q + 1;
+            q += 2;
+            *q++ = 1 << 3;
+            q = vput(q, s->callstack_id);
+            *q++ = 2 << 3;
+            q = vput(q, s->allocated);
+            *q++ = 3 << 3;
+            q = vput(q, s->freed);
+            *q++ = 5 << 3;
+            q = vput(q, s->alloc_count);
+            *q++ = 6 << 3;
+            q = vput(q, s->free_count);
+            if (at_max) {
+                uint64_t mb, mc;
+                bk__site_at_peak(h, s, &mb, &mc);
+                *q++ = 8 << 3;
+                q = vput(q, mb);
+                *q++ = 9 << 3;
+                q = vput(q, mc);
+            }
+            *len = (uint8_t)(q - len - 1);
+        }
+        *i += n;
+        *used += (size_t)(q - q0);
+        e->len += (size_t)(q - q0);
+        *any = true;
+    }
+    return true;
+}
+
+/* Encodes callstacks [*@i, @limit) of the emit list as put_samples does samples. */
+static bool put_callstacks(bk_t *bk, struct enc *e, size_t *i, size_t limit, size_t *used,
+                           size_t budget, bool *any)
+{
+    const struct bk_intern *in = &bk->in;
+    const struct bk_cs_node *nodes = in->nodes;
+    uint32_t ids[BK_MAX_FRAMES];
+    for (; *i < limit; ++*i) {
+        uint32_t cs = in->emit[*i];
+        size_t depth = HP_MIN(nodes[cs].depth, (uint32_t)BK_MAX_FRAMES);
+        size_t bound = 32 + depth * 6;
+        if (*any && *used + bound > budget)
+            break;
+        if (!enc_reserve(bk, e, bound + BK_PB_VARINT_MAX))
+            return false;
+        /* Root first: fill from the end while walking up from the leaf. */
+        size_t k = depth;
+        for (uint32_t n = cs; n && k > 0; n = nodes[n].parent)
+            ids[--k] = nodes[n].frame_id;
+        uint8_t *q = e->p + e->len;
+        q[0] = (uint8_t)(7 << 3 | BK_PB_LEN);
+        q += 2;
+        *q++ = 1 << 3;
+        q = vput(q, cs);
+        for (size_t j = 0; j < depth; j++) {
+            *q++ = 2 << 3;
+            q = vput(q, ids[j]);
+        }
+        size_t at = e->len + 1, body = (size_t)(q - e->p) - at - 1;
+        e->len = (size_t)(q - e->p);
+        if (HP_LIKELY(body < 0x80))
+            e->p[at] = (uint8_t)body;
+        else
+            close1(e, at);
+        *used += body + 2 + (body >= 0x80 ? bk__pb_varint_size(body) - 1 : 0);
+        *any = true;
+    }
+    return true;
 }
 
 /* ---- process dumps ---- */
@@ -527,6 +647,18 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
         /* Interned data, then the samples, while they fit. */
         size_t interned = SIZE_MAX;
         for (; src < SRC_SAMPLES; src++) {
+            if (src == SRC_CALLSTACKS && begin[src] < limit[src]) {
+                if (interned == SIZE_MAX) {
+                    if (!enc_reserve(bk, &e, 16))
+                        return -ENOMEM;
+                    interned = open4(&e, 12);
+                }
+                if (!put_callstacks(bk, &e, &begin[src], limit[src], &used, budget, &any))
+                    return -ENOMEM;
+                if (begin[src] < limit[src])
+                    goto interned_done;
+                continue;
+            }
             for (; begin[src] < limit[src]; begin[src]++) {
                 size_t bound = item_bound(bk, (enum src)src, begin[src]);
                 if (any && used + bound > budget)
@@ -562,19 +694,9 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
         /* Equal to the interval: it was not adjusted. Perfetto's trace processor also
          * reads this as "self_max_count is trustworthy". */
         put_uint(&e, 13, p->sampling_interval_bytes);
-        if (src == SRC_SAMPLES) {
-            for (; begin[src] < limit[src]; begin[src]++) {
-                size_t bound = item_bound(bk, SRC_SAMPLES, 0);
-                if (any && used + bound > budget)
-                    break;
-                if (!enc_reserve(bk, &e, bound + BK_PB_VARINT_MAX))
-                    return -ENOMEM;
-                size_t before = e.len;
-                put_item(bk, &e, SRC_SAMPLES, begin[src], heap);
-                used += e.len - before;
-                any = true;
-            }
-        }
+        if (src == SRC_SAMPLES &&
+            !put_samples(bk, &e, heap, &begin[src], limit[src], &used, budget, &any))
+            return -ENOMEM;
         bool last = src == SRC_SAMPLES && begin[src] == limit[src];
         if (!enc_reserve(bk, &e, FLAGS_STATS_BOUND + 32))
             return -ENOMEM;

@@ -42,7 +42,7 @@ int bk__intern_init(struct bk_intern *in)
 void bk__intern_done(struct bk_intern *in)
 {
     for (size_t i = 0; in->stack_cache && i < BK_STACK_CACHE_SLOTS; i++)
-        free(in->stack_cache[i].frame_ids);
+        free(in->stack_cache[i].copy);
     free(in->stack_cache);
     for (int k = 0; k < BK_STR_KINDS; k++) {
         bk__idtab_done(&in->str[k].index);
@@ -284,8 +284,7 @@ int bk__intern_frame(struct bk_intern *in, const struct hp_frame *f, uint32_t *r
     in->frames[nid] = (struct bk_frame){.rel_pc = key.rel_pc,
                                         .mapping_id = key.mapping_id,
                                         .function_name_id = name_id,
-                                        .src_map = f->map,
-                                        .src_name = f->function_name};
+                                        .src_map = f->map};
     in->n_frames++;
     *ret_id = nid;
     return 0;
@@ -329,19 +328,42 @@ int bk__intern_node(struct bk_intern *in, uint32_t parent, uint32_t frame_id, ui
     return 0;
 }
 
-/* Whether the cached stack @slot is exactly @frames (leaf first). */
-static bool stack_matches(const struct bk_intern *in, const struct bk_stack_cache_slot *slot,
-                          const struct hp_frame *frames, size_t n)
+/* A hash of the stack's pcs and mappings. Each frame is mixed on its own (independent
+ * multiplies, no chain through the frames) and the mixes are summed: the loop runs at
+ * the speed of the loads. The position goes into each mix, so order matters. */
+static uint64_t stack_hash(const struct hp_frame *frames, size_t n)
 {
-    if (in->nodes[slot->id].depth != n)
-        return false;
+    uint64_t h = n;
     for (size_t i = 0; i < n; i++) {
-        const struct bk_frame *f = &in->frames[slot->frame_ids[i]];
-        if (f->rel_pc != frames[i].rel_pc || f->src_map != frames[i].map ||
-            f->src_name != frames[i].function_name)
-            return false;
+        uint64_t x = frames[i].rel_pc ^ ((uint64_t)(uintptr_t)frames[i].map << 20) ^
+                     (i * 0x9e3779b97f4a7c15ull);
+        h += (x * 0xff51afd7ed558ccdull) ^ (x >> 29);
     }
-    return true;
+    return bk__hash_u64(h);
+}
+
+/* Walks @frames (leaf first) through frame interning and the trie. */
+static int intern_walk(struct bk_intern *in, const struct hp_frame *frames, size_t n,
+                       uint32_t *ret_id)
+{
+    uint32_t node = 0;
+    for (size_t i = n; i-- > 0;) {
+        uint32_t fid;
+        int r = bk__intern_frame(in, &frames[i], &fid);
+        if (r == 0)
+            r = bk__intern_node(in, node, fid, &node);
+        if (r < 0)
+            return r;
+    }
+    if (!in->nodes[node].queued) {
+        int r = bk__grow((void **)&in->emit, &in->cap_emit, in->n_emit + 1, sizeof(*in->emit));
+        if (r < 0)
+            return r;
+        in->emit[in->n_emit++] = node;
+        in->nodes[node].queued = true;
+    }
+    *ret_id = node;
+    return 0;
 }
 
 int bk__intern_stack(struct bk_intern *in, const struct hp_frame *frames, size_t n,
@@ -355,74 +377,47 @@ int bk__intern_stack(struct bk_intern *in, const struct hp_frame *frames, size_t
     if (n > BK_MAX_FRAMES)
         n = BK_MAX_FRAMES; /* keep the leaf side: it says who allocated */
     if (HP_UNLIKELY(!in->stack_cache && !in->stack_cache_failed)) {
-        in->stack_cache = calloc(BK_STACK_CACHE_SLOTS, sizeof(*in->stack_cache));
+        size_t bytes = BK_STACK_CACHE_SLOTS * sizeof(*in->stack_cache);
+        in->stack_cache = aligned_alloc(64, bytes);
+        if (in->stack_cache)
+            memset(in->stack_cache, 0, bytes);
         in->stack_cache_failed = !in->stack_cache;
     }
-    struct bk_stack_cache_slot *slot = NULL;
-    uint64_t hash = 0;
-    uint32_t *fids = NULL;
-    if (in->stack_cache && n <= BK_STACK_CACHE_FRAMES) {
-        /* The pcs (and the leaf's mapping) tell stacks apart well enough for a hash;
-         * the check compares everything. */
-        hash = bk__hash_u64((uint64_t)(uintptr_t)frames[0].map ^ n);
-        for (size_t i = 0; i < n; i++) {
-            hash = (hash ^ frames[i].rel_pc) * 0x9e3779b97f4a7c15ull;
-            hash ^= hash >> 29;
+    if (!in->stack_cache || n > BK_STACK_CACHE_FRAMES)
+        return intern_walk(in, frames, n, ret_id);
+
+    uint64_t hash = stack_hash(frames, n);
+    uint32_t tag = (uint32_t)(hash >> 32);
+    struct bk_stack_cache_slot *set =
+        &in->stack_cache[hash & (BK_STACK_CACHE_SLOTS - BK_STACK_CACHE_WAYS)];
+    /* Ways in order of last use, most recent first. */
+    for (int w = 0; w < BK_STACK_CACHE_WAYS; w++) {
+        const struct bk_stack_cache_copy *c = set[w].copy;
+        if (set[w].tag == tag && set[w].id && c->n == n &&
+            memcmp(c->frames, frames, n * sizeof(*frames)) == 0) {
+            struct bk_stack_cache_slot hit = set[w];
+            memmove(&set[1], &set[0], (size_t)w * sizeof(*set));
+            set[0] = hit;
+            *ret_id = hit.id;
+            return 0;
         }
-        hash = bk__hash_u64(hash);
-        /* Two ways per set, most recent first. */
-        slot = &in->stack_cache[hash & (BK_STACK_CACHE_SLOTS - 2)];
-        uint32_t tag = (uint32_t)(hash >> 32);
-        for (int w = 0; w < 2; w++) {
-            if (slot[w].id && slot[w].hash == tag && stack_matches(in, &slot[w], frames, n)) {
-                *ret_id = slot[w].id;
-                if (w) {
-                    struct bk_stack_cache_slot t = slot[0];
-                    slot[0] = slot[1];
-                    slot[1] = t;
-                }
-                return 0;
-            }
-        }
-        /* Reuse the evicted way's list when it is long enough. */
-        if (slot[1].frame_ids && in->nodes[slot[1].id].depth >= n) {
-            fids = slot[1].frame_ids;
-            slot[1] = (struct bk_stack_cache_slot){0};
-        } else {
-            fids = malloc(n * sizeof(*fids));
-        }
-        if (!fids)
-            slot = NULL;
     }
-    uint32_t node = 0;
-    for (size_t i = n; i-- > 0;) {
-        uint32_t fid;
-        int r = bk__intern_frame(in, &frames[i], &fid);
-        if (r == 0)
-            r = bk__intern_node(in, node, fid, &node);
-        if (r < 0) {
-            free(fids);
-            return r;
-        }
-        if (fids)
-            fids[i] = fid;
+    uint32_t id;
+    int r = intern_walk(in, frames, n, &id);
+    if (r < 0)
+        return r;
+    /* The least recently used way makes room. */
+    free(set[BK_STACK_CACHE_WAYS - 1].copy);
+    memmove(&set[1], &set[0], (BK_STACK_CACHE_WAYS - 1) * sizeof(*set));
+    struct bk_stack_cache_copy *copy = malloc(sizeof(*copy) + n * sizeof(*frames));
+    if (copy) {
+        copy->n = n;
+        memcpy(copy->frames, frames, n * sizeof(*frames));
+        set[0] = (struct bk_stack_cache_slot){.tag = tag, .id = id, .copy = copy};
+    } else {
+        set[0] = (struct bk_stack_cache_slot){0};
     }
-    if (!in->nodes[node].queued) {
-        int r = bk__grow((void **)&in->emit, &in->cap_emit, in->n_emit + 1, sizeof(*in->emit));
-        if (r < 0) {
-            free(fids);
-            return r;
-        }
-        in->emit[in->n_emit++] = node;
-        in->nodes[node].queued = true;
-    }
-    if (slot) {
-        free(slot[1].frame_ids);
-        slot[1] = slot[0];
-        slot[0] = (struct bk_stack_cache_slot){
-            .hash = (uint32_t)(hash >> 32), .id = node, .frame_ids = fids};
-    }
-    *ret_id = node;
+    *ret_id = id;
     return 0;
 }
 

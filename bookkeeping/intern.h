@@ -77,9 +77,8 @@ struct bk_frame {
     uint64_t rel_pc;
     uint32_t mapping_id;
     uint32_t function_name_id;
-    /* The objects it was first interned from, for the stack cache's check. */
+    /* The mapping object it was first interned from, for source lines. */
     const struct hp_mapping *src_map;
-    const char *src_name;
 };
 
 struct bk_cs_node {
@@ -98,20 +97,27 @@ struct bk_mapping_cache {
     uint32_t id;
 };
 
-/* Whole stacks seen recently, by a hash of their pcs: a hit skips the per-frame
- * interning and the trie walk. Each entry keeps the frame ids of its stack (leaf first),
- * and a hit is confirmed by comparing every input frame's rel_pc, mapping and name
- * pointers with those its frame was first interned from: exact, never by hash alone,
- * and without chasing parent links. Comparing pointers is sound because mappings and
- * function names are immutable and live for the whole session (common/frame.h); a
- * frame met again through other pointers merely misses. Memory is bounded by the
- * slots: at most BK_STACK_CACHE_SLOTS id lists of at most BK_STACK_CACHE_FRAMES. */
-#define BK_STACK_CACHE_SLOTS 16384 /* a power of two; sets of two ways */
+/* Whole stacks seen recently: a hit skips the per-frame interning and the trie walk.
+ * Each entry keeps a copy of the input frames it was interned from (leaf first), and a
+ * hit is confirmed by comparing the input with that copy byte for byte (memcmp of one
+ * contiguous array): exact, never by hash alone, and without chasing frame or node
+ * ids. Comparing pointers is sound because mappings and function names are immutable and
+ * live for the whole session (common/frame.h); a frame met again through other pointers
+ * merely misses. Sets of BK_STACK_CACHE_WAYS entries, least recently used out. Memory is
+ * bounded by the slots: at most BK_STACK_CACHE_SLOTS copies of at most
+ * BK_STACK_CACHE_FRAMES frames (24 bytes each). */
+#define BK_STACK_CACHE_SLOTS 16384 /* a power of two */
+#define BK_STACK_CACHE_WAYS 4      /* a power of two */
 #define BK_STACK_CACHE_FRAMES 64   /* deeper stacks are not cached */
+/* 16 bytes, so a set of 4 ways is one cache line (the table is aligned to 64). */
 struct bk_stack_cache_slot {
-    uint32_t hash;       /* high half of the hash (the low bits pick the set) */
-    uint32_t id;         /* callstack id; 0: empty */
-    uint32_t *frame_ids; /* leaf first, as many as the stack's depth; owned */
+    uint32_t tag;                     /* high half of the hash */
+    uint32_t id;                      /* callstack id; 0: empty */
+    struct bk_stack_cache_copy *copy; /* owned */
+};
+struct bk_stack_cache_copy {
+    uint64_t n;               /* frames */
+    struct hp_frame frames[]; /* the input, leaf first */
 };
 
 struct bk_intern {

@@ -7,16 +7,16 @@
  * (count), alloc_space (bytes), inuse_objects (count), inuse_space (bytes), where "in
  * use" is what was allocated and not freed at the dump.
  */
-#include "bookkeeping/pbwire.h"
-#include "bookkeeping/reader.h"
-#include "bookkeeping/util.h"
-
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <zlib.h>
+
+#include "bookkeeping/pbwire.h"
+#include "bookkeeping/reader.h"
+#include "bookkeeping/util.h"
 
 struct pp_mapping {
     const char *path, *build_id;

@@ -57,12 +57,23 @@ struct bk_live {
 };
 #define BK_LIVE_BIG_SIZE UINT32_MAX
 
+/* 64 bytes: the dump streams through all sites of a heap. The live bytes and count are
+ * allocated - freed and alloc_count - free_count (a late record adds to both sides). */
 struct bk_site {
-    uint32_t callstack_id;
     uint64_t allocated, freed, alloc_count, free_count;
-    uint64_t live_bytes, live_count;
     uint64_t max_bytes, max_count, max_peak;
+    uint32_t callstack_id;
 };
+
+static inline uint64_t bk__site_live_bytes(const struct bk_site *s)
+{
+    return s->allocated - s->freed;
+}
+
+static inline uint64_t bk__site_live_count(const struct bk_site *s)
+{
+    return s->alloc_count - s->free_count;
+}
 
 /* One heap of one process: its live allocations, sites and peak. */
 struct bk_heap {
@@ -136,8 +147,8 @@ static inline void bk__site_at_peak(const struct bk_heap *p, const struct bk_sit
         *ret_bytes = s->max_bytes;
         *ret_count = s->max_count;
     } else {
-        *ret_bytes = s->live_bytes;
-        *ret_count = s->live_count;
+        *ret_bytes = bk__site_live_bytes(s);
+        *ret_count = bk__site_live_count(s);
     }
 }
 

@@ -119,12 +119,12 @@ static void test_bookkeeping_alloc_free_counters(void **state)
     assert_int_equal(s1.alloc_count, 2);
     assert_int_equal(s1.freed, 100);
     assert_int_equal(s1.free_count, 1);
-    assert_int_equal(s1.live_bytes, 200);
+    assert_int_equal(bk__site_live_bytes(&s1), 200);
     assert_int_equal(s2.allocated, 4146);
     assert_int_equal(s2.alloc_count, 2);
     assert_int_equal(s2.freed, 4096);
     assert_int_equal(s2.free_count, 1);
-    assert_int_equal(s2.live_count, 1);
+    assert_int_equal(bk__site_live_count(&s2), 1);
     assert_int_equal(bk__find_heap(bk__find_proc(bk, PID), 0)->live_total, 250);
     struct bk_counters c = counters(bk);
     assert_int_equal(c.records_applied, 6);
@@ -163,10 +163,10 @@ static void test_bookkeeping_replace_at_live_address(void **state)
     assert_int_equal(s1.allocated, 100);
     assert_int_equal(s1.freed, 100);
     assert_int_equal(s1.free_count, 1);
-    assert_int_equal(s1.live_bytes, 0);
+    assert_int_equal(bk__site_live_bytes(&s1), 0);
     assert_int_equal(s2.allocated, 300);
     assert_int_equal(s2.alloc_count, 1);
-    assert_int_equal(s2.live_bytes, 300);
+    assert_int_equal(bk__site_live_bytes(&s2), 300);
     assert_int_equal(bk__find_heap(bk__find_proc(bk, PID), 0)->live_total, 300);
     bk_record_free(bk, PID, 0, 3, 0x1000);
     assert_int_equal(site_of(bk, 2).freed, 300);
@@ -267,7 +267,7 @@ static void test_bookkeeping_reorder_within_window(void **state)
         assert_int_equal(x.freed, y.freed);
         assert_int_equal(x.alloc_count, y.alloc_count);
         assert_int_equal(x.free_count, y.free_count);
-        assert_int_equal(x.live_bytes, y.live_bytes);
+        assert_int_equal(bk__site_live_bytes(&x), bk__site_live_bytes(&y));
     }
     bk_free(shuffled);
 }
@@ -329,14 +329,15 @@ static void test_bookkeeping_late_records_respect_newer_state(void **state)
     struct bk_site s1 = site_of(bk, 1), s2 = site_of(bk, 2);
     assert_int_equal(s1.allocated, 100);
     assert_int_equal(s1.freed, 100); /* it must have been freed before seq 3 */
-    assert_int_equal(s1.live_bytes, 0);
-    assert_int_equal(s2.live_bytes, 300);
+    assert_int_equal(bk__site_live_bytes(&s1), 0);
+    assert_int_equal(bk__site_live_bytes(&s2), 300);
     assert_int_equal(s2.freed, 0);
     /* A late free older than the allocation at the address does not free it. */
     alloc(bk, 10, 0x5000, 50, 3);
     assert_int_equal(bk_dump_process(bk, PID), 0);
     bk_record_free(bk, PID, 0, 7, 0x5000);
-    assert_int_equal(site_of(bk, 3).live_bytes, 50);
+    struct bk_site s3 = site_of(bk, 3);
+    assert_int_equal(bk__site_live_bytes(&s3), 50);
     assert_int_equal(counters(bk).unknown_frees, 2);
 }
 
