@@ -40,6 +40,11 @@
 
 #define N_TRUTH_SITES 12
 
+/* Every run waits for the service as long as it takes when the ring is full (the default
+ * gives up after 100 ms and drops the sample, which a loaded machine reaches): dropped
+ * samples are the fault tests' subject, not this file's. */
+static char *const g_patient[] = {"--block-timeout-us", "60000000", NULL};
+
 /* Records @prog_argv at @interval (seed @seed when not NULL; @extra options and @env may
  * be NULL); returns the trace path (malloc'd). */
 static char *record(const char *interval, const char *seed, char *const extra[],
@@ -154,7 +159,7 @@ static const struct bk_trace_process *run_truth(const char *interval, const char
 {
     struct e2e_run run;
     char *prog[] = {(char *)e2e_env("TRUTH_PROG"), (char *)scale, NULL};
-    *trace = record(interval, seed, NULL, prog, NULL, &run);
+    *trace = record(interval, seed, g_patient, prog, NULL, &run);
     assert_int_equal(run.status, 0);
     size_t nt = e2e_parse_truth(run.out, truth, E2E_MAX_TRUTH);
     assert_int_equal(nt, N_TRUTH_SITES);
@@ -357,11 +362,9 @@ static void real_program(const char *needle, char *const prog[], char *const env
 {
     struct totals tot[2];
     const char *intervals[2] = {"1", "4096"};
-    /* The reference run waits for the service as long as it takes (no drops). */
-    char *const patient[] = {"--block-timeout-us", "30000000", NULL};
     for (size_t k = 0; k < 2; k++) {
         struct e2e_run run;
-        char *trace = record(intervals[k], "41", k == 0 ? patient : NULL, prog, env, &run);
+        char *trace = record(intervals[k], "41", g_patient, prog, env, &run);
         if (run.status != 0)
             print_message("%s", run.err);
         assert_int_equal(run.status, 0);
@@ -377,8 +380,7 @@ static void real_program(const char *needle, char *const prog[], char *const env
             (unsigned long long)tot[k].freed, (unsigned long long)(tot[k].allocated - tot[k].freed),
             (unsigned long long)p->heap_samples, (unsigned long long)tot[k].unwinding_errors,
             (unsigned long long)tot[k].callsites, p->buffer_overran ? ", samples dropped" : "");
-        if (k == 0)
-            assert_false(p->buffer_overran);
+        assert_false(p->buffer_overran);
         check_plausible(p);
         bk_trace_free(t);
         unlink(trace);
