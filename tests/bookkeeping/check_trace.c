@@ -15,12 +15,12 @@
  *     alloc_count and free_count never decrease from one dump to the next, and freed
  *     never exceeds allocated.
  */
-#include "bookkeeping/pbwire.h"
-#include "bookkeeping/util.h"
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "bookkeeping/pbwire.h"
+#include "bookkeeping/util.h"
 
 struct seq {
     uint32_t id;

@@ -3,14 +3,14 @@
  * external decoders such as `protoc --decode=perfetto.protos.Trace`. With "big" as
  * argv[2]: 2000 callsites in two heaps, five dumps split into packets of ~4 KB,
  * addresses reused and freed in between (seeded). */
-#include "bookkeeping/bookkeeping.h"
-#include "bookkeeping/state.h"
-
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "bookkeeping/bookkeeping.h"
+#include "bookkeeping/state.h"
 
 /* Source lines for libc frames only, as debug info would give for one library. */
 static int source_line(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,

@@ -1,9 +1,9 @@
 /* tests/bookkeeping/pprof_tool.c: `pprof_tool TRACE OUT [DUMP [PID]]` runs
  * bk_pprof_export() as `heapprof pprof` does, for tests/bookkeeping/check_pprof.py. */
-#include "bookkeeping/reader.h"
-
 #include <stdlib.h>
 #include <string.h>
+
+#include "bookkeeping/reader.h"
 
 int main(int argc, char **argv)
 {

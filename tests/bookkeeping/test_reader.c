@@ -8,10 +8,6 @@
 #include <cmocka.h>
 // clang-format on
 
-#include "bookkeeping/bookkeeping.h"
-#include "bookkeeping/reader.h"
-#include "bookkeeping/state.h"
-
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -19,6 +15,10 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+
+#include "bookkeeping/bookkeeping.h"
+#include "bookkeeping/reader.h"
+#include "bookkeeping/state.h"
 
 #define PID 4242
 #define N_SITES 16

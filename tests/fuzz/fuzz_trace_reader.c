@@ -1,13 +1,13 @@
 /* tests/fuzz/fuzz_trace_reader.c: the streaming trace reader on arbitrary bytes, then
  * the report, the diff and the pprof encoder on whatever it accepted. Any input must end
  * in a clean error or a consistent trace; sanitizers catch the rest. */
-#include "bookkeeping/reader.h"
-
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <unistd.h>
+
+#include "bookkeeping/reader.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
