@@ -645,6 +645,18 @@ static const char *fail_reason(unsigned fail, int r)
     }
 }
 
+/* True for a frame in the dynamic loader. Its entry code (_start, _dl_start_user, which
+ * run shared libraries' constructors through _dl_init) has no CFI: reaching it is the
+ * end of the stack, not an unwinding error. */
+static bool is_loader_frame(const struct hp_frame *f)
+{
+    if (!f->map || !f->map->path)
+        return false;
+    const char *base = strrchr(f->map->path, '/');
+    base = base ? base + 1 : f->map->path;
+    return strncmp(base, "ld-linux", 8) == 0 || strncmp(base, "ld.so", 5) == 0;
+}
+
 static bool is_libheapprof(const struct unwinder__map *m)
 {
     const char *base = strrchr(m->path, '/');
@@ -800,6 +812,9 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
         }
         /* libunwind ends a chain it cannot follow (no unwind info, frame-pointer guess
          * rejected) with 0, like a real end; our accessors know better. */
+        if (r == 0 && (p->fail & FAIL_NO_INFO) && !(p->fail & (FAIL_NO_MAP | FAIL_ELF)) &&
+            prev_added && is_loader_frame(&frames[n - 1]))
+            break;
         if (r < 0 || (r == 0 && (p->fail & (FAIL_NO_MAP | FAIL_ELF | FAIL_NO_INFO)))) {
             err = fail_reason(p->fail, r);
             fallback = (p->fail & FAIL_DEBUG_FRAME) != 0;
