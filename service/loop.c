@@ -74,6 +74,9 @@ int svc_loop_run(svc_t *s, const struct svc_loop_opts *o, struct svc_loop_result
     int sfd = signalfd(-1, &m, SFD_CLOEXEC | SFD_NONBLOCK);
     if (sfd < 0)
         return -errno;
+    /* Signals (the child's exit above all) wake the poll at once. */
+    if (svc_watch_fd(s, sfd) < 0)
+        hp_log_debug("signals are polled, not watched");
 
     uint64_t start = hp_clock_ns(CLOCK_MONOTONIC);
     uint64_t next_dump =
@@ -84,7 +87,8 @@ int svc_loop_run(svc_t *s, const struct svc_loop_opts *o, struct svc_loop_result
     int r = 0;
 
     for (;;) {
-        r = svc_poll(s, 50);
+        /* Once the child has exited, its clients' ends are checked every few ms. */
+        r = svc_poll(s, ret->child_exited ? 2 : 50);
         if (r < 0)
             hp_log_warn("accepting clients: %s", strerror(-r));
         r = 0;
@@ -152,6 +156,7 @@ int svc_loop_run(svc_t *s, const struct svc_loop_opts *o, struct svc_loop_result
     }
     if (o->status_line)
         draw_status(s, &last_samples, &last_status_ns, true);
+    svc_unwatch_fd(s, sfd);
     (void)close(sfd);
     return r;
 }

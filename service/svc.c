@@ -558,6 +558,17 @@ drop_quietly:
     (void)close(sock);
 }
 
+int svc_watch_fd(svc_t *s, int fd)
+{
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
+    return epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
+}
+
+void svc_unwatch_fd(svc_t *s, int fd)
+{
+    (void)epoll_ctl(s->epfd, EPOLL_CTL_DEL, fd, NULL);
+}
+
 int svc_poll(svc_t *s, int timeout_ms)
 {
     struct epoll_event ev;

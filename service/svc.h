@@ -113,6 +113,11 @@ const char *svc_socket_path(svc_t *s);
 /* Serves the listening socket for up to @timeout_ms (accepting and handshaking clients).
  * Returns 0 or -errno. */
 int svc_poll(svc_t *s, int timeout_ms) HP_WARN_UNUSED;
+/* Also wakes svc_poll() when @fd (borrowed) is readable: e.g. a signalfd. Returns 0 or
+ * -errno. Call svc_unwatch_fd() before closing @fd. */
+int svc_watch_fd(svc_t *s, int fd) HP_WARN_UNUSED;
+void svc_unwatch_fd(svc_t *s, int fd);
+
 /* Number of clients handed to unwinder threads that have not yet disconnected. */
 unsigned svc_live_clients(svc_t *s);
 /* True once the client with @pid connected and has since disconnected and been fully
