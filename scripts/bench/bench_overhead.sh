@@ -11,6 +11,8 @@
 #            python3 by path: a python3 found on PATH may be a wrapper script)
 #   sqlite   /usr/bin/sqlite3 :memory: tests/bench/workload_sqlite.sql: 200k rows inserted by a
 #            recursive CTE, two indexes built, queried
+#   empty    /bin/true: the profilers' fixed start and stop costs; reported as
+#            overhead_empty_<tool>_extra_wall_ms (the wall time added) instead of ratios
 # Tools: plain (unprofiled), heapprof4k (`heapprof record -q -i 4096 -o F --`),
 # heapprof512k (`-i 524288`), heaptrack (`heaptrack -o F`).
 #
@@ -63,7 +65,7 @@ for p in heaptrack /usr/bin/time /usr/bin/python3 /usr/bin/sqlite3 timeout; do
     command -v "$p" >/dev/null || { echo "bench_overhead: $p not installed" >&2; exit 1; }
 done
 
-workloads=(${BENCH_OVERHEAD_WORKLOADS:-churn1t churn2t stl python sqlite})
+workloads=(${BENCH_OVERHEAD_WORKLOADS:-churn1t churn2t stl python sqlite empty})
 tools=(plain ${BENCH_OVERHEAD_TOOLS:-heapprof4k heapprof512k heaptrack})
 tools=($(printf '%s\n' "${tools[@]}" | awk '!seen[$0]++'))
 
@@ -80,6 +82,7 @@ workload_cmd() {
     stl) cmd=("$build/tests/bench/stl_churn" $((16 * scale))) ;;
     python) cmd=(/usr/bin/python3 tests/bench/workload_python.py $((300000 * scale))) ;;
     sqlite) cmd=(/usr/bin/sqlite3 :memory: ".read $sql") ;;
+    empty) cmd=(/bin/true) ;;
     *) echo "bench_overhead: unknown workload $1" >&2; exit 1 ;;
     esac
 }
@@ -240,6 +243,14 @@ for w in workloads:
         wall_ratio = med(w, t, 0) / base_wall
         rss_ratio = med(w, t, 1) / base_rss
         cpu_ratio = med(w, t, 5) / base_cpu
+        if w == "empty":
+            extra = med(w, t, 0) - base_wall
+            print("bench: overhead_empty_%s_extra_wall_ms %.1f ms" % (t, extra))
+            print("bench: overhead_empty_%s_tool_cpu_ms %d ms" % (t, med(w, t, 6)))
+            table.append((w, t, "%.0f ms" % med(w, t, 0), "+%.0f ms" % extra, "", "",
+                          "%d KiB" % med(w, t, 1), "%.2fx" % rss_ratio, "%d KiB" % med(w, t, 2),
+                          "%d ms" % med(w, t, 6), "%d" % med(w, t, 3), ""))
+            continue
         tool_rss, out = med(w, t, 2), med(w, t, 3)
         print("bench: overhead_%s_%s_wall_ratio %.3f ratio" % (w, t, wall_ratio))
         print("bench: overhead_%s_%s_cpu_ratio %.3f ratio" % (w, t, cpu_ratio))
