@@ -65,9 +65,9 @@ for p in heaptrack /usr/bin/time /usr/bin/python3 /usr/bin/sqlite3 timeout; do
     command -v "$p" >/dev/null || { echo "bench_overhead: $p not installed" >&2; exit 1; }
 done
 
-workloads=(${BENCH_OVERHEAD_WORKLOADS:-churn1t churn2t stl python sqlite empty})
-tools=(plain ${BENCH_OVERHEAD_TOOLS:-heapprof4k heapprof512k heaptrack})
-tools=($(printf '%s\n' "${tools[@]}" | awk '!seen[$0]++'))
+read -r -a workloads <<<"${BENCH_OVERHEAD_WORKLOADS:-churn1t churn2t stl python sqlite empty}"
+read -r -a tools <<<"plain ${BENCH_OVERHEAD_TOOLS:-heapprof4k heapprof512k heaptrack}"
+mapfile -t tools < <(printf '%s\n' "${tools[@]}" | awk '!seen[$0]++')
 
 tmp=$(mktemp -d /tmp/heapprof-bench-overhead.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
