@@ -11,6 +11,7 @@ PKGS=(
     protobuf-compiler python3
     clang llvm libclang-rt-dev clang-format
     sqlite3 libc6-dbg
+    heaptrack time
 )
 
 missing=()

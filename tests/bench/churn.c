@@ -1,8 +1,10 @@
 /* tests/bench/churn.c: a malloc-heavy program for the app-level overhead benchmark.
  *
- *     churn [ITERATIONS]     two threads, each ITERATIONS times: free a random one of its
- *                            256 live blocks and allocate a new one of 16..271 bytes,
- *                            writing into it; prints a checksum so the work is not elided.
+ *     churn [ITERATIONS [THREADS]]
+ *
+ * THREADS threads (default 2, at most 64), each ITERATIONS times: free a random one of its
+ * 256 live blocks and allocate a new one of 16..271 bytes, writing into it; prints a
+ * checksum so the work is not elided.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -11,6 +13,7 @@
 #include <string.h>
 
 #define LIVE 256
+#define MAX_THREADS 64
 
 static long iterations = 2000000;
 
@@ -40,15 +43,25 @@ static void *churn(void *arg)
 
 int main(int argc, char **argv)
 {
-    pthread_t th[2];
-    void *ret[2];
+    pthread_t th[MAX_THREADS];
+    int threads = 2;
+    uint64_t sum = 0;
     if (argc > 1)
         iterations = atol(argv[1]);
-    for (int i = 0; i < 2; i++)
+    if (argc > 2)
+        threads = atoi(argv[2]);
+    if (threads < 1 || threads > MAX_THREADS) {
+        fprintf(stderr, "churn: THREADS must be 1..%d\n", MAX_THREADS);
+        return 2;
+    }
+    for (int i = 0; i < threads; i++)
         if (pthread_create(&th[i], NULL, churn, (void *)(uintptr_t)(i + 1)) != 0)
             return 1;
-    for (int i = 0; i < 2; i++)
-        (void)pthread_join(th[i], &ret[i]);
-    printf("checksum %llu\n", (unsigned long long)((uintptr_t)ret[0] + (uintptr_t)ret[1]));
+    for (int i = 0; i < threads; i++) {
+        void *ret = NULL;
+        (void)pthread_join(th[i], &ret);
+        sum += (uintptr_t)ret;
+    }
+    printf("checksum %llu\n", (unsigned long long)sum);
     return 0;
 }
