@@ -32,7 +32,7 @@ struct svc_msg {
     uint32_t type;
     uint32_t len; /* total bytes of this entry, aligned to 8 */
     int32_t pid;
-    uint32_t n; /* ALLOC: frames; PROC_START: cmdline bytes; PROC_END: flags */
+    uint32_t n;       /* ALLOC: frames; PROC_START: cmdline bytes; PROC_END: flags */
     uint32_t heap_id; /* ALLOC, FREE: the client's heap id (untrusted) */
     uint32_t reserved;
     uint64_t seq;
@@ -121,6 +121,14 @@ struct svc_unwinder {
     struct hp_frame frames[UNWINDER_MAX_FRAMES + 1];
 };
 
+/* An accepted connection whose hello has not fully arrived yet. */
+struct svc_pending_hello {
+    int fd;
+    uint64_t deadline_ms; /* CLOCK_MONOTONIC */
+};
+
+#define SVC_MAX_PENDING_HELLOS 64
+
 struct svc {
     struct svc_config cfg;
     int out_fd;
@@ -128,6 +136,9 @@ struct svc {
     char *sock_path;
     int listen_fd;
     int epfd;
+    /* connections waiting for their hello, watched by epfd; the main thread's */
+    struct svc_pending_hello pending[SVC_MAX_PENDING_HELLOS];
+    unsigned n_pending;
     struct svc_bkq bkq;
     pthread_t bk_thread;
     bool bk_started;

@@ -24,6 +24,7 @@
 #define FAULT_SEED 20261122u
 #define KILL_RUNS 50
 #define KILL_MAX_DELAY_MS 60
+#define HP_N_CHILDREN 4
 
 struct daemon {
     pid_t pid;
@@ -32,6 +33,33 @@ struct daemon {
     char trace[300];
     char log[300];
 };
+
+/* Children a failed test may leave behind; the teardown kills them so no process keeps
+ * the test's output pipes open. */
+static pid_t g_children[HP_N_CHILDREN];
+
+static void track(pid_t pid)
+{
+    for (size_t i = 0; i < HP_N_CHILDREN; i++) {
+        if (g_children[i] <= 0) {
+            g_children[i] = pid;
+            return;
+        }
+    }
+}
+
+static int teardown_children(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < HP_N_CHILDREN; i++) {
+        if (g_children[i] > 0 && waitpid(g_children[i], NULL, WNOHANG) == 0) {
+            kill(g_children[i], SIGKILL);
+            waitpid(g_children[i], NULL, 0);
+        }
+        g_children[i] = 0;
+    }
+    return 0;
+}
 
 static void sleep_ms(long ms)
 {
@@ -71,9 +99,11 @@ static void daemon_launch(struct daemon *d, const char *const args[])
     if (d->pid == 0) {
         int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
         dup2(fd, 2);
+        dup2(fd, 1);
         execv(argv[0], argv);
         _exit(127);
     }
+    track(d->pid);
     for (int i = 0; i < 500; i++) {
         struct stat st;
         if (stat(d->sock, &st) == 0)
@@ -202,6 +232,7 @@ static void test_faults_service_killed_at_random(void **state)
         const char *noblock[] = {"--all", "--no-running", "-i", "512", NULL};
         daemon_launch(&d, run % 2 ? noblock : block);
         pid_t c = spawn_client(&d, prog, out);
+        track(c);
         sleep_ms(delay);
         assert_int_equal(daemon_stop(&d, SIGKILL), 128 + SIGKILL);
         int st = wait_status(c);
@@ -209,6 +240,7 @@ static void test_faults_service_killed_at_random(void **state)
         if (st != plain.status || strcmp(o, plain.out) != 0)
             fail_msg("run %d (delay %ld ms): status %d, output:\n%s", run, delay, st, o);
         free(o);
+        memset(g_children, 0, sizeof(g_children)); /* both reaped */
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
@@ -234,7 +266,9 @@ static void test_faults_target_killed_next_to_another(void **state)
     char *victim_prog[] = {(char *)e2e_env("WORKER"), "busy", "5000", NULL};
     char *good_prog[] = {(char *)e2e_env("THREE_SITES"), "4", NULL};
     pid_t victim = spawn_client(&d, victim_prog, "/dev/null");
+    track(victim);
     pid_t good = spawn_client(&d, good_prog, out);
+    track(good);
     /* At interval 1 the victim is always in the middle of sampling something. */
     sleep_ms(300);
     kill(victim, SIGKILL);
@@ -356,22 +390,31 @@ static void hostile(const char *mode, enum expect expect)
         execl(e2e_env("HOSTILE_CLIENT"), "hostile_client", d.sock, mode, "7", (char *)NULL);
         _exit(127);
     }
+    track(h);
     /* The well-behaved client starts once the misbehaviour is in place. */
+    int hst = -1;
     for (int i = 0; i < 500; i++) {
+        int st;
+        bool exited = waitpid(h, &st, WNOHANG) == h;
         char *o = read_file(hout);
         bool ready = strstr(o, "ready") != NULL;
         free(o);
+        if (exited) {
+            hst = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            if (!ready)
+                fail_msg("hostile_client %s exited early: %d", mode, hst);
+        }
         if (ready)
             break;
-        int st;
-        if (waitpid(h, &st, WNOHANG) == h)
-            fail_msg("hostile_client %s exited early: %d", mode, st);
         sleep_ms(10);
     }
     char *good_prog[] = {(char *)e2e_env("THREE_SITES"), "2", NULL};
     pid_t g = spawn_client(&d, good_prog, gout);
+    track(g);
     assert_int_equal(wait_status(g), 0);
-    assert_int_equal(wait_status(h), 0);
+    if (hst < 0)
+        hst = wait_status(h);
+    assert_int_equal(hst, 0);
     /* The service is still alive and stops cleanly. */
     assert_int_equal(kill(d.pid, 0), 0);
     assert_int_equal(daemon_stop(&d, SIGINT), 0);
@@ -494,22 +537,22 @@ static void test_faults_hostile_flood(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_faults_service_killed_at_random),
-        cmocka_unit_test(test_faults_target_killed_next_to_another),
-        cmocka_unit_test(test_faults_ring_full_nonblocking),
-        cmocka_unit_test(test_faults_ring_full_blocking),
-        cmocka_unit_test(test_faults_hostile_random),
-        cmocka_unit_test(test_faults_hostile_truncated),
-        cmocka_unit_test(test_faults_hostile_oversized),
-        cmocka_unit_test(test_faults_hostile_stack_len),
-        cmocka_unit_test(test_faults_hostile_bad_type),
-        cmocka_unit_test(test_faults_hostile_header),
-        cmocka_unit_test(test_faults_hostile_write_pos),
-        cmocka_unit_test(test_faults_hostile_unpublished),
-        cmocka_unit_test(test_faults_hostile_pid_lie),
-        cmocka_unit_test(test_faults_hostile_wrong_fds),
-        cmocka_unit_test(test_faults_hostile_half_hello),
-        cmocka_unit_test(test_faults_hostile_flood),
+        cmocka_unit_test_teardown(test_faults_service_killed_at_random, teardown_children),
+        cmocka_unit_test_teardown(test_faults_target_killed_next_to_another, teardown_children),
+        cmocka_unit_test_teardown(test_faults_ring_full_nonblocking, teardown_children),
+        cmocka_unit_test_teardown(test_faults_ring_full_blocking, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_random, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_truncated, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_oversized, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_stack_len, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_bad_type, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_header, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_write_pos, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_unpublished, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_pid_lie, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_wrong_fds, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_half_hello, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_flood, teardown_children),
     };
     return cmocka_run_group_tests_name("e2e_faults", tests, NULL, NULL);
 }
