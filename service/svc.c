@@ -235,11 +235,12 @@ static int listen_on(const char *path, int *ret_fd)
     struct sockaddr_un tmp = {.sun_family = AF_UNIX};
     int n = snprintf(tmp.sun_path, sizeof(tmp.sun_path), "%s.%d", path, (int)getpid());
     if (n < 0 || (size_t)n >= sizeof(tmp.sun_path))
-        return -ENAMETOOLONG;
+        tmp = addr; /* no room for a temporary name: bind in place */
+    (void)unlink(path);
     (void)unlink(tmp.sun_path);
     if (bind(fd, (struct sockaddr *)&tmp, sizeof(tmp)) < 0)
         return -errno;
-    if (listen(fd, 128) < 0 || rename(tmp.sun_path, path) < 0) {
+    if (listen(fd, 128) < 0 || (strcmp(tmp.sun_path, path) && rename(tmp.sun_path, path) < 0)) {
         int r = -errno;
         (void)unlink(tmp.sun_path);
         return r;
@@ -411,6 +412,53 @@ static bool fd_is_proc_file(int fd, pid_t pid, const char *what)
     return strcmp(target, want) == 0;
 }
 
+int svc__handshake_hello(int sock, bool allow_other_users, struct wire_hello *ret_hello,
+                         struct ucred *ret_cred, int ret_fds[2])
+{
+    struct wire_hello hello;
+    int fds[2] = {-1, -1};
+    size_t nfds = 0;
+    int r = hp_recv_fds(sock, &hello, sizeof(hello), fds, 2, &nfds);
+    if (r < 0) {
+        hp_log_warn("handshake: no valid hello from a client: %s", strerror(-r));
+        return r;
+    }
+    struct ucred cred;
+    socklen_t cl = sizeof(cred);
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) {
+        r = -errno;
+        hp_log_warn("handshake: SO_PEERCRED: %s", strerror(-r));
+        goto fail;
+    }
+    r = -EPROTO;
+    if (hello.magic != WIRE_HELLO_MAGIC || nfds != 2) {
+        hp_log_warn("pid %d: handshake: bad hello", (int)cred.pid);
+        goto fail;
+    }
+    r = -EACCES;
+    if (cred.uid != geteuid() && !(geteuid() == 0 && allow_other_users)) {
+        hp_log_warn("pid %d: handshake: client of uid %u rejected", (int)cred.pid,
+                    (unsigned)cred.uid);
+        goto fail;
+    }
+    r = -EPERM;
+    if (hello.pid != cred.pid || !fd_is_proc_file(fds[0], cred.pid, "maps") ||
+        !fd_is_proc_file(fds[1], cred.pid, "mem")) {
+        hp_log_warn("pid %d: handshake: pid or /proc descriptors do not match the peer",
+                    (int)cred.pid);
+        goto fail;
+    }
+    *ret_hello = hello;
+    *ret_cred = cred;
+    ret_fds[0] = fds[0];
+    ret_fds[1] = fds[1];
+    return 0;
+fail:
+    for (size_t i = 0; i < nfds && i < 2; i++)
+        (void)close(fds[i]);
+    return r;
+}
+
 static void reject(int sock)
 {
     struct wire_client_config cfg = {.magic = WIRE_CONFIG_MAGIC,
@@ -444,39 +492,16 @@ static void handshake(struct svc *s, int sock)
                          .tv_usec = (HANDSHAKE_TIMEOUT_MS % 1000) * 1000};
     struct wire_hello hello;
     int fds[2] = {-1, -1};
-    size_t nfds = 0;
     struct svc_client *c = NULL;
     int ring_fd = -1;
     int r;
 
     (void)setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     (void)setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    r = hp_recv_fds(sock, &hello, sizeof(hello), fds, 2, &nfds);
-    if (r < 0) {
-        hp_log_warn("handshake: no valid hello from a client: %s", strerror(-r));
-        goto reject;
-    }
     struct ucred cred;
-    socklen_t cl = sizeof(cred);
-    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) {
-        hp_log_warn("handshake: SO_PEERCRED: %s", strerror(errno));
+    r = svc__handshake_hello(sock, s->cfg.allow_other_users, &hello, &cred, fds);
+    if (r < 0)
         goto reject;
-    }
-    if (hello.magic != WIRE_HELLO_MAGIC || nfds != 2) {
-        hp_log_warn("pid %d: handshake: bad hello", (int)cred.pid);
-        goto reject;
-    }
-    if (cred.uid != geteuid() && !(geteuid() == 0 && s->cfg.allow_other_users)) {
-        hp_log_warn("pid %d: handshake: client of uid %u rejected", (int)cred.pid,
-                    (unsigned)cred.uid);
-        goto reject;
-    }
-    if (hello.pid != cred.pid || !fd_is_proc_file(fds[0], cred.pid, "maps") ||
-        !fd_is_proc_file(fds[1], cred.pid, "mem")) {
-        hp_log_warn("pid %d: handshake: pid or /proc descriptors do not match the peer",
-                    (int)cred.pid);
-        goto reject;
-    }
 
     c = calloc(1, sizeof(*c));
     if (!c)
