@@ -14,7 +14,7 @@
  *   wrongfds    /dev/null and another process's /proc/PID/maps instead of our own files
  *   halfhello   three connections each sending half a hello, then sleeping
  *   flood       valid tiny records (frees and empty-stack allocations) as fast as
- *               possible for a second
+ *               possible for 1.5 s ("ready" is printed before it starts)
  *   unpublished reserves a record and never publishes it
  * Prints "ready" once the misbehaviour is in place, waits until the service closes the
  * connection (at most 6 s) and exits 0; exit 2 on a usage error, 3 when the handshake
@@ -202,7 +202,10 @@ static int misbehave(const char *mode, int sock, int ring_fd, const struct wire_
             atomic_store(&hdr->write_pos, pos + (size << 4) + 8);
         }
     } else if (!strcmp(mode, "flood")) {
-        int64_t end = now_ms() + 1000;
+        /* The other clients run while this one floods. */
+        printf("ready\n");
+        fflush(stdout);
+        int64_t end = now_ms() + 1500;
         uint64_t seq = 0, written = 0;
         struct wire_free f = {0};
         while (now_ms() < end) {
@@ -218,7 +221,7 @@ static int misbehave(const char *mode, int sock, int ring_fd, const struct wire_
             }
             poke(sock);
         }
-        fprintf(stderr, "hostile_client: flood: %llu records attempted, %llu written\n",
+        fprintf(stderr, "hostile_client: flood: %llu records attempted, %llu written in 1.5 s\n",
                 (unsigned long long)seq, (unsigned long long)written);
     } else if (!strcmp(mode, "unpublished")) {
         struct ring_wspan w;
@@ -229,8 +232,10 @@ static int misbehave(const char *mode, int sock, int ring_fd, const struct wire_
         return 2;
     }
     poke(sock);
-    printf("ready\n");
-    fflush(stdout);
+    if (strcmp(mode, "flood") != 0) {
+        printf("ready\n");
+        fflush(stdout);
+    }
     wait_closed(sock, 6000);
     ring_unmap(ring);
     return 0;
