@@ -9,13 +9,15 @@
 int svc__decode_alloc(const uint8_t *data, size_t len, uint64_t max_stack_bytes,
                       struct wire_alloc *ret, const uint8_t **ret_stack)
 {
-    if (len < sizeof(*ret))
+    struct wire_alloc a;
+    if (len < sizeof(a))
         return -EBADMSG;
-    memcpy(ret, data, sizeof(*ret));
-    uint64_t stack_len = ret->stack_len;
-    if (stack_len > len - sizeof(*ret) || stack_len > max_stack_bytes)
+    memcpy(&a, data, sizeof(a)); /* one copy out of shared memory, then validate */
+    uint64_t stack_len = a.stack_len;
+    if (stack_len > len - sizeof(a) || stack_len > max_stack_bytes)
         return -EBADMSG;
-    *ret_stack = data + sizeof(*ret);
+    *ret = a;
+    *ret_stack = data + sizeof(a);
     return 0;
 }
 

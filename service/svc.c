@@ -637,7 +637,8 @@ static void accepted(struct svc *s, int fd)
                 oldest = i;
         pending_drop(s, oldest, "too many connections waiting");
     }
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.fd = fd};
+    /* Edge-triggered: a partial hello left in the socket must not wake us in a loop. */
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.fd = fd};
     if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
         handshake(s, fd); /* cannot wait: fall back to the blocking read */
         return;

