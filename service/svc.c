@@ -10,12 +10,14 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/fdpass.h"
 #include "common/log.h"
 #include "service/svc_internal.h"
@@ -228,11 +230,21 @@ static int listen_on(const char *path, int *ret_fd)
     HP_CLEANUP_CLOSE int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (probe >= 0 && connect(probe, (struct sockaddr *)&addr, sizeof(addr)) == 0)
         return -EADDRINUSE;
+    /* Bound under a temporary name and renamed into place once listening, so a client
+     * never finds the socket file before connections are accepted. */
+    struct sockaddr_un tmp = {.sun_family = AF_UNIX};
+    int n = snprintf(tmp.sun_path, sizeof(tmp.sun_path), "%s.%d", path, (int)getpid());
+    if (n < 0 || (size_t)n >= sizeof(tmp.sun_path))
+        tmp = addr; /* no room for a temporary name: bind in place */
     (void)unlink(path);
-    if (bind(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0)
+    (void)unlink(tmp.sun_path);
+    if (bind(fd, (struct sockaddr *)&tmp, sizeof(tmp)) < 0)
         return -errno;
-    if (listen(fd, 128) < 0)
-        return -errno;
+    if (listen(fd, 128) < 0 || (strcmp(tmp.sun_path, path) && rename(tmp.sun_path, path) < 0)) {
+        int r = -errno;
+        (void)unlink(tmp.sun_path);
+        return r;
+    }
     *ret_fd = HP_TAKE_FD(fd);
     return 0;
 }
@@ -311,7 +323,7 @@ int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret)
         r = -errno;
         goto fail;
     }
-    struct epoll_event ev = {.events = EPOLLIN};
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = s->listen_fd};
     if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->listen_fd, &ev) < 0) {
         r = -errno;
         goto fail;
@@ -400,6 +412,53 @@ static bool fd_is_proc_file(int fd, pid_t pid, const char *what)
     return strcmp(target, want) == 0;
 }
 
+int svc__handshake_hello(int sock, bool allow_other_users, struct wire_hello *ret_hello,
+                         struct ucred *ret_cred, int ret_fds[2])
+{
+    struct wire_hello hello;
+    int fds[2] = {-1, -1};
+    size_t nfds = 0;
+    int r = hp_recv_fds(sock, &hello, sizeof(hello), fds, 2, &nfds);
+    if (r < 0) {
+        hp_log_warn("handshake: no valid hello from a client: %s", strerror(-r));
+        return r;
+    }
+    struct ucred cred;
+    socklen_t cl = sizeof(cred);
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) {
+        r = -errno;
+        hp_log_warn("handshake: SO_PEERCRED: %s", strerror(-r));
+        goto fail;
+    }
+    r = -EPROTO;
+    if (hello.magic != WIRE_HELLO_MAGIC || nfds != 2) {
+        hp_log_warn("pid %d: handshake: bad hello", (int)cred.pid);
+        goto fail;
+    }
+    r = -EACCES;
+    if (cred.uid != geteuid() && !(geteuid() == 0 && allow_other_users)) {
+        hp_log_warn("pid %d: handshake: client of uid %u rejected", (int)cred.pid,
+                    (unsigned)cred.uid);
+        goto fail;
+    }
+    r = -EPERM;
+    if (hello.pid != cred.pid || !fd_is_proc_file(fds[0], cred.pid, "maps") ||
+        !fd_is_proc_file(fds[1], cred.pid, "mem")) {
+        hp_log_warn("pid %d: handshake: pid or /proc descriptors do not match the peer",
+                    (int)cred.pid);
+        goto fail;
+    }
+    *ret_hello = hello;
+    *ret_cred = cred;
+    ret_fds[0] = fds[0];
+    ret_fds[1] = fds[1];
+    return 0;
+fail:
+    for (size_t i = 0; i < nfds && i < 2; i++)
+        (void)close(fds[i]);
+    return r;
+}
+
 static void reject(int sock)
 {
     struct wire_client_config cfg = {.magic = WIRE_CONFIG_MAGIC,
@@ -433,39 +492,16 @@ static void handshake(struct svc *s, int sock)
                          .tv_usec = (HANDSHAKE_TIMEOUT_MS % 1000) * 1000};
     struct wire_hello hello;
     int fds[2] = {-1, -1};
-    size_t nfds = 0;
     struct svc_client *c = NULL;
     int ring_fd = -1;
     int r;
 
     (void)setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     (void)setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    r = hp_recv_fds(sock, &hello, sizeof(hello), fds, 2, &nfds);
-    if (r < 0) {
-        hp_log_warn("handshake: no valid hello from a client: %s", strerror(-r));
-        goto reject;
-    }
     struct ucred cred;
-    socklen_t cl = sizeof(cred);
-    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) {
-        hp_log_warn("handshake: SO_PEERCRED: %s", strerror(errno));
+    r = svc__handshake_hello(sock, s->cfg.allow_other_users, &hello, &cred, fds);
+    if (r < 0)
         goto reject;
-    }
-    if (hello.magic != WIRE_HELLO_MAGIC || nfds != 2) {
-        hp_log_warn("pid %d: handshake: bad hello", (int)cred.pid);
-        goto reject;
-    }
-    if (cred.uid != geteuid() && !(geteuid() == 0 && s->cfg.allow_other_users)) {
-        hp_log_warn("pid %d: handshake: client of uid %u rejected", (int)cred.pid,
-                    (unsigned)cred.uid);
-        goto reject;
-    }
-    if (hello.pid != cred.pid || !fd_is_proc_file(fds[0], cred.pid, "maps") ||
-        !fd_is_proc_file(fds[1], cred.pid, "mem")) {
-        hp_log_warn("pid %d: handshake: pid or /proc descriptors do not match the peer",
-                    (int)cred.pid);
-        goto reject;
-    }
 
     c = calloc(1, sizeof(*c));
     if (!c)
@@ -569,29 +605,123 @@ void svc_unwatch_fd(svc_t *s, int fd)
     (void)epoll_ctl(s->epfd, EPOLL_CTL_DEL, fd, NULL);
 }
 
+static uint64_t now_ms(void)
+{
+    return hp_clock_ns(CLOCK_MONOTONIC) / 1000000;
+}
+
+/* Bytes queued on @fd, or -1 on error. */
+static int queued_bytes(int fd)
+{
+    int n = 0;
+    return ioctl(fd, FIONREAD, &n) < 0 ? -1 : n;
+}
+
+static void pending_remove(struct svc *s, unsigned i)
+{
+    (void)epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->pending[i].fd, NULL);
+    s->pending[i] = s->pending[--s->n_pending];
+}
+
+static void pending_drop(struct svc *s, unsigned i, const char *why)
+{
+    int fd = s->pending[i].fd;
+    pending_remove(s, i);
+    hp_log_warn("handshake: no valid hello from a client: %s", why);
+    atomic_fetch_add_explicit(&s->rejected, 1, memory_order_relaxed);
+    (void)close(fd);
+}
+
+/* A freshly accepted connection: handshake at once when its whole hello is queued, else
+ * wait for it without blocking the other clients (a client that stalls mid-handshake
+ * must not hold up the ones behind it). Takes ownership of @fd. */
+static void accepted(struct svc *s, int fd)
+{
+    if (queued_bytes(fd) >= (int)sizeof(struct wire_hello)) {
+        handshake(s, fd);
+        return;
+    }
+    if (s->n_pending == SVC_MAX_PENDING_HELLOS) {
+        unsigned oldest = 0;
+        for (unsigned i = 1; i < s->n_pending; i++)
+            if (s->pending[i].deadline_ms < s->pending[oldest].deadline_ms)
+                oldest = i;
+        pending_drop(s, oldest, "too many connections waiting");
+    }
+    /* Edge-triggered: a partial hello left in the socket must not wake us in a loop. */
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.fd = fd};
+    if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+        handshake(s, fd); /* cannot wait: fall back to the blocking read */
+        return;
+    }
+    s->pending[s->n_pending++] =
+        (struct svc_pending_hello){.fd = fd, .deadline_ms = now_ms() + HANDSHAKE_TIMEOUT_MS};
+}
+
+static void pending_event(struct svc *s, int fd, uint32_t events)
+{
+    unsigned i = 0;
+    while (i < s->n_pending && s->pending[i].fd != fd)
+        i++;
+    if (i == s->n_pending)
+        return;
+    int q = queued_bytes(fd);
+    if (q >= (int)sizeof(struct wire_hello)) {
+        pending_remove(s, i);
+        handshake(s, fd);
+    } else if (q < 0 || (events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR))) {
+        pending_drop(s, i, "connection closed mid-hello");
+    }
+}
+
+static void pending_expire(struct svc *s)
+{
+    uint64_t now = now_ms();
+    for (unsigned i = 0; i < s->n_pending;) {
+        if (s->pending[i].deadline_ms <= now)
+            pending_drop(s, i, "timed out");
+        else
+            i++;
+    }
+}
+
 int svc_poll(svc_t *s, int timeout_ms)
 {
-    struct epoll_event ev;
-    int n = epoll_wait(s->epfd, &ev, 1, timeout_ms);
+    struct epoll_event evs[16];
+    if (s->n_pending && (timeout_ms < 0 || timeout_ms > 100))
+        timeout_ms = 100;
+    int n = epoll_wait(s->epfd, evs, HP_ARRAY_SIZE(evs), timeout_ms);
     if (n < 0)
         return errno == EINTR ? 0 : -errno;
-    if (n == 0)
-        return 0;
-    for (;;) {
-        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED)
-                continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK)
-                return 0;
-            return -errno;
+    int ret = 0;
+    for (int e = 0; e < n; e++) {
+        if (evs[e].data.fd != s->listen_fd) {
+            pending_event(s, evs[e].data.fd, evs[e].events);
+            continue;
         }
-        handshake(s, fd);
+        for (;;) {
+            int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+            if (fd < 0) {
+                if (errno == EINTR || errno == ECONNABORTED)
+                    continue;
+                if (errno != EAGAIN && errno != EWOULDBLOCK)
+                    ret = -errno;
+                break;
+            }
+            accepted(s, fd);
+        }
     }
+    pending_expire(s);
+    return ret;
 }
 
 int svc_finish(svc_t *s, struct svc_summary *ret_summary)
 {
+    while (s->n_pending) {
+        int fd = s->pending[0].fd;
+        pending_remove(s, 0);
+        (void)close(fd);
+    }
     if (s->listen_fd >= 0) {
         (void)close(s->listen_fd);
         s->listen_fd = -1;

@@ -9,12 +9,14 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include "bookkeeping/bookkeeping.h"
 #include "common/frame.h"
 #include "service/svc.h"
 #include "shmem_ring/ring.h"
+#include "shmem_ring/wire.h"
 #include "unwinder/unwinder.h"
 
 /* ---- Messages to the bookkeeping thread ---------------------------------------- */
@@ -102,6 +104,28 @@ struct svc_client {
 
 struct svc_client *svc__client_free(struct svc_client *c);
 
+/* ---- Records and handshake (validation of untrusted input) ----------------------- */
+
+/* Copies the fixed part of a WIRE_ALLOC payload (@data, @len bytes, possibly shared
+ * memory) into @ret and validates it: the stack (returned in @ret_stack, borrowed from
+ * @data, ret->stack_len bytes) must fit the payload and @max_stack_bytes. Returns 0 or
+ * -EBADMSG. */
+int svc__decode_alloc(const uint8_t *data, size_t len, uint64_t max_stack_bytes,
+                      struct wire_alloc *ret, const uint8_t **ret_stack);
+/* Copies a WIRE_FREE payload into @ret. Returns 0 or -EBADMSG when too short. */
+int svc__decode_free(const uint8_t *data, size_t len, struct wire_free *ret);
+
+/* Receives a client's hello on @sock (blocking within the socket's timeouts) and checks
+ * it against the peer: magic, two descriptors, uid (another uid only as root with
+ * @allow_other_users), the pid from SO_PEERCRED, and the descriptors being that pid's
+ * /proc maps and mem. Logs why a client is refused. On success fills @ret_hello and
+ * @ret_cred and hands the descriptors to @ret_fds (owned by the caller); on failure
+ * closes them. Returns 0, or -EBADMSG/-ECONNRESET/-errno (no valid hello), -EPROTO (bad
+ * magic or descriptors), -EACCES (other uid), -EPERM (pid or descriptors not the
+ * peer's). */
+int svc__handshake_hello(int sock, bool allow_other_users, struct wire_hello *ret_hello,
+                         struct ucred *ret_cred, int ret_fds[2]);
+
 struct svc;
 
 /* An unwinder thread. */
@@ -121,6 +145,14 @@ struct svc_unwinder {
     struct hp_frame frames[UNWINDER_MAX_FRAMES + 1];
 };
 
+/* An accepted connection whose hello has not fully arrived yet. */
+struct svc_pending_hello {
+    int fd;
+    uint64_t deadline_ms; /* CLOCK_MONOTONIC */
+};
+
+#define SVC_MAX_PENDING_HELLOS 64
+
 struct svc {
     struct svc_config cfg;
     int out_fd;
@@ -128,6 +160,9 @@ struct svc {
     char *sock_path;
     int listen_fd;
     int epfd;
+    /* connections waiting for their hello, watched by epfd; the main thread's */
+    struct svc_pending_hello pending[SVC_MAX_PENDING_HELLOS];
+    unsigned n_pending;
     struct svc_bkq bkq;
     pthread_t bk_thread;
     bool bk_started;

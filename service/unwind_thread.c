@@ -40,24 +40,20 @@ static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uin
                          size_t len)
 {
     struct wire_alloc a;
-    if (len < sizeof(a)) {
+    const uint8_t *stack;
+    if (svc__decode_alloc(data, len, c->max_stack_bytes, &a, &stack) < 0) {
         c->flags |= BK_FLAG_BUFFER_CORRUPTED;
         return;
     }
-    memcpy(&a, data, sizeof(a)); /* one copy out of shared memory, then validate */
     uint64_t stack_len = a.stack_len;
-    if (stack_len > len - sizeof(a) || stack_len > c->max_stack_bytes) {
-        c->flags |= BK_FLAG_BUFFER_CORRUPTED;
-        return;
-    }
 
     size_t n = 0;
     struct unwinder_result res = {0};
     uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
     int r = -ENOENT;
     if (c->unw)
-        r = unwinder_unwind(c->unw, a.regs, a.stack_ptr, data + sizeof(a), (size_t)stack_len,
-                            u->frames, UNWINDER_MAX_FRAMES, &n, &res);
+        r = unwinder_unwind(c->unw, a.regs, a.stack_ptr, stack, (size_t)stack_len, u->frames,
+                            UNWINDER_MAX_FRAMES, &n, &res);
     uint64_t us = (hp_clock_ns(CLOCK_MONOTONIC) - t0) / 1000;
     if (r < 0)
         n = 0;
@@ -95,11 +91,10 @@ static void handle_free(struct svc_unwinder *u, struct svc_client *c, const uint
                         size_t len)
 {
     struct wire_free f;
-    if (len < sizeof(f)) {
+    if (svc__decode_free(data, len, &f) < 0) {
         c->flags |= BK_FLAG_BUFFER_CORRUPTED;
         return;
     }
-    memcpy(&f, data, sizeof(f));
     struct svc_msg *m = svc__batch_add(&u->batcher, sizeof(*m));
     if (!m)
         return;

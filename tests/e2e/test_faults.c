@@ -1,0 +1,589 @@
+/* tests/e2e/test_faults.c: fault injection against the whole system: the service
+ * SIGKILLed at random moments, a target SIGKILLed mid-run next to another client, a
+ * full ring under a storm of samples (blocking and not), and hostile clients that speak
+ * the handshake themselves and then misbehave (tests/programs/hostile_client.c). */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tests/e2e/e2e_util.h"
+
+/* Seed of the random kill delays; override with HEAPPROF_FAULT_SEED. */
+#define FAULT_SEED 20261122u
+#define KILL_RUNS 50
+#define HP_N_CHILDREN 4
+
+struct daemon {
+    pid_t pid;
+    char dir[256];
+    char sock[300];
+    char trace[300];
+    char log[300];
+};
+
+/* Children a failed test may leave behind; the teardown kills them so no process keeps
+ * the test's output pipes open. */
+static pid_t g_children[HP_N_CHILDREN];
+
+static void track(pid_t pid)
+{
+    for (size_t i = 0; i < HP_N_CHILDREN; i++) {
+        if (g_children[i] <= 0) {
+            g_children[i] = pid;
+            return;
+        }
+    }
+}
+
+static int teardown_children(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < HP_N_CHILDREN; i++) {
+        if (g_children[i] > 0 && waitpid(g_children[i], NULL, WNOHANG) == 0) {
+            kill(g_children[i], SIGKILL);
+            waitpid(g_children[i], NULL, 0);
+        }
+        g_children[i] = 0;
+    }
+    return 0;
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+static void daemon_prepare(struct daemon *d)
+{
+    memset(d, 0, sizeof(*d));
+    snprintf(d->dir, sizeof(d->dir), "/tmp/heapprof-e2e-faults-XXXXXX");
+    assert_non_null(mkdtemp(d->dir));
+    snprintf(d->sock, sizeof(d->sock), "%s/sock", d->dir);
+    snprintf(d->trace, sizeof(d->trace), "%s/out.pftrace", d->dir);
+    snprintf(d->log, sizeof(d->log), "%s/daemon.log", d->dir);
+}
+
+/* Starts heapprofd with @args (NULL-terminated) plus --socket/--output in @d's dir and
+ * waits for its socket. */
+static void daemon_launch(struct daemon *d, const char *const args[])
+{
+    char *argv[64];
+    size_t k = 0;
+    argv[k++] = (char *)e2e_env("HEAPPROFD_BIN");
+    argv[k++] = "--socket";
+    argv[k++] = d->sock;
+    argv[k++] = "-o";
+    argv[k++] = d->trace;
+    argv[k++] = "--no-status";
+    for (size_t i = 0; args && args[i] && k < 62; i++)
+        argv[k++] = (char *)args[i];
+    argv[k] = NULL;
+    (void)unlink(d->sock);
+    d->pid = fork();
+    assert_true(d->pid >= 0);
+    if (d->pid == 0) {
+        int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        dup2(fd, 2);
+        dup2(fd, 1);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    track(d->pid);
+    for (int i = 0; i < 500; i++) {
+        struct stat st;
+        if (stat(d->sock, &st) == 0)
+            return;
+        sleep_ms(2);
+    }
+    fail_msg("heapprofd did not create its socket");
+}
+
+static int wait_status(pid_t pid)
+{
+    int st;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int daemon_stop(struct daemon *d, int sig)
+{
+    kill(d->pid, sig);
+    return wait_status(d->pid);
+}
+
+static char *read_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return strdup("");
+    char *buf = calloc(1, 1 << 20);
+    size_t n = fread(buf, 1, (1 << 20) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+static void daemon_cleanup(struct daemon *d)
+{
+    unlink(d->trace);
+    unlink(d->log);
+    unlink(d->sock);
+    rmdir(d->dir);
+}
+
+/* Forks @prog with the library preloaded and pointed at @d, stdout to @out_path. */
+static pid_t spawn_client(struct daemon *d, char *const prog[], const char *out_path)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (out_path) {
+            int fd = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            dup2(fd, 1);
+        }
+        setenv("LD_PRELOAD", e2e_env("HEAPPROF_LIB"), 1);
+        setenv("HEAPPROF_SOCKET", d->sock, 1);
+        setenv("HEAPPROF_STARTUP", "1", 1);
+        execv(prog[0], prog);
+        _exit(127);
+    }
+    return pid;
+}
+
+static void check_exact_sites(const struct bk_trace_process *p, const char *out)
+{
+    struct e2e_truth truth[E2E_MAX_TRUTH];
+    size_t nt = e2e_parse_truth(out, truth, E2E_MAX_TRUTH);
+    assert_true(nt > 0);
+    for (size_t i = 0; i < nt; i++) {
+        struct e2e_sums s;
+        e2e_sum_function(p, truth[i].name, &s);
+        assert_int_equal(s.alloc_bytes, truth[i].alloc_bytes);
+        assert_int_equal(s.alloc_count, truth[i].alloc_count);
+        assert_int_equal(s.free_bytes, truth[i].free_bytes);
+        assert_int_equal(s.free_count, truth[i].free_count);
+    }
+}
+
+static const struct bk_trace_process *find_pid(const struct bk_trace *t, pid_t pid)
+{
+    for (size_t j = 0; j < t->n_processes; j++)
+        if (t->processes[j].pid == pid)
+            return &t->processes[j];
+    return NULL;
+}
+
+static uint64_t seed_from_env(void)
+{
+    const char *s = getenv("HEAPPROF_FAULT_SEED");
+    return s && *s ? strtoull(s, NULL, 0) : FAULT_SEED;
+}
+
+static uint64_t rng_next(uint64_t *x)
+{
+    *x ^= *x >> 12;
+    *x ^= *x << 25;
+    *x ^= *x >> 27;
+    return *x * 0x2545f4914f6cdd1dull;
+}
+
+/* ---- the service dies ------------------------------------------------------------ */
+
+static void test_faults_service_killed_at_random(void **state)
+{
+    (void)state;
+    uint64_t seed = seed_from_env();
+    uint64_t x = seed * 2654435761u + 1;
+    /* The unprofiled run: the output and status every profiled run must reproduce. */
+    char *prog[] = {(char *)e2e_env("THREE_SITES"), "6", "7", NULL};
+    struct e2e_run plain;
+    assert_int_equal(e2e_run(prog, NULL, &plain), 0);
+    assert_int_equal(plain.status, 7);
+
+    struct daemon d;
+    daemon_prepare(&d);
+    char out[300];
+    snprintf(out, sizeof(out), "%s/client.txt", d.dir);
+    /* Kill delays cover a profiled run and a little after it: time the fastest of 3. */
+    struct timespec t0, t1;
+    const char *calib[] = {"--all", "--no-running", "-i", "4096", NULL};
+    long run_ms = 100000;
+    for (int i = 0; i < 3; i++) {
+        daemon_launch(&d, calib);
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        pid_t c0 = spawn_client(&d, prog, out);
+        track(c0);
+        assert_int_equal(wait_status(c0), plain.status);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        assert_int_equal(daemon_stop(&d, SIGKILL), 128 + SIGKILL);
+        memset(g_children, 0, sizeof(g_children));
+        long ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+        if (ms < run_ms)
+            run_ms = ms;
+    }
+    long max_delay = run_ms * 3 / 2 + 5;
+    if (max_delay > 400)
+        max_delay = 400; /* a slow machine: keep the whole test short */
+    print_message("  seed %llu (HEAPPROF_FAULT_SEED), %d runs, kill delay 0..%ld ms (a run: %ld "
+                  "ms)\n",
+                  (unsigned long long)seed, KILL_RUNS, max_delay, run_ms);
+    int mid_run = 0; /* kills while the target was still running */
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int run = 0; run < KILL_RUNS; run++) {
+        long delay = (long)(rng_next(&x) % (uint64_t)(max_delay + 1));
+        /* Alternate blocking and non-blocking clients and sampling rates. */
+        /* A blocked client must notice the service's death, not wait out the timeout. */
+        const char *block[] = {"--all",          "--no-running",       "-i",       "4096",
+                               "--block-client", "--block-timeout-us", "10000000", NULL};
+        const char *noblock[] = {"--all", "--no-running", "-i", "512", NULL};
+        daemon_launch(&d, run % 2 ? noblock : block);
+        pid_t c = spawn_client(&d, prog, out);
+        track(c);
+        sleep_ms(delay);
+        int st = -1;
+        if (waitpid(c, &st, WNOHANG) == c)
+            st = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        else
+            mid_run++;
+        assert_int_equal(daemon_stop(&d, SIGKILL), 128 + SIGKILL);
+        if (st < 0)
+            st = wait_status(c);
+        char *o = read_file(out);
+        if (st != plain.status || strcmp(o, plain.out) != 0)
+            fail_msg("run %d (delay %ld ms): status %d, output:\n%s", run, delay, st, o);
+        free(o);
+        memset(g_children, 0, sizeof(g_children)); /* both reaped */
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    print_message("  %d kills in %.1f s, %d of them while the target ran\n", KILL_RUNS, secs,
+                  mid_run);
+    assert_true(secs < 30.0);
+    /* Most kills hit the run, not its aftermath (about 2 in 3 expected on a quiet machine; at least
+     * 1 in 5 required). */
+    assert_true(mid_run >= KILL_RUNS / 5);
+    unlink(out);
+    e2e_run_free(&plain);
+    daemon_cleanup(&d);
+}
+
+/* ---- a target dies --------------------------------------------------------------- */
+
+static void test_faults_target_killed_next_to_another(void **state)
+{
+    (void)state;
+    struct daemon d;
+    daemon_prepare(&d);
+    const char *args[] = {"--all",          "--no-running",       "-i",       "1",
+                          "--block-client", "--block-timeout-us", "30000000", NULL};
+    daemon_launch(&d, args);
+    char out[300];
+    snprintf(out, sizeof(out), "%s/good.txt", d.dir);
+    char *victim_prog[] = {(char *)e2e_env("WORKER"), "busy", "5000", NULL};
+    char *good_prog[] = {(char *)e2e_env("THREE_SITES"), "4", NULL};
+    pid_t victim = spawn_client(&d, victim_prog, "/dev/null");
+    track(victim);
+    pid_t good = spawn_client(&d, good_prog, out);
+    track(good);
+    /* At interval 1 the victim is always in the middle of sampling something. */
+    sleep_ms(300);
+    kill(victim, SIGKILL);
+    assert_int_equal(wait_status(victim), 128 + SIGKILL);
+    assert_int_equal(wait_status(good), 0);
+    assert_int_equal(daemon_stop(&d, SIGINT), 0);
+
+    struct bk_trace *t = NULL;
+    assert_int_equal(bk_trace_load(d.trace, &(struct bk_trace_options){0}, &t), 0);
+    const struct bk_trace_process *pv = find_pid(t, victim);
+    const struct bk_trace_process *pg = find_pid(t, good);
+    assert_non_null(pv);
+    assert_non_null(pg);
+    assert_true(pv->disconnected);
+    assert_true(pv->heap_samples > 0);
+    assert_false(pg->buffer_corrupted);
+    assert_false(pg->buffer_overran);
+    char *o = read_file(out);
+    check_exact_sites(pg, o);
+    free(o);
+    bk_trace_free(t);
+    assert_int_equal(e2e_check_rules(d.trace), 0);
+    unlink(out);
+    daemon_cleanup(&d);
+}
+
+/* ---- the ring fills up ----------------------------------------------------------- */
+
+static void ring_storm(const char *const mode_args[])
+{
+    char *trace = e2e_tmp_path(".pftrace");
+    char *plain_prog[] = {(char *)e2e_env("THREE_SITES"), "5", "3", NULL};
+    struct e2e_run plain, run;
+    assert_int_equal(e2e_run(plain_prog, NULL, &plain), 0);
+    char *argv[32];
+    size_t k = 0;
+    argv[k++] = (char *)e2e_env("HEAPPROF_BIN");
+    argv[k++] = "record";
+    argv[k++] = "--top";
+    argv[k++] = "1";
+    argv[k++] = "-o";
+    argv[k++] = trace;
+    argv[k++] = "-i";
+    argv[k++] = "1";
+    argv[k++] = "--shmem-size";
+    argv[k++] = "64k";
+    argv[k++] = "--max-stack";
+    argv[k++] = "8k";
+    for (size_t i = 0; mode_args[i]; i++)
+        argv[k++] = (char *)mode_args[i];
+    argv[k++] = "--";
+    for (size_t i = 0; plain_prog[i]; i++)
+        argv[k++] = plain_prog[i];
+    argv[k] = NULL;
+    assert_int_equal(e2e_run(argv, NULL, &run), 0);
+    /* The app is unharmed: same output, same exit status. */
+    assert_int_equal(run.status, plain.status);
+    assert_string_equal(run.out, plain.out);
+
+    struct bk_trace *t = NULL;
+    assert_int_equal(bk_trace_load(trace, &(struct bk_trace_options){0}, &t), 0);
+    const struct bk_trace_process *p = e2e_find_process(t, "three_sites");
+    assert_non_null(p);
+    /* The summary counts the drops: "N samples dropped". */
+    const char *dropped = strstr(run.err, " samples dropped");
+    assert_non_null(dropped);
+    const char *num = dropped;
+    while (num > run.err && num[-1] >= '0' && num[-1] <= '9')
+        num--;
+    unsigned long long drops = strtoull(num, NULL, 10);
+    print_message("  %s: %llu samples, %llu dropped\n", mode_args[0],
+                  (unsigned long long)p->heap_samples, drops);
+    assert_true(p->buffer_overran);
+    assert_true(drops > 0);
+    assert_false(p->buffer_corrupted);
+    assert_true(p->heap_samples > 0);
+    bk_trace_free(t);
+    assert_int_equal(e2e_check_rules(trace), 0);
+    unlink(trace);
+    free(trace);
+    e2e_run_free(&plain);
+    e2e_run_free(&run);
+}
+
+static void test_faults_ring_full_nonblocking(void **state)
+{
+    (void)state;
+    const char *args[] = {"--no-block-client", NULL};
+    ring_storm(args);
+}
+
+static void test_faults_ring_full_blocking(void **state)
+{
+    (void)state;
+    const char *args[] = {"--block-timeout-us", "20", NULL};
+    ring_storm(args);
+}
+
+/* ---- hostile clients ------------------------------------------------------------- */
+
+enum expect { EXPECT_CORRUPT, EXPECT_REJECTED, EXPECT_DISCONNECTED, EXPECT_NO_HELLO };
+
+static void hostile(const char *mode, enum expect expect)
+{
+    struct daemon d;
+    daemon_prepare(&d);
+    const char *args[] = {"--all",          "--no-running",       "-i",       "1",
+                          "--block-client", "--block-timeout-us", "30000000", NULL};
+    daemon_launch(&d, args);
+    char hout[300], gout[300];
+    snprintf(hout, sizeof(hout), "%s/hostile.txt", d.dir);
+    snprintf(gout, sizeof(gout), "%s/good.txt", d.dir);
+
+    pid_t h = fork();
+    assert_true(h >= 0);
+    if (h == 0) {
+        int fd = open(hout, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        execl(e2e_env("HOSTILE_CLIENT"), "hostile_client", d.sock, mode, "7", (char *)NULL);
+        _exit(127);
+    }
+    track(h);
+    /* The well-behaved client starts once the misbehaviour is in place. */
+    int hst = -1;
+    for (int i = 0; i < 500; i++) {
+        int st;
+        bool exited = waitpid(h, &st, WNOHANG) == h;
+        char *o = read_file(hout);
+        bool ready = strstr(o, "ready") != NULL;
+        free(o);
+        if (exited) {
+            hst = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            if (!ready)
+                fail_msg("hostile_client %s exited early: %d", mode, hst);
+        }
+        if (ready)
+            break;
+        sleep_ms(10);
+    }
+    char *good_prog[] = {(char *)e2e_env("THREE_SITES"), "2", NULL};
+    pid_t g = spawn_client(&d, good_prog, gout);
+    track(g);
+    assert_int_equal(wait_status(g), 0);
+    if (hst < 0)
+        hst = wait_status(h);
+    assert_int_equal(hst, 0);
+    /* The service is still alive and stops cleanly. */
+    assert_int_equal(kill(d.pid, 0), 0);
+    assert_int_equal(daemon_stop(&d, SIGINT), 0);
+
+    char *log = read_file(d.log);
+    char *ho = read_file(hout);
+    struct bk_trace *t = NULL;
+    assert_int_equal(bk_trace_load(d.trace, &(struct bk_trace_options){0}, &t), 0);
+    const struct bk_trace_process *pg = find_pid(t, g);
+    const struct bk_trace_process *ph = find_pid(t, h);
+    assert_non_null(pg);
+    assert_false(pg->buffer_corrupted);
+    char *o = read_file(gout);
+    check_exact_sites(pg, o);
+    free(o);
+    switch (expect) {
+    case EXPECT_CORRUPT:
+        assert_non_null(ph);
+        assert_true(ph->buffer_corrupted);
+        assert_true(ph->disconnected);
+        assert_non_null(strstr(log, "corrupt data"));
+        break;
+    case EXPECT_REJECTED:
+        assert_null(ph);
+        assert_non_null(strstr(ho, "not profiled"));
+        assert_non_null(strstr(log, "do not match the peer"));
+        break;
+    case EXPECT_DISCONNECTED:
+        assert_non_null(ph);
+        assert_true(ph->disconnected);
+        assert_false(ph->buffer_corrupted);
+        assert_true(ph->heap_samples > 0);
+        break;
+    case EXPECT_NO_HELLO:
+        assert_null(ph);
+        assert_non_null(strstr(log, "no valid hello"));
+        break;
+    }
+    bk_trace_free(t);
+    assert_int_equal(e2e_check_rules(d.trace), 0);
+    free(log);
+    free(ho);
+    unlink(hout);
+    unlink(gout);
+    daemon_cleanup(&d);
+}
+
+static void test_faults_hostile_random(void **state)
+{
+    (void)state;
+    hostile("random", EXPECT_CORRUPT);
+}
+
+static void test_faults_hostile_truncated(void **state)
+{
+    (void)state;
+    hostile("truncated", EXPECT_CORRUPT);
+}
+
+static void test_faults_hostile_oversized(void **state)
+{
+    (void)state;
+    hostile("oversized", EXPECT_CORRUPT);
+}
+
+static void test_faults_hostile_stack_len(void **state)
+{
+    (void)state;
+    hostile("stacklen", EXPECT_CORRUPT);
+}
+
+static void test_faults_hostile_bad_type(void **state)
+{
+    (void)state;
+    hostile("badtype", EXPECT_CORRUPT);
+}
+
+static void test_faults_hostile_header(void **state)
+{
+    (void)state;
+    hostile("header", EXPECT_CORRUPT);
+}
+
+static void test_faults_hostile_write_pos(void **state)
+{
+    (void)state;
+    hostile("writepos", EXPECT_CORRUPT);
+}
+
+static void test_faults_hostile_unpublished(void **state)
+{
+    (void)state;
+    hostile("unpublished", EXPECT_CORRUPT);
+}
+
+static void test_faults_hostile_pid_lie(void **state)
+{
+    (void)state;
+    hostile("pidlie", EXPECT_REJECTED);
+}
+
+static void test_faults_hostile_wrong_fds(void **state)
+{
+    (void)state;
+    hostile("wrongfds", EXPECT_REJECTED);
+}
+
+static void test_faults_hostile_half_hello(void **state)
+{
+    (void)state;
+    hostile("halfhello", EXPECT_NO_HELLO);
+}
+
+static void test_faults_hostile_flood(void **state)
+{
+    (void)state;
+    hostile("flood", EXPECT_DISCONNECTED);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_faults_service_killed_at_random, teardown_children),
+        cmocka_unit_test_teardown(test_faults_target_killed_next_to_another, teardown_children),
+        cmocka_unit_test_teardown(test_faults_ring_full_nonblocking, teardown_children),
+        cmocka_unit_test_teardown(test_faults_ring_full_blocking, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_random, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_truncated, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_oversized, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_stack_len, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_bad_type, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_header, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_write_pos, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_unpublished, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_pid_lie, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_wrong_fds, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_half_hello, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_flood, teardown_children),
+    };
+    return cmocka_run_group_tests_name("e2e_faults", tests, NULL, NULL);
+}
