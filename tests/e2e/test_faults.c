@@ -273,7 +273,8 @@ static void test_faults_service_killed_at_random(void **state)
     double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
     print_message("  %d kills in %.1f s, %d of them while the target ran\n", KILL_RUNS, secs,
                   mid_run);
-    assert_true(secs < 30.0);
+    /* Typically a few seconds; a client waiting out its 10 s block timeout would blow it. */
+    assert_true(secs < 60.0);
     /* Most kills hit the run, not its aftermath (about 2 in 3 expected on a quiet machine; at least
      * 1 in 5 required). */
     assert_true(mid_run >= KILL_RUNS / 5);
@@ -394,7 +395,7 @@ static void test_faults_ring_full_nonblocking(void **state)
 static void test_faults_ring_full_blocking(void **state)
 {
     (void)state;
-    const char *args[] = {"--block-timeout-us", "20", NULL};
+    const char *args[] = {"--block-timeout-us", "5", NULL};
     ring_storm(args);
 }
 
