@@ -17,91 +17,15 @@
 
 #include <cmocka.h>
 
-#include "tests/e2e/e2e_util.h"
+#include "tests/e2e/e2e_daemon.h"
 
-struct daemon {
-    pid_t pid;
-    char dir[256];
-    char sock[300];
-    char trace[300];
-    char log[300];
-};
-
-static void sleep_ms(long ms)
+static void daemon_start(struct e2e_daemon *d, const char *const args[])
 {
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
+    e2e_daemon_prepare(d, "daemon");
+    e2e_daemon_launch(d, args);
 }
 
-/* A temp dir with the paths of the daemon's socket, trace and log. */
-static void daemon_prepare(struct daemon *d)
-{
-    memset(d, 0, sizeof(*d));
-    snprintf(d->dir, sizeof(d->dir), "/tmp/heapprof-e2e-daemon-XXXXXX");
-    assert_non_null(mkdtemp(d->dir));
-    snprintf(d->sock, sizeof(d->sock), "%s/sock", d->dir);
-    snprintf(d->trace, sizeof(d->trace), "%s/out.pftrace", d->dir);
-    snprintf(d->log, sizeof(d->log), "%s/daemon.log", d->dir);
-}
-
-/* Starts heapprofd with @args (NULL-terminated) plus --socket/--output in @d's dir. */
-static void daemon_launch(struct daemon *d, const char *const args[])
-{
-    char *argv[64];
-    size_t k = 0;
-    argv[k++] = (char *)e2e_env("HEAPPROFD_BIN");
-    argv[k++] = "--socket";
-    argv[k++] = d->sock;
-    argv[k++] = "-o";
-    argv[k++] = d->trace;
-    for (size_t i = 0; args && args[i] && k < 62; i++)
-        argv[k++] = (char *)args[i];
-    argv[k] = NULL;
-    d->pid = fork();
-    assert_true(d->pid >= 0);
-    if (d->pid == 0) {
-        int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 2);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    for (int i = 0; i < 200; i++) {
-        struct stat st;
-        if (stat(d->sock, &st) == 0)
-            return;
-        sleep_ms(10);
-    }
-    fail_msg("heapprofd did not create its socket");
-}
-
-static void daemon_start(struct daemon *d, const char *const args[])
-{
-    daemon_prepare(d);
-    daemon_launch(d, args);
-}
-
-static int daemon_stop(struct daemon *d, int sig)
-{
-    int st;
-    kill(d->pid, sig);
-    waitpid(d->pid, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return strdup("");
-    char *buf = calloc(1, 1 << 20);
-    size_t n = fread(buf, 1, (1 << 20) - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-    return buf;
-}
-
-static void daemon_cleanup(struct daemon *d)
+static void daemon_cleanup(struct e2e_daemon *d)
 {
     /* Traces with dumps follow the trace processor's import rules. */
     struct bk_trace *t = NULL;
@@ -113,14 +37,11 @@ static void daemon_cleanup(struct daemon *d)
             assert_int_equal(e2e_check_rules(d->trace), 0);
         bk_trace_free(t);
     }
-    unlink(d->trace);
-    unlink(d->log);
-    unlink(d->sock);
-    rmdir(d->dir);
+    e2e_daemon_remove_files(d);
 }
 
 /* Runs @prog under the daemon (startup profiling). */
-static void run_client(struct daemon *d, char *const prog[], struct e2e_run *run)
+static void run_client(struct e2e_daemon *d, char *const prog[], struct e2e_run *run)
 {
     char preload[4200], sock[400];
     snprintf(preload, sizeof(preload), "LD_PRELOAD=%s", e2e_env("HEAPPROF_LIB"));
@@ -129,50 +50,10 @@ static void run_client(struct daemon *d, char *const prog[], struct e2e_run *run
     assert_int_equal(e2e_run(prog, env, run), 0);
 }
 
-static pid_t spawn_client(struct daemon *d, char *const prog[], const char *out_path)
-{
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        if (out_path) {
-            int fd = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-            dup2(fd, 1);
-        }
-        setenv("LD_PRELOAD", e2e_env("HEAPPROF_LIB"), 1);
-        setenv("HEAPPROF_SOCKET", d->sock, 1);
-        setenv("HEAPPROF_STARTUP", "1", 1);
-        execv(prog[0], prog);
-        _exit(127);
-    }
-    return pid;
-}
-
-static int wait_status(pid_t pid)
-{
-    int st;
-    waitpid(pid, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static void check_exact_sites(const struct bk_trace_process *p, const char *out)
-{
-    struct e2e_truth truth[E2E_MAX_TRUTH];
-    size_t nt = e2e_parse_truth(out, truth, E2E_MAX_TRUTH);
-    assert_true(nt > 0);
-    for (size_t i = 0; i < nt; i++) {
-        struct e2e_sums s;
-        e2e_sum_function(p, truth[i].name, &s);
-        assert_int_equal(s.alloc_bytes, truth[i].alloc_bytes);
-        assert_int_equal(s.alloc_count, truth[i].alloc_count);
-        assert_int_equal(s.free_bytes, truth[i].free_bytes);
-        assert_int_equal(s.free_count, truth[i].free_count);
-    }
-}
-
 static void test_daemon_startup_profiling(void **state)
 {
     (void)state;
-    struct daemon d;
+    struct e2e_daemon d;
     const char *args[] = {"-n",       "three_sites",    "-i",
                           "1",        "--block-client", "--block-timeout-us",
                           "30000000", "--no-running",   NULL};
@@ -186,7 +67,7 @@ static void test_daemon_startup_profiling(void **state)
     run_client(&d, prog2, &other);
     assert_int_equal(other.status, 0);
     assert_string_equal(other.err, "");
-    assert_int_equal(daemon_stop(&d, SIGINT), 0);
+    assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
 
     struct bk_trace *t = NULL;
     assert_int_equal(bk_trace_load(d.trace, &(struct bk_trace_options){0}, &t), 0);
@@ -195,7 +76,7 @@ static void test_daemon_startup_profiling(void **state)
     assert_non_null(p);
     assert_true(p->from_startup);
     assert_true(p->disconnected);
-    check_exact_sites(p, run.out);
+    e2e_check_exact_sites(p, run.out);
     bk_trace_free(t);
     e2e_run_free(&run);
     e2e_run_free(&other);
@@ -205,15 +86,15 @@ static void test_daemon_startup_profiling(void **state)
 static void test_daemon_continuous_and_sigusr1(void **state)
 {
     (void)state;
-    struct daemon d;
+    struct e2e_daemon d;
     const char *args[] = {"--all", "--continuous-dump", "100,0", "--no-running", NULL};
     daemon_start(&d, args);
     char *prog[] = {(char *)e2e_env("WORKER"), "busy", "1200", NULL};
-    pid_t w = spawn_client(&d, prog, NULL);
-    sleep_ms(350);
+    pid_t w = e2e_spawn_client(&d, prog, NULL);
+    e2e_sleep_ms(350);
     kill(d.pid, SIGUSR1);
-    assert_int_equal(wait_status(w), 0);
-    assert_int_equal(daemon_stop(&d, SIGTERM), 0);
+    assert_int_equal(e2e_wait_status(w), 0);
+    assert_int_equal(e2e_daemon_stop(&d, SIGTERM), 0);
 
     /* Every dump of the process, in order: timestamps increase, cumulative values never
      * decrease. */
@@ -252,7 +133,7 @@ static void test_daemon_continuous_and_sigusr1(void **state)
 static void test_daemon_16_targets(void **state)
 {
     (void)state;
-    struct daemon d;
+    struct e2e_daemon d;
     const char *args[] = {"-n",       "three_sites",    "-i",
                           "1",        "--block-client", "--block-timeout-us",
                           "30000000", "--no-running",   NULL};
@@ -263,11 +144,11 @@ static void test_daemon_16_targets(void **state)
     char *prog[] = {(char *)e2e_env("THREE_SITES"), "1", NULL};
     for (int i = 0; i < N; i++) {
         snprintf(outs[i], sizeof(outs[i]), "%s/out-%d.txt", d.dir, i);
-        pids[i] = spawn_client(&d, prog, outs[i]);
+        pids[i] = e2e_spawn_client(&d, prog, outs[i]);
     }
     for (int i = 0; i < N; i++)
-        assert_int_equal(wait_status(pids[i]), 0);
-    assert_int_equal(daemon_stop(&d, SIGINT), 0);
+        assert_int_equal(e2e_wait_status(pids[i]), 0);
+    assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
     struct bk_trace *t = NULL;
     assert_int_equal(bk_trace_load(d.trace, &(struct bk_trace_options){0}, &t), 0);
     assert_int_equal(t->n_processes, N);
@@ -277,8 +158,8 @@ static void test_daemon_16_targets(void **state)
             if (t->processes[j].pid == pids[i])
                 p = &t->processes[j];
         assert_non_null(p);
-        char *out = read_file(outs[i]);
-        check_exact_sites(p, out);
+        char *out = e2e_read_file(outs[i]);
+        e2e_check_exact_sites(p, out);
         free(out);
         unlink(outs[i]);
     }
@@ -318,7 +199,7 @@ static void test_daemon_config_errors(void **state)
 static void test_daemon_socket_in_use(void **state)
 {
     (void)state;
-    struct daemon d;
+    struct e2e_daemon d;
     const char *args[] = {"--all", "--no-running", NULL};
     daemon_start(&d, args);
     char *argv[] = {(char *)e2e_env("HEAPPROFD_BIN"), "--socket", d.sock, "-o", "/dev/null", NULL};
@@ -327,7 +208,7 @@ static void test_daemon_socket_in_use(void **state)
     assert_int_equal(run.status, 3);
     assert_non_null(strstr(run.err, "already"));
     e2e_run_free(&run);
-    assert_int_equal(daemon_stop(&d, SIGINT), 0);
+    assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
     daemon_cleanup(&d);
 }
 
@@ -336,7 +217,7 @@ static void test_daemon_other_user_rejected(void **state)
     (void)state;
     if (geteuid() != 0)
         skip(); /* needs root to run a client as another uid */
-    struct daemon d;
+    struct e2e_daemon d;
     const char *args[] = {"--all", "--no-running", NULL};
     daemon_start(&d, args);
     chmod(d.dir, 0755);
@@ -359,19 +240,19 @@ static void test_daemon_other_user_rejected(void **state)
         execv(prog[0], prog);
         _exit(127);
     }
-    int st = wait_status(pid);
+    int st = e2e_wait_status(pid);
     if (st == 99 || st == 127) {
-        daemon_stop(&d, SIGINT);
+        e2e_daemon_stop(&d, SIGINT);
         daemon_cleanup(&d);
         skip(); /* cannot switch user or the test files are not readable by nobody */
     }
     assert_int_equal(st, 0);
-    char *o = read_file(out);
+    char *o = e2e_read_file(out);
     assert_non_null(strstr(o, "truth alloc_leaked"));
     free(o);
     unlink(out);
-    assert_int_equal(daemon_stop(&d, SIGINT), 0);
-    char *log = read_file(d.log);
+    assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
+    char *log = e2e_read_file(d.log);
     assert_non_null(strstr(log, "uid 65534 rejected"));
     free(log);
     struct bk_trace *t = NULL;
@@ -384,18 +265,18 @@ static void test_daemon_other_user_rejected(void **state)
 static void test_daemon_killed_mid_run(void **state)
 {
     (void)state;
-    struct daemon d;
+    struct e2e_daemon d;
     const char *args[] = {"--all", "--block-client", "--no-running", NULL};
     daemon_start(&d, args);
     char out[300];
     snprintf(out, sizeof(out), "%s/worker.txt", d.dir);
     char *prog[] = {(char *)e2e_env("WORKER"), "busy", "600", NULL};
-    pid_t w = spawn_client(&d, prog, out);
-    sleep_ms(200);
-    daemon_stop(&d, SIGKILL);
+    pid_t w = e2e_spawn_client(&d, prog, out);
+    e2e_sleep_ms(200);
+    e2e_daemon_stop(&d, SIGKILL);
     /* The target keeps running and finishes normally. */
-    assert_int_equal(wait_status(w), 0);
-    char *o = read_file(out);
+    assert_int_equal(e2e_wait_status(w), 0);
+    char *o = e2e_read_file(out);
     assert_non_null(strstr(o, "done"));
     free(o);
     unlink(out);
@@ -405,21 +286,21 @@ static void test_daemon_killed_mid_run(void **state)
 static void test_daemon_target_killed(void **state)
 {
     (void)state;
-    struct daemon d;
+    struct e2e_daemon d;
     const char *args[] = {"--all", "--no-running", NULL};
     daemon_start(&d, args);
     char *prog[] = {(char *)e2e_env("WORKER"), "busy", "5000", NULL};
-    pid_t w = spawn_client(&d, prog, "/dev/null");
-    sleep_ms(300);
+    pid_t w = e2e_spawn_client(&d, prog, "/dev/null");
+    e2e_sleep_ms(300);
     kill(w, SIGKILL);
-    assert_int_equal(wait_status(w), 128 + SIGKILL);
+    assert_int_equal(e2e_wait_status(w), 128 + SIGKILL);
     /* A second client is still served after the first one died. */
     struct e2e_run run;
     char *prog2[] = {(char *)e2e_env("THREE_SITES"), "1", NULL};
     run_client(&d, prog2, &run);
     assert_int_equal(run.status, 0);
-    sleep_ms(100);
-    assert_int_equal(daemon_stop(&d, SIGINT), 0);
+    e2e_sleep_ms(100);
+    assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
     struct bk_trace *t = NULL;
     assert_int_equal(bk_trace_load(d.trace, &(struct bk_trace_options){0}, &t), 0);
     const struct bk_trace_process *p = NULL;
@@ -438,19 +319,19 @@ static void test_daemon_target_killed(void **state)
 static void test_daemon_guardrail(void **state)
 {
     (void)state;
-    struct daemon d;
+    struct e2e_daemon d;
     /* The service's own resident memory at rest, then a limit 3 MiB above it: reading a
      * busy client's 8 MiB ring pushes it over. */
     const char *plain[] = {"--all", "--no-running", NULL};
     daemon_start(&d, plain);
     char path[64];
     snprintf(path, sizeof(path), "/proc/%d/status", (int)d.pid);
-    char *status = read_file(path);
+    char *status = e2e_read_file(path);
     const char *rss = strstr(status, "VmRSS:");
     assert_non_null(rss);
     long base_kb = atol(rss + 6);
     free(status);
-    assert_int_equal(daemon_stop(&d, SIGINT), 0);
+    assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
     daemon_cleanup(&d);
     char limit[32];
     snprintf(limit, sizeof(limit), "%ld", base_kb + 3072);
@@ -459,14 +340,14 @@ static void test_daemon_guardrail(void **state)
     char out[300];
     snprintf(out, sizeof(out), "%s/worker.txt", d.dir);
     char *prog[] = {(char *)e2e_env("WORKER"), "busy", "600", NULL};
-    pid_t w = spawn_client(&d, prog, out);
-    assert_int_equal(wait_status(w), 0);
-    char *o = read_file(out);
+    pid_t w = e2e_spawn_client(&d, prog, out);
+    assert_int_equal(e2e_wait_status(w), 0);
+    char *o = e2e_read_file(out);
     assert_non_null(strstr(o, "done"));
     free(o);
     unlink(out);
-    assert_int_equal(daemon_stop(&d, SIGINT), 0);
-    char *log = read_file(d.log);
+    assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
+    char *log = e2e_read_file(d.log);
     assert_non_null(strstr(log, "guardrail hit"));
     free(log);
     struct bk_trace *t = NULL;
@@ -485,8 +366,8 @@ static void test_daemon_attaches_running_targets(void **state)
     (void)state;
     /* A dormant process (library preloaded, not connecting at startup) that is already
      * running when the daemon starts gets the attach signal and is profiled. */
-    struct daemon d;
-    daemon_prepare(&d);
+    struct e2e_daemon d;
+    e2e_daemon_prepare(&d, "daemon");
     char out[300];
     snprintf(out, sizeof(out), "%s/worker.txt", d.dir);
     pid_t w = fork();
@@ -499,13 +380,13 @@ static void test_daemon_attaches_running_targets(void **state)
         execl(e2e_env("WORKER"), "worker", "idle", "1500", (char *)NULL);
         _exit(127);
     }
-    sleep_ms(200);
+    e2e_sleep_ms(200);
     char pidbuf[16];
     snprintf(pidbuf, sizeof(pidbuf), "%d", (int)w);
     const char *args[] = {"-p", pidbuf, "-i", "1", NULL};
-    daemon_launch(&d, args);
-    assert_int_equal(wait_status(w), 0);
-    assert_int_equal(daemon_stop(&d, SIGINT), 0);
+    e2e_daemon_launch(&d, args);
+    assert_int_equal(e2e_wait_status(w), 0);
+    assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
     struct bk_trace *t = NULL;
     assert_int_equal(bk_trace_load(d.trace, &(struct bk_trace_options){0}, &t), 0);
     const struct bk_trace_process *p = e2e_find_process(t, "worker");

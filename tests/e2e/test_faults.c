@@ -18,20 +18,12 @@
 
 #include <cmocka.h>
 
-#include "tests/e2e/e2e_util.h"
+#include "tests/e2e/e2e_daemon.h"
 
 /* Seed of the random kill delays; override with HEAPPROF_FAULT_SEED. */
 #define FAULT_SEED 20261122u
 #define KILL_RUNS 50
 #define HP_N_CHILDREN 4
-
-struct daemon {
-    pid_t pid;
-    char dir[256];
-    char sock[300];
-    char trace[300];
-    char log[300];
-};
 
 /* Children a failed test may leave behind; the teardown kills them so no process keeps
  * the test's output pipes open. */
@@ -58,134 +50,6 @@ static int teardown_children(void **state)
         g_children[i] = 0;
     }
     return 0;
-}
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
-
-static void daemon_prepare(struct daemon *d)
-{
-    memset(d, 0, sizeof(*d));
-    snprintf(d->dir, sizeof(d->dir), "/tmp/heapprof-e2e-faults-XXXXXX");
-    assert_non_null(mkdtemp(d->dir));
-    snprintf(d->sock, sizeof(d->sock), "%s/sock", d->dir);
-    snprintf(d->trace, sizeof(d->trace), "%s/out.pftrace", d->dir);
-    snprintf(d->log, sizeof(d->log), "%s/daemon.log", d->dir);
-}
-
-/* Starts heapprofd with @args (NULL-terminated) plus --socket/--output in @d's dir and
- * waits for its socket. */
-static void daemon_launch(struct daemon *d, const char *const args[])
-{
-    char *argv[64];
-    size_t k = 0;
-    argv[k++] = (char *)e2e_env("HEAPPROFD_BIN");
-    argv[k++] = "--socket";
-    argv[k++] = d->sock;
-    argv[k++] = "-o";
-    argv[k++] = d->trace;
-    argv[k++] = "--no-status";
-    for (size_t i = 0; args && args[i] && k < 62; i++)
-        argv[k++] = (char *)args[i];
-    argv[k] = NULL;
-    (void)unlink(d->sock);
-    d->pid = fork();
-    assert_true(d->pid >= 0);
-    if (d->pid == 0) {
-        int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        dup2(fd, 2);
-        dup2(fd, 1);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    track(d->pid);
-    for (int i = 0; i < 500; i++) {
-        struct stat st;
-        if (stat(d->sock, &st) == 0)
-            return;
-        sleep_ms(2);
-    }
-    fail_msg("heapprofd did not create its socket");
-}
-
-static int wait_status(pid_t pid)
-{
-    int st;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-        ;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static int daemon_stop(struct daemon *d, int sig)
-{
-    kill(d->pid, sig);
-    return wait_status(d->pid);
-}
-
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return strdup("");
-    char *buf = calloc(1, 1 << 20);
-    size_t n = fread(buf, 1, (1 << 20) - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-    return buf;
-}
-
-static void daemon_cleanup(struct daemon *d)
-{
-    unlink(d->trace);
-    unlink(d->log);
-    unlink(d->sock);
-    rmdir(d->dir);
-}
-
-/* Forks @prog with the library preloaded and pointed at @d, stdout to @out_path. */
-static pid_t spawn_client(struct daemon *d, char *const prog[], const char *out_path)
-{
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        if (out_path) {
-            int fd = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-            dup2(fd, 1);
-        }
-        setenv("LD_PRELOAD", e2e_env("HEAPPROF_LIB"), 1);
-        setenv("HEAPPROF_SOCKET", d->sock, 1);
-        setenv("HEAPPROF_STARTUP", "1", 1);
-        execv(prog[0], prog);
-        _exit(127);
-    }
-    return pid;
-}
-
-static void check_exact_sites(const struct bk_trace_process *p, const char *out)
-{
-    struct e2e_truth truth[E2E_MAX_TRUTH];
-    size_t nt = e2e_parse_truth(out, truth, E2E_MAX_TRUTH);
-    assert_true(nt > 0);
-    for (size_t i = 0; i < nt; i++) {
-        struct e2e_sums s;
-        e2e_sum_function(p, truth[i].name, &s);
-        assert_int_equal(s.alloc_bytes, truth[i].alloc_bytes);
-        assert_int_equal(s.alloc_count, truth[i].alloc_count);
-        assert_int_equal(s.free_bytes, truth[i].free_bytes);
-        assert_int_equal(s.free_count, truth[i].free_count);
-    }
-}
-
-static const struct bk_trace_process *find_pid(const struct bk_trace *t, pid_t pid)
-{
-    for (size_t j = 0; j < t->n_processes; j++)
-        if (t->processes[j].pid == pid)
-            return &t->processes[j];
-    return NULL;
 }
 
 static uint64_t seed_from_env(void)
@@ -215,8 +79,8 @@ static void test_faults_service_killed_at_random(void **state)
     assert_int_equal(e2e_run(prog, NULL, &plain), 0);
     assert_int_equal(plain.status, 7);
 
-    struct daemon d;
-    daemon_prepare(&d);
+    struct e2e_daemon d;
+    e2e_daemon_prepare(&d, "faults");
     char out[300];
     snprintf(out, sizeof(out), "%s/client.txt", d.dir);
     /* Kill delays cover a profiled run and a little after it: time the fastest of 3. */
@@ -224,13 +88,14 @@ static void test_faults_service_killed_at_random(void **state)
     const char *calib[] = {"--all", "--no-running", "-i", "4096", NULL};
     long run_ms = 100000;
     for (int i = 0; i < 3; i++) {
-        daemon_launch(&d, calib);
+        e2e_daemon_launch(&d, calib);
+        track(d.pid);
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        pid_t c0 = spawn_client(&d, prog, out);
+        pid_t c0 = e2e_spawn_client(&d, prog, out);
         track(c0);
-        assert_int_equal(wait_status(c0), plain.status);
+        assert_int_equal(e2e_wait_status(c0), plain.status);
         clock_gettime(CLOCK_MONOTONIC, &t1);
-        assert_int_equal(daemon_stop(&d, SIGKILL), 128 + SIGKILL);
+        assert_int_equal(e2e_daemon_stop(&d, SIGKILL), 128 + SIGKILL);
         memset(g_children, 0, sizeof(g_children));
         long ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
         if (ms < run_ms)
@@ -251,19 +116,20 @@ static void test_faults_service_killed_at_random(void **state)
         const char *block[] = {"--all",          "--no-running",       "-i",       "4096",
                                "--block-client", "--block-timeout-us", "10000000", NULL};
         const char *noblock[] = {"--all", "--no-running", "-i", "512", NULL};
-        daemon_launch(&d, run % 2 ? noblock : block);
-        pid_t c = spawn_client(&d, prog, out);
+        e2e_daemon_launch(&d, run % 2 ? noblock : block);
+        track(d.pid);
+        pid_t c = e2e_spawn_client(&d, prog, out);
         track(c);
-        sleep_ms(delay);
+        e2e_sleep_ms(delay);
         int st = -1;
         if (waitpid(c, &st, WNOHANG) == c)
             st = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
         else
             mid_run++;
-        assert_int_equal(daemon_stop(&d, SIGKILL), 128 + SIGKILL);
+        assert_int_equal(e2e_daemon_stop(&d, SIGKILL), 128 + SIGKILL);
         if (st < 0)
-            st = wait_status(c);
-        char *o = read_file(out);
+            st = e2e_wait_status(c);
+        char *o = e2e_read_file(out);
         if (st != plain.status || strcmp(o, plain.out) != 0)
             fail_msg("run %d (delay %ld ms): status %d, output:\n%s", run, delay, st, o);
         free(o);
@@ -280,7 +146,7 @@ static void test_faults_service_killed_at_random(void **state)
     assert_true(mid_run >= KILL_RUNS / 5);
     unlink(out);
     e2e_run_free(&plain);
-    daemon_cleanup(&d);
+    e2e_daemon_remove_files(&d);
 }
 
 /* ---- a target dies --------------------------------------------------------------- */
@@ -288,43 +154,44 @@ static void test_faults_service_killed_at_random(void **state)
 static void test_faults_target_killed_next_to_another(void **state)
 {
     (void)state;
-    struct daemon d;
-    daemon_prepare(&d);
+    struct e2e_daemon d;
+    e2e_daemon_prepare(&d, "faults");
     const char *args[] = {"--all",          "--no-running",       "-i",       "1",
                           "--block-client", "--block-timeout-us", "30000000", NULL};
-    daemon_launch(&d, args);
+    e2e_daemon_launch(&d, args);
+    track(d.pid);
     char out[300];
     snprintf(out, sizeof(out), "%s/good.txt", d.dir);
     char *victim_prog[] = {(char *)e2e_env("WORKER"), "busy", "5000", NULL};
     char *good_prog[] = {(char *)e2e_env("THREE_SITES"), "4", NULL};
-    pid_t victim = spawn_client(&d, victim_prog, "/dev/null");
+    pid_t victim = e2e_spawn_client(&d, victim_prog, "/dev/null");
     track(victim);
-    pid_t good = spawn_client(&d, good_prog, out);
+    pid_t good = e2e_spawn_client(&d, good_prog, out);
     track(good);
     /* At interval 1 the victim is always in the middle of sampling something. */
-    sleep_ms(300);
+    e2e_sleep_ms(300);
     kill(victim, SIGKILL);
-    assert_int_equal(wait_status(victim), 128 + SIGKILL);
-    assert_int_equal(wait_status(good), 0);
-    assert_int_equal(daemon_stop(&d, SIGINT), 0);
+    assert_int_equal(e2e_wait_status(victim), 128 + SIGKILL);
+    assert_int_equal(e2e_wait_status(good), 0);
+    assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
 
     struct bk_trace *t = NULL;
     assert_int_equal(bk_trace_load(d.trace, &(struct bk_trace_options){0}, &t), 0);
-    const struct bk_trace_process *pv = find_pid(t, victim);
-    const struct bk_trace_process *pg = find_pid(t, good);
+    const struct bk_trace_process *pv = e2e_find_pid(t, victim);
+    const struct bk_trace_process *pg = e2e_find_pid(t, good);
     assert_non_null(pv);
     assert_non_null(pg);
     assert_true(pv->disconnected);
     assert_true(pv->heap_samples > 0);
     assert_false(pg->buffer_corrupted);
     assert_false(pg->buffer_overran);
-    char *o = read_file(out);
-    check_exact_sites(pg, o);
+    char *o = e2e_read_file(out);
+    e2e_check_exact_sites(pg, o);
     free(o);
     bk_trace_free(t);
     assert_int_equal(e2e_check_rules(d.trace), 0);
     unlink(out);
-    daemon_cleanup(&d);
+    e2e_daemon_remove_files(&d);
 }
 
 /* ---- the ring fills up ----------------------------------------------------------- */
@@ -405,11 +272,12 @@ enum expect { EXPECT_CORRUPT, EXPECT_REJECTED, EXPECT_DISCONNECTED, EXPECT_NO_HE
 
 static void hostile(const char *mode, enum expect expect)
 {
-    struct daemon d;
-    daemon_prepare(&d);
+    struct e2e_daemon d;
+    e2e_daemon_prepare(&d, "faults");
     const char *args[] = {"--all",          "--no-running",       "-i",       "1",
                           "--block-client", "--block-timeout-us", "30000000", NULL};
-    daemon_launch(&d, args);
+    e2e_daemon_launch(&d, args);
+    track(d.pid);
     char hout[300], gout[300];
     snprintf(hout, sizeof(hout), "%s/hostile.txt", d.dir);
     snprintf(gout, sizeof(gout), "%s/good.txt", d.dir);
@@ -428,7 +296,7 @@ static void hostile(const char *mode, enum expect expect)
     for (int i = 0; i < 500; i++) {
         int st;
         bool exited = waitpid(h, &st, WNOHANG) == h;
-        char *o = read_file(hout);
+        char *o = e2e_read_file(hout);
         bool ready = strstr(o, "ready") != NULL;
         free(o);
         if (exited) {
@@ -438,29 +306,29 @@ static void hostile(const char *mode, enum expect expect)
         }
         if (ready)
             break;
-        sleep_ms(10);
+        e2e_sleep_ms(10);
     }
     char *good_prog[] = {(char *)e2e_env("THREE_SITES"), "2", NULL};
-    pid_t g = spawn_client(&d, good_prog, gout);
+    pid_t g = e2e_spawn_client(&d, good_prog, gout);
     track(g);
-    assert_int_equal(wait_status(g), 0);
+    assert_int_equal(e2e_wait_status(g), 0);
     if (hst < 0)
-        hst = wait_status(h);
+        hst = e2e_wait_status(h);
     assert_int_equal(hst, 0);
     /* The service is still alive and stops cleanly. */
     assert_int_equal(kill(d.pid, 0), 0);
-    assert_int_equal(daemon_stop(&d, SIGINT), 0);
+    assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
 
-    char *log = read_file(d.log);
-    char *ho = read_file(hout);
+    char *log = e2e_read_file(d.log);
+    char *ho = e2e_read_file(hout);
     struct bk_trace *t = NULL;
     assert_int_equal(bk_trace_load(d.trace, &(struct bk_trace_options){0}, &t), 0);
-    const struct bk_trace_process *pg = find_pid(t, g);
-    const struct bk_trace_process *ph = find_pid(t, h);
+    const struct bk_trace_process *pg = e2e_find_pid(t, g);
+    const struct bk_trace_process *ph = e2e_find_pid(t, h);
     assert_non_null(pg);
     assert_false(pg->buffer_corrupted);
-    char *o = read_file(gout);
-    check_exact_sites(pg, o);
+    char *o = e2e_read_file(gout);
+    e2e_check_exact_sites(pg, o);
     free(o);
     switch (expect) {
     case EXPECT_CORRUPT:
@@ -491,7 +359,7 @@ static void hostile(const char *mode, enum expect expect)
     free(ho);
     unlink(hout);
     unlink(gout);
-    daemon_cleanup(&d);
+    e2e_daemon_remove_files(&d);
 }
 
 static void test_faults_hostile_random(void **state)
