@@ -6,6 +6,23 @@
 #include "common/log.h"
 #include "service/svc_internal.h"
 
+/* Every unwinder drains its rings before it answers a dump request, so a dump taken once
+ * all have answered holds every record written before the request. */
+static void dump_after_barrier(struct svc *s, unsigned from, uint32_t n)
+{
+    s->dump_barriers[from] += n;
+    for (;;) {
+        for (unsigned i = 0; i < s->n_dump_barriers; i++)
+            if (s->dump_barriers[i] == 0)
+                return;
+        for (unsigned i = 0; i < s->n_dump_barriers; i++)
+            s->dump_barriers[i]--;
+        int r = bk_dump_all(s->bk);
+        if (r < 0)
+            hp_log_warn("dump failed: %s", strerror(-r));
+    }
+}
+
 static void apply(struct svc *s, const struct svc_msg *m)
 {
     const uint8_t *payload = (const uint8_t *)(m + 1);
@@ -40,6 +57,10 @@ static void apply(struct svc *s, const struct svc_msg *m)
         if (r < 0)
             hp_log_warn("dump failed: %s", strerror(-r));
         break;
+    case SVC_MSG_DUMP_BARRIER:
+        if (m->heap_id < s->n_dump_barriers && s->dump_barriers)
+            dump_after_barrier(s, m->heap_id, m->n);
+        break;
     default:
         break;
     }
@@ -57,7 +78,7 @@ void *svc__bk_main(void *arg)
             apply(s, m);
             off += m->len;
         }
-        free(b);
+        svc__bkq_recycle(&s->bkq, b);
         /* Published after whole messages only, so stat_bytes is a packet boundary. */
         struct bk_counters c;
         bk_get_counters(s->bk, &c);

@@ -21,6 +21,12 @@ void svc__bkq_done(struct svc_bkq *q)
         b = n;
     }
     q->head = q->tail = NULL;
+    while (q->pool) {
+        struct svc_batch *n = q->pool->next;
+        free(q->pool);
+        q->pool = n;
+    }
+    q->n_pool = 0;
     pthread_cond_destroy(&q->cond);
     pthread_mutex_destroy(&q->lock);
 }
@@ -61,6 +67,31 @@ struct svc_batch *svc__bkq_take(struct svc_bkq *q)
     return b;
 }
 
+void svc__bkq_recycle(struct svc_bkq *q, struct svc_batch *b)
+{
+    pthread_mutex_lock(&q->lock);
+    if (q->n_pool < SVC_BATCH_POOL_MAX) {
+        b->next = q->pool;
+        q->pool = b;
+        q->n_pool++;
+        b = NULL;
+    }
+    pthread_mutex_unlock(&q->lock);
+    free(b);
+}
+
+static struct svc_batch *bkq_new_batch(struct svc_bkq *q)
+{
+    pthread_mutex_lock(&q->lock);
+    struct svc_batch *b = q->pool;
+    if (b) {
+        q->pool = b->next;
+        q->n_pool--;
+    }
+    pthread_mutex_unlock(&q->lock);
+    return b ? b : malloc(sizeof(*b));
+}
+
 struct svc_msg *svc__batch_add(struct svc_batcher *b, size_t len)
 {
     len = HP_ALIGN_UP(len, (size_t)8);
@@ -69,7 +100,7 @@ struct svc_msg *svc__batch_add(struct svc_batcher *b, size_t len)
     if (b->cur && SVC_BATCH_BYTES - b->cur->used < len)
         svc__batch_flush(b);
     if (!b->cur) {
-        b->cur = malloc(sizeof(*b->cur));
+        b->cur = bkq_new_batch(b->q);
         if (!b->cur)
             return NULL;
         b->cur->used = 0;

@@ -108,11 +108,24 @@ void svc_get_status(svc_t *s, struct svc_status *ret)
 
 int svc_dump_now(svc_t *s)
 {
-    struct svc_msg *m = svc__batch_add(&s->ctl, sizeof(*m));
-    if (!m)
-        return -ENOMEM;
-    m->type = SVC_MSG_DUMP_ALL;
-    svc__batch_flush(&s->ctl);
+    if (s->n_unwinders == 0) {
+        struct svc_msg *m = svc__batch_add(&s->ctl, sizeof(*m));
+        if (!m)
+            return -ENOMEM;
+        m->type = SVC_MSG_DUMP_ALL;
+        svc__batch_flush(&s->ctl);
+        return 0;
+    }
+    /* Through the unwinders: records still in the rings (a polled ring is read a few
+     * milliseconds late) make it into the dump. */
+    for (unsigned i = 0; i < s->n_unwinders; i++) {
+        struct svc_unwinder *u = &s->unwinders[i];
+        pthread_mutex_lock(&u->lock);
+        u->dump_requests++;
+        pthread_mutex_unlock(&u->lock);
+        uint64_t one = 1;
+        (void)!write(u->wake_fd, &one, sizeof(one));
+    }
     return 0;
 }
 
@@ -342,6 +355,11 @@ int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret)
                &s->bk);
     if (r < 0)
         goto fail;
+    s->dump_barriers = calloc(MAX_UNWINDERS, sizeof(*s->dump_barriers));
+    if (!s->dump_barriers) {
+        r = -ENOMEM;
+        goto fail;
+    }
     r = -pthread_create(&s->bk_thread, NULL, svc__bk_main, s);
     if (r < 0)
         goto fail;
@@ -359,7 +377,10 @@ int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret)
         r = -ENOMEM;
         goto fail;
     }
+    /* Read by the bk thread, already running: set before any unwinder can answer. */
+    s->n_dump_barriers = n;
     for (unsigned i = 0; i < n; i++) {
+        s->unwinders[i].index = i;
         r = start_unwinder(s, &s->unwinders[i]);
         if (r < 0) {
             s->unwinders[i].svc = NULL;
@@ -779,6 +800,7 @@ svc_t *svc_free(svc_t *s)
         (void)ignored;
     }
     free(s->unwinders);
+    free(s->dump_barriers);
     s->bk = bk_free(s->bk);
     unwinder_global_done();
     if (s->listen_fd >= 0)

@@ -27,6 +27,9 @@ enum svc_msg_type {
     SVC_MSG_FREE = 3,
     SVC_MSG_PROC_END = 4,
     SVC_MSG_DUMP_ALL = 5,
+    /* From an unwinder thread (index in heap_id): it has drained every ring after @n dump
+     * requests (svc_dump_now); the dump happens once every unwinder has answered. */
+    SVC_MSG_DUMP_BARRIER = 6,
 };
 
 /* Entries are 8-byte aligned and packed in a batch one after another. */
@@ -59,7 +62,12 @@ struct svc_bkq {
     pthread_cond_t cond;
     struct svc_batch *head, *tail;
     bool quit;
+    /* Applied batches kept for reuse (their pages stay mapped and touched). */
+    struct svc_batch *pool;
+    unsigned n_pool;
 };
+
+#define SVC_BATCH_POOL_MAX 8
 
 void svc__bkq_init(struct svc_bkq *q);
 void svc__bkq_done(struct svc_bkq *q);
@@ -68,6 +76,8 @@ void svc__bkq_post(struct svc_bkq *q, struct svc_batch *b);
 void svc__bkq_quit(struct svc_bkq *q);
 /* Blocks until a batch or quit; returns NULL on quit with an empty queue. */
 struct svc_batch *svc__bkq_take(struct svc_bkq *q);
+/* Takes ownership of an applied batch: kept for svc__batch_add() or freed. */
+void svc__bkq_recycle(struct svc_bkq *q, struct svc_batch *b);
 
 /* A producer's current batch. Not thread-safe; one per unwinder thread. */
 struct svc_batcher {
@@ -93,9 +103,12 @@ struct svc_client {
     uint64_t max_stack_bytes;
     uint64_t sampling_interval_bytes;
     bool from_startup;
-    bool started;   /* PROC_START posted */
-    bool has_work;  /* ring not known to be empty */
-    uint32_t flags; /* BK_FLAG_* */
+    bool started;         /* PROC_START posted */
+    bool has_work;        /* ring not known to be empty */
+    bool polling;         /* the ring is polled (ring_set_reader_polling), not sleeping */
+    unsigned quiet_polls; /* polls in a row that found nothing */
+    uint64_t records;     /* records read */
+    uint32_t flags;       /* BK_FLAG_* */
     char *cmdline;
     size_t cmdline_len;
     struct bk_process_stats stats;
@@ -139,6 +152,9 @@ struct svc_unwinder {
     bool stop;                   /* protected by lock */
     bool detach;                 /* protected by lock: end every client */
     uint32_t detach_flags;       /* protected by lock */
+    uint32_t dump_requests;      /* protected by lock: drain, then post a dump barrier */
+    unsigned index;              /* in svc.unwinders */
+    uint64_t clock_ns;           /* end of the last sample's unwinding (CLOCK_MONOTONIC) */
     struct svc_client *clients;  /* owned by the thread */
     _Atomic unsigned nclients;
     struct svc_batcher batcher;
@@ -179,6 +195,9 @@ struct svc {
     size_t n_seen, cap_seen;
     /* the owner thread's own producer, for control messages (dumps) */
     struct svc_batcher ctl;
+    /* The bk thread's count of dump barriers per unwinder not yet turned into dumps. */
+    uint32_t *dump_barriers;
+    unsigned n_dump_barriers; /* the number of unwinders, fixed before any thread starts */
     bool guardrail_fired;
     _Atomic uint64_t stat_dumps, stat_bytes; /* published by the bk thread */
     /* summary counters, atomics updated by the threads */

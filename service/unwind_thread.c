@@ -18,6 +18,14 @@
 /* Records handled per client before looking at the others, so one busy process cannot
  * starve the rest. */
 #define DRAIN_BUDGET 4096
+/* A ring that had records is polled this often instead of asking its writers for a poke
+ * per record (a system call in the app and a wakeup here); after QUIET_POLLS empty polls
+ * in a row the reader sleeps until poked. Writers still poke when a quarter of the ring
+ * is waiting. */
+#define POLL_MS 5
+#define QUIET_POLLS 8
+/* A dump request drains each ring at most this many budgets first. */
+#define DUMP_DRAIN_ROUNDS 64
 
 static const uint64_t hist_bounds[] = BK_UNWIND_HIST_BOUNDS;
 
@@ -49,12 +57,15 @@ static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uin
 
     size_t n = 0;
     struct unwinder_result res = {0};
-    uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
     int r = -ENOENT;
     if (c->unw)
         r = unwinder_unwind(c->unw, a.regs, a.stack_ptr, stack, (size_t)stack_len, u->frames,
                             UNWINDER_MAX_FRAMES, &n, &res);
-    uint64_t us = (hp_clock_ns(CLOCK_MONOTONIC) - t0) / 1000;
+    /* One clock read per sample: the time since the previous sample's end (or the start
+     * of the drain) counts, which adds the decoding of the records in between. */
+    uint64_t t1 = hp_clock_ns(CLOCK_MONOTONIC);
+    uint64_t us = (t1 - u->clock_ns) / 1000;
+    u->clock_ns = t1;
     if (r < 0)
         n = 0;
     c->stats.heap_samples++;
@@ -111,6 +122,7 @@ static bool drain(struct svc_unwinder *u, struct svc_client *c, unsigned budget)
 {
     if (c->flags & BK_FLAG_BUFFER_CORRUPTED)
         return false;
+    u->clock_ns = hp_clock_ns(CLOCK_MONOTONIC);
     for (unsigned i = 0; i < budget; i++) {
         struct ring_rspan rd;
         int r = ring_begin_read(c->ring, &rd);
@@ -132,6 +144,7 @@ static bool drain(struct svc_unwinder *u, struct svc_client *c, unsigned budget)
             break;
         }
         ring_end_read(c->ring, &rd);
+        c->records++;
         if (c->flags & BK_FLAG_BUFFER_CORRUPTED)
             return false;
     }
@@ -223,6 +236,7 @@ void *svc__unwinder_main(void *arg)
     sigdelset(&all, SIGBUS);
     (void)pthread_sigmask(SIG_BLOCK, &all, NULL);
 
+    uint64_t last_scan_ns = hp_clock_ns(CLOCK_MONOTONIC_COARSE), last_poll_ns = last_scan_ns;
     for (;;) {
         /* Take over new clients. */
         pthread_mutex_lock(&u->lock);
@@ -231,6 +245,8 @@ void *svc__unwinder_main(void *arg)
         bool stop = u->stop;
         bool detach = u->detach;
         uint32_t detach_flags = u->detach_flags;
+        uint32_t dump_requests = u->dump_requests;
+        u->dump_requests = 0;
         u->detach = false;
         u->detach_flags = 0;
         pthread_mutex_unlock(&u->lock);
@@ -241,20 +257,49 @@ void *svc__unwinder_main(void *arg)
         }
 
         /* Drain rings, a bounded amount per client. */
-        bool busy = false;
+        bool busy = false, polling = false;
         for (struct svc_client *c = u->clients; c; c = c->next) {
-            if (!c->has_work)
-                continue;
-            if (drain(u, c, DRAIN_BUDGET)) {
-                busy = true;
+            if (!c->has_work) {
+                polling |= c->polling;
                 continue;
             }
+            uint64_t before = c->records;
+            if (drain(u, c, DRAIN_BUDGET)) {
+                busy = true;
+                c->polling = false;
+                continue;
+            }
+            c->has_work = false;
+            if (c->records != before)
+                c->quiet_polls = 0;
+            else
+                c->quiet_polls++;
+            if (c->quiet_polls < QUIET_POLLS) {
+                /* Records came in lately: look again in POLL_MS. */
+                if (!c->polling)
+                    ring_set_reader_polling(c->ring, 0);
+                c->polling = true;
+                polling = true;
+                continue;
+            }
+            c->polling = false;
             ring_set_reader_idle(c->ring, true);
             /* Re-check after announcing idleness so no wakeup is lost. */
             c->has_work = drain(u, c, DRAIN_BUDGET);
             if (c->has_work) {
                 ring_set_reader_idle(c->ring, false);
                 busy = true;
+            }
+        }
+        if (dump_requests > 0) {
+            for (struct svc_client *c = u->clients; c; c = c->next)
+                for (unsigned i = 0; i < DUMP_DRAIN_ROUNDS && drain(u, c, DRAIN_BUDGET); i++)
+                    ;
+            struct svc_msg *m = svc__batch_add(&u->batcher, sizeof(*m));
+            if (m) {
+                m->type = SVC_MSG_DUMP_BARRIER;
+                m->heap_id = u->index;
+                m->n = dump_requests;
             }
         }
         svc__batch_flush(&u->batcher);
@@ -285,10 +330,18 @@ void *svc__unwinder_main(void *arg)
             break;
         }
 
-        int n = epoll_wait(u->epfd, evs, HP_ARRAY_SIZE(evs), busy ? 0 : 1000);
-        if (n == 0 && !busy) {
-            /* Quiet for a second: look at every ring once more, so a record left
-             * unpublished by a stalled or dead writer is found and the client cut off. */
+        int n = epoll_wait(u->epfd, evs, HP_ARRAY_SIZE(evs), busy ? 0 : polling ? POLL_MS : 1000);
+        uint64_t now = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
+        if (polling && (n == 0 || now - last_poll_ns >= (uint64_t)POLL_MS * 1000000u)) {
+            /* Even when pokes of other rings keep waking us up. */
+            last_poll_ns = now;
+            for (struct svc_client *c = u->clients; c; c = c->next)
+                c->has_work |= c->polling;
+        }
+        if (!busy && now - last_scan_ns >= 1000000000u) {
+            /* Every second: look at every ring once more, so a record left unpublished
+             * by a stalled or dead writer is found and the client cut off. */
+            last_scan_ns = now;
             for (struct svc_client *c = u->clients; c; c = c->next)
                 c->has_work = true;
         }
@@ -300,6 +353,7 @@ void *svc__unwinder_main(void *arg)
             }
             struct svc_client *c = evs[i].data.ptr;
             c->has_work = true;
+            c->polling = false;
             ring_set_reader_idle(c->ring, false);
             bool gone = (evs[i].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) || socket_closed(c);
             if (gone) {

@@ -154,8 +154,8 @@ void ring_get_stats(ring_t *r, struct ring_stats *ret)
     memset(ret, 0, sizeof(*ret));
     if (!h)
         return; /* forked child */
-    ret->records_written = atomic_load_explicit(&h->stats.records_written, memory_order_relaxed);
-    ret->bytes_written = atomic_load_explicit(&h->stats.bytes_written, memory_order_relaxed);
+    ret->records_read = r->records_read;
+    ret->bytes_read = r->bytes_read;
     ret->records_dropped = atomic_load_explicit(&h->stats.records_dropped, memory_order_relaxed);
     ret->reserve_failures = atomic_load_explicit(&h->stats.reserve_failures, memory_order_relaxed);
     ret->client_spinlock_blocked_us =

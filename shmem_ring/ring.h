@@ -59,8 +59,9 @@ struct ring_rspan {
 };
 
 struct ring_stats {
-    uint64_t records_written;
-    uint64_t bytes_written;
+    uint64_t records_read;    /* reader side: records consumed (0 on the writer side) */
+    uint64_t bytes_read;      /* reader side: bytes of those records, headers and padding
+                                 included */
     uint64_t records_dropped; /* dropped because the ring was full or the record too big */
     uint64_t reserve_failures;
     uint64_t client_spinlock_blocked_us;
@@ -104,9 +105,16 @@ bool ring_is_detached(ring_t *r);
  * corrupt: -EBADMSG. */
 int ring_begin_read(ring_t *r, struct ring_rspan *ret) HP_WARN_UNUSED;
 void ring_end_read(ring_t *r, const struct ring_rspan *rd);
-/* Reader: announce that the reader is about to sleep. After calling it the reader must
- * call ring_begin_read() once more before sleeping, so no wakeup is lost. */
+/* Reader: announce that the reader is about to sleep (idle: every writer's record may
+ * wake it; the first writer to see the flag clears it and pokes) or that it is awake
+ * (!idle: no pokes). After announcing sleep the reader must call ring_begin_read() once
+ * more before sleeping, so no wakeup is lost. */
 void ring_set_reader_idle(ring_t *r, bool idle);
+/* Reader: announce that the reader will look at the ring again on its own within a short
+ * time, so writers poke only once @wake_fill bytes (0: a quarter of the ring) are
+ * waiting. Saves the app a system call and the service a wakeup per record when records
+ * trickle in. Cleared like the idle flag (by the poking writer or ring_set_reader_idle). */
+void ring_set_reader_polling(ring_t *r, uint64_t wake_fill);
 
 /* Reader: how long ring_begin_read() waits for a reserved record to be published before
  * returning -EBADMSG (0: the default). */

@@ -38,6 +38,10 @@
 #define RING_TAG_MAGIC 0x9e3779b97f4a7c15ull
 /* Writers give up a reservation after this many lost compare-and-swap races. */
 #define RING_MAX_CAS_RETRIES 64
+/* shared reader_idle values */
+#define RING_READER_AWAKE 0u
+#define RING_READER_SLEEPING 1u
+#define RING_READER_POLLING 2u
 /* ring_rec.flags: the low bits hold the padding added to reach 8-byte alignment. */
 #define RING_REC_PAD_MASK 0x7u
 
@@ -59,15 +63,17 @@ struct ring_shared {
     _Atomic uint32_t detached;
     _Alignas(RING_CACHE_LINE) _Atomic uint64_t write_pos;
     _Alignas(RING_CACHE_LINE) _Atomic uint64_t read_pos;
+    /* Written by the reader only (read-mostly for the writers): RING_READER_* and, while
+     * it is RING_READER_POLLING, the fill at which a writer pokes anyway. */
     _Alignas(RING_CACHE_LINE) _Atomic uint32_t reader_idle;
-    /* Written by the writers with relaxed atomics. bytes_written counts whole records
-     * (header and padding included); records_dropped counts records refused because the
-     * ring was full (after the block_client wait, if any) or the record too big;
-     * reserve_failures counts records given up after RING_MAX_CAS_RETRIES lost races
-     * (not included in records_dropped). */
+    _Atomic uint64_t wake_fill;
+    /* Written by the writers with relaxed atomics, on their rare paths only (a shared
+     * counter bumped on every record costs the app more than the record itself).
+     * records_dropped counts records refused because the ring was full (after the
+     * block_client wait, if any) or the record too big; reserve_failures counts records
+     * given up after RING_MAX_CAS_RETRIES lost races (not included in records_dropped). */
     _Alignas(RING_CACHE_LINE) struct {
-        _Atomic uint64_t records_written;
-        _Atomic uint64_t bytes_written;
+        _Atomic uint64_t unused[2];
         _Atomic uint64_t records_dropped;
         _Atomic uint64_t reserve_failures;
         _Atomic uint64_t client_spinlock_blocked_us;
@@ -95,6 +101,9 @@ struct ring {
     _Atomic uint32_t block_timeout_us;
     /* Reader: its own read position; the shared copy is only written, never trusted. */
     uint64_t read_pos;
+    /* Reader: records and bytes (whole records) consumed. */
+    uint64_t records_read;
+    uint64_t bytes_read;
     /* Reader: the unpublished record the reader is waiting for (stall_pos, valid when
      * stall_since_ns != 0) and how long it waits before calling the ring corrupt. */
     uint64_t stall_pos;

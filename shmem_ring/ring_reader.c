@@ -86,6 +86,8 @@ void ring_end_read(ring_t *r, const struct ring_rspan *rd)
 {
     assert(rd->pos == r->read_pos);
     r->read_pos = rd->pos + rd->total;
+    r->records_read++;
+    r->bytes_read += rd->total;
     /* Release pairs with the acquire load of read_pos in ring_try_begin_write(): we are
      * done with the record's bytes before a writer may reuse them. */
     atomic_store_explicit(&r->hdr->read_pos, r->read_pos, memory_order_release);
@@ -93,11 +95,21 @@ void ring_end_read(ring_t *r, const struct ring_rspan *rd)
 
 void ring_set_reader_idle(ring_t *r, bool idle)
 {
-    atomic_store_explicit(&r->hdr->reader_idle, idle ? 1u : 0u, memory_order_relaxed);
+    atomic_store_explicit(&r->hdr->reader_idle, idle ? RING_READER_SLEEPING : RING_READER_AWAKE,
+                          memory_order_relaxed);
     /* Matches the fence in ring_end_write(): after this, either our next ring_begin_read()
      * sees a record published before the fence, or its writer sees the flag. */
     if (idle)
         atomic_thread_fence(memory_order_seq_cst);
+}
+
+void ring_set_reader_polling(ring_t *r, uint64_t wake_fill)
+{
+    if (wake_fill == 0 || wake_fill > r->size)
+        wake_fill = r->size / 4;
+    atomic_store_explicit(&r->hdr->wake_fill, wake_fill, memory_order_relaxed);
+    /* Release: a writer that sees POLLING sees this wake_fill. */
+    atomic_store_explicit(&r->hdr->reader_idle, RING_READER_POLLING, memory_order_release);
 }
 
 void ring_set_stall_timeout(ring_t *r, uint64_t timeout_us)

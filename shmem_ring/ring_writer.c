@@ -143,17 +143,23 @@ bool ring_end_write(ring_t *r, struct ring_wspan *w)
     /* Release pairs with the acquire load of the tag in ring_begin_read(): the reader sees
      * the whole record once it sees the tag. */
     atomic_store_explicit(&rec->commit_tag, w->pos ^ RING_TAG_MAGIC, memory_order_release);
-    ring_count(&h->stats.records_written, 1);
-    ring_count(&h->stats.bytes_written, total);
 
     /* Store-load ordering between our tag store and the idle flag load, matching the
      * fence in ring_set_reader_idle(): either the reader's re-check sees this record or
      * we see its idle flag. */
     atomic_thread_fence(memory_order_seq_cst);
-    if (!atomic_load_explicit(&h->reader_idle, memory_order_relaxed))
+    uint32_t idle = atomic_load_explicit(&h->reader_idle, memory_order_relaxed);
+    if (idle == RING_READER_AWAKE)
         return false;
+    if (idle == RING_READER_POLLING) {
+        /* The reader comes by on its own; wake it early only when the ring fills up. */
+        uint64_t fill = w->pos + total - atomic_load_explicit(&h->read_pos, memory_order_relaxed);
+        if (fill < atomic_load_explicit(&h->wake_fill, memory_order_relaxed))
+            return false;
+    }
     /* Only the writer that clears the flag pokes the reader. */
-    return atomic_exchange_explicit(&h->reader_idle, 0, memory_order_acq_rel) != 0;
+    return atomic_exchange_explicit(&h->reader_idle, RING_READER_AWAKE, memory_order_acq_rel) !=
+           RING_READER_AWAKE;
 }
 
 bool ring_is_detached(ring_t *r)

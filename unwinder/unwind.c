@@ -91,7 +91,7 @@ struct unwinder_process {
     struct pc_slot *pcs;      /* PC_CACHE_SLOTS entries */
     unsigned pc_victim;       /* round-robin replacement in a full set of pcs */
     uint64_t last_reparse_ns; /* last reread for an unknown pc */
-    uint64_t parsed_ns;       /* last read of the maps, for any reason */
+    uint64_t parsed_ns;       /* last read of the maps, for any reason (coarse clock) */
     unw_addr_space_t as;
     Dwfl *dwfl;      /* the fallback unwinder's view of the maps; NULL until needed */
     bool dwfl_stale; /* the maps were reread since it was made */
@@ -137,7 +137,7 @@ static bool maps_equal(const struct unwinder__maps *a, const struct unwinder__ma
  * (returns true); identical maps keep the caches. */
 static bool maps_reload(struct unwinder_process *p)
 {
-    p->parsed_ns = hp_clock_ns(CLOCK_MONOTONIC);
+    p->parsed_ns = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
     struct unwinder__maps m;
     if (unwinder__maps_read(p->maps_fd, &m) < 0)
         return false;
@@ -406,7 +406,7 @@ int unwinder_process_new(pid_t pid, int maps_fd, int mem_fd, unwinder_process_t 
     r = unwinder__maps_read(maps_fd, &p->maps);
     if (r < 0)
         goto fail;
-    p->parsed_ns = hp_clock_ns(CLOCK_MONOTONIC);
+    p->parsed_ns = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
     p->pm = calloc(p->maps.n ? p->maps.n : 1, sizeof(*p->pm));
     p->pcs = calloc(PC_CACHE_SLOTS, sizeof(*p->pcs));
     p->maps_gen = 1;
@@ -741,7 +741,7 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
     p->mem_budget = MEM_READ_BUDGET;
     p->reparsed = false;
     p->fail = 0;
-    if (hp_clock_ns(CLOCK_MONOTONIC) - p->parsed_ns >= unwinder__maps_refresh_ns)
+    if (hp_clock_ns(CLOCK_MONOTONIC_COARSE) - p->parsed_ns >= unwinder__maps_refresh_ns)
         (void)maps_reload(p);
 
     unwinder__sigmask_skip = true;
