@@ -130,6 +130,48 @@ static void test_daemon_continuous_and_sigusr1(void **state)
     daemon_cleanup(&d);
 }
 
+/* A dump requested right after the app allocated holds those allocations: the service
+ * reads the rings before it dumps, however late it would have read them otherwise. */
+static void test_daemon_dump_includes_recent_records(void **state)
+{
+    (void)state;
+    struct e2e_daemon d;
+    const char *args[] = {"--all", "-i", "1", "--no-running", NULL};
+    daemon_start(&d, args);
+    for (int round = 0; round < 5; round++) {
+        char out[400];
+        snprintf(out, sizeof(out), "%s/hold-%d.out", d.dir, round);
+        char *prog[] = {(char *)e2e_env("WORKER"), "hold", "400", NULL};
+        pid_t w = e2e_spawn_client(&d, prog, out);
+        char *text = NULL;
+        for (int i = 0; i < 5000; i++) {
+            text = e2e_read_file(out);
+            if (strstr(text, "leaked\n"))
+                break;
+            free(text);
+            text = NULL;
+            e2e_sleep_ms(1);
+        }
+        assert_non_null(text);
+        kill(d.pid, SIGUSR1);
+        assert_int_equal(e2e_wait_status(w), 0);
+        e2e_sleep_ms(100);
+
+        /* The first dump of the process is SIGUSR1's (the final one comes at its exit). */
+        struct bk_trace *t = NULL;
+        assert_int_equal(bk_trace_load(d.trace, &(struct bk_trace_options){.dump_index = 1}, &t),
+                         0);
+        const struct bk_trace_process *p = e2e_find_pid(t, w);
+        assert_non_null(p);
+        assert_true(p->n_dumps >= 2);
+        e2e_check_exact_sites(p, text);
+        bk_trace_free(t);
+        free(text);
+    }
+    assert_int_equal(e2e_daemon_stop(&d, SIGTERM), 0);
+    daemon_cleanup(&d);
+}
+
 static void test_daemon_16_targets(void **state)
 {
     (void)state;
@@ -407,6 +449,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_daemon_startup_profiling),
         cmocka_unit_test(test_daemon_continuous_and_sigusr1),
+        cmocka_unit_test(test_daemon_dump_includes_recent_records),
         cmocka_unit_test(test_daemon_16_targets),
         cmocka_unit_test(test_daemon_config_errors),
         cmocka_unit_test(test_daemon_socket_in_use),

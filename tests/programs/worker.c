@@ -2,7 +2,9 @@
  *   worker MODE DURATION_MS
  * MODE "busy": allocates and frees in a tight loop (keeping a little); "idle": sleeps,
  * allocating one leaked block every 100 ms. Prints "truth worker_leak <bytes> <count> 0 0"
- * and "done" at the end; exits 0. A line "ready <pid>" is printed at the start. */
+ * and "done" at the end; exits 0. A line "ready <pid>" is printed at the start. MODE
+ * "hold": leaks 10 blocks of 1000 bytes at once, prints their truth line and "leaked",
+ * then sleeps for DURATION (allocating nothing more). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +45,15 @@ int main(int argc, char **argv)
     static void *volatile keep;
     printf("ready %d\n", (int)getpid());
     fflush(stdout);
+    if (!strcmp(mode, "hold")) {
+        for (int k = 0; k < 10; k++)
+            keep = worker_leak(1000);
+        printf("truth worker_leak 10000 10 0 0\nleaked\n");
+        fflush(stdout);
+        usleep((useconds_t)duration * 1000);
+        printf("done\n");
+        return 0;
+    }
     long long end = now_ms() + duration;
     unsigned i = 0;
     while (now_ms() < end) {
