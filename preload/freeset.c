@@ -39,6 +39,13 @@ void client_freeset_filter_dec(struct client_freeset *s, uint64_t home)
         ;
 }
 
+void client_freeset_saturate(struct client_freeset *s)
+{
+    size_t n = (size_t)((s->mask + 1) >> CLIENT_FREESET_LINE_LOG2);
+    for (size_t i = 0; i < n; i++)
+        atomic_store_explicit(&s->filter[i], CLIENT_FREESET_FILTER_SAT, memory_order_relaxed);
+}
+
 int client_freeset_insert(struct client_freeset *s, uint64_t addr)
 {
     uint64_t home = client_freeset_hash(s, addr), i = home;

@@ -52,6 +52,10 @@ struct client_freeset {
 /* Lowers the filter counter of home slot @i (not below 0, never from saturation). */
 void client_freeset_filter_dec(struct client_freeset *s, uint64_t i);
 
+/* Sets every filter counter to saturation for good: every address then "maybe" is in the
+ * set (for a caller that must see every free from now on). */
+void client_freeset_saturate(struct client_freeset *s);
+
 /* Maps the table (pre: log2_slots >= CLIENT_FREESET_LINE_LOG2); returns 0 or -errno. */
 int client_freeset_init(struct client_freeset *s, unsigned log2_slots) HP_WARN_UNUSED;
 /* Returns 0, or -ENOSPC when no slot within the probe bound is free. */

@@ -4,9 +4,9 @@
  * sampled path (the poke, the stack lookup once per thread) and never ones that are
  * cancellation points. errno is preserved around everything we do besides the real call.
  *
- * Fast path of an allocation: the real call, one relaxed load of the interval, one TLS
- * decrement and a branch. Fast path of a free: one load of client_current and, while
- * profiling, one probe of the sampled-address set. No atomic read-modify-write and no
+ * Fast path of an allocation: one relaxed load of the interval, one TLS decrement and a
+ * branch, then the real call (malloc: a tail call). Fast path of a free: one load of client_current
+ * and, while profiling, one probe of the sampled-address set. No atomic read-modify-write and no
  * system call unless a sample is taken (fork is noticed by the atfork handler; a child
  * made without it, by the getpid() check on the sampled path).
  *
@@ -37,6 +37,10 @@ extern void *__libc_realloc(void *p, size_t size);
 extern void *__libc_memalign(size_t alignment, size_t size);
 extern void *__libc_valloc(size_t size);
 extern void *__libc_pvalloc(size_t size);
+
+/* The loader's record of the stack pointer at the program's entry (ld.so, GLIBC_2.2.5). */
+extern void *__libc_stack_end;
+#define HOOK_ENTRY_SLACK 256u
 
 __thread struct client_tls client_tls __attribute__((tls_model("initial-exec")));
 
@@ -111,6 +115,12 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
         uint64_t tp = (uint64_t)(uintptr_t)__builtin_thread_pointer();
         if (tp > sp && tp < end)
             end = tp;
+        /* On the main thread, what lies above the stack pointer the program started
+         * with (argv, the environment, the aux vector: often kilobytes) holds no frame
+         * either; a little is kept for the entry code's own frame. */
+        uint64_t start_sp = (uint64_t)(uintptr_t)__libc_stack_end + HOOK_ENTRY_SLACK;
+        if (start_sp > sp && start_sp < end)
+            end = start_sp;
         avail = end - sp;
     } else {
         /* Not the thread's own stack (signal stack, fiber, ucontext), or no answer from
@@ -155,6 +165,8 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
     if (client_freeset_insert(&s->freeset, (uint64_t)(uintptr_t)p) < 0) {
         atomic_fetch_add_explicit(&client_stat_freeset_overflows, 1, memory_order_relaxed);
         atomic_store_explicit(&s->send_all_frees, true, memory_order_relaxed);
+        /* Every free now takes the watched path: free() tests the filter alone. */
+        client_freeset_saturate(&s->freeset);
     }
 }
 
@@ -293,24 +305,31 @@ static HP_NOINLINE void hook_free_active(struct client_session *s, void *p)
     __libc_free(p);
 }
 
+/* The sampled case of malloc(), out of line so that malloc() itself needs no frame: it
+ * is reached by a tail call, and tail-calls the trampoline in turn. */
+static HP_NOINLINE void *hook_malloc_sampled(size_t size)
+{
+    void *p = __libc_malloc(size);
+    return client_sample_tramp(p, size, p);
+}
+
 HP_EXPORT void *malloc(size_t size)
 {
+    /* The sampler counts the bytes before the allocation is made: an unsampled malloc()
+     * is a tail call to glibc's. (A failed allocation still counts; it is not recorded.) */
     uint64_t interval = atomic_load_explicit(&client_fast_interval, memory_order_relaxed);
-    if (interval == CLIENT_FAST_OFF)
+    if (interval == CLIENT_FAST_OFF || hook_unsampled_at(size, interval))
         return __libc_malloc(size);
-    void *p = __libc_malloc(size);
-    if (hook_unsampled_at(size, interval))
-        return p;
-    return client_sample_tramp(p, size, p);
+    return hook_malloc_sampled(size);
 }
 
 HP_EXPORT void free(void *p)
 {
     /* Acquire pairs with the release store publishing the session (its set is mapped). */
     struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
+    /* send_all_frees saturates the filter: no need to test it here. */
     if (HP_LIKELY(s == NULL) ||
-        (HP_LIKELY(!client_freeset_maybe(&s->freeset, (uint64_t)(uintptr_t)p)) &&
-         HP_LIKELY(!atomic_load_explicit(&s->send_all_frees, memory_order_relaxed))))
+        HP_LIKELY(!client_freeset_maybe(&s->freeset, (uint64_t)(uintptr_t)p)))
         __libc_free(p);
     else
         hook_free_active(s, p);

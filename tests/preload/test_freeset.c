@@ -60,6 +60,29 @@ static void test_freeset_filter_tracks_line(void **state)
     assert_int_equal(atomic_load(&s.filter[line]), 0);
 }
 
+/* Saturated (the set overflowed): every address "maybe" is a member, for good; the table
+ * itself still answers exactly. */
+static void test_freeset_saturate(void **state)
+{
+    (void)state;
+    struct client_freeset s;
+    assert_int_equal(client_freeset_init(&s, 12), 0);
+    assert_int_equal(client_freeset_insert(&s, 0x20000), 0);
+    /* One of 128 filter counters is raised: about 1/128 of addresses "maybe" match. */
+    size_t maybe = 0;
+    for (uint64_t a = 0x10000; a < 0x10000 + 16 * 4096; a += 16)
+        maybe += client_freeset_maybe(&s, a);
+    assert_true(maybe >= 1 && maybe < 4096 / 8);
+    client_freeset_saturate(&s);
+    for (uint64_t a = 0x10000; a < 0x10000 + 16 * 4096; a += 16)
+        assert_true(client_freeset_maybe(&s, a));
+    assert_false(client_freeset_remove(&s, 0x30000));
+    assert_true(client_freeset_remove(&s, 0x20000));
+    assert_false(client_freeset_remove(&s, 0x20000));
+    for (uint64_t a = 0x10000; a < 0x10000 + 16 * 4096; a += 16)
+        assert_true(client_freeset_maybe(&s, a)); /* removals do not lower a saturated one */
+}
+
 static void test_freeset_tombstones_reused_and_bounded(void **state)
 {
     (void)state;
@@ -121,6 +144,7 @@ int main(void)
         cmocka_unit_test(test_freeset_insert_remove),
         cmocka_unit_test(test_freeset_tombstones_reused_and_bounded),
         cmocka_unit_test(test_freeset_filter_tracks_line),
+        cmocka_unit_test(test_freeset_saturate),
         cmocka_unit_test(test_freeset_concurrent_churn),
     };
     return cmocka_run_group_tests_name("freeset", tests, NULL, NULL);
