@@ -155,7 +155,8 @@ struct svc_unwinder {
     uint32_t dump_requests;      /* protected by lock: drain, then post a dump barrier */
     unsigned index;              /* in svc.unwinders */
     uint64_t clock_ns;           /* end of the last sample's unwinding (CLOCK_MONOTONIC) */
-    struct svc_client *clients;  /* owned by the thread */
+    const struct hp_mapping *seen_maps[64]; /* handed to unwinder_source_prefetch() */
+    struct svc_client *clients;             /* owned by the thread */
     _Atomic unsigned nclients;
     struct svc_batcher batcher;
     struct hp_frame frames[UNWINDER_MAX_FRAMES + 1];

@@ -82,6 +82,15 @@ static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uin
     }
     if (res.reparsed_maps)
         c->stats.map_reparses++;
+    /* Files new in stacks get their debug info opened in the background for the dump. */
+    for (size_t i = 0; i < n; i++) {
+        const struct hp_mapping *map = u->frames[i].map;
+        size_t k = ((uintptr_t)map >> 4) % HP_ARRAY_SIZE(u->seen_maps);
+        if (map && u->seen_maps[k] != map) {
+            u->seen_maps[k] = map;
+            unwinder_source_prefetch(map);
+        }
+    }
 
     struct svc_msg *m = svc__batch_add(&u->batcher, sizeof(*m) + n * sizeof(struct hp_frame));
     if (!m)

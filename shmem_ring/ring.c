@@ -129,6 +129,8 @@ int ring_map(int fd, enum ring_role role, ring_t **ret)
         goto fail;
     }
     ring->read_pos = atomic_load_explicit(&ring->hdr->read_pos, memory_order_acquire);
+    ring->seen_write_pos = ring->read_pos;
+    ring->published_read_pos = ring->read_pos;
     *ret = ring;
     return 0;
 

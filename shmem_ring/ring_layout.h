@@ -101,6 +101,10 @@ struct ring {
     _Atomic uint32_t block_timeout_us;
     /* Reader: its own read position; the shared copy is only written, never trusted. */
     uint64_t read_pos;
+    /* Reader: write_pos as last loaded (records below it are reserved), and read_pos as
+     * last published to the writers (published in steps, see ring_end_read()). */
+    uint64_t seen_write_pos;
+    uint64_t published_read_pos;
     /* Reader: records and bytes (whole records) consumed. */
     uint64_t records_read;
     uint64_t bytes_read;

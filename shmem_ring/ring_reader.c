@@ -39,15 +39,33 @@ static int ring_stalled(ring_t *r, uint64_t rp, const struct ring_rec *rec)
     return -EBADMSG;
 }
 
+/* Tells the writers how far we have read. Release pairs with the acquire load of read_pos
+ * in ring_try_begin_write(): we are done with the records' bytes before a writer may
+ * reuse them. */
+static void ring_publish_read_pos(ring_t *r)
+{
+    if (r->published_read_pos == r->read_pos)
+        return;
+    r->published_read_pos = r->read_pos;
+    atomic_store_explicit(&r->hdr->read_pos, r->read_pos, memory_order_release);
+}
+
 int ring_begin_read(ring_t *r, struct ring_rspan *ret)
 {
     uint64_t rp = r->read_pos;
-    /* Acquire is not needed for the record bytes (the commit tag orders them) but keeps
-     * the snapshot of write_pos no older than what writers published before it. */
-    uint64_t wp = atomic_load_explicit(&r->hdr->write_pos, memory_order_acquire);
+    uint64_t wp = r->seen_write_pos;
 
-    if (wp == rp)
-        return -EAGAIN;
+    if (wp == rp) {
+        /* Caught up with what we saw: look again. Acquire is not needed for the record
+         * bytes (the commit tag orders them) but keeps the snapshot of write_pos no older
+         * than what writers published before it. */
+        wp = atomic_load_explicit(&r->hdr->write_pos, memory_order_acquire);
+        r->seen_write_pos = wp;
+        if (wp == rp) {
+            ring_publish_read_pos(r);
+            return -EAGAIN;
+        }
+    }
     uint64_t avail = wp - rp;
     if (avail > r->size || avail < sizeof(struct ring_rec) || (avail & 7u) != 0 || (rp & 7u) != 0)
         return -EBADMSG;
@@ -55,8 +73,10 @@ int ring_begin_read(ring_t *r, struct ring_rspan *ret)
     const struct ring_rec *rec = (const struct ring_rec *)(r->data + (rp & r->mask));
     /* Acquire pairs with the release store in ring_end_write(). */
     uint64_t tag = atomic_load_explicit(&rec->commit_tag, memory_order_acquire);
-    if (tag != (rp ^ RING_TAG_MAGIC))
+    if (tag != (rp ^ RING_TAG_MAGIC)) {
+        ring_publish_read_pos(r);
         return ring_stalled(r, rp, rec); /* reserved, still being written */
+    }
     r->stall_since_ns = 0;
 
     const volatile struct ring_rec *vrec = (const volatile struct ring_rec *)rec;
@@ -88,13 +108,18 @@ void ring_end_read(ring_t *r, const struct ring_rspan *rd)
     r->read_pos = rd->pos + rd->total;
     r->records_read++;
     r->bytes_read += rd->total;
-    /* Release pairs with the acquire load of read_pos in ring_try_begin_write(): we are
-     * done with the record's bytes before a writer may reuse them. */
-    atomic_store_explicit(&r->hdr->read_pos, r->read_pos, memory_order_release);
+    /* Every store to read_pos takes the line away from the writers, who read it on every
+     * reservation: publish in steps of an eighth of the ring, or at once while the ring
+     * is crowded (writers may be waiting for room), and whenever the reader runs out of
+     * records (ring_begin_read()). */
+    if (r->read_pos - r->published_read_pos >= r->size / 8 ||
+        r->seen_write_pos - r->published_read_pos > r->size / 2)
+        ring_publish_read_pos(r);
 }
 
 void ring_set_reader_idle(ring_t *r, bool idle)
 {
+    ring_publish_read_pos(r);
     atomic_store_explicit(&r->hdr->reader_idle, idle ? RING_READER_SLEEPING : RING_READER_AWAKE,
                           memory_order_relaxed);
     /* Matches the fence in ring_end_write(): after this, either our next ring_begin_read()
@@ -105,6 +130,7 @@ void ring_set_reader_idle(ring_t *r, bool idle)
 
 void ring_set_reader_polling(ring_t *r, uint64_t wake_fill)
 {
+    ring_publish_read_pos(r);
     if (wake_fill == 0 || wake_fill > r->size)
         wake_fill = r->size / 4;
     atomic_store_explicit(&r->hdr->wake_fill, wake_fill, memory_order_relaxed);

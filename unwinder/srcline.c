@@ -11,6 +11,11 @@
  * dlopen() (no build or package dependency; without the library nothing is fetched).
  * That can take seconds and holds the lock: it belongs to dump time, like every call of
  * unwinder_source_line(); the unwinding path never fetches anything.
+ *
+ * Opening a file's debug info is the slow part (libdw decompresses every debug section
+ * of a compressed debug file up front: ~40 ms for libc's). unwinder_source_prefetch()
+ * lets a low-priority background thread do it as soon as a file shows up in a stack, so
+ * the dump at the end of a run does not wait for it.
  */
 #include <dlfcn.h>
 #include <elfutils/libdw.h>
@@ -21,7 +26,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "unwinder/elf_cache.h"
@@ -122,8 +129,11 @@ void unwinder_set_source_lines(bool enabled)
     atomic_store_explicit(&s_enabled, enabled, memory_order_relaxed);
 }
 
+static void pf_stop(void);
+
 void unwinder__srcline_done(void)
 {
+    pf_stop();
     pthread_mutex_lock(&s_lock);
     for (size_t i = 0; i < s_nfiles; i++) {
         if (s_files[i].dw)
@@ -250,6 +260,103 @@ static void lookup(Dwarf *dw, uint64_t pc, const char **ret_file, uint32_t *ret_
         return;
     *ret_file = unwinder__intern(file, strlen(file));
     *ret_line = (uint32_t)line;
+}
+
+/* ---- background opening --------------------------------------------------------- */
+
+#define PF_QUEUE 64
+/* Files asked for, by interned path (open addressing, never removed). */
+#define PF_SEEN_CAP (2 * SRC_MAX_FILES)
+
+static pthread_mutex_t s_pf_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t s_pf_cond = PTHREAD_COND_INITIALIZER;
+static const struct hp_mapping *s_pf_queue[PF_QUEUE]; /* protected by s_pf_lock */
+static unsigned s_pf_head, s_pf_n;                    /* protected by s_pf_lock */
+static const char *s_pf_seen[PF_SEEN_CAP];            /* protected by s_pf_lock */
+static size_t s_pf_seen_n;                            /* protected by s_pf_lock */
+static bool s_pf_started, s_pf_stop;                  /* protected by s_pf_lock */
+static pthread_t s_pf_thread;
+
+static void *pf_main(void *arg)
+{
+    (void)arg;
+    /* Below the application and the unwinders: it only runs on an otherwise idle core. */
+    (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
+    pthread_mutex_lock(&s_pf_lock);
+    for (;;) {
+        while (s_pf_n == 0 && !s_pf_stop)
+            pthread_cond_wait(&s_pf_cond, &s_pf_lock);
+        if (s_pf_stop)
+            break;
+        const struct hp_mapping *m = s_pf_queue[s_pf_head];
+        s_pf_head = (s_pf_head + 1) % PF_QUEUE;
+        s_pf_n--;
+        pthread_mutex_unlock(&s_pf_lock);
+
+        pthread_mutex_lock(&s_lock);
+        struct src_file *f = file_locked(m);
+        if (f && f->dw) {
+            /* The address ranges too: the first lookup needs them. */
+            Dwarf_Aranges *ar;
+            size_t n;
+            (void)dwarf_getaranges(f->dw, &ar, &n);
+        }
+        pthread_mutex_unlock(&s_lock);
+
+        pthread_mutex_lock(&s_pf_lock);
+    }
+    pthread_mutex_unlock(&s_pf_lock);
+    return NULL;
+}
+
+/* pre: s_pf_lock held. True when @path was not asked for before (and is now). */
+static bool pf_mark_locked(const char *path)
+{
+    if (s_pf_seen_n * 2 >= PF_SEEN_CAP)
+        return false;
+    size_t i = ((uintptr_t)path >> 4) * 0x9e3779b97f4a7c15ull % PF_SEEN_CAP;
+    while (s_pf_seen[i]) {
+        if (s_pf_seen[i] == path)
+            return false;
+        i = (i + 1) % PF_SEEN_CAP;
+    }
+    s_pf_seen[i] = path;
+    s_pf_seen_n++;
+    return true;
+}
+
+void unwinder_source_prefetch(const struct hp_mapping *m)
+{
+    if (!m || !m->path || !m->path[0] || !atomic_load_explicit(&s_enabled, memory_order_relaxed))
+        return;
+    pthread_mutex_lock(&s_pf_lock);
+    if (!s_pf_stop && s_pf_n < PF_QUEUE && pf_mark_locked(m->path)) {
+        if (!s_pf_started)
+            s_pf_started = pthread_create(&s_pf_thread, NULL, pf_main, NULL) == 0;
+        if (s_pf_started) {
+            s_pf_queue[(s_pf_head + s_pf_n) % PF_QUEUE] = m;
+            s_pf_n++;
+            pthread_cond_signal(&s_pf_cond);
+        }
+    }
+    pthread_mutex_unlock(&s_pf_lock);
+}
+
+static void pf_stop(void)
+{
+    pthread_mutex_lock(&s_pf_lock);
+    bool started = s_pf_started;
+    s_pf_stop = true;
+    pthread_cond_signal(&s_pf_cond);
+    pthread_mutex_unlock(&s_pf_lock);
+    if (started)
+        pthread_join(s_pf_thread, NULL);
+    pthread_mutex_lock(&s_pf_lock);
+    s_pf_started = s_pf_stop = false;
+    s_pf_head = s_pf_n = 0;
+    memset(s_pf_seen, 0, sizeof(s_pf_seen));
+    s_pf_seen_n = 0;
+    pthread_mutex_unlock(&s_pf_lock);
 }
 
 int unwinder_source_line(const struct hp_mapping *m, uint64_t rel_pc, const char **ret_file,

@@ -70,6 +70,12 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
 int unwinder_source_line(const struct hp_mapping *m, uint64_t rel_pc, const char **ret_file,
                          uint32_t *ret_line);
 
+/* Opens the debug info of @m's file in a low-priority background thread, so that the
+ * first unwinder_source_line() in that file does not wait for it. Cheap when the file was
+ * asked for before (a lock and a lookup); call it once per new mapping seen in a stack.
+ * Thread-safe; does nothing when source lines are switched off. */
+void unwinder_source_prefetch(const struct hp_mapping *m);
+
 /* The off switch of unwinder_source_line() (on by default). Thread-safe. */
 void unwinder_set_source_lines(bool enabled);
 

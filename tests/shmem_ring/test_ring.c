@@ -514,17 +514,24 @@ static void test_ring_corrupt_header_fields(void **state)
     assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
     atomic_store(&rec->commit_tag, 0 ^ RING_TAG_MAGIC);
 
-    /* Positions a hostile writer may leave. */
+    /* Positions a hostile writer may leave. The reader loads write_pos again once it has
+     * read up to the position it saw last; forget that snapshot before each store. */
     struct ring_shared *h = f->writer->hdr;
+    ring_t *rd = f->reader;
+    rd->seen_write_pos = rd->read_pos;
     atomic_store(&h->write_pos, (uint64_t)SMALL * 2);
-    assert_int_equal(ring_begin_read(f->reader, &rs), -EBADMSG);
+    assert_int_equal(ring_begin_read(rd, &rs), -EBADMSG);
+    rd->seen_write_pos = rd->read_pos;
     atomic_store(&h->write_pos, 60);
-    assert_int_equal(ring_begin_read(f->reader, &rs), -EBADMSG);
+    assert_int_equal(ring_begin_read(rd, &rs), -EBADMSG);
+    rd->seen_write_pos = rd->read_pos;
     atomic_store(&h->write_pos, 8);
-    assert_int_equal(ring_begin_read(f->reader, &rs), -EBADMSG);
+    assert_int_equal(ring_begin_read(rd, &rs), -EBADMSG);
+    rd->seen_write_pos = rd->read_pos;
     atomic_store(&h->write_pos, UINT64_MAX - 7);
-    assert_int_equal(ring_begin_read(f->reader, &rs), -EBADMSG);
+    assert_int_equal(ring_begin_read(rd, &rs), -EBADMSG);
     /* read_pos in shared memory is not trusted by the reader. */
+    rd->seen_write_pos = rd->read_pos;
     atomic_store(&h->write_pos, 56);
     atomic_store(&h->read_pos, 12345);
     assert_int_equal(ring_begin_read(f->reader, &rs), 0);
@@ -562,6 +569,7 @@ static void test_ring_corrupt_random_bytes_never_crash(void **state)
         uint64_t rp = f->reader->read_pos;
         uint64_t span = (uint64_t)rand_r(&seed) % (3 * SMALL);
         atomic_store(&h->write_pos, rp + (rand_r(&seed) % 2 ? span & ~7ull : span));
+        f->reader->seen_write_pos = rp; /* as if it had caught up: it loads write_pos */
         for (int i = 0; i < 20; i++) {
             struct ring_rspan rs;
             int r = ring_begin_read(f->reader, &rs);
@@ -746,6 +754,43 @@ static void *wake_writer(void *arg)
             usleep(50);
     }
     return NULL;
+}
+
+/* The reader tells the writers its position in steps (each store takes the line from
+ * them): after an eighth of the ring, at once while the ring is crowded, and whenever it
+ * runs out of records. */
+static void test_ring_read_pos_published_in_steps(void **state)
+{
+    struct fixture *f = *state;
+    struct ring_shared *h = f->writer->hdr;
+    struct ring_rspan rs;
+    const size_t len = 1000; /* 1016 bytes */
+    size_t step = SMALL / 8 / 1016 + 1;
+
+    for (size_t i = 0; i < step + 2; i++)
+        assert_int_equal(write_one(f->writer, 7, len, i), 0);
+    read_one_expect(f->reader, 7, len, 0);
+    assert_int_equal(atomic_load(&h->read_pos), 0);
+    for (size_t i = 1; i < step; i++)
+        read_one_expect(f->reader, 7, len, i);
+    assert_int_equal(atomic_load(&h->read_pos), step * 1016);
+    read_one_expect(f->reader, 7, len, step);
+    assert_int_equal(atomic_load(&h->read_pos), step * 1016);
+    read_one_expect(f->reader, 7, len, step + 1);
+    assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
+    assert_int_equal(atomic_load(&h->read_pos), (step + 2) * 1016);
+
+    /* Crowded (more than half full when last looked at): every record read is
+     * published. */
+    size_t n = 0;
+    while (write_one(f->writer, 7, len, n) == 0)
+        n++;
+    uint64_t base = (step + 2) * 1016;
+    read_one_expect(f->reader, 7, len, 0);
+    assert_int_equal(atomic_load(&h->read_pos), base + 1016);
+    read_one_expect(f->reader, 7, len, 1);
+    assert_int_equal(atomic_load(&h->read_pos), base + 2 * 1016);
+    assert_int_equal(write_one(f->writer, 7, len, n), 0);
 }
 
 /* Polling: no pokes while fewer than wake_fill bytes wait; the write that reaches it pokes,
@@ -1007,6 +1052,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ring_writer_died_mid_record, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_reader_idle_wakeup, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_reader_polling_pokes_at_fill, setup_small,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_ring_read_pos_published_in_steps, setup_small,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_ring_reader_idle_no_lost_wakeup, setup_small,
                                         teardown),
