@@ -7,6 +7,9 @@
  * (interval 524288): on a shared machine other load only ever adds time, so the minimum
  * is the stable estimate (the medians go to stderr). Also checks that the profiled run
  * prints the same output.
+ *
+ * app_churn2t_ratio_dormant: the same program with libheapprof.so preloaded but no
+ * session (the price of interposing malloc at all: the floor under the other ratios).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -67,6 +70,7 @@ static double run(char *const argv[], char *out, size_t cap)
     return (double)(hp_clock_ns(CLOCK_MONOTONIC) - t0) / 1e6;
 }
 
+/* @interval NULL: dormant (the library preloaded, nothing profiled). */
 static int ratio(const char *interval, const char *name)
 {
     char churn[8192], heapprof[8192], trace[] = "/tmp/heapprof-bench-XXXXXX";
@@ -82,9 +86,13 @@ static int ratio(const char *interval, const char *name)
     char *argv_plain[] = {churn, ITERATIONS, NULL};
     char *argv_prof[] = {heapprof, "record", "-q",       "-i", (char *)interval, "-o", trace,
                          "--",     churn,    ITERATIONS, NULL};
+    char env_bin[] = "/usr/bin/env", preload[8300];
+    snprintf(preload, sizeof(preload), "LD_PRELOAD=%s/preload/libheapprof.so", build);
+    char *argv_dormant[] = {env_bin, "-u", "HEAPPROF_STARTUP", preload, churn, ITERATIONS, NULL};
+    char *const *argv_tool = interval ? argv_prof : argv_dormant;
     for (int i = 0; i < RUNS; i++) {
         plain[i] = run(argv_plain, out_plain, sizeof(out_plain));
-        prof[i] = run(argv_prof, out_prof, sizeof(out_prof));
+        prof[i] = run(argv_tool, out_prof, sizeof(out_prof));
         if (plain[i] < 0 || prof[i] < 0 || strcmp(out_plain, out_prof) != 0) {
             fprintf(stderr, "bench_client_app: run failed or output differs\n");
             (void)unlink(trace);
@@ -116,5 +124,6 @@ int main(void)
             *strrchr(build, '/') = 0;
     }
     int r = ratio("4096", "app_churn2t_ratio_4k");
-    return r | ratio("524288", "app_churn2t_ratio_512k");
+    r |= ratio("524288", "app_churn2t_ratio_512k");
+    return r | ratio(NULL, "app_churn2t_ratio_dormant");
 }
