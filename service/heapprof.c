@@ -71,7 +71,7 @@ static void usage_record(FILE *f)
           "      --seed N                 fixed sampler seed for reproducible runs\n"
           "      --continuous-dump MS[,PHASE_MS]  also dump every MS milliseconds\n"
           "      --status                 live status line on a terminal\n"
-          "      --follow-fork            profile children of fork() that do not exec too,\n"
+          "      --follow-fork            also profile children of fork() until they exec,\n"
           "                               each as its own process\n"
           "      --no-follow-fork         the default: such children are not profiled\n"
           "      --follow-exec            the default: every program started by exec()\n"
