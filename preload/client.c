@@ -19,6 +19,15 @@
  * session, service death) the helper detaches: the client goes back to DORMANT and can
  * be attached again with a new ring. A ring is unmapped only once no hook is inside it.
  *
+ * exec: the new image loads the library again (when LD_PRELOAD still names it) and starts
+ * from UNINIT, a new session for the same pid. HEAPPROF_FOLLOW_EXEC=0 asks for the
+ * opposite: client_init() takes the library out of LD_PRELOAD and removes the client's
+ * HEAPPROF_* variables from environ (preload/env.h) before main() runs, whether or not a
+ * session starts, so that the programs this one executes start without the profiler.
+ * Out of our hands: a program that passes execve() an environment of its own making, a
+ * program that saved LD_PRELOAD itself (it sees the edited value only from its main()
+ * on), /etc/ld.so.preload; setuid programs never get LD_PRELOAD from the loader anyway.
+ *
  * fork(): the child never touches the parent's ring or socket. Unless the session asked
  * to follow forks (WIRE_FEATURE_FOLLOW_FORK), the child is DORMANT with a helper of its
  * own (attachable); with it, the child handshakes again at once in the atfork handler
@@ -47,6 +56,7 @@
 #include "common/fdpass.h"
 #include "common/macros.h"
 #include "common/paths.h"
+#include "preload/env.h"
 #include "shmem_ring/wire.h"
 
 extern char **environ;
@@ -82,6 +92,14 @@ static bool client_helper_running;      /* a helper thread exists in this proces
 static uint64_t client_session_gen;     /* owner only */
 static unsigned client_next_slot;       /* owner only */
 _Atomic uint64_t client_stat_attach_unavailable = 0;
+
+/* The variables the client reads, removed from environ by HEAPPROF_FOLLOW_EXEC=0. */
+static const char *const client_env_names[] = {
+    "HEAPPROF_SOCKET",        "HEAPPROF_STARTUP",
+    "HEAPPROF_SEED",          "HEAPPROF_INIT_TIMEOUT_MS",
+    "HEAPPROF_ATTACH_SIGNAL", "HEAPPROF_TRAP_REENTRY",
+    "HEAPPROF_FOLLOW_EXEC",   NULL,
+};
 
 /* Features this client speaks. */
 #define CLIENT_FEATURES (WIRE_FEATURE_REGS_X86_64 | WIRE_FEATURE_FOLLOW_FORK)
@@ -661,11 +679,22 @@ void client_init(void)
             client_attach_signo = (int)v;
     }
 
-    (void)pthread_atfork(NULL, NULL, client_atfork_child);
-
     /* HEAPPROF_STARTUP: "1" required, "0" never, unset: if the socket exists. */
     bool required = startup && strcmp(startup, "1") == 0;
     bool never = startup && strcmp(startup, "0") == 0;
+
+    /* HEAPPROF_FOLLOW_EXEC=0: the programs we execute start without the profiler. Done
+     * now, before the handshake, so that it holds whatever happens to the session. Every
+     * value the client needs was copied above. The strings edited are the ones the kernel
+     * put on the stack at exec (or setenv's copies): writable. This runs before main() (in
+     * our constructor, or in an allocation made earlier by the loader or another
+     * library's constructor), while the program itself does not read its environment. */
+    const char *follow_exec = client_getenv("HEAPPROF_FOLLOW_EXEC");
+    if (follow_exec && strcmp(follow_exec, "0") == 0)
+        (void)client_env_scrub(environ, client_env_names, CLIENT_LIB_NAME);
+
+    (void)pthread_atfork(NULL, NULL, client_atfork_child);
+
     char path[HP_PATH_MAX];
     int r = 0;
     if (client_env_socket_too_long)

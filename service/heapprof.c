@@ -53,9 +53,9 @@ static void usage_record(FILE *f)
 {
     fputs("usage: heapprof record [options] [--] CMD [ARGS...]\n"
           "\n"
-          "Runs CMD with libheapprof.so preloaded, profiles it (and the programs it\n"
-          "executes) from its first allocation, writes a Perfetto trace when CMD exits,\n"
-          "prints a summary on stderr and exits with CMD's exit status.\n"
+          "Runs CMD with libheapprof.so preloaded, profiles it (and, by default, the\n"
+          "programs it executes) from its first allocation, writes a Perfetto trace when\n"
+          "CMD exits, prints a summary on stderr and exits with CMD's exit status.\n"
           "\n"
           "options:\n"
           "  -o, --output FILE            trace file (default heapprof-<name>-<pid>.pftrace)\n"
@@ -71,8 +71,17 @@ static void usage_record(FILE *f)
           "      --seed N                 fixed sampler seed for reproducible runs\n"
           "      --continuous-dump MS[,PHASE_MS]  also dump every MS milliseconds\n"
           "      --status                 live status line on a terminal\n"
-          "      --follow-fork            profile children of fork() too, each as its own\n"
-          "                               process (children that exec are always profiled)\n"
+          "      --follow-fork            also profile children of fork() until they exec,\n"
+          "                               each as its own process\n"
+          "      --no-follow-fork         the default: such children are not profiled\n"
+          "      --follow-exec            the default: every program started by exec()\n"
+          "                               (in CMD's process or in a child) is profiled from\n"
+          "                               its first allocation, as a process of its own\n"
+          "      --no-follow-exec         profile CMD only: programs it executes start\n"
+          "                               without libheapprof.so in LD_PRELOAD and without\n"
+          "                               HEAPPROF_* variables (the user's LD_PRELOAD\n"
+          "                               entries stay); an execve() given an environment\n"
+          "                               of the program's own making is not changed\n"
           "      --top N                  sites in the summary (default 10; 0: none)\n"
           "  -q, --quiet                  no summary\n"
           "  -h, --help                   this help\n"
@@ -435,8 +444,10 @@ static void child_env_done(struct child_env *ce)
 }
 
 /* Builds the child's environment: ours plus the profiler's variables; LD_PRELOAD keeps
- * the user's entries after ours. */
-static char **build_env(struct child_env *ce, const char *lib, const char *sock, const char *seed)
+ * the user's entries after ours. !@follow_exec: HEAPPROF_FOLLOW_EXEC=0, the client takes
+ * itself out of the environment at startup (preload/client.c). */
+static char **build_env(struct child_env *ce, const char *lib, const char *sock, const char *seed,
+                        bool follow_exec)
 {
     size_t n = 0;
     while (environ[n])
@@ -468,6 +479,8 @@ static char **build_env(struct child_env *ce, const char *lib, const char *sock,
         return NULL;
     env[k++] = ce->owned[ce->n_owned++] = s;
     env[k++] = "HEAPPROF_STARTUP=1";
+    if (!follow_exec)
+        env[k++] = "HEAPPROF_FOLLOW_EXEC=0";
     if (seed) {
         if (asprintf(&s, "HEAPPROF_SEED=%s", seed) < 0)
             return NULL;
@@ -508,13 +521,16 @@ static int cmd_record(int argc, char **argv)
         {"continuous-dump", required_argument, NULL, 'C'},
         {"status", no_argument, NULL, 'U'},
         {"follow-fork", no_argument, NULL, 'F'},
+        {"no-follow-fork", no_argument, NULL, 'f'},
+        {"follow-exec", no_argument, NULL, 'E'},
+        {"no-follow-exec", no_argument, NULL, 'e'},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
         {0},
     };
     struct svc_config cfg;
     const char *output = NULL, *seed = NULL;
-    bool quiet = false, status_line = false;
+    bool quiet = false, status_line = false, follow_exec = true;
     long top = 10, v;
     uint64_t bytes;
     int c;
@@ -596,6 +612,15 @@ static int cmd_record(int argc, char **argv)
         case 'F':
             cfg.follow_fork = true;
             break;
+        case 'f':
+            cfg.follow_fork = false;
+            break;
+        case 'E':
+            follow_exec = true;
+            break;
+        case 'e':
+            follow_exec = false;
+            break;
         case 'q':
             quiet = true;
             break;
@@ -653,7 +678,7 @@ static int cmd_record(int argc, char **argv)
     snprintf(sock, sizeof(sock), "%s/heapprofd.sock", dir);
     cfg.socket_dir = dir;
     struct child_env ce = {0};
-    char **env = build_env(&ce, lib, sock, seed);
+    char **env = build_env(&ce, lib, sock, seed, follow_exec);
     if (!env) {
         child_env_done(&ce);
         (void)rmdir(dir);

@@ -487,6 +487,25 @@ static void reject(int sock)
     (void)hp_send_fds(sock, &cfg, sizeof(cfg), NULL, 0);
 }
 
+/* The route of @pid, added (with unwinder @fallback) when missing; NULL when out of
+ * memory. */
+static struct svc_route *route_get(struct svc *s, pid_t pid, unsigned fallback)
+{
+    for (size_t i = 0; i < s->n_routes; i++)
+        if (s->routes[i].pid == pid)
+            return &s->routes[i];
+    if (s->n_routes == s->cap_routes) {
+        size_t cap = s->cap_routes ? s->cap_routes * 2 : 16;
+        struct svc_route *r = realloc(s->routes, cap * sizeof(*r));
+        if (!r)
+            return NULL;
+        s->routes = r;
+        s->cap_routes = cap;
+    }
+    s->routes[s->n_routes] = (struct svc_route){.pid = pid, .unwinder = fallback};
+    return &s->routes[s->n_routes++];
+}
+
 static void hand_over(struct svc *s, struct svc_client *c)
 {
     struct svc_unwinder *best = &s->unwinders[s->next_unwinder++ % s->n_unwinders];
@@ -496,6 +515,12 @@ static void hand_over(struct svc *s, struct svc_client *c)
             atomic_load_explicit(&best->nclients, memory_order_relaxed))
             best = u;
     }
+    /* A pid seen before (it exec'd, or its number was reused): the thread that had its
+     * last session, which may still be live there; that thread ends it before starting
+     * this one (svc__unwinder_main), so the bookkeeping thread sees them in order. */
+    struct svc_route *route = route_get(s, c->pid, (unsigned)(best - s->unwinders));
+    if (route)
+        best = &s->unwinders[route->unwinder];
     atomic_fetch_add_explicit(&best->nclients, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->live_clients, 1, memory_order_relaxed);
     pthread_mutex_lock(&best->lock);
@@ -815,6 +840,7 @@ svc_t *svc_free(svc_t *s)
     free(s->dir);
     free(s->done_pids);
     free(s->seen_pids);
+    free(s->routes);
     free(s->ctl.cur);
     svc__bkq_done(&s->bkq);
     pthread_mutex_destroy(&s->done_lock);

@@ -162,6 +162,12 @@ struct svc_unwinder {
     struct hp_frame frames[UNWINDER_MAX_FRAMES + 1];
 };
 
+/* Which unwinder thread serves a pid's latest session. */
+struct svc_route {
+    pid_t pid;
+    unsigned unwinder;
+};
+
 /* An accepted connection whose hello has not fully arrived yet. */
 struct svc_pending_hello {
     int fd;
@@ -187,6 +193,10 @@ struct svc {
     unsigned n_unwinders;
     struct svc_unwinder *unwinders;
     unsigned next_unwinder;
+    /* The main thread's: every session of a pid goes to the same unwinder thread, so a
+     * new session (the process exec'd) is started only after the old one ended. */
+    struct svc_route *routes;
+    size_t n_routes, cap_routes;
     /* pids whose clients are fully drained, written by unwinder threads */
     pthread_mutex_t done_lock;
     pid_t *done_pids;

@@ -195,8 +195,21 @@ static void finish_client(struct svc_unwinder *u, struct svc_client *c, uint32_t
     svc__client_free(c);
 }
 
+static void unlink_client(struct svc_unwinder *u, struct svc_client *c);
+
 static void adopt(struct svc_unwinder *u, struct svc_client *c)
 {
+    /* A new session of a pid we still serve: the process exec'd (or died and its number
+     * was reused), so nothing writes into the old ring any more. End the old session
+     * first: its last records and its end reach the bookkeeping thread before the new
+     * start (the main thread hands every session of a pid to the same thread). */
+    for (struct svc_client *old = u->clients, *next; old; old = next) {
+        next = old->next;
+        if (old->pid == c->pid) {
+            unlink_client(u, old);
+            finish_client(u, old, BK_FLAG_DISCONNECTED);
+        }
+    }
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
     if (epoll_ctl(u->epfd, EPOLL_CTL_ADD, c->sock, &ev) < 0)
         hp_log_warn("pid %d: epoll: %s", c->pid, strerror(errno));
