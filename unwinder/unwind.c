@@ -297,6 +297,35 @@ static int acc_get_dyn_info_list_addr(unw_addr_space_t as, unw_word_t *dilap, vo
     return -UNW_ENOINFO;
 }
 
+/* Reads a word at @addr from the file behind the mapping that holds it: from read-only
+ * segments only, or, with @writable, from data segments too. 0, or -1 when no usable file
+ * backs @addr. */
+static int file_read(struct unwinder_process *p, uint64_t addr, unw_word_t *valp, bool writable)
+{
+    const size_t w = sizeof(*valp);
+    ssize_t i = unwinder__maps_find(&p->maps, addr);
+    if (i < 0)
+        return -1;
+    const struct unwinder__map *m = &p->maps.v[i];
+    if ((!writable && (m->perms & UNWINDER_PERM_WRITE)) || m->end - addr < w)
+        return -1;
+    const struct unwinder__elf *e = pmap_elf(p, (size_t)i);
+    const struct unwinder__segment *seg = p->pm[i].seg;
+    if (!e || !seg || (!writable && (seg->flags & PF_W)))
+        return -1;
+    uint64_t off = addr - m->start + m->pgoff;
+    if (off < m->pgoff)
+        return -1;
+    /* Past the segment's file bytes lies its zero-filled part (.bss). */
+    if (off + w > seg->offset + seg->filesz) {
+        if (!writable || off < seg->offset)
+            return unwinder__elf_read(e, off, valp, w) == 0 ? 0 : -1;
+        *valp = 0;
+        return 0;
+    }
+    return unwinder__elf_read(e, off, valp, w) == 0 ? 0 : -1;
+}
+
 static int acc_access_mem(unw_addr_space_t as, unw_word_t addr, unw_word_t *valp, int write,
                           void *arg)
 {
@@ -315,24 +344,23 @@ static int acc_access_mem(unw_addr_space_t as, unw_word_t addr, unw_word_t *valp
     /* Read-only file mappings show the file's bytes: serve them from the cached image
      * (unwind tables, code for signal-frame checks) without a syscall. Writable segments
      * (data, relocated RELRO) differ from the file and go to the target's memory. */
-    ssize_t i = unwinder__maps_find(&p->maps, addr);
-    if (i >= 0) {
-        const struct unwinder__map *m = &p->maps.v[i];
-        if (!(m->perms & UNWINDER_PERM_WRITE) && m->end - addr >= w) {
-            const struct unwinder__elf *e = pmap_elf(p, (size_t)i);
-            const struct unwinder__segment *seg = p->pm[i].seg;
-            uint64_t off = addr - m->start + m->pgoff;
-            if (e && seg && !(seg->flags & PF_W) && off >= m->pgoff &&
-                unwinder__elf_read(e, off, valp, w) == 0)
-                return 0;
-        }
-    }
+    if (file_read(p, addr, valp, false) == 0)
+        return 0;
 
     if (p->mem_fd >= 0 && p->mem_budget > 0 && addr <= (uint64_t)INT64_MAX - w) {
         p->mem_budget--;
         if (pread(p->mem_fd, valp, w, (off_t)addr) == (ssize_t)w)
             return 0;
     }
+
+    /* The target's memory is gone (it exec'd or exited before this record was unwound)
+     * or out of reach: a writable file segment still shows the file's bytes, unrelocated.
+     * What unwinding reads there is the personality routine's address of a CIE
+     * (DW_EH_PE_indirect, a GOT-like slot), which libunwind decodes but we never use;
+     * failing the read would end the stack at every function with a cleanup handler,
+     * such as libc's stdio (puts, fopen), instead. */
+    if (file_read(p, addr, valp, true) == 0)
+        return 0;
     p->fail |= FAIL_MEM;
     return -UNW_EINVAL;
 }

@@ -299,6 +299,35 @@ static void test_unwind_through_shared_library(void **state)
     assert_false(res.error);
 }
 
+/* The process exec'd or exited before its stack was unwound: /proc/PID/mem reads nothing
+ * any more. Unwinding through a function with a personality routine reads the routine's
+ * address from the library's writable data; it must still reach main (the bytes come
+ * from the file). Bug: the last samples of a process that exec'd or exited right after
+ * allocating (stdio's buffer in puts) ended in UNWIND_INFO_INVALID. */
+static void test_unwind_bug_personality_after_exit(void **state)
+{
+    (void)state;
+    unwtest_lib_call_cleanup(unw_test_lib_cb, &g_cap);
+    int maps_fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    assert_true(maps_fd >= 0);
+    unwinder_process_t *p = NULL;
+    assert_int_equal(unwinder_process_new(getpid(), maps_fd, -1, &p), 0);
+    size_t n = 0;
+    struct unwinder_result res;
+    assert_int_equal(unwinder_unwind(p, g_cap.regs, g_cap.sp, g_cap.stack, g_cap.len, g_frames,
+                                     UNWINDER_MAX_FRAMES, &n, &res),
+                     0);
+    p = unwinder_process_free(p);
+    dump("personality, no memory", g_frames, n, &res);
+    assert_exe_frame(&g_frames[0], "unw_test_level3");
+    assert_exe_frame(&g_frames[1], "unw_test_lib_cb");
+    assert_string_equal(g_frames[2].function_name, "unwtest_lib_call_cleanup");
+    assert_non_null(strstr(g_frames[2].map->path, "/libunwtest_eh.so"));
+    assert_exe_frame(&g_frames[3], "test_unwind_bug_personality_after_exit");
+    assert_true(find_name(g_frames, n, 4, "main") != SIZE_MAX);
+    assert_false(res.error);
+}
+
 static void test_unwind_skips_libheapprof_frames(void **state)
 {
     (void)state;
@@ -819,6 +848,7 @@ int main(void)
         cmocka_unit_test(test_unwind_interned_across_processes),
         cmocka_unit_test(test_unwind_through_qsort),
         cmocka_unit_test(test_unwind_through_shared_library),
+        cmocka_unit_test(test_unwind_bug_personality_after_exit),
         cmocka_unit_test(test_unwind_skips_libheapprof_frames),
         cmocka_unit_test(test_unwind_second_thread),
         cmocka_unit_test(test_unwind_deep_recursion),

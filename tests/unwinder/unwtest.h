@@ -19,6 +19,10 @@
 /* Calls @cb(@arg) from inside libunwtest.so. */
 void unwtest_lib_call(void (*cb)(void *), void *arg);
 
+/* Calls @cb(@arg) from inside libunwtest_eh.so, from a function with a cleanup handler
+ * (so an LSDA and a personality routine). */
+void unwtest_lib_call_cleanup(void (*cb)(void *), void *arg);
+
 /* Inside libheapprof_unwtest.so: captures the registers into @regs two frames deep in
  * the library, then calls @after(@arg) (which copies the stack) before returning. */
 void hpskiptest_capture(uint64_t *regs, void (*after)(void *), void *arg);
