@@ -24,7 +24,8 @@
  * is waiting. */
 #define POLL_MS 5
 #define QUIET_POLLS 8
-/* A dump request drains each ring at most this many budgets first. */
+/* A dump request drains each ring up to where it ended when the request came, at most
+ * this many budgets (the end of a ring is at most its size away). */
 #define DUMP_DRAIN_ROUNDS 64
 
 static const uint64_t hist_bounds[] = BK_UNWIND_HIST_BOUNDS;
@@ -126,13 +127,17 @@ static void handle_free(struct svc_unwinder *u, struct svc_client *c, const uint
     c->frees++;
 }
 
-/* Reads up to @budget records. Returns true when the ring may hold more. */
-static bool drain(struct svc_unwinder *u, struct svc_client *c, unsigned budget)
+/* Reads up to @budget records, stopping at @mark (ring_mark()) if not NULL. Returns true
+ * when the ring may hold more (before @mark). */
+static bool drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned budget,
+                       const uint64_t *mark)
 {
     if (c->flags & BK_FLAG_BUFFER_CORRUPTED)
         return false;
     u->clock_ns = hp_clock_ns(CLOCK_MONOTONIC);
     for (unsigned i = 0; i < budget; i++) {
+        if (mark && ring_reached(c->ring, *mark))
+            return false;
         struct ring_rspan rd;
         int r = ring_begin_read(c->ring, &rd);
         if (r == -EAGAIN)
@@ -158,6 +163,11 @@ static bool drain(struct svc_unwinder *u, struct svc_client *c, unsigned budget)
             return false;
     }
     return true;
+}
+
+static bool drain(struct svc_unwinder *u, struct svc_client *c, unsigned budget)
+{
+    return drain_upto(u, c, budget, NULL);
 }
 
 /* Drains what is left, posts the end of the process and frees the client. */
@@ -314,9 +324,15 @@ void *svc__unwinder_main(void *arg)
             }
         }
         if (dump_requests > 0) {
-            for (struct svc_client *c = u->clients; c; c = c->next)
-                for (unsigned i = 0; i < DUMP_DRAIN_ROUNDS && drain(u, c, DRAIN_BUDGET); i++)
+            /* Only what was written before the request: a process that keeps its ring
+             * full would otherwise hold the dump (and every other client) back for as
+             * long as it can refill the ring faster than we read it. */
+            for (struct svc_client *c = u->clients; c; c = c->next) {
+                uint64_t mark = ring_mark(c->ring);
+                for (unsigned i = 0; i < DUMP_DRAIN_ROUNDS && drain_upto(u, c, DRAIN_BUDGET, &mark);
+                     i++)
                     ;
+            }
             struct svc_msg *m = svc__batch_add(&u->batcher, sizeof(*m));
             if (m) {
                 m->type = SVC_MSG_DUMP_BARRIER;

@@ -105,6 +105,13 @@ bool ring_is_detached(ring_t *r);
  * corrupt: -EBADMSG. */
 int ring_begin_read(ring_t *r, struct ring_rspan *ret) HP_WARN_UNUSED;
 void ring_end_read(ring_t *r, const struct ring_rspan *rd);
+/* Reader: a mark at the current end of the ring (every record reserved so far lies
+ * before it), for ring_reached(). Lets the reader drain what was written up to a moment,
+ * such as a dump request, without chasing writers that keep writing. Untrusted like the
+ * rest of the shared header: use it as a bound only. */
+uint64_t ring_mark(ring_t *r);
+/* Reader: true once every record before @mark has been read. */
+bool ring_reached(const ring_t *r, uint64_t mark);
 /* Reader: announce that the reader is about to sleep (idle: every writer's record may
  * wake it; the first writer to see the flag clears it and pokes) or that it is awake
  * (!idle: no pokes). After announcing sleep the reader must call ring_begin_read() once

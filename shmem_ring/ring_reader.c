@@ -117,6 +117,18 @@ void ring_end_read(ring_t *r, const struct ring_rspan *rd)
         ring_publish_read_pos(r);
 }
 
+uint64_t ring_mark(ring_t *r)
+{
+    /* Acquire, as in ring_begin_read(): the mark is no older than what writers reserved
+     * before the caller's request. */
+    return atomic_load_explicit(&r->hdr->write_pos, memory_order_acquire);
+}
+
+bool ring_reached(const ring_t *r, uint64_t mark)
+{
+    return (int64_t)(r->read_pos - mark) >= 0;
+}
+
 void ring_set_reader_idle(ring_t *r, bool idle)
 {
     ring_publish_read_pos(r);

@@ -187,6 +187,30 @@ static void test_ring_empty_and_full(void **state)
     assert_int_equal(st.bytes_read, (n + 1) * 1016);
 }
 
+/* A mark taken while writers keep writing bounds the reader to what came before it. */
+static void test_ring_mark_bounds_a_drain(void **state)
+{
+    struct fixture *f = *state;
+    const size_t len = 100;
+    uint64_t empty = ring_mark(f->reader);
+    assert_true(ring_reached(f->reader, empty));
+    for (uint64_t i = 0; i < 5; i++)
+        assert_int_equal(write_one(f->writer, 3, len, i), 0);
+    uint64_t mark = ring_mark(f->reader);
+    assert_false(ring_reached(f->reader, mark));
+    for (uint64_t i = 5; i < 9; i++)
+        assert_int_equal(write_one(f->writer, 3, len, i), 0);
+    uint64_t i = 0;
+    while (!ring_reached(f->reader, mark))
+        read_one_expect(f->reader, 3, len, i++);
+    assert_int_equal(i, 5);
+    /* The rest is still there, past the mark. */
+    assert_true(ring_reached(f->reader, mark));
+    while (i < 9)
+        read_one_expect(f->reader, 3, len, i++);
+    assert_true(ring_reached(f->reader, ring_mark(f->reader)));
+}
+
 static void test_ring_too_large_rejected(void **state)
 {
     struct fixture *f = *state;
@@ -1033,6 +1057,7 @@ int main(void)
         cmocka_unit_test(test_ring_create_rejects_bad_sizes),
         cmocka_unit_test(test_ring_map_rejects_foreign_fds),
         cmocka_unit_test_setup_teardown(test_ring_empty_and_full, setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_mark_bounds_a_drain, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_too_large_rejected, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_wrap_at_every_offset, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_many_sizes, setup_small, teardown),
