@@ -44,6 +44,7 @@ static struct bk_heap *heap_free(struct bk_heap *h)
     bk__map_done(&h->big_sizes);
     bk__map_done(&h->site_index);
     free(h->sites);
+    free(h->maxes);
     free(h);
     return NULL;
 }
@@ -72,7 +73,7 @@ struct bk_heap *bk__find_heap(const struct bk_proc *p, uint32_t heap_id)
 /* Caps the heaps a client can make us track per process. */
 #define BK_MAX_HEAPS 64
 
-static struct bk_heap *heap_get(struct bk_proc *p, uint32_t heap_id)
+static struct bk_heap *heap_get(const bk_t *bk, struct bk_proc *p, uint32_t heap_id)
 {
     if (HP_LIKELY(p->n_heaps && p->heaps[0]->heap_id == heap_id))
         return p->heaps[0];
@@ -85,6 +86,7 @@ static struct bk_heap *heap_get(struct bk_proc *p, uint32_t heap_id)
     if (!h)
         return NULL;
     h->heap_id = heap_id;
+    h->track_peak = bk->dump_at_max;
     bk__map_init(&h->live, sizeof(struct bk_live));
     bk__map_init(&h->big_sizes, sizeof(uint64_t));
     bk__map_init(&h->site_index, sizeof(uint32_t));
@@ -140,7 +142,7 @@ int bk_process_start(bk_t *bk, int32_t pid, const char *cmdline, size_t cmdline_
     p->sampling_interval_bytes = sampling_interval_bytes;
     p->next_seq = 1;
     p->cmdline = malloc(cmdline_len + 1);
-    if (!p->cmdline || !heap_get(p, 0)) {
+    if (!p->cmdline || !heap_get(bk, p, 0)) {
         proc_free(p);
         return -ENOMEM;
     }
@@ -178,38 +180,62 @@ static void proc_forget(bk_t *bk, struct bk_proc *p)
 
 /* ---- applying records ---- */
 
-static struct bk_site *site_get(struct bk_heap *h, uint32_t callstack, uint32_t *ret_idx)
+/* The index of the site of @callstack in @h, created when new; < 0 on failure. */
+static int64_t site_get(struct bk_heap *h, uint32_t callstack)
 {
     uint32_t *idx;
     int r = bk__map_put(&h->site_index, callstack, (void **)&idx);
     if (r < 0)
-        return NULL;
+        return r;
     if (r == 1) {
+        size_t cap = h->cap_sites;
         if (h->n_sites >= UINT32_MAX ||
-            bk__grow((void **)&h->sites, &h->cap_sites, h->n_sites + 1, sizeof(*h->sites)) < 0) {
+            bk__grow((void **)&h->sites, &cap, h->n_sites + 1, sizeof(*h->sites)) < 0) {
             bk__map_remove(&h->site_index, callstack);
-            return NULL;
+            return -ENOMEM;
         }
+        if (h->track_peak) {
+            size_t cap_max = h->cap_sites;
+            if (bk__grow((void **)&h->maxes, &cap_max, cap, sizeof(*h->maxes)) < 0) {
+                bk__map_remove(&h->site_index, callstack);
+                return -ENOMEM;
+            }
+        }
+        h->cap_sites = cap;
         *idx = (uint32_t)h->n_sites;
         h->sites[h->n_sites++] = (struct bk_site){.callstack_id = callstack};
     }
-    *ret_idx = *idx;
-    return &h->sites[*idx];
+    return *idx;
 }
 
-/* Called before a site's live values change: see the peak scheme in state.h. */
-static void site_touch(const struct bk_heap *h, struct bk_site *s)
+/* Called before the live values of site @i change: see the peak scheme in state.h. */
+static void site_touch(struct bk_heap *h, size_t i)
 {
-    if (h->peak_id && s->max_peak != h->peak_id) {
-        s->max_bytes = bk__site_live_bytes(s);
-        s->max_count = bk__site_live_count(s);
-        s->max_peak = h->peak_id;
+    struct bk_site *s = &h->sites[i];
+    uint32_t stamp = (uint32_t)h->peak_id;
+    if (h->track_peak && h->peak_id && s->max_stamp != stamp) {
+        h->maxes[i] = (struct bk_site_max){bk__site_live_bytes(s), bk__site_live_count(s)};
+        s->max_stamp = stamp;
     }
 }
 
-static void site_free(struct bk_heap *h, struct bk_site *s, uint64_t size)
+/* A new peak of live bytes. */
+static void heap_new_peak(struct bk_heap *h)
 {
-    site_touch(h, s);
+    h->peak_total = h->live_total;
+    if ((uint32_t)++h->peak_id == 0) {
+        /* The stamps' 32 bits wrap: clear them all, so none can pass for a later peak's
+         * (every site's live values are its values at this new peak anyway). */
+        for (size_t i = 0; i < h->n_sites; i++)
+            h->sites[i].max_stamp = 0;
+        h->peak_id++;
+    }
+}
+
+static void site_free(struct bk_heap *h, size_t i, uint64_t size)
+{
+    site_touch(h, i);
+    struct bk_site *s = &h->sites[i];
     s->freed += size;
     s->free_count++;
     h->live_total -= size;
@@ -233,10 +259,11 @@ static void live_remove(struct bk_heap *h, uint64_t addr, const struct bk_live *
 
 static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
 {
-    uint32_t si;
-    struct bk_site *s = site_get(h, r->callstack, &si);
-    if (!s)
+    int64_t site = site_get(h, r->callstack);
+    if (site < 0)
         return;
+    uint32_t si = (uint32_t)site;
+    struct bk_site *s = &h->sites[si];
     struct bk_live *live;
     int found = bk__map_put(&h->live, r->addr, (void **)&live);
     if (found < 0)
@@ -253,7 +280,7 @@ static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
         }
         /* A live address allocated again: the free between was lost. */
         bk->counters.replaced_allocs++;
-        site_free(h, &h->sites[live->site], live_size(h, r->addr, live));
+        site_free(h, live->site, live_size(h, r->addr, live));
     }
     uint32_t small = r->size < BK_LIVE_BIG_SIZE ? (uint32_t)r->size : BK_LIVE_BIG_SIZE;
     if (small == BK_LIVE_BIG_SIZE) {
@@ -266,15 +293,13 @@ static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
     } else if (found == 0 && live->size == BK_LIVE_BIG_SIZE) {
         bk__map_remove(&h->big_sizes, r->addr);
     }
-    site_touch(h, s);
+    site_touch(h, si);
     s->allocated += r->size;
     s->alloc_count++;
     h->live_total += r->size;
     *live = (struct bk_live){.seq = r->seq, .site = si, .size = small};
-    if (h->live_total > h->peak_total) {
-        h->peak_total = h->live_total;
-        h->peak_id++;
-    }
+    if (h->live_total > h->peak_total)
+        heap_new_peak(h);
 }
 
 static void apply_free(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
@@ -285,14 +310,14 @@ static void apply_free(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
         bk->counters.unknown_frees++;
         return;
     }
-    site_free(h, &h->sites[live->site], live_size(h, r->addr, live));
+    site_free(h, live->site, live_size(h, r->addr, live));
     live_remove(h, r->addr, live);
 }
 
 static void apply(bk_t *bk, struct bk_proc *p, const struct bk_pending *r)
 {
     bk->counters.records_applied++;
-    struct bk_heap *h = heap_get(p, r->heap_id);
+    struct bk_heap *h = heap_get(bk, p, r->heap_id);
     if (!h) {
         bk->counters.dropped_records++;
         return;

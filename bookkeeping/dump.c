@@ -175,8 +175,7 @@ static size_t item_bound(const bk_t *bk, enum src src, size_t i)
         return 96 + (size_t)in->mappings[i].n_comps * 12;
     case SRC_FRAMES:
         return 48;
-    case SRC_CALLSTACKS:
-        return 32 + (size_t)HP_MIN(in->nodes[in->emit[i]].depth, (uint32_t)BK_MAX_FRAMES) * 6;
+    case SRC_CALLSTACKS: /* put_callstacks() */
     case SRC_SAMPLES:
         return 112;
     case SRC_COUNT:
@@ -223,19 +222,8 @@ static void put_item(bk_t *bk, struct enc *e, enum src src, size_t i, const stru
         put_uint(e, 4, f->rel_pc);
         break;
     }
-    case SRC_CALLSTACKS: {
-        uint32_t cs = in->emit[i];
-        put_uint(e, 1, cs);
-        /* Root first: fill from the end while walking up from the leaf. */
-        size_t depth = HP_MIN(in->nodes[cs].depth, (uint32_t)BK_MAX_FRAMES);
-        uint32_t ids[BK_MAX_FRAMES];
-        size_t k = depth;
-        for (uint32_t n = cs; n && k > 0; n = in->nodes[n].parent)
-            ids[--k] = in->nodes[n].frame_id;
-        for (size_t j = 0; j < depth; j++)
-            put_uint(e, 2, ids[j]);
+    case SRC_CALLSTACKS: /* put_callstacks() */
         break;
-    }
     case SRC_SAMPLES: {
         const struct bk_site *s = &h->sites[i];
         put_uint(e, 1, s->callstack_id);
@@ -243,9 +231,9 @@ static void put_item(bk_t *bk, struct enc *e, enum src src, size_t i, const stru
         put_uint(e, 3, s->freed);
         put_uint(e, 5, s->alloc_count);
         put_uint(e, 6, s->free_count);
-        if (bk->dump_at_max) {
+        if (bk->dump_at_max && h->track_peak) {
             uint64_t mb, mc;
-            bk__site_at_peak(h, s, &mb, &mc);
+            bk__site_at_peak(h, i, &mb, &mc);
             put_uint(e, 8, mb);
             put_uint(e, 9, mc);
         }
@@ -295,7 +283,7 @@ static bool put_samples(bk_t *bk, struct enc *e, const struct bk_heap *h, size_t
                         size_t *used, size_t budget, bool *any)
 {
     const size_t bound = item_bound(bk, SRC_SAMPLES, 0);
-    const bool at_max = bk->dump_at_max;
+    const bool at_max = bk->dump_at_max && h->track_peak;
     while (*i < limit) {
         size_t n = *used + bound <= budget ? (budget - *used) / bound : !*any;
         if (n == 0)
@@ -321,7 +309,7 @@ static bool put_samples(bk_t *bk, struct enc *e, const struct bk_heap *h, size_t
             q = vput(q, s->free_count);
             if (at_max) {
                 uint64_t mb, mc;
-                bk__site_at_peak(h, s, &mb, &mc);
+                bk__site_at_peak(h, (size_t)(s - h->sites), &mb, &mc);
                 *q++ = 8 << 3;
                 q = vput(q, mb);
                 *q++ = 9 << 3;
@@ -337,43 +325,38 @@ static bool put_samples(bk_t *bk, struct enc *e, const struct bk_heap *h, size_t
     return true;
 }
 
-/* Encodes callstacks [*@i, @limit) of the emit list as put_samples does samples. */
-static bool put_callstacks(bk_t *bk, struct enc *e, size_t *i, size_t limit, size_t *used,
+/* Copies pre-encoded callstacks (struct bk_emit) from entry *@i at byte offset *@off,
+ * as many whole entries as keep @used within @budget (at least one when !@any). */
+static bool put_callstacks(bk_t *bk, struct enc *e, size_t *i, size_t *off, size_t *used,
                            size_t budget, bool *any)
 {
-    const struct bk_intern *in = &bk->in;
-    const struct bk_cs_node *nodes = in->nodes;
-    uint32_t ids[BK_MAX_FRAMES];
-    for (; *i < limit; ++*i) {
-        uint32_t cs = in->emit[*i];
-        size_t depth = HP_MIN(nodes[cs].depth, (uint32_t)BK_MAX_FRAMES);
-        size_t bound = 32 + depth * 6;
-        if (*any && *used + bound > budget)
-            break;
-        if (!enc_reserve(bk, e, bound + BK_PB_VARINT_MAX))
-            return false;
-        /* Root first: fill from the end while walking up from the leaf. */
-        size_t k = depth;
-        for (uint32_t n = cs; n && k > 0; n = nodes[n].parent)
-            ids[--k] = nodes[n].frame_id;
-        uint8_t *q = e->p + e->len;
-        q[0] = (uint8_t)(7 << 3 | BK_PB_LEN);
-        q += 2;
-        *q++ = 1 << 3;
-        q = vput(q, cs);
-        for (size_t j = 0; j < depth; j++) {
-            *q++ = 2 << 3;
-            q = vput(q, ids[j]);
-        }
-        size_t at = e->len + 1, body = (size_t)(q - e->p) - at - 1;
-        e->len = (size_t)(q - e->p);
-        if (HP_LIKELY(body < 0x80))
-            e->p[at] = (uint8_t)body;
-        else
-            close1(e, at);
-        *used += body + 2 + (body >= 0x80 ? bk__pb_varint_size(body) - 1 : 0);
-        *any = true;
+    const struct bk_emit *em = &bk->in.emit;
+    size_t room = budget > *used ? budget - *used : 0;
+    size_t idx = *i, end = *off;
+    /* Whole groups of entries up to the last mark that fits, then entry by entry. */
+    for (size_t m = idx / BK_EMIT_MARK_EVERY + 1; m < em->n_marks && em->marks[m] - *off <= room;
+         m++) {
+        idx = m * BK_EMIT_MARK_EVERY;
+        end = em->marks[m];
     }
+    while (idx < em->n) {
+        size_t size = bk__emit_entry_size(em->p + end);
+        if (end + size - *off > room && (*any || end > *off))
+            break;
+        end += size;
+        idx++;
+    }
+    size_t n = end - *off;
+    if (n == 0)
+        return true;
+    if (!enc_reserve(bk, e, n))
+        return false;
+    memcpy(e->p + e->len, em->p + *off, n);
+    e->len += n;
+    *used += n;
+    *any = true;
+    *i = idx;
+    *off = end;
     return true;
 }
 
@@ -614,7 +597,8 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
     begin[SRC_FRAMES] = HP_MAX(bk->emitted_frames, (size_t)1);
     limit[SRC_FRAMES] = in->n_frames;
     begin[SRC_CALLSTACKS] = bk->emitted_callstacks;
-    limit[SRC_CALLSTACKS] = in->n_emit;
+    limit[SRC_CALLSTACKS] = in->emit.n;
+    size_t cs_off = bk->emitted_callstacks_off;
     begin[SRC_SAMPLES] = 0;
     limit[SRC_SAMPLES] = heap->n_sites;
 
@@ -653,7 +637,7 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
                         return -ENOMEM;
                     interned = open4(&e, 12);
                 }
-                if (!put_callstacks(bk, &e, &begin[src], limit[src], &used, budget, &any))
+                if (!put_callstacks(bk, &e, &begin[src], &cs_off, &used, budget, &any))
                     return -ENOMEM;
                 if (begin[src] < limit[src])
                     goto interned_done;
@@ -724,6 +708,12 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
         bk->emitted_mappings = begin[SRC_MAPPINGS];
         bk->emitted_frames = begin[SRC_FRAMES];
         bk->emitted_callstacks = begin[SRC_CALLSTACKS];
+        bk->emitted_callstacks_off = cs_off;
+        if (bk->emitted_callstacks == in->emit.n) {
+            bk__intern_emit_written(&bk->in, bk->emitted_callstacks, cs_off);
+            bk->emitted_callstacks = bk->emitted_callstacks_off = cs_off = 0;
+            begin[SRC_CALLSTACKS] = limit[SRC_CALLSTACKS] = 0;
+        }
         if (last)
             return 0;
     }

@@ -54,7 +54,8 @@ void bk__intern_done(struct bk_intern *in)
     free(in->mappings);
     free(in->frames);
     free(in->nodes);
-    free(in->emit);
+    free(in->emit.p);
+    free(in->emit.marks);
     bk__arena_done(&in->arena);
     *in = (struct bk_intern){.unknown_mapping = -1};
 }
@@ -342,24 +343,84 @@ static uint64_t stack_hash(const struct hp_frame *frames, size_t n)
     return bk__hash_u64(h);
 }
 
+static uint8_t *emit_varint(uint8_t *q, uint64_t v)
+{
+    while (v >= 0x80) {
+        *q++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *q++ = (uint8_t)v;
+    return q;
+}
+
+/* Appends callstack @cs with its @n frame ids (root first) to the emit buffer. */
+static int emit_callstack(struct bk_intern *in, uint32_t cs, const uint32_t *fids, size_t n)
+{
+    struct bk_emit *em = &in->emit;
+    /* Tag, a length of at most 3 bytes, iid and frame ids of at most 6 bytes each. */
+    size_t bound = 4 + 6 * (n + 1);
+    if (bk__grow((void **)&em->p, &em->cap, em->len + bound, 1) < 0)
+        return -ENOMEM;
+    if (em->n % BK_EMIT_MARK_EVERY == 0) {
+        if (bk__grow((void **)&em->marks, &em->cap_marks, em->n_marks + 1, sizeof(*em->marks)) < 0)
+            return -ENOMEM;
+        em->marks[em->n_marks++] = em->len;
+    }
+    /* The body first, after room for the longest length; then moved in place. */
+    uint8_t *start = em->p + em->len, *body = start + 4, *q = body;
+    *q++ = 1 << 3;
+    q = emit_varint(q, cs);
+    for (size_t i = 0; i < n; i++) {
+        *q++ = 2 << 3;
+        q = emit_varint(q, fids[i]);
+    }
+    size_t body_len = (size_t)(q - body);
+    uint8_t hdr[4];
+    hdr[0] = 7 << 3 | 2; /* InternedData.callstacks, length-delimited */
+    size_t hlen = (size_t)(emit_varint(hdr + 1, body_len) - hdr);
+    memmove(start + hlen, body, body_len);
+    memcpy(start, hdr, hlen);
+    em->len += hlen + body_len;
+    em->n++;
+    return 0;
+}
+
+void bk__intern_emit_written(struct bk_intern *in, size_t n, size_t off)
+{
+    struct bk_emit *em = &in->emit;
+    if (n < em->n || off != em->len)
+        return;
+    /* All written: start over, and give back a buffer that a burst of new callstacks
+     * made large. */
+    em->len = em->n = em->n_marks = 0;
+    if (em->cap > ((size_t)1 << 20)) {
+        free(em->p);
+        free(em->marks);
+        em->p = NULL;
+        em->marks = NULL;
+        em->cap = em->cap_marks = 0;
+    }
+}
+
 /* Walks @frames (leaf first) through frame interning and the trie. */
 static int intern_walk(struct bk_intern *in, const struct hp_frame *frames, size_t n,
                        uint32_t *ret_id)
 {
+    uint32_t fids[BK_MAX_FRAMES];
     uint32_t node = 0;
+    size_t k = 0;
     for (size_t i = n; i-- > 0;) {
-        uint32_t fid;
-        int r = bk__intern_frame(in, &frames[i], &fid);
+        int r = bk__intern_frame(in, &frames[i], &fids[k]);
         if (r == 0)
-            r = bk__intern_node(in, node, fid, &node);
+            r = bk__intern_node(in, node, fids[k], &node);
         if (r < 0)
             return r;
+        k++;
     }
     if (!in->nodes[node].queued) {
-        int r = bk__grow((void **)&in->emit, &in->cap_emit, in->n_emit + 1, sizeof(*in->emit));
+        int r = emit_callstack(in, node, fids, k);
         if (r < 0)
             return r;
-        in->emit[in->n_emit++] = node;
         in->nodes[node].queued = true;
     }
     *ret_id = node;

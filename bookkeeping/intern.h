@@ -15,8 +15,9 @@
  *
  * so [3] is main > run > malloc_wrapper, and interning a stack costs one lookup per
  * frame while shared prefixes are stored once. Only nodes that are the full stack of
- * some allocation are written to the trace (their ids go to the `emit` list when first
- * used), with their frames root first.
+ * some allocation are written to the trace, with their frames root first: each is
+ * encoded once, when first used as a full stack, into the `emit` buffer (see struct
+ * bk_emit), which the next dump copies out.
  *
  * A frame's name is part of its key because error frames ("ERROR <reason>") on the
  * unknown mapping differ only by name. A NULL hp_frame.map is the unknown mapping: one
@@ -85,7 +86,23 @@ struct bk_cs_node {
     uint32_t parent; /* 0: the root */
     uint32_t frame_id;
     uint32_t depth; /* frames from the root, >= 1 */
-    bool queued;    /* already on the emit list */
+    bool queued;    /* already in the emit buffer (or written) */
+};
+
+/* Callstacks not yet written to the trace, already encoded: each entry is one
+ * InternedData.callstacks field (tag, length, {iid, frame_ids root first}), as a dump
+ * writes it, in order of first use. Encoding a callstack when it is interned, where its
+ * frame ids are at hand, turns that part of a dump into a copy. The offset of every
+ * BK_EMIT_MARK_EVERY-th entry is kept, so that a dump cuts the run into packets
+ * without walking every entry. Entries already written are dropped by
+ * bk__intern_emit_written(). */
+#define BK_EMIT_MARK_EVERY 64
+struct bk_emit {
+    uint8_t *p;
+    size_t len, cap;
+    size_t n;        /* entries */
+    uint64_t *marks; /* marks[k]: offset of entry k * BK_EMIT_MARK_EVERY */
+    size_t n_marks, cap_marks;
 };
 
 /* Recently seen hp_mapping objects: the unwinder hands out the same immutable objects
@@ -133,8 +150,7 @@ struct bk_intern {
     size_t n_frames, cap_frames;
     struct bk_cs_node *nodes; /* by id; [0] unused */
     size_t n_nodes, cap_nodes;
-    uint32_t *emit; /* callstack ids in order of first use as a full stack */
-    size_t n_emit, cap_emit;
+    struct bk_emit emit;
     int64_t unknown_mapping; /* id of the empty mapping, -1 until needed */
 };
 
@@ -154,6 +170,23 @@ int bk__intern_node(struct bk_intern *in, uint32_t parent, uint32_t frame_id,
  * its callstack for emission when new. */
 int bk__intern_stack(struct bk_intern *in, const struct hp_frame *frames, size_t n,
                      uint32_t *ret_id) HP_WARN_UNUSED;
+
+/* Size of the emit buffer entry at @p (tag, length and body). pre: a whole entry. */
+static inline size_t bk__emit_entry_size(const uint8_t *p)
+{
+    size_t len = 0, i = 1;
+    unsigned shift = 0;
+    uint8_t b;
+    do {
+        b = p[i++];
+        len |= (size_t)(b & 0x7f) << shift;
+        shift += 7;
+    } while (b & 0x80);
+    return i + len;
+}
+/* Every entry of the emit buffer up to entry @n (at byte offset @off) was written:
+ * when that is all of them, the buffer is emptied. */
+void bk__intern_emit_written(struct bk_intern *in, size_t n, size_t off);
 
 /* Writes the frame ids of callstack @cs root first into @buf (BK_MAX_FRAMES entries);
  * returns their number. */

@@ -7,12 +7,14 @@
  *                                                      sites: callstack -> counters
  *
  * A site holds cumulative allocated/freed bytes and counts of one callstack in one
- * heap of a process, its live bytes/count now, and its live bytes/count at the heap's peak
- * (for dump_at_max). The peak values are kept lazily: `peak_id` counts new peaks; a site
- * saves its live values into max_* (stamped with the current peak_id) just before its
- * first change after a peak, so a site whose stamp differs from peak_id has not changed
- * since the peak and its live values are the peak values. O(1) per record, two words
- * per site.
+ * heap of a process (its live bytes/count are the differences), and, with dump_at_max,
+ * its live bytes/count at the heap's peak. The peak values are kept lazily: `peak_id`
+ * counts new peaks; a site saves its live values into its entry of `maxes` (stamped
+ * with the current peak id) just before its first change after a peak, so a site whose
+ * stamp differs from the peak id has not changed since the peak and its live values
+ * are the peak values. O(1) per record. Stamps hold the low 32 bits of the peak id;
+ * peak ids skip those whose low bits are 0 (0 means "never stamped"), and every stamp is
+ * cleared when the low bits wrap, so an old stamp never passes for a new one.
  *
  *     struct bk_proc *p = bk__find_proc(bk, pid);
  *     bk__flush_pending(bk, p);      // apply what waits in the reorder heap
@@ -57,12 +59,19 @@ struct bk_live {
 };
 #define BK_LIVE_BIG_SIZE UINT32_MAX
 
-/* 64 bytes: the dump streams through all sites of a heap. The live bytes and count are
- * allocated - freed and alloc_count - free_count (a late record adds to both sides). */
+/* 40 bytes: a dump streams through all sites of a heap, and the apply path touches one
+ * per record. The live bytes and count are allocated - freed and alloc_count -
+ * free_count (a late record adds to both sides). */
 struct bk_site {
     uint64_t allocated, freed, alloc_count, free_count;
-    uint64_t max_bytes, max_count, max_peak;
     uint32_t callstack_id;
+    uint32_t max_stamp; /* the peak scheme above; 0: never stamped */
+};
+_Static_assert(sizeof(struct bk_site) == 40, "bk_site stays small");
+
+/* A site's live bytes and count at the last peak, when its stamp is the peak's. */
+struct bk_site_max {
+    uint64_t bytes, count;
 };
 
 static inline uint64_t bk__site_live_bytes(const struct bk_site *s)
@@ -83,7 +92,9 @@ struct bk_heap {
     struct bk_map big_sizes;  /* addr -> uint64_t, for live sizes >= BK_LIVE_BIG_SIZE */
     struct bk_map site_index; /* callstack id -> index in sites */
     struct bk_site *sites;
+    struct bk_site_max *maxes; /* beside sites (cap_sites entries), only if track_peak */
     size_t n_sites, cap_sites;
+    bool track_peak; /* dump_at_max */
     uint64_t live_total, peak_total, peak_id;
 };
 
@@ -125,7 +136,8 @@ struct bk {
 
     /* What the trace already defines: entries below these are not written again. */
     size_t emitted_str[BK_STR_KINDS];
-    size_t emitted_mappings, emitted_frames, emitted_callstacks;
+    size_t emitted_mappings, emitted_frames;
+    size_t emitted_callstacks, emitted_callstacks_off; /* entry and byte in in.emit */
     size_t symbolized_frames; /* frames below this were offered to source_line */
     int (*source_line)(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
                        const char **ret_file, uint32_t *ret_line);
@@ -137,15 +149,16 @@ struct bk {
     struct bk_buf buf;
 };
 
-/* The site's live bytes and count at its heap's peak. */
-static inline void bk__site_at_peak(const struct bk_heap *p, const struct bk_site *s,
-                                    uint64_t *ret_bytes, uint64_t *ret_count)
+/* Live bytes and count of site @i of @h at the heap's peak. pre: h->track_peak. */
+static inline void bk__site_at_peak(const struct bk_heap *h, size_t i, uint64_t *ret_bytes,
+                                    uint64_t *ret_count)
 {
-    if (p->peak_id == 0) {
+    const struct bk_site *s = &h->sites[i];
+    if (h->peak_id == 0) {
         *ret_bytes = *ret_count = 0;
-    } else if (s->max_peak == p->peak_id) {
-        *ret_bytes = s->max_bytes;
-        *ret_count = s->max_count;
+    } else if (s->max_stamp == (uint32_t)h->peak_id) {
+        *ret_bytes = h->maxes[i].bytes;
+        *ret_count = h->maxes[i].count;
     } else {
         *ret_bytes = bk__site_live_bytes(s);
         *ret_count = bk__site_live_count(s);

@@ -70,7 +70,8 @@ static void memory_of(bk_t *bk, size_t *ret_live, size_t *ret_sites)
     size_t live = 0, sites = 0;
     const struct bk_intern *in = &bk->in;
     sites += in->cap_nodes * sizeof(*in->nodes) + in->cs_index.cap * sizeof(*in->cs_index.slots) +
-             in->cap_emit * sizeof(*in->emit) + in->cap_frames * sizeof(*in->frames) +
+             in->emit.cap + in->emit.cap_marks * sizeof(*in->emit.marks) +
+             in->cap_frames * sizeof(*in->frames) +
              in->frame_index.cap * sizeof(*in->frame_index.slots) + in->arena.bytes;
     for (size_t i = 0; i < bk->n_procs; i++) {
         const struct bk_proc *p = bk->procs[i];

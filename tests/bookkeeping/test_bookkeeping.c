@@ -85,15 +85,22 @@ static uint32_t callstack_of(bk_t *bk, unsigned site)
     return id;
 }
 
-/* The counters of @site in PID; a zeroed site if it never allocated. */
-static struct bk_site site_of(bk_t *bk, unsigned site)
+/* The index of @site in heap 0 of PID, or -1 if it never allocated. */
+static int64_t site_index_of(bk_t *bk, unsigned site)
 {
     struct bk_proc *p = bk__find_proc(bk, PID);
     assert_non_null(p);
     struct bk_heap *h = bk__find_heap(p, 0);
     assert_non_null(h);
     uint32_t *idx = bk__map_get(&h->site_index, callstack_of(bk, site));
-    return idx ? h->sites[*idx] : (struct bk_site){0};
+    return idx ? (int64_t)*idx : -1;
+}
+
+/* The counters of @site in PID; a zeroed site if it never allocated. */
+static struct bk_site site_of(bk_t *bk, unsigned site)
+{
+    int64_t i = site_index_of(bk, site);
+    return i >= 0 ? bk__find_heap(bk__find_proc(bk, PID), 0)->sites[i] : (struct bk_site){0};
 }
 
 static struct bk_counters counters(bk_t *bk)
@@ -343,8 +350,12 @@ static void test_bookkeeping_late_records_respect_newer_state(void **state)
 
 static void peak_of(bk_t *bk, unsigned site, uint64_t *bytes, uint64_t *count)
 {
-    struct bk_site s = site_of(bk, site);
-    bk__site_at_peak(bk__find_heap(bk__find_proc(bk, PID), 0), &s, bytes, count);
+    int64_t i = site_index_of(bk, site);
+    if (i < 0) {
+        *bytes = *count = 0;
+        return;
+    }
+    bk__site_at_peak(bk__find_heap(bk__find_proc(bk, PID), 0), (size_t)i, bytes, count);
 }
 
 static void test_bookkeeping_peak_values(void **state)
@@ -383,14 +394,15 @@ static void test_bookkeeping_peak_values(void **state)
     assert_int_equal(b, 200);
 }
 
-/* Lazy peak bookkeeping against a model that copies every site at every new peak. */
-static void test_bookkeeping_peak_matches_model(void **state)
+/* Lazy peak bookkeeping against a model that copies every site at every new peak.
+ * @first_peak_id: where the heap's peak ids start (to cross the stamps' wrap). */
+static void peak_model(struct fixture *fx, uint64_t first_peak_id)
 {
-    struct fixture *fx = *state;
     enum { N = 4000, SITES = 8 };
     static struct op ops[N];
     const uint64_t seed = 0xfeedbeef; /* deterministic workload */
     make_workload(ops, N, seed);
+    bk__find_heap(bk__find_proc(fx->bk, PID), 0)->peak_id = first_peak_id;
     uint64_t live_addr_size[64] = {0};
     unsigned live_addr_site[64] = {0};
     int64_t live[SITES] = {0}, live_n[SITES] = {0};
@@ -426,6 +438,45 @@ static void test_bookkeeping_peak_matches_model(void **state)
         assert_int_equal(b, at_peak[k]);
         assert_int_equal(n, at_peak_n[k]);
     }
+}
+
+static void test_bookkeeping_peak_matches_model(void **state)
+{
+    peak_model(*state, 0);
+}
+
+/* Stamps keep 32 bits of the peak id: a run crossing their wrap (peak ids from just
+ * below 2^32, then 2^32 + 1, ...) must still match the model, and the heap's peak id
+ * never has 0 in its low bits. */
+static void test_bookkeeping_bug_peak_stamp_wrap(void **state)
+{
+    struct fixture *fx = *state;
+    peak_model(fx, UINT32_MAX - 20);
+    struct bk_heap *h = bk__find_heap(bk__find_proc(fx->bk, PID), 0);
+    assert_true(h->peak_id > UINT32_MAX);
+    assert_int_not_equal((uint32_t)h->peak_id, 0);
+}
+
+/* A site never stamped (its stamp is 0) when the peak id's low 32 bits come to 0 must
+ * not take the zeroed peak entry for its values. */
+static void test_bookkeeping_bug_peak_stamp_zero(void **state)
+{
+    struct fixture *fx = *state;
+    bk_t *bk = fx->bk;
+    alloc(bk, 1, 0xa, 100, 1); /* before any peak: site 1 is never stamped */
+    struct bk_heap *h = bk__find_heap(bk__find_proc(bk, PID), 0);
+    assert_int_equal(h->sites[site_index_of(bk, 1)].max_stamp, 0);
+    h->peak_id = (uint64_t)UINT32_MAX - 1;
+    alloc(bk, 2, 0xb, 10, 2);
+    alloc(bk, 3, 0xc, 10, 2); /* two new peaks: the low bits pass 0 */
+    assert_true(h->peak_id > UINT32_MAX);
+    uint64_t b, n;
+    peak_of(bk, 1, &b, &n);
+    assert_int_equal(b, 100);
+    assert_int_equal(n, 1);
+    peak_of(bk, 2, &b, &n);
+    assert_int_equal(b, 20);
+    assert_int_equal(n, 2);
 }
 
 static void test_bookkeeping_process_lifecycle(void **state)
@@ -500,6 +551,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_bookkeeping_peak_values, setup_max, teardown),
         cmocka_unit_test_setup_teardown(test_bookkeeping_peak_matches_model, setup_max, teardown),
+        cmocka_unit_test_setup_teardown(test_bookkeeping_bug_peak_stamp_wrap, setup_max, teardown),
+        cmocka_unit_test_setup_teardown(test_bookkeeping_bug_peak_stamp_zero, setup_max, teardown),
         cmocka_unit_test_setup_teardown(test_bookkeeping_process_lifecycle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bookkeeping_heaps_are_separate, setup, teardown),
     };

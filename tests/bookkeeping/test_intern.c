@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "bookkeeping/intern.h"
+#include "bookkeeping/pbwire.h"
 
 static int setup(void **state)
 {
@@ -214,6 +215,53 @@ static void test_intern_frames_by_mapping_pc_and_name(void **state)
     assert_string_equal(in->str[BK_STR_FUNCTION].v[e->function_name_id].s, "main");
 }
 
+/* Decodes the emit buffer: the callstack ids of its entries, in order; each entry's
+ * frame ids must be those of its callstack, root first. Returns the entries. */
+static size_t emitted(const struct bk_intern *in, uint32_t *ids, size_t max)
+{
+    size_t n = 0, off = 0, marks = 0;
+    while (off < in->emit.len) {
+        if (n % BK_EMIT_MARK_EVERY == 0) {
+            assert_true(marks < in->emit.n_marks);
+            assert_int_equal(in->emit.marks[marks++], off);
+        }
+        struct bk_pb_iter it;
+        struct bk_pb_field f;
+        size_t size = bk__emit_entry_size(in->emit.p + off);
+        bk__pb_iter_init(&it, in->emit.p + off, size);
+        assert_true(bk__pb_next(&it, &f));
+        assert_int_equal(f.num, 7);
+        assert_int_equal(f.wire_type, BK_PB_LEN);
+        struct bk_pb_iter body;
+        bk__pb_iter_init(&body, f.ptr, f.len);
+        uint32_t want[BK_MAX_FRAMES];
+        size_t depth = 0, k = 0;
+        int64_t cs = -1;
+        while (bk__pb_next(&body, &f)) {
+            if (f.num == 1) {
+                cs = (int64_t)f.varint;
+                depth = bk__intern_callstack_frames(in, (uint32_t)cs, want);
+            } else {
+                assert_int_equal(f.num, 2);
+                assert_true(k < depth);
+                assert_int_equal(f.varint, want[k]);
+                k++;
+            }
+        }
+        assert_false(body.error);
+        assert_true(cs > 0);
+        assert_int_equal(k, depth);
+        assert_false(bk__pb_next(&it, &f)); /* exactly one field */
+        assert_false(it.error);
+        assert_true(n < max);
+        ids[n++] = (uint32_t)cs;
+        off += size;
+    }
+    assert_int_equal(off, in->emit.len);
+    assert_int_equal(n, in->emit.n);
+    return n;
+}
+
 static void test_intern_callstack_trie_shares_prefixes(void **state)
 {
     struct bk_intern *in = *state;
@@ -235,16 +283,50 @@ static void test_intern_callstack_trie_shares_prefixes(void **state)
     assert_int_equal(ids[1], frame_id(in, &m, "mid", 2));
     assert_int_equal(ids[2], frame_id(in, &m, "leaf_a", 3));
 
-    /* Only full stacks are queued for the trace, once, in order of first use. */
-    assert_int_equal(in->n_emit, 2);
-    assert_int_equal(in->emit[0], sa);
-    assert_int_equal(in->emit[1], sb);
+    /* Only full stacks are queued for the trace, once, in order of first use, encoded
+     * with their frames root first. */
+    uint32_t em[8];
+    assert_int_equal(emitted(in, em, 8), 2);
+    assert_int_equal(em[0], sa);
+    assert_int_equal(em[1], sb);
     uint32_t prefix = stack_id(in, a + 1, 2); /* mid <- main: an inner node until now */
     assert_int_equal(prefix, in->nodes[sa].parent);
-    assert_int_equal(in->n_emit, 3);
-    assert_int_equal(in->emit[2], prefix);
+    assert_int_equal(emitted(in, em, 8), 3);
+    assert_int_equal(em[2], prefix);
     assert_int_equal(stack_id(in, a + 1, 2), prefix);
-    assert_int_equal(in->n_emit, 3);
+    assert_int_equal(emitted(in, em, 8), 3);
+
+    /* Once all were written the buffer starts over; written stacks are not queued
+     * again. */
+    bk__intern_emit_written(in, 2, 0); /* not all: kept */
+    assert_int_equal(in->emit.n, 3);
+    bk__intern_emit_written(in, in->emit.n, in->emit.len);
+    assert_int_equal(in->emit.n, 0);
+    assert_int_equal(in->emit.len, 0);
+    assert_int_equal(stack_id(in, a, 3), sa);
+    assert_int_equal(in->emit.n, 0);
+    struct hp_frame c[] = {{&m, "leaf_c", 5}, {&m, "mid", 2}, {&m, "main", 1}};
+    uint32_t sc = stack_id(in, c, 3);
+    assert_int_equal(emitted(in, em, 8), 1);
+    assert_int_equal(em[0], sc);
+}
+
+/* Many entries: the marks stay in step with the entries, deep stacks take multi-byte
+ * lengths. */
+static void test_intern_emit_marks(void **state)
+{
+    struct bk_intern *in = *state;
+    struct hp_mapping m = {.start = 0x400000, .end = 0x500000, .path = "/bin/app"};
+    static struct hp_frame f[40];
+    static uint32_t ids[1000];
+    for (size_t i = 0; i < 1000; i++) {
+        size_t depth = 1 + i % 40;
+        for (size_t d = 0; d < depth; d++)
+            f[d] = (struct hp_frame){&m, "f", 0x1000 * (d + 1) + (d == 0 ? i : 0)};
+        (void)stack_id(in, f, depth);
+    }
+    assert_int_equal(emitted(in, ids, 1000), 1000);
+    assert_int_equal(in->emit.n_marks, (1000 + BK_EMIT_MARK_EVERY - 1) / BK_EMIT_MARK_EVERY);
 }
 
 static void test_intern_empty_and_deep_stacks(void **state)
@@ -378,6 +460,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_intern_frames_by_mapping_pc_and_name, setup, teardown),
         cmocka_unit_test_setup_teardown(test_intern_callstack_trie_shares_prefixes, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_intern_emit_marks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_intern_empty_and_deep_stacks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_intern_many_entries_stay_distinct, setup, teardown),
     };
