@@ -272,6 +272,25 @@ static inline uint8_t *vput(uint8_t *q, uint64_t v)
     return q;
 }
 
+/* Tag byte @tag and varint @v. Values below 2^14 take one unaligned store of the tag and
+ * its bytes (which may write one byte past them). pre: BK_PB_VARINT_MAX + 2 bytes of
+ * room. */
+static inline uint8_t *tput(uint8_t *q, uint8_t tag, uint64_t v)
+{
+    if (HP_LIKELY(v < 0x80)) {
+        uint16_t w = (uint16_t)(tag | v << 8);
+        memcpy(q, &w, sizeof(w));
+        return q + 2;
+    }
+    if (HP_LIKELY(v < 0x4000)) {
+        uint32_t w = tag | (uint32_t)(v | 0x80) << 8 | (uint32_t)(v >> 7) << 16;
+        memcpy(q, &w, sizeof(w));
+        return q + 3;
+    }
+    *q = tag;
+    return vput(q + 1, v);
+}
+
 /* Largest sample body: field 1 (uint32) and six uint64 fields, one-byte tags. */
 #define SAMPLE_BODY_MAX (1 + 5 + 6 * (1 + BK_PB_VARINT_MAX))
 _Static_assert(SAMPLE_BODY_MAX < 0x80, "a sample's length fits one byte");
@@ -284,36 +303,41 @@ static bool put_samples(bk_t *bk, struct enc *e, const struct bk_heap *h, size_t
 {
     const size_t bound = item_bound(bk, SRC_SAMPLES, 0);
     const bool at_max = bk->dump_at_max && h->track_peak;
+    /* Locals: stores through byte pointers would make the compiler reload the heap's
+     * fields after each one. */
+    const struct bk_site *const sites = h->sites;
+    const struct bk_site_max *const maxes = h->maxes;
+    const uint32_t stamp = (uint32_t)h->peak_id;
+    const bool any_peak = h->peak_id != 0;
     while (*i < limit) {
         size_t n = *used + bound <= budget ? (budget - *used) / bound : !*any;
         if (n == 0)
             break;
         n = HP_MIN(n, limit - *i);
-        if (!enc_reserve(bk, e, n * bound + BK_PB_VARINT_MAX))
+        if (!enc_reserve(bk, e, n * bound + BK_PB_VARINT_MAX + 2))
             return false;
         uint8_t *q = e->p + e->len, *const q0 = q;
-        const struct bk_site *s = &h->sites[*i], *const end = s + n;
-        for (; s < end; s++) {
+        for (size_t k = *i, end = *i + n; k < end; k++) {
+            const struct bk_site *s = &sites[k];
             q[0] = (uint8_t)(2 << 3 | BK_PB_LEN);
             uint8_t *len = q + 1;
             q += 2;
-            *q++ = 1 << 3;
-            q = vput(q, s->callstack_id);
-            *q++ = 2 << 3;
-            q = vput(q, s->allocated);
-            *q++ = 3 << 3;
-            q = vput(q, s->freed);
-            *q++ = 5 << 3;
-            q = vput(q, s->alloc_count);
-            *q++ = 6 << 3;
-            q = vput(q, s->free_count);
+            q = tput(q, 1 << 3, s->callstack_id);
+            q = tput(q, 2 << 3, s->allocated);
+            q = tput(q, 3 << 3, s->freed);
+            q = tput(q, 5 << 3, s->alloc_count);
+            q = tput(q, 6 << 3, s->free_count);
             if (at_max) {
-                uint64_t mb, mc;
-                bk__site_at_peak(h, (size_t)(s - h->sites), &mb, &mc);
-                *q++ = 8 << 3;
-                q = vput(q, mb);
-                *q++ = 9 << 3;
-                q = vput(q, mc);
+                /* bk__site_at_peak(), with the heap's fields in locals. */
+                uint64_t mb = s->allocated - s->freed, mc = s->alloc_count - s->free_count;
+                if (!any_peak) {
+                    mb = mc = 0;
+                } else if (s->max_stamp == stamp) {
+                    mb = maxes[k].bytes;
+                    mc = maxes[k].count;
+                }
+                q = tput(q, 8 << 3, mb);
+                q = tput(q, 9 << 3, mc);
             }
             *len = (uint8_t)(q - len - 1);
         }
