@@ -283,7 +283,7 @@ static inline uint8_t *tput(uint8_t *q, uint8_t tag, uint64_t v)
         return q + 2;
     }
     if (HP_LIKELY(v < 0x4000)) {
-        uint32_t w = tag | (uint32_t)(v | 0x80) << 8 | (uint32_t)(v >> 7) << 16;
+        uint32_t w = tag | (uint32_t)((v & 0x7f) | 0x80) << 8 | (uint32_t)(v >> 7) << 16;
         memcpy(q, &w, sizeof(w));
         return q + 3;
     }
