@@ -249,12 +249,12 @@ static uint64_t live_size(struct bk_heap *h, uint64_t addr, const struct bk_live
     return big ? *big : BK_LIVE_BIG_SIZE;
 }
 
-/* Forgets the live allocation at @addr. */
-static void live_remove(struct bk_heap *h, uint64_t addr, const struct bk_live *l)
+/* Forgets the live allocation at @addr, whose entry in h->live is @l. */
+static void live_remove(struct bk_heap *h, uint64_t addr, struct bk_live *l)
 {
     if (l->size == BK_LIVE_BIG_SIZE)
         bk__map_remove(&h->big_sizes, addr);
-    bk__map_remove(&h->live, addr);
+    bk__map_remove_value(&h->live, l);
 }
 
 static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)

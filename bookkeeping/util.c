@@ -222,24 +222,11 @@ int bk__map_put(struct bk_map *m, uint64_t key, void **ret_val)
     return found ? 0 : 1;
 }
 
-bool bk__map_remove(struct bk_map *m, uint64_t key)
+/* Empties slot @i by backward-shift deletion: later members of the probe run move into
+ * the hole when their home slot does not lie cyclically in (hole, their slot]. */
+static void map_remove_at(struct bk_map *m, size_t i)
 {
-    if (HP_UNLIKELY(key == MAP_EMPTY)) {
-        if (!m->has_max)
-            return false;
-        m->has_max = false;
-        m->count--;
-        return true;
-    }
-    if (!m->cap)
-        return false;
-    bool found;
-    size_t i = map_find(m, key, &found);
-    if (!found)
-        return false;
     size_t mask = m->cap - 1;
-    /* Backward-shift deletion: pull later members of the probe run into the hole when
-     * their home slot does not lie cyclically in (hole, their slot]. */
     size_t j = i;
     for (;;) {
         j = (j + 1) & mask;
@@ -255,7 +242,36 @@ bool bk__map_remove(struct bk_map *m, uint64_t key)
     }
     *slot_key(m, i) = MAP_EMPTY;
     m->count--;
+}
+
+bool bk__map_remove(struct bk_map *m, uint64_t key)
+{
+    if (HP_UNLIKELY(key == MAP_EMPTY)) {
+        if (!m->has_max)
+            return false;
+        m->has_max = false;
+        m->count--;
+        return true;
+    }
+    if (!m->cap)
+        return false;
+    bool found;
+    size_t i = map_find(m, key, &found);
+    if (!found)
+        return false;
+    map_remove_at(m, i);
     return true;
+}
+
+void bk__map_remove_value(struct bk_map *m, void *val)
+{
+    if (HP_UNLIKELY(val == m->max_val)) {
+        m->has_max = false;
+        m->count--;
+        return;
+    }
+    size_t i = (size_t)((unsigned char *)val - m->slots) / m->stride;
+    map_remove_at(m, i);
 }
 
 bool bk__map_next(const struct bk_map *m, size_t *pos, uint64_t *ret_key, void **ret_val)

@@ -83,6 +83,9 @@ static inline void bk__map_prefetch(const struct bk_map *m, uint64_t key)
 }
 /* Removes @key; returns whether it was present. */
 bool bk__map_remove(struct bk_map *m, uint64_t key);
+/* Removes the entry whose value @val is (as returned by bk__map_get() or bk__map_put()
+ * since the last change of the map): saves the second lookup of get-then-remove. */
+void bk__map_remove_value(struct bk_map *m, void *val);
 /* Iteration: start with *@pos = 0; returns false at the end. */
 bool bk__map_next(const struct bk_map *m, size_t *pos, uint64_t *ret_key, void **ret_val);
 

@@ -363,8 +363,9 @@ static void test_intern_many_entries_stay_distinct(void **state)
         assert_int_equal(frame_id(in, &m, "f", i), first + i);
 }
 
-/* The map against a plain array under seeded random puts and removes (seed 99), with
- * the special keys 0 and UINT64_MAX among them, and iteration seeing each key once. */
+/* The map against a plain array under seeded random puts and removes (seed 99), half
+ * of the removes by key and half by value pointer, with the special keys 0 and
+ * UINT64_MAX among them, and iteration seeing each key once. */
 static void test_intern_map_matches_reference(void **state)
 {
     (void)state;
@@ -382,7 +383,14 @@ static void test_intern_map_matches_reference(void **state)
         unsigned k = (unsigned)(s % KEYS);
         uint64_t key = k == 0 ? UINT64_MAX : k == 1 ? 0 : (uint64_t)k * 0x10000;
         if ((s >> 20) % 3 == 0) {
-            assert_int_equal(bk__map_remove(&m, key), present[k]);
+            if ((s >> 30) & 1) {
+                void *v = bk__map_get(&m, key);
+                assert_int_equal(v != NULL, present[k]);
+                if (v)
+                    bk__map_remove_value(&m, v);
+            } else {
+                assert_int_equal(bk__map_remove(&m, key), present[k]);
+            }
             present[k] = false;
         } else {
             uint64_t *v;
