@@ -42,7 +42,9 @@ static struct bk_heap *heap_free(struct bk_heap *h)
         return NULL;
     bk__map_done(&h->live);
     bk__map_done(&h->big_sizes);
-    bk__map_done(&h->site_index);
+    for (size_t i = 0; i < h->n_site_pages; i++)
+        free(h->site_pages[i]);
+    free(h->site_pages);
     free(h->sites);
     free(h->maxes);
     free(h);
@@ -89,7 +91,6 @@ static struct bk_heap *heap_get(const bk_t *bk, struct bk_proc *p, uint32_t heap
     h->track_peak = bk->dump_at_max;
     bk__map_init(&h->live, sizeof(struct bk_live));
     bk__map_init(&h->big_sizes, sizeof(uint64_t));
-    bk__map_init(&h->site_index, sizeof(uint32_t));
     p->heaps[p->n_heaps++] = h;
     return h;
 }
@@ -183,29 +184,38 @@ static void proc_forget(bk_t *bk, struct bk_proc *p)
 /* The index of the site of @callstack in @h, created when new; < 0 on failure. */
 static int64_t site_get(struct bk_heap *h, uint32_t callstack)
 {
-    uint32_t *idx;
-    int r = bk__map_put(&h->site_index, callstack, (void **)&idx);
-    if (r < 0)
-        return r;
-    if (r == 1) {
-        size_t cap = h->cap_sites;
-        if (h->n_sites >= UINT32_MAX ||
-            bk__grow((void **)&h->sites, &cap, h->n_sites + 1, sizeof(*h->sites)) < 0) {
-            bk__map_remove(&h->site_index, callstack);
-            return -ENOMEM;
-        }
-        if (h->track_peak) {
-            size_t cap_max = h->cap_sites;
-            if (bk__grow((void **)&h->maxes, &cap_max, cap, sizeof(*h->maxes)) < 0) {
-                bk__map_remove(&h->site_index, callstack);
+    size_t page = callstack / BK_SITE_PAGE;
+    if (HP_LIKELY(page < h->n_site_pages && h->site_pages[page])) {
+        uint32_t v = h->site_pages[page][callstack % BK_SITE_PAGE];
+        if (HP_LIKELY(v))
+            return (int64_t)v - 1;
+    } else {
+        if (page >= h->n_site_pages) {
+            size_t n = h->n_site_pages;
+            if (bk__grow((void **)&h->site_pages, &n, page + 1, sizeof(*h->site_pages)) < 0)
                 return -ENOMEM;
-            }
+            memset(h->site_pages + h->n_site_pages, 0,
+                   (n - h->n_site_pages) * sizeof(*h->site_pages));
+            h->n_site_pages = n;
         }
-        h->cap_sites = cap;
-        *idx = (uint32_t)h->n_sites;
-        h->sites[h->n_sites++] = (struct bk_site){.callstack_id = callstack};
+        h->site_pages[page] = calloc(BK_SITE_PAGE, sizeof(**h->site_pages));
+        if (!h->site_pages[page])
+            return -ENOMEM;
     }
-    return *idx;
+    size_t cap = h->cap_sites;
+    if (h->n_sites >= UINT32_MAX - 1 ||
+        bk__grow((void **)&h->sites, &cap, h->n_sites + 1, sizeof(*h->sites)) < 0)
+        return -ENOMEM;
+    if (h->track_peak) {
+        size_t cap_max = h->cap_sites;
+        if (bk__grow((void **)&h->maxes, &cap_max, cap, sizeof(*h->maxes)) < 0)
+            return -ENOMEM;
+    }
+    h->cap_sites = cap;
+    size_t i = h->n_sites++;
+    h->sites[i] = (struct bk_site){.callstack_id = callstack};
+    h->site_pages[page][callstack % BK_SITE_PAGE] = (uint32_t)i + 1;
+    return (int64_t)i;
 }
 
 /* Called before the live values of site @i change: see the peak scheme in state.h. */

@@ -88,9 +88,13 @@ static inline uint64_t bk__site_live_count(const struct bk_site *s)
 struct bk_heap {
     uint64_t last_dump_ts; /* MONOTONIC_COARSE of the last dump; dumps stay increasing */
     uint32_t heap_id;
-    struct bk_map live;       /* addr -> struct bk_live */
-    struct bk_map big_sizes;  /* addr -> uint64_t, for live sizes >= BK_LIVE_BIG_SIZE */
-    struct bk_map site_index; /* callstack id -> index in sites */
+    struct bk_map live;      /* addr -> struct bk_live */
+    struct bk_map big_sizes; /* addr -> uint64_t, for live sizes >= BK_LIVE_BIG_SIZE */
+    /* Callstack id -> index of its site + 1 (0: none), in pages of BK_SITE_PAGE
+     * entries allocated as ids are used: callstack ids are small and dense, so a lookup
+     * is two loads instead of a hash probe. */
+    uint32_t **site_pages;
+    size_t n_site_pages;
     struct bk_site *sites;
     struct bk_site_max *maxes; /* beside sites (cap_sites entries), only if track_peak */
     size_t n_sites, cap_sites;
@@ -163,6 +167,17 @@ static inline void bk__site_at_peak(const struct bk_heap *h, size_t i, uint64_t 
         *ret_bytes = bk__site_live_bytes(s);
         *ret_count = bk__site_live_count(s);
     }
+}
+
+#define BK_SITE_PAGE 512
+
+/* The index of the site of callstack @cs in @h, or -1. */
+static inline int64_t bk__site_find(const struct bk_heap *h, uint32_t cs)
+{
+    size_t page = cs / BK_SITE_PAGE;
+    if (page >= h->n_site_pages || !h->site_pages[page])
+        return -1;
+    return (int64_t)h->site_pages[page][cs % BK_SITE_PAGE] - 1;
 }
 
 /* bookkeeping/bookkeeping.c */

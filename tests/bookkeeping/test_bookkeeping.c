@@ -92,8 +92,7 @@ static int64_t site_index_of(bk_t *bk, unsigned site)
     assert_non_null(p);
     struct bk_heap *h = bk__find_heap(p, 0);
     assert_non_null(h);
-    uint32_t *idx = bk__map_get(&h->site_index, callstack_of(bk, site));
-    return idx ? (int64_t)*idx : -1;
+    return bk__site_find(h, callstack_of(bk, site));
 }
 
 /* The counters of @site in PID; a zeroed site if it never allocated. */
@@ -266,9 +265,9 @@ static void test_bookkeeping_reorder_within_window(void **state)
         make_stack(f, k, name);
         assert_int_equal(bk__intern_stack(&shuffled->in, f, 2, &cs), 0);
         struct bk_heap *h = bk__find_heap(p, 0);
-        uint32_t *idx = bk__map_get(&h->site_index, cs);
-        assert_non_null(idx);
-        y = h->sites[*idx];
+        int64_t idx = bk__site_find(h, cs);
+        assert_true(idx >= 0);
+        y = h->sites[idx];
         assert_true(x.alloc_count > 0);
         assert_int_equal(x.allocated, y.allocated);
         assert_int_equal(x.freed, y.freed);

@@ -121,8 +121,8 @@ static void check_against_model(bk_t *bk, const struct model *m)
             site_stack(k, f);
             uint32_t cs;
             assert_int_equal(bk__intern_stack(&bk->in, f, 3, &cs), 0);
-            uint32_t *idx = heap ? bk__map_get(&heap->site_index, cs) : NULL;
-            struct bk_site s = idx ? heap->sites[*idx] : (struct bk_site){0};
+            int64_t idx = heap ? bk__site_find(heap, cs) : -1;
+            struct bk_site s = idx >= 0 ? heap->sites[idx] : (struct bk_site){0};
             const struct model_site *ms = &m->site[h][k];
             assert_int_equal(s.allocated, ms->allocated);
             assert_int_equal(s.freed, ms->freed);
