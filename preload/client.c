@@ -102,7 +102,8 @@ static const char *const client_env_names[] = {
 };
 
 /* Features this client speaks. */
-#define CLIENT_FEATURES (WIRE_FEATURE_REGS_X86_64 | WIRE_FEATURE_FOLLOW_FORK)
+#define CLIENT_FEATURES                                                                            \
+    (WIRE_FEATURE_REGS_X86_64 | WIRE_FEATURE_FOLLOW_FORK | WIRE_FEATURE_UNWIND_TABLE)
 
 /* ---- small helpers (no allocation, no stdio) ------------------------------------- */
 
@@ -204,15 +205,18 @@ static uint64_t client_random_seed(void)
 
 /* ---- handshake ------------------------------------------------------------------- */
 
-/* Returns 0 with a ring fd and the socket (PROFILE), 1 when the service answered
- * NOT_PROFILED, or -errno (-EPERM: the peer is neither our uid nor root). */
+/* Returns 0 with a ring fd, an unwind table fd (-1 when the service sends none) and the
+ * socket (PROFILE), 1 when the service answered NOT_PROFILED, or -errno (-EPERM: the peer
+ * is neither our uid nor root). */
 static int client_handshake(const char *path, uint32_t reason, uint32_t timeout_ms,
-                            struct wire_client_config *ret_cfg, int *ret_sock, int *ret_ring_fd)
+                            struct wire_client_config *ret_cfg, int *ret_sock, int *ret_ring_fd,
+                            int *ret_utable_fd)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     struct wire_client_config cfg;
     int fds[2] = {-1, -1};
-    int ring_fd = -1;
+    int rx[2] = {-1, -1};
+    int ring_fd = -1, utable_fd = -1;
     size_t nfds = 0;
     int sock = -1;
     int r;
@@ -260,24 +264,28 @@ static int client_handshake(const char *path, uint32_t reason, uint32_t timeout_
     if (r < 0)
         goto fail;
 
-    r = hp_recv_fds(sock, &cfg, sizeof(cfg), &ring_fd, 1, &nfds);
+    r = hp_recv_fds(sock, &cfg, sizeof(cfg), rx, 2, &nfds);
     if (r < 0)
         goto fail;
-    if (nfds == 0)
-        ring_fd = -1;
+    ring_fd = nfds > 0 ? rx[0] : -1;
+    utable_fd = nfds > 1 ? rx[1] : -1;
     r = -EPROTO;
     if (cfg.magic != WIRE_CONFIG_MAGIC)
         goto fail;
     if (cfg.status == WIRE_STATUS_NOT_PROFILED) {
         if (ring_fd >= 0)
             (void)close(ring_fd);
+        if (utable_fd >= 0)
+            (void)close(utable_fd);
         (void)close(sock);
         return 1;
     }
+    bool with_table = (cfg.features & WIRE_FEATURE_UNWIND_TABLE) != 0;
     if (cfg.status != WIRE_STATUS_PROFILE || ring_fd < 0 || cfg.sampling_interval_bytes == 0 ||
         cfg.max_stack_bytes % 8 != 0 ||
-        cfg.max_stack_bytes > RING_MAX_PAYLOAD - sizeof(struct wire_alloc) ||
-        (cfg.features & ~(uint32_t)CLIENT_FEATURES) != 0)
+        cfg.max_stack_bytes >
+            RING_MAX_PAYLOAD - sizeof(struct wire_alloc) - (1 + WIRE_MAX_PCS) * sizeof(uint64_t) ||
+        (cfg.features & ~(uint32_t)CLIENT_FEATURES) != 0 || with_table != (utable_fd >= 0))
         goto fail;
 
     /* From now on the socket only carries pokes, which must never block. */
@@ -288,6 +296,7 @@ static int client_handshake(const char *path, uint32_t reason, uint32_t timeout_
     *ret_cfg = cfg;
     *ret_sock = sock;
     *ret_ring_fd = ring_fd;
+    *ret_utable_fd = utable_fd;
     return 0;
 
 fail_errno:
@@ -299,6 +308,8 @@ fail:
         (void)close(fds[1]);
     if (ring_fd >= 0)
         (void)close(ring_fd);
+    if (utable_fd >= 0)
+        (void)close(utable_fd);
     (void)close(sock);
     return r;
 }
@@ -328,7 +339,7 @@ static struct client_session *client_free_slot(void)
 static int client_session_open(const char *path, uint32_t reason, uint32_t timeout_ms, bool warm_up)
 {
     struct wire_client_config cfg = {0};
-    int sock = -1, ring_fd = -1;
+    int sock = -1, ring_fd = -1, utable_fd = -1;
 
     struct client_session *s = client_free_slot();
     if (!s)
@@ -343,12 +354,21 @@ static int client_session_open(const char *path, uint32_t reason, uint32_t timeo
         else if (page != MAP_FAILED)
             (void)munmap(page, 4096);
     }
-    int r = client_handshake(path, reason, timeout_ms, &cfg, &sock, &ring_fd);
+    int r = client_handshake(path, reason, timeout_ms, &cfg, &sock, &ring_fd, &utable_fd);
     if (r != 0)
         return r;
     ring_t *ring = NULL;
     r = ring_map(ring_fd, RING_ROLE_WRITER, &ring);
     (void)close(ring_fd);
+    struct utable table = {0};
+    if (r >= 0 && utable_fd >= 0) {
+        /* Without a usable table the session still works: every sample copies its
+         * stack. */
+        if (utable_map(utable_fd, false, &table) < 0)
+            table = (struct utable){0};
+    }
+    if (utable_fd >= 0)
+        (void)close(utable_fd);
     if (r < 0) {
         (void)close(sock);
         return r == -EBADMSG ? -EPROTO : r;
@@ -356,6 +376,8 @@ static int client_session_open(const char *path, uint32_t reason, uint32_t timeo
     ring_set_blocking(ring, cfg.block_client != 0, cfg.block_client_timeout_us);
 
     s->ring = ring;
+    s->utable = table;
+    s->audit_every = cfg.audit_every;
     s->sock = sock;
     s->pid = getpid();
     s->features = cfg.features;
@@ -403,6 +425,7 @@ static void client_session_close(struct client_session *s)
         (void)nanosleep(&ms, NULL);
     }
     s->ring = ring_unmap(s->ring);
+    utable_unmap(&s->utable);
     if (s->sock >= 0)
         (void)close(s->sock);
     s->sock = -1;
@@ -587,6 +610,7 @@ static void client_atfork_child(void)
              * that interrupted one of our hooks, nobody is inside the ring. */
             if (!was_in_hook) {
                 s->ring = ring_unmap(s->ring);
+                utable_unmap(&s->utable);
                 s->stuck = false;
             } else {
                 s->stuck = true;

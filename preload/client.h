@@ -35,6 +35,7 @@
 #include "preload/sample.h"
 #include "preload/stack.h"
 #include "shmem_ring/ring.h"
+#include "shmem_ring/utable.h"
 
 #pragma GCC visibility push(hidden)
 
@@ -72,6 +73,7 @@ struct client_tls {
     struct client_stack_cache stack;
     uint64_t gen;   /* session the sampler is seeded for; 0: none */
     uint32_t tid;   /* 0 until needed */
+    uint32_t walks; /* stacks walked with the unwind table, for the audit rate */
     bool in_hook;   /* reentrancy guard: inside, forward to glibc at once */
     bool in_sample; /* recording a sample: an allocation now is a bug (see trap below) */
 };
@@ -88,6 +90,10 @@ struct client_session {
     uint64_t gen;      /* > 0, unique per session */
     uint64_t max_stack_bytes;
     struct client_sampler_params params;
+    /* The unwind table (WIRE_FEATURE_UNWIND_TABLE), mapped read-only; hdr NULL: none.
+     * Every audit_every-th walk of a thread is sent with the stack copy too (0: never). */
+    struct utable utable;
+    uint32_t audit_every;
     struct client_freeset freeset; /* mapped once per slot, cleared on reuse */
     _Atomic bool send_all_frees;   /* the set overflowed: record every free */
     /* Written by every sampled call: on a line of its own, away from the fields every
@@ -115,6 +121,7 @@ extern uint64_t client_seed;
 /* HEAPPROF_TRAP_REENTRY=1 (tests): abort when the sampled path itself allocates, which
  * would be a hook-safety bug (with interval 1 every allocation reaches the check). */
 extern bool client_trap_reentry;
+
 extern _Atomic uint64_t client_thread_counter;
 
 /* Statistics (relaxed counters, for tests and debugging). */

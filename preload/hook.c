@@ -27,6 +27,7 @@
 #include "common/clock.h"
 #include "common/macros.h"
 #include "preload/client.h"
+#include "preload/walk.h"
 #include "shmem_ring/wire.h"
 
 /* glibc's allocator entry points (exported by libc.so.6 for exactly this purpose). */
@@ -98,6 +99,17 @@ __attribute__((no_sanitize("address"))) static void hook_copy_stack(void *dst, c
 #endif
 }
 
+/* Puts sampled address @p in the set free() watches. */
+static void hook_watch_free(struct client_session *s, void *p)
+{
+    if (client_freeset_insert(&s->freeset, (uint64_t)(uintptr_t)p) < 0) {
+        atomic_fetch_add_explicit(&client_stat_freeset_overflows, 1, memory_order_relaxed);
+        atomic_store_explicit(&s->send_all_frees, true, memory_order_relaxed);
+        /* Every free now takes the watched path: free() tests the filter alone. */
+        client_freeset_saturate(&s->freeset);
+    }
+}
+
 /* pre: client_session_enter(s) succeeded. */
 static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_session *s, void *p,
                                           size_t size, uint64_t sample_size, const uint64_t *regs)
@@ -129,15 +141,56 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
         atomic_fetch_add_explicit(&client_stat_unknown_stacks, 1, memory_order_relaxed);
         avail = r > 0 ? end - sp : 4096 - (sp & 4095);
     }
+    ring_t *ring = s->ring;
+    struct ring_wspan w;
+
+    /* With the service's unwind table, walk the stack here and send its return
+     * addresses: a few hundred bytes instead of a copy of the whole stack (often
+     * kilobytes), and no unwinding in the service. Every audit_every-th walk is sent
+     * with the copy too, for the service to check. */
+    uint64_t pcs[CLIENT_WALK_MAX_FRAMES];
+    size_t n_pcs = 0;
+    bool audit = false;
+    if (s->utable.hdr && r == 0) {
+        n_pcs = client_walk(&s->utable, regs, end, pcs, CLIENT_WALK_MAX_FRAMES);
+        audit = n_pcs > 0 && s->audit_every && ++t->walks % s->audit_every == 0;
+    }
+    if (n_pcs > 0 && !audit) {
+        r = ring_try_begin_write(ring, WIRE_ALLOC_PCS,
+                                 sizeof(struct wire_alloc_pcs) + n_pcs * sizeof(uint64_t), &w);
+        if (r < 0) {
+            if (r == -EAGAIN)
+                hook_poke(s);
+            return;
+        }
+        struct wire_alloc_pcs *a = w.data;
+        /* As below: the sequence number is taken after the real malloc. */
+        a->seq = atomic_fetch_add_explicit(&hook_seq, 1, memory_order_relaxed) + 1;
+        a->addr = (uint64_t)(uintptr_t)p;
+        a->size = size;
+        a->sample_size = sample_size;
+        a->ts_ns = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
+        a->heap_id = 0;
+        a->tid = hook_tid(t, s);
+        a->n_pcs = (uint32_t)n_pcs;
+        a->flags = 0;
+        memcpy(a + 1, pcs, n_pcs * sizeof(uint64_t));
+        if (ring_end_write(ring, &w))
+            hook_poke(s);
+        hook_watch_free(s, p);
+        return;
+    }
+
     uint64_t len = avail;
     if (len > s->max_stack_bytes) {
         len = s->max_stack_bytes;
         flags |= WIRE_ALLOC_STACK_TRUNCATED;
     }
+    size_t audit_len = audit ? (1 + n_pcs) * sizeof(uint64_t) : 0;
+    if (audit)
+        flags |= WIRE_ALLOC_AUDIT;
 
-    ring_t *ring = s->ring;
-    struct ring_wspan w;
-    r = ring_try_begin_write(ring, WIRE_ALLOC, sizeof(struct wire_alloc) + len, &w);
+    r = ring_try_begin_write(ring, WIRE_ALLOC, sizeof(struct wire_alloc) + len + audit_len, &w);
     if (r < 0) {
         /* Full: make sure a sleeping reader hears about it. */
         if (r == -EAGAIN)
@@ -159,15 +212,15 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
     a->flags = flags;
     memcpy(a->regs, regs, sizeof(a->regs));
     hook_copy_stack(a + 1, (const void *)(uintptr_t)sp, (size_t)len);
+    if (audit) {
+        uint8_t *tail = (uint8_t *)(a + 1) + len;
+        uint64_t count = n_pcs;
+        memcpy(tail, &count, sizeof(count));
+        memcpy(tail + sizeof(count), pcs, n_pcs * sizeof(uint64_t));
+    }
     if (ring_end_write(ring, &w))
         hook_poke(s);
-
-    if (client_freeset_insert(&s->freeset, (uint64_t)(uintptr_t)p) < 0) {
-        atomic_fetch_add_explicit(&client_stat_freeset_overflows, 1, memory_order_relaxed);
-        atomic_store_explicit(&s->send_all_frees, true, memory_order_relaxed);
-        /* Every free now takes the watched path: free() tests the filter alone. */
-        client_freeset_saturate(&s->freeset);
-    }
+    hook_watch_free(s, p);
 }
 
 void client_record_free(struct client_session *s, void *p)

@@ -16,6 +16,7 @@ void svc_config_init(struct svc_config *cfg)
     cfg->sampling_interval_bytes = 4096;
     cfg->shmem_size_bytes = RING_DEFAULT_SIZE;
     cfg->max_stack_bytes = 64u << 10;
+    cfg->audit_every = 1024;
     cfg->block_client_timeout_us = 100000;
 }
 

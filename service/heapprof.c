@@ -82,6 +82,12 @@ static void usage_record(FILE *f)
           "                               HEAPPROF_* variables (the user's LD_PRELOAD\n"
           "                               entries stay); an execve() given an environment\n"
           "                               of the program's own making is not changed\n"
+          "      --no-fast-unwind         copy every sampled stack for the service to\n"
+          "                               unwind (by default the app walks its own stack\n"
+          "                               once the service has published the rules)\n"
+          "      --audit-every N          check every Nth stack a thread walked itself\n"
+          "                               against an unwind of its copy (default 1024;\n"
+          "                               0: never)\n"
           "      --top N                  sites in the summary (default 10; 0: none)\n"
           "  -q, --quiet                  no summary\n"
           "  -h, --help                   this help\n"
@@ -524,6 +530,8 @@ static int cmd_record(int argc, char **argv)
         {"no-follow-fork", no_argument, NULL, 'f'},
         {"follow-exec", no_argument, NULL, 'E'},
         {"no-follow-exec", no_argument, NULL, 'e'},
+        {"no-fast-unwind", no_argument, NULL, 'W'},
+        {"audit-every", required_argument, NULL, 'A'},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
         {0},
@@ -620,6 +628,16 @@ static int cmd_record(int argc, char **argv)
             break;
         case 'e':
             follow_exec = false;
+            break;
+        case 'W':
+            cfg.no_fast_unwind = true;
+            break;
+        case 'A':
+            if (parse_int(optarg, 0, UINT32_MAX, &v) < 0) {
+                fprintf(stderr, "heapprof record: invalid --audit-every '%s'\n", optarg);
+                return EXIT_USAGE;
+            }
+            cfg.audit_every = (uint32_t)v;
             break;
         case 'q':
             quiet = true;

@@ -7,7 +7,8 @@
 #include "service/svc_internal.h"
 
 int svc__decode_alloc(const uint8_t *data, size_t len, uint64_t max_stack_bytes,
-                      struct wire_alloc *ret, const uint8_t **ret_stack)
+                      struct wire_alloc *ret, const uint8_t **ret_stack, uint64_t *ret_pcs,
+                      size_t *ret_n_pcs)
 {
     struct wire_alloc a;
     if (len < sizeof(a))
@@ -16,8 +17,37 @@ int svc__decode_alloc(const uint8_t *data, size_t len, uint64_t max_stack_bytes,
     uint64_t stack_len = a.stack_len;
     if (stack_len > len - sizeof(a) || stack_len > max_stack_bytes)
         return -EBADMSG;
+    size_t n_pcs = 0;
+    size_t rest = len - sizeof(a) - (size_t)stack_len;
+    if (a.flags & WIRE_ALLOC_AUDIT) {
+        /* The client's own walk of this stack: a count, then that many pcs. */
+        uint64_t n;
+        if (rest < sizeof(n))
+            return -EBADMSG;
+        memcpy(&n, data + sizeof(a) + stack_len, sizeof(n));
+        if (n == 0 || n > WIRE_MAX_PCS || rest - sizeof(n) < n * sizeof(uint64_t))
+            return -EBADMSG;
+        memcpy(ret_pcs, data + sizeof(a) + stack_len + sizeof(n), n * sizeof(uint64_t));
+        n_pcs = (size_t)n;
+    }
     *ret = a;
     *ret_stack = data + sizeof(a);
+    *ret_n_pcs = n_pcs;
+    return 0;
+}
+
+int svc__decode_alloc_pcs(const uint8_t *data, size_t len, struct wire_alloc_pcs *ret,
+                          uint64_t *ret_pcs)
+{
+    struct wire_alloc_pcs a;
+    if (len < sizeof(a))
+        return -EBADMSG;
+    memcpy(&a, data, sizeof(a));
+    if (a.n_pcs == 0 || a.n_pcs > WIRE_MAX_PCS ||
+        len - sizeof(a) < (size_t)a.n_pcs * sizeof(uint64_t))
+        return -EBADMSG;
+    memcpy(ret_pcs, data + sizeof(a), (size_t)a.n_pcs * sizeof(uint64_t));
+    *ret = a;
     return 0;
 }
 

@@ -9,13 +9,18 @@ void svc_print_summary(const char *out_path, const struct svc_summary *sum, int 
 {
     char hb[32];
     svc_human_bytes(sum->output_bytes, hb, sizeof(hb));
+    char audit[96] = "";
+    if (sum->audit_mismatches)
+        snprintf(audit, sizeof(audit), "; %llu of %llu audited stack walks differed",
+                 (unsigned long long)sum->audit_mismatches, (unsigned long long)sum->audits);
     fprintf(stderr,
-            "\nheapprof: %llu process%s, %llu samples, %llu frees recorded; %llu samples "
-            "dropped, %llu unwinding errors%s\n",
+            "\nheapprof: %llu process%s, %llu samples (%llu walked in the app, %llu walks "
+            "audited), %llu frees recorded; %llu samples dropped, %llu unwinding errors%s%s\n",
             (unsigned long long)sum->processes, sum->processes == 1 ? "" : "es",
-            (unsigned long long)sum->samples, (unsigned long long)sum->frees,
+            (unsigned long long)sum->samples, (unsigned long long)sum->walked_samples,
+            (unsigned long long)sum->audits, (unsigned long long)sum->frees,
             (unsigned long long)sum->records_dropped, (unsigned long long)sum->unwinding_errors,
-            sum->corrupt_clients ? "; a client sent corrupt data" : "");
+            audit, sum->corrupt_clients ? "; a client sent corrupt data" : "");
     if (top > 0) {
         struct bk_trace *t;
         if (bk_trace_load(out_path, &(struct bk_trace_options){0}, &t) == 0) {

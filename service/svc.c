@@ -21,6 +21,7 @@
 #include "common/fdpass.h"
 #include "common/log.h"
 #include "service/svc_internal.h"
+#include "shmem_ring/utable.h"
 #include "shmem_ring/wire.h"
 
 #define HANDSHAKE_TIMEOUT_MS 2000
@@ -539,7 +540,7 @@ static void handshake(struct svc *s, int sock)
     struct wire_hello hello;
     int fds[2] = {-1, -1};
     struct svc_client *c = NULL;
-    int ring_fd = -1;
+    int ring_fd = -1, utable_fd = -1;
     int r;
 
     (void)setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -599,19 +600,42 @@ static void handshake(struct svc *s, int sock)
     }
     ring_set_reader_idle(c->ring, true);
 
+    /* The unwind table, when the client can walk its own stack: the unwinder publishes
+     * into it, the client reads it. Without one (old client, or it failed) the client
+     * copies every stack. */
+    uint32_t table = 0;
+    if ((hello.features & WIRE_FEATURE_UNWIND_TABLE) && !s->cfg.no_fast_unwind) {
+        r = utable_create(UTABLE_DEFAULT_SLOTS, &utable_fd);
+        if (r >= 0)
+            r = unwinder_process_set_table(c->unw, utable_fd);
+        if (r >= 0) {
+            table = WIRE_FEATURE_UNWIND_TABLE;
+        } else {
+            hp_log_warn("pid %d: no unwind table: %s", (int)c->pid, strerror(-r));
+            if (utable_fd >= 0)
+                (void)close(utable_fd);
+            utable_fd = -1;
+        }
+    }
+
     struct wire_client_config cfg = {
         .magic = WIRE_CONFIG_MAGIC,
         .status = WIRE_STATUS_PROFILE,
-        .features = hello.features & (WIRE_FEATURE_REGS_X86_64 |
+        .features = hello.features & (WIRE_FEATURE_REGS_X86_64 | table |
                                       (s->cfg.follow_fork ? WIRE_FEATURE_FOLLOW_FORK : 0)),
         .block_client = s->cfg.block_client,
         .sampling_interval_bytes = s->cfg.sampling_interval_bytes,
         .max_stack_bytes = s->cfg.max_stack_bytes,
         .block_client_timeout_us = s->cfg.block_client_timeout_us,
+        .audit_every = table ? s->cfg.audit_every : 0,
     };
-    r = hp_send_fds(sock, &cfg, sizeof(cfg), &ring_fd, 1);
+    int send[2] = {ring_fd, utable_fd};
+    r = hp_send_fds(sock, &cfg, sizeof(cfg), send, table ? 2 : 1);
     (void)close(ring_fd);
     ring_fd = -1;
+    if (utable_fd >= 0)
+        (void)close(utable_fd);
+    utable_fd = -1;
     if (r < 0) {
         hp_log_warn("pid %d: handshake: cannot answer: %s", (int)c->pid, strerror(-r));
         goto drop;
@@ -633,6 +657,8 @@ drop:
 drop_quietly:
     if (ring_fd >= 0)
         (void)close(ring_fd);
+    if (utable_fd >= 0)
+        (void)close(utable_fd);
     for (int i = 0; i < 2; i++)
         if (fds[i] >= 0)
             (void)close(fds[i]);
@@ -810,6 +836,9 @@ int svc_finish(svc_t *s, struct svc_summary *ret_summary)
         ret_summary->unwinding_errors = atomic_load(&s->unwind_errors);
         ret_summary->handshakes_rejected = atomic_load(&s->rejected);
         ret_summary->corrupt_clients = atomic_load(&s->corrupt);
+        ret_summary->walked_samples = atomic_load(&s->walked);
+        ret_summary->audits = atomic_load(&s->audits);
+        ret_summary->audit_mismatches = atomic_load(&s->audit_mismatches);
         ret_summary->output_bytes = s->bk_counters.bytes_written;
         ret_summary->write_error = s->bk_counters.last_write_error;
     }

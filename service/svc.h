@@ -61,6 +61,13 @@ struct svc_config {
     bool follow_fork;
     /* No source files and lines in the trace (faster dumps). */
     bool no_source_lines;
+    /* No unwind tables: clients copy every sampled stack (WIRE_FEATURE_UNWIND_TABLE
+     * off). */
+    bool no_fast_unwind;
+    /* With unwind tables: every audit_every-th stack a client thread walks itself comes
+     * with its copy, which the service unwinds to check the walk (0: never; default
+     * 1024). */
+    uint32_t audit_every;
 };
 
 void svc_config_init(struct svc_config *cfg);
@@ -101,6 +108,9 @@ struct svc_summary {
     uint64_t unwinding_errors;
     uint64_t handshakes_rejected;
     uint64_t corrupt_clients;
+    uint64_t walked_samples;   /* samples whose stack the app walked itself (unwind table) */
+    uint64_t audits;           /* such walks checked against an unwind of a stack copy */
+    uint64_t audit_mismatches; /* ... that differed (the table was reset each time) */
     uint64_t output_bytes;
     int write_error; /* 0 or -errno */
 };

@@ -113,6 +113,9 @@ struct svc_client {
     size_t cmdline_len;
     struct bk_process_stats stats;
     uint64_t frees;
+    uint64_t walked;           /* WIRE_ALLOC_PCS records: stacks the client walked itself */
+    uint64_t audits;           /* audited copies checked */
+    uint64_t audit_mismatches; /* ... whose walk disagreed with our unwind */
 };
 
 struct svc_client *svc__client_free(struct svc_client *c);
@@ -121,10 +124,16 @@ struct svc_client *svc__client_free(struct svc_client *c);
 
 /* Copies the fixed part of a WIRE_ALLOC payload (@data, @len bytes, possibly shared
  * memory) into @ret and validates it: the stack (returned in @ret_stack, borrowed from
- * @data, ret->stack_len bytes) must fit the payload and @max_stack_bytes. Returns 0 or
- * -EBADMSG. */
+ * @data, ret->stack_len bytes) must fit the payload and @max_stack_bytes. With WIRE_ALLOC_AUDIT,
+ * the client's pcs that follow the stack are copied to @ret_pcs (room for WIRE_MAX_PCS) and counted
+ * in @ret_n_pcs (else 0). Returns 0 or -EBADMSG. */
 int svc__decode_alloc(const uint8_t *data, size_t len, uint64_t max_stack_bytes,
-                      struct wire_alloc *ret, const uint8_t **ret_stack);
+                      struct wire_alloc *ret, const uint8_t **ret_stack, uint64_t *ret_pcs,
+                      size_t *ret_n_pcs);
+/* Copies a WIRE_ALLOC_PCS payload: the fixed part into @ret, its 1..WIRE_MAX_PCS pcs into
+ * @ret_pcs (room for WIRE_MAX_PCS). Returns 0 or -EBADMSG. */
+int svc__decode_alloc_pcs(const uint8_t *data, size_t len, struct wire_alloc_pcs *ret,
+                          uint64_t *ret_pcs);
 /* Copies a WIRE_FREE payload into @ret. Returns 0 or -EBADMSG when too short. */
 int svc__decode_free(const uint8_t *data, size_t len, struct wire_free *ret);
 
@@ -160,6 +169,7 @@ struct svc_unwinder {
     _Atomic unsigned nclients;
     struct svc_batcher batcher;
     struct hp_frame frames[UNWINDER_MAX_FRAMES + 1];
+    struct hp_frame audit_frames[UNWINDER_MAX_FRAMES + 1];
 };
 
 /* Which unwinder thread serves a pid's latest session. */
@@ -213,6 +223,7 @@ struct svc {
     _Atomic uint64_t stat_dumps, stat_bytes; /* published by the bk thread */
     /* summary counters, atomics updated by the threads */
     _Atomic uint64_t processes, samples, frees, drops, unwind_errors, rejected, corrupt;
+    _Atomic uint64_t walked, audits, audit_mismatches;
     struct bk_counters bk_counters; /* written by the bk thread before it exits */
 };
 

@@ -45,23 +45,12 @@ static void post_start(struct svc_unwinder *u, struct svc_client *c)
     c->started = true;
 }
 
-static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uint8_t *data,
-                         size_t len)
+/* The common end of both kinds of sampled allocation: statistics, then the frames in
+ * u->frames (@n of them; @r < 0: none) go to the bookkeeping thread. */
+static void post_sample(struct svc_unwinder *u, struct svc_client *c, int r, size_t n,
+                        const struct unwinder_result *res, uint32_t heap_id, uint64_t seq,
+                        uint64_t addr, uint64_t size, uint64_t sample_size)
 {
-    struct wire_alloc a;
-    const uint8_t *stack;
-    if (svc__decode_alloc(data, len, c->max_stack_bytes, &a, &stack) < 0) {
-        c->flags |= BK_FLAG_BUFFER_CORRUPTED;
-        return;
-    }
-    uint64_t stack_len = a.stack_len;
-
-    size_t n = 0;
-    struct unwinder_result res = {0};
-    int r = -ENOENT;
-    if (c->unw)
-        r = unwinder_unwind(c->unw, a.regs, a.stack_ptr, stack, (size_t)stack_len, u->frames,
-                            UNWINDER_MAX_FRAMES, &n, &res);
     /* One clock read per sample: the time since the previous sample's end (or the start
      * of the drain) counts, which adds the decoding of the records in between. */
     uint64_t t1 = hp_clock_ns(CLOCK_MONOTONIC);
@@ -77,11 +66,11 @@ static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uin
             break;
         }
     }
-    if (res.error || r < 0) {
+    if (res->error || r < 0) {
         c->stats.unwinding_errors++;
         atomic_fetch_add_explicit(&u->svc->unwind_errors, 1, memory_order_relaxed);
     }
-    if (res.reparsed_maps)
+    if (res->reparsed_maps)
         c->stats.map_reparses++;
     /* Files new in stacks get their debug info opened in the background for the dump. */
     for (size_t i = 0; i < n; i++) {
@@ -98,14 +87,92 @@ static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uin
         return;
     m->type = SVC_MSG_ALLOC;
     m->pid = c->pid;
-    m->heap_id = a.heap_id;
+    m->heap_id = heap_id;
     m->n = (uint32_t)n;
-    m->seq = a.seq;
-    m->addr = a.addr;
-    m->size = a.size;
-    m->sample_size = a.sample_size;
+    m->seq = seq;
+    m->addr = addr;
+    m->size = size;
+    m->sample_size = sample_size;
     memcpy(m + 1, u->frames, n * sizeof(struct hp_frame));
     atomic_fetch_add_explicit(&u->svc->samples, 1, memory_order_relaxed);
+}
+
+static bool same_frames(const struct hp_frame *a, size_t na, const struct hp_frame *b, size_t nb)
+{
+    if (na != nb)
+        return false;
+    for (size_t i = 0; i < na; i++)
+        if (a[i].map != b[i].map || a[i].rel_pc != b[i].rel_pc ||
+            a[i].function_name != b[i].function_name)
+            return false;
+    return true;
+}
+
+/* An audited sample: the client's own walk of the stack (@pcs) must give the frames our
+ * unwind of the copy gave (u->frames, @n). A difference means a rule in the client's
+ * table is wrong for its code now: the table is flushed (the rules come back from the
+ * next unwinds) and the difference counted. The copy's frames are the ones kept. */
+static void audit_walk(struct svc_unwinder *u, struct svc_client *c, const uint64_t *pcs,
+                       size_t n_pcs, size_t n, const struct unwinder_result *res)
+{
+    size_t na = 0;
+    struct unwinder_result ra;
+    c->audits++;
+    atomic_fetch_add_explicit(&u->svc->audits, 1, memory_order_relaxed);
+    if (res->error ||
+        unwinder_resolve_pcs(c->unw, pcs, n_pcs, u->audit_frames, UNWINDER_MAX_FRAMES, &na, &ra) <
+            0 ||
+        same_frames(u->frames, n, u->audit_frames, na))
+        return;
+    c->audit_mismatches++;
+    atomic_fetch_add_explicit(&u->svc->audit_mismatches, 1, memory_order_relaxed);
+    if (c->audit_mismatches == 1)
+        hp_log_warn("pid %d: a stack the client walked differs from its unwind (%zu vs %zu "
+                    "frames); its unwind table is reset",
+                    c->pid, na, n);
+    unwinder_table_reset(c->unw);
+}
+
+static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uint8_t *data,
+                         size_t len)
+{
+    struct wire_alloc a;
+    const uint8_t *stack;
+    uint64_t pcs[WIRE_MAX_PCS];
+    size_t n_pcs = 0;
+    if (svc__decode_alloc(data, len, c->max_stack_bytes, &a, &stack, pcs, &n_pcs) < 0) {
+        c->flags |= BK_FLAG_BUFFER_CORRUPTED;
+        return;
+    }
+    size_t n = 0;
+    struct unwinder_result res = {0};
+    int r = -ENOENT;
+    if (c->unw)
+        r = unwinder_unwind(c->unw, a.regs, a.stack_ptr, stack, (size_t)a.stack_len, u->frames,
+                            UNWINDER_MAX_FRAMES, &n, &res);
+    if (n_pcs > 0 && r >= 0)
+        audit_walk(u, c, pcs, n_pcs, n, &res);
+    post_sample(u, c, r, n, &res, a.heap_id, a.seq, a.addr, a.size, a.sample_size);
+}
+
+/* A stack the client walked itself with its unwind table: only the frames to name. */
+static void handle_alloc_pcs(struct svc_unwinder *u, struct svc_client *c, const uint8_t *data,
+                             size_t len)
+{
+    struct wire_alloc_pcs a;
+    uint64_t pcs[WIRE_MAX_PCS];
+    if (svc__decode_alloc_pcs(data, len, &a, pcs) < 0) {
+        c->flags |= BK_FLAG_BUFFER_CORRUPTED;
+        return;
+    }
+    size_t n = 0;
+    struct unwinder_result res = {0};
+    int r = -ENOENT;
+    if (c->unw)
+        r = unwinder_resolve_pcs(c->unw, pcs, a.n_pcs, u->frames, UNWINDER_MAX_FRAMES, &n, &res);
+    c->walked++;
+    atomic_fetch_add_explicit(&u->svc->walked, 1, memory_order_relaxed);
+    post_sample(u, c, r, n, &res, a.heap_id, a.seq, a.addr, a.size, a.sample_size);
 }
 
 static void handle_free(struct svc_unwinder *u, struct svc_client *c, const uint8_t *data,
@@ -152,6 +219,9 @@ static bool drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned bu
             break;
         case WIRE_FREE:
             handle_free(u, c, rd.data, rd.len);
+            break;
+        case WIRE_ALLOC_PCS:
+            handle_alloc_pcs(u, c, rd.data, rd.len);
             break;
         default:
             c->flags |= BK_FLAG_BUFFER_CORRUPTED;

@@ -36,6 +36,10 @@
  * WIRE_REASON_STARTUP) as a new process with its own ring; without it the child is not
  * profiled unless attached later. */
 #define WIRE_FEATURE_FOLLOW_FORK (1u << 1)
+/* Unwind table: the config comes with a second fd, the session's unwind table
+ * (shmem_ring/utable.h), and the client may send WIRE_ALLOC_PCS records (and audited
+ * WIRE_ALLOC records, WIRE_ALLOC_AUDIT). */
+#define WIRE_FEATURE_UNWIND_TABLE (1u << 2)
 
 /* Why the client connects (wire_hello.reason). */
 #define WIRE_REASON_STARTUP 1u /* profiling asked for by the environment at startup */
@@ -54,7 +58,8 @@ _Static_assert(sizeof(struct wire_hello) == 16, "wire_hello ABI");
 #define WIRE_STATUS_PROFILE 0u      /* ring fd attached; start sampling */
 #define WIRE_STATUS_NOT_PROFILED 1u /* no fd; stay passthrough */
 
-/* Service -> client, with SCM_RIGHTS [ring_fd] when status == WIRE_STATUS_PROFILE. */
+/* Service -> client, with SCM_RIGHTS [ring_fd] when status == WIRE_STATUS_PROFILE, and
+ * [ring_fd, utable_fd] when the features include WIRE_FEATURE_UNWIND_TABLE. */
 struct wire_client_config {
     uint32_t magic;                   /* WIRE_CONFIG_MAGIC */
     uint32_t status;                  /* WIRE_STATUS_* */
@@ -63,7 +68,9 @@ struct wire_client_config {
     uint64_t sampling_interval_bytes; /* >= 1 */
     uint64_t max_stack_bytes;         /* cap of a stack copy, multiple of 8 */
     uint32_t block_client_timeout_us;
-    uint32_t reserved;
+    /* With WIRE_FEATURE_UNWIND_TABLE: every audit_every-th stack a thread walks itself is
+     * sent with its copy too (WIRE_ALLOC_AUDIT); 0: never. Else 0. */
+    uint32_t audit_every;
 };
 _Static_assert(sizeof(struct wire_client_config) == 40, "wire_client_config ABI");
 
@@ -71,8 +78,9 @@ _Static_assert(sizeof(struct wire_client_config) == 40, "wire_client_config ABI"
 
 /* Record types (the ring's record header carries them). */
 enum wire_type {
-    WIRE_ALLOC = 1, /* struct wire_alloc followed by stack_len bytes of stack */
-    WIRE_FREE = 2,  /* struct wire_free */
+    WIRE_ALLOC = 1,     /* struct wire_alloc followed by stack_len bytes of stack */
+    WIRE_FREE = 2,      /* struct wire_free */
+    WIRE_ALLOC_PCS = 3, /* struct wire_alloc_pcs followed by n_pcs uint64_t pcs */
 };
 
 /* x86_64 registers in DWARF / libunwind (UNW_X86_64_*) numbering:
@@ -92,6 +100,11 @@ _Static_assert(WIRE_NREGS == HP_NREGS, "register layout");
 /* wire_alloc.flags */
 #define WIRE_ALLOC_STACK_TRUNCATED (1u << 0) /* the copy hit max_stack_bytes */
 #define WIRE_ALLOC_UNKNOWN_STACK (1u << 1)   /* sp outside the thread's known stack */
+/* The client also walked this stack with its unwind table: after the stack come a
+ * uint64_t count and that many pcs, which the service checks against its own unwind. */
+#define WIRE_ALLOC_AUDIT (1u << 2)
+/* Most pcs an audit or a WIRE_ALLOC_PCS record carries. */
+#define WIRE_MAX_PCS 64
 
 /* A sampled allocation. The stack copy starts at address @stack_ptr in the client
  * (== regs[WIRE_REG_RSP] or below it) and is @stack_len bytes long. */
@@ -111,6 +124,24 @@ struct wire_alloc {
 _Static_assert(sizeof(struct wire_alloc) == 200, "wire_alloc ABI");
 _Static_assert(offsetof(struct wire_alloc, stack_ptr) == 48, "wire_alloc ABI");
 _Static_assert(offsetof(struct wire_alloc, regs) == 64, "wire_alloc ABI");
+
+/* A sampled allocation whose stack the client walked itself (WIRE_FEATURE_UNWIND_TABLE):
+ * followed by n_pcs pcs, innermost first: the pc of the allocation's call site (the
+ * regs[WIRE_REG_RIP] a WIRE_ALLOC record would carry), then return addresses up to the
+ * outermost frame. */
+struct wire_alloc_pcs {
+    uint64_t seq;
+    uint64_t addr;
+    uint64_t size;
+    uint64_t sample_size;
+    uint64_t ts_ns;
+    uint32_t heap_id;
+    uint32_t tid;
+    uint32_t n_pcs; /* 1..WIRE_MAX_PCS */
+    uint32_t flags; /* 0 */
+};
+_Static_assert(sizeof(struct wire_alloc_pcs) == 56, "wire_alloc_pcs ABI");
+_Static_assert(offsetof(struct wire_alloc_pcs, n_pcs) == 48, "wire_alloc_pcs ABI");
 
 /* A free of an address the client sampled (or of any address once the client's filter
  * overflowed). Recorded before the real free. */

@@ -134,6 +134,7 @@ static void entry_free(struct unwinder__elf *e)
 {
     if (!e)
         return;
+    unwinder__cfi_free(e);
     if (e->image)
         (void)munmap((void *)e->image, e->image_size);
     free(e->syms);

@@ -84,6 +84,11 @@ struct unwinder__elf {
     struct unwinder__symbol *syms; /* sorted by start, unique starts */
     size_t n_syms;
 
+    /* The file's CFI for unwinder__cfi_rule() (unwinder/cfi.c): built on first use and
+     * used under that file's lock; freed with the entry. */
+    struct unwinder__cfi *cfi;
+    bool cfi_tried;
+
     /* Guarded by the cache's lock. */
     unsigned refs;              /* holders: unwinder__elf_get() calls not yet put */
     uint64_t last_use;          /* tick of the last unwinder__elf_put() */
@@ -130,5 +135,15 @@ const struct unwinder__segment *unwinder__elf_segment_for(const struct unwinder_
 
 /* The interned name of the function that holds ELF virtual address @vaddr, or NULL. */
 const char *unwinder__elf_symbol(const struct unwinder__elf *e, uint64_t vaddr);
+
+/* unwinder/cfi.c: the step from a frame to its caller at ELF virtual address @vaddr
+ * (where the frame's CFI row is looked up: its pc if innermost, its return address - 1
+ * otherwise) as a utable rule (shmem_ring/utable.h), from the file's .eh_frame through
+ * libdw. -ENOENT when the CFI there is not of the simple form a utable rule holds (or
+ * there is none). Thread-safe. */
+int unwinder__cfi_rule(const struct unwinder__elf *e, uint64_t vaddr,
+                       uint64_t *ret_rule) HP_WARN_UNUSED;
+/* Frees what unwinder__cfi_rule() built for @e (from entry_free()). */
+void unwinder__cfi_free(struct unwinder__elf *e);
 
 #endif

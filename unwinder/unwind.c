@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "shmem_ring/utable.h"
 #include "unwinder/elf_cache.h"
 #include "unwinder/global.h"
 #include "unwinder/maps.h"
@@ -56,6 +57,9 @@ uint64_t unwinder__maps_refresh_ns = 1000ull * 1000 * 1000;
 /* Slots of the per-process cache of resolved frames (power of 2). */
 #define PC_CACHE_SLOTS 2048
 #define PC_CACHE_WAYS 4
+/* Slots of the per-process memory of lookup addresses already offered to the unwind
+ * table (power of 2): a frame met again is not looked up in the CFI again. */
+#define KNOWN_SLOTS 4096
 
 /* What went wrong inside the accessors during one unw_step(). */
 enum {
@@ -82,9 +86,24 @@ struct pc_slot {
     struct hp_frame f;
 };
 
+/* A lookup address offered to the unwind table (published, or found without a rule)
+ * under table generation `gen` of the process. */
+struct known_slot {
+    uint64_t addr;
+    uint32_t gen; /* 0: empty */
+};
+
 struct unwinder_process {
     pid_t pid;
     int maps_fd, mem_fd;
+    /* The client's unwind table, if it has one (unwinder_process_set_table). */
+    struct utable table;
+    struct known_slot *known; /* KNOWN_SLOTS entries, with the table */
+    uint32_t known_gen;       /* bumped when the table is flushed; never 0 */
+    struct unwinder_table_stats tstats;
+    /* The current unwind's CFI lookup addresses, innermost first, for the table. */
+    uint64_t lookups[UNWINDER_MAX_FRAMES + SKIP_MAX + 1];
+    size_t n_lookups;
     struct unwinder__maps maps;
     struct pmap *pm;          /* maps.n entries */
     uint32_t maps_gen;        /* bumped when the maps are reread; never 0 */
@@ -157,6 +176,8 @@ static bool maps_reload(struct unwinder_process *p)
     p->dwfl_stale = true;
     if (++p->maps_gen == 0)
         p->maps_gen = 1;
+    /* Code may have moved: the client must not walk with rules of the old maps. */
+    unwinder_table_reset(p);
     /* Libraries may have been replaced at the same addresses. Only bumps a generation
      * counter, so it is safe from inside an accessor. */
     unw_flush_cache(p->as, 0, 0);
@@ -466,10 +487,72 @@ fail:
     return r;
 }
 
+int unwinder_process_set_table(unwinder_process_t *p, int fd)
+{
+    if (p->table.hdr)
+        return -EBUSY;
+    struct known_slot *known = calloc(KNOWN_SLOTS, sizeof(*known));
+    if (!known)
+        return -ENOMEM;
+    int r = utable_map(fd, true, &p->table);
+    if (r < 0) {
+        free(known);
+        return r;
+    }
+    p->known = known;
+    p->known_gen = 1;
+    return 0;
+}
+
+void unwinder_table_reset(unwinder_process_t *p)
+{
+    if (!p->table.hdr)
+        return;
+    utable_flush(&p->table);
+    p->tstats.flushes++;
+    if (++p->known_gen == 0)
+        p->known_gen = 1;
+}
+
+void unwinder_table_stats(const unwinder_process_t *p, struct unwinder_table_stats *ret)
+{
+    *ret = p->tstats;
+}
+
+/* Offers the lookup addresses of the stack just unwound to the unwind table: each one
+ * not offered before under the current maps gets its rule from the CFI of its file, and
+ * the rule is published when there is one. */
+static void table_publish(struct unwinder_process *p)
+{
+    for (size_t k = 0; k < p->n_lookups; k++) {
+        uint64_t addr = p->lookups[k];
+        struct known_slot *ks = &p->known[((addr * 0x9e3779b97f4a7c15ull) >> 40) % KNOWN_SLOTS];
+        if (ks->addr == addr && ks->gen == p->known_gen)
+            continue;
+        *ks = (struct known_slot){.addr = addr, .gen = p->known_gen};
+        ssize_t i = unwinder__maps_find(&p->maps, addr);
+        const struct unwinder__elf *e =
+            i >= 0 && (p->maps.v[i].perms & UNWINDER_PERM_EXEC) ? pmap_elf(p, (size_t)i) : NULL;
+        const struct unwinder__segment *seg = e ? p->pm[i].seg : NULL;
+        uint64_t rule;
+        if (!seg || unwinder__cfi_rule(e,
+                                       addr - p->maps.v[i].start + p->maps.v[i].pgoff +
+                                           (seg->vaddr - seg->offset),
+                                       &rule) < 0) {
+            p->tstats.no_rule++;
+            continue;
+        }
+        utable_insert(&p->table, addr, rule);
+        p->tstats.published++;
+    }
+}
+
 unwinder_process_t *unwinder_process_free(unwinder_process_t *p)
 {
     if (!p)
         return NULL;
+    utable_unmap(&p->table);
+    free(p->known);
     if (p->as)
         unw_destroy_addr_space(p->as);
     if (p->dwfl)
@@ -769,6 +852,8 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
     p->mem_budget = MEM_READ_BUDGET;
     p->reparsed = false;
     p->fail = 0;
+    p->n_lookups = 0;
+    bool lookups_ok = p->table.hdr != NULL;
     if (hp_clock_ns(CLOCK_MONOTONIC_COARSE) - p->parsed_ns >= unwinder__maps_refresh_ns)
         (void)maps_reload(p);
 
@@ -807,6 +892,13 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
          * was interrupted (its pc is exact), and the previous one is the trampoline,
          * whose pc is where the handler returned to, its first instruction. */
         bool interrupted = step > 0 && unw_is_signal_frame(&c) > 0;
+        /* Where this frame's CFI row is looked up, for the unwind table: the frames past
+         * a signal frame are not for a client's walk (the trampoline has no simple rule,
+         * so a walk never gets there). */
+        if (interrupted)
+            lookups_ok = false;
+        if (lookups_ok && p->n_lookups < HP_ARRAY_SIZE(p->lookups))
+            p->lookups[p->n_lookups++] = step == 0 ? ip : ip - 1;
         if (interrupted && prev_added) {
             bool ignored;
             resolve_frame(p, trampoline_ip, &frames[n - 1], &ignored);
@@ -855,6 +947,8 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
 
     if (fallback)
         fallback_unwind(p, steps, frames, max, &n, &err, &res);
+    else if (!err && lookups_ok)
+        table_publish(p);
 out:
     unwinder__sigmask_skip = false;
     /* Only hook frames and then the end: nothing a profile could use. */
@@ -871,6 +965,54 @@ out:
     p->regs = NULL;
     p->stack = NULL;
     p->stack_len = 0;
+    *ret_n = n;
+    *ret_res = res;
+    return 0;
+}
+
+int unwinder_resolve_pcs(unwinder_process_t *p, const uint64_t *pcs, size_t n_pcs,
+                         struct hp_frame *frames, size_t max_frames, size_t *ret_n,
+                         struct unwinder_result *ret_res)
+{
+    if (!p || (!pcs && n_pcs) || !frames || !ret_n || !ret_res || max_frames == 0)
+        return -EINVAL;
+    size_t max = HP_MIN(max_frames, (size_t)UNWINDER_MAX_FRAMES);
+    struct unwinder_result res = {0};
+    const char *err = NULL;
+    size_t n = 0, skipped = 0;
+    p->reparsed = false;
+    if (hp_clock_ns(CLOCK_MONOTONIC_COARSE) - p->parsed_ns >= unwinder__maps_refresh_ns)
+        (void)maps_reload(p);
+    for (size_t i = 0; i < n_pcs; i++) {
+        struct hp_frame f;
+        bool skip;
+        uint64_t pc = pcs[i];
+        resolve_frame(p, i == 0 ? pc : pc - 1, &f, &skip);
+        if (!f.map) {
+            err = "ERROR INVALID_MAP";
+            break;
+        }
+        if (skip && n == 0 && skipped < SKIP_MAX) {
+            skipped++;
+            continue;
+        }
+        if (n == max) {
+            res.truncated = true;
+            err = "ERROR MAX_FRAMES_EXCEEDED";
+            break;
+        }
+        frames[n++] = f;
+    }
+    if (n == 0 && !err)
+        err = "ERROR UNWIND_INFO_INVALID";
+    if (err) {
+        if (n == max)
+            n--;
+        frames[n++] = (struct hp_frame){
+            .map = NULL, .function_name = unwinder__intern(err, strlen(err)), .rel_pc = 0};
+        res.error = true;
+    }
+    res.reparsed_maps = p->reparsed;
     *ret_n = n;
     *ret_res = res;
     return 0;

@@ -61,6 +61,33 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
                     const uint8_t *stack, size_t stack_len, struct hp_frame *frames,
                     size_t max_frames, size_t *ret_n, struct unwinder_result *ret_res);
 
+/* Makes @p publish, after every stack it unwinds without error, how to step from each
+ * of its frames to the caller (where the CFI is simple enough) into the unwind table in
+ * @fd (shmem_ring/utable.h; borrowed, mapped writable here), which the client uses to
+ * walk its own stack. The table is flushed whenever the process's maps change. */
+int unwinder_process_set_table(unwinder_process_t *p, int fd) HP_WARN_UNUSED;
+
+/* Forgets everything published in @p's table (a new generation); the rules come back
+ * as stacks are unwound again. No-op without a table. */
+void unwinder_table_reset(unwinder_process_t *p);
+
+/* Counters of the table publication, for statistics and tests. */
+struct unwinder_table_stats {
+    uint64_t published; /* rules written */
+    uint64_t no_rule;   /* frames whose CFI has no simple rule */
+    uint64_t flushes;   /* the maps changed */
+};
+void unwinder_table_stats(const unwinder_process_t *p, struct unwinder_table_stats *ret);
+
+/* Frames of a stack the client walked itself (WIRE_ALLOC_PCS): @pcs[0] is the pc of
+ * the innermost frame, the others are return addresses (their frames are those of
+ * pc - 1, as in unwinder_unwind()). Leading libheapprof.so frames are skipped; a pc in
+ * no known executable mapping ends the stack with an "ERROR INVALID_MAP" frame. Output
+ * and return as unwinder_unwind(). Never crashes on hostile input. */
+int unwinder_resolve_pcs(unwinder_process_t *p, const uint64_t *pcs, size_t n_pcs,
+                         struct hp_frame *frames, size_t max_frames, size_t *ret_n,
+                         struct unwinder_result *ret_res);
+
 /* Source file and line of @rel_pc (a frame's rel_pc) in the file of mapping @m, from the
  * file's DWARF or its separate debug file's. Computed lazily and cached per (file, pc);
  * the first lookup in a file opens its debug info (tens of ms for a large compressed

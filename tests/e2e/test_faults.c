@@ -216,6 +216,9 @@ static void ring_storm(const char *const mode_args[])
     argv[k++] = "64k";
     argv[k++] = "--max-stack";
     argv[k++] = "8k";
+    /* Stack copies: the walks the app does itself make records a few hundred bytes
+     * long, which a 64 KiB ring may well absorb. */
+    argv[k++] = "--no-fast-unwind";
     for (size_t i = 0; mode_args[i]; i++)
         argv[k++] = (char *)mode_args[i];
     argv[k++] = "--";

@@ -1,11 +1,15 @@
 /* tests/fuzz/fuzz_record_decoder.c: the service's validation of ring records
- * (svc__decode_alloc, svc__decode_free) on arbitrary payloads, and the unwinding of every
- * accepted WIRE_ALLOC against a synthetic process (this process's own maps and memory),
- * as the unwinder thread does it. A record is accepted only when its stack fits both the
- * payload and the cap; an accepted one must unwind to at least one frame and never crash.
+ * (svc__decode_alloc, svc__decode_alloc_pcs, svc__decode_free) on arbitrary payloads,
+ * and the unwinding of every accepted WIRE_ALLOC (and the naming of every accepted
+ * WIRE_ALLOC_PCS and audit walk) against a synthetic process (this process's own maps
+ * and memory, with an unwind table to publish into), as the unwinder thread does it. A
+ * record is accepted only when its stack fits both the payload and the cap, and its pcs
+ * (an audit's or a WIRE_ALLOC_PCS's) are 1..WIRE_MAX_PCS and fit the payload; an
+ * accepted one must give at least one frame and never crash.
  *
  * Input layout:
- *   byte 0       record type (low bits: 1 WIRE_ALLOC, 2 WIRE_FREE, others unknown)
+ *   byte 0       record type (low bits: 1 WIRE_ALLOC, 2 WIRE_FREE, 3 WIRE_ALLOC_PCS,
+ *                0 unknown)
  *   byte 1       the max_stack_bytes cap, in KiB (0..255)
  *   the rest     the payload, copied to a buffer of exactly its size
  */
@@ -16,6 +20,7 @@
 #include <unistd.h>
 
 #include "service/svc_internal.h"
+#include "shmem_ring/utable.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -31,6 +36,21 @@ static void setup(void)
     int maps_fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
     int mem_fd = open("/proc/self/mem", O_RDONLY | O_CLOEXEC);
     if (unwinder_process_new(getpid(), maps_fd, mem_fd, &g_p) < 0)
+        abort();
+    int table_fd;
+    if (utable_create(UTABLE_MIN_SLOTS, &table_fd) < 0 ||
+        unwinder_process_set_table(g_p, table_fd) < 0)
+        abort();
+    close(table_fd);
+}
+
+/* The frames of @pcs must be between 1 and UNWINDER_MAX_FRAMES. */
+static void resolve(const uint64_t *pcs, size_t n_pcs)
+{
+    size_t n = 0;
+    struct unwinder_result res;
+    if (unwinder_resolve_pcs(g_p, pcs, n_pcs, g_frames, UNWINDER_MAX_FRAMES, &n, &res) != 0 ||
+        n < 1 || n > UNWINDER_MAX_FRAMES)
         abort();
 }
 
@@ -48,20 +68,32 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     memcpy(payload, data + 2, len);
 
+    uint64_t pcs[WIRE_MAX_PCS];
     if (type == WIRE_ALLOC) {
         struct wire_alloc a;
         const uint8_t *stack = NULL;
-        int r = svc__decode_alloc(payload, len, max_stack, &a, &stack);
+        size_t n_pcs = SIZE_MAX;
+        int r = svc__decode_alloc(payload, len, max_stack, &a, &stack, pcs, &n_pcs);
         bool valid = len >= sizeof(a);
+        size_t want_pcs = 0;
         if (valid) {
             struct wire_alloc raw;
             memcpy(&raw, payload, sizeof(raw));
             valid = raw.stack_len <= len - sizeof(raw) && raw.stack_len <= max_stack;
+            if (valid && (raw.flags & WIRE_ALLOC_AUDIT)) {
+                size_t rest = len - sizeof(raw) - raw.stack_len;
+                uint64_t count = 0;
+                if (rest >= sizeof(count))
+                    memcpy(&count, payload + sizeof(raw) + raw.stack_len, sizeof(count));
+                valid = rest >= sizeof(count) && count >= 1 && count <= WIRE_MAX_PCS &&
+                        (rest - sizeof(count)) / sizeof(uint64_t) >= count;
+                want_pcs = (size_t)count;
+            }
         }
         if ((r == 0) != valid)
             abort();
         if (r == 0) {
-            if (stack != payload + sizeof(a))
+            if (stack != payload + sizeof(a) || n_pcs != want_pcs)
                 abort();
             size_t n = 0;
             struct unwinder_result res;
@@ -69,6 +101,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                 UNWINDER_MAX_FRAMES, &n, &res) == 0 &&
                 (n < 1 || n > UNWINDER_MAX_FRAMES))
                 abort();
+            if (n_pcs)
+                resolve(pcs, n_pcs);
+        }
+    } else if (type == WIRE_ALLOC_PCS) {
+        struct wire_alloc_pcs a;
+        int r = svc__decode_alloc_pcs(payload, len, &a, pcs);
+        bool valid = len >= sizeof(a);
+        if (valid) {
+            struct wire_alloc_pcs raw;
+            memcpy(&raw, payload, sizeof(raw));
+            valid = raw.n_pcs >= 1 && raw.n_pcs <= WIRE_MAX_PCS &&
+                    (len - sizeof(raw)) / sizeof(uint64_t) >= raw.n_pcs;
+        }
+        if ((r == 0) != valid)
+            abort();
+        if (r == 0) {
+            if (memcmp(pcs, payload + sizeof(a), a.n_pcs * sizeof(uint64_t)) != 0)
+                abort();
+            resolve(pcs, a.n_pcs);
         }
     } else if (type == WIRE_FREE) {
         struct wire_free f;

@@ -1,0 +1,156 @@
+/* shmem_ring/utable.c: creating and mapping unwind tables, and the writer side. See
+ * utable.h. utable_map() runs in the client during its handshake (inside a malloc hook
+ * with the reentrancy guard set): no allocation, no stdio. */
+#include "shmem_ring/utable.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define UTABLE_GEN_MAX 0xffffu
+
+static bool utable_slots_valid(uint64_t n)
+{
+    return n >= UTABLE_MIN_SLOTS && n <= UTABLE_MAX_SLOTS && (n & (n - 1)) == 0;
+}
+
+static size_t utable_bytes(uint64_t n_slots)
+{
+    return sizeof(struct utable_header) + (size_t)n_slots * sizeof(struct utable_slot);
+}
+
+int utable_create(size_t n_slots, int *ret_fd)
+{
+    if (!utable_slots_valid(n_slots))
+        return -EINVAL;
+    int fd = memfd_create("heapprof-utable", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return -errno;
+    int r;
+    size_t len = utable_bytes(n_slots);
+    if (ftruncate(fd, (off_t)len) < 0) {
+        r = -errno;
+        goto fail;
+    }
+    void *p = mmap(NULL, sizeof(struct utable_header), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        r = -errno;
+        goto fail;
+    }
+    struct utable_header *h = p;
+    h->magic = UTABLE_MAGIC;
+    h->n_slots = n_slots;
+    atomic_store_explicit(&h->gen, 1, memory_order_relaxed);
+    (void)munmap(p, sizeof(struct utable_header));
+    /* As for rings: a file shrunk under a mapping would make accesses past its end
+     * SIGBUS. */
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+        r = -errno;
+        goto fail;
+    }
+    *ret_fd = fd;
+    return 0;
+fail:
+    (void)close(fd);
+    return r;
+}
+
+int utable_map(int fd, bool writable, struct utable *ret)
+{
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        return -errno;
+    if (st.st_size < (off_t)sizeof(struct utable_header))
+        return -EBADMSG;
+    uint64_t n = ((uint64_t)st.st_size - sizeof(struct utable_header)) / sizeof(struct utable_slot);
+    if (!utable_slots_valid(n) || utable_bytes(n) != (uint64_t)st.st_size)
+        return -EBADMSG;
+    /* The writer maps a file its client can write to: it must not shrink under us. */
+    if (writable) {
+        int seals = fcntl(fd, F_GET_SEALS);
+        if (seals < 0)
+            return -errno;
+        if (!(seals & F_SEAL_SHRINK))
+            return -EBADMSG;
+    }
+    size_t len = utable_bytes(n);
+    void *p = mmap(NULL, len, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+        return -errno;
+    struct utable_header *h = p;
+    if (h->magic != UTABLE_MAGIC || h->n_slots != n) {
+        (void)munmap(p, len);
+        return -EBADMSG;
+    }
+    *ret = (struct utable){
+        .hdr = h,
+        .slots = (struct utable_slot *)(h + 1),
+        .mask = n - 1,
+        .map_len = len,
+        .gen = atomic_load_explicit(&h->gen, memory_order_relaxed) & UTABLE_GEN_MAX,
+    };
+    if (ret->gen == 0)
+        ret->gen = 1;
+    return 0;
+}
+
+void utable_unmap(struct utable *t)
+{
+    if (t->hdr)
+        (void)munmap(t->hdr, t->map_len);
+    *t = (struct utable){0};
+}
+
+void utable_insert(struct utable *t, uint64_t addr, uint64_t rule)
+{
+    if (addr > UTABLE_ADDR_MASK)
+        return;
+    uint64_t want = addr | t->gen << UTABLE_ADDR_BITS;
+    uint64_t home = (addr * 0x9e3779b97f4a7c15ull) >> 32;
+    struct utable_slot *victim = NULL;
+    for (unsigned n = 0; n < UTABLE_PROBES; n++) {
+        struct utable_slot *s = &t->slots[(home + n) & t->mask];
+        uint64_t k = atomic_load_explicit(&s->key, memory_order_relaxed);
+        if (k == want) {
+            if (atomic_load_explicit(&s->rule, memory_order_relaxed) == rule)
+                return;
+            victim = s;
+            break;
+        }
+        /* Empty, or left from an older generation: free for us. */
+        if (k == 0 || k >> UTABLE_ADDR_BITS != t->gen) {
+            victim = s;
+            break;
+        }
+    }
+    /* A full run: the slot after the one replaced last time, so a hot pair of
+     * addresses does not keep evicting each other. */
+    if (!victim)
+        victim = &t->slots[(home + (want >> 7) % UTABLE_PROBES) & t->mask];
+    atomic_store_explicit(&victim->key, 0, memory_order_relaxed);
+    /* Pairs with the acquire fence in utable_lookup(): a reader that sees the new rule
+     * sees the cleared key on its second look. */
+    atomic_thread_fence(memory_order_release);
+    atomic_store_explicit(&victim->rule, rule, memory_order_relaxed);
+    /* Release pairs with the acquire load of the key in utable_lookup(). */
+    atomic_store_explicit(&victim->key, want, memory_order_release);
+}
+
+void utable_flush(struct utable *t)
+{
+    uint64_t g = t->gen + 1;
+    if (g > UTABLE_GEN_MAX) {
+        /* The generations wrap: clear every key first, so that none of a generation long
+         * gone matches again. Readers see generation 0 meanwhile and miss. */
+        atomic_store_explicit(&t->hdr->gen, 0, memory_order_release);
+        for (uint64_t i = 0; i <= t->mask; i++)
+            atomic_store_explicit(&t->slots[i].key, 0, memory_order_relaxed);
+        g = 1;
+    }
+    t->gen = g;
+    /* Release: the cleared keys are visible before the new generation. */
+    atomic_store_explicit(&t->hdr->gen, g, memory_order_release);
+}

@@ -1,0 +1,158 @@
+/* shmem_ring/utable.h: the unwind table a service shares with one client: how to step from
+ * a frame to its caller at the code addresses its stacks have shown so far, so that the
+ * client can walk its own stack and send the return addresses instead of a stack copy.
+ *
+ * A memfd the service creates and sends in the handshake; the service maps it writable,
+ * the client read-only. One writer (the unwinder thread serving the client), any number
+ * of readers (every thread of the client), no locks:
+ *
+ *     | header (64 bytes) | slot[0] | slot[1] | ... | slot[n - 1] |      n a power of two
+ *
+ * A slot maps a lookup address (where the frame's CFI row is looked up: the pc of the
+ * innermost frame, a return address minus one for the others) to a rule of the simple
+ * form most code has on x86_64:
+ *
+ *     CFA = rsp + off | rbp + off;  return address at CFA - 8;
+ *     rbp unchanged | saved at CFA + rbp_off;   or: no caller (the outermost frame)
+ *
+ * Frames whose CFI is anything else (expressions, signal frames, no CFI) never get a
+ * slot, so a walk that meets them gives up and the client copies the stack as before.
+ *
+ * Slots are open addressing (linear probing, UTABLE_PROBES at most). The key word holds
+ * the address and, in its top 16 bits, the table's generation: the service bumps the
+ * generation to forget every slot at once (the process's maps changed), and a key of an
+ * older generation never matches. A slot is replaced under a per-slot seqlock (key
+ * cleared, rule written, key set), so a reader never pairs a key with another key's
+ * rule (see utable_lookup()).
+ *
+ * Trust: the client trusts the service (which can read all its memory anyway) but still
+ * checks every address a rule makes it read against the thread's stack. The service
+ * reads the shared keys only to choose which slot of a probe run to write (an index it
+ * computes and bounds itself), so a client scribbling over its table (it may remap it
+ * writable) only spoils its own walks.
+ *
+ *     service: utable_create(8192, &fd); utable_map(fd, true, &t);
+ *              utable_insert(&t, addr, rule);  utable_flush(&t);
+ *     client:  utable_map(fd, false, &t);
+ *              uint64_t gen = utable_gen(&t), rule;
+ *              if (utable_lookup(&t, gen, addr, &rule)) step(rule);
+ */
+#ifndef HP_SHMEM_RING_UTABLE_H
+#define HP_SHMEM_RING_UTABLE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/macros.h"
+
+#define UTABLE_MAGIC 0x48505554424c3031ull /* "HPUTBL01" */
+#define UTABLE_MIN_SLOTS 64u
+#define UTABLE_MAX_SLOTS (1u << 20)
+#define UTABLE_DEFAULT_SLOTS 8192u
+#define UTABLE_PROBES 8u
+/* Lookup addresses must fit below the generation bits (x86_64 user space does). */
+#define UTABLE_ADDR_BITS 48
+#define UTABLE_ADDR_MASK ((UINT64_C(1) << UTABLE_ADDR_BITS) - 1)
+
+/* A rule word: bits 0-31 the CFA offset (int32), bits 32-39 UTABLE_RULE_* flags, bits
+ * 48-63 the offset from the CFA of the saved rbp (int16, with UTABLE_RULE_RBP_SAVED). */
+#define UTABLE_RULE_CFA_RBP (UINT64_C(1) << 32)   /* CFA = rbp + off (else rsp + off) */
+#define UTABLE_RULE_RBP_SAVED (UINT64_C(1) << 33) /* rbp saved at CFA + rbp_off */
+#define UTABLE_RULE_OUTERMOST (UINT64_C(1) << 34) /* no caller: the stack ends here */
+
+static inline uint64_t utable_rule_make(bool cfa_rbp, int32_t cfa_off, bool rbp_saved,
+                                        int16_t rbp_off, bool outermost)
+{
+    return (uint64_t)(uint32_t)cfa_off | (cfa_rbp ? UTABLE_RULE_CFA_RBP : 0) |
+           (rbp_saved ? UTABLE_RULE_RBP_SAVED : 0) | (outermost ? UTABLE_RULE_OUTERMOST : 0) |
+           (uint64_t)(uint16_t)rbp_off << 48;
+}
+
+static inline int32_t utable_rule_cfa_off(uint64_t rule)
+{
+    return (int32_t)(uint32_t)rule;
+}
+
+static inline int16_t utable_rule_rbp_off(uint64_t rule)
+{
+    return (int16_t)(uint16_t)(rule >> 48);
+}
+
+struct utable_header {
+    uint64_t magic;       /* UTABLE_MAGIC */
+    uint64_t n_slots;     /* a power of two */
+    _Atomic uint64_t gen; /* 1..0xffff; 0 while the service clears the table */
+    uint64_t reserved[5];
+};
+_Static_assert(sizeof(struct utable_header) == 64, "utable_header ABI");
+
+struct utable_slot {
+    _Atomic uint64_t key;  /* addr | gen << 48; 0: empty */
+    _Atomic uint64_t rule; /* UTABLE_RULE_* word */
+};
+_Static_assert(sizeof(struct utable_slot) == 16, "utable_slot ABI");
+
+/* A mapping of a table. Caller storage; not thread-safe to map or unmap, the lookups are. */
+struct utable {
+    struct utable_header *hdr;
+    struct utable_slot *slots;
+    uint64_t mask;
+    size_t map_len;
+    /* Writer only (the service): the generation it publishes. */
+    uint64_t gen;
+};
+
+/* Service: creates a table of @n_slots (a power of two, UTABLE_MIN_SLOTS..
+ * UTABLE_MAX_SLOTS; else -EINVAL) in a sealed memfd; returns the fd in @ret_fd. */
+int utable_create(size_t n_slots, int *ret_fd) HP_WARN_UNUSED;
+/* Maps the table in @fd (borrowed), read-only unless @writable, after checking its size
+ * and header. Hook-safe (no allocation). */
+int utable_map(int fd, bool writable, struct utable *ret) HP_WARN_UNUSED;
+void utable_unmap(struct utable *t);
+
+/* Writer: publishes @rule for lookup address @addr (< 2^48) in the current generation,
+ * replacing the least useful slot of its probe run when every one is taken. */
+void utable_insert(struct utable *t, uint64_t addr, uint64_t rule);
+/* Writer: forgets every slot (a new generation). */
+void utable_flush(struct utable *t);
+
+/* Reader, hook-safe: the generation to look up in (0: the table is being cleared, every
+ * lookup misses). Acquire pairs with the release store in utable_flush(). */
+static inline uint64_t utable_gen(const struct utable *t)
+{
+    return atomic_load_explicit(&t->hdr->gen, memory_order_acquire);
+}
+
+/* Reader, hook-safe: the rule for @addr in generation @gen, or false. Per slot, a
+ * seqlock: the key is read before and after the rule, and the writer clears the key
+ * before it writes another rule (release fence between), so a rule read while its slot
+ * changed comes with a changed key and is not used. */
+static inline bool utable_lookup(const struct utable *t, uint64_t gen, uint64_t addr,
+                                 uint64_t *ret_rule)
+{
+    if (HP_UNLIKELY(gen == 0 || addr > UTABLE_ADDR_MASK))
+        return false;
+    uint64_t want = addr | gen << UTABLE_ADDR_BITS;
+    uint64_t i = (addr * 0x9e3779b97f4a7c15ull) >> 32;
+    for (unsigned n = 0; n < UTABLE_PROBES; n++, i++) {
+        const struct utable_slot *s = &t->slots[i & t->mask];
+        /* Acquire pairs with the release store of the key in utable_insert(). */
+        uint64_t k = atomic_load_explicit(&s->key, memory_order_acquire);
+        if (k == 0)
+            return false;
+        if (k != want)
+            continue;
+        uint64_t rule = atomic_load_explicit(&s->rule, memory_order_relaxed);
+        /* Pairs with the release fence in utable_insert() (after the key is cleared). */
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&s->key, memory_order_relaxed) != want)
+            return false;
+        *ret_rule = rule;
+        return true;
+    }
+    return false;
+}
+
+#endif
