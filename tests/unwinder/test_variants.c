@@ -2,7 +2,14 @@
  * with the program built several ways (tests/unwinder/meson.build builds this file with
  * -O2 with and without frame pointers, -O0, non-PIE, and without .eh_frame). Each test
  * captures the registers and copies the stack as a client would, then unwinds it with a
- * process state made from /proc/self. */
+ * process state made from /proc/self.
+ *
+ * Each capture is also walked as a client with an unwind table walks it
+ * (preload/walk.c): right after the copy, while the captured frames are still live, the
+ * copy is unwound by a process state that publishes its rules into a table, and the
+ * live stack is walked with them. Where every frame has a simple rule the walk must
+ * name exactly the frames the unwind found; where one has not (signal frames, code
+ * with CFI only in .debug_frame, stacks deeper than a walk goes) it must give up. */
 
 /* cmocka.h needs these first. */
 /* clang-format off */
@@ -26,6 +33,8 @@
 #include <unistd.h>
 
 #include "common/regs.h"
+#include "preload/walk.h"
+#include "shmem_ring/utable.h"
 #include "tests/unwinder/unwtest.h"
 #include "unwinder/maps.h"
 #include "unwinder/unwinder.h"
@@ -37,7 +46,15 @@ struct capture {
     uint64_t sp;
     size_t len;
     uint8_t stack[STACK_CAP];
+    /* The walk of the live stack right after the copy (walk_live). */
+    uint64_t pcs[CLIENT_WALK_MAX_FRAMES];
+    size_t n_pcs;
 };
+
+/* A process state publishing into a table, and the client's view of that table. */
+static unwinder_process_t *g_walk_p;
+static struct utable g_walk_table;
+static struct hp_frame g_walk_frames[UNWINDER_MAX_FRAMES];
 
 static struct capture g_cap;
 static struct hp_frame g_frames[UNWINDER_MAX_FRAMES];
@@ -142,6 +159,48 @@ static void expect_main_tail(size_t from)
     EXPECT_SEQ(m, "main", "__libc_start_call_main", "__libc_start_main", "_start");
 }
 
+/* Unwinds @c's copy with the publishing process state, then walks the live stack (the
+ * captured frames are still there: we run below them) with the rules published. */
+static UNWTEST_NOINLINE void walk_live(struct capture *c)
+{
+    c->n_pcs = 0;
+    if (!g_walk_p)
+        return;
+    size_t n;
+    struct unwinder_result res;
+    if (unwinder_unwind(g_walk_p, c->regs, c->sp, c->stack, c->len, g_walk_frames,
+                        UNWINDER_MAX_FRAMES, &n, &res) < 0)
+        return;
+    c->n_pcs =
+        client_walk(&g_walk_table, c->regs, c->sp + c->len, c->pcs, CLIENT_WALK_MAX_FRAMES);
+}
+
+/* The walk of @c succeeded and names exactly the frames the unwind found (g_frames). */
+static __attribute__((unused)) void expect_walk_matches(const struct capture *c)
+{
+    print_message("walk: %zu pcs\n", c->n_pcs);
+    assert_true(c->n_pcs > 0);
+    size_t n;
+    struct unwinder_result res;
+    assert_int_equal(unwinder_resolve_pcs(g_walk_p, c->pcs, c->n_pcs, g_walk_frames,
+                                          UNWINDER_MAX_FRAMES, &n, &res),
+                     0);
+    assert_false(res.error);
+    assert_int_equal(n, g_n);
+    for (size_t i = 0; i < n; i++) {
+        assert_string_equal(g_walk_frames[i].function_name, g_frames[i].function_name);
+        assert_int_equal(g_walk_frames[i].rel_pc, g_frames[i].rel_pc);
+        assert_ptr_equal(g_walk_frames[i].map, g_frames[i].map);
+    }
+}
+
+/* The .debug_frame-only build has no .eh_frame for the table's rules to come from. */
+#if defined(VARIANT_DEBUG_FRAME_ONLY)
+#define EXPECT_WALK(c) assert_int_equal((c)->n_pcs, 0)
+#else
+#define EXPECT_WALK(c) expect_walk_matches(c)
+#endif
+
 /* ---- the chains ---------------------------------------------------------------- */
 
 void v_level1(struct capture *c);
@@ -159,6 +218,7 @@ UNWTEST_NOINLINE void v_level3(struct capture *c)
 {
     hp_capture_regs(c->regs);
     cap_copy_stack(c);
+    walk_live(c);
     UNWTEST_BARRIER();
 }
 
@@ -240,6 +300,7 @@ static void test_variants_chain(void **state)
     unwind_capture(&g_cap, "chain");
     size_t i = EXPECT_SEQ(0, "v_level3", "v_level2", "v_level1", "test_variants_chain");
     expect_main_tail(i);
+    EXPECT_WALK(&g_cap);
 }
 
 static void test_variants_shared_library(void **state)
@@ -251,6 +312,7 @@ static void test_variants_shared_library(void **state)
         EXPECT_SEQ(0, "v_level3", "v_lib_cb", "unwtest_lib_call", "test_variants_shared_library");
     assert_non_null(strstr(g_frames[2].map->path, "/libunwtest.so"));
     expect_main_tail(i);
+    EXPECT_WALK(&g_cap);
 }
 
 static void test_variants_qsort_comparator(void **state)
@@ -271,6 +333,7 @@ static void test_variants_qsort_comparator(void **state)
     assert_true(i > lib);
     i = EXPECT_SEQ(i, "test_variants_qsort_comparator");
     expect_main_tail(i);
+    EXPECT_WALK(&g_cap);
 }
 
 static void test_variants_signal_handler(void **state)
@@ -300,6 +363,8 @@ static void test_variants_signal_handler(void **state)
     assert_int_equal(insn[0], 0x0f);
     assert_int_equal(insn[1], 0x0b);
     expect_main_tail(i);
+    /* The signal trampoline has no simple rule: the walk gives up there. */
+    assert_int_equal(g_cap.n_pcs, 0);
 }
 
 static void test_variants_thread(void **state)
@@ -317,6 +382,7 @@ static void test_variants_thread(void **state)
     for (; i < g_n; i++)
         assert_true(in_runtime(&g_frames[i]));
     assert_string_equal(g_frames[g_n - 1].function_name, "clone3");
+    EXPECT_WALK(&tcap);
 }
 
 static void test_variants_recursion_300(void **state)
@@ -329,6 +395,8 @@ static void test_variants_recursion_300(void **state)
         assert_string_equal(g_frames[i].function_name, "v_recurse");
     expect_main_tail(EXPECT_SEQ(302, "test_variants_recursion_300"));
     assert_false(g_res.truncated);
+    /* Deeper than a walk goes: the client copies such stacks. */
+    assert_int_equal(g_cap.n_pcs, 0);
 }
 
 static void test_variants_recursion_1000_truncated(void **state)
@@ -383,12 +451,24 @@ static void test_variants_dlopen_dlclose_dlopen(void **state)
 static int group_setup(void **state)
 {
     (void)state;
-    return unwinder_global_init() == 0 ? 0 : -1;
+    if (unwinder_global_init() < 0)
+        return -1;
+    g_walk_p = self_process();
+    int fd;
+    if (utable_create(UTABLE_DEFAULT_SLOTS, &fd) < 0)
+        return -1;
+    int r = unwinder_process_set_table(g_walk_p, fd);
+    if (r == 0)
+        r = utable_map(fd, false, &g_walk_table);
+    close(fd);
+    return r == 0 ? 0 : -1;
 }
 
 static int group_teardown(void **state)
 {
     (void)state;
+    utable_unmap(&g_walk_table);
+    g_walk_p = unwinder_process_free(g_walk_p);
     unwinder_global_done();
     return 0;
 }
