@@ -126,15 +126,14 @@ void utable_insert(struct utable *t, uint64_t addr, uint64_t rule)
             break;
         }
     }
-    /* A full run: the slot after the one replaced last time, so a hot pair of
-     * addresses does not keep evicting each other. */
+    /* A full run: a slot chosen by the address, so that two addresses competing for
+     * one run mostly take different slots. */
     if (!victim)
         victim = &t->slots[(home + (want >> 7) % UTABLE_PROBES) & t->mask];
     atomic_store_explicit(&victim->key, 0, memory_order_relaxed);
-    /* Pairs with the acquire fence in utable_lookup(): a reader that sees the new rule
-     * sees the cleared key on its second look. */
-    atomic_thread_fence(memory_order_release);
-    atomic_store_explicit(&victim->rule, rule, memory_order_relaxed);
+    /* Release pairs with the acquire load of the rule in utable_lookup(): a reader that
+     * sees the new rule sees the cleared key (or a later one) on its second look. */
+    atomic_store_explicit(&victim->rule, rule, memory_order_release);
     /* Release pairs with the acquire load of the key in utable_lookup(). */
     atomic_store_explicit(&victim->key, want, memory_order_release);
 }

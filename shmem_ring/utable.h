@@ -126,9 +126,10 @@ static inline uint64_t utable_gen(const struct utable *t)
 }
 
 /* Reader, hook-safe: the rule for @addr in generation @gen, or false. Per slot, a
- * seqlock: the key is read before and after the rule, and the writer clears the key
- * before it writes another rule (release fence between), so a rule read while its slot
- * changed comes with a changed key and is not used. */
+ * seqlock without fences: the key is read before and after the rule, and the writer
+ * clears the key before it stores another rule with release, so a reader that acquires
+ * the new rule sees the cleared key (or a later one) on its second look and does not
+ * pair that rule with the old key. */
 static inline bool utable_lookup(const struct utable *t, uint64_t gen, uint64_t addr,
                                  uint64_t *ret_rule)
 {
@@ -144,9 +145,9 @@ static inline bool utable_lookup(const struct utable *t, uint64_t gen, uint64_t 
             return false;
         if (k != want)
             continue;
-        uint64_t rule = atomic_load_explicit(&s->rule, memory_order_relaxed);
-        /* Pairs with the release fence in utable_insert() (after the key is cleared). */
-        atomic_thread_fence(memory_order_acquire);
+        /* Acquire pairs with the release store of the rule in utable_insert(), and keeps
+         * the second load of the key after this one. */
+        uint64_t rule = atomic_load_explicit(&s->rule, memory_order_acquire);
         if (atomic_load_explicit(&s->key, memory_order_relaxed) != want)
             return false;
         *ret_rule = rule;

@@ -24,6 +24,12 @@
  *   run's. When the interval-1 run leaves less than 16 MiB unreleased (the programs free
  *   nearly everything at exit, and 10% of a small total is only a few standard
  *   deviations) the reference is the total allocated bytes instead, within 10% too.
+ * - The stacks the programs walk themselves with the service's unwind tables: a third
+ *   run (4096, seed 41, --audit-every 1) sends every walked stack with its copy, and the
+ *   service's unwind of each copy must name exactly the frames of the walk (the summary
+ *   reports no difference); at least half the samples (all but those of code met for
+ *   the first time) are walked. The truth program's runs above walk by default, so their
+ *   exact figures hold for walked stacks too.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -356,6 +362,62 @@ static void check_plausible(const struct bk_trace_process *p)
 
 static const uint64_t g_unreleased_floor = 16u << 20;
 
+/* The number right before @what in @text (e.g. "12 walks audited"), or -1. */
+static long long number_before(const char *text, const char *what)
+{
+    const char *at = strstr(text, what);
+    if (!at)
+        return -1;
+    const char *num = at;
+    while (num > text && num[-1] >= '0' && num[-1] <= '9')
+        num--;
+    return num == at ? -1 : strtoll(num, NULL, 10);
+}
+
+/* Every stack the app walks is also copied (--audit-every 1): none may differ from the
+ * service's unwind of its copy, and at least half the samples are walked. */
+static void check_walks(const char *needle, char *const prog[], char *const env[])
+{
+    char *trace = e2e_tmp_path(".pftrace");
+    char *argv[64];
+    size_t k = 0;
+    char *const opts[] = {(char *)e2e_env("HEAPPROF_BIN"),
+                          "record",
+                          "--top",
+                          "0",
+                          "-o",
+                          trace,
+                          "-i",
+                          "4096",
+                          "--seed",
+                          "41",
+                          "--audit-every",
+                          "1",
+                          "--block-timeout-us",
+                          "60000000",
+                          "--",
+                          NULL};
+    for (size_t i = 0; opts[i]; i++)
+        argv[k++] = opts[i];
+    for (size_t i = 0; prog[i] && k < 63; i++)
+        argv[k++] = prog[i];
+    argv[k] = NULL;
+    struct e2e_run run;
+    assert_int_equal(e2e_run(argv, env, &run), 0);
+    assert_int_equal(run.status, 0);
+    long long samples = number_before(run.err, " samples (");
+    long long audited = number_before(run.err, " walks audited");
+    print_message("%s: %lld samples, %lld walked and audited\n", needle, samples, audited);
+    if (strstr(run.err, "differed"))
+        print_message("%s", run.err);
+    assert_null(strstr(run.err, "differed"));
+    assert_true(samples > 0);
+    assert_true(audited * 2 >= samples);
+    e2e_run_free(&run);
+    unlink(trace);
+    free(trace);
+}
+
 /* Runs @prog at interval 1 and at 4096 and compares the totals of the process whose
  * cmdline contains @needle. */
 static void real_program(const char *needle, char *const prog[], char *const env[])
@@ -400,6 +462,7 @@ static void real_program(const char *needle, char *const prog[], char *const env
         assert_true(tot[0].allocated >= g_unreleased_floor);
         assert_true(fabs(ratio_allocated - 1) <= 0.10);
     }
+    check_walks(needle, prog, env);
 }
 
 static void test_accuracy_python(void **state)

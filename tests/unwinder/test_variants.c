@@ -171,8 +171,7 @@ static UNWTEST_NOINLINE void walk_live(struct capture *c)
     if (unwinder_unwind(g_walk_p, c->regs, c->sp, c->stack, c->len, g_walk_frames,
                         UNWINDER_MAX_FRAMES, &n, &res) < 0)
         return;
-    c->n_pcs =
-        client_walk(&g_walk_table, c->regs, c->sp + c->len, c->pcs, CLIENT_WALK_MAX_FRAMES);
+    c->n_pcs = client_walk(&g_walk_table, c->regs, c->sp + c->len, c->pcs, CLIENT_WALK_MAX_FRAMES);
 }
 
 /* The walk of @c succeeded and names exactly the frames the unwind found (g_frames). */
