@@ -519,6 +519,14 @@ void unwinder_table_stats(const unwinder_process_t *p, struct unwinder_table_sta
     *ret = p->tstats;
 }
 
+/* True for the path of the dynamic loader. */
+static bool is_loader_path(const char *path)
+{
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    return strncmp(base, "ld-linux", 8) == 0 || strncmp(base, "ld.so", 5) == 0;
+}
+
 /* Offers the lookup addresses of the stack just unwound to the unwind table: each one
  * not offered before under the current maps gets its rule from the CFI of its file, and
  * the rule is published when there is one. */
@@ -539,8 +547,14 @@ static void table_publish(struct unwinder_process *p)
                                        addr - p->maps.v[i].start + p->maps.v[i].pgoff +
                                            (seg->vaddr - seg->offset),
                                        &rule) < 0) {
-            p->tstats.no_rule++;
-            continue;
+            /* The last frame of a stack that ended without error, yet without a rule:
+             * the dynamic loader's entry code (no CFI), where unwinder_unwind() ends
+             * stacks of constructors run by _dl_init. A walk ends there too. */
+            if (!seg || k + 1 != p->n_lookups || !is_loader_path(p->maps.v[i].path)) {
+                p->tstats.no_rule++;
+                continue;
+            }
+            rule = utable_rule_make(false, 0, false, 0, true);
         }
         utable_insert(&p->table, addr, rule);
         p->tstats.published++;
@@ -761,11 +775,7 @@ static const char *fail_reason(unsigned fail, int r)
  * end of the stack, not an unwinding error. */
 static bool is_loader_frame(const struct hp_frame *f)
 {
-    if (!f->map || !f->map->path)
-        return false;
-    const char *base = strrchr(f->map->path, '/');
-    base = base ? base + 1 : f->map->path;
-    return strncmp(base, "ld-linux", 8) == 0 || strncmp(base, "ld.so", 5) == 0;
+    return f->map && f->map->path && is_loader_path(f->map->path);
 }
 
 static bool is_libheapprof(const struct unwinder__map *m)
