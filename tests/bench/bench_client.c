@@ -8,10 +8,18 @@
  *                                  interval no 64-byte allocation reaches, minus glibc's
  *   client_sampled_d{20,200}_{median,p99}_ns
  *                                  one sampled malloc(64) at stack depth 20/200 (every
- *                                  allocation sampled), minus glibc's median malloc
+ *                                  allocation sampled), minus glibc's median malloc: the
+ *                                  stack is copied (no unwind table)
+ *   client_sampled_walk_d{20,200}_{median,p99}_ns
+ *                                  the same with the session's unwind table filled: at
+ *                                  depth 20 the client walks its stack and sends return
+ *                                  addresses; 200 frames are deeper than a walk goes, so
+ *                                  that stack is copied (as above, with the walk tried)
  * The session comes from a fake service inside this process: it listens on
  * attach-<pid>.sock in a private XDG_RUNTIME_DIR, sends itself the attach signal, and a
- * reader thread drains the ring (the sampled figures measure the client only).
+ * reader thread drains the ring (the sampled figures measure the client only). With an
+ * unwind table, the reader unwinds the copies it reads as the service does, which
+ * publishes the rules the client's walks then use.
  * Pair loops alternate baseline and hooked rounds and compare the best of each; sampled
  * figures are percentiles of individually timed calls.
  */
@@ -36,7 +44,9 @@
 #include "common/fdpass.h"
 #include "common/paths.h"
 #include "shmem_ring/ring.h"
+#include "shmem_ring/utable.h"
 #include "shmem_ring/wire.h"
+#include "unwinder/unwinder.h"
 
 extern void *__libc_malloc(size_t size);
 extern void __libc_free(void *p);
@@ -92,19 +102,46 @@ struct session {
     int sock;
     ring_t *ring;
     pthread_t reader;
+    unwinder_process_t *unw; /* with an unwind table: unwinds the copies it reads */
+    unsigned unwound;
 };
+
+static struct hp_frame reader_frames[UNWINDER_MAX_FRAMES];
+
+/* Reads one record (0) or none (-1); stack copies are unwound when the session has an
+ * unwind table, which publishes the rules of their frames. */
+static int read_one(struct session *s)
+{
+    struct ring_rspan rs;
+    if (ring_begin_read(s->ring, &rs) < 0)
+        return -1;
+    /* Enough copies to publish the rules of the stacks measured; unwinding every copy of
+     * a 200-frame stack would slow the reader down until the client waits for room. */
+    if (s->unw && s->unwound < 1000 && rs.type == WIRE_ALLOC &&
+        rs.len >= sizeof(struct wire_alloc)) {
+        s->unwound++;
+        struct wire_alloc a;
+        memcpy(&a, rs.data, sizeof(a));
+        size_t n;
+        struct unwinder_result res;
+        if (a.stack_len <= rs.len - sizeof(a))
+            (void)unwinder_unwind(s->unw, a.regs, a.stack_ptr, (const uint8_t *)rs.data + sizeof(a),
+                                  a.stack_len, reader_frames, UNWINDER_MAX_FRAMES, &n, &res);
+    }
+    ring_end_read(s->ring, &rs);
+    return 0;
+}
 
 static void *reader_main(void *arg)
 {
     struct session *s = arg;
-    struct ring_rspan rs;
     /* As the service does: drain, announce idleness, drain again, sleep until poked. */
     while (!atomic_load(&reader_stop)) {
-        while (ring_begin_read(s->ring, &rs) == 0)
-            ring_end_read(s->ring, &rs);
+        while (read_one(s) == 0)
+            ;
         ring_set_reader_idle(s->ring, true);
-        while (ring_begin_read(s->ring, &rs) == 0)
-            ring_end_read(s->ring, &rs);
+        while (read_one(s) == 0)
+            ;
         struct pollfd p = {.fd = s->sock, .events = POLLIN};
         if (poll(&p, 1, 10) == 1) {
             char buf[4096];
@@ -115,8 +152,11 @@ static void *reader_main(void *arg)
     return NULL;
 }
 
-static int attach_session(uint64_t interval, struct session *s)
+/* @walk: give the client an unwind table. */
+static int attach_session(uint64_t interval, bool walk, struct session *s)
 {
+    s->unw = NULL;
+    s->unwound = 0;
     union sigval v = {.sival_int = getpid()};
     if (sigqueue(getpid(), SIGRTMIN + 4, v) < 0)
         return -1;
@@ -127,14 +167,26 @@ static int attach_session(uint64_t interval, struct session *s)
     struct wire_hello hello;
     int fds[2];
     size_t nfds = 0;
-    if (s->sock < 0 || hp_recv_fds(s->sock, &hello, sizeof(hello), fds, 2, &nfds) < 0)
+    if (s->sock < 0 || hp_recv_fds(s->sock, &hello, sizeof(hello), fds, 2, &nfds) < 0 || nfds != 2)
         return -1;
-    for (size_t i = 0; i < nfds; i++)
-        (void)close(fds[i]);
+    int tfd = -1;
+    walk = walk && (hello.features & WIRE_FEATURE_UNWIND_TABLE);
+    if (walk) {
+        /* The hello's /proc fds are this process's own: unwind ourselves, as the service
+         * unwinds a client. */
+        if (unwinder_process_new(getpid(), fds[0], fds[1], &s->unw) < 0 ||
+            utable_create(UTABLE_DEFAULT_SLOTS, &tfd) < 0 ||
+            unwinder_process_set_table(s->unw, tfd) < 0)
+            return -1;
+    } else {
+        for (size_t i = 0; i < nfds; i++)
+            (void)close(fds[i]);
+    }
     struct wire_client_config cfg = {
         .magic = WIRE_CONFIG_MAGIC,
         .status = WIRE_STATUS_PROFILE,
-        .features = hello.features & WIRE_FEATURE_REGS_X86_64,
+        .features =
+            hello.features & (WIRE_FEATURE_REGS_X86_64 | (walk ? WIRE_FEATURE_UNWIND_TABLE : 0)),
         .block_client = 1,
         .sampling_interval_bytes = interval,
         .max_stack_bytes = 64 << 10,
@@ -143,9 +195,12 @@ static int attach_session(uint64_t interval, struct session *s)
     int rfd;
     if (ring_create(8u << 20, &rfd) < 0 || ring_map(rfd, RING_ROLE_READER, &s->ring) < 0)
         return -1;
-    if (hp_send_fds(s->sock, &cfg, sizeof(cfg), &rfd, 1) < 0)
+    int send[2] = {rfd, tfd};
+    if (hp_send_fds(s->sock, &cfg, sizeof(cfg), send, walk ? 2 : 1) < 0)
         return -1;
     (void)close(rfd);
+    if (tfd >= 0)
+        (void)close(tfd);
     atomic_store(&reader_stop, false);
     if (pthread_create(&s->reader, NULL, reader_main, s) != 0)
         return -1;
@@ -163,6 +218,7 @@ static void detach_session(struct session *s)
     struct timespec ms = {0, 50 * 1000000};
     nanosleep(&ms, NULL);
     s->ring = ring_unmap(s->ring);
+    s->unw = unwinder_process_free(s->unw);
 }
 
 /* ---- sampled path ----------------------------------------------------------------- */
@@ -189,22 +245,27 @@ static __attribute__((noinline)) uint64_t at_depth(int depth, alloc_fn am, free_
     return timed_malloc(am, fr);
 }
 
-static void sampled(int depth)
+static void sampled(int depth, const char *kind)
 {
     /* Not on the stack: 40 KB of the harness below main would be copied with every sample
      * and dwarf the 20 frames being measured. */
     static uint64_t base[SAMPLES / 4];
     for (int i = 0; i < SAMPLES / 4; i++)
         base[i] = at_depth(depth, __libc_malloc, __libc_free);
+    /* Warm-up: with an unwind table, the first copies publish the rules. */
+    for (int i = 0; i < 200; i++)
+        (void)at_depth(depth, malloc, free);
+    struct timespec ms = {0, 20 * 1000000};
+    nanosleep(&ms, NULL);
     for (int i = 0; i < SAMPLES; i++)
         times[i] = at_depth(depth, malloc, free);
     qsort(base, SAMPLES / 4, sizeof(uint64_t), cmp_u64);
     qsort(times, SAMPLES, sizeof(uint64_t), cmp_u64);
     uint64_t b = base[SAMPLES / 8];
     uint64_t med = times[SAMPLES / 2], p99 = times[SAMPLES * 99 / 100];
-    printf("bench: client_sampled_d%d_median_ns %llu ns\n", depth,
+    printf("bench: client_sampled_%sd%d_median_ns %llu ns\n", kind, depth,
            (unsigned long long)(med > b ? med - b : 0));
-    printf("bench: client_sampled_d%d_p99_ns %llu ns\n", depth,
+    printf("bench: client_sampled_%sd%d_p99_ns %llu ns\n", kind, depth,
            (unsigned long long)(p99 > b ? p99 - b : 0));
 }
 
@@ -228,20 +289,29 @@ static int measure(void)
     printf("bench: client_dormant_pair_extra_ns %.2f ns\n", dormant);
 
     struct session s;
-    if (attach_session(UINT64_C(1) << 40, &s) < 0) {
+    if (attach_session(UINT64_C(1) << 40, false, &s) < 0) {
         fprintf(stderr, "bench_client: attach failed\n");
         return 1;
     }
     printf("bench: client_unsampled_pair_extra_ns %.2f ns\n", extra_pair_ns(NULL));
     detach_session(&s);
 
-    if (attach_session(1, &s) < 0) {
+    if (attach_session(1, false, &s) < 0) {
         fprintf(stderr, "bench_client: second attach failed\n");
         return 1;
     }
-    sampled(20);
-    sampled(200);
+    sampled(20, "");
+    sampled(200, "");
     detach_session(&s);
+
+    if (unwinder_global_init() < 0 || attach_session(1, true, &s) < 0) {
+        fprintf(stderr, "bench_client: attach with an unwind table failed\n");
+        return 1;
+    }
+    sampled(20, "walk_");
+    sampled(200, "walk_");
+    detach_session(&s);
+    unwinder_global_done();
     (void)unlink(path);
     (void)rmdir(dir);
     (void)rmdir(xdg);
