@@ -58,6 +58,12 @@ static void usage(FILE *f)
           "      --no-status              no live status line (shown on a terminal)\n"
           "      --allow-other-users      as root, also profile other users' processes (the\n"
           "                               socket must then be reachable by them)\n"
+          "      --no-fast-unwind         clients copy every sampled stack (by default they\n"
+          "                               walk their own stacks with the unwind rules the\n"
+          "                               service publishes for them)\n"
+          "      --audit-every N          check every Nth stack a client thread walked\n"
+          "                               against an unwind of its copy (default 1024;\n"
+          "                               0: never)\n"
           "  -h, --help                   this help\n"
           "\n"
           "example:\n"
@@ -85,6 +91,8 @@ enum {
     OPT_STATUS,
     OPT_OTHER_USERS,
     OPT_NO_STATUS,
+    OPT_NO_FAST_UNWIND,
+    OPT_AUDIT_EVERY,
 };
 
 static const struct option opts[] = {
@@ -108,6 +116,8 @@ static const struct option opts[] = {
     {"status", no_argument, NULL, OPT_STATUS},
     {"no-status", no_argument, NULL, OPT_NO_STATUS},
     {"allow-other-users", no_argument, NULL, OPT_OTHER_USERS},
+    {"no-fast-unwind", no_argument, NULL, OPT_NO_FAST_UNWIND},
+    {"audit-every", required_argument, NULL, OPT_AUDIT_EVERY},
     {"help", no_argument, NULL, 'h'},
     {0},
 };
@@ -254,6 +264,16 @@ int cmd_daemon(int argc, char **argv, const char *prog)
             break;
         case OPT_OTHER_USERS:
             cfg.allow_other_users = true;
+            break;
+        case OPT_NO_FAST_UNWIND:
+            cfg.no_fast_unwind = true;
+            break;
+        case OPT_AUDIT_EVERY:
+            if (parse_u64(optarg, &v) < 0 || v > UINT32_MAX) {
+                rc = bad("--audit-every", optarg);
+                goto out;
+            }
+            cfg.audit_every = (uint32_t)v;
             break;
         case 'h':
             usage(stdout);
