@@ -65,7 +65,7 @@ static int read_small(const char *path, char *buf, size_t len, size_t *ret_n)
 int svc_proc_inspect(pid_t pid, struct svc_proc *ret)
 {
     char path[64], buf[4096];
-    size_t n;
+    size_t n = 0;
     struct stat st;
 
     memset(ret, 0, sizeof(*ret));
@@ -148,7 +148,7 @@ void svc_proc_scan_targets(const struct svc_config *cfg,
         if (*end || pid <= 0 || pid == self)
             continue;
         char path[64], cmd[4096];
-        size_t n;
+        size_t n = 0;
         snprintf(path, sizeof(path), "/proc/%ld/cmdline", pid);
         if (read_small(path, cmd, sizeof(cmd), &n) < 0 || n == 0 ||
             !svc_config_matches(cfg, (int32_t)pid, cmd, n))
