@@ -378,6 +378,7 @@ static int client_session_open(const char *path, uint32_t reason, uint32_t timeo
     s->ring = ring;
     s->utable = table;
     s->audit_every = cfg.audit_every;
+    atomic_store_explicit(&s->walk_hold_gen, 0, memory_order_relaxed);
     s->sock = sock;
     s->pid = getpid();
     s->features = cfg.features;

@@ -94,6 +94,11 @@ struct client_session {
      * Every audit_every-th walk of a thread is sent with the stack copy too (0: never). */
     struct utable utable;
     uint32_t audit_every;
+    /* After a dlclose, the table generation of that moment: its rules may describe code
+     * that is gone, so no walk uses it (hook_record_alloc); the service starts a new
+     * generation once it has reread the maps (WIRE_MAPS_CHANGED, preload/hook.c). 0: no
+     * hold. */
+    _Atomic uint64_t walk_hold_gen;
     struct client_freeset freeset; /* mapped once per slot, cleared on reuse */
     _Atomic bool send_all_frees;   /* the set overflowed: record every free */
     /* Written by every sampled call: on a line of its own, away from the fields every

@@ -14,6 +14,7 @@
  * a program built against a newer glibc would bind its versioned reference to glibc's
  * own symbol anyway, so exporting ours would hook nothing and only widen the ABI.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <malloc.h>
 #include <stdatomic.h>
@@ -151,7 +152,8 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
     uint64_t pcs[CLIENT_WALK_MAX_FRAMES];
     size_t n_pcs = 0;
     bool audit = false;
-    if (s->utable.hdr && r == 0) {
+    if (s->utable.hdr && r == 0 &&
+        utable_gen(&s->utable) != atomic_load_explicit(&s->walk_hold_gen, memory_order_relaxed)) {
         n_pcs = client_walk(&s->utable, regs, end, pcs, CLIENT_WALK_MAX_FRAMES);
         audit = n_pcs > 0 && s->audit_every && ++t->walks % s->audit_every == 0;
     }
@@ -307,6 +309,104 @@ uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint6
     errno = saved_errno;
     t->in_hook = false;
     return ret;
+}
+
+/* ---- dlopen and dlclose -------------------------------------------------------------
+ *
+ * Loading and unloading code changes what the service must know to name frames, and
+ * what the unwind table may say:
+ *
+ *   dlopen   after it: WIRE_MAPS_CHANGED, so the service rereads the maps before the
+ *            new code's first samples (its rate limit on rereads would otherwise leave
+ *            a library loaded and unloaded within it unnamed);
+ *   dlclose  before it: WIRE_SYNC, and a wait (bounded) until the service has read it,
+ *            so every sample taken while the code was there is named while it still is;
+ *            after it: WIRE_MAPS_CHANGED with WIRE_MAPS_UNLOADED, and no walk with the
+ *            table until the service started its next generation (other code may come
+ *            at the addresses whose rules the table holds).
+ *
+ * Only with a service that speaks these records (it gave us an unwind table). Not hooks
+ * of the allocator: they run in the application's context, where dlsym may be called. */
+
+#define HOOK_SYNC_TIMEOUT_US (200u * 1000u)
+
+enum hook_dl_event { HOOK_DL_OPENED, HOOK_DL_CLOSING, HOOK_DL_CLOSED };
+
+static void hook_dl_event(enum hook_dl_event ev)
+{
+    struct client_tls *t = &client_tls;
+    if (t->in_hook)
+        return;
+    t->in_hook = true;
+    int saved_errno = errno;
+    struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
+    if (s && client_session_enter(s)) {
+        if (s->utable.hdr && !hook_foreign_pid(s)) {
+            struct ring_wspan w;
+            if (ev == HOOK_DL_CLOSING) {
+                if (ring_try_begin_write(s->ring, WIRE_SYNC, 0, &w) == 0) {
+                    (void)ring_end_write(s->ring, &w);
+                    hook_poke(s);
+                    /* Late or gone: the samples before may then miss the code's names. */
+                    int late = ring_wait_consumed(s->ring, &w, HOOK_SYNC_TIMEOUT_US);
+                    (void)late;
+                }
+            } else {
+                if (ev == HOOK_DL_CLOSED)
+                    atomic_store_explicit(&s->walk_hold_gen, utable_gen(&s->utable),
+                                          memory_order_relaxed);
+                /* Lost (full ring): the maps are reread at least every second while
+                 * samples come, and a reread that finds code gone starts a new
+                 * generation, which ends the hold. */
+                if (ring_try_begin_write(s->ring, WIRE_MAPS_CHANGED,
+                                         sizeof(struct wire_maps_changed), &w) == 0) {
+                    struct wire_maps_changed m = {.flags = ev == HOOK_DL_CLOSED ? WIRE_MAPS_UNLOADED
+                                                                                : 0};
+                    memcpy(w.data, &m, sizeof(m));
+                    (void)ring_end_write(s->ring, &w);
+                    hook_poke(s);
+                }
+            }
+        }
+        client_session_leave(s);
+    }
+    errno = saved_errno;
+    t->in_hook = false;
+}
+
+typedef void *(*hook_dlopen_fn)(const char *, int);
+typedef int (*hook_dlclose_fn)(void *);
+static _Atomic(hook_dlopen_fn) hook_real_dlopen;
+static _Atomic(hook_dlclose_fn) hook_real_dlclose;
+
+HP_EXPORT void *dlopen(const char *file, int mode)
+{
+    hook_dlopen_fn real = atomic_load_explicit(&hook_real_dlopen, memory_order_acquire);
+    if (!real) {
+        real = (hook_dlopen_fn)(uintptr_t)dlsym(RTLD_NEXT, "dlopen");
+        if (!real)
+            return NULL; /* no dlopen after us: nothing can be loaded */
+        atomic_store_explicit(&hook_real_dlopen, real, memory_order_release);
+    }
+    void *h = real(file, mode);
+    if (h)
+        hook_dl_event(HOOK_DL_OPENED);
+    return h;
+}
+
+HP_EXPORT int dlclose(void *handle)
+{
+    hook_dlclose_fn real = atomic_load_explicit(&hook_real_dlclose, memory_order_acquire);
+    if (!real) {
+        real = (hook_dlclose_fn)(uintptr_t)dlsym(RTLD_NEXT, "dlclose");
+        if (!real)
+            return -1; /* no dlclose after us: nothing could have been loaded */
+        atomic_store_explicit(&hook_real_dlclose, real, memory_order_release);
+    }
+    hook_dl_event(HOOK_DL_CLOSING);
+    int r = real(handle);
+    hook_dl_event(HOOK_DL_CLOSED);
+    return r;
 }
 
 /* ---- the exported entry points ---------------------------------------------------- */

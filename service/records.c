@@ -58,3 +58,11 @@ int svc__decode_free(const uint8_t *data, size_t len, struct wire_free *ret)
     memcpy(ret, data, sizeof(*ret));
     return 0;
 }
+
+int svc__decode_maps_changed(const uint8_t *data, size_t len, struct wire_maps_changed *ret)
+{
+    if (len < sizeof(*ret))
+        return -EBADMSG;
+    memcpy(ret, data, sizeof(*ret));
+    return 0;
+}

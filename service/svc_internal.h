@@ -136,6 +136,8 @@ int svc__decode_alloc_pcs(const uint8_t *data, size_t len, struct wire_alloc_pcs
                           uint64_t *ret_pcs);
 /* Copies a WIRE_FREE payload into @ret. Returns 0 or -EBADMSG when too short. */
 int svc__decode_free(const uint8_t *data, size_t len, struct wire_free *ret);
+/* Copies a WIRE_MAPS_CHANGED payload into @ret. Returns 0 or -EBADMSG when too short. */
+int svc__decode_maps_changed(const uint8_t *data, size_t len, struct wire_maps_changed *ret);
 
 /* Receives a client's hello on @sock (blocking within the socket's timeouts) and checks
  * it against the peer: magic, two descriptors, uid (another uid only as root with

@@ -213,6 +213,7 @@ static bool drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned bu
             c->flags |= BK_FLAG_BUFFER_CORRUPTED;
             return false;
         }
+        bool sync = false;
         switch (rd.type) {
         case WIRE_ALLOC:
             handle_alloc(u, c, rd.data, rd.len);
@@ -223,11 +224,25 @@ static bool drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned bu
         case WIRE_ALLOC_PCS:
             handle_alloc_pcs(u, c, rd.data, rd.len);
             break;
+        case WIRE_MAPS_CHANGED: {
+            struct wire_maps_changed mc;
+            if (svc__decode_maps_changed(rd.data, rd.len, &mc) < 0)
+                c->flags |= BK_FLAG_BUFFER_CORRUPTED;
+            else if (c->unw)
+                unwinder_maps_changed(c->unw, (mc.flags & WIRE_MAPS_UNLOADED) != 0);
+            break;
+        }
+        case WIRE_SYNC:
+            sync = true;
+            break;
         default:
             c->flags |= BK_FLAG_BUFFER_CORRUPTED;
             break;
         }
         ring_end_read(c->ring, &rd);
+        /* A writer waits until we have read past it (before a dlclose): tell it now. */
+        if (sync)
+            ring_flush_read_pos(c->ring);
         c->records++;
         if (c->flags & BK_FLAG_BUFFER_CORRUPTED)
             return false;

@@ -91,6 +91,11 @@ int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len,
 /* Writer, hook-safe: publishes the record. Returns true when the reader said it is idle
  * and must be woken (the caller pokes the signalling socket). */
 bool ring_end_write(ring_t *r, struct ring_wspan *w);
+/* Writer, after ring_end_write(@w): waits until the reader has read past the record
+ * @w, for at most @timeout_us (sleeping in steps; a system call per step). Returns 0,
+ * -ETIMEDOUT, or -EPIPE when the reader detached. The reader publishes how far it read
+ * lazily: the service calls ring_flush_read_pos() for the records a writer waits on. */
+int ring_wait_consumed(ring_t *r, const struct ring_wspan *w, uint32_t timeout_us) HP_WARN_UNUSED;
 /* Writer: make ring_try_begin_write() wait up to @timeout_us for space. */
 void ring_set_blocking(ring_t *r, bool block, uint32_t timeout_us);
 /* Writer, hook-safe: true once the reader detached (the session is over: stop writing
@@ -105,6 +110,9 @@ bool ring_is_detached(ring_t *r);
  * corrupt: -EBADMSG. */
 int ring_begin_read(ring_t *r, struct ring_rspan *ret) HP_WARN_UNUSED;
 void ring_end_read(ring_t *r, const struct ring_rspan *rd);
+/* Reader: tells the writers at once how far it has read (ring_end_read() publishes it in
+ * steps), for a writer in ring_wait_consumed(). */
+void ring_flush_read_pos(ring_t *r);
 /* Reader: a mark at the current end of the ring (every record reserved so far lies
  * before it), for ring_reached(). Lets the reader drain what was written up to a moment,
  * such as a dump request, without chasing writers that keep writing. Untrusted like the

@@ -117,6 +117,11 @@ void ring_end_read(ring_t *r, const struct ring_rspan *rd)
         ring_publish_read_pos(r);
 }
 
+void ring_flush_read_pos(ring_t *r)
+{
+    ring_publish_read_pos(r);
+}
+
 uint64_t ring_mark(ring_t *r)
 {
     /* Acquire, as in ring_begin_read(): the mark is no older than what writers reserved

@@ -162,6 +162,27 @@ bool ring_end_write(ring_t *r, struct ring_wspan *w)
            RING_READER_AWAKE;
 }
 
+int ring_wait_consumed(ring_t *r, const struct ring_wspan *w, uint32_t timeout_us)
+{
+    struct ring_shared *h = r->hdr;
+    if (!h)
+        return -EPIPE;
+    const struct ring_rec *rec = (const struct ring_rec *)(r->data + (w->pos & r->mask));
+    uint64_t end = w->pos + rec->len_total;
+    uint64_t deadline = hp_clock_ns(CLOCK_MONOTONIC) + (uint64_t)timeout_us * 1000u;
+    for (unsigned round = 0;; round++) {
+        /* Acquire pairs with the release store of read_pos by the reader. */
+        uint64_t rp = atomic_load_explicit(&h->read_pos, memory_order_acquire);
+        if ((int64_t)(rp - end) >= 0)
+            return 0;
+        if (atomic_load_explicit(&h->detached, memory_order_relaxed))
+            return -EPIPE;
+        if (hp_clock_ns(CLOCK_MONOTONIC) >= deadline)
+            return -ETIMEDOUT;
+        ring_block_pause(round);
+    }
+}
+
 bool ring_is_detached(ring_t *r)
 {
     struct ring_shared *h = r->hdr;

@@ -38,7 +38,7 @@
 #define WIRE_FEATURE_FOLLOW_FORK (1u << 1)
 /* Unwind table: the config comes with a second fd, the session's unwind table
  * (shmem_ring/utable.h), and the client may send WIRE_ALLOC_PCS records (and audited
- * WIRE_ALLOC records, WIRE_ALLOC_AUDIT). */
+ * WIRE_ALLOC records, WIRE_ALLOC_AUDIT), WIRE_MAPS_CHANGED and WIRE_SYNC. */
 #define WIRE_FEATURE_UNWIND_TABLE (1u << 2)
 
 /* Why the client connects (wire_hello.reason). */
@@ -81,7 +81,22 @@ enum wire_type {
     WIRE_ALLOC = 1,     /* struct wire_alloc followed by stack_len bytes of stack */
     WIRE_FREE = 2,      /* struct wire_free */
     WIRE_ALLOC_PCS = 3, /* struct wire_alloc_pcs followed by n_pcs uint64_t pcs */
+    /* The client's code changed (dlopen, dlclose): struct wire_maps_changed. The service
+     * rereads the maps at once; with WIRE_MAPS_UNLOADED it also starts a new generation of
+     * the unwind table (code may be gone, and other code may come at its addresses). */
+    WIRE_MAPS_CHANGED = 4,
+    /* No payload. The client waits until the service has read it (ring_wait_consumed):
+     * then every record before it was handled while the client's code was as it was when
+     * they were written. Sent before dlclose. */
+    WIRE_SYNC = 5,
 };
+
+#define WIRE_MAPS_UNLOADED (1u << 0)
+struct wire_maps_changed {
+    uint32_t flags; /* WIRE_MAPS_* */
+    uint32_t reserved;
+};
+_Static_assert(sizeof(struct wire_maps_changed) == 8, "wire_maps_changed ABI");
 
 /* x86_64 registers in DWARF / libunwind (UNW_X86_64_*) numbering:
  * rax rdx rcx rbx rsi rdi rbp rsp r8 r9 r10 r11 r12 r13 r14 r15 rip. The client fills

@@ -152,6 +152,31 @@ static bool maps_equal(const struct unwinder__maps *a, const struct unwinder__ma
     return true;
 }
 
+static bool same_map(const struct unwinder__map *x, const struct unwinder__map *y)
+{
+    return x->start == y->start && x->end == y->end && x->pgoff == y->pgoff &&
+           x->inode == y->inode && x->dev_major == y->dev_major && x->dev_minor == y->dev_minor &&
+           x->perms == y->perms && x->path_len == y->path_len &&
+           memcmp(x->path, y->path, x->path_len) == 0;
+}
+
+/* True when an executable mapping of @old is not in @now, the same in every field (both
+ * sorted by start, as the kernel lists them). */
+static bool exec_mapping_gone(const struct unwinder__maps *old, const struct unwinder__maps *now)
+{
+    size_t j = 0;
+    for (size_t i = 0; i < old->n; i++) {
+        const struct unwinder__map *x = &old->v[i];
+        if (!(x->perms & UNWINDER_PERM_EXEC))
+            continue;
+        while (j < now->n && now->v[j].start < x->start)
+            j++;
+        if (j == now->n || !same_map(x, &now->v[j]))
+            return true;
+    }
+    return false;
+}
+
 /* Rereads the maps. When they changed, everything derived from the old ones is dropped
  * (returns true); identical maps keep the caches. */
 static bool maps_reload(struct unwinder_process *p)
@@ -169,6 +194,7 @@ static bool maps_reload(struct unwinder_process *p)
         unwinder__maps_done(&m);
         return false;
     }
+    bool code_gone = exec_mapping_gone(&p->maps, &m);
     pmaps_free(p->pm, p->maps.n);
     unwinder__maps_done(&p->maps);
     p->maps = m;
@@ -176,8 +202,10 @@ static bool maps_reload(struct unwinder_process *p)
     p->dwfl_stale = true;
     if (++p->maps_gen == 0)
         p->maps_gen = 1;
-    /* Code may have moved: the client must not walk with rules of the old maps. */
-    unwinder_table_reset(p);
+    /* Code gone or replaced: the client must not walk with rules that described it. New
+     * code alone (a dlopen) leaves the rules of the rest true. */
+    if (code_gone)
+        unwinder_table_reset(p);
     /* Libraries may have been replaced at the same addresses. Only bumps a generation
      * counter, so it is safe from inside an accessor. */
     unw_flush_cache(p->as, 0, 0);
@@ -512,6 +540,16 @@ void unwinder_table_reset(unwinder_process_t *p)
     p->tstats.flushes++;
     if (++p->known_gen == 0)
         p->known_gen = 1;
+}
+
+void unwinder_maps_changed(unwinder_process_t *p, bool unloaded)
+{
+    uint32_t gen = p->known_gen;
+    (void)maps_reload(p);
+    /* A reread that finds code gone resets the table itself; else the client, which
+     * waits for a new generation after an unload, is released here. */
+    if (unloaded && p->known_gen == gen)
+        unwinder_table_reset(p);
 }
 
 void unwinder_table_stats(const unwinder_process_t *p, struct unwinder_table_stats *ret)

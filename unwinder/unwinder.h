@@ -71,6 +71,12 @@ int unwinder_process_set_table(unwinder_process_t *p, int fd) HP_WARN_UNUSED;
  * as stacks are unwound again. No-op without a table. */
 void unwinder_table_reset(unwinder_process_t *p);
 
+/* The process says its code changed (WIRE_MAPS_CHANGED): rereads the maps now (with no
+ * rate limit). The table is reset when executable mappings went away or changed, and
+ * after an unload (@unloaded) in any case, even when the maps look the same (the client
+ * waits for a new generation before it walks again). */
+void unwinder_maps_changed(unwinder_process_t *p, bool unloaded);
+
 /* Counters of the table publication, for statistics and tests. */
 struct unwinder_table_stats {
     uint64_t published; /* rules written */

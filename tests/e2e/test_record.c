@@ -311,6 +311,74 @@ static void test_record_follow_fork(void **state)
     }
 }
 
+/* The number right before @what in @text, or -1. */
+static long long number_before(const char *text, const char *what)
+{
+    const char *at = strstr(text, what);
+    if (!at)
+        return -1;
+    const char *num = at;
+    while (num > text && num[-1] >= '0' && num[-1] <= '9')
+        num--;
+    return num == at ? -1 : strtoll(num, NULL, 10);
+}
+
+/* Libraries loaded and unloaded in turn, often at the same addresses, with frames of
+ * different sizes at the same code offsets (tests/programs/dlloop_lib.c): the unwind
+ * table's rules for one must never be used for the other. Every walk is audited in the
+ * first run, at interval 1 (exact); walks must still happen between the unloads. */
+static void test_record_dlclose_resets_walks(void **state)
+{
+    (void)state;
+    char *prog[] = {(char *)e2e_env("DLLOOP"), (char *)e2e_env("DLLOOP_LIB_A"),
+                    (char *)e2e_env("DLLOOP_LIB_B"), "40", NULL};
+    for (int audit = 1; audit >= 0; audit--) {
+        char *trace = e2e_tmp_path(".pftrace");
+        char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"),
+                        "record",
+                        "--top",
+                        "0",
+                        "-o",
+                        trace,
+                        "-i",
+                        "1",
+                        "--audit-every",
+                        audit ? "1" : "1024",
+                        "--block-timeout-us",
+                        "60000000",
+                        "--",
+                        prog[0],
+                        prog[1],
+                        prog[2],
+                        prog[3],
+                        NULL};
+        struct e2e_run run;
+        assert_int_equal(e2e_run(argv, NULL, &run), 0);
+        assert_int_equal(run.status, 0);
+        long long samples = number_before(run.err, " samples (");
+        long long walked = number_before(run.err, " walked in the app");
+        long long audited = number_before(run.err, " walks audited");
+        print_message("  audit %d: %lld samples, %lld walked, %lld audited\n", audit, samples,
+                      walked, audited);
+        if (strstr(run.err, "differed"))
+            print_message("%s", run.err);
+        assert_null(strstr(run.err, "differed"));
+        assert_true(audit ? audited > 0 : walked > 0);
+
+        struct e2e_truth t[E2E_MAX_TRUTH];
+        assert_int_equal(e2e_parse_truth(run.out, t, E2E_MAX_TRUTH), 2);
+        struct bk_trace *tr = load(trace);
+        const struct bk_trace_process *p = e2e_find_process(tr, "dlloop");
+        assert_non_null(p);
+        for (int i = 0; i < 2; i++)
+            check_exact(p, &t[i]);
+        bk_trace_free(tr);
+        unlink(trace);
+        free(trace);
+        e2e_run_free(&run);
+    }
+}
+
 static void test_record_keeps_user_preload(void **state)
 {
     (void)state;
@@ -370,6 +438,7 @@ int main(void)
         cmocka_unit_test(test_record_cpp),
         cmocka_unit_test(test_record_python),
         cmocka_unit_test(test_record_follow_fork),
+        cmocka_unit_test(test_record_dlclose_resets_walks),
         cmocka_unit_test(test_record_keeps_user_preload),
         cmocka_unit_test(test_record_user_errors),
     };

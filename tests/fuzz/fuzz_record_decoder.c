@@ -8,8 +8,8 @@
  * accepted one must give at least one frame and never crash.
  *
  * Input layout:
- *   byte 0       record type (low bits: 1 WIRE_ALLOC, 2 WIRE_FREE, 3 WIRE_ALLOC_PCS,
- *                0 unknown)
+ *   byte 0       record type (low 3 bits: 1 WIRE_ALLOC, 2 WIRE_FREE, 3 WIRE_ALLOC_PCS,
+ *                4 WIRE_MAPS_CHANGED, others unknown)
  *   byte 1       the max_stack_bytes cap, in KiB (0..255)
  *   the rest     the payload, copied to a buffer of exactly its size
  */
@@ -59,7 +59,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     setup();
     if (size < 2)
         return 0;
-    unsigned type = data[0] & 3;
+    unsigned type = data[0] & 7;
     uint64_t max_stack = (uint64_t)data[1] << 10;
     size_t len = size - 2;
     /* An exact-size copy, so reading past the payload is caught by the sanitizers. */
@@ -121,6 +121,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 abort();
             resolve(pcs, a.n_pcs);
         }
+    } else if (type == WIRE_MAPS_CHANGED) {
+        struct wire_maps_changed mc;
+        int r = svc__decode_maps_changed(payload, len, &mc);
+        if ((r == 0) != (len >= sizeof(mc)))
+            abort();
+        if (r == 0)
+            unwinder_maps_changed(g_p, (mc.flags & WIRE_MAPS_UNLOADED) != 0);
     } else if (type == WIRE_FREE) {
         struct wire_free f;
         int r = svc__decode_free(payload, len, &f);

@@ -211,6 +211,31 @@ static void test_ring_mark_bounds_a_drain(void **state)
     assert_true(ring_reached(f->reader, ring_mark(f->reader)));
 }
 
+/* A writer waits until the reader has read past its record; the reader tells it at once
+ * with ring_flush_read_pos() (it publishes its position only in steps otherwise). */
+static void test_ring_wait_consumed(void **state)
+{
+    struct fixture *f = *state;
+    struct ring_wspan w;
+    struct ring_rspan rs;
+    assert_int_equal(ring_try_begin_write(f->writer, 5, 0, &w), 0);
+    (void)ring_end_write(f->writer, &w);
+    assert_int_equal(ring_wait_consumed(f->writer, &w, 1000), -ETIMEDOUT);
+    assert_int_equal(ring_begin_read(f->reader, &rs), 0);
+    assert_int_equal(rs.type, 5);
+    assert_int_equal(rs.len, 0);
+    ring_end_read(f->reader, &rs);
+    /* Read, but not published yet: one small record is far from a publishing step. */
+    assert_int_equal(ring_wait_consumed(f->writer, &w, 1000), -ETIMEDOUT);
+    ring_flush_read_pos(f->reader);
+    assert_int_equal(ring_wait_consumed(f->writer, &w, 0), 0);
+    /* A reader gone: no waiting for it. */
+    assert_int_equal(ring_try_begin_write(f->writer, 5, 0, &w), 0);
+    (void)ring_end_write(f->writer, &w);
+    ring_set_detached(f->reader);
+    assert_int_equal(ring_wait_consumed(f->writer, &w, 10u * 1000u * 1000u), -EPIPE);
+}
+
 static void test_ring_too_large_rejected(void **state)
 {
     struct fixture *f = *state;
@@ -1058,6 +1083,7 @@ int main(void)
         cmocka_unit_test(test_ring_map_rejects_foreign_fds),
         cmocka_unit_test_setup_teardown(test_ring_empty_and_full, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_mark_bounds_a_drain, setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_wait_consumed, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_too_large_rejected, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_wrap_at_every_offset, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_many_sizes, setup_small, teardown),

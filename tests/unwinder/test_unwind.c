@@ -28,6 +28,7 @@
 
 #include "common/clock.h"
 #include "common/regs.h"
+#include "shmem_ring/utable.h"
 #include "tests/unwinder/unwtest.h"
 #include "unwinder/elf_cache.h"
 #include "unwinder/global.h"
@@ -640,6 +641,99 @@ static void test_unwind_library_replaced_at_same_address(void **state)
     p = unwinder_process_free(p);
 }
 
+/* This process's maps without the lines of the files whose path contains @drop (NULL:
+ * all lines), into @out; returns the length. */
+static size_t self_maps_without(const char *drop, char *out, size_t cap)
+{
+    FILE *f = fopen("/proc/self/maps", "re");
+    assert_non_null(f);
+    char line[4096];
+    size_t len = 0;
+    while (fgets(line, sizeof(line), f)) {
+        if (drop && strstr(line, drop))
+            continue;
+        size_t n = strlen(line);
+        assert_true(len + n < cap);
+        memcpy(out + len, line, n);
+        len += n;
+    }
+    fclose(f);
+    return len;
+}
+
+static void set_maps(int fd, const char *text, size_t len)
+{
+    assert_int_equal(ftruncate(fd, 0), 0);
+    assert_int_equal(pwrite(fd, text, len, 0), (ssize_t)len);
+}
+
+/* The unwind table survives code being added (dlopen) and is reset when code goes away
+ * or the client says it unloaded some (WIRE_MAPS_CHANGED). */
+static void test_unwind_table_reset_when_code_goes(void **state)
+{
+    (void)state;
+    static char text[1 << 20];
+    int maps_fd = memfd_create("maps", MFD_CLOEXEC);
+    assert_true(maps_fd >= 0);
+    /* At first libunwtest_eh.so is not loaded as far as the maps say. */
+    set_maps(maps_fd, text, self_maps_without("libunwtest_eh.so", text, sizeof(text)));
+    unwinder_process_t *p = NULL;
+    assert_int_equal(
+        unwinder_process_new(getpid(), maps_fd, open("/proc/self/mem", O_RDONLY | O_CLOEXEC), &p),
+        0);
+    int table_fd;
+    struct utable reader;
+    assert_int_equal(utable_create(UTABLE_DEFAULT_SLOTS, &table_fd), 0);
+    assert_int_equal(unwinder_process_set_table(p, table_fd), 0);
+    assert_int_equal(utable_map(table_fd, false, &reader), 0);
+    close(table_fd);
+
+    unwtest_lib_call(unw_test_lib_cb, &g_cap);
+    size_t n;
+    struct unwinder_result res;
+    assert_int_equal(unwinder_unwind(p, g_cap.regs, g_cap.sp, g_cap.stack, g_cap.len, g_frames,
+                                     UNWINDER_MAX_FRAMES, &n, &res),
+                     0);
+    assert_false(res.error);
+    struct unwinder_table_stats ts;
+    unwinder_table_stats(p, &ts);
+    print_message("  %llu rules published\n", (unsigned long long)ts.published);
+    assert_true(ts.published >= n - 1);
+    assert_int_equal(ts.flushes, 0);
+    uint64_t gen = utable_gen(&reader);
+    /* The rule of the frame in libunwtest.so is there. */
+    uint64_t rule;
+    assert_true(utable_lookup(&reader, gen, (uint64_t)g_cap.regs[HP_REG_RIP], &rule));
+
+    /* Code added (a dlopen): the rules stay. */
+    set_maps(maps_fd, text, self_maps_without(NULL, text, sizeof(text)));
+    unwinder_maps_changed(p, false);
+    unwinder_table_stats(p, &ts);
+    assert_int_equal(ts.flushes, 0);
+    assert_int_equal(utable_gen(&reader), gen);
+    /* The same maps again, after an unload the maps do not show (the library stayed
+     * loaded): reset anyway, the client waits for it. */
+    unwinder_maps_changed(p, true);
+    unwinder_table_stats(p, &ts);
+    assert_int_equal(ts.flushes, 1);
+    assert_int_not_equal(utable_gen(&reader), gen);
+    assert_false(
+        utable_lookup(&reader, utable_gen(&reader), (uint64_t)g_cap.regs[HP_REG_RIP], &rule));
+    /* Rules published again, then code gone: reset. */
+    assert_int_equal(unwinder_unwind(p, g_cap.regs, g_cap.sp, g_cap.stack, g_cap.len, g_frames,
+                                     UNWINDER_MAX_FRAMES, &n, &res),
+                     0);
+    gen = utable_gen(&reader);
+    assert_true(utable_lookup(&reader, gen, (uint64_t)g_cap.regs[HP_REG_RIP], &rule));
+    set_maps(maps_fd, text, self_maps_without("libunwtest.so", text, sizeof(text)));
+    unwinder_maps_changed(p, false);
+    unwinder_table_stats(p, &ts);
+    assert_int_equal(ts.flushes, 2);
+    assert_int_not_equal(utable_gen(&reader), gen);
+    utable_unmap(&reader);
+    p = unwinder_process_free(p);
+}
+
 #define CONC_THREADS 4
 #define CONC_FRAMES 16
 
@@ -858,6 +952,7 @@ int main(void)
         cmocka_unit_test(test_unwind_hostile_input_terminates),
         cmocka_unit_test(test_unwind_corrupt_elf_files),
         cmocka_unit_test(test_unwind_library_replaced_at_same_address),
+        cmocka_unit_test(test_unwind_table_reset_when_code_goes),
         cmocka_unit_test(test_unwind_concurrent_processes),
         cmocka_unit_test(test_unwind_sigmask_bypass),
         cmocka_unit_test(test_unwind_source_lines),
