@@ -379,6 +379,7 @@ static int client_session_open(const char *path, uint32_t reason, uint32_t timeo
     s->utable = table;
     s->audit_every = cfg.audit_every;
     atomic_store_explicit(&s->walk_hold_gen, 0, memory_order_relaxed);
+    s->sync_timeout_us = cfg.block_client ? cfg.block_client_timeout_us : CLIENT_SYNC_TIMEOUT_US;
     s->sock = sock;
     s->pid = getpid();
     s->features = cfg.features;

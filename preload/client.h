@@ -64,6 +64,8 @@ enum client_state {
 /* Sessions kept at once: the current one plus detached ones whose ring a late writer may
  * still hold. */
 #define CLIENT_MAX_SESSIONS 4
+/* A dlclose of a client that does not block waits this long for the service (WIRE_SYNC). */
+#define CLIENT_SYNC_TIMEOUT_US 10000u
 /* A detach waits this long for in-flight writers before giving the slot up for good. */
 #define CLIENT_DETACH_WAIT_MS 5000u
 
@@ -99,6 +101,9 @@ struct client_session {
      * generation once it has reread the maps (WIRE_MAPS_CHANGED, preload/hook.c). 0: no
      * hold. */
     _Atomic uint64_t walk_hold_gen;
+    /* How long a dlclose waits for the service to read what came before (WIRE_SYNC):
+     * block_client's timeout, or a short one for a client that must not block. */
+    uint32_t sync_timeout_us;
     struct client_freeset freeset; /* mapped once per slot, cleared on reuse */
     _Atomic bool send_all_frees;   /* the set overflowed: record every free */
     /* Written by every sampled call: on a line of its own, away from the fields every

@@ -319,7 +319,8 @@ uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint6
  *   dlopen   after it: WIRE_MAPS_CHANGED, so the service rereads the maps before the
  *            new code's first samples (its rate limit on rereads would otherwise leave
  *            a library loaded and unloaded within it unnamed);
- *   dlclose  before it: WIRE_SYNC, and a wait (bounded) until the service has read it,
+ *   dlclose  before it: WIRE_SYNC, and a wait until the service has read it (bounded
+ *            by block_client's timeout, else by CLIENT_SYNC_TIMEOUT_US),
  *            so every sample taken while the code was there is named while it still is;
  *            after it: WIRE_MAPS_CHANGED with WIRE_MAPS_UNLOADED, and no walk with the
  *            table until the service started its next generation (other code may come
@@ -327,8 +328,6 @@ uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint6
  *
  * Only with a service that speaks these records (it gave us an unwind table). Not hooks
  * of the allocator: they run in the application's context, where dlsym may be called. */
-
-#define HOOK_SYNC_TIMEOUT_US (200u * 1000u)
 
 enum hook_dl_event { HOOK_DL_OPENED, HOOK_DL_CLOSING, HOOK_DL_CLOSED };
 
@@ -348,7 +347,7 @@ static void hook_dl_event(enum hook_dl_event ev)
                     (void)ring_end_write(s->ring, &w);
                     hook_poke(s);
                     /* Late or gone: the samples before may then miss the code's names. */
-                    int late = ring_wait_consumed(s->ring, &w, HOOK_SYNC_TIMEOUT_US);
+                    int late = ring_wait_consumed(s->ring, &w, s->sync_timeout_us);
                     (void)late;
                 }
             } else {

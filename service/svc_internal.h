@@ -113,12 +113,18 @@ struct svc_client {
     size_t cmdline_len;
     struct bk_process_stats stats;
     uint64_t frees;
+    /* WIRE_MAPS_CHANGED read but not acted on yet: SVC_MAPS_CHANGED | WIRE_MAPS_UNLOADED
+     * (drain_upto() in service/unwind_thread.c). */
+    uint32_t maps_changed;
     uint64_t walked;           /* WIRE_ALLOC_PCS records: stacks the client walked itself */
     uint64_t audits;           /* audited copies checked */
     uint64_t audit_mismatches; /* ... whose walk disagreed with our unwind */
 };
 
 struct svc_client *svc__client_free(struct svc_client *c);
+
+/* svc_client.maps_changed: a reread is due (beside WIRE_MAPS_UNLOADED). */
+#define SVC_MAPS_CHANGED (1u << 31)
 
 /* ---- Records and handshake (validation of untrusted input) ----------------------- */
 

@@ -194,6 +194,15 @@ static void handle_free(struct svc_unwinder *u, struct svc_client *c, const uint
     c->frees++;
 }
 
+/* Acts on the WIRE_MAPS_CHANGED records read since the last sample: one reread of the
+ * maps for a run of them (a flood costs one reread per sample at most). */
+static void apply_maps_changed(struct svc_client *c)
+{
+    if (c->maps_changed && c->unw)
+        unwinder_maps_changed(c->unw, (c->maps_changed & WIRE_MAPS_UNLOADED) != 0);
+    c->maps_changed = 0;
+}
+
 /* Reads up to @budget records, stopping at @mark (ring_mark()) if not NULL. Returns true
  * when the ring may hold more (before @mark). */
 static bool drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned budget,
@@ -204,11 +213,11 @@ static bool drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned bu
     u->clock_ns = hp_clock_ns(CLOCK_MONOTONIC);
     for (unsigned i = 0; i < budget; i++) {
         if (mark && ring_reached(c->ring, *mark))
-            return false;
+            break;
         struct ring_rspan rd;
         int r = ring_begin_read(c->ring, &rd);
         if (r == -EAGAIN)
-            return false;
+            break;
         if (r < 0) {
             c->flags |= BK_FLAG_BUFFER_CORRUPTED;
             return false;
@@ -216,20 +225,22 @@ static bool drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned bu
         bool sync = false;
         switch (rd.type) {
         case WIRE_ALLOC:
+            apply_maps_changed(c);
             handle_alloc(u, c, rd.data, rd.len);
             break;
         case WIRE_FREE:
             handle_free(u, c, rd.data, rd.len);
             break;
         case WIRE_ALLOC_PCS:
+            apply_maps_changed(c);
             handle_alloc_pcs(u, c, rd.data, rd.len);
             break;
         case WIRE_MAPS_CHANGED: {
             struct wire_maps_changed mc;
             if (svc__decode_maps_changed(rd.data, rd.len, &mc) < 0)
                 c->flags |= BK_FLAG_BUFFER_CORRUPTED;
-            else if (c->unw)
-                unwinder_maps_changed(c->unw, (mc.flags & WIRE_MAPS_UNLOADED) != 0);
+            else
+                c->maps_changed |= SVC_MAPS_CHANGED | (mc.flags & WIRE_MAPS_UNLOADED);
             break;
         }
         case WIRE_SYNC:
@@ -246,8 +257,13 @@ static bool drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned bu
         c->records++;
         if (c->flags & BK_FLAG_BUFFER_CORRUPTED)
             return false;
+        if (i + 1 == budget)
+            return true;
     }
-    return true;
+    /* Caught up: a client waiting for a new table generation after an unload is
+     * released now, not at its next sample. */
+    apply_maps_changed(c);
+    return false;
 }
 
 static bool drain(struct svc_unwinder *u, struct svc_client *c, unsigned budget)

@@ -325,13 +325,15 @@ static long long number_before(const char *text, const char *what)
 
 /* Libraries loaded and unloaded in turn, often at the same addresses, with frames of
  * different sizes at the same code offsets (tests/programs/dlloop_lib.c): the unwind
- * table's rules for one must never be used for the other. Every walk is audited in the
- * first run, at interval 1 (exact); walks must still happen between the unloads. */
+ * table's rules for one must never be used for the other, and every sample of a library
+ * must be named although it is unloaded soon after. Every walk is audited in the first
+ * run, at interval 1 (exact); walks must still happen between the unloads (dlloop
+ * pauses halfway through each round for the service to learn the library's frames). */
 static void test_record_dlclose_resets_walks(void **state)
 {
     (void)state;
     char *prog[] = {(char *)e2e_env("DLLOOP"), (char *)e2e_env("DLLOOP_LIB_A"),
-                    (char *)e2e_env("DLLOOP_LIB_B"), "40", NULL};
+                    (char *)e2e_env("DLLOOP_LIB_B"), "20", NULL};
     for (int audit = 1; audit >= 0; audit--) {
         char *trace = e2e_tmp_path(".pftrace");
         char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"),
