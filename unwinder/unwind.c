@@ -185,6 +185,12 @@ static bool maps_reload(struct unwinder_process *p)
     struct unwinder__maps m;
     if (unwinder__maps_read(p->maps_fd, &m) < 0)
         return false;
+    /* A process that has exited reads as no mappings at all (a live one always has some):
+     * its last records are still to be named with the maps it had. */
+    if (m.n == 0 && p->maps.n > 0) {
+        unwinder__maps_done(&m);
+        return false;
+    }
     if (maps_equal(&m, &p->maps)) {
         unwinder__maps_done(&m);
         return false;

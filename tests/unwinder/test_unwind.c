@@ -734,6 +734,44 @@ static void test_unwind_table_reset_when_code_goes(void **state)
     p = unwinder_process_free(p);
 }
 
+/* A process that exited reads as no mappings: the periodic reread of the maps must keep
+ * the old ones, or its last records (unwound after its exit) lose their names. Bug: every
+ * record read after the first reread past a client's exit ended in INVALID_MAP. */
+static void test_unwind_bug_exited_process_keeps_maps(void **state)
+{
+    (void)state;
+    static char text[1 << 20];
+    int maps_fd = memfd_create("maps", MFD_CLOEXEC);
+    assert_true(maps_fd >= 0);
+    set_maps(maps_fd, text, self_maps_without(NULL, text, sizeof(text)));
+    unwinder_process_t *p = NULL;
+    assert_int_equal(unwinder_process_new(getpid(), maps_fd, -1, &p), 0);
+    unw_test_level1(&g_cap);
+    size_t n, n2;
+    struct unwinder_result res;
+    assert_int_equal(unwinder_unwind(p, g_cap.regs, g_cap.sp, g_cap.stack, g_cap.len, g_frames,
+                                     UNWINDER_MAX_FRAMES, &n, &res),
+                     0);
+    assert_false(res.error);
+    /* The process is gone: its maps file reads empty. */
+    set_maps(maps_fd, text, 0);
+    uint64_t saved = unwinder__maps_refresh_ns;
+    unwinder__maps_refresh_ns = 0;
+    assert_int_equal(unwinder_unwind(p, g_cap.regs, g_cap.sp, g_cap.stack, g_cap.len, g_frames,
+                                     UNWINDER_MAX_FRAMES, &n2, &res),
+                     0);
+    unwinder__maps_refresh_ns = saved;
+    dump("after exit", g_frames, n2, &res);
+    assert_false(res.error);
+    assert_int_equal(n2, n);
+    assert_string_equal(g_frames[0].function_name, "unw_test_level3");
+    uint64_t pcs[1] = {g_cap.regs[HP_REG_RIP]};
+    assert_int_equal(unwinder_resolve_pcs(p, pcs, 1, g_frames, UNWINDER_MAX_FRAMES, &n2, &res), 0);
+    assert_false(res.error);
+    assert_string_equal(g_frames[0].function_name, "unw_test_level3");
+    p = unwinder_process_free(p);
+}
+
 #define CONC_THREADS 4
 #define CONC_FRAMES 16
 
@@ -953,6 +991,7 @@ int main(void)
         cmocka_unit_test(test_unwind_corrupt_elf_files),
         cmocka_unit_test(test_unwind_library_replaced_at_same_address),
         cmocka_unit_test(test_unwind_table_reset_when_code_goes),
+        cmocka_unit_test(test_unwind_bug_exited_process_keeps_maps),
         cmocka_unit_test(test_unwind_concurrent_processes),
         cmocka_unit_test(test_unwind_sigmask_bypass),
         cmocka_unit_test(test_unwind_source_lines),
