@@ -100,6 +100,24 @@ __attribute__((no_sanitize("address"))) static void hook_copy_stack(void *dst, c
 #endif
 }
 
+/* Fills the head of a sampled allocation record at @rec (struct wire_alloc_head). */
+static void hook_fill_head(void *rec, struct client_tls *t, const struct client_session *s, void *p,
+                           size_t size, uint64_t sample_size)
+{
+    struct wire_alloc_head h = {
+        /* Taken after the real malloc and the reservation: see DESIGN.md (sequence
+         * numbers settle races with a free of the same address in another thread). */
+        .seq = atomic_fetch_add_explicit(&hook_seq, 1, memory_order_relaxed) + 1,
+        .addr = (uint64_t)(uintptr_t)p,
+        .size = size,
+        .sample_size = sample_size,
+        .ts_ns = hp_clock_ns(CLOCK_MONOTONIC_COARSE),
+        .heap_id = 0,
+        .tid = hook_tid(t, s),
+    };
+    memcpy(rec, &h, sizeof(h));
+}
+
 /* Puts sampled address @p in the set free() watches. */
 static void hook_watch_free(struct client_session *s, void *p)
 {
@@ -166,14 +184,7 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
             return;
         }
         struct wire_alloc_pcs *a = w.data;
-        /* As below: the sequence number is taken after the real malloc. */
-        a->seq = atomic_fetch_add_explicit(&hook_seq, 1, memory_order_relaxed) + 1;
-        a->addr = (uint64_t)(uintptr_t)p;
-        a->size = size;
-        a->sample_size = sample_size;
-        a->ts_ns = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
-        a->heap_id = 0;
-        a->tid = hook_tid(t, s);
+        hook_fill_head(a, t, s, p, size, sample_size);
         a->n_pcs = (uint32_t)n_pcs;
         a->flags = 0;
         memcpy(a + 1, pcs, n_pcs * sizeof(uint64_t));
@@ -200,15 +211,7 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
         return;
     }
     struct wire_alloc *a = w.data;
-    /* Taken after the real malloc and the reservation: see DESIGN.md (sequence numbers
-     * settle races with a free of the same address in another thread). */
-    a->seq = atomic_fetch_add_explicit(&hook_seq, 1, memory_order_relaxed) + 1;
-    a->addr = (uint64_t)(uintptr_t)p;
-    a->size = size;
-    a->sample_size = sample_size;
-    a->ts_ns = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
-    a->heap_id = 0;
-    a->tid = hook_tid(t, s);
+    hook_fill_head(a, t, s, p, size, sample_size);
     a->stack_ptr = sp;
     a->stack_len = (uint32_t)len;
     a->flags = flags;

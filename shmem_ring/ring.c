@@ -18,30 +18,24 @@ static bool ring_size_valid(uint64_t n)
     return n >= RING_MIN_SIZE && n <= RING_MAX_SIZE && (n & (n - 1)) == 0;
 }
 
-int ring_create(size_t data_size_bytes, int *ret_fd)
+int ring__memfd_new(const char *name, size_t len, size_t hdr_len,
+                    void (*init)(void *hdr, void *arg), void *arg, int *ret_fd)
 {
-    int fd = -1;
-    void *p = MAP_FAILED;
-    int r;
-
-    if (!ring_size_valid(data_size_bytes))
-        return -EINVAL;
-    fd = memfd_create("heapprof-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0)
         return -errno;
-    if (ftruncate(fd, (off_t)(RING_HEADER_SIZE + data_size_bytes)) < 0) {
+    int r;
+    if (ftruncate(fd, (off_t)len) < 0) {
         r = -errno;
         goto fail;
     }
-    p = mmap(NULL, RING_HEADER_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *p = mmap(NULL, hdr_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         r = -errno;
         goto fail;
     }
-    struct ring_shared *hdr = p;
-    hdr->magic = RING_HEADER_MAGIC;
-    hdr->data_size = data_size_bytes;
-    (void)munmap(p, RING_HEADER_SIZE);
+    init(p, arg);
+    (void)munmap(p, hdr_len);
     /* A peer shrinking the file would make every access past the new end SIGBUS. */
     if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
         r = -errno;
@@ -53,6 +47,21 @@ int ring_create(size_t data_size_bytes, int *ret_fd)
 fail:
     (void)close(fd);
     return r;
+}
+
+static void ring_init_header(void *hdr, void *arg)
+{
+    struct ring_shared *h = hdr;
+    h->magic = RING_HEADER_MAGIC;
+    h->data_size = *(const size_t *)arg;
+}
+
+int ring_create(size_t data_size_bytes, int *ret_fd)
+{
+    if (!ring_size_valid(data_size_bytes))
+        return -EINVAL;
+    return ring__memfd_new("heapprof-ring", RING_HEADER_SIZE + data_size_bytes, RING_HEADER_SIZE,
+                           ring_init_header, &data_size_bytes, ret_fd);
 }
 
 int ring_map(int fd, enum ring_role role, ring_t **ret)

@@ -121,4 +121,10 @@ static inline uint64_t ring__record_total(size_t payload_len)
     return ((uint64_t)payload_len + sizeof(struct ring_rec) + 7u) & ~(uint64_t)7u;
 }
 
+/* Creates a memfd of @len bytes named @name, lets @init(header, @arg) fill its first
+ * @hdr_len bytes, and seals its size (rings and unwind tables). Returns 0 with the fd in
+ * @ret_fd, or -errno. */
+int ring__memfd_new(const char *name, size_t len, size_t hdr_len,
+                    void (*init)(void *hdr, void *arg), void *arg, int *ret_fd) HP_WARN_UNUSED;
+
 #endif

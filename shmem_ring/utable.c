@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "shmem_ring/ring_layout.h"
+
 #define UTABLE_GEN_MAX 0xffffu
 
 static bool utable_slots_valid(uint64_t n)
@@ -22,40 +24,20 @@ static size_t utable_bytes(uint64_t n_slots)
     return sizeof(struct utable_header) + (size_t)n_slots * sizeof(struct utable_slot);
 }
 
+static void utable_init_header(void *hdr, void *arg)
+{
+    struct utable_header *h = hdr;
+    h->magic = UTABLE_MAGIC;
+    h->n_slots = *(const size_t *)arg;
+    atomic_store_explicit(&h->gen, 1, memory_order_relaxed);
+}
+
 int utable_create(size_t n_slots, int *ret_fd)
 {
     if (!utable_slots_valid(n_slots))
         return -EINVAL;
-    int fd = memfd_create("heapprof-utable", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0)
-        return -errno;
-    int r;
-    size_t len = utable_bytes(n_slots);
-    if (ftruncate(fd, (off_t)len) < 0) {
-        r = -errno;
-        goto fail;
-    }
-    void *p = mmap(NULL, sizeof(struct utable_header), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-        r = -errno;
-        goto fail;
-    }
-    struct utable_header *h = p;
-    h->magic = UTABLE_MAGIC;
-    h->n_slots = n_slots;
-    atomic_store_explicit(&h->gen, 1, memory_order_relaxed);
-    (void)munmap(p, sizeof(struct utable_header));
-    /* As for rings: a file shrunk under a mapping would make accesses past its end
-     * SIGBUS. */
-    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-        r = -errno;
-        goto fail;
-    }
-    *ret_fd = fd;
-    return 0;
-fail:
-    (void)close(fd);
-    return r;
+    return ring__memfd_new("heapprof-utable", utable_bytes(n_slots), sizeof(struct utable_header),
+                           utable_init_header, &n_slots, ret_fd);
 }
 
 int utable_map(int fd, bool writable, struct utable *ret)

@@ -140,6 +140,22 @@ _Static_assert(sizeof(struct wire_alloc) == 200, "wire_alloc ABI");
 _Static_assert(offsetof(struct wire_alloc, stack_ptr) == 48, "wire_alloc ABI");
 _Static_assert(offsetof(struct wire_alloc, regs) == 64, "wire_alloc ABI");
 
+/* The fields both kinds of sampled allocation record start with, at the same offsets
+ * (struct wire_alloc, struct wire_alloc_pcs). */
+struct wire_alloc_head {
+    uint64_t seq;
+    uint64_t addr;
+    uint64_t size;
+    uint64_t sample_size;
+    uint64_t ts_ns;
+    uint32_t heap_id;
+    uint32_t tid;
+};
+_Static_assert(sizeof(struct wire_alloc_head) == 48, "wire_alloc_head ABI");
+_Static_assert(offsetof(struct wire_alloc, tid) == offsetof(struct wire_alloc_head, tid) &&
+                   offsetof(struct wire_alloc, stack_ptr) == sizeof(struct wire_alloc_head),
+               "wire_alloc starts with a wire_alloc_head");
+
 /* A sampled allocation whose stack the client walked itself (WIRE_FEATURE_UNWIND_TABLE):
  * followed by n_pcs pcs, innermost first: the pc of the allocation's call site (the
  * regs[WIRE_REG_RIP] a WIRE_ALLOC record would carry), then return addresses up to the
@@ -156,7 +172,9 @@ struct wire_alloc_pcs {
     uint32_t flags; /* 0 */
 };
 _Static_assert(sizeof(struct wire_alloc_pcs) == 56, "wire_alloc_pcs ABI");
-_Static_assert(offsetof(struct wire_alloc_pcs, n_pcs) == 48, "wire_alloc_pcs ABI");
+_Static_assert(offsetof(struct wire_alloc_pcs, tid) == offsetof(struct wire_alloc_head, tid) &&
+                   offsetof(struct wire_alloc_pcs, n_pcs) == sizeof(struct wire_alloc_head),
+               "wire_alloc_pcs starts with a wire_alloc_head");
 
 /* A free of an address the client sampled (or of any address once the client's filter
  * overflowed). Recorded before the real free. */

@@ -888,6 +888,18 @@ static void resolve_frame(struct unwinder_process *p, uint64_t pc, struct hp_fra
     s->f = *f;
 }
 
+/* Ends @frames (@n of at most @max) with the frame "ERROR <reason>" @err, in place of the
+ * last one when full. */
+static void append_error(struct hp_frame *frames, size_t *n, size_t max, const char *err,
+                         struct unwinder_result *res)
+{
+    if (*n == max)
+        (*n)--;
+    frames[(*n)++] = (struct hp_frame){
+        .map = NULL, .function_name = unwinder__intern(err, strlen(err)), .rel_pc = 0};
+    res->error = true;
+}
+
 int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint64_t stack_ptr,
                     const uint8_t *stack, size_t stack_len, struct hp_frame *frames,
                     size_t max_frames, size_t *ret_n, struct unwinder_result *ret_res)
@@ -1008,13 +1020,8 @@ out:
     /* Only hook frames and then the end: nothing a profile could use. */
     if (n == 0 && !err)
         err = "ERROR UNWIND_INFO_INVALID";
-    if (err) {
-        if (n == max)
-            n--;
-        frames[n++] = (struct hp_frame){
-            .map = NULL, .function_name = unwinder__intern(err, strlen(err)), .rel_pc = 0};
-        res.error = true;
-    }
+    if (err)
+        append_error(frames, &n, max, err, &res);
     res.reparsed_maps = p->reparsed;
     p->regs = NULL;
     p->stack = NULL;
@@ -1059,13 +1066,8 @@ int unwinder_resolve_pcs(unwinder_process_t *p, const uint64_t *pcs, size_t n_pc
     }
     if (n == 0 && !err)
         err = "ERROR UNWIND_INFO_INVALID";
-    if (err) {
-        if (n == max)
-            n--;
-        frames[n++] = (struct hp_frame){
-            .map = NULL, .function_name = unwinder__intern(err, strlen(err)), .rel_pc = 0};
-        res.error = true;
-    }
+    if (err)
+        append_error(frames, &n, max, err, &res);
     res.reparsed_maps = p->reparsed;
     *ret_n = n;
     *ret_res = res;

@@ -196,3 +196,14 @@ int e2e_check_rules(const char *trace)
     e2e_run_free(&run);
     return st;
 }
+
+long long e2e_number_before(const char *text, const char *what)
+{
+    const char *at = strstr(text, what);
+    if (!at)
+        return -1;
+    const char *num = at;
+    while (num > text && num[-1] >= '0' && num[-1] <= '9')
+        num--;
+    return num == at ? -1 : strtoll(num, NULL, 10);
+}

@@ -43,6 +43,9 @@ const struct bk_trace_process *e2e_find_process(const struct bk_trace *t, const 
  * CHECK_TRACE) on @trace; returns its exit status (0: every rule holds). */
 int e2e_check_rules(const char *trace);
 
+/* The number right before @what in @text (e.g. 12 in "12 walks audited"), or -1. */
+long long e2e_number_before(const char *text, const char *what);
+
 /* A fresh temporary file path (malloc'd) ending in @suffix. */
 char *e2e_tmp_path(const char *suffix);
 

@@ -362,18 +362,6 @@ static void check_plausible(const struct bk_trace_process *p)
 
 static const uint64_t g_unreleased_floor = 16u << 20;
 
-/* The number right before @what in @text (e.g. "12 walks audited"), or -1. */
-static long long number_before(const char *text, const char *what)
-{
-    const char *at = strstr(text, what);
-    if (!at)
-        return -1;
-    const char *num = at;
-    while (num > text && num[-1] >= '0' && num[-1] <= '9')
-        num--;
-    return num == at ? -1 : strtoll(num, NULL, 10);
-}
-
 /* Every stack the app walks is also copied (--audit-every 1): none may differ from the
  * service's unwind of its copy, and at least half the samples are walked. */
 static void check_walks(const char *needle, char *const prog[], char *const env[])
@@ -405,8 +393,8 @@ static void check_walks(const char *needle, char *const prog[], char *const env[
     struct e2e_run run;
     assert_int_equal(e2e_run(argv, env, &run), 0);
     assert_int_equal(run.status, 0);
-    long long samples = number_before(run.err, " samples (");
-    long long audited = number_before(run.err, " walks audited");
+    long long samples = e2e_number_before(run.err, " samples (");
+    long long audited = e2e_number_before(run.err, " walks audited");
     print_message("%s: %lld samples, %lld walked and audited\n", needle, samples, audited);
     if (strstr(run.err, "differed"))
         print_message("%s", run.err);

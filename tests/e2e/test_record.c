@@ -311,18 +311,6 @@ static void test_record_follow_fork(void **state)
     }
 }
 
-/* The number right before @what in @text, or -1. */
-static long long number_before(const char *text, const char *what)
-{
-    const char *at = strstr(text, what);
-    if (!at)
-        return -1;
-    const char *num = at;
-    while (num > text && num[-1] >= '0' && num[-1] <= '9')
-        num--;
-    return num == at ? -1 : strtoll(num, NULL, 10);
-}
-
 /* Libraries loaded and unloaded in turn, often at the same addresses, with frames of
  * different sizes at the same code offsets (tests/programs/dlloop_lib.c): the unwind
  * table's rules for one must never be used for the other, and every sample of a library
@@ -357,9 +345,9 @@ static void test_record_dlclose_resets_walks(void **state)
         struct e2e_run run;
         assert_int_equal(e2e_run(argv, NULL, &run), 0);
         assert_int_equal(run.status, 0);
-        long long samples = number_before(run.err, " samples (");
-        long long walked = number_before(run.err, " walked in the app");
-        long long audited = number_before(run.err, " walks audited");
+        long long samples = e2e_number_before(run.err, " samples (");
+        long long walked = e2e_number_before(run.err, " walked in the app");
+        long long audited = e2e_number_before(run.err, " walks audited");
         print_message("  audit %d: %lld samples, %lld walked, %lld audited\n", audit, samples,
                       walked, audited);
         if (strstr(run.err, "differed"))
