@@ -321,7 +321,7 @@ static void test_record_dlclose_resets_walks(void **state)
 {
     (void)state;
     char *prog[] = {(char *)e2e_env("DLLOOP"), (char *)e2e_env("DLLOOP_LIB_A"),
-                    (char *)e2e_env("DLLOOP_LIB_B"), "20", NULL};
+                    (char *)e2e_env("DLLOOP_LIB_B"), "12", NULL};
     for (int audit = 1; audit >= 0; audit--) {
         char *trace = e2e_tmp_path(".pftrace");
         char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"),

@@ -4,7 +4,7 @@
  *
  * Usage: dlloop LIB_A LIB_B ROUNDS
  * Each round loads LIB_A or LIB_B (alternately), calls its dlloop_alloc_{a,b} 200 times
- * for 1000 bytes (with a pause of 30 ms halfway, for a profiler to learn the library's
+ * for 1000 bytes (with a pause of 100 ms halfway, for a profiler to learn the library's
  * frames), frees every other block, keeps the rest until the end of the run, and unloads
  * the library. */
 #include <dlfcn.h>
@@ -44,7 +44,7 @@ int main(int argc, char **argv)
         }
         for (int i = 0; i < PER_ROUND; i++) {
             if (i == PER_ROUND / 2) {
-                struct timespec ts = {0, 30 * 1000 * 1000};
+                struct timespec ts = {0, 100 * 1000 * 1000};
                 nanosleep(&ts, NULL);
             }
             void *p = fn(1000);
