@@ -172,6 +172,11 @@ void *client_sample_tramp(void *p, size_t size, void *ret);
 int client_sample_tramp_int(void *p, size_t size, int ret);
 void client_record_free(struct client_session *s, void *p);
 
+/* Code came or goes (preload/hook.c tells the service, see there); from the dlopen and
+ * dlclose wrappers (preload/dl.c), in the application's context. */
+enum client_dl_event { CLIENT_DL_OPENED, CLIENT_DL_CLOSING, CLIENT_DL_CLOSED };
+void client_dl_event(enum client_dl_event ev);
+
 #pragma GCC visibility pop
 
 #endif

@@ -14,7 +14,6 @@
  * a program built against a newer glibc would bind its versioned reference to glibc's
  * own symbol anyway, so exporting ours would hook nothing and only widen the ABI.
  */
-#include <dlfcn.h>
 #include <errno.h>
 #include <malloc.h>
 #include <stdatomic.h>
@@ -184,7 +183,7 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
             return;
         }
         struct wire_alloc_pcs *a = w.data;
-        hook_fill_head(a, t, s, p, size, sample_size);
+        hook_fill_head(&a->head, t, s, p, size, sample_size);
         a->n_pcs = (uint32_t)n_pcs;
         a->flags = 0;
         memcpy(a + 1, pcs, n_pcs * sizeof(uint64_t));
@@ -329,12 +328,11 @@ uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint6
  *            table until the service started its next generation (other code may come
  *            at the addresses whose rules the table holds).
  *
- * Only with a service that speaks these records (it gave us an unwind table). Not hooks
- * of the allocator: they run in the application's context, where dlsym may be called. */
+ * Only with a service that speaks these records (it gave us an unwind table). The
+ * wrappers themselves, which call dlsym, are in preload/dl.c: no allocator hook reaches
+ * them. */
 
-enum hook_dl_event { HOOK_DL_OPENED, HOOK_DL_CLOSING, HOOK_DL_CLOSED };
-
-static void hook_dl_event(enum hook_dl_event ev)
+void client_dl_event(enum client_dl_event ev)
 {
     struct client_tls *t = &client_tls;
     if (t->in_hook)
@@ -345,7 +343,7 @@ static void hook_dl_event(enum hook_dl_event ev)
     if (s && client_session_enter(s)) {
         if (s->utable.hdr && !hook_foreign_pid(s)) {
             struct ring_wspan w;
-            if (ev == HOOK_DL_CLOSING) {
+            if (ev == CLIENT_DL_CLOSING) {
                 if (ring_try_begin_write(s->ring, WIRE_SYNC, 0, &w) == 0) {
                     (void)ring_end_write(s->ring, &w);
                     hook_poke(s);
@@ -354,7 +352,7 @@ static void hook_dl_event(enum hook_dl_event ev)
                     (void)late;
                 }
             } else {
-                if (ev == HOOK_DL_CLOSED)
+                if (ev == CLIENT_DL_CLOSED)
                     atomic_store_explicit(&s->walk_hold_gen, utable_gen(&s->utable),
                                           memory_order_relaxed);
                 /* Lost (full ring): the maps are reread at least every second while
@@ -362,8 +360,8 @@ static void hook_dl_event(enum hook_dl_event ev)
                  * generation, which ends the hold. */
                 if (ring_try_begin_write(s->ring, WIRE_MAPS_CHANGED,
                                          sizeof(struct wire_maps_changed), &w) == 0) {
-                    struct wire_maps_changed m = {.flags = ev == HOOK_DL_CLOSED ? WIRE_MAPS_UNLOADED
-                                                                                : 0};
+                    struct wire_maps_changed m = {
+                        .flags = ev == CLIENT_DL_CLOSED ? WIRE_MAPS_UNLOADED : 0};
                     memcpy(w.data, &m, sizeof(m));
                     (void)ring_end_write(s->ring, &w);
                     hook_poke(s);
@@ -374,41 +372,6 @@ static void hook_dl_event(enum hook_dl_event ev)
     }
     errno = saved_errno;
     t->in_hook = false;
-}
-
-typedef void *(*hook_dlopen_fn)(const char *, int);
-typedef int (*hook_dlclose_fn)(void *);
-static _Atomic(hook_dlopen_fn) hook_real_dlopen;
-static _Atomic(hook_dlclose_fn) hook_real_dlclose;
-
-HP_EXPORT void *dlopen(const char *file, int mode)
-{
-    hook_dlopen_fn real = atomic_load_explicit(&hook_real_dlopen, memory_order_acquire);
-    if (!real) {
-        real = (hook_dlopen_fn)(uintptr_t)dlsym(RTLD_NEXT, "dlopen");
-        if (!real)
-            return NULL; /* no dlopen after us: nothing can be loaded */
-        atomic_store_explicit(&hook_real_dlopen, real, memory_order_release);
-    }
-    void *h = real(file, mode);
-    if (h)
-        hook_dl_event(HOOK_DL_OPENED);
-    return h;
-}
-
-HP_EXPORT int dlclose(void *handle)
-{
-    hook_dlclose_fn real = atomic_load_explicit(&hook_real_dlclose, memory_order_acquire);
-    if (!real) {
-        real = (hook_dlclose_fn)(uintptr_t)dlsym(RTLD_NEXT, "dlclose");
-        if (!real)
-            return -1; /* no dlclose after us: nothing could have been loaded */
-        atomic_store_explicit(&hook_real_dlclose, real, memory_order_release);
-    }
-    hook_dl_event(HOOK_DL_CLOSING);
-    int r = real(handle);
-    hook_dl_event(HOOK_DL_CLOSED);
-    return r;
 }
 
 /* ---- the exported entry points ---------------------------------------------------- */

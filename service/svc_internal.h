@@ -116,9 +116,7 @@ struct svc_client {
     /* WIRE_MAPS_CHANGED read but not acted on yet: SVC_MAPS_CHANGED | WIRE_MAPS_UNLOADED
      * (drain_upto() in service/unwind_thread.c). */
     uint32_t maps_changed;
-    uint64_t walked;           /* WIRE_ALLOC_PCS records: stacks the client walked itself */
-    uint64_t audits;           /* audited copies checked */
-    uint64_t audit_mismatches; /* ... whose walk disagreed with our unwind */
+    uint64_t audit_mismatches; /* audited walks that disagreed with our unwind */
 };
 
 struct svc_client *svc__client_free(struct svc_client *c);

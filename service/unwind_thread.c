@@ -48,8 +48,7 @@ static void post_start(struct svc_unwinder *u, struct svc_client *c)
 /* The common end of both kinds of sampled allocation: statistics, then the frames in
  * u->frames (@n of them; @r < 0: none) go to the bookkeeping thread. */
 static void post_sample(struct svc_unwinder *u, struct svc_client *c, int r, size_t n,
-                        const struct unwinder_result *res, uint32_t heap_id, uint64_t seq,
-                        uint64_t addr, uint64_t size, uint64_t sample_size)
+                        const struct unwinder_result *res, const struct wire_alloc_head *h)
 {
     /* One clock read per sample: the time since the previous sample's end (or the start
      * of the drain) counts, which adds the decoding of the records in between. */
@@ -87,12 +86,12 @@ static void post_sample(struct svc_unwinder *u, struct svc_client *c, int r, siz
         return;
     m->type = SVC_MSG_ALLOC;
     m->pid = c->pid;
-    m->heap_id = heap_id;
+    m->heap_id = h->heap_id;
     m->n = (uint32_t)n;
-    m->seq = seq;
-    m->addr = addr;
-    m->size = size;
-    m->sample_size = sample_size;
+    m->seq = h->seq;
+    m->addr = h->addr;
+    m->size = h->size;
+    m->sample_size = h->sample_size;
     memcpy(m + 1, u->frames, n * sizeof(struct hp_frame));
     atomic_fetch_add_explicit(&u->svc->samples, 1, memory_order_relaxed);
 }
@@ -117,7 +116,6 @@ static void audit_walk(struct svc_unwinder *u, struct svc_client *c, const uint6
 {
     size_t na = 0;
     struct unwinder_result ra;
-    c->audits++;
     atomic_fetch_add_explicit(&u->svc->audits, 1, memory_order_relaxed);
     if (res->error ||
         unwinder_resolve_pcs(c->unw, pcs, n_pcs, u->audit_frames, UNWINDER_MAX_FRAMES, &na, &ra) <
@@ -152,7 +150,10 @@ static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uin
                             UNWINDER_MAX_FRAMES, &n, &res);
     if (n_pcs > 0 && r >= 0)
         audit_walk(u, c, pcs, n_pcs, n, &res);
-    post_sample(u, c, r, n, &res, a.heap_id, a.seq, a.addr, a.size, a.sample_size);
+    /* struct wire_alloc starts with the fields of a struct wire_alloc_head (wire.h). */
+    struct wire_alloc_head h;
+    memcpy(&h, &a, sizeof(h));
+    post_sample(u, c, r, n, &res, &h);
 }
 
 /* A stack the client walked itself with its unwind table: only the frames to name. */
@@ -170,9 +171,8 @@ static void handle_alloc_pcs(struct svc_unwinder *u, struct svc_client *c, const
     int r = -ENOENT;
     if (c->unw)
         r = unwinder_resolve_pcs(c->unw, pcs, a.n_pcs, u->frames, UNWINDER_MAX_FRAMES, &n, &res);
-    c->walked++;
     atomic_fetch_add_explicit(&u->svc->walked, 1, memory_order_relaxed);
-    post_sample(u, c, r, n, &res, a.heap_id, a.seq, a.addr, a.size, a.sample_size);
+    post_sample(u, c, r, n, &res, &a.head);
 }
 
 static void handle_free(struct svc_unwinder *u, struct svc_client *c, const uint8_t *data,

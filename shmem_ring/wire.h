@@ -161,20 +161,12 @@ _Static_assert(offsetof(struct wire_alloc, tid) == offsetof(struct wire_alloc_he
  * regs[WIRE_REG_RIP] a WIRE_ALLOC record would carry), then return addresses up to the
  * outermost frame. */
 struct wire_alloc_pcs {
-    uint64_t seq;
-    uint64_t addr;
-    uint64_t size;
-    uint64_t sample_size;
-    uint64_t ts_ns;
-    uint32_t heap_id;
-    uint32_t tid;
+    struct wire_alloc_head head;
     uint32_t n_pcs; /* 1..WIRE_MAX_PCS */
     uint32_t flags; /* 0 */
 };
 _Static_assert(sizeof(struct wire_alloc_pcs) == 56, "wire_alloc_pcs ABI");
-_Static_assert(offsetof(struct wire_alloc_pcs, tid) == offsetof(struct wire_alloc_head, tid) &&
-                   offsetof(struct wire_alloc_pcs, n_pcs) == sizeof(struct wire_alloc_head),
-               "wire_alloc_pcs starts with a wire_alloc_head");
+_Static_assert(offsetof(struct wire_alloc_pcs, n_pcs) == 48, "wire_alloc_pcs ABI");
 
 /* A free of an address the client sampled (or of any address once the client's filter
  * overflowed). Recorded before the real free. */
