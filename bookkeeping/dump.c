@@ -18,12 +18,15 @@
  *
  * Profile packets are encoded by hand in one pass (the bench measured nanopb's
  * size-then-write passes at hundreds of times a copy of the same bytes); the rare small
- * packets (clock snapshots, process tree, the first packet) use nanopb.
+ * packets (clock snapshots, process tree, the first packet) use nanopb. Callstacks are
+ * encoded once, when interned (struct bk_emit); a packet is written with writev() from
+ * its buffer and from there, so they are not copied again.
  */
 #include <errno.h>
 #include <pb_encode.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -75,6 +78,10 @@ struct enc {
     uint8_t *p; /* bk->buf.p; may move when grown */
     size_t len;
     bool oom;
+    /* Pre-encoded callstacks the packet holds at offset ext_at of p, written from where
+     * the interning keeps them instead of being copied in (see put_callstacks). */
+    const uint8_t *ext;
+    size_t ext_at, ext_len;
 };
 
 static inline bool enc_reserve(bk_t *bk, struct enc *e, size_t n)
@@ -272,9 +279,8 @@ static inline uint8_t *vput(uint8_t *q, uint64_t v)
     return q;
 }
 
-/* Tag byte @tag and varint @v. Values below 2^14 take one unaligned store of the tag and
- * its bytes (which may write one byte past them). pre: BK_PB_VARINT_MAX + 2 bytes of
- * room. */
+/* Tag byte @tag and varint @v. Values below 2^21 take one unaligned store of the tag and
+ * their bytes (which may write past them). pre: BK_PB_VARINT_MAX + 2 bytes of room. */
 static inline uint8_t *tput(uint8_t *q, uint8_t tag, uint64_t v)
 {
     if (HP_LIKELY(v < 0x80)) {
@@ -286,6 +292,12 @@ static inline uint8_t *tput(uint8_t *q, uint8_t tag, uint64_t v)
         uint32_t w = tag | (uint32_t)((v & 0x7f) | 0x80) << 8 | (uint32_t)(v >> 7) << 16;
         memcpy(q, &w, sizeof(w));
         return q + 3;
+    }
+    if (HP_LIKELY(v < 0x200000)) {
+        uint32_t w = tag | (uint32_t)((v & 0x7f) | 0x80) << 8 |
+                     (uint32_t)((v >> 7 & 0x7f) | 0x80) << 16 | (uint32_t)(v >> 14) << 24;
+        memcpy(q, &w, sizeof(w));
+        return q + 4;
     }
     *q = tag;
     return vput(q + 1, v);
@@ -318,21 +330,25 @@ static bool put_samples(bk_t *bk, struct enc *e, const struct bk_heap *h, size_t
             return false;
         uint8_t *q = e->p + e->len, *const q0 = q;
         for (size_t k = *i, end = *i + n; k < end; k++) {
-            const struct bk_site *s = &sites[k];
+            /* Read before the stores, which could alias them as far as the compiler
+             * knows. */
+            const uint64_t al = sites[k].allocated, fr = sites[k].freed, ac = sites[k].alloc_count,
+                           fc = sites[k].free_count;
+            const uint32_t cs = sites[k].callstack_id, st = sites[k].max_stamp;
             q[0] = (uint8_t)(2 << 3 | BK_PB_LEN);
             uint8_t *len = q + 1;
             q += 2;
-            q = tput(q, 1 << 3, s->callstack_id);
-            q = tput(q, 2 << 3, s->allocated);
-            q = tput(q, 3 << 3, s->freed);
-            q = tput(q, 5 << 3, s->alloc_count);
-            q = tput(q, 6 << 3, s->free_count);
+            q = tput(q, 1 << 3, cs);
+            q = tput(q, 2 << 3, al);
+            q = tput(q, 3 << 3, fr);
+            q = tput(q, 5 << 3, ac);
+            q = tput(q, 6 << 3, fc);
             if (at_max) {
                 /* bk__site_at_peak(), with the heap's fields in locals. */
-                uint64_t mb = s->allocated - s->freed, mc = s->alloc_count - s->free_count;
+                uint64_t mb = al - fr, mc = ac - fc;
                 if (!any_peak) {
                     mb = mc = 0;
-                } else if (s->max_stamp == stamp) {
+                } else if (st == stamp) {
                     mb = maxes[k].bytes;
                     mc = maxes[k].count;
                 }
@@ -349,9 +365,12 @@ static bool put_samples(bk_t *bk, struct enc *e, const struct bk_heap *h, size_t
     return true;
 }
 
-/* Copies pre-encoded callstacks (struct bk_emit) from entry *@i at byte offset *@off,
- * as many whole entries as keep @used within @budget (at least one when !@any). */
-static bool put_callstacks(bk_t *bk, struct enc *e, size_t *i, size_t *off, size_t *used,
+/* Takes pre-encoded callstacks (struct bk_emit) from entry *@i at byte offset *@off,
+ * as many whole entries as keep @used within @budget (at least one when !@any), into
+ * the packet at its current end. The bytes are not copied: the packet is written with
+ * them in place (e->ext), so nothing may follow them in the buffer but the closing of
+ * the interned data and the profile packet. */
+static void put_callstacks(bk_t *bk, struct enc *e, size_t *i, size_t *off, size_t *used,
                            size_t budget, bool *any)
 {
     const struct bk_emit *em = &bk->in.emit;
@@ -372,16 +391,14 @@ static bool put_callstacks(bk_t *bk, struct enc *e, size_t *i, size_t *off, size
     }
     size_t n = end - *off;
     if (n == 0)
-        return true;
-    if (!enc_reserve(bk, e, n))
-        return false;
-    memcpy(e->p + e->len, em->p + *off, n);
-    e->len += n;
+        return;
+    e->ext = em->p + *off;
+    e->ext_at = e->len;
+    e->ext_len = n;
     *used += n;
     *any = true;
     *i = idx;
     *off = end;
-    return true;
 }
 
 /* ---- process dumps ---- */
@@ -446,10 +463,18 @@ static bool buf_write_cb(pb_ostream_t *s, const pb_byte_t *b, size_t n)
     return true;
 }
 
-static int write_all(int fd, const uint8_t *p, size_t n)
+/* Writes all bytes of @iov[0..@n) (pipes and sockets may take part of them per call);
+ * @iov is consumed. */
+static int writev_all(int fd, struct iovec *iov, int n)
 {
-    while (n) {
-        ssize_t w = write(fd, p, n);
+    for (;;) {
+        while (n > 0 && iov->iov_len == 0) {
+            iov++;
+            n--;
+        }
+        if (n == 0)
+            return 0;
+        ssize_t w = writev(fd, iov, n);
         if (w < 0) {
             if (errno == EINTR)
                 continue;
@@ -457,49 +482,53 @@ static int write_all(int fd, const uint8_t *p, size_t n)
         }
         if (w == 0)
             return -EIO;
-        p += w;
-        n -= (size_t)w;
+        for (size_t left = (size_t)w; left;) {
+            size_t k = HP_MIN(left, iov->iov_len);
+            iov->iov_base = (uint8_t *)iov->iov_base + k;
+            iov->iov_len -= k;
+            left -= k;
+            if (iov->iov_len == 0) {
+                iov++;
+                n--;
+            }
+        }
     }
-    return 0;
 }
 
-/* Appends @n bytes holding one framed Trace.packet to the output. After a failed write
- * nothing more is written. */
-static int write_framed(bk_t *bk, const uint8_t *p, size_t n)
+/* Appends one Trace.packet: the frame header for @len bytes of packet, then the packet,
+ * in the pieces @iov[1..@n) (iov[0] is the header's). After a failed write nothing more
+ * is written, so the file stays a valid trace up to a possibly truncated last packet
+ * (which readers skip). */
+static int write_framed(bk_t *bk, struct iovec *iov, int n, size_t len)
 {
     if (bk->out_broken)
         return bk->counters.last_write_error;
-    int r = write_all(bk->out_fd, p, n);
+    uint8_t hdr[FRAME_HEADROOM];
+    size_t hlen = bk__pb_put_packet_header(hdr, len);
+    iov[0] = (struct iovec){hdr, hlen};
+    int r = writev_all(bk->out_fd, iov, n);
     if (r < 0) {
         bk->counters.last_write_error = r;
         bk->out_broken = true;
         return r;
     }
     bk->counters.packets_written++;
-    bk->counters.bytes_written += n;
+    bk->counters.bytes_written += hlen + len;
     return 0;
 }
 
-/* Encodes @pkt and appends it to the output as one Trace.packet field. After a failed
- * write nothing more is written, so the file stays a valid trace up to a possibly
- * truncated last packet (which readers skip). */
+/* Encodes @pkt and appends it to the output as one Trace.packet field. */
 static int write_packet(bk_t *bk, const perfetto_protos_TracePacket *pkt)
 {
     if (bk->out_broken)
         return bk->counters.last_write_error;
     struct bk_buf *buf = &bk->buf;
-    if (bk__grow((void **)&buf->p, &buf->cap, FRAME_HEADROOM, 1) < 0)
-        return -ENOMEM;
-    buf->len = FRAME_HEADROOM;
+    buf->len = 0;
     pb_ostream_t os = {.callback = buf_write_cb, .state = buf, .max_size = SIZE_MAX};
     if (!pb_encode(&os, perfetto_protos_TracePacket_fields, pkt))
         return -ENOMEM; /* the only way a growable buffer fails */
-    size_t len = buf->len - FRAME_HEADROOM;
-    uint8_t hdr[FRAME_HEADROOM];
-    size_t hlen = bk__pb_put_packet_header(hdr, len);
-    uint8_t *start = buf->p + FRAME_HEADROOM - hlen;
-    memcpy(start, hdr, hlen);
-    return write_framed(bk, start, hlen + len);
+    struct iovec iov[2] = {{0}, {buf->p, buf->len}};
+    return write_framed(bk, iov, 2, buf->len);
 }
 
 static perfetto_protos_TracePacket packet_new(const bk_t *bk, uint64_t ts_boot_ns)
@@ -642,7 +671,7 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
 
     int src = 0;
     for (;;) {
-        struct enc e = {.p = bk->buf.p, .len = FRAME_HEADROOM};
+        struct enc e = {.p = bk->buf.p};
         if (!enc_reserve(bk, &e, fixed + 64))
             return -ENOMEM;
         put_uint(&e, 8, ts_boot);
@@ -661,8 +690,7 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
                         return -ENOMEM;
                     interned = open4(&e, 12);
                 }
-                if (!put_callstacks(bk, &e, &begin[src], &cs_off, &used, budget, &any))
-                    return -ENOMEM;
+                put_callstacks(bk, &e, &begin[src], &cs_off, &used, budget, &any);
                 if (begin[src] < limit[src])
                     goto interned_done;
                 continue;
@@ -685,8 +713,11 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
             }
         }
     interned_done:
-        if (interned != SIZE_MAX)
+        if (interned != SIZE_MAX) {
+            e.len += e.ext_len; /* the length counts the callstacks written in place */
             close4(&e, interned);
+            e.len -= e.ext_len;
+        }
         if (!enc_reserve(bk, &e, 64 + heap_name_len))
             return -ENOMEM;
         size_t pp = open4(&e, 37);
@@ -714,16 +745,13 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
         put_uint(&e, 6, !last);
         put_uint(&e, 7, bk->next_packet_index);
         close4(&e, pp);
-        if (e.len - start > MAX_LEN4)
+        if (e.len + e.ext_len - start > MAX_LEN4)
             return -E2BIG; /* cannot happen: items are bounded and so is the budget */
-
-        /* Trace framing right in front of the packet. */
-        size_t len = e.len - FRAME_HEADROOM;
-        uint8_t hdr[FRAME_HEADROOM];
-        size_t hlen = bk__pb_put_packet_header(hdr, len);
-        uint8_t *out = e.p + FRAME_HEADROOM - hlen;
-        memcpy(out, hdr, hlen);
-        int r = write_framed(bk, out, hlen + len);
+        struct iovec iov[4] = {{0},
+                               {e.p, e.ext ? e.ext_at : e.len},
+                               {(void *)e.ext, e.ext_len},
+                               {e.p + e.ext_at, e.ext ? e.len - e.ext_at : 0}};
+        int r = write_framed(bk, iov, 4, e.len + e.ext_len);
         if (r < 0)
             return r;
         bk->next_packet_index++;
@@ -750,21 +778,8 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
 /* Appends @body (a complete TracePacket) to the output as one Trace.packet. */
 static int write_raw_packet(bk_t *bk, const uint8_t *body, size_t len)
 {
-    if (bk->out_broken)
-        return bk->counters.last_write_error;
-    uint8_t hdr[FRAME_HEADROOM];
-    size_t hlen = bk__pb_put_packet_header(hdr, len);
-    int r = write_all(bk->out_fd, hdr, hlen);
-    if (r == 0)
-        r = write_all(bk->out_fd, body, len);
-    if (r < 0) {
-        bk->counters.last_write_error = r;
-        bk->out_broken = true;
-        return r;
-    }
-    bk->counters.packets_written++;
-    bk->counters.bytes_written += hlen + len;
-    return 0;
+    struct iovec iov[2] = {{0}, {(void *)body, len}};
+    return write_framed(bk, iov, 2, len);
 }
 
 /* The address_symbols of one mapping, as they are collected. */

@@ -12,12 +12,15 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "bookkeeping/bookkeeping.h"
@@ -126,18 +129,19 @@ static int memfd_path(struct written *w)
     return 0;
 }
 
-/* Writes: two processes, SITES stacks each, two dumps each (A's second one at its end),
- * in packets of at most MAX_PACKET bytes. */
-static void write_workload(struct written *w, bool dump_at_max)
+/* Writes to @fd: two processes, SITES stacks each, two dumps each (A's second one at
+ * its end), in packets of at most @max_packet bytes (0: the default bound). */
+static void write_workload_to(int fd, struct written *w, bool dump_at_max, size_t max_packet)
 {
-    assert_int_equal(memfd_path(w), 0);
+    w->fd = fd;
     bk_t *bk;
     assert_int_equal(
         bk_new(
             &(struct bk_config){.out_fd = w->fd, .sequence_id = SEQ_ID, .dump_at_max = dump_at_max},
             &bk),
         0);
-    bk__set_max_packet_bytes(bk, MAX_PACKET);
+    if (max_packet)
+        bk__set_max_packet_bytes(bk, max_packet);
     assert_int_equal(bk_process_start(bk, PID_A, "app\0--mode\0fast\0", 16, true, 4096), 0);
     assert_int_equal(bk_process_start(bk, PID_B, "daemon", 6, false, 512), 0);
     struct model m = {0};
@@ -178,8 +182,16 @@ static void write_workload(struct written *w, bool dump_at_max)
     assert_int_equal(c.seq_gaps, 0);
     struct stat sb;
     assert_int_equal(fstat(w->fd, &sb), 0);
-    assert_int_equal(c.bytes_written, (uint64_t)sb.st_size);
+    if (S_ISREG(sb.st_mode))
+        assert_int_equal(c.bytes_written, (uint64_t)sb.st_size);
     bk_free(bk);
+}
+
+/* write_workload_to() a new memfd, in packets of at most MAX_PACKET bytes. */
+static void write_workload(struct written *w, bool dump_at_max)
+{
+    assert_int_equal(memfd_path(w), 0);
+    write_workload_to(w->fd, w, dump_at_max, MAX_PACKET);
 }
 
 static uint8_t *read_all(int fd, size_t *ret_len)
@@ -583,6 +595,76 @@ static void check_one(const struct bk_trace *t, int32_t pid, const char *leaf, u
     assert_string_equal(p->callsites[0].frames[0].function_name, "main");
 }
 
+static volatile sig_atomic_t alarms;
+static void on_alarm(int sig)
+{
+    (void)sig;
+    alarms++;
+}
+
+struct slow_reader {
+    int rfd, out_fd;
+};
+
+/* Copies the pipe to the file in small reads, pausing between them, so the writer waits
+ * on a full pipe most of the time. */
+static void *read_slowly(void *arg)
+{
+    const struct slow_reader *r = arg;
+    char b[1500];
+    ssize_t n;
+    while ((n = read(r->rfd, b, sizeof(b))) > 0) {
+        assert_int_equal(write(r->out_fd, b, (size_t)n), n);
+        usleep(20);
+    }
+    return NULL;
+}
+
+/* Packets larger than the pipe written while a timer interrupts the writer: the writes
+ * come back short or with EINTR, and every packet still arrives whole and in order. */
+static void test_dump_partial_writes(void **state)
+{
+    (void)state;
+    int p[2];
+    assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+    (void)fcntl(p[1], F_SETPIPE_SZ, 4096);
+    struct written w;
+    assert_int_equal(memfd_path(&w), 0);
+    struct slow_reader r = {.rfd = p[0], .out_fd = w.fd};
+    /* The timer's signal goes to this thread only, and interrupts its writes. */
+    sigset_t alrm, old;
+    sigemptyset(&alrm);
+    sigaddset(&alrm, SIGALRM);
+    assert_int_equal(pthread_sigmask(SIG_BLOCK, &alrm, &old), 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, read_slowly, &r), 0);
+    assert_int_equal(pthread_sigmask(SIG_SETMASK, &old, NULL), 0);
+    struct sigaction sa = {.sa_handler = on_alarm}, old_sa; /* no SA_RESTART */
+    assert_int_equal(sigaction(SIGALRM, &sa, &old_sa), 0);
+    struct itimerval every = {{0, 300}, {0, 300}}, off = {0};
+    alarms = 0;
+    assert_int_equal(setitimer(ITIMER_REAL, &every, NULL), 0);
+
+    struct written sent;
+    write_workload_to(p[1], &sent, true, 0);
+
+    assert_int_equal(setitimer(ITIMER_REAL, &off, NULL), 0);
+    assert_int_equal(sigaction(SIGALRM, &old_sa, NULL), 0);
+    close(p[1]);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    close(p[0]);
+    assert_true(alarms > 0);
+    struct bk_trace *tr;
+    assert_int_equal(bk_trace_load(w.path, NULL, &tr), 0);
+    const struct bk_trace_process *a = find_proc(tr, PID_A), *b = find_proc(tr, PID_B);
+    assert_int_equal(a->n_dumps, 2);
+    assert_int_equal(b->n_dumps, 2);
+    check_process(a, &sent.dump2, 0);
+    check_process(b, &sent.dump2, 1);
+    bk_trace_free(tr);
+    close(w.fd);
+}
+
 static void test_dump_sequences_kept_apart(void **state)
 {
     (void)state;
@@ -819,6 +901,7 @@ int main(void)
         cmocka_unit_test(test_dump_self_max_at_peak),
         cmocka_unit_test(test_dump_packet_structure),
         cmocka_unit_test(test_dump_truncated_last_packet),
+        cmocka_unit_test(test_dump_partial_writes),
         cmocka_unit_test(test_dump_sequences_kept_apart),
         cmocka_unit_test(test_dump_write_error_is_kept),
         cmocka_unit_test(test_dump_hostile_input),
