@@ -324,7 +324,7 @@ static void apply_free(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
     live_remove(h, r->addr, live);
 }
 
-static void apply(bk_t *bk, struct bk_proc *p, const struct bk_pending *r)
+static void apply_now(bk_t *bk, struct bk_proc *p, const struct bk_pending *r)
 {
     bk->counters.records_applied++;
     struct bk_heap *h = heap_get(bk, p, r->heap_id);
@@ -336,6 +336,27 @@ static void apply(bk_t *bk, struct bk_proc *p, const struct bk_pending *r)
         apply_alloc(bk, h, r);
     else
         apply_free(bk, h, r);
+}
+
+/* Applies @r after the BK_READY records in order that follow it (see bk_proc.ready). */
+static void apply(bk_t *bk, struct bk_proc *p, const struct bk_pending *r)
+{
+    if (HP_LIKELY(p->heaps[0]->heap_id == r->heap_id))
+        bk__map_prefetch(&p->heaps[0]->live, r->addr);
+    if (p->n_ready == BK_READY) {
+        apply_now(bk, p, &p->ready[p->ready_head]);
+        p->ready_head = (p->ready_head + 1) % BK_READY;
+        p->n_ready--;
+    }
+    p->ready[(p->ready_head + p->n_ready++) % BK_READY] = *r;
+}
+
+void bk__flush_ready(bk_t *bk, struct bk_proc *p)
+{
+    for (; p->n_ready; p->n_ready--) {
+        apply_now(bk, p, &p->ready[p->ready_head]);
+        p->ready_head = (p->ready_head + 1) % BK_READY;
+    }
 }
 
 /* ---- reorder heap ---- */
@@ -427,6 +448,7 @@ void bk__flush_pending(bk_t *bk, struct bk_proc *p)
 {
     while (p->n_heap)
         apply_oldest(bk, p);
+    bk__flush_ready(bk, p);
 }
 
 void bk_record_alloc(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint64_t addr,
@@ -510,6 +532,8 @@ int bk_process_end(bk_t *bk, int32_t pid, const struct bk_process_stats *stats, 
 
 void bk_get_counters(bk_t *bk, struct bk_counters *ret)
 {
+    for (size_t i = 0; i < bk->n_procs; i++)
+        bk__flush_ready(bk, bk->procs[i]);
     *ret = bk->counters;
 }
 

@@ -110,6 +110,7 @@ struct bk_counters {
     uint64_t bytes_written;
     int last_write_error; /* 0 or -errno of the last failed write */
 };
+/* Applies the records in order that wait to be (see bk_proc.ready in state.h) first. */
 void bk_get_counters(bk_t *bk, struct bk_counters *ret);
 
 #endif

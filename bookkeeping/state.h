@@ -17,7 +17,7 @@
  * cleared when the low bits wrap, so an old stamp never passes for a new one.
  *
  *     struct bk_proc *p = bk__find_proc(bk, pid);
- *     bk__flush_pending(bk, p);      // apply what waits in the reorder heap
+ *     bk__flush_pending(bk, p);      // apply what waits (reorder heap, ready queue)
  *     int r = bk__dump_proc(bk, p);  // then write its dump
  *
  * Bookkeeping thread only.
@@ -35,6 +35,8 @@
 
 /* Records pending beyond this many force the oldest one through (a seq gap). */
 #define BK_REORDER_WINDOW 1024
+/* Records in order applied this many records later (a power of two). */
+#define BK_READY 8
 /* Dumps are split so that no TracePacket exceeds this many bytes. */
 #define BK_MAX_PACKET_BYTES (400 * 1000)
 #define BK_HEAP_NAME "libc.malloc"
@@ -114,6 +116,11 @@ struct bk_proc {
     uint64_t next_seq;
     struct bk_pending *heap; /* min-heap by seq */
     size_t n_heap, cap_heap;
+    /* Records in order wait here for BK_READY more before they are applied: the live
+     * table is large and hit at random, and the slot of each one is prefetched as it
+     * comes in. */
+    struct bk_pending ready[BK_READY];
+    uint32_t ready_head, n_ready;
 
     /* Heaps in order of first use; heaps[0] exists from the start (heap id 0). */
     struct bk_heap **heaps;
@@ -188,6 +195,8 @@ struct bk_heap *bk__find_heap(const struct bk_proc *p, uint32_t heap_id);
 void bk__heap_name(uint32_t heap_id, char *buf, size_t len);
 /* Applies every pending record of @p in seq order. */
 void bk__flush_pending(bk_t *bk, struct bk_proc *p);
+/* Applies the records in order that wait in @p's ready queue (not the reorder heap). */
+void bk__flush_ready(bk_t *bk, struct bk_proc *p);
 
 /* bookkeeping/dump.c */
 /* The first packet: clock snapshot, SEQ_INCREMENTAL_STATE_CLEARED, iid 0 = "". */

@@ -85,21 +85,29 @@ static uint32_t callstack_of(bk_t *bk, unsigned site)
     return id;
 }
 
+/* Heap @heap_id of @pid with the records in order so far applied (records wait in a
+ * short queue before they are). */
+static struct bk_heap *heap_now(bk_t *bk, int32_t pid, uint32_t heap_id)
+{
+    struct bk_proc *p = bk__find_proc(bk, pid);
+    assert_non_null(p);
+    bk__flush_ready(bk, p);
+    struct bk_heap *h = bk__find_heap(p, heap_id);
+    assert_non_null(h);
+    return h;
+}
+
 /* The index of @site in heap 0 of PID, or -1 if it never allocated. */
 static int64_t site_index_of(bk_t *bk, unsigned site)
 {
-    struct bk_proc *p = bk__find_proc(bk, PID);
-    assert_non_null(p);
-    struct bk_heap *h = bk__find_heap(p, 0);
-    assert_non_null(h);
-    return bk__site_find(h, callstack_of(bk, site));
+    return bk__site_find(heap_now(bk, PID, 0), callstack_of(bk, site));
 }
 
 /* The counters of @site in PID; a zeroed site if it never allocated. */
 static struct bk_site site_of(bk_t *bk, unsigned site)
 {
     int64_t i = site_index_of(bk, site);
-    return i >= 0 ? bk__find_heap(bk__find_proc(bk, PID), 0)->sites[i] : (struct bk_site){0};
+    return i >= 0 ? heap_now(bk, PID, 0)->sites[i] : (struct bk_site){0};
 }
 
 static struct bk_counters counters(bk_t *bk)
@@ -131,7 +139,7 @@ static void test_bookkeeping_alloc_free_counters(void **state)
     assert_int_equal(s2.freed, 4096);
     assert_int_equal(s2.free_count, 1);
     assert_int_equal(bk__site_live_count(&s2), 1);
-    assert_int_equal(bk__find_heap(bk__find_proc(bk, PID), 0)->live_total, 250);
+    assert_int_equal(heap_now(bk, PID, 0)->live_total, 250);
     struct bk_counters c = counters(bk);
     assert_int_equal(c.records_applied, 6);
     assert_int_equal(c.unknown_frees, 0);
@@ -173,7 +181,7 @@ static void test_bookkeeping_replace_at_live_address(void **state)
     assert_int_equal(s2.allocated, 300);
     assert_int_equal(s2.alloc_count, 1);
     assert_int_equal(bk__site_live_bytes(&s2), 300);
-    assert_int_equal(bk__find_heap(bk__find_proc(bk, PID), 0)->live_total, 300);
+    assert_int_equal(heap_now(bk, PID, 0)->live_total, 300);
     bk_record_free(bk, PID, 0, 3, 0x1000);
     assert_int_equal(site_of(bk, 2).freed, 300);
     assert_int_equal(site_of(bk, 1).free_count, 1);
@@ -258,13 +266,12 @@ static void test_bookkeeping_reorder_within_window(void **state)
     assert_int_equal(a.replaced_allocs, b.replaced_allocs);
     for (unsigned k = 0; k < 8; k++) {
         struct bk_site x = site_of(fx->bk, k), y;
-        struct bk_proc *p = bk__find_proc(shuffled, PID);
         uint32_t cs;
         struct hp_frame f[2];
         char name[16];
         make_stack(f, k, name);
         assert_int_equal(bk__intern_stack(&shuffled->in, f, 2, &cs), 0);
-        struct bk_heap *h = bk__find_heap(p, 0);
+        struct bk_heap *h = heap_now(shuffled, PID, 0);
         int64_t idx = bk__site_find(h, cs);
         assert_true(idx >= 0);
         y = h->sites[idx];
@@ -354,7 +361,7 @@ static void peak_of(bk_t *bk, unsigned site, uint64_t *bytes, uint64_t *count)
         *bytes = *count = 0;
         return;
     }
-    bk__site_at_peak(bk__find_heap(bk__find_proc(bk, PID), 0), (size_t)i, bytes, count);
+    bk__site_at_peak(heap_now(bk, PID, 0), (size_t)i, bytes, count);
 }
 
 static void test_bookkeeping_peak_values(void **state)
@@ -376,7 +383,7 @@ static void test_bookkeeping_peak_values(void **state)
     bk_record_free(bk, PID, 0, 6, 0xd);
     bk_record_free(bk, PID, 0, 7, 0xb);
     alloc(bk, 8, 0xe, 10, 3); /* 70 */
-    struct bk_heap *h = bk__find_heap(bk__find_proc(bk, PID), 0);
+    struct bk_heap *h = heap_now(bk, PID, 0);
     assert_int_equal(h->peak_total, 310);
     peak_of(bk, 1, &b, &n);
     assert_int_equal(b, 200);
@@ -401,7 +408,7 @@ static void peak_model(struct fixture *fx, uint64_t first_peak_id)
     static struct op ops[N];
     const uint64_t seed = 0xfeedbeef; /* deterministic workload */
     make_workload(ops, N, seed);
-    bk__find_heap(bk__find_proc(fx->bk, PID), 0)->peak_id = first_peak_id;
+    heap_now(fx->bk, PID, 0)->peak_id = first_peak_id;
     uint64_t live_addr_size[64] = {0};
     unsigned live_addr_site[64] = {0};
     int64_t live[SITES] = {0}, live_n[SITES] = {0};
@@ -430,7 +437,7 @@ static void peak_model(struct fixture *fx, uint64_t first_peak_id)
         }
         submit_op(fx->bk, o, i + 1);
     }
-    assert_int_equal(bk__find_heap(bk__find_proc(fx->bk, PID), 0)->peak_total, peak);
+    assert_int_equal(heap_now(fx->bk, PID, 0)->peak_total, peak);
     for (unsigned k = 0; k < SITES; k++) {
         uint64_t b, n;
         peak_of(fx->bk, k, &b, &n);
@@ -451,7 +458,7 @@ static void test_bookkeeping_bug_peak_stamp_wrap(void **state)
 {
     struct fixture *fx = *state;
     peak_model(fx, UINT32_MAX - 20);
-    struct bk_heap *h = bk__find_heap(bk__find_proc(fx->bk, PID), 0);
+    struct bk_heap *h = heap_now(fx->bk, PID, 0);
     assert_true(h->peak_id > UINT32_MAX);
     assert_int_not_equal((uint32_t)h->peak_id, 0);
 }
@@ -463,12 +470,12 @@ static void test_bookkeeping_bug_peak_stamp_zero(void **state)
     struct fixture *fx = *state;
     bk_t *bk = fx->bk;
     alloc(bk, 1, 0xa, 100, 1); /* before any peak: site 1 is never stamped */
-    struct bk_heap *h = bk__find_heap(bk__find_proc(bk, PID), 0);
+    struct bk_heap *h = heap_now(bk, PID, 0);
     assert_int_equal(h->sites[site_index_of(bk, 1)].max_stamp, 0);
     h->peak_id = (uint64_t)UINT32_MAX - 1;
     alloc(bk, 2, 0xb, 10, 2);
     alloc(bk, 3, 0xc, 10, 2); /* two new peaks: the low bits pass 0 */
-    assert_true(h->peak_id > UINT32_MAX);
+    assert_true(heap_now(bk, PID, 0)->peak_id > UINT32_MAX);
     uint64_t b, n;
     peak_of(bk, 1, &b, &n);
     assert_int_equal(b, 100);
@@ -516,20 +523,17 @@ static void test_bookkeeping_heaps_are_separate(void **state)
     const uint64_t big = 5ull << 30;
     bk_record_alloc(bk, PID, 0, 1, 0x1000, 100, 100, f, 2);
     bk_record_alloc(bk, PID, 7, 2, 0x1000, big, big, f, 2);
-    struct bk_proc *p = bk__find_proc(bk, PID);
-    struct bk_heap *h0 = bk__find_heap(p, 0), *h7 = bk__find_heap(p, 7);
-    assert_non_null(h7);
-    assert_int_equal(h0->live_total, 100);
-    assert_int_equal(h7->live_total, big);
+    assert_int_equal(heap_now(bk, PID, 0)->live_total, 100);
+    assert_int_equal(heap_now(bk, PID, 7)->live_total, big);
     assert_int_equal(counters(bk).replaced_allocs, 0);
     bk_record_free(bk, PID, 7, 3, 0x1000);
-    assert_int_equal(h7->live_total, 0);
-    assert_int_equal(h7->sites[0].freed, big);
-    assert_int_equal(h0->live_total, 100);
+    assert_int_equal(heap_now(bk, PID, 7)->live_total, 0);
+    assert_int_equal(heap_now(bk, PID, 7)->sites[0].freed, big);
+    assert_int_equal(heap_now(bk, PID, 0)->live_total, 100);
     bk_record_free(bk, PID, 7, 4, 0x1000);
     assert_int_equal(counters(bk).unknown_frees, 1);
     bk_record_free(bk, PID, 0, 5, 0x1000);
-    assert_int_equal(h0->live_total, 0);
+    assert_int_equal(heap_now(bk, PID, 0)->live_total, 0);
     char buf[64];
     bk__heap_name(0, buf, sizeof(buf));
     assert_string_equal(buf, "libc.malloc");
