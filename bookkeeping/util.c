@@ -3,6 +3,18 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+
+void bk__advise_huge(void *p, size_t bytes)
+{
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    if (bytes < 2 * huge)
+        return;
+    uintptr_t start = ((uintptr_t)p + huge - 1) & ~(huge - 1);
+    uintptr_t end = ((uintptr_t)p + bytes) & ~(huge - 1);
+    if (end > start)
+        (void)madvise((void *)start, end - start, MADV_HUGEPAGE); /* a hint; may fail */
+}
 
 int bk__grow(void **p, size_t *cap, size_t need, size_t elem)
 {
@@ -19,6 +31,7 @@ int bk__grow(void **p, size_t *cap, size_t need, size_t elem)
     void *q = realloc(*p, n * elem);
     if (!q)
         return -ENOMEM;
+    bk__advise_huge(q, n * elem);
     *p = q;
     *cap = n;
     return 0;
@@ -173,6 +186,7 @@ static int map_rehash(struct bk_map *m, size_t cap)
     n.slots = malloc(cap * m->stride);
     if (!n.slots)
         return -ENOMEM;
+    bk__advise_huge(n.slots, cap * m->stride);
     for (size_t i = 0; i < cap; i++)
         *slot_key(&n, i) = MAP_EMPTY;
     for (size_t i = 0; i < m->cap; i++) {

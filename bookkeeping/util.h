@@ -29,6 +29,10 @@
 /* Grows the array *@p of *@cap elements of @elem bytes so it holds at least @need.
  * Returns 0 or -ENOMEM (then *@p and *@cap are unchanged). */
 int bk__grow(void **p, size_t *cap, size_t need, size_t elem) HP_WARN_UNUSED;
+/* Asks for huge pages under the 2 MiB-aligned part of [@p, @p + @bytes) when it has
+ * some: large tables hit at random, or streamed through by dumps, then take fewer TLB
+ * misses. Only a hint. */
+void bk__advise_huge(void *p, size_t bytes);
 
 static inline uint64_t bk__hash_u64(uint64_t x)
 {
