@@ -459,10 +459,6 @@ void bk_record_alloc(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint
     struct bk_proc *p = bk__find_proc(bk, pid);
     if (!p)
         return;
-    /* The live table is large and hit at random: its slot loads while the stack is
-     * interned. */
-    if (HP_LIKELY(p->heaps[0]->heap_id == heap_id))
-        bk__map_prefetch(&p->heaps[0]->live, addr);
     uint32_t cs;
     if (bk__intern_stack(&bk->in, frames, n_frames, &cs) < 0)
         return;

@@ -139,6 +139,8 @@ static inline size_t open4(struct enc *e, uint32_t field)
 static inline void close4(struct enc *e, size_t at)
 {
     size_t n = e->len - at - LEN4;
+    if (e->ext && at < e->ext_at)
+        n += e->ext_len; /* it holds the callstacks written in place */
     uint8_t *q = e->p + at;
     q[0] = (uint8_t)(n | 0x80);
     q[1] = (uint8_t)(n >> 7 | 0x80);
@@ -713,11 +715,8 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
             }
         }
     interned_done:
-        if (interned != SIZE_MAX) {
-            e.len += e.ext_len; /* the length counts the callstacks written in place */
+        if (interned != SIZE_MAX)
             close4(&e, interned);
-            e.len -= e.ext_len;
-        }
         if (!enc_reserve(bk, &e, 64 + heap_name_len))
             return -ENOMEM;
         size_t pp = open4(&e, 37);
