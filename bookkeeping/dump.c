@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "bookkeeping/pbwire.h"
+#include "bookkeeping/samples.h"
 #include "bookkeeping/state.h"
 #include "common/clock.h"
 #include "protos/trace_packet.pb.h"
@@ -186,6 +187,7 @@ static size_t item_bound(const bk_t *bk, enum src src, size_t i)
         return 48;
     case SRC_CALLSTACKS: /* put_callstacks() */
     case SRC_SAMPLES:
+        _Static_assert(112 >= BK_SAMPLE_MAX_BYTES, "a sample fits its bound");
         return 112;
     case SRC_COUNT:
         break;
@@ -254,60 +256,11 @@ static void put_item(bk_t *bk, struct enc *e, enum src src, size_t i, const stru
     close1(e, at);
 }
 
-/* ---- the two big sources, in tight loops ----
+/* ---- the two big sources, in bulk ----
  *
- * A dump of many callsites is mostly callstacks and samples: they are encoded through a
- * local write pointer (stores through uint8_t pointers would otherwise make the
- * compiler reload the buffer's position after every byte), with room reserved once per
- * run of items, and without a per-item switch. The bytes are those put_item writes. */
-
-/* pre: BK_PB_VARINT_MAX bytes of room. */
-static inline uint8_t *vput(uint8_t *q, uint64_t v)
-{
-    if (HP_LIKELY(v < 0x80)) {
-        *q = (uint8_t)v;
-        return q + 1;
-    }
-    if (v < 0x4000) {
-        q[0] = (uint8_t)(v | 0x80);
-        q[1] = (uint8_t)(v >> 7);
-        return q + 2;
-    }
-    while (v >= 0x80) {
-        *q++ = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    *q++ = (uint8_t)v;
-    return q;
-}
-
-/* Tag byte @tag and varint @v. Values below 2^21 take one unaligned store of the tag and
- * their bytes (which may write past them). pre: BK_PB_VARINT_MAX + 2 bytes of room. */
-static inline uint8_t *tput(uint8_t *q, uint8_t tag, uint64_t v)
-{
-    if (HP_LIKELY(v < 0x80)) {
-        uint16_t w = (uint16_t)(tag | v << 8);
-        memcpy(q, &w, sizeof(w));
-        return q + 2;
-    }
-    if (HP_LIKELY(v < 0x4000)) {
-        uint32_t w = tag | (uint32_t)((v & 0x7f) | 0x80) << 8 | (uint32_t)(v >> 7) << 16;
-        memcpy(q, &w, sizeof(w));
-        return q + 3;
-    }
-    if (HP_LIKELY(v < 0x200000)) {
-        uint32_t w = tag | (uint32_t)((v & 0x7f) | 0x80) << 8 |
-                     (uint32_t)((v >> 7 & 0x7f) | 0x80) << 16 | (uint32_t)(v >> 14) << 24;
-        memcpy(q, &w, sizeof(w));
-        return q + 4;
-    }
-    *q = tag;
-    return vput(q + 1, v);
-}
-
-/* Largest sample body: field 1 (uint32) and six uint64 fields, one-byte tags. */
-#define SAMPLE_BODY_MAX (1 + 5 + 6 * (1 + BK_PB_VARINT_MAX))
-_Static_assert(SAMPLE_BODY_MAX < 0x80, "a sample's length fits one byte");
+ * A dump of many callsites is mostly callstacks and samples: samples are encoded by
+ * bookkeeping/samples.c with room reserved once per run of items; callstacks were
+ * encoded when interned. The bytes are those put_item writes. */
 
 /* Encodes samples [*@i, @limit) of @h, each while @used plus an item's bound stays
  * within @budget (the first one regardless when !@any), as put_item would one by one.
@@ -316,49 +269,23 @@ static bool put_samples(bk_t *bk, struct enc *e, const struct bk_heap *h, size_t
                         size_t *used, size_t budget, bool *any)
 {
     const size_t bound = item_bound(bk, SRC_SAMPLES, 0);
-    const bool at_max = bk->dump_at_max && h->track_peak;
-    /* Locals: stores through byte pointers would make the compiler reload the heap's
-     * fields after each one. */
-    const struct bk_site *const sites = h->sites;
-    const struct bk_site_max *const maxes = h->maxes;
-    const uint32_t stamp = (uint32_t)h->peak_id;
-    const bool any_peak = h->peak_id != 0;
+    const struct bk_samples in = {
+        .sites = h->sites,
+        .maxes = h->maxes,
+        .stamp = (uint32_t)h->peak_id,
+        .mode = !(bk->dump_at_max && h->track_peak) ? BK_PEAK_NONE
+                : h->peak_id == 0                   ? BK_PEAK_ZERO
+                                                    : BK_PEAK_STAMPED,
+    };
     while (*i < limit) {
         size_t n = *used + bound <= budget ? (budget - *used) / bound : !*any;
         if (n == 0)
             break;
         n = HP_MIN(n, limit - *i);
-        if (!enc_reserve(bk, e, n * bound + BK_PB_VARINT_MAX + 2))
+        if (!enc_reserve(bk, e, n * bound + BK_SAMPLE_SLACK))
             return false;
-        uint8_t *q = e->p + e->len, *const q0 = q;
-        for (size_t k = *i, end = *i + n; k < end; k++) {
-            /* Read before the stores, which could alias them as far as the compiler
-             * knows. */
-            const uint64_t al = sites[k].allocated, fr = sites[k].freed, ac = sites[k].alloc_count,
-                           fc = sites[k].free_count;
-            const uint32_t cs = sites[k].callstack_id, st = sites[k].max_stamp;
-            q[0] = (uint8_t)(2 << 3 | BK_PB_LEN);
-            uint8_t *len = q + 1;
-            q += 2;
-            q = tput(q, 1 << 3, cs);
-            q = tput(q, 2 << 3, al);
-            q = tput(q, 3 << 3, fr);
-            q = tput(q, 5 << 3, ac);
-            q = tput(q, 6 << 3, fc);
-            if (at_max) {
-                /* bk__site_at_peak(), with the heap's fields in locals. */
-                uint64_t mb = al - fr, mc = ac - fc;
-                if (!any_peak) {
-                    mb = mc = 0;
-                } else if (st == stamp) {
-                    mb = maxes[k].bytes;
-                    mc = maxes[k].count;
-                }
-                q = tput(q, 8 << 3, mb);
-                q = tput(q, 9 << 3, mc);
-            }
-            *len = (uint8_t)(q - len - 1);
-        }
+        uint8_t *const q0 = e->p + e->len;
+        uint8_t *q = bk__encode_samples(q0, &in, *i, *i + n);
         *i += n;
         *used += (size_t)(q - q0);
         e->len += (size_t)(q - q0);

@@ -1,0 +1,281 @@
+/* bookkeeping/samples.c: the HeapSample encoders (see samples.h).
+ *
+ * Both are measured by tests/bench/bench_bookkeeping.c (dump_encode_vs_sol,
+ * samples_simd_vs_scalar). The scalar loop is bound by its instruction count: about 90
+ * per sample of a big 4 KiB profile (a tag byte and 1 to 3 value bytes for each of
+ * seven fields, each length class a branch). The vector one takes a sample's seven
+ * values as 32-bit lanes of one AVX2 register,
+ *
+ *     lane:   0   1   2   3  |  4   5   6   7
+ *            cs  al  fr  ac  | fc   -  mb  mc
+ *
+ * spreads each value's 7-bit groups into bytes, sets the continuation bits from two
+ * compares, puts each field's tag below its bytes, and packs each half's used bytes
+ * together with one byte shuffle, whose control comes from a table indexed by the
+ * halves' length classes.
+ */
+#include "bookkeeping/samples.h"
+
+#include <pthread.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "bookkeeping/pbwire.h"
+#include "common/macros.h"
+
+_Static_assert(BK_SAMPLE_MAX_BYTES - 2 < 0x80, "a sample's length fits one byte");
+
+/* ---- scalar ---- */
+
+/* pre: BK_PB_VARINT_MAX bytes of room. */
+static inline uint8_t *vput(uint8_t *q, uint64_t v)
+{
+    while (v >= 0x80) {
+        *q++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *q++ = (uint8_t)v;
+    return q;
+}
+
+/* Tag byte @tag and varint @v. Values below 2^21 take one unaligned store of the tag and
+ * their bytes (which may write past them). pre: BK_PB_VARINT_MAX + 2 bytes of room. */
+static inline uint8_t *tput(uint8_t *q, uint8_t tag, uint64_t v)
+{
+    if (HP_LIKELY(v < 0x80)) {
+        uint16_t w = (uint16_t)(tag | v << 8);
+        memcpy(q, &w, sizeof(w));
+        return q + 2;
+    }
+    if (HP_LIKELY(v < 0x4000)) {
+        uint32_t w = tag | (uint32_t)((v & 0x7f) | 0x80) << 8 | (uint32_t)(v >> 7) << 16;
+        memcpy(q, &w, sizeof(w));
+        return q + 3;
+    }
+    if (HP_LIKELY(v < 0x200000)) {
+        uint32_t w = tag | (uint32_t)((v & 0x7f) | 0x80) << 8 |
+                     (uint32_t)((v >> 7 & 0x7f) | 0x80) << 16 | (uint32_t)(v >> 14) << 24;
+        memcpy(q, &w, sizeof(w));
+        return q + 4;
+    }
+    *q = tag;
+    return vput(q + 1, v);
+}
+
+/* One sample; the bytes put_item in bookkeeping/dump.c would write. */
+static HP_ALWAYS_INLINE uint8_t *put_sample(uint8_t *q, const struct bk_samples *in, size_t k)
+{
+    /* Read before the stores, which could alias them as far as the compiler knows. */
+    const struct bk_site *s = &in->sites[k];
+    const uint64_t al = s->allocated, fr = s->freed, ac = s->alloc_count, fc = s->free_count;
+    const uint32_t cs = s->callstack_id, st = s->max_stamp;
+    q[0] = (uint8_t)(2 << 3 | BK_PB_LEN);
+    uint8_t *len = q + 1;
+    q += 2;
+    q = tput(q, 1 << 3, cs);
+    q = tput(q, 2 << 3, al);
+    q = tput(q, 3 << 3, fr);
+    q = tput(q, 5 << 3, ac);
+    q = tput(q, 6 << 3, fc);
+    if (in->mode != BK_PEAK_NONE) {
+        /* bk__site_at_peak() */
+        uint64_t mb = al - fr, mc = ac - fc;
+        if (in->mode == BK_PEAK_ZERO) {
+            mb = mc = 0;
+        } else if (st == in->stamp) {
+            mb = in->maxes[k].bytes;
+            mc = in->maxes[k].count;
+        }
+        q = tput(q, 8 << 3, mb);
+        q = tput(q, 9 << 3, mc);
+    }
+    *len = (uint8_t)(q - len - 1);
+    return q;
+}
+
+uint8_t *bk__encode_samples_scalar(uint8_t *q, const struct bk_samples *in, size_t k, size_t end)
+{
+    /* A copy in a local: stores through byte pointers would make the compiler reload
+     * its fields after each one. */
+    const struct bk_samples loc = *in;
+    for (; k < end; k++)
+        q = put_sample(q, &loc, k);
+    return q;
+}
+
+/* ---- AVX2 ---- */
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define SIMD_TARGET __attribute__((target("avx2,popcnt")))
+
+_Static_assert(offsetof(struct bk_site, allocated) == 0 && offsetof(struct bk_site, freed) == 8 &&
+                   offsetof(struct bk_site, alloc_count) == 16 &&
+                   offsetof(struct bk_site, free_count) == 24,
+               "the four counters load as one 32-byte vector");
+_Static_assert(sizeof(struct bk_site_max) == 16, "a site's peak values load as one 16-byte vector");
+
+/* Lanes each half uses: the low half always all four; the high half fc, and with the
+ * self_max fields mb and mc too. */
+enum { HALF_LOW, HALF_HIGH_MAX, HALF_HIGH_NONE, HALF_KINDS };
+static const unsigned half_lanes[HALF_KINDS] = {0xf, 0xd, 0x1};
+
+/* Per half kind and length classes (bit i: lane i's value >= 2^7; bit 4 + i: >= 2^14),
+ * the byte shuffle that packs the used lanes' tag and value bytes. */
+static uint8_t shuffles[HALF_KINDS][256][16] __attribute__((aligned(16)));
+static pthread_once_t shuffles_once = PTHREAD_ONCE_INIT;
+
+static void build_shuffles(void)
+{
+    for (int h = 0; h < HALF_KINDS; h++)
+        for (unsigned idx = 0; idx < 256; idx++) {
+            uint8_t *t = shuffles[h][idx];
+            memset(t, 0x80, 16); /* 0x80: a zero byte */
+            int o = 0;
+            for (int lane = 0; lane < 4; lane++) {
+                if (!(half_lanes[h] >> lane & 1))
+                    continue;
+                int n = 2 + (idx >> lane & 1) + (idx >> (4 + lane) & 1);
+                for (int b = 0; b < n && o < 16; b++)
+                    t[o++] = (uint8_t)(4 * lane + b);
+            }
+        }
+}
+
+/* Encodes sites from @k on while each fits the vector path (all values below 2^21,
+ * peak values included); returns the index of the first one that does not, or @end.
+ * *@qp advances. A constant @mode makes one loop per mode. */
+static SIMD_TARGET HP_ALWAYS_INLINE size_t simd_run(uint8_t **qp, const struct bk_samples *in,
+                                                    size_t k, size_t end, enum bk_peak_mode mode)
+{
+    const __m256i lo7 = _mm256_set1_epi32(0x7f), mid7 = _mm256_set1_epi32(0x7f00),
+                  hi7 = _mm256_set1_epi32(0x7f0000), two_bytes = _mm256_set1_epi32(0x3fff),
+                  cont1 = _mm256_set1_epi32(0x80), cont2 = _mm256_set1_epi32(0x8080);
+    const __m256i tags =
+        _mm256_setr_epi32(1 << 3, 2 << 3, 3 << 3, 5 << 3, 6 << 3, 0, 8 << 3, 9 << 3);
+    const __m256i too_big = _mm256_set1_epi64x(~(int64_t)0x1fffff);
+    /* Lanes al fr ac fc from the 64-bit counters, al and ac again in lanes 6 and 7;
+     * then fr and fc in lanes 6 and 7 (for al - fr, ac - fc); the peak values'. */
+    const __m256i to_lanes = _mm256_setr_epi32(0, 0, 2, 4, 6, 0, 0, 4);
+    const __m256i freed_to_67 = _mm256_setr_epi32(0, 0, 0, 0, 0, 0, 2, 6);
+    const __m256i max_to_67 = _mm256_setr_epi32(0, 0, 0, 0, 0, 0, 0, 2);
+    /* Live values wrap when freed > allocated, which never happens; if it did, the
+     * scalar path writes the wrapped 64-bit value. */
+    const __m256i wrapped_67 =
+        _mm256_setr_epi32(0, 0, 0, 0, 0, 0, (int)0xffe00000, (int)0xffe00000);
+    const unsigned high_lanes = half_lanes[mode == BK_PEAK_NONE ? HALF_HIGH_NONE : HALF_HIGH_MAX];
+    const unsigned high_mask = high_lanes | high_lanes << 4;
+    const unsigned high_fixed = 2 * (unsigned)__builtin_popcount(high_lanes);
+    const uint8_t(*const high_table)[16] =
+        shuffles[mode == BK_PEAK_NONE ? HALF_HIGH_NONE : HALF_HIGH_MAX];
+    const struct bk_site *const sites = in->sites;
+    const struct bk_site_max *const maxes = in->maxes;
+    const uint32_t stamp = in->stamp;
+    uint8_t *q = *qp;
+    for (; k < end; k++) {
+        const struct bk_site *s = &sites[k];
+        __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)s);
+        if (!_mm256_testz_si256(v, too_big) || s->callstack_id >= 0x200000)
+            break;
+        __m256i x = _mm256_permutevar8x32_epi32(v, to_lanes);
+        if (mode == BK_PEAK_ZERO) {
+            x = _mm256_blend_epi32(x, _mm256_setzero_si256(), 0xc0);
+        } else if (mode == BK_PEAK_STAMPED) {
+            __m256i peak;
+            if (s->max_stamp == stamp) {
+                __m128i m = _mm_loadu_si128((const __m128i *)(const void *)&maxes[k]);
+                if (!_mm_testz_si128(m, _mm256_castsi256_si128(too_big)))
+                    break;
+                peak = _mm256_permutevar8x32_epi32(_mm256_castsi128_si256(m), max_to_67);
+            } else {
+                peak = _mm256_sub_epi32(x, _mm256_permutevar8x32_epi32(v, freed_to_67));
+                if (!_mm256_testz_si256(peak, wrapped_67))
+                    break;
+            }
+            x = _mm256_blend_epi32(x, peak, 0xc0);
+        }
+        x = _mm256_blend_epi32(x, _mm256_set1_epi32((int)s->callstack_id), 0x01);
+
+        /* 7-bit groups into bytes 0..2, continuation bits, tag below. */
+        __m256i b =
+            _mm256_or_si256(_mm256_and_si256(x, lo7),
+                            _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(x, 1), mid7),
+                                            _mm256_and_si256(_mm256_slli_epi32(x, 2), hi7)));
+        __m256i ge7 = _mm256_cmpgt_epi32(x, lo7), ge14 = _mm256_cmpgt_epi32(x, two_bytes);
+        b = _mm256_or_si256(b, _mm256_blendv_epi8(_mm256_and_si256(ge7, cont1), cont2, ge14));
+        b = _mm256_or_si256(_mm256_slli_epi32(b, 8), tags);
+
+        unsigned m7 = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(ge7));
+        unsigned m14 = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(ge14));
+        unsigned lo_idx = (m7 & 0xf) | (m14 & 0xf) << 4;
+        unsigned hi_idx = ((m7 >> 4) | (m14 >> 4) << 4) & high_mask;
+        unsigned lo_len = 8 + (unsigned)__builtin_popcount(lo_idx);
+        unsigned hi_len = high_fixed + (unsigned)__builtin_popcount(hi_idx);
+        __m128i lo = _mm_shuffle_epi8(
+            _mm256_castsi256_si128(b),
+            _mm_load_si128((const __m128i *)(const void *)shuffles[HALF_LOW][lo_idx]));
+        __m128i hi =
+            _mm_shuffle_epi8(_mm256_extracti128_si256(b, 1),
+                             _mm_load_si128((const __m128i *)(const void *)high_table[hi_idx]));
+        q[0] = (uint8_t)(2 << 3 | BK_PB_LEN);
+        q[1] = (uint8_t)(lo_len + hi_len);
+        _mm_storeu_si128((__m128i *)(void *)(q + 2), lo);
+        _mm_storeu_si128((__m128i *)(void *)(q + 2 + lo_len), hi);
+        q += 2 + lo_len + hi_len;
+    }
+    *qp = q;
+    return k;
+}
+
+#define DEFINE_SIMD_RUN(name, mode)                                                                \
+    static SIMD_TARGET HP_NOINLINE size_t name(uint8_t **qp, const struct bk_samples *in,          \
+                                               size_t k, size_t end)                               \
+    {                                                                                              \
+        return simd_run(qp, in, k, end, mode);                                                     \
+    }
+DEFINE_SIMD_RUN(simd_run_none, BK_PEAK_NONE)
+DEFINE_SIMD_RUN(simd_run_zero, BK_PEAK_ZERO)
+DEFINE_SIMD_RUN(simd_run_stamped, BK_PEAK_STAMPED)
+
+bool bk__encode_samples_simd_ok(void)
+{
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
+}
+
+uint8_t *bk__encode_samples_simd(uint8_t *q, const struct bk_samples *in, size_t k, size_t end)
+{
+    (void)pthread_once(&shuffles_once, build_shuffles);
+    size_t (*run)(uint8_t **, const struct bk_samples *, size_t, size_t) =
+        in->mode == BK_PEAK_NONE   ? simd_run_none
+        : in->mode == BK_PEAK_ZERO ? simd_run_zero
+                                   : simd_run_stamped;
+    while (k < end) {
+        k = run(&q, in, k, end);
+        if (k < end) {
+            q = put_sample(q, in, k); /* a value the vector path does not take */
+            k++;
+        }
+    }
+    return q;
+}
+
+#else
+
+bool bk__encode_samples_simd_ok(void)
+{
+    return false;
+}
+
+uint8_t *bk__encode_samples_simd(uint8_t *q, const struct bk_samples *in, size_t k, size_t end)
+{
+    return bk__encode_samples_scalar(q, in, k, end);
+}
+
+#endif
+
+uint8_t *bk__encode_samples(uint8_t *q, const struct bk_samples *in, size_t k, size_t end)
+{
+    return bk__encode_samples_simd_ok() ? bk__encode_samples_simd(q, in, k, end)
+                                        : bk__encode_samples_scalar(q, in, k, end);
+}
