@@ -172,6 +172,10 @@ static inline void close1(struct enc *e, size_t at)
     e->len = end;
 }
 
+/* Room reserved per sample. */
+#define SAMPLE_BOUND 112
+_Static_assert(SAMPLE_BOUND >= BK_SAMPLE_MAX_BYTES, "a sample fits its bound");
+
 /* An upper bound of the encoded size of item @i of @src. */
 static size_t item_bound(const bk_t *bk, enum src src, size_t i)
 {
@@ -187,8 +191,7 @@ static size_t item_bound(const bk_t *bk, enum src src, size_t i)
         return 48;
     case SRC_CALLSTACKS: /* put_callstacks() */
     case SRC_SAMPLES:
-        _Static_assert(112 >= BK_SAMPLE_MAX_BYTES, "a sample fits its bound");
-        return 112;
+        return SAMPLE_BOUND;
     case SRC_COUNT:
         break;
     }
