@@ -13,6 +13,9 @@
  *   dump_1m_callsites_bytes  its size
  *   dump_encode_vs_sol       its time over a speed-of-light copy of the same bytes in
  *                            the same packet-sized buffer and writes (see sol_copy)
+ *   samples_simd_vs_scalar   encoding the samples of those 1M callsites: the AVX2
+ *                            encoder's time over the scalar one's (best of 5 each,
+ *                            interleaved; not printed without AVX2)
  *
  * Seeded (xorshift, seed 42) so every run does the same work; times are the thread's
  * CPU time. */
@@ -25,6 +28,7 @@
 #include <unistd.h>
 
 #include "bookkeeping/bookkeeping.h"
+#include "bookkeeping/samples.h"
 #include "bookkeeping/state.h"
 #include "common/clock.h"
 
@@ -254,6 +258,38 @@ static double sol_copy(int fd, const char *src, char *dst, size_t bytes, char *s
     return now_s() - s0;
 }
 
+/* Encodes all samples of @h packet by packet into @buf, as the dump does; returns the
+ * CPU time. */
+static double encode_all(const struct bk_heap *h, uint8_t *buf, bool simd)
+{
+    const struct bk_samples in = {h->sites, h->maxes, (uint32_t)h->peak_id,
+                                  h->peak_id ? BK_PEAK_STAMPED : BK_PEAK_ZERO};
+    const size_t per_packet = BK_MAX_PACKET_BYTES / BK_SAMPLE_MAX_BYTES;
+    double t0 = now_s();
+    for (size_t k = 0; k < h->n_sites; k += per_packet) {
+        size_t end = HP_MIN(k + per_packet, h->n_sites);
+        uint8_t *q = simd ? bk__encode_samples_simd(buf, &in, k, end)
+                          : bk__encode_samples_scalar(buf, &in, k, end);
+        __asm__ volatile("" : : "r"(q) : "memory");
+    }
+    return now_s() - t0;
+}
+
+static void bench_samples(const bk_t *bk)
+{
+    if (!bk__encode_samples_simd_ok())
+        return;
+    const struct bk_heap *h = bk->procs[0]->heaps[0];
+    uint8_t *buf = malloc(BK_MAX_PACKET_BYTES + BK_SAMPLE_SLACK);
+    double best_scalar = 1e9, best_simd = 1e9;
+    for (int r = 0; r < 5; r++) {
+        best_scalar = HP_MIN(best_scalar, encode_all(h, buf, false));
+        best_simd = HP_MIN(best_simd, encode_all(h, buf, true));
+    }
+    printf("bench: samples_simd_vs_scalar %.2f ratio\n", best_simd / best_scalar);
+    free(buf);
+}
+
 /* DUMP_RUNS dumps, each of its own state built beforehand, between speed-of-light
  * copies of the same bytes, so both see the same machine; the ratio is of the best of
  * each. */
@@ -266,6 +302,7 @@ static void bench_dump(void)
     size_t live_mem, site_mem;
     memory_of(bks[0], &live_mem, &site_mem);
     printf("bench: bk_bytes_per_callsite %.1f bytes\n", (double)site_mem / DUMP_SITES);
+    bench_samples(bks[0]);
 
     size_t scratch_len = 64u << 20, bytes = 0;
     char *scratch = malloc(scratch_len), *src = NULL, *dst = malloc(BK_MAX_PACKET_BYTES);
