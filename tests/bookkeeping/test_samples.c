@@ -19,19 +19,17 @@
 
 #include "bookkeeping/pbwire.h"
 #include "bookkeeping/samples.h"
+#include "bookkeeping/util.h"
 #include "common/macros.h"
 
 #define N_SITES 20000
 
 static uint64_t rng_state;
 
+/* splitmix64: the hash of a counter. */
 static uint64_t rng(void)
 {
-    /* xorshift64* */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545f4914f6cdd1dull;
+    return bk__hash_u64(rng_state += 0x9e3779b97f4a7c15ull);
 }
 
 /* A value at or near a varint length boundary, or in a length class, mostly small. */
