@@ -149,21 +149,19 @@ static void build_shuffles(void)
 static SIMD_TARGET HP_ALWAYS_INLINE size_t simd_run(uint8_t **qp, const struct bk_samples *in,
                                                     size_t k, size_t end, enum bk_peak_mode mode)
 {
-    const __m256i lo7 = _mm256_set1_epi32(0x7f), mid7 = _mm256_set1_epi32(0x7f00),
-                  hi7 = _mm256_set1_epi32(0x7f0000), two_bytes = _mm256_set1_epi32(0x3fff),
-                  cont1 = _mm256_set1_epi32(0x80), cont2 = _mm256_set1_epi32(0x8080);
-    const __m256i tags =
-        _mm256_setr_epi32(1 << 3, 2 << 3, 3 << 3, 5 << 3, 6 << 3, 0, 8 << 3, 9 << 3);
-    const __m256i too_big = _mm256_set1_epi64x(~(int64_t)0x1fffff);
-    /* Lanes al fr ac fc from the 64-bit counters, al and ac again in lanes 6 and 7;
-     * then fr and fc in lanes 6 and 7 (for al - fr, ac - fc); the peak values'. */
-    const __m256i to_lanes = _mm256_setr_epi32(0, 0, 2, 4, 6, 0, 0, 4);
-    const __m256i freed_to_67 = _mm256_setr_epi32(0, 0, 0, 0, 0, 0, 2, 6);
-    const __m256i max_to_67 = _mm256_setr_epi32(0, 0, 0, 0, 0, 0, 0, 2);
-    /* Live values wrap when freed > allocated, which never happens; if it did, the
-     * scalar path writes the wrapped 64-bit value. */
-    const __m256i wrapped_67 =
-        _mm256_setr_epi32(0, 0, 0, 0, 0, 0, (int)0xffe00000, (int)0xffe00000);
+    /* Few constants, so that all stay in registers (GCC rebuilds the others in the loop
+     * from immediates, which costs more than the work itself). */
+    __m256i lo7 = _mm256_set1_epi32(0x7f), two_bytes = _mm256_set1_epi32(0x3fff),
+            cont = _mm256_set1_epi32(0x8000), above21 = _mm256_set1_epi32((int)0xffe00000);
+    __m256i tags = _mm256_setr_epi32(1 << 3, 2 << 3, 3 << 3, 5 << 3, 6 << 3, 0, 8 << 3, 9 << 3);
+    __m256i too_big = _mm256_set1_epi64x(~(int64_t)0x1fffff);
+    /* Lanes al fr ac fc from the 64-bit counters, then fr al ac in lanes 5 to 7 (lane 0
+     * gets the callstack id, lanes 6 and 7 the peak values). */
+    __m256i to_lanes = _mm256_setr_epi32(0, 0, 2, 4, 6, 2, 0, 4);
+    /* Opaque to the optimizer from here on, so it keeps them in registers. */
+    __asm__(""
+            : "+x"(lo7), "+x"(two_bytes), "+x"(cont), "+x"(above21), "+x"(tags), "+x"(too_big),
+              "+x"(to_lanes));
     const unsigned high_lanes = half_lanes[mode == BK_PEAK_NONE ? HALF_HIGH_NONE : HALF_HIGH_MAX];
     const unsigned high_mask = high_lanes | high_lanes << 4;
     const unsigned high_fixed = 2 * (unsigned)__builtin_popcount(high_lanes);
@@ -176,7 +174,7 @@ static SIMD_TARGET HP_ALWAYS_INLINE size_t simd_run(uint8_t **qp, const struct b
     for (; k < end; k++) {
         const struct bk_site *s = &sites[k];
         __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)s);
-        if (!_mm256_testz_si256(v, too_big) || s->callstack_id >= 0x200000)
+        if (!_mm256_testz_si256(v, too_big))
             break;
         __m256i x = _mm256_permutevar8x32_epi32(v, to_lanes);
         if (mode == BK_PEAK_ZERO) {
@@ -184,32 +182,40 @@ static SIMD_TARGET HP_ALWAYS_INLINE size_t simd_run(uint8_t **qp, const struct b
         } else if (mode == BK_PEAK_STAMPED) {
             __m256i peak;
             if (s->max_stamp == stamp) {
-                __m128i m = _mm_loadu_si128((const __m128i *)(const void *)&maxes[k]);
-                if (!_mm_testz_si128(m, _mm256_castsi256_si128(too_big)))
+                /* bytes and count, 64 bits each, in both halves; their low 32 bits to
+                 * lanes 6 and 7 */
+                __m256i m = _mm256_broadcastsi128_si256(
+                    _mm_loadu_si128((const __m128i *)(const void *)&maxes[k]));
+                if (!_mm256_testz_si256(m, too_big))
                     break;
-                peak = _mm256_permutevar8x32_epi32(_mm256_castsi128_si256(m), max_to_67);
+                peak = _mm256_shuffle_epi32(m, _MM_SHUFFLE(2, 0, 0, 0));
             } else {
-                peak = _mm256_sub_epi32(x, _mm256_permutevar8x32_epi32(v, freed_to_67));
-                if (!_mm256_testz_si256(peak, wrapped_67))
-                    break;
+                /* al - fr and ac - fc: fr and fc (lanes 5 and 4) below al and ac.
+                 * freed > allocated never happens; if it did, the difference wraps
+                 * and the check below sends the sample to the scalar path, which
+                 * writes the wrapped 64-bit value. */
+                peak = _mm256_sub_epi32(x, _mm256_shuffle_epi32(x, _MM_SHUFFLE(0, 1, 0, 0)));
             }
             x = _mm256_blend_epi32(x, peak, 0xc0);
         }
         x = _mm256_blend_epi32(x, _mm256_set1_epi32((int)s->callstack_id), 0x01);
+        if (!_mm256_testz_si256(x, above21))
+            break;
 
-        /* 7-bit groups into bytes 0..2, continuation bits, tag below. */
-        __m256i b =
-            _mm256_or_si256(_mm256_and_si256(x, lo7),
-                            _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(x, 1), mid7),
-                                            _mm256_and_si256(_mm256_slli_epi32(x, 2), hi7)));
+        /* The 7-bit groups a + 2^7 b + 2^14 c spread to a + 2^8 b + 2^16 c, shifted above
+         * the tag byte, with the continuation bits of values >= 2^7 and >= 2^14. */
+        __m256i b = _mm256_add_epi32(_mm256_add_epi32(x, _mm256_andnot_si256(lo7, x)),
+                                     _mm256_slli_epi32(_mm256_andnot_si256(two_bytes, x), 1));
         __m256i ge7 = _mm256_cmpgt_epi32(x, lo7), ge14 = _mm256_cmpgt_epi32(x, two_bytes);
-        b = _mm256_or_si256(b, _mm256_blendv_epi8(_mm256_and_si256(ge7, cont1), cont2, ge14));
-        b = _mm256_or_si256(_mm256_slli_epi32(b, 8), tags);
+        b = _mm256_or_si256(_mm256_or_si256(_mm256_slli_epi32(b, 8), tags),
+                            _mm256_or_si256(_mm256_and_si256(ge7, cont),
+                                            _mm256_slli_epi32(_mm256_and_si256(ge14, cont), 8)));
 
-        unsigned m7 = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(ge7));
-        unsigned m14 = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(ge14));
-        unsigned lo_idx = (m7 & 0xf) | (m14 & 0xf) << 4;
-        unsigned hi_idx = ((m7 >> 4) | (m14 >> 4) << 4) & high_mask;
+        /* The compares narrowed to bytes: mask bits 0..7 are the low half's ge7 and
+         * ge14 lanes, bits 16..23 the high half's, as the tables index them. */
+        __m256i narrow = _mm256_packs_epi16(_mm256_packs_epi32(ge7, ge14), _mm256_setzero_si256());
+        unsigned mask = (unsigned)_mm256_movemask_epi8(narrow);
+        unsigned lo_idx = mask & 0xff, hi_idx = mask >> 16 & high_mask;
         unsigned lo_len = 8 + (unsigned)__builtin_popcount(lo_idx);
         unsigned hi_len = high_fixed + (unsigned)__builtin_popcount(hi_idx);
         __m128i lo = _mm_shuffle_epi8(
