@@ -272,14 +272,7 @@ static bool put_samples(bk_t *bk, struct enc *e, const struct bk_heap *h, size_t
                         size_t *used, size_t budget, bool *any)
 {
     const size_t bound = item_bound(bk, SRC_SAMPLES, 0);
-    const struct bk_samples in = {
-        .sites = h->sites,
-        .maxes = h->maxes,
-        .stamp = (uint32_t)h->peak_id,
-        .mode = !(bk->dump_at_max && h->track_peak) ? BK_PEAK_NONE
-                : h->peak_id == 0                   ? BK_PEAK_ZERO
-                                                    : BK_PEAK_STAMPED,
-    };
+    const struct bk_samples in = bk__heap_samples(h, bk->dump_at_max);
     while (*i < limit) {
         size_t n = *used + bound <= budget ? (budget - *used) / bound : !*any;
         if (n == 0)

@@ -1,7 +1,7 @@
 /* bookkeeping/samples.h: encodes a heap's sites as ProfilePacket.ProcessHeapSamples
  * .samples fields, the bulk of a big dump (bookkeeping/dump.c). Internal to bookkeeping/.
  *
- *     struct bk_samples in = {h->sites, h->maxes, stamp, BK_PEAK_STAMPED};
+ *     struct bk_samples in = bk__heap_samples(h, bk->dump_at_max);
  *     q = bk__encode_samples(q, &in, first, end);   // room: see below
  *
  * Each sample is field 2 with a 1-byte length, then callstack_id, self_allocated,
@@ -31,6 +31,20 @@ struct bk_samples {
     uint32_t stamp;                  /* the heap's peak id, low 32 bits */
     enum bk_peak_mode mode;
 };
+
+/* The samples of heap @h as a dump writes them (with the self_max fields when
+ * @dump_at_max). */
+static inline struct bk_samples bk__heap_samples(const struct bk_heap *h, bool dump_at_max)
+{
+    return (struct bk_samples){
+        .sites = h->sites,
+        .maxes = h->maxes,
+        .stamp = (uint32_t)h->peak_id,
+        .mode = !(dump_at_max && h->track_peak) ? BK_PEAK_NONE
+                : h->peak_id == 0               ? BK_PEAK_ZERO
+                                                : BK_PEAK_STAMPED,
+    };
+}
 
 /* Most bytes one sample takes: its tag and length, then field 1 (uint32) and six uint64
  * fields with one-byte tags. */

@@ -262,8 +262,7 @@ static double sol_copy(int fd, const char *src, char *dst, size_t bytes, char *s
  * CPU time. */
 static double encode_all(const struct bk_heap *h, uint8_t *buf, bool simd)
 {
-    const struct bk_samples in = {h->sites, h->maxes, (uint32_t)h->peak_id,
-                                  h->peak_id ? BK_PEAK_STAMPED : BK_PEAK_ZERO};
+    const struct bk_samples in = bk__heap_samples(h, true); /* the dump state's mode */
     const size_t per_packet = BK_MAX_PACKET_BYTES / BK_SAMPLE_MAX_BYTES;
     double t0 = now_s();
     for (size_t k = 0; k < h->n_sites; k += per_packet) {

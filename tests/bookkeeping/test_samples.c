@@ -98,6 +98,30 @@ static uint8_t *room_for(size_t n)
     return p;
 }
 
+/* The fields sample @i of @in must hold: their values by field number in @ret_want,
+ * and a mask of which fields there are. */
+static uint32_t expected_fields(const struct bk_samples *in, size_t i, uint64_t ret_want[10])
+{
+    const struct bk_site *s = &in->sites[i];
+    memset(ret_want, 0, 10 * sizeof(*ret_want));
+    ret_want[1] = s->callstack_id;
+    ret_want[2] = s->allocated;
+    ret_want[3] = s->freed;
+    ret_want[5] = s->alloc_count;
+    ret_want[6] = s->free_count;
+    uint32_t fields = 1u << 1 | 1u << 2 | 1u << 3 | 1u << 5 | 1u << 6;
+    if (in->mode == BK_PEAK_NONE)
+        return fields;
+    if (in->mode == BK_PEAK_STAMPED && s->max_stamp == in->stamp) {
+        ret_want[8] = in->maxes[i].bytes;
+        ret_want[9] = in->maxes[i].count;
+    } else if (in->mode == BK_PEAK_STAMPED) {
+        ret_want[8] = s->allocated - s->freed;
+        ret_want[9] = s->alloc_count - s->free_count;
+    }
+    return fields | 1u << 8 | 1u << 9;
+}
+
 /* Decodes the samples at [@p, @end) and compares them with the sites they came from. */
 static void check_decodes(const uint8_t *p, const uint8_t *end, const struct bk_samples *in,
                           size_t n)
@@ -110,21 +134,8 @@ static void check_decodes(const uint8_t *p, const uint8_t *end, const struct bk_
         assert_int_equal(f.num, 2);
         assert_int_equal(f.wire_type, BK_PB_LEN);
         assert_true(i < n);
-        const struct bk_site *s = &in->sites[i];
-        uint64_t want[10] = {0};
-        want[1] = s->callstack_id;
-        want[2] = s->allocated;
-        want[3] = s->freed;
-        want[5] = s->alloc_count;
-        want[6] = s->free_count;
-        if (in->mode == BK_PEAK_STAMPED && s->max_stamp == in->stamp) {
-            want[8] = in->maxes[i].bytes;
-            want[9] = in->maxes[i].count;
-        } else if (in->mode == BK_PEAK_STAMPED) {
-            want[8] = s->allocated - s->freed;
-            want[9] = s->alloc_count - s->free_count;
-        }
-        uint32_t seen = 0;
+        uint64_t want[10];
+        uint32_t expect = expected_fields(in, i, want), seen = 0;
         struct bk_pb_iter sub;
         bk__pb_iter_init(&sub, f.ptr, f.len);
         struct bk_pb_field g;
@@ -138,9 +149,6 @@ static void check_decodes(const uint8_t *p, const uint8_t *end, const struct bk_
             seen |= 1u << g.num;
         }
         assert_false(sub.error);
-        uint32_t expect = 1u << 1 | 1u << 2 | 1u << 3 | 1u << 5 | 1u << 6;
-        if (in->mode != BK_PEAK_NONE)
-            expect |= 1u << 8 | 1u << 9;
         assert_int_equal(seen, expect);
         i++;
     }
@@ -155,23 +163,12 @@ static size_t minimal_size(const struct bk_samples *in, size_t n)
     uint8_t tmp[BK_PB_VARINT_MAX];
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
-        const struct bk_site *s = &in->sites[i];
-        uint64_t v[7] = {
-            s->callstack_id, s->allocated, s->freed, s->alloc_count, s->free_count, 0, 0};
-        size_t fields = 5;
-        if (in->mode != BK_PEAK_NONE) {
-            fields = 7;
-            if (in->mode == BK_PEAK_STAMPED && s->max_stamp == in->stamp) {
-                v[5] = in->maxes[i].bytes;
-                v[6] = in->maxes[i].count;
-            } else if (in->mode == BK_PEAK_STAMPED) {
-                v[5] = s->allocated - s->freed;
-                v[6] = s->alloc_count - s->free_count;
-            }
-        }
+        uint64_t want[10];
+        uint32_t fields = expected_fields(in, i, want);
         size_t body = 0;
-        for (size_t k = 0; k < fields; k++)
-            body += 1 + bk__pb_put_varint(tmp, v[k]);
+        for (uint32_t num = 1; num < 10; num++)
+            if (fields >> num & 1)
+                body += 1 + bk__pb_put_varint(tmp, want[num]);
         total += 2 + body;
     }
     return total;
