@@ -167,13 +167,13 @@ int ring_wait_consumed(ring_t *r, const struct ring_wspan *w, uint32_t timeout_u
     struct ring_shared *h = r->hdr;
     if (!h)
         return -EPIPE;
-    const struct ring_rec *rec = (const struct ring_rec *)(r->data + (w->pos & r->mask));
-    uint64_t end = w->pos + rec->len_total;
+    /* The reader's position only stops at record boundaries, so past the record's
+     * start means past the record (whose bytes other writers may reuse by now). */
     uint64_t deadline = hp_clock_ns(CLOCK_MONOTONIC) + (uint64_t)timeout_us * 1000u;
     for (unsigned round = 0;; round++) {
         /* Acquire pairs with the release store of read_pos by the reader. */
         uint64_t rp = atomic_load_explicit(&h->read_pos, memory_order_acquire);
-        if ((int64_t)(rp - end) >= 0)
+        if ((int64_t)(rp - w->pos) > 0)
             return 0;
         if (atomic_load_explicit(&h->detached, memory_order_relaxed))
             return -EPIPE;
