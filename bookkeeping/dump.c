@@ -30,7 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bookkeeping/pbwire.h"
+#include "common/pbwire.h"
 #include "bookkeeping/samples.h"
 #include "bookkeeping/state.h"
 #include "common/clock.h"

@@ -38,7 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "bookkeeping/util.h"
+#include "common/containers.h"
 #include "common/frame.h"
 #include "common/macros.h"
 

@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "bookkeeping/pbwire.h"
+#include "common/pbwire.h"
 #include "common/macros.h"
 
 _Static_assert(BK_SAMPLE_MAX_BYTES - 2 < 0x80, "a sample's length fits one byte");

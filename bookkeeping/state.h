@@ -31,7 +31,7 @@
 
 #include "bookkeeping/bookkeeping.h"
 #include "bookkeeping/intern.h"
-#include "bookkeeping/util.h"
+#include "common/containers.h"
 
 /* Records pending beyond this many force the oldest one through (a seq gap). */
 #define BK_REORDER_WINDOW 1024

@@ -12,9 +12,9 @@ ninja -C build -j2 >/dev/null
 
 trace="${1:-heapprof-demo.pftrace}"
 echo "--- profiling build/tests/programs/demo (every allocation recorded: -i 1)"
-build/service/heapprof record -i 1 -o "$trace" -- build/tests/programs/demo
+build/cli/heapprof record -i 1 -o "$trace" -- build/tests/programs/demo
 echo
-echo "--- the full report: build/service/heapprof report $trace"
-build/service/heapprof report --top 5 "$trace"
+echo "--- the full report: build/cli/heapprof report $trace"
+build/cli/heapprof report --top 5 "$trace"
 echo
 echo "trace: $(realpath "$trace") (open it at ui.perfetto.dev)"

@@ -74,16 +74,6 @@ void svc_config_init(struct svc_config *cfg);
 /* Frees the strings the configuration owns (process_cmdline). */
 void svc_config_done(struct svc_config *cfg);
 
-/* Parses a HeapprofdConfig in protobuf text format (field names as Perfetto's, e.g.
- * `sampling_interval_bytes: 4096`, `process_cmdline: "myapp"`,
- * `continuous_dump_config { dump_phase_ms: 0 dump_interval_ms: 1000 }`) into @cfg, on top
- * of what it holds. Unknown fields, bad values and syntax errors fail with -EINVAL and a
- * message "FILE:LINE: ..." in @err. */
-int svc_config_parse_text(const char *text, size_t len, const char *filename,
-                          struct svc_config *cfg, char *err, size_t err_len) HP_WARN_UNUSED;
-int svc_config_load_file(const char *path, struct svc_config *cfg, char *err,
-                         size_t err_len) HP_WARN_UNUSED;
-
 /* True when a process with @pid and @cmdline (NUL-separated, @len bytes) is a target:
  * its pid is listed, its argv[0] equals a process_cmdline entry, or its basename does,
  * or matches it as a glob; or `all`. */
@@ -91,9 +81,6 @@ bool svc_config_matches(const struct svc_config *cfg, int32_t pid, const char *c
 /* True when the configuration names targets (pid, process_cmdline or all). */
 bool svc_config_has_targets(const struct svc_config *cfg);
 
-/* Parses a byte count ("4096", "64k", "8M", "1G"); rejects 0, garbage and overflow.
- * Returns 0 or -EINVAL. */
-int svc_parse_bytes(const char *s, uint64_t *ret) HP_WARN_UNUSED;
 /* Checks a configuration; on error returns -EINVAL and a message in @err. */
 int svc_config_check(const struct svc_config *cfg, char *err, size_t err_len) HP_WARN_UNUSED;
 
@@ -165,5 +152,28 @@ bool svc_check_guardrails(svc_t *s);
 int svc_finish(svc_t *s, struct svc_summary *ret_summary) HP_WARN_UNUSED;
 /* Removes the socket and its directory, frees everything; accepts NULL. */
 svc_t *svc_free(svc_t *s);
+
+/* Creates (if needed) and checks the runtime directory (common/paths.h): a directory
+ * owned by us with mode 0700. Writes its path to @buf. Returns 0 or -errno with a
+ * message in @err. */
+int svc_runtime_dir_prepare(char *buf, size_t len, char *err, size_t err_len);
+
+/* Target discovery for attach. */
+struct svc_proc {
+    pid_t pid;
+    char name[64];  /* basename of argv[0] */
+    bool preloaded; /* libheapprof.so mapped */
+    bool same_user;
+};
+/* Reads /proc/@pid: 0, -ENOENT (gone), -errno. */
+int svc_proc_inspect(pid_t pid, struct svc_proc *ret);
+/* Calls @fn for every running process but ours that matches @cfg's targets and has
+ * libheapprof.so mapped. */
+void svc_proc_scan_targets(const struct svc_config *cfg,
+                           void (*fn)(void *ctx, const struct svc_proc *p), void *ctx);
+/* Sends the attach signal carrying @attacher (0: the daemon). Returns 0 or -errno. */
+int svc_proc_signal_attach(pid_t pid, pid_t attacher);
+/* The attach signal: HEAPPROF_ATTACH_SIGNAL or SIGRTMIN+4. */
+int svc_attach_signal(void);
 
 #endif

@@ -124,24 +124,7 @@ struct svc_client *svc__client_free(struct svc_client *c);
 /* svc_client.maps_changed: a reread is due (beside WIRE_MAPS_UNLOADED). */
 #define SVC_MAPS_CHANGED (1u << 31)
 
-/* ---- Records and handshake (validation of untrusted input) ----------------------- */
-
-/* Copies the fixed part of a WIRE_ALLOC payload (@data, @len bytes, possibly shared
- * memory) into @ret and validates it: the stack (returned in @ret_stack, borrowed from
- * @data, ret->stack_len bytes) must fit the payload and @max_stack_bytes. With WIRE_ALLOC_AUDIT,
- * the client's pcs that follow the stack are copied to @ret_pcs (room for WIRE_MAX_PCS) and counted
- * in @ret_n_pcs (else 0). Returns 0 or -EBADMSG. */
-int svc__decode_alloc(const uint8_t *data, size_t len, uint64_t max_stack_bytes,
-                      struct wire_alloc *ret, const uint8_t **ret_stack, uint64_t *ret_pcs,
-                      size_t *ret_n_pcs);
-/* Copies a WIRE_ALLOC_PCS payload: the fixed part into @ret, its 1..WIRE_MAX_PCS pcs into
- * @ret_pcs (room for WIRE_MAX_PCS). Returns 0 or -EBADMSG. */
-int svc__decode_alloc_pcs(const uint8_t *data, size_t len, struct wire_alloc_pcs *ret,
-                          uint64_t *ret_pcs);
-/* Copies a WIRE_FREE payload into @ret. Returns 0 or -EBADMSG when too short. */
-int svc__decode_free(const uint8_t *data, size_t len, struct wire_free *ret);
-/* Copies a WIRE_MAPS_CHANGED payload into @ret. Returns 0 or -EBADMSG when too short. */
-int svc__decode_maps_changed(const uint8_t *data, size_t len, struct wire_maps_changed *ret);
+/* ---- Handshake (validation of untrusted input) ---------------------------------- */
 
 /* Receives a client's hello on @sock (blocking within the socket's timeouts) and checks
  * it against the peer: magic, two descriptors, uid (another uid only as root with

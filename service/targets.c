@@ -12,7 +12,7 @@
 
 #include "common/macros.h"
 #include "common/paths.h"
-#include "service/cmds.h"
+#include "cli/cli.h"
 
 int svc_runtime_dir_prepare(char *buf, size_t len, char *err, size_t err_len)
 {

@@ -138,7 +138,7 @@ static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uin
     const uint8_t *stack;
     uint64_t pcs[WIRE_MAX_PCS];
     size_t n_pcs = 0;
-    if (svc__decode_alloc(data, len, c->max_stack_bytes, &a, &stack, pcs, &n_pcs) < 0) {
+    if (wire_decode_alloc(data, len, c->max_stack_bytes, &a, &stack, pcs, &n_pcs) < 0) {
         c->flags |= BK_FLAG_BUFFER_CORRUPTED;
         return;
     }
@@ -162,7 +162,7 @@ static void handle_alloc_pcs(struct svc_unwinder *u, struct svc_client *c, const
 {
     struct wire_alloc_pcs a;
     uint64_t pcs[WIRE_MAX_PCS];
-    if (svc__decode_alloc_pcs(data, len, &a, pcs) < 0) {
+    if (wire_decode_alloc_pcs(data, len, &a, pcs) < 0) {
         c->flags |= BK_FLAG_BUFFER_CORRUPTED;
         return;
     }
@@ -179,7 +179,7 @@ static void handle_free(struct svc_unwinder *u, struct svc_client *c, const uint
                         size_t len)
 {
     struct wire_free f;
-    if (svc__decode_free(data, len, &f) < 0) {
+    if (wire_decode_free(data, len, &f) < 0) {
         c->flags |= BK_FLAG_BUFFER_CORRUPTED;
         return;
     }
@@ -237,7 +237,7 @@ static bool drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned bu
             break;
         case WIRE_MAPS_CHANGED: {
             struct wire_maps_changed mc;
-            if (svc__decode_maps_changed(rd.data, rd.len, &mc) < 0)
+            if (wire_decode_maps_changed(rd.data, rd.len, &mc) < 0)
                 c->flags |= BK_FLAG_BUFFER_CORRUPTED;
             else
                 c->maps_changed |= SVC_MAPS_CHANGED | (mc.flags & WIRE_MAPS_UNLOADED);

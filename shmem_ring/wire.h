@@ -178,4 +178,23 @@ struct wire_free {
 };
 _Static_assert(sizeof(struct wire_free) == 24, "wire_free ABI");
 
+/* ---- Decoders (service side; every byte untrusted) -------------------------------- */
+
+/* Copies the fixed part of a WIRE_ALLOC payload (@data, @len bytes, possibly shared
+ * memory) into @ret and validates it: the stack (returned in @ret_stack, borrowed from
+ * @data, ret->stack_len bytes) must fit the payload and @max_stack_bytes. With WIRE_ALLOC_AUDIT,
+ * the client's pcs that follow the stack are copied to @ret_pcs (room for WIRE_MAX_PCS) and counted
+ * in @ret_n_pcs (else 0). Returns 0 or -EBADMSG. */
+int wire_decode_alloc(const uint8_t *data, size_t len, uint64_t max_stack_bytes,
+                      struct wire_alloc *ret, const uint8_t **ret_stack, uint64_t *ret_pcs,
+                      size_t *ret_n_pcs);
+/* Copies a WIRE_ALLOC_PCS payload: the fixed part into @ret, its 1..WIRE_MAX_PCS pcs into
+ * @ret_pcs (room for WIRE_MAX_PCS). Returns 0 or -EBADMSG. */
+int wire_decode_alloc_pcs(const uint8_t *data, size_t len, struct wire_alloc_pcs *ret,
+                          uint64_t *ret_pcs);
+/* Copies a WIRE_FREE payload into @ret. Returns 0 or -EBADMSG when too short. */
+int wire_decode_free(const uint8_t *data, size_t len, struct wire_free *ret);
+/* Copies a WIRE_MAPS_CHANGED payload into @ret. Returns 0 or -EBADMSG when too short. */
+int wire_decode_maps_changed(const uint8_t *data, size_t len, struct wire_maps_changed *ret);
+
 #endif

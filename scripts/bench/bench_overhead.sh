@@ -56,7 +56,7 @@ cd "$(dirname "$0")/../.."
 build=${HEAPPROF_BUILD:-$PWD/build-release}
 rounds=${BENCH_OVERHEAD_ROUNDS:-5}
 scale=${BENCH_OVERHEAD_SCALE:-1}
-heapprof="$build/service/heapprof"
+heapprof="$build/cli/heapprof"
 peaklib="$build/tests/bench/libbench_peak_rss.so"
 for f in "$heapprof" "$peaklib" "$build/tests/bench/churn" "$build/tests/bench/stl_churn"; do
     [ -e "$f" ] || { echo "bench_overhead: $f missing (build first)" >&2; exit 1; }

@@ -78,7 +78,7 @@ static int ratio(const char *interval, const char *name)
     double plain[RUNS], prof[RUNS];
 
     snprintf(churn, sizeof(churn), "%s/tests/bench/churn", build);
-    snprintf(heapprof, sizeof(heapprof), "%s/service/heapprof", build);
+    snprintf(heapprof, sizeof(heapprof), "%s/cli/heapprof", build);
     int fd = mkstemp(trace);
     if (fd < 0)
         return 1;

@@ -24,8 +24,8 @@
 #include <unistd.h>
 
 #include "bookkeeping/bookkeeping.h"
-#include "bookkeeping/pbwire.h"
-#include "bookkeeping/reader.h"
+#include "common/pbwire.h"
+#include "report/report.h"
 #include "bookkeeping/state.h"
 
 #define SEQ_ID 7

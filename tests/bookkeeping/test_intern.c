@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "bookkeeping/intern.h"
-#include "bookkeeping/pbwire.h"
+#include "common/pbwire.h"
 
 static int setup(void **state)
 {

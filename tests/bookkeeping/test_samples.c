@@ -17,9 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bookkeeping/pbwire.h"
+#include "common/pbwire.h"
 #include "bookkeeping/samples.h"
-#include "bookkeeping/util.h"
+#include "common/containers.h"
 #include "common/macros.h"
 
 #define N_SITES 20000

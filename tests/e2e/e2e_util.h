@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "bookkeeping/reader.h"
+#include "report/report.h"
 
 #define E2E_MAX_TRUTH 16
 
@@ -39,7 +39,7 @@ void e2e_sum_function(const struct bk_trace_process *p, const char *fn, struct e
 /* The process whose cmdline contains @needle, or NULL. */
 const struct bk_trace_process *e2e_find_process(const struct bk_trace *t, const char *needle);
 
-/* Runs the trace-processor import rule checker (tests/bookkeeping/check_trace.c, path in
+/* Runs the trace-processor import rule checker (tests/report/check_trace.c, path in
  * CHECK_TRACE) on @trace; returns its exit status (0: every rule holds). */
 int e2e_check_rules(const char *trace);
 

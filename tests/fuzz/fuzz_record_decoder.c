@@ -1,5 +1,5 @@
 /* tests/fuzz/fuzz_record_decoder.c: the service's validation of ring records
- * (svc__decode_alloc, svc__decode_alloc_pcs, svc__decode_free) on arbitrary payloads,
+ * (wire_decode_alloc, wire_decode_alloc_pcs, wire_decode_free) on arbitrary payloads,
  * and the unwinding of every accepted WIRE_ALLOC (and the naming of every accepted
  * WIRE_ALLOC_PCS and audit walk) against a synthetic process (this process's own maps
  * and memory, with an unwind table to publish into), as the unwinder thread does it. A
@@ -73,7 +73,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         struct wire_alloc a;
         const uint8_t *stack = NULL;
         size_t n_pcs = SIZE_MAX;
-        int r = svc__decode_alloc(payload, len, max_stack, &a, &stack, pcs, &n_pcs);
+        int r = wire_decode_alloc(payload, len, max_stack, &a, &stack, pcs, &n_pcs);
         bool valid = len >= sizeof(a);
         size_t want_pcs = 0;
         if (valid) {
@@ -106,7 +106,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     } else if (type == WIRE_ALLOC_PCS) {
         struct wire_alloc_pcs a;
-        int r = svc__decode_alloc_pcs(payload, len, &a, pcs);
+        int r = wire_decode_alloc_pcs(payload, len, &a, pcs);
         bool valid = len >= sizeof(a);
         if (valid) {
             struct wire_alloc_pcs raw;
@@ -123,14 +123,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     } else if (type == WIRE_MAPS_CHANGED) {
         struct wire_maps_changed mc;
-        int r = svc__decode_maps_changed(payload, len, &mc);
+        int r = wire_decode_maps_changed(payload, len, &mc);
         if ((r == 0) != (len >= sizeof(mc)))
             abort();
         if (r == 0)
             unwinder_maps_changed(g_p, (mc.flags & WIRE_MAPS_UNLOADED) != 0);
     } else if (type == WIRE_FREE) {
         struct wire_free f;
-        int r = svc__decode_free(payload, len, &f);
+        int r = wire_decode_free(payload, len, &f);
         if ((r == 0) != (len >= sizeof(f)))
             abort();
         if (r == 0 && memcmp(&f, payload, sizeof(f)) != 0)

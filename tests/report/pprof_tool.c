@@ -1,9 +1,9 @@
-/* tests/bookkeeping/pprof_tool.c: `pprof_tool TRACE OUT [DUMP [PID]]` runs
- * bk_pprof_export() as `heapprof pprof` does, for tests/bookkeeping/check_pprof.py. */
+/* tests/report/pprof_tool.c: `pprof_tool TRACE OUT [DUMP [PID]]` runs
+ * bk_pprof_export() as `heapprof pprof` does, for tests/report/check_pprof.py. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "bookkeeping/reader.h"
+#include "report/report.h"
 
 int main(int argc, char **argv)
 {

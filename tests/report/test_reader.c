@@ -1,4 +1,4 @@
-/* tests/bookkeeping/test_reader.c: semantics against a model under random operations,
+/* tests/report/test_reader.c: semantics against a model under random operations,
  * trace-processor import rules across dumps, report diffs, pprof and reader selection. */
 /* cmocka.h needs these first. */
 // clang-format off
@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "bookkeeping/bookkeeping.h"
-#include "bookkeeping/reader.h"
+#include "report/report.h"
 #include "bookkeeping/state.h"
 
 #define PID 4242

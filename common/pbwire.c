@@ -1,9 +1,9 @@
-#include "bookkeeping/pbwire.h"
+#include "common/pbwire.h"
 
 #include <errno.h>
 #include <string.h>
 
-#include "bookkeeping/util.h"
+#include "common/containers.h"
 
 size_t bk__pb_varint_size(uint64_t v)
 {

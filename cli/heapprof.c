@@ -1,4 +1,4 @@
-/* service/heapprof.c: the `heapprof` command.
+/* cli/heapprof.c: the `heapprof` command.
  *
  *     heapprof record [options] -- CMD [ARGS...]   profile CMD from its first allocation
  *     heapprof report FILE [--top N]               print the top allocation sites
@@ -19,12 +19,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bookkeeping/reader.h"
+#include "report/report.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/macros.h"
-#include "service/cmds.h"
-#include "service/loop.h"
+#include "cli/cli.h"
+#include "cli/loop.h"
 #include "service/svc.h"
 
 #ifndef HP_LIBDIR_FROM_BINDIR

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tests/bookkeeping/check_rules.py: runs bk_check_trace (the trace-processor import
+"""tests/report/check_rules.py: runs rp_check_trace (the trace-processor import
 rules) on gen_trace's small and big traces, and on broken copies of the big one, which it
 must reject.
 

@@ -1,4 +1,4 @@
-/* bookkeeping/util.h: containers shared by the writer and the reader of bookkeeping.
+/* common/containers.h: containers shared by the writer and the reader of bookkeeping.
  *
  * - struct bk_arena: bump allocator for immutable bytes (strings, id lists) freed at once.
  * - struct bk_map: open-addressing hash map from a uint64_t key to a fixed-size value
@@ -17,8 +17,8 @@
  *
  * Not thread-safe; each container has one owner.
  */
-#ifndef HP_BOOKKEEPING_UTIL_H
-#define HP_BOOKKEEPING_UTIL_H
+#ifndef HP_COMMON_CONTAINERS_H
+#define HP_COMMON_CONTAINERS_H
 
 #include <stdbool.h>
 #include <stddef.h>

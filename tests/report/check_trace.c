@@ -1,4 +1,4 @@
-/* tests/bookkeeping/check_trace.c: `bk_check_trace FILE...` checks that heap-profile
+/* tests/report/check_trace.c: `rp_check_trace FILE...` checks that heap-profile
  * traces follow the rules Perfetto's trace processor imports them by, and prints the
  * first broken rule. Usable on any trace heapprof wrote (the e2e tests' real traces
  * too); here it runs on gen_trace's output.
@@ -19,8 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bookkeeping/pbwire.h"
-#include "bookkeeping/util.h"
+#include "common/pbwire.h"
+#include "common/containers.h"
 
 struct seq {
     uint32_t id;

@@ -1,9 +1,9 @@
-/* service/summary.c: the summary printed on stderr when a session ends. */
+/* cli/summary.c: the summary printed on stderr when a session ends. */
 #include <stdio.h>
 
-#include "bookkeeping/reader.h"
-#include "service/cmds.h"
-#include "service/loop.h"
+#include "report/report.h"
+#include "cli/cli.h"
+#include "cli/loop.h"
 
 void svc_print_summary(const char *out_path, const struct svc_summary *sum, int top)
 {

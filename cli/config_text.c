@@ -1,4 +1,4 @@
-/* service/config_text.c: HeapprofdConfig in protobuf text format, and target matching.
+/* cli/config_text.c: HeapprofdConfig in protobuf text format, and target matching.
  *
  * The accepted language is the subset of protobuf text format a HeapprofdConfig needs:
  *   field: value          scalars (integers, true/false, "quoted strings")
@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "service/svc.h"
+#include "cli/cli.h"
 
 #define MAX_CONFIG_BYTES (1u << 20)
 #define MAX_STRING 4096
@@ -393,32 +393,67 @@ int svc_config_load_file(const char *path, struct svc_config *cfg, char *err, si
     return svc_config_parse_text(buf, len, path, cfg, err, err_len);
 }
 
-bool svc_config_has_targets(const struct svc_config *cfg)
+int svc_parse_bytes(const char *s, uint64_t *ret)
 {
-    return cfg->all || cfg->n_pid > 0 || cfg->n_process_cmdline > 0;
+    if (!s || !isdigit((unsigned char)s[0]))
+        return -EINVAL;
+    uint64_t v = 0;
+    const char *p = s;
+    for (; isdigit((unsigned char)*p); p++) {
+        unsigned d = (unsigned)(*p - '0');
+        if (v > (UINT64_MAX - d) / 10)
+            return -EINVAL;
+        v = v * 10 + d;
+    }
+    uint64_t mult = 1;
+    switch (*p) {
+    case '\0':
+        break;
+    case 'k':
+    case 'K':
+        mult = 1ull << 10;
+        p++;
+        break;
+    case 'm':
+    case 'M':
+        mult = 1ull << 20;
+        p++;
+        break;
+    case 'g':
+    case 'G':
+        mult = 1ull << 30;
+        p++;
+        break;
+    default:
+        return -EINVAL;
+    }
+    if (*p == 'i' && mult > 1)
+        p++;
+    if ((*p == 'b' || *p == 'B') && p[1] == '\0')
+        p++;
+    if (*p != '\0' || v == 0 || v > UINT64_MAX / mult)
+        return -EINVAL;
+    *ret = v * mult;
+    return 0;
 }
 
-bool svc_config_matches(const struct svc_config *cfg, int32_t pid, const char *cmdline, size_t len)
+int parse_continuous_dump(const char *arg, struct svc_config *cfg)
 {
-    if (cfg->all)
-        return true;
-    for (size_t i = 0; i < cfg->n_pid; i++)
-        if (cfg->pid[i] == pid)
-            return true;
-    if (!cmdline || len == 0)
-        return false;
-    /* argv[0], NUL-terminated within @len */
-    size_t a0 = strnlen(cmdline, len);
-    if (a0 == len || a0 == 0)
-        return false;
-    const char *base = strrchr(cmdline, '/');
-    base = base ? base + 1 : cmdline;
-    for (size_t i = 0; i < cfg->n_process_cmdline; i++) {
-        const char *t = cfg->process_cmdline[i];
-        if (!strcmp(t, cmdline) || !strcmp(t, base))
-            return true;
-        if (fnmatch(t, cmdline, 0) == 0 || fnmatch(t, base, 0) == 0)
-            return true;
+    char *end;
+    errno = 0;
+    unsigned long iv = strtoul(arg, &end, 10);
+    unsigned long ph = 0;
+    if (errno || end == arg || iv < 10 || iv > UINT32_MAX || arg[0] == '-')
+        return -EINVAL;
+    if (*end == ',') {
+        const char *p = end + 1;
+        ph = strtoul(p, &end, 10);
+        if (errno || end == p || ph > UINT32_MAX || p[0] == '-')
+            return -EINVAL;
     }
-    return false;
+    if (*end)
+        return -EINVAL;
+    cfg->dump_interval_ms = (uint32_t)iv;
+    cfg->dump_phase_ms = (uint32_t)ph;
+    return 0;
 }

@@ -1,4 +1,4 @@
-/* service/heapprofd.c: the heapprof daemon. Processes started with libheapprof.so
+/* cli/heapprofd.c: the heapprof daemon. Processes started with libheapprof.so
  * preloaded connect to its socket at startup; those matching the targets are profiled
  * from startup and dumped when they exit; running targets are woken by the attach
  * signal. */
@@ -17,8 +17,8 @@
 
 #include "common/log.h"
 #include "common/paths.h"
-#include "service/cmds.h"
-#include "service/loop.h"
+#include "cli/cli.h"
+#include "cli/loop.h"
 
 static void usage(FILE *f)
 {

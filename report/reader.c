@@ -1,4 +1,4 @@
-/* bookkeeping/reader.c: streaming reader of heap-profile traces.
+/* report/reader.c: streaming reader of heap-profile traces.
  *
  * The file is read one Trace.packet at a time into a buffer of at most
  * READ_MAX_PACKET_BYTES, and each packet is walked with the field iterator of
@@ -15,14 +15,14 @@
  *   are about to be cleared, or at the end, so following the latest dump of a long
  *   continuous trace costs no symbol work per dump.
  */
-#include "bookkeeping/reader.h"
+#include "report/report.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "bookkeeping/pbwire.h"
-#include "bookkeeping/util.h"
+#include "common/pbwire.h"
+#include "common/containers.h"
 #include "common/strtab.h"
 
 #define READ_MAX_PACKET_BYTES (64u * 1024 * 1024)

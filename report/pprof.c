@@ -1,4 +1,4 @@
-/* bookkeeping/pprof.c: one process's dump as a gzipped pprof Profile (perftools.profiles,
+/* report/pprof.c: one process's dump as a gzipped pprof Profile (perftools.profiles,
  * protos/profile.proto), for `heapprof pprof`.
  *
  * Encoded by hand with an append-only writer: each section goes to its own buffer while
@@ -14,9 +14,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "bookkeeping/pbwire.h"
-#include "bookkeeping/reader.h"
-#include "bookkeeping/util.h"
+#include "common/pbwire.h"
+#include "report/report.h"
+#include "common/containers.h"
 
 struct pp_mapping {
     const char *path, *build_id;

@@ -1,4 +1,4 @@
-/* bookkeeping/reader.h: a streaming reader of heapprof (and heapprofd) Perfetto traces,
+/* report/report.h: a streaming reader of heapprof (and heapprofd) Perfetto traces,
  * and the text report built on it.
  *
  * Reads the file packet by packet with bounded buffers; keeps the interned tables needed
@@ -11,8 +11,8 @@
  *         t = bk_trace_free(t);
  *     }
  */
-#ifndef HP_BOOKKEEPING_READER_H
-#define HP_BOOKKEEPING_READER_H
+#ifndef HP_REPORT_REPORT_H
+#define HP_REPORT_REPORT_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tests/bookkeeping/check_pprof.py: exports the trace of gen_trace as pprof and checks
+"""tests/report/check_pprof.py: exports the trace of gen_trace as pprof and checks
 it with `protoc --decode=perftools.profiles.Profile` against protos/profile.proto.
 
 usage: check_pprof.py GEN_TRACE PPROF_TOOL PROTOC PROTOS_DIR

@@ -1,4 +1,4 @@
-/* service/loop.h: the main-thread loop shared by `heapprof record`, `heapprof attach` and
+/* cli/loop.h: the main-thread loop shared by `heapprof record`, `heapprof attach` and
  * `heapprofd`: accepts clients, takes signals through a signalfd, schedules continuous
  * dumps, checks guardrails, shows a status line on a terminal, and waits for a child.
  *
@@ -10,8 +10,8 @@
  *     svc_loop_arm_second_interrupt(out_fd, s);   // a second Ctrl-C exits at once
  *     svc_finish(s, &summary);
  */
-#ifndef HP_SERVICE_LOOP_H
-#define HP_SERVICE_LOOP_H
+#ifndef HP_CLI_LOOP_H
+#define HP_CLI_LOOP_H
 
 #include <signal.h>
 #include <stdbool.h>

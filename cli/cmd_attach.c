@@ -1,4 +1,4 @@
-/* service/cmd_attach.c: `heapprof attach` (profile running processes that have
+/* cli/cmd_attach.c: `heapprof attach` (profile running processes that have
  * libheapprof.so preloaded, woken by the attach signal) and `heapprof dump` (ask the
  * daemon for a dump now). */
 #include <dirent.h>
@@ -19,8 +19,8 @@
 #include "common/log.h"
 #include "common/macros.h"
 #include "common/paths.h"
-#include "service/cmds.h"
-#include "service/loop.h"
+#include "cli/cli.h"
+#include "cli/loop.h"
 
 #define MAX_SIGNALLED 4096
 #define CONNECT_GRACE_NS 2000000000ull

@@ -1,12 +1,12 @@
-/* service/records.c: validation of the records a client writes into its ring. Every
+/* shmem_ring/wire.c: validation of the records a client writes into its ring. Every
  * byte is untrusted (shmem_ring/wire.h): the fixed part is copied out of shared memory
  * once and only the copy is checked and used. */
+#include "shmem_ring/wire.h"
+
 #include <errno.h>
 #include <string.h>
 
-#include "service/svc_internal.h"
-
-int svc__decode_alloc(const uint8_t *data, size_t len, uint64_t max_stack_bytes,
+int wire_decode_alloc(const uint8_t *data, size_t len, uint64_t max_stack_bytes,
                       struct wire_alloc *ret, const uint8_t **ret_stack, uint64_t *ret_pcs,
                       size_t *ret_n_pcs)
 {
@@ -36,7 +36,7 @@ int svc__decode_alloc(const uint8_t *data, size_t len, uint64_t max_stack_bytes,
     return 0;
 }
 
-int svc__decode_alloc_pcs(const uint8_t *data, size_t len, struct wire_alloc_pcs *ret,
+int wire_decode_alloc_pcs(const uint8_t *data, size_t len, struct wire_alloc_pcs *ret,
                           uint64_t *ret_pcs)
 {
     struct wire_alloc_pcs a;
@@ -51,7 +51,7 @@ int svc__decode_alloc_pcs(const uint8_t *data, size_t len, struct wire_alloc_pcs
     return 0;
 }
 
-int svc__decode_free(const uint8_t *data, size_t len, struct wire_free *ret)
+int wire_decode_free(const uint8_t *data, size_t len, struct wire_free *ret)
 {
     if (len < sizeof(*ret))
         return -EBADMSG;
@@ -59,7 +59,7 @@ int svc__decode_free(const uint8_t *data, size_t len, struct wire_free *ret)
     return 0;
 }
 
-int svc__decode_maps_changed(const uint8_t *data, size_t len, struct wire_maps_changed *ret)
+int wire_decode_maps_changed(const uint8_t *data, size_t len, struct wire_maps_changed *ret)
 {
     if (len < sizeof(*ret))
         return -EBADMSG;

@@ -1,10 +1,10 @@
-/* bookkeeping/report.c: the text report of a loaded trace (`heapprof report`). */
+/* report/report.c: the text report of a loaded trace (`heapprof report`). */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "bookkeeping/reader.h"
-#include "bookkeeping/util.h"
+#include "report/report.h"
+#include "common/containers.h"
 
 /* libstdc++'s demangler (the Itanium C++ ABI entry point); declared here so that the C
  * code needs no C++ header. Returns a malloc()ed string or NULL, status 0 on success. */

@@ -1,4 +1,4 @@
-#include "bookkeeping/util.h"
+#include "common/containers.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* bookkeeping/pbwire.h: the protobuf wire format at the byte level.
+/* common/pbwire.h: the protobuf wire format at the byte level.
  *
  * Varints and the Trace framing (each TracePacket is field 1, length-delimited) for the
  * writer, and a field iterator for the reader. The iterator never reads outside the
@@ -15,8 +15,8 @@
  *
  * Pure functions on caller buffers; thread-safe.
  */
-#ifndef HP_BOOKKEEPING_PBWIRE_H
-#define HP_BOOKKEEPING_PBWIRE_H
+#ifndef HP_COMMON_PBWIRE_H
+#define HP_COMMON_PBWIRE_H
 
 #include <stdbool.h>
 #include <stddef.h>

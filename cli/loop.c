@@ -1,5 +1,5 @@
-/* service/loop.c: see loop.h. */
-#include "service/loop.h"
+/* cli/loop.c: see loop.h. */
+#include "cli/loop.h"
 
 #include <errno.h>
 #include <signal.h>

@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "service/svc.h"
+#include "cli/cli.h"
 
 static void test_config_parse_bytes(void **state)
 {
