@@ -20,10 +20,10 @@ int bk_new(const struct bk_config *cfg, bk_t **ret)
     bk->source_line_ctx = cfg->source_line_ctx;
     bk->symbolized_frames = 1; /* frame id 0 is unused */
     bk->max_packet_bytes = BK_MAX_PACKET_BYTES;
-    bk__map_init(&bk->proc_index, sizeof(uint64_t));
+    hp_map_init(&bk->proc_index, sizeof(uint64_t));
     int r = bk__intern_init(&bk->in);
     if (r < 0) {
-        bk__map_done(&bk->proc_index);
+        hp_map_done(&bk->proc_index);
         free(bk);
         return r;
     }
@@ -40,8 +40,8 @@ static struct bk_heap *heap_free(struct bk_heap *h)
 {
     if (!h)
         return NULL;
-    bk__map_done(&h->live);
-    bk__map_done(&h->big_sizes);
+    hp_map_done(&h->live);
+    hp_map_done(&h->big_sizes);
     for (size_t i = 0; i < h->n_site_pages; i++)
         free(h->site_pages[i]);
     free(h->site_pages);
@@ -82,15 +82,15 @@ static struct bk_heap *heap_get(const bk_t *bk, struct bk_proc *p, uint32_t heap
     struct bk_heap *h = bk__find_heap(p, heap_id);
     if (h || p->n_heaps >= BK_MAX_HEAPS)
         return h;
-    if (bk__grow((void **)&p->heaps, &p->cap_heaps, p->n_heaps + 1, sizeof(*p->heaps)) < 0)
+    if (hp_grow((void **)&p->heaps, &p->cap_heaps, p->n_heaps + 1, sizeof(*p->heaps)) < 0)
         return NULL;
     h = calloc(1, sizeof(*h));
     if (!h)
         return NULL;
     h->heap_id = heap_id;
     h->track_peak = bk->dump_at_max;
-    bk__map_init(&h->live, sizeof(struct bk_live));
-    bk__map_init(&h->big_sizes, sizeof(uint64_t));
+    hp_map_init(&h->live, sizeof(struct bk_live));
+    hp_map_init(&h->big_sizes, sizeof(uint64_t));
     p->heaps[p->n_heaps++] = h;
     return h;
 }
@@ -110,7 +110,7 @@ bk_t *bk_free(bk_t *bk)
     for (size_t i = 0; i < bk->n_procs; i++)
         proc_free(bk->procs[i]);
     free(bk->procs);
-    bk__map_done(&bk->proc_index);
+    hp_map_done(&bk->proc_index);
     bk__intern_done(&bk->in);
     free(bk->buf.p);
     free(bk);
@@ -122,7 +122,7 @@ struct bk_proc *bk__find_proc(bk_t *bk, int32_t pid)
     /* Records come in runs of one process: remember the last one found. */
     if (HP_LIKELY(bk->last_proc && bk->last_proc->pid == pid))
         return bk->last_proc;
-    uint64_t *idx = bk__map_get(&bk->proc_index, (uint64_t)(uint32_t)pid);
+    uint64_t *idx = hp_map_get(&bk->proc_index, (uint64_t)(uint32_t)pid);
     bk->last_proc = idx ? bk->procs[*idx] : NULL;
     return bk->last_proc;
 }
@@ -132,7 +132,7 @@ int bk_process_start(bk_t *bk, int32_t pid, const char *cmdline, size_t cmdline_
 {
     if (bk__find_proc(bk, pid))
         return -EEXIST;
-    int r = bk__grow((void **)&bk->procs, &bk->cap_procs, bk->n_procs + 1, sizeof(*bk->procs));
+    int r = hp_grow((void **)&bk->procs, &bk->cap_procs, bk->n_procs + 1, sizeof(*bk->procs));
     if (r < 0)
         return r;
     struct bk_proc *p = calloc(1, sizeof(*p));
@@ -153,7 +153,7 @@ int bk_process_start(bk_t *bk, int32_t pid, const char *cmdline, size_t cmdline_
     p->cmdline_len = cmdline_len;
 
     uint64_t *idx;
-    r = bk__map_put(&bk->proc_index, (uint64_t)(uint32_t)pid, (void **)&idx);
+    r = hp_map_put(&bk->proc_index, (uint64_t)(uint32_t)pid, (void **)&idx);
     if (r < 0) {
         proc_free(p);
         return r;
@@ -166,14 +166,14 @@ int bk_process_start(bk_t *bk, int32_t pid, const char *cmdline, size_t cmdline_
 static void proc_forget(bk_t *bk, struct bk_proc *p)
 {
     bk->last_proc = NULL;
-    uint64_t *idx = bk__map_get(&bk->proc_index, (uint64_t)(uint32_t)p->pid);
+    uint64_t *idx = hp_map_get(&bk->proc_index, (uint64_t)(uint32_t)p->pid);
     size_t i = (size_t)*idx;
-    bk__map_remove(&bk->proc_index, (uint64_t)(uint32_t)p->pid);
+    hp_map_remove(&bk->proc_index, (uint64_t)(uint32_t)p->pid);
     struct bk_proc *last = bk->procs[--bk->n_procs];
     if (last != p) {
         /* Keep procs dense: the last process takes the hole. */
         bk->procs[i] = last;
-        uint64_t *li = bk__map_get(&bk->proc_index, (uint64_t)(uint32_t)last->pid);
+        uint64_t *li = hp_map_get(&bk->proc_index, (uint64_t)(uint32_t)last->pid);
         *li = i;
     }
     proc_free(p);
@@ -192,7 +192,7 @@ static int64_t site_get(struct bk_heap *h, uint32_t callstack)
     } else {
         if (page >= h->n_site_pages) {
             size_t n = h->n_site_pages;
-            if (bk__grow((void **)&h->site_pages, &n, page + 1, sizeof(*h->site_pages)) < 0)
+            if (hp_grow((void **)&h->site_pages, &n, page + 1, sizeof(*h->site_pages)) < 0)
                 return -ENOMEM;
             memset(h->site_pages + h->n_site_pages, 0,
                    (n - h->n_site_pages) * sizeof(*h->site_pages));
@@ -204,11 +204,11 @@ static int64_t site_get(struct bk_heap *h, uint32_t callstack)
     }
     size_t cap = h->cap_sites;
     if (h->n_sites >= UINT32_MAX - 1 ||
-        bk__grow((void **)&h->sites, &cap, h->n_sites + 1, sizeof(*h->sites)) < 0)
+        hp_grow((void **)&h->sites, &cap, h->n_sites + 1, sizeof(*h->sites)) < 0)
         return -ENOMEM;
     if (h->track_peak) {
         size_t cap_max = h->cap_sites;
-        if (bk__grow((void **)&h->maxes, &cap_max, cap, sizeof(*h->maxes)) < 0)
+        if (hp_grow((void **)&h->maxes, &cap_max, cap, sizeof(*h->maxes)) < 0)
             return -ENOMEM;
     }
     h->cap_sites = cap;
@@ -255,7 +255,7 @@ static uint64_t live_size(struct bk_heap *h, uint64_t addr, const struct bk_live
 {
     if (HP_LIKELY(l->size != BK_LIVE_BIG_SIZE))
         return l->size;
-    uint64_t *big = bk__map_get(&h->big_sizes, addr);
+    uint64_t *big = hp_map_get(&h->big_sizes, addr);
     return big ? *big : BK_LIVE_BIG_SIZE;
 }
 
@@ -263,8 +263,8 @@ static uint64_t live_size(struct bk_heap *h, uint64_t addr, const struct bk_live
 static void live_remove(struct bk_heap *h, uint64_t addr, struct bk_live *l)
 {
     if (l->size == BK_LIVE_BIG_SIZE)
-        bk__map_remove(&h->big_sizes, addr);
-    bk__map_remove_value(&h->live, l);
+        hp_map_remove(&h->big_sizes, addr);
+    hp_map_remove_value(&h->live, l);
 }
 
 static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
@@ -275,7 +275,7 @@ static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
     uint32_t si = (uint32_t)site;
     struct bk_site *s = &h->sites[si];
     struct bk_live *live;
-    int found = bk__map_put(&h->live, r->addr, (void **)&live);
+    int found = hp_map_put(&h->live, r->addr, (void **)&live);
     if (found < 0)
         return;
     if (found == 0) {
@@ -295,13 +295,13 @@ static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
     uint32_t small = r->size < BK_LIVE_BIG_SIZE ? (uint32_t)r->size : BK_LIVE_BIG_SIZE;
     if (small == BK_LIVE_BIG_SIZE) {
         uint64_t *big;
-        if (bk__map_put(&h->big_sizes, r->addr, (void **)&big) < 0) {
-            bk__map_remove(&h->live, r->addr);
+        if (hp_map_put(&h->big_sizes, r->addr, (void **)&big) < 0) {
+            hp_map_remove(&h->live, r->addr);
             return;
         }
         *big = r->size;
     } else if (found == 0 && live->size == BK_LIVE_BIG_SIZE) {
-        bk__map_remove(&h->big_sizes, r->addr);
+        hp_map_remove(&h->big_sizes, r->addr);
     }
     site_touch(h, si);
     s->allocated += r->size;
@@ -314,7 +314,7 @@ static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
 
 static void apply_free(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
 {
-    struct bk_live *live = bk__map_get(&h->live, r->addr);
+    struct bk_live *live = hp_map_get(&h->live, r->addr);
     if (!live || live->seq > r->seq) {
         /* Never sampled, or a free older than the allocation now at the address. */
         bk->counters.unknown_frees++;
@@ -342,7 +342,7 @@ static void apply_now(bk_t *bk, struct bk_proc *p, const struct bk_pending *r)
 static void apply(bk_t *bk, struct bk_proc *p, const struct bk_pending *r)
 {
     if (HP_LIKELY(p->heaps[0]->heap_id == r->heap_id))
-        bk__map_prefetch(&p->heaps[0]->live, r->addr);
+        hp_map_prefetch(&p->heaps[0]->live, r->addr);
     if (p->n_ready == BK_READY) {
         apply_now(bk, p, &p->ready[p->ready_head]);
         p->ready_head = (p->ready_head + 1) % BK_READY;
@@ -368,7 +368,7 @@ static bool heap_less(const struct bk_pending *a, const struct bk_pending *b)
 
 static int heap_push(struct bk_proc *p, const struct bk_pending *r)
 {
-    int e = bk__grow((void **)&p->heap, &p->cap_heap, p->n_heap + 1, sizeof(*p->heap));
+    int e = hp_grow((void **)&p->heap, &p->cap_heap, p->n_heap + 1, sizeof(*p->heap));
     if (e < 0)
         return e;
     size_t i = p->n_heap++;

@@ -30,16 +30,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/pbwire.h"
 #include "bookkeeping/samples.h"
 #include "bookkeeping/state.h"
 #include "common/clock.h"
+#include "common/pbwire.h"
 #include "protos/trace_packet.pb.h"
 
 #define SEQ_INCREMENTAL_STATE_CLEARED 1u
 #define SEQ_NEEDS_INCREMENTAL_STATE 2u
 /* Room for the Trace framing in front of the encoded packet. */
-#define FRAME_HEADROOM (1 + BK_PB_VARINT_MAX)
+#define FRAME_HEADROOM (1 + HP_PB_VARINT_MAX)
 
 /* ---- direct encoding ----
  *
@@ -89,7 +89,7 @@ static inline bool enc_reserve(bk_t *bk, struct enc *e, size_t n)
 {
     if (HP_LIKELY(e->len + n <= bk->buf.cap))
         return true;
-    if (bk__grow((void **)&bk->buf.p, &bk->buf.cap, e->len + n, 1) < 0) {
+    if (hp_grow((void **)&bk->buf.p, &bk->buf.cap, e->len + n, 1) < 0) {
         e->oom = true;
         return false;
     }
@@ -124,14 +124,14 @@ static inline void put_tag(struct enc *e, uint32_t field, uint32_t wt)
 
 static inline void put_uint(struct enc *e, uint32_t field, uint64_t v)
 {
-    put_tag(e, field, BK_PB_VARINT);
+    put_tag(e, field, HP_PB_VARINT);
     put_varint(e, v);
 }
 
 /* Opens submessage @field with a 4-byte length; returns where the length goes. */
 static inline size_t open4(struct enc *e, uint32_t field)
 {
-    put_tag(e, field, BK_PB_LEN);
+    put_tag(e, field, HP_PB_LEN);
     size_t at = e->len;
     e->len += LEN4;
     return at;
@@ -152,11 +152,11 @@ static inline void close4(struct enc *e, size_t at)
 /* Opens a small submessage with a 1-byte length. */
 static inline size_t open1(struct enc *e, uint32_t field)
 {
-    put_tag(e, field, BK_PB_LEN);
+    put_tag(e, field, HP_PB_LEN);
     return e->len++;
 }
 
-/* pre: BK_PB_VARINT_MAX bytes of room beyond the body. */
+/* pre: HP_PB_VARINT_MAX bytes of room beyond the body. */
 static inline void close1(struct enc *e, size_t at)
 {
     size_t n = e->len - at - 1;
@@ -164,7 +164,7 @@ static inline void close1(struct enc *e, size_t at)
         e->p[at] = (uint8_t)n;
         return;
     }
-    size_t w = bk__pb_varint_size(n);
+    size_t w = hp_pb_varint_size(n);
     memmove(e->p + at + w, e->p + at + 1, n);
     size_t end = at + w + n;
     e->len = at;
@@ -208,7 +208,7 @@ static void put_item(bk_t *bk, struct enc *e, enum src src, size_t i, const stru
     case SRC_BUILD_IDS: {
         const struct bk_str *str = &in->str[src_str_kind[src]].v[i];
         put_uint(e, 1, i);
-        put_tag(e, 2, BK_PB_LEN);
+        put_tag(e, 2, HP_PB_LEN);
         put_varint(e, str->len);
         memcpy(e->p + e->len, str->s, str->len);
         e->len += str->len;
@@ -381,7 +381,7 @@ static void put_flags_stats(struct enc *e, const struct bk_proc *p)
 static bool buf_write_cb(pb_ostream_t *s, const pb_byte_t *b, size_t n)
 {
     struct bk_buf *buf = s->state;
-    if (bk__grow((void **)&buf->p, &buf->cap, buf->len + n, 1) < 0)
+    if (hp_grow((void **)&buf->p, &buf->cap, buf->len + n, 1) < 0)
         return false;
     memcpy(buf->p + buf->len, b, n);
     buf->len += n;
@@ -429,7 +429,7 @@ static int write_framed(bk_t *bk, struct iovec *iov, int n, size_t len)
     if (bk->out_broken)
         return bk->counters.last_write_error;
     uint8_t hdr[FRAME_HEADROOM];
-    size_t hlen = bk__pb_put_packet_header(hdr, len);
+    size_t hlen = hp_pb_put_packet_header(hdr, len);
     iov[0] = (struct iovec){hdr, hlen};
     int r = writev_all(bk->out_fd, iov, n);
     if (r < 0) {
@@ -629,7 +629,7 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
                         return -ENOMEM;
                     interned = open4(&e, 12);
                 }
-                if (!enc_reserve(bk, &e, bound + BK_PB_VARINT_MAX))
+                if (!enc_reserve(bk, &e, bound + HP_PB_VARINT_MAX))
                     return -ENOMEM;
                 size_t before = e.len;
                 put_item(bk, &e, (enum src)src, begin[src], heap);
@@ -647,7 +647,7 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
         put_uint(&e, 1, (uint64_t)(uint32_t)p->pid);
         put_uint(&e, 3, p->from_startup);
         put_uint(&e, 9, ts_coarse);
-        put_tag(&e, 11, BK_PB_LEN);
+        put_tag(&e, 11, HP_PB_LEN);
         put_varint(&e, heap_name_len);
         memcpy(e.p + e.len, heap_name, heap_name_len);
         e.len += heap_name_len;
@@ -707,7 +707,7 @@ static int write_raw_packet(bk_t *bk, const uint8_t *body, size_t len)
 /* The address_symbols of one mapping, as they are collected. */
 struct module_syms {
     uint32_t mapping_id;
-    struct bk_pbw syms;
+    struct hp_pbw syms;
 };
 
 static int flush_module(bk_t *bk, struct module_syms *ms)
@@ -715,17 +715,17 @@ static int flush_module(bk_t *bk, struct module_syms *ms)
     const struct bk_intern *in = &bk->in;
     const struct bk_mapping *m = &in->mappings[ms->mapping_id];
     const struct bk_str *bid = &in->str[BK_STR_BUILD_ID].v[m->build_id];
-    struct bk_pbw mod = {0}, pkt = {0};
-    bk__pbw_len(&mod, 1, m->path, m->path_len);
+    struct hp_pbw mod = {0}, pkt = {0};
+    hp_pbw_len(&mod, 1, m->path, m->path_len);
     /* Raw build id bytes, as Perfetto's ModuleSymbols.build_id wants them. */
     if (bid->len)
-        bk__pbw_len(&mod, 2, bid->s, bid->len);
-    bk__pbw_bytes(&mod, ms->syms.p, ms->syms.len);
+        hp_pbw_len(&mod, 2, bid->s, bid->len);
+    hp_pbw_bytes(&mod, ms->syms.p, ms->syms.len);
     mod.oom |= ms->syms.oom;
     ms->syms.len = 0;
-    bk__pbw_uint_always(&pkt, 8, hp_clock_ns(CLOCK_BOOTTIME));
-    bk__pbw_uint_always(&pkt, 10, bk->sequence_id);
-    bk__pbw_msg(&pkt, TRACE_PACKET_MODULE_SYMBOLS, &mod);
+    hp_pbw_uint_always(&pkt, 8, hp_clock_ns(CLOCK_BOOTTIME));
+    hp_pbw_uint_always(&pkt, 10, bk->sequence_id);
+    hp_pbw_msg(&pkt, TRACE_PACKET_MODULE_SYMBOLS, &mod);
     int r = pkt.oom ? -ENOMEM : write_raw_packet(bk, pkt.p, pkt.len);
     free(mod.p);
     free(pkt.p);
@@ -745,9 +745,9 @@ static int write_source_lines(bk_t *bk)
     }
     struct module_syms *mods = NULL;
     size_t n_mods = 0, cap_mods = 0;
-    struct bk_map index; /* mapping id -> index in mods */
-    bk__map_init(&index, sizeof(uint64_t));
-    struct bk_pbw sym = {0}, line = {0};
+    struct hp_map index; /* mapping id -> index in mods */
+    hp_map_init(&index, sizeof(uint64_t));
+    struct hp_pbw sym = {0}, line = {0};
     int r = 0;
     for (size_t i = bk->symbolized_frames; i < end && r == 0; i++) {
         const struct bk_frame *f = &in->frames[i];
@@ -759,27 +759,27 @@ static int write_source_lines(bk_t *bk)
             continue;
         const struct bk_str *name = &in->str[BK_STR_FUNCTION].v[f->function_name_id];
         if (name->len)
-            bk__pbw_len(&line, 1, name->s, name->len);
-        bk__pbw_len(&line, 2, file, strnlen(file, BK_MAX_STRING_BYTES));
-        bk__pbw_uint_always(&line, 3, lineno);
-        bk__pbw_uint_always(&sym, 1, f->rel_pc);
-        bk__pbw_msg(&sym, 2, &line);
+            hp_pbw_len(&line, 1, name->s, name->len);
+        hp_pbw_len(&line, 2, file, strnlen(file, BK_MAX_STRING_BYTES));
+        hp_pbw_uint_always(&line, 3, lineno);
+        hp_pbw_uint_always(&sym, 1, f->rel_pc);
+        hp_pbw_msg(&sym, 2, &line);
 
         uint64_t *slot;
-        int put = bk__map_put(&index, f->mapping_id, (void **)&slot);
+        int put = hp_map_put(&index, f->mapping_id, (void **)&slot);
         if (put < 0) {
             r = put;
             break;
         }
         if (put == 1) {
-            r = bk__grow((void **)&mods, &cap_mods, n_mods + 1, sizeof(*mods));
+            r = hp_grow((void **)&mods, &cap_mods, n_mods + 1, sizeof(*mods));
             if (r < 0)
                 break;
             mods[n_mods] = (struct module_syms){.mapping_id = f->mapping_id};
             *slot = n_mods++;
         }
         struct module_syms *ms = &mods[*slot];
-        bk__pbw_msg(&ms->syms, 3, &sym);
+        hp_pbw_msg(&ms->syms, 3, &sym);
         bk->counters.source_lines++;
         if (ms->syms.len + 2 * BK_MAX_STRING_BYTES > bk->max_packet_bytes)
             r = flush_module(bk, ms);
@@ -792,7 +792,7 @@ static int write_source_lines(bk_t *bk)
     free(mods);
     free(sym.p);
     free(line.p);
-    bk__map_done(&index);
+    hp_map_done(&index);
     bk->symbolized_frames = end;
     return r;
 }

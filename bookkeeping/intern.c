@@ -8,26 +8,26 @@ int bk__intern_init(struct bk_intern *in)
 {
     *in = (struct bk_intern){.unknown_mapping = -1};
     for (int k = 0; k < BK_STR_KINDS; k++)
-        bk__idtab_init(&in->str[k].index);
-    bk__idtab_init(&in->mapping_index);
-    bk__idtab_init(&in->frame_index);
-    bk__idtab_init(&in->cs_index);
+        hp_idtab_init(&in->str[k].index);
+    hp_idtab_init(&in->mapping_index);
+    hp_idtab_init(&in->frame_index);
+    hp_idtab_init(&in->cs_index);
     /* Slot 0 of every table: "" for strings, unused for the others (ids start at 1). */
     int r = 0;
     for (int k = 0; k < BK_STR_KINDS && r == 0; k++) {
-        r = bk__grow((void **)&in->str[k].v, &in->str[k].cap, 1, sizeof(struct bk_str));
+        r = hp_grow((void **)&in->str[k].v, &in->str[k].cap, 1, sizeof(struct bk_str));
         if (r == 0) {
             in->str[k].v[0] = (struct bk_str){.s = "", .len = 0};
             in->str[k].n = 1;
-            r = bk__idtab_add(&in->str[k].index, bk__hash_bytes("", 0, (uint64_t)k), 0);
+            r = hp_idtab_add(&in->str[k].index, hp_hash_bytes("", 0, (uint64_t)k), 0);
         }
     }
     if (r == 0)
-        r = bk__grow((void **)&in->mappings, &in->cap_mappings, 1, sizeof(*in->mappings));
+        r = hp_grow((void **)&in->mappings, &in->cap_mappings, 1, sizeof(*in->mappings));
     if (r == 0)
-        r = bk__grow((void **)&in->frames, &in->cap_frames, 1, sizeof(*in->frames));
+        r = hp_grow((void **)&in->frames, &in->cap_frames, 1, sizeof(*in->frames));
     if (r == 0)
-        r = bk__grow((void **)&in->nodes, &in->cap_nodes, 1, sizeof(*in->nodes));
+        r = hp_grow((void **)&in->nodes, &in->cap_nodes, 1, sizeof(*in->nodes));
     if (r < 0) {
         bk__intern_done(in);
         return r;
@@ -45,18 +45,18 @@ void bk__intern_done(struct bk_intern *in)
         free(in->stack_cache[i].copy);
     free(in->stack_cache);
     for (int k = 0; k < BK_STR_KINDS; k++) {
-        bk__idtab_done(&in->str[k].index);
+        hp_idtab_done(&in->str[k].index);
         free(in->str[k].v);
     }
-    bk__idtab_done(&in->mapping_index);
-    bk__idtab_done(&in->frame_index);
-    bk__idtab_done(&in->cs_index);
+    hp_idtab_done(&in->mapping_index);
+    hp_idtab_done(&in->frame_index);
+    hp_idtab_done(&in->cs_index);
     free(in->mappings);
     free(in->frames);
     free(in->nodes);
     free(in->emit.p);
     free(in->emit.marks);
-    bk__arena_done(&in->arena);
+    hp_arena_done(&in->arena);
     *in = (struct bk_intern){.unknown_mapping = -1};
 }
 
@@ -81,22 +81,22 @@ int bk__intern_string(struct bk_intern *in, enum bk_str_kind kind, const char *s
     if (len > BK_MAX_STRING_BYTES)
         len = BK_MAX_STRING_BYTES;
     struct str_key key = {.s = s ? s : "", .len = s ? len : 0};
-    uint64_t h = bk__hash_bytes(key.s, key.len, (uint64_t)kind);
-    int64_t id = bk__idtab_find(&t->index, h, str_eq, t, &key);
+    uint64_t h = hp_hash_bytes(key.s, key.len, (uint64_t)kind);
+    int64_t id = hp_idtab_find(&t->index, h, str_eq, t, &key);
     if (id >= 0) {
         *ret_id = (uint32_t)id;
         return 0;
     }
     if (t->n >= UINT32_MAX - 1)
         return -ENOMEM;
-    int r = bk__grow((void **)&t->v, &t->cap, t->n + 1, sizeof(*t->v));
+    int r = hp_grow((void **)&t->v, &t->cap, t->n + 1, sizeof(*t->v));
     if (r < 0)
         return r;
-    char *copy = bk__arena_strndup(&in->arena, key.s, key.len);
+    char *copy = hp_arena_strndup(&in->arena, key.s, key.len);
     if (!copy)
         return -ENOMEM;
     uint32_t nid = (uint32_t)t->n;
-    r = bk__idtab_add(&t->index, h, nid);
+    r = hp_idtab_add(&t->index, h, nid);
     if (r < 0)
         return r;
     t->v[nid] = (struct bk_str){.s = copy, .len = (uint32_t)key.len};
@@ -147,7 +147,7 @@ static int intern_path(struct bk_intern *in, const char *path, size_t len, uint3
     }
     uint32_t *comps = NULL;
     if (n) {
-        comps = bk__arena_alloc(&in->arena, n * sizeof(*comps));
+        comps = hp_arena_alloc(&in->arena, n * sizeof(*comps));
         if (!comps)
             return -ENOMEM;
         memcpy(comps, ids, n * sizeof(*comps));
@@ -177,7 +177,7 @@ int bk__intern_mapping(struct bk_intern *in, const struct hp_mapping *m, uint32_
     }
     struct bk_mapping_cache *slot = NULL;
     if (m) {
-        slot = &in->mapping_cache[(bk__hash_u64((uintptr_t)m) >> 7) % BK_MAPPING_CACHE_SLOTS];
+        slot = &in->mapping_cache[(hp_hash_u64((uintptr_t)m) >> 7) % BK_MAPPING_CACHE_SLOTS];
         if (slot->ptr == m && mapping_same(in, slot->id, m)) {
             *ret_id = slot->id;
             return 0;
@@ -191,18 +191,18 @@ int bk__intern_mapping(struct bk_intern *in, const struct hp_mapping *m, uint32_
         bk__intern_string(in, BK_STR_BUILD_ID, (const char *)src->build_id, bid_len, &key.build_id);
     if (r < 0)
         return r;
-    uint64_t h = bk__hash_bytes(key.path, key.path_len, key.build_id);
-    h = bk__hash_combine(h, src->start);
-    h = bk__hash_combine(h, src->end);
-    h = bk__hash_combine(h, src->exact_offset);
-    h = bk__hash_combine(h, src->start_offset);
-    h = bk__hash_combine(h, src->load_bias);
-    int64_t id = bk__idtab_find(&in->mapping_index, h, mapping_eq, in, &key);
+    uint64_t h = hp_hash_bytes(key.path, key.path_len, key.build_id);
+    h = hp_hash_combine(h, src->start);
+    h = hp_hash_combine(h, src->end);
+    h = hp_hash_combine(h, src->exact_offset);
+    h = hp_hash_combine(h, src->start_offset);
+    h = hp_hash_combine(h, src->load_bias);
+    int64_t id = hp_idtab_find(&in->mapping_index, h, mapping_eq, in, &key);
     if (id < 0) {
         if (in->n_mappings >= UINT32_MAX - 1)
             return -ENOMEM;
-        r = bk__grow((void **)&in->mappings, &in->cap_mappings, in->n_mappings + 1,
-                     sizeof(*in->mappings));
+        r = hp_grow((void **)&in->mappings, &in->cap_mappings, in->n_mappings + 1,
+                    sizeof(*in->mappings));
         if (r < 0)
             return r;
         struct bk_mapping e = {
@@ -219,11 +219,11 @@ int bk__intern_mapping(struct bk_intern *in, const struct hp_mapping *m, uint32_
         if (r < 0)
             return r;
         e.comps = comps;
-        e.path = bk__arena_strndup(&in->arena, key.path, key.path_len);
+        e.path = hp_arena_strndup(&in->arena, key.path, key.path_len);
         if (!e.path)
             return -ENOMEM;
         id = (int64_t)in->n_mappings;
-        r = bk__idtab_add(&in->mapping_index, h, (uint32_t)id);
+        r = hp_idtab_add(&in->mapping_index, h, (uint32_t)id);
         if (r < 0)
             return r;
         in->mappings[id] = e;
@@ -263,8 +263,8 @@ int bk__intern_frame(struct bk_intern *in, const struct hp_frame *f, uint32_t *r
     key.name.s = f->function_name ? f->function_name : "";
     key.name.len = strnlen(key.name.s, BK_MAX_STRING_BYTES);
     /* The name is not hashed: it almost never differs for one (mapping, pc). */
-    uint64_t h = bk__hash_combine(bk__hash_u64(key.mapping_id), key.rel_pc);
-    int64_t id = bk__idtab_find(&in->frame_index, h, frame_eq, in, &key);
+    uint64_t h = hp_hash_combine(hp_hash_u64(key.mapping_id), key.rel_pc);
+    int64_t id = hp_idtab_find(&in->frame_index, h, frame_eq, in, &key);
     if (id >= 0) {
         *ret_id = (uint32_t)id;
         return 0;
@@ -275,11 +275,11 @@ int bk__intern_frame(struct bk_intern *in, const struct hp_frame *f, uint32_t *r
     r = bk__intern_string(in, BK_STR_FUNCTION, key.name.s, key.name.len, &name_id);
     if (r < 0)
         return r;
-    r = bk__grow((void **)&in->frames, &in->cap_frames, in->n_frames + 1, sizeof(*in->frames));
+    r = hp_grow((void **)&in->frames, &in->cap_frames, in->n_frames + 1, sizeof(*in->frames));
     if (r < 0)
         return r;
     uint32_t nid = (uint32_t)in->n_frames;
-    r = bk__idtab_add(&in->frame_index, h, nid);
+    r = hp_idtab_add(&in->frame_index, h, nid);
     if (r < 0)
         return r;
     in->frames[nid] = (struct bk_frame){.rel_pc = key.rel_pc,
@@ -307,19 +307,19 @@ static bool node_eq(const void *ctx, uint32_t id, const void *key)
 int bk__intern_node(struct bk_intern *in, uint32_t parent, uint32_t frame_id, uint32_t *ret_id)
 {
     struct node_key key = {.parent = parent, .frame_id = frame_id};
-    uint64_t h = bk__hash_combine(bk__hash_u64(parent), frame_id);
-    int64_t id = bk__idtab_find(&in->cs_index, h, node_eq, in, &key);
+    uint64_t h = hp_hash_combine(hp_hash_u64(parent), frame_id);
+    int64_t id = hp_idtab_find(&in->cs_index, h, node_eq, in, &key);
     if (id >= 0) {
         *ret_id = (uint32_t)id;
         return 0;
     }
     if (in->n_nodes >= UINT32_MAX - 1 || parent >= in->n_nodes)
         return -ENOMEM;
-    int r = bk__grow((void **)&in->nodes, &in->cap_nodes, in->n_nodes + 1, sizeof(*in->nodes));
+    int r = hp_grow((void **)&in->nodes, &in->cap_nodes, in->n_nodes + 1, sizeof(*in->nodes));
     if (r < 0)
         return r;
     uint32_t nid = (uint32_t)in->n_nodes;
-    r = bk__idtab_add(&in->cs_index, h, nid);
+    r = hp_idtab_add(&in->cs_index, h, nid);
     if (r < 0)
         return r;
     in->nodes[nid] = (struct bk_cs_node){
@@ -349,7 +349,7 @@ static uint64_t stack_hash(const struct hp_frame *frames, size_t n)
     for (; i < n; i++)
         STACK_HASH_MIX(h0, frames[i]);
 #undef STACK_HASH_MIX
-    return bk__hash_u64(h0 ^ (h1 << 16 | h1 >> 48) ^ (h2 << 32 | h2 >> 32) ^ (h3 << 48 | h3 >> 16));
+    return hp_hash_u64(h0 ^ (h1 << 16 | h1 >> 48) ^ (h2 << 32 | h2 >> 32) ^ (h3 << 48 | h3 >> 16));
 }
 
 static uint8_t *emit_varint(uint8_t *q, uint64_t v)
@@ -368,10 +368,10 @@ static int emit_callstack(struct bk_intern *in, uint32_t cs, const uint32_t *fid
     struct bk_emit *em = &in->emit;
     /* Tag, a length of at most 3 bytes, iid and frame ids of at most 6 bytes each. */
     size_t bound = 4 + 6 * (n + 1);
-    if (bk__grow((void **)&em->p, &em->cap, em->len + bound, 1) < 0)
+    if (hp_grow((void **)&em->p, &em->cap, em->len + bound, 1) < 0)
         return -ENOMEM;
     if (em->n % BK_EMIT_MARK_EVERY == 0) {
-        if (bk__grow((void **)&em->marks, &em->cap_marks, em->n_marks + 1, sizeof(*em->marks)) < 0)
+        if (hp_grow((void **)&em->marks, &em->cap_marks, em->n_marks + 1, sizeof(*em->marks)) < 0)
             return -ENOMEM;
         em->marks[em->n_marks++] = em->len;
     }

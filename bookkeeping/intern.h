@@ -60,7 +60,7 @@ struct bk_str {
 };
 
 struct bk_strtab {
-    struct bk_idtab index;
+    struct hp_idtab index;
     struct bk_str *v; /* by id */
     size_t n, cap;
 };
@@ -142,10 +142,10 @@ struct bk_stack_cache_copy {
 struct bk_intern {
     struct bk_stack_cache_slot *stack_cache; /* allocated on first use; NULL if that failed */
     bool stack_cache_failed;
-    struct bk_arena arena;
+    struct hp_arena arena;
     struct bk_mapping_cache mapping_cache[BK_MAPPING_CACHE_SLOTS];
     struct bk_strtab str[BK_STR_KINDS];
-    struct bk_idtab mapping_index, frame_index, cs_index;
+    struct hp_idtab mapping_index, frame_index, cs_index;
     struct bk_mapping *mappings; /* by id; [0] unused */
     size_t n_mappings, cap_mappings;
     struct bk_frame *frames; /* by id; [0] unused */

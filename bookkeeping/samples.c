@@ -20,14 +20,14 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "common/pbwire.h"
 #include "common/macros.h"
+#include "common/pbwire.h"
 
 _Static_assert(BK_SAMPLE_MAX_BYTES - 2 < 0x80, "a sample's length fits one byte");
 
 /* ---- scalar ---- */
 
-/* pre: BK_PB_VARINT_MAX bytes of room. */
+/* pre: HP_PB_VARINT_MAX bytes of room. */
 static inline uint8_t *vput(uint8_t *q, uint64_t v)
 {
     while (v >= 0x80) {
@@ -39,7 +39,7 @@ static inline uint8_t *vput(uint8_t *q, uint64_t v)
 }
 
 /* Tag byte @tag and varint @v. Values below 2^21 take one unaligned store of the tag and
- * their bytes (which may write past them). pre: BK_PB_VARINT_MAX + 2 bytes of room. */
+ * their bytes (which may write past them). pre: HP_PB_VARINT_MAX + 2 bytes of room. */
 static inline uint8_t *tput(uint8_t *q, uint8_t tag, uint64_t v)
 {
     if (HP_LIKELY(v < 0x80)) {
@@ -69,7 +69,7 @@ static HP_ALWAYS_INLINE uint8_t *put_sample(uint8_t *q, const struct bk_samples 
     const struct bk_site *s = &in->sites[k];
     const uint64_t al = s->allocated, fr = s->freed, ac = s->alloc_count, fc = s->free_count;
     const uint32_t cs = s->callstack_id, st = s->max_stamp;
-    q[0] = (uint8_t)(2 << 3 | BK_PB_LEN);
+    q[0] = (uint8_t)(2 << 3 | HP_PB_LEN);
     uint8_t *len = q + 1;
     q += 2;
     q = tput(q, 1 << 3, cs);
@@ -224,7 +224,7 @@ static SIMD_TARGET HP_ALWAYS_INLINE size_t simd_run(uint8_t **qp, const struct b
         __m128i hi =
             _mm_shuffle_epi8(_mm256_extracti128_si256(b, 1),
                              _mm_load_si128((const __m128i *)(const void *)high_table[hi_idx]));
-        q[0] = (uint8_t)(2 << 3 | BK_PB_LEN);
+        q[0] = (uint8_t)(2 << 3 | HP_PB_LEN);
         q[1] = (uint8_t)(lo_len + hi_len);
         _mm_storeu_si128((__m128i *)(void *)(q + 2), lo);
         _mm_storeu_si128((__m128i *)(void *)(q + 2 + lo_len), hi);

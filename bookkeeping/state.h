@@ -90,8 +90,8 @@ static inline uint64_t bk__site_live_count(const struct bk_site *s)
 struct bk_heap {
     uint64_t last_dump_ts; /* MONOTONIC_COARSE of the last dump; dumps stay increasing */
     uint32_t heap_id;
-    struct bk_map live;      /* addr -> struct bk_live */
-    struct bk_map big_sizes; /* addr -> uint64_t, for live sizes >= BK_LIVE_BIG_SIZE */
+    struct hp_map live;      /* addr -> struct bk_live */
+    struct hp_map big_sizes; /* addr -> uint64_t, for live sizes >= BK_LIVE_BIG_SIZE */
     /* Callstack id -> index of its site + 1 (0: none), in pages of BK_SITE_PAGE
      * entries allocated as ids are used: callstack ids are small and dense, so a lookup
      * is two loads instead of a hash probe. */
@@ -142,7 +142,7 @@ struct bk {
 
     struct bk_proc **procs;
     size_t n_procs, cap_procs;
-    struct bk_map proc_index;  /* pid -> index in procs */
+    struct hp_map proc_index;  /* pid -> index in procs */
     struct bk_proc *last_proc; /* bk__find_proc's last answer, or NULL */
 
     /* What the trace already defines: entries below these are not written again. */

@@ -14,13 +14,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bookkeeping/bookkeeping.h"
+#include "cli/cli.h"
+#include "cli/loop.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/macros.h"
 #include "common/paths.h"
-#include "cli/cli.h"
-#include "cli/loop.h"
 
 #define MAX_SIGNALLED 4096
 #define CONNECT_GRACE_NS 2000000000ull

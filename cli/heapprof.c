@@ -19,12 +19,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "report/report.h"
+#include "cli/cli.h"
+#include "cli/loop.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/macros.h"
-#include "cli/cli.h"
-#include "cli/loop.h"
+#include "report/report.h"
 #include "service/svc.h"
 
 #ifndef HP_LIBDIR_FROM_BINDIR
@@ -173,8 +173,8 @@ static int cmd_report(int argc, char **argv)
         {"base-dump", required_argument, NULL, 'b'},
         {0},
     };
-    struct bk_report_options ro = {.top_n = 10, .demangle = true};
-    struct bk_trace_options to = {0}, base_to = {0};
+    struct rp_report_options ro = {.top_n = 10, .demangle = true};
+    struct rp_trace_options to = {0}, base_to = {0};
     const char *base_path = NULL;
     long v;
     int c;
@@ -233,35 +233,35 @@ static int cmd_report(int argc, char **argv)
         return EXIT_USAGE;
     }
     const char *path = argv[optind];
-    struct bk_trace *t;
-    int r = bk_trace_load(path, &to, &t);
+    struct rp_trace *t;
+    int r = rp_trace_load(path, &to, &t);
     if (r < 0) {
         fprintf(stderr, "heapprof report: cannot read %s: %s\n", path,
                 r == -EBADMSG ? "not a valid trace file" : strerror(-r));
         return 1;
     }
     if (base_path) {
-        struct bk_trace *base;
+        struct rp_trace *base;
         /* Pids differ between two runs: the base keeps every process when the selection
          * is by pid and the base has no such pid. */
-        r = bk_trace_load(base_path, &base_to, &base);
+        r = rp_trace_load(base_path, &base_to, &base);
         if (r == 0 && base_to.pid && base->n_processes == 0) {
-            base = bk_trace_free(base);
+            base = rp_trace_free(base);
             base_to.pid = 0;
-            r = bk_trace_load(base_path, &base_to, &base);
+            r = rp_trace_load(base_path, &base_to, &base);
         }
         if (r < 0) {
             fprintf(stderr, "heapprof report: cannot read %s: %s\n", base_path,
                     r == -EBADMSG ? "not a valid trace file" : strerror(-r));
-            bk_trace_free(t);
+            rp_trace_free(t);
             return 1;
         }
-        bk_report_print_diff(stdout, base, t, &ro);
-        bk_trace_free(base);
+        rp_report_print_diff(stdout, base, t, &ro);
+        rp_trace_free(base);
     } else {
-        bk_report_print(stdout, t, &ro);
+        rp_report_print(stdout, t, &ro);
     }
-    bk_trace_free(t);
+    rp_trace_free(t);
     return 0;
 }
 
@@ -323,7 +323,7 @@ static int cmd_pprof(int argc, char **argv)
         snprintf(prefix, sizeof(prefix), "%.*s", (int)n, path);
         out = prefix;
     }
-    int r = bk_pprof_export(path, out, dump, pid, stdout);
+    int r = rp_pprof_export(path, out, dump, pid, stdout);
     if (r < 0) {
         fprintf(stderr, "heapprof pprof: %s: %s\n", path,
                 r == -ENODATA   ? "no dump matches"

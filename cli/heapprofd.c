@@ -15,10 +15,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/log.h"
-#include "common/paths.h"
 #include "cli/cli.h"
 #include "cli/loop.h"
+#include "common/log.h"
+#include "common/paths.h"
 
 static void usage(FILE *f)
 {

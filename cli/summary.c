@@ -1,9 +1,9 @@
 /* cli/summary.c: the summary printed on stderr when a session ends. */
 #include <stdio.h>
 
-#include "report/report.h"
 #include "cli/cli.h"
 #include "cli/loop.h"
+#include "report/report.h"
 
 void svc_print_summary(const char *out_path, const struct svc_summary *sum, int top)
 {
@@ -22,12 +22,12 @@ void svc_print_summary(const char *out_path, const struct svc_summary *sum, int 
             (unsigned long long)sum->records_dropped, (unsigned long long)sum->unwinding_errors,
             audit, sum->corrupt_clients ? "; a client sent corrupt data" : "");
     if (top > 0) {
-        struct bk_trace *t;
-        if (bk_trace_load(out_path, &(struct bk_trace_options){0}, &t) == 0) {
-            bk_report_print(stderr, t,
-                            &(struct bk_report_options){
+        struct rp_trace *t;
+        if (rp_trace_load(out_path, &(struct rp_trace_options){0}, &t) == 0) {
+            rp_report_print(stderr, t,
+                            &(struct rp_report_options){
                                 .top_n = top, .demangle = true, .unreleased_only = true});
-            bk_trace_free(t);
+            rp_trace_free(t);
         }
     }
     fprintf(stderr,

@@ -5,7 +5,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-void bk__advise_huge(void *p, size_t bytes)
+void hp_advise_huge(void *p, size_t bytes)
 {
     const uintptr_t huge = (uintptr_t)2 << 20;
     if (bytes < 2 * huge)
@@ -16,7 +16,7 @@ void bk__advise_huge(void *p, size_t bytes)
         (void)madvise((void *)start, end - start, MADV_HUGEPAGE); /* a hint; may fail */
 }
 
-int bk__grow(void **p, size_t *cap, size_t need, size_t elem)
+int hp_grow(void **p, size_t *cap, size_t need, size_t elem)
 {
     if (need <= *cap)
         return 0;
@@ -31,13 +31,13 @@ int bk__grow(void **p, size_t *cap, size_t need, size_t elem)
     void *q = realloc(*p, n * elem);
     if (!q)
         return -ENOMEM;
-    bk__advise_huge(q, n * elem);
+    hp_advise_huge(q, n * elem);
     *p = q;
     *cap = n;
     return 0;
 }
 
-uint64_t bk__hash_bytes(const void *p, size_t len, uint64_t seed)
+uint64_t hp_hash_bytes(const void *p, size_t len, uint64_t seed)
 {
     /* Eight bytes per step, each word mixed in with a multiply-rotate; the tail is
      * zero-padded, and the length goes into the final mix. */
@@ -55,23 +55,23 @@ uint64_t bk__hash_bytes(const void *p, size_t len, uint64_t seed)
     uint64_t w = 0;
     memcpy(&w, s, len);
     h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
-    return bk__hash_u64(h ^ (uint64_t)total);
+    return hp_hash_u64(h ^ (uint64_t)total);
 }
 
 /* ---- arena ---- */
 
-struct bk_arena_chunk {
-    struct bk_arena_chunk *next;
+struct hp_arena_chunk {
+    struct hp_arena_chunk *next;
     size_t used, cap;
     _Alignas(8) unsigned char data[];
 };
 
 #define ARENA_CHUNK_BYTES (64 * 1024)
 
-void *bk__arena_alloc(struct bk_arena *a, size_t n)
+void *hp_arena_alloc(struct hp_arena *a, size_t n)
 {
     n = HP_ALIGN_UP(n, (size_t)8);
-    struct bk_arena_chunk *c = a->head;
+    struct hp_arena_chunk *c = a->head;
     if (!c || c->cap - c->used < n) {
         size_t cap = n > ARENA_CHUNK_BYTES ? n : ARENA_CHUNK_BYTES;
         if (cap > SIZE_MAX - sizeof(*c))
@@ -96,11 +96,11 @@ void *bk__arena_alloc(struct bk_arena *a, size_t n)
     return r;
 }
 
-char *bk__arena_strndup(struct bk_arena *a, const char *s, size_t len)
+char *hp_arena_strndup(struct hp_arena *a, const char *s, size_t len)
 {
     if (len == SIZE_MAX)
         return NULL;
-    char *d = bk__arena_alloc(a, len + 1);
+    char *d = hp_arena_alloc(a, len + 1);
     if (!d)
         return NULL;
     if (len)
@@ -109,11 +109,11 @@ char *bk__arena_strndup(struct bk_arena *a, const char *s, size_t len)
     return d;
 }
 
-void bk__arena_done(struct bk_arena *a)
+void hp_arena_done(struct hp_arena *a)
 {
-    struct bk_arena_chunk *c = a->head;
+    struct hp_arena_chunk *c = a->head;
     while (c) {
-        struct bk_arena_chunk *n = c->next;
+        struct hp_arena_chunk *n = c->next;
         free(c);
         c = n;
     }
@@ -125,33 +125,33 @@ void bk__arena_done(struct bk_arena *a)
 
 #define MAP_EMPTY UINT64_MAX
 
-static inline uint64_t *slot_key(const struct bk_map *m, size_t i)
+static inline uint64_t *slot_key(const struct hp_map *m, size_t i)
 {
     return (uint64_t *)(void *)(m->slots + i * m->stride);
 }
 
-static inline void *slot_val(const struct bk_map *m, size_t i)
+static inline void *slot_val(const struct hp_map *m, size_t i)
 {
     return m->slots + i * m->stride + sizeof(uint64_t);
 }
 
-void bk__map_init(struct bk_map *m, size_t val_size)
+void hp_map_init(struct hp_map *m, size_t val_size)
 {
     size_t v = HP_ALIGN_UP(val_size, (size_t)8);
-    *m = (struct bk_map){.val_size = v, .stride = v + sizeof(uint64_t)};
+    *m = (struct hp_map){.val_size = v, .stride = v + sizeof(uint64_t)};
 }
 
-void bk__map_done(struct bk_map *m)
+void hp_map_done(struct hp_map *m)
 {
     free(m->slots);
     free(m->max_val);
-    bk__map_init(m, m->val_size);
+    hp_map_init(m, m->val_size);
 }
 
-static size_t map_find(const struct bk_map *m, uint64_t key, bool *ret_found)
+static size_t map_find(const struct hp_map *m, uint64_t key, bool *ret_found)
 {
     size_t mask = m->cap - 1;
-    size_t i = bk__hash_u64(key) & mask;
+    size_t i = hp_hash_u64(key) & mask;
     for (;;) {
         uint64_t k = *slot_key(m, i);
         if (k == key) {
@@ -166,7 +166,7 @@ static size_t map_find(const struct bk_map *m, uint64_t key, bool *ret_found)
     return i;
 }
 
-void *bk__map_get(const struct bk_map *m, uint64_t key)
+void *hp_map_get(const struct hp_map *m, uint64_t key)
 {
     if (HP_UNLIKELY(key == MAP_EMPTY))
         return m->has_max ? m->max_val : NULL;
@@ -177,16 +177,16 @@ void *bk__map_get(const struct bk_map *m, uint64_t key)
     return found ? slot_val(m, i) : NULL;
 }
 
-static int map_rehash(struct bk_map *m, size_t cap)
+static int map_rehash(struct hp_map *m, size_t cap)
 {
     if (cap > SIZE_MAX / m->stride)
         return -ENOMEM;
-    struct bk_map n = *m;
+    struct hp_map n = *m;
     n.cap = cap;
     n.slots = malloc(cap * m->stride);
     if (!n.slots)
         return -ENOMEM;
-    bk__advise_huge(n.slots, cap * m->stride);
+    hp_advise_huge(n.slots, cap * m->stride);
     for (size_t i = 0; i < cap; i++)
         *slot_key(&n, i) = MAP_EMPTY;
     for (size_t i = 0; i < m->cap; i++) {
@@ -202,7 +202,7 @@ static int map_rehash(struct bk_map *m, size_t cap)
     return 0;
 }
 
-int bk__map_put(struct bk_map *m, uint64_t key, void **ret_val)
+int hp_map_put(struct hp_map *m, uint64_t key, void **ret_val)
 {
     if (HP_UNLIKELY(key == MAP_EMPTY)) {
         if (m->has_max) {
@@ -238,7 +238,7 @@ int bk__map_put(struct bk_map *m, uint64_t key, void **ret_val)
 
 /* Empties slot @i by backward-shift deletion: later members of the probe run move into
  * the hole when their home slot does not lie cyclically in (hole, their slot]. */
-static void map_remove_at(struct bk_map *m, size_t i)
+static void map_remove_at(struct hp_map *m, size_t i)
 {
     size_t mask = m->cap - 1;
     size_t j = i;
@@ -247,7 +247,7 @@ static void map_remove_at(struct bk_map *m, size_t i)
         uint64_t k = *slot_key(m, j);
         if (k == MAP_EMPTY)
             break;
-        size_t home = bk__hash_u64(k) & mask;
+        size_t home = hp_hash_u64(k) & mask;
         bool stays = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
         if (stays)
             continue;
@@ -258,7 +258,7 @@ static void map_remove_at(struct bk_map *m, size_t i)
     m->count--;
 }
 
-bool bk__map_remove(struct bk_map *m, uint64_t key)
+bool hp_map_remove(struct hp_map *m, uint64_t key)
 {
     if (HP_UNLIKELY(key == MAP_EMPTY)) {
         if (!m->has_max)
@@ -277,7 +277,7 @@ bool bk__map_remove(struct bk_map *m, uint64_t key)
     return true;
 }
 
-void bk__map_remove_value(struct bk_map *m, void *val)
+void hp_map_remove_value(struct hp_map *m, void *val)
 {
     if (HP_UNLIKELY(val == m->max_val)) {
         m->has_max = false;
@@ -288,7 +288,7 @@ void bk__map_remove_value(struct bk_map *m, void *val)
     map_remove_at(m, i);
 }
 
-bool bk__map_next(const struct bk_map *m, size_t *pos, uint64_t *ret_key, void **ret_val)
+bool hp_map_next(const struct hp_map *m, size_t *pos, uint64_t *ret_key, void **ret_val)
 {
     for (size_t i = *pos; i < m->cap; i++) {
         uint64_t k = *slot_key(m, i);
@@ -311,19 +311,19 @@ bool bk__map_next(const struct bk_map *m, size_t *pos, uint64_t *ret_key, void *
 
 /* ---- idtab ---- */
 
-void bk__idtab_init(struct bk_idtab *t)
+void hp_idtab_init(struct hp_idtab *t)
 {
-    *t = (struct bk_idtab){0};
+    *t = (struct hp_idtab){0};
 }
 
-void bk__idtab_done(struct bk_idtab *t)
+void hp_idtab_done(struct hp_idtab *t)
 {
     free(t->slots);
-    bk__idtab_init(t);
+    hp_idtab_init(t);
 }
 
-int64_t bk__idtab_find(const struct bk_idtab *t, uint64_t hash, bk_idtab_eq_fn eq, const void *ctx,
-                       const void *key)
+int64_t hp_idtab_find(const struct hp_idtab *t, uint64_t hash, hp_idtab_eq_fn eq, const void *ctx,
+                      const void *key)
 {
     if (!t->count)
         return -1;
@@ -337,7 +337,7 @@ int64_t bk__idtab_find(const struct bk_idtab *t, uint64_t hash, bk_idtab_eq_fn e
 }
 
 /* Callers' hashes are already mixed, so the stored low half also picks the home slot. */
-static void idtab_place(struct bk_idtab *t, struct bk_idtab_slot s)
+static void idtab_place(struct hp_idtab *t, struct hp_idtab_slot s)
 {
     size_t mask = t->cap - 1;
     size_t i = s.hash & mask;
@@ -346,13 +346,13 @@ static void idtab_place(struct bk_idtab *t, struct bk_idtab_slot s)
     t->slots[i] = s;
 }
 
-int bk__idtab_add(struct bk_idtab *t, uint64_t hash, uint32_t id)
+int hp_idtab_add(struct hp_idtab *t, uint64_t hash, uint32_t id)
 {
     if ((t->count + 1) * 4 > t->cap * 3) {
         size_t cap = t->cap ? t->cap * 2 : 64;
-        if (cap > SIZE_MAX / sizeof(struct bk_idtab_slot))
+        if (cap > SIZE_MAX / sizeof(struct hp_idtab_slot))
             return -ENOMEM;
-        struct bk_idtab n = {.cap = cap, .count = t->count};
+        struct hp_idtab n = {.cap = cap, .count = t->count};
         n.slots = calloc(cap, sizeof(*n.slots));
         if (!n.slots)
             return -ENOMEM;
@@ -362,7 +362,7 @@ int bk__idtab_add(struct bk_idtab *t, uint64_t hash, uint32_t id)
         free(t->slots);
         *t = n;
     }
-    idtab_place(t, (struct bk_idtab_slot){.hash = (uint32_t)hash, .id = id + 1});
+    idtab_place(t, (struct hp_idtab_slot){.hash = (uint32_t)hash, .id = id + 1});
     t->count++;
     return 0;
 }

@@ -1,19 +1,19 @@
 /* common/containers.h: containers shared by the writer and the reader of bookkeeping.
  *
- * - struct bk_arena: bump allocator for immutable bytes (strings, id lists) freed at once.
- * - struct bk_map: open-addressing hash map from a uint64_t key to a fixed-size value
+ * - struct hp_arena: bump allocator for immutable bytes (strings, id lists) freed at once.
+ * - struct hp_map: open-addressing hash map from a uint64_t key to a fixed-size value
  *   (linear probing, backward-shift deletion, so no tombstones pile up). Each slot holds
  *   its key and value side by side, so a lookup touches one cache line; the key
  *   UINT64_MAX marks an empty slot, and that key itself lives outside the table.
- * - struct bk_idtab: an index of uint32_t ids by content: the caller hashes the content
+ * - struct hp_idtab: an index of uint32_t ids by content: the caller hashes the content
  *   and supplies the equality test, the table only stores ids and hashes. Used for
  *   interning, where the content lives in the caller's own arrays.
  *
- *     struct bk_map m;
- *     bk__map_init(&m, sizeof(uint64_t));
+ *     struct hp_map m;
+ *     hp_map_init(&m, sizeof(uint64_t));
  *     uint64_t *v;
- *     if (bk__map_put(&m, key, (void **)&v) >= 0) *v += 1;   // 1: new (zeroed), 0: found
- *     bk__map_done(&m);
+ *     if (hp_map_put(&m, key, (void **)&v) >= 0) *v += 1;   // 1: new (zeroed), 0: found
+ *     hp_map_done(&m);
  *
  * Not thread-safe; each container has one owner.
  */
@@ -28,13 +28,13 @@
 
 /* Grows the array *@p of *@cap elements of @elem bytes so it holds at least @need.
  * Returns 0 or -ENOMEM (then *@p and *@cap are unchanged). */
-int bk__grow(void **p, size_t *cap, size_t need, size_t elem) HP_WARN_UNUSED;
+int hp_grow(void **p, size_t *cap, size_t need, size_t elem) HP_WARN_UNUSED;
 /* Asks for huge pages under the 2 MiB-aligned part of [@p, @p + @bytes) when it has
  * some: large tables hit at random, or streamed through by dumps, then take fewer TLB
  * misses. Only a hint. */
-void bk__advise_huge(void *p, size_t bytes);
+void hp_advise_huge(void *p, size_t bytes);
 
-static inline uint64_t bk__hash_u64(uint64_t x)
+static inline uint64_t hp_hash_u64(uint64_t x)
 {
     /* splitmix64's finalizer: every input bit affects every output bit. */
     x ^= x >> 30;
@@ -44,25 +44,25 @@ static inline uint64_t bk__hash_u64(uint64_t x)
     x ^= x >> 31;
     return x;
 }
-uint64_t bk__hash_bytes(const void *p, size_t len, uint64_t seed);
-static inline uint64_t bk__hash_combine(uint64_t h, uint64_t v)
+uint64_t hp_hash_bytes(const void *p, size_t len, uint64_t seed);
+static inline uint64_t hp_hash_combine(uint64_t h, uint64_t v)
 {
-    return bk__hash_u64(h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2)));
+    return hp_hash_u64(h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2)));
 }
 
-struct bk_arena_chunk;
-struct bk_arena {
-    struct bk_arena_chunk *head;
+struct hp_arena_chunk;
+struct hp_arena {
+    struct hp_arena_chunk *head;
     size_t bytes; /* allocated from the system, for accounting */
 };
 
-/* Returns @n bytes aligned to 8, valid until bk__arena_done(), or NULL. */
-void *bk__arena_alloc(struct bk_arena *a, size_t n);
+/* Returns @n bytes aligned to 8, valid until hp_arena_done(), or NULL. */
+void *hp_arena_alloc(struct hp_arena *a, size_t n);
 /* Copies @s[0..len) plus a NUL. */
-char *bk__arena_strndup(struct bk_arena *a, const char *s, size_t len);
-void bk__arena_done(struct bk_arena *a);
+char *hp_arena_strndup(struct hp_arena *a, const char *s, size_t len);
+void hp_arena_done(struct hp_arena *a);
 
-struct bk_map {
+struct hp_map {
     size_t val_size; /* bytes per value, rounded up to 8 */
     size_t stride;   /* bytes per slot: key + value */
     size_t cap;      /* slots, a power of two (0 before the first insert) */
@@ -72,45 +72,45 @@ struct bk_map {
     unsigned char *max_val; /* ... with this value */
 };
 
-void bk__map_init(struct bk_map *m, size_t val_size);
-void bk__map_done(struct bk_map *m);
+void hp_map_init(struct hp_map *m, size_t val_size);
+void hp_map_done(struct hp_map *m);
 /* Borrowed pointer to the value of @key, or NULL; valid until the next put or remove. */
-void *bk__map_get(const struct bk_map *m, uint64_t key);
+void *hp_map_get(const struct hp_map *m, uint64_t key);
 /* Finds or inserts @key; *@ret_val points to its value (zeroed when new). Returns 1 when
  * inserted, 0 when found, -ENOMEM. The pointer is valid until the next put or remove. */
-int bk__map_put(struct bk_map *m, uint64_t key, void **ret_val) HP_WARN_UNUSED;
+int hp_map_put(struct hp_map *m, uint64_t key, void **ret_val) HP_WARN_UNUSED;
 /* Starts loading the slot where @key would be, for a lookup soon after. */
-static inline void bk__map_prefetch(const struct bk_map *m, uint64_t key)
+static inline void hp_map_prefetch(const struct hp_map *m, uint64_t key)
 {
     if (m->cap)
-        __builtin_prefetch(m->slots + (bk__hash_u64(key) & (m->cap - 1)) * m->stride);
+        __builtin_prefetch(m->slots + (hp_hash_u64(key) & (m->cap - 1)) * m->stride);
 }
 /* Removes @key; returns whether it was present. */
-bool bk__map_remove(struct bk_map *m, uint64_t key);
-/* Removes the entry whose value @val is (as returned by bk__map_get() or bk__map_put()
+bool hp_map_remove(struct hp_map *m, uint64_t key);
+/* Removes the entry whose value @val is (as returned by hp_map_get() or hp_map_put()
  * since the last change of the map): saves the second lookup of get-then-remove. */
-void bk__map_remove_value(struct bk_map *m, void *val);
+void hp_map_remove_value(struct hp_map *m, void *val);
 /* Iteration: start with *@pos = 0; returns false at the end. */
-bool bk__map_next(const struct bk_map *m, size_t *pos, uint64_t *ret_key, void **ret_val);
+bool hp_map_next(const struct hp_map *m, size_t *pos, uint64_t *ret_key, void **ret_val);
 
-typedef bool (*bk_idtab_eq_fn)(const void *ctx, uint32_t id, const void *key);
+typedef bool (*hp_idtab_eq_fn)(const void *ctx, uint32_t id, const void *key);
 
-struct bk_idtab_slot {
+struct hp_idtab_slot {
     uint32_t hash; /* low half of the content hash */
     uint32_t id;   /* id + 1; 0 marks an empty slot */
 };
 
-struct bk_idtab {
+struct hp_idtab {
     size_t cap, count;
-    struct bk_idtab_slot *slots;
+    struct hp_idtab_slot *slots;
 };
 
-void bk__idtab_init(struct bk_idtab *t);
-void bk__idtab_done(struct bk_idtab *t);
+void hp_idtab_init(struct hp_idtab *t);
+void hp_idtab_done(struct hp_idtab *t);
 /* Returns the id whose content equals @key (by @eq), or -1. */
-int64_t bk__idtab_find(const struct bk_idtab *t, uint64_t hash, bk_idtab_eq_fn eq, const void *ctx,
-                       const void *key);
+int64_t hp_idtab_find(const struct hp_idtab *t, uint64_t hash, hp_idtab_eq_fn eq, const void *ctx,
+                      const void *key);
 /* Adds @id under @hash. pre: no equal content is indexed yet; id < UINT32_MAX. */
-int bk__idtab_add(struct bk_idtab *t, uint64_t hash, uint32_t id) HP_WARN_UNUSED;
+int hp_idtab_add(struct hp_idtab *t, uint64_t hash, uint32_t id) HP_WARN_UNUSED;
 
 #endif

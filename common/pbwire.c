@@ -5,7 +5,7 @@
 
 #include "common/containers.h"
 
-size_t bk__pb_varint_size(uint64_t v)
+size_t hp_pb_varint_size(uint64_t v)
 {
     size_t n = 1;
     while (v >= 0x80) {
@@ -15,7 +15,7 @@ size_t bk__pb_varint_size(uint64_t v)
     return n;
 }
 
-size_t bk__pb_put_varint(uint8_t *buf, uint64_t v)
+size_t hp_pb_put_varint(uint8_t *buf, uint64_t v)
 {
     size_t n = 0;
     while (v >= 0x80) {
@@ -26,7 +26,7 @@ size_t bk__pb_put_varint(uint8_t *buf, uint64_t v)
     return n;
 }
 
-int bk__pb_get_varint(const uint8_t **p, const uint8_t *end, uint64_t *ret)
+int hp_pb_get_varint(const uint8_t **p, const uint8_t *end, uint64_t *ret)
 {
     const uint8_t *q = *p;
     uint64_t v = 0;
@@ -47,36 +47,36 @@ int bk__pb_get_varint(const uint8_t **p, const uint8_t *end, uint64_t *ret)
     return -EBADMSG;
 }
 
-size_t bk__pb_put_packet_header(uint8_t *buf, size_t packet_len)
+size_t hp_pb_put_packet_header(uint8_t *buf, size_t packet_len)
 {
-    buf[0] = BK_PB_TRACE_PACKET_TAG;
-    return 1 + bk__pb_put_varint(buf + 1, packet_len);
+    buf[0] = HP_PB_TRACE_PACKET_TAG;
+    return 1 + hp_pb_put_varint(buf + 1, packet_len);
 }
 
-void bk__pb_iter_init(struct bk_pb_iter *it, const void *buf, size_t len)
+void hp_pb_iter_init(struct hp_pb_iter *it, const void *buf, size_t len)
 {
     it->p = buf;
     it->end = it->p + len;
     it->error = false;
 }
 
-bool bk__pb_next(struct bk_pb_iter *it, struct bk_pb_field *ret)
+bool hp_pb_next(struct hp_pb_iter *it, struct hp_pb_field *ret)
 {
     if (it->error || it->p >= it->end)
         return false;
     uint64_t tag, v;
     const uint8_t *p = it->p;
-    if (bk__pb_get_varint(&p, it->end, &tag) < 0 || (tag >> 3) == 0 || (tag >> 3) > UINT32_MAX)
+    if (hp_pb_get_varint(&p, it->end, &tag) < 0 || (tag >> 3) == 0 || (tag >> 3) > UINT32_MAX)
         goto bad;
-    struct bk_pb_field f = {.num = (uint32_t)(tag >> 3), .wire_type = (uint8_t)(tag & 7)};
+    struct hp_pb_field f = {.num = (uint32_t)(tag >> 3), .wire_type = (uint8_t)(tag & 7)};
     switch (f.wire_type) {
-    case BK_PB_VARINT:
-        if (bk__pb_get_varint(&p, it->end, &f.varint) < 0)
+    case HP_PB_VARINT:
+        if (hp_pb_get_varint(&p, it->end, &f.varint) < 0)
             goto bad;
         break;
-    case BK_PB_FIXED64:
-    case BK_PB_FIXED32: {
-        size_t n = f.wire_type == BK_PB_FIXED64 ? 8 : 4;
+    case HP_PB_FIXED64:
+    case HP_PB_FIXED32: {
+        size_t n = f.wire_type == HP_PB_FIXED64 ? 8 : 4;
         if ((size_t)(it->end - p) < n)
             goto bad;
         for (size_t i = 0; i < n; i++)
@@ -84,8 +84,8 @@ bool bk__pb_next(struct bk_pb_iter *it, struct bk_pb_field *ret)
         p += n;
         break;
     }
-    case BK_PB_LEN:
-        if (bk__pb_get_varint(&p, it->end, &v) < 0 || v > (uint64_t)(it->end - p))
+    case HP_PB_LEN:
+        if (hp_pb_get_varint(&p, it->end, &v) < 0 || v > (uint64_t)(it->end - p))
             goto bad;
         f.ptr = p;
         f.len = (size_t)v;
@@ -102,14 +102,14 @@ bad:
     return false;
 }
 
-void bk__pb_ints_init(struct bk_pb_ints *it, const struct bk_pb_field *f)
+void hp_pb_ints_init(struct hp_pb_ints *it, const struct hp_pb_field *f)
 {
-    *it = (struct bk_pb_ints){0};
-    if (f->wire_type == BK_PB_LEN) {
+    *it = (struct hp_pb_ints){0};
+    if (f->wire_type == HP_PB_LEN) {
         it->p = f->ptr;
         it->end = f->ptr + f->len;
         it->state = 1;
-    } else if (f->wire_type == BK_PB_VARINT) {
+    } else if (f->wire_type == HP_PB_VARINT) {
         it->single = f->varint;
         it->state = 0;
     } else {
@@ -117,7 +117,7 @@ void bk__pb_ints_init(struct bk_pb_ints *it, const struct bk_pb_field *f)
     }
 }
 
-bool bk__pb_ints_next(struct bk_pb_ints *it, uint64_t *ret, bool *error)
+bool hp_pb_ints_next(struct hp_pb_ints *it, uint64_t *ret, bool *error)
 {
     switch (it->state) {
     case 0:
@@ -127,7 +127,7 @@ bool bk__pb_ints_next(struct bk_pb_ints *it, uint64_t *ret, bool *error)
     case 1:
         if (it->p >= it->end)
             return false;
-        if (bk__pb_get_varint(&it->p, it->end, ret) < 0) {
+        if (hp_pb_get_varint(&it->p, it->end, ret) < 0) {
             *error = true;
             it->state = 2;
             return false;
@@ -140,9 +140,9 @@ bool bk__pb_ints_next(struct bk_pb_ints *it, uint64_t *ret, bool *error)
 
 /* ---- append-only writer ---- */
 
-void bk__pbw_bytes(struct bk_pbw *w, const void *b, size_t n)
+void hp_pbw_bytes(struct hp_pbw *w, const void *b, size_t n)
 {
-    if (w->oom || bk__grow((void **)&w->p, &w->cap, w->len + n, 1) < 0) {
+    if (w->oom || hp_grow((void **)&w->p, &w->cap, w->len + n, 1) < 0) {
         w->oom = true;
         return;
     }
@@ -151,35 +151,35 @@ void bk__pbw_bytes(struct bk_pbw *w, const void *b, size_t n)
     w->len += n;
 }
 
-void bk__pbw_varint(struct bk_pbw *w, uint64_t v)
+void hp_pbw_varint(struct hp_pbw *w, uint64_t v)
 {
-    uint8_t b[BK_PB_VARINT_MAX];
-    bk__pbw_bytes(w, b, bk__pb_put_varint(b, v));
+    uint8_t b[HP_PB_VARINT_MAX];
+    hp_pbw_bytes(w, b, hp_pb_put_varint(b, v));
 }
 
-void bk__pbw_uint_always(struct bk_pbw *w, uint32_t field, uint64_t v)
+void hp_pbw_uint_always(struct hp_pbw *w, uint32_t field, uint64_t v)
 {
-    bk__pbw_varint(w, (uint64_t)field << 3 | BK_PB_VARINT);
-    bk__pbw_varint(w, v);
+    hp_pbw_varint(w, (uint64_t)field << 3 | HP_PB_VARINT);
+    hp_pbw_varint(w, v);
 }
 
-void bk__pbw_uint(struct bk_pbw *w, uint32_t field, uint64_t v)
+void hp_pbw_uint(struct hp_pbw *w, uint32_t field, uint64_t v)
 {
     if (v)
-        bk__pbw_uint_always(w, field, v);
+        hp_pbw_uint_always(w, field, v);
 }
 
-void bk__pbw_len(struct bk_pbw *w, uint32_t field, const void *b, size_t n)
+void hp_pbw_len(struct hp_pbw *w, uint32_t field, const void *b, size_t n)
 {
-    bk__pbw_varint(w, (uint64_t)field << 3 | BK_PB_LEN);
-    bk__pbw_varint(w, n);
-    bk__pbw_bytes(w, b, n);
+    hp_pbw_varint(w, (uint64_t)field << 3 | HP_PB_LEN);
+    hp_pbw_varint(w, n);
+    hp_pbw_bytes(w, b, n);
 }
 
-void bk__pbw_msg(struct bk_pbw *w, uint32_t field, struct bk_pbw *sub)
+void hp_pbw_msg(struct hp_pbw *w, uint32_t field, struct hp_pbw *sub)
 {
     w->oom |= sub->oom;
-    bk__pbw_len(w, field, sub->p, sub->len);
+    hp_pbw_len(w, field, sub->p, sub->len);
     sub->len = 0;
     sub->oom = false;
 }

@@ -14,9 +14,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "common/containers.h"
 #include "common/pbwire.h"
 #include "report/report.h"
-#include "common/containers.h"
 
 struct pp_mapping {
     const char *path, *build_id;
@@ -28,10 +28,10 @@ struct pp_location {
 };
 
 struct pp {
-    struct bk_pbw strings, samples, mappings, locations, functions, tmp, tmp2, line;
-    struct bk_map str_index; /* const char * -> string index */
+    struct hp_pbw strings, samples, mappings, locations, functions, tmp, tmp2, line;
+    struct hp_map str_index; /* const char * -> string index */
     size_t n_strings;
-    struct bk_map map_index, loc_index, fn_index; /* content hash -> id */
+    struct hp_map map_index, loc_index, fn_index; /* content hash -> id */
     struct pp_mapping *maps;
     size_t n_maps, cap_maps;
     struct pp_location *locs;
@@ -47,26 +47,26 @@ static uint64_t str_id(struct pp *pp, const char *s)
     if (!s || !*s)
         return 0;
     uint64_t *v;
-    int r = bk__map_put(&pp->str_index, (uint64_t)(uintptr_t)s, (void **)&v);
+    int r = hp_map_put(&pp->str_index, (uint64_t)(uintptr_t)s, (void **)&v);
     if (r < 0) {
         pp->strings.oom = true;
         return 0;
     }
     if (r == 1) {
         *v = pp->n_strings++;
-        bk__pbw_len(&pp->strings, 6, s, strlen(s));
+        hp_pbw_len(&pp->strings, 6, s, strlen(s));
     }
     return *v;
 }
 
 /* Finds @key (by @hash and @eq) or adds it with @add; returns its 1-based id. */
-static uint64_t dedup(struct bk_map *index, uint64_t hash,
+static uint64_t dedup(struct hp_map *index, uint64_t hash,
                       bool (*eq)(struct pp *, uint64_t, const void *),
                       uint64_t (*add)(struct pp *, const void *), struct pp *pp, const void *key)
 {
     for (uint64_t h = hash;; h++) {
         uint64_t *v;
-        int r = bk__map_put(index, h, (void **)&v);
+        int r = hp_map_put(index, h, (void **)&v);
         if (r < 0)
             return 0;
         if (r == 1) {
@@ -88,21 +88,21 @@ static bool map_eq(struct pp *pp, uint64_t id, const void *key)
 static uint64_t map_add(struct pp *pp, const void *key)
 {
     const struct pp_mapping *m = key;
-    if (bk__grow((void **)&pp->maps, &pp->cap_maps, pp->n_maps + 1, sizeof(*m)) < 0) {
+    if (hp_grow((void **)&pp->maps, &pp->cap_maps, pp->n_maps + 1, sizeof(*m)) < 0) {
         pp->mappings.oom = true;
         return 0;
     }
     pp->maps[pp->n_maps++] = *m;
     uint64_t id = pp->n_maps;
-    struct bk_pbw *t = &pp->tmp;
-    bk__pbw_uint(t, 1, id);
-    bk__pbw_uint(t, 2, m->start);
-    bk__pbw_uint(t, 3, m->end);
-    bk__pbw_uint(t, 4, m->offset);
-    bk__pbw_uint(t, 5, str_id(pp, m->path));
-    bk__pbw_uint(t, 6, str_id(pp, m->build_id));
-    bk__pbw_uint(t, 7, 1); /* has_functions: names come from the trace */
-    bk__pbw_msg(&pp->mappings, 3, t);
+    struct hp_pbw *t = &pp->tmp;
+    hp_pbw_uint(t, 1, id);
+    hp_pbw_uint(t, 2, m->start);
+    hp_pbw_uint(t, 3, m->end);
+    hp_pbw_uint(t, 4, m->offset);
+    hp_pbw_uint(t, 5, str_id(pp, m->path));
+    hp_pbw_uint(t, 6, str_id(pp, m->build_id));
+    hp_pbw_uint(t, 7, 1); /* has_functions: names come from the trace */
+    hp_pbw_msg(&pp->mappings, 3, t);
     return id;
 }
 
@@ -113,18 +113,18 @@ static bool fn_eq(struct pp *pp, uint64_t id, const void *key)
 
 static uint64_t fn_add(struct pp *pp, const void *key)
 {
-    if (bk__grow((void **)&pp->fns, &pp->cap_fns, pp->n_fns + 1, sizeof(*pp->fns)) < 0) {
+    if (hp_grow((void **)&pp->fns, &pp->cap_fns, pp->n_fns + 1, sizeof(*pp->fns)) < 0) {
         pp->functions.oom = true;
         return 0;
     }
     pp->fns[pp->n_fns++] = key;
     uint64_t id = pp->n_fns;
-    struct bk_pbw *t = &pp->tmp;
+    struct hp_pbw *t = &pp->tmp;
     uint64_t name = str_id(pp, key);
-    bk__pbw_uint(t, 1, id);
-    bk__pbw_uint(t, 2, name);
-    bk__pbw_uint(t, 3, name);
-    bk__pbw_msg(&pp->functions, 5, t);
+    hp_pbw_uint(t, 1, id);
+    hp_pbw_uint(t, 2, name);
+    hp_pbw_uint(t, 3, name);
+    hp_pbw_msg(&pp->functions, 5, t);
     return id;
 }
 
@@ -138,37 +138,37 @@ static bool loc_eq(struct pp *pp, uint64_t id, const void *key)
 static uint64_t loc_add(struct pp *pp, const void *key)
 {
     const struct pp_location *l = key;
-    if (bk__grow((void **)&pp->locs, &pp->cap_locs, pp->n_locs + 1, sizeof(*l)) < 0) {
+    if (hp_grow((void **)&pp->locs, &pp->cap_locs, pp->n_locs + 1, sizeof(*l)) < 0) {
         pp->locations.oom = true;
         return 0;
     }
     pp->locs[pp->n_locs++] = *l;
     uint64_t id = pp->n_locs;
-    struct bk_pbw *t = &pp->tmp;
-    bk__pbw_uint(t, 1, id);
-    bk__pbw_uint(t, 2, l->mapping_id);
-    bk__pbw_uint(t, 3, l->address);
+    struct hp_pbw *t = &pp->tmp;
+    hp_pbw_uint(t, 1, id);
+    hp_pbw_uint(t, 2, l->mapping_id);
+    hp_pbw_uint(t, 3, l->address);
     if (l->function_id) {
-        bk__pbw_uint(&pp->line, 1, l->function_id);
-        bk__pbw_msg(t, 4, &pp->line);
+        hp_pbw_uint(&pp->line, 1, l->function_id);
+        hp_pbw_msg(t, 4, &pp->line);
     }
-    bk__pbw_msg(&pp->locations, 4, t);
+    hp_pbw_msg(&pp->locations, 4, t);
     return id;
 }
 
-static uint64_t location_of(struct pp *pp, const struct bk_trace_frame *f)
+static uint64_t location_of(struct pp *pp, const struct rp_trace_frame *f)
 {
     struct pp_mapping m = {.path = f->mapping_path,
                            .build_id = f->build_id,
                            .start = f->map_start,
                            .end = f->map_end,
                            .offset = f->map_offset};
-    uint64_t h = bk__hash_combine(bk__hash_u64((uintptr_t)m.path), (uintptr_t)m.build_id);
-    h = bk__hash_combine(bk__hash_combine(h, m.start), m.offset);
+    uint64_t h = hp_hash_combine(hp_hash_u64((uintptr_t)m.path), (uintptr_t)m.build_id);
+    h = hp_hash_combine(hp_hash_combine(h, m.start), m.offset);
     uint64_t map_id = dedup(&pp->map_index, h, map_eq, map_add, pp, &m);
     uint64_t fn_id = 0;
     if (f->function_name && *f->function_name)
-        fn_id = dedup(&pp->fn_index, bk__hash_u64((uintptr_t)f->function_name), fn_eq, fn_add, pp,
+        fn_id = dedup(&pp->fn_index, hp_hash_u64((uintptr_t)f->function_name), fn_eq, fn_add, pp,
                       f->function_name);
     /* rel_pc is an ELF virtual address; pprof wants the address in the process. */
     uint64_t address = f->rel_pc;
@@ -177,34 +177,34 @@ static uint64_t location_of(struct pp *pp, const struct bk_trace_frame *f)
         f->rel_pc - base < f->map_end - f->map_start)
         address = f->map_start + (f->rel_pc - base);
     struct pp_location l = {.mapping_id = map_id, .address = address, .function_id = fn_id};
-    h = bk__hash_combine(bk__hash_combine(bk__hash_u64(map_id), address), fn_id);
+    h = hp_hash_combine(hp_hash_combine(hp_hash_u64(map_id), address), fn_id);
     return dedup(&pp->loc_index, h, loc_eq, loc_add, pp, &l);
 }
 
-static void value_type(struct pp *pp, struct bk_pbw *out, uint32_t field, const char *type,
+static void value_type(struct pp *pp, struct hp_pbw *out, uint32_t field, const char *type,
                        const char *unit)
 {
-    bk__pbw_uint(&pp->tmp, 1, str_id(pp, type));
-    bk__pbw_uint(&pp->tmp, 2, str_id(pp, unit));
-    bk__pbw_msg(out, field, &pp->tmp);
+    hp_pbw_uint(&pp->tmp, 1, str_id(pp, type));
+    hp_pbw_uint(&pp->tmp, 2, str_id(pp, unit));
+    hp_pbw_msg(out, field, &pp->tmp);
 }
 
 static void pp_done(struct pp *pp)
 {
-    struct bk_pbw *w[] = {&pp->strings,   &pp->samples, &pp->mappings, &pp->locations,
+    struct hp_pbw *w[] = {&pp->strings,   &pp->samples, &pp->mappings, &pp->locations,
                           &pp->functions, &pp->tmp,     &pp->tmp2,     &pp->line};
     for (size_t i = 0; i < HP_ARRAY_SIZE(w); i++)
         free(w[i]->p);
-    bk__map_done(&pp->str_index);
-    bk__map_done(&pp->map_index);
-    bk__map_done(&pp->loc_index);
-    bk__map_done(&pp->fn_index);
+    hp_map_done(&pp->str_index);
+    hp_map_done(&pp->map_index);
+    hp_map_done(&pp->loc_index);
+    hp_map_done(&pp->fn_index);
     free(pp->maps);
     free(pp->locs);
     free(pp->fns);
 }
 
-static int gzip_to_fd(int fd, const struct bk_pbw *parts[], size_t n_parts)
+static int gzip_to_fd(int fd, const struct hp_pbw *parts[], size_t n_parts)
 {
     z_stream z = {0};
     /* 16 + 15: a gzip wrapper around a 32 KiB-window deflate stream. */
@@ -239,45 +239,45 @@ static int gzip_to_fd(int fd, const struct bk_pbw *parts[], size_t n_parts)
     return r;
 }
 
-int bk_pprof_write(const struct bk_trace *t, const struct bk_trace_process *p, int fd)
+int rp_pprof_write(const struct rp_trace *t, const struct rp_trace_process *p, int fd)
 {
     (void)t;
     struct pp pp = {.n_strings = 1};
-    bk__map_init(&pp.str_index, sizeof(uint64_t));
-    bk__map_init(&pp.map_index, sizeof(uint64_t));
-    bk__map_init(&pp.loc_index, sizeof(uint64_t));
-    bk__map_init(&pp.fn_index, sizeof(uint64_t));
-    bk__pbw_len(&pp.strings, 6, "", 0); /* string_table[0] must be "" */
+    hp_map_init(&pp.str_index, sizeof(uint64_t));
+    hp_map_init(&pp.map_index, sizeof(uint64_t));
+    hp_map_init(&pp.loc_index, sizeof(uint64_t));
+    hp_map_init(&pp.fn_index, sizeof(uint64_t));
+    hp_pbw_len(&pp.strings, 6, "", 0); /* string_table[0] must be "" */
 
-    struct bk_pbw head = {0};
+    struct hp_pbw head = {0};
     value_type(&pp, &head, 1, "alloc_objects", "count");
     value_type(&pp, &head, 1, "alloc_space", "bytes");
     value_type(&pp, &head, 1, "inuse_objects", "count");
     value_type(&pp, &head, 1, "inuse_space", "bytes");
     value_type(&pp, &head, 11, "space", "bytes");
-    bk__pbw_uint(&head, 12, p->sampling_interval_bytes);
-    bk__pbw_uint(&head, 14, 3); /* default_sample_type: inuse_space */
+    hp_pbw_uint(&head, 12, p->sampling_interval_bytes);
+    hp_pbw_uint(&head, 14, 3); /* default_sample_type: inuse_space */
 
     for (size_t i = 0; i < p->n_callsites; i++) {
-        const struct bk_trace_callsite *c = &p->callsites[i];
-        struct bk_pbw *s = &pp.tmp2;
-        struct bk_pbw ids = {0};
+        const struct rp_trace_callsite *c = &p->callsites[i];
+        struct hp_pbw *s = &pp.tmp2;
+        struct hp_pbw ids = {0};
         for (size_t j = c->n_frames; j-- > 0;) /* leaf first */
-            bk__pbw_varint(&ids, location_of(&pp, &c->frames[j]));
-        bk__pbw_len(s, 1, ids.p, ids.len); /* packed */
+            hp_pbw_varint(&ids, location_of(&pp, &c->frames[j]));
+        hp_pbw_len(s, 1, ids.p, ids.len); /* packed */
         s->oom |= ids.oom;
         free(ids.p);
-        struct bk_pbw vals = {0};
-        bk__pbw_varint(&vals, c->alloc_count);
-        bk__pbw_varint(&vals, c->self_allocated);
-        bk__pbw_varint(&vals, c->alloc_count - HP_MIN(c->free_count, c->alloc_count));
-        bk__pbw_varint(&vals, c->self_allocated - HP_MIN(c->self_freed, c->self_allocated));
-        bk__pbw_len(s, 2, vals.p, vals.len);
+        struct hp_pbw vals = {0};
+        hp_pbw_varint(&vals, c->alloc_count);
+        hp_pbw_varint(&vals, c->self_allocated);
+        hp_pbw_varint(&vals, c->alloc_count - HP_MIN(c->free_count, c->alloc_count));
+        hp_pbw_varint(&vals, c->self_allocated - HP_MIN(c->self_freed, c->self_allocated));
+        hp_pbw_len(s, 2, vals.p, vals.len);
         s->oom |= vals.oom;
         free(vals.p);
-        bk__pbw_msg(&pp.samples, 2, s);
+        hp_pbw_msg(&pp.samples, 2, s);
     }
-    const struct bk_pbw *parts[] = {&head,         &pp.samples,   &pp.mappings,
+    const struct hp_pbw *parts[] = {&head,         &pp.samples,   &pp.mappings,
                                     &pp.locations, &pp.functions, &pp.strings};
     int r = 0;
     for (size_t i = 0; i < HP_ARRAY_SIZE(parts); i++)
@@ -291,7 +291,7 @@ int bk_pprof_write(const struct bk_trace *t, const struct bk_trace_process *p, i
 }
 
 /* "PREFIX.pid<PID>.<heap>.dump<N>.pb.gz" */
-static int export_one(const struct bk_trace *t, const struct bk_trace_process *p, const char *out,
+static int export_one(const struct rp_trace *t, const struct rp_trace_process *p, const char *out,
                       bool exact, int dump, FILE *log)
 {
     char path[4096];
@@ -303,7 +303,7 @@ static int export_one(const struct bk_trace *t, const struct bk_trace_process *p
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return -errno;
-    int r = bk_pprof_write(t, p, fd);
+    int r = rp_pprof_write(t, p, fd);
     if (close(fd) < 0 && r == 0)
         r = -errno;
     if (r == 0 && log)
@@ -311,12 +311,12 @@ static int export_one(const struct bk_trace *t, const struct bk_trace_process *p
     return r;
 }
 
-int bk_pprof_export(const char *trace_path, const char *out, int dump_index, int32_t pid, FILE *log)
+int rp_pprof_export(const char *trace_path, const char *out, int dump_index, int32_t pid, FILE *log)
 {
     /* A first pass learns how many dumps each process has; then one pass per dump
      * number keeps memory bounded by one dump, however long the trace. */
-    struct bk_trace *t;
-    int r = bk_trace_load(trace_path, &(struct bk_trace_options){.pid = pid}, &t);
+    struct rp_trace *t;
+    int r = rp_trace_load(trace_path, &(struct rp_trace_options){.pid = pid}, &t);
     if (r < 0)
         return r;
     uint32_t max_dumps = 0;
@@ -326,7 +326,7 @@ int bk_pprof_export(const char *trace_path, const char *out, int dump_index, int
         max_dumps = HP_MAX(max_dumps, nd);
         n_profiles += dump_index > 0 ? (nd >= (uint32_t)dump_index) : nd;
     }
-    t = bk_trace_free(t);
+    t = rp_trace_free(t);
     if (n_profiles == 0)
         return -ENODATA;
     size_t olen = strlen(out);
@@ -334,13 +334,13 @@ int bk_pprof_export(const char *trace_path, const char *out, int dump_index, int
     int first = dump_index > 0 ? dump_index : 1;
     int last = dump_index > 0 ? dump_index : (int)max_dumps;
     for (int d = first; d <= last && r == 0; d++) {
-        r = bk_trace_load(trace_path, &(struct bk_trace_options){.dump_index = d, .pid = pid}, &t);
+        r = rp_trace_load(trace_path, &(struct rp_trace_options){.dump_index = d, .pid = pid}, &t);
         for (size_t i = 0; r == 0 && i < t->n_processes; i++) {
-            const struct bk_trace_process *p = &t->processes[i];
+            const struct rp_trace_process *p = &t->processes[i];
             if (p->n_dumps >= (uint32_t)d)
                 r = export_one(t, p, out, exact, d, log);
         }
-        t = bk_trace_free(t); /* NULL after a failed load */
+        t = rp_trace_free(t); /* NULL after a failed load */
     }
     return r;
 }

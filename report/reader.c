@@ -2,7 +2,7 @@
  *
  * The file is read one Trace.packet at a time into a buffer of at most
  * READ_MAX_PACKET_BYTES, and each packet is walked with the field iterator of
- * bookkeeping/pbwire.h: no length from the file is trusted before it is checked
+ * common/pbwire.h: no length from the file is trusted before it is checked
  * against the bytes actually present, so hostile input ends in -EBADMSG, never in a
  * crash or an allocation larger than the input.
  *
@@ -15,15 +15,14 @@
  *   are about to be cleared, or at the end, so following the latest dump of a long
  *   continuous trace costs no symbol work per dump.
  */
-#include "report/report.h"
-
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/pbwire.h"
 #include "common/containers.h"
+#include "common/pbwire.h"
 #include "common/strtab.h"
+#include "report/report.h"
 
 #define READ_MAX_PACKET_BYTES (64u * 1024 * 1024)
 #define READ_MAX_STRING_BYTES 4096
@@ -73,19 +72,19 @@ struct rd_pdump {
     uint64_t pid;
     const char *heap_name; /* in the trace's strtab */
     struct rd_header hdr;
-    struct bk_map index; /* callstack id -> index in samples */
+    struct hp_map index; /* callstack id -> index in samples */
     struct rd_sample *samples;
     size_t n_samples, cap_samples;
 };
 
 struct rd_seq {
     uint32_t id;
-    struct bk_arena arena;
-    struct bk_map strs[STR_KINDS]; /* iid -> struct rd_str */
-    struct bk_map mappings;        /* iid -> struct rd_mapping */
-    struct bk_map frames;          /* iid -> struct rd_frame */
-    struct bk_map callstacks;      /* iid -> struct rd_callstack */
-    struct bk_map path_cache;      /* mapping iid -> struct rd_mapping_info */
+    struct hp_arena arena;
+    struct hp_map strs[STR_KINDS]; /* iid -> struct rd_str */
+    struct hp_map mappings;        /* iid -> struct rd_mapping */
+    struct hp_map frames;          /* iid -> struct rd_frame */
+    struct hp_map callstacks;      /* iid -> struct rd_callstack */
+    struct hp_map path_cache;      /* mapping iid -> struct rd_mapping_info */
     bool have_index;
     uint64_t next_index;
     struct rd_pdump *chain; /* the dump in progress */
@@ -102,24 +101,24 @@ struct rd_proc {
     struct rd_sample *raw;
     size_t n_raw;
     bool resolved;
-    struct bk_trace_callsite *callsites; /* in the trace's arena */
+    struct rp_trace_callsite *callsites; /* in the trace's arena */
     size_t n_callsites;
 };
 
 struct trace_priv {
-    struct bk_trace pub; /* first: bk_trace_free() casts back */
+    struct rp_trace pub; /* first: rp_trace_free() casts back */
     hp_strtab_t *strings;
-    struct bk_arena arena;
+    struct hp_arena arena;
 };
 
 struct rd {
-    const struct bk_trace_options *opt;
+    const struct rp_trace_options *opt;
     struct trace_priv *tp;
     struct rd_seq **seqs;
     size_t n_seqs, cap_seqs;
     struct rd_proc *procs;
     size_t n_procs, cap_procs;
-    struct bk_map cmdlines; /* pid -> const char * (strtab) */
+    struct hp_map cmdlines; /* pid -> const char * (strtab) */
     uint64_t *tmp;          /* scratch for id lists */
     size_t cap_tmp;
 };
@@ -133,7 +132,7 @@ static const char *intern(struct rd *rd, const char *s, size_t len)
 
 static int push_tmp(struct rd *rd, size_t n, uint64_t v)
 {
-    int r = bk__grow((void **)&rd->tmp, &rd->cap_tmp, n + 1, sizeof(*rd->tmp));
+    int r = hp_grow((void **)&rd->tmp, &rd->cap_tmp, n + 1, sizeof(*rd->tmp));
     if (r < 0)
         return r;
     rd->tmp[n] = v;
@@ -144,7 +143,7 @@ static uint64_t *copy_ids(struct rd_seq *seq, const uint64_t *ids, size_t n)
 {
     if (!n)
         return NULL;
-    uint64_t *c = bk__arena_alloc(&seq->arena, n * sizeof(*c));
+    uint64_t *c = hp_arena_alloc(&seq->arena, n * sizeof(*c));
     if (c)
         memcpy(c, ids, n * sizeof(*c));
     return c;
@@ -154,7 +153,7 @@ static uint64_t *copy_ids(struct rd_seq *seq, const uint64_t *ids, size_t n)
 
 static void pdump_done(struct rd_pdump *d)
 {
-    bk__map_done(&d->index);
+    hp_map_done(&d->index);
     free(d->samples);
 }
 
@@ -168,22 +167,22 @@ static void chain_drop(struct rd_seq *seq)
 static void seq_tables_init(struct rd_seq *seq)
 {
     for (int k = 0; k < STR_KINDS; k++)
-        bk__map_init(&seq->strs[k], sizeof(struct rd_str));
-    bk__map_init(&seq->mappings, sizeof(struct rd_mapping));
-    bk__map_init(&seq->frames, sizeof(struct rd_frame));
-    bk__map_init(&seq->callstacks, sizeof(struct rd_callstack));
-    bk__map_init(&seq->path_cache, sizeof(struct rd_mapping_info));
+        hp_map_init(&seq->strs[k], sizeof(struct rd_str));
+    hp_map_init(&seq->mappings, sizeof(struct rd_mapping));
+    hp_map_init(&seq->frames, sizeof(struct rd_frame));
+    hp_map_init(&seq->callstacks, sizeof(struct rd_callstack));
+    hp_map_init(&seq->path_cache, sizeof(struct rd_mapping_info));
 }
 
 static void seq_tables_done(struct rd_seq *seq)
 {
     for (int k = 0; k < STR_KINDS; k++)
-        bk__map_done(&seq->strs[k]);
-    bk__map_done(&seq->mappings);
-    bk__map_done(&seq->frames);
-    bk__map_done(&seq->callstacks);
-    bk__map_done(&seq->path_cache);
-    bk__arena_done(&seq->arena);
+        hp_map_done(&seq->strs[k]);
+    hp_map_done(&seq->mappings);
+    hp_map_done(&seq->frames);
+    hp_map_done(&seq->callstacks);
+    hp_map_done(&seq->path_cache);
+    hp_arena_done(&seq->arena);
 }
 
 static struct rd_seq *seq_get(struct rd *rd, uint32_t id)
@@ -191,7 +190,7 @@ static struct rd_seq *seq_get(struct rd *rd, uint32_t id)
     for (size_t i = 0; i < rd->n_seqs; i++)
         if (rd->seqs[i]->id == id)
             return rd->seqs[i];
-    if (bk__grow((void **)&rd->seqs, &rd->cap_seqs, rd->n_seqs + 1, sizeof(*rd->seqs)) < 0)
+    if (hp_grow((void **)&rd->seqs, &rd->cap_seqs, rd->n_seqs + 1, sizeof(*rd->seqs)) < 0)
         return NULL;
     struct rd_seq *seq = calloc(1, sizeof(*seq));
     if (!seq)
@@ -207,14 +206,14 @@ static struct rd_seq *seq_get(struct rd *rd, uint32_t id)
 static const struct rd_mapping_info *mapping_info(struct rd *rd, struct rd_seq *seq,
                                                   uint64_t mapping_id)
 {
-    struct rd_mapping_info *cached = bk__map_get(&seq->path_cache, mapping_id);
+    struct rd_mapping_info *cached = hp_map_get(&seq->path_cache, mapping_id);
     if (cached)
         return cached;
-    const struct rd_mapping *m = bk__map_get(&seq->mappings, mapping_id);
+    const struct rd_mapping *m = hp_map_get(&seq->mappings, mapping_id);
     char buf[READ_MAX_STRING_BYTES];
     size_t len = 0;
     for (uint32_t i = 0; m && i < m->n_comps; i++) {
-        const struct rd_str *c = bk__map_get(&seq->strs[STR_PATH], m->comps[i]);
+        const struct rd_str *c = hp_map_get(&seq->strs[STR_PATH], m->comps[i]);
         if (!c)
             break; /* as Perfetto: a missing component ends the path */
         if (len + 1 + c->len > sizeof(buf))
@@ -229,7 +228,7 @@ static const struct rd_mapping_info *mapping_info(struct rd *rd, struct rd_seq *
     /* Build ids are raw bytes (heapprof, heapprofd) or already hex text: keep hex text,
      * encode anything else. */
     const struct rd_str *b =
-        m && m->build_id ? bk__map_get(&seq->strs[STR_BUILD_ID], m->build_id) : NULL;
+        m && m->build_id ? hp_map_get(&seq->strs[STR_BUILD_ID], m->build_id) : NULL;
     size_t blen = 0;
     if (b && b->len) {
         bool hex = true;
@@ -249,7 +248,7 @@ static const struct rd_mapping_info *mapping_info(struct rd *rd, struct rd_seq *
     if (!info.path || !info.build_id)
         return NULL;
     struct rd_mapping_info *slot;
-    if (bk__map_put(&seq->path_cache, mapping_id, (void **)&slot) < 0)
+    if (hp_map_put(&seq->path_cache, mapping_id, (void **)&slot) < 0)
         return NULL;
     *slot = info;
     return slot;
@@ -260,17 +259,17 @@ static int resolve(struct rd *rd, struct rd_proc *p)
     if (p->resolved || !p->selected)
         return 0;
     struct rd_seq *seq = p->seq;
-    struct bk_arena *a = &rd->tp->arena;
+    struct hp_arena *a = &rd->tp->arena;
     const char *empty = intern(rd, "", 0);
     if (!empty)
         return -ENOMEM;
-    p->callsites = p->n_raw ? bk__arena_alloc(a, p->n_raw * sizeof(*p->callsites)) : NULL;
+    p->callsites = p->n_raw ? hp_arena_alloc(a, p->n_raw * sizeof(*p->callsites)) : NULL;
     if (p->n_raw && !p->callsites)
         return -ENOMEM;
     for (size_t i = 0; i < p->n_raw; i++) {
         const struct rd_sample *s = &p->raw[i];
-        struct bk_trace_callsite *c = &p->callsites[i];
-        *c = (struct bk_trace_callsite){
+        struct rp_trace_callsite *c = &p->callsites[i];
+        *c = (struct rp_trace_callsite){
             .callstack_id = s->callstack_id,
             .self_allocated = s->self_allocated,
             .self_freed = s->self_freed,
@@ -279,20 +278,20 @@ static int resolve(struct rd *rd, struct rd_proc *p)
             .self_max = s->self_max,
             .self_max_count = s->self_max_count,
         };
-        const struct rd_callstack *cs = bk__map_get(&seq->callstacks, s->callstack_id);
+        const struct rd_callstack *cs = hp_map_get(&seq->callstacks, s->callstack_id);
         if (!cs || !cs->n)
             continue;
-        struct bk_trace_frame *frames = bk__arena_alloc(a, cs->n * sizeof(*frames));
+        struct rp_trace_frame *frames = hp_arena_alloc(a, cs->n * sizeof(*frames));
         if (!frames)
             return -ENOMEM;
         for (size_t j = 0; j < cs->n; j++) {
-            const struct rd_frame *f = bk__map_get(&seq->frames, cs->frames[j]);
-            frames[j] = (struct bk_trace_frame){
+            const struct rd_frame *f = hp_map_get(&seq->frames, cs->frames[j]);
+            frames[j] = (struct rp_trace_frame){
                 .function_name = empty, .mapping_path = empty, .build_id = empty};
             if (!f)
                 continue;
             frames[j].rel_pc = f->rel_pc;
-            const struct rd_str *name = bk__map_get(&seq->strs[STR_FUNCTION], f->name_id);
+            const struct rd_str *name = hp_map_get(&seq->strs[STR_FUNCTION], f->name_id);
             if (name && name->len) {
                 const char *n = intern(rd, name->s, name->len);
                 if (!n)
@@ -304,7 +303,7 @@ static int resolve(struct rd *rd, struct rd_proc *p)
                 return -ENOMEM;
             frames[j].mapping_path = info->path;
             frames[j].build_id = info->build_id;
-            const struct rd_mapping *m = bk__map_get(&seq->mappings, f->mapping_id);
+            const struct rd_mapping *m = hp_map_get(&seq->mappings, f->mapping_id);
             if (m) {
                 frames[j].map_start = m->start;
                 frames[j].map_end = m->end;
@@ -349,27 +348,27 @@ static int seq_clear(struct rd *rd, struct rd_seq *seq)
 
 /* ---- interned data ---- */
 
-static int parse_string(struct rd_seq *seq, struct bk_map *table, const uint8_t *buf, size_t len)
+static int parse_string(struct rd_seq *seq, struct hp_map *table, const uint8_t *buf, size_t len)
 {
-    struct bk_pb_iter it;
-    struct bk_pb_field f;
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
     uint64_t iid = 0;
     const uint8_t *s = NULL;
     size_t slen = 0;
-    bk__pb_iter_init(&it, buf, len);
-    while (bk__pb_next(&it, &f)) {
-        if (f.num == 1 && f.wire_type == BK_PB_VARINT)
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &f)) {
+        if (f.num == 1 && f.wire_type == HP_PB_VARINT)
             iid = f.varint;
-        else if (f.num == 2 && f.wire_type == BK_PB_LEN) {
+        else if (f.num == 2 && f.wire_type == HP_PB_LEN) {
             s = f.ptr;
             slen = HP_MIN(f.len, (size_t)READ_MAX_STRING_BYTES);
         }
     }
     if (it.error)
         return -EBADMSG;
-    char *copy = bk__arena_strndup(&seq->arena, (const char *)s, s ? slen : 0);
+    char *copy = hp_arena_strndup(&seq->arena, (const char *)s, s ? slen : 0);
     struct rd_str *slot;
-    if (!copy || bk__map_put(table, iid, (void **)&slot) < 0)
+    if (!copy || hp_map_put(table, iid, (void **)&slot) < 0)
         return -ENOMEM;
     *slot = (struct rd_str){.s = copy, .len = s ? slen : 0};
     return 0;
@@ -379,19 +378,19 @@ static int parse_string(struct rd_seq *seq, struct bk_map *table, const uint8_t 
 static int parse_ids(struct rd *rd, const uint8_t *buf, size_t len, uint32_t num, size_t max,
                      uint64_t *ret_iid, size_t *ret_n)
 {
-    struct bk_pb_iter it;
-    struct bk_pb_field f;
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
     size_t n = 0;
     bool err = false;
-    bk__pb_iter_init(&it, buf, len);
-    while (bk__pb_next(&it, &f)) {
-        if (f.num == 1 && f.wire_type == BK_PB_VARINT) {
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &f)) {
+        if (f.num == 1 && f.wire_type == HP_PB_VARINT) {
             *ret_iid = f.varint;
         } else if (f.num == num) {
-            struct bk_pb_ints ints;
+            struct hp_pb_ints ints;
             uint64_t v;
-            bk__pb_ints_init(&ints, &f);
-            while (bk__pb_ints_next(&ints, &v, &err)) {
+            hp_pb_ints_init(&ints, &f);
+            while (hp_pb_ints_next(&ints, &v, &err)) {
                 if (n < max && push_tmp(rd, n++, v) < 0)
                     return -ENOMEM;
             }
@@ -411,11 +410,11 @@ static int parse_mapping(struct rd *rd, struct rd_seq *seq, const uint8_t *buf, 
     if (r < 0)
         return r;
     struct rd_mapping m = {.comps = copy_ids(seq, rd->tmp, n), .n_comps = (uint32_t)n};
-    struct bk_pb_iter it;
-    struct bk_pb_field f;
-    bk__pb_iter_init(&it, buf, len);
-    while (bk__pb_next(&it, &f)) {
-        if (f.wire_type != BK_PB_VARINT)
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &f)) {
+        if (f.wire_type != HP_PB_VARINT)
             continue;
         switch (f.num) {
         case 2:
@@ -436,10 +435,10 @@ static int parse_mapping(struct rd *rd, struct rd_seq *seq, const uint8_t *buf, 
         }
     }
     struct rd_mapping *slot;
-    if ((n && !m.comps) || bk__map_put(&seq->mappings, iid, (void **)&slot) < 0)
+    if ((n && !m.comps) || hp_map_put(&seq->mappings, iid, (void **)&slot) < 0)
         return -ENOMEM;
     *slot = m;
-    bk__map_remove(&seq->path_cache, iid);
+    hp_map_remove(&seq->path_cache, iid);
     return 0;
 }
 
@@ -452,7 +451,7 @@ static int parse_callstack(struct rd *rd, struct rd_seq *seq, const uint8_t *buf
         return r;
     struct rd_callstack cs = {.frames = copy_ids(seq, rd->tmp, n), .n = n};
     struct rd_callstack *slot;
-    if ((n && !cs.frames) || bk__map_put(&seq->callstacks, iid, (void **)&slot) < 0)
+    if ((n && !cs.frames) || hp_map_put(&seq->callstacks, iid, (void **)&slot) < 0)
         return -ENOMEM;
     *slot = cs;
     return 0;
@@ -460,13 +459,13 @@ static int parse_callstack(struct rd *rd, struct rd_seq *seq, const uint8_t *buf
 
 static int parse_frame(struct rd_seq *seq, const uint8_t *buf, size_t len)
 {
-    struct bk_pb_iter it;
-    struct bk_pb_field f;
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
     uint64_t iid = 0;
     struct rd_frame fr = {0};
-    bk__pb_iter_init(&it, buf, len);
-    while (bk__pb_next(&it, &f)) {
-        if (f.wire_type != BK_PB_VARINT)
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &f)) {
+        if (f.wire_type != HP_PB_VARINT)
             continue;
         switch (f.num) {
         case 1:
@@ -486,7 +485,7 @@ static int parse_frame(struct rd_seq *seq, const uint8_t *buf, size_t len)
     if (it.error)
         return -EBADMSG;
     struct rd_frame *slot;
-    if (bk__map_put(&seq->frames, iid, (void **)&slot) < 0)
+    if (hp_map_put(&seq->frames, iid, (void **)&slot) < 0)
         return -ENOMEM;
     *slot = fr;
     return 0;
@@ -494,11 +493,11 @@ static int parse_frame(struct rd_seq *seq, const uint8_t *buf, size_t len)
 
 static int parse_interned(struct rd *rd, struct rd_seq *seq, const uint8_t *buf, size_t len)
 {
-    struct bk_pb_iter it;
-    struct bk_pb_field f;
-    bk__pb_iter_init(&it, buf, len);
-    while (bk__pb_next(&it, &f)) {
-        if (f.wire_type != BK_PB_LEN)
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &f)) {
+        if (f.wire_type != HP_PB_LEN)
             continue;
         int r = 0;
         switch (f.num) {
@@ -531,13 +530,13 @@ static int parse_interned(struct rd *rd, struct rd_seq *seq, const uint8_t *buf,
 
 static int parse_stats(struct rd_header *h, const uint8_t *buf, size_t len)
 {
-    struct bk_pb_iter it;
-    struct bk_pb_field f;
-    bk__pb_iter_init(&it, buf, len);
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
+    hp_pb_iter_init(&it, buf, len);
     h->unwinding_errors = h->heap_samples = h->map_reparses = 0;
     h->total_unwinding_time_us = h->client_spinlock_blocked_us = 0;
-    while (bk__pb_next(&it, &f)) {
-        if (f.wire_type != BK_PB_VARINT)
+    while (hp_pb_next(&it, &f)) {
+        if (f.wire_type != HP_PB_VARINT)
             continue;
         switch (f.num) {
         case 1:
@@ -562,12 +561,12 @@ static int parse_stats(struct rd_header *h, const uint8_t *buf, size_t len)
 
 static int parse_sample(struct rd_pdump *d, const uint8_t *buf, size_t len)
 {
-    struct bk_pb_iter it;
-    struct bk_pb_field f;
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
     struct rd_sample s = {0};
-    bk__pb_iter_init(&it, buf, len);
-    while (bk__pb_next(&it, &f)) {
-        if (f.wire_type != BK_PB_VARINT)
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &f)) {
+        if (f.wire_type != HP_PB_VARINT)
             continue;
         switch (f.num) {
         case 1:
@@ -596,7 +595,7 @@ static int parse_sample(struct rd_pdump *d, const uint8_t *buf, size_t len)
     if (it.error)
         return -EBADMSG;
     uint64_t *idx;
-    int r = bk__map_put(&d->index, s.callstack_id, (void **)&idx);
+    int r = hp_map_put(&d->index, s.callstack_id, (void **)&idx);
     if (r < 0)
         return r;
     if (r == 0) {
@@ -610,8 +609,8 @@ static int parse_sample(struct rd_pdump *d, const uint8_t *buf, size_t len)
         o->self_max_count += s.self_max_count;
         return 0;
     }
-    if (bk__grow((void **)&d->samples, &d->cap_samples, d->n_samples + 1, sizeof(s)) < 0) {
-        bk__map_remove(&d->index, s.callstack_id);
+    if (hp_grow((void **)&d->samples, &d->cap_samples, d->n_samples + 1, sizeof(s)) < 0) {
+        hp_map_remove(&d->index, s.callstack_id);
         return -ENOMEM;
     }
     *idx = d->n_samples;
@@ -624,26 +623,26 @@ static struct rd_pdump *chain_get(struct rd_seq *seq, uint64_t pid, const char *
     for (size_t i = 0; i < seq->n_chain; i++)
         if (seq->chain[i].pid == pid && seq->chain[i].heap_name == heap_name)
             return &seq->chain[i];
-    if (bk__grow((void **)&seq->chain, &seq->cap_chain, seq->n_chain + 1, sizeof(*seq->chain)) < 0)
+    if (hp_grow((void **)&seq->chain, &seq->cap_chain, seq->n_chain + 1, sizeof(*seq->chain)) < 0)
         return NULL;
     struct rd_pdump *d = &seq->chain[seq->n_chain++];
     *d = (struct rd_pdump){.pid = pid, .heap_name = heap_name};
-    bk__map_init(&d->index, sizeof(uint64_t));
+    hp_map_init(&d->index, sizeof(uint64_t));
     return d;
 }
 
 static int parse_process_dump(struct rd *rd, struct rd_seq *seq, const uint8_t *buf, size_t len)
 {
-    struct bk_pb_iter it;
-    struct bk_pb_field f;
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
     uint64_t pid = 0;
     const uint8_t *heap = NULL;
     size_t heap_len = 0;
-    bk__pb_iter_init(&it, buf, len);
-    while (bk__pb_next(&it, &f)) {
-        if (f.num == 1 && f.wire_type == BK_PB_VARINT)
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &f)) {
+        if (f.num == 1 && f.wire_type == HP_PB_VARINT)
             pid = f.varint;
-        else if (f.num == 11 && f.wire_type == BK_PB_LEN) {
+        else if (f.num == 11 && f.wire_type == HP_PB_LEN) {
             heap = f.ptr;
             heap_len = HP_MIN(f.len, (size_t)256);
         }
@@ -657,15 +656,15 @@ static int parse_process_dump(struct rd *rd, struct rd_seq *seq, const uint8_t *
     if (!d)
         return -ENOMEM;
     struct rd_header *h = &d->hdr;
-    bk__pb_iter_init(&it, buf, len);
-    while (bk__pb_next(&it, &f)) {
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &f)) {
         int r = 0;
-        if (f.wire_type == BK_PB_LEN) {
+        if (f.wire_type == HP_PB_LEN) {
             if (f.num == 2)
                 r = parse_sample(d, f.ptr, f.len);
             else if (f.num == 5)
                 r = parse_stats(h, f.ptr, f.len);
-        } else if (f.wire_type == BK_PB_VARINT) {
+        } else if (f.wire_type == HP_PB_VARINT) {
             bool b = f.varint != 0;
             switch (f.num) {
             case 3:
@@ -705,7 +704,7 @@ static struct rd_proc *proc_get(struct rd *rd, int32_t pid, const char *heap_nam
     for (size_t i = 0; i < rd->n_procs; i++)
         if (rd->procs[i].pid == pid && rd->procs[i].heap_name == heap_name)
             return &rd->procs[i];
-    if (bk__grow((void **)&rd->procs, &rd->cap_procs, rd->n_procs + 1, sizeof(*rd->procs)) < 0)
+    if (hp_grow((void **)&rd->procs, &rd->cap_procs, rd->n_procs + 1, sizeof(*rd->procs)) < 0)
         return NULL;
     struct rd_proc *p = &rd->procs[rd->n_procs++];
     *p = (struct rd_proc){.pid = pid, .heap_name = heap_name};
@@ -747,23 +746,23 @@ static int chain_commit(struct rd *rd, struct rd_seq *seq)
 
 static int parse_profile_packet(struct rd *rd, struct rd_seq *seq, const uint8_t *buf, size_t len)
 {
-    struct bk_pb_iter it;
-    struct bk_pb_field f;
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
     bool continued = false, has_index = false;
     uint64_t index = 0;
     int r = 0;
     /* First pass: scalars, and the legacy (Android Q) interning tables, which share one
      * string table for names, paths and build ids. */
-    bk__pb_iter_init(&it, buf, len);
-    while (bk__pb_next(&it, &f) && r == 0) {
-        if (f.wire_type == BK_PB_VARINT) {
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &f) && r == 0) {
+        if (f.wire_type == HP_PB_VARINT) {
             if (f.num == 6)
                 continued = f.varint != 0;
             else if (f.num == 7) {
                 has_index = true;
                 index = f.varint;
             }
-        } else if (f.wire_type == BK_PB_LEN) {
+        } else if (f.wire_type == HP_PB_LEN) {
             switch (f.num) {
             case 1:
                 for (int k = 0; k < STR_KINDS && r == 0; k++)
@@ -792,9 +791,9 @@ static int parse_profile_packet(struct rd *rd, struct rd_seq *seq, const uint8_t
         seq->have_index = true;
         seq->next_index = index + 1;
     }
-    bk__pb_iter_init(&it, buf, len);
-    while (bk__pb_next(&it, &f) && r == 0) {
-        if (f.num == 5 && f.wire_type == BK_PB_LEN)
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &f) && r == 0) {
+        if (f.num == 5 && f.wire_type == HP_PB_LEN)
             r = parse_process_dump(rd, seq, f.ptr, f.len);
     }
     if (r < 0)
@@ -808,20 +807,20 @@ static int parse_profile_packet(struct rd *rd, struct rd_seq *seq, const uint8_t
 
 static int parse_process_tree(struct rd *rd, const uint8_t *buf, size_t len)
 {
-    struct bk_pb_iter it, pit;
-    struct bk_pb_field f, pf;
-    bk__pb_iter_init(&it, buf, len);
-    while (bk__pb_next(&it, &f)) {
-        if (f.num != 1 || f.wire_type != BK_PB_LEN)
+    struct hp_pb_iter it, pit;
+    struct hp_pb_field f, pf;
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &f)) {
+        if (f.num != 1 || f.wire_type != HP_PB_LEN)
             continue;
         char line[READ_MAX_STRING_BYTES];
         size_t n = 0;
         int32_t pid = 0;
-        bk__pb_iter_init(&pit, f.ptr, f.len);
-        while (bk__pb_next(&pit, &pf)) {
-            if (pf.num == 1 && pf.wire_type == BK_PB_VARINT) {
+        hp_pb_iter_init(&pit, f.ptr, f.len);
+        while (hp_pb_next(&pit, &pf)) {
+            if (pf.num == 1 && pf.wire_type == HP_PB_VARINT) {
                 pid = (int32_t)pf.varint;
-            } else if (pf.num == 3 && pf.wire_type == BK_PB_LEN) {
+            } else if (pf.num == 3 && pf.wire_type == HP_PB_LEN) {
                 if (n && n < sizeof(line))
                     line[n++] = ' ';
                 size_t c = HP_MIN(pf.len, sizeof(line) - n);
@@ -833,7 +832,7 @@ static int parse_process_tree(struct rd *rd, const uint8_t *buf, size_t len)
             return -EBADMSG;
         const char *s = intern(rd, line, n);
         const char **slot;
-        if (!s || bk__map_put(&rd->cmdlines, (uint64_t)(uint32_t)pid, (void **)&slot) < 0)
+        if (!s || hp_map_put(&rd->cmdlines, (uint64_t)(uint32_t)pid, (void **)&slot) < 0)
             return -ENOMEM;
         *slot = s;
     }
@@ -842,21 +841,21 @@ static int parse_process_tree(struct rd *rd, const uint8_t *buf, size_t len)
 
 static int parse_packet(struct rd *rd, const uint8_t *buf, size_t len)
 {
-    struct bk_pb_iter it;
-    struct bk_pb_field f;
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
     uint32_t seq_id = 0;
     bool cleared = false, profile = false;
     rd->tp->pub.n_packets++;
-    bk__pb_iter_init(&it, buf, len);
-    while (bk__pb_next(&it, &f)) {
-        if (f.wire_type == BK_PB_VARINT) {
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &f)) {
+        if (f.wire_type == HP_PB_VARINT) {
             if (f.num == 10)
                 seq_id = (uint32_t)f.varint;
             else if (f.num == 13)
                 cleared |= (f.varint & 1) != 0; /* SEQ_INCREMENTAL_STATE_CLEARED */
             else if (f.num == 41)
                 cleared |= f.varint != 0;
-        } else if (f.wire_type == BK_PB_LEN) {
+        } else if (f.wire_type == HP_PB_LEN) {
             if (f.num == 37)
                 profile = true;
             else if (f.num == 6)
@@ -870,13 +869,13 @@ static int parse_packet(struct rd *rd, const uint8_t *buf, size_t len)
         return -ENOMEM;
     int r = cleared ? seq_clear(rd, seq) : 0;
     /* Interned data first: the packet's own payload may refer to it. */
-    bk__pb_iter_init(&it, buf, len);
-    while (r == 0 && bk__pb_next(&it, &f))
-        if (f.num == 12 && f.wire_type == BK_PB_LEN)
+    hp_pb_iter_init(&it, buf, len);
+    while (r == 0 && hp_pb_next(&it, &f))
+        if (f.num == 12 && f.wire_type == HP_PB_LEN)
             r = parse_interned(rd, seq, f.ptr, f.len);
-    bk__pb_iter_init(&it, buf, len);
-    while (r == 0 && bk__pb_next(&it, &f)) {
-        if (f.wire_type != BK_PB_LEN)
+    hp_pb_iter_init(&it, buf, len);
+    while (r == 0 && hp_pb_next(&it, &f)) {
+        if (f.wire_type != HP_PB_LEN)
             continue;
         if (f.num == 37)
             r = parse_profile_packet(rd, seq, f.ptr, f.len);
@@ -941,11 +940,11 @@ static int read_file(struct rd *rd, FILE *fp)
             r = -EBADMSG;
             break;
         }
-        if (wt == BK_PB_VARINT) {
+        if (wt == HP_PB_VARINT) {
             r = read_varint(fp, &len);
-        } else if (wt == BK_PB_FIXED64 || wt == BK_PB_FIXED32) {
-            r = skip_bytes(fp, wt == BK_PB_FIXED64 ? 8 : 4);
-        } else if (wt == BK_PB_LEN) {
+        } else if (wt == HP_PB_FIXED64 || wt == HP_PB_FIXED32) {
+            r = skip_bytes(fp, wt == HP_PB_FIXED64 ? 8 : 4);
+        } else if (wt == HP_PB_LEN) {
             r = read_varint(fp, &len);
             if (r == 1)
                 r = -EAGAIN;
@@ -961,7 +960,7 @@ static int read_file(struct rd *rd, FILE *fp)
                     break;
                 continue;
             }
-            r = bk__grow((void **)&buf, &cap, (size_t)len + 1, 1);
+            r = hp_grow((void **)&buf, &cap, (size_t)len + 1, 1);
             if (r < 0)
                 break;
             if (fread(buf, 1, (size_t)len, fp) != (size_t)len) {
@@ -987,7 +986,7 @@ static int read_file(struct rd *rd, FILE *fp)
 
 static int finish(struct rd *rd)
 {
-    struct bk_trace *t = &rd->tp->pub;
+    struct rp_trace *t = &rd->tp->pub;
     for (size_t i = 0; i < rd->n_procs; i++) {
         int r = resolve(rd, &rd->procs[i]);
         if (r < 0)
@@ -1000,7 +999,7 @@ static int finish(struct rd *rd)
     const char *empty = intern(rd, "", 0);
     if (!empty)
         return -ENOMEM;
-    while (bk__map_next(&rd->cmdlines, &pos, &key, &val)) {
+    while (hp_map_next(&rd->cmdlines, &pos, &key, &val)) {
         bool seen = false;
         for (size_t i = 0; i < rd->n_procs && !seen; i++)
             seen = rd->procs[i].pid == (int32_t)(uint32_t)key;
@@ -1010,15 +1009,15 @@ static int finish(struct rd *rd)
             return -ENOMEM;
     }
     if (rd->n_procs) {
-        t->processes = bk__arena_alloc(&rd->tp->arena, rd->n_procs * sizeof(*t->processes));
+        t->processes = hp_arena_alloc(&rd->tp->arena, rd->n_procs * sizeof(*t->processes));
         if (!t->processes)
             return -ENOMEM;
     }
     for (size_t i = 0; i < rd->n_procs; i++) {
         const struct rd_proc *p = &rd->procs[i];
         const struct rd_header *h = &p->hdr;
-        const char **cmd = bk__map_get(&rd->cmdlines, (uint64_t)(uint32_t)p->pid);
-        t->processes[i] = (struct bk_trace_process){
+        const char **cmd = hp_map_get(&rd->cmdlines, (uint64_t)(uint32_t)p->pid);
+        t->processes[i] = (struct rp_trace_process){
             .pid = p->pid,
             .cmdline = cmd ? *cmd : empty,
             .heap_name = p->heap_name,
@@ -1056,33 +1055,33 @@ static void rd_done(struct rd *rd)
     for (size_t i = 0; i < rd->n_procs; i++)
         free(rd->procs[i].raw);
     free(rd->procs);
-    bk__map_done(&rd->cmdlines);
+    hp_map_done(&rd->cmdlines);
     free(rd->tmp);
 }
 
 /* Reads the trace from @fp (NULL: an empty trace). */
-static int load_fp(FILE *fp, const struct bk_trace_options *opt, struct bk_trace **ret)
+static int load_fp(FILE *fp, const struct rp_trace_options *opt, struct rp_trace **ret)
 {
-    static const struct bk_trace_options defaults = {0};
+    static const struct rp_trace_options defaults = {0};
     struct trace_priv *tp = calloc(1, sizeof(*tp));
     if (!tp)
         return -ENOMEM;
     tp->strings = hp_strtab_new();
     struct rd rd = {.opt = opt ? opt : &defaults, .tp = tp};
-    bk__map_init(&rd.cmdlines, sizeof(const char *));
+    hp_map_init(&rd.cmdlines, sizeof(const char *));
     int r = tp->strings ? (fp ? read_file(&rd, fp) : 0) : -ENOMEM;
     if (r == 0)
         r = finish(&rd);
     rd_done(&rd);
     if (r < 0) {
-        bk_trace_free(&tp->pub);
+        rp_trace_free(&tp->pub);
         return r;
     }
     *ret = &tp->pub;
     return 0;
 }
 
-int bk_trace_load(const char *path, const struct bk_trace_options *opt, struct bk_trace **ret)
+int rp_trace_load(const char *path, const struct rp_trace_options *opt, struct rp_trace **ret)
 {
     FILE *fp = fopen(path, "rbe");
     if (!fp)
@@ -1092,8 +1091,8 @@ int bk_trace_load(const char *path, const struct bk_trace_options *opt, struct b
     return r;
 }
 
-int bk_trace_load_buffer(const void *buf, size_t len, const struct bk_trace_options *opt,
-                         struct bk_trace **ret)
+int rp_trace_load_buffer(const void *buf, size_t len, const struct rp_trace_options *opt,
+                         struct rp_trace **ret)
 {
     if (len == 0)
         return load_fp(NULL, opt, ret);
@@ -1105,13 +1104,13 @@ int bk_trace_load_buffer(const void *buf, size_t len, const struct bk_trace_opti
     return r;
 }
 
-struct bk_trace *bk_trace_free(struct bk_trace *t)
+struct rp_trace *rp_trace_free(struct rp_trace *t)
 {
     if (!t)
         return NULL;
     struct trace_priv *tp = (struct trace_priv *)t;
     hp_strtab_free(tp->strings);
-    bk__arena_done(&tp->arena);
+    hp_arena_done(&tp->arena);
     free(tp);
     return NULL;
 }

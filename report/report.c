@@ -1,16 +1,17 @@
 /* report/report.c: the text report of a loaded trace (`heapprof report`). */
+#include "report/report.h"
+
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "report/report.h"
 #include "common/containers.h"
 
 /* libstdc++'s demangler (the Itanium C++ ABI entry point); declared here so that the C
  * code needs no C++ header. Returns a malloc()ed string or NULL, status 0 on success. */
 char *__cxa_demangle(const char *mangled, char *buf, size_t *len, int *status);
 
-const char *bk_demangle(const char *name, char *buf, size_t buf_len)
+const char *rp_demangle(const char *name, char *buf, size_t buf_len)
 {
     if (!name || strncmp(name, "_Z", 2) != 0 || buf_len == 0)
         return name;
@@ -46,19 +47,19 @@ static const char *human_bytes(uint64_t v, char *buf, size_t len)
     return buf;
 }
 
-static uint64_t unreleased(const struct bk_trace_callsite *c)
+static uint64_t unreleased(const struct rp_trace_callsite *c)
 {
     return c->self_allocated > c->self_freed ? c->self_allocated - c->self_freed : 0;
 }
 
-static uint64_t unreleased_count(const struct bk_trace_callsite *c)
+static uint64_t unreleased_count(const struct rp_trace_callsite *c)
 {
     return c->alloc_count > c->free_count ? c->alloc_count - c->free_count : 0;
 }
 
 enum order { BY_UNRELEASED, BY_ALLOCATED, BY_PEAK };
 
-static uint64_t key_of(const struct bk_trace_callsite *c, enum order o)
+static uint64_t key_of(const struct rp_trace_callsite *c, enum order o)
 {
     switch (o) {
     case BY_UNRELEASED:
@@ -73,7 +74,7 @@ static uint64_t key_of(const struct bk_trace_callsite *c, enum order o)
 
 struct sort_item {
     uint64_t key;
-    const struct bk_trace_callsite *c;
+    const struct rp_trace_callsite *c;
 };
 
 static int cmp_items(const void *a, const void *b)
@@ -86,15 +87,15 @@ static int cmp_items(const void *a, const void *b)
     return 0;
 }
 
-static const char *frame_name(const struct bk_trace_frame *f, bool demangle, char *buf, size_t len)
+static const char *frame_name(const struct rp_trace_frame *f, bool demangle, char *buf, size_t len)
 {
     if (!f->function_name || !f->function_name[0])
         return "<unknown>";
-    return demangle ? bk_demangle(f->function_name, buf, len) : f->function_name;
+    return demangle ? rp_demangle(f->function_name, buf, len) : f->function_name;
 }
 
-static void print_site(FILE *out, size_t rank, const struct bk_trace_callsite *c, enum order o,
-                       const struct bk_report_options *opt)
+static void print_site(FILE *out, size_t rank, const struct rp_trace_callsite *c, enum order o,
+                       const struct rp_report_options *opt)
 {
     char b1[32], b2[32], name[1024];
     switch (o) {
@@ -123,20 +124,20 @@ static void print_site(FILE *out, size_t rank, const struct bk_trace_callsite *c
         return;
     }
     if (opt->no_stacks) {
-        const struct bk_trace_frame *leaf = &c->frames[c->n_frames - 1];
+        const struct rp_trace_frame *leaf = &c->frames[c->n_frames - 1];
         fprintf(out, "        %s\n", frame_name(leaf, opt->demangle, name, sizeof(name)));
         return;
     }
     for (size_t i = c->n_frames; i-- > 0;) { /* leaf first */
-        const struct bk_trace_frame *f = &c->frames[i];
+        const struct rp_trace_frame *f = &c->frames[i];
         const char *path = f->mapping_path && f->mapping_path[0] ? f->mapping_path : "?";
         fprintf(out, "        %s  %s+%#" PRIx64 "\n",
                 frame_name(f, opt->demangle, name, sizeof(name)), path, f->rel_pc);
     }
 }
 
-static void print_table(FILE *out, const struct bk_trace_process *p, enum order o,
-                        const struct bk_report_options *opt, size_t top_n, struct sort_item *items)
+static void print_table(FILE *out, const struct rp_trace_process *p, enum order o,
+                        const struct rp_report_options *opt, size_t top_n, struct sort_item *items)
 {
     static const char *const titles[] = {
         [BY_UNRELEASED] = "unreleased bytes",
@@ -158,8 +159,8 @@ static void print_table(FILE *out, const struct bk_trace_process *p, enum order 
         print_site(out, i + 1, items[i].c, o, opt);
 }
 
-static void print_process(FILE *out, const struct bk_trace_process *p,
-                          const struct bk_report_options *opt)
+static void print_process(FILE *out, const struct rp_trace_process *p,
+                          const struct rp_report_options *opt)
 {
     size_t top_n = opt->top_n > 0 ? (size_t)opt->top_n : 10;
     char b[32];
@@ -187,7 +188,7 @@ static void print_process(FILE *out, const struct bk_trace_process *p,
     uint64_t alloc = 0, freed = 0, nalloc = 0, nfree = 0;
     bool has_peak = false;
     for (size_t i = 0; i < p->n_callsites; i++) {
-        const struct bk_trace_callsite *c = &p->callsites[i];
+        const struct rp_trace_callsite *c = &p->callsites[i];
         alloc += c->self_allocated;
         freed += c->self_freed;
         nalloc += c->alloc_count;
@@ -222,9 +223,9 @@ static void print_process(FILE *out, const struct bk_trace_process *p,
             p->client_spinlock_blocked_us);
 }
 
-void bk_report_print(FILE *out, const struct bk_trace *t, const struct bk_report_options *opt)
+void rp_report_print(FILE *out, const struct rp_trace *t, const struct rp_report_options *opt)
 {
-    static const struct bk_report_options defaults = {.demangle = true};
+    static const struct rp_report_options defaults = {.demangle = true};
     if (!opt)
         opt = &defaults;
     if (t->n_processes == 0)
@@ -235,16 +236,16 @@ void bk_report_print(FILE *out, const struct bk_trace *t, const struct bk_report
 
 /* ---- diff ---- */
 
-static uint64_t site_hash(const struct bk_trace_callsite *c)
+static uint64_t site_hash(const struct rp_trace_callsite *c)
 {
-    uint64_t h = bk__hash_u64(c->n_frames);
+    uint64_t h = hp_hash_u64(c->n_frames);
     for (size_t i = 0; i < c->n_frames; i++) {
-        const struct bk_trace_frame *f = &c->frames[i];
+        const struct rp_trace_frame *f = &c->frames[i];
         const char *n = f->function_name ? f->function_name : "";
         const char *m = f->mapping_path ? f->mapping_path : "";
-        h = bk__hash_combine(h, bk__hash_bytes(n, strlen(n), 1));
-        h = bk__hash_combine(h, bk__hash_bytes(m, strlen(m), 2));
-        h = bk__hash_combine(h, f->rel_pc);
+        h = hp_hash_combine(h, hp_hash_bytes(n, strlen(n), 1));
+        h = hp_hash_combine(h, hp_hash_bytes(m, strlen(m), 2));
+        h = hp_hash_combine(h, f->rel_pc);
     }
     return h;
 }
@@ -254,12 +255,12 @@ static bool same_str(const char *a, const char *b)
     return !strcmp(a ? a : "", b ? b : "");
 }
 
-static bool same_site(const struct bk_trace_callsite *a, const struct bk_trace_callsite *b)
+static bool same_site(const struct rp_trace_callsite *a, const struct rp_trace_callsite *b)
 {
     if (a->n_frames != b->n_frames)
         return false;
     for (size_t i = 0; i < a->n_frames; i++) {
-        const struct bk_trace_frame *x = &a->frames[i], *y = &b->frames[i];
+        const struct rp_trace_frame *x = &a->frames[i], *y = &b->frames[i];
         if (x->rel_pc != y->rel_pc || !same_str(x->function_name, y->function_name) ||
             !same_str(x->mapping_path, y->mapping_path))
             return false;
@@ -269,7 +270,7 @@ static bool same_site(const struct bk_trace_callsite *a, const struct bk_trace_c
 
 struct diff_item {
     int64_t d_unreleased, d_allocated, d_alloc_count;
-    const struct bk_trace_callsite *c;
+    const struct rp_trace_callsite *c;
 };
 
 static int cmp_diff(const void *a, const void *b)
@@ -282,8 +283,8 @@ static int cmp_diff(const void *a, const void *b)
     return 0;
 }
 
-static const struct bk_trace_process *match_process(const struct bk_trace *base,
-                                                    const struct bk_trace_process *p, size_t idx)
+static const struct rp_trace_process *match_process(const struct rp_trace *base,
+                                                    const struct rp_trace_process *p, size_t idx)
 {
     for (size_t i = 0; i < base->n_processes; i++)
         if (base->processes[i].pid == p->pid &&
@@ -298,11 +299,11 @@ static int64_t sdiff(uint64_t a, uint64_t b)
     return (int64_t)(a - b);
 }
 
-static void diff_process(FILE *out, const struct bk_trace_process *bp,
-                         const struct bk_trace_process *p, const struct bk_report_options *opt)
+static void diff_process(FILE *out, const struct rp_trace_process *bp,
+                         const struct rp_trace_process *p, const struct rp_report_options *opt)
 {
-    struct bk_map index; /* site hash (probed) -> base callsite index */
-    bk__map_init(&index, sizeof(uint64_t));
+    struct hp_map index; /* site hash (probed) -> base callsite index */
+    hp_map_init(&index, sizeof(uint64_t));
     size_t nb = bp ? bp->n_callsites : 0;
     bool *matched = calloc(nb + 1, sizeof(*matched));
     struct diff_item *items = calloc(p->n_callsites + nb + 1, sizeof(*items));
@@ -313,7 +314,7 @@ static void diff_process(FILE *out, const struct bk_trace_process *bp,
     for (size_t i = 0; i < nb; i++) {
         uint64_t *v;
         for (uint64_t h = site_hash(&bp->callsites[i]);; h++) {
-            int r = bk__map_put(&index, h, (void **)&v);
+            int r = hp_map_put(&index, h, (void **)&v);
             if (r < 0)
                 goto out;
             if (r == 1) {
@@ -325,10 +326,10 @@ static void diff_process(FILE *out, const struct bk_trace_process *bp,
     size_t n = 0;
     int64_t tot_unrel = 0, tot_alloc = 0;
     for (size_t i = 0; i < p->n_callsites; i++) {
-        const struct bk_trace_callsite *c = &p->callsites[i];
-        const struct bk_trace_callsite *b = NULL;
+        const struct rp_trace_callsite *c = &p->callsites[i];
+        const struct rp_trace_callsite *b = NULL;
         for (uint64_t h = site_hash(c);; h++) {
-            uint64_t *v = bk__map_get(&index, h);
+            uint64_t *v = hp_map_get(&index, h);
             if (!v)
                 break;
             if (!matched[*v] && same_site(&bp->callsites[*v], c)) {
@@ -346,7 +347,7 @@ static void diff_process(FILE *out, const struct bk_trace_process *bp,
     for (size_t i = 0; i < nb; i++) {
         if (matched[i])
             continue;
-        const struct bk_trace_callsite *b = &bp->callsites[i];
+        const struct rp_trace_callsite *b = &bp->callsites[i];
         items[n++] = (struct diff_item){.d_unreleased = -(int64_t)unreleased(b),
                                         .d_allocated = -(int64_t)b->self_allocated,
                                         .d_alloc_count = -(int64_t)b->alloc_count,
@@ -377,7 +378,7 @@ static void diff_process(FILE *out, const struct bk_trace_process *bp,
                 " allocations\n",
                 shown, d->d_unreleased, d->d_allocated, d->d_alloc_count);
         for (size_t j = d->c->n_frames; j-- > 0;) {
-            const struct bk_trace_frame *f = &d->c->frames[j];
+            const struct rp_trace_frame *f = &d->c->frames[j];
             fprintf(out, "        %s  %s+%#" PRIx64 "\n",
                     frame_name(f, opt->demangle, name, sizeof(name)),
                     f->mapping_path && f->mapping_path[0] ? f->mapping_path : "?", f->rel_pc);
@@ -388,16 +389,16 @@ static void diff_process(FILE *out, const struct bk_trace_process *bp,
     if (!shown)
         fprintf(out, "    (none grew)\n");
 out:
-    bk__map_done(&index);
+    hp_map_done(&index);
     free(matched);
     free(items);
 }
 
-void bk_report_print_diff(FILE *out, const struct bk_trace *base, const struct bk_trace *t,
-                          const struct bk_report_options *opt)
+void rp_report_print_diff(FILE *out, const struct rp_trace *base, const struct rp_trace *t,
+                          const struct rp_report_options *opt)
 {
     for (size_t i = 0; i < t->n_processes; i++) {
-        const struct bk_trace_process *p = &t->processes[i];
+        const struct rp_trace_process *p = &t->processes[i];
         if (!p->n_dumps)
             continue;
         diff_process(out, match_process(base, p, i), p, opt);

@@ -5,10 +5,10 @@
  * to resolve callstacks and, per process, the samples of its latest dump (or of dump
  * number N). Used by `heapprof report`, `heapprof record`'s summary and the tests.
  *
- *     struct bk_trace *t;
- *     if (bk_trace_load("out.pftrace", &(struct bk_trace_options){0}, &t) == 0) {
- *         bk_report_print(stdout, t, &(struct bk_report_options){.top_n = 10});
- *         t = bk_trace_free(t);
+ *     struct rp_trace *t;
+ *     if (rp_trace_load("out.pftrace", &(struct rp_trace_options){0}, &t) == 0) {
+ *         rp_report_print(stdout, t, &(struct rp_report_options){.top_n = 10});
+ *         t = rp_trace_free(t);
  *     }
  */
 #ifndef HP_REPORT_REPORT_H
@@ -21,7 +21,7 @@
 
 #include "common/macros.h"
 
-struct bk_trace_frame {
+struct rp_trace_frame {
     const char *function_name; /* as stored (possibly mangled); "" when unknown */
     const char *mapping_path;  /* "" when unknown */
     uint64_t rel_pc;
@@ -32,10 +32,10 @@ struct bk_trace_frame {
 };
 
 /* One callstack's cumulative values in the selected dump. */
-struct bk_trace_callsite {
+struct rp_trace_callsite {
     uint64_t callstack_id;
     size_t n_frames;
-    const struct bk_trace_frame *frames; /* root first */
+    const struct rp_trace_frame *frames; /* root first */
     uint64_t self_allocated;
     uint64_t self_freed;
     uint64_t alloc_count;
@@ -44,7 +44,7 @@ struct bk_trace_callsite {
     uint64_t self_max_count;
 };
 
-struct bk_trace_process {
+struct rp_trace_process {
     int32_t pid;
     const char *cmdline; /* arguments joined by spaces; "" if no process_tree packet */
     const char *heap_name;
@@ -56,33 +56,33 @@ struct bk_trace_process {
     uint64_t unwinding_errors, heap_samples, map_reparses, total_unwinding_time_us,
         client_spinlock_blocked_us;
     size_t n_callsites;
-    struct bk_trace_callsite *callsites;
+    struct rp_trace_callsite *callsites;
 };
 
-struct bk_trace {
+struct rp_trace {
     size_t n_processes;
-    struct bk_trace_process *processes;
+    struct rp_trace_process *processes;
     uint64_t n_packets;
     uint64_t n_profile_packets;
     bool has_clock_snapshot;
 };
 
-struct bk_trace_options {
+struct rp_trace_options {
     int dump_index; /* 0: latest complete dump per process; N>0: the Nth (1-based) */
     int32_t pid;    /* 0: every process; else only this one */
 };
 
-/* Reads the trace in the @len bytes at @buf (borrowed), as bk_trace_load(). */
-int bk_trace_load_buffer(const void *buf, size_t len, const struct bk_trace_options *opt,
-                         struct bk_trace **ret) HP_WARN_UNUSED;
+/* Reads the trace in the @len bytes at @buf (borrowed), as rp_trace_load(). */
+int rp_trace_load_buffer(const void *buf, size_t len, const struct rp_trace_options *opt,
+                         struct rp_trace **ret) HP_WARN_UNUSED;
 
 /* Reads @path. Returns 0, -ENOENT/-errno for I/O errors, -EBADMSG for a malformed trace
  * (a truncated last packet is tolerated and ignored). */
-int bk_trace_load(const char *path, const struct bk_trace_options *opt,
-                  struct bk_trace **ret) HP_WARN_UNUSED;
-struct bk_trace *bk_trace_free(struct bk_trace *t);
+int rp_trace_load(const char *path, const struct rp_trace_options *opt,
+                  struct rp_trace **ret) HP_WARN_UNUSED;
+struct rp_trace *rp_trace_free(struct rp_trace *t);
 
-struct bk_report_options {
+struct rp_report_options {
     int top_n;            /* sites per table; 0 means 10 */
     bool demangle;        /* demangle C++ names (default on in the CLI) */
     bool no_stacks;       /* one line per site instead of full stacks */
@@ -91,19 +91,19 @@ struct bk_report_options {
 
 /* Prints, per process: top sites by unreleased bytes, top sites by allocated bytes, with
  * counts and full stacks, then the stats. */
-void bk_report_print(FILE *out, const struct bk_trace *t, const struct bk_report_options *opt);
+void rp_report_print(FILE *out, const struct rp_trace *t, const struct rp_report_options *opt);
 
 /* Prints the growth per callsite from @base to @t (unreleased and allocated bytes),
  * callsites matched across the two traces by their frames (function names, mapping
  * paths and rel_pcs; ids differ between traces), processes by pid when both have it,
  * else in order. */
-void bk_report_print_diff(FILE *out, const struct bk_trace *base, const struct bk_trace *t,
-                          const struct bk_report_options *opt);
+void rp_report_print_diff(FILE *out, const struct rp_trace *base, const struct rp_trace *t,
+                          const struct rp_report_options *opt);
 
 /* Writes process @p's selected dump of @t to @fd as a gzipped pprof Profile
  * (perftools.profiles) with sample types alloc_objects/count, alloc_space/bytes,
  * inuse_objects/count, inuse_space/bytes. Returns 0 or -errno. */
-int bk_pprof_write(const struct bk_trace *t, const struct bk_trace_process *p,
+int rp_pprof_write(const struct rp_trace *t, const struct rp_trace_process *p,
                    int fd) HP_WARN_UNUSED;
 
 /* Exports every dump (or dump @dump_index when > 0) of every process (or of @pid when
@@ -111,10 +111,10 @@ int bk_pprof_write(const struct bk_trace *t, const struct bk_trace_process *p,
  * heap): "@out.pid<PID>.<heap>.dump<N>.pb.gz", or @out itself when it ends in ".pb.gz"
  * and exactly one profile is selected. Names the files written on @log (may be NULL).
  * Returns 0, -ENODATA when nothing matched, or -errno. */
-int bk_pprof_export(const char *trace_path, const char *out, int dump_index, int32_t pid,
+int rp_pprof_export(const char *trace_path, const char *out, int dump_index, int32_t pid,
                     FILE *log) HP_WARN_UNUSED;
 
 /* Demangles @name into @buf (truncating); returns @buf, or @name if it is not mangled. */
-const char *bk_demangle(const char *name, char *buf, size_t buf_len);
+const char *rp_demangle(const char *name, char *buf, size_t buf_len);
 
 #endif

@@ -10,9 +10,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli/cli.h"
 #include "common/macros.h"
 #include "common/paths.h"
-#include "cli/cli.h"
 
 int svc_runtime_dir_prepare(char *buf, size_t len, char *err, size_t err_len)
 {

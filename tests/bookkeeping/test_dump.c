@@ -1,5 +1,5 @@
 /* tests/bookkeeping/test_dump.c: dumps written by bookkeeping, checked byte by byte with
- * the wire helpers and read back with bk_trace_load(): values, packet splitting, index
+ * the wire helpers and read back with rp_trace_load(): values, packet splitting, index
  * and continued flags, interning order, clock snapshots, truncated files, write errors,
  * hostile input, and the varint/framing helpers themselves. */
 /* cmocka.h needs these first. */
@@ -24,9 +24,9 @@
 #include <unistd.h>
 
 #include "bookkeeping/bookkeeping.h"
+#include "bookkeeping/state.h"
 #include "common/pbwire.h"
 #include "report/report.h"
-#include "bookkeeping/state.h"
 
 #define SEQ_ID 7
 #define SITES 300
@@ -205,7 +205,7 @@ static uint8_t *read_all(int fd, size_t *ret_len)
     return buf;
 }
 
-static const struct bk_trace_process *find_proc(const struct bk_trace *t, int32_t pid)
+static const struct rp_trace_process *find_proc(const struct rp_trace *t, int32_t pid)
 {
     for (size_t i = 0; i < t->n_processes; i++)
         if (t->processes[i].pid == pid)
@@ -215,7 +215,7 @@ static const struct bk_trace_process *find_proc(const struct bk_trace *t, int32_
 }
 
 /* Checks every callsite of @p against the model of @proc (values and full stacks). */
-static void check_process(const struct bk_trace_process *p, const struct model *m, int proc)
+static void check_process(const struct rp_trace_process *p, const struct model *m, int proc)
 {
     size_t expected_sites = 0;
     for (unsigned k = 0; k < SITES; k++)
@@ -223,9 +223,9 @@ static void check_process(const struct bk_trace_process *p, const struct model *
     assert_int_equal(p->n_callsites, expected_sites);
     bool seen[SITES] = {0};
     for (size_t i = 0; i < p->n_callsites; i++) {
-        const struct bk_trace_callsite *c = &p->callsites[i];
+        const struct rp_trace_callsite *c = &p->callsites[i];
         assert_true(c->n_frames >= 3);
-        const struct bk_trace_frame *leaf = &c->frames[c->n_frames - 1];
+        const struct rp_trace_frame *leaf = &c->frames[c->n_frames - 1];
         unsigned k;
         assert_int_equal(sscanf(leaf->function_name, "leaf_%u", &k), 1);
         assert_true(k < SITES);
@@ -255,13 +255,13 @@ static void test_dump_roundtrip_values(void **state)
     (void)state;
     struct written w;
     write_workload(&w, false);
-    struct bk_trace *t;
-    assert_int_equal(bk_trace_load(w.path, &(struct bk_trace_options){0}, &t), 0);
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load(w.path, &(struct rp_trace_options){0}, &t), 0);
     assert_true(t->has_clock_snapshot);
     assert_int_equal(t->n_processes, 2);
     assert_true(t->n_profile_packets > 4); /* the dumps were split */
 
-    const struct bk_trace_process *a = find_proc(t, PID_A), *b = find_proc(t, PID_B);
+    const struct rp_trace_process *a = find_proc(t, PID_A), *b = find_proc(t, PID_B);
     assert_string_equal(a->cmdline, "app --mode fast");
     assert_string_equal(b->cmdline, "daemon");
     assert_string_equal(a->heap_name, "libc.malloc");
@@ -286,20 +286,20 @@ static void test_dump_roundtrip_values(void **state)
     assert_true(a->timestamp > 0);
     check_process(a, &w.dump2, 0);
     check_process(b, &w.dump2, 1);
-    t = bk_trace_free(t);
+    t = rp_trace_free(t);
 
     /* The first dump, by number. */
-    assert_int_equal(bk_trace_load(w.path, &(struct bk_trace_options){.dump_index = 1}, &t), 0);
+    assert_int_equal(rp_trace_load(w.path, &(struct rp_trace_options){.dump_index = 1}, &t), 0);
     check_process(find_proc(t, PID_A), &w.dump1, 0);
     check_process(find_proc(t, PID_B), &w.dump1, 1);
     assert_false(find_proc(t, PID_A)->disconnected);
-    t = bk_trace_free(t);
+    t = rp_trace_free(t);
 
     /* A dump that does not exist: the processes are listed, without samples. */
-    assert_int_equal(bk_trace_load(w.path, &(struct bk_trace_options){.dump_index = 3}, &t), 0);
+    assert_int_equal(rp_trace_load(w.path, &(struct rp_trace_options){.dump_index = 3}, &t), 0);
     assert_int_equal(find_proc(t, PID_A)->n_dumps, 2);
     assert_int_equal(find_proc(t, PID_A)->n_callsites, 0);
-    t = bk_trace_free(t);
+    t = rp_trace_free(t);
     close(w.fd);
 }
 
@@ -308,17 +308,17 @@ static void test_dump_self_max_at_peak(void **state)
     (void)state;
     struct written w;
     write_workload(&w, true);
-    struct bk_trace *t;
+    struct rp_trace *t;
     for (int dump = 1; dump <= 2; dump++) {
         const struct model *m = dump == 1 ? &w.dump1 : &w.dump2;
-        assert_int_equal(bk_trace_load(w.path, &(struct bk_trace_options){.dump_index = dump}, &t),
+        assert_int_equal(rp_trace_load(w.path, &(struct rp_trace_options){.dump_index = dump}, &t),
                          0);
         for (int proc = 0; proc < 2; proc++) {
-            const struct bk_trace_process *p = find_proc(t, proc ? PID_B : PID_A);
+            const struct rp_trace_process *p = find_proc(t, proc ? PID_B : PID_A);
             check_process(p, m, proc);
             uint64_t sum = 0;
             for (size_t i = 0; i < p->n_callsites; i++) {
-                const struct bk_trace_callsite *c = &p->callsites[i];
+                const struct rp_trace_callsite *c = &p->callsites[i];
                 unsigned k;
                 assert_int_equal(sscanf(c->frames[c->n_frames - 1].function_name, "leaf_%u", &k),
                                  1);
@@ -328,7 +328,7 @@ static void test_dump_self_max_at_peak(void **state)
             }
             assert_int_equal(sum, m->peak[proc]);
         }
-        t = bk_trace_free(t);
+        t = rp_trace_free(t);
     }
     close(w.fd);
 }
@@ -348,12 +348,12 @@ static bool *def_slot(bool *table, size_t n, uint64_t iid)
 
 static uint64_t field_varint(const uint8_t *p, size_t len, uint32_t num)
 {
-    struct bk_pb_iter it;
-    struct bk_pb_field f;
-    bk__pb_iter_init(&it, p, len);
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
+    hp_pb_iter_init(&it, p, len);
     uint64_t v = UINT64_MAX;
-    while (bk__pb_next(&it, &f))
-        if (f.num == num && f.wire_type == BK_PB_VARINT)
+    while (hp_pb_next(&it, &f))
+        if (f.num == num && f.wire_type == HP_PB_VARINT)
             v = f.varint;
     assert_false(it.error);
     return v;
@@ -361,11 +361,11 @@ static uint64_t field_varint(const uint8_t *p, size_t len, uint32_t num)
 
 static void define_interned(struct defined *d, const uint8_t *p, size_t len, bool first)
 {
-    struct bk_pb_iter it;
-    struct bk_pb_field f;
-    bk__pb_iter_init(&it, p, len);
-    while (bk__pb_next(&it, &f)) {
-        assert_int_equal(f.wire_type, BK_PB_LEN);
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
+    hp_pb_iter_init(&it, p, len);
+    while (hp_pb_next(&it, &f)) {
+        assert_int_equal(f.wire_type, HP_PB_LEN);
         uint64_t iid = field_varint(f.ptr, f.len, 1);
         assert_int_not_equal(iid, UINT64_MAX);
         bool *slot = NULL;
@@ -401,16 +401,16 @@ static void define_interned(struct defined *d, const uint8_t *p, size_t len, boo
 
 static void check_refs(struct defined *d, const uint8_t *p, size_t len)
 {
-    struct bk_pb_iter it, sub;
-    struct bk_pb_field f, g;
-    bk__pb_iter_init(&it, p, len);
-    while (bk__pb_next(&it, &f)) {
-        bk__pb_iter_init(&sub, f.ptr, f.len);
-        while (bk__pb_next(&sub, &g)) {
+    struct hp_pb_iter it, sub;
+    struct hp_pb_field f, g;
+    hp_pb_iter_init(&it, p, len);
+    while (hp_pb_next(&it, &f)) {
+        hp_pb_iter_init(&sub, f.ptr, f.len);
+        while (hp_pb_next(&sub, &g)) {
             if (f.num == 19 && g.num == 2)
                 assert_true(*DEF(d, bid, g.varint));
             if (f.num == 19 && g.num == 7) {
-                assert_int_equal(g.wire_type, BK_PB_VARINT); /* unpacked */
+                assert_int_equal(g.wire_type, HP_PB_VARINT); /* unpacked */
                 assert_true(*DEF(d, path, g.varint));
             }
             if (f.num == 6 && g.num == 2)
@@ -418,7 +418,7 @@ static void check_refs(struct defined *d, const uint8_t *p, size_t len)
             if (f.num == 6 && g.num == 3)
                 assert_true(*DEF(d, mapping, g.varint));
             if (f.num == 7 && g.num == 2) {
-                assert_int_equal(g.wire_type, BK_PB_VARINT);
+                assert_int_equal(g.wire_type, HP_PB_VARINT);
                 assert_true(*DEF(d, frame, g.varint));
             }
         }
@@ -435,30 +435,30 @@ static void test_dump_packet_structure(void **state)
     uint8_t *buf = read_all(w.fd, &len);
     static struct defined d;
     memset(&d, 0, sizeof(d));
-    struct bk_pb_iter it;
-    struct bk_pb_field pkt;
+    struct hp_pb_iter it;
+    struct hp_pb_field pkt;
     size_t n_packets = 0, n_profile = 0, n_dumps = 0, n_clock = 0;
     uint64_t next_index = 0;
     int64_t chain_pid = -1;
     const uint8_t *prev_end = buf;
-    bk__pb_iter_init(&it, buf, len);
-    while (bk__pb_next(&it, &pkt)) {
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &pkt)) {
         /* Trace framing: field 1, length-delimited, and nothing else. */
         assert_int_equal(pkt.num, 1);
-        assert_int_equal(pkt.wire_type, BK_PB_LEN);
+        assert_int_equal(pkt.wire_type, HP_PB_LEN);
         size_t framed = (size_t)(pkt.ptr + pkt.len - prev_end);
         prev_end = pkt.ptr + pkt.len;
         assert_true(framed <= MAX_PACKET);
         bool first = n_packets++ == 0;
 
-        struct bk_pb_iter pi;
-        struct bk_pb_field f;
+        struct hp_pb_iter pi;
+        struct hp_pb_field f;
         const uint8_t *profile = NULL, *interned = NULL;
         size_t profile_len = 0, interned_len = 0;
         uint64_t flags = 0, seq_id = 0, ts = 0;
         bool clock = false;
-        bk__pb_iter_init(&pi, pkt.ptr, pkt.len);
-        while (bk__pb_next(&pi, &f)) {
+        hp_pb_iter_init(&pi, pkt.ptr, pkt.len);
+        while (hp_pb_next(&pi, &f)) {
             if (f.num == 10)
                 seq_id = f.varint;
             else if (f.num == 13)
@@ -494,9 +494,9 @@ static void test_dump_packet_structure(void **state)
         assert_int_equal(flags, 2); /* SEQ_NEEDS_INCREMENTAL_STATE */
         assert_int_equal(field_varint(profile, profile_len, 7), next_index++);
         bool continued = field_varint(profile, profile_len, 6) == 1;
-        bk__pb_iter_init(&pi, profile, profile_len);
+        hp_pb_iter_init(&pi, profile, profile_len);
         size_t n_dumps_in_packet = 0;
-        while (bk__pb_next(&pi, &f)) {
+        while (hp_pb_next(&pi, &f)) {
             if (f.num != 5)
                 continue;
             n_dumps_in_packet++;
@@ -507,10 +507,10 @@ static void test_dump_packet_structure(void **state)
             chain_pid = pid;
             /* Stats and flags only in the last packet of a dump. */
             assert_int_equal(field_varint(f.ptr, f.len, 6) != UINT64_MAX, !continued);
-            struct bk_pb_iter si;
-            struct bk_pb_field s;
-            bk__pb_iter_init(&si, f.ptr, f.len);
-            while (bk__pb_next(&si, &s))
+            struct hp_pb_iter si;
+            struct hp_pb_field s;
+            hp_pb_iter_init(&si, f.ptr, f.len);
+            while (hp_pb_next(&si, &s))
                 if (s.num == 2)
                     assert_true(*DEF(&d, callstack, field_varint(s.ptr, s.len, 1)));
             assert_false(si.error);
@@ -532,11 +532,11 @@ static void test_dump_packet_structure(void **state)
         n_cs += d.callstack[i];
     assert_int_equal(n_cs, SITES);
 
-    struct bk_trace *t;
-    assert_int_equal(bk_trace_load(w.path, NULL, &t), 0);
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load(w.path, NULL, &t), 0);
     assert_int_equal(t->n_packets, n_packets);
     assert_int_equal(t->n_profile_packets, n_profile);
-    bk_trace_free(t);
+    rp_trace_free(t);
     free(buf);
     close(w.fd);
 }
@@ -549,11 +549,11 @@ static void test_dump_truncated_last_packet(void **state)
     size_t len;
     uint8_t *buf = read_all(w.fd, &len);
     /* Find where the last packet starts. */
-    struct bk_pb_iter it;
-    struct bk_pb_field f;
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
     size_t last_start = 0, start = 0;
-    bk__pb_iter_init(&it, buf, len);
-    while (bk__pb_next(&it, &f)) {
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &f)) {
         last_start = start;
         start = (size_t)(f.ptr + f.len - buf);
     }
@@ -563,14 +563,14 @@ static void test_dump_truncated_last_packet(void **state)
     size_t cuts[] = {last_start + (len - last_start) / 2, last_start + 1, last_start};
     for (size_t i = 0; i < HP_ARRAY_SIZE(cuts); i++) {
         assert_int_equal(ftruncate(w.fd, (off_t)cuts[i]), 0);
-        struct bk_trace *t;
-        assert_int_equal(bk_trace_load(w.path, NULL, &t), 0);
-        const struct bk_trace_process *a = find_proc(t, PID_A), *b = find_proc(t, PID_B);
+        struct rp_trace *t;
+        assert_int_equal(rp_trace_load(w.path, NULL, &t), 0);
+        const struct rp_trace_process *a = find_proc(t, PID_A), *b = find_proc(t, PID_B);
         assert_int_equal(a->n_dumps, 2);
         check_process(a, &w.dump2, 0);
         assert_int_equal(b->n_dumps, 1); /* its second dump is incomplete */
         check_process(b, &w.dump1, 1);
-        bk_trace_free(t);
+        rp_trace_free(t);
     }
     free(buf);
     close(w.fd);
@@ -585,9 +585,9 @@ static void write_one(bk_t *bk, int32_t pid, const char *leaf, uint64_t size)
     assert_int_equal(bk_dump_process(bk, pid), 0);
 }
 
-static void check_one(const struct bk_trace *t, int32_t pid, const char *leaf, uint64_t size)
+static void check_one(const struct rp_trace *t, int32_t pid, const char *leaf, uint64_t size)
 {
-    const struct bk_trace_process *p = find_proc(t, pid);
+    const struct rp_trace_process *p = find_proc(t, pid);
     assert_int_equal(p->n_callsites, 1);
     assert_int_equal(p->callsites[0].self_allocated, size);
     assert_int_equal(p->callsites[0].n_frames, 2);
@@ -654,14 +654,14 @@ static void test_dump_partial_writes(void **state)
     assert_int_equal(pthread_join(t, NULL), 0);
     close(p[0]);
     assert_true(alarms > 0);
-    struct bk_trace *tr;
-    assert_int_equal(bk_trace_load(w.path, NULL, &tr), 0);
-    const struct bk_trace_process *a = find_proc(tr, PID_A), *b = find_proc(tr, PID_B);
+    struct rp_trace *tr;
+    assert_int_equal(rp_trace_load(w.path, NULL, &tr), 0);
+    const struct rp_trace_process *a = find_proc(tr, PID_A), *b = find_proc(tr, PID_B);
     assert_int_equal(a->n_dumps, 2);
     assert_int_equal(b->n_dumps, 2);
     check_process(a, &sent.dump2, 0);
     check_process(b, &sent.dump2, 1);
-    bk_trace_free(tr);
+    rp_trace_free(tr);
     close(w.fd);
 }
 
@@ -683,13 +683,13 @@ static void test_dump_sequences_kept_apart(void **state)
     write_one(c, 30, "from_c", 300);
     c = bk_free(c);
 
-    struct bk_trace *t;
-    assert_int_equal(bk_trace_load(w.path, NULL, &t), 0);
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load(w.path, NULL, &t), 0);
     assert_int_equal(t->n_processes, 3);
     check_one(t, 10, "from_a", 100);
     check_one(t, 20, "from_b", 200);
     check_one(t, 30, "from_c", 300);
-    bk_trace_free(t);
+    rp_trace_free(t);
     close(w.fd);
 }
 
@@ -756,7 +756,7 @@ static void test_dump_hostile_input(void **state)
             buf[rng_next(&seed) % n] ^= (uint8_t)(1 + rng_next(&seed) % 255);
         if (i % 10 == 0) { /* a huge length right after a packet tag */
             size_t at = rng_next(&seed) % (n - 12);
-            buf[at] = BK_PB_TRACE_PACKET_TAG;
+            buf[at] = HP_PB_TRACE_PACKET_TAG;
             memset(buf + at + 1, 0xff, 9);
             buf[at + 10] = 0x01;
         }
@@ -764,15 +764,15 @@ static void test_dump_hostile_input(void **state)
             n = rng_next(&seed) % n;
         assert_int_equal(ftruncate(w.fd, 0), 0);
         assert_int_equal(pwrite(w.fd, buf, n, 0), (ssize_t)n);
-        struct bk_trace *t = NULL;
-        int r = bk_trace_load(w.path, NULL, &t);
+        struct rp_trace *t = NULL;
+        int r = rp_trace_load(w.path, NULL, &t);
         assert_true(r == 0 || r == -EBADMSG);
         if (r == 0) {
             ok++;
             FILE *devnull = fopen("/dev/null", "we");
-            bk_report_print(devnull, t, &(struct bk_report_options){.demangle = true});
+            rp_report_print(devnull, t, &(struct rp_report_options){.demangle = true});
             fclose(devnull);
-            bk_trace_free(t);
+            rp_trace_free(t);
         } else {
             bad++;
         }
@@ -788,13 +788,13 @@ static void test_dump_report_text(void **state)
     (void)state;
     struct written w;
     write_workload(&w, false);
-    struct bk_trace *t;
-    assert_int_equal(bk_trace_load(w.path, NULL, &t), 0);
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load(w.path, NULL, &t), 0);
     char *text = NULL;
     size_t text_len = 0;
     FILE *out = open_memstream(&text, &text_len);
     assert_non_null(out);
-    bk_report_print(out, t, &(struct bk_report_options){.top_n = 3, .demangle = true});
+    rp_report_print(out, t, &(struct rp_report_options){.top_n = 3, .demangle = true});
     fclose(out);
     assert_non_null(strstr(text, "Process 100: app --mode fast"));
     assert_non_null(strstr(text, "Top 3 sites by unreleased bytes"));
@@ -805,15 +805,15 @@ static void test_dump_report_text(void **state)
     /* The biggest site of B by allocated bytes: k = 299, 2 blocks of 300 * 16 * 2. */
     assert_non_null(strstr(text, "#1  18.8 KiB (19200 bytes) allocated in 2 allocations"));
     free(text);
-    bk_trace_free(t);
+    rp_trace_free(t);
     close(w.fd);
 
     char buf[64];
-    assert_string_equal(bk_demangle("_ZN3foo3barEv", buf, sizeof(buf)), "foo::bar()");
-    assert_string_equal(bk_demangle("main", buf, sizeof(buf)), "main");
-    assert_string_equal(bk_demangle("_Znot a name", buf, sizeof(buf)), "_Znot a name");
-    assert_string_equal(bk_demangle("_ZN3foo3barEv", buf, 5), "foo:");
-    assert_int_equal(bk_trace_load("/nonexistent/trace", NULL, &t), -ENOENT);
+    assert_string_equal(rp_demangle("_ZN3foo3barEv", buf, sizeof(buf)), "foo::bar()");
+    assert_string_equal(rp_demangle("main", buf, sizeof(buf)), "main");
+    assert_string_equal(rp_demangle("_Znot a name", buf, sizeof(buf)), "_Znot a name");
+    assert_string_equal(rp_demangle("_ZN3foo3barEv", buf, 5), "foo:");
+    assert_int_equal(rp_trace_load("/nonexistent/trace", NULL, &t), -ENOENT);
 }
 
 static void test_dump_varint_and_framing(void **state)
@@ -823,30 +823,30 @@ static void test_dump_varint_and_framing(void **state)
                                       16383, 16384, UINT32_MAX, 1ull << 63, UINT64_MAX};
     static const size_t sizes[] = {1, 1, 1, 2, 2, 2, 3, 5, 10, 10};
     for (size_t i = 0; i < HP_ARRAY_SIZE(values); i++) {
-        uint8_t b[BK_PB_VARINT_MAX];
-        size_t n = bk__pb_put_varint(b, values[i]);
+        uint8_t b[HP_PB_VARINT_MAX];
+        size_t n = hp_pb_put_varint(b, values[i]);
         assert_int_equal(n, sizes[i]);
-        assert_int_equal(bk__pb_varint_size(values[i]), n);
+        assert_int_equal(hp_pb_varint_size(values[i]), n);
         const uint8_t *p = b;
         uint64_t v;
-        assert_int_equal(bk__pb_get_varint(&p, b + n, &v), 0);
+        assert_int_equal(hp_pb_get_varint(&p, b + n, &v), 0);
         assert_int_equal(v, values[i]);
         assert_ptr_equal(p, b + n);
         p = b;
         if (n > 1)
-            assert_int_equal(bk__pb_get_varint(&p, b + n - 1, &v), -EAGAIN);
+            assert_int_equal(hp_pb_get_varint(&p, b + n - 1, &v), -EAGAIN);
     }
     static const uint8_t too_long[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
                                        0xff, 0xff, 0xff, 0x81, 0x00};
     static const uint8_t overflow[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02};
     const uint8_t *p = too_long;
     uint64_t v;
-    assert_int_equal(bk__pb_get_varint(&p, too_long + sizeof(too_long), &v), -EBADMSG);
+    assert_int_equal(hp_pb_get_varint(&p, too_long + sizeof(too_long), &v), -EBADMSG);
     p = overflow;
-    assert_int_equal(bk__pb_get_varint(&p, overflow + sizeof(overflow), &v), -EBADMSG);
+    assert_int_equal(hp_pb_get_varint(&p, overflow + sizeof(overflow), &v), -EBADMSG);
 
-    uint8_t hdr[1 + BK_PB_VARINT_MAX];
-    assert_int_equal(bk__pb_put_packet_header(hdr, 300), 3);
+    uint8_t hdr[1 + HP_PB_VARINT_MAX];
+    assert_int_equal(hp_pb_put_packet_header(hdr, 300), 3);
     assert_memory_equal(hdr, "\x0a\xac\x02", 3);
 
     /* The iterator: every wire type, then malformed inputs. */
@@ -855,26 +855,26 @@ static void test_dump_varint_and_framing(void **state)
                                   0x1d, 0x01, 0x00, 0x00, 0x00,             /* 3: fixed32 1 */
                                   0x21, 2,    0,    0,    0,    0, 0, 0, 0, /* 4: fixed64 2 */
                                   0x2a, 0x03, 0x01, 0xac, 0x02};            /* 5: packed 1, 300 */
-    struct bk_pb_iter it;
-    struct bk_pb_field f;
-    bk__pb_iter_init(&it, msg, sizeof(msg));
-    assert_true(bk__pb_next(&it, &f));
-    assert_true(f.num == 1 && f.wire_type == BK_PB_VARINT && f.varint == 150);
-    assert_true(bk__pb_next(&it, &f));
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
+    hp_pb_iter_init(&it, msg, sizeof(msg));
+    assert_true(hp_pb_next(&it, &f));
+    assert_true(f.num == 1 && f.wire_type == HP_PB_VARINT && f.varint == 150);
+    assert_true(hp_pb_next(&it, &f));
     assert_true(f.num == 2 && f.len == 3 && memcmp(f.ptr, "abc", 3) == 0);
-    assert_true(bk__pb_next(&it, &f));
+    assert_true(hp_pb_next(&it, &f));
     assert_true(f.num == 3 && f.varint == 1);
-    assert_true(bk__pb_next(&it, &f));
+    assert_true(hp_pb_next(&it, &f));
     assert_true(f.num == 4 && f.varint == 2);
-    assert_true(bk__pb_next(&it, &f));
-    struct bk_pb_ints ints;
+    assert_true(hp_pb_next(&it, &f));
+    struct hp_pb_ints ints;
     bool err = false;
-    bk__pb_ints_init(&ints, &f);
-    assert_true(bk__pb_ints_next(&ints, &v, &err) && v == 1);
-    assert_true(bk__pb_ints_next(&ints, &v, &err) && v == 300);
-    assert_false(bk__pb_ints_next(&ints, &v, &err));
+    hp_pb_ints_init(&ints, &f);
+    assert_true(hp_pb_ints_next(&ints, &v, &err) && v == 1);
+    assert_true(hp_pb_ints_next(&ints, &v, &err) && v == 300);
+    assert_false(hp_pb_ints_next(&ints, &v, &err));
     assert_false(err);
-    assert_false(bk__pb_next(&it, &f));
+    assert_false(hp_pb_next(&it, &f));
     assert_false(it.error);
 
     static const uint8_t *const bad[] = {
@@ -887,8 +887,8 @@ static void test_dump_varint_and_framing(void **state)
     };
     static const size_t bad_len[] = {5, 2, 2, 3, 2};
     for (size_t i = 0; i < HP_ARRAY_SIZE(bad); i++) {
-        bk__pb_iter_init(&it, bad[i], bad_len[i]);
-        while (bk__pb_next(&it, &f))
+        hp_pb_iter_init(&it, bad[i], bad_len[i]);
+        while (hp_pb_next(&it, &f))
             ;
         assert_true(it.error);
     }

@@ -225,19 +225,19 @@ static size_t emitted(const struct bk_intern *in, uint32_t *ids, size_t max)
             assert_true(marks < in->emit.n_marks);
             assert_int_equal(in->emit.marks[marks++], off);
         }
-        struct bk_pb_iter it;
-        struct bk_pb_field f;
+        struct hp_pb_iter it;
+        struct hp_pb_field f;
         size_t size = bk__emit_entry_size(in->emit.p + off);
-        bk__pb_iter_init(&it, in->emit.p + off, size);
-        assert_true(bk__pb_next(&it, &f));
+        hp_pb_iter_init(&it, in->emit.p + off, size);
+        assert_true(hp_pb_next(&it, &f));
         assert_int_equal(f.num, 7);
-        assert_int_equal(f.wire_type, BK_PB_LEN);
-        struct bk_pb_iter body;
-        bk__pb_iter_init(&body, f.ptr, f.len);
+        assert_int_equal(f.wire_type, HP_PB_LEN);
+        struct hp_pb_iter body;
+        hp_pb_iter_init(&body, f.ptr, f.len);
         uint32_t want[BK_MAX_FRAMES];
         size_t depth = 0, k = 0;
         int64_t cs = -1;
-        while (bk__pb_next(&body, &f)) {
+        while (hp_pb_next(&body, &f)) {
             if (f.num == 1) {
                 cs = (int64_t)f.varint;
                 depth = bk__intern_callstack_frames(in, (uint32_t)cs, want);
@@ -251,7 +251,7 @@ static size_t emitted(const struct bk_intern *in, uint32_t *ids, size_t max)
         assert_false(body.error);
         assert_true(cs > 0);
         assert_int_equal(k, depth);
-        assert_false(bk__pb_next(&it, &f)); /* exactly one field */
+        assert_false(hp_pb_next(&it, &f)); /* exactly one field */
         assert_false(it.error);
         assert_true(n < max);
         ids[n++] = (uint32_t)cs;
@@ -373,8 +373,8 @@ static void test_intern_map_matches_reference(void **state)
     static uint64_t ref[KEYS];
     static bool present[KEYS];
     memset(present, 0, sizeof(present));
-    struct bk_map m;
-    bk__map_init(&m, sizeof(uint64_t) * 2);
+    struct hp_map m;
+    hp_map_init(&m, sizeof(uint64_t) * 2);
     uint64_t s = 99;
     for (int i = 0; i < 20000; i++) {
         s ^= s << 13;
@@ -384,17 +384,17 @@ static void test_intern_map_matches_reference(void **state)
         uint64_t key = k == 0 ? UINT64_MAX : k == 1 ? 0 : (uint64_t)k * 0x10000;
         if ((s >> 20) % 3 == 0) {
             if ((s >> 30) & 1) {
-                void *v = bk__map_get(&m, key);
+                void *v = hp_map_get(&m, key);
                 assert_int_equal(v != NULL, present[k]);
                 if (v)
-                    bk__map_remove_value(&m, v);
+                    hp_map_remove_value(&m, v);
             } else {
-                assert_int_equal(bk__map_remove(&m, key), present[k]);
+                assert_int_equal(hp_map_remove(&m, key), present[k]);
             }
             present[k] = false;
         } else {
             uint64_t *v;
-            int r = bk__map_put(&m, key, (void **)&v);
+            int r = hp_map_put(&m, key, (void **)&v);
             assert_int_equal(r, present[k] ? 0 : 1);
             if (r == 1)
                 assert_int_equal(v[0] | v[1], 0);
@@ -407,20 +407,20 @@ static void test_intern_map_matches_reference(void **state)
     size_t n = 0, pos = 0;
     uint64_t key;
     void *val;
-    while (bk__map_next(&m, &pos, &key, &val))
+    while (hp_map_next(&m, &pos, &key, &val))
         n++;
     size_t want = 0;
     for (unsigned k = 0; k < KEYS; k++) {
         want += present[k];
         uint64_t key2 = k == 0 ? UINT64_MAX : k == 1 ? 0 : (uint64_t)k * 0x10000;
-        uint64_t *v = bk__map_get(&m, key2);
+        uint64_t *v = hp_map_get(&m, key2);
         assert_int_equal(v != NULL, present[k]);
         if (v)
             assert_int_equal(*v, ref[k]);
     }
     assert_int_equal(n, want);
     assert_int_equal(m.count, want);
-    bk__map_done(&m);
+    hp_map_done(&m);
 }
 
 /* The stack cache answers exactly what the trie walk answers: seeded random stacks

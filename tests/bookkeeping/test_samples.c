@@ -17,10 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/pbwire.h"
 #include "bookkeeping/samples.h"
 #include "common/containers.h"
 #include "common/macros.h"
+#include "common/pbwire.h"
 
 #define N_SITES 20000
 
@@ -29,7 +29,7 @@ static uint64_t rng_state;
 /* splitmix64: the hash of a counter. */
 static uint64_t rng(void)
 {
-    return bk__hash_u64(rng_state += 0x9e3779b97f4a7c15ull);
+    return hp_hash_u64(rng_state += 0x9e3779b97f4a7c15ull);
 }
 
 /* A value at or near a varint length boundary, or in a length class, mostly small. */
@@ -126,22 +126,22 @@ static uint32_t expected_fields(const struct bk_samples *in, size_t i, uint64_t 
 static void check_decodes(const uint8_t *p, const uint8_t *end, const struct bk_samples *in,
                           size_t n)
 {
-    struct bk_pb_iter it;
-    bk__pb_iter_init(&it, p, (size_t)(end - p));
-    struct bk_pb_field f;
+    struct hp_pb_iter it;
+    hp_pb_iter_init(&it, p, (size_t)(end - p));
+    struct hp_pb_field f;
     size_t i = 0;
-    while (bk__pb_next(&it, &f)) {
+    while (hp_pb_next(&it, &f)) {
         assert_int_equal(f.num, 2);
-        assert_int_equal(f.wire_type, BK_PB_LEN);
+        assert_int_equal(f.wire_type, HP_PB_LEN);
         assert_true(i < n);
         uint64_t want[10];
         uint32_t expect = expected_fields(in, i, want), seen = 0;
-        struct bk_pb_iter sub;
-        bk__pb_iter_init(&sub, f.ptr, f.len);
-        struct bk_pb_field g;
+        struct hp_pb_iter sub;
+        hp_pb_iter_init(&sub, f.ptr, f.len);
+        struct hp_pb_field g;
         uint32_t prev = 0;
-        while (bk__pb_next(&sub, &g)) {
-            assert_int_equal(g.wire_type, BK_PB_VARINT);
+        while (hp_pb_next(&sub, &g)) {
+            assert_int_equal(g.wire_type, HP_PB_VARINT);
             assert_true(g.num > prev); /* in field order */
             prev = g.num;
             assert_true(g.num < 10);
@@ -160,7 +160,7 @@ static void check_decodes(const uint8_t *p, const uint8_t *end, const struct bk_
  * must be exactly that long (no padded varints). */
 static size_t minimal_size(const struct bk_samples *in, size_t n)
 {
-    uint8_t tmp[BK_PB_VARINT_MAX];
+    uint8_t tmp[HP_PB_VARINT_MAX];
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         uint64_t want[10];
@@ -168,7 +168,7 @@ static size_t minimal_size(const struct bk_samples *in, size_t n)
         size_t body = 0;
         for (uint32_t num = 1; num < 10; num++)
             if (fields >> num & 1)
-                body += 1 + bk__pb_put_varint(tmp, want[num]);
+                body += 1 + hp_pb_put_varint(tmp, want[num]);
         total += 2 + body;
     }
     return total;

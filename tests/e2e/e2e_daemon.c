@@ -117,7 +117,7 @@ pid_t e2e_spawn_client(const struct e2e_daemon *d, char *const prog[], const cha
     return pid;
 }
 
-void e2e_check_exact_sites(const struct bk_trace_process *p, const char *out)
+void e2e_check_exact_sites(const struct rp_trace_process *p, const char *out)
 {
     struct e2e_truth truth[E2E_MAX_TRUTH];
     size_t nt = e2e_parse_truth(out, truth, E2E_MAX_TRUTH);
@@ -132,7 +132,7 @@ void e2e_check_exact_sites(const struct bk_trace_process *p, const char *out)
     }
 }
 
-const struct bk_trace_process *e2e_find_pid(const struct bk_trace *t, pid_t pid)
+const struct rp_trace_process *e2e_find_pid(const struct rp_trace *t, pid_t pid)
 {
     for (size_t i = 0; i < t->n_processes; i++)
         if (t->processes[i].pid == pid)

@@ -37,8 +37,8 @@ void e2e_daemon_remove_files(struct e2e_daemon *d);
 pid_t e2e_spawn_client(const struct e2e_daemon *d, char *const prog[], const char *out_path);
 
 /* Asserts that every "truth" line of @out matches @p's callsites exactly. */
-void e2e_check_exact_sites(const struct bk_trace_process *p, const char *out);
+void e2e_check_exact_sites(const struct rp_trace_process *p, const char *out);
 /* The process @pid of @t, or NULL. */
-const struct bk_trace_process *e2e_find_pid(const struct bk_trace *t, pid_t pid);
+const struct rp_trace_process *e2e_find_pid(const struct rp_trace *t, pid_t pid);
 
 #endif

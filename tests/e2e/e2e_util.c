@@ -127,15 +127,15 @@ size_t e2e_parse_truth(const char *out, struct e2e_truth *t, size_t max)
     return n;
 }
 
-void e2e_sum_function(const struct bk_trace_process *p, const char *fn, struct e2e_sums *ret)
+void e2e_sum_function(const struct rp_trace_process *p, const char *fn, struct e2e_sums *ret)
 {
     memset(ret, 0, sizeof(*ret));
     for (size_t i = 0; i < p->n_callsites; i++) {
-        const struct bk_trace_callsite *cs = &p->callsites[i];
+        const struct rp_trace_callsite *cs = &p->callsites[i];
         bool hit = false;
         for (size_t j = 0; j < cs->n_frames && !hit; j++) {
             char buf[1024];
-            const char *name = bk_demangle(cs->frames[j].function_name, buf, sizeof(buf));
+            const char *name = rp_demangle(cs->frames[j].function_name, buf, sizeof(buf));
             hit = strstr(name, fn) != NULL;
         }
         if (!hit)
@@ -148,7 +148,7 @@ void e2e_sum_function(const struct bk_trace_process *p, const char *fn, struct e
     }
 }
 
-const struct bk_trace_process *e2e_find_process(const struct bk_trace *t, const char *needle)
+const struct rp_trace_process *e2e_find_process(const struct rp_trace *t, const char *needle)
 {
     for (size_t i = 0; i < t->n_processes; i++)
         if (t->processes[i].cmdline && strstr(t->processes[i].cmdline, needle))

@@ -34,10 +34,10 @@ size_t e2e_parse_truth(const char *out, struct e2e_truth *t, size_t max);
 struct e2e_sums {
     uint64_t alloc_bytes, alloc_count, free_bytes, free_count, callsites;
 };
-void e2e_sum_function(const struct bk_trace_process *p, const char *fn, struct e2e_sums *ret);
+void e2e_sum_function(const struct rp_trace_process *p, const char *fn, struct e2e_sums *ret);
 
 /* The process whose cmdline contains @needle, or NULL. */
-const struct bk_trace_process *e2e_find_process(const struct bk_trace *t, const char *needle);
+const struct rp_trace_process *e2e_find_process(const struct rp_trace *t, const char *needle);
 
 /* Runs the trace-processor import rule checker (tests/report/check_trace.c, path in
  * CHECK_TRACE) on @trace; returns its exit status (0: every rule holds). */

@@ -82,10 +82,10 @@ static char *record(const char *interval, const char *seed, char *const extra[],
     return trace;
 }
 
-static struct bk_trace *load(const char *trace)
+static struct rp_trace *load(const char *trace)
 {
-    struct bk_trace *t = NULL;
-    int r = bk_trace_load(trace, &(struct bk_trace_options){0}, &t);
+    struct rp_trace *t = NULL;
+    int r = rp_trace_load(trace, &(struct rp_trace_options){0}, &t);
     assert_int_equal(r, 0);
     assert_non_null(t);
     assert_int_equal(e2e_check_rules(trace), 0);
@@ -104,7 +104,7 @@ static bool name_is(const char *name, const char *const *set)
 
 /* True when the root-most named frame of @cs, past the C runtime's start-up frames, is
  * main or a thread start. */
-static bool stack_complete(const struct bk_trace_callsite *cs)
+static bool stack_complete(const struct rp_trace_callsite *cs)
 {
     static const char *const startup[] = {"_start", "__libc_start_main", "__libc_start_call_main",
                                           NULL};
@@ -121,11 +121,11 @@ static bool stack_complete(const struct bk_trace_callsite *cs)
 }
 
 /* Samples (alloc_count) of @p whose stack is complete, and all samples. */
-static void count_complete(const struct bk_trace_process *p, uint64_t *complete, uint64_t *all)
+static void count_complete(const struct rp_trace_process *p, uint64_t *complete, uint64_t *all)
 {
     *complete = *all = 0;
     for (size_t c = 0; c < p->n_callsites; c++) {
-        const struct bk_trace_callsite *cs = &p->callsites[c];
+        const struct rp_trace_callsite *cs = &p->callsites[c];
         *all += cs->alloc_count;
         if (stack_complete(cs))
             *complete += cs->alloc_count;
@@ -139,7 +139,7 @@ static void count_complete(const struct bk_trace_process *p, uint64_t *complete,
 
 static uint64_t g_stack_complete, g_stack_all;
 
-static void check_stacks(const struct bk_trace_process *p)
+static void check_stacks(const struct rp_trace_process *p)
 {
     uint64_t complete, all;
     count_complete(p, &complete, &all);
@@ -152,7 +152,7 @@ static void check_stacks(const struct bk_trace_process *p)
     assert_true(pct >= 99.9);
 }
 
-static void no_heapprof_frames(const struct bk_trace_process *p)
+static void no_heapprof_frames(const struct rp_trace_process *p)
 {
     for (size_t c = 0; c < p->n_callsites; c++)
         for (size_t f = 0; f < p->callsites[c].n_frames; f++)
@@ -161,9 +161,9 @@ static void no_heapprof_frames(const struct bk_trace_process *p)
 
 /* ---- ground truth ----------------------------------------------------------------- */
 
-static const struct bk_trace_process *run_truth(const char *interval, const char *seed,
+static const struct rp_trace_process *run_truth(const char *interval, const char *seed,
                                                 const char *scale, struct e2e_truth *truth,
-                                                struct bk_trace **t, char **trace)
+                                                struct rp_trace **t, char **trace)
 {
     struct e2e_run run;
     char *prog[] = {(char *)e2e_env("TRUTH_PROG"), (char *)scale, NULL};
@@ -173,7 +173,7 @@ static const struct bk_trace_process *run_truth(const char *interval, const char
     assert_int_equal(nt, N_TRUTH_SITES);
     e2e_run_free(&run);
     *t = load(*trace);
-    const struct bk_trace_process *p = e2e_find_process(*t, "truth_prog");
+    const struct rp_trace_process *p = e2e_find_process(*t, "truth_prog");
     assert_non_null(p);
     assert_int_equal(p->sampling_interval_bytes, strtoull(interval, NULL, 10));
     assert_true(p->from_startup);
@@ -183,9 +183,9 @@ static const struct bk_trace_process *run_truth(const char *interval, const char
     return p;
 }
 
-static void finish_truth(struct bk_trace *t, char *trace)
+static void finish_truth(struct rp_trace *t, char *trace)
 {
-    bk_trace_free(t);
+    rp_trace_free(t);
     unlink(trace);
     free(trace);
 }
@@ -194,9 +194,9 @@ static void test_accuracy_exact(void **state)
 {
     (void)state;
     struct e2e_truth truth[E2E_MAX_TRUTH];
-    struct bk_trace *t;
+    struct rp_trace *t;
     char *trace;
-    const struct bk_trace_process *p = run_truth("1", "1", "1", truth, &t, &trace);
+    const struct rp_trace_process *p = run_truth("1", "1", "1", truth, &t, &trace);
     print_message("interval 1\n");
     for (size_t i = 0; i < N_TRUTH_SITES; i++) {
         struct e2e_sums s;
@@ -242,9 +242,9 @@ static void sampled(const char *interval, const char *const seeds[3], const char
     double worst = 0;
     for (size_t si = 0; si < 3; si++) {
         struct e2e_truth truth[E2E_MAX_TRUTH];
-        struct bk_trace *t;
+        struct rp_trace *t;
         char *trace;
-        const struct bk_trace_process *p = run_truth(interval, seeds[si], scale, truth, &t, &trace);
+        const struct rp_trace_process *p = run_truth(interval, seeds[si], scale, truth, &t, &trace);
         print_message("interval %s seed %s scale %s\n", interval, seeds[si], scale);
         size_t checked = 0;
         for (size_t i = 0; i < N_TRUTH_SITES; i++) {
@@ -310,7 +310,7 @@ struct totals {
     uint64_t allocated, freed, samples, unwinding_errors, callsites;
 };
 
-static void process_totals(const struct bk_trace_process *p, struct totals *ret)
+static void process_totals(const struct rp_trace_process *p, struct totals *ret)
 {
     memset(ret, 0, sizeof(*ret));
     for (size_t c = 0; c < p->n_callsites; c++) {
@@ -324,8 +324,8 @@ static void process_totals(const struct bk_trace_process *p, struct totals *ret)
 
 static int by_allocated_desc(const void *a, const void *b)
 {
-    const struct bk_trace_callsite *x = *(const struct bk_trace_callsite *const *)a;
-    const struct bk_trace_callsite *y = *(const struct bk_trace_callsite *const *)b;
+    const struct rp_trace_callsite *x = *(const struct rp_trace_callsite *const *)a;
+    const struct rp_trace_callsite *y = *(const struct rp_trace_callsite *const *)b;
     return x->self_allocated < y->self_allocated   ? 1
            : x->self_allocated > y->self_allocated ? -1
                                                    : 0;
@@ -333,17 +333,17 @@ static int by_allocated_desc(const void *a, const void *b)
 
 /* The top 5 sites by allocated bytes each have a named function among their frames
  * (their leaf-most named frame is printed), and no frame is in libheapprof. */
-static void check_plausible(const struct bk_trace_process *p)
+static void check_plausible(const struct rp_trace_process *p)
 {
     no_heapprof_frames(p);
     assert_true(p->n_callsites > 0);
-    const struct bk_trace_callsite **order = calloc(p->n_callsites, sizeof(*order));
+    const struct rp_trace_callsite **order = calloc(p->n_callsites, sizeof(*order));
     assert_non_null(order);
     for (size_t c = 0; c < p->n_callsites; c++)
         order[c] = &p->callsites[c];
     qsort(order, p->n_callsites, sizeof(*order), by_allocated_desc);
     for (size_t i = 0; i < 5 && i < p->n_callsites; i++) {
-        const struct bk_trace_callsite *cs = order[i];
+        const struct rp_trace_callsite *cs = order[i];
         size_t named = 0;
         const char *leaf = NULL;
         for (size_t f = cs->n_frames; f-- > 0;) {
@@ -356,7 +356,7 @@ static void check_plausible(const struct bk_trace_process *p)
         char buf[256];
         print_message("  top %zu: %llu bytes, %zu/%zu frames named, leaf-most %s\n", i + 1,
                       (unsigned long long)cs->self_allocated, named, cs->n_frames,
-                      leaf ? bk_demangle(leaf, buf, sizeof(buf)) : "(none)");
+                      leaf ? rp_demangle(leaf, buf, sizeof(buf)) : "(none)");
         assert_non_null(leaf);
     }
     free(order);
@@ -421,8 +421,8 @@ static void real_program(const char *needle, char *const prog[], char *const env
             print_message("%s", run.err);
         assert_int_equal(run.status, 0);
         e2e_run_free(&run);
-        struct bk_trace *t = load(trace);
-        const struct bk_trace_process *p = e2e_find_process(t, needle);
+        struct rp_trace *t = load(trace);
+        const struct rp_trace_process *p = e2e_find_process(t, needle);
         assert_non_null(p);
         process_totals(p, &tot[k]);
         print_message(
@@ -434,7 +434,7 @@ static void real_program(const char *needle, char *const prog[], char *const env
             (unsigned long long)tot[k].callsites, p->buffer_overran ? ", samples dropped" : "");
         assert_false(p->buffer_overran);
         check_plausible(p);
-        bk_trace_free(t);
+        rp_trace_free(t);
         unlink(trace);
         free(trace);
     }

@@ -91,7 +91,7 @@ static char *read_all(const char *path)
 }
 
 /* Runs `heapprof attach ARGS -o TRACE -q` and loads the trace's process @pid. */
-static struct bk_trace *attach(char *const args[], const char *trace, int want_status,
+static struct rp_trace *attach(char *const args[], const char *trace, int want_status,
                                struct e2e_run *run)
 {
     char *argv[32];
@@ -109,12 +109,12 @@ static struct bk_trace *attach(char *const args[], const char *trace, int want_s
     assert_int_equal(run->status, want_status);
     if (want_status != 0)
         return NULL;
-    struct bk_trace *t = NULL;
-    assert_int_equal(bk_trace_load(trace, &(struct bk_trace_options){0}, &t), 0);
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &t), 0);
     return t;
 }
 
-static const struct bk_trace_process *find_pid(const struct bk_trace *t, pid_t pid)
+static const struct rp_trace_process *find_pid(const struct rp_trace *t, pid_t pid)
 {
     for (size_t i = 0; i < t->n_processes; i++)
         if (t->processes[i].pid == pid)
@@ -134,8 +134,8 @@ static void test_attach_idle_detach_reattach(void **state)
     for (int round = 0; round < 2; round++) {
         struct e2e_run run;
         char *args[] = {"-p", pidbuf, "--duration", "0.8", "-i", "1", NULL};
-        struct bk_trace *t = attach(args, trace, 0, &run);
-        const struct bk_trace_process *p = find_pid(t, w);
+        struct rp_trace *t = attach(args, trace, 0, &run);
+        const struct rp_trace_process *p = find_pid(t, w);
         assert_non_null(p);
         assert_false(p->from_startup);
         /* one 1000-byte leak every 100 ms, all recorded at interval 1 */
@@ -145,7 +145,7 @@ static void test_attach_idle_detach_reattach(void **state)
                       (unsigned long long)s.alloc_bytes, (unsigned long long)s.alloc_count);
         assert_true(s.alloc_count >= 3);
         assert_int_equal(s.alloc_bytes, s.alloc_count * 1000);
-        bk_trace_free(t);
+        rp_trace_free(t);
         e2e_run_free(&run);
     }
     /* Detached twice, the worker carries on and ends normally. */
@@ -165,14 +165,14 @@ static void test_attach_busy(void **state)
     snprintf(pidbuf, sizeof(pidbuf), "%d", (int)w);
     struct e2e_run run;
     char *args[] = {"-p", pidbuf, "--duration", "0.6", NULL};
-    struct bk_trace *t = attach(args, trace, 0, &run);
-    const struct bk_trace_process *p = find_pid(t, w);
+    struct rp_trace *t = attach(args, trace, 0, &run);
+    const struct rp_trace_process *p = find_pid(t, w);
     assert_non_null(p);
     assert_true(p->heap_samples > 10);
     struct e2e_sums s;
     e2e_sum_function(p, "worker_churn", &s);
     assert_true(s.alloc_count > 0);
-    bk_trace_free(t);
+    rp_trace_free(t);
     e2e_run_free(&run);
     assert_int_equal(wait_status(w), 0);
     char *o = read_all(out);
@@ -198,14 +198,14 @@ static void test_attach_name_started_later(void **state)
     pid_t w = start_worker("idle", "1200", out);
     assert_int_equal(wait_status(w), 0);
     assert_int_equal(wait_status(a), 0);
-    struct bk_trace *t = NULL;
-    assert_int_equal(bk_trace_load(trace, &(struct bk_trace_options){0}, &t), 0);
-    const struct bk_trace_process *p = find_pid(t, w);
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &t), 0);
+    const struct rp_trace_process *p = find_pid(t, w);
     assert_non_null(p);
     struct e2e_sums s;
     e2e_sum_function(p, "worker_leak", &s);
     assert_true(s.alloc_count >= 2);
-    bk_trace_free(t);
+    rp_trace_free(t);
 }
 
 static void test_attach_user_errors(void **state)

@@ -28,14 +28,14 @@ static void daemon_start(struct e2e_daemon *d, const char *const args[])
 static void daemon_cleanup(struct e2e_daemon *d)
 {
     /* Traces with dumps follow the trace processor's import rules. */
-    struct bk_trace *t = NULL;
-    if (bk_trace_load(d->trace, &(struct bk_trace_options){0}, &t) == 0) {
+    struct rp_trace *t = NULL;
+    if (rp_trace_load(d->trace, &(struct rp_trace_options){0}, &t) == 0) {
         bool dumped = false;
         for (size_t i = 0; i < t->n_processes; i++)
             dumped |= t->processes[i].n_dumps > 0;
         if (dumped)
             assert_int_equal(e2e_check_rules(d->trace), 0);
-        bk_trace_free(t);
+        rp_trace_free(t);
     }
     e2e_daemon_remove_files(d);
 }
@@ -69,15 +69,15 @@ static void test_daemon_startup_profiling(void **state)
     assert_string_equal(other.err, "");
     assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
 
-    struct bk_trace *t = NULL;
-    assert_int_equal(bk_trace_load(d.trace, &(struct bk_trace_options){0}, &t), 0);
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(d.trace, &(struct rp_trace_options){0}, &t), 0);
     assert_int_equal(t->n_processes, 1);
-    const struct bk_trace_process *p = e2e_find_process(t, "three_sites");
+    const struct rp_trace_process *p = e2e_find_process(t, "three_sites");
     assert_non_null(p);
     assert_true(p->from_startup);
     assert_true(p->disconnected);
     e2e_check_exact_sites(p, run.out);
-    bk_trace_free(t);
+    rp_trace_free(t);
     e2e_run_free(&run);
     e2e_run_free(&other);
     daemon_cleanup(&d);
@@ -101,13 +101,13 @@ static void test_daemon_continuous_and_sigusr1(void **state)
     uint64_t last_ts = 0, last_alloc = 0, last_free = 0;
     int dumps = 0;
     for (int n = 1;; n++) {
-        struct bk_trace *t = NULL;
-        assert_int_equal(bk_trace_load(d.trace, &(struct bk_trace_options){.dump_index = n}, &t),
+        struct rp_trace *t = NULL;
+        assert_int_equal(rp_trace_load(d.trace, &(struct rp_trace_options){.dump_index = n}, &t),
                          0);
-        const struct bk_trace_process *p = e2e_find_process(t, "worker");
+        const struct rp_trace_process *p = e2e_find_process(t, "worker");
         assert_non_null(p);
         if ((int)p->n_dumps < n) {
-            bk_trace_free(t);
+            rp_trace_free(t);
             break;
         }
         uint64_t alloc = 0, freed = 0;
@@ -122,7 +122,7 @@ static void test_daemon_continuous_and_sigusr1(void **state)
         last_alloc = alloc;
         last_free = freed;
         dumps++;
-        bk_trace_free(t);
+        rp_trace_free(t);
     }
     print_message("  %d dumps of the worker\n", dumps);
     assert_true(dumps >= 4); /* >= 3 continuous + the final one (and SIGUSR1's) */
@@ -158,14 +158,14 @@ static void test_daemon_dump_includes_recent_records(void **state)
         e2e_sleep_ms(100);
 
         /* The first dump of the process is SIGUSR1's (the final one comes at its exit). */
-        struct bk_trace *t = NULL;
-        assert_int_equal(bk_trace_load(d.trace, &(struct bk_trace_options){.dump_index = 1}, &t),
+        struct rp_trace *t = NULL;
+        assert_int_equal(rp_trace_load(d.trace, &(struct rp_trace_options){.dump_index = 1}, &t),
                          0);
-        const struct bk_trace_process *p = e2e_find_pid(t, w);
+        const struct rp_trace_process *p = e2e_find_pid(t, w);
         assert_non_null(p);
         assert_true(p->n_dumps >= 2);
         e2e_check_exact_sites(p, text);
-        bk_trace_free(t);
+        rp_trace_free(t);
         free(text);
     }
     assert_int_equal(e2e_daemon_stop(&d, SIGTERM), 0);
@@ -191,11 +191,11 @@ static void test_daemon_16_targets(void **state)
     for (int i = 0; i < N; i++)
         assert_int_equal(e2e_wait_status(pids[i]), 0);
     assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
-    struct bk_trace *t = NULL;
-    assert_int_equal(bk_trace_load(d.trace, &(struct bk_trace_options){0}, &t), 0);
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(d.trace, &(struct rp_trace_options){0}, &t), 0);
     assert_int_equal(t->n_processes, N);
     for (int i = 0; i < N; i++) {
-        const struct bk_trace_process *p = NULL;
+        const struct rp_trace_process *p = NULL;
         for (size_t j = 0; j < t->n_processes; j++)
             if (t->processes[j].pid == pids[i])
                 p = &t->processes[j];
@@ -205,7 +205,7 @@ static void test_daemon_16_targets(void **state)
         free(out);
         unlink(outs[i]);
     }
-    bk_trace_free(t);
+    rp_trace_free(t);
     daemon_cleanup(&d);
 }
 
@@ -297,10 +297,10 @@ static void test_daemon_other_user_rejected(void **state)
     char *log = e2e_read_file(d.log);
     assert_non_null(strstr(log, "uid 65534 rejected"));
     free(log);
-    struct bk_trace *t = NULL;
-    assert_int_equal(bk_trace_load(d.trace, &(struct bk_trace_options){0}, &t), 0);
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(d.trace, &(struct rp_trace_options){0}, &t), 0);
     assert_int_equal(t->n_processes, 0);
-    bk_trace_free(t);
+    rp_trace_free(t);
     daemon_cleanup(&d);
 }
 
@@ -343,9 +343,9 @@ static void test_daemon_target_killed(void **state)
     assert_int_equal(run.status, 0);
     e2e_sleep_ms(100);
     assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
-    struct bk_trace *t = NULL;
-    assert_int_equal(bk_trace_load(d.trace, &(struct bk_trace_options){0}, &t), 0);
-    const struct bk_trace_process *p = NULL;
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(d.trace, &(struct rp_trace_options){0}, &t), 0);
+    const struct rp_trace_process *p = NULL;
     for (size_t j = 0; j < t->n_processes; j++)
         if (t->processes[j].pid == w)
             p = &t->processes[j];
@@ -353,7 +353,7 @@ static void test_daemon_target_killed(void **state)
     assert_true(p->disconnected);
     assert_true(p->heap_samples > 0);
     assert_non_null(e2e_find_process(t, "three_sites"));
-    bk_trace_free(t);
+    rp_trace_free(t);
     e2e_run_free(&run);
     daemon_cleanup(&d);
 }
@@ -392,14 +392,14 @@ static void test_daemon_guardrail(void **state)
     char *log = e2e_read_file(d.log);
     assert_non_null(strstr(log, "guardrail hit"));
     free(log);
-    struct bk_trace *t = NULL;
-    assert_int_equal(bk_trace_load(d.trace, &(struct bk_trace_options){0}, &t), 0);
-    const struct bk_trace_process *p = e2e_find_process(t, "worker");
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(d.trace, &(struct rp_trace_options){0}, &t), 0);
+    const struct rp_trace_process *p = e2e_find_process(t, "worker");
     assert_non_null(p);
     assert_true(p->hit_guardrail);
     /* Samples are usually there too, but a sanitizer build's own memory growth can fire
      * the guardrail before the first one: not asserted. */
-    bk_trace_free(t);
+    rp_trace_free(t);
     daemon_cleanup(&d);
 }
 
@@ -429,9 +429,9 @@ static void test_daemon_attaches_running_targets(void **state)
     e2e_daemon_launch(&d, args);
     assert_int_equal(e2e_wait_status(w), 0);
     assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
-    struct bk_trace *t = NULL;
-    assert_int_equal(bk_trace_load(d.trace, &(struct bk_trace_options){0}, &t), 0);
-    const struct bk_trace_process *p = e2e_find_process(t, "worker");
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(d.trace, &(struct rp_trace_options){0}, &t), 0);
+    const struct rp_trace_process *p = e2e_find_process(t, "worker");
     assert_non_null(p);
     assert_false(p->from_startup);
     struct e2e_sums s;
@@ -439,7 +439,7 @@ static void test_daemon_attaches_running_targets(void **state)
     print_message("  running target: %llu worker_leak allocations\n",
                   (unsigned long long)s.alloc_count);
     assert_true(s.alloc_count >= 3);
-    bk_trace_free(t);
+    rp_trace_free(t);
     unlink(out);
     daemon_cleanup(&d);
 }

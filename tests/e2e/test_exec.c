@@ -62,29 +62,29 @@ static void expect_same_run(const struct e2e_run *prof, const struct e2e_run *pl
 }
 
 /* Dump @dump_index (0: the latest) of process @pid (0: every process). */
-static struct bk_trace *load(const char *trace, int32_t pid, int dump_index)
+static struct rp_trace *load(const char *trace, int32_t pid, int dump_index)
 {
-    struct bk_trace *t = NULL;
-    struct bk_trace_options o = {.dump_index = dump_index, .pid = pid};
-    assert_int_equal(bk_trace_load(trace, &o, &t), 0);
+    struct rp_trace *t = NULL;
+    struct rp_trace_options o = {.dump_index = dump_index, .pid = pid};
+    assert_int_equal(rp_trace_load(trace, &o, &t), 0);
     assert_non_null(t);
     return t;
 }
 
-static bool has_function(const struct bk_trace_process *p, const char *fn)
+static bool has_function(const struct rp_trace_process *p, const char *fn)
 {
     struct e2e_sums s;
     e2e_sum_function(p, fn, &s);
     return s.callsites > 0;
 }
 
-static bool has_three_sites(const struct bk_trace_process *p)
+static bool has_three_sites(const struct rp_trace_process *p)
 {
     return has_function(p, "alloc_leaked") || has_function(p, "alloc_freed") ||
            has_function(p, "alloc_half");
 }
 
-static void check_exact(const struct bk_trace_process *p, const struct e2e_truth *t)
+static void check_exact(const struct rp_trace_process *p, const struct e2e_truth *t)
 {
     struct e2e_sums s;
     e2e_sum_function(p, t->name, &s);
@@ -104,11 +104,11 @@ static void check_exact(const struct bk_trace_process *p, const struct e2e_truth
 
 /* Every callsite of @p has a frame in a mapping whose path contains @needle: nothing in
  * the dump comes from another program image. */
-static void check_only_image(const struct bk_trace_process *p, const char *needle)
+static void check_only_image(const struct rp_trace_process *p, const char *needle)
 {
     assert_true(p->n_callsites > 0);
     for (size_t c = 0; c < p->n_callsites; c++) {
-        const struct bk_trace_callsite *cs = &p->callsites[c];
+        const struct rp_trace_callsite *cs = &p->callsites[c];
         bool in_image = false;
         for (size_t f = 0; f < cs->n_frames; f++)
             in_image |= strstr(cs->frames[f].mapping_path, needle) != NULL;
@@ -152,11 +152,11 @@ static void test_exec_keep_same_pid_and_child(void **state)
     parse_truths(run.out, &ex, three, 2);
 
     assert_int_equal(e2e_check_rules(trace), 0);
-    struct bk_trace *t = load(trace, 0, 0);
+    struct rp_trace *t = load(trace, 0, 0);
     assert_int_equal(t->n_processes, 2);
-    const struct bk_trace_process *main_p = NULL, *child_p = NULL;
+    const struct rp_trace_process *main_p = NULL, *child_p = NULL;
     for (size_t i = 0; i < t->n_processes; i++) {
-        const struct bk_trace_process *p = &t->processes[i];
+        const struct rp_trace_process *p = &t->processes[i];
         print_message("  pid %d: %u dumps, %s\n", (int)p->pid, p->n_dumps, p->cmdline);
         if (p->n_dumps == 2)
             main_p = p;
@@ -175,10 +175,10 @@ static void test_exec_keep_same_pid_and_child(void **state)
 
     /* The same pid: one dump per image. Which is which is told by content, not order. */
     int32_t pid = main_p->pid;
-    struct bk_trace *d1 = load(trace, pid, 1), *d2 = load(trace, pid, 2);
+    struct rp_trace *d1 = load(trace, pid, 1), *d2 = load(trace, pid, 2);
     assert_int_equal(d1->n_processes, 1);
     assert_int_equal(d2->n_processes, 1);
-    const struct bk_trace_process *pe = &d1->processes[0], *pt = &d2->processes[0];
+    const struct rp_trace_process *pe = &d1->processes[0], *pt = &d2->processes[0];
     if (!has_function(pe, "execer_alloc")) {
         pe = &d2->processes[0];
         pt = &d1->processes[0];
@@ -191,9 +191,9 @@ static void test_exec_keep_same_pid_and_child(void **state)
     assert_false(has_function(pt, "execer_alloc"));
     check_only_image(pt, "three_sites");
 
-    bk_trace_free(d1);
-    bk_trace_free(d2);
-    bk_trace_free(t);
+    rp_trace_free(d1);
+    rp_trace_free(d2);
+    rp_trace_free(t);
     unlink(trace);
     free(trace);
     e2e_run_free(&run);
@@ -214,16 +214,16 @@ static void test_exec_drop_same_pid_and_child(void **state)
     parse_truths(run.out, &ex, three, 2);
 
     assert_int_equal(e2e_check_rules(trace), 0);
-    struct bk_trace *t = load(trace, 0, 0);
+    struct rp_trace *t = load(trace, 0, 0);
     assert_int_equal(t->n_processes, 1);
-    const struct bk_trace_process *p = &t->processes[0];
+    const struct rp_trace_process *p = &t->processes[0];
     print_message("  pid %d: %u dumps, %s\n", (int)p->pid, p->n_dumps, p->cmdline);
     assert_int_equal(p->n_dumps, 1);
     assert_true(p->from_startup);
     check_exact(p, &ex);
     assert_false(has_three_sites(p));
     check_only_image(p, "execer");
-    bk_trace_free(t);
+    rp_trace_free(t);
     unlink(trace);
     free(trace);
     e2e_run_free(&run);
@@ -263,9 +263,9 @@ static void test_exec_drop_sh_environment(void **state)
     assert_int_equal(e2e_parse_truth(run.out, truth, E2E_MAX_TRUTH), 6);
 
     assert_int_equal(e2e_check_rules(trace), 0);
-    struct bk_trace *t = load(trace, 0, 0);
+    struct rp_trace *t = load(trace, 0, 0);
     assert_int_equal(t->n_processes, 1);
-    const struct bk_trace_process *p = &t->processes[0];
+    const struct rp_trace_process *p = &t->processes[0];
     print_message("  pid %d: %u dumps, %s\n", (int)p->pid, p->n_dumps, p->cmdline);
     assert_int_equal(p->n_dumps, 1);
     assert_true(p->heap_samples > 0);
@@ -273,7 +273,7 @@ static void test_exec_drop_sh_environment(void **state)
     for (size_t c = 0; c < p->n_callsites; c++)
         for (size_t f = 0; f < p->callsites[c].n_frames; f++)
             assert_null(strstr(p->callsites[c].frames[f].mapping_path, "three_sites"));
-    bk_trace_free(t);
+    rp_trace_free(t);
     unlink(trace);
     free(trace);
     e2e_run_free(&run);

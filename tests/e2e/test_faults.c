@@ -175,10 +175,10 @@ static void test_faults_target_killed_next_to_another(void **state)
     assert_int_equal(e2e_wait_status(good), 0);
     assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
 
-    struct bk_trace *t = NULL;
-    assert_int_equal(bk_trace_load(d.trace, &(struct bk_trace_options){0}, &t), 0);
-    const struct bk_trace_process *pv = e2e_find_pid(t, victim);
-    const struct bk_trace_process *pg = e2e_find_pid(t, good);
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(d.trace, &(struct rp_trace_options){0}, &t), 0);
+    const struct rp_trace_process *pv = e2e_find_pid(t, victim);
+    const struct rp_trace_process *pg = e2e_find_pid(t, good);
     assert_non_null(pv);
     assert_non_null(pg);
     assert_true(pv->disconnected);
@@ -188,7 +188,7 @@ static void test_faults_target_killed_next_to_another(void **state)
     char *o = e2e_read_file(out);
     e2e_check_exact_sites(pg, o);
     free(o);
-    bk_trace_free(t);
+    rp_trace_free(t);
     assert_int_equal(e2e_check_rules(d.trace), 0);
     unlink(out);
     e2e_daemon_remove_files(&d);
@@ -230,9 +230,9 @@ static void ring_storm(const char *const mode_args[])
     assert_int_equal(run.status, plain.status);
     assert_string_equal(run.out, plain.out);
 
-    struct bk_trace *t = NULL;
-    assert_int_equal(bk_trace_load(trace, &(struct bk_trace_options){0}, &t), 0);
-    const struct bk_trace_process *p = e2e_find_process(t, "three_sites");
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &t), 0);
+    const struct rp_trace_process *p = e2e_find_process(t, "three_sites");
     assert_non_null(p);
     /* The summary counts the drops: "N samples dropped". */
     const char *dropped = strstr(run.err, " samples dropped");
@@ -247,7 +247,7 @@ static void ring_storm(const char *const mode_args[])
     assert_true(drops > 0);
     assert_false(p->buffer_corrupted);
     assert_true(p->heap_samples > 0);
-    bk_trace_free(t);
+    rp_trace_free(t);
     assert_int_equal(e2e_check_rules(trace), 0);
     unlink(trace);
     free(trace);
@@ -324,10 +324,10 @@ static void hostile(const char *mode, enum expect expect)
 
     char *log = e2e_read_file(d.log);
     char *ho = e2e_read_file(hout);
-    struct bk_trace *t = NULL;
-    assert_int_equal(bk_trace_load(d.trace, &(struct bk_trace_options){0}, &t), 0);
-    const struct bk_trace_process *pg = e2e_find_pid(t, g);
-    const struct bk_trace_process *ph = e2e_find_pid(t, h);
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(d.trace, &(struct rp_trace_options){0}, &t), 0);
+    const struct rp_trace_process *pg = e2e_find_pid(t, g);
+    const struct rp_trace_process *ph = e2e_find_pid(t, h);
     assert_non_null(pg);
     assert_false(pg->buffer_corrupted);
     char *o = e2e_read_file(gout);
@@ -356,7 +356,7 @@ static void hostile(const char *mode, enum expect expect)
         assert_non_null(strstr(log, "no valid hello"));
         break;
     }
-    bk_trace_free(t);
+    rp_trace_free(t);
     assert_int_equal(e2e_check_rules(d.trace), 0);
     free(log);
     free(ho);

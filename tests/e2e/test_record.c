@@ -42,10 +42,10 @@ static char *record(const char *interval, const char *seed, char *const prog_arg
     return trace;
 }
 
-static struct bk_trace *load(const char *trace)
+static struct rp_trace *load(const char *trace)
 {
-    struct bk_trace *t = NULL;
-    int r = bk_trace_load(trace, &(struct bk_trace_options){0}, &t);
+    struct rp_trace *t = NULL;
+    int r = rp_trace_load(trace, &(struct rp_trace_options){0}, &t);
     assert_int_equal(r, 0);
     assert_non_null(t);
     assert_true(t->has_clock_snapshot);
@@ -65,7 +65,7 @@ static void check_protoc(const char *trace)
     assert_int_equal(system(cmd), 0);
 }
 
-static void check_exact(const struct bk_trace_process *p, const struct e2e_truth *t)
+static void check_exact(const struct rp_trace_process *p, const struct e2e_truth *t)
 {
     struct e2e_sums s;
     e2e_sum_function(p, t->name, &s);
@@ -103,8 +103,8 @@ static void test_record_three_sites_exact(void **state)
     assert_int_equal(nt, 3);
     assert_non_null(strstr(run.err, "trace written to"));
 
-    struct bk_trace *t = load(trace);
-    const struct bk_trace_process *p = e2e_find_process(t, "three_sites");
+    struct rp_trace *t = load(trace);
+    const struct rp_trace_process *p = e2e_find_process(t, "three_sites");
     assert_non_null(p);
     assert_int_equal(p->sampling_interval_bytes, 1);
     assert_true(p->from_startup);
@@ -116,7 +116,7 @@ static void test_record_three_sites_exact(void **state)
     /* Every site's stack reaches main. */
     for (size_t i = 0; i < nt; i++) {
         for (size_t c = 0; c < p->n_callsites; c++) {
-            const struct bk_trace_callsite *cs = &p->callsites[c];
+            const struct rp_trace_callsite *cs = &p->callsites[c];
             bool has_site = false, has_main = false;
             for (size_t f = 0; f < cs->n_frames; f++) {
                 has_site |= strcmp(cs->frames[f].function_name, truth[i].name) == 0;
@@ -128,7 +128,7 @@ static void test_record_three_sites_exact(void **state)
         }
     }
     check_protoc(trace);
-    bk_trace_free(t);
+    rp_trace_free(t);
     unlink(trace);
     free(trace);
     e2e_run_free(&run);
@@ -146,8 +146,8 @@ static void test_record_three_sites_sampled(void **state)
         struct e2e_truth truth[E2E_MAX_TRUTH];
         size_t nt = e2e_parse_truth(run.out, truth, E2E_MAX_TRUTH);
         assert_int_equal(nt, 3);
-        struct bk_trace *t = load(trace);
-        const struct bk_trace_process *p = e2e_find_process(t, "three_sites");
+        struct rp_trace *t = load(trace);
+        const struct rp_trace_process *p = e2e_find_process(t, "three_sites");
         assert_non_null(p);
         assert_int_equal(p->sampling_interval_bytes, 4096);
         print_message("seed %s\n", seeds[si]);
@@ -162,7 +162,7 @@ static void test_record_three_sites_sampled(void **state)
                          4096, what);
         }
         check_protoc(trace);
-        bk_trace_free(t);
+        rp_trace_free(t);
         unlink(trace);
         free(trace);
         e2e_run_free(&run);
@@ -179,8 +179,8 @@ static void test_record_cpp(void **state)
     struct e2e_truth truth[E2E_MAX_TRUTH];
     size_t nt = e2e_parse_truth(run.out, truth, E2E_MAX_TRUTH);
     assert_int_equal(nt, 3);
-    struct bk_trace *t = load(trace);
-    const struct bk_trace_process *p = e2e_find_process(t, "cpp_sites");
+    struct rp_trace *t = load(trace);
+    const struct rp_trace_process *p = e2e_find_process(t, "cpp_sites");
     assert_non_null(p);
     for (size_t i = 0; i < nt; i++)
         check_exact(p, &truth[i]);
@@ -213,7 +213,7 @@ static void test_record_cpp(void **state)
     }
     unlink(pp);
     free(pp);
-    bk_trace_free(t);
+    rp_trace_free(t);
     unlink(trace);
     free(trace);
     e2e_run_free(&run);
@@ -235,8 +235,8 @@ static void test_record_python(void **state)
     char *trace = record("4096", "5", prog, &run);
     assert_int_equal(run.status, 3);
     assert_non_null(strstr(run.out, "20000"));
-    struct bk_trace *t = load(trace);
-    const struct bk_trace_process *p = e2e_find_process(t, "python3");
+    struct rp_trace *t = load(trace);
+    const struct rp_trace_process *p = e2e_find_process(t, "python3");
     assert_non_null(p);
     assert_true(p->heap_samples > 100);
     /* Named Python frames appear in the stacks. */
@@ -255,7 +255,7 @@ static void test_record_python(void **state)
                   (unsigned long long)s.alloc_bytes, (unsigned long long)s.free_bytes);
     check_within(s.alloc_bytes, 20000ull * 1003, 4096, "bytearray bytes");
     check_protoc(trace);
-    bk_trace_free(t);
+    rp_trace_free(t);
     unlink(trace);
     free(trace);
     e2e_run_free(&run);
@@ -284,7 +284,7 @@ static void test_record_follow_fork(void **state)
         assert_int_equal(run.status, 0);
         struct e2e_truth truth[E2E_MAX_TRUTH];
         assert_int_equal(e2e_parse_truth(run.out, truth, E2E_MAX_TRUTH), 2);
-        struct bk_trace *t = load(trace);
+        struct rp_trace *t = load(trace);
         print_message("  follow-fork %d: %zu processes\n", follow, t->n_processes);
         assert_int_equal(t->n_processes, follow ? 2 : 1);
         size_t with_child = 0, with_parent = 0;
@@ -304,7 +304,7 @@ static void test_record_follow_fork(void **state)
         }
         assert_int_equal(with_parent, 1);
         assert_int_equal(with_child, follow ? 1 : 0);
-        bk_trace_free(t);
+        rp_trace_free(t);
         unlink(trace);
         free(trace);
         e2e_run_free(&run);
@@ -357,12 +357,12 @@ static void test_record_dlclose_resets_walks(void **state)
 
         struct e2e_truth t[E2E_MAX_TRUTH];
         assert_int_equal(e2e_parse_truth(run.out, t, E2E_MAX_TRUTH), 2);
-        struct bk_trace *tr = load(trace);
-        const struct bk_trace_process *p = e2e_find_process(tr, "dlloop");
+        struct rp_trace *tr = load(trace);
+        const struct rp_trace_process *p = e2e_find_process(tr, "dlloop");
         assert_non_null(p);
         for (int i = 0; i < 2; i++)
             check_exact(p, &t[i]);
-        bk_trace_free(tr);
+        rp_trace_free(tr);
         unlink(trace);
         free(trace);
         e2e_run_free(&run);

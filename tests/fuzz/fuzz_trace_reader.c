@@ -13,25 +13,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    struct bk_trace *t;
+    struct rp_trace *t;
     /* The first byte picks a dump number, as `heapprof report --dump N` would. */
     int dump = size ? data[0] % 4 : 0;
-    if (bk_trace_load_buffer(data, size, &(struct bk_trace_options){.dump_index = dump}, &t) < 0)
+    if (rp_trace_load_buffer(data, size, &(struct rp_trace_options){.dump_index = dump}, &t) < 0)
         return 0;
     FILE *devnull = fopen("/dev/null", "we");
     if (devnull) {
-        bk_report_print(devnull, t, &(struct bk_report_options){.top_n = 3, .demangle = true});
-        bk_report_print_diff(devnull, t, t, &(struct bk_report_options){.top_n = 3});
+        rp_report_print(devnull, t, &(struct rp_report_options){.top_n = 3, .demangle = true});
+        rp_report_print_diff(devnull, t, t, &(struct rp_report_options){.top_n = 3});
         fclose(devnull);
     }
     int fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
     for (size_t i = 0; fd >= 0 && i < t->n_processes && i < 4; i++) {
-        int r = bk_pprof_write(t, &t->processes[i], fd);
+        int r = rp_pprof_write(t, &t->processes[i], fd);
         if (r < 0 && r != -ENOMEM)
             __builtin_trap(); /* writing to /dev/null fails only for lack of memory */
     }
     if (fd >= 0)
         close(fd);
-    bk_trace_free(t);
+    rp_trace_free(t);
     return 0;
 }

@@ -19,12 +19,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/pbwire.h"
 #include "common/containers.h"
+#include "common/pbwire.h"
 
 struct seq {
     uint32_t id;
-    struct bk_map defined[20]; /* by InternedData field number: iid -> nothing */
+    struct hp_map defined[20]; /* by InternedData field number: iid -> nothing */
     uint64_t next_index;
     bool in_dump;
 };
@@ -34,7 +34,7 @@ struct checker {
     struct seq seqs[8];
     size_t n_seqs;
     bool clock;
-    struct bk_map cumulative; /* hash(pid, heap, callstack) -> 4 values */
+    struct hp_map cumulative; /* hash(pid, heap, callstack) -> 4 values */
     uint64_t packets, profiles, dumps;
 };
 
@@ -48,36 +48,36 @@ struct checker {
 
 static uint64_t varint_field(const uint8_t *p, size_t len, uint32_t num, uint64_t dflt)
 {
-    struct bk_pb_iter it;
-    struct bk_pb_field f;
-    bk__pb_iter_init(&it, p, len);
-    while (bk__pb_next(&it, &f))
-        if (f.num == num && f.wire_type == BK_PB_VARINT)
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
+    hp_pb_iter_init(&it, p, len);
+    while (hp_pb_next(&it, &f))
+        if (f.num == num && f.wire_type == HP_PB_VARINT)
             dflt = f.varint;
     return dflt;
 }
 
 static bool is_defined(struct seq *s, uint32_t table, uint64_t iid)
 {
-    return bk__map_get(&s->defined[table], iid) != NULL;
+    return hp_map_get(&s->defined[table], iid) != NULL;
 }
 
 /* Checks the references of one interned entry or sample, each id in table @table. */
 static bool check_refs(struct checker *c, struct seq *s, const uint8_t *p, size_t len,
                        const uint32_t *fields, const uint32_t *tables, size_t n)
 {
-    struct bk_pb_iter it;
-    struct bk_pb_field f;
-    bk__pb_iter_init(&it, p, len);
-    while (bk__pb_next(&it, &f)) {
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
+    hp_pb_iter_init(&it, p, len);
+    while (hp_pb_next(&it, &f)) {
         for (size_t i = 0; i < n; i++) {
             if (f.num != fields[i])
                 continue;
-            struct bk_pb_ints ints;
+            struct hp_pb_ints ints;
             uint64_t v;
             bool err = false;
-            bk__pb_ints_init(&ints, &f);
-            while (bk__pb_ints_next(&ints, &v, &err)) {
+            hp_pb_ints_init(&ints, &f);
+            while (hp_pb_ints_next(&ints, &v, &err)) {
                 /* Id 0 of the string tables is "", defined by the first packet. */
                 if (!is_defined(s, tables[i], v))
                     FAIL(c, "id %llu of table %u used before it is defined", (unsigned long long)v,
@@ -94,16 +94,16 @@ static bool check_refs(struct checker *c, struct seq *s, const uint8_t *p, size_
 
 static bool check_interned(struct checker *c, struct seq *s, const uint8_t *p, size_t len)
 {
-    struct bk_pb_iter it;
-    struct bk_pb_field f;
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
     /* Definitions first: a packet may refer to entries it defines itself. */
-    bk__pb_iter_init(&it, p, len);
-    while (bk__pb_next(&it, &f)) {
-        if (f.wire_type != BK_PB_LEN || f.num >= 20)
+    hp_pb_iter_init(&it, p, len);
+    while (hp_pb_next(&it, &f)) {
+        if (f.wire_type != HP_PB_LEN || f.num >= 20)
             continue;
         uint64_t iid = varint_field(f.ptr, f.len, 1, UINT64_MAX);
         void *v;
-        int r = bk__map_put(&s->defined[f.num], iid, &v);
+        int r = hp_map_put(&s->defined[f.num], iid, &v);
         if (r < 0)
             FAIL(c, "out of memory");
         if (r == 0)
@@ -114,8 +114,8 @@ static bool check_interned(struct checker *c, struct seq *s, const uint8_t *p, s
     static const uint32_t map_f[] = {2, 7}, map_t[] = {16, 17};
     static const uint32_t frame_f[] = {2, 3}, frame_t[] = {5, 19};
     static const uint32_t cs_f[] = {2}, cs_t[] = {6};
-    bk__pb_iter_init(&it, p, len);
-    while (bk__pb_next(&it, &f)) {
+    hp_pb_iter_init(&it, p, len);
+    while (hp_pb_next(&it, &f)) {
         bool ok = true;
         if (f.num == 19)
             ok = check_refs(c, s, f.ptr, f.len, map_f, map_t, 2);
@@ -133,15 +133,15 @@ static bool check_samples(struct checker *c, struct seq *s, const uint8_t *p, si
 {
     uint64_t pid = varint_field(p, len, 1, 0);
     uint64_t heap = 0;
-    struct bk_pb_iter it;
-    struct bk_pb_field f;
-    bk__pb_iter_init(&it, p, len);
-    while (bk__pb_next(&it, &f))
-        if (f.num == 11 && f.wire_type == BK_PB_LEN)
-            heap = bk__hash_bytes(f.ptr, f.len, 3);
-    bk__pb_iter_init(&it, p, len);
-    while (bk__pb_next(&it, &f)) {
-        if (f.num != 2 || f.wire_type != BK_PB_LEN)
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
+    hp_pb_iter_init(&it, p, len);
+    while (hp_pb_next(&it, &f))
+        if (f.num == 11 && f.wire_type == HP_PB_LEN)
+            heap = hp_hash_bytes(f.ptr, f.len, 3);
+    hp_pb_iter_init(&it, p, len);
+    while (hp_pb_next(&it, &f)) {
+        if (f.num != 2 || f.wire_type != HP_PB_LEN)
             continue;
         static const uint32_t sf[] = {1}, st[] = {7};
         if (!check_refs(c, s, f.ptr, f.len, sf, st, 1))
@@ -152,10 +152,10 @@ static bool check_samples(struct checker *c, struct seq *s, const uint8_t *p, si
         if (v[1] > v[0] || v[3] > v[2])
             FAIL(c, "pid %llu callstack %llu: more freed than allocated", (unsigned long long)pid,
                  (unsigned long long)cs);
-        uint64_t key = bk__hash_combine(bk__hash_combine(bk__hash_u64(pid), heap), cs);
-        key = bk__hash_combine(key, s->id);
+        uint64_t key = hp_hash_combine(hp_hash_combine(hp_hash_u64(pid), heap), cs);
+        key = hp_hash_combine(key, s->id);
         uint64_t *prev;
-        if (bk__map_put(&c->cumulative, key, (void **)&prev) < 0)
+        if (hp_map_put(&c->cumulative, key, (void **)&prev) < 0)
             FAIL(c, "out of memory");
         for (int i = 0; i < 4; i++) {
             if (v[i] < prev[i])
@@ -187,23 +187,23 @@ static bool check_packet(struct checker *c, const uint8_t *p, size_t len)
         s = &c->seqs[c->n_seqs++];
         s->id = (uint32_t)seq_id;
         for (size_t k = 0; k < HP_ARRAY_SIZE(s->defined); k++)
-            bk__map_init(&s->defined[k], 0);
+            hp_map_init(&s->defined[k], 0);
         if (!(flags & 1))
             FAIL(c, "the first packet of sequence %llu does not clear incremental state",
                  (unsigned long long)seq_id);
     }
-    struct bk_pb_iter it;
-    struct bk_pb_field f;
-    bk__pb_iter_init(&it, p, len);
-    while (bk__pb_next(&it, &f)) {
-        if (f.num == 6 && f.wire_type == BK_PB_LEN)
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
+    hp_pb_iter_init(&it, p, len);
+    while (hp_pb_next(&it, &f)) {
+        if (f.num == 6 && f.wire_type == HP_PB_LEN)
             c->clock = true;
-        if (f.num == 12 && f.wire_type == BK_PB_LEN && !check_interned(c, s, f.ptr, f.len))
+        if (f.num == 12 && f.wire_type == HP_PB_LEN && !check_interned(c, s, f.ptr, f.len))
             return false;
     }
-    bk__pb_iter_init(&it, p, len);
-    while (bk__pb_next(&it, &f)) {
-        if (f.num != 37 || f.wire_type != BK_PB_LEN)
+    hp_pb_iter_init(&it, p, len);
+    while (hp_pb_next(&it, &f)) {
+        if (f.num != 37 || f.wire_type != HP_PB_LEN)
             continue;
         c->profiles++;
         if (!c->clock)
@@ -216,11 +216,11 @@ static bool check_packet(struct checker *c, const uint8_t *p, size_t len)
                  (unsigned long long)s->next_index);
         s->next_index++;
         bool continued = varint_field(f.ptr, f.len, 6, 0) != 0;
-        struct bk_pb_iter pi;
-        struct bk_pb_field pf;
-        bk__pb_iter_init(&pi, f.ptr, f.len);
-        while (bk__pb_next(&pi, &pf))
-            if (pf.num == 5 && pf.wire_type == BK_PB_LEN && !check_samples(c, s, pf.ptr, pf.len))
+        struct hp_pb_iter pi;
+        struct hp_pb_field pf;
+        hp_pb_iter_init(&pi, f.ptr, f.len);
+        while (hp_pb_next(&pi, &pf))
+            if (pf.num == 5 && pf.wire_type == HP_PB_LEN && !check_samples(c, s, pf.ptr, pf.len))
                 return false;
         s->in_dump = continued;
         c->dumps += !continued;
@@ -240,7 +240,7 @@ static bool check_file(const char *path)
     static struct checker c;
     memset(&c, 0, sizeof(c));
     c.path = path;
-    bk__map_init(&c.cumulative, 4 * sizeof(uint64_t));
+    hp_map_init(&c.cumulative, 4 * sizeof(uint64_t));
     size_t cap = 1 << 20, len = 0;
     uint8_t *buf = malloc(cap);
     size_t n;
@@ -255,11 +255,11 @@ static bool check_file(const char *path)
     }
     fclose(fp);
     bool ok = buf != NULL;
-    struct bk_pb_iter it;
-    struct bk_pb_field f;
-    bk__pb_iter_init(&it, buf, len);
-    while (ok && bk__pb_next(&it, &f)) {
-        if (f.num != 1 || f.wire_type != BK_PB_LEN) {
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
+    hp_pb_iter_init(&it, buf, len);
+    while (ok && hp_pb_next(&it, &f)) {
+        if (f.num != 1 || f.wire_type != HP_PB_LEN) {
             fprintf(stderr, "%s: not a Trace.packet field\n", path);
             ok = false;
         } else {
@@ -286,8 +286,8 @@ static bool check_file(const char *path)
                (unsigned long long)c.dumps);
     for (size_t i = 0; i < c.n_seqs; i++)
         for (size_t k = 0; k < HP_ARRAY_SIZE(c.seqs[i].defined); k++)
-            bk__map_done(&c.seqs[i].defined[k]);
-    bk__map_done(&c.cumulative);
+            hp_map_done(&c.seqs[i].defined[k]);
+    hp_map_done(&c.cumulative);
     free(buf);
     return ok;
 }

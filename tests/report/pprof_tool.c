@@ -1,5 +1,5 @@
 /* tests/report/pprof_tool.c: `pprof_tool TRACE OUT [DUMP [PID]]` runs
- * bk_pprof_export() as `heapprof pprof` does, for tests/report/check_pprof.py. */
+ * rp_pprof_export() as `heapprof pprof` does, for tests/report/check_pprof.py. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,7 +13,7 @@ int main(int argc, char **argv)
     }
     int dump = argc > 3 ? atoi(argv[3]) : 0;
     int pid = argc > 4 ? atoi(argv[4]) : 0;
-    int r = bk_pprof_export(argv[1], argv[2], dump, pid, stdout);
+    int r = rp_pprof_export(argv[1], argv[2], dump, pid, stdout);
     if (r < 0) {
         fprintf(stderr, "export failed: %s\n", strerror(-r));
         return 1;

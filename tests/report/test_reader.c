@@ -17,8 +17,8 @@
 #include <unistd.h>
 
 #include "bookkeeping/bookkeeping.h"
-#include "report/report.h"
 #include "bookkeeping/state.h"
+#include "report/report.h"
 
 #define PID 4242
 #define N_SITES 16
@@ -224,16 +224,16 @@ static void test_reader_cumulative_values_never_decrease(void **state)
     uint64_t prev[N_HEAPS][N_SITES][4];
     memset(prev, 0, sizeof(prev));
     for (int d = 1; d <= DUMPS; d++) {
-        struct bk_trace *t;
-        assert_int_equal(bk_trace_load(path, &(struct bk_trace_options){.dump_index = d}, &t), 0);
+        struct rp_trace *t;
+        assert_int_equal(rp_trace_load(path, &(struct rp_trace_options){.dump_index = d}, &t), 0);
         assert_true(t->has_clock_snapshot);
         assert_int_equal(t->n_processes, N_HEAPS);
         for (size_t i = 0; i < t->n_processes; i++) {
-            const struct bk_trace_process *p = &t->processes[i];
+            const struct rp_trace_process *p = &t->processes[i];
             int h = strcmp(p->heap_name, "libc.malloc") ? 1 : 0;
             assert_int_equal(p->n_dumps, DUMPS);
             for (size_t j = 0; j < p->n_callsites; j++) {
-                const struct bk_trace_callsite *c = &p->callsites[j];
+                const struct rp_trace_callsite *c = &p->callsites[j];
                 int k = atoi(c->frames[c->n_frames - 1].function_name + 1);
                 uint64_t v[4] = {c->self_allocated, c->self_freed, c->alloc_count, c->free_count};
                 for (int x = 0; x < 4; x++) {
@@ -243,7 +243,7 @@ static void test_reader_cumulative_values_never_decrease(void **state)
                 assert_true(c->self_freed <= c->self_allocated);
             }
         }
-        bk_trace_free(t);
+        rp_trace_free(t);
     }
     close(fd);
 }
@@ -275,13 +275,13 @@ static void test_reader_diff_matches_sites_by_frames(void **state)
     char pa[64], pb[64];
     fd_path(a, pa, sizeof(pa));
     fd_path(b, pb, sizeof(pb));
-    struct bk_trace *ta, *tb;
-    assert_int_equal(bk_trace_load(pa, NULL, &ta), 0);
-    assert_int_equal(bk_trace_load(pb, NULL, &tb), 0);
+    struct rp_trace *ta, *tb;
+    assert_int_equal(rp_trace_load(pa, NULL, &ta), 0);
+    assert_int_equal(rp_trace_load(pb, NULL, &tb), 0);
     char *text = NULL;
     size_t len = 0;
     FILE *out = open_memstream(&text, &len);
-    bk_report_print_diff(out, ta, tb, &(struct bk_report_options){.top_n = 10, .no_stacks = true});
+    rp_report_print_diff(out, ta, tb, &(struct rp_report_options){.top_n = 10, .no_stacks = true});
     fclose(out);
     assert_non_null(strstr(text, "unreleased +750 bytes, allocated +750 bytes"));
     const char *first = strstr(text, "#1  unreleased +1000 bytes");
@@ -292,8 +292,8 @@ static void test_reader_diff_matches_sites_by_frames(void **state)
     assert_non_null(strstr(second, "s5"));
     assert_null(strstr(text, "#3")); /* site 1 did not grow, site 3 shrank */
     free(text);
-    bk_trace_free(ta);
-    bk_trace_free(tb);
+    rp_trace_free(ta);
+    rp_trace_free(tb);
     close(a);
     close(b);
 }
@@ -324,20 +324,20 @@ static void test_reader_buffer_and_selection(void **state)
     bk_free(bk);
     size_t len;
     uint8_t *buf = read_fd(fd, &len);
-    struct bk_trace *t;
-    assert_int_equal(bk_trace_load_buffer(buf, len, &(struct bk_trace_options){.pid = 2}, &t), 0);
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load_buffer(buf, len, &(struct rp_trace_options){.pid = 2}, &t), 0);
     assert_int_equal(t->n_processes, 1);
     assert_int_equal(t->processes[0].pid, 2);
     assert_int_equal(t->processes[0].callsites[0].self_allocated, 20);
-    const struct bk_trace_frame *leaf = &t->processes[0].callsites[0].frames[2];
+    const struct rp_trace_frame *leaf = &t->processes[0].callsites[0].frames[2];
     assert_string_equal(leaf->build_id, "abcd");
     assert_string_equal(leaf->mapping_path, "/lib/libx.so");
     assert_int_equal(leaf->map_start, lib.start);
-    bk_trace_free(t);
+    rp_trace_free(t);
     /* Every prefix of a valid trace loads (a truncated last packet is dropped). */
     for (size_t n = 0; n < len; n += 7) {
-        assert_int_equal(bk_trace_load_buffer(buf, n, NULL, &t), 0);
-        bk_trace_free(t);
+        assert_int_equal(rp_trace_load_buffer(buf, n, NULL, &t), 0);
+        rp_trace_free(t);
     }
     free(buf);
     close(fd);
@@ -419,17 +419,17 @@ static void test_reader_big_items_roundtrip(void **state)
     bk_free(bk);
     size_t len;
     uint8_t *buf = read_fd(fd, &len);
-    struct bk_trace *t;
-    assert_int_equal(bk_trace_load_buffer(buf, len, NULL, &t), 0);
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load_buffer(buf, len, NULL, &t), 0);
     assert_int_equal(t->n_processes, 1);
-    const struct bk_trace_callsite *c = &t->processes[0].callsites[0];
+    const struct rp_trace_callsite *c = &t->processes[0].callsites[0];
     assert_int_equal(c->self_allocated, 777);
     assert_int_equal(c->n_frames, BK_MAX_FRAMES);
     assert_string_equal(c->frames[c->n_frames - 1].function_name, long_name);
     assert_int_equal(c->frames[c->n_frames - 1].rel_pc, 0x10);
     assert_int_equal(c->frames[0].rel_pc, 0x10 + BK_MAX_FRAMES - 1);
     assert_string_equal(c->frames[0].mapping_path, long_path);
-    bk_trace_free(t);
+    rp_trace_free(t);
     free(buf);
     close(fd);
 }
