@@ -2,10 +2,14 @@
 #ifndef HP_CLI_CLI_H
 #define HP_CLI_CLI_H
 
+#include <getopt.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
+#include "cli/loop.h"
 #include "service/svc.h"
 
 /* Exit codes (documented in --help). */
@@ -16,14 +20,35 @@
 
 /* Prints the end-of-session summary (counters, top @top sites by unreleased bytes read
  * back from the trace, its path) on stderr. */
-void svc_print_summary(const char *out_path, const struct svc_summary *sum, int top);
+void cli_print_summary(const char *out_path, const struct svc_summary *sum, int top);
 
-/* "INTERVAL_MS[,PHASE_MS]" into cfg->dump_interval_ms/dump_phase_ms; -EINVAL. */
-int parse_continuous_dump(const char *arg, struct svc_config *cfg);
+/* ---- one session (cli/session.c) ------------------------------------------------- */
 
+struct cli_session {
+    const char *prog;             /* for messages: "heapprof record" */
+    const struct svc_config *cfg; /* checked already */
+    const char *output;           /* trace file */
+    bool quiet;                   /* no summary */
+    int top;                      /* sites in the summary */
+    struct cli_loop_opts loop;    /* the dump schedule is taken from @cfg */
+    /* Once the service listens (signal targets, let a child run); < 0 skips the loop. */
+    int (*started)(void *ctx, svc_t *s);
+    /* After the loop, before the final dumps. */
+    void (*stopping)(void *ctx, const struct cli_loop_result *res);
+    void *ctx;
+};
+
+/* Opens the output, starts the service, runs the loop, finishes (final dumps), closes the
+ * output and prints the summary. Returns 0 or EXIT_PROFILER after a message on stderr;
+ * the loop's outcome in @ret_res. */
+int cli_session_run(const struct cli_session *cs, struct cli_loop_result *ret_res);
+
+int cmd_record(int argc, char **argv);
+int cmd_report(int argc, char **argv);
+int cmd_pprof(int argc, char **argv);
 int cmd_attach(int argc, char **argv);
 int cmd_dump(int argc, char **argv);
-int cmd_daemon(int argc, char **argv, const char *prog_name);
+int cmd_daemon(int argc, char **argv);
 
 /* Parses a HeapprofdConfig in protobuf text format (field names as Perfetto's, e.g.
  * `sampling_interval_bytes: 4096`, `process_cmdline: "myapp"`,
@@ -35,8 +60,47 @@ int svc_config_parse_text(const char *text, size_t len, const char *filename,
 int svc_config_load_file(const char *path, struct svc_config *cfg, char *err,
                          size_t err_len) HP_WARN_UNUSED;
 
-/* Parses a byte count ("4096", "64k", "8M", "1G"); rejects 0, garbage and overflow.
- * Returns 0 or -EINVAL. */
-int svc_parse_bytes(const char *s, uint64_t *ret) HP_WARN_UNUSED;
+/* ---- options for configuration fields (cli/options.c) ------------------------------ */
+
+/* A configuration field a command offers as an option. @flag overrides the table's long
+ * option (with @short_flag; NULL: the table's). The name "continuous_dump_config" stands
+ * for "--continuous-dump INTERVAL_MS[,PHASE_MS]". A list ends with {NULL}. */
+struct cli_field {
+    const char *name;
+    const char *flag;
+    char short_flag;
+};
+
+/* getopt_long returns these for field options (index into the command's field list). */
+#define CLI_OPT_FIELD 0x1000
+#define CLI_OPT_FIELD_NEG 0x2000
+
+struct cli_opts {
+    struct option *longopts; /* the command's own options, then the fields' */
+    char shortopts[64];
+    const struct svc_config_field **fields; /* NULL for continuous_dump_config */
+    const char **flags;                     /* long option of each field */
+    int short_map[256];                     /* short option -> field index + 1 */
+    size_t n_fields;
+};
+
+/* Builds the option arrays from the command's own options (@own, ending with {0}; their
+ * short letters in @own_short, getopt syntax) and @fields. Returns 0, -ENOMEM, or -ENOENT
+ * for a field name the table does not have. Free with cli_opts_done(). */
+int cli_opts_build(struct cli_opts *o, const struct option *own, const char *own_short,
+                   const struct cli_field *fields) HP_WARN_UNUSED;
+void cli_opts_done(struct cli_opts *o);
+/* Applies option @c with @arg to @cfg when it is a field's: returns 1, or -1 after printing
+ * "<prog>: invalid <what> '<arg>': <why>" on stderr; 0 when @c is not a field option. */
+int cli_opts_apply(const struct cli_opts *o, int c, const char *arg, struct svc_config *cfg,
+                   const char *prog);
+/* Prints the --help lines of the fields' options. */
+void cli_opts_help(FILE *f, const struct cli_opts *o);
+
+/* A decimal number in [@min, @max] (svc_parse_uint()); -EINVAL otherwise. */
+int cli_parse_range(const char *s, uint64_t min, uint64_t max, uint64_t *ret) HP_WARN_UNUSED;
+
+/* "INTERVAL_MS[,PHASE_MS]" into cfg->dump_interval_ms/dump_phase_ms; -EINVAL. */
+int parse_continuous_dump(const char *arg, struct svc_config *cfg) HP_WARN_UNUSED;
 
 #endif

@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "cli/loop.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/macros.h"
@@ -24,7 +23,28 @@
 #define MAX_SIGNALLED 4096
 #define CONNECT_GRACE_NS 2000000000ull
 
-static void usage_attach(FILE *f)
+/* The configuration fields `heapprof attach` offers as options. */
+static const struct cli_field attach_fields[] = {
+    {"pid", "pid", 'p'},
+    {"process_cmdline", "name", 'n'},
+    {"sampling_interval_bytes", NULL, 0},
+    {"continuous_dump_config", NULL, 0},
+    {"dump_at_max", NULL, 0},
+    {"shmem_size_bytes", NULL, 0},
+    {"block_client", NULL, 0},
+    {NULL, NULL, 0},
+};
+
+enum { OPT_STATUS = 256, OPT_NO_STATUS, OPT_TOP };
+
+static const struct option attach_own_opts[] = {
+    {"duration", required_argument, NULL, 'd'}, {"output", required_argument, NULL, 'o'},
+    {"status", no_argument, NULL, OPT_STATUS},  {"no-status", no_argument, NULL, OPT_NO_STATUS},
+    {"top", required_argument, NULL, OPT_TOP},  {"quiet", no_argument, NULL, 'q'},
+    {"help", no_argument, NULL, 'h'},           {0},
+};
+
+static void usage_attach(FILE *f, const struct cli_opts *o)
 {
     fputs("usage: heapprof attach (-p PID | -n NAME)... [options]\n"
           "\n"
@@ -34,17 +54,11 @@ static void usage_attach(FILE *f)
           "to dormant passthrough and can be attached again). With -n, processes that start\n"
           "later and match are picked up too.\n"
           "\n"
-          "options:\n"
-          "  -p, --pid PID                a process to profile (repeatable)\n"
-          "  -n, --name NAME              processes whose argv[0] or its basename equals\n"
-          "                               NAME or matches it as a glob (repeatable)\n"
-          "  -d, --duration SEC           stop after SEC seconds\n"
+          "options:\n",
+          f);
+    cli_opts_help(f, o);
+    fputs("  -d, --duration SEC           stop after SEC seconds\n"
           "  -o, --output FILE            trace file (default heapprof-attach-<pid>.pftrace)\n"
-          "  -i, --sampling-interval N    mean bytes between samples (default 4096)\n"
-          "      --continuous-dump MS[,PHASE_MS]  dump every MS milliseconds\n"
-          "      --dump-at-max            report live memory at its peak\n"
-          "      --shmem-size N           shared buffer per process (default 8M)\n"
-          "      --block-client           make the app wait for buffer space\n"
           "      --no-status              no live status line (shown on a terminal)\n"
           "      --top N                  sites in the summary (default 10)\n"
           "  -q, --quiet                  no summary\n"
@@ -68,7 +82,9 @@ struct attach_state {
     bool warned[MAX_SIGNALLED];
     size_t n_signalled;
     bool have_names;
+    bool verbose;
     uint64_t next_scan_ns;
+    struct svc_proc procs[SVC_MAX_TARGETS]; /* of the pids given */
 };
 
 static bool already_signalled(struct attach_state *st, pid_t pid)
@@ -136,112 +152,69 @@ static bool attach_tick(void *ctx, svc_t *s)
     return false;
 }
 
+static int attach_started(void *ctx, svc_t *s)
+{
+    (void)s;
+    struct attach_state *st = ctx;
+    for (size_t i = 0; i < st->cfg->n_pid; i++)
+        (void)signal_target(st, &st->procs[i], st->verbose);
+    if (st->have_names) {
+        scan_names(st);
+        st->next_scan_ns = hp_clock_ns(CLOCK_MONOTONIC) + 500000000u;
+    }
+    return 0;
+}
+
+static void attach_stopping(void *ctx, const struct cli_loop_result *res)
+{
+    struct attach_state *st = ctx;
+    if (st->verbose && res->signo)
+        fprintf(stderr, "\nheapprof attach: stopping (signal %d); dumping and detaching\n",
+                res->signo);
+}
+
 int cmd_attach(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"pid", required_argument, NULL, 'p'},
-        {"name", required_argument, NULL, 'n'},
-        {"duration", required_argument, NULL, 'd'},
-        {"output", required_argument, NULL, 'o'},
-        {"sampling-interval", required_argument, NULL, 'i'},
-        {"continuous-dump", required_argument, NULL, 'C'},
-        {"dump-at-max", no_argument, NULL, 'M'},
-        {"shmem-size", required_argument, NULL, 'S'},
-        {"block-client", no_argument, NULL, 'B'},
-        {"status", no_argument, NULL, 'U'},
-        {"no-status", no_argument, NULL, 'u'},
-        {"top", required_argument, NULL, 't'},
-        {"quiet", no_argument, NULL, 'q'},
-        {"help", no_argument, NULL, 'h'},
-        {0},
-    };
+    struct cli_opts opts;
     struct svc_config cfg;
     const char *output = NULL;
     double duration = 0;
     bool quiet = false, status_line = true; /* on a terminal */
-    long top = 10;
-    uint64_t bytes;
-    int c, rc = 0, out_fd = -1;
+    uint64_t top = 10;
+    int c, rc = EXIT_USAGE;
     char *end;
+    struct attach_state *st = NULL;
 
     svc_config_init(&cfg);
-    while ((c = getopt_long(argc, argv, "p:n:d:o:i:qh", opts, NULL)) != -1) {
+    if (cli_opts_build(&opts, attach_own_opts, "d:o:qh", attach_fields) < 0)
+        return EXIT_PROFILER;
+    while ((c = getopt_long(argc, argv, opts.shortopts, opts.longopts, NULL)) != -1) {
+        int a = cli_opts_apply(&opts, c, optarg, &cfg, "heapprof attach");
+        if (a < 0)
+            goto out;
+        if (a > 0)
+            continue;
         switch (c) {
-        case 'p': {
-            errno = 0;
-            long v = strtol(optarg, &end, 10);
-            if (errno || *end || v <= 0 || v > INT32_MAX || cfg.n_pid >= SVC_MAX_TARGETS) {
-                fprintf(stderr, "heapprof attach: invalid pid '%s'\n", optarg);
-                rc = EXIT_USAGE;
-                goto out;
-            }
-            cfg.pid[cfg.n_pid++] = (int32_t)v;
-            break;
-        }
-        case 'n':
-            if (!*optarg || cfg.n_process_cmdline >= SVC_MAX_TARGETS) {
-                fprintf(stderr, "heapprof attach: invalid name '%s'\n", optarg);
-                rc = EXIT_USAGE;
-                goto out;
-            }
-            cfg.process_cmdline[cfg.n_process_cmdline++] = strdup(optarg);
-            break;
         case 'd':
             errno = 0;
             duration = strtod(optarg, &end);
             if (errno || *end || !(duration > 0) || duration > 1e9) {
                 fprintf(stderr, "heapprof attach: invalid --duration '%s' (seconds > 0)\n", optarg);
-                rc = EXIT_USAGE;
                 goto out;
             }
             break;
         case 'o':
             output = optarg;
             break;
-        case 'i':
-            if (svc_parse_bytes(optarg, &bytes) < 0) {
-                fprintf(stderr,
-                        "heapprof attach: invalid sampling interval '%s': expected a number "
-                        "of bytes >= 1\n",
-                        optarg);
-                rc = EXIT_USAGE;
-                goto out;
-            }
-            cfg.sampling_interval_bytes = bytes;
-            break;
-        case 'C':
-            if (parse_continuous_dump(optarg, &cfg) < 0) {
-                fprintf(stderr, "heapprof attach: invalid --continuous-dump '%s'\n", optarg);
-                rc = EXIT_USAGE;
-                goto out;
-            }
-            break;
-        case 'M':
-            cfg.dump_at_max = true;
-            break;
-        case 'S':
-            if (svc_parse_bytes(optarg, &bytes) < 0) {
-                fprintf(stderr, "heapprof attach: invalid --shmem-size '%s'\n", optarg);
-                rc = EXIT_USAGE;
-                goto out;
-            }
-            cfg.shmem_size_bytes = bytes;
-            break;
-        case 'B':
-            cfg.block_client = true;
-            break;
-        case 'U':
+        case OPT_STATUS:
             status_line = true;
             break;
-        case 'u':
+        case OPT_NO_STATUS:
             status_line = false;
             break;
-        case 't':
-            errno = 0;
-            top = strtol(optarg, &end, 10);
-            if (errno || *end || top < 0) {
+        case OPT_TOP:
+            if (cli_parse_range(optarg, 0, 100000, &top) < 0) {
                 fprintf(stderr, "heapprof attach: invalid --top '%s'\n", optarg);
-                rc = EXIT_USAGE;
                 goto out;
             }
             break;
@@ -249,11 +222,11 @@ int cmd_attach(int argc, char **argv)
             quiet = true;
             break;
         case 'h':
-            usage_attach(stdout);
+            usage_attach(stdout, &opts);
+            rc = 0;
             goto out;
         default:
-            usage_attach(stderr);
-            rc = EXIT_USAGE;
+            usage_attach(stderr, &opts);
             goto out;
         }
     }
@@ -262,21 +235,29 @@ int cmd_attach(int argc, char **argv)
                 optind != argc ? "heapprof attach: unexpected argument '%s'\n"
                                : "heapprof attach: name a process with -p or -n%s\n",
                 optind != argc ? argv[optind] : "");
-        usage_attach(stderr);
-        rc = EXIT_USAGE;
+        usage_attach(stderr, &opts);
         goto out;
     }
     char err[256];
     if (svc_config_check(&cfg, err, sizeof(err)) < 0) {
         fprintf(stderr, "heapprof attach: %s\n", err);
-        rc = EXIT_USAGE;
         goto out;
     }
+    st = calloc(1, sizeof(*st));
+    if (!st) {
+        rc = EXIT_PROFILER;
+        goto out;
+    }
+    st->cfg = &cfg;
+    st->self = getpid();
+    st->have_names = cfg.n_process_cmdline > 0;
+    st->verbose = !quiet;
 
     /* Check explicit pids before anything is started: clear errors, no half sessions. */
-    struct svc_proc procs[SVC_MAX_TARGETS];
+    rc = 0;
     for (size_t i = 0; i < cfg.n_pid; i++) {
-        int r = svc_proc_inspect(cfg.pid[i], &procs[i]);
+        struct svc_proc *p = &st->procs[i];
+        int r = svc_proc_inspect(cfg.pid[i], p);
         if (r == -ENOENT) {
             fprintf(stderr, "heapprof attach: no process with pid %d\n", (int)cfg.pid[i]);
             rc = 1;
@@ -284,17 +265,17 @@ int cmd_attach(int argc, char **argv)
             fprintf(stderr, "heapprof attach: cannot inspect pid %d: %s\n", (int)cfg.pid[i],
                     strerror(-r));
             rc = 1;
-        } else if (!procs[i].same_user && geteuid() != 0) {
+        } else if (!p->same_user && geteuid() != 0) {
             fprintf(stderr,
                     "heapprof attach: pid %d (%s) belongs to another user; run heapprof as "
                     "that user (or as root)\n",
-                    (int)cfg.pid[i], procs[i].name);
+                    (int)cfg.pid[i], p->name);
             rc = 1;
-        } else if (!procs[i].preloaded) {
+        } else if (!p->preloaded) {
             fprintf(stderr,
                     "heapprof attach: pid %d (%s) does not have libheapprof.so loaded; start it "
                     "with LD_PRELOAD=/path/to/libheapprof.so to make it attachable\n",
-                    (int)cfg.pid[i], procs[i].name);
+                    (int)cfg.pid[i], p->name);
             rc = 1;
         }
     }
@@ -302,7 +283,7 @@ int cmd_attach(int argc, char **argv)
         goto out;
 
     char dir[HP_PATH_MAX], sock[HP_PATH_MAX];
-    if (svc_runtime_dir_prepare(dir, sizeof(dir), err, sizeof(err)) < 0) {
+    if (hp_runtime_dir_prepare(dir, sizeof(dir), err, sizeof(err)) < 0) {
         fprintf(stderr, "heapprof attach: %s\n", err);
         rc = EXIT_PROFILER;
         goto out;
@@ -317,81 +298,35 @@ int cmd_attach(int argc, char **argv)
     char out_buf[PATH_MAX];
     if (!output) {
         if (cfg.n_pid == 1)
-            snprintf(out_buf, sizeof(out_buf), "heapprof-%s-%d.pftrace", procs[0].name,
+            snprintf(out_buf, sizeof(out_buf), "heapprof-%s-%d.pftrace", st->procs[0].name,
                      (int)cfg.pid[0]);
         else
             snprintf(out_buf, sizeof(out_buf), "heapprof-attach-%d.pftrace", (int)getpid());
         output = out_buf;
     }
-    out_fd = open(output, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (out_fd < 0) {
-        fprintf(stderr, "heapprof attach: cannot write the trace to '%s': %s\n", output,
-                strerror(errno));
-        rc = EXIT_PROFILER;
-        goto out;
-    }
-
-    sigset_t old_mask;
-    svc_loop_block_signals(&old_mask);
-    svc_t *s = NULL;
-    int r = svc_new(&cfg, out_fd, &s);
-    if (r < 0) {
-        fprintf(stderr, "heapprof attach: cannot start the profiling service: %s\n", strerror(-r));
-        rc = EXIT_PROFILER;
-        goto out;
-    }
-
-    struct attach_state *st = calloc(1, sizeof(*st));
-    if (!st) {
-        rc = EXIT_PROFILER;
-        svc_free(s);
-        goto out;
-    }
-    st->cfg = &cfg;
-    st->self = getpid();
-    st->have_names = cfg.n_process_cmdline > 0;
-    for (size_t i = 0; i < cfg.n_pid; i++)
-        (void)signal_target(st, &procs[i], !quiet);
-    if (st->have_names) {
-        scan_names(st);
-        st->next_scan_ns = hp_clock_ns(CLOCK_MONOTONIC) + 500000000u;
-    }
-
-    struct svc_loop_opts lo = {
-        .dump_interval_ms = cfg.dump_interval_ms,
-        .dump_phase_ms = cfg.dump_phase_ms,
-        .duration_ms = (uint64_t)(duration * 1000),
-        .status_line = !quiet && status_line && isatty(STDERR_FILENO),
-        .stop_when_no_clients = !st->have_names,
-        .tick = attach_tick,
-        .tick_ctx = st,
+    struct cli_session cs = {
+        .prog = "heapprof attach",
+        .cfg = &cfg,
+        .output = output,
+        .quiet = quiet,
+        .top = (int)top,
+        .loop =
+            {
+                .duration_ms = (uint64_t)(duration * 1000),
+                .status_line = !quiet && status_line && isatty(STDERR_FILENO),
+                .stop_when_no_clients = !st->have_names,
+                .tick = attach_tick,
+                .tick_ctx = st,
+            },
+        .started = attach_started,
+        .stopping = attach_stopping,
+        .ctx = st,
     };
-    struct svc_loop_result res;
-    r = svc_loop_run(s, &lo, &res);
-    if (r < 0)
-        hp_log_warn("%s", strerror(-r));
-    svc_loop_arm_second_interrupt(out_fd, s);
-    if (!quiet && res.signo)
-        fprintf(stderr, "\nheapprof attach: stopping (signal %d); dumping and detaching\n",
-                res.signo);
-
-    struct svc_summary sum;
-    r = svc_finish(s, &sum);
-    svc_free(s);
-    free(st);
-    if (r < 0 || close(out_fd) < 0) {
-        fprintf(stderr, "heapprof attach: writing '%s' failed: %s\n", output,
-                strerror(r < 0 ? -r : errno));
-        out_fd = -1;
-        rc = EXIT_PROFILER;
-        goto out;
-    }
-    out_fd = -1;
-    if (!quiet)
-        svc_print_summary(output, &sum, (int)top);
+    struct cli_loop_result res;
+    rc = cli_session_run(&cs, &res);
 out:
-    if (out_fd >= 0)
-        (void)close(out_fd);
+    free(st);
+    cli_opts_done(&opts);
     svc_config_done(&cfg);
     return rc;
 }

@@ -158,19 +158,32 @@ static int expect_value(struct parser *ps, const char *field)
     return 0;
 }
 
-static int get_uint(struct parser *ps, const char *field, uint64_t max, uint64_t *ret)
+/* A number in the syntax of protobuf text format's integers we accept: decimal, or
+ * hexadecimal with 0x. */
+static int get_uint(struct parser *ps, const struct svc_config_field *f, uint64_t *ret)
 {
-    int r = expect_value(ps, field);
+    int r = expect_value(ps, f->name);
     if (r < 0)
         return r;
     if (ps->t != TOK_INT)
-        return fail(ps, ps->tline, "'%s' wants a number, not '%s'", field, ps->text);
-    char *endp;
-    errno = 0;
-    unsigned long long v = strtoull(ps->text, &endp, 0);
-    if (errno || *endp || ps->text[0] == '-' || ps->text[0] == '+' || v > max)
-        return fail(ps, ps->tline, "invalid value '%s' for '%s' (0..%llu)", ps->text, field,
-                    (unsigned long long)max);
+        return fail(ps, ps->tline, "'%s' wants a number, not '%s'", f->name, ps->text);
+    const char *t = ps->text;
+    uint64_t v = 0;
+    if (t[0] == '0' && (t[1] == 'x' || t[1] == 'X')) {
+        char *endp;
+        errno = 0;
+        v = strtoull(t + 2, &endp, 16);
+        if (errno || *endp || !isxdigit((unsigned char)t[2]))
+            r = -EINVAL;
+    } else {
+        r = svc_parse_uint(t, false, &v);
+    }
+    if (r < 0)
+        return fail(ps, ps->tline, "invalid value '%s' for '%s' (%llu..%llu)", t, f->name,
+                    (unsigned long long)f->min, (unsigned long long)f->max);
+    if (v == 0 && (f->flags & SVC_FIELD_NONZERO))
+        return fail(ps, ps->tline, "%s must be %s", f->name,
+                    f->type == SVC_FIELD_PIDS ? "positive" : "at least 1");
     *ret = v;
     return 0;
 }
@@ -189,17 +202,14 @@ static int get_bool(struct parser *ps, const char *field, bool *ret)
     return 0;
 }
 
-static int get_string(struct parser *ps, const char *field, char **ret)
+static int get_string(struct parser *ps, const char *field)
 {
     int r = expect_value(ps, field);
     if (r < 0)
         return r;
     if (ps->t != TOK_STRING)
         return fail(ps, ps->tline, "'%s' wants a quoted string", field);
-    if (ps->text_len == 0)
-        return fail(ps, ps->tline, "'%s' must not be empty", field);
-    *ret = strdup(ps->text);
-    return *ret ? 0 : -ENOMEM;
+    return 0;
 }
 
 static int parse_message(struct parser *ps, struct svc_config *cfg, bool nested_dump);
@@ -222,11 +232,42 @@ static int parse_nested(struct parser *ps, struct svc_config *cfg, const char *f
     return 0;
 }
 
+/* One field's value, of the type the table gives it. */
+static int parse_value(struct parser *ps, struct svc_config *cfg, const struct svc_config_field *f)
+{
+    char msg[256];
+    uint64_t v = 0;
+    bool b = false;
+    int r;
+    switch (f->type) {
+    case SVC_FIELD_BOOL:
+    case SVC_FIELD_ACCEPTED:
+        if ((r = get_bool(ps, f->name, &b)) < 0)
+            return r;
+        svc_config_set_bool(cfg, f, b);
+        return 0;
+    case SVC_FIELD_UINT:
+    case SVC_FIELD_BYTES:
+    case SVC_FIELD_PIDS:
+        if ((r = get_uint(ps, f, &v)) < 0)
+            return r;
+        r = svc_config_set_uint(cfg, f, v, msg, sizeof(msg));
+        break;
+    case SVC_FIELD_CMDLINES:
+    case SVC_FIELD_HEAPS:
+        if ((r = get_string(ps, f->name)) < 0)
+            return r;
+        r = svc_config_set_string(cfg, f, ps->text, msg, sizeof(msg));
+        break;
+    default:
+        return fail(ps, ps->tline, "unknown field '%s'", f->name);
+    }
+    return r < 0 ? fail(ps, ps->tline, "%s", msg) : 0;
+}
+
 /* Parses fields until '}' (nested) or EOF (top level). */
 static int parse_message(struct parser *ps, struct svc_config *cfg, bool nested_dump)
 {
-    uint64_t v;
-    bool b;
     int r;
     for (;;) {
         if ((r = next(ps)) < 0)
@@ -245,104 +286,27 @@ static int parse_message(struct parser *ps, struct svc_config *cfg, bool nested_
         }
         if (ps->t != TOK_IDENT)
             return fail(ps, ps->tline, "expected a field name, not '%s'", ps->text);
-        char f[64];
+        char f[64], qualified[96];
         unsigned fline = ps->tline;
         if (ps->text_len >= sizeof(f))
             return fail(ps, fline, "unknown field '%.40s...'", ps->text);
         memcpy(f, ps->text, ps->text_len + 1);
 
-        if (nested_dump) {
-            if (!strcmp(f, "dump_phase_ms")) {
-                if ((r = get_uint(ps, f, UINT32_MAX, &v)) < 0)
-                    return r;
-                cfg->dump_phase_ms = (uint32_t)v;
-            } else if (!strcmp(f, "dump_interval_ms")) {
-                if ((r = get_uint(ps, f, UINT32_MAX, &v)) < 0)
-                    return r;
-                cfg->dump_interval_ms = (uint32_t)v;
-            } else {
-                return fail(ps, fline, "unknown field '%s' in continuous_dump_config", f);
-            }
-            continue;
-        }
-
-        if (!strcmp(f, "sampling_interval_bytes")) {
-            if ((r = get_uint(ps, f, UINT64_MAX, &v)) < 0)
-                return r;
-            if (v == 0)
-                return fail(ps, ps->tline, "sampling_interval_bytes must be at least 1");
-            cfg->sampling_interval_bytes = v;
-        } else if (!strcmp(f, "shmem_size_bytes")) {
-            if ((r = get_uint(ps, f, UINT64_MAX, &v)) < 0)
-                return r;
-            if (v < (64u << 10) || v > (1u << 30) || (v & (v - 1)))
-                return fail(ps, ps->tline,
-                            "shmem_size_bytes must be a power of two between 64 KiB and 1 GiB");
-            cfg->shmem_size_bytes = v;
-        } else if (!strcmp(f, "block_client_timeout_us")) {
-            if ((r = get_uint(ps, f, 60000000, &v)) < 0)
-                return r;
-            cfg->block_client_timeout_us = (uint32_t)v;
-        } else if (!strcmp(f, "max_heapprofd_memory_kb")) {
-            if ((r = get_uint(ps, f, UINT64_MAX / 1024, &v)) < 0)
-                return r;
-            cfg->max_heapprofd_memory_kb = v;
-        } else if (!strcmp(f, "max_heapprofd_cpu_secs")) {
-            if ((r = get_uint(ps, f, UINT64_MAX, &v)) < 0)
-                return r;
-            cfg->max_heapprofd_cpu_secs = v;
-        } else if (!strcmp(f, "pid")) {
-            if ((r = get_uint(ps, f, INT32_MAX, &v)) < 0)
-                return r;
-            if (v == 0)
-                return fail(ps, ps->tline, "pid must be positive");
-            if (cfg->n_pid >= SVC_MAX_TARGETS)
-                return fail(ps, ps->tline, "more than %d pids", SVC_MAX_TARGETS);
-            cfg->pid[cfg->n_pid++] = (int32_t)v;
-        } else if (!strcmp(f, "process_cmdline")) {
-            char *s;
-            if ((r = get_string(ps, f, &s)) < 0)
-                return r;
-            if (cfg->n_process_cmdline >= SVC_MAX_TARGETS) {
-                free(s);
-                return fail(ps, ps->tline, "more than %d process_cmdline entries", SVC_MAX_TARGETS);
-            }
-            cfg->process_cmdline[cfg->n_process_cmdline++] = s;
-        } else if (!strcmp(f, "heaps")) {
-            char *s;
-            if ((r = get_string(ps, f, &s)) < 0)
-                return r;
-            bool ok = !strcmp(s, "libc.malloc") || !strcmp(s, "malloc");
-            free(s);
-            if (!ok)
-                return fail(ps, ps->tline, "only the heap \"libc.malloc\" is supported");
-        } else if (!strcmp(f, "continuous_dump_config")) {
+        if (!nested_dump && !strcmp(f, "continuous_dump_config")) {
             if ((r = parse_nested(ps, cfg, f)) < 0)
                 return r;
-        } else if (!strcmp(f, "block_client")) {
-            if ((r = get_bool(ps, f, &cfg->block_client)) < 0)
-                return r;
-        } else if (!strcmp(f, "dump_at_max")) {
-            if ((r = get_bool(ps, f, &cfg->dump_at_max)) < 0)
-                return r;
-        } else if (!strcmp(f, "no_startup")) {
-            if ((r = get_bool(ps, f, &cfg->no_startup)) < 0)
-                return r;
-        } else if (!strcmp(f, "no_running")) {
-            if ((r = get_bool(ps, f, &cfg->no_running)) < 0)
-                return r;
-        } else if (!strcmp(f, "all")) {
-            if ((r = get_bool(ps, f, &cfg->all)) < 0)
-                return r;
-        } else if (!strcmp(f, "all_heaps")) {
-            if ((r = get_bool(ps, f, &b)) < 0)
-                return r;
-        } else if (!strcmp(f, "disable_fork_teardown")) {
-            if ((r = get_bool(ps, f, &cfg->disable_fork_teardown)) < 0)
-                return r;
-        } else {
+            continue;
+        }
+        snprintf(qualified, sizeof(qualified), "%s%s", nested_dump ? "continuous_dump_config." : "",
+                 f);
+        const struct svc_config_field *field = svc_config_field_find(qualified);
+        if (!field) {
+            if (nested_dump)
+                return fail(ps, fline, "unknown field '%s' in continuous_dump_config", f);
             return fail(ps, fline, "unknown field '%s'", f);
         }
+        if ((r = parse_value(ps, cfg, field)) < 0)
+            return r;
     }
 }
 
@@ -391,69 +355,4 @@ int svc_config_load_file(const char *path, struct svc_config *cfg, char *err, si
         len += (size_t)n;
     }
     return svc_config_parse_text(buf, len, path, cfg, err, err_len);
-}
-
-int svc_parse_bytes(const char *s, uint64_t *ret)
-{
-    if (!s || !isdigit((unsigned char)s[0]))
-        return -EINVAL;
-    uint64_t v = 0;
-    const char *p = s;
-    for (; isdigit((unsigned char)*p); p++) {
-        unsigned d = (unsigned)(*p - '0');
-        if (v > (UINT64_MAX - d) / 10)
-            return -EINVAL;
-        v = v * 10 + d;
-    }
-    uint64_t mult = 1;
-    switch (*p) {
-    case '\0':
-        break;
-    case 'k':
-    case 'K':
-        mult = 1ull << 10;
-        p++;
-        break;
-    case 'm':
-    case 'M':
-        mult = 1ull << 20;
-        p++;
-        break;
-    case 'g':
-    case 'G':
-        mult = 1ull << 30;
-        p++;
-        break;
-    default:
-        return -EINVAL;
-    }
-    if (*p == 'i' && mult > 1)
-        p++;
-    if ((*p == 'b' || *p == 'B') && p[1] == '\0')
-        p++;
-    if (*p != '\0' || v == 0 || v > UINT64_MAX / mult)
-        return -EINVAL;
-    *ret = v * mult;
-    return 0;
-}
-
-int parse_continuous_dump(const char *arg, struct svc_config *cfg)
-{
-    char *end;
-    errno = 0;
-    unsigned long iv = strtoul(arg, &end, 10);
-    unsigned long ph = 0;
-    if (errno || end == arg || iv < 10 || iv > UINT32_MAX || arg[0] == '-')
-        return -EINVAL;
-    if (*end == ',') {
-        const char *p = end + 1;
-        ph = strtoul(p, &end, 10);
-        if (errno || end == p || ph > UINT32_MAX || p[0] == '-')
-            return -EINVAL;
-    }
-    if (*end)
-        return -EINVAL;
-    cfg->dump_interval_ms = (uint32_t)iv;
-    cfg->dump_phase_ms = (uint32_t)ph;
-    return 0;
 }

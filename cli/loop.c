@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/format.h"
 #include "common/log.h"
 
 static sigset_t loop_signals(void)
@@ -26,25 +27,10 @@ static sigset_t loop_signals(void)
     return m;
 }
 
-void svc_loop_block_signals(sigset_t *ret_old)
+void cli_loop_block_signals(sigset_t *ret_old)
 {
     sigset_t m = loop_signals();
     sigprocmask(SIG_BLOCK, &m, ret_old);
-}
-
-void svc_human_bytes(uint64_t b, char *buf, size_t len)
-{
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)b;
-    unsigned u = 0;
-    while (v >= 1024 && u < 4) {
-        v /= 1024;
-        u++;
-    }
-    if (u == 0)
-        snprintf(buf, len, "%llu B", (unsigned long long)b);
-    else
-        snprintf(buf, len, "%.1f %s", v, units[u]);
 }
 
 static void draw_status(svc_t *s, uint64_t *last_samples, uint64_t *last_ns, bool final)
@@ -57,7 +43,7 @@ static void draw_status(svc_t *s, uint64_t *last_samples, uint64_t *last_ns, boo
     *last_samples = st.samples;
     *last_ns = now;
     char out[32];
-    svc_human_bytes(st.output_bytes, out, sizeof(out));
+    hp_format_bytes(st.output_bytes, out, sizeof(out));
     fprintf(stderr, "\r\033[Kheapprof: %u process%s, %.0f samples/s, %llu dropped, %llu dump%s, %s",
             st.live_processes, st.live_processes == 1 ? "" : "es", rate,
             (unsigned long long)st.records_dropped, (unsigned long long)st.dumps,
@@ -67,7 +53,7 @@ static void draw_status(svc_t *s, uint64_t *last_samples, uint64_t *last_ns, boo
     fflush(stderr);
 }
 
-int svc_loop_run(svc_t *s, const struct svc_loop_opts *o, struct svc_loop_result *ret)
+int cli_loop_run(svc_t *s, const struct cli_loop_opts *o, struct cli_loop_result *ret)
 {
     memset(ret, 0, sizeof(*ret));
     sigset_t m = loop_signals();
@@ -178,7 +164,7 @@ static void second_interrupt(int sig)
     _exit(130);
 }
 
-void svc_loop_arm_second_interrupt(int out_fd, svc_t *s)
+void cli_loop_arm_second_interrupt(int out_fd, svc_t *s)
 {
     emergency_fd = out_fd;
     emergency_svc = s;

@@ -2,12 +2,12 @@
  * `heapprofd`: accepts clients, takes signals through a signalfd, schedules continuous
  * dumps, checks guardrails, shows a status line on a terminal, and waits for a child.
  *
- *     struct svc_loop_opts o = {.dump_interval_ms = 1000, .status_line = isatty(2)};
- *     struct svc_loop_result res;
- *     svc_loop_block_signals();          // before any thread is created
+ *     struct cli_loop_opts o = {.dump_interval_ms = 1000, .status_line = isatty(2)};
+ *     struct cli_loop_result res;
+ *     cli_loop_block_signals();          // before any thread is created
  *     ... svc_new(...) ...
- *     svc_loop_run(s, &o, &res);
- *     svc_loop_arm_second_interrupt(out_fd, s);   // a second Ctrl-C exits at once
+ *     cli_loop_run(s, &o, &res);
+ *     cli_loop_arm_second_interrupt(out_fd, s);   // a second Ctrl-C exits at once
  *     svc_finish(s, &summary);
  */
 #ifndef HP_CLI_LOOP_H
@@ -21,7 +21,7 @@
 
 #include "service/svc.h"
 
-struct svc_loop_opts {
+struct cli_loop_opts {
     uint32_t dump_interval_ms; /* 0: no continuous dumps */
     uint32_t dump_phase_ms;    /* first dump this long after the start */
     uint64_t duration_ms;      /* 0: until a signal (or the child's exit) */
@@ -34,7 +34,7 @@ struct svc_loop_opts {
     void *tick_ctx;
 };
 
-struct svc_loop_result {
+struct cli_loop_result {
     bool child_exited;
     int child_status; /* waitpid status */
     int signo;        /* the signal that ended the loop, or 0 */
@@ -44,17 +44,14 @@ struct svc_loop_result {
 /* Blocks the signals the loop takes (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1,
  * SIGCHLD) in the calling thread, so threads created afterwards inherit the mask.
  * Stores the previous mask in @ret_old (for children). */
-void svc_loop_block_signals(sigset_t *ret_old);
+void cli_loop_block_signals(sigset_t *ret_old);
 
 /* Runs until the child exits, a terminating signal, the duration, or tick() says so.
  * Returns 0 or -errno. */
-int svc_loop_run(svc_t *s, const struct svc_loop_opts *o, struct svc_loop_result *ret);
+int cli_loop_run(svc_t *s, const struct cli_loop_opts *o, struct cli_loop_result *ret);
 
 /* From now on a SIGINT or SIGTERM truncates @out_fd to its last complete packet and
  * exits at once (status 130). */
-void svc_loop_arm_second_interrupt(int out_fd, svc_t *s);
-
-/* Formats a byte count as "1.2 MiB". */
-void svc_human_bytes(uint64_t b, char *buf, size_t len);
+void cli_loop_arm_second_interrupt(int out_fd, svc_t *s);
 
 #endif

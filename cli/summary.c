@@ -2,13 +2,13 @@
 #include <stdio.h>
 
 #include "cli/cli.h"
-#include "cli/loop.h"
+#include "common/format.h"
 #include "report/report.h"
 
-void svc_print_summary(const char *out_path, const struct svc_summary *sum, int top)
+void cli_print_summary(const char *out_path, const struct svc_summary *sum, int top)
 {
     char hb[32];
-    svc_human_bytes(sum->output_bytes, hb, sizeof(hb));
+    hp_format_bytes(sum->output_bytes, hb, sizeof(hb));
     char audit[96] = "";
     if (sum->audit_mismatches)
         snprintf(audit, sizeof(audit), "; %llu of %llu audited stack walks differed",

@@ -25,4 +25,15 @@ int hp_runtime_dir(const char *xdg_runtime_dir, uid_t uid, char *buf, size_t len
 /* Writes "<dir>/heapprofd.sock" (@attach_pid <= 0) or "<dir>/attach-<pid>.sock". */
 int hp_socket_path(const char *xdg_runtime_dir, uid_t uid, pid_t attach_pid, char *buf, size_t len);
 
+/* Service side only (common/rundir.c; not hook-safe). */
+
+/* Creates the runtime directory if needed and checks it: a directory (not a symlink)
+ * owned by us with mode 0700. Writes its path to @buf. Returns 0 or -errno with a
+ * message in @err. */
+int hp_runtime_dir_prepare(char *buf, size_t len, char *err, size_t err_len);
+/* Creates a new private directory (mode 0700) "heapprof-XXXXXX" under $XDG_RUNTIME_DIR
+ * when that is a usable directory, else under /tmp, for the socket of one session.
+ * Writes its path to @buf. Returns 0 or -errno. */
+int hp_private_dir_new(char *buf, size_t len);
+
 #endif

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/containers.h"
+#include "common/format.h"
 
 /* libstdc++'s demangler (the Itanium C++ ABI entry point); declared here so that the C
  * code needs no C++ header. Returns a malloc()ed string or NULL, status 0 on success. */
@@ -27,23 +28,6 @@ const char *rp_demangle(const char *name, char *buf, size_t buf_len)
     memcpy(buf, d, n);
     buf[n] = '\0';
     free(d);
-    return buf;
-}
-
-static const char *human_bytes(uint64_t v, char *buf, size_t len)
-{
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    if (v < 1024) {
-        snprintf(buf, len, "%" PRIu64 " B", v);
-        return buf;
-    }
-    double d = (double)v;
-    size_t u = 0;
-    while (d >= 1024 && u + 1 < sizeof(units) / sizeof(units[0])) {
-        d /= 1024;
-        u++;
-    }
-    snprintf(buf, len, "%.1f %s", d, units[u]);
     return buf;
 }
 
@@ -101,22 +85,23 @@ static void print_site(FILE *out, size_t rank, const struct rp_trace_callsite *c
     switch (o) {
     case BY_UNRELEASED:
         fprintf(out, "  #%zu  %s (%" PRIu64 " bytes) unreleased in %" PRIu64 " allocations", rank,
-                human_bytes(unreleased(c), b1, sizeof(b1)), unreleased(c), unreleased_count(c));
+                hp_format_bytes(unreleased(c), b1, sizeof(b1)), unreleased(c), unreleased_count(c));
         fprintf(out, "; allocated %s (%" PRIu64 " bytes) in %" PRIu64 " allocations\n",
-                human_bytes(c->self_allocated, b2, sizeof(b2)), c->self_allocated, c->alloc_count);
+                hp_format_bytes(c->self_allocated, b2, sizeof(b2)), c->self_allocated,
+                c->alloc_count);
         break;
     case BY_ALLOCATED:
         fprintf(out,
                 "  #%zu  %s (%" PRIu64 " bytes) allocated in %" PRIu64 " allocations, %" PRIu64
                 " freed",
-                rank, human_bytes(c->self_allocated, b1, sizeof(b1)), c->self_allocated,
+                rank, hp_format_bytes(c->self_allocated, b1, sizeof(b1)), c->self_allocated,
                 c->alloc_count, c->free_count);
         fprintf(out, "; unreleased %s (%" PRIu64 " bytes)\n",
-                human_bytes(unreleased(c), b2, sizeof(b2)), unreleased(c));
+                hp_format_bytes(unreleased(c), b2, sizeof(b2)), unreleased(c));
         break;
     case BY_PEAK:
         fprintf(out, "  #%zu  %s (%" PRIu64 " bytes) in %" PRIu64 " allocations at the peak\n",
-                rank, human_bytes(c->self_max, b1, sizeof(b1)), c->self_max, c->self_max_count);
+                rank, hp_format_bytes(c->self_max, b1, sizeof(b1)), c->self_max, c->self_max_count);
         break;
     }
     if (c->n_frames == 0) {
@@ -196,11 +181,11 @@ static void print_process(FILE *out, const struct rp_trace_process *p,
         has_peak |= c->self_max != 0;
     }
     fprintf(out, "  Totals: allocated %s (%" PRIu64 " bytes, %" PRIu64 " allocations)",
-            human_bytes(alloc, b, sizeof(b)), alloc, nalloc);
+            hp_format_bytes(alloc, b, sizeof(b)), alloc, nalloc);
     fprintf(out, ", freed %s (%" PRIu64 " bytes, %" PRIu64 " frees)",
-            human_bytes(freed, b, sizeof(b)), freed, nfree);
+            hp_format_bytes(freed, b, sizeof(b)), freed, nfree);
     fprintf(out, ", unreleased %s (%" PRIu64 " bytes)\n",
-            human_bytes(alloc > freed ? alloc - freed : 0, b, sizeof(b)),
+            hp_format_bytes(alloc > freed ? alloc - freed : 0, b, sizeof(b)),
             alloc > freed ? alloc - freed : 0);
 
     struct sort_item *items = p->n_callsites ? calloc(p->n_callsites, sizeof(*items)) : NULL;

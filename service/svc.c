@@ -20,6 +20,7 @@
 #include "common/clock.h"
 #include "common/fdpass.h"
 #include "common/log.h"
+#include "common/paths.h"
 #include "service/svc_internal.h"
 #include "shmem_ring/utable.h"
 #include "shmem_ring/wire.h"
@@ -207,22 +208,12 @@ static int make_dir(const struct svc_config *cfg, char **ret)
     if (cfg->socket_dir) {
         if (mkdir(cfg->socket_dir, 0700) < 0 && errno != EEXIST)
             return -errno;
-        char *d = strdup(cfg->socket_dir);
-        if (!d)
-            return -ENOMEM;
-        *ret = d;
-        return 0;
+        snprintf(tmpl, sizeof(tmpl), "%s", cfg->socket_dir);
+    } else {
+        int r = hp_private_dir_new(tmpl, sizeof(tmpl));
+        if (r < 0)
+            return r;
     }
-    const char *base = getenv("XDG_RUNTIME_DIR");
-    struct stat st;
-    if (!base || base[0] != '/' || stat(base, &st) < 0 || !S_ISDIR(st.st_mode) ||
-        access(base, W_OK) < 0)
-        base = "/tmp";
-    int n = snprintf(tmpl, sizeof(tmpl), "%s/heapprof-XXXXXX", base);
-    if (n < 0 || (size_t)n >= sizeof(tmpl))
-        return -ENAMETOOLONG;
-    if (!mkdtemp(tmpl)) /* mode 0700 */
-        return -errno;
     char *d = strdup(tmpl);
     if (!d)
         return -ENOMEM;

@@ -70,6 +70,72 @@ struct svc_config {
     uint32_t audit_every;
 };
 
+/* One table of the configuration's fields: the config-file parser, every command's flags
+ * and their --help come from it (cli/), so a field has one name, one range and one
+ * meaning everywhere. Fields of Perfetto's HeapprofdConfig keep its names and field
+ * numbers (proto_id); heapprof's own have proto_id 0.
+ *
+ *     const struct svc_config_field *f = svc_config_field_find("sampling_interval_bytes");
+ *     if (svc_config_set_text(&cfg, f, "512k", err, sizeof(err)) < 0) ...;
+ */
+enum svc_field_type {
+    SVC_FIELD_BOOL,     /* bool at offset */
+    SVC_FIELD_UINT,     /* uint32_t or uint64_t at offset (width), min..max */
+    SVC_FIELD_BYTES,    /* like UINT; as a flag it takes k, M, G suffixes */
+    SVC_FIELD_PIDS,     /* repeated: appends to pid[] */
+    SVC_FIELD_CMDLINES, /* repeated string: appends to process_cmdline[] */
+    SVC_FIELD_HEAPS,    /* repeated string: only the malloc heap exists */
+    SVC_FIELD_ACCEPTED, /* a bool that is accepted and has no effect (all_heaps) */
+};
+#define SVC_FIELD_POW2 (1u << 0)        /* the value must be a power of two */
+#define SVC_FIELD_NONZERO (1u << 1)     /* 0 is refused (as a flag: "must be at least 1") */
+#define SVC_FIELD_NESTED_DUMP (1u << 2) /* inside continuous_dump_config */
+
+struct svc_config_field {
+    const char *name;  /* HeapprofdConfig field name (or heapprof's own) */
+    uint32_t proto_id; /* field number in HeapprofdConfig (in ContinuousDumpConfig when
+                          SVC_FIELD_NESTED_DUMP); 0: not a HeapprofdConfig field */
+    enum svc_field_type type;
+    uint32_t flags; /* SVC_FIELD_* */
+    size_t offset;  /* in struct svc_config */
+    uint8_t width;  /* bytes of the integer at offset */
+    uint64_t min, max;
+    const char *flag;     /* long option of the commands (NULL: config file only) */
+    char short_flag;      /* 0: none */
+    const char *no_flag;  /* BOOL: long option that clears it (NULL: none) */
+    const char *what;     /* for messages: "sampling interval" */
+    const char *arg_help; /* "N", "PID", ... (NULL for a bool) */
+    const char *help;     /* one line for --help */
+};
+
+extern const struct svc_config_field svc_config_fields[];
+extern const size_t svc_n_config_fields;
+
+/* The field named @name (HeapprofdConfig name, or "continuous_dump_config.dump_phase_ms"
+ * for the nested ones), or NULL. */
+const struct svc_config_field *svc_config_field_find(const char *name);
+
+/* Sets an integer field (UINT, BYTES, PIDS) after checking it against the field's range
+ * and flags; -EINVAL with a message "<name> must be ..." in @err. */
+int svc_config_set_uint(struct svc_config *cfg, const struct svc_config_field *f, uint64_t v,
+                        char *err, size_t err_len) HP_WARN_UNUSED;
+/* Sets a BOOL (or ACCEPTED) field. */
+void svc_config_set_bool(struct svc_config *cfg, const struct svc_config_field *f, bool v);
+/* Sets a string field (CMDLINES appends a copy; HEAPS checks the name). -EINVAL or
+ * -ENOMEM with a message in @err. */
+int svc_config_set_string(struct svc_config *cfg, const struct svc_config_field *f, const char *v,
+                          char *err, size_t err_len) HP_WARN_UNUSED;
+/* Sets a field from a command-line value: numbers in decimal (BYTES also with a k, M or
+ * G suffix, optionally followed by "iB"/"B"), strings as given. A BOOL field is set to
+ * true. -EINVAL with a message in @err. */
+int svc_config_set_text(struct svc_config *cfg, const struct svc_config_field *f, const char *text,
+                        char *err, size_t err_len) HP_WARN_UNUSED;
+
+/* The one parser of unsigned numbers from text: decimal digits only (no sign, no
+ * spaces), with @suffixes also "4k", "8M", "1G", "64KiB", "2GB"; rejects overflow.
+ * Returns 0 or -EINVAL. */
+int svc_parse_uint(const char *s, bool suffixes, uint64_t *ret) HP_WARN_UNUSED;
+
 void svc_config_init(struct svc_config *cfg);
 /* Frees the strings the configuration owns (process_cmdline). */
 void svc_config_done(struct svc_config *cfg);
@@ -152,11 +218,6 @@ bool svc_check_guardrails(svc_t *s);
 int svc_finish(svc_t *s, struct svc_summary *ret_summary) HP_WARN_UNUSED;
 /* Removes the socket and its directory, frees everything; accepts NULL. */
 svc_t *svc_free(svc_t *s);
-
-/* Creates (if needed) and checks the runtime directory (common/paths.h): a directory
- * owned by us with mode 0700. Writes its path to @buf. Returns 0 or -errno with a
- * message in @err. */
-int svc_runtime_dir_prepare(char *buf, size_t len, char *err, size_t err_len);
 
 /* Target discovery for attach. */
 struct svc_proc {

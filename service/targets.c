@@ -1,5 +1,5 @@
-/* service/targets.c: the runtime directory, and finding and signalling the processes an
- * attach session or the daemon profiles. */
+/* service/targets.c: finding and signalling the processes an attach session or the
+ * daemon profiles. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -10,37 +10,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cli/cli.h"
 #include "common/macros.h"
 #include "common/paths.h"
-
-int svc_runtime_dir_prepare(char *buf, size_t len, char *err, size_t err_len)
-{
-    int r = hp_runtime_dir(getenv("XDG_RUNTIME_DIR"), getuid(), buf, len);
-    if (r < 0) {
-        snprintf(err, err_len, "runtime directory path too long");
-        return r;
-    }
-    if (mkdir(buf, 0700) < 0 && errno != EEXIST) {
-        r = -errno;
-        snprintf(err, err_len, "cannot create %s: %s", buf, strerror(-r));
-        return r;
-    }
-    struct stat st;
-    if (lstat(buf, &st) < 0) {
-        r = -errno;
-        snprintf(err, err_len, "%s: %s", buf, strerror(-r));
-        return r;
-    }
-    if (!S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077) != 0) {
-        snprintf(err, err_len,
-                 "%s must be a directory owned by uid %u with mode 0700 (someone else's "
-                 "or a symlink?)",
-                 buf, (unsigned)getuid());
-        return -EPERM;
-    }
-    return 0;
-}
+#include "service/svc.h"
 
 static int read_small(const char *path, char *buf, size_t len, size_t *ret_n)
 {

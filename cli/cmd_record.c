@@ -1,0 +1,464 @@
+/* cli/cmd_record.c: `heapprof record`: runs a command with libheapprof.so preloaded and
+ * profiles it (and, by default, what it executes) from its first allocation. */
+#include <elf.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "common/macros.h"
+#include "common/paths.h"
+
+#ifndef HP_LIBDIR_FROM_BINDIR
+#define HP_LIBDIR_FROM_BINDIR "../lib"
+#endif
+
+extern char **environ;
+
+/* The configuration fields `heapprof record` offers as options. */
+static const struct cli_field record_fields[] = {
+    {"sampling_interval_bytes", NULL, 0},
+    {"shmem_size_bytes", NULL, 0},
+    {"max_stack_bytes", NULL, 0},
+    {"block_client", NULL, 0},
+    {"block_client_timeout_us", NULL, 0},
+    {"dump_at_max", NULL, 0},
+    {"continuous_dump_config", NULL, 0},
+    {"follow_fork", NULL, 0},
+    {"no_fast_unwind", NULL, 0},
+    {"audit_every", NULL, 0},
+    {NULL, NULL, 0},
+};
+
+enum {
+    OPT_SEED = 256,
+    OPT_TOP,
+    OPT_STATUS,
+    OPT_FOLLOW_EXEC,
+    OPT_NO_FOLLOW_EXEC,
+};
+
+static const struct option record_own_opts[] = {
+    {"output", required_argument, NULL, 'o'},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"top", required_argument, NULL, OPT_TOP},
+    {"status", no_argument, NULL, OPT_STATUS},
+    {"follow-exec", no_argument, NULL, OPT_FOLLOW_EXEC},
+    {"no-follow-exec", no_argument, NULL, OPT_NO_FOLLOW_EXEC},
+    {"quiet", no_argument, NULL, 'q'},
+    {"help", no_argument, NULL, 'h'},
+    {0},
+};
+
+static void usage_record(FILE *f, const struct cli_opts *o)
+{
+    fputs("usage: heapprof record [options] [--] CMD [ARGS...]\n"
+          "\n"
+          "Runs CMD with libheapprof.so preloaded, profiles it (and, by default, the\n"
+          "programs it executes) from its first allocation, writes a Perfetto trace when\n"
+          "CMD exits, prints a summary on stderr and exits with CMD's exit status.\n"
+          "\n"
+          "options:\n"
+          "  -o, --output FILE            trace file (default heapprof-<name>-<pid>.pftrace)\n",
+          f);
+    cli_opts_help(f, o);
+    fputs("      --seed N                 fixed sampler seed for reproducible runs\n"
+          "      --status                 live status line on a terminal\n"
+          "      --follow-exec            the default: every program started by exec()\n"
+          "                               (in CMD's process or in a child) is profiled from\n"
+          "                               its first allocation, as a process of its own\n"
+          "      --no-follow-exec         profile CMD only: programs it executes start\n"
+          "                               without libheapprof.so in LD_PRELOAD and without\n"
+          "                               HEAPPROF_* variables (the user's LD_PRELOAD\n"
+          "                               entries stay); an execve() given an environment\n"
+          "                               of the program's own making is not changed\n"
+          "      --top N                  sites in the summary (default 10; 0: none)\n"
+          "  -q, --quiet                  no summary\n"
+          "  -h, --help                   this help\n"
+          "\n"
+          "examples:\n"
+          "  heapprof record -- ./myapp arg1 arg2\n"
+          "  heapprof record -o app.pftrace -i 1 -- python3 script.py\n"
+          "  heapprof report app.pftrace\n"
+          "\n"
+          "exit status: CMD's status (128+N if killed by signal N); 2 usage error;\n"
+          "3 profiler failure; 126 CMD cannot run; 127 CMD not found.\n",
+          f);
+}
+
+/* Finds @name like execvp does. Returns a malloc'd path, or NULL with errno set. */
+static char *find_program(const char *name)
+{
+    if (strchr(name, '/')) {
+        if (access(name, F_OK) < 0)
+            return NULL;
+        return strdup(name);
+    }
+    const char *path = getenv("PATH");
+    if (!path || !*path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    const char *p = path;
+    int saved = ENOENT;
+    while (*p) {
+        const char *colon = strchr(p, ':');
+        size_t len = colon ? (size_t)(colon - p) : strlen(p);
+        char *cand;
+        if (asprintf(&cand, "%.*s%s%s", (int)len, p, len ? "/" : "", name) < 0)
+            return NULL;
+        struct stat st;
+        if (stat(cand, &st) == 0 && S_ISREG(st.st_mode)) {
+            if (access(cand, X_OK) == 0)
+                return cand;
+            saved = EACCES;
+        }
+        free(cand);
+        p = colon ? colon + 1 : p + len;
+    }
+    errno = saved;
+    return NULL;
+}
+
+/* Returns 1 for a dynamically linked ELF (or a script), 0 for a static ELF, -errno. */
+static int is_dynamic(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    Elf64_Ehdr eh;
+    ssize_t n = pread(fd, &eh, sizeof(eh), 0);
+    int res = 1;
+    if (n >= 2 && memcmp(&eh, "#!", 2) == 0)
+        goto out; /* a script: its interpreter decides */
+    if (n != (ssize_t)sizeof(eh) || memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 ||
+        eh.e_ident[EI_CLASS] != ELFCLASS64) {
+        res = -ENOEXEC;
+        goto out;
+    }
+    res = 0;
+    for (unsigned i = 0; i < eh.e_phnum && i < 512; i++) {
+        Elf64_Phdr ph;
+        if (pread(fd, &ph, sizeof(ph), (off_t)(eh.e_phoff + (uint64_t)i * eh.e_phentsize)) !=
+            (ssize_t)sizeof(ph))
+            break;
+        if (ph.p_type == PT_INTERP || ph.p_type == PT_DYNAMIC) {
+            res = 1;
+            break;
+        }
+    }
+out:
+    (void)close(fd);
+    return res;
+}
+
+/* libheapprof.so next to this binary: in the build tree (../preload/) or installed. */
+static char *find_library(void)
+{
+    const char *env = getenv("HEAPPROF_LIB");
+    if (env && *env)
+        return access(env, R_OK) == 0 ? strdup(env) : NULL;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n < 0)
+        return NULL;
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (!slash)
+        return NULL;
+    *slash = '\0';
+    const char *rel[] = {"../preload", HP_LIBDIR_FROM_BINDIR, "../lib", "../lib64", "."};
+    for (size_t i = 0; i < sizeof(rel) / sizeof(rel[0]); i++) {
+        char *cand, *real;
+        if (asprintf(&cand, "%s/%s/libheapprof.so", exe, rel[i]) < 0)
+            return NULL;
+        real = realpath(cand, NULL);
+        free(cand);
+        if (real && access(real, R_OK) == 0)
+            return real;
+        free(real);
+    }
+    return NULL;
+}
+
+static const char *base_name(const char *p)
+{
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+struct child_env {
+    char **env;
+    char *owned[4];
+    size_t n_owned;
+};
+
+static void child_env_done(struct child_env *ce)
+{
+    for (size_t i = 0; i < ce->n_owned; i++)
+        free(ce->owned[i]);
+    free(ce->env);
+    memset(ce, 0, sizeof(*ce));
+}
+
+/* Builds the child's environment: ours plus the profiler's variables; LD_PRELOAD keeps
+ * the user's entries after ours. !@follow_exec: HEAPPROF_FOLLOW_EXEC=0, the client takes
+ * itself out of the environment at startup (preload/client.c). */
+static char **build_env(struct child_env *ce, const char *lib, const char *sock, const char *seed,
+                        bool follow_exec)
+{
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    char **env = calloc(n + 8, sizeof(*env));
+    if (!env)
+        return NULL;
+    ce->env = env;
+    size_t k = 0;
+    const char *old_preload = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (!strncmp(environ[i], "LD_PRELOAD=", 11)) {
+            old_preload = environ[i] + 11;
+            continue;
+        }
+        if (!strncmp(environ[i], "HEAPPROF_", 9))
+            continue;
+        env[k++] = environ[i];
+    }
+    char *s;
+    if (old_preload && *old_preload) {
+        if (asprintf(&s, "LD_PRELOAD=%s:%s", lib, old_preload) < 0)
+            return NULL;
+    } else if (asprintf(&s, "LD_PRELOAD=%s", lib) < 0) {
+        return NULL;
+    }
+    env[k++] = ce->owned[ce->n_owned++] = s;
+    if (asprintf(&s, "HEAPPROF_SOCKET=%s", sock) < 0)
+        return NULL;
+    env[k++] = ce->owned[ce->n_owned++] = s;
+    env[k++] = "HEAPPROF_STARTUP=1";
+    if (!follow_exec)
+        env[k++] = "HEAPPROF_FOLLOW_EXEC=0";
+    if (seed) {
+        if (asprintf(&s, "HEAPPROF_SEED=%s", seed) < 0)
+            return NULL;
+        env[k++] = ce->owned[ce->n_owned++] = s;
+    }
+    env[k] = NULL;
+    return env;
+}
+
+/* The child waits for a go byte, so the service is listening (and the output named
+ * after its pid is open) before its first allocation. */
+struct record_run {
+    pid_t child;
+    int go_fd;
+};
+
+static int record_started(void *ctx, svc_t *s)
+{
+    (void)s;
+    struct record_run *rr = ctx;
+    if (write(rr->go_fd, "g", 1) != 1)
+        perror("heapprof record");
+    (void)close(rr->go_fd);
+    rr->go_fd = -1;
+    return 0;
+}
+
+static int record_run(struct svc_config *cfg, char **child_argv, const char *output,
+                      const char *seed, bool follow_exec, bool quiet, bool status_line, int top)
+{
+    HP_CLEANUP_FREE char *prog = find_program(child_argv[0]);
+    if (!prog) {
+        fprintf(stderr, "heapprof record: cannot find program '%s'%s\n", child_argv[0],
+                strchr(child_argv[0], '/') ? "" : " in PATH");
+        return EXIT_NOT_FOUND;
+    }
+    int dyn = is_dynamic(prog);
+    if (dyn == 0) {
+        fprintf(stderr,
+                "heapprof record: '%s' is statically linked; heapprof works through "
+                "LD_PRELOAD and needs a dynamically linked program\n",
+                prog);
+        return EXIT_CANNOT_RUN;
+    }
+    if (dyn < 0 && dyn != -ENOEXEC) {
+        fprintf(stderr, "heapprof record: cannot read '%s': %s\n", prog, strerror(-dyn));
+        return EXIT_CANNOT_RUN;
+    }
+    HP_CLEANUP_FREE char *lib = find_library();
+    if (!lib) {
+        fprintf(stderr, "heapprof record: cannot find libheapprof.so next to the heapprof "
+                        "binary (set HEAPPROF_LIB to its path)\n");
+        return EXIT_PROFILER;
+    }
+
+    char dir[PATH_MAX], sock[PATH_MAX + 32];
+    int r = hp_private_dir_new(dir, sizeof(dir));
+    if (r < 0) {
+        fprintf(stderr, "heapprof record: cannot create a private socket directory: %s\n",
+                strerror(-r));
+        return EXIT_PROFILER;
+    }
+    snprintf(sock, sizeof(sock), "%s/%s", dir, HP_DAEMON_SOCKET_NAME);
+    cfg->socket_dir = dir;
+    struct child_env ce = {0};
+    char **env = build_env(&ce, lib, sock, seed, follow_exec);
+    if (!env) {
+        child_env_done(&ce);
+        (void)rmdir(dir);
+        return EXIT_PROFILER;
+    }
+
+    /* Signals are taken through a signalfd; the child gets the original mask back. */
+    sigset_t old_mask;
+    cli_loop_block_signals(&old_mask);
+
+    int go[2];
+    if (pipe2(go, O_CLOEXEC) < 0) {
+        perror("heapprof record");
+        child_env_done(&ce);
+        (void)rmdir(dir);
+        return EXIT_PROFILER;
+    }
+    fflush(NULL);
+    pid_t child = fork();
+    if (child < 0) {
+        perror("heapprof record: fork");
+        child_env_done(&ce);
+        (void)rmdir(dir);
+        return EXIT_PROFILER;
+    }
+    if (child == 0) {
+        char b;
+        (void)close(go[1]);
+        sigprocmask(SIG_SETMASK, &old_mask, NULL);
+        if (read(go[0], &b, 1) != 1)
+            _exit(EXIT_PROFILER);
+        execve(prog, child_argv, env);
+        int e = errno;
+        dprintf(STDERR_FILENO, "heapprof record: cannot run '%s': %s\n", prog, strerror(e));
+        _exit(e == ENOENT ? EXIT_NOT_FOUND : EXIT_CANNOT_RUN);
+    }
+    (void)close(go[0]);
+    child_env_done(&ce);
+
+    HP_CLEANUP_FREE char *out_path = NULL;
+    if (output)
+        out_path = strdup(output);
+    else if (asprintf(&out_path, "heapprof-%s-%d.pftrace", base_name(prog), (int)child) < 0)
+        out_path = NULL;
+    struct record_run rr = {.child = child, .go_fd = go[1]};
+    struct cli_session cs = {
+        .prog = "heapprof record",
+        .cfg = cfg,
+        .output = out_path ? out_path : "?",
+        .quiet = quiet,
+        .top = top,
+        .loop =
+            {
+                .status_line = !quiet && isatty(STDERR_FILENO) && status_line,
+                .child = child,
+                .forward_signals = true,
+            },
+        .started = record_started,
+        .ctx = &rr,
+    };
+    struct cli_loop_result res;
+    r = out_path ? cli_session_run(&cs, &res) : EXIT_PROFILER;
+    (void)rmdir(dir);
+    if (rr.go_fd >= 0) {
+        /* The service never started: the child must not run unprofiled. */
+        (void)close(rr.go_fd);
+        (void)waitpid(child, NULL, 0);
+        return EXIT_PROFILER;
+    }
+    int status = res.child_status;
+    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (r != 0)
+        return rc ? rc : EXIT_PROFILER;
+    return rc;
+}
+
+int cmd_record(int argc, char **argv)
+{
+    struct cli_opts opts;
+    struct svc_config cfg;
+    const char *output = NULL, *seed = NULL;
+    bool quiet = false, status_line = false, follow_exec = true;
+    uint64_t top = 10, v;
+    int c, rc = EXIT_USAGE;
+
+    svc_config_init(&cfg);
+    /* A recorded program is ours to slow down: wait for buffer space rather than lose
+     * samples (bounded by the timeout). */
+    cfg.block_client = true;
+    if (cli_opts_build(&opts, record_own_opts, "+o:qh", record_fields) < 0)
+        return EXIT_PROFILER;
+    while ((c = getopt_long(argc, argv, opts.shortopts, opts.longopts, NULL)) != -1) {
+        int a = cli_opts_apply(&opts, c, optarg, &cfg, "heapprof record");
+        if (a < 0)
+            goto out;
+        if (a > 0)
+            continue;
+        switch (c) {
+        case 'o':
+            output = optarg;
+            break;
+        case OPT_SEED:
+            if (cli_parse_range(optarg, 0, LONG_MAX, &v) < 0) {
+                fprintf(stderr, "heapprof record: invalid --seed '%s'\n", optarg);
+                goto out;
+            }
+            seed = optarg;
+            break;
+        case OPT_TOP:
+            if (cli_parse_range(optarg, 0, 100000, &top) < 0) {
+                fprintf(stderr, "heapprof record: invalid --top '%s'\n", optarg);
+                goto out;
+            }
+            break;
+        case OPT_STATUS:
+            status_line = true;
+            break;
+        case OPT_FOLLOW_EXEC:
+            follow_exec = true;
+            break;
+        case OPT_NO_FOLLOW_EXEC:
+            follow_exec = false;
+            break;
+        case 'q':
+            quiet = true;
+            break;
+        case 'h':
+            usage_record(stdout, &opts);
+            rc = 0;
+            goto out;
+        default:
+            usage_record(stderr, &opts);
+            goto out;
+        }
+    }
+    if (optind >= argc) {
+        fprintf(stderr, "heapprof record: no program given\n");
+        usage_record(stderr, &opts);
+        goto out;
+    }
+    char err[256];
+    if (svc_config_check(&cfg, err, sizeof(err)) < 0) {
+        fprintf(stderr, "heapprof record: %s\n", err);
+        goto out;
+    }
+    rc = record_run(&cfg, argv + optind, output, seed, follow_exec, quiet, status_line, (int)top);
+out:
+    cli_opts_done(&opts);
+    svc_config_done(&cfg);
+    return rc;
+}

@@ -1,0 +1,56 @@
+/* cli/session.c: the one session runner of `heapprof record`, `heapprof attach` and
+ * heapprofd: open the output, start the service, run the loop, dump, and summarise. */
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "common/log.h"
+
+int cli_session_run(const struct cli_session *cs, struct cli_loop_result *ret_res)
+{
+    memset(ret_res, 0, sizeof(*ret_res));
+    int out_fd = open(cs->output, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (out_fd < 0) {
+        fprintf(stderr, "%s: cannot write the trace to '%s': %s\n", cs->prog, cs->output,
+                strerror(errno));
+        return EXIT_PROFILER;
+    }
+    /* Signals are taken through a signalfd: blocked before any thread exists. */
+    cli_loop_block_signals(NULL);
+    svc_t *s = NULL;
+    int r = svc_new(cs->cfg, out_fd, &s);
+    if (r < 0) {
+        fprintf(stderr, "%s: cannot start the profiling service: %s\n", cs->prog,
+                r == -EADDRINUSE ? "another heapprofd is already running on that socket"
+                                 : strerror(-r));
+        (void)close(out_fd);
+        return EXIT_PROFILER;
+    }
+    struct cli_loop_opts lo = cs->loop;
+    lo.dump_interval_ms = cs->cfg->dump_interval_ms;
+    lo.dump_phase_ms = cs->cfg->dump_phase_ms;
+    r = cs->started ? cs->started(cs->ctx, s) : 0;
+    if (r >= 0) {
+        r = cli_loop_run(s, &lo, ret_res);
+        if (r < 0)
+            hp_log_warn("%s", strerror(-r));
+    }
+    cli_loop_arm_second_interrupt(out_fd, s);
+    if (cs->stopping)
+        cs->stopping(cs->ctx, ret_res);
+
+    struct svc_summary sum;
+    r = svc_finish(s, &sum);
+    svc_free(s);
+    if (close(out_fd) < 0 && r == 0)
+        r = -errno;
+    if (r < 0) {
+        fprintf(stderr, "%s: writing '%s' failed: %s\n", cs->prog, cs->output, strerror(-r));
+        return EXIT_PROFILER;
+    }
+    if (!cs->quiet)
+        cli_print_summary(cs->output, &sum, cs->top);
+    return 0;
+}
