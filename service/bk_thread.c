@@ -25,28 +25,31 @@ static void dump_after_barrier(struct svc *s, unsigned from, uint32_t n)
 
 static void apply(struct svc *s, const struct svc_msg *m)
 {
-    const uint8_t *payload = (const uint8_t *)(m + 1);
     int r;
 
     switch (m->type) {
-    case SVC_MSG_PROC_START:
-        r = bk_process_start(s->bk, m->pid, (const char *)payload, m->n, m->size != 0,
-                             m->sample_size);
+    case SVC_MSG_PROC_START: {
+        const struct svc_msg_proc_start *ps = (const void *)m;
+        r = bk_process_start(s->bk, m->pid, (const char *)(ps + 1), ps->cmdline_len,
+                             ps->from_startup, ps->sampling_interval_bytes);
         if (r < 0)
             hp_log_warn("pid %d: cannot start bookkeeping: %s", m->pid, strerror(-r));
         break;
-    case SVC_MSG_ALLOC:
-        /* struct svc_msg carries no heap id yet: every record goes to heap 0. */
-        bk_record_alloc(s->bk, m->pid, m->heap_id, m->seq, m->addr, m->size, m->sample_size,
-                        (const struct hp_frame *)payload, m->n);
+    }
+    case SVC_MSG_ALLOC: {
+        const struct svc_msg_alloc *a = (const void *)m;
+        bk_record_alloc(s->bk, m->pid, a->heap_id, a->seq, a->addr, a->size, a->sample_size,
+                        (const struct hp_frame *)(a + 1), a->n_frames);
         break;
-    case SVC_MSG_FREE:
-        bk_record_free(s->bk, m->pid, m->heap_id, m->seq, m->addr);
+    }
+    case SVC_MSG_FREE: {
+        const struct svc_msg_free *f = (const void *)m;
+        bk_record_free(s->bk, m->pid, f->heap_id, f->seq, f->addr);
         break;
+    }
     case SVC_MSG_PROC_END: {
-        struct bk_process_stats st;
-        memcpy(&st, payload, sizeof(st));
-        r = bk_process_end(s->bk, m->pid, &st, m->n);
+        const struct svc_msg_proc_end *e = (const void *)m;
+        r = bk_process_end(s->bk, m->pid, &e->stats, e->flags);
         if (r < 0)
             hp_log_warn("pid %d: final dump failed: %s", m->pid, strerror(-r));
         svc__mark_done(s, m->pid);
@@ -57,10 +60,12 @@ static void apply(struct svc *s, const struct svc_msg *m)
         if (r < 0)
             hp_log_warn("dump failed: %s", strerror(-r));
         break;
-    case SVC_MSG_DUMP_BARRIER:
-        if (m->heap_id < s->n_dump_barriers && s->dump_barriers)
-            dump_after_barrier(s, m->heap_id, m->n);
+    case SVC_MSG_DUMP_BARRIER: {
+        const struct svc_msg_dump_barrier *d = (const void *)m;
+        if (d->unwinder < s->n_dump_barriers && s->dump_barriers)
+            dump_after_barrier(s, d->unwinder, d->n);
         break;
+    }
     default:
         break;
     }

@@ -92,7 +92,7 @@ static struct svc_batch *bkq_new_batch(struct svc_bkq *q)
     return b ? b : malloc(sizeof(*b));
 }
 
-struct svc_msg *svc__batch_add(struct svc_batcher *b, size_t len)
+void *svc__batch_add(struct svc_batcher *b, uint32_t type, pid_t pid, size_t len)
 {
     len = HP_ALIGN_UP(len, (size_t)8);
     if (len > SVC_BATCH_BYTES)
@@ -107,8 +107,10 @@ struct svc_msg *svc__batch_add(struct svc_batcher *b, size_t len)
         b->cur->next = NULL;
     }
     struct svc_msg *m = (struct svc_msg *)(b->cur->data + b->cur->used);
-    memset(m, 0, sizeof(*m));
+    memset(m, 0, len);
+    m->type = type;
     m->len = (uint32_t)len;
+    m->pid = pid;
     b->cur->used += len;
     return m;
 }

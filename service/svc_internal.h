@@ -27,25 +27,57 @@ enum svc_msg_type {
     SVC_MSG_FREE = 3,
     SVC_MSG_PROC_END = 4,
     SVC_MSG_DUMP_ALL = 5,
-    /* From an unwinder thread (index in heap_id): it has drained every ring after @n dump
-     * requests (svc_dump_now); the dump happens once every unwinder has answered. */
+    /* From an unwinder thread: it has drained every ring after @n dump requests
+     * (svc_dump_now); the dump happens once every unwinder has answered. */
     SVC_MSG_DUMP_BARRIER = 6,
 };
 
-/* Entries are 8-byte aligned and packed in a batch one after another. */
+/* Messages are 8-byte aligned and packed in a batch one after another. Each starts with
+ * this head; the type says which struct it is. */
 struct svc_msg {
-    uint32_t type;
-    uint32_t len; /* total bytes of this entry, aligned to 8 */
+    uint32_t type; /* enum svc_msg_type */
+    uint32_t len;  /* bytes of the whole message, aligned to 8 */
     int32_t pid;
-    uint32_t n;       /* ALLOC: frames; PROC_START: cmdline bytes; PROC_END: flags */
-    uint32_t heap_id; /* ALLOC, FREE: the client's heap id (untrusted) */
     uint32_t reserved;
-    uint64_t seq;
-    uint64_t addr;
-    uint64_t size;
-    uint64_t sample_size; /* PROC_START: sampling interval; PROC_END: unused */
-    /* followed by: ALLOC: struct hp_frame[n]; PROC_START: cmdline bytes;
-     *              PROC_END: struct bk_process_stats */
+};
+
+/* A process's session started; followed by its cmdline (cmdline_len bytes). */
+struct svc_msg_proc_start {
+    struct svc_msg h;
+    uint64_t sampling_interval_bytes;
+    uint32_t cmdline_len;
+    bool from_startup;
+};
+
+/* A sampled allocation, unwound; followed by its frames (n_frames, leaf first). */
+struct svc_msg_alloc {
+    struct svc_msg h;
+    uint32_t heap_id; /* the client's heap id (untrusted) */
+    uint32_t n_frames;
+    uint64_t seq, addr, size, sample_size;
+};
+
+/* The free of a sampled allocation. */
+struct svc_msg_free {
+    struct svc_msg h;
+    uint32_t heap_id;
+    uint32_t reserved;
+    uint64_t seq, addr;
+};
+
+/* The session ended: final dump with @flags (BK_FLAG_*) and the process's statistics. */
+struct svc_msg_proc_end {
+    struct svc_msg h;
+    uint32_t flags;
+    uint32_t reserved;
+    struct bk_process_stats stats;
+};
+
+/* SVC_MSG_DUMP_BARRIER: see enum svc_msg_type. */
+struct svc_msg_dump_barrier {
+    struct svc_msg h;
+    uint32_t unwinder;
+    uint32_t n;
 };
 
 #define SVC_BATCH_BYTES (256u << 10)
@@ -84,9 +116,10 @@ struct svc_batcher {
     struct svc_bkq *q;
     struct svc_batch *cur;
 };
-/* Reserves @len bytes (aligned to 8) in the current batch, posting it first when full.
- * Returns NULL on allocation failure. */
-struct svc_msg *svc__batch_add(struct svc_batcher *b, size_t len);
+/* Reserves a message of @type for @pid of @len bytes (aligned to 8) in the current
+ * batch, posting it first when full; zeroed but for its head. Returns NULL on allocation
+ * failure. */
+void *svc__batch_add(struct svc_batcher *b, uint32_t type, pid_t pid, size_t len);
 void svc__batch_flush(struct svc_batcher *b);
 
 /* ---- Clients --------------------------------------------------------------------- */
@@ -174,6 +207,9 @@ struct svc_pending_hello {
 };
 
 #define SVC_MAX_PENDING_HELLOS 64
+/* How long a client has to complete its hello, and the socket timeouts of the
+ * handshake. */
+#define SVC_HANDSHAKE_TIMEOUT_MS 2000
 
 struct svc {
     struct svc_config cfg;
@@ -215,6 +251,19 @@ struct svc {
     _Atomic uint64_t walked, audits, audit_mismatches;
     struct bk_counters bk_counters; /* written by the bk thread before it exits */
 };
+
+/* service/listener.c: creates the socket directory (unless a socket path is configured)
+ * and listens. Returns 0 or -errno (logged). */
+int svc__listener_open(struct svc *s) HP_WARN_UNUSED;
+/* Stops accepting: closes the connections still in their hello and the listening socket. */
+void svc__listener_close(struct svc *s);
+/* service/handshake.c: runs the handshake on a freshly accepted socket (taken): checks
+ * the peer, and for a target builds its client (unwinder state, ring, unwind table) and
+ * answers with the configuration. Returns the client, owned by the caller, or NULL when
+ * the peer was refused, is not a target or failed (logged and counted). */
+struct svc_client *svc__handshake(struct svc *s, int sock);
+/* service/session.c: the registry of pids that completed a handshake. */
+void svc__mark_seen(struct svc *s, pid_t pid);
 
 void *svc__unwinder_main(void *arg);
 void *svc__bk_main(void *arg);

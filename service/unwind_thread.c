@@ -32,14 +32,13 @@ static const uint64_t hist_bounds[] = BK_UNWIND_HIST_BOUNDS;
 
 static void post_start(struct svc_unwinder *u, struct svc_client *c)
 {
-    struct svc_msg *m = svc__batch_add(&u->batcher, sizeof(*m) + c->cmdline_len);
+    struct svc_msg_proc_start *m =
+        svc__batch_add(&u->batcher, SVC_MSG_PROC_START, c->pid, sizeof(*m) + c->cmdline_len);
     if (!m)
         return;
-    m->type = SVC_MSG_PROC_START;
-    m->pid = c->pid;
-    m->n = (uint32_t)c->cmdline_len;
-    m->sample_size = c->sampling_interval_bytes;
-    m->size = c->from_startup;
+    m->cmdline_len = (uint32_t)c->cmdline_len;
+    m->sampling_interval_bytes = c->sampling_interval_bytes;
+    m->from_startup = c->from_startup;
     if (c->cmdline_len)
         memcpy(m + 1, c->cmdline, c->cmdline_len);
     c->started = true;
@@ -81,13 +80,12 @@ static void post_sample(struct svc_unwinder *u, struct svc_client *c, int r, siz
         }
     }
 
-    struct svc_msg *m = svc__batch_add(&u->batcher, sizeof(*m) + n * sizeof(struct hp_frame));
+    struct svc_msg_alloc *m = svc__batch_add(&u->batcher, SVC_MSG_ALLOC, c->pid,
+                                             sizeof(*m) + n * sizeof(struct hp_frame));
     if (!m)
         return;
-    m->type = SVC_MSG_ALLOC;
-    m->pid = c->pid;
     m->heap_id = h->heap_id;
-    m->n = (uint32_t)n;
+    m->n_frames = (uint32_t)n;
     m->seq = h->seq;
     m->addr = h->addr;
     m->size = h->size;
@@ -183,11 +181,9 @@ static void handle_free(struct svc_unwinder *u, struct svc_client *c, const uint
         c->flags |= BK_FLAG_BUFFER_CORRUPTED;
         return;
     }
-    struct svc_msg *m = svc__batch_add(&u->batcher, sizeof(*m));
+    struct svc_msg_free *m = svc__batch_add(&u->batcher, SVC_MSG_FREE, c->pid, sizeof(*m));
     if (!m)
         return;
-    m->type = SVC_MSG_FREE;
-    m->pid = c->pid;
     m->heap_id = f.heap_id;
     m->seq = f.seq;
     m->addr = f.addr;
@@ -290,12 +286,10 @@ static void finish_client(struct svc_unwinder *u, struct svc_client *c, uint32_t
     }
     atomic_fetch_add_explicit(&u->svc->frees, c->frees, memory_order_relaxed);
 
-    struct svc_msg *m = svc__batch_add(&u->batcher, sizeof(*m) + sizeof(c->stats));
+    struct svc_msg_proc_end *m = svc__batch_add(&u->batcher, SVC_MSG_PROC_END, c->pid, sizeof(*m));
     if (m) {
-        m->type = SVC_MSG_PROC_END;
-        m->pid = c->pid;
-        m->n = c->flags | flags;
-        memcpy(m + 1, &c->stats, sizeof(c->stats));
+        m->flags = c->flags | flags;
+        m->stats = c->stats;
     }
     svc__batch_flush(&u->batcher);
     /* Writers stop before the socket closes, so nothing is written that nobody reads. */
@@ -434,10 +428,10 @@ void *svc__unwinder_main(void *arg)
                      i++)
                     ;
             }
-            struct svc_msg *m = svc__batch_add(&u->batcher, sizeof(*m));
+            struct svc_msg_dump_barrier *m =
+                svc__batch_add(&u->batcher, SVC_MSG_DUMP_BARRIER, 0, sizeof(*m));
             if (m) {
-                m->type = SVC_MSG_DUMP_BARRIER;
-                m->heap_id = u->index;
+                m->unwinder = u->index;
                 m->n = dump_requests;
             }
         }

@@ -1,0 +1,270 @@
+/* service/handshake.c: the service's half of the handshake: check the peer and its
+ * hello, decide whether it is a target, build its client (unwinder state, ring, unwind
+ * table) and answer with the client configuration. Every byte from the peer is
+ * untrusted. Main thread only. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/fdpass.h"
+#include "common/log.h"
+#include "common/paths.h"
+#include "service/svc.h"
+#include "service/svc_internal.h"
+#include "shmem_ring/utable.h"
+#include "shmem_ring/wire.h"
+
+#define MAX_CMDLINE 4096
+
+struct svc_client *svc__client_free(struct svc_client *c)
+{
+    if (!c)
+        return NULL;
+    if (c->sock >= 0)
+        (void)close(c->sock);
+    if (c->maps_fd >= 0)
+        (void)close(c->maps_fd);
+    if (c->mem_fd >= 0)
+        (void)close(c->mem_fd);
+    c->unw = unwinder_process_free(c->unw);
+    c->ring = ring_unmap(c->ring);
+    free(c->cmdline);
+    free(c);
+    return NULL;
+}
+
+static int read_cmdline(pid_t pid, char **ret, size_t *ret_len)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+    HP_CLEANUP_CLOSE int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    char *buf = malloc(MAX_CMDLINE);
+    if (!buf)
+        return -ENOMEM;
+    size_t len = 0;
+    while (len < MAX_CMDLINE) {
+        ssize_t n = read(fd, buf + len, MAX_CMDLINE - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+    }
+    *ret = buf;
+    *ret_len = len;
+    return 0;
+}
+
+/* True when @fd (received from a client) is /proc/@pid/@what. The client opened
+ * /proc/self/@what, which the kernel resolves to the pid's own directory. */
+static bool fd_is_proc_file(int fd, pid_t pid, const char *what)
+{
+    char link[64], target[128], want[64];
+    snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, target, sizeof(target) - 1);
+    if (n < 0)
+        return false;
+    target[n] = '\0';
+    snprintf(want, sizeof(want), "/proc/%d/%s", (int)pid, what);
+    return strcmp(target, want) == 0;
+}
+
+int svc__handshake_hello(int sock, bool allow_other_users, struct wire_hello *ret_hello,
+                         struct ucred *ret_cred, int ret_fds[2])
+{
+    struct wire_hello hello;
+    int fds[2] = {-1, -1};
+    size_t nfds = 0;
+    int r = hp_recv_fds(sock, &hello, sizeof(hello), fds, 2, &nfds);
+    if (r < 0) {
+        hp_log_warn("handshake: no valid hello from a client: %s", strerror(-r));
+        return r;
+    }
+    struct ucred cred;
+    socklen_t cl = sizeof(cred);
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) {
+        r = -errno;
+        hp_log_warn("handshake: SO_PEERCRED: %s", strerror(-r));
+        goto fail;
+    }
+    r = -EPROTO;
+    if (hello.magic != WIRE_HELLO_MAGIC || nfds != 2) {
+        hp_log_warn("pid %d: handshake: bad hello", (int)cred.pid);
+        goto fail;
+    }
+    r = -EACCES;
+    if (cred.uid != geteuid() && !(geteuid() == 0 && allow_other_users)) {
+        hp_log_warn("pid %d: handshake: client of uid %u rejected", (int)cred.pid,
+                    (unsigned)cred.uid);
+        goto fail;
+    }
+    r = -EPERM;
+    if (hello.pid != cred.pid || !fd_is_proc_file(fds[0], cred.pid, "maps") ||
+        !fd_is_proc_file(fds[1], cred.pid, "mem")) {
+        hp_log_warn("pid %d: handshake: pid or /proc descriptors do not match the peer",
+                    (int)cred.pid);
+        goto fail;
+    }
+    *ret_hello = hello;
+    *ret_cred = cred;
+    ret_fds[0] = fds[0];
+    ret_fds[1] = fds[1];
+    return 0;
+fail:
+    for (size_t i = 0; i < nfds && i < 2; i++)
+        (void)close(fds[i]);
+    return r;
+}
+
+static void reject(int sock)
+{
+    struct wire_client_config cfg = {.magic = WIRE_CONFIG_MAGIC,
+                                     .status = WIRE_STATUS_NOT_PROFILED};
+    (void)hp_send_fds(sock, &cfg, sizeof(cfg), NULL, 0);
+}
+
+struct svc_client *svc__handshake(struct svc *s, int sock)
+{
+    struct timeval tv = {.tv_sec = SVC_HANDSHAKE_TIMEOUT_MS / 1000,
+                         .tv_usec = (SVC_HANDSHAKE_TIMEOUT_MS % 1000) * 1000};
+    struct wire_hello hello;
+    int fds[2] = {-1, -1};
+    struct svc_client *c = NULL;
+    int ring_fd = -1, utable_fd = -1;
+    int r;
+
+    (void)setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    (void)setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    struct ucred cred;
+    r = svc__handshake_hello(sock, s->cfg.allow_other_users, &hello, &cred, fds);
+    if (r < 0)
+        goto reject;
+
+    c = calloc(1, sizeof(*c));
+    if (!c)
+        goto reject;
+    c->sock = c->maps_fd = c->mem_fd = -1;
+    c->pid = cred.pid;
+    c->maps_fd = fds[0];
+    c->mem_fd = fds[1];
+    fds[0] = fds[1] = -1;
+    c->max_stack_bytes = s->cfg.max_stack_bytes;
+    c->sampling_interval_bytes = s->cfg.sampling_interval_bytes;
+    c->from_startup = hello.reason == WIRE_REASON_STARTUP;
+    if (read_cmdline(c->pid, &c->cmdline, &c->cmdline_len) < 0) {
+        c->cmdline = NULL;
+        c->cmdline_len = 0;
+    }
+    if (s->guardrail_fired) {
+        hp_log_info("pid %d: the session hit a guardrail; left unprofiled", (int)c->pid);
+        reject(sock);
+        goto drop_quietly;
+    }
+    if (svc_config_has_targets(&s->cfg)) {
+        bool target = svc_config_matches(&s->cfg, c->pid, c->cmdline, c->cmdline_len);
+        if (c->from_startup && s->cfg.no_startup)
+            target = false;
+        if (!target) {
+            hp_log_debug("pid %d: not a target; left unprofiled", (int)c->pid);
+            reject(sock);
+            goto drop_quietly;
+        }
+    }
+
+    /* Read the maps now, while the client waits for our answer: a short-lived process
+     * may be gone by the time its first record is unwound. */
+    r = unwinder_process_new(c->pid, c->maps_fd, c->mem_fd, &c->unw);
+    c->maps_fd = c->mem_fd = -1;
+    if (r < 0) {
+        hp_log_warn("pid %d: cannot set up unwinding: %s", (int)c->pid, strerror(-r));
+        c->unw = NULL;
+        goto reject;
+    }
+
+    r = ring_create(s->cfg.shmem_size_bytes, &ring_fd);
+    if (r >= 0)
+        r = ring_map(ring_fd, RING_ROLE_READER, &c->ring);
+    if (r < 0) {
+        hp_log_warn("pid %d: cannot create the shared buffer: %s", (int)c->pid, strerror(-r));
+        goto reject;
+    }
+    ring_set_reader_idle(c->ring, true);
+
+    /* The unwind table, when the client can walk its own stack: the unwinder publishes
+     * into it, the client reads it. Without one (old client, or it failed) the client
+     * copies every stack. */
+    uint32_t table = 0;
+    if ((hello.features & WIRE_FEATURE_UNWIND_TABLE) && !s->cfg.no_fast_unwind) {
+        r = utable_create(UTABLE_DEFAULT_SLOTS, &utable_fd);
+        if (r >= 0)
+            r = unwinder_process_set_table(c->unw, utable_fd);
+        if (r >= 0) {
+            table = WIRE_FEATURE_UNWIND_TABLE;
+        } else {
+            hp_log_warn("pid %d: no unwind table: %s", (int)c->pid, strerror(-r));
+            if (utable_fd >= 0)
+                (void)close(utable_fd);
+            utable_fd = -1;
+        }
+    }
+
+    struct wire_client_config cfg = {
+        .magic = WIRE_CONFIG_MAGIC,
+        .status = WIRE_STATUS_PROFILE,
+        .features = hello.features & (WIRE_FEATURE_REGS_X86_64 | table |
+                                      (s->cfg.follow_fork ? WIRE_FEATURE_FOLLOW_FORK : 0)),
+        .block_client = s->cfg.block_client,
+        .sampling_interval_bytes = s->cfg.sampling_interval_bytes,
+        .max_stack_bytes = s->cfg.max_stack_bytes,
+        .block_client_timeout_us = s->cfg.block_client_timeout_us,
+        .audit_every = table ? s->cfg.audit_every : 0,
+    };
+    int send[2] = {ring_fd, utable_fd};
+    r = hp_send_fds(sock, &cfg, sizeof(cfg), send, table ? 2 : 1);
+    (void)close(ring_fd);
+    ring_fd = -1;
+    if (utable_fd >= 0)
+        (void)close(utable_fd);
+    utable_fd = -1;
+    if (r < 0) {
+        hp_log_warn("pid %d: handshake: cannot answer: %s", (int)c->pid, strerror(-r));
+        goto drop;
+    }
+    int fl = fcntl(sock, F_GETFL);
+    if (fl >= 0)
+        (void)fcntl(sock, F_SETFL, fl | O_NONBLOCK);
+    c->sock = sock;
+    atomic_fetch_add_explicit(&s->processes, 1, memory_order_relaxed);
+    hp_log_info("pid %d: profiling", (int)c->pid);
+    return c;
+
+reject:
+    reject(sock);
+drop:
+    atomic_fetch_add_explicit(&s->rejected, 1, memory_order_relaxed);
+drop_quietly:
+    if (ring_fd >= 0)
+        (void)close(ring_fd);
+    if (utable_fd >= 0)
+        (void)close(utable_fd);
+    for (int i = 0; i < 2; i++)
+        if (fds[i] >= 0)
+            (void)close(fds[i]);
+    svc__client_free(c);
+    (void)close(sock);
+    return NULL;
+}

@@ -1,0 +1,365 @@
+/* service/session.c: the session as a whole: starting and stopping the threads, the
+ * registry of the pids seen and done, status, dumps on demand, guardrails. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/fdpass.h"
+#include "common/log.h"
+#include "common/paths.h"
+#include "service/svc.h"
+#include "service/svc_internal.h"
+#include "shmem_ring/utable.h"
+#include "shmem_ring/wire.h"
+
+#define MAX_UNWINDERS 8
+
+void svc__mark_done(struct svc *s, pid_t pid)
+{
+    pthread_mutex_lock(&s->done_lock);
+    if (s->n_done == s->cap_done) {
+        size_t cap = s->cap_done ? s->cap_done * 2 : 16;
+        pid_t *p = realloc(s->done_pids, cap * sizeof(*p));
+        if (p) {
+            s->done_pids = p;
+            s->cap_done = cap;
+        }
+    }
+    if (s->n_done < s->cap_done)
+        s->done_pids[s->n_done++] = pid;
+    pthread_mutex_unlock(&s->done_lock);
+}
+
+bool svc_client_done(svc_t *s, pid_t pid)
+{
+    bool done = false;
+    pthread_mutex_lock(&s->done_lock);
+    for (size_t i = 0; i < s->n_done && !done; i++)
+        done = s->done_pids[i] == pid;
+    pthread_mutex_unlock(&s->done_lock);
+    return done;
+}
+
+void svc__mark_seen(struct svc *s, pid_t pid)
+{
+    pthread_mutex_lock(&s->done_lock);
+    if (s->n_seen == s->cap_seen) {
+        size_t cap = s->cap_seen ? s->cap_seen * 2 : 16;
+        pid_t *p = realloc(s->seen_pids, cap * sizeof(*p));
+        if (p) {
+            s->seen_pids = p;
+            s->cap_seen = cap;
+        }
+    }
+    if (s->n_seen < s->cap_seen)
+        s->seen_pids[s->n_seen++] = pid;
+    pthread_mutex_unlock(&s->done_lock);
+}
+
+bool svc_client_seen(svc_t *s, pid_t pid)
+{
+    bool seen = false;
+    pthread_mutex_lock(&s->done_lock);
+    for (size_t i = 0; i < s->n_seen && !seen; i++)
+        seen = s->seen_pids[i] == pid;
+    pthread_mutex_unlock(&s->done_lock);
+    return seen;
+}
+
+void svc_get_status(svc_t *s, struct svc_status *ret)
+{
+    ret->live_processes = atomic_load_explicit(&s->live_clients, memory_order_relaxed);
+    ret->processes = atomic_load_explicit(&s->processes, memory_order_relaxed);
+    ret->samples = atomic_load_explicit(&s->samples, memory_order_relaxed);
+    ret->records_dropped = atomic_load_explicit(&s->drops, memory_order_relaxed);
+    ret->dumps = atomic_load_explicit(&s->stat_dumps, memory_order_relaxed);
+    ret->output_bytes = atomic_load_explicit(&s->stat_bytes, memory_order_relaxed);
+}
+
+int svc_dump_now(svc_t *s)
+{
+    if (s->n_unwinders == 0) {
+        if (!svc__batch_add(&s->ctl, SVC_MSG_DUMP_ALL, 0, sizeof(struct svc_msg)))
+            return -ENOMEM;
+        svc__batch_flush(&s->ctl);
+        return 0;
+    }
+    /* Through the unwinders: records still in the rings (a polled ring is read a few
+     * milliseconds late) make it into the dump. */
+    for (unsigned i = 0; i < s->n_unwinders; i++) {
+        struct svc_unwinder *u = &s->unwinders[i];
+        pthread_mutex_lock(&u->lock);
+        u->dump_requests++;
+        pthread_mutex_unlock(&u->lock);
+        uint64_t one = 1;
+        (void)!write(u->wake_fd, &one, sizeof(one));
+    }
+    return 0;
+}
+
+void svc_detach_all(svc_t *s, uint32_t flags)
+{
+    for (unsigned i = 0; i < s->n_unwinders; i++) {
+        struct svc_unwinder *u = &s->unwinders[i];
+        pthread_mutex_lock(&u->lock);
+        u->detach = true;
+        u->detach_flags |= flags;
+        pthread_mutex_unlock(&u->lock);
+        uint64_t one = 1;
+        (void)!write(u->wake_fd, &one, sizeof(one));
+    }
+}
+
+/* Resident memory of this process in KiB, from /proc/self/statm. */
+static uint64_t self_rss_kb(void)
+{
+    char buf[128];
+    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    (void)close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    unsigned long long size = 0, resident = 0;
+    if (sscanf(buf, "%llu %llu", &size, &resident) != 2)
+        return 0;
+    return resident * (uint64_t)sysconf(_SC_PAGESIZE) / 1024;
+}
+
+bool svc_check_guardrails(svc_t *s)
+{
+    if (s->guardrail_fired)
+        return false;
+    const char *what = NULL;
+    uint64_t value = 0, limit = 0;
+    if (s->cfg.max_heapprofd_memory_kb) {
+        value = self_rss_kb();
+        limit = s->cfg.max_heapprofd_memory_kb;
+        if (value > limit)
+            what = "memory (KiB)";
+    }
+    if (!what && s->cfg.max_heapprofd_cpu_secs) {
+        struct rusage ru;
+        if (getrusage(RUSAGE_SELF, &ru) == 0) {
+            value = (uint64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec);
+            limit = s->cfg.max_heapprofd_cpu_secs;
+            if (value >= limit)
+                what = "CPU time (s)";
+        }
+    }
+    if (!what)
+        return false;
+    s->guardrail_fired = true;
+    hp_log_warn("guardrail hit: service %s %llu > limit %llu; profiling stopped, data dumped", what,
+                (unsigned long long)value, (unsigned long long)limit);
+    svc_detach_all(s, BK_FLAG_HIT_GUARDRAIL);
+    return true;
+}
+
+unsigned svc_live_clients(svc_t *s)
+{
+    return atomic_load_explicit(&s->live_clients, memory_order_relaxed);
+}
+
+const char *svc_socket_path(svc_t *s)
+{
+    return s->sock_path;
+}
+
+static int start_unwinder(struct svc *s, struct svc_unwinder *u)
+{
+    u->svc = s;
+    u->epfd = u->wake_fd = -1;
+    pthread_mutex_init(&u->lock, NULL);
+    u->batcher.q = &s->bkq;
+    u->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (u->epfd < 0)
+        return -errno;
+    u->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (u->wake_fd < 0)
+        return -errno;
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+    if (epoll_ctl(u->epfd, EPOLL_CTL_ADD, u->wake_fd, &ev) < 0)
+        return -errno;
+    int r = pthread_create(&u->thread, NULL, svc__unwinder_main, u);
+    return -r;
+}
+
+/* Source file and line of a frame for the dump's ModuleSymbols (bookkeeping thread). */
+static int source_line(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
+                       const char **ret_file, uint32_t *ret_line)
+{
+    (void)ctx;
+    return unwinder_source_line(m, rel_pc, ret_file, ret_line);
+}
+
+int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret)
+{
+    char err[256];
+    int r = svc_config_check(cfg, err, sizeof(err));
+    if (r < 0) {
+        hp_log_error("%s", err);
+        return r;
+    }
+    struct svc *s = calloc(1, sizeof(*s));
+    if (!s)
+        return -ENOMEM;
+    s->cfg = *cfg;
+    s->out_fd = out_fd;
+    s->listen_fd = s->epfd = -1;
+    pthread_mutex_init(&s->done_lock, NULL);
+    svc__bkq_init(&s->bkq);
+    s->ctl.q = &s->bkq;
+
+    r = svc__listener_open(s);
+    if (r < 0)
+        goto fail;
+
+    r = unwinder_global_init();
+    if (r < 0) {
+        hp_log_error("cannot initialise the unwinder: %s", strerror(-r));
+        goto fail;
+    }
+    unwinder_set_source_lines(!cfg->no_source_lines);
+    r = bk_new(&(struct bk_config){.out_fd = out_fd,
+                                   .sequence_id = 1,
+                                   .dump_at_max = cfg->dump_at_max,
+                                   .source_line = source_line},
+               &s->bk);
+    if (r < 0)
+        goto fail;
+    s->dump_barriers = calloc(MAX_UNWINDERS, sizeof(*s->dump_barriers));
+    if (!s->dump_barriers) {
+        r = -ENOMEM;
+        goto fail;
+    }
+    r = -pthread_create(&s->bk_thread, NULL, svc__bk_main, s);
+    if (r < 0)
+        goto fail;
+    s->bk_started = true;
+
+    unsigned n = cfg->unwinder_threads;
+    if (n == 0) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        n = cpus > 0 ? (unsigned)cpus : 1;
+    }
+    if (n > MAX_UNWINDERS)
+        n = MAX_UNWINDERS;
+    s->unwinders = calloc(n, sizeof(*s->unwinders));
+    if (!s->unwinders) {
+        r = -ENOMEM;
+        goto fail;
+    }
+    /* Read by the bk thread, already running: set before any unwinder can answer. */
+    s->n_dump_barriers = n;
+    for (unsigned i = 0; i < n; i++) {
+        s->unwinders[i].index = i;
+        r = start_unwinder(s, &s->unwinders[i]);
+        if (r < 0) {
+            s->unwinders[i].svc = NULL;
+            goto fail;
+        }
+        s->n_unwinders++;
+    }
+    *ret = s;
+    return 0;
+fail:
+    svc_free(s);
+    return r;
+}
+
+int svc_finish(svc_t *s, struct svc_summary *ret_summary)
+{
+    svc__listener_close(s);
+    for (unsigned i = 0; i < s->n_unwinders; i++) {
+        struct svc_unwinder *u = &s->unwinders[i];
+        pthread_mutex_lock(&u->lock);
+        u->stop = true;
+        pthread_mutex_unlock(&u->lock);
+        uint64_t one = 1;
+        (void)!write(u->wake_fd, &one, sizeof(one));
+    }
+    for (unsigned i = 0; i < s->n_unwinders; i++) {
+        struct svc_unwinder *u = &s->unwinders[i];
+        pthread_join(u->thread, NULL);
+        /* clients handed over but never adopted */
+        while (u->incoming) {
+            struct svc_client *c = u->incoming;
+            u->incoming = c->next;
+            svc__client_free(c);
+        }
+        if (u->batcher.cur)
+            free(u->batcher.cur);
+        (void)close(u->epfd);
+        (void)close(u->wake_fd);
+        pthread_mutex_destroy(&u->lock);
+    }
+    s->n_unwinders = 0;
+    if (s->bk_started) {
+        svc__bkq_quit(&s->bkq);
+        pthread_join(s->bk_thread, NULL);
+        s->bk_started = false;
+    }
+    if (ret_summary) {
+        memset(ret_summary, 0, sizeof(*ret_summary));
+        ret_summary->processes = atomic_load(&s->processes);
+        ret_summary->samples = atomic_load(&s->samples);
+        ret_summary->frees = atomic_load(&s->frees);
+        ret_summary->records_dropped = atomic_load(&s->drops);
+        ret_summary->unwinding_errors = atomic_load(&s->unwind_errors);
+        ret_summary->handshakes_rejected = atomic_load(&s->rejected);
+        ret_summary->corrupt_clients = atomic_load(&s->corrupt);
+        ret_summary->walked_samples = atomic_load(&s->walked);
+        ret_summary->audits = atomic_load(&s->audits);
+        ret_summary->audit_mismatches = atomic_load(&s->audit_mismatches);
+        ret_summary->output_bytes = s->bk_counters.bytes_written;
+        ret_summary->write_error = s->bk_counters.last_write_error;
+    }
+    return s->bk_counters.last_write_error;
+}
+
+svc_t *svc_free(svc_t *s)
+{
+    if (!s)
+        return NULL;
+    if (s->n_unwinders || s->bk_started) {
+        int ignored = svc_finish(s, NULL);
+        (void)ignored;
+    }
+    free(s->unwinders);
+    free(s->dump_barriers);
+    s->bk = bk_free(s->bk);
+    unwinder_global_done();
+    if (s->listen_fd >= 0)
+        (void)close(s->listen_fd);
+    if (s->epfd >= 0)
+        (void)close(s->epfd);
+    if (s->sock_path)
+        (void)unlink(s->sock_path);
+    if (s->dir && !s->cfg.socket_dir && !s->cfg.socket_path)
+        (void)rmdir(s->dir);
+    free(s->sock_path);
+    free(s->dir);
+    free(s->done_pids);
+    free(s->seen_pids);
+    free(s->routes);
+    free(s->ctl.cur);
+    svc__bkq_done(&s->bkq);
+    pthread_mutex_destroy(&s->done_lock);
+    free(s);
+    return NULL;
+}
