@@ -136,14 +136,4 @@ const struct unwinder__segment *unwinder__elf_segment_for(const struct unwinder_
 /* The interned name of the function that holds ELF virtual address @vaddr, or NULL. */
 const char *unwinder__elf_symbol(const struct unwinder__elf *e, uint64_t vaddr);
 
-/* unwinder/cfi.c: the step from a frame to its caller at ELF virtual address @vaddr
- * (where the frame's CFI row is looked up: its pc if innermost, its return address - 1
- * otherwise) as a utable rule (shmem_ring/utable.h), from the file's .eh_frame through
- * libdw. -ENOENT when the CFI there is not of the simple form a utable rule holds (or
- * there is none). Thread-safe. */
-int unwinder__cfi_rule(const struct unwinder__elf *e, uint64_t vaddr,
-                       uint64_t *ret_rule) HP_WARN_UNUSED;
-/* Frees what unwinder__cfi_rule() built for @e (from entry_free()). */
-void unwinder__cfi_free(struct unwinder__elf *e);
-
 #endif

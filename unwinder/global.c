@@ -1,5 +1,3 @@
-#include "unwinder/global.h"
-
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -10,6 +8,7 @@
 #include "common/strtab.h"
 #include "unwinder/sigmask.h"
 #include "unwinder/unwinder.h"
+#include "unwinder/unwinder_internal.h"
 
 /* Guards the reference count and the mapping table. The string table has its own lock. */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
