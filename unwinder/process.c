@@ -17,8 +17,6 @@
 /* Maps older than this are reread before an unwind, so that a library unloaded and
  * another loaded at the same addresses (whose pcs are not unknown) is noticed. */
 uint64_t unwinder__maps_refresh_ns = 1000ull * 1000 * 1000;
-/* Entries of libunwind's register-state cache per process (it rounds to a power of 2). */
-#define UNW_CACHE_ENTRIES 4096
 
 /* ---- mappings ---------------------------------------------------------------- */
 
@@ -207,27 +205,11 @@ int unwinder_process_new(pid_t pid, int maps_fd, int mem_fd, unwinder_process_t 
     p->pm = calloc(p->maps.n ? p->maps.n : 1, sizeof(*p->pm));
     p->pcs = calloc(PC_CACHE_SLOTS, sizeof(*p->pcs));
     p->maps_gen = 1;
-    /* libunwind copies the accessors into the address space. */
-    unw_accessors_t acc = {
-        .find_proc_info = unwinder__acc_find_proc_info,
-        .put_unwind_info = unwinder__acc_put_unwind_info,
-        .get_dyn_info_list_addr = unwinder__acc_get_dyn_info_list_addr,
-        .access_mem = unwinder__acc_access_mem,
-        .access_reg = unwinder__acc_access_reg,
-        .access_fpreg = unwinder__acc_access_fpreg,
-        .resume = unwinder__acc_resume,
-        .get_proc_name = unwinder__acc_get_proc_name,
-    };
-    p->as = p->pm && p->pcs ? unw_create_addr_space(&acc, 0) : NULL;
+    p->as = p->pm && p->pcs ? unwinder__addr_space_new() : NULL;
     if (!p->as) {
         r = -ENOMEM;
         goto fail;
     }
-    /* GLOBAL (one cache per address space, behind a lock) rather than PER_THREAD: the
-     * per-thread cache is shared by every address space a thread uses, and one unwinder
-     * thread serves several processes. */
-    (void)unw_set_caching_policy(p->as, UNW_CACHE_GLOBAL);
-    (void)unw_set_cache_size(p->as, UNW_CACHE_ENTRIES, 0);
     *ret = p;
     return 0;
 fail:

@@ -49,8 +49,8 @@ enum {
 
 /* ---- libunwind accessors ----------------------------------------------------- */
 
-int unwinder__acc_find_proc_info(unw_addr_space_t as, unw_word_t ip, unw_proc_info_t *pi,
-                                 int need_unwind_info, void *arg)
+static int acc_find_proc_info(unw_addr_space_t as, unw_word_t ip, unw_proc_info_t *pi,
+                              int need_unwind_info, void *arg)
 {
     struct unwinder_process *p = arg;
     ssize_t i = unwinder__find_exec(p, ip);
@@ -97,14 +97,14 @@ int unwinder__acc_find_proc_info(unw_addr_space_t as, unw_word_t ip, unw_proc_in
  * libunwind's internal pool and libunwind returns it there itself (its DWARF parser
  * releases UNW_INFO_FORMAT_TABLE info after each use), so freeing it here, as the ptrace
  * and coredump accessors of libunwind do with free(), would corrupt the heap. */
-void unwinder__acc_put_unwind_info(unw_addr_space_t as, unw_proc_info_t *pi, void *arg)
+static void acc_put_unwind_info(unw_addr_space_t as, unw_proc_info_t *pi, void *arg)
 {
     (void)as;
     (void)pi;
     (void)arg;
 }
 
-int unwinder__acc_get_dyn_info_list_addr(unw_addr_space_t as, unw_word_t *dilap, void *arg)
+static int acc_get_dyn_info_list_addr(unw_addr_space_t as, unw_word_t *dilap, void *arg)
 {
     (void)as;
     (void)dilap;
@@ -180,8 +180,8 @@ int unwinder__acc_access_mem(unw_addr_space_t as, unw_word_t addr, unw_word_t *v
     return -UNW_EINVAL;
 }
 
-int unwinder__acc_access_reg(unw_addr_space_t as, unw_regnum_t reg, unw_word_t *valp, int write,
-                             void *arg)
+static int acc_access_reg(unw_addr_space_t as, unw_regnum_t reg, unw_word_t *valp, int write,
+                          void *arg)
 {
     (void)as;
     struct unwinder_process *p = arg;
@@ -194,8 +194,8 @@ int unwinder__acc_access_reg(unw_addr_space_t as, unw_regnum_t reg, unw_word_t *
     return 0;
 }
 
-int unwinder__acc_access_fpreg(unw_addr_space_t as, unw_regnum_t reg, unw_fpreg_t *val, int write,
-                               void *arg)
+static int acc_access_fpreg(unw_addr_space_t as, unw_regnum_t reg, unw_fpreg_t *val, int write,
+                            void *arg)
 {
     (void)as;
     (void)reg;
@@ -205,7 +205,7 @@ int unwinder__acc_access_fpreg(unw_addr_space_t as, unw_regnum_t reg, unw_fpreg_
     return -UNW_EINVAL;
 }
 
-int unwinder__acc_resume(unw_addr_space_t as, unw_cursor_t *c, void *arg)
+static int acc_resume(unw_addr_space_t as, unw_cursor_t *c, void *arg)
 {
     (void)as;
     (void)c;
@@ -214,8 +214,8 @@ int unwinder__acc_resume(unw_addr_space_t as, unw_cursor_t *c, void *arg)
 }
 
 /* We symbolize from our own symbol index. */
-int unwinder__acc_get_proc_name(unw_addr_space_t as, unw_word_t addr, char *buf, size_t len,
-                                unw_word_t *offp, void *arg)
+static int acc_get_proc_name(unw_addr_space_t as, unw_word_t addr, char *buf, size_t len,
+                             unw_word_t *offp, void *arg)
 {
     (void)as;
     (void)addr;
@@ -224,6 +224,33 @@ int unwinder__acc_get_proc_name(unw_addr_space_t as, unw_word_t addr, char *buf,
     (void)offp;
     (void)arg;
     return -UNW_EINVAL;
+}
+
+/* Entries of libunwind's register-state cache per process (it rounds to a power of 2). */
+#define REG_CACHE_ENTRIES 4096
+
+unw_addr_space_t unwinder__addr_space_new(void)
+{
+    /* libunwind copies the accessors into the address space. */
+    unw_accessors_t acc = {
+        .find_proc_info = acc_find_proc_info,
+        .put_unwind_info = acc_put_unwind_info,
+        .get_dyn_info_list_addr = acc_get_dyn_info_list_addr,
+        .access_mem = unwinder__acc_access_mem,
+        .access_reg = acc_access_reg,
+        .access_fpreg = acc_access_fpreg,
+        .resume = acc_resume,
+        .get_proc_name = acc_get_proc_name,
+    };
+    unw_addr_space_t as = unw_create_addr_space(&acc, 0);
+    if (!as)
+        return NULL;
+    /* GLOBAL (one cache per address space, behind a lock) rather than PER_THREAD: the
+     * per-thread cache is shared by every address space a thread uses, and one unwinder
+     * thread serves several processes. */
+    (void)unw_set_caching_policy(as, UNW_CACHE_GLOBAL);
+    (void)unw_set_cache_size(as, REG_CACHE_ENTRIES, 0);
+    return as;
 }
 
 static const char *fail_reason(unsigned fail, int r)

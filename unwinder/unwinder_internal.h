@@ -151,19 +151,15 @@ void unwinder__append_error(struct hp_frame *frames, size_t *n, size_t max, cons
 
 /* unwind_libunwind.c */
 
-int unwinder__acc_find_proc_info(unw_addr_space_t as, unw_word_t ip, unw_proc_info_t *pi,
-                                 int need_unwind_info, void *arg);
-void unwinder__acc_put_unwind_info(unw_addr_space_t as, unw_proc_info_t *pi, void *arg);
-int unwinder__acc_get_dyn_info_list_addr(unw_addr_space_t as, unw_word_t *dilap, void *arg);
+/* A libunwind address space whose accessors read through the struct unwinder_process
+ * passed as the argument of unw_init_remote(), with the caching policy of the service.
+ * NULL on ENOMEM. The caller destroys it with unw_destroy_addr_space(). */
+unw_addr_space_t unwinder__addr_space_new(void);
+
+/* The libunwind memory accessor; @arg is the struct unwinder_process being unwound. The
+ * fallback unwinder reads memory through it too. */
 int unwinder__acc_access_mem(unw_addr_space_t as, unw_word_t addr, unw_word_t *valp, int write,
                              void *arg);
-int unwinder__acc_access_reg(unw_addr_space_t as, unw_regnum_t reg, unw_word_t *valp, int write,
-                             void *arg);
-int unwinder__acc_access_fpreg(unw_addr_space_t as, unw_regnum_t reg, unw_fpreg_t *val, int write,
-                               void *arg);
-int unwinder__acc_resume(unw_addr_space_t as, unw_cursor_t *c, void *arg);
-int unwinder__acc_get_proc_name(unw_addr_space_t as, unw_word_t addr, char *buf, size_t len,
-                                unw_word_t *offp, void *arg);
 
 /* unwind_dwfl.c */
 
