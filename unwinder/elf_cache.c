@@ -328,7 +328,7 @@ static int build(struct unwinder__elf *e)
         }
     }
 
-    r = unwinder__load_symbols_with_debug_file(elf, e);
+    r = unwinder__elf_load_symbols(elf, e);
     if (r == 0)
         e->ok = true;
 out:

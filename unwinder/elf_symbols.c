@@ -247,7 +247,7 @@ static Elf *find_debug_file(Elf *elf, const struct unwinder__elf *e, char *buf, 
 
 /* Symbols from the file's .symtab, else from its separate debug file's .symtab, else from
  * its .dynsym (stripped libraries keep only exported names there). */
-int unwinder__load_symbols_with_debug_file(Elf *elf, struct unwinder__elf *e)
+int unwinder__elf_load_symbols(Elf *elf, struct unwinder__elf *e)
 {
     if (!has_section(elf, SHT_SYMTAB)) {
         char path[4096];

@@ -59,7 +59,7 @@ void unwinder__srcline_done(void);
 
 /* elf_symbols.c */
 
-int unwinder__load_symbols_with_debug_file(Elf *elf, struct unwinder__elf *e);
+int unwinder__elf_load_symbols(Elf *elf, struct unwinder__elf *e);
 
 /* unwinder/cfi.c: the step from a frame to its caller at ELF virtual address @vaddr
  * (where the frame's CFI row is looked up: its pc if innermost, its return address - 1
