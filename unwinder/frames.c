@@ -1,7 +1,6 @@
 #include <errno.h>
 #include <string.h>
 
-#include "common/clock.h"
 #include "unwinder/unwinder_internal.h"
 
 /* True for the path of the dynamic loader. */
@@ -109,8 +108,7 @@ int unwinder_resolve_pcs(unwinder_process_t *p, const uint64_t *pcs, size_t n_pc
     const char *err = NULL;
     size_t n = 0, skipped = 0;
     p->reparsed = false;
-    if (hp_clock_ns(CLOCK_MONOTONIC_COARSE) - p->parsed_ns >= unwinder__maps_refresh_ns)
-        (void)unwinder__maps_reload(p);
+    unwinder__maps_refresh(p);
     for (size_t i = 0; i < n_pcs; i++) {
         struct hp_frame f;
         bool skip;

@@ -70,7 +70,7 @@ static bool exec_mapping_gone(const struct unwinder__maps *old, const struct unw
 
 /* Rereads the maps. When they changed, everything derived from the old ones is dropped
  * (returns true); identical maps keep the caches. */
-bool unwinder__maps_reload(struct unwinder_process *p)
+static bool maps_reload(struct unwinder_process *p)
 {
     p->parsed_ns = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
     struct unwinder__maps m;
@@ -118,7 +118,13 @@ static bool reparse(struct unwinder_process *p)
         return false;
     p->last_reparse_ns = now ? now : 1;
     p->reparsed = true;
-    return unwinder__maps_reload(p);
+    return maps_reload(p);
+}
+
+void unwinder__maps_refresh(struct unwinder_process *p)
+{
+    if (hp_clock_ns(CLOCK_MONOTONIC_COARSE) - p->parsed_ns >= unwinder__maps_refresh_ns)
+        (void)maps_reload(p);
 }
 
 /* Index of the executable mapping holding @pc, rereading the maps (rate-limited) when
@@ -220,7 +226,7 @@ fail:
 void unwinder_maps_changed(unwinder_process_t *p, bool unloaded)
 {
     uint32_t gen = p->known_gen;
-    (void)unwinder__maps_reload(p);
+    (void)maps_reload(p);
     /* A reread that finds code gone resets the table itself; else the client, which
      * waits for a new generation after an unload, is released here. */
     if (unloaded && p->known_gen == gen)

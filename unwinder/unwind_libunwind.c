@@ -20,7 +20,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/clock.h"
 #include "unwinder/sigmask.h"
 #include "unwinder/unwinder_internal.h"
 
@@ -294,8 +293,7 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
     p->fail = 0;
     p->n_lookups = 0;
     bool lookups_ok = p->table.hdr != NULL;
-    if (hp_clock_ns(CLOCK_MONOTONIC_COARSE) - p->parsed_ns >= unwinder__maps_refresh_ns)
-        (void)unwinder__maps_reload(p);
+    unwinder__maps_refresh(p);
 
     unwinder__sigmask_skip = true;
     unw_cursor_t c;

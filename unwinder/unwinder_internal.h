@@ -131,7 +131,7 @@ struct unwinder_process {
 
 /* process.c */
 
-bool unwinder__maps_reload(struct unwinder_process *p);
+void unwinder__maps_refresh(struct unwinder_process *p);
 ssize_t unwinder__find_exec(struct unwinder_process *p, uint64_t pc);
 const struct unwinder__elf *unwinder__pmap_elf(struct unwinder_process *p, size_t i);
 const struct hp_mapping *unwinder__pmap_mapping(struct unwinder_process *p, size_t i);
