@@ -1,3 +1,8 @@
+/* unwinder/elf_cache.c: the ELF cache of elf_cache.h: the table of entries (lookup,
+ * references, least-recently-used eviction), the building of an entry from its file
+ * (PT_LOADs, .eh_frame_hdr, build id; the symbols come from elf_symbols.c), and the
+ * SIGBUS-safe reads of the mapped images.
+ */
 #include "unwinder/elf_cache.h"
 
 #include <elf.h>

@@ -5,9 +5,10 @@
  * are 0). An entry keeps the file mmap'd read-only and what unwinding and symbolization
  * need: the PT_LOAD table (address -> file offset), the .eh_frame_hdr search table
  * (PT_GNU_EH_FRAME), the GNU build id, the load bias and a sorted symbol index built once
- * from .symtab, else from the .symtab of a separate debug file found by build id or
- * .gnu_debuglink, else from .dynsym; names interned. Files that cannot be used (missing,
- * replaced, not a native ELF) get a negative entry (ok == false) so they are tried once.
+ * (elf_symbols.c) from .symtab, else from the .symtab of a separate debug file found by
+ * build id or .gnu_debuglink, else from .dynsym; names interned. Files that cannot be
+ * used (missing, replaced, not a native ELF) get a negative entry (ok == false) so they
+ * are tried once.
  *
  *     const struct unwinder__elf *e;
  *     unwinder__elf_get(dev, inode, path, &e);

@@ -1,3 +1,9 @@
+/* unwinder/elf_symbols.c: the symbol index of an ELF cache entry (elf_cache.h), built
+ * once when the entry is: function symbols from the file's .symtab, else from the .symtab
+ * of its separate debug file (by build id under unwinder__debug_root, else by
+ * .gnu_debuglink), else from its .dynsym; sorted, one per start address, names interned.
+ * And unwinder__elf_symbol(), the function that holds an address.
+ */
 #include <elfutils/libdwelf.h>
 #include <errno.h>
 #include <fcntl.h>

@@ -1,3 +1,17 @@
+/* unwinder/frames.c: a pc's frame: its mapping (an interned hp_mapping), its rel_pc and
+ * the name of its function, and whether it lies in libheapprof (a hook frame, skipped)
+ * or in the dynamic loader; cached per process and generation of the maps. Also
+ * unwinder_resolve_pcs(), for stacks the client walked itself, and the "ERROR <reason>"
+ * frame that ends a stack that failed.
+ *
+ * Frame pcs. Frame 0's pc is used as is. Every later frame's pc is a return address, so
+ * the function and the rel_pc we report are those of pc - 1, an address inside the call
+ * instruction: a call that is the last instruction of a function (noreturn callee) would
+ * otherwise be attributed to the next function, and a symbolizer looking up rel_pc gets
+ * the line of the call. This is also what libunwindstack (heapprofd's unwinder) reports:
+ * its non-leaf rel_pc is adjusted by 1 on x86_64. Frames right above a signal frame are
+ * interrupted, not calling, and keep their exact pc. The callers adjust the pc.
+ */
 #include <errno.h>
 #include <string.h>
 

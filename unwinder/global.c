@@ -1,3 +1,8 @@
+/* unwinder/global.c: the state of unwinder/ shared by all processes and threads: the
+ * string table that interns paths and function names, the table of interned, immutable
+ * struct hp_mapping objects, the byte count of the caches, and unwinder_global_init(),
+ * unwinder_global_done() and unwinder_global_bytes(). Thread-safe.
+ */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>

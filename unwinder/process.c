@@ -1,3 +1,16 @@
+/* unwinder/process.c: the state of one target process (struct unwinder_process): its
+ * maps, the facts resolved per mapping (ELF cache entry, PT_LOAD shown, interned
+ * hp_mapping), when the maps are reread, and unwinder_process_new()/free() and
+ * unwinder_maps_changed().
+ *
+ * The maps are reread for a pc in no executable mapping (at most every 100 ms), before an
+ * unwind when they are older than unwinder__maps_refresh_ns, and when the client says its
+ * code changed. Identical maps keep every cache; changed ones drop what was derived from
+ * the old ones: the per-mapping facts, the cached frames (a new generation), libunwind's
+ * cache, the fallback's Dwfl, and the unwind table's rules when code went away.
+ *
+ * Not thread-safe: one unwinder thread uses a process at a time.
+ */
 #include <elf.h>
 #include <elfutils/libdwfl.h>
 #include <errno.h>

@@ -1,3 +1,10 @@
+/* unwinder/table.c: the client's unwind table (shmem_ring/utable.h). After a stack is
+ * unwound without error, each CFI lookup address of its frames not offered yet under the
+ * table's generation gets its rule from cfi.c, published when it has the simple form the
+ * table holds, so that the client walks those frames itself instead of copying its
+ * stack. Also unwinder_process_set_table(), unwinder_table_reset() and
+ * unwinder_table_stats().
+ */
 #include <errno.h>
 #include <stdlib.h>
 

@@ -1,9 +1,13 @@
+/* unwinder/unwind_dwfl.c: the fallback unwinder, elfutils' (libdwfl), for code whose
+ * CFI is only in .debug_frame, which libunwind does not read. A Dwfl per process, made
+ * when first needed and again after the maps changed, reports every usable executable
+ * ELF mapping at its load address; memory is read through the libunwind accessor
+ * (unwinder__acc_access_mem()) and registers come from the client's capture.
+ */
 #include <elfutils/libdwfl.h>
 #include <libunwind.h>
 
 #include "unwinder/unwinder_internal.h"
-
-/* ---- fallback: elfutils' unwinder, for code described only by .debug_frame ---- */
 
 static pid_t dw_next_thread(Dwfl *dwfl, void *dwfl_arg, void **thread_argp)
 {

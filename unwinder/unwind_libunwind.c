@@ -1,18 +1,14 @@
-/* unwinder/unwind.c: remote unwinding of stack copies with libunwind, and the frames'
- * mappings and names.
+/* unwinder/unwind_libunwind.c: unwinder_unwind(), the remote unwinding of stack copies
+ * with libunwind, and the accessors it reads the target through.
  *
  * libunwind's remote API asks us, through unw_accessors_t, for registers (from the
  * client's capture), memory (the stack copy first, then the mmap'd ELF file behind a
  * read-only file mapping, then /proc/PID/mem) and unwind tables (the .eh_frame_hdr of the
  * ELF behind the pc, described to libunwind at its address in the target).
  *
- * Frame pcs. Frame 0's pc is used as is. Every later frame's pc is a return address, so
- * the function and the rel_pc we report are those of pc - 1, an address inside the call
- * instruction: a call that is the last instruction of a function (noreturn callee) would
- * otherwise be attributed to the next function, and a symbolizer looking up rel_pc gets
- * the line of the call. This is also what libunwindstack (heapprofd's unwinder) reports:
- * its non-leaf rel_pc is adjusted by 1 on x86_64. Frames right above a signal frame are
- * interrupted, not calling, and keep their exact pc.
+ * Each step's frame is named by frames.c (which says why later frames use pc - 1). Code
+ * whose CFI is only in .debug_frame hands the stack over to unwind_dwfl.c; a stack that
+ * ends without error is offered to the client's unwind table (table.c).
  */
 #include <elf.h>
 #include <errno.h>

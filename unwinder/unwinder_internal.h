@@ -1,12 +1,29 @@
-/* unwinder/global.h: the state of unwinder/ shared by all processes and threads
- * (internal to unwinder/): the string table that interns paths and function names, and
- * the table of interned, immutable struct hp_mapping objects.
+/* unwinder/unwinder_internal.h: what the files of unwinder/ share with each other
+ * (internal to unwinder/; other components use unwinder/unwinder.h only).
  *
- *     const char *name = unwinder__intern("main", 4);        // same pointer for equal text
- *     const struct hp_mapping *m = unwinder__mapping_intern(&tmpl);
+ *     global.c            interned strings and mappings; unwinder_global_init/done/bytes
+ *     elf_cache.c         the cache of ELF files (elf_cache.h), SIGBUS-safe reads of them
+ *     elf_symbols.c       a cached file's symbol index, separate debug files
+ *     cfi.c               utable rules from a file's .eh_frame
+ *     srcline.c           source file and line of a frame, debuginfod
+ *     maps.c              the /proc/PID/maps parser (maps.h)
+ *     sigmask.c           libunwind's signal-mask syscalls skipped (sigmask.h)
+ *     process.c           struct unwinder_process: its maps, their facts, when to reread
+ *     frames.c            a pc's frame: mapping, rel_pc, function name; cached per process
+ *     table.c             rules published into the client's unwind table
+ *     unwind_libunwind.c  unwinder_unwind() with libunwind's remote API
+ *     unwind_dwfl.c       elfutils' unwinder, for code described only by .debug_frame
  *
- * Thread-safe once unwinder_global_init() returned; everything handed out stays valid
- * until unwinder_global_done().
+ * Includes go one way: this header includes unwinder.h, maps.h and elf_cache.h, and none
+ * of them includes it.
+ *
+ *     ssize_t i = unwinder__find_exec(p, pc);       // -1: in no executable mapping
+ *     const struct hp_mapping *hm = unwinder__pmap_mapping(p, (size_t)i);
+ *     const char *name = unwinder__intern("main", 4); // same pointer for equal text
+ *
+ * The global state (interning, ELF cache, CFI, source lines) is thread-safe once
+ * unwinder_global_init() returned, and what it hands out stays valid until
+ * unwinder_global_done(). A struct unwinder_process is used by one thread at a time.
  */
 #ifndef HP_UNWINDER_UNWINDER_INTERNAL_H
 #define HP_UNWINDER_UNWINDER_INTERNAL_H
@@ -25,6 +42,8 @@
 #include "unwinder/maps.h"
 #include "unwinder/unwinder.h"
 
+/* ---- global.c: state shared by all processes and threads --------------------- */
+
 /* Interned copy of @s[0..len). On allocation failure returns the interned "" (never
  * NULL), so callers can always store the result in a frame. */
 const char *unwinder__intern(const char *s, size_t len);
@@ -39,39 +58,43 @@ const struct hp_mapping *unwinder__mapping_intern(const struct hp_mapping *tmpl)
 /* Adds @delta to the heap bytes reported by unwinder_global_bytes(). */
 void unwinder__account(ssize_t delta);
 
-/* The ELF cache's part of unwinder_global_init()/done() (unwinder/elf_cache.c). */
+/* ---- srcline.c --------------------------------------------------------------- */
+
+/* How srcline.c asks debuginfod for the debug file of a build id (when DEBUGINFOD_URLS
+ * is set): 0 with a malloc'd path, or -errno. Replaceable for tests. */
+extern int (*unwinder__debuginfod_fetch)(const uint8_t *build_id, uint32_t len, char **ret_path);
+
+/* How many times srcline.c asked debuginfod (one per file at most). */
+unsigned long unwinder__debuginfod_tries(void);
+
+/* Releases the source-line cache. */
+void unwinder__srcline_done(void);
+
+/* ---- elf_cache.c ------------------------------------------------------------- */
+
+/* The ELF cache's part of unwinder_global_init()/done(). */
 int unwinder__elf_cache_init(void);
 void unwinder__elf_cache_done(void);
 
-/* How old a process's maps may get before an unwind rereads them (unwinder/unwind.c;
- * default 1 s; rereading identical maps keeps every cache). For tests. */
-extern uint64_t unwinder__maps_refresh_ns;
+/* ---- elf_symbols.c ----------------------------------------------------------- */
 
-/* How unwinder/srcline.c asks debuginfod for the debug file of a build id (when
- * DEBUGINFOD_URLS is set): 0 with a malloc'd path, or -errno. Replaceable for tests. */
-extern int (*unwinder__debuginfod_fetch)(const uint8_t *build_id, uint32_t len, char **ret_path);
-
-/* How many times unwinder/srcline.c asked debuginfod (one per file at most). */
-unsigned long unwinder__debuginfod_tries(void);
-
-/* Releases the source-line cache (unwinder/srcline.c). */
-void unwinder__srcline_done(void);
-
-/* elf_symbols.c */
-
+/* Fills @e's symbol index from @elf (the file's ELF, borrowed): its .symtab, else that of
+ * its separate debug file (then e->debug_path is set), else its .dynsym. 0, or -ENOMEM. */
 int unwinder__elf_load_symbols(Elf *elf, struct unwinder__elf *e);
 
-/* unwinder/cfi.c: the step from a frame to its caller at ELF virtual address @vaddr
- * (where the frame's CFI row is looked up: its pc if innermost, its return address - 1
- * otherwise) as a utable rule (shmem_ring/utable.h), from the file's .eh_frame through
- * libdw. -ENOENT when the CFI there is not of the simple form a utable rule holds (or
- * there is none). Thread-safe. */
+/* ---- cfi.c ------------------------------------------------------------------- */
+
+/* The step from a frame to its caller at ELF virtual address @vaddr (where the frame's
+ * CFI row is looked up: its pc if innermost, its return address - 1 otherwise) as a
+ * utable rule (shmem_ring/utable.h), from the file's .eh_frame through libdw. -ENOENT
+ * when the CFI there is not of the simple form a utable rule holds (or there is none).
+ * Thread-safe. */
 int unwinder__cfi_rule(const struct unwinder__elf *e, uint64_t vaddr,
                        uint64_t *ret_rule) HP_WARN_UNUSED;
 /* Frees what unwinder__cfi_rule() built for @e (from entry_free()). */
 void unwinder__cfi_free(struct unwinder__elf *e);
 
-/* Per-process state (process.c, table.c, frames.c, unwind_libunwind.c, unwind_dwfl.c) */
+/* ---- per-process state: process.c, frames.c, table.c, unwind_*.c ------------- */
 
 /* Leading libheapprof frames skipped at most (the hooks are a few frames deep). */
 #define SKIP_MAX 32
@@ -95,6 +118,8 @@ struct pc_slot {
     struct hp_frame f;
 };
 
+/* The state of one target process (unwinder_process_t), made in process.c. Not
+ * thread-safe; caller serialises: one unwinder thread uses a process at a time. */
 struct unwinder_process {
     pid_t pid;
     int maps_fd, mem_fd;
@@ -124,32 +149,56 @@ struct unwinder_process {
     uint64_t stack_ptr;
     const uint8_t *stack;
     size_t stack_len;
-    unsigned fail;       /* FAIL_* during the current step */
+    unsigned fail;       /* FAIL_* (unwind_libunwind.c) during the current step */
     unsigned mem_budget; /* preads left */
     bool reparsed;
 };
 
-/* process.c */
+/* ---- process.c --------------------------------------------------------------- */
 
+/* How old a process's maps may get before an unwind rereads them (default 1 s;
+ * rereading identical maps keeps every cache). For tests. */
+extern uint64_t unwinder__maps_refresh_ns;
+
+/* Rereads @p's maps when they are older than unwinder__maps_refresh_ns; called before
+ * each unwind. */
 void unwinder__maps_refresh(struct unwinder_process *p);
+
+/* Index of the executable mapping holding @pc, rereading the maps (at most every 100 ms)
+ * when none does; -1 if none. Invalidates pointers into p->maps and p->pm. */
 ssize_t unwinder__find_exec(struct unwinder_process *p, uint64_t pc);
+
+/* The ELF cache entry of the file behind p->maps.v[@i] (held until the maps are reread),
+ * with p->pm[@i].seg set; NULL for an anonymous, special or unusable mapping. */
 const struct unwinder__elf *unwinder__pmap_elf(struct unwinder_process *p, size_t i);
+
+/* The interned hp_mapping of p->maps.v[@i]; NULL on ENOMEM (tried again next time). */
 const struct hp_mapping *unwinder__pmap_mapping(struct unwinder_process *p, size_t i);
 
-/* table.c */
+/* ---- table.c ----------------------------------------------------------------- */
 
+/* Offers p->lookups (the stack just unwound without error) to the unwind table. */
 void unwinder__table_publish(struct unwinder_process *p);
 
-/* frames.c */
+/* ---- frames.c ---------------------------------------------------------------- */
 
+/* True for the path of the dynamic loader. */
 bool unwinder__is_loader_path(const char *path);
+
+/* True for a frame in the dynamic loader, where stacks without CFI end. */
 bool unwinder__is_loader_frame(const struct hp_frame *f);
+
+/* Fills @f for @pc (already adjusted for return addresses) and sets @ret_skip when it is in
+ * libheapprof; a pc in no known mapping gives a frame without map. */
 void unwinder__resolve_frame(struct unwinder_process *p, uint64_t pc, struct hp_frame *f,
                              bool *ret_skip);
+
+/* Ends @frames (@n of at most @max) with the frame "ERROR <reason>" @err, in place of the
+ * last one when full, and marks @res. */
 void unwinder__append_error(struct hp_frame *frames, size_t *n, size_t max, const char *err,
                             struct unwinder_result *res);
 
-/* unwind_libunwind.c */
+/* ---- unwind_libunwind.c ------------------------------------------------------ */
 
 /* A libunwind address space whose accessors read through the struct unwinder_process
  * passed as the argument of unw_init_remote(), with the caching policy of the service.
@@ -161,8 +210,11 @@ unw_addr_space_t unwinder__addr_space_new(void);
 int unwinder__acc_access_mem(unw_addr_space_t as, unw_word_t addr, unw_word_t *valp, int write,
                              void *arg);
 
-/* unwind_dwfl.c */
+/* ---- unwind_dwfl.c ----------------------------------------------------------- */
 
+/* libunwind stopped after @steps frames in code with only .debug_frame: unwinds the
+ * current input again with elfutils and, when that goes further, replaces @frames, @ret_n
+ * and @ret_err with its stack. */
 void unwinder__fallback_unwind(struct unwinder_process *p, size_t steps, struct hp_frame *frames,
                                size_t max, size_t *ret_n, const char **ret_err,
                                struct unwinder_result *res);
