@@ -21,7 +21,7 @@
 #include <stdlib.h>
 
 #include "shmem_ring/utable.h"
-#include "unwinder/elf_cache.h"
+#include "unwinder/unwinder_internal.h"
 
 #define CFI_REG_RBP 6
 #define CFI_REG_RSP 7

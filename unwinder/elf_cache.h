@@ -5,9 +5,10 @@
  * are 0). An entry keeps the file mmap'd read-only and what unwinding and symbolization
  * need: the PT_LOAD table (address -> file offset), the .eh_frame_hdr search table
  * (PT_GNU_EH_FRAME), the GNU build id, the load bias and a sorted symbol index built once
- * from .symtab, else from the .symtab of a separate debug file found by build id or
- * .gnu_debuglink, else from .dynsym; names interned. Files that cannot be used (missing,
- * replaced, not a native ELF) get a negative entry (ok == false) so they are tried once.
+ * (elf_symbols.c) from .symtab, else from the .symtab of a separate debug file found by
+ * build id or .gnu_debuglink, else from .dynsym; names interned. Files that cannot be
+ * used (missing, replaced, not a native ELF) get a negative entry (ok == false) so they
+ * are tried once.
  *
  *     const struct unwinder__elf *e;
  *     unwinder__elf_get(dev, inode, path, &e);
@@ -135,15 +136,5 @@ const struct unwinder__segment *unwinder__elf_segment_for(const struct unwinder_
 
 /* The interned name of the function that holds ELF virtual address @vaddr, or NULL. */
 const char *unwinder__elf_symbol(const struct unwinder__elf *e, uint64_t vaddr);
-
-/* unwinder/cfi.c: the step from a frame to its caller at ELF virtual address @vaddr
- * (where the frame's CFI row is looked up: its pc if innermost, its return address - 1
- * otherwise) as a utable rule (shmem_ring/utable.h), from the file's .eh_frame through
- * libdw. -ENOENT when the CFI there is not of the simple form a utable rule holds (or
- * there is none). Thread-safe. */
-int unwinder__cfi_rule(const struct unwinder__elf *e, uint64_t vaddr,
-                       uint64_t *ret_rule) HP_WARN_UNUSED;
-/* Frees what unwinder__cfi_rule() built for @e (from entry_free()). */
-void unwinder__cfi_free(struct unwinder__elf *e);
 
 #endif

@@ -1,5 +1,8 @@
-#include "unwinder/global.h"
-
+/* unwinder/global.c: the state of unwinder/ shared by all processes and threads: the
+ * string table that interns paths and function names, the table of interned, immutable
+ * struct hp_mapping objects, the byte count of the caches, and unwinder_global_init(),
+ * unwinder_global_done() and unwinder_global_bytes(). Thread-safe.
+ */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -10,6 +13,7 @@
 #include "common/strtab.h"
 #include "unwinder/sigmask.h"
 #include "unwinder/unwinder.h"
+#include "unwinder/unwinder_internal.h"
 
 /* Guards the reference count and the mapping table. The string table has its own lock. */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;

@@ -32,8 +32,8 @@
 #include <unistd.h>
 
 #include "unwinder/elf_cache.h"
-#include "unwinder/global.h"
 #include "unwinder/unwinder.h"
+#include "unwinder/unwinder_internal.h"
 
 /* Cap of cached (file, pc) results: a bound on what hostile stacks can make us keep. */
 #define SRC_MAX_ENTRIES (1u << 20)

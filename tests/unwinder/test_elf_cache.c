@@ -23,7 +23,6 @@
 
 #include "tests/unwinder/unwtest.h"
 #include "unwinder/elf_cache.h"
-#include "unwinder/global.h"
 #include "unwinder/unwinder.h"
 
 #define NCOPIES 6

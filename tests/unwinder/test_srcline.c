@@ -21,8 +21,8 @@
 #include <unistd.h>
 
 #include "unwinder/elf_cache.h"
-#include "unwinder/global.h"
 #include "unwinder/unwinder.h"
+#include "unwinder/unwinder_internal.h"
 
 static int g_fetches;
 static uint8_t g_fetched_id[HP_BUILD_ID_MAX];

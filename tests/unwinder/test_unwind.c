@@ -31,10 +31,10 @@
 #include "shmem_ring/utable.h"
 #include "tests/unwinder/unwtest.h"
 #include "unwinder/elf_cache.h"
-#include "unwinder/global.h"
 #include "unwinder/maps.h"
 #include "unwinder/sigmask.h"
 #include "unwinder/unwinder.h"
+#include "unwinder/unwinder_internal.h"
 
 #define STACK_CAP (64 * 1024)
 

@@ -1,0 +1,400 @@
+/* unwinder/unwind_libunwind.c: unwinder_unwind(), the remote unwinding of stack copies
+ * with libunwind, and the accessors it reads the target through.
+ *
+ * libunwind's remote API asks us, through unw_accessors_t, for registers (from the
+ * client's capture), memory (the stack copy first, then the mmap'd ELF file behind a
+ * read-only file mapping, then /proc/PID/mem) and unwind tables (the .eh_frame_hdr of the
+ * ELF behind the pc, described to libunwind at its address in the target).
+ *
+ * Each step's frame is named by frames.c (which says why later frames use pc - 1). Code
+ * whose CFI is only in .debug_frame hands the stack over to unwind_dwfl.c; a stack that
+ * ends without error is offered to the client's unwind table (table.c).
+ */
+#include <elf.h>
+#include <errno.h>
+#include <libunwind.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "unwinder/sigmask.h"
+#include "unwinder/unwinder_internal.h"
+
+/* Exported by libunwind-x86_64 (PROTECTED in its sources) but not declared in the
+ * installed headers. Searches a UNW_INFO_FORMAT_REMOTE_TABLE through the accessors. */
+int _Ux86_64_dwarf_search_unwind_table(unw_addr_space_t as, unw_word_t ip, unw_dyn_info_t *di,
+                                       unw_proc_info_t *pi, int need_unwind_info, void *arg);
+
+_Static_assert(WIRE_REG_RIP == UNW_X86_64_RIP, "register numbering");
+_Static_assert(WIRE_REG_RSP == UNW_X86_64_RSP, "register numbering");
+_Static_assert(WIRE_REG_RBP == UNW_X86_64_RBP, "register numbering");
+_Static_assert(WIRE_REG_RBX == UNW_X86_64_RBX, "register numbering");
+_Static_assert(WIRE_REG_R15 == UNW_X86_64_R15, "register numbering");
+
+/* preads on /proc/PID/mem per unwind: bounds the time hostile stacks can cost. */
+#define MEM_READ_BUDGET 2048
+
+/* What went wrong inside the accessors during one unw_step(). */
+enum {
+    FAIL_NO_MAP = 1u << 0,      /* a pc in no executable mapping */
+    FAIL_ELF = 1u << 1,         /* a pc in a file mapping whose ELF we cannot use */
+    FAIL_NO_INFO = 1u << 2,     /* no unwind table, or no entry for the pc */
+    FAIL_MEM = 1u << 3,         /* a memory read found nothing */
+    FAIL_DEBUG_FRAME = 1u << 4, /* FAIL_NO_INFO in a file that has .debug_frame */
+};
+
+/* ---- libunwind accessors ----------------------------------------------------- */
+
+static int acc_find_proc_info(unw_addr_space_t as, unw_word_t ip, unw_proc_info_t *pi,
+                              int need_unwind_info, void *arg)
+{
+    struct unwinder_process *p = arg;
+    ssize_t i = unwinder__find_exec(p, ip);
+    if (i < 0) {
+        p->fail |= FAIL_NO_MAP;
+        return -UNW_ENOINFO;
+    }
+    const struct unwinder__map *m = &p->maps.v[i];
+    const struct unwinder__elf *e = unwinder__pmap_elf(p, (size_t)i);
+    const struct unwinder__segment *seg = p->pm[i].seg;
+    if (!e || !seg) {
+        p->fail |= m->path[0] == '/' ? FAIL_ELF : FAIL_NO_INFO;
+        return -UNW_ENOINFO;
+    }
+    if (!e->has_eh_hdr) {
+        p->fail |= FAIL_NO_INFO | (e->has_debug_frame ? FAIL_DEBUG_FRAME : 0);
+        return -UNW_ENOINFO;
+    }
+    /* The object's load base in the target: ELF vaddr v lives at base + v. */
+    uint64_t base = m->start - m->pgoff - (seg->vaddr - seg->offset);
+    unw_dyn_info_t di;
+    memset(&di, 0, sizeof(di));
+    di.format = UNW_INFO_FORMAT_REMOTE_TABLE;
+    di.start_ip = base + seg->vaddr;
+    di.end_ip = di.start_ip + seg->memsz;
+    /* libunwind asserts this; with hostile maps it need not hold. */
+    if (ip < di.start_ip || ip >= di.end_ip) {
+        p->fail |= FAIL_NO_INFO;
+        return -UNW_ENOINFO;
+    }
+    di.u.rti.name_ptr = 0;
+    di.u.rti.segbase = base + e->eh_hdr_vaddr;
+    di.u.rti.table_data = di.u.rti.segbase + e->eh_table_off;
+    di.u.rti.table_len = e->eh_fde_count * 8 / sizeof(unw_word_t);
+    int r = _Ux86_64_dwarf_search_unwind_table(as, ip, &di, pi, need_unwind_info, arg);
+    if (r < 0)
+        p->fail |= FAIL_NO_INFO | (e->has_debug_frame ? FAIL_DEBUG_FRAME : 0);
+    return r;
+}
+
+/* libunwind calls this only for proc info it got from the dynamic-registration list
+ * (UNW_INFO_FORMAT_DYNAMIC), which we never provide (get_dyn_info_list_addr fails).
+ * The unwind_info that _Ux86_64_dwarf_search_unwind_table() fills in comes from
+ * libunwind's internal pool and libunwind returns it there itself (its DWARF parser
+ * releases UNW_INFO_FORMAT_TABLE info after each use), so freeing it here, as the ptrace
+ * and coredump accessors of libunwind do with free(), would corrupt the heap. */
+static void acc_put_unwind_info(unw_addr_space_t as, unw_proc_info_t *pi, void *arg)
+{
+    (void)as;
+    (void)pi;
+    (void)arg;
+}
+
+static int acc_get_dyn_info_list_addr(unw_addr_space_t as, unw_word_t *dilap, void *arg)
+{
+    (void)as;
+    (void)dilap;
+    (void)arg;
+    return -UNW_ENOINFO;
+}
+
+/* Reads a word at @addr from the file behind the mapping that holds it: from read-only
+ * segments only, or, with @writable, from data segments too. 0, or -1 when no usable file
+ * backs @addr. */
+static int file_read(struct unwinder_process *p, uint64_t addr, unw_word_t *valp, bool writable)
+{
+    const size_t w = sizeof(*valp);
+    ssize_t i = unwinder__maps_find(&p->maps, addr);
+    if (i < 0)
+        return -1;
+    const struct unwinder__map *m = &p->maps.v[i];
+    if ((!writable && (m->perms & UNWINDER_PERM_WRITE)) || m->end - addr < w)
+        return -1;
+    const struct unwinder__elf *e = unwinder__pmap_elf(p, (size_t)i);
+    const struct unwinder__segment *seg = p->pm[i].seg;
+    if (!e || !seg || (!writable && (seg->flags & PF_W)))
+        return -1;
+    uint64_t off = addr - m->start + m->pgoff;
+    if (off < m->pgoff)
+        return -1;
+    /* Past the segment's file bytes lies its zero-filled part (.bss). */
+    if (off + w > seg->offset + seg->filesz) {
+        if (!writable || off < seg->offset)
+            return unwinder__elf_read(e, off, valp, w) == 0 ? 0 : -1;
+        *valp = 0;
+        return 0;
+    }
+    return unwinder__elf_read(e, off, valp, w) == 0 ? 0 : -1;
+}
+
+int unwinder__acc_access_mem(unw_addr_space_t as, unw_word_t addr, unw_word_t *valp, int write,
+                             void *arg)
+{
+    (void)as;
+    struct unwinder_process *p = arg;
+    if (write)
+        return -UNW_EINVAL;
+    const size_t w = sizeof(*valp);
+
+    uint64_t rel = addr - p->stack_ptr;
+    if (addr >= p->stack_ptr && rel < p->stack_len && p->stack_len - rel >= w) {
+        memcpy(valp, p->stack + rel, w);
+        return 0;
+    }
+
+    /* Read-only file mappings show the file's bytes: serve them from the cached image
+     * (unwind tables, code for signal-frame checks) without a syscall. Writable segments
+     * (data, relocated RELRO) differ from the file and go to the target's memory. */
+    if (file_read(p, addr, valp, false) == 0)
+        return 0;
+
+    if (p->mem_fd >= 0 && p->mem_budget > 0 && addr <= (uint64_t)INT64_MAX - w) {
+        p->mem_budget--;
+        if (pread(p->mem_fd, valp, w, (off_t)addr) == (ssize_t)w)
+            return 0;
+    }
+
+    /* The target's memory is gone (it exec'd or exited before this record was unwound)
+     * or out of reach: a writable file segment still shows the file's bytes, unrelocated.
+     * What unwinding reads there is the personality routine's address of a CIE
+     * (DW_EH_PE_indirect, a GOT-like slot), which libunwind decodes but we never use;
+     * failing the read would end the stack at every function with a cleanup handler,
+     * such as libc's stdio (puts, fopen), instead. */
+    if (file_read(p, addr, valp, true) == 0)
+        return 0;
+    p->fail |= FAIL_MEM;
+    return -UNW_EINVAL;
+}
+
+static int acc_access_reg(unw_addr_space_t as, unw_regnum_t reg, unw_word_t *valp, int write,
+                          void *arg)
+{
+    (void)as;
+    struct unwinder_process *p = arg;
+    if (write)
+        return -UNW_EREADONLYREG;
+    /* UNW_REG_IP and UNW_REG_SP are UNW_X86_64_RIP and UNW_X86_64_RSP. */
+    if (reg < 0 || reg >= WIRE_NREGS)
+        return -UNW_EBADREG;
+    *valp = p->regs[reg];
+    return 0;
+}
+
+static int acc_access_fpreg(unw_addr_space_t as, unw_regnum_t reg, unw_fpreg_t *val, int write,
+                            void *arg)
+{
+    (void)as;
+    (void)reg;
+    (void)val;
+    (void)write;
+    (void)arg;
+    return -UNW_EINVAL;
+}
+
+static int acc_resume(unw_addr_space_t as, unw_cursor_t *c, void *arg)
+{
+    (void)as;
+    (void)c;
+    (void)arg;
+    return -UNW_EINVAL;
+}
+
+/* We symbolize from our own symbol index. */
+static int acc_get_proc_name(unw_addr_space_t as, unw_word_t addr, char *buf, size_t len,
+                             unw_word_t *offp, void *arg)
+{
+    (void)as;
+    (void)addr;
+    (void)buf;
+    (void)len;
+    (void)offp;
+    (void)arg;
+    return -UNW_EINVAL;
+}
+
+/* Entries of libunwind's register-state cache per process (it rounds to a power of 2). */
+#define REG_CACHE_ENTRIES 4096
+
+unw_addr_space_t unwinder__addr_space_new(void)
+{
+    /* libunwind copies the accessors into the address space. */
+    unw_accessors_t acc = {
+        .find_proc_info = acc_find_proc_info,
+        .put_unwind_info = acc_put_unwind_info,
+        .get_dyn_info_list_addr = acc_get_dyn_info_list_addr,
+        .access_mem = unwinder__acc_access_mem,
+        .access_reg = acc_access_reg,
+        .access_fpreg = acc_access_fpreg,
+        .resume = acc_resume,
+        .get_proc_name = acc_get_proc_name,
+    };
+    unw_addr_space_t as = unw_create_addr_space(&acc, 0);
+    if (!as)
+        return NULL;
+    /* GLOBAL (one cache per address space, behind a lock) rather than PER_THREAD: the
+     * per-thread cache is shared by every address space a thread uses, and one unwinder
+     * thread serves several processes. */
+    (void)unw_set_caching_policy(as, UNW_CACHE_GLOBAL);
+    (void)unw_set_cache_size(as, REG_CACHE_ENTRIES, 0);
+    return as;
+}
+
+static const char *fail_reason(unsigned fail, int r)
+{
+    if (fail & FAIL_NO_MAP)
+        return "ERROR INVALID_MAP";
+    if (fail & FAIL_ELF)
+        return "ERROR INVALID_ELF";
+    if (fail & FAIL_NO_INFO)
+        return "ERROR UNWIND_INFO_INVALID";
+    if (fail & FAIL_MEM)
+        return "ERROR MEMORY_INVALID";
+    switch (r) {
+    case -UNW_EINVALIDIP:
+        return "ERROR INVALID_MAP";
+    case -UNW_EBADREG:
+    case -UNW_EINVAL:
+        return "ERROR MEMORY_INVALID";
+    default:
+        return "ERROR UNWIND_INFO_INVALID";
+    }
+}
+
+int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint64_t stack_ptr,
+                    const uint8_t *stack, size_t stack_len, struct hp_frame *frames,
+                    size_t max_frames, size_t *ret_n, struct unwinder_result *ret_res)
+{
+    if (!p || !regs || !frames || !ret_n || !ret_res || max_frames == 0 || (!stack && stack_len))
+        return -EINVAL;
+    size_t max = HP_MIN(max_frames, (size_t)UNWINDER_MAX_FRAMES);
+    struct unwinder_result res = {0};
+    const char *err = NULL;
+    size_t n = 0;
+
+    p->regs = regs;
+    p->stack_ptr = stack_ptr;
+    p->stack = stack;
+    p->stack_len = stack_len;
+    p->mem_budget = MEM_READ_BUDGET;
+    p->reparsed = false;
+    p->fail = 0;
+    p->n_lookups = 0;
+    bool lookups_ok = p->table.hdr != NULL;
+    unwinder__maps_refresh(p);
+
+    unwinder__sigmask_skip = true;
+    unw_cursor_t c;
+    int r = unw_init_remote(&c, p->as, p);
+    if (r < 0) {
+        err = fail_reason(p->fail, r);
+        goto out;
+    }
+    uint64_t prev_ip = 0, prev_sp = 0;
+    bool prev_added = false; /* frames[n - 1] is the previous step's frame */
+    bool fallback = false;   /* libunwind met code described only by .debug_frame */
+    size_t steps = 0;
+    size_t skipped = 0;
+    for (size_t step = 0;; step++) {
+        unw_word_t ip, sp;
+        if (unw_get_reg(&c, UNW_REG_IP, &ip) < 0 || unw_get_reg(&c, UNW_REG_SP, &sp) < 0) {
+            err = "ERROR MEMORY_INVALID";
+            break;
+        }
+        if (ip == 0) {
+            if (step == 0)
+                err = "ERROR INVALID_MAP";
+            break;
+        }
+        if (step > 0 && ip == prev_ip && sp == prev_sp) {
+            err = "ERROR REPEATED_FRAME";
+            break;
+        }
+        uint64_t trampoline_ip = prev_ip;
+        prev_ip = ip;
+        prev_sp = sp;
+
+        /* libunwind flags the frame whose registers came from a signal frame: this one
+         * was interrupted (its pc is exact), and the previous one is the trampoline,
+         * whose pc is where the handler returned to, its first instruction. */
+        bool interrupted = step > 0 && unw_is_signal_frame(&c) > 0;
+        /* Where this frame's CFI row is looked up, for the unwind table: the frames past
+         * a signal frame are not for a client's walk (the trampoline has no simple rule,
+         * so a walk never gets there). */
+        if (interrupted)
+            lookups_ok = false;
+        if (lookups_ok && p->n_lookups < HP_ARRAY_SIZE(p->lookups))
+            p->lookups[p->n_lookups++] = step == 0 ? ip : ip - 1;
+        if (interrupted && prev_added) {
+            bool ignored;
+            unwinder__resolve_frame(p, trampoline_ip, &frames[n - 1], &ignored);
+        }
+        struct hp_frame f;
+        bool skip;
+        unwinder__resolve_frame(p, step == 0 || interrupted ? ip : ip - 1, &f, &skip);
+        prev_added = false;
+        if (skip && n == 0 && skipped < SKIP_MAX) {
+            skipped++;
+        } else {
+            if (n == max) {
+                res.truncated = true;
+                err = "ERROR MAX_FRAMES_EXCEEDED";
+                break;
+            }
+            frames[n++] = f;
+            prev_added = true;
+        }
+
+        p->fail = 0;
+        r = unw_step(&c);
+        /* A pc in a file whose CFI is only in .debug_frame: libunwind found no unwind info
+         * and guessed (frame pointer, or the end), so whatever it stepped to is not to be
+         * trusted; elfutils, which reads .debug_frame, takes over from the start. */
+        if (p->fail & FAIL_DEBUG_FRAME) {
+            err = fail_reason(p->fail, r < 0 ? r : -UNW_ENOINFO);
+            fallback = true;
+            steps = step + 1;
+            break;
+        }
+        /* libunwind ends a chain it cannot follow (no unwind info, frame-pointer guess
+         * rejected) with 0, like a real end; our accessors know better. */
+        if (r == 0 && (p->fail & FAIL_NO_INFO) && !(p->fail & (FAIL_NO_MAP | FAIL_ELF)) &&
+            prev_added && unwinder__is_loader_frame(&frames[n - 1]))
+            break;
+        if (r < 0 || (r == 0 && (p->fail & (FAIL_NO_MAP | FAIL_ELF | FAIL_NO_INFO)))) {
+            err = fail_reason(p->fail, r);
+            fallback = (p->fail & FAIL_DEBUG_FRAME) != 0;
+            steps = step + 1;
+            break;
+        }
+        if (r == 0)
+            break;
+    }
+
+    if (fallback)
+        unwinder__fallback_unwind(p, steps, frames, max, &n, &err, &res);
+    else if (!err && lookups_ok)
+        unwinder__table_publish(p);
+out:
+    unwinder__sigmask_skip = false;
+    /* Only hook frames and then the end: nothing a profile could use. */
+    if (n == 0 && !err)
+        err = "ERROR UNWIND_INFO_INVALID";
+    if (err)
+        unwinder__append_error(frames, &n, max, err, &res);
+    res.reparsed_maps = p->reparsed;
+    p->regs = NULL;
+    p->stack = NULL;
+    p->stack_len = 0;
+    *ret_n = n;
+    *ret_res = res;
+    return 0;
+}

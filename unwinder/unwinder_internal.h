@@ -1,0 +1,222 @@
+/* unwinder/unwinder_internal.h: what the files of unwinder/ share with each other
+ * (internal to unwinder/; other components use unwinder/unwinder.h only).
+ *
+ *     global.c            interned strings and mappings; unwinder_global_init/done/bytes
+ *     elf_cache.c         the cache of ELF files (elf_cache.h), SIGBUS-safe reads of them
+ *     elf_symbols.c       a cached file's symbol index, separate debug files
+ *     cfi.c               utable rules from a file's .eh_frame
+ *     srcline.c           source file and line of a frame, debuginfod
+ *     maps.c              the /proc/PID/maps parser (maps.h)
+ *     sigmask.c           libunwind's signal-mask syscalls skipped (sigmask.h)
+ *     process.c           struct unwinder_process: its maps, their facts, when to reread
+ *     frames.c            a pc's frame: mapping, rel_pc, function name; cached per process
+ *     table.c             rules published into the client's unwind table
+ *     unwind_libunwind.c  unwinder_unwind() with libunwind's remote API
+ *     unwind_dwfl.c       elfutils' unwinder, for code described only by .debug_frame
+ *
+ * Includes go one way: this header includes unwinder.h, maps.h and elf_cache.h, and none
+ * of them includes it.
+ *
+ *     ssize_t i = unwinder__find_exec(p, pc);       // -1: in no executable mapping
+ *     const struct hp_mapping *hm = unwinder__pmap_mapping(p, (size_t)i);
+ *     const char *name = unwinder__intern("main", 4); // same pointer for equal text
+ *
+ * The global state (interning, ELF cache, CFI, source lines) is thread-safe once
+ * unwinder_global_init() returned, and what it hands out stays valid until
+ * unwinder_global_done(). A struct unwinder_process is used by one thread at a time.
+ */
+#ifndef HP_UNWINDER_UNWINDER_INTERNAL_H
+#define HP_UNWINDER_UNWINDER_INTERNAL_H
+
+#include <elfutils/libdwfl.h>
+#include <libelf.h>
+#include <libunwind.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "common/frame.h"
+#include "shmem_ring/utable.h"
+#include "unwinder/elf_cache.h"
+#include "unwinder/maps.h"
+#include "unwinder/unwinder.h"
+
+/* ---- global.c: state shared by all processes and threads --------------------- */
+
+/* Interned copy of @s[0..len). On allocation failure returns the interned "" (never
+ * NULL), so callers can always store the result in a frame. */
+const char *unwinder__intern(const char *s, size_t len);
+
+/* The interned "". */
+const char *unwinder__empty(void);
+
+/* Interned copy of @tmpl: equal content (path compared by pointer, so intern it first;
+ * build_id compared up to build_id_len) gives the same pointer. NULL on ENOMEM. */
+const struct hp_mapping *unwinder__mapping_intern(const struct hp_mapping *tmpl);
+
+/* Adds @delta to the heap bytes reported by unwinder_global_bytes(). */
+void unwinder__account(ssize_t delta);
+
+/* ---- srcline.c --------------------------------------------------------------- */
+
+/* How srcline.c asks debuginfod for the debug file of a build id (when DEBUGINFOD_URLS
+ * is set): 0 with a malloc'd path, or -errno. Replaceable for tests. */
+extern int (*unwinder__debuginfod_fetch)(const uint8_t *build_id, uint32_t len, char **ret_path);
+
+/* How many times srcline.c asked debuginfod (one per file at most). */
+unsigned long unwinder__debuginfod_tries(void);
+
+/* Releases the source-line cache. */
+void unwinder__srcline_done(void);
+
+/* ---- elf_cache.c ------------------------------------------------------------- */
+
+/* The ELF cache's part of unwinder_global_init()/done(). */
+int unwinder__elf_cache_init(void);
+void unwinder__elf_cache_done(void);
+
+/* ---- elf_symbols.c ----------------------------------------------------------- */
+
+/* Fills @e's symbol index from @elf (the file's ELF, borrowed): its .symtab, else that of
+ * its separate debug file (then e->debug_path is set), else its .dynsym. 0, or -ENOMEM. */
+int unwinder__elf_load_symbols(Elf *elf, struct unwinder__elf *e);
+
+/* ---- cfi.c ------------------------------------------------------------------- */
+
+/* The step from a frame to its caller at ELF virtual address @vaddr (where the frame's
+ * CFI row is looked up: its pc if innermost, its return address - 1 otherwise) as a
+ * utable rule (shmem_ring/utable.h), from the file's .eh_frame through libdw. -ENOENT
+ * when the CFI there is not of the simple form a utable rule holds (or there is none).
+ * Thread-safe. */
+int unwinder__cfi_rule(const struct unwinder__elf *e, uint64_t vaddr,
+                       uint64_t *ret_rule) HP_WARN_UNUSED;
+/* Frees what unwinder__cfi_rule() built for @e (from entry_free()). */
+void unwinder__cfi_free(struct unwinder__elf *e);
+
+/* ---- per-process state: process.c, frames.c, table.c, unwind_*.c ------------- */
+
+/* Leading libheapprof frames skipped at most (the hooks are a few frames deep). */
+#define SKIP_MAX 32
+/* Slots of the per-process cache of resolved frames (power of 2). */
+#define PC_CACHE_SLOTS 2048
+#define PC_CACHE_WAYS 4
+
+/* Facts about maps.v[i], resolved on first use and dropped when the maps are reread. */
+struct pmap {
+    const struct unwinder__elf *elf;     /* NULL: anonymous, special or unusable */
+    const struct unwinder__segment *seg; /* the PT_LOAD this mapping shows */
+    const struct hp_mapping *hm;
+    bool elf_done, hm_done;
+};
+
+/* A frame resolved for one pc under one generation of the maps. */
+struct pc_slot {
+    uint64_t pc;  /* the looked-up pc (already adjusted for return addresses) */
+    uint32_t gen; /* p->maps_gen when filled; 0: empty */
+    bool skip;    /* in libheapprof */
+    struct hp_frame f;
+};
+
+/* The state of one target process (unwinder_process_t), made in process.c. Not
+ * thread-safe; caller serialises: one unwinder thread uses a process at a time. */
+struct unwinder_process {
+    pid_t pid;
+    int maps_fd, mem_fd;
+    /* The client's unwind table, if it has one (unwinder_process_set_table). */
+    struct utable table;
+    struct known_slot *known; /* KNOWN_SLOTS entries, with the table */
+    uint32_t known_gen;       /* bumped when the table is flushed; never 0 */
+    struct unwinder_table_stats tstats;
+    /* The current unwind's CFI lookup addresses, innermost first, for the table. */
+    uint64_t lookups[UNWINDER_MAX_FRAMES + SKIP_MAX + 1];
+    size_t n_lookups;
+    struct unwinder__maps maps;
+    struct pmap *pm;          /* maps.n entries */
+    uint32_t maps_gen;        /* bumped when the maps are reread; never 0 */
+    struct pc_slot *pcs;      /* PC_CACHE_SLOTS entries */
+    unsigned pc_victim;       /* round-robin replacement in a full set of pcs */
+    uint64_t last_reparse_ns; /* last reread for an unknown pc */
+    uint64_t parsed_ns;       /* last read of the maps, for any reason (coarse clock) */
+    unw_addr_space_t as;
+    Dwfl *dwfl;      /* the fallback unwinder's view of the maps; NULL until needed */
+    bool dwfl_stale; /* the maps were reread since it was made */
+    uint64_t dw_pcs[UNWINDER_MAX_FRAMES + SKIP_MAX + 1];
+    bool dw_exact[UNWINDER_MAX_FRAMES + SKIP_MAX + 1];
+
+    /* The current unwinder_unwind() call's input (borrowed from its caller). */
+    const uint64_t *regs;
+    uint64_t stack_ptr;
+    const uint8_t *stack;
+    size_t stack_len;
+    unsigned fail;       /* FAIL_* (unwind_libunwind.c) during the current step */
+    unsigned mem_budget; /* preads left */
+    bool reparsed;
+};
+
+/* ---- process.c --------------------------------------------------------------- */
+
+/* How old a process's maps may get before an unwind rereads them (default 1 s;
+ * rereading identical maps keeps every cache). For tests. */
+extern uint64_t unwinder__maps_refresh_ns;
+
+/* Rereads @p's maps when they are older than unwinder__maps_refresh_ns; called before
+ * each unwind. */
+void unwinder__maps_refresh(struct unwinder_process *p);
+
+/* Index of the executable mapping holding @pc, rereading the maps (at most every 100 ms)
+ * when none does; -1 if none. Invalidates pointers into p->maps and p->pm. */
+ssize_t unwinder__find_exec(struct unwinder_process *p, uint64_t pc);
+
+/* The ELF cache entry of the file behind p->maps.v[@i] (held until the maps are reread),
+ * with p->pm[@i].seg set; NULL for an anonymous, special or unusable mapping. */
+const struct unwinder__elf *unwinder__pmap_elf(struct unwinder_process *p, size_t i);
+
+/* The interned hp_mapping of p->maps.v[@i]; NULL on ENOMEM (tried again next time). */
+const struct hp_mapping *unwinder__pmap_mapping(struct unwinder_process *p, size_t i);
+
+/* ---- table.c ----------------------------------------------------------------- */
+
+/* Offers p->lookups (the stack just unwound without error) to the unwind table. */
+void unwinder__table_publish(struct unwinder_process *p);
+
+/* ---- frames.c ---------------------------------------------------------------- */
+
+/* True for the path of the dynamic loader. */
+bool unwinder__is_loader_path(const char *path);
+
+/* True for a frame in the dynamic loader, where stacks without CFI end. */
+bool unwinder__is_loader_frame(const struct hp_frame *f);
+
+/* Fills @f for @pc (already adjusted for return addresses) and sets @ret_skip when it is in
+ * libheapprof; a pc in no known mapping gives a frame without map. */
+void unwinder__resolve_frame(struct unwinder_process *p, uint64_t pc, struct hp_frame *f,
+                             bool *ret_skip);
+
+/* Ends @frames (@n of at most @max) with the frame "ERROR <reason>" @err, in place of the
+ * last one when full, and marks @res. */
+void unwinder__append_error(struct hp_frame *frames, size_t *n, size_t max, const char *err,
+                            struct unwinder_result *res);
+
+/* ---- unwind_libunwind.c ------------------------------------------------------ */
+
+/* A libunwind address space whose accessors read through the struct unwinder_process
+ * passed as the argument of unw_init_remote(), with the caching policy of the service.
+ * NULL on ENOMEM. The caller destroys it with unw_destroy_addr_space(). */
+unw_addr_space_t unwinder__addr_space_new(void);
+
+/* The libunwind memory accessor; @arg is the struct unwinder_process being unwound. The
+ * fallback unwinder reads memory through it too. */
+int unwinder__acc_access_mem(unw_addr_space_t as, unw_word_t addr, unw_word_t *valp, int write,
+                             void *arg);
+
+/* ---- unwind_dwfl.c ----------------------------------------------------------- */
+
+/* libunwind stopped after @steps frames in code with only .debug_frame: unwinds the
+ * current input again with elfutils and, when that goes further, replaces @frames, @ret_n
+ * and @ret_err with its stack. */
+void unwinder__fallback_unwind(struct unwinder_process *p, size_t steps, struct hp_frame *frames,
+                               size_t max, size_t *ret_n, const char **ret_err,
+                               struct unwinder_result *res);
+
+#endif
