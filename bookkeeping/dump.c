@@ -22,6 +22,8 @@
  * encoded once, when interned (struct bk_emit); a packet is written with writev() from
  * its buffer and from there, so they are not copied again.
  */
+#include "bookkeeping/state.h"
+
 #include <errno.h>
 #include <pb_encode.h>
 #include <stdlib.h>
@@ -31,7 +33,6 @@
 #include <unistd.h>
 
 #include "bookkeeping/samples.h"
-#include "bookkeeping/state.h"
 #include "common/clock.h"
 #include "common/pbwire.h"
 #include "protos/trace_packet.pb.h"

@@ -1,6 +1,8 @@
 /* cli/cmd_attach.c: `heapprof attach` (profile running processes that have
  * libheapprof.so preloaded, woken by the attach signal) and `heapprof dump` (ask the
  * daemon for a dump now). */
+#include "cli/cli.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -14,7 +16,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli/cli.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/macros.h"

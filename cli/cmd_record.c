@@ -1,5 +1,7 @@
 /* cli/cmd_record.c: `heapprof record`: runs a command with libheapprof.so preloaded and
  * profiles it (and, by default, what it executes) from its first allocation. */
+#include "cli/cli.h"
+
 #include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -13,7 +15,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cli/cli.h"
 #include "common/macros.h"
 #include "common/paths.h"
 

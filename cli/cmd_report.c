@@ -1,5 +1,7 @@
 /* cli/cmd_report.c: `heapprof report` (the text report of a trace) and `heapprof pprof`
  * (its dumps as pprof profiles), both on report/. */
+#include "cli/cli.h"
+
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -7,7 +9,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli/cli.h"
 #include "report/report.h"
 
 static void usage_report(FILE *f)

@@ -5,6 +5,8 @@
  *   field { ... }         nested messages (also `field: { ... }`)
  *   # comment             to the end of the line
  * Separators `,` and `;` after a field are allowed. Repeated fields repeat the field. */
+#include "cli/cli.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -15,8 +17,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include "cli/cli.h"
 
 #define MAX_CONFIG_BYTES (1u << 20)
 #define MAX_STRING 4096

@@ -6,10 +6,10 @@
  *     heapprof report FILE [--top N]               print the top allocation sites
  *     heapprof pprof FILE [-o OUT]                 export the dumps as gzipped pprof
  */
+#include "cli/cli.h"
+
 #include <stdio.h>
 #include <string.h>
-
-#include "cli/cli.h"
 
 static void usage_main(FILE *f)
 {

@@ -2,6 +2,8 @@
  * preloaded connect to its socket at startup; those matching the targets are profiled
  * from startup and dumped when they exit; running targets are woken by the attach
  * signal. */
+#include "cli/cli.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -15,7 +17,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli/cli.h"
 #include "common/log.h"
 #include "common/macros.h"
 #include "common/paths.h"

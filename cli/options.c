@@ -1,12 +1,12 @@
 /* cli/options.c: the commands' options for configuration fields, built from the service's
  * field table (service/svc.h): getopt_long's option array, applying a value with one
  * message format for every bad value, and the --help lines. */
+#include "cli/cli.h"
+
 #include <errno.h>
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "cli/cli.h"
 
 /* Pseudo-field for "--continuous-dump MS[,PHASE_MS]": both continuous_dump_config
  * fields in one flag. */

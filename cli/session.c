@@ -1,11 +1,12 @@
 /* cli/session.c: the one session runner of `heapprof record`, `heapprof attach` and
  * heapprofd: open the output, start the service, run the loop, dump, and summarise. */
+#include "cli/cli.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "cli/cli.h"
 #include "common/log.h"
 
 int cli_session_run(const struct cli_session *cs, struct cli_loop_result *ret_res)

@@ -1,7 +1,8 @@
 /* cli/summary.c: the summary printed on stderr when a session ends. */
+#include "cli/cli.h"
+
 #include <stdio.h>
 
-#include "cli/cli.h"
 #include "common/format.h"
 #include "report/report.h"
 

@@ -1,13 +1,13 @@
 /* common/rundir.c: the directories the service's sockets live in (common/paths.h), the
  * one place that decides where they are and checks who owns them. */
+#include "common/paths.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include "common/paths.h"
 
 int hp_runtime_dir_prepare(char *buf, size_t len, char *err, size_t err_len)
 {

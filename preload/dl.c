@@ -2,12 +2,13 @@
  * and goes (client_dl_event(), preload/hook.c). Not on the allocator's hook path: they run
  * in the application's context, so they may call dlsym to find the real functions (once;
  * glibc's, next after us in the lookup order). */
+#include "preload/client.h"
+
 #include <dlfcn.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
 #include "common/macros.h"
-#include "preload/client.h"
 
 typedef void *(*dl_open_fn)(const char *, int);
 typedef int (*dl_close_fn)(void *);

@@ -14,6 +14,8 @@
  * a program built against a newer glibc would bind its versioned reference to glibc's
  * own symbol anyway, so exporting ours would hook nothing and only widen the ABI.
  */
+#include "preload/client.h"
+
 #include <errno.h>
 #include <malloc.h>
 #include <stdatomic.h>
@@ -26,7 +28,6 @@
 
 #include "common/clock.h"
 #include "common/macros.h"
-#include "preload/client.h"
 #include "preload/walk.h"
 #include "shmem_ring/wire.h"
 
@@ -99,11 +100,12 @@ __attribute__((no_sanitize("address"))) static void hook_copy_stack(void *dst, c
 #endif
 }
 
-/* Fills the head of a sampled allocation record at @rec (struct wire_alloc_head). */
-static void hook_fill_head(void *rec, struct client_tls *t, const struct client_session *s, void *p,
-                           size_t size, uint64_t sample_size)
+/* The head of a sampled allocation record. */
+static void hook_fill_head(struct wire_alloc_head *ret, struct client_tls *t,
+                           const struct client_session *s, void *p, size_t size,
+                           uint64_t sample_size)
 {
-    struct wire_alloc_head h = {
+    *ret = (struct wire_alloc_head){
         /* Taken after the real malloc and the reservation: see DESIGN.md (sequence
          * numbers settle races with a free of the same address in another thread). */
         .seq = atomic_fetch_add_explicit(&hook_seq, 1, memory_order_relaxed) + 1,
@@ -114,7 +116,6 @@ static void hook_fill_head(void *rec, struct client_tls *t, const struct client_
         .heap_id = 0,
         .tid = hook_tid(t, s),
     };
-    memcpy(rec, &h, sizeof(h));
 }
 
 /* Puts sampled address @p in the set free() watches. */
@@ -175,18 +176,15 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
         audit = n_pcs > 0 && s->audit_every && ++t->walks % s->audit_every == 0;
     }
     if (n_pcs > 0 && !audit) {
-        r = ring_try_begin_write(ring, WIRE_ALLOC_PCS,
-                                 sizeof(struct wire_alloc_pcs) + n_pcs * sizeof(uint64_t), &w);
+        r = ring_try_begin_write(ring, WIRE_ALLOC_PCS, wire_alloc_pcs_len(n_pcs), &w);
         if (r < 0) {
             if (r == -EAGAIN)
                 hook_poke(s);
             return;
         }
-        struct wire_alloc_pcs *a = w.data;
-        hook_fill_head(&a->head, t, s, p, size, sample_size);
-        a->n_pcs = (uint32_t)n_pcs;
-        a->flags = 0;
-        memcpy(a + 1, pcs, n_pcs * sizeof(uint64_t));
+        struct wire_alloc_head head;
+        hook_fill_head(&head, t, s, p, size, sample_size);
+        wire_encode_alloc_pcs(w.data, &head, pcs, n_pcs);
         if (ring_end_write(ring, &w))
             hook_poke(s);
         hook_watch_free(s, p);
@@ -198,30 +196,18 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
         len = s->max_stack_bytes;
         flags |= WIRE_ALLOC_STACK_TRUNCATED;
     }
-    size_t audit_len = audit ? (1 + n_pcs) * sizeof(uint64_t) : 0;
-    if (audit)
-        flags |= WIRE_ALLOC_AUDIT;
-
-    r = ring_try_begin_write(ring, WIRE_ALLOC, sizeof(struct wire_alloc) + len + audit_len, &w);
+    size_t n_audit = audit ? n_pcs : 0;
+    r = ring_try_begin_write(ring, WIRE_ALLOC, wire_alloc_len(len, n_audit), &w);
     if (r < 0) {
         /* Full: make sure a sleeping reader hears about it. */
         if (r == -EAGAIN)
             hook_poke(s);
         return;
     }
-    struct wire_alloc *a = w.data;
-    hook_fill_head(a, t, s, p, size, sample_size);
-    a->stack_ptr = sp;
-    a->stack_len = (uint32_t)len;
-    a->flags = flags;
-    memcpy(a->regs, regs, sizeof(a->regs));
-    hook_copy_stack(a + 1, (const void *)(uintptr_t)sp, (size_t)len);
-    if (audit) {
-        uint8_t *tail = (uint8_t *)(a + 1) + len;
-        uint64_t count = n_pcs;
-        memcpy(tail, &count, sizeof(count));
-        memcpy(tail + sizeof(count), pcs, n_pcs * sizeof(uint64_t));
-    }
+    struct wire_alloc_head head;
+    hook_fill_head(&head, t, s, p, size, sample_size);
+    void *stack = wire_encode_alloc(w.data, &head, sp, len, flags, regs, pcs, n_audit);
+    hook_copy_stack(stack, (const void *)(uintptr_t)sp, (size_t)len);
     if (ring_end_write(ring, &w))
         hook_poke(s);
     hook_watch_free(s, p);
@@ -240,11 +226,9 @@ void client_record_free(struct client_session *s, void *p)
             struct ring_wspan w;
             int r = ring_try_begin_write(ring, WIRE_FREE, sizeof(struct wire_free), &w);
             if (r == 0) {
-                struct wire_free *f = w.data;
-                f->seq = atomic_fetch_add_explicit(&hook_seq, 1, memory_order_relaxed) + 1;
-                f->addr = (uint64_t)(uintptr_t)p;
-                f->heap_id = 0;
-                f->reserved = 0;
+                wire_encode_free(w.data,
+                                 atomic_fetch_add_explicit(&hook_seq, 1, memory_order_relaxed) + 1,
+                                 (uint64_t)(uintptr_t)p, 0);
                 if (ring_end_write(ring, &w))
                     hook_poke(s);
             } else if (r == -EAGAIN) {
@@ -360,9 +344,8 @@ void client_dl_event(enum client_dl_event ev)
                  * generation, which ends the hold. */
                 if (ring_try_begin_write(s->ring, WIRE_MAPS_CHANGED,
                                          sizeof(struct wire_maps_changed), &w) == 0) {
-                    struct wire_maps_changed m = {
-                        .flags = ev == CLIENT_DL_CLOSED ? WIRE_MAPS_UNLOADED : 0};
-                    memcpy(w.data, &m, sizeof(m));
+                    wire_encode_maps_changed(w.data,
+                                             ev == CLIENT_DL_CLOSED ? WIRE_MAPS_UNLOADED : 0);
                     (void)ring_end_write(s->ring, &w);
                     hook_poke(s);
                 }

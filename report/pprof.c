@@ -7,6 +7,8 @@
  * (count), alloc_space (bytes), inuse_objects (count), inuse_space (bytes), where "in
  * use" is what was allocated and not freed at the dump.
  */
+#include "report/report.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -16,7 +18,6 @@
 
 #include "common/containers.h"
 #include "common/pbwire.h"
-#include "report/report.h"
 
 struct pp_mapping {
     const char *path, *build_id;

@@ -15,6 +15,8 @@
  *   are about to be cleared, or at the end, so following the latest dump of a long
  *   continuous trace costs no symbol work per dump.
  */
+#include "report/report.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +24,6 @@
 #include "common/containers.h"
 #include "common/pbwire.h"
 #include "common/strtab.h"
-#include "report/report.h"
 
 #define READ_MAX_PACKET_BYTES (64u * 1024 * 1024)
 #define READ_MAX_STRING_BYTES 4096

@@ -1,10 +1,11 @@
 /* service/bk_thread.c: the bookkeeping thread. It owns the bk_t and the output file and
  * applies the batches the unwinder threads post, in the order each thread posted them. */
+#include "service/svc_internal.h"
+
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
-#include "service/svc_internal.h"
 
 /* Every unwinder drains its rings before it answers a dump request, so a dump taken once
  * all have answered holds every record written before the request. */

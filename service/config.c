@@ -1,5 +1,7 @@
 /* service/config.c: the session configuration (Perfetto HeapprofdConfig names) and its
  * checks. */
+#include "service/svc.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <fnmatch.h>
@@ -8,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "service/svc.h"
 #include "shmem_ring/ring.h"
 
 void svc_config_init(struct svc_config *cfg)

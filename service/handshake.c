@@ -2,6 +2,8 @@
  * hello, decide whether it is a target, build its client (unwinder state, ring, unwind
  * table) and answer with the client configuration. Every byte from the peer is
  * untrusted. Main thread only. */
+#include "service/svc_internal.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -22,7 +24,6 @@
 #include "common/log.h"
 #include "common/paths.h"
 #include "service/svc.h"
-#include "service/svc_internal.h"
 #include "shmem_ring/utable.h"
 #include "shmem_ring/wire.h"
 

@@ -1,6 +1,8 @@
 /* service/listener.c: the listening socket and the connections whose hello has not
  * fully arrived; complete hellos go to the handshake (service/handshake.c) and the
  * clients it builds to an unwinder thread. Main thread only. */
+#include "service/svc_internal.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -21,7 +23,6 @@
 #include "common/log.h"
 #include "common/paths.h"
 #include "service/svc.h"
-#include "service/svc_internal.h"
 #include "shmem_ring/utable.h"
 #include "shmem_ring/wire.h"
 

@@ -1,9 +1,9 @@
 /* service/queue.c: batches of messages from the unwinder threads to the bookkeeping
  * thread. */
+#include "service/svc_internal.h"
+
 #include <stdlib.h>
 #include <string.h>
-
-#include "service/svc_internal.h"
 
 void svc__bkq_init(struct svc_bkq *q)
 {

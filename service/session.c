@@ -1,5 +1,7 @@
 /* service/session.c: the session as a whole: starting and stopping the threads, the
  * registry of the pids seen and done, status, dumps on demand, guardrails. */
+#include "service/svc_internal.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -20,7 +22,6 @@
 #include "common/log.h"
 #include "common/paths.h"
 #include "service/svc.h"
-#include "service/svc_internal.h"
 #include "shmem_ring/utable.h"
 #include "shmem_ring/wire.h"
 

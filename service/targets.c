@@ -1,5 +1,7 @@
 /* service/targets.c: finding and signalling the processes an attach session or the
  * daemon profiles. */
+#include "service/svc.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -12,7 +14,6 @@
 
 #include "common/macros.h"
 #include "common/paths.h"
-#include "service/svc.h"
 
 static int read_small(const char *path, char *buf, size_t len, size_t *ret_n)
 {

@@ -1,6 +1,8 @@
 /* service/unwind_thread.c: an unwinder thread. It owns the clients handed to it: their
  * sockets, rings and unwinder state. It drains each ring, unwinds every sampled stack and
  * posts compact records to the bookkeeping thread. */
+#include "service/svc_internal.h"
+
 #include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -12,7 +14,6 @@
 
 #include "common/clock.h"
 #include "common/log.h"
-#include "service/svc_internal.h"
 #include "shmem_ring/wire.h"
 
 /* Records handled per client before looking at the others, so one busy process cannot

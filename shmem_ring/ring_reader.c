@@ -2,6 +2,8 @@
  * Everything in the shared mapping is untrusted: positions and record headers are copied
  * into locals once, validated, and only then used. Whatever the bytes, the reader only
  * touches [data, data + 2N), which is mapped. */
+#include "shmem_ring/ring_layout.h"
+
 #include <assert.h>
 #include <errno.h>
 #include <sched.h>
@@ -10,7 +12,6 @@
 
 #include "common/clock.h"
 #include "shmem_ring/ring.h"
-#include "shmem_ring/ring_layout.h"
 
 /* Before calling a stalled ring corrupt, the reader re-checks the record this long: a
  * process resumed after SIGSTOP gets the chance to finish the record it was writing. */

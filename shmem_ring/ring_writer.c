@@ -1,6 +1,8 @@
 /* shmem_ring/ring_writer.c: the writer side of the ring. Hook-safe: runs inside the
  * profiled application's malloc hooks, from any thread, so it never allocates, never takes
  * a lock and makes no system call except while waiting in block_client mode. */
+#include "shmem_ring/ring_layout.h"
+
 #include <errno.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -11,7 +13,6 @@
 
 #include "common/clock.h"
 #include "shmem_ring/ring.h"
-#include "shmem_ring/ring_layout.h"
 
 /* Spins on sched_yield() this many times before sleeping between retries. */
 #define RING_BLOCK_YIELDS 16

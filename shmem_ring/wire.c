@@ -1,4 +1,4 @@
-/* shmem_ring/wire.c: validation of the records a client writes into its ring. Every
+/* shmem_ring/wire.c: the decoders of the records a client writes into its ring. Every
  * byte is untrusted (shmem_ring/wire.h): the fixed part is copied out of shared memory
  * once and only the copy is checked and used. */
 #include "shmem_ring/wire.h"
@@ -43,8 +43,7 @@ int wire_decode_alloc_pcs(const uint8_t *data, size_t len, struct wire_alloc_pcs
     if (len < sizeof(a))
         return -EBADMSG;
     memcpy(&a, data, sizeof(a));
-    if (a.n_pcs == 0 || a.n_pcs > WIRE_MAX_PCS ||
-        len - sizeof(a) < (size_t)a.n_pcs * sizeof(uint64_t))
+    if (a.n_pcs == 0 || a.n_pcs > WIRE_MAX_PCS || len < wire_alloc_pcs_len(a.n_pcs))
         return -EBADMSG;
     memcpy(ret_pcs, data + sizeof(a), (size_t)a.n_pcs * sizeof(uint64_t));
     *ret = a;

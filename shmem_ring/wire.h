@@ -13,9 +13,12 @@
  * pinned with _Static_assert. New fields are announced by feature bits in the handshake,
  * never by a version number in records.
  *
- *     struct wire_alloc a = {.seq = seq, .addr = (uint64_t)p, ...};
- *     memcpy(span.data, &a, sizeof(a));
- *     memcpy((char *)span.data + sizeof(a), (void *)sp, stack_len);
+ * Both halves live here: the client's encoders (inline, hook-safe) and the service's
+ * decoders (shmem_ring/wire.c), which check every length the encoders write.
+ *
+ *     client:  ring_try_begin_write(r, WIRE_ALLOC_PCS, wire_alloc_pcs_len(n), &w);
+ *              wire_encode_alloc_pcs(w.data, &head, pcs, n);
+ *     service: wire_decode_alloc_pcs(rd.data, rd.len, &rec, pcs);
  */
 #ifndef HP_SHMEM_RING_WIRE_H
 #define HP_SHMEM_RING_WIRE_H
@@ -177,6 +180,68 @@ struct wire_free {
     uint32_t reserved;
 };
 _Static_assert(sizeof(struct wire_free) == 24, "wire_free ABI");
+
+/* ---- Encoders (client side; hook-safe: no calls but memcpy) ------------------------ */
+
+/* Payload bytes of a WIRE_ALLOC_PCS record with @n_pcs pcs. */
+static inline size_t wire_alloc_pcs_len(size_t n_pcs)
+{
+    return sizeof(struct wire_alloc_pcs) + n_pcs * sizeof(uint64_t);
+}
+
+/* Payload bytes of a WIRE_ALLOC record with @stack_len bytes of stack and, when
+ * @n_audit_pcs > 0 (WIRE_ALLOC_AUDIT), the client's own walk of it. */
+static inline size_t wire_alloc_len(size_t stack_len, size_t n_audit_pcs)
+{
+    return sizeof(struct wire_alloc) + stack_len +
+           (n_audit_pcs ? (1 + n_audit_pcs) * sizeof(uint64_t) : 0);
+}
+
+/* Writes a WIRE_ALLOC_PCS payload (wire_alloc_pcs_len(@n_pcs) bytes) at @dst. */
+static inline void wire_encode_alloc_pcs(void *dst, const struct wire_alloc_head *h,
+                                         const uint64_t *pcs, size_t n_pcs)
+{
+    struct wire_alloc_pcs a = {.head = *h, .n_pcs = (uint32_t)n_pcs, .flags = 0};
+    __builtin_memcpy(dst, &a, sizeof(a));
+    __builtin_memcpy((uint8_t *)dst + sizeof(a), pcs, n_pcs * sizeof(uint64_t));
+}
+
+/* Writes the fixed part of a WIRE_ALLOC payload at @dst, and after the @stack_len bytes of
+ * stack (which the caller copies to the returned address) the @n_audit_pcs pcs of the
+ * client's own walk when there are any (flags then include WIRE_ALLOC_AUDIT). */
+static inline void *wire_encode_alloc(void *dst, const struct wire_alloc_head *h,
+                                      uint64_t stack_ptr, size_t stack_len, uint32_t flags,
+                                      const uint64_t regs[WIRE_NREGS], const uint64_t *audit_pcs,
+                                      size_t n_audit_pcs)
+{
+    struct wire_alloc *a = dst;
+    __builtin_memcpy(a, h, sizeof(*h));
+    a->stack_ptr = stack_ptr;
+    a->stack_len = (uint32_t)stack_len;
+    a->flags = flags | (n_audit_pcs ? WIRE_ALLOC_AUDIT : 0);
+    __builtin_memcpy(a->regs, regs, sizeof(a->regs));
+    if (n_audit_pcs) {
+        uint8_t *tail = (uint8_t *)(a + 1) + stack_len;
+        uint64_t count = n_audit_pcs;
+        __builtin_memcpy(tail, &count, sizeof(count));
+        __builtin_memcpy(tail + sizeof(count), audit_pcs, n_audit_pcs * sizeof(uint64_t));
+    }
+    return a + 1;
+}
+
+/* Writes a WIRE_FREE payload at @dst. */
+static inline void wire_encode_free(void *dst, uint64_t seq, uint64_t addr, uint32_t heap_id)
+{
+    struct wire_free f = {.seq = seq, .addr = addr, .heap_id = heap_id, .reserved = 0};
+    __builtin_memcpy(dst, &f, sizeof(f));
+}
+
+/* Writes a WIRE_MAPS_CHANGED payload at @dst. */
+static inline void wire_encode_maps_changed(void *dst, uint32_t flags)
+{
+    struct wire_maps_changed m = {.flags = flags, .reserved = 0};
+    __builtin_memcpy(dst, &m, sizeof(m));
+}
 
 /* ---- Decoders (service side; every byte untrusted) -------------------------------- */
 

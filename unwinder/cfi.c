@@ -13,6 +13,8 @@
  * every use. Rules are asked for once per new code address a stack shows, so the lock is
  * not contended in practice.
  */
+#include "unwinder/unwinder_internal.h"
+
 #include <dwarf.h>
 #include <elfutils/libdw.h>
 #include <errno.h>
@@ -21,7 +23,6 @@
 #include <stdlib.h>
 
 #include "shmem_ring/utable.h"
-#include "unwinder/unwinder_internal.h"
 
 #define CFI_REG_RBP 6
 #define CFI_REG_RSP 7

@@ -4,6 +4,8 @@
  * .gnu_debuglink), else from its .dynsym; sorted, one per start address, names interned.
  * And unwinder__elf_symbol(), the function that holds an address.
  */
+#include "unwinder/unwinder_internal.h"
+
 #include <elfutils/libdwelf.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -16,7 +18,6 @@
 #include <unistd.h>
 
 #include "unwinder/elf_cache.h"
-#include "unwinder/unwinder_internal.h"
 
 /* Cap of symbols indexed per file. */
 #define ELF_MAX_SYMS (8u << 20)

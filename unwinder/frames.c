@@ -12,10 +12,10 @@
  * its non-leaf rel_pc is adjusted by 1 on x86_64. Frames right above a signal frame are
  * interrupted, not calling, and keep their exact pc. The callers adjust the pc.
  */
+#include "unwinder/unwinder_internal.h"
+
 #include <errno.h>
 #include <string.h>
-
-#include "unwinder/unwinder_internal.h"
 
 /* True for the path of the dynamic loader. */
 bool unwinder__is_loader_path(const char *path)

@@ -3,6 +3,8 @@
  * struct hp_mapping objects, the byte count of the caches, and unwinder_global_init(),
  * unwinder_global_done() and unwinder_global_bytes(). Thread-safe.
  */
+#include "unwinder/unwinder_internal.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -13,7 +15,6 @@
 #include "common/strtab.h"
 #include "unwinder/sigmask.h"
 #include "unwinder/unwinder.h"
-#include "unwinder/unwinder_internal.h"
 
 /* Guards the reference count and the mapping table. The string table has its own lock. */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;

@@ -11,6 +11,8 @@
  *
  * Not thread-safe: one unwinder thread uses a process at a time.
  */
+#include "unwinder/unwinder_internal.h"
+
 #include <elf.h>
 #include <elfutils/libdwfl.h>
 #include <errno.h>
@@ -22,7 +24,6 @@
 
 #include "common/clock.h"
 #include "shmem_ring/utable.h"
-#include "unwinder/unwinder_internal.h"
 
 /* A pc outside every known executable mapping rereads the maps at most this often. */
 #define REPARSE_MIN_INTERVAL_NS (100u * 1000 * 1000)

@@ -17,6 +17,8 @@
  * lets a low-priority background thread do it as soon as a file shows up in a stack, so
  * the dump at the end of a run does not wait for it.
  */
+#include "unwinder/unwinder_internal.h"
+
 #include <dlfcn.h>
 #include <elfutils/libdw.h>
 #include <errno.h>
@@ -33,7 +35,6 @@
 
 #include "unwinder/elf_cache.h"
 #include "unwinder/unwinder.h"
-#include "unwinder/unwinder_internal.h"
 
 /* Cap of cached (file, pc) results: a bound on what hostile stacks can make us keep. */
 #define SRC_MAX_ENTRIES (1u << 20)

@@ -5,11 +5,12 @@
  * stack. Also unwinder_process_set_table(), unwinder_table_reset() and
  * unwinder_table_stats().
  */
+#include "unwinder/unwinder_internal.h"
+
 #include <errno.h>
 #include <stdlib.h>
 
 #include "shmem_ring/utable.h"
-#include "unwinder/unwinder_internal.h"
 
 /* Slots of the per-process memory of lookup addresses already offered to the unwind
  * table (power of 2): a frame met again is not looked up in the CFI again. */

@@ -4,10 +4,10 @@
  * ELF mapping at its load address; memory is read through the libunwind accessor
  * (unwinder__acc_access_mem()) and registers come from the client's capture.
  */
+#include "unwinder/unwinder_internal.h"
+
 #include <elfutils/libdwfl.h>
 #include <libunwind.h>
-
-#include "unwinder/unwinder_internal.h"
 
 static pid_t dw_next_thread(Dwfl *dwfl, void *dwfl_arg, void **thread_argp)
 {

@@ -10,6 +10,8 @@
  * whose CFI is only in .debug_frame hands the stack over to unwind_dwfl.c; a stack that
  * ends without error is offered to the client's unwind table (table.c).
  */
+#include "unwinder/unwinder_internal.h"
+
 #include <elf.h>
 #include <errno.h>
 #include <libunwind.h>
@@ -17,7 +19,6 @@
 #include <unistd.h>
 
 #include "unwinder/sigmask.h"
-#include "unwinder/unwinder_internal.h"
 
 /* Exported by libunwind-x86_64 (PROTECTED in its sources) but not declared in the
  * installed headers. Searches a UNW_INFO_FORMAT_REMOTE_TABLE through the accessors. */
