@@ -177,6 +177,41 @@ void client_record_free(struct client_session *s, void *p);
 enum client_dl_event { CLIENT_DL_OPENED, CLIENT_DL_CLOSING, CLIENT_DL_CLOSED };
 void client_dl_event(enum client_dl_event ev);
 
+/* ---- shared by the files of the client (preload/client.c, session.c, attach.c) ---- */
+
+/* Read once from the environment by client_init(). */
+extern char client__env_socket[HP_PATH_MAX]; /* HEAPPROF_SOCKET, "" when unset */
+extern bool client__env_socket_too_long;
+extern char client__env_xdg[HP_PATH_MAX]; /* XDG_RUNTIME_DIR (longer: unusable anyway) */
+extern bool client__env_xdg_set;
+extern uint32_t client__timeout_ms;
+extern int client__attach_signo; /* 0: no attach support */
+extern bool client__attach_signo_explicit;
+/* Attach machinery (preload/attach.c). */
+extern _Atomic int client__wake_wr; /* the handler writes here */
+extern int client__wake_rd;         /* the helper reads here */
+extern bool client__attach_installed;
+extern bool client__helper_running;
+extern _Atomic uint64_t client_stat_attach_unavailable;
+
+/* Writes the NULL-terminated pieces to stderr as one line, in one write(2). */
+void client__say(const char *first, ...);
+/* A constant description of @err (no locale, no allocation). */
+const char *client__strerror(int err);
+/* Handshakes on @path and, when the service profiles us, publishes the new session and
+ * makes the client ACTIVE. Returns 0 (ACTIVE), 1 (NOT_PROFILED) or -errno. Owner only. */
+int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms, bool warm_up);
+/* Ends @s: the client goes DORMANT, the ring is unmapped once no hook is inside. */
+void client__session_close(struct client_session *s);
+/* Bytes of a session's sampled-address set mapping. */
+size_t client__freeset_bytes(void);
+/* Installs the attach handler unless the application has its own. */
+void client__attach_install(void);
+/* Starts the helper thread with every signal blocked (not from a hook). */
+void client__helper_start(void);
+/* Creates the wake pipe of the attach handler. Returns 0 or -errno. */
+int client__wake_pipe_open(void);
+
 #pragma GCC visibility pop
 
 #endif

@@ -1,0 +1,268 @@
+/* preload/session.c: the client's half of the handshake, and the sessions it opens and
+ * closes (owner only: see preload/client.h for who owns them). Not hook-safe: runs in the
+ * initialising thread, the helper thread or a forked child's atfork handler. */
+#include "preload/client.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/fdpass.h"
+#include "common/macros.h"
+#include "common/paths.h"
+#include "preload/env.h"
+#include "shmem_ring/wire.h"
+
+static uint64_t client_session_gen; /* owner only */
+static unsigned client_next_slot;   /* owner only */
+
+/* Features this client speaks. */
+#define CLIENT_FEATURES                                                                            \
+    (WIRE_FEATURE_REGS_X86_64 | WIRE_FEATURE_FOLLOW_FORK | WIRE_FEATURE_UNWIND_TABLE)
+
+/* ---- handshake ------------------------------------------------------------------- */
+
+/* Returns 0 with a ring fd, an unwind table fd (-1 when the service sends none) and the
+ * socket (PROFILE), 1 when the service answered NOT_PROFILED, or -errno (-EPERM: the peer
+ * is neither our uid nor root). */
+static int client_handshake(const char *path, uint32_t reason, uint32_t timeout_ms,
+                            struct wire_client_config *ret_cfg, int *ret_sock, int *ret_ring_fd,
+                            int *ret_utable_fd)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct wire_client_config cfg;
+    int fds[2] = {-1, -1};
+    int rx[2] = {-1, -1};
+    int ring_fd = -1, utable_fd = -1;
+    size_t nfds = 0;
+    int sock = -1;
+    int r;
+
+    size_t len = strlen(path);
+    if (len >= sizeof(sa.sun_path))
+        return -ENAMETOOLONG;
+    memcpy(sa.sun_path, path, len);
+
+    sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (sock < 0)
+        return -errno;
+    struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
+    if (setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
+        setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0)
+        goto fail_errno;
+    if (connect(sock, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+        goto fail_errno;
+
+    /* Our /proc fds let the peer read all our memory: only to our own uid or root. */
+    struct ucred cred;
+    socklen_t cred_len = sizeof(cred);
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) < 0)
+        goto fail_errno;
+    r = -EPERM;
+    if (cred_len != sizeof(cred) || (cred.uid != getuid() && cred.uid != 0))
+        goto fail;
+
+    fds[0] = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fds[0] < 0)
+        goto fail_errno;
+    fds[1] = open("/proc/self/mem", O_RDONLY | O_CLOEXEC);
+    if (fds[1] < 0)
+        goto fail_errno;
+    struct wire_hello hello = {
+        .magic = WIRE_HELLO_MAGIC,
+        .features = CLIENT_FEATURES,
+        .pid = getpid(),
+        .reason = reason,
+    };
+    r = hp_send_fds(sock, &hello, sizeof(hello), fds, 2);
+    (void)close(fds[0]);
+    (void)close(fds[1]);
+    fds[0] = fds[1] = -1;
+    if (r < 0)
+        goto fail;
+
+    r = hp_recv_fds(sock, &cfg, sizeof(cfg), rx, 2, &nfds);
+    if (r < 0)
+        goto fail;
+    ring_fd = nfds > 0 ? rx[0] : -1;
+    utable_fd = nfds > 1 ? rx[1] : -1;
+    r = -EPROTO;
+    if (cfg.magic != WIRE_CONFIG_MAGIC)
+        goto fail;
+    if (cfg.status == WIRE_STATUS_NOT_PROFILED) {
+        if (ring_fd >= 0)
+            (void)close(ring_fd);
+        if (utable_fd >= 0)
+            (void)close(utable_fd);
+        (void)close(sock);
+        return 1;
+    }
+    bool with_table = (cfg.features & WIRE_FEATURE_UNWIND_TABLE) != 0;
+    if (cfg.status != WIRE_STATUS_PROFILE || ring_fd < 0 || cfg.sampling_interval_bytes == 0 ||
+        cfg.max_stack_bytes % 8 != 0 ||
+        cfg.max_stack_bytes >
+            RING_MAX_PAYLOAD - sizeof(struct wire_alloc) - (1 + WIRE_MAX_PCS) * sizeof(uint64_t) ||
+        (cfg.features & ~(uint32_t)CLIENT_FEATURES) != 0 || with_table != (utable_fd >= 0))
+        goto fail;
+
+    /* From now on the socket only carries pokes, which must never block. */
+    int fl = fcntl(sock, F_GETFL);
+    if (fl < 0 || fcntl(sock, F_SETFL, fl | O_NONBLOCK) < 0)
+        goto fail_errno;
+
+    *ret_cfg = cfg;
+    *ret_sock = sock;
+    *ret_ring_fd = ring_fd;
+    *ret_utable_fd = utable_fd;
+    return 0;
+
+fail_errno:
+    r = -errno;
+fail:
+    if (fds[0] >= 0)
+        (void)close(fds[0]);
+    if (fds[1] >= 0)
+        (void)close(fds[1]);
+    if (ring_fd >= 0)
+        (void)close(ring_fd);
+    if (utable_fd >= 0)
+        (void)close(utable_fd);
+    (void)close(sock);
+    return r;
+}
+
+/* ---- sessions (owner only) --------------------------------------------------------- */
+
+size_t client__freeset_bytes(void)
+{
+    return CLIENT_FREESET_MAP_BYTES(CLIENT_FREESET_LOG2);
+}
+
+static struct client_session *client_free_slot(void)
+{
+    for (unsigned n = 0; n < CLIENT_MAX_SESSIONS; n++) {
+        unsigned i = (client_next_slot + n) % CLIENT_MAX_SESSIONS;
+        struct client_session *s = &client_sessions[i];
+        if (!s->ring && !s->stuck) {
+            client_next_slot = i + 1;
+            return s;
+        }
+    }
+    return NULL;
+}
+
+/* Handshakes on @path and, when the service profiles us, publishes the new session and
+ * makes the client ACTIVE. Returns 0 (ACTIVE), 1 (NOT_PROFILED) or -errno. */
+int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms, bool warm_up)
+{
+    struct wire_client_config cfg = {0};
+    int sock = -1, ring_fd = -1, utable_fd = -1;
+
+    struct client_session *s = client_free_slot();
+    if (!s)
+        return -EBUSY;
+    if (!s->freeset.slots) {
+        int r = client_freeset_init(&s->freeset, CLIENT_FREESET_LOG2);
+        if (r < 0)
+            return r;
+        void *page = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (page != MAP_FAILED && madvise(page, 4096, MADV_WIPEONFORK) == 0)
+            s->fork_token = page;
+        else if (page != MAP_FAILED)
+            (void)munmap(page, 4096);
+    }
+    int r = client_handshake(path, reason, timeout_ms, &cfg, &sock, &ring_fd, &utable_fd);
+    if (r != 0)
+        return r;
+    ring_t *ring = NULL;
+    r = ring_map(ring_fd, RING_ROLE_WRITER, &ring);
+    (void)close(ring_fd);
+    struct utable table = {0};
+    if (r >= 0 && utable_fd >= 0) {
+        /* Without a usable table the session still works: every sample copies its
+         * stack. */
+        if (utable_map(utable_fd, false, &table) < 0)
+            table = (struct utable){0};
+    }
+    if (utable_fd >= 0)
+        (void)close(utable_fd);
+    if (r < 0) {
+        (void)close(sock);
+        return r == -EBADMSG ? -EPROTO : r;
+    }
+    ring_set_blocking(ring, cfg.block_client != 0, cfg.block_client_timeout_us);
+
+    s->ring = ring;
+    s->utable = table;
+    s->audit_every = cfg.audit_every;
+    atomic_store_explicit(&s->walk_hold_gen, 0, memory_order_relaxed);
+    s->sync_timeout_us = cfg.block_client ? cfg.block_client_timeout_us : CLIENT_SYNC_TIMEOUT_US;
+    s->sock = sock;
+    s->pid = getpid();
+    s->features = cfg.features;
+    s->gen = ++client_session_gen;
+    s->max_stack_bytes = cfg.max_stack_bytes;
+    client_sampler_params_init(&s->params, cfg.sampling_interval_bytes);
+    atomic_store_explicit(&s->writers, 0, memory_order_relaxed);
+    atomic_store_explicit(&s->send_all_frees, false, memory_order_relaxed);
+    s->stuck = false;
+    if (s->fork_token)
+        atomic_store_explicit(s->fork_token, s->gen, memory_order_relaxed);
+    size_t plen = strlen(path);
+    memcpy(s->path, path, plen + 1 <= sizeof(s->path) ? plen + 1 : 0);
+
+    /* Release pairs with the acquire loads of client_current in the hooks: the session
+     * and its set are in place before anyone uses them. */
+    atomic_store_explicit(&client_current, s, memory_order_release);
+    atomic_store_explicit(&client_fast_interval,
+                          warm_up ? CLIENT_FAST_WARM_UP : cfg.sampling_interval_bytes,
+                          memory_order_relaxed);
+    atomic_store_explicit(&client_state, CLIENT_ACTIVE, memory_order_release);
+    return 0;
+}
+
+/* Ends the current session @s: back to DORMANT. Unmaps the ring and closes the socket
+ * once no hook is inside the session (waits up to CLIENT_DETACH_WAIT_MS; after that the
+ * slot is kept mapped for good). */
+void client__session_close(struct client_session *s)
+{
+    atomic_store_explicit(&client_fast_interval, CLIENT_FAST_OFF, memory_order_relaxed);
+    /* seq_cst: see client_session_enter(). */
+    atomic_store_explicit(&client_current, NULL, memory_order_seq_cst);
+    atomic_store_explicit(&client_state, CLIENT_DORMANT, memory_order_release);
+    /* Writers waiting for space (block_client) would wait for a reader that is gone: the
+     * flag is atomic and read on every round of their wait. */
+    ring_set_blocking(s->ring, false, 0);
+
+    for (uint32_t waited = 0; atomic_load_explicit(&s->writers, memory_order_seq_cst) != 0;
+         waited++) {
+        if (waited >= CLIENT_DETACH_WAIT_MS) {
+            s->stuck = true;
+            return;
+        }
+        struct timespec ms = {0, 1000000};
+        (void)nanosleep(&ms, NULL);
+    }
+    s->ring = ring_unmap(s->ring);
+    utable_unmap(&s->utable);
+    if (s->sock >= 0)
+        (void)close(s->sock);
+    s->sock = -1;
+    /* A hook that loaded @s before the detach may still probe the set: it stays mapped;
+     * zero pages make it empty for the slot's next session. */
+    (void)madvise(s->freeset.slots, client__freeset_bytes(), MADV_DONTNEED);
+}
