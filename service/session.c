@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/containers.h"
 #include "common/fdpass.h"
 #include "common/log.h"
 #include "common/paths.h"
@@ -27,56 +28,45 @@
 
 #define MAX_UNWINDERS 8
 
+/* A set of pids (the registry's seen and done lists). Caller holds done_lock. */
+static void pids_add_locked(struct svc_pids *l, pid_t pid)
+{
+    if (hp_grow((void **)&l->pids, &l->cap, l->n + 1, sizeof(*l->pids)) == 0)
+        l->pids[l->n++] = pid;
+}
+
+static bool pids_has(struct svc *s, const struct svc_pids *l, pid_t pid)
+{
+    bool found = false;
+    pthread_mutex_lock(&s->done_lock);
+    for (size_t i = 0; i < l->n && !found; i++)
+        found = l->pids[i] == pid;
+    pthread_mutex_unlock(&s->done_lock);
+    return found;
+}
+
 void svc__mark_done(struct svc *s, pid_t pid)
 {
     pthread_mutex_lock(&s->done_lock);
-    if (s->n_done == s->cap_done) {
-        size_t cap = s->cap_done ? s->cap_done * 2 : 16;
-        pid_t *p = realloc(s->done_pids, cap * sizeof(*p));
-        if (p) {
-            s->done_pids = p;
-            s->cap_done = cap;
-        }
-    }
-    if (s->n_done < s->cap_done)
-        s->done_pids[s->n_done++] = pid;
+    pids_add_locked(&s->done, pid);
     pthread_mutex_unlock(&s->done_lock);
 }
 
 bool svc_client_done(svc_t *s, pid_t pid)
 {
-    bool done = false;
-    pthread_mutex_lock(&s->done_lock);
-    for (size_t i = 0; i < s->n_done && !done; i++)
-        done = s->done_pids[i] == pid;
-    pthread_mutex_unlock(&s->done_lock);
-    return done;
+    return pids_has(s, &s->done, pid);
 }
 
 void svc__mark_seen(struct svc *s, pid_t pid)
 {
     pthread_mutex_lock(&s->done_lock);
-    if (s->n_seen == s->cap_seen) {
-        size_t cap = s->cap_seen ? s->cap_seen * 2 : 16;
-        pid_t *p = realloc(s->seen_pids, cap * sizeof(*p));
-        if (p) {
-            s->seen_pids = p;
-            s->cap_seen = cap;
-        }
-    }
-    if (s->n_seen < s->cap_seen)
-        s->seen_pids[s->n_seen++] = pid;
+    pids_add_locked(&s->seen, pid);
     pthread_mutex_unlock(&s->done_lock);
 }
 
 bool svc_client_seen(svc_t *s, pid_t pid)
 {
-    bool seen = false;
-    pthread_mutex_lock(&s->done_lock);
-    for (size_t i = 0; i < s->n_seen && !seen; i++)
-        seen = s->seen_pids[i] == pid;
-    pthread_mutex_unlock(&s->done_lock);
-    return seen;
+    return pids_has(s, &s->seen, pid);
 }
 
 void svc_get_status(svc_t *s, struct svc_status *ret)
@@ -355,8 +345,8 @@ svc_t *svc_free(svc_t *s)
         (void)rmdir(s->dir);
     free(s->sock_path);
     free(s->dir);
-    free(s->done_pids);
-    free(s->seen_pids);
+    free(s->done.pids);
+    free(s->seen.pids);
     free(s->routes);
     free(s->ctl.cur);
     svc__bkq_done(&s->bkq);

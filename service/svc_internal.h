@@ -194,6 +194,12 @@ struct svc_unwinder {
     struct hp_frame audit_frames[UNWINDER_MAX_FRAMES + 1];
 };
 
+/* A growing list of pids. */
+struct svc_pids {
+    pid_t *pids;
+    size_t n, cap;
+};
+
 /* Which unwinder thread serves a pid's latest session. */
 struct svc_route {
     pid_t pid;
@@ -232,13 +238,11 @@ struct svc {
      * new session (the process exec'd) is started only after the old one ended. */
     struct svc_route *routes;
     size_t n_routes, cap_routes;
-    /* pids whose clients are fully drained, written by unwinder threads */
+    /* pids whose clients are fully drained (written by the bookkeeping thread), and pids
+     * that completed a handshake (main thread); both protected by done_lock */
     pthread_mutex_t done_lock;
-    pid_t *done_pids;
-    size_t n_done, cap_done;
+    struct svc_pids done, seen;
     _Atomic unsigned live_clients;
-    pid_t *seen_pids; /* protected by done_lock */
-    size_t n_seen, cap_seen;
     /* the owner thread's own producer, for control messages (dumps) */
     struct svc_batcher ctl;
     /* The bk thread's count of dump barriers per unwinder not yet turned into dumps. */
