@@ -1,0 +1,238 @@
+/* tests/e2e/test_every_program.c: "every program" — the library must never change what a
+ * program does. Each case is a real program run three ways: unprofiled (the reference),
+ * with libheapprof.so preloaded and dormant, and under `heapprof record`; the stdout and
+ * the exit status of every run must equal the reference's, and a recorded trace must
+ * pass the trace-processor import rules. A case may add a check of its own (e.g. that
+ * its allocations were profiled).
+ *
+ * Add a case: a program in tests/programs/harm/ (built by its meson.build, its path
+ * given to the tests in an environment variable), and an entry in harm_cases below.
+ * Arguments and environment values written "$VAR" are replaced by that variable's value
+ * (paths from meson); "$LIB" is libheapprof.so. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tests/e2e/e2e_util.h"
+
+enum harm_mode {
+    HARM_DORMANT = 1u << 0, /* LD_PRELOAD=libheapprof.so, no service */
+    HARM_RECORD = 1u << 1,  /* heapprof record -- argv */
+};
+#define HARM_ALL (HARM_DORMANT | HARM_RECORD)
+
+struct harm_run;
+struct harm_case {
+    const char *name;
+    const char *argv[16];
+    /* Extra environment of every run. An LD_PRELOAD here is kept in the profiled runs,
+     * with libheapprof.so placed first, unless it names "$LIB" itself (its position is
+     * then kept: a library preloaded before ours). */
+    const char *env[8];
+    unsigned modes;
+    /* Optional: more checks of a profiled run (trace is NULL in dormant runs). */
+    void (*check)(const struct harm_case *c, enum harm_mode mode, const struct e2e_run *run,
+                  const char *trace);
+};
+
+/* ---- checks cases share ---------------------------------------------------------- */
+
+/* The recording profiled the program: at least one sample. */
+static void check_sampled(const struct harm_case *c, enum harm_mode mode, const struct e2e_run *run,
+                          const char *trace)
+{
+    (void)c;
+    (void)run;
+    if (mode != HARM_RECORD)
+        return;
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &t), 0);
+    uint64_t samples = 0;
+    for (size_t i = 0; i < t->n_processes; i++)
+        for (size_t j = 0; j < t->processes[i].n_callsites; j++)
+            samples += t->processes[i].callsites[j].alloc_count;
+    print_message("    %llu sampled allocations\n", (unsigned long long)samples);
+    assert_true(samples > 0);
+    rp_trace_free(t);
+}
+
+/* ---- the cases --------------------------------------------------------------------- */
+
+static const struct harm_case harm_cases[] = {
+    /* A plain program, as a reference for the harness itself. */
+    {"three_sites", {"$THREE_SITES", NULL}, {NULL}, HARM_ALL, check_sampled},
+};
+
+/* ---- the harness ------------------------------------------------------------------- */
+
+static const char *expand(const char *s, char *buf, size_t len)
+{
+    if (s[0] != '$')
+        return s;
+    const char *name = s + 1;
+    const char *v = !strcmp(name, "LIB") ? e2e_env("HEAPPROF_LIB") : e2e_env(name);
+    snprintf(buf, len, "%s", v);
+    return buf;
+}
+
+/* "VAR=value" with each ':'-separated "$X" of the value expanded. */
+static char *expand_env(const char *entry)
+{
+    char out[4096];
+    const char *eq = strchr(entry, '=');
+    size_t n = eq ? (size_t)(eq - entry) + 1 : strlen(entry);
+    snprintf(out, sizeof(out), "%.*s", (int)n, entry);
+    const char *p = eq ? eq + 1 : "";
+    while (*p) {
+        const char *colon = strchr(p, ':');
+        size_t l = colon ? (size_t)(colon - p) : strlen(p);
+        char item[1024], buf[1024];
+        snprintf(item, sizeof(item), "%.*s", (int)l, p);
+        size_t o = strlen(out);
+        snprintf(out + o, sizeof(out) - o, "%s%s", o > n ? ":" : "",
+                 expand(item, buf, sizeof(buf)));
+        p += l;
+        if (*p == ':')
+            p++;
+    }
+    return strdup(out);
+}
+
+struct harm_run {
+    char *argv[40];
+    char *env[12];
+    char *owned[48];
+    size_t n_owned;
+};
+
+static char *own(struct harm_run *r, char *s)
+{
+    assert_true(r->n_owned < 48);
+    r->owned[r->n_owned++] = s;
+    return s;
+}
+
+static void harm_run_free(struct harm_run *r)
+{
+    for (size_t i = 0; i < r->n_owned; i++)
+        free(r->owned[i]);
+    memset(r, 0, sizeof(*r));
+}
+
+/* Builds the command line and environment of @c in @mode (0: unprofiled). */
+static void build(const struct harm_case *c, unsigned mode, const char *trace, struct harm_run *r)
+{
+    size_t k = 0, e = 0;
+    char buf[1024];
+    if (mode == HARM_RECORD) {
+        r->argv[k++] = (char *)e2e_env("HEAPPROF_BIN");
+        r->argv[k++] = "record";
+        r->argv[k++] = "-q";
+        r->argv[k++] = "-o";
+        r->argv[k++] = (char *)trace;
+        r->argv[k++] = "--";
+    }
+    for (size_t i = 0; c->argv[i]; i++)
+        r->argv[k++] = own(r, strdup(expand(c->argv[i], buf, sizeof(buf))));
+    r->argv[k] = NULL;
+
+    bool have_preload = false;
+    for (size_t i = 0; c->env[i]; i++) {
+        bool preload = !strncmp(c->env[i], "LD_PRELOAD=", 11);
+        if (preload && mode == 0 && strstr(c->env[i], "$LIB")) {
+            /* Unprofiled: the other libraries of the list, without ours. */
+            char tmp[2048] = "LD_PRELOAD=";
+            const char *p = c->env[i] + 11;
+            while (*p) {
+                const char *colon = strchr(p, ':');
+                size_t l = colon ? (size_t)(colon - p) : strlen(p);
+                if (strncmp(p, "$LIB", l) != 0 || l != 4)
+                    snprintf(tmp + strlen(tmp), sizeof(tmp) - strlen(tmp), "%s%.*s",
+                             tmp[11] ? ":" : "", (int)l, p);
+                p += l + (p[l] == ':');
+            }
+            r->env[e++] = own(r, expand_env(tmp));
+            have_preload = true;
+            continue;
+        }
+        if (preload && mode == HARM_DORMANT && !strstr(c->env[i], "$LIB")) {
+            char tmp[2048];
+            snprintf(tmp, sizeof(tmp), "LD_PRELOAD=$LIB:%s", c->env[i] + 11);
+            r->env[e++] = own(r, expand_env(tmp));
+            have_preload = true;
+            continue;
+        }
+        have_preload |= preload;
+        r->env[e++] = own(r, expand_env(c->env[i]));
+    }
+    if (mode == HARM_DORMANT && !have_preload)
+        r->env[e++] = own(r, expand_env("LD_PRELOAD=$LIB"));
+    if (mode == HARM_DORMANT)
+        r->env[e++] = "HEAPPROF_STARTUP=0";
+    r->env[e] = NULL;
+}
+
+static void run_case(const struct harm_case *c)
+{
+    struct harm_run r;
+    struct e2e_run ref;
+    memset(&r, 0, sizeof(r));
+    build(c, 0, NULL, &r);
+    assert_int_equal(e2e_run(r.argv, r.env, &ref), 0);
+    harm_run_free(&r);
+    print_message("  %s: unprofiled exit %d, %zu bytes of output\n", c->name, ref.status,
+                  strlen(ref.out));
+    static const enum harm_mode modes[] = {HARM_DORMANT, HARM_RECORD};
+    for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
+        if (!(c->modes & modes[m]))
+            continue;
+        char *trace = modes[m] == HARM_RECORD ? e2e_tmp_path(".pftrace") : NULL;
+        struct e2e_run run;
+        memset(&r, 0, sizeof(r));
+        build(c, modes[m], trace, &r);
+        assert_int_equal(e2e_run(r.argv, r.env, &run), 0);
+        harm_run_free(&r);
+        const char *mname = modes[m] == HARM_RECORD ? "recorded" : "dormant";
+        if (run.status != ref.status || strcmp(run.out, ref.out) != 0) {
+            print_error("%s (%s): exit %d, want %d\n--- stdout\n%s\n--- want\n%s\n--- stderr\n%s\n",
+                        c->name, mname, run.status, ref.status, run.out, ref.out, run.err);
+            fail();
+        }
+        if (trace)
+            assert_int_equal(e2e_check_rules(trace), 0);
+        if (c->check)
+            c->check(c, modes[m], &run, trace);
+        print_message("  %s (%s): same output and exit status\n", c->name, mname);
+        e2e_run_free(&run);
+        if (trace) {
+            unlink(trace);
+            free(trace);
+        }
+    }
+    e2e_run_free(&ref);
+}
+
+static void test_every_program(void **state)
+{
+    const struct harm_case *c = *state;
+    run_case(c);
+}
+
+int main(void)
+{
+    size_t n = sizeof(harm_cases) / sizeof(harm_cases[0]);
+    struct CMUnitTest *tests = calloc(n, sizeof(*tests));
+    for (size_t i = 0; i < n; i++)
+        tests[i] = (struct CMUnitTest){.name = harm_cases[i].name,
+                                       .test_func = test_every_program,
+                                       .initial_state = (void *)&harm_cases[i]};
+    int r = _cmocka_run_group_tests("every_program", tests, n, NULL, NULL);
+    free(tests);
+    return r;
+}
