@@ -1,3 +1,5 @@
+/* bookkeeping/bookkeeping.c: the profile state of a session: processes, heaps, live allocations,
+ * counters (bookkeeping.h). */
 #include "bookkeeping/bookkeeping.h"
 
 #include <errno.h>

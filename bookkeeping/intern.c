@@ -1,3 +1,4 @@
+/* bookkeeping/intern.c: the interning tables of a session (intern.h). */
 #include "bookkeeping/intern.h"
 
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* common/containers.c: hash map, arena and id table (containers.h). */
 #include "common/containers.h"
 
 #include <errno.h>

@@ -1,4 +1,5 @@
-/* common/containers.h: containers shared by the writer and the reader of bookkeeping.
+/* common/containers.h: containers shared by the components of the service (bookkeeping,
+ * report).
  *
  * - struct hp_arena: bump allocator for immutable bytes (strings, id lists) freed at once.
  * - struct hp_map: open-addressing hash map from a uint64_t key to a fixed-size value

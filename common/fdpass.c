@@ -1,3 +1,4 @@
+/* common/fdpass.c: descriptors over a UNIX socket (fdpass.h). */
 #include "common/fdpass.h"
 
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* common/format.c: numbers as people read them (format.h). */
 #include "common/format.h"
 
 #include <inttypes.h>

@@ -1,3 +1,4 @@
+/* common/log.c: service-side logging (log.h). */
 #include "common/log.h"
 
 #include <stdarg.h>

@@ -1,3 +1,4 @@
+/* common/paths.c: socket paths, hook-safe (paths.h). */
 #include "common/paths.h"
 
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* common/pbwire.c: protobuf wire format helpers (pbwire.h). */
 #include "common/pbwire.h"
 
 #include <errno.h>

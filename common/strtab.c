@@ -1,3 +1,4 @@
+/* common/strtab.c: the thread-safe string interner (strtab.h). */
 #include "common/strtab.h"
 
 #include <pthread.h>

@@ -1,3 +1,4 @@
+/* unwinder/maps.c: the /proc/PID/maps parser (maps.h). */
 #include "unwinder/maps.h"
 
 #include <errno.h>
