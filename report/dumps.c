@@ -1,0 +1,303 @@
+/* report/dumps.c: ProfilePackets. Each process's part of the dump in progress on a
+ * sequence (struct rd_pdump) collects its samples and header; when the dump is
+ * complete (a packet without `continued`), the dump selected by the options replaces
+ * the raw samples of that (pid, heap) (struct rd_proc). A gap in `index` drops the
+ * dump in progress.
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "common/pbwire.h"
+#include "report/report_internal.h"
+
+/* ---- the dump in progress ---- */
+
+static void pdump_done(struct rd_pdump *d)
+{
+    hp_map_done(&d->index);
+    free(d->samples);
+}
+
+void rp__chain_drop(struct rd_seq *seq)
+{
+    for (size_t i = 0; i < seq->n_chain; i++)
+        pdump_done(&seq->chain[i]);
+    seq->n_chain = 0;
+}
+
+/* ---- profile packets ---- */
+
+static int parse_stats(struct rd_header *h, const uint8_t *buf, size_t len)
+{
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
+    hp_pb_iter_init(&it, buf, len);
+    h->unwinding_errors = h->heap_samples = h->map_reparses = 0;
+    h->total_unwinding_time_us = h->client_spinlock_blocked_us = 0;
+    while (hp_pb_next(&it, &f)) {
+        if (f.wire_type != HP_PB_VARINT)
+            continue;
+        switch (f.num) {
+        case 1:
+            h->unwinding_errors = f.varint;
+            break;
+        case 2:
+            h->heap_samples = f.varint;
+            break;
+        case 3:
+            h->map_reparses = f.varint;
+            break;
+        case 5:
+            h->total_unwinding_time_us = f.varint;
+            break;
+        case 6:
+            h->client_spinlock_blocked_us = f.varint;
+            break;
+        }
+    }
+    return it.error ? -EBADMSG : 0;
+}
+
+static int parse_sample(struct rd_pdump *d, const uint8_t *buf, size_t len)
+{
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
+    struct rd_sample s = {0};
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &f)) {
+        if (f.wire_type != HP_PB_VARINT)
+            continue;
+        switch (f.num) {
+        case 1:
+            s.callstack_id = f.varint;
+            break;
+        case 2:
+            s.self_allocated = f.varint;
+            break;
+        case 3:
+            s.self_freed = f.varint;
+            break;
+        case 5:
+            s.alloc_count = f.varint;
+            break;
+        case 6:
+            s.free_count = f.varint;
+            break;
+        case 8:
+            s.self_max = f.varint;
+            break;
+        case 9:
+            s.self_max_count = f.varint;
+            break;
+        }
+    }
+    if (it.error)
+        return -EBADMSG;
+    uint64_t *idx;
+    int r = hp_map_put(&d->index, s.callstack_id, (void **)&idx);
+    if (r < 0)
+        return r;
+    if (r == 0) {
+        /* The same callstack twice in one dump: add up (values are per callstack). */
+        struct rd_sample *o = &d->samples[*idx];
+        o->self_allocated += s.self_allocated;
+        o->self_freed += s.self_freed;
+        o->alloc_count += s.alloc_count;
+        o->free_count += s.free_count;
+        o->self_max += s.self_max;
+        o->self_max_count += s.self_max_count;
+        return 0;
+    }
+    if (hp_grow((void **)&d->samples, &d->cap_samples, d->n_samples + 1, sizeof(s)) < 0) {
+        hp_map_remove(&d->index, s.callstack_id);
+        return -ENOMEM;
+    }
+    *idx = d->n_samples;
+    d->samples[d->n_samples++] = s;
+    return 0;
+}
+
+static struct rd_pdump *chain_get(struct rd_seq *seq, uint64_t pid, const char *heap_name)
+{
+    for (size_t i = 0; i < seq->n_chain; i++)
+        if (seq->chain[i].pid == pid && seq->chain[i].heap_name == heap_name)
+            return &seq->chain[i];
+    if (hp_grow((void **)&seq->chain, &seq->cap_chain, seq->n_chain + 1, sizeof(*seq->chain)) < 0)
+        return NULL;
+    struct rd_pdump *d = &seq->chain[seq->n_chain++];
+    *d = (struct rd_pdump){.pid = pid, .heap_name = heap_name};
+    hp_map_init(&d->index, sizeof(uint64_t));
+    return d;
+}
+
+static int parse_process_dump(struct rd *rd, struct rd_seq *seq, const uint8_t *buf, size_t len)
+{
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
+    uint64_t pid = 0;
+    const uint8_t *heap = NULL;
+    size_t heap_len = 0;
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &f)) {
+        if (f.num == 1 && f.wire_type == HP_PB_VARINT)
+            pid = f.varint;
+        else if (f.num == 11 && f.wire_type == HP_PB_LEN) {
+            heap = f.ptr;
+            heap_len = HP_MIN(f.len, (size_t)256);
+        }
+    }
+    if (it.error)
+        return -EBADMSG;
+    const char *heap_name = rp__intern(rd, heap ? (const char *)heap : "", heap_len);
+    if (!heap_name)
+        return -ENOMEM;
+    struct rd_pdump *d = chain_get(seq, pid, heap_name);
+    if (!d)
+        return -ENOMEM;
+    struct rd_header *h = &d->hdr;
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &f)) {
+        int r = 0;
+        if (f.wire_type == HP_PB_LEN) {
+            if (f.num == 2)
+                r = parse_sample(d, f.ptr, f.len);
+            else if (f.num == 5)
+                r = parse_stats(h, f.ptr, f.len);
+        } else if (f.wire_type == HP_PB_VARINT) {
+            bool b = f.varint != 0;
+            switch (f.num) {
+            case 3:
+                h->from_startup |= b;
+                break;
+            case 6:
+                h->disconnected |= b;
+                break;
+            case 7:
+                h->buffer_overran |= b;
+                break;
+            case 8:
+                h->buffer_corrupted |= b;
+                break;
+            case 9:
+                h->timestamp = f.varint;
+                break;
+            case 10:
+                h->hit_guardrail |= b;
+                break;
+            case 12:
+                h->sampling_interval_bytes = f.varint;
+                break;
+            case 14:
+                h->client_error |= b;
+                break;
+            }
+        }
+        if (r < 0)
+            return r;
+    }
+    return it.error ? -EBADMSG : 0;
+}
+
+struct rd_proc *rp__proc_get(struct rd *rd, int32_t pid, const char *heap_name)
+{
+    for (size_t i = 0; i < rd->n_procs; i++)
+        if (rd->procs[i].pid == pid && rd->procs[i].heap_name == heap_name)
+            return &rd->procs[i];
+    if (hp_grow((void **)&rd->procs, &rd->cap_procs, rd->n_procs + 1, sizeof(*rd->procs)) < 0)
+        return NULL;
+    struct rd_proc *p = &rd->procs[rd->n_procs++];
+    *p = (struct rd_proc){.pid = pid, .heap_name = heap_name};
+    return p;
+}
+
+/* The dump in progress on @seq is complete. */
+static int chain_commit(struct rd *rd, struct rd_seq *seq)
+{
+    int r = 0;
+    for (size_t i = 0; i < seq->n_chain && r == 0; i++) {
+        struct rd_pdump *d = &seq->chain[i];
+        if (rd->opt->pid && (int32_t)d->pid != rd->opt->pid)
+            continue;
+        struct rd_proc *p = rp__proc_get(rd, (int32_t)d->pid, d->heap_name);
+        if (!p) {
+            r = -ENOMEM;
+            break;
+        }
+        p->n_dumps++;
+        int want = rd->opt->dump_index;
+        if (want > 0 && p->n_dumps != (uint32_t)want)
+            continue;
+        free(p->raw);
+        p->selected = true;
+        p->hdr = d->hdr;
+        p->seq = seq;
+        p->raw = d->samples; /* moved */
+        p->n_raw = d->n_samples;
+        p->resolved = false;
+        p->callsites = NULL; /* earlier resolved ones stay in the arena until the end */
+        p->n_callsites = 0;
+        d->samples = NULL;
+        d->n_samples = 0;
+    }
+    rp__chain_drop(seq);
+    return r;
+}
+
+int rp__parse_profile_packet(struct rd *rd, struct rd_seq *seq, const uint8_t *buf, size_t len)
+{
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
+    bool continued = false, has_index = false;
+    uint64_t index = 0;
+    int r = 0;
+    /* First pass: scalars, and the legacy (Android Q) interning tables, which share one
+     * string table for names, paths and build ids. */
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &f) && r == 0) {
+        if (f.wire_type == HP_PB_VARINT) {
+            if (f.num == 6)
+                continued = f.varint != 0;
+            else if (f.num == 7) {
+                has_index = true;
+                index = f.varint;
+            }
+        } else if (f.wire_type == HP_PB_LEN) {
+            switch (f.num) {
+            case 1:
+                for (int k = 0; k < STR_KINDS && r == 0; k++)
+                    r = rp__parse_string(seq, &seq->strs[k], f.ptr, f.len);
+                break;
+            case 2:
+                r = rp__parse_frame(seq, f.ptr, f.len);
+                break;
+            case 3:
+                r = rp__parse_callstack(rd, seq, f.ptr, f.len);
+                break;
+            case 4:
+                r = rp__parse_mapping(rd, seq, f.ptr, f.len);
+                break;
+            }
+        }
+    }
+    if (r < 0)
+        return r;
+    if (it.error)
+        return -EBADMSG;
+    if (has_index) {
+        /* A gap in the index means lost packets: the dump in progress is incomplete. */
+        if (seq->have_index && index != seq->next_index)
+            rp__chain_drop(seq);
+        seq->have_index = true;
+        seq->next_index = index + 1;
+    }
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &f) && r == 0) {
+        if (f.num == 5 && f.wire_type == HP_PB_LEN)
+            r = parse_process_dump(rd, seq, f.ptr, f.len);
+    }
+    if (r < 0)
+        return r;
+    if (it.error)
+        return -EBADMSG;
+    return continued ? 0 : chain_commit(rd, seq);
+}
