@@ -38,19 +38,19 @@ static int parse_stats(struct rd_header *h, const uint8_t *buf, size_t len)
         if (f.wire_type != HP_PB_VARINT)
             continue;
         switch (f.num) {
-        case 1:
+        case PF_STATS(unwinding_errors):
             h->unwinding_errors = f.varint;
             break;
-        case 2:
+        case PF_STATS(heap_samples):
             h->heap_samples = f.varint;
             break;
-        case 3:
+        case PF_STATS(map_reparses):
             h->map_reparses = f.varint;
             break;
-        case 5:
+        case PF_STATS(total_unwinding_time_us):
             h->total_unwinding_time_us = f.varint;
             break;
-        case 6:
+        case PF_STATS(client_spinlock_blocked_us):
             h->client_spinlock_blocked_us = f.varint;
             break;
         }
@@ -68,25 +68,25 @@ static int parse_sample(struct rd_pdump *d, const uint8_t *buf, size_t len)
         if (f.wire_type != HP_PB_VARINT)
             continue;
         switch (f.num) {
-        case 1:
+        case PF_SAMPLE(callstack_id):
             s.callstack_id = f.varint;
             break;
-        case 2:
+        case PF_SAMPLE(self_allocated):
             s.self_allocated = f.varint;
             break;
-        case 3:
+        case PF_SAMPLE(self_freed):
             s.self_freed = f.varint;
             break;
-        case 5:
+        case PF_SAMPLE(alloc_count):
             s.alloc_count = f.varint;
             break;
-        case 6:
+        case PF_SAMPLE(free_count):
             s.free_count = f.varint;
             break;
-        case 8:
+        case PF_SAMPLE(self_max):
             s.self_max = f.varint;
             break;
-        case 9:
+        case PF_SAMPLE(self_max_count):
             s.self_max_count = f.varint;
             break;
         }
@@ -132,22 +132,13 @@ static struct rd_pdump *chain_get(struct rd_seq *seq, uint64_t pid, const char *
 
 static int parse_process_dump(struct rd *rd, struct rd_seq *seq, const uint8_t *buf, size_t len)
 {
-    struct hp_pb_iter it;
-    struct hp_pb_field f;
-    uint64_t pid = 0;
-    const uint8_t *heap = NULL;
-    size_t heap_len = 0;
-    hp_pb_iter_init(&it, buf, len);
-    while (hp_pb_next(&it, &f)) {
-        if (f.num == 1 && f.wire_type == HP_PB_VARINT)
-            pid = f.varint;
-        else if (f.num == 11 && f.wire_type == HP_PB_LEN) {
-            heap = f.ptr;
-            heap_len = HP_MIN(f.len, (size_t)256);
-        }
-    }
-    if (it.error)
-        return -EBADMSG;
+    uint64_t pid;
+    const uint8_t *heap;
+    size_t heap_len;
+    int r =
+        rp__parse_id_bytes(buf, len, PF_DUMP(pid), PF_DUMP(heap_name), 256, &pid, &heap, &heap_len);
+    if (r < 0)
+        return r;
     const char *heap_name = rp__intern(rd, heap ? (const char *)heap : "", heap_len);
     if (!heap_name)
         return -ENOMEM;
@@ -155,39 +146,40 @@ static int parse_process_dump(struct rd *rd, struct rd_seq *seq, const uint8_t *
     if (!d)
         return -ENOMEM;
     struct rd_header *h = &d->hdr;
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
     hp_pb_iter_init(&it, buf, len);
     while (hp_pb_next(&it, &f)) {
-        int r = 0;
         if (f.wire_type == HP_PB_LEN) {
-            if (f.num == 2)
+            if (f.num == PF_DUMP(samples))
                 r = parse_sample(d, f.ptr, f.len);
-            else if (f.num == 5)
+            else if (f.num == PF_DUMP(stats))
                 r = parse_stats(h, f.ptr, f.len);
         } else if (f.wire_type == HP_PB_VARINT) {
             bool b = f.varint != 0;
             switch (f.num) {
-            case 3:
+            case PF_DUMP(from_startup):
                 h->from_startup |= b;
                 break;
-            case 6:
+            case PF_DUMP(disconnected):
                 h->disconnected |= b;
                 break;
-            case 7:
+            case PF_DUMP(buffer_overran):
                 h->buffer_overran |= b;
                 break;
-            case 8:
+            case PF_DUMP(buffer_corrupted):
                 h->buffer_corrupted |= b;
                 break;
-            case 9:
+            case PF_DUMP(timestamp):
                 h->timestamp = f.varint;
                 break;
-            case 10:
+            case PF_DUMP(hit_guardrail):
                 h->hit_guardrail |= b;
                 break;
-            case 12:
+            case PF_DUMP(sampling_interval_bytes):
                 h->sampling_interval_bytes = f.varint;
                 break;
-            case 14:
+            case PF_DUMP(client_error):
                 h->client_error |= b;
                 break;
             }
@@ -255,25 +247,25 @@ int rp__parse_profile_packet(struct rd *rd, struct rd_seq *seq, const uint8_t *b
     hp_pb_iter_init(&it, buf, len);
     while (hp_pb_next(&it, &f) && r == 0) {
         if (f.wire_type == HP_PB_VARINT) {
-            if (f.num == 6)
+            if (f.num == PF_PROFILE(continued))
                 continued = f.varint != 0;
-            else if (f.num == 7) {
+            else if (f.num == PF_PROFILE(index)) {
                 has_index = true;
                 index = f.varint;
             }
         } else if (f.wire_type == HP_PB_LEN) {
             switch (f.num) {
-            case 1:
+            case PF_PROFILE(strings):
                 for (int k = 0; k < STR_KINDS && r == 0; k++)
                     r = rp__parse_string(seq, &seq->strs[k], f.ptr, f.len);
                 break;
-            case 2:
+            case PF_PROFILE(frames):
                 r = rp__parse_frame(seq, f.ptr, f.len);
                 break;
-            case 3:
+            case PF_PROFILE(callstacks):
                 r = rp__parse_callstack(rd, seq, f.ptr, f.len);
                 break;
-            case 4:
+            case PF_PROFILE(mappings):
                 r = rp__parse_mapping(rd, seq, f.ptr, f.len);
                 break;
             }
@@ -292,7 +284,7 @@ int rp__parse_profile_packet(struct rd *rd, struct rd_seq *seq, const uint8_t *b
     }
     hp_pb_iter_init(&it, buf, len);
     while (hp_pb_next(&it, &f) && r == 0) {
-        if (f.num == 5 && f.wire_type == HP_PB_LEN)
+        if (f.num == PF_PROFILE(process_dumps) && f.wire_type == HP_PB_LEN)
             r = parse_process_dump(rd, seq, f.ptr, f.len);
     }
     if (r < 0)

@@ -59,35 +59,52 @@ void rp__seq_tables_done(struct rd_seq *seq)
 
 /* ---- interned data ---- */
 
-int rp__parse_string(struct rd_seq *seq, struct hp_map *table, const uint8_t *buf, size_t len)
+int rp__parse_id_bytes(const uint8_t *buf, size_t len, uint32_t id_num, uint32_t bytes_num,
+                       size_t max, uint64_t *ret_id, const uint8_t **ret_bytes, size_t *ret_len)
 {
     struct hp_pb_iter it;
     struct hp_pb_field f;
-    uint64_t iid = 0;
-    const uint8_t *s = NULL;
-    size_t slen = 0;
+    uint64_t id = 0;
+    const uint8_t *b = NULL;
+    size_t blen = 0;
     hp_pb_iter_init(&it, buf, len);
     while (hp_pb_next(&it, &f)) {
-        if (f.num == 1 && f.wire_type == HP_PB_VARINT)
-            iid = f.varint;
-        else if (f.num == 2 && f.wire_type == HP_PB_LEN) {
-            s = f.ptr;
-            slen = HP_MIN(f.len, (size_t)READ_MAX_STRING_BYTES);
+        if (f.num == id_num && f.wire_type == HP_PB_VARINT)
+            id = f.varint;
+        else if (f.num == bytes_num && f.wire_type == HP_PB_LEN) {
+            b = f.ptr;
+            blen = HP_MIN(f.len, max);
         }
     }
     if (it.error)
         return -EBADMSG;
-    char *copy = hp_arena_strndup(&seq->arena, (const char *)s, s ? slen : 0);
-    struct rd_str *slot;
-    if (!copy || hp_map_put(table, iid, (void **)&slot) < 0)
-        return -ENOMEM;
-    *slot = (struct rd_str){.s = copy, .len = s ? slen : 0};
+    *ret_id = id;
+    *ret_bytes = b;
+    *ret_len = blen;
     return 0;
 }
 
-/* Collects the integers of repeated field @num of the message at @buf into rd->tmp. */
-static int parse_ids(struct rd *rd, const uint8_t *buf, size_t len, uint32_t num, size_t max,
-                     uint64_t *ret_iid, size_t *ret_n)
+int rp__parse_string(struct rd_seq *seq, struct hp_map *table, const uint8_t *buf, size_t len)
+{
+    uint64_t iid;
+    const uint8_t *s;
+    size_t slen;
+    int r = rp__parse_id_bytes(buf, len, PF_STRING(iid), PF_STRING(str), READ_MAX_STRING_BYTES,
+                               &iid, &s, &slen);
+    if (r < 0)
+        return r;
+    char *copy = hp_arena_strndup(&seq->arena, (const char *)s, slen);
+    struct rd_str *slot;
+    if (!copy || hp_map_put(table, iid, (void **)&slot) < 0)
+        return -ENOMEM;
+    *slot = (struct rd_str){.s = copy, .len = slen};
+    return 0;
+}
+
+/* Collects the integers of repeated field @num of the message at @buf into rd->tmp, and
+ * its varint field @iid_num. */
+static int parse_ids(struct rd *rd, const uint8_t *buf, size_t len, uint32_t iid_num, uint32_t num,
+                     size_t max, uint64_t *ret_iid, size_t *ret_n)
 {
     struct hp_pb_iter it;
     struct hp_pb_field f;
@@ -95,7 +112,7 @@ static int parse_ids(struct rd *rd, const uint8_t *buf, size_t len, uint32_t num
     bool err = false;
     hp_pb_iter_init(&it, buf, len);
     while (hp_pb_next(&it, &f)) {
-        if (f.num == 1 && f.wire_type == HP_PB_VARINT) {
+        if (f.num == iid_num && f.wire_type == HP_PB_VARINT) {
             *ret_iid = f.varint;
         } else if (f.num == num) {
             struct hp_pb_ints ints;
@@ -117,7 +134,8 @@ int rp__parse_mapping(struct rd *rd, struct rd_seq *seq, const uint8_t *buf, siz
 {
     uint64_t iid = 0;
     size_t n;
-    int r = parse_ids(rd, buf, len, 7, READ_MAX_COMPONENTS, &iid, &n);
+    int r = parse_ids(rd, buf, len, PF_MAPPING(iid), PF_MAPPING(path_string_ids),
+                      READ_MAX_COMPONENTS, &iid, &n);
     if (r < 0)
         return r;
     struct rd_mapping m = {.comps = copy_ids(seq, rd->tmp, n), .n_comps = (uint32_t)n};
@@ -128,19 +146,19 @@ int rp__parse_mapping(struct rd *rd, struct rd_seq *seq, const uint8_t *buf, siz
         if (f.wire_type != HP_PB_VARINT)
             continue;
         switch (f.num) {
-        case 2:
+        case PF_MAPPING(build_id):
             m.build_id = f.varint;
             break;
-        case 4:
+        case PF_MAPPING(start):
             m.start = f.varint;
             break;
-        case 5:
+        case PF_MAPPING(end):
             m.end = f.varint;
             break;
-        case 6:
+        case PF_MAPPING(load_bias):
             m.load_bias = f.varint;
             break;
-        case 8:
+        case PF_MAPPING(exact_offset):
             m.exact_offset = f.varint;
             break;
         }
@@ -157,7 +175,8 @@ int rp__parse_callstack(struct rd *rd, struct rd_seq *seq, const uint8_t *buf, s
 {
     uint64_t iid = 0;
     size_t n;
-    int r = parse_ids(rd, buf, len, 2, READ_MAX_FRAMES, &iid, &n);
+    int r = parse_ids(rd, buf, len, PF_CALLSTACK(iid), PF_CALLSTACK(frame_ids), READ_MAX_FRAMES,
+                      &iid, &n);
     if (r < 0)
         return r;
     struct rd_callstack cs = {.frames = copy_ids(seq, rd->tmp, n), .n = n};
@@ -179,16 +198,16 @@ int rp__parse_frame(struct rd_seq *seq, const uint8_t *buf, size_t len)
         if (f.wire_type != HP_PB_VARINT)
             continue;
         switch (f.num) {
-        case 1:
+        case PF_FRAME(iid):
             iid = f.varint;
             break;
-        case 2:
+        case PF_FRAME(function_name_id):
             fr.name_id = f.varint;
             break;
-        case 3:
+        case PF_FRAME(mapping_id):
             fr.mapping_id = f.varint;
             break;
-        case 4:
+        case PF_FRAME(rel_pc):
             fr.rel_pc = f.varint;
             break;
         }
@@ -212,22 +231,22 @@ int rp__parse_interned(struct rd *rd, struct rd_seq *seq, const uint8_t *buf, si
             continue;
         int r = 0;
         switch (f.num) {
-        case 5:
+        case PF_INTERNED(function_names):
             r = rp__parse_string(seq, &seq->strs[STR_FUNCTION], f.ptr, f.len);
             break;
-        case 6:
+        case PF_INTERNED(frames):
             r = rp__parse_frame(seq, f.ptr, f.len);
             break;
-        case 7:
+        case PF_INTERNED(callstacks):
             r = rp__parse_callstack(rd, seq, f.ptr, f.len);
             break;
-        case 16:
+        case PF_INTERNED(build_ids):
             r = rp__parse_string(seq, &seq->strs[STR_BUILD_ID], f.ptr, f.len);
             break;
-        case 17:
+        case PF_INTERNED(mapping_paths):
             r = rp__parse_string(seq, &seq->strs[STR_PATH], f.ptr, f.len);
             break;
-        case 19:
+        case PF_INTERNED(mappings):
             r = rp__parse_mapping(rd, seq, f.ptr, f.len);
             break;
         }

@@ -69,16 +69,16 @@ static int parse_process_tree(struct rd *rd, const uint8_t *buf, size_t len)
     struct hp_pb_field f, pf;
     hp_pb_iter_init(&it, buf, len);
     while (hp_pb_next(&it, &f)) {
-        if (f.num != 1 || f.wire_type != HP_PB_LEN)
+        if (f.num != PF_TREE(processes) || f.wire_type != HP_PB_LEN)
             continue;
         char line[READ_MAX_STRING_BYTES];
         size_t n = 0;
         int32_t pid = 0;
         hp_pb_iter_init(&pit, f.ptr, f.len);
         while (hp_pb_next(&pit, &pf)) {
-            if (pf.num == 1 && pf.wire_type == HP_PB_VARINT) {
+            if (pf.num == PF_PROCESS(pid) && pf.wire_type == HP_PB_VARINT) {
                 pid = (int32_t)pf.varint;
-            } else if (pf.num == 3 && pf.wire_type == HP_PB_LEN) {
+            } else if (pf.num == PF_PROCESS(cmdline) && pf.wire_type == HP_PB_LEN) {
                 if (n && n < sizeof(line))
                     line[n++] = ' ';
                 size_t c = HP_MIN(pf.len, sizeof(line) - n);
@@ -107,16 +107,16 @@ static int parse_packet(struct rd *rd, const uint8_t *buf, size_t len)
     hp_pb_iter_init(&it, buf, len);
     while (hp_pb_next(&it, &f)) {
         if (f.wire_type == HP_PB_VARINT) {
-            if (f.num == 10)
+            if (f.num == PF_PACKET(trusted_packet_sequence_id))
                 seq_id = (uint32_t)f.varint;
-            else if (f.num == 13)
-                cleared |= (f.varint & 1) != 0; /* SEQ_INCREMENTAL_STATE_CLEARED */
-            else if (f.num == 41)
+            else if (f.num == PF_PACKET(sequence_flags))
+                cleared |= (f.varint & PF_SEQ_INCREMENTAL_STATE_CLEARED) != 0;
+            else if (f.num == PF_PACKET(incremental_state_cleared))
                 cleared |= f.varint != 0;
         } else if (f.wire_type == HP_PB_LEN) {
-            if (f.num == 37)
+            if (f.num == PF_PACKET(profile_packet))
                 profile = true;
-            else if (f.num == 6)
+            else if (f.num == PF_PACKET(clock_snapshot))
                 rd->tp->pub.has_clock_snapshot = true;
         }
     }
@@ -129,15 +129,15 @@ static int parse_packet(struct rd *rd, const uint8_t *buf, size_t len)
     /* Interned data first: the packet's own payload may refer to it. */
     hp_pb_iter_init(&it, buf, len);
     while (r == 0 && hp_pb_next(&it, &f))
-        if (f.num == 12 && f.wire_type == HP_PB_LEN)
+        if (f.num == PF_PACKET(interned_data) && f.wire_type == HP_PB_LEN)
             r = rp__parse_interned(rd, seq, f.ptr, f.len);
     hp_pb_iter_init(&it, buf, len);
     while (r == 0 && hp_pb_next(&it, &f)) {
         if (f.wire_type != HP_PB_LEN)
             continue;
-        if (f.num == 37)
+        if (f.num == PF_PACKET(profile_packet))
             r = rp__parse_profile_packet(rd, seq, f.ptr, f.len);
-        else if (f.num == 2)
+        else if (f.num == PF_PACKET(process_tree))
             r = parse_process_tree(rd, f.ptr, f.len);
     }
     if (profile)
@@ -212,7 +212,7 @@ static int read_file(struct rd *rd, FILE *fp)
                 r = -EBADMSG;
                 break;
             }
-            if ((tag >> 3) != 1) {
+            if ((tag >> 3) != PF_TRACE(packet)) {
                 r = skip_bytes(fp, len); /* not a packet: Trace has no other fields */
                 if (r != 0)
                     break;

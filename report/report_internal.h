@@ -28,6 +28,7 @@
 
 #include "common/containers.h"
 #include "common/strtab.h"
+#include "protos/fields.h"
 #include "report/report.h"
 
 #define READ_MAX_PACKET_BYTES (64u * 1024 * 1024)
@@ -133,7 +134,12 @@ struct rd {
  * out of memory. */
 const char *rp__intern(struct rd *rd, const char *s, size_t len);
 
-/* interned.c: the tables of @seq, empty; rp__seq_tables_done() also frees its arena. */
+/* interned.c: reads varint field @id_num and length-delimited field @bytes_num (cut to
+ * @max bytes; borrowed from @buf) of the message at @buf, the last of each; 0 and NULL
+ * when absent. Returns 0 or -EBADMSG. */
+int rp__parse_id_bytes(const uint8_t *buf, size_t len, uint32_t id_num, uint32_t bytes_num,
+                       size_t max, uint64_t *ret_id, const uint8_t **ret_bytes, size_t *ret_len);
+/* The tables of @seq, empty; rp__seq_tables_done() also frees its arena. */
 void rp__seq_tables_init(struct rd_seq *seq);
 void rp__seq_tables_done(struct rd_seq *seq);
 /* Each parses one interned entry (message at @buf) into the tables of @seq. */
