@@ -29,72 +29,36 @@ void rp__chain_drop(struct rd_seq *seq)
 
 static int parse_stats(struct rd_header *h, const uint8_t *buf, size_t len)
 {
-    struct hp_pb_iter it;
-    struct hp_pb_field f;
-    hp_pb_iter_init(&it, buf, len);
+    static const struct rd_varint fields[] = {
+        {PF_STATS(unwinding_errors), RD_U64(struct rd_header, unwinding_errors)},
+        {PF_STATS(heap_samples), RD_U64(struct rd_header, heap_samples)},
+        {PF_STATS(map_reparses), RD_U64(struct rd_header, map_reparses)},
+        {PF_STATS(total_unwinding_time_us), RD_U64(struct rd_header, total_unwinding_time_us)},
+        {PF_STATS(client_spinlock_blocked_us),
+         RD_U64(struct rd_header, client_spinlock_blocked_us)},
+    };
     h->unwinding_errors = h->heap_samples = h->map_reparses = 0;
     h->total_unwinding_time_us = h->client_spinlock_blocked_us = 0;
-    while (hp_pb_next(&it, &f)) {
-        if (f.wire_type != HP_PB_VARINT)
-            continue;
-        switch (f.num) {
-        case PF_STATS(unwinding_errors):
-            h->unwinding_errors = f.varint;
-            break;
-        case PF_STATS(heap_samples):
-            h->heap_samples = f.varint;
-            break;
-        case PF_STATS(map_reparses):
-            h->map_reparses = f.varint;
-            break;
-        case PF_STATS(total_unwinding_time_us):
-            h->total_unwinding_time_us = f.varint;
-            break;
-        case PF_STATS(client_spinlock_blocked_us):
-            h->client_spinlock_blocked_us = f.varint;
-            break;
-        }
-    }
-    return it.error ? -EBADMSG : 0;
+    return rp__parse_varints(buf, len, fields, HP_ARRAY_SIZE(fields), h);
 }
 
 static int parse_sample(struct rd_pdump *d, const uint8_t *buf, size_t len)
 {
-    struct hp_pb_iter it;
-    struct hp_pb_field f;
+    static const struct rd_varint fields[] = {
+        {PF_SAMPLE(callstack_id), RD_U64(struct rd_sample, callstack_id)},
+        {PF_SAMPLE(self_allocated), RD_U64(struct rd_sample, self_allocated)},
+        {PF_SAMPLE(self_freed), RD_U64(struct rd_sample, self_freed)},
+        {PF_SAMPLE(alloc_count), RD_U64(struct rd_sample, alloc_count)},
+        {PF_SAMPLE(free_count), RD_U64(struct rd_sample, free_count)},
+        {PF_SAMPLE(self_max), RD_U64(struct rd_sample, self_max)},
+        {PF_SAMPLE(self_max_count), RD_U64(struct rd_sample, self_max_count)},
+    };
     struct rd_sample s = {0};
-    hp_pb_iter_init(&it, buf, len);
-    while (hp_pb_next(&it, &f)) {
-        if (f.wire_type != HP_PB_VARINT)
-            continue;
-        switch (f.num) {
-        case PF_SAMPLE(callstack_id):
-            s.callstack_id = f.varint;
-            break;
-        case PF_SAMPLE(self_allocated):
-            s.self_allocated = f.varint;
-            break;
-        case PF_SAMPLE(self_freed):
-            s.self_freed = f.varint;
-            break;
-        case PF_SAMPLE(alloc_count):
-            s.alloc_count = f.varint;
-            break;
-        case PF_SAMPLE(free_count):
-            s.free_count = f.varint;
-            break;
-        case PF_SAMPLE(self_max):
-            s.self_max = f.varint;
-            break;
-        case PF_SAMPLE(self_max_count):
-            s.self_max_count = f.varint;
-            break;
-        }
-    }
-    if (it.error)
-        return -EBADMSG;
+    int r = rp__parse_varints(buf, len, fields, HP_ARRAY_SIZE(fields), &s);
+    if (r < 0)
+        return r;
     uint64_t *idx;
-    int r = hp_map_put(&d->index, s.callstack_id, (void **)&idx);
+    r = hp_map_put(&d->index, s.callstack_id, (void **)&idx);
     if (r < 0)
         return r;
     if (r == 0) {

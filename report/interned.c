@@ -84,6 +84,25 @@ int rp__parse_id_bytes(const uint8_t *buf, size_t len, uint32_t id_num, uint32_t
     return 0;
 }
 
+int rp__parse_varints(const uint8_t *buf, size_t len, const struct rd_varint *fields, size_t n,
+                      void *dst)
+{
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &f)) {
+        if (f.wire_type != HP_PB_VARINT)
+            continue;
+        for (size_t i = 0; i < n; i++) {
+            if (f.num == fields[i].num) {
+                memcpy((uint8_t *)dst + fields[i].offset, &f.varint, sizeof(f.varint));
+                break;
+            }
+        }
+    }
+    return it.error ? -EBADMSG : 0;
+}
+
 int rp__parse_string(struct rd_seq *seq, struct hp_map *table, const uint8_t *buf, size_t len)
 {
     uint64_t iid;
@@ -138,31 +157,17 @@ int rp__parse_mapping(struct rd *rd, struct rd_seq *seq, const uint8_t *buf, siz
                       READ_MAX_COMPONENTS, &iid, &n);
     if (r < 0)
         return r;
+    static const struct rd_varint fields[] = {
+        {PF_MAPPING(build_id), RD_U64(struct rd_mapping, build_id)},
+        {PF_MAPPING(start), RD_U64(struct rd_mapping, start)},
+        {PF_MAPPING(end), RD_U64(struct rd_mapping, end)},
+        {PF_MAPPING(load_bias), RD_U64(struct rd_mapping, load_bias)},
+        {PF_MAPPING(exact_offset), RD_U64(struct rd_mapping, exact_offset)},
+    };
     struct rd_mapping m = {.comps = copy_ids(seq, rd->tmp, n), .n_comps = (uint32_t)n};
-    struct hp_pb_iter it;
-    struct hp_pb_field f;
-    hp_pb_iter_init(&it, buf, len);
-    while (hp_pb_next(&it, &f)) {
-        if (f.wire_type != HP_PB_VARINT)
-            continue;
-        switch (f.num) {
-        case PF_MAPPING(build_id):
-            m.build_id = f.varint;
-            break;
-        case PF_MAPPING(start):
-            m.start = f.varint;
-            break;
-        case PF_MAPPING(end):
-            m.end = f.varint;
-            break;
-        case PF_MAPPING(load_bias):
-            m.load_bias = f.varint;
-            break;
-        case PF_MAPPING(exact_offset):
-            m.exact_offset = f.varint;
-            break;
-        }
-    }
+    r = rp__parse_varints(buf, len, fields, HP_ARRAY_SIZE(fields), &m);
+    if (r < 0)
+        return r;
     struct rd_mapping *slot;
     if ((n && !m.comps) || hp_map_put(&seq->mappings, iid, (void **)&slot) < 0)
         return -ENOMEM;
@@ -189,35 +194,24 @@ int rp__parse_callstack(struct rd *rd, struct rd_seq *seq, const uint8_t *buf, s
 
 int rp__parse_frame(struct rd_seq *seq, const uint8_t *buf, size_t len)
 {
-    struct hp_pb_iter it;
-    struct hp_pb_field f;
-    uint64_t iid = 0;
-    struct rd_frame fr = {0};
-    hp_pb_iter_init(&it, buf, len);
-    while (hp_pb_next(&it, &f)) {
-        if (f.wire_type != HP_PB_VARINT)
-            continue;
-        switch (f.num) {
-        case PF_FRAME(iid):
-            iid = f.varint;
-            break;
-        case PF_FRAME(function_name_id):
-            fr.name_id = f.varint;
-            break;
-        case PF_FRAME(mapping_id):
-            fr.mapping_id = f.varint;
-            break;
-        case PF_FRAME(rel_pc):
-            fr.rel_pc = f.varint;
-            break;
-        }
-    }
-    if (it.error)
-        return -EBADMSG;
+    struct entry {
+        uint64_t iid;
+        struct rd_frame fr;
+    };
+    static const struct rd_varint fields[] = {
+        {PF_FRAME(iid), RD_U64(struct entry, iid)},
+        {PF_FRAME(function_name_id), RD_U64(struct entry, fr.name_id)},
+        {PF_FRAME(mapping_id), RD_U64(struct entry, fr.mapping_id)},
+        {PF_FRAME(rel_pc), RD_U64(struct entry, fr.rel_pc)},
+    };
+    struct entry e = {0};
+    int r = rp__parse_varints(buf, len, fields, HP_ARRAY_SIZE(fields), &e);
+    if (r < 0)
+        return r;
     struct rd_frame *slot;
-    if (hp_map_put(&seq->frames, iid, (void **)&slot) < 0)
+    if (hp_map_put(&seq->frames, e.iid, (void **)&slot) < 0)
         return -ENOMEM;
-    *slot = fr;
+    *slot = e.fr;
     return 0;
 }
 

@@ -139,6 +139,18 @@ const char *rp__intern(struct rd *rd, const char *s, size_t len);
  * when absent. Returns 0 or -EBADMSG. */
 int rp__parse_id_bytes(const uint8_t *buf, size_t len, uint32_t id_num, uint32_t bytes_num,
                        size_t max, uint64_t *ret_id, const uint8_t **ret_bytes, size_t *ret_len);
+/* A varint field and where it is stored: RD_U64(type, member) gives the offset of a
+ * uint64_t member (one of any other type does not compile). */
+struct rd_varint {
+    uint32_t num;
+    uint32_t offset;
+};
+#define RD_U64(type, member) _Generic(((type *)0)->member, uint64_t : offsetof(type, member))
+/* Stores each varint field of the message at @buf that @fields[0..@n) lists (the last
+ * occurrence wins) in its member of @dst; skips all other fields. Returns 0 or
+ * -EBADMSG. */
+int rp__parse_varints(const uint8_t *buf, size_t len, const struct rd_varint *fields, size_t n,
+                      void *dst);
 /* The tables of @seq, empty; rp__seq_tables_done() also frees its arena. */
 void rp__seq_tables_init(struct rd_seq *seq);
 void rp__seq_tables_done(struct rd_seq *seq);
