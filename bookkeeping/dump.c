@@ -35,10 +35,11 @@
 #include "bookkeeping/samples.h"
 #include "common/clock.h"
 #include "common/pbwire.h"
+#include "protos/fields.h"
 #include "protos/trace_packet.pb.h"
 
-#define SEQ_INCREMENTAL_STATE_CLEARED 1u
-#define SEQ_NEEDS_INCREMENTAL_STATE 2u
+_Static_assert(HP_PB_TRACE_PACKET_TAG == (PF_TRACE(packet) << 3 | HP_PB_LEN),
+               "the Trace framing is Trace.packet");
 /* Room for the Trace framing in front of the encoded packet. */
 #define FRAME_HEADROOM (1 + HP_PB_VARINT_MAX)
 
@@ -70,10 +71,15 @@ static const enum bk_str_kind src_str_kind[] = {
     [SRC_BUILD_IDS] = BK_STR_BUILD_ID,
 };
 
-/* InternedData field of each source (samples go in ProcessHeapSamples field 2). */
+/* InternedData field of each source (samples go in ProcessHeapSamples.samples). */
 static const uint32_t src_field[] = {
-    [SRC_FUNCTION_NAMES] = 5, [SRC_MAPPING_PATHS] = 17, [SRC_BUILD_IDS] = 16, [SRC_MAPPINGS] = 19,
-    [SRC_FRAMES] = 6,         [SRC_CALLSTACKS] = 7,     [SRC_SAMPLES] = 2,
+    [SRC_FUNCTION_NAMES] = PF_INTERNED(function_names),
+    [SRC_MAPPING_PATHS] = PF_INTERNED(mapping_paths),
+    [SRC_BUILD_IDS] = PF_INTERNED(build_ids),
+    [SRC_MAPPINGS] = PF_INTERNED(mappings),
+    [SRC_FRAMES] = PF_INTERNED(frames),
+    [SRC_CALLSTACKS] = PF_INTERNED(callstacks),
+    [SRC_SAMPLES] = PF_DUMP(samples),
 };
 
 struct enc {
@@ -208,8 +214,8 @@ static void put_item(bk_t *bk, struct enc *e, enum src src, size_t i, const stru
     case SRC_MAPPING_PATHS:
     case SRC_BUILD_IDS: {
         const struct bk_str *str = &in->str[src_str_kind[src]].v[i];
-        put_uint(e, 1, i);
-        put_tag(e, 2, HP_PB_LEN);
+        put_uint(e, PF_STRING(iid), i);
+        put_tag(e, PF_STRING(str), HP_PB_LEN);
         put_varint(e, str->len);
         memcpy(e->p + e->len, str->s, str->len);
         e->len += str->len;
@@ -217,40 +223,40 @@ static void put_item(bk_t *bk, struct enc *e, enum src src, size_t i, const stru
     }
     case SRC_MAPPINGS: {
         const struct bk_mapping *m = &in->mappings[i];
-        put_uint(e, 1, i);
-        put_uint(e, 2, m->build_id);
-        put_uint(e, 3, m->start_offset);
-        put_uint(e, 4, m->start);
-        put_uint(e, 5, m->end);
-        put_uint(e, 6, m->load_bias);
+        put_uint(e, PF_MAPPING(iid), i);
+        put_uint(e, PF_MAPPING(build_id), m->build_id);
+        put_uint(e, PF_MAPPING(start_offset), m->start_offset);
+        put_uint(e, PF_MAPPING(start), m->start);
+        put_uint(e, PF_MAPPING(end), m->end);
+        put_uint(e, PF_MAPPING(load_bias), m->load_bias);
         /* Repeated integers unpacked, as proto2 (and Perfetto's readers) expect. */
         for (uint32_t c = 0; c < m->n_comps; c++)
-            put_uint(e, 7, m->comps[c]);
-        put_uint(e, 8, m->exact_offset);
+            put_uint(e, PF_MAPPING(path_string_ids), m->comps[c]);
+        put_uint(e, PF_MAPPING(exact_offset), m->exact_offset);
         break;
     }
     case SRC_FRAMES: {
         const struct bk_frame *f = &in->frames[i];
-        put_uint(e, 1, i);
-        put_uint(e, 2, f->function_name_id);
-        put_uint(e, 3, f->mapping_id);
-        put_uint(e, 4, f->rel_pc);
+        put_uint(e, PF_FRAME(iid), i);
+        put_uint(e, PF_FRAME(function_name_id), f->function_name_id);
+        put_uint(e, PF_FRAME(mapping_id), f->mapping_id);
+        put_uint(e, PF_FRAME(rel_pc), f->rel_pc);
         break;
     }
     case SRC_CALLSTACKS: /* put_callstacks() */
         break;
     case SRC_SAMPLES: {
         const struct bk_site *s = &h->sites[i];
-        put_uint(e, 1, s->callstack_id);
-        put_uint(e, 2, s->allocated);
-        put_uint(e, 3, s->freed);
-        put_uint(e, 5, s->alloc_count);
-        put_uint(e, 6, s->free_count);
+        put_uint(e, PF_SAMPLE(callstack_id), s->callstack_id);
+        put_uint(e, PF_SAMPLE(self_allocated), s->allocated);
+        put_uint(e, PF_SAMPLE(self_freed), s->freed);
+        put_uint(e, PF_SAMPLE(alloc_count), s->alloc_count);
+        put_uint(e, PF_SAMPLE(free_count), s->free_count);
         if (bk->dump_at_max && h->track_peak) {
             uint64_t mb, mc;
             bk__site_at_peak(h, i, &mb, &mc);
-            put_uint(e, 8, mb);
-            put_uint(e, 9, mc);
+            put_uint(e, PF_SAMPLE(self_max), mb);
+            put_uint(e, PF_SAMPLE(self_max_count), mc);
         }
         break;
     }
@@ -335,23 +341,23 @@ static void put_stats(struct enc *e, const struct bk_proc *p)
     _Static_assert(HP_ARRAY_SIZE(bounds) == HP_ARRAY_SIZE(p->stats.unwinding_time_hist),
                    "one bound per histogram bucket");
     const struct bk_process_stats *s = &p->stats;
-    size_t st = open4(e, 5);
-    put_uint(e, 1, s->unwinding_errors);
-    put_uint(e, 2, s->heap_samples);
-    put_uint(e, 3, s->map_reparses);
-    size_t hist = open4(e, 4);
+    size_t st = open4(e, PF_DUMP(stats));
+    put_uint(e, PF_STATS(unwinding_errors), s->unwinding_errors);
+    put_uint(e, PF_STATS(heap_samples), s->heap_samples);
+    put_uint(e, PF_STATS(map_reparses), s->map_reparses);
+    size_t hist = open4(e, PF_STATS(unwinding_time_us));
     for (size_t i = 0; i < HP_ARRAY_SIZE(bounds); i++) {
-        size_t b = open4(e, 1);
+        size_t b = open4(e, PF_HISTOGRAM(buckets));
         if (bounds[i] == UINT64_MAX)
-            put_uint(e, 2, 1); /* max_bucket */
+            put_uint(e, PF_BUCKET(max_bucket), 1);
         else
-            put_uint(e, 1, bounds[i]);
-        put_uint(e, 3, s->unwinding_time_hist[i]);
+            put_uint(e, PF_BUCKET(upper_limit), bounds[i]);
+        put_uint(e, PF_BUCKET(count), s->unwinding_time_hist[i]);
         close4(e, b);
     }
     close4(e, hist);
-    put_uint(e, 5, s->total_unwinding_time_us);
-    put_uint(e, 6, s->client_spinlock_blocked_us);
+    put_uint(e, PF_STATS(total_unwinding_time_us), s->total_unwinding_time_us);
+    put_uint(e, PF_STATS(client_spinlock_blocked_us), s->client_spinlock_blocked_us);
     close4(e, st);
 }
 
@@ -361,15 +367,15 @@ static void put_stats(struct enc *e, const struct bk_proc *p)
 static void put_flags_stats(struct enc *e, const struct bk_proc *p)
 {
     bool overran = (p->flags & BK_FLAG_BUFFER_OVERRAN) || p->stats.records_dropped;
-    put_uint(e, 6, !!(p->flags & BK_FLAG_DISCONNECTED));
-    put_uint(e, 7, overran);
-    put_uint(e, 8, !!(p->flags & BK_FLAG_BUFFER_CORRUPTED));
-    put_uint(e, 10, !!(p->flags & BK_FLAG_HIT_GUARDRAIL));
+    put_uint(e, PF_DUMP(disconnected), !!(p->flags & BK_FLAG_DISCONNECTED));
+    put_uint(e, PF_DUMP(buffer_overran), overran);
+    put_uint(e, PF_DUMP(buffer_corrupted), !!(p->flags & BK_FLAG_BUFFER_CORRUPTED));
+    put_uint(e, PF_DUMP(hit_guardrail), !!(p->flags & BK_FLAG_HIT_GUARDRAIL));
     if (p->flags & BK_FLAG_CLIENT_ERROR) {
         /* As heapprofd: a client error with dropped records is a timeout of a blocking
          * client; any other one is a bad stack. */
         put_uint(
-            e, 14,
+            e, PF_DUMP(client_error),
             overran
                 ? perfetto_protos_ProfilePacket_ProcessHeapSamples_ClientError_CLIENT_ERROR_HIT_TIMEOUT
                 : perfetto_protos_ProfilePacket_ProcessHeapSamples_ClientError_CLIENT_ERROR_INVALID_STACK_BOUNDS);
@@ -492,7 +498,8 @@ static void fill_clock_snapshot(perfetto_protos_TracePacket *pkt)
 static bool encode_empty_string_cb(pb_ostream_t *s, const pb_field_iter_t *field, void *const *arg)
 {
     (void)arg;
-    static const uint8_t empty[] = {0x08, 0x00, 0x12, 0x00};
+    static const uint8_t empty[] = {PF_STRING(iid) << 3 | HP_PB_VARINT, 0,
+                                    PF_STRING(str) << 3 | HP_PB_LEN, 0};
     return pb_encode_tag_for_field(s, field) && pb_encode_string(s, empty, sizeof(empty));
 }
 
@@ -501,7 +508,7 @@ int bk__write_start(bk_t *bk)
     perfetto_protos_TracePacket pkt = packet_new(bk, 0);
     fill_clock_snapshot(&pkt);
     pkt.has_sequence_flags = true;
-    pkt.sequence_flags = SEQ_INCREMENTAL_STATE_CLEARED;
+    pkt.sequence_flags = PF_SEQ_INCREMENTAL_STATE_CLEARED;
     /* iid 0 = "" in each string table, as Perfetto's readers expect for "no name",
      * "no path" and "no build id". */
     pkt.has_interned_data = true;
@@ -600,9 +607,9 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
         struct enc e = {.p = bk->buf.p};
         if (!enc_reserve(bk, &e, fixed + 64))
             return -ENOMEM;
-        put_uint(&e, 8, ts_boot);
-        put_uint(&e, 10, bk->sequence_id);
-        put_uint(&e, 13, SEQ_NEEDS_INCREMENTAL_STATE);
+        put_uint(&e, PF_PACKET(timestamp), ts_boot);
+        put_uint(&e, PF_PACKET(trusted_packet_sequence_id), bk->sequence_id);
+        put_uint(&e, PF_PACKET(sequence_flags), PF_SEQ_NEEDS_INCREMENTAL_STATE);
         const size_t start = e.len;
         size_t used = 0;
         bool any = false;
@@ -614,7 +621,7 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
                 if (interned == SIZE_MAX) {
                     if (!enc_reserve(bk, &e, 16))
                         return -ENOMEM;
-                    interned = open4(&e, 12);
+                    interned = open4(&e, PF_PACKET(interned_data));
                 }
                 put_callstacks(bk, &e, &begin[src], &cs_off, &used, budget, &any);
                 if (begin[src] < limit[src])
@@ -628,7 +635,7 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
                 if (interned == SIZE_MAX) {
                     if (!enc_reserve(bk, &e, 16))
                         return -ENOMEM;
-                    interned = open4(&e, 12);
+                    interned = open4(&e, PF_PACKET(interned_data));
                 }
                 if (!enc_reserve(bk, &e, bound + HP_PB_VARINT_MAX))
                     return -ENOMEM;
@@ -643,19 +650,19 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
             close4(&e, interned);
         if (!enc_reserve(bk, &e, 64 + heap_name_len))
             return -ENOMEM;
-        size_t pp = open4(&e, 37);
-        size_t hs = open4(&e, 5);
-        put_uint(&e, 1, (uint64_t)(uint32_t)p->pid);
-        put_uint(&e, 3, p->from_startup);
-        put_uint(&e, 9, ts_coarse);
-        put_tag(&e, 11, HP_PB_LEN);
+        size_t pp = open4(&e, PF_PACKET(profile_packet));
+        size_t hs = open4(&e, PF_PROFILE(process_dumps));
+        put_uint(&e, PF_DUMP(pid), (uint64_t)(uint32_t)p->pid);
+        put_uint(&e, PF_DUMP(from_startup), p->from_startup);
+        put_uint(&e, PF_DUMP(timestamp), ts_coarse);
+        put_tag(&e, PF_DUMP(heap_name), HP_PB_LEN);
         put_varint(&e, heap_name_len);
         memcpy(e.p + e.len, heap_name, heap_name_len);
         e.len += heap_name_len;
-        put_uint(&e, 12, p->sampling_interval_bytes);
+        put_uint(&e, PF_DUMP(sampling_interval_bytes), p->sampling_interval_bytes);
         /* Equal to the interval: it was not adjusted. Perfetto's trace processor also
          * reads this as "self_max_count is trustworthy". */
-        put_uint(&e, 13, p->sampling_interval_bytes);
+        put_uint(&e, PF_DUMP(orig_sampling_interval_bytes), p->sampling_interval_bytes);
         if (src == SRC_SAMPLES &&
             !put_samples(bk, &e, heap, &begin[src], limit[src], &used, budget, &any))
             return -ENOMEM;
@@ -665,8 +672,8 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
         if (last)
             put_flags_stats(&e, p);
         close4(&e, hs);
-        put_uint(&e, 6, !last);
-        put_uint(&e, 7, bk->next_packet_index);
+        put_uint(&e, PF_PROFILE(continued), !last);
+        put_uint(&e, PF_PROFILE(index), bk->next_packet_index);
         close4(&e, pp);
         if (e.len + e.ext_len - start > MAX_LEN4)
             return -E2BIG; /* cannot happen: items are bounded and so is the budget */
@@ -696,8 +703,6 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
 
 /* ---- source lines: ModuleSymbols packets ---- */
 
-#define TRACE_PACKET_MODULE_SYMBOLS 61
-
 /* Appends @body (a complete TracePacket) to the output as one Trace.packet. */
 static int write_raw_packet(bk_t *bk, const uint8_t *body, size_t len)
 {
@@ -717,16 +722,16 @@ static int flush_module(bk_t *bk, struct module_syms *ms)
     const struct bk_mapping *m = &in->mappings[ms->mapping_id];
     const struct bk_str *bid = &in->str[BK_STR_BUILD_ID].v[m->build_id];
     struct hp_pbw mod = {0}, pkt = {0};
-    hp_pbw_len(&mod, 1, m->path, m->path_len);
+    hp_pbw_len(&mod, PF_MODULE(path), m->path, m->path_len);
     /* Raw build id bytes, as Perfetto's ModuleSymbols.build_id wants them. */
     if (bid->len)
-        hp_pbw_len(&mod, 2, bid->s, bid->len);
+        hp_pbw_len(&mod, PF_MODULE(build_id), bid->s, bid->len);
     hp_pbw_bytes(&mod, ms->syms.p, ms->syms.len);
     mod.oom |= ms->syms.oom;
     ms->syms.len = 0;
-    hp_pbw_uint_always(&pkt, 8, hp_clock_ns(CLOCK_BOOTTIME));
-    hp_pbw_uint_always(&pkt, 10, bk->sequence_id);
-    hp_pbw_msg(&pkt, TRACE_PACKET_MODULE_SYMBOLS, &mod);
+    hp_pbw_uint_always(&pkt, PF_PACKET(timestamp), hp_clock_ns(CLOCK_BOOTTIME));
+    hp_pbw_uint_always(&pkt, PF_PACKET(trusted_packet_sequence_id), bk->sequence_id);
+    hp_pbw_msg(&pkt, PF_PACKET(module_symbols), &mod);
     int r = pkt.oom ? -ENOMEM : write_raw_packet(bk, pkt.p, pkt.len);
     free(mod.p);
     free(pkt.p);
@@ -760,11 +765,11 @@ static int write_source_lines(bk_t *bk)
             continue;
         const struct bk_str *name = &in->str[BK_STR_FUNCTION].v[f->function_name_id];
         if (name->len)
-            hp_pbw_len(&line, 1, name->s, name->len);
-        hp_pbw_len(&line, 2, file, strnlen(file, BK_MAX_STRING_BYTES));
-        hp_pbw_uint_always(&line, 3, lineno);
-        hp_pbw_uint_always(&sym, 1, f->rel_pc);
-        hp_pbw_msg(&sym, 2, &line);
+            hp_pbw_len(&line, PF_LINE(function_name), name->s, name->len);
+        hp_pbw_len(&line, PF_LINE(source_file_name), file, strnlen(file, BK_MAX_STRING_BYTES));
+        hp_pbw_uint_always(&line, PF_LINE(line_number), lineno);
+        hp_pbw_uint_always(&sym, PF_ADDRESS(address), f->rel_pc);
+        hp_pbw_msg(&sym, PF_ADDRESS(lines), &line);
 
         uint64_t *slot;
         int put = hp_map_put(&index, f->mapping_id, (void **)&slot);
@@ -780,7 +785,7 @@ static int write_source_lines(bk_t *bk)
             *slot = n_mods++;
         }
         struct module_syms *ms = &mods[*slot];
-        hp_pbw_msg(&ms->syms, 3, &sym);
+        hp_pbw_msg(&ms->syms, PF_MODULE(address_symbols), &sym);
         bk->counters.source_lines++;
         if (ms->syms.len + 2 * BK_MAX_STRING_BYTES > bk->max_packet_bytes)
             r = flush_module(bk, ms);

@@ -21,10 +21,18 @@
 
 #include "common/containers.h"
 #include "common/pbwire.h"
+#include "protos/fields.h"
+
+/* Every interned entry has its iid in the same field. */
+#define IID PF_STRING(iid)
+_Static_assert(PF_MAPPING(iid) == IID && PF_FRAME(iid) == IID && PF_CALLSTACK(iid) == IID,
+               "one iid field for every table");
+/* The InternedData tables checked: the fields below this one. */
+#define N_TABLES (PF_INTERNED(mappings) + 1)
 
 struct seq {
     uint32_t id;
-    struct hp_map defined[20]; /* by InternedData field number: iid -> nothing */
+    struct hp_map defined[N_TABLES]; /* by InternedData field number: iid -> nothing */
     uint64_t next_index;
     bool in_dump;
 };
@@ -99,9 +107,9 @@ static bool check_interned(struct checker *c, struct seq *s, const uint8_t *p, s
     /* Definitions first: a packet may refer to entries it defines itself. */
     hp_pb_iter_init(&it, p, len);
     while (hp_pb_next(&it, &f)) {
-        if (f.wire_type != HP_PB_LEN || f.num >= 20)
+        if (f.wire_type != HP_PB_LEN || f.num >= N_TABLES)
             continue;
-        uint64_t iid = varint_field(f.ptr, f.len, 1, UINT64_MAX);
+        uint64_t iid = varint_field(f.ptr, f.len, IID, UINT64_MAX);
         void *v;
         int r = hp_map_put(&s->defined[f.num], iid, &v);
         if (r < 0)
@@ -111,17 +119,19 @@ static bool check_interned(struct checker *c, struct seq *s, const uint8_t *p, s
     }
     if (it.error)
         FAIL(c, "malformed interned data");
-    static const uint32_t map_f[] = {2, 7}, map_t[] = {16, 17};
-    static const uint32_t frame_f[] = {2, 3}, frame_t[] = {5, 19};
-    static const uint32_t cs_f[] = {2}, cs_t[] = {6};
+    static const uint32_t map_f[] = {PF_MAPPING(build_id), PF_MAPPING(path_string_ids)},
+                          map_t[] = {PF_INTERNED(build_ids), PF_INTERNED(mapping_paths)};
+    static const uint32_t frame_f[] = {PF_FRAME(function_name_id), PF_FRAME(mapping_id)},
+                          frame_t[] = {PF_INTERNED(function_names), PF_INTERNED(mappings)};
+    static const uint32_t cs_f[] = {PF_CALLSTACK(frame_ids)}, cs_t[] = {PF_INTERNED(frames)};
     hp_pb_iter_init(&it, p, len);
     while (hp_pb_next(&it, &f)) {
         bool ok = true;
-        if (f.num == 19)
+        if (f.num == PF_INTERNED(mappings))
             ok = check_refs(c, s, f.ptr, f.len, map_f, map_t, 2);
-        else if (f.num == 6)
+        else if (f.num == PF_INTERNED(frames))
             ok = check_refs(c, s, f.ptr, f.len, frame_f, frame_t, 2);
-        else if (f.num == 7)
+        else if (f.num == PF_INTERNED(callstacks))
             ok = check_refs(c, s, f.ptr, f.len, cs_f, cs_t, 1);
         if (!ok)
             return false;
@@ -131,24 +141,26 @@ static bool check_interned(struct checker *c, struct seq *s, const uint8_t *p, s
 
 static bool check_samples(struct checker *c, struct seq *s, const uint8_t *p, size_t len)
 {
-    uint64_t pid = varint_field(p, len, 1, 0);
+    uint64_t pid = varint_field(p, len, PF_DUMP(pid), 0);
     uint64_t heap = 0;
     struct hp_pb_iter it;
     struct hp_pb_field f;
     hp_pb_iter_init(&it, p, len);
     while (hp_pb_next(&it, &f))
-        if (f.num == 11 && f.wire_type == HP_PB_LEN)
+        if (f.num == PF_DUMP(heap_name) && f.wire_type == HP_PB_LEN)
             heap = hp_hash_bytes(f.ptr, f.len, 3);
     hp_pb_iter_init(&it, p, len);
     while (hp_pb_next(&it, &f)) {
-        if (f.num != 2 || f.wire_type != HP_PB_LEN)
+        if (f.num != PF_DUMP(samples) || f.wire_type != HP_PB_LEN)
             continue;
-        static const uint32_t sf[] = {1}, st[] = {7};
+        static const uint32_t sf[] = {PF_SAMPLE(callstack_id)}, st[] = {PF_INTERNED(callstacks)};
         if (!check_refs(c, s, f.ptr, f.len, sf, st, 1))
             return false;
-        uint64_t cs = varint_field(f.ptr, f.len, 1, 0);
-        uint64_t v[4] = {varint_field(f.ptr, f.len, 2, 0), varint_field(f.ptr, f.len, 3, 0),
-                         varint_field(f.ptr, f.len, 5, 0), varint_field(f.ptr, f.len, 6, 0)};
+        uint64_t cs = varint_field(f.ptr, f.len, PF_SAMPLE(callstack_id), 0);
+        uint64_t v[4] = {varint_field(f.ptr, f.len, PF_SAMPLE(self_allocated), 0),
+                         varint_field(f.ptr, f.len, PF_SAMPLE(self_freed), 0),
+                         varint_field(f.ptr, f.len, PF_SAMPLE(alloc_count), 0),
+                         varint_field(f.ptr, f.len, PF_SAMPLE(free_count), 0)};
         if (v[1] > v[0] || v[3] > v[2])
             FAIL(c, "pid %llu callstack %llu: more freed than allocated", (unsigned long long)pid,
                  (unsigned long long)cs);
@@ -171,11 +183,11 @@ static bool check_samples(struct checker *c, struct seq *s, const uint8_t *p, si
 static bool check_packet(struct checker *c, const uint8_t *p, size_t len)
 {
     c->packets++;
-    uint64_t seq_id = varint_field(p, len, 10, 0);
-    uint64_t flags = varint_field(p, len, 13, 0);
+    uint64_t seq_id = varint_field(p, len, PF_PACKET(trusted_packet_sequence_id), 0);
+    uint64_t flags = varint_field(p, len, PF_PACKET(sequence_flags), 0);
     if (!seq_id)
         FAIL(c, "no trusted_packet_sequence_id");
-    if (varint_field(p, len, 8, UINT64_MAX) == UINT64_MAX)
+    if (varint_field(p, len, PF_PACKET(timestamp), UINT64_MAX) == UINT64_MAX)
         FAIL(c, "no timestamp");
     struct seq *s = NULL;
     for (size_t i = 0; i < c->n_seqs && !s; i++)
@@ -188,7 +200,7 @@ static bool check_packet(struct checker *c, const uint8_t *p, size_t len)
         s->id = (uint32_t)seq_id;
         for (size_t k = 0; k < HP_ARRAY_SIZE(s->defined); k++)
             hp_map_init(&s->defined[k], 0);
-        if (!(flags & 1))
+        if (!(flags & PF_SEQ_INCREMENTAL_STATE_CLEARED))
             FAIL(c, "the first packet of sequence %llu does not clear incremental state",
                  (unsigned long long)seq_id);
     }
@@ -196,31 +208,33 @@ static bool check_packet(struct checker *c, const uint8_t *p, size_t len)
     struct hp_pb_field f;
     hp_pb_iter_init(&it, p, len);
     while (hp_pb_next(&it, &f)) {
-        if (f.num == 6 && f.wire_type == HP_PB_LEN)
+        if (f.num == PF_PACKET(clock_snapshot) && f.wire_type == HP_PB_LEN)
             c->clock = true;
-        if (f.num == 12 && f.wire_type == HP_PB_LEN && !check_interned(c, s, f.ptr, f.len))
+        if (f.num == PF_PACKET(interned_data) && f.wire_type == HP_PB_LEN &&
+            !check_interned(c, s, f.ptr, f.len))
             return false;
     }
     hp_pb_iter_init(&it, p, len);
     while (hp_pb_next(&it, &f)) {
-        if (f.num != 37 || f.wire_type != HP_PB_LEN)
+        if (f.num != PF_PACKET(profile_packet) || f.wire_type != HP_PB_LEN)
             continue;
         c->profiles++;
         if (!c->clock)
             FAIL(c, "profile before any clock snapshot");
-        if (!(flags & 2))
+        if (!(flags & PF_SEQ_NEEDS_INCREMENTAL_STATE))
             FAIL(c, "profile packet without SEQ_NEEDS_INCREMENTAL_STATE");
-        uint64_t index = varint_field(f.ptr, f.len, 7, UINT64_MAX);
+        uint64_t index = varint_field(f.ptr, f.len, PF_PROFILE(index), UINT64_MAX);
         if (index != s->next_index)
             FAIL(c, "index %llu, expected %llu", (unsigned long long)index,
                  (unsigned long long)s->next_index);
         s->next_index++;
-        bool continued = varint_field(f.ptr, f.len, 6, 0) != 0;
+        bool continued = varint_field(f.ptr, f.len, PF_PROFILE(continued), 0) != 0;
         struct hp_pb_iter pi;
         struct hp_pb_field pf;
         hp_pb_iter_init(&pi, f.ptr, f.len);
         while (hp_pb_next(&pi, &pf))
-            if (pf.num == 5 && pf.wire_type == HP_PB_LEN && !check_samples(c, s, pf.ptr, pf.len))
+            if (pf.num == PF_PROFILE(process_dumps) && pf.wire_type == HP_PB_LEN &&
+                !check_samples(c, s, pf.ptr, pf.len))
                 return false;
         s->in_dump = continued;
         c->dumps += !continued;
@@ -259,7 +273,7 @@ static bool check_file(const char *path)
     struct hp_pb_field f;
     hp_pb_iter_init(&it, buf, len);
     while (ok && hp_pb_next(&it, &f)) {
-        if (f.num != 1 || f.wire_type != HP_PB_LEN) {
+        if (f.num != PF_TRACE(packet) || f.wire_type != HP_PB_LEN) {
             fprintf(stderr, "%s: not a Trace.packet field\n", path);
             ok = false;
         } else {
