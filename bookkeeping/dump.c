@@ -14,7 +14,8 @@
  * budget, so a packet is complete when written and everything it refers to was defined
  * in it or before it. Flags and stats go in the last packet of the dump only, so
  * readers that add them up per packet count each once. After the dump, ModuleSymbols
- * packets give source lines of the new frames.
+ * packets give source lines of the new frames (bookkeeping/symbols.c); the packets go
+ * out through bookkeeping/output.c.
  *
  * Profile packets are encoded by hand in one pass (the bench measured nanopb's
  * size-then-write passes at hundreds of times a copy of the same bytes); the rare small
@@ -40,8 +41,6 @@
 
 _Static_assert(HP_PB_TRACE_PACKET_TAG == (PF_TRACE(packet) << 3 | HP_PB_LEN),
                "the Trace framing is Trace.packet");
-/* Room for the Trace framing in front of the encoded packet. */
-#define FRAME_HEADROOM (1 + HP_PB_VARINT_MAX)
 
 /* ---- direct encoding ----
  *
@@ -383,188 +382,6 @@ static void put_flags_stats(struct enc *e, const struct bk_proc *p)
     put_stats(e, p);
 }
 
-/* ---- output ---- */
-
-static bool buf_write_cb(pb_ostream_t *s, const pb_byte_t *b, size_t n)
-{
-    struct bk_buf *buf = s->state;
-    if (hp_grow((void **)&buf->p, &buf->cap, buf->len + n, 1) < 0)
-        return false;
-    memcpy(buf->p + buf->len, b, n);
-    buf->len += n;
-    return true;
-}
-
-/* Writes all bytes of @iov[0..@n) (pipes and sockets may take part of them per call);
- * @iov is consumed. */
-static int writev_all(int fd, struct iovec *iov, int n)
-{
-    for (;;) {
-        while (n > 0 && iov->iov_len == 0) {
-            iov++;
-            n--;
-        }
-        if (n == 0)
-            return 0;
-        ssize_t w = writev(fd, iov, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        if (w == 0)
-            return -EIO;
-        for (size_t left = (size_t)w; left;) {
-            size_t k = HP_MIN(left, iov->iov_len);
-            iov->iov_base = (uint8_t *)iov->iov_base + k;
-            iov->iov_len -= k;
-            left -= k;
-            if (iov->iov_len == 0) {
-                iov++;
-                n--;
-            }
-        }
-    }
-}
-
-/* Appends one Trace.packet: the frame header for @len bytes of packet, then the packet,
- * in the pieces @iov[1..@n) (iov[0] is the header's). After a failed write nothing more
- * is written, so the file stays a valid trace up to a possibly truncated last packet
- * (which readers skip). */
-static int write_framed(bk_t *bk, struct iovec *iov, int n, size_t len)
-{
-    if (bk->out_broken)
-        return bk->counters.last_write_error;
-    uint8_t hdr[FRAME_HEADROOM];
-    size_t hlen = hp_pb_put_packet_header(hdr, len);
-    iov[0] = (struct iovec){hdr, hlen};
-    int r = writev_all(bk->out_fd, iov, n);
-    if (r < 0) {
-        bk->counters.last_write_error = r;
-        bk->out_broken = true;
-        return r;
-    }
-    bk->counters.packets_written++;
-    bk->counters.bytes_written += hlen + len;
-    return 0;
-}
-
-/* Encodes @pkt and appends it to the output as one Trace.packet field. */
-static int write_packet(bk_t *bk, const perfetto_protos_TracePacket *pkt)
-{
-    if (bk->out_broken)
-        return bk->counters.last_write_error;
-    struct bk_buf *buf = &bk->buf;
-    buf->len = 0;
-    pb_ostream_t os = {.callback = buf_write_cb, .state = buf, .max_size = SIZE_MAX};
-    if (!pb_encode(&os, perfetto_protos_TracePacket_fields, pkt))
-        return -ENOMEM; /* the only way a growable buffer fails */
-    struct iovec iov[2] = {{0}, {buf->p, buf->len}};
-    return write_framed(bk, iov, 2, buf->len);
-}
-
-static perfetto_protos_TracePacket packet_new(const bk_t *bk, uint64_t ts_boot_ns)
-{
-    perfetto_protos_TracePacket pkt = perfetto_protos_TracePacket_init_zero;
-    pkt.has_timestamp = true;
-    pkt.timestamp = ts_boot_ns;
-    pkt.has_trusted_packet_sequence_id = true;
-    pkt.trusted_packet_sequence_id = bk->sequence_id;
-    return pkt;
-}
-
-static void fill_clock_snapshot(perfetto_protos_TracePacket *pkt)
-{
-    /* Read back to back so the three readings describe one instant. */
-    uint64_t boot = hp_clock_ns(CLOCK_BOOTTIME);
-    uint64_t coarse = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
-    uint64_t mono = hp_clock_ns(CLOCK_MONOTONIC);
-    pkt->timestamp = boot;
-    pkt->which_data = perfetto_protos_TracePacket_clock_snapshot_tag;
-    perfetto_protos_ClockSnapshot *cs = &pkt->data.clock_snapshot;
-    *cs = (perfetto_protos_ClockSnapshot)perfetto_protos_ClockSnapshot_init_zero;
-    cs->clocks_count = 3;
-    cs->clocks[0] = (perfetto_protos_ClockSnapshot_Clock){
-        true, perfetto_protos_BuiltinClock_BUILTIN_CLOCK_BOOTTIME, true, boot};
-    cs->clocks[1] = (perfetto_protos_ClockSnapshot_Clock){
-        true, perfetto_protos_BuiltinClock_BUILTIN_CLOCK_MONOTONIC_COARSE, true, coarse};
-    cs->clocks[2] = (perfetto_protos_ClockSnapshot_Clock){
-        true, perfetto_protos_BuiltinClock_BUILTIN_CLOCK_MONOTONIC, true, mono};
-    cs->has_primary_trace_clock = true;
-    cs->primary_trace_clock = perfetto_protos_BuiltinClock_BUILTIN_CLOCK_BOOTTIME;
-}
-
-/* One InternedString {iid: 0, str: ""}. */
-static bool encode_empty_string_cb(pb_ostream_t *s, const pb_field_iter_t *field, void *const *arg)
-{
-    (void)arg;
-    static const uint8_t empty[] = {PF_STRING(iid) << 3 | HP_PB_VARINT, 0,
-                                    PF_STRING(str) << 3 | HP_PB_LEN, 0};
-    return pb_encode_tag_for_field(s, field) && pb_encode_string(s, empty, sizeof(empty));
-}
-
-int bk__write_start(bk_t *bk)
-{
-    perfetto_protos_TracePacket pkt = packet_new(bk, 0);
-    fill_clock_snapshot(&pkt);
-    pkt.has_sequence_flags = true;
-    pkt.sequence_flags = PF_SEQ_INCREMENTAL_STATE_CLEARED;
-    /* iid 0 = "" in each string table, as Perfetto's readers expect for "no name",
-     * "no path" and "no build id". */
-    pkt.has_interned_data = true;
-    pkt.interned_data.function_names.funcs.encode = encode_empty_string_cb;
-    pkt.interned_data.mapping_paths.funcs.encode = encode_empty_string_cb;
-    pkt.interned_data.build_ids.funcs.encode = encode_empty_string_cb;
-    int r = write_packet(bk, &pkt);
-    if (r < 0)
-        return r;
-    for (int k = 0; k < BK_STR_KINDS; k++)
-        bk->emitted_str[k] = 1;
-    return 0;
-}
-
-int bk__write_clock_snapshot(bk_t *bk)
-{
-    perfetto_protos_TracePacket pkt = packet_new(bk, 0);
-    fill_clock_snapshot(&pkt);
-    return write_packet(bk, &pkt);
-}
-
-static bool encode_cmdline_cb(pb_ostream_t *s, const pb_field_iter_t *field, void *const *arg)
-{
-    const struct bk_proc *p = *arg;
-    size_t i = 0;
-    while (i < p->cmdline_len) {
-        size_t n = strnlen(p->cmdline + i, p->cmdline_len - i);
-        if (!pb_encode_tag_for_field(s, field) ||
-            !pb_encode_string(s, (const pb_byte_t *)p->cmdline + i, n))
-            return false;
-        i += n + 1; /* a final NUL ends the last argument; it does not start another */
-    }
-    return true;
-}
-
-static bool encode_process_cb(pb_ostream_t *s, const pb_field_iter_t *field, void *const *arg)
-{
-    const struct bk_proc *p = *arg;
-    perfetto_protos_ProcessTree_Process proc = perfetto_protos_ProcessTree_Process_init_zero;
-    proc.has_pid = true;
-    proc.pid = p->pid;
-    proc.cmdline.funcs.encode = encode_cmdline_cb;
-    proc.cmdline.arg = (void *)p;
-    return pb_encode_tag_for_field(s, field) &&
-           pb_encode_submessage(s, perfetto_protos_ProcessTree_Process_fields, &proc);
-}
-
-int bk__write_process_tree(bk_t *bk, const struct bk_proc *p)
-{
-    perfetto_protos_TracePacket pkt = packet_new(bk, hp_clock_ns(CLOCK_BOOTTIME));
-    pkt.which_data = perfetto_protos_TracePacket_process_tree_tag;
-    pkt.data.process_tree.processes.funcs.encode = encode_process_cb;
-    pkt.data.process_tree.processes.arg = (void *)p;
-    return write_packet(bk, &pkt);
-}
-
 /* Encodes and writes one heap's dump: packets filled with, in order, the new strings,
  * mappings, frames and callstacks, then the heap's samples, each packet closed when the
  * next item would pass the size bound (an item bigger than a whole packet goes alone).
@@ -599,7 +416,7 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
     bk__heap_name(heap->heap_id, heap_name, sizeof(heap_name));
     size_t heap_name_len = strlen(heap_name);
     /* Headers, the ProcessHeapSamples fields, flags and stats, with room to spare. */
-    const size_t fixed = FRAME_HEADROOM + 128 + heap_name_len + FLAGS_STATS_BOUND;
+    const size_t fixed = BK_FRAME_HEADROOM + 128 + heap_name_len + FLAGS_STATS_BOUND;
     const size_t budget = bk->max_packet_bytes > fixed ? bk->max_packet_bytes - fixed : 0;
 
     int src = 0;
@@ -681,7 +498,7 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
                                {e.p, e.ext ? e.ext_at : e.len},
                                {(void *)e.ext, e.ext_len},
                                {e.p + e.ext_at, e.ext ? e.len - e.ext_at : 0}};
-        int r = write_framed(bk, iov, 4, e.len + e.ext_len);
+        int r = bk__write_framed(bk, iov, 4, e.len + e.ext_len);
         if (r < 0)
             return r;
         bk->next_packet_index++;
@@ -701,108 +518,6 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
     }
 }
 
-/* ---- source lines: ModuleSymbols packets ---- */
-
-/* Appends @body (a complete TracePacket) to the output as one Trace.packet. */
-static int write_raw_packet(bk_t *bk, const uint8_t *body, size_t len)
-{
-    struct iovec iov[2] = {{0}, {(void *)body, len}};
-    return write_framed(bk, iov, 2, len);
-}
-
-/* The address_symbols of one mapping, as they are collected. */
-struct module_syms {
-    uint32_t mapping_id;
-    struct hp_pbw syms;
-};
-
-static int flush_module(bk_t *bk, struct module_syms *ms)
-{
-    const struct bk_intern *in = &bk->in;
-    const struct bk_mapping *m = &in->mappings[ms->mapping_id];
-    const struct bk_str *bid = &in->str[BK_STR_BUILD_ID].v[m->build_id];
-    struct hp_pbw mod = {0}, pkt = {0};
-    hp_pbw_len(&mod, PF_MODULE(path), m->path, m->path_len);
-    /* Raw build id bytes, as Perfetto's ModuleSymbols.build_id wants them. */
-    if (bid->len)
-        hp_pbw_len(&mod, PF_MODULE(build_id), bid->s, bid->len);
-    hp_pbw_bytes(&mod, ms->syms.p, ms->syms.len);
-    mod.oom |= ms->syms.oom;
-    ms->syms.len = 0;
-    hp_pbw_uint_always(&pkt, PF_PACKET(timestamp), hp_clock_ns(CLOCK_BOOTTIME));
-    hp_pbw_uint_always(&pkt, PF_PACKET(trusted_packet_sequence_id), bk->sequence_id);
-    hp_pbw_msg(&pkt, PF_PACKET(module_symbols), &mod);
-    int r = pkt.oom ? -ENOMEM : write_raw_packet(bk, pkt.p, pkt.len);
-    free(mod.p);
-    free(pkt.p);
-    return r;
-}
-
-/* Offers the frames written since the last call to the source_line callback and writes
- * what it knows as ModuleSymbols packets, one or more per mapping, each below the packet
- * size bound. */
-static int write_source_lines(bk_t *bk)
-{
-    struct bk_intern *in = &bk->in;
-    size_t end = bk->emitted_frames;
-    if (!bk->source_line || bk->symbolized_frames >= end) {
-        bk->symbolized_frames = HP_MAX(bk->symbolized_frames, end);
-        return 0;
-    }
-    struct module_syms *mods = NULL;
-    size_t n_mods = 0, cap_mods = 0;
-    struct hp_map index; /* mapping id -> index in mods */
-    hp_map_init(&index, sizeof(uint64_t));
-    struct hp_pbw sym = {0}, line = {0};
-    int r = 0;
-    for (size_t i = bk->symbolized_frames; i < end && r == 0; i++) {
-        const struct bk_frame *f = &in->frames[i];
-        const char *file = NULL;
-        uint32_t lineno = 0;
-        if (!f->src_map ||
-            bk->source_line(bk->source_line_ctx, f->src_map, f->rel_pc, &file, &lineno) < 0 ||
-            !file)
-            continue;
-        const struct bk_str *name = &in->str[BK_STR_FUNCTION].v[f->function_name_id];
-        if (name->len)
-            hp_pbw_len(&line, PF_LINE(function_name), name->s, name->len);
-        hp_pbw_len(&line, PF_LINE(source_file_name), file, strnlen(file, BK_MAX_STRING_BYTES));
-        hp_pbw_uint_always(&line, PF_LINE(line_number), lineno);
-        hp_pbw_uint_always(&sym, PF_ADDRESS(address), f->rel_pc);
-        hp_pbw_msg(&sym, PF_ADDRESS(lines), &line);
-
-        uint64_t *slot;
-        int put = hp_map_put(&index, f->mapping_id, (void **)&slot);
-        if (put < 0) {
-            r = put;
-            break;
-        }
-        if (put == 1) {
-            r = hp_grow((void **)&mods, &cap_mods, n_mods + 1, sizeof(*mods));
-            if (r < 0)
-                break;
-            mods[n_mods] = (struct module_syms){.mapping_id = f->mapping_id};
-            *slot = n_mods++;
-        }
-        struct module_syms *ms = &mods[*slot];
-        hp_pbw_msg(&ms->syms, PF_MODULE(address_symbols), &sym);
-        bk->counters.source_lines++;
-        if (ms->syms.len + 2 * BK_MAX_STRING_BYTES > bk->max_packet_bytes)
-            r = flush_module(bk, ms);
-    }
-    for (size_t i = 0; i < n_mods; i++) {
-        if (r == 0 && (mods[i].syms.len || mods[i].syms.oom))
-            r = flush_module(bk, &mods[i]);
-        free(mods[i].syms.p);
-    }
-    free(mods);
-    free(sym.p);
-    free(line.p);
-    hp_map_done(&index);
-    bk->symbolized_frames = end;
-    return r;
-}
-
 int bk__dump_proc(bk_t *bk, struct bk_proc *p)
 {
     if (bk->out_broken)
@@ -813,5 +528,5 @@ int bk__dump_proc(bk_t *bk, struct bk_proc *p)
             return r;
     }
     bk->counters.dumps++;
-    return write_source_lines(bk);
+    return bk__write_source_lines(bk);
 }

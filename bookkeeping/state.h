@@ -32,6 +32,7 @@
 #include "bookkeeping/bookkeeping.h"
 #include "bookkeeping/intern.h"
 #include "common/containers.h"
+#include "common/pbwire.h"
 
 /* Records pending beyond this many force the oldest one through (a seq gap). */
 #define BK_REORDER_WINDOW 1024
@@ -200,6 +201,18 @@ void bk__flush_ready(bk_t *bk, struct bk_proc *p);
 
 /* bookkeeping/dump.c */
 /* The first packet: clock snapshot, SEQ_INCREMENTAL_STATE_CLEARED, iid 0 = "". */
+struct iovec;
+
+/* Room for the Trace framing (tag and length) in front of an encoded packet. */
+#define BK_FRAME_HEADROOM (1 + HP_PB_VARINT_MAX)
+
+/* bookkeeping/output.c: writes the Trace.packet framing and the @n parts of @iov (@len
+ * bytes in all) as one packet; on a write error the output is marked broken. */
+int bk__write_framed(bk_t *bk, struct iovec *iov, int n, size_t len) HP_WARN_UNUSED;
+/* Writes @body, a complete encoded TracePacket, as one packet. */
+int bk__write_raw_packet(bk_t *bk, const uint8_t *body, size_t len) HP_WARN_UNUSED;
+/* bookkeeping/symbols.c: ModuleSymbols for the frames written since the last call. */
+int bk__write_source_lines(bk_t *bk) HP_WARN_UNUSED;
 int bk__write_start(bk_t *bk) HP_WARN_UNUSED;
 int bk__write_clock_snapshot(bk_t *bk) HP_WARN_UNUSED;
 int bk__write_process_tree(bk_t *bk, const struct bk_proc *p) HP_WARN_UNUSED;
