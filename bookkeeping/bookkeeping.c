@@ -20,7 +20,6 @@ int bk_new(const struct bk_config *cfg, bk_t **ret)
     bk->dump_at_max = cfg->dump_at_max;
     bk->source_line = cfg->source_line;
     bk->source_line_ctx = cfg->source_line_ctx;
-    bk->symbolized_frames = 1; /* frame id 0 is unused */
     bk->max_packet_bytes = BK_MAX_PACKET_BYTES;
     hp_map_init(&bk->proc_index, sizeof(uint64_t));
     int r = bk__intern_init(&bk->in);
@@ -115,6 +114,7 @@ bk_t *bk_free(bk_t *bk)
     hp_map_done(&bk->proc_index);
     bk__intern_done(&bk->in);
     free(bk->buf.p);
+    free(bk->frame_offered);
     free(bk);
     return NULL;
 }

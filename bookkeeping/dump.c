@@ -528,5 +528,5 @@ int bk__dump_proc(bk_t *bk, struct bk_proc *p)
             return r;
     }
     bk->counters.dumps++;
-    return bk__write_source_lines(bk);
+    return bk__write_source_lines(bk, p);
 }

@@ -101,7 +101,8 @@ struct bk_heap {
     struct bk_site *sites;
     struct bk_site_max *maxes; /* beside sites (cap_sites entries), only if track_peak */
     size_t n_sites, cap_sites;
-    bool track_peak; /* dump_at_max */
+    bool track_peak;           /* dump_at_max */
+    size_t n_sites_symbolized; /* sites whose frames were offered to source_line */
     uint64_t live_total, peak_total, peak_id;
 };
 
@@ -150,7 +151,9 @@ struct bk {
     size_t emitted_str[BK_STR_KINDS];
     size_t emitted_mappings, emitted_frames;
     size_t emitted_callstacks, emitted_callstacks_off; /* entry and byte in in.emit */
-    size_t symbolized_frames; /* frames below this were offered to source_line */
+    /* Per frame id: 1 once offered to source_line (bookkeeping/symbols.c). */
+    uint8_t *frame_offered;
+    size_t cap_frame_offered;
     int (*source_line)(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
                        const char **ret_file, uint32_t *ret_line);
     void *source_line_ctx;
@@ -211,8 +214,8 @@ struct iovec;
 int bk__write_framed(bk_t *bk, struct iovec *iov, int n, size_t len) HP_WARN_UNUSED;
 /* Writes @body, a complete encoded TracePacket, as one packet. */
 int bk__write_raw_packet(bk_t *bk, const uint8_t *body, size_t len) HP_WARN_UNUSED;
-/* bookkeeping/symbols.c: ModuleSymbols for the frames written since the last call. */
-int bk__write_source_lines(bk_t *bk) HP_WARN_UNUSED;
+/* bookkeeping/symbols.c: ModuleSymbols for the frames @p's dump just used. */
+int bk__write_source_lines(bk_t *bk, struct bk_proc *p) HP_WARN_UNUSED;
 int bk__write_start(bk_t *bk) HP_WARN_UNUSED;
 int bk__write_clock_snapshot(bk_t *bk) HP_WARN_UNUSED;
 int bk__write_process_tree(bk_t *bk, const struct bk_proc *p) HP_WARN_UNUSED;

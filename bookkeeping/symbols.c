@@ -45,25 +45,65 @@ static int flush_module(bk_t *bk, struct module_syms *ms)
     return r;
 }
 
-/* Offers the frames written since the last call to the source_line callback and writes
- * what it knows as ModuleSymbols packets, one or more per mapping, each below the packet
- * size bound. */
-int bk__write_source_lines(bk_t *bk)
+/* Collects into @ret the frames the samples of @p's dump just written use and that were
+ * not offered before: the trace processor creates a frame only when it resolves the
+ * callstacks of a finished dump, and counts a ModuleSymbols address of any other frame
+ * as stackprofile_invalid_frame_id. A dump writes every site of a heap and sites are
+ * only appended, so only the sites new since the heap's last dump are walked, each up
+ * to the first callstack node already seen. */
+static int used_frames(bk_t *bk, struct bk_proc *p, uint32_t **ret, size_t *ret_n)
 {
     struct bk_intern *in = &bk->in;
-    size_t end = bk->emitted_frames;
-    if (!bk->source_line || bk->symbolized_frames >= end) {
-        bk->symbolized_frames = HP_MAX(bk->symbolized_frames, end);
-        return 0;
+    uint32_t *v = NULL;
+    size_t n = 0, cap = 0;
+    size_t old_cap = bk->cap_frame_offered;
+    if (hp_grow((void **)&bk->frame_offered, &bk->cap_frame_offered, in->n_frames, 1) < 0)
+        return -ENOMEM;
+    memset(bk->frame_offered + old_cap, 0, bk->cap_frame_offered - old_cap);
+    for (size_t i = 0; i < p->n_heaps; i++) {
+        struct bk_heap *h = p->heaps[i];
+        for (size_t k = h->n_sites_symbolized; k < h->n_sites; k++) {
+            for (uint32_t node = h->sites[k].callstack_id; node != 0 && !in->nodes[node].symbolized;
+                 node = in->nodes[node].parent) {
+                in->nodes[node].symbolized = true;
+                uint32_t f = in->nodes[node].frame_id;
+                if (bk->frame_offered[f])
+                    continue;
+                bk->frame_offered[f] = 1;
+                if (hp_grow((void **)&v, &cap, n + 1, sizeof(*v)) < 0) {
+                    free(v);
+                    return -ENOMEM;
+                }
+                v[n++] = f;
+            }
+        }
+        h->n_sites_symbolized = h->n_sites;
     }
+    *ret = v;
+    *ret_n = n;
+    return 0;
+}
+
+/* Offers the frames @p's dump just used (and no dump used before) to the source_line
+ * callback, and writes what it knows as ModuleSymbols packets, one or more per mapping,
+ * each below the packet size bound. */
+int bk__write_source_lines(bk_t *bk, struct bk_proc *p)
+{
+    struct bk_intern *in = &bk->in;
+    if (!bk->source_line)
+        return 0;
+    uint32_t *frames;
+    size_t n_frames;
+    int r = used_frames(bk, p, &frames, &n_frames);
+    if (r < 0)
+        return r;
     struct module_syms *mods = NULL;
     size_t n_mods = 0, cap_mods = 0;
     struct hp_map index; /* mapping id -> index in mods */
     hp_map_init(&index, sizeof(uint64_t));
     struct hp_pbw sym = {0}, line = {0};
-    int r = 0;
-    for (size_t i = bk->symbolized_frames; i < end && r == 0; i++) {
-        const struct bk_frame *f = &in->frames[i];
+    for (size_t i = 0; i < n_frames && r == 0; i++) {
+        const struct bk_frame *f = &in->frames[frames[i]];
         const char *file = NULL;
         uint32_t lineno = 0;
         if (!f->src_map ||
@@ -106,6 +146,6 @@ int bk__write_source_lines(bk_t *bk)
     free(sym.p);
     free(line.p);
     hp_map_done(&index);
-    bk->symbolized_frames = end;
+    free(frames);
     return r;
 }
