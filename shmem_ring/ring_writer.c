@@ -44,7 +44,8 @@ static void ring_block_pause(unsigned round)
     }
 }
 
-int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len, struct ring_wspan *ret)
+static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool may_block,
+                            struct ring_wspan *ret)
 {
     struct ring_shared *h = r->hdr;
     uint64_t total, w, rp;
@@ -77,7 +78,7 @@ int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len, struct ri
             continue;
         }
         if (w - rp + total > r->size) {
-            if (!atomic_load_explicit(&r->blocking, memory_order_relaxed)) {
+            if (!may_block || !atomic_load_explicit(&r->blocking, memory_order_relaxed)) {
                 err = -EAGAIN;
                 ring_count(&h->stats.records_dropped, 1);
                 break;
@@ -94,6 +95,12 @@ int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len, struct ri
                                                                    memory_order_relaxed) *
                                         1000u;
             } else if (now >= deadline_ns) {
+                /* No room for the whole timeout: the reader is stopped or hung, and every
+                 * record would now wait as long. Stop blocking for the rest of the
+                 * session (every writer thread of this process sees the flag on its
+                 * next round); the reader learns it from block_timeouts. */
+                atomic_store_explicit(&r->blocking, false, memory_order_relaxed);
+                ring_count(&h->stats.block_timeouts, 1);
                 err = -EAGAIN;
                 ring_count(&h->stats.records_dropped, 1);
                 break;
@@ -133,6 +140,29 @@ int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len, struct ri
     ret->len = payload_len;
     ret->pos = w;
     return 0;
+}
+
+int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len, struct ring_wspan *ret)
+{
+    return ring_begin_write(r, type, payload_len, true, ret);
+}
+
+int ring_try_begin_write_nowait(ring_t *r, uint16_t type, size_t payload_len,
+                                struct ring_wspan *ret)
+{
+    return ring_begin_write(r, type, payload_len, false, ret);
+}
+
+void ring_count_free_lost(ring_t *r)
+{
+    if (r->hdr)
+        ring_count(&r->hdr->stats.frees_lost, 1);
+}
+
+void ring_count_drop(ring_t *r)
+{
+    if (r->hdr)
+        ring_count(&r->hdr->stats.records_dropped, 1);
 }
 
 bool ring_end_write(ring_t *r, struct ring_wspan *w)
@@ -192,6 +222,7 @@ bool ring_is_detached(ring_t *r)
 
 void ring_set_blocking(ring_t *r, bool block, uint32_t timeout_us)
 {
-    atomic_store_explicit(&r->block_timeout_us, timeout_us, memory_order_relaxed);
+    atomic_store_explicit(&r->block_timeout_us, HP_MIN(timeout_us, RING_MAX_BLOCK_TIMEOUT_US),
+                          memory_order_relaxed);
     atomic_store_explicit(&r->blocking, block, memory_order_relaxed);
 }
