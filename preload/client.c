@@ -228,8 +228,8 @@ static void client_atfork_child(void)
             }
         }
         atomic_store_explicit(&s->writers, 0, memory_order_relaxed);
-        if (s->freeset.slots)
-            (void)madvise(s->freeset.slots, client__freeset_bytes(), MADV_DONTNEED);
+        if (s->freeset.lv[0].slots)
+            client_freeset_clear(&s->freeset);
     }
     t->tid = 0;
     t->gen = 0;

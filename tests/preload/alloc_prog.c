@@ -124,7 +124,9 @@ int main(int argc, char **argv)
     void *al = note_alloc(aligned_alloc(128, 256), 256);
     void *m = note_alloc(memalign(32, 333), 333);
     void *v = note_alloc(valloc(4000), 4000);
-    void *pv = note_alloc(pvalloc(5000), 5000);
+    /* pvalloc allocates whole pages: those are the bytes sampled. */
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    void *pv = note_alloc(pvalloc(5000), (5000 + page - 1) / page * page);
     void *ra = note_alloc(reallocarray(NULL, 10, 30), 300);
 
     do_free(c);

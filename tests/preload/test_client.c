@@ -477,7 +477,7 @@ static void test_client_passthrough_when_service_missing(void **state)
     char expected[256];
     assert_true(run->out_len < sizeof(expected));
     memcpy(expected, run->out, run->out_len + 1);
-    assert_string_equal(expected, "allocs=109 bytes=116789 frees=59\n");
+    assert_string_equal(expected, "allocs=109 bytes=119981 frees=59\n");
 
     snprintf(missing, sizeof(missing), "%s/missing", f->dir);
     struct env_opts o = {.preload = true, .socket_path = missing, .startup = true};
@@ -511,7 +511,7 @@ static void test_client_not_profiled_answer(void **state)
     run_prog(alloc_prog, NULL, &o, SERVE_NOT_PROFILED, 1, f->lsock, run);
     assert_true(exited_ok(run));
     assert_true(run->served);
-    assert_string_equal(run->out, "allocs=109 bytes=116789 frees=59\n");
+    assert_string_equal(run->out, "allocs=109 bytes=119981 frees=59\n");
     assert_int_equal(run->err_len, 0);
 }
 
