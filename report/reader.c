@@ -65,7 +65,7 @@ struct rd_header {
     uint64_t timestamp, sampling_interval_bytes;
     bool from_startup, disconnected, buffer_overran, buffer_corrupted, hit_guardrail, client_error;
     uint64_t unwinding_errors, heap_samples, map_reparses, total_unwinding_time_us,
-        client_spinlock_blocked_us;
+        client_spinlock_blocked_us, frees_lost;
 };
 
 /* One process's (and heap's) part of the dump in progress on a sequence. */
@@ -535,7 +535,7 @@ static int parse_stats(struct rd_header *h, const uint8_t *buf, size_t len)
     struct hp_pb_field f;
     hp_pb_iter_init(&it, buf, len);
     h->unwinding_errors = h->heap_samples = h->map_reparses = 0;
-    h->total_unwinding_time_us = h->client_spinlock_blocked_us = 0;
+    h->total_unwinding_time_us = h->client_spinlock_blocked_us = h->frees_lost = 0;
     while (hp_pb_next(&it, &f)) {
         if (f.wire_type != HP_PB_VARINT)
             continue;
@@ -554,6 +554,9 @@ static int parse_stats(struct rd_header *h, const uint8_t *buf, size_t len)
             break;
         case 6:
             h->client_spinlock_blocked_us = f.varint;
+            break;
+        case 1001:
+            h->frees_lost = f.varint;
             break;
         }
     }
@@ -1036,6 +1039,7 @@ static int finish(struct rd *rd)
             .map_reparses = h->map_reparses,
             .total_unwinding_time_us = h->total_unwinding_time_us,
             .client_spinlock_blocked_us = h->client_spinlock_blocked_us,
+            .frees_lost = h->frees_lost,
             .n_callsites = p->n_callsites,
             .callsites = p->callsites,
         };
