@@ -70,8 +70,8 @@ static void freeset_filter_dec(struct client_freeset_level *lv, uint64_t home)
         ;
 }
 
-/* Middle bits of the hash: its low bits follow the address's alignment, its high bits
- * pick the home slot. */
+/* Entries of one page in 2^CLIENT_FREESET_COUNT_LOG2 (middle bits of the page's hash; its
+ * top bits pick the home slot, its low bits are the offset in the page). */
 static bool freeset_counted(uint64_t h)
 {
     return ((h >> 32) & ((1u << CLIENT_FREESET_COUNT_LOG2) - 1)) == 0;
