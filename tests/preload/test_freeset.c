@@ -72,13 +72,29 @@ static void test_freeset_filter_tracks_line(void **state)
 
 /* The bug: a set of fixed size overflowed at about 0.5 M live sampled blocks, after which
  * every free() of the session was recorded (saturated filter). Now it grows: many times
- * the first level's size fit, every member is found, and once they are gone the filters
- * answer "certainly not" again. */
-static void test_freeset_bug_overflow_grows(void **state)
+ * the first level's size fit, and every member is found. (Only the calls the old set had
+ * too, so that this test runs against it.) */
+static void test_freeset_bug_overflow_saturates(void **state)
 {
     (void)state;
     struct client_freeset s = {0};
     assert_int_equal(client_freeset_init(&s, 10), 0); /* 1024 slots */
+    const uint64_t n = 20000;
+    for (uint64_t i = 0; i < n; i++)
+        assert_int_equal(client_freeset_insert(&s, 0x7f0000000000ull + i * 4096), 0);
+    for (uint64_t i = 0; i < n; i++)
+        assert_true(client_freeset_remove(&s, 0x7f0000000000ull + i * 4096));
+    for (uint64_t i = 0; i < n; i++)
+        assert_false(client_freeset_remove(&s, 0x7f0000000000ull + i * 4096));
+}
+
+/* Grown, emptied: every level's filter is back to zero; a new session starts from one
+ * level. */
+static void test_freeset_levels_and_clear(void **state)
+{
+    (void)state;
+    struct client_freeset s = {0};
+    assert_int_equal(client_freeset_init(&s, 10), 0);
     const uint64_t n = 20000;
     for (uint64_t i = 0; i < n; i++)
         assert_int_equal(client_freeset_insert(&s, 0x7f0000000000ull + i * 4096), 0);
@@ -87,13 +103,9 @@ static void test_freeset_bug_overflow_grows(void **state)
                   (unsigned long long)n);
     for (uint64_t i = 0; i < n; i++)
         assert_true(client_freeset_remove(&s, 0x7f0000000000ull + i * 4096));
-    for (uint64_t i = 0; i < n; i++)
-        assert_false(client_freeset_remove(&s, 0x7f0000000000ull + i * 4096));
-    /* Every level's filter is back to zero: frees read filters, not tables. */
     for (unsigned l = 0; l < atomic_load(&s.nlevels); l++)
         for (size_t i = 0; i <= (s.lv[l].mask >> CLIENT_FREESET_LINE_LOG2); i++)
             assert_int_equal(atomic_load(&s.lv[l].filter[i]), 0);
-    /* A new session starts from one level, empty. */
     client_freeset_clear(&s);
     assert_int_equal(atomic_load(&s.nlevels), 1);
     assert_false(client_freeset_remove(&s, 0x7f0000000000ull));
@@ -197,7 +209,8 @@ int main(void)
         cmocka_unit_test(test_freeset_insert_remove),
         cmocka_unit_test(test_freeset_tombstones_reused_and_bounded),
         cmocka_unit_test(test_freeset_filter_tracks_line),
-        cmocka_unit_test(test_freeset_bug_overflow_grows),
+        cmocka_unit_test(test_freeset_bug_overflow_saturates),
+        cmocka_unit_test(test_freeset_levels_and_clear),
         cmocka_unit_test(test_freeset_concurrent_growth),
         cmocka_unit_test(test_freeset_concurrent_churn),
     };

@@ -952,6 +952,52 @@ static void test_ring_blocking_times_out(void **state)
     assert_int_equal(st.records_dropped, 2);
 }
 
+/* The bug: with a stopped reader every record waited out the whole timeout, for as long
+ * as the reader stayed stopped (a malloc loop fell to ~600 per second). Now the first
+ * wait that runs out ends blocking: the next write fails at once, and the reader learns
+ * it from block_timeouts. A timeout above RING_MAX_BLOCK_TIMEOUT_US waits that long only
+ * (here 5 s asked, 1 s waited). */
+static void test_ring_bug_stopped_reader_blocks_every_record(void **state)
+{
+    struct fixture *f = *state;
+    struct ring_stats st;
+
+    while (write_one(f->writer, 1, 4000, 0) == 0) {
+    }
+    ring_set_blocking(f->writer, true, 5u * 1000u * 1000u);
+    uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
+    assert_int_equal(write_one(f->writer, 1, 4000, 0), -EAGAIN);
+    uint64_t waited = hp_clock_ns(CLOCK_MONOTONIC) - t0;
+    assert_true(waited >= RING_MAX_BLOCK_TIMEOUT_US * 1000ull);
+    assert_true(waited < 2 * RING_MAX_BLOCK_TIMEOUT_US * 1000ull);
+    t0 = hp_clock_ns(CLOCK_MONOTONIC);
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(write_one(f->writer, 1, 4000, 0), -EAGAIN);
+    assert_true(hp_clock_ns(CLOCK_MONOTONIC) - t0 < 100u * 1000u * 1000u);
+    ring_get_stats(f->reader, &st);
+    assert_int_equal(st.block_timeouts, 1);
+    assert_int_equal(st.records_dropped, 102);
+}
+
+/* Frees never wait, whatever the block mode; a free that finds no room is counted. */
+static void test_ring_nowait_never_waits(void **state)
+{
+    struct fixture *f = *state;
+    struct ring_stats st;
+    struct ring_wspan w;
+
+    while (write_one(f->writer, 1, 16, 0) == 0) {
+    }
+    ring_set_blocking(f->writer, true, 500000);
+    uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
+    assert_int_equal(ring_try_begin_write_nowait(f->writer, 2, 16, &w), -EAGAIN);
+    ring_count_free_lost(f->writer);
+    assert_true(hp_clock_ns(CLOCK_MONOTONIC) - t0 < 100u * 1000u * 1000u);
+    ring_get_stats(f->reader, &st);
+    assert_int_equal(st.frees_lost, 1);
+    assert_int_equal(st.block_timeouts, 0);
+}
+
 static void *slow_drain(void *arg)
 {
     ring_t *rd = arg;
@@ -1109,6 +1155,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ring_reader_idle_no_lost_wakeup, setup_small,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_ring_blocking_times_out, setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_bug_stopped_reader_blocks_every_record,
+                                        setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_nowait_never_waits, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_blocking_waits_for_space, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_detached_stops_writers, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_detached_releases_blocked_writer, setup_small,
