@@ -35,8 +35,13 @@ typedef struct ring ring_t;
 #define RING_MIN_SIZE (64u << 10)
 #define RING_MAX_SIZE (1u << 30)
 /* The longest block_client wait ring_set_blocking() accepts: a reader that made no room
- * for that long is stopped or hung, and the program must not pause longer for it. */
-#define RING_MAX_BLOCK_TIMEOUT_US (1000u * 1000u)
+ * for that long is stopped or hung, and the program must not pause longer for it (once:
+ * the first wait that runs out ends blocking). Sanitizer builds of the service stall for
+ * more than a second now and then, which shorter caps turn into drops. */
+#define RING_MAX_BLOCK_TIMEOUT_US (10u * 1000u * 1000u)
+/* In block mode ring_try_begin_write() leaves this share of the ring (1/8: 1 MiB, 32 k
+ * frees, of the default 8 MiB) to ring_try_begin_write_nowait(). */
+#define RING_URGENT_RESERVE_SHIFT 3
 /* Largest payload a single record may carry (a 64 KiB stack plus the alloc header fits). */
 #define RING_MAX_PAYLOAD ((1u << 20) - 64u)
 /* A reserved record unpublished for this long makes the reader give up on the ring. */
@@ -94,7 +99,9 @@ ring_t *ring_unmap(ring_t *r);
 int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len,
                          struct ring_wspan *ret) HP_WARN_UNUSED;
 /* Writer, hook-safe: as ring_try_begin_write(), but never waits, whatever the block mode
- * (frees, and writes from a signal handler that may have interrupted a writer). */
+ * (frees, and writes from a signal handler that may have interrupted a writer), and may
+ * use the last 1/2^RING_URGENT_RESERVE_SHIFT of the ring, which ring_try_begin_write()
+ * leaves free in block mode: frees find room while samples wait for it. */
 int ring_try_begin_write_nowait(ring_t *r, uint16_t type, size_t payload_len,
                                 struct ring_wspan *ret) HP_WARN_UNUSED;
 /* Writer, hook-safe: counts a free of a sampled block that could not be recorded. */

@@ -44,7 +44,9 @@ static void ring_block_pause(unsigned round)
     }
 }
 
-static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool may_block,
+/* @urgent: never wait, and may use the last RING_URGENT_RESERVE_SHIFT-th of the ring,
+ * which other records leave free. */
+static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool urgent,
                             struct ring_wspan *ret)
 {
     struct ring_shared *h = r->hdr;
@@ -56,7 +58,12 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool m
     /* hdr is NULL in a child forked after ring_map() (the private page is wiped). */
     if (HP_UNLIKELY(h == NULL || atomic_load_explicit(&h->detached, memory_order_relaxed)))
         return -EPIPE;
-    if (payload_len > RING_MAX_PAYLOAD || ring__record_total(payload_len) > r->size) {
+    /* In block mode, frees (urgent) must not be crowded out by samples waiting for room:
+     * a lost free is a phantom leak, a lost sample only a smaller sample. */
+    uint64_t limit = r->size;
+    if (!urgent && atomic_load_explicit(&r->blocking, memory_order_relaxed))
+        limit -= r->size >> RING_URGENT_RESERVE_SHIFT;
+    if (payload_len > RING_MAX_PAYLOAD || ring__record_total(payload_len) > limit) {
         ring_count(&h->stats.records_dropped, 1);
         return -EMSGSIZE;
     }
@@ -77,8 +84,8 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool m
             }
             continue;
         }
-        if (w - rp + total > r->size) {
-            if (!may_block || !atomic_load_explicit(&r->blocking, memory_order_relaxed)) {
+        if (w - rp + total > limit) {
+            if (urgent || !atomic_load_explicit(&r->blocking, memory_order_relaxed)) {
                 err = -EAGAIN;
                 ring_count(&h->stats.records_dropped, 1);
                 break;
@@ -144,13 +151,13 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool m
 
 int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len, struct ring_wspan *ret)
 {
-    return ring_begin_write(r, type, payload_len, true, ret);
+    return ring_begin_write(r, type, payload_len, false, ret);
 }
 
 int ring_try_begin_write_nowait(ring_t *r, uint16_t type, size_t payload_len,
                                 struct ring_wspan *ret)
 {
-    return ring_begin_write(r, type, payload_len, false, ret);
+    return ring_begin_write(r, type, payload_len, true, ret);
 }
 
 void ring_count_free_lost(ring_t *r)

@@ -282,6 +282,15 @@ static void build(const struct harm_case *c, unsigned mode, const char *trace, s
     r->env[e] = NULL;
 }
 
+/* The case preloads a library of its own (the service gets it too in recorded runs). */
+static bool preloads_other(const struct harm_case *c)
+{
+    for (size_t i = 0; c->env[i]; i++)
+        if (!strncmp(c->env[i], "LD_PRELOAD=", 11) && strcmp(c->env[i], "LD_PRELOAD=$LIB") != 0)
+            return true;
+    return false;
+}
+
 /* False when a "$VAR" the case names is not set (an allocator that is not installed). */
 static bool available(const struct harm_case *c)
 {
@@ -323,6 +332,13 @@ static void run_case(const struct harm_case *c)
     for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
         if (!(c->modes & modes[m]))
             continue;
+        if (modes[m] == HARM_RECORD && preloads_other(c) && getenv("HARM_SANITIZE") &&
+            strcmp(getenv("HARM_SANITIZE"), "none") != 0) {
+            print_message("  %s (recorded): skipped, the sanitized service would run with the "
+                          "case's LD_PRELOAD\n",
+                          c->name);
+            continue;
+        }
         char *trace = modes[m] == HARM_RECORD ? e2e_tmp_path(".pftrace") : NULL;
         struct e2e_run run;
         memset(&r, 0, sizeof(r));
