@@ -17,8 +17,7 @@ static int freeset_map_level(struct client_freeset_level *lv, unsigned log2_slot
     if (p == MAP_FAILED)
         return -errno;
     lv->slots = p;
-    lv->filter = (_Atomic uint8_t *)((char *)p + ((size_t)8 << log2_slots));
-    lv->mask = ((uint64_t)1 << log2_slots) - 1;
+    lv->filter = (_Atomic uint8_t *)((char *)p + 8 * CLIENT_FREESET_SLOTS(log2_slots));
     lv->shift = 64 - log2_slots;
     return 0;
 }
@@ -71,49 +70,69 @@ static void freeset_filter_dec(struct client_freeset_level *lv, uint64_t home)
 }
 
 /* Entries of one page in 2^CLIENT_FREESET_COUNT_LOG2 (middle bits of the page's hash; its
- * top bits pick the home slot, its low bits are the offset in the page). */
-static bool freeset_counted(uint64_t h)
+ * top bits pick the place). */
+static bool freeset_counted(uint64_t ph)
 {
-    return ((h >> 32) & ((1u << CLIENT_FREESET_COUNT_LOG2) - 1)) == 0;
+    return ((ph >> 32) & ((1u << CLIENT_FREESET_COUNT_LOG2) - 1)) == 0;
 }
 
 /* True when level @i holds about half as many entries as it has slots. */
 static bool freeset_level_full(const struct client_freeset *s, unsigned i)
 {
     int64_t n = atomic_load_explicit(&s->counted[i].n, memory_order_relaxed);
-    return (uint64_t)HP_MAX(n, 0) << CLIENT_FREESET_COUNT_LOG2 > (s->lv[i].mask + 1) / 2;
+    return (uint64_t)HP_MAX(n, 0) << CLIENT_FREESET_COUNT_LOG2 >
+           ((uint64_t)1 << freeset_level_log2(s, i)) / 2;
 }
 
-static int freeset_level_insert(struct client_freeset *s, unsigned level, uint64_t h, uint64_t addr)
+/* The first level's filter counts the entries of every level: for those of a later level
+ * it is raised and lowered too. */
+static void freeset_summary_inc(struct client_freeset *s, unsigned level, uint64_t ph,
+                                uint64_t addr)
+{
+    if (level > 0)
+        freeset_filter_inc(&s->lv[0], client_freeset_home(&s->lv[0], ph, addr));
+}
+
+static void freeset_summary_dec(struct client_freeset *s, unsigned level, uint64_t ph,
+                                uint64_t addr)
+{
+    if (level > 0)
+        freeset_filter_dec(&s->lv[0], client_freeset_home(&s->lv[0], ph, addr));
+}
+
+static int freeset_level_insert(struct client_freeset *s, unsigned level, uint64_t ph,
+                                uint64_t addr)
 {
     struct client_freeset_level *lv = &s->lv[level];
-    uint64_t home = client_freeset_home(lv, h), i = home;
-    /* Raised first: whoever can see the entry sees a non-zero counter. */
+    uint64_t home = client_freeset_home(lv, ph, addr);
+    /* Raised first: whoever can see the entry sees non-zero counters. */
+    freeset_summary_inc(s, level, ph, addr);
     freeset_filter_inc(lv, home);
-    for (unsigned n = 0; n < CLIENT_FREESET_PROBES; n++, i = (i + 1) & lv->mask) {
+    for (uint64_t i = home; i < home + CLIENT_FREESET_PROBES; i++) {
         uint64_t v = atomic_load_explicit(&lv->slots[i], memory_order_relaxed);
         if (v != CLIENT_FREESET_EMPTY && v != CLIENT_FREESET_TOMB)
             continue;
         if (atomic_compare_exchange_strong_explicit(&lv->slots[i], &v, addr, memory_order_relaxed,
                                                     memory_order_relaxed)) {
-            if (freeset_counted(h))
+            if (freeset_counted(ph))
                 atomic_fetch_add_explicit(&s->counted[level].n, 1, memory_order_relaxed);
             return 0;
         }
     }
     freeset_filter_dec(lv, home);
+    freeset_summary_dec(s, level, ph, addr);
     return -ENOSPC;
 }
 
-static bool freeset_level_remove(struct client_freeset *s, unsigned level, uint64_t h,
+static bool freeset_level_remove(struct client_freeset *s, unsigned level, uint64_t ph,
                                  uint64_t addr)
 {
     struct client_freeset_level *lv = &s->lv[level];
-    uint64_t home = client_freeset_home(lv, h), i = home;
+    uint64_t home = client_freeset_home(lv, ph, addr);
     if (HP_LIKELY(atomic_load_explicit(&lv->filter[home >> CLIENT_FREESET_LINE_LOG2],
                                        memory_order_relaxed) == 0))
         return false;
-    for (unsigned n = 0; n < CLIENT_FREESET_PROBES; n++, i = (i + 1) & lv->mask) {
+    for (uint64_t i = home; i < home + CLIENT_FREESET_PROBES; i++) {
         uint64_t v = atomic_load_explicit(&lv->slots[i], memory_order_relaxed);
         if (v == CLIENT_FREESET_EMPTY)
             return false;
@@ -123,7 +142,8 @@ static bool freeset_level_remove(struct client_freeset *s, unsigned level, uint6
                                                          memory_order_relaxed))
                 return false;
             freeset_filter_dec(lv, home);
-            if (freeset_counted(h))
+            freeset_summary_dec(s, level, ph, addr);
+            if (freeset_counted(ph))
                 atomic_fetch_sub_explicit(&s->counted[level].n, 1, memory_order_relaxed);
             return true;
         }
@@ -155,7 +175,7 @@ static int freeset_grow(struct client_freeset *s, unsigned n)
 
 int client_freeset_insert(struct client_freeset *s, uint64_t addr)
 {
-    uint64_t h = client_freeset_hash(addr);
+    uint64_t h = client_freeset_page_hash(addr);
     for (unsigned round = 0; round < CLIENT_FREESET_MAX_LEVELS; round++) {
         /* Acquire pairs with the release store publishing a level. */
         unsigned n = atomic_load_explicit(&s->nlevels, memory_order_acquire);
@@ -184,7 +204,9 @@ int client_freeset_insert(struct client_freeset *s, uint64_t addr)
 
 bool client_freeset_remove(struct client_freeset *s, uint64_t addr)
 {
-    uint64_t h = client_freeset_hash(addr);
+    if (!client_freeset_maybe(s, addr))
+        return false;
+    uint64_t h = client_freeset_page_hash(addr);
     unsigned n = atomic_load_explicit(&s->nlevels, memory_order_acquire);
     /* Newest first: most frees are of recent blocks. */
     for (unsigned i = n; i-- > 0;)

@@ -18,11 +18,11 @@
  *     if (client_freeset_maybe(&set, p) && client_freeset_remove(&set, p)) record_free(p);
  *
  * In front of each level's table sits a filter of one saturating 8-bit counter per group
- * of 2^CLIENT_FREESET_LINE_LOG2 slots (the entries whose home slot lies in that group):
- * a free of an unsampled address usually reads only the first level's filter (16 KiB,
- * in cache) and, once the set has grown, those of the later levels. A counter is raised
- * before its entry is stored and lowered after it is removed; at 255 it stays (the table
- * is then probed).
+ * of 2^CLIENT_FREESET_LINE_LOG2 slots (the entries whose home slot lies in that group). The
+ * first level's filter counts the entries of every level (by their home in the first
+ * level), so a free of an unsampled address reads one counter (16 KiB of them, in cache)
+ * whatever the set's size. A counter is raised before its entry is stored and lowered
+ * after it is removed; at 255 it stays (the tables are then probed).
  *
  * Thread-safe and hook-safe (atomics, and mmap when growing). Addresses must be neither
  * 0 nor 1 and unique among live entries (true of live heap blocks).
@@ -55,11 +55,15 @@
 #define CLIENT_FREESET_LINE_LOG2 5
 #define CLIENT_FREESET_FILTER_SAT 255u
 
+/* A level's table has 2^log2 + CLIENT_FREESET_SLACK slots: a home slot is below
+ * 2^log2 + 255 and a probe never goes more than CLIENT_FREESET_PROBES past it, so no index
+ * wraps (no mask on the fast path). */
+#define CLIENT_FREESET_SLACK 512u
+
 struct client_freeset_level {
     _Atomic uint64_t *slots;
-    _Atomic uint8_t *filter; /* slots >> CLIENT_FREESET_LINE_LOG2 counters, after the slots */
-    uint64_t mask;
-    unsigned shift; /* 64 - log2(slots): home slot = hash >> shift */
+    _Atomic uint8_t *filter; /* one counter per 2^CLIENT_FREESET_LINE_LOG2 slots */
+    unsigned shift;          /* 64 - log2: the page's place = page hash >> shift */
 };
 
 struct client_freeset {
@@ -77,9 +81,12 @@ struct client_freeset {
     } counted[CLIENT_FREESET_MAX_LEVELS];
 };
 
-/* Bytes of the one mapping holding 2^log2_slots slots and their filter. */
+/* Slots of a level of 2^log2_slots, and bytes of the one mapping holding them and their
+ * filter. */
+#define CLIENT_FREESET_SLOTS(log2_slots) (((size_t)1 << (log2_slots)) + CLIENT_FREESET_SLACK)
 #define CLIENT_FREESET_MAP_BYTES(log2_slots)                                                       \
-    (((size_t)8 << (log2_slots)) + ((size_t)1 << ((log2_slots)-CLIENT_FREESET_LINE_LOG2)))
+    (8 * CLIENT_FREESET_SLOTS(log2_slots) +                                                        \
+     (CLIENT_FREESET_SLOTS(log2_slots) >> CLIENT_FREESET_LINE_LOG2))
 
 /* Maps the first level (pre: log2_slots >= CLIENT_FREESET_LINE_LOG2); returns 0 or
  * -errno. */
@@ -97,30 +104,29 @@ int client_freeset_insert(struct client_freeset *s, uint64_t addr) HP_WARN_UNUSE
 bool client_freeset_remove(struct client_freeset *s, uint64_t addr);
 /* Where an address lives: its 4 KiB page picks a place at random (the page number's
  * multiplicative hash, top bits), and the blocks of one page follow each other from there
- * (16-byte granules, low 8 bits). Blocks allocated together usually share pages, so their
- * slots and filter counters share cache lines: at interval 1, where every block is in
- * the set, a random slot per block cost jq a cache miss per malloc and per free (exact
- * mode 2.2x its unprofiled time; 1.3-1.45x with this layout). */
-static inline uint64_t client_freeset_hash(uint64_t addr)
+ * (16-byte granules). Blocks allocated together usually share pages, so their slots and
+ * filter counters share cache lines: at interval 1, where every block is in the set, a
+ * random slot per block cost jq a cache miss per malloc and per free (exact mode 2.2x its
+ * unprofiled time; 1.3-1.45x with this layout). */
+static inline uint64_t client_freeset_page_hash(uint64_t addr)
 {
-    return (((addr >> 12) * 0x9e3779b97f4a7c15ull) & ~(uint64_t)255) | ((addr >> 4) & 255);
+    return (addr >> 12) * 0x9e3779b97f4a7c15ull;
 }
 
-/* Home slot of @hash in @lv. */
-static inline uint64_t client_freeset_home(const struct client_freeset_level *lv, uint64_t hash)
+/* Home slot of @addr (page hash @ph) in @lv. */
+static inline uint64_t client_freeset_home(const struct client_freeset_level *lv, uint64_t ph,
+                                           uint64_t addr)
 {
-    return ((hash >> lv->shift) + (hash & 255)) & lv->mask;
+    return (ph >> lv->shift) + ((addr >> 4) & 255);
 }
 
-/* False when @addr is certainly not in the set: one load of the first level's filter
- * while the set has one level (the line also holds nlevels). True: call
- * client_freeset_remove(), which reads each level's filter before its table. */
+/* False when @addr is certainly not in the set: one load of the first level's filter. */
 static inline bool client_freeset_maybe(const struct client_freeset *s, uint64_t addr)
 {
     const struct client_freeset_level *lv = &s->lv[0];
-    uint64_t line = client_freeset_home(lv, client_freeset_hash(addr)) >> CLIENT_FREESET_LINE_LOG2;
-    return atomic_load_explicit(&lv->filter[line], memory_order_relaxed) != 0 ||
-           HP_UNLIKELY(atomic_load_explicit(&s->nlevels, memory_order_relaxed) > 1);
+    uint64_t home = client_freeset_home(lv, client_freeset_page_hash(addr), addr);
+    return atomic_load_explicit(&lv->filter[home >> CLIENT_FREESET_LINE_LOG2],
+                                memory_order_relaxed) != 0;
 }
 
 #endif

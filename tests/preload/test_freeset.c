@@ -16,6 +16,18 @@
 
 #include "preload/freeset.h"
 
+static uint64_t line_of(const struct client_freeset *s, unsigned level, uint64_t addr)
+{
+    return client_freeset_home(&s->lv[level], client_freeset_page_hash(addr), addr) >>
+           CLIENT_FREESET_LINE_LOG2;
+}
+
+static size_t filter_len(const struct client_freeset *s, unsigned level)
+{
+    return CLIENT_FREESET_SLOTS(s->log2_slots + level * CLIENT_FREESET_GROWTH_LOG2) >>
+           CLIENT_FREESET_LINE_LOG2;
+}
+
 static void test_freeset_insert_remove(void **state)
 {
     (void)state;
@@ -31,14 +43,8 @@ static void test_freeset_insert_remove(void **state)
         assert_false(client_freeset_remove(&s, i * 16 + 0x10000));
     assert_false(client_freeset_remove(&s, 0x999990));
     /* Every filter counter went back to zero: unsampled frees read only the filter. */
-    for (size_t i = 0; i < ((size_t)1 << (12 - CLIENT_FREESET_LINE_LOG2)); i++)
+    for (size_t i = 0; i < filter_len(&s, 0); i++)
         assert_int_equal(atomic_load(&s.lv[0].filter[i]), 0);
-}
-
-static uint64_t line_of(const struct client_freeset *s, unsigned level, uint64_t addr)
-{
-    return client_freeset_home(&s->lv[level], client_freeset_hash(addr)) >>
-           CLIENT_FREESET_LINE_LOG2;
 }
 
 static void test_freeset_filter_tracks_line(void **state)
@@ -47,11 +53,12 @@ static void test_freeset_filter_tracks_line(void **state)
     struct client_freeset s = {0};
     assert_int_equal(client_freeset_init(&s, 12), 0);
 
-    /* Many addresses whose home slot lies in one line (one filter counter). */
-    uint64_t addrs[300];
+    /* Many addresses whose home slot lies in one line (one filter counter; fewer than
+     * 255, where it would saturate). */
+    uint64_t addrs[200];
     size_t n = 0;
     uint64_t line = line_of(&s, 0, 0x10000);
-    for (uint64_t a = 0x10000; n < 300; a += 16)
+    for (uint64_t a = 0x10000; n < 200; a += 16)
         if (line_of(&s, 0, a) == line)
             addrs[n++] = a;
     /* The probe bound limits how many fit around one line of the first level; the rest
@@ -94,7 +101,7 @@ static void test_freeset_levels_and_clear(void **state)
 {
     (void)state;
     struct client_freeset s = {0};
-    assert_int_equal(client_freeset_init(&s, 10), 0);
+    assert_int_equal(client_freeset_init(&s, 14), 0); /* 512 counters: none saturates */
     const uint64_t n = 20000;
     for (uint64_t i = 0; i < n; i++)
         assert_int_equal(client_freeset_insert(&s, 0x7f0000000000ull + i * 4096), 0);
@@ -104,7 +111,7 @@ static void test_freeset_levels_and_clear(void **state)
     for (uint64_t i = 0; i < n; i++)
         assert_true(client_freeset_remove(&s, 0x7f0000000000ull + i * 4096));
     for (unsigned l = 0; l < atomic_load(&s.nlevels); l++)
-        for (size_t i = 0; i <= (s.lv[l].mask >> CLIENT_FREESET_LINE_LOG2); i++)
+        for (size_t i = 0; i < filter_len(&s, l); i++)
             assert_int_equal(atomic_load(&s.lv[l].filter[i]), 0);
     client_freeset_clear(&s);
     assert_int_equal(atomic_load(&s.nlevels), 1);
@@ -123,9 +130,9 @@ static void test_freeset_tombstones_reused_and_bounded(void **state)
      * level. */
     uint64_t same[CLIENT_FREESET_PROBES + 1];
     size_t n = 0;
-    uint64_t home = client_freeset_home(&s.lv[0], client_freeset_hash(16));
+    uint64_t home = client_freeset_home(&s.lv[0], client_freeset_page_hash(16), 16);
     for (uint64_t a = 16; n < CLIENT_FREESET_PROBES + 1; a += 16)
-        if (client_freeset_home(&s.lv[0], client_freeset_hash(a)) == home)
+        if (client_freeset_home(&s.lv[0], client_freeset_page_hash(a), a) == home)
             same[n++] = a;
     for (size_t i = 0; i < CLIENT_FREESET_PROBES; i++)
         assert_int_equal(client_freeset_insert(&s, same[i]), 0);
