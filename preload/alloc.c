@@ -208,35 +208,22 @@ static void boot_free_aligned_sized(void *p, size_t alignment, size_t size)
 }
 
 #define BOOT(fn) ((client_fn_t)(fn))
-static const client_fn_t alloc_boot_fns[CLIENT_N_FN] = {
-    [CLIENT_FN_MALLOC] = BOOT(boot_malloc),
-    [CLIENT_FN_FREE] = BOOT(boot_free),
-    [CLIENT_FN_CALLOC] = BOOT(boot_calloc),
-    [CLIENT_FN_REALLOC] = BOOT(boot_realloc),
-    [CLIENT_FN_REALLOCARRAY] = BOOT(boot_reallocarray),
-    [CLIENT_FN_MEMALIGN] = BOOT(boot_memalign),
-    [CLIENT_FN_ALIGNED_ALLOC] = BOOT(boot_aligned_alloc),
-    [CLIENT_FN_POSIX_MEMALIGN] = BOOT(boot_posix_memalign),
-    [CLIENT_FN_VALLOC] = BOOT(boot_valloc),
-    [CLIENT_FN_PVALLOC] = BOOT(boot_pvalloc),
-    [CLIENT_FN_FREE_SIZED] = BOOT(boot_free_sized),
-    [CLIENT_FN_FREE_ALIGNED_SIZED] = BOOT(boot_free_aligned_sized),
-};
-
-_Atomic(client_fn_t) client_real[CLIENT_N_FN] = {
-    [CLIENT_FN_MALLOC] = BOOT(boot_malloc),
-    [CLIENT_FN_FREE] = BOOT(boot_free),
-    [CLIENT_FN_CALLOC] = BOOT(boot_calloc),
-    [CLIENT_FN_REALLOC] = BOOT(boot_realloc),
-    [CLIENT_FN_REALLOCARRAY] = BOOT(boot_reallocarray),
-    [CLIENT_FN_MEMALIGN] = BOOT(boot_memalign),
-    [CLIENT_FN_ALIGNED_ALLOC] = BOOT(boot_aligned_alloc),
-    [CLIENT_FN_POSIX_MEMALIGN] = BOOT(boot_posix_memalign),
-    [CLIENT_FN_VALLOC] = BOOT(boot_valloc),
-    [CLIENT_FN_PVALLOC] = BOOT(boot_pvalloc),
-    [CLIENT_FN_FREE_SIZED] = BOOT(boot_free_sized),
-    [CLIENT_FN_FREE_ALIGNED_SIZED] = BOOT(boot_free_aligned_sized),
-};
+/* The bootstrap entries, by enum client_fn: what client_real starts with, and what
+ * alloc_publish() replaces. */
+#define ALLOC_BOOT_TABLE                                                                           \
+    {                                                                                              \
+        [CLIENT_FN_MALLOC] = BOOT(boot_malloc), [CLIENT_FN_FREE] = BOOT(boot_free),                \
+        [CLIENT_FN_CALLOC] = BOOT(boot_calloc), [CLIENT_FN_REALLOC] = BOOT(boot_realloc),          \
+        [CLIENT_FN_REALLOCARRAY] = BOOT(boot_reallocarray),                                        \
+        [CLIENT_FN_MEMALIGN] = BOOT(boot_memalign),                                                \
+        [CLIENT_FN_ALIGNED_ALLOC] = BOOT(boot_aligned_alloc),                                      \
+        [CLIENT_FN_POSIX_MEMALIGN] = BOOT(boot_posix_memalign),                                    \
+        [CLIENT_FN_VALLOC] = BOOT(boot_valloc), [CLIENT_FN_PVALLOC] = BOOT(boot_pvalloc),          \
+        [CLIENT_FN_FREE_SIZED] = BOOT(boot_free_sized),                                            \
+        [CLIENT_FN_FREE_ALIGNED_SIZED] = BOOT(boot_free_aligned_sized),                            \
+    }
+static const client_fn_t alloc_boot_fns[CLIENT_N_FN] = ALLOC_BOOT_TABLE;
+_Atomic(client_fn_t) client_real[CLIENT_N_FN] = ALLOC_BOOT_TABLE;
 
 /* ---- what the allocator lacks, built on what it has ------------------------------------- */
 

@@ -8,18 +8,14 @@
  *   client_free_pair_2m_vs_10k_ratio                             ratio (goal <= 1.5)
  * The medians go to stderr. From the build beside this binary, or HEAPPROF_BUILD.
  */
-#include <errno.h>
-#include <fcntl.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#define ROUNDS 3
+#include "tests/bench/bench_util.h"
 
-extern char **environ;
+#define ROUNDS 3
 
 static char build[4096];
 
@@ -32,47 +28,19 @@ static int cmp_double(const void *a, const void *b)
 /* Runs free_pairs @n under heapprof; returns its ns per pair, < 0 on error. */
 static double run(const char *n)
 {
-    char heapprof[8192], prog[8192], trace[] = "/tmp/heapprof-bench-XXXXXX";
+    char heapprof[8192], prog[8192], trace[64], out[4096];
     snprintf(heapprof, sizeof(heapprof), "%s/cli/heapprof", build);
     snprintf(prog, sizeof(prog), "%s/tests/bench/free_pairs", build);
-    int fd = mkstemp(trace);
-    if (fd < 0)
+    if (bench_tmp_trace(trace, sizeof(trace)) < 0)
         return -1;
-    (void)close(fd);
-    int p[2];
-    if (pipe(p) < 0)
-        return -1;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, p[1], 2);
-    posix_spawn_file_actions_addclose(&fa, p[0]);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
     char *argv[] = {heapprof, "record", "-q", "-i",      "512", "-o",
                     trace,    "--",     prog, (char *)n, NULL};
-    pid_t pid;
-    if (posix_spawn(&pid, heapprof, &fa, NULL, argv, environ) != 0)
-        return -1;
-    posix_spawn_file_actions_destroy(&fa);
-    (void)close(p[1]);
-    char out[4096];
-    size_t len = 0;
-    for (;;) {
-        ssize_t r = read(p[0], out + len, sizeof(out) - 1 - len);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            break;
-        len += (size_t)r;
-    }
-    out[len] = 0;
-    (void)close(p[0]);
-    int st;
-    (void)waitpid(pid, &st, 0);
+    int st = bench_run_stderr(argv, out, sizeof(out));
     (void)unlink(trace);
     const char *line = strstr(out, "free_pairs:");
     double ns;
     long live;
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !line ||
+    if (st != 0 || !line ||
         sscanf(line, "free_pairs: %ld live, %lf ns per pair", &live, &ns) != 2) {
         fprintf(stderr, "bench_client_free: run failed:\n%s\n", out);
         return -1;
@@ -82,18 +50,8 @@ static double run(const char *n)
 
 int main(void)
 {
-    const char *env = getenv("HEAPPROF_BUILD");
-    if (env) {
-        snprintf(build, sizeof(build), "%s", env);
-    } else {
-        /* <build>/tests/bench/bench_client_free */
-        ssize_t n = readlink("/proc/self/exe", build, sizeof(build) - 1);
-        if (n <= 0)
-            return 1;
-        build[n] = 0;
-        for (int i = 0; i < 3; i++)
-            *strrchr(build, '/') = 0;
-    }
+    if (bench_build_dir(build, sizeof(build)) < 0)
+        return 1;
     double small[ROUNDS], large[ROUNDS];
     for (int r = 0; r < ROUNDS; r++) {
         small[r] = run("10000");

@@ -369,24 +369,36 @@ static void test_record_dlclose_resets_walks(void **state)
     }
 }
 
-static void test_record_keeps_user_preload(void **state)
+/* Runs a shell under `heapprof record` with LD_PRELOAD=@preload; returns what it says its
+ * LD_PRELOAD is ("preload=...\n", malloc'd). */
+static char *record_preload_seen(const char *preload)
 {
-    (void)state;
     char *trace = e2e_tmp_path(".pftrace");
     char *argv[] = {
         (char *)e2e_env("HEAPPROF_BIN"), "record", "-q", "-o", trace, "--", "/bin/sh", "-c",
         "echo \"preload=$LD_PRELOAD\"",  NULL};
-    /* heapprof itself runs with this LD_PRELOAD too: an ASan build must accept it. */
-    char *env[] = {"LD_PRELOAD=/lib/x86_64-linux-gnu/libm.so.6",
-                   "ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=1", NULL};
+    char env_preload[4200];
+    snprintf(env_preload, sizeof(env_preload), "LD_PRELOAD=%s", preload);
+    /* heapprof itself runs with this LD_PRELOAD too: an ASan build must accept it (and
+     * the loader skips a file that is missing). */
+    char *env[] = {env_preload, "ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=1", NULL};
     struct e2e_run run;
     assert_int_equal(e2e_run(argv, env, &run), 0);
     assert_int_equal(run.status, 0);
     print_message("  %s", run.out);
-    assert_non_null(strstr(run.out, "libheapprof.so:/lib/x86_64-linux-gnu/libm.so.6"));
+    char *out = strdup(run.out);
     unlink(trace);
     free(trace);
     e2e_run_free(&run);
+    return out;
+}
+
+static void test_record_keeps_user_preload(void **state)
+{
+    (void)state;
+    char *out = record_preload_seen("/lib/x86_64-linux-gnu/libm.so.6");
+    assert_non_null(strstr(out, "libheapprof.so:/lib/x86_64-linux-gnu/libm.so.6"));
+    free(out);
 }
 
 /* The bug: record always put libheapprof.so first, so a library the user preloaded before
@@ -395,24 +407,12 @@ static void test_record_keeps_user_preload(void **state)
 static void test_record_bug_user_preload_order_lost(void **state)
 {
     (void)state;
-    char *trace = e2e_tmp_path(".pftrace");
-    char *argv[] = {
-        (char *)e2e_env("HEAPPROF_BIN"), "record", "-q", "-o", trace, "--", "/bin/sh", "-c",
-        "echo \"preload=$LD_PRELOAD\"",  NULL};
-    /* heapprof itself runs with this LD_PRELOAD too: the loader skips the missing file. */
-    char *env[] = {"LD_PRELOAD=/lib/x86_64-linux-gnu/libm.so.6:/nonexistent/libheapprof.so",
-                   "ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=1", NULL};
-    struct e2e_run run;
-    assert_int_equal(e2e_run(argv, env, &run), 0);
-    assert_int_equal(run.status, 0);
-    print_message("  %s", run.out);
+    char *out = record_preload_seen("/lib/x86_64-linux-gnu/libm.so.6:/nonexistent/libheapprof.so");
     char want[4200];
     snprintf(want, sizeof(want), "preload=/lib/x86_64-linux-gnu/libm.so.6:%s\n",
              e2e_env("HEAPPROF_LIB"));
-    assert_string_equal(run.out, want);
-    unlink(trace);
-    free(trace);
-    e2e_run_free(&run);
+    assert_string_equal(out, want);
+    free(out);
 }
 
 static void expect_failure(char *const argv[], int status, const char *msg)
