@@ -68,6 +68,25 @@ static void check_sampled(const struct harm_case *c, enum harm_mode mode, const 
         assert_true(samples_in(trace) > 0);
 }
 
+/* The plugin's own allocations were profiled: at least 500 samples (its ~40 MB at 4 KiB:
+ * ~10000 expected) under harm_plugin_alloc. */
+static void check_plugin_sampled(const struct harm_case *c, enum harm_mode mode,
+                                 const struct e2e_run *run, const char *trace)
+{
+    (void)c;
+    (void)run;
+    if (mode != HARM_RECORD)
+        return;
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &t), 0);
+    assert_true(t->n_processes >= 1);
+    struct e2e_sums sums;
+    e2e_sum_function(&t->processes[0], "harm_plugin_alloc", &sums);
+    print_message("    %llu samples in the plugin\n", (unsigned long long)sums.alloc_count);
+    assert_true(sums.alloc_count >= 500);
+    rp_trace_free(t);
+}
+
 /* The service was stopped for 2 s while the program ran (tests/programs/harm/rate_stop.c
  * stops its parent when that is `heapprof record`): the loop's rate from 1 s after the
  * stop on stays at least RATE_STOP_MIN_RATIO of its rate before (the bench's goal is 0.5;
@@ -165,6 +184,13 @@ static const struct harm_case harm_cases[] = {
      {"LD_PRELOAD=$HARM_LIBMIMALLOC", NULL},
      HARM_ALL,
      check_sampled_many},
+    /* Code loaded after start-up, with the allocator preloaded before us: the plugin's GOT
+     * slots get the hooks when dlopen returns. */
+    {"alloc_jemalloc_before_plugin",
+     {"$HARM_PLUGIN_HOST", "$HARM_PLUGIN", NULL},
+     {"LD_PRELOAD=$HARM_LIBJEMALLOC:$LIB", NULL},
+     HARM_ALL,
+     check_plugin_sampled},
     /* A service stopped for 2 s. */
     {"service_stopped", {"$HARM_RATE_STOP", NULL}, {NULL}, HARM_ALL, check_stopped_service},
 };
