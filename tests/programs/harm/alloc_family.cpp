@@ -132,7 +132,7 @@ int main()
 
     for (int i = 0; i < N; i++)
         free(keep[i]);
-    printf("usable-size checksum %llu, %zu characters in strings, %d failures\n", usable_sum,
-           chars, failures);
+    printf("usable-size checksum %llu, %zu characters in strings, %d failures\n", usable_sum, chars,
+           failures);
     return failures ? 1 : 0;
 }
