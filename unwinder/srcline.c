@@ -33,6 +33,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "common/containers.h"
 #include "unwinder/elf_cache.h"
 #include "unwinder/unwinder.h"
 
@@ -124,6 +125,9 @@ static struct src_file *s_files;
 static size_t s_nfiles, s_files_cap;
 static struct src_entry *s_tab;
 static size_t s_tab_cap, s_tab_n;
+/* Keys the table's hash: the pcs are the clients' choice (common/containers.h). Drawn
+ * when the table is first made, under s_lock. */
+static uint64_t s_tab_seed;
 
 void unwinder_set_source_lines(bool enabled)
 {
@@ -210,8 +214,7 @@ static struct src_file *file_locked(const struct hp_mapping *m)
 
 static uint64_t entry_hash(const char *path, uint64_t pc)
 {
-    uint64_t h = ((uint64_t)(uintptr_t)path * 0x9e3779b97f4a7c15ull) ^ (pc * 0xc2b2ae3d27d4eb4full);
-    return h ^ (h >> 29);
+    return hp_hash_keyed2(s_tab_seed, (uint64_t)(uintptr_t)path, pc);
 }
 
 static struct src_entry *slot_locked(const char *path, uint64_t pc, bool *ret_found)
@@ -231,6 +234,8 @@ static struct src_entry *slot_locked(const char *path, uint64_t pc, bool *ret_fo
 static int grow_locked(void)
 {
     size_t ncap = s_tab_cap ? s_tab_cap * 2 : 1024;
+    if (!s_tab_cap)
+        s_tab_seed = hp_hash_seed();
     struct src_entry *nv = calloc(ncap, sizeof(*nv));
     if (!nv)
         return -ENOMEM;
