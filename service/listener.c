@@ -111,23 +111,17 @@ int svc__listener_open(struct svc *s)
     return 0;
 }
 
-/* The route of @pid, added (with unwinder @fallback) when missing; NULL when out of
- * memory. */
-static struct svc_route *route_get(struct svc *s, pid_t pid, unsigned fallback)
+/* The unwinder of @pid's route, added (as @fallback) when missing; @fallback when out
+ * of memory. */
+static unsigned route_get(struct svc *s, pid_t pid, unsigned fallback)
 {
-    for (size_t i = 0; i < s->n_routes; i++)
-        if (s->routes[i].pid == pid)
-            return &s->routes[i];
-    if (s->n_routes == s->cap_routes) {
-        size_t cap = s->cap_routes ? s->cap_routes * 2 : 16;
-        struct svc_route *r = realloc(s->routes, cap * sizeof(*r));
-        if (!r)
-            return NULL;
-        s->routes = r;
-        s->cap_routes = cap;
-    }
-    s->routes[s->n_routes] = (struct svc_route){.pid = pid, .unwinder = fallback};
-    return &s->routes[s->n_routes++];
+    uint64_t *u;
+    int r = hp_map_put(&s->routes, (uint64_t)(uint32_t)pid, (void **)&u);
+    if (r < 0)
+        return fallback;
+    if (r == 1)
+        *u = fallback;
+    return (unsigned)*u;
 }
 
 static void hand_over(struct svc *s, struct svc_client *c)
@@ -142,9 +136,7 @@ static void hand_over(struct svc *s, struct svc_client *c)
     /* A pid seen before (it exec'd, or its number was reused): the thread that had its
      * last session, which may still be live there; that thread ends it before starting
      * this one (svc__unwinder_main), so the bookkeeping thread sees them in order. */
-    struct svc_route *route = route_get(s, c->pid, (unsigned)(best - s->unwinders));
-    if (route)
-        best = &s->unwinders[route->unwinder];
+    best = &s->unwinders[route_get(s, c->pid, (unsigned)(best - s->unwinders))];
     atomic_fetch_add_explicit(&best->nclients, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->live_clients, 1, memory_order_relaxed);
     pthread_mutex_lock(&best->lock);
