@@ -1,6 +1,6 @@
 /* tests/programs/hostile_client.c: a client of the service that is not preloaded: it
  * speaks the handshake itself and then misbehaves, to prove the service survives it.
- *   hostile_client SOCKET MODE [SEED]
+ *   hostile_client SOCKET MODE [SEED [COUNT]]
  * MODE:
  *   random      valid handshake, then records of random types, lengths and bytes
  *   truncated   a WIRE_ALLOC shorter than struct wire_alloc
@@ -16,6 +16,12 @@
  *   flood       valid tiny records (frees and empty-stack allocations) as fast as
  *               possible for 1.5 s ("ready" is printed before it starts)
  *   unpublished reserves a record and never publishes it
+ *   hashflood   COUNT (default 200000) allocation records, each waiting for room in the
+ *               ring, at addresses unhash(i << 32): under the unkeyed splitmix64
+ *               finalizer every one of them hashes to slot 0 of any table smaller than
+ *               2^32, as an attacker would aim at the service's live-allocation table
+ *               ("ready" is printed before it starts; prints the time it took)
+ *   randflood   the same with random addresses, the baseline of hashflood
  * Prints "ready" once the misbehaviour is in place, waits until the service closes the
  * connection (at most 6 s) and exits 0; exit 2 on a usage error, 3 when the handshake
  * could not even be attempted. */
@@ -38,6 +44,7 @@
 #include "shmem_ring/wire.h"
 
 static uint64_t rng_state;
+static unsigned long g_count = 200000; /* records of hashflood and randflood */
 
 static uint64_t rnd(void)
 {
@@ -137,6 +144,52 @@ static void fill_alloc(struct wire_alloc *a, uint64_t seq)
     a->tid = (uint32_t)getpid();
 }
 
+/* The multiplicative inverse of odd @c modulo 2^64 (Newton's iteration doubles the
+ * correct low bits each step). */
+static uint64_t inverse(uint64_t c)
+{
+    uint64_t x = c;
+    for (int i = 0; i < 6; i++)
+        x *= 2 - c * x;
+    return x;
+}
+
+/* The inverse of splitmix64's finalizer (the service's hash before it was keyed): each
+ * xor-shift and multiply undone in reverse order. */
+static uint64_t unhash(uint64_t y)
+{
+    y ^= y >> 31 ^ y >> 62;
+    y *= inverse(0x94d049bb133111ebull);
+    y ^= y >> 27 ^ y >> 54;
+    y *= inverse(0xbf58476d1ce4e5b9ull);
+    y ^= y >> 30 ^ y >> 60;
+    return y;
+}
+
+/* hashflood / randflood: g_count allocations, every one waiting for room (none dropped),
+ * so the service has all of them to process. */
+static void flood_addresses(ring_t *ring, int sock, bool crafted)
+{
+    ring_set_blocking(ring, true, 1000000);
+    int64_t t0 = now_ms();
+    struct wire_alloc a;
+    unsigned long written = 0;
+    for (unsigned long i = 0; i < g_count; i++) {
+        fill_alloc(&a, i + 1);
+        a.addr = crafted ? unhash((uint64_t)(i + 1) << 32) : rnd() & ~15ull;
+        int r;
+        while ((r = write_record(ring, WIRE_ALLOC, &a, sizeof(a))) == -EAGAIN)
+            poke(sock);
+        if (r < 0)
+            break;
+        written++;
+        if (i % 256 == 0)
+            poke(sock);
+    }
+    fprintf(stderr, "hostile_client: %s: %lu records written in %lld ms\n",
+            crafted ? "hashflood" : "randflood", written, (long long)(now_ms() - t0));
+}
+
 /* Raw view of the ring: header page then data area. */
 static struct ring_shared *map_raw(int fd, uint8_t **data, uint64_t *size)
 {
@@ -223,6 +276,13 @@ static int misbehave(const char *mode, int sock, int ring_fd, const struct wire_
         }
         fprintf(stderr, "hostile_client: flood: %llu records attempted, %llu written in 1.5 s\n",
                 (unsigned long long)seq, (unsigned long long)written);
+    } else if (!strcmp(mode, "hashflood") || !strcmp(mode, "randflood")) {
+        printf("ready\n");
+        fflush(stdout);
+        flood_addresses(ring, sock, mode[0] == 'h');
+        /* Leave at once: the service processes what is in the ring and ends us. */
+        ring_unmap(ring);
+        return 0;
     } else if (!strcmp(mode, "unpublished")) {
         struct ring_wspan w;
         if (ring_try_begin_write(ring, WIRE_FREE, sizeof(struct wire_free), &w) < 0)
@@ -247,6 +307,8 @@ int main(int argc, char **argv)
         return 2;
     const char *path = argv[1], *mode = argv[2];
     rng_state = (argc > 3 ? strtoull(argv[3], NULL, 0) : 1) * 2654435761u + 1;
+    if (argc > 4)
+        g_count = strtoul(argv[4], NULL, 0);
 
     if (!strcmp(mode, "halfhello")) {
         int socks[3];
