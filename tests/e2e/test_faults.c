@@ -546,8 +546,19 @@ static void beside_run(struct beside *b, const char *const argv[], const char *c
     assert_int_equal(e2e_wait_status(b->healthy), 0);
     uint64_t end_ns = mono_ns();
     assert_int_equal(e2e_wait_status(b->hostile), 0);
-    assert_int_equal(kill(b->d.pid, 0), 0);
-    assert_int_equal(e2e_daemon_stop(&b->d, SIGINT), 0);
+    /* The service is alive and stops cleanly, promptly. */
+    kill(b->d.pid, SIGINT);
+    int st = -1;
+    for (int i = 0; i < 1000 && waitpid(b->d.pid, &st, WNOHANG) == 0; i++)
+        e2e_sleep_ms(10);
+    if (st == -1) {
+        kill(b->d.pid, SIGKILL);
+        e2e_wait_status(b->d.pid);
+        fail_msg("heapprofd did not stop within 10 s of SIGINT");
+    }
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        fail_msg("heapprofd ended with %s %d", WIFEXITED(st) ? "exit status" : "signal",
+                 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
 
     b->log = e2e_read_file(b->d.log);
     b->hostile_out = e2e_read_file(b->hout);
@@ -593,6 +604,54 @@ static void test_faults_bug_hash_flood_stalls_everyone(void **state)
     beside_done(&b);
 }
 
+/* Case 5: a client's library (CFI only in .debug_frame, unwound by elfutils) whose path
+ * becomes a FIFO after a first sample; the client maps something new, so the service
+ * makes its elfutils view again. libdwfl used to reopen the path by name: the unwinder
+ * thread blocked in open() of the FIFO for good, with the dumps of every client and the
+ * daemon's exit. Now elfutils reads the cached image: the second sample is unwound
+ * through the library like the first. */
+static void test_faults_bug_fifo_at_mapping_path_hangs_unwinder(void **state)
+{
+    (void)state;
+    struct beside b;
+    const char *argv[] = {"fifo", "7", NULL};
+    beside_run(&b, argv, NULL);
+    assert_non_null(strstr(b.hostile_out, "service answered"));
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(b.d.trace, &(struct rp_trace_options){0}, &t), 0);
+    const struct rp_trace_process *ph = e2e_find_pid(t, b.hostile);
+    assert_non_null(ph);
+    assert_false(ph->buffer_corrupted);
+    assert_int_equal(ph->heap_samples, 2);
+    struct e2e_sums sums;
+    e2e_sum_function(ph, "hl_first", &sums);
+    assert_int_equal(sums.alloc_count, 2);
+    rp_trace_free(t);
+    beside_done(&b);
+}
+
+/* Case 5: the library is truncated while the service has it mapped, and a sample through
+ * code whose CFI libdw has not read yet comes in: libdw's read took SIGBUS, which killed
+ * the daemon and every session's data. Now that unwind gives up on the file (the sample
+ * keeps what libunwind found, with an error frame) and everything carries on. */
+static void test_faults_bug_truncated_library_kills_service(void **state)
+{
+    (void)state;
+    struct beside b;
+    const char *argv[] = {"truncate", "7", NULL};
+    beside_run(&b, argv, NULL);
+    assert_non_null(strstr(b.hostile_out, "service answered"));
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(b.d.trace, &(struct rp_trace_options){0}, &t), 0);
+    const struct rp_trace_process *ph = e2e_find_pid(t, b.hostile);
+    assert_non_null(ph);
+    assert_false(ph->buffer_corrupted);
+    assert_int_equal(ph->heap_samples, 2);
+    assert_true(ph->unwinding_errors >= 1);
+    rp_trace_free(t);
+    beside_done(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -613,6 +672,10 @@ int main(void)
         cmocka_unit_test_teardown(test_faults_hostile_half_hello, teardown_children),
         cmocka_unit_test_teardown(test_faults_hostile_flood, teardown_children),
         cmocka_unit_test_teardown(test_faults_bug_hash_flood_stalls_everyone, teardown_children),
+        cmocka_unit_test_teardown(test_faults_bug_fifo_at_mapping_path_hangs_unwinder,
+                                  teardown_children),
+        cmocka_unit_test_teardown(test_faults_bug_truncated_library_kills_service,
+                                  teardown_children),
     };
     /* HEAPPROF_TEST_FILTER=pattern runs the matching tests only (while iterating). */
     const char *filter = getenv("HEAPPROF_TEST_FILTER");
