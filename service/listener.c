@@ -45,7 +45,10 @@ static int make_dir(const struct svc_config *cfg, char **ret)
     return 0;
 }
 
-static int listen_on(const char *path, int *ret_fd)
+/* With @for_everyone the socket file is made mode 0666 (connect(2) needs write
+ * permission on it): bound under umask 0111, so no chmod of a path another user could
+ * swap in between. The umask is the process's: this runs before any thread of ours. */
+static int listen_on(const char *path, bool for_everyone, int *ret_fd)
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof(addr.sun_path))
@@ -67,8 +70,13 @@ static int listen_on(const char *path, int *ret_fd)
         tmp = addr; /* no room for a temporary name: bind in place */
     (void)unlink(path);
     (void)unlink(tmp.sun_path);
-    if (bind(fd, (struct sockaddr *)&tmp, sizeof(tmp)) < 0)
-        return -errno;
+    mode_t old_mask = for_everyone ? umask(0111) : 0;
+    int b = bind(fd, (struct sockaddr *)&tmp, sizeof(tmp));
+    int bind_errno = errno;
+    if (for_everyone)
+        (void)umask(old_mask);
+    if (b < 0)
+        return -bind_errno;
     if (listen(fd, 128) < 0 || (strcmp(tmp.sun_path, path) && rename(tmp.sun_path, path) < 0)) {
         int r = -errno;
         (void)unlink(tmp.sun_path);
@@ -76,6 +84,27 @@ static int listen_on(const char *path, int *ret_fd)
     }
     *ret_fd = HP_TAKE_FD(fd);
     return 0;
+}
+
+/* --allow-other-users: says when a directory above the socket keeps other users out
+ * (connect(2) needs search permission on each). */
+static void warn_unreachable(const char *sock_path)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s", sock_path);
+    for (char *slash = strrchr(dir, '/'); slash; slash = strrchr(dir, '/')) {
+        if (slash == dir)
+            slash[1] = '\0'; /* "/" itself */
+        else
+            *slash = '\0';
+        struct stat st;
+        if (stat(dir, &st) == 0 && !(st.st_mode & S_IXOTH))
+            hp_log_warn("--allow-other-users: %s (mode %04o) is not searchable by other users: "
+                        "their processes cannot reach %s",
+                        dir, (unsigned)(st.st_mode & 07777), sock_path);
+        if (slash == dir)
+            break;
+    }
 }
 
 int svc__listener_open(struct svc *s)
@@ -94,7 +123,9 @@ int svc__listener_open(struct svc *s)
         s->sock_path = NULL;
         return -ENOMEM;
     }
-    r = listen_on(s->sock_path, &s->listen_fd);
+    r = listen_on(s->sock_path, s->cfg.allow_other_users, &s->listen_fd);
+    if (r == 0 && s->cfg.allow_other_users)
+        warn_unreachable(s->sock_path);
     if (r < 0) {
         if (r == -EADDRINUSE)
             hp_log_error("another heapprof service is already listening on %s", s->sock_path);
