@@ -14,6 +14,7 @@
 
 #include "bookkeeping/intern.h"
 #include "common/pbwire.h"
+#include "tests/programs/unhash.h"
 
 static int setup(void **state)
 {
@@ -432,25 +433,6 @@ static void test_intern_map_matches_reference(void **state)
  * what every insert and lookup walks: one run as long as the keys (quadratic time) with
  * the unkeyed hash, a few dozen slots with random ones. */
 
-static uint64_t inverse_mod64(uint64_t c)
-{
-    uint64_t x = c;
-    for (int i = 0; i < 6; i++)
-        x *= 2 - c * x;
-    return x;
-}
-
-/* The input of splitmix64's finalizer whose output is @y. */
-static uint64_t unhash(uint64_t y)
-{
-    y ^= y >> 31 ^ y >> 62;
-    y *= inverse_mod64(0x94d049bb133111ebull);
-    y ^= y >> 27 ^ y >> 54;
-    y *= inverse_mod64(0xbf58476d1ce4e5b9ull);
-    y ^= y >> 30 ^ y >> 60;
-    return y;
-}
-
 /* Longest run of occupied slots of an hp_map (wrapping around). */
 static size_t map_longest_run(const struct hp_map *m)
 {
@@ -487,14 +469,14 @@ static void test_intern_bug_map_flood_unkeyed_hash(void **state)
     hp_map_init(&m, sizeof(uint64_t));
     for (uint64_t i = 1; i <= N; i++) {
         uint64_t *v;
-        assert_int_equal(hp_map_put(&m, unhash(i << 32), (void **)&v), 1);
+        assert_int_equal(hp_map_put(&m, hp_test_unhash(i << 32), (void **)&v), 1);
         *v = i;
     }
     size_t run = map_longest_run(&m);
     print_message("  %d crafted keys: longest run %zu slots of %zu\n", N, run, m.cap);
     assert_true(run < FLOOD_MAX_RUN);
     for (uint64_t i = 1; i <= N; i++) {
-        uint64_t *v = hp_map_get(&m, unhash(i << 32));
+        uint64_t *v = hp_map_get(&m, hp_test_unhash(i << 32));
         assert_non_null(v);
         assert_int_equal(*v, i);
     }
@@ -523,7 +505,7 @@ static void test_intern_map_probe_bound_rekeys_or_refuses(void **state)
      * rehashes under a new seed (a rekey). */
     size_t aimed = 0, refused = 0;
     for (uint64_t i = 1; i <= 3000; i++) {
-        uint64_t key = unhash(i << 32) ^ m.seed;
+        uint64_t key = hp_test_unhash(i << 32) ^ m.seed;
         int r = hp_map_put(&m, key, (void **)&v);
         assert_true(r == 1 || r == -ENOSPC);
         if (r == 1) {
@@ -558,7 +540,7 @@ static void test_intern_map_probe_bound_rekeys_or_refuses(void **state)
     assert_true(m.inserts < m.cap / 16);
     refused = 0;
     for (uint64_t i = 1; i <= HP_MAP_MAX_PROBE + 200 && m.seed == seed; i++) {
-        int r = hp_map_put(&m, unhash(i << 32) ^ seed, (void **)&v);
+        int r = hp_map_put(&m, hp_test_unhash(i << 32) ^ seed, (void **)&v);
         assert_true(r == 1 || r == -ENOSPC);
         refused += r == -ENOSPC;
     }
@@ -582,7 +564,8 @@ static void test_intern_bug_frame_flood_unkeyed_hash(void **state)
     uint64_t h0 = hp_hash_u64(mid);
     for (uint64_t i = 1; i <= N; i++) {
         /* hp_hash_combine(h0, pc) == hp_hash_u64(h0 ^ (pc + c + (h0 << 6) + (h0 >> 2))) */
-        uint64_t pc = (unhash(i << 32) ^ h0) - 0x9e3779b97f4a7c15ull - (h0 << 6) - (h0 >> 2);
+        uint64_t pc =
+            (hp_test_unhash(i << 32) ^ h0) - 0x9e3779b97f4a7c15ull - (h0 << 6) - (h0 >> 2);
         (void)frame_id(in, &m, "f", pc);
     }
     size_t run = idtab_longest_run(&in->frame_index);

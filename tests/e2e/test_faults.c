@@ -584,6 +584,19 @@ static void beside_run(struct beside *b, const char *const argv[], const char *c
     unlink(gout);
 }
 
+/* The hostile client's profile in @b's trace (loaded into *@ret_t, which the caller
+ * frees): there, not marked corrupted, with @samples samples. */
+static const struct rp_trace_process *beside_hostile(const struct beside *b, uint64_t samples,
+                                                     struct rp_trace **ret_t)
+{
+    assert_int_equal(rp_trace_load(b->d.trace, &(struct rp_trace_options){0}, ret_t), 0);
+    const struct rp_trace_process *ph = e2e_find_pid(*ret_t, b->hostile);
+    assert_non_null(ph);
+    assert_false(ph->buffer_corrupted);
+    assert_int_equal(ph->heap_samples, samples);
+    return ph;
+}
+
 static void beside_done(struct beside *b)
 {
     free(b->log);
@@ -601,12 +614,8 @@ static void test_faults_bug_hash_flood_stalls_everyone(void **state)
     struct beside b;
     const char *argv[] = {"hashflood", "7", "100000", NULL};
     beside_run(&b, argv, NULL);
-    struct rp_trace *t = NULL;
-    assert_int_equal(rp_trace_load(b.d.trace, &(struct rp_trace_options){0}, &t), 0);
-    const struct rp_trace_process *ph = e2e_find_pid(t, b.hostile);
-    assert_non_null(ph);
-    assert_false(ph->buffer_corrupted);
-    assert_int_equal(ph->heap_samples, 100000);
+    struct rp_trace *t;
+    (void)beside_hostile(&b, 100000, &t);
     rp_trace_free(t);
     beside_done(&b);
 }
@@ -624,12 +633,8 @@ static void test_faults_bug_fifo_at_mapping_path_hangs_unwinder(void **state)
     const char *argv[] = {"fifo", "7", NULL};
     beside_run(&b, argv, NULL);
     assert_non_null(strstr(b.hostile_out, "service answered"));
-    struct rp_trace *t = NULL;
-    assert_int_equal(rp_trace_load(b.d.trace, &(struct rp_trace_options){0}, &t), 0);
-    const struct rp_trace_process *ph = e2e_find_pid(t, b.hostile);
-    assert_non_null(ph);
-    assert_false(ph->buffer_corrupted);
-    assert_int_equal(ph->heap_samples, 2);
+    struct rp_trace *t;
+    const struct rp_trace_process *ph = beside_hostile(&b, 2, &t);
     struct e2e_sums sums;
     e2e_sum_function(ph, "hl_first", &sums);
     assert_int_equal(sums.alloc_count, 2);
@@ -648,13 +653,8 @@ static void test_faults_bug_truncated_library_kills_service(void **state)
     const char *argv[] = {"truncate", "7", NULL};
     beside_run(&b, argv, NULL);
     assert_non_null(strstr(b.hostile_out, "service answered"));
-    struct rp_trace *t = NULL;
-    assert_int_equal(rp_trace_load(b.d.trace, &(struct rp_trace_options){0}, &t), 0);
-    const struct rp_trace_process *ph = e2e_find_pid(t, b.hostile);
-    assert_non_null(ph);
-    assert_false(ph->buffer_corrupted);
-    assert_int_equal(ph->heap_samples, 2);
-    assert_true(ph->unwinding_errors >= 1);
+    struct rp_trace *t;
+    assert_true(beside_hostile(&b, 2, &t)->unwinding_errors >= 1);
     rp_trace_free(t);
     beside_done(&b);
 }

@@ -56,6 +56,7 @@
 #include "shmem_ring/ring.h"
 #include "shmem_ring/ring_layout.h"
 #include "shmem_ring/wire.h"
+#include "tests/programs/unhash.h"
 
 static uint64_t rng_state;
 static unsigned long g_count = 200000; /* records of hashflood and randflood */
@@ -158,28 +159,6 @@ static void fill_alloc(struct wire_alloc *a, uint64_t seq)
     a->tid = (uint32_t)getpid();
 }
 
-/* The multiplicative inverse of odd @c modulo 2^64 (Newton's iteration doubles the
- * correct low bits each step). */
-static uint64_t inverse(uint64_t c)
-{
-    uint64_t x = c;
-    for (int i = 0; i < 6; i++)
-        x *= 2 - c * x;
-    return x;
-}
-
-/* The inverse of splitmix64's finalizer (the service's hash before it was keyed): each
- * xor-shift and multiply undone in reverse order. */
-static uint64_t unhash(uint64_t y)
-{
-    y ^= y >> 31 ^ y >> 62;
-    y *= inverse(0x94d049bb133111ebull);
-    y ^= y >> 27 ^ y >> 54;
-    y *= inverse(0xbf58476d1ce4e5b9ull);
-    y ^= y >> 30 ^ y >> 60;
-    return y;
-}
-
 /* hashflood / randflood: g_count allocations, every one waiting for room (none dropped),
  * so the service has all of them to process. */
 static void flood_addresses(ring_t *ring, int sock, bool crafted)
@@ -190,7 +169,7 @@ static void flood_addresses(ring_t *ring, int sock, bool crafted)
     unsigned long written = 0;
     for (unsigned long i = 0; i < g_count; i++) {
         fill_alloc(&a, i + 1);
-        a.addr = crafted ? unhash((uint64_t)(i + 1) << 32) : rnd() & ~15ull;
+        a.addr = crafted ? hp_test_unhash((uint64_t)(i + 1) << 32) : rnd() & ~15ull;
         int r;
         while ((r = write_record(ring, WIRE_ALLOC, &a, sizeof(a))) == -EAGAIN)
             poke(sock);
