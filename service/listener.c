@@ -32,6 +32,13 @@ static int make_dir(const struct svc_config *cfg, char **ret)
     if (cfg->socket_dir) {
         if (mkdir(cfg->socket_dir, 0700) < 0 && errno != EEXIST)
             return -errno;
+        /* One that was there already must be ours alone, as a runtime directory must: a
+         * directory another user prepared would let them replace our socket. */
+        struct stat st;
+        if (lstat(cfg->socket_dir, &st) < 0)
+            return -errno;
+        if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077) != 0)
+            return -EPERM;
         snprintf(tmpl, sizeof(tmpl), "%s", cfg->socket_dir);
     } else {
         int r = hp_private_dir_new(tmpl, sizeof(tmpl));
