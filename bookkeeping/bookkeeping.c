@@ -272,14 +272,19 @@ static void live_remove(struct bk_heap *h, uint64_t addr, struct bk_live *l)
 static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
 {
     int64_t site = site_get(h, r->callstack);
-    if (site < 0)
+    if (site < 0) {
+        bk->counters.dropped_records++;
         return;
+    }
     uint32_t si = (uint32_t)site;
     struct bk_site *s = &h->sites[si];
     struct bk_live *live;
+    /* -ENOSPC (an address the keyed live table cannot place) or -ENOMEM: dropped. */
     int found = hp_map_put(&h->live, r->addr, (void **)&live);
-    if (found < 0)
+    if (found < 0) {
+        bk->counters.dropped_records++;
         return;
+    }
     if (found == 0) {
         if (live->seq > r->seq) {
             /* A late record: the address was reused by a newer allocation, so this
@@ -299,6 +304,7 @@ static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
         uint64_t *big;
         if (hp_map_put(&h->big_sizes, r->addr, (void **)&big) < 0) {
             hp_map_remove(&h->live, r->addr);
+            bk->counters.dropped_records++;
             return;
         }
         *big = r->size;
@@ -462,8 +468,10 @@ void bk_record_alloc(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint
     if (!p)
         return;
     uint32_t cs;
-    if (bk__intern_stack(&bk->in, frames, n_frames, &cs) < 0)
+    if (bk__intern_stack(&bk->in, frames, n_frames, &cs) < 0) {
+        bk->counters.dropped_records++;
         return;
+    }
     struct bk_pending r = {.seq = seq,
                            .addr = addr,
                            .size = sample_size,

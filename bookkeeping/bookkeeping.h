@@ -104,7 +104,9 @@ struct bk_counters {
     uint64_t unknown_frees;
     uint64_t replaced_allocs;
     uint64_t seq_gaps;
-    uint64_t dropped_records; /* beyond the cap of heaps per process, or out of memory */
+    /* beyond the cap of heaps per process, out of memory, or refused by a table's probe
+     * bound (hp_map_put(), hp_idtab_add(): -ENOSPC) */
+    uint64_t dropped_records;
     uint64_t dumps;
     uint64_t packets_written;
     uint64_t source_lines; /* frames given a source line in ModuleSymbols */

@@ -155,6 +155,9 @@ struct bk_intern {
     size_t n_nodes, cap_nodes;
     struct bk_emit emit;
     int64_t unknown_mapping; /* id of the empty mapping, -1 until needed */
+    /* Keys every hash of the tables and the stack cache: the content comes from clients
+     * (pcs, paths, symbol names), who must not be able to aim at one slot. */
+    uint64_t seed;
 };
 
 int bk__intern_init(struct bk_intern *in) HP_WARN_UNUSED;

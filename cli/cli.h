@@ -28,6 +28,9 @@ struct cli_session {
     const char *prog;             /* for messages: "heapprof record" */
     const struct svc_config *cfg; /* checked already */
     const char *output;           /* trace file */
+    bool output_made_up;          /* a default name: never an existing file (cli/output.c) */
+    char *output_opened;          /* NULL, or PATH_MAX bytes for the path opened (a made-up name
+                                     may get a number), written before started() runs */
     bool quiet;                   /* no summary */
     int top;                      /* sites in the summary */
     struct cli_loop_opts loop;    /* the dump schedule is taken from @cfg */
@@ -42,6 +45,19 @@ struct cli_session {
  * output and prints the summary. Returns 0 or EXIT_PROFILER after a message on stderr;
  * the loop's outcome in @ret_res. */
 int cli_session_run(const struct cli_session *cs, struct cli_loop_result *ret_res);
+
+/* ---- the trace file (cli/output.c) ------------------------------------------------ */
+
+/* Opens the trace file @path for writing without following a symlink someone else
+ * planted or truncating a file that is not ours. A new file is created (O_EXCL, mode
+ * 0644). @made_up (a default name): an existing file is never reused, the next free
+ * "<stem>.N<ext>" (N <= 99) is taken. Otherwise an existing name is written to when it
+ * is a regular file owned by our effective uid with one link (then truncated), or a
+ * FIFO or character device, reached directly or through a symlink owned by us or root.
+ * The path opened goes to @ret_path (@path_len bytes). Returns the fd, or -errno with a
+ * message in @err. */
+int cli_output_open(const char *path, bool made_up, char *ret_path, size_t path_len, char *err,
+                    size_t err_len) HP_WARN_UNUSED;
 
 int cmd_record(int argc, char **argv);
 int cmd_report(int argc, char **argv);

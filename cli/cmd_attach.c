@@ -297,6 +297,7 @@ int cmd_attach(int argc, char **argv)
     cfg.socket_path = sock;
 
     char out_buf[PATH_MAX];
+    bool made_up = !output;
     if (!output) {
         if (cfg.n_pid == 1)
             snprintf(out_buf, sizeof(out_buf), "heapprof-%s-%d.pftrace", st->procs[0].name,
@@ -309,6 +310,7 @@ int cmd_attach(int argc, char **argv)
         .prog = "heapprof attach",
         .cfg = &cfg,
         .output = output,
+        .output_made_up = made_up,
         .quiet = quiet,
         .top = (int)top,
         .loop =

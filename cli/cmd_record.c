@@ -415,6 +415,7 @@ static int record_run(struct svc_config *cfg, char **child_argv, const char *out
         .prog = "heapprof record",
         .cfg = cfg,
         .output = out_path ? out_path : "?",
+        .output_made_up = !output,
         .quiet = quiet,
         .top = top,
         .loop =

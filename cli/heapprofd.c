@@ -103,7 +103,8 @@ static void signal_running(void *ctx, const struct svc_proc *p)
 
 struct daemon_run {
     const struct svc_config *cfg;
-    const char *socket_path, *output, *pidfile;
+    const char *socket_path, *pidfile;
+    char output[PATH_MAX]; /* the trace file opened */
 };
 
 static int daemon_started(void *ctx, svc_t *s)
@@ -117,7 +118,14 @@ static int daemon_started(void *ctx, svc_t *s)
             fclose(f);
         }
     }
-    fprintf(stderr, "heapprofd: listening on %s, writing %s\n", d->socket_path, d->output);
+    if (d->cfg->allow_other_users)
+        fprintf(stderr,
+                "heapprofd: listening on %s, mode 0666 (--allow-other-users): processes of "
+                "every user may connect (HEAPPROF_SOCKET=%s); each is checked by its uid and "
+                "its /proc descriptors; writing %s\n",
+                d->socket_path, d->socket_path, d->output);
+    else
+        fprintf(stderr, "heapprofd: listening on %s, writing %s\n", d->socket_path, d->output);
     if (!d->cfg->no_running && svc_config_has_targets(d->cfg))
         svc_proc_scan_targets(d->cfg, signal_running, NULL);
     return 0;
@@ -194,6 +202,12 @@ int cmd_daemon(int argc, char **argv)
         fprintf(stderr, "heapprofd: no targets (-p, -n, --all, or pid/process_cmdline in the "
                         "config): processes that connect are left unprofiled\n");
 
+    if (cfg.allow_other_users && geteuid() != 0) {
+        fprintf(stderr, "heapprofd: --allow-other-users needs root (only root may profile "
+                        "processes of other users)\n");
+        goto out;
+    }
+
     char dir[HP_PATH_MAX], sock[HP_PATH_MAX + 32], pidfile[HP_PATH_MAX + 32];
     pidfile[0] = '\0';
     if (!socket_path) {
@@ -204,13 +218,25 @@ int cmd_daemon(int argc, char **argv)
         }
         snprintf(sock, sizeof(sock), "%s/%s", dir, HP_DAEMON_SOCKET_NAME);
         snprintf(pidfile, sizeof(pidfile), "%s/heapprofd.pid", dir);
+        /* The runtime dir is ours alone (mode 0700): other users' processes could not
+         * reach a socket in it. */
+        char shared[HP_PATH_MAX];
+        if (cfg.allow_other_users) {
+            if (hp_shared_dir_prepare(shared, sizeof(shared), err, sizeof(err)) < 0) {
+                fprintf(stderr, "heapprofd: %s (or give --socket PATH)\n", err);
+                rc = EXIT_PROFILER;
+                goto out;
+            }
+            snprintf(sock, sizeof(sock), "%s/%s", shared, HP_DAEMON_SOCKET_NAME);
+        }
         socket_path = sock;
     }
     cfg.socket_path = socket_path;
 
     char out_buf[PATH_MAX];
     struct stat st;
-    if (!output || (stat(output, &st) == 0 && S_ISDIR(st.st_mode))) {
+    bool made_up = !output || (stat(output, &st) == 0 && S_ISDIR(st.st_mode));
+    if (made_up) {
         char ts[32];
         time_t now = time(NULL);
         struct tm tm;
@@ -222,12 +248,13 @@ int cmd_daemon(int argc, char **argv)
                  output ? output : "", output ? "/" : "", ts, (int)getpid());
         output = out_buf;
     }
-    struct daemon_run d = {
-        .cfg = &cfg, .socket_path = socket_path, .output = output, .pidfile = pidfile};
+    struct daemon_run d = {.cfg = &cfg, .socket_path = socket_path, .pidfile = pidfile};
     struct cli_session cs = {
         .prog = "heapprofd",
         .cfg = &cfg,
         .output = output,
+        .output_made_up = made_up,
+        .output_opened = d.output,
         .top = 0,
         .loop = {.status_line = status_line && isatty(STDERR_FILENO)},
         .started = daemon_started,

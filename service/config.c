@@ -97,7 +97,8 @@ const struct svc_config_field svc_config_fields[] = {
      "check every Nth stack a thread walked itself against an unwind of its copy (default "
      "1024; 0: never)"},
     {"allow_other_users", 0, SVC_FIELD_BOOL, 0, FIELD(allow_other_users), 0, 1, "allow-other-users",
-     0, NULL, "allow_other_users", NULL, "as root, also profile other users' processes"},
+     0, NULL, "allow_other_users", NULL,
+     "as root, also profile other users' processes (socket mode 0666)"},
 };
 const size_t svc_n_config_fields = HP_ARRAY_SIZE(svc_config_fields);
 

@@ -32,6 +32,13 @@ static int make_dir(const struct svc_config *cfg, char **ret)
     if (cfg->socket_dir) {
         if (mkdir(cfg->socket_dir, 0700) < 0 && errno != EEXIST)
             return -errno;
+        /* One that was there already must be ours alone, as a runtime directory must: a
+         * directory another user prepared would let them replace our socket. */
+        struct stat st;
+        if (lstat(cfg->socket_dir, &st) < 0)
+            return -errno;
+        if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077) != 0)
+            return -EPERM;
         snprintf(tmpl, sizeof(tmpl), "%s", cfg->socket_dir);
     } else {
         int r = hp_private_dir_new(tmpl, sizeof(tmpl));
@@ -45,7 +52,10 @@ static int make_dir(const struct svc_config *cfg, char **ret)
     return 0;
 }
 
-static int listen_on(const char *path, int *ret_fd)
+/* With @for_everyone the socket file is made mode 0666 (connect(2) needs write
+ * permission on it): bound under umask 0111, so no chmod of a path another user could
+ * swap in between. The umask is the process's: this runs before any thread of ours. */
+static int listen_on(const char *path, bool for_everyone, int *ret_fd)
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof(addr.sun_path))
@@ -67,8 +77,13 @@ static int listen_on(const char *path, int *ret_fd)
         tmp = addr; /* no room for a temporary name: bind in place */
     (void)unlink(path);
     (void)unlink(tmp.sun_path);
-    if (bind(fd, (struct sockaddr *)&tmp, sizeof(tmp)) < 0)
-        return -errno;
+    mode_t old_mask = for_everyone ? umask(0111) : 0;
+    int b = bind(fd, (struct sockaddr *)&tmp, sizeof(tmp));
+    int bind_errno = errno;
+    if (for_everyone)
+        (void)umask(old_mask);
+    if (b < 0)
+        return -bind_errno;
     if (listen(fd, 128) < 0 || (strcmp(tmp.sun_path, path) && rename(tmp.sun_path, path) < 0)) {
         int r = -errno;
         (void)unlink(tmp.sun_path);
@@ -76,6 +91,27 @@ static int listen_on(const char *path, int *ret_fd)
     }
     *ret_fd = HP_TAKE_FD(fd);
     return 0;
+}
+
+/* --allow-other-users: says when a directory above the socket keeps other users out
+ * (connect(2) needs search permission on each). */
+static void warn_unreachable(const char *sock_path)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s", sock_path);
+    for (char *slash = strrchr(dir, '/'); slash; slash = strrchr(dir, '/')) {
+        if (slash == dir)
+            slash[1] = '\0'; /* "/" itself */
+        else
+            *slash = '\0';
+        struct stat st;
+        if (stat(dir, &st) == 0 && !(st.st_mode & S_IXOTH))
+            hp_log_warn("--allow-other-users: %s (mode %04o) is not searchable by other users: "
+                        "their processes cannot reach %s",
+                        dir, (unsigned)(st.st_mode & 07777), sock_path);
+        if (slash == dir)
+            break;
+    }
 }
 
 int svc__listener_open(struct svc *s)
@@ -94,7 +130,9 @@ int svc__listener_open(struct svc *s)
         s->sock_path = NULL;
         return -ENOMEM;
     }
-    r = listen_on(s->sock_path, &s->listen_fd);
+    r = listen_on(s->sock_path, s->cfg.allow_other_users, &s->listen_fd);
+    if (r == 0 && s->cfg.allow_other_users)
+        warn_unreachable(s->sock_path);
     if (r < 0) {
         if (r == -EADDRINUSE)
             hp_log_error("another heapprof service is already listening on %s", s->sock_path);
@@ -111,23 +149,17 @@ int svc__listener_open(struct svc *s)
     return 0;
 }
 
-/* The route of @pid, added (with unwinder @fallback) when missing; NULL when out of
- * memory. */
-static struct svc_route *route_get(struct svc *s, pid_t pid, unsigned fallback)
+/* The unwinder of @pid's route, added (as @fallback) when missing; @fallback when out
+ * of memory. */
+static unsigned route_get(struct svc *s, pid_t pid, unsigned fallback)
 {
-    for (size_t i = 0; i < s->n_routes; i++)
-        if (s->routes[i].pid == pid)
-            return &s->routes[i];
-    if (s->n_routes == s->cap_routes) {
-        size_t cap = s->cap_routes ? s->cap_routes * 2 : 16;
-        struct svc_route *r = realloc(s->routes, cap * sizeof(*r));
-        if (!r)
-            return NULL;
-        s->routes = r;
-        s->cap_routes = cap;
-    }
-    s->routes[s->n_routes] = (struct svc_route){.pid = pid, .unwinder = fallback};
-    return &s->routes[s->n_routes++];
+    uint64_t *u;
+    int r = hp_map_put(&s->routes, (uint64_t)(uint32_t)pid, (void **)&u);
+    if (r < 0)
+        return fallback;
+    if (r == 1)
+        *u = fallback;
+    return (unsigned)*u;
 }
 
 static void hand_over(struct svc *s, struct svc_client *c)
@@ -142,9 +174,7 @@ static void hand_over(struct svc *s, struct svc_client *c)
     /* A pid seen before (it exec'd, or its number was reused): the thread that had its
      * last session, which may still be live there; that thread ends it before starting
      * this one (svc__unwinder_main), so the bookkeeping thread sees them in order. */
-    struct svc_route *route = route_get(s, c->pid, (unsigned)(best - s->unwinders));
-    if (route)
-        best = &s->unwinders[route->unwinder];
+    best = &s->unwinders[route_get(s, c->pid, (unsigned)(best - s->unwinders))];
     atomic_fetch_add_explicit(&best->nclients, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->live_clients, 1, memory_order_relaxed);
     pthread_mutex_lock(&best->lock);

@@ -28,19 +28,18 @@
 
 #define MAX_UNWINDERS 8
 
-/* A set of pids (the registry's seen and done lists). Caller holds done_lock. */
-static void pids_add_locked(struct svc_pids *l, pid_t pid)
+/* A set of pids (the registry's seen and done sets). Caller holds done_lock. A pid that
+ * finds no room is not recorded: its waiter then waits out its own timeout. */
+static void pids_add_locked(struct hp_map *set, pid_t pid)
 {
-    if (hp_grow((void **)&l->pids, &l->cap, l->n + 1, sizeof(*l->pids)) == 0)
-        l->pids[l->n++] = pid;
+    void *v;
+    (void)!hp_map_put(set, (uint64_t)(uint32_t)pid, &v);
 }
 
-static bool pids_has(struct svc *s, const struct svc_pids *l, pid_t pid)
+static bool pids_has(struct svc *s, const struct hp_map *set, pid_t pid)
 {
-    bool found = false;
     pthread_mutex_lock(&s->done_lock);
-    for (size_t i = 0; i < l->n && !found; i++)
-        found = l->pids[i] == pid;
+    bool found = hp_map_get(set, (uint64_t)(uint32_t)pid) != NULL;
     pthread_mutex_unlock(&s->done_lock);
     return found;
 }
@@ -213,6 +212,9 @@ int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret)
     s->out_fd = out_fd;
     s->listen_fd = s->epfd = -1;
     pthread_mutex_init(&s->done_lock, NULL);
+    hp_map_init(&s->done, 0);
+    hp_map_init(&s->seen, 0);
+    hp_map_init(&s->routes, sizeof(uint64_t));
     svc__bkq_init(&s->bkq);
     s->ctl.q = &s->bkq;
 
@@ -347,9 +349,9 @@ svc_t *svc_free(svc_t *s)
         (void)rmdir(s->dir);
     free(s->sock_path);
     free(s->dir);
-    free(s->done.pids);
-    free(s->seen.pids);
-    free(s->routes);
+    hp_map_done(&s->done);
+    hp_map_done(&s->seen);
+    hp_map_done(&s->routes);
     free(s->ctl.cur);
     svc__bkq_done(&s->bkq);
     pthread_mutex_destroy(&s->done_lock);

@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include "bookkeeping/bookkeeping.h"
+#include "common/containers.h"
 #include "common/frame.h"
 #include "service/svc.h"
 #include "shmem_ring/ring.h"
@@ -194,18 +195,6 @@ struct svc_unwinder {
     struct hp_frame audit_frames[UNWINDER_MAX_FRAMES + 1];
 };
 
-/* A growing list of pids. */
-struct svc_pids {
-    pid_t *pids;
-    size_t n, cap;
-};
-
-/* Which unwinder thread serves a pid's latest session. */
-struct svc_route {
-    pid_t pid;
-    unsigned unwinder;
-};
-
 /* An accepted connection whose hello has not fully arrived yet. */
 struct svc_pending_hello {
     int fd;
@@ -235,13 +224,15 @@ struct svc {
     struct svc_unwinder *unwinders;
     unsigned next_unwinder;
     /* The main thread's: every session of a pid goes to the same unwinder thread, so a
-     * new session (the process exec'd) is started only after the old one ended. */
-    struct svc_route *routes;
-    size_t n_routes, cap_routes;
-    /* pids whose clients are fully drained (written by the bookkeeping thread), and pids
-     * that completed a handshake (main thread); both protected by done_lock */
+     * new session (the process exec'd) is started only after the old one ended. pid ->
+     * unwinder index (uint64_t); keyed hash maps, as pids come and go by the thousand
+     * under a busy daemon and a list would make each handshake scan them all. */
+    struct hp_map routes;
+    /* Sets of pids (no values): whose clients are fully drained (written by the
+     * bookkeeping thread), and that completed a handshake (main thread); both protected
+     * by done_lock */
     pthread_mutex_t done_lock;
-    struct svc_pids done, seen;
+    struct hp_map done, seen;
     _Atomic unsigned live_clients;
     /* the owner thread's own producer, for control messages (dumps) */
     struct svc_batcher ctl;
