@@ -72,7 +72,22 @@ def main():
                 failures.append("string %r missing" % name)
         if "build_id: %d" % strings.index("deadbeef") not in text if "deadbeef" in strings else True:
             failures.append("no mapping carries the build id")
-        if text.count("\nfunction {") != 4 or text.count("\nmapping {") != 3:
+        # The unnamed frame (no mapping) keeps its address as its name.
+        if "?+0xdead" not in strings:
+            failures.append("the unnamed frame has no name of its own")
+        # default_sample_type is a string table index.
+        dst = re.search(r"^default_sample_type: (\d+)", text, re.MULTILINE)
+        if not dst or st(int(dst.group(1))) != "inuse_space":
+            failures.append("default_sample_type: %r" % (dst and st(int(dst.group(1)))))
+        # The main executable is the first mapping.
+        first = re.search(r"^mapping \{\n(.*?)^\}", text, re.MULTILINE | re.DOTALL)
+        fn = first and re.search(r"filename: (\d+)", first.group(1))
+        if not fn or st(int(fn.group(1))) != "/usr/bin/app":
+            failures.append("first mapping: %r" % (fn and st(int(fn.group(1)))))
+        # malloc has a source line in the trace: its Function has the file name.
+        if "malloc/malloc.c" not in strings:
+            failures.append("no source file names")
+        if text.count("\nfunction {") != 5 or text.count("\nmapping {") != 3:
             failures.append("functions/mappings: %d/%d" % (text.count("\nfunction {"),
                                                            text.count("\nmapping {")))
         # Selection: one dump of one process to an exact file name.
