@@ -200,6 +200,10 @@ static void print_site(FILE *out, size_t rank, const struct rp_trace_callsite *c
 {
     char b1[64], b2[64], n1[128], n2[128];
     double scale = rp_callsite_count_scale(c);
+    /* Each sampled allocation standing for exactly one: all were at least the interval
+     * large, recorded exactly. */
+    if (c->est_alloc_count && c->est_alloc_count == c->alloc_count)
+        interval = 1;
     uint64_t un = unreleased(c);
     switch (o) {
     case BY_UNRELEASED:
