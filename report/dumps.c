@@ -364,5 +364,6 @@ int rp__parse_profile_packet(struct rd *rd, struct rd_seq *seq, const uint8_t *b
         return r;
     if (it.error)
         return -EBADMSG;
+    seq->in_dump = continued;
     return continued ? 0 : chain_commit(rd, seq);
 }

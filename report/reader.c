@@ -79,8 +79,9 @@ static struct rd_seq *seq_get(struct rd *rd, uint32_t id)
 static int seq_clear(struct rd *rd, struct rd_seq *seq)
 {
     (void)rd;
-    if (seq->n_chain)
+    if (seq->in_dump)
         rd->tp->pub.incomplete_dumps++;
+    seq->in_dump = false;
     rp__chain_drop(seq);
     rp__seq_tables_done(seq);
     rp__seq_tables_init(seq);
@@ -284,7 +285,7 @@ static int finish(struct rd *rd)
 {
     struct rp_trace *t = &rd->tp->pub;
     for (size_t i = 0; i < rd->n_seqs; i++)
-        if (rd->seqs[i]->n_chain)
+        if (rd->seqs[i]->in_dump)
             t->incomplete_dumps++; /* the file ends inside a dump */
     if (t->incomplete_dumps)
         t->truncated = true;

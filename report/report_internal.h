@@ -111,6 +111,7 @@ struct rd_seq {
     struct hp_map path_cache;      /* mapping iid -> struct rd_mapping_info */
     bool have_index;
     uint64_t next_index;
+    bool in_dump;           /* the last ProfilePacket had `continued` */
     struct rd_pdump *chain; /* the dump in progress */
     size_t n_chain, cap_chain;
     struct hp_idtab chain_index; /* (pid, heap) -> index in chain */
