@@ -546,9 +546,14 @@ int bk_process_end(bk_t *bk, int32_t pid, const struct bk_process_stats *stats, 
 
 void bk_get_counters(bk_t *bk, struct bk_counters *ret)
 {
-    for (size_t i = 0; i < bk->n_procs; i++)
+    uint64_t live = 0;
+    for (size_t i = 0; i < bk->n_procs; i++) {
         bk__flush_ready(bk, bk->procs[i]);
+        for (size_t k = 0; k < bk->procs[i]->n_heaps; k++)
+            live += bk->procs[i]->heaps[k]->live_total;
+    }
     *ret = bk->counters;
+    ret->live_bytes = live;
 }
 
 void bk__set_max_packet_bytes(bk_t *bk, size_t n)
