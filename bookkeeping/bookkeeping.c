@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,6 +144,7 @@ int bk_process_start(bk_t *bk, int32_t pid, const char *cmdline, size_t cmdline_
     p->pid = pid;
     p->from_startup = from_startup;
     p->sampling_interval_bytes = sampling_interval_bytes;
+    p->log_keep = sampling_interval_bytes > 1 ? log1p(-1.0 / (double)sampling_interval_bytes) : 0;
     p->next_seq = 1;
     p->cmdline = malloc(cmdline_len + 1);
     if (!p->cmdline || !heap_get(bk, p, 0)) {
@@ -291,6 +293,7 @@ static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
              * one was freed in between (its free, seen first, was an unknown free). */
             s->allocated += r->size;
             s->alloc_count++;
+            s->est_allocs += r->weight;
             s->freed += r->size;
             s->free_count++;
             return;
@@ -314,6 +317,7 @@ static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
     site_touch(h, si);
     s->allocated += r->size;
     s->alloc_count++;
+    s->est_allocs += r->weight;
     h->live_total += r->size;
     *live = (struct bk_live){.seq = r->seq, .site = si, .size = small};
     if (h->live_total > h->peak_total)
@@ -459,11 +463,22 @@ void bk__flush_pending(bk_t *bk, struct bk_proc *p)
     bk__flush_ready(bk, p);
 }
 
+/* The allocations a sampled one of @size bytes stands for, in BK_WEIGHT_ONE units:
+ * 1 / P(sampled). The client picks each byte with probability 1 / interval and records
+ * every allocation of at least the interval, so P = 1 - (1 - 1/interval)^size below it
+ * (the Horvitz-Thompson weight; Go's runtime scales its heap profiles the same way). */
+static uint32_t alloc_weight(const struct bk_proc *p, uint64_t size)
+{
+    if (size >= p->sampling_interval_bytes || p->log_keep == 0 || size == 0)
+        return BK_WEIGHT_ONE;
+    double w = -1.0 / expm1((double)size * p->log_keep) * BK_WEIGHT_ONE + 0.5;
+    return w < (double)UINT32_MAX ? (uint32_t)w : UINT32_MAX;
+}
+
 void bk_record_alloc(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint64_t addr,
                      uint64_t size, uint64_t sample_size, const struct hp_frame *frames,
                      size_t n_frames)
 {
-    (void)size; /* the real size is not reported; sample_size is the unbiased estimate */
     struct bk_proc *p = bk__find_proc(bk, pid);
     if (!p)
         return;
@@ -477,7 +492,8 @@ void bk_record_alloc(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint
                            .size = sample_size,
                            .callstack = cs,
                            .heap_id = heap_id,
-                           .kind = BK_REC_ALLOC};
+                           .kind = BK_REC_ALLOC,
+                           .weight = alloc_weight(p, size)};
     submit(bk, p, &r);
 }
 
@@ -538,9 +554,14 @@ int bk_process_end(bk_t *bk, int32_t pid, const struct bk_process_stats *stats, 
 
 void bk_get_counters(bk_t *bk, struct bk_counters *ret)
 {
-    for (size_t i = 0; i < bk->n_procs; i++)
+    uint64_t live = 0;
+    for (size_t i = 0; i < bk->n_procs; i++) {
         bk__flush_ready(bk, bk->procs[i]);
+        for (size_t k = 0; k < bk->procs[i]->n_heaps; k++)
+            live += bk->procs[i]->heaps[k]->live_total;
+    }
     *ret = bk->counters;
+    ret->live_bytes = live;
 }
 
 void bk__set_max_packet_bytes(bk_t *bk, size_t n)

@@ -111,6 +111,7 @@ struct bk_counters {
     uint64_t packets_written;
     uint64_t source_lines; /* frames given a source line in ModuleSymbols */
     uint64_t bytes_written;
+    uint64_t live_bytes;  /* sampled bytes live now, in every heap of every process */
     int last_write_error; /* 0 or -errno of the last failed write */
 };
 /* Applies the records in order that wait to be (see bk_proc.ready in state.h) first. */

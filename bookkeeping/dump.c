@@ -257,6 +257,7 @@ static void put_item(bk_t *bk, struct enc *e, enum src src, size_t i, const stru
             put_uint(e, PF_SAMPLE(self_max), mb);
             put_uint(e, PF_SAMPLE(self_max_count), mc);
         }
+        put_uint(e, PF_SAMPLE(est_alloc_count), bk__site_est_allocs(s));
         break;
     }
     case SRC_COUNT:

@@ -153,6 +153,20 @@ static bool attach_tick(void *ctx, svc_t *s)
     return false;
 }
 
+/* The -n names, quoted and joined, for messages. */
+static const char *names_of(const struct svc_config *cfg, char *buf, size_t len)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < cfg->n_process_cmdline && n < len; i++) {
+        int k = snprintf(buf + n, len - n, "%s'%s'", i ? ", " : "", cfg->process_cmdline[i]);
+        if (k < 0)
+            break;
+        n += (size_t)k;
+    }
+    return buf;
+}
+
 static int attach_started(void *ctx, svc_t *s)
 {
     (void)s;
@@ -162,6 +176,12 @@ static int attach_started(void *ctx, svc_t *s)
     if (st->have_names) {
         scan_names(st);
         st->next_scan_ns = hp_clock_ns(CLOCK_MONOTONIC) + 500000000u;
+        char names[512];
+        if (st->n_signalled == 0 && st->verbose)
+            fprintf(stderr,
+                    "heapprof attach: no running process matches %s yet; waiting for one to "
+                    "start\n",
+                    names_of(st->cfg, names, sizeof(names)));
     }
     return 0;
 }
@@ -327,6 +347,12 @@ int cmd_attach(int argc, char **argv)
     };
     struct cli_loop_result res;
     rc = cli_session_run(&cs, &res);
+    if (rc == 0 && st->have_names && cfg.n_pid == 0 && st->n_signalled == 0) {
+        char names[512];
+        fprintf(stderr, "heapprof attach: no process matched %s: nothing was profiled\n",
+                names_of(&cfg, names, sizeof(names)));
+        rc = 1;
+    }
 out:
     free(st);
     cli_opts_done(&opts);

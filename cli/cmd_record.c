@@ -348,6 +348,24 @@ static int record_run(struct svc_config *cfg, char **child_argv, const char *out
         fprintf(stderr, "heapprof record: cannot read '%s': %s\n", prog, strerror(-dyn));
         return EXIT_CANNOT_RUN;
     }
+    /* What execve() would refuse, refused before anything (a trace) is made. */
+    struct stat pst;
+    const char *why = NULL;
+    if (stat(prog, &pst) < 0 || (S_ISREG(pst.st_mode) && access(prog, X_OK) < 0))
+        why = strerror(errno);
+    else if (!S_ISREG(pst.st_mode))
+        why = "not a regular file";
+    if (why) {
+        fprintf(stderr, "heapprof record: cannot run '%s': %s\n", prog, why);
+        return EXIT_CANNOT_RUN;
+    }
+    if (dyn == -ENOEXEC) {
+        fprintf(stderr,
+                "heapprof record: cannot run '%s': not an executable format (no 64-bit ELF "
+                "header, no #! line)\n",
+                prog);
+        return EXIT_CANNOT_RUN;
+    }
     HP_CLEANUP_FREE char *lib = find_library();
     if (!lib) {
         fprintf(stderr, "heapprof record: cannot find libheapprof.so next to the heapprof "

@@ -6,6 +6,11 @@
 #include "common/format.h"
 #include "report/report.h"
 
+/* Up to this many processes, each gets its top sites in the summary. */
+#define SUMMARY_FULL_PROCESSES 3
+/* Beyond, a table, and the top sites of this many processes. */
+#define SUMMARY_LARGEST 3
+
 void cli_print_summary(const char *out_path, const struct svc_summary *sum, int top)
 {
     char hb[32];
@@ -36,9 +41,17 @@ void cli_print_summary(const char *out_path, const struct svc_summary *sum, int 
     if (top > 0) {
         struct rp_trace *t;
         if (rp_trace_load(out_path, &(struct rp_trace_options){0}, &t) == 0) {
-            rp_report_print(stderr, t,
-                            &(struct rp_report_options){
-                                .top_n = top, .demangle = true, .unreleased_only = true});
+            struct rp_report_options ro = {
+                .top_n = top, .demangle = true, .unreleased_only = true, .no_stacks = false};
+            size_t dumped = 0;
+            for (size_t i = 0; i < t->n_processes; i++)
+                dumped += t->processes[i].selected;
+            /* Many processes (a build, a shell script): one line each, and the sites of
+             * the few that hold the most, so the summary stays a screen long. */
+            if (dumped > SUMMARY_FULL_PROCESSES)
+                rp_report_print_summary(stderr, t, &ro, SUMMARY_LARGEST);
+            else
+                rp_report_print(stderr, t, &ro);
             rp_trace_free(t);
         }
     }

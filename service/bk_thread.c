@@ -90,6 +90,7 @@ void *svc__bk_main(void *arg)
         bk_get_counters(s->bk, &c);
         atomic_store_explicit(&s->stat_dumps, c.dumps, memory_order_relaxed);
         atomic_store_explicit(&s->stat_bytes, c.bytes_written, memory_order_relaxed);
+        atomic_store_explicit(&s->stat_live_bytes, c.live_bytes, memory_order_relaxed);
     }
     int r = bk_dump_all(s->bk);
     if (r < 0)

@@ -76,6 +76,7 @@ void svc_get_status(svc_t *s, struct svc_status *ret)
     ret->records_dropped = atomic_load_explicit(&s->drops, memory_order_relaxed);
     ret->dumps = atomic_load_explicit(&s->stat_dumps, memory_order_relaxed);
     ret->output_bytes = atomic_load_explicit(&s->stat_bytes, memory_order_relaxed);
+    ret->live_bytes = atomic_load_explicit(&s->stat_live_bytes, memory_order_relaxed);
 }
 
 int svc_dump_now(svc_t *s)

@@ -196,6 +196,7 @@ struct svc_status {
     uint64_t records_dropped;
     uint64_t dumps;
     uint64_t output_bytes; /* complete packets written so far */
+    uint64_t live_bytes;   /* sampled heap bytes live in the profiled processes */
 };
 void svc_get_status(svc_t *s, struct svc_status *ret);
 

@@ -241,6 +241,7 @@ struct svc {
     unsigned n_dump_barriers; /* the number of unwinders, fixed before any thread starts */
     bool guardrail_fired;
     _Atomic uint64_t stat_dumps, stat_bytes; /* published by the bk thread */
+    _Atomic uint64_t stat_live_bytes;        /* published by the bk thread */
     /* summary counters, atomics updated by the threads */
     _Atomic uint64_t processes, samples, frees, drops, unwind_errors, rejected, corrupt;
     _Atomic uint64_t walked, audits, audit_mismatches;
