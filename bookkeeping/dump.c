@@ -2,7 +2,7 @@
  *
  * A dump of one heap of one process is a run of TracePackets, each of them
  *
- *     TracePacket { timestamp (BOOTTIME), trusted_packet_sequence_id,
+ *     TracePacket { timestamp (BOOTTIME), trusted_packet_sequence_id (not with a sink),
  *                   sequence_flags = SEQ_NEEDS_INCREMENTAL_STATE,
  *                   interned_data { function_names, mapping_paths, build_ids,
  *                                   mappings, frames, callstacks }     (new entries only)
@@ -421,6 +421,29 @@ static int writev_all(int fd, struct iovec *iov, int n)
     }
 }
 
+/* Hands one packet to the sink, after the packet that restarts the interned data when
+ * that is due. A dropped packet is counted and makes the next one restart it. */
+static int write_sink(bk_t *bk, const struct iovec *iov, int n, size_t len)
+{
+    int r;
+    if (bk->needs_reset && !bk->in_reset && (r = bk__write_start(bk)) < 0)
+        return r;
+    r = bk->sink.write_packet(bk->sink.ctx, iov, n, len);
+    if (r == -ENOBUFS) {
+        bk->counters.packets_dropped++;
+        bk->needs_reset = true;
+        return r;
+    }
+    if (r < 0) {
+        bk->counters.last_write_error = r;
+        bk->out_broken = true;
+        return r;
+    }
+    bk->counters.packets_written++;
+    bk->counters.bytes_written += len;
+    return 0;
+}
+
 /* Appends one Trace.packet: the frame header for @len bytes of packet, then the packet,
  * in the pieces @iov[1..@n) (iov[0] is the header's). After a failed write nothing more
  * is written, so the file stays a valid trace up to a possibly truncated last packet
@@ -429,6 +452,8 @@ static int write_framed(bk_t *bk, struct iovec *iov, int n, size_t len)
 {
     if (bk->out_broken)
         return bk->counters.last_write_error;
+    if (bk->has_sink)
+        return write_sink(bk, iov + 1, n - 1, len);
     uint8_t hdr[FRAME_HEADROOM];
     size_t hlen = hp_pb_put_packet_header(hdr, len);
     iov[0] = (struct iovec){hdr, hlen};
@@ -462,8 +487,9 @@ static perfetto_protos_TracePacket packet_new(const bk_t *bk, uint64_t ts_boot_n
     perfetto_protos_TracePacket pkt = perfetto_protos_TracePacket_init_zero;
     pkt.has_timestamp = true;
     pkt.timestamp = ts_boot_ns;
-    pkt.has_trusted_packet_sequence_id = true;
-    pkt.trusted_packet_sequence_id = bk->sequence_id;
+    /* traced numbers a sink's sequence itself and rejects packets that do. */
+    pkt.has_trusted_packet_sequence_id = !bk->has_sink;
+    pkt.trusted_packet_sequence_id = bk->has_sink ? 0 : bk->sequence_id;
     return pkt;
 }
 
@@ -499,7 +525,21 @@ static bool encode_empty_string_cb(pb_ostream_t *s, const pb_field_iter_t *field
 int bk__write_start(bk_t *bk)
 {
     perfetto_protos_TracePacket pkt = packet_new(bk, 0);
-    fill_clock_snapshot(&pkt);
+    if (bk->has_sink) {
+        /* traced's clock snapshots cover BOOTTIME and MONOTONIC_COARSE. */
+        pkt.timestamp = hp_clock_ns(CLOCK_BOOTTIME);
+        pkt.has_first_packet_on_sequence = !bk->sequence_started;
+        pkt.first_packet_on_sequence = !bk->sequence_started;
+        int r = bk__intern_emit_all(&bk->in);
+        if (r < 0)
+            return r;
+        bk->emitted_mappings = bk->emitted_frames = 0;
+        bk->emitted_callstacks = bk->emitted_callstacks_off = 0;
+        for (int k = 0; k < BK_STR_KINDS; k++)
+            bk->emitted_str[k] = 0;
+    } else {
+        fill_clock_snapshot(&pkt);
+    }
     pkt.has_sequence_flags = true;
     pkt.sequence_flags = SEQ_INCREMENTAL_STATE_CLEARED;
     /* iid 0 = "" in each string table, as Perfetto's readers expect for "no name",
@@ -508,16 +548,25 @@ int bk__write_start(bk_t *bk)
     pkt.interned_data.function_names.funcs.encode = encode_empty_string_cb;
     pkt.interned_data.mapping_paths.funcs.encode = encode_empty_string_cb;
     pkt.interned_data.build_ids.funcs.encode = encode_empty_string_cb;
+    bk->in_reset = true;
     int r = write_packet(bk, &pkt);
+    bk->in_reset = false;
     if (r < 0)
         return r;
     for (int k = 0; k < BK_STR_KINDS; k++)
         bk->emitted_str[k] = 1;
+    if (bk->has_sink) {
+        bk->counters.sequence_resets += bk->sequence_started;
+        bk->sequence_started = true;
+        bk->needs_reset = false;
+    }
     return 0;
 }
 
 int bk__write_clock_snapshot(bk_t *bk)
 {
+    if (bk->has_sink)
+        return 0;
     perfetto_protos_TracePacket pkt = packet_new(bk, 0);
     fill_clock_snapshot(&pkt);
     return write_packet(bk, &pkt);
@@ -566,6 +615,14 @@ int bk__write_process_tree(bk_t *bk, const struct bk_proc *p)
 static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
 {
     const struct bk_intern *in = &bk->in;
+    if (bk->has_sink) {
+        /* Before anything is encoded: a restart re-emits every interned entry. */
+        if (bk->sink.take_clear_request && bk->sink.take_clear_request(bk->sink.ctx))
+            bk->needs_reset = true;
+        int r = bk->needs_reset ? bk__write_start(bk) : 0;
+        if (r < 0)
+            return r;
+    }
     size_t begin[SRC_COUNT], limit[SRC_COUNT];
     for (int s = SRC_FUNCTION_NAMES; s <= SRC_BUILD_IDS; s++) {
         begin[s] = bk->emitted_str[src_str_kind[s]];
@@ -601,7 +658,8 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
         if (!enc_reserve(bk, &e, fixed + 64))
             return -ENOMEM;
         put_uint(&e, 8, ts_boot);
-        put_uint(&e, 10, bk->sequence_id);
+        if (!bk->has_sink)
+            put_uint(&e, 10, bk->sequence_id);
         put_uint(&e, 13, SEQ_NEEDS_INCREMENTAL_STATE);
         const size_t start = e.len;
         size_t used = 0;
@@ -675,6 +733,8 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
                                {(void *)e.ext, e.ext_len},
                                {e.p + e.ext_at, e.ext ? e.len - e.ext_at : 0}};
         int r = write_framed(bk, iov, 4, e.len + e.ext_len);
+        if (r == -ENOBUFS)
+            bk->next_packet_index++; /* the gap tells readers a packet is missing */
         if (r < 0)
             return r;
         bk->next_packet_index++;
@@ -725,7 +785,8 @@ static int flush_module(bk_t *bk, struct module_syms *ms)
     mod.oom |= ms->syms.oom;
     ms->syms.len = 0;
     hp_pbw_uint_always(&pkt, 8, hp_clock_ns(CLOCK_BOOTTIME));
-    hp_pbw_uint_always(&pkt, 10, bk->sequence_id);
+    if (!bk->has_sink)
+        hp_pbw_uint_always(&pkt, 10, bk->sequence_id);
     hp_pbw_msg(&pkt, TRACE_PACKET_MODULE_SYMBOLS, &mod);
     int r = pkt.oom ? -ENOMEM : write_raw_packet(bk, pkt.p, pkt.len);
     free(mod.p);
@@ -809,4 +870,27 @@ int bk__dump_proc(bk_t *bk, struct bk_proc *p)
     }
     bk->counters.dumps++;
     return write_source_lines(bk);
+}
+
+int bk_process_rejected(bk_t *bk, int32_t pid)
+{
+    struct hp_pbw hs = {0}, pp = {0}, pkt = {0};
+    hp_pbw_uint_always(&hs, 1, (uint64_t)(uint32_t)pid);
+    hp_pbw_uint_always(&hs, 4, 1); /* rejected_concurrent */
+    hp_pbw_uint_always(&hs, 9, hp_clock_ns(CLOCK_MONOTONIC_COARSE));
+    hp_pbw_msg(&pp, 5, &hs);
+    hp_pbw_uint_always(&pp, 6, 0); /* continued */
+    hp_pbw_uint_always(&pp, 7, bk->next_packet_index);
+    hp_pbw_uint_always(&pkt, 8, hp_clock_ns(CLOCK_BOOTTIME));
+    if (!bk->has_sink)
+        hp_pbw_uint_always(&pkt, 10, bk->sequence_id);
+    hp_pbw_uint_always(&pkt, 13, SEQ_NEEDS_INCREMENTAL_STATE);
+    hp_pbw_msg(&pkt, 37, &pp);
+    int r = pkt.oom || pp.oom || hs.oom ? -ENOMEM : write_raw_packet(bk, pkt.p, pkt.len);
+    if (r == 0)
+        bk->next_packet_index++;
+    free(hs.p);
+    free(pp.p);
+    free(pkt.p);
+    return r;
 }
