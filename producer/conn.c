@@ -209,7 +209,7 @@ static void disconnect(prod_t *p, const char *why)
     if (p->fd < 0)
         return;
     bool had_session = p->state == ST_READY;
-    if (had_session)
+    if (had_session && p->cb.disconnected)
         hp_log_warn("producer: connection to %s lost: %s; reconnecting", p->sock_name, why);
     else
         hp_log_debug("producer: %s: %s", p->sock_name, why);
@@ -656,6 +656,10 @@ static void read_socket(prod_t *p)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return;
+        if (n < 0) {
+            disconnect(p, strerror(errno));
+            return;
+        }
         for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
             if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
                 continue;
@@ -667,10 +671,6 @@ static void read_socket(prod_t *p)
                     (void)close(p->received_fd);
                 p->received_fd = fds[i];
             }
-        }
-        if (n < 0) {
-            disconnect(p, strerror(errno));
-            return;
         }
         if (n == 0) {
             disconnect(p, "closed by the service");

@@ -251,6 +251,8 @@ static int write_locked(prod_writer_t *w, const struct iovec *iov, int n, size_t
 {
     uint64_t deadline = 0;
     int r;
+    if (gone(w))
+        return -EPIPE;
     if (w->orphan && (r = close_orphan(w, &deadline)) < 0)
         return r;
     struct iovec pieces[16];
