@@ -20,7 +20,6 @@ int bk_new(const struct bk_config *cfg, bk_t **ret)
     bk->dump_at_max = cfg->dump_at_max;
     bk->source_line = cfg->source_line;
     bk->source_line_ctx = cfg->source_line_ctx;
-    bk->symbolized_frames = 1; /* frame id 0 is unused */
     bk->max_packet_bytes = BK_MAX_PACKET_BYTES;
     if (cfg->sink) {
         bk->has_sink = true;
@@ -121,6 +120,7 @@ bk_t *bk_free(bk_t *bk)
     hp_map_done(&bk->proc_index);
     bk__intern_done(&bk->in);
     free(bk->buf.p);
+    free(bk->frame_offered);
     free(bk);
     return NULL;
 }

@@ -14,7 +14,8 @@
  * budget, so a packet is complete when written and everything it refers to was defined
  * in it or before it. Flags and stats go in the last packet of the dump only, so
  * readers that add them up per packet count each once. After the dump, ModuleSymbols
- * packets give source lines of the new frames.
+ * packets give source lines of the new frames (bookkeeping/symbols.c); the packets go
+ * out through bookkeeping/output.c.
  *
  * Profile packets are encoded by hand in one pass (the bench measured nanopb's
  * size-then-write passes at hundreds of times a copy of the same bytes); the rare small
@@ -35,12 +36,11 @@
 #include "bookkeeping/samples.h"
 #include "common/clock.h"
 #include "common/pbwire.h"
+#include "protos/fields.h"
 #include "protos/trace_packet.pb.h"
 
-#define SEQ_INCREMENTAL_STATE_CLEARED 1u
-#define SEQ_NEEDS_INCREMENTAL_STATE 2u
-/* Room for the Trace framing in front of the encoded packet. */
-#define FRAME_HEADROOM (1 + HP_PB_VARINT_MAX)
+_Static_assert(HP_PB_TRACE_PACKET_TAG == (PF_TRACE(packet) << 3 | HP_PB_LEN),
+               "the Trace framing is Trace.packet");
 
 /* ---- direct encoding ----
  *
@@ -70,10 +70,15 @@ static const enum bk_str_kind src_str_kind[] = {
     [SRC_BUILD_IDS] = BK_STR_BUILD_ID,
 };
 
-/* InternedData field of each source (samples go in ProcessHeapSamples field 2). */
+/* InternedData field of each source (samples go in ProcessHeapSamples.samples). */
 static const uint32_t src_field[] = {
-    [SRC_FUNCTION_NAMES] = 5, [SRC_MAPPING_PATHS] = 17, [SRC_BUILD_IDS] = 16, [SRC_MAPPINGS] = 19,
-    [SRC_FRAMES] = 6,         [SRC_CALLSTACKS] = 7,     [SRC_SAMPLES] = 2,
+    [SRC_FUNCTION_NAMES] = PF_INTERNED(function_names),
+    [SRC_MAPPING_PATHS] = PF_INTERNED(mapping_paths),
+    [SRC_BUILD_IDS] = PF_INTERNED(build_ids),
+    [SRC_MAPPINGS] = PF_INTERNED(mappings),
+    [SRC_FRAMES] = PF_INTERNED(frames),
+    [SRC_CALLSTACKS] = PF_INTERNED(callstacks),
+    [SRC_SAMPLES] = PF_DUMP(samples),
 };
 
 struct enc {
@@ -208,8 +213,8 @@ static void put_item(bk_t *bk, struct enc *e, enum src src, size_t i, const stru
     case SRC_MAPPING_PATHS:
     case SRC_BUILD_IDS: {
         const struct bk_str *str = &in->str[src_str_kind[src]].v[i];
-        put_uint(e, 1, i);
-        put_tag(e, 2, HP_PB_LEN);
+        put_uint(e, PF_STRING(iid), i);
+        put_tag(e, PF_STRING(str), HP_PB_LEN);
         put_varint(e, str->len);
         memcpy(e->p + e->len, str->s, str->len);
         e->len += str->len;
@@ -217,40 +222,40 @@ static void put_item(bk_t *bk, struct enc *e, enum src src, size_t i, const stru
     }
     case SRC_MAPPINGS: {
         const struct bk_mapping *m = &in->mappings[i];
-        put_uint(e, 1, i);
-        put_uint(e, 2, m->build_id);
-        put_uint(e, 3, m->start_offset);
-        put_uint(e, 4, m->start);
-        put_uint(e, 5, m->end);
-        put_uint(e, 6, m->load_bias);
+        put_uint(e, PF_MAPPING(iid), i);
+        put_uint(e, PF_MAPPING(build_id), m->build_id);
+        put_uint(e, PF_MAPPING(start_offset), m->start_offset);
+        put_uint(e, PF_MAPPING(start), m->start);
+        put_uint(e, PF_MAPPING(end), m->end);
+        put_uint(e, PF_MAPPING(load_bias), m->load_bias);
         /* Repeated integers unpacked, as proto2 (and Perfetto's readers) expect. */
         for (uint32_t c = 0; c < m->n_comps; c++)
-            put_uint(e, 7, m->comps[c]);
-        put_uint(e, 8, m->exact_offset);
+            put_uint(e, PF_MAPPING(path_string_ids), m->comps[c]);
+        put_uint(e, PF_MAPPING(exact_offset), m->exact_offset);
         break;
     }
     case SRC_FRAMES: {
         const struct bk_frame *f = &in->frames[i];
-        put_uint(e, 1, i);
-        put_uint(e, 2, f->function_name_id);
-        put_uint(e, 3, f->mapping_id);
-        put_uint(e, 4, f->rel_pc);
+        put_uint(e, PF_FRAME(iid), i);
+        put_uint(e, PF_FRAME(function_name_id), f->function_name_id);
+        put_uint(e, PF_FRAME(mapping_id), f->mapping_id);
+        put_uint(e, PF_FRAME(rel_pc), f->rel_pc);
         break;
     }
     case SRC_CALLSTACKS: /* put_callstacks() */
         break;
     case SRC_SAMPLES: {
         const struct bk_site *s = &h->sites[i];
-        put_uint(e, 1, s->callstack_id);
-        put_uint(e, 2, s->allocated);
-        put_uint(e, 3, s->freed);
-        put_uint(e, 5, s->alloc_count);
-        put_uint(e, 6, s->free_count);
+        put_uint(e, PF_SAMPLE(callstack_id), s->callstack_id);
+        put_uint(e, PF_SAMPLE(self_allocated), s->allocated);
+        put_uint(e, PF_SAMPLE(self_freed), s->freed);
+        put_uint(e, PF_SAMPLE(alloc_count), s->alloc_count);
+        put_uint(e, PF_SAMPLE(free_count), s->free_count);
         if (bk->dump_at_max && h->track_peak) {
             uint64_t mb, mc;
             bk__site_at_peak(h, i, &mb, &mc);
-            put_uint(e, 8, mb);
-            put_uint(e, 9, mc);
+            put_uint(e, PF_SAMPLE(self_max), mb);
+            put_uint(e, PF_SAMPLE(self_max_count), mc);
         }
         break;
     }
@@ -335,23 +340,23 @@ static void put_stats(struct enc *e, const struct bk_proc *p)
     _Static_assert(HP_ARRAY_SIZE(bounds) == HP_ARRAY_SIZE(p->stats.unwinding_time_hist),
                    "one bound per histogram bucket");
     const struct bk_process_stats *s = &p->stats;
-    size_t st = open4(e, 5);
-    put_uint(e, 1, s->unwinding_errors);
-    put_uint(e, 2, s->heap_samples);
-    put_uint(e, 3, s->map_reparses);
-    size_t hist = open4(e, 4);
+    size_t st = open4(e, PF_DUMP(stats));
+    put_uint(e, PF_STATS(unwinding_errors), s->unwinding_errors);
+    put_uint(e, PF_STATS(heap_samples), s->heap_samples);
+    put_uint(e, PF_STATS(map_reparses), s->map_reparses);
+    size_t hist = open4(e, PF_STATS(unwinding_time_us));
     for (size_t i = 0; i < HP_ARRAY_SIZE(bounds); i++) {
-        size_t b = open4(e, 1);
+        size_t b = open4(e, PF_HISTOGRAM(buckets));
         if (bounds[i] == UINT64_MAX)
-            put_uint(e, 2, 1); /* max_bucket */
+            put_uint(e, PF_BUCKET(max_bucket), 1);
         else
-            put_uint(e, 1, bounds[i]);
-        put_uint(e, 3, s->unwinding_time_hist[i]);
+            put_uint(e, PF_BUCKET(upper_limit), bounds[i]);
+        put_uint(e, PF_BUCKET(count), s->unwinding_time_hist[i]);
         close4(e, b);
     }
     close4(e, hist);
-    put_uint(e, 5, s->total_unwinding_time_us);
-    put_uint(e, 6, s->client_spinlock_blocked_us);
+    put_uint(e, PF_STATS(total_unwinding_time_us), s->total_unwinding_time_us);
+    put_uint(e, PF_STATS(client_spinlock_blocked_us), s->client_spinlock_blocked_us);
     close4(e, st);
 }
 
@@ -361,250 +366,20 @@ static void put_stats(struct enc *e, const struct bk_proc *p)
 static void put_flags_stats(struct enc *e, const struct bk_proc *p)
 {
     bool overran = (p->flags & BK_FLAG_BUFFER_OVERRAN) || p->stats.records_dropped;
-    put_uint(e, 6, !!(p->flags & BK_FLAG_DISCONNECTED));
-    put_uint(e, 7, overran);
-    put_uint(e, 8, !!(p->flags & BK_FLAG_BUFFER_CORRUPTED));
-    put_uint(e, 10, !!(p->flags & BK_FLAG_HIT_GUARDRAIL));
+    put_uint(e, PF_DUMP(disconnected), !!(p->flags & BK_FLAG_DISCONNECTED));
+    put_uint(e, PF_DUMP(buffer_overran), overran);
+    put_uint(e, PF_DUMP(buffer_corrupted), !!(p->flags & BK_FLAG_BUFFER_CORRUPTED));
+    put_uint(e, PF_DUMP(hit_guardrail), !!(p->flags & BK_FLAG_HIT_GUARDRAIL));
     if (p->flags & BK_FLAG_CLIENT_ERROR) {
         /* As heapprofd: a client error with dropped records is a timeout of a blocking
          * client; any other one is a bad stack. */
         put_uint(
-            e, 14,
+            e, PF_DUMP(client_error),
             overran
                 ? perfetto_protos_ProfilePacket_ProcessHeapSamples_ClientError_CLIENT_ERROR_HIT_TIMEOUT
                 : perfetto_protos_ProfilePacket_ProcessHeapSamples_ClientError_CLIENT_ERROR_INVALID_STACK_BOUNDS);
     }
     put_stats(e, p);
-}
-
-/* ---- output ---- */
-
-static bool buf_write_cb(pb_ostream_t *s, const pb_byte_t *b, size_t n)
-{
-    struct bk_buf *buf = s->state;
-    if (hp_grow((void **)&buf->p, &buf->cap, buf->len + n, 1) < 0)
-        return false;
-    memcpy(buf->p + buf->len, b, n);
-    buf->len += n;
-    return true;
-}
-
-/* Writes all bytes of @iov[0..@n) (pipes and sockets may take part of them per call);
- * @iov is consumed. */
-static int writev_all(int fd, struct iovec *iov, int n)
-{
-    for (;;) {
-        while (n > 0 && iov->iov_len == 0) {
-            iov++;
-            n--;
-        }
-        if (n == 0)
-            return 0;
-        ssize_t w = writev(fd, iov, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        if (w == 0)
-            return -EIO;
-        for (size_t left = (size_t)w; left;) {
-            size_t k = HP_MIN(left, iov->iov_len);
-            iov->iov_base = (uint8_t *)iov->iov_base + k;
-            iov->iov_len -= k;
-            left -= k;
-            if (iov->iov_len == 0) {
-                iov++;
-                n--;
-            }
-        }
-    }
-}
-
-/* Hands one packet to the sink, after the packet that restarts the interned data when
- * that is due. A dropped packet is counted and makes the next one restart it. */
-static int write_sink(bk_t *bk, const struct iovec *iov, int n, size_t len)
-{
-    int r;
-    if (bk->needs_reset && !bk->in_reset && (r = bk__write_start(bk)) < 0)
-        return r;
-    r = bk->sink.write_packet(bk->sink.ctx, iov, n, len);
-    if (r == -ENOBUFS) {
-        bk->counters.packets_dropped++;
-        bk->needs_reset = true;
-        return r;
-    }
-    if (r < 0) {
-        bk->counters.last_write_error = r;
-        bk->out_broken = true;
-        return r;
-    }
-    bk->counters.packets_written++;
-    bk->counters.bytes_written += len;
-    return 0;
-}
-
-/* Appends one Trace.packet: the frame header for @len bytes of packet, then the packet,
- * in the pieces @iov[1..@n) (iov[0] is the header's). After a failed write nothing more
- * is written, so the file stays a valid trace up to a possibly truncated last packet
- * (which readers skip). */
-static int write_framed(bk_t *bk, struct iovec *iov, int n, size_t len)
-{
-    if (bk->out_broken)
-        return bk->counters.last_write_error;
-    if (bk->has_sink)
-        return write_sink(bk, iov + 1, n - 1, len);
-    uint8_t hdr[FRAME_HEADROOM];
-    size_t hlen = hp_pb_put_packet_header(hdr, len);
-    iov[0] = (struct iovec){hdr, hlen};
-    int r = writev_all(bk->out_fd, iov, n);
-    if (r < 0) {
-        bk->counters.last_write_error = r;
-        bk->out_broken = true;
-        return r;
-    }
-    bk->counters.packets_written++;
-    bk->counters.bytes_written += hlen + len;
-    return 0;
-}
-
-/* Encodes @pkt and appends it to the output as one Trace.packet field. */
-static int write_packet(bk_t *bk, const perfetto_protos_TracePacket *pkt)
-{
-    if (bk->out_broken)
-        return bk->counters.last_write_error;
-    struct bk_buf *buf = &bk->buf;
-    buf->len = 0;
-    pb_ostream_t os = {.callback = buf_write_cb, .state = buf, .max_size = SIZE_MAX};
-    if (!pb_encode(&os, perfetto_protos_TracePacket_fields, pkt))
-        return -ENOMEM; /* the only way a growable buffer fails */
-    struct iovec iov[2] = {{0}, {buf->p, buf->len}};
-    return write_framed(bk, iov, 2, buf->len);
-}
-
-static perfetto_protos_TracePacket packet_new(const bk_t *bk, uint64_t ts_boot_ns)
-{
-    perfetto_protos_TracePacket pkt = perfetto_protos_TracePacket_init_zero;
-    pkt.has_timestamp = true;
-    pkt.timestamp = ts_boot_ns;
-    /* traced numbers a sink's sequence itself and rejects packets that do. */
-    pkt.has_trusted_packet_sequence_id = !bk->has_sink;
-    pkt.trusted_packet_sequence_id = bk->has_sink ? 0 : bk->sequence_id;
-    return pkt;
-}
-
-static void fill_clock_snapshot(perfetto_protos_TracePacket *pkt)
-{
-    /* Read back to back so the three readings describe one instant. */
-    uint64_t boot = hp_clock_ns(CLOCK_BOOTTIME);
-    uint64_t coarse = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
-    uint64_t mono = hp_clock_ns(CLOCK_MONOTONIC);
-    pkt->timestamp = boot;
-    pkt->which_data = perfetto_protos_TracePacket_clock_snapshot_tag;
-    perfetto_protos_ClockSnapshot *cs = &pkt->data.clock_snapshot;
-    *cs = (perfetto_protos_ClockSnapshot)perfetto_protos_ClockSnapshot_init_zero;
-    cs->clocks_count = 3;
-    cs->clocks[0] = (perfetto_protos_ClockSnapshot_Clock){
-        true, perfetto_protos_BuiltinClock_BUILTIN_CLOCK_BOOTTIME, true, boot};
-    cs->clocks[1] = (perfetto_protos_ClockSnapshot_Clock){
-        true, perfetto_protos_BuiltinClock_BUILTIN_CLOCK_MONOTONIC_COARSE, true, coarse};
-    cs->clocks[2] = (perfetto_protos_ClockSnapshot_Clock){
-        true, perfetto_protos_BuiltinClock_BUILTIN_CLOCK_MONOTONIC, true, mono};
-    cs->has_primary_trace_clock = true;
-    cs->primary_trace_clock = perfetto_protos_BuiltinClock_BUILTIN_CLOCK_BOOTTIME;
-}
-
-/* One InternedString {iid: 0, str: ""}. */
-static bool encode_empty_string_cb(pb_ostream_t *s, const pb_field_iter_t *field, void *const *arg)
-{
-    (void)arg;
-    static const uint8_t empty[] = {0x08, 0x00, 0x12, 0x00};
-    return pb_encode_tag_for_field(s, field) && pb_encode_string(s, empty, sizeof(empty));
-}
-
-int bk__write_start(bk_t *bk)
-{
-    perfetto_protos_TracePacket pkt = packet_new(bk, 0);
-    if (bk->has_sink) {
-        /* traced's clock snapshots cover BOOTTIME and MONOTONIC_COARSE. */
-        pkt.timestamp = hp_clock_ns(CLOCK_BOOTTIME);
-        pkt.has_first_packet_on_sequence = !bk->sequence_started;
-        pkt.first_packet_on_sequence = !bk->sequence_started;
-        int r = bk__intern_emit_all(&bk->in);
-        if (r < 0)
-            return r;
-        bk->emitted_mappings = bk->emitted_frames = 0;
-        bk->emitted_callstacks = bk->emitted_callstacks_off = 0;
-        for (int k = 0; k < BK_STR_KINDS; k++)
-            bk->emitted_str[k] = 0;
-    } else {
-        fill_clock_snapshot(&pkt);
-    }
-    pkt.has_sequence_flags = true;
-    pkt.sequence_flags = SEQ_INCREMENTAL_STATE_CLEARED;
-    /* iid 0 = "" in each string table, as Perfetto's readers expect for "no name",
-     * "no path" and "no build id". */
-    pkt.has_interned_data = true;
-    pkt.interned_data.function_names.funcs.encode = encode_empty_string_cb;
-    pkt.interned_data.mapping_paths.funcs.encode = encode_empty_string_cb;
-    pkt.interned_data.build_ids.funcs.encode = encode_empty_string_cb;
-    bk->in_reset = true;
-    int r = write_packet(bk, &pkt);
-    bk->in_reset = false;
-    if (r < 0)
-        return r;
-    for (int k = 0; k < BK_STR_KINDS; k++)
-        bk->emitted_str[k] = 1;
-    if (bk->has_sink) {
-        bk->counters.sequence_resets += bk->sequence_started;
-        bk->sequence_started = true;
-        bk->needs_reset = false;
-    }
-    return 0;
-}
-
-int bk__write_clock_snapshot(bk_t *bk)
-{
-    if (bk->has_sink)
-        return 0;
-    perfetto_protos_TracePacket pkt = packet_new(bk, 0);
-    fill_clock_snapshot(&pkt);
-    return write_packet(bk, &pkt);
-}
-
-static bool encode_cmdline_cb(pb_ostream_t *s, const pb_field_iter_t *field, void *const *arg)
-{
-    const struct bk_proc *p = *arg;
-    size_t i = 0;
-    while (i < p->cmdline_len) {
-        size_t n = strnlen(p->cmdline + i, p->cmdline_len - i);
-        if (!pb_encode_tag_for_field(s, field) ||
-            !pb_encode_string(s, (const pb_byte_t *)p->cmdline + i, n))
-            return false;
-        i += n + 1; /* a final NUL ends the last argument; it does not start another */
-    }
-    return true;
-}
-
-static bool encode_process_cb(pb_ostream_t *s, const pb_field_iter_t *field, void *const *arg)
-{
-    const struct bk_proc *p = *arg;
-    perfetto_protos_ProcessTree_Process proc = perfetto_protos_ProcessTree_Process_init_zero;
-    proc.has_pid = true;
-    proc.pid = p->pid;
-    proc.cmdline.funcs.encode = encode_cmdline_cb;
-    proc.cmdline.arg = (void *)p;
-    return pb_encode_tag_for_field(s, field) &&
-           pb_encode_submessage(s, perfetto_protos_ProcessTree_Process_fields, &proc);
-}
-
-int bk__write_process_tree(bk_t *bk, const struct bk_proc *p)
-{
-    perfetto_protos_TracePacket pkt = packet_new(bk, hp_clock_ns(CLOCK_BOOTTIME));
-    pkt.which_data = perfetto_protos_TracePacket_process_tree_tag;
-    pkt.data.process_tree.processes.funcs.encode = encode_process_cb;
-    pkt.data.process_tree.processes.arg = (void *)p;
-    return write_packet(bk, &pkt);
 }
 
 /* Encodes and writes one heap's dump: packets filled with, in order, the new strings,
@@ -649,7 +424,7 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
     bk__heap_name(heap->heap_id, heap_name, sizeof(heap_name));
     size_t heap_name_len = strlen(heap_name);
     /* Headers, the ProcessHeapSamples fields, flags and stats, with room to spare. */
-    const size_t fixed = FRAME_HEADROOM + 128 + heap_name_len + FLAGS_STATS_BOUND;
+    const size_t fixed = BK_FRAME_HEADROOM + 128 + heap_name_len + FLAGS_STATS_BOUND;
     const size_t budget = bk->max_packet_bytes > fixed ? bk->max_packet_bytes - fixed : 0;
 
     int src = 0;
@@ -657,10 +432,10 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
         struct enc e = {.p = bk->buf.p};
         if (!enc_reserve(bk, &e, fixed + 64))
             return -ENOMEM;
-        put_uint(&e, 8, ts_boot);
+        put_uint(&e, PF_PACKET(timestamp), ts_boot);
         if (!bk->has_sink)
-            put_uint(&e, 10, bk->sequence_id);
-        put_uint(&e, 13, SEQ_NEEDS_INCREMENTAL_STATE);
+            put_uint(&e, PF_PACKET(trusted_packet_sequence_id), bk->sequence_id);
+        put_uint(&e, PF_PACKET(sequence_flags), PF_SEQ_NEEDS_INCREMENTAL_STATE);
         const size_t start = e.len;
         size_t used = 0;
         bool any = false;
@@ -672,7 +447,7 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
                 if (interned == SIZE_MAX) {
                     if (!enc_reserve(bk, &e, 16))
                         return -ENOMEM;
-                    interned = open4(&e, 12);
+                    interned = open4(&e, PF_PACKET(interned_data));
                 }
                 put_callstacks(bk, &e, &begin[src], &cs_off, &used, budget, &any);
                 if (begin[src] < limit[src])
@@ -686,7 +461,7 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
                 if (interned == SIZE_MAX) {
                     if (!enc_reserve(bk, &e, 16))
                         return -ENOMEM;
-                    interned = open4(&e, 12);
+                    interned = open4(&e, PF_PACKET(interned_data));
                 }
                 if (!enc_reserve(bk, &e, bound + HP_PB_VARINT_MAX))
                     return -ENOMEM;
@@ -701,19 +476,19 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
             close4(&e, interned);
         if (!enc_reserve(bk, &e, 64 + heap_name_len))
             return -ENOMEM;
-        size_t pp = open4(&e, 37);
-        size_t hs = open4(&e, 5);
-        put_uint(&e, 1, (uint64_t)(uint32_t)p->pid);
-        put_uint(&e, 3, p->from_startup);
-        put_uint(&e, 9, ts_coarse);
-        put_tag(&e, 11, HP_PB_LEN);
+        size_t pp = open4(&e, PF_PACKET(profile_packet));
+        size_t hs = open4(&e, PF_PROFILE(process_dumps));
+        put_uint(&e, PF_DUMP(pid), (uint64_t)(uint32_t)p->pid);
+        put_uint(&e, PF_DUMP(from_startup), p->from_startup);
+        put_uint(&e, PF_DUMP(timestamp), ts_coarse);
+        put_tag(&e, PF_DUMP(heap_name), HP_PB_LEN);
         put_varint(&e, heap_name_len);
         memcpy(e.p + e.len, heap_name, heap_name_len);
         e.len += heap_name_len;
-        put_uint(&e, 12, p->sampling_interval_bytes);
+        put_uint(&e, PF_DUMP(sampling_interval_bytes), p->sampling_interval_bytes);
         /* Equal to the interval: it was not adjusted. Perfetto's trace processor also
          * reads this as "self_max_count is trustworthy". */
-        put_uint(&e, 13, p->sampling_interval_bytes);
+        put_uint(&e, PF_DUMP(orig_sampling_interval_bytes), p->sampling_interval_bytes);
         if (src == SRC_SAMPLES &&
             !put_samples(bk, &e, heap, &begin[src], limit[src], &used, budget, &any))
             return -ENOMEM;
@@ -723,8 +498,8 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
         if (last)
             put_flags_stats(&e, p);
         close4(&e, hs);
-        put_uint(&e, 6, !last);
-        put_uint(&e, 7, bk->next_packet_index);
+        put_uint(&e, PF_PROFILE(continued), !last);
+        put_uint(&e, PF_PROFILE(index), bk->next_packet_index);
         close4(&e, pp);
         if (e.len + e.ext_len - start > MAX_LEN4)
             return -E2BIG; /* cannot happen: items are bounded and so is the budget */
@@ -732,7 +507,7 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
                                {e.p, e.ext ? e.ext_at : e.len},
                                {(void *)e.ext, e.ext_len},
                                {e.p + e.ext_at, e.ext ? e.len - e.ext_at : 0}};
-        int r = write_framed(bk, iov, 4, e.len + e.ext_len);
+        int r = bk__write_framed(bk, iov, 4, e.len + e.ext_len);
         if (r == -ENOBUFS)
             bk->next_packet_index++; /* the gap tells readers a packet is missing */
         if (r < 0)
@@ -754,111 +529,6 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
     }
 }
 
-/* ---- source lines: ModuleSymbols packets ---- */
-
-#define TRACE_PACKET_MODULE_SYMBOLS 61
-
-/* Appends @body (a complete TracePacket) to the output as one Trace.packet. */
-static int write_raw_packet(bk_t *bk, const uint8_t *body, size_t len)
-{
-    struct iovec iov[2] = {{0}, {(void *)body, len}};
-    return write_framed(bk, iov, 2, len);
-}
-
-/* The address_symbols of one mapping, as they are collected. */
-struct module_syms {
-    uint32_t mapping_id;
-    struct hp_pbw syms;
-};
-
-static int flush_module(bk_t *bk, struct module_syms *ms)
-{
-    const struct bk_intern *in = &bk->in;
-    const struct bk_mapping *m = &in->mappings[ms->mapping_id];
-    const struct bk_str *bid = &in->str[BK_STR_BUILD_ID].v[m->build_id];
-    struct hp_pbw mod = {0}, pkt = {0};
-    hp_pbw_len(&mod, 1, m->path, m->path_len);
-    /* Raw build id bytes, as Perfetto's ModuleSymbols.build_id wants them. */
-    if (bid->len)
-        hp_pbw_len(&mod, 2, bid->s, bid->len);
-    hp_pbw_bytes(&mod, ms->syms.p, ms->syms.len);
-    mod.oom |= ms->syms.oom;
-    ms->syms.len = 0;
-    hp_pbw_uint_always(&pkt, 8, hp_clock_ns(CLOCK_BOOTTIME));
-    if (!bk->has_sink)
-        hp_pbw_uint_always(&pkt, 10, bk->sequence_id);
-    hp_pbw_msg(&pkt, TRACE_PACKET_MODULE_SYMBOLS, &mod);
-    int r = pkt.oom ? -ENOMEM : write_raw_packet(bk, pkt.p, pkt.len);
-    free(mod.p);
-    free(pkt.p);
-    return r;
-}
-
-/* Offers the frames written since the last call to the source_line callback and writes
- * what it knows as ModuleSymbols packets, one or more per mapping, each below the packet
- * size bound. */
-static int write_source_lines(bk_t *bk)
-{
-    struct bk_intern *in = &bk->in;
-    size_t end = bk->emitted_frames;
-    if (!bk->source_line || bk->symbolized_frames >= end) {
-        bk->symbolized_frames = HP_MAX(bk->symbolized_frames, end);
-        return 0;
-    }
-    struct module_syms *mods = NULL;
-    size_t n_mods = 0, cap_mods = 0;
-    struct hp_map index; /* mapping id -> index in mods */
-    hp_map_init(&index, sizeof(uint64_t));
-    struct hp_pbw sym = {0}, line = {0};
-    int r = 0;
-    for (size_t i = bk->symbolized_frames; i < end && r == 0; i++) {
-        const struct bk_frame *f = &in->frames[i];
-        const char *file = NULL;
-        uint32_t lineno = 0;
-        if (!f->src_map ||
-            bk->source_line(bk->source_line_ctx, f->src_map, f->rel_pc, &file, &lineno) < 0 ||
-            !file)
-            continue;
-        const struct bk_str *name = &in->str[BK_STR_FUNCTION].v[f->function_name_id];
-        if (name->len)
-            hp_pbw_len(&line, 1, name->s, name->len);
-        hp_pbw_len(&line, 2, file, strnlen(file, BK_MAX_STRING_BYTES));
-        hp_pbw_uint_always(&line, 3, lineno);
-        hp_pbw_uint_always(&sym, 1, f->rel_pc);
-        hp_pbw_msg(&sym, 2, &line);
-
-        uint64_t *slot;
-        int put = hp_map_put(&index, f->mapping_id, (void **)&slot);
-        if (put < 0) {
-            r = put;
-            break;
-        }
-        if (put == 1) {
-            r = hp_grow((void **)&mods, &cap_mods, n_mods + 1, sizeof(*mods));
-            if (r < 0)
-                break;
-            mods[n_mods] = (struct module_syms){.mapping_id = f->mapping_id};
-            *slot = n_mods++;
-        }
-        struct module_syms *ms = &mods[*slot];
-        hp_pbw_msg(&ms->syms, 3, &sym);
-        bk->counters.source_lines++;
-        if (ms->syms.len + 2 * BK_MAX_STRING_BYTES > bk->max_packet_bytes)
-            r = flush_module(bk, ms);
-    }
-    for (size_t i = 0; i < n_mods; i++) {
-        if (r == 0 && (mods[i].syms.len || mods[i].syms.oom))
-            r = flush_module(bk, &mods[i]);
-        free(mods[i].syms.p);
-    }
-    free(mods);
-    free(sym.p);
-    free(line.p);
-    hp_map_done(&index);
-    bk->symbolized_frames = end;
-    return r;
-}
-
 int bk__dump_proc(bk_t *bk, struct bk_proc *p)
 {
     if (bk->out_broken)
@@ -869,28 +539,5 @@ int bk__dump_proc(bk_t *bk, struct bk_proc *p)
             return r;
     }
     bk->counters.dumps++;
-    return write_source_lines(bk);
-}
-
-int bk_process_rejected(bk_t *bk, int32_t pid)
-{
-    struct hp_pbw hs = {0}, pp = {0}, pkt = {0};
-    hp_pbw_uint_always(&hs, 1, (uint64_t)(uint32_t)pid);
-    hp_pbw_uint_always(&hs, 4, 1); /* rejected_concurrent */
-    hp_pbw_uint_always(&hs, 9, hp_clock_ns(CLOCK_MONOTONIC_COARSE));
-    hp_pbw_msg(&pp, 5, &hs);
-    hp_pbw_uint_always(&pp, 6, 0); /* continued */
-    hp_pbw_uint_always(&pp, 7, bk->next_packet_index);
-    hp_pbw_uint_always(&pkt, 8, hp_clock_ns(CLOCK_BOOTTIME));
-    if (!bk->has_sink)
-        hp_pbw_uint_always(&pkt, 10, bk->sequence_id);
-    hp_pbw_uint_always(&pkt, 13, SEQ_NEEDS_INCREMENTAL_STATE);
-    hp_pbw_msg(&pkt, 37, &pp);
-    int r = pkt.oom || pp.oom || hs.oom ? -ENOMEM : write_raw_packet(bk, pkt.p, pkt.len);
-    if (r == 0)
-        bk->next_packet_index++;
-    free(hs.p);
-    free(pp.p);
-    free(pkt.p);
-    return r;
+    return bk__write_source_lines(bk, p);
 }

@@ -5,6 +5,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/pbwire.h"
+#include "protos/fields.h"
+
+/* Callstacks are encoded with one-byte tags (emit_callstack). */
+_Static_assert(PF_INTERNED(callstacks) < 16 && PF_CALLSTACK(iid) < 16 &&
+                   PF_CALLSTACK(frame_ids) < 16,
+               "one-byte tags");
+
 int bk__intern_init(struct bk_intern *in)
 {
     *in = (struct bk_intern){.unknown_mapping = -1};
@@ -378,15 +386,15 @@ static int emit_callstack(struct bk_intern *in, uint32_t cs, const uint32_t *fid
     }
     /* The body first, after room for the longest length; then moved in place. */
     uint8_t *start = em->p + em->len, *body = start + 4, *q = body;
-    *q++ = 1 << 3;
+    *q++ = PF_CALLSTACK(iid) << 3 | HP_PB_VARINT;
     q = emit_varint(q, cs);
     for (size_t i = 0; i < n; i++) {
-        *q++ = 2 << 3;
+        *q++ = PF_CALLSTACK(frame_ids) << 3 | HP_PB_VARINT;
         q = emit_varint(q, fids[i]);
     }
     size_t body_len = (size_t)(q - body);
     uint8_t hdr[4];
-    hdr[0] = 7 << 3 | 2; /* InternedData.callstacks, length-delimited */
+    hdr[0] = PF_INTERNED(callstacks) << 3 | HP_PB_LEN;
     size_t hlen = (size_t)(emit_varint(hdr + 1, body_len) - hdr);
     memmove(start + hlen, body, body_len);
     memcpy(start, hdr, hlen);

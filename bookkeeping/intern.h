@@ -85,8 +85,9 @@ struct bk_frame {
 struct bk_cs_node {
     uint32_t parent; /* 0: the root */
     uint32_t frame_id;
-    uint32_t depth; /* frames from the root, >= 1 */
-    bool queued;    /* already in the emit buffer (or written) */
+    uint32_t depth;  /* frames from the root, >= 1 */
+    bool queued;     /* already in the emit buffer (or written) */
+    bool symbolized; /* its frames were offered for source lines (bookkeeping/symbols.c) */
 };
 
 /* Callstacks not yet written to the trace, already encoded: each entry is one

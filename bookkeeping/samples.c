@@ -22,6 +22,16 @@
 
 #include "common/macros.h"
 #include "common/pbwire.h"
+#include "protos/fields.h"
+
+/* Tag bytes, one byte each: fields below 16. */
+#define SAMPLES_TAG (PF_DUMP(samples) << 3 | HP_PB_LEN)
+#define TAG(f) (PF_SAMPLE(f) << 3 | HP_PB_VARINT)
+_Static_assert(PF_DUMP(samples) < 16 && PF_SAMPLE(callstack_id) < 16 &&
+                   PF_SAMPLE(self_allocated) < 16 && PF_SAMPLE(self_freed) < 16 &&
+                   PF_SAMPLE(alloc_count) < 16 && PF_SAMPLE(free_count) < 16 &&
+                   PF_SAMPLE(self_max) < 16 && PF_SAMPLE(self_max_count) < 16,
+               "one-byte tags");
 
 _Static_assert(BK_SAMPLE_MAX_BYTES - 2 < 0x80, "a sample's length fits one byte");
 
@@ -69,14 +79,14 @@ static HP_ALWAYS_INLINE uint8_t *put_sample(uint8_t *q, const struct bk_samples 
     const struct bk_site *s = &in->sites[k];
     const uint64_t al = s->allocated, fr = s->freed, ac = s->alloc_count, fc = s->free_count;
     const uint32_t cs = s->callstack_id, st = s->max_stamp;
-    q[0] = (uint8_t)(2 << 3 | HP_PB_LEN);
+    q[0] = SAMPLES_TAG;
     uint8_t *len = q + 1;
     q += 2;
-    q = tput(q, 1 << 3, cs);
-    q = tput(q, 2 << 3, al);
-    q = tput(q, 3 << 3, fr);
-    q = tput(q, 5 << 3, ac);
-    q = tput(q, 6 << 3, fc);
+    q = tput(q, TAG(callstack_id), cs);
+    q = tput(q, TAG(self_allocated), al);
+    q = tput(q, TAG(self_freed), fr);
+    q = tput(q, TAG(alloc_count), ac);
+    q = tput(q, TAG(free_count), fc);
     if (in->mode != BK_PEAK_NONE) {
         /* bk__site_at_peak() */
         uint64_t mb = al - fr, mc = ac - fc;
@@ -86,8 +96,8 @@ static HP_ALWAYS_INLINE uint8_t *put_sample(uint8_t *q, const struct bk_samples 
             mb = in->maxes[k].bytes;
             mc = in->maxes[k].count;
         }
-        q = tput(q, 8 << 3, mb);
-        q = tput(q, 9 << 3, mc);
+        q = tput(q, TAG(self_max), mb);
+        q = tput(q, TAG(self_max_count), mc);
     }
     *len = (uint8_t)(q - len - 1);
     return q;
@@ -153,7 +163,9 @@ static SIMD_TARGET HP_ALWAYS_INLINE size_t simd_run(uint8_t **qp, const struct b
      * from immediates, which costs more than the work itself). */
     __m256i lo7 = _mm256_set1_epi32(0x7f), two_bytes = _mm256_set1_epi32(0x3fff),
             cont = _mm256_set1_epi32(0x8000), above21 = _mm256_set1_epi32((int)0xffe00000);
-    __m256i tags = _mm256_setr_epi32(1 << 3, 2 << 3, 3 << 3, 5 << 3, 6 << 3, 0, 8 << 3, 9 << 3);
+    __m256i tags =
+        _mm256_setr_epi32(TAG(callstack_id), TAG(self_allocated), TAG(self_freed), TAG(alloc_count),
+                          TAG(free_count), 0, TAG(self_max), TAG(self_max_count));
     __m256i too_big = _mm256_set1_epi64x(~(int64_t)0x1fffff);
     /* Lanes al fr ac fc from the 64-bit counters, then fr al ac in lanes 5 to 7 (lane 0
      * gets the callstack id, lanes 6 and 7 the peak values). */
@@ -224,7 +236,7 @@ static SIMD_TARGET HP_ALWAYS_INLINE size_t simd_run(uint8_t **qp, const struct b
         __m128i hi =
             _mm_shuffle_epi8(_mm256_extracti128_si256(b, 1),
                              _mm_load_si128((const __m128i *)(const void *)high_table[hi_idx]));
-        q[0] = (uint8_t)(2 << 3 | HP_PB_LEN);
+        q[0] = SAMPLES_TAG;
         q[1] = (uint8_t)(lo_len + hi_len);
         _mm_storeu_si128((__m128i *)(void *)(q + 2), lo);
         _mm_storeu_si128((__m128i *)(void *)(q + 2 + lo_len), hi);

@@ -32,6 +32,7 @@
 #include "bookkeeping/bookkeeping.h"
 #include "bookkeeping/intern.h"
 #include "common/containers.h"
+#include "common/pbwire.h"
 
 /* Records pending beyond this many force the oldest one through (a seq gap). */
 #define BK_REORDER_WINDOW 1024
@@ -100,7 +101,8 @@ struct bk_heap {
     struct bk_site *sites;
     struct bk_site_max *maxes; /* beside sites (cap_sites entries), only if track_peak */
     size_t n_sites, cap_sites;
-    bool track_peak; /* dump_at_max */
+    bool track_peak;           /* dump_at_max */
+    size_t n_sites_symbolized; /* sites whose frames were offered to source_line */
     uint64_t live_total, peak_total, peak_id;
 };
 
@@ -155,7 +157,9 @@ struct bk {
     size_t emitted_str[BK_STR_KINDS];
     size_t emitted_mappings, emitted_frames;
     size_t emitted_callstacks, emitted_callstacks_off; /* entry and byte in in.emit */
-    size_t symbolized_frames; /* frames below this were offered to source_line */
+    /* Per frame id: 1 once offered to source_line (bookkeeping/symbols.c). */
+    uint8_t *frame_offered;
+    size_t cap_frame_offered;
     int (*source_line)(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
                        const char **ret_file, uint32_t *ret_line);
     void *source_line_ctx;
@@ -205,6 +209,18 @@ void bk__flush_pending(bk_t *bk, struct bk_proc *p);
 void bk__flush_ready(bk_t *bk, struct bk_proc *p);
 
 /* bookkeeping/dump.c */
+struct iovec;
+
+/* Room for the Trace framing (tag and length) in front of an encoded packet. */
+#define BK_FRAME_HEADROOM (1 + HP_PB_VARINT_MAX)
+
+/* bookkeeping/output.c: writes the Trace.packet framing and the @n parts of @iov (@len
+ * bytes in all) as one packet; on a write error the output is marked broken. */
+int bk__write_framed(bk_t *bk, struct iovec *iov, int n, size_t len) HP_WARN_UNUSED;
+/* Writes @body, a complete encoded TracePacket, as one packet. */
+int bk__write_raw_packet(bk_t *bk, const uint8_t *body, size_t len) HP_WARN_UNUSED;
+/* bookkeeping/symbols.c: ModuleSymbols for the frames @p's dump just used. */
+int bk__write_source_lines(bk_t *bk, struct bk_proc *p) HP_WARN_UNUSED;
 /* The first packet: clock snapshot, SEQ_INCREMENTAL_STATE_CLEARED, iid 0 = "". With a
  * sink it also restarts the interned data (every entry is written again by the next
  * dump) and is written whenever needs_reset is set. */

@@ -18,6 +18,16 @@
 
 #include "common/containers.h"
 #include "common/pbwire.h"
+#include "protos/profile.pb.h"
+
+/* Field numbers, from the code nanopb generates from protos/profile.proto. */
+#define PP_PROFILE(f) perftools_profiles_Profile_##f##_tag
+#define PP_VALUE_TYPE(f) perftools_profiles_ValueType_##f##_tag
+#define PP_SAMPLE(f) perftools_profiles_Sample_##f##_tag
+#define PP_MAPPING(f) perftools_profiles_Mapping_##f##_tag
+#define PP_LOCATION(f) perftools_profiles_Location_##f##_tag
+#define PP_LINE(f) perftools_profiles_Line_##f##_tag
+#define PP_FUNCTION(f) perftools_profiles_Function_##f##_tag
 
 struct pp_mapping {
     const char *path, *build_id;
@@ -55,7 +65,7 @@ static uint64_t str_id(struct pp *pp, const char *s)
     }
     if (r == 1) {
         *v = pp->n_strings++;
-        hp_pbw_len(&pp->strings, 6, s, strlen(s));
+        hp_pbw_len(&pp->strings, PP_PROFILE(string_table), s, strlen(s));
     }
     return *v;
 }
@@ -96,14 +106,14 @@ static uint64_t map_add(struct pp *pp, const void *key)
     pp->maps[pp->n_maps++] = *m;
     uint64_t id = pp->n_maps;
     struct hp_pbw *t = &pp->tmp;
-    hp_pbw_uint(t, 1, id);
-    hp_pbw_uint(t, 2, m->start);
-    hp_pbw_uint(t, 3, m->end);
-    hp_pbw_uint(t, 4, m->offset);
-    hp_pbw_uint(t, 5, str_id(pp, m->path));
-    hp_pbw_uint(t, 6, str_id(pp, m->build_id));
-    hp_pbw_uint(t, 7, 1); /* has_functions: names come from the trace */
-    hp_pbw_msg(&pp->mappings, 3, t);
+    hp_pbw_uint(t, PP_MAPPING(id), id);
+    hp_pbw_uint(t, PP_MAPPING(memory_start), m->start);
+    hp_pbw_uint(t, PP_MAPPING(memory_limit), m->end);
+    hp_pbw_uint(t, PP_MAPPING(file_offset), m->offset);
+    hp_pbw_uint(t, PP_MAPPING(filename), str_id(pp, m->path));
+    hp_pbw_uint(t, PP_MAPPING(build_id), str_id(pp, m->build_id));
+    hp_pbw_uint(t, PP_MAPPING(has_functions), 1); /* names come from the trace */
+    hp_pbw_msg(&pp->mappings, PP_PROFILE(mapping), t);
     return id;
 }
 
@@ -122,10 +132,10 @@ static uint64_t fn_add(struct pp *pp, const void *key)
     uint64_t id = pp->n_fns;
     struct hp_pbw *t = &pp->tmp;
     uint64_t name = str_id(pp, key);
-    hp_pbw_uint(t, 1, id);
-    hp_pbw_uint(t, 2, name);
-    hp_pbw_uint(t, 3, name);
-    hp_pbw_msg(&pp->functions, 5, t);
+    hp_pbw_uint(t, PP_FUNCTION(id), id);
+    hp_pbw_uint(t, PP_FUNCTION(name), name);
+    hp_pbw_uint(t, PP_FUNCTION(system_name), name);
+    hp_pbw_msg(&pp->functions, PP_PROFILE(function), t);
     return id;
 }
 
@@ -146,14 +156,14 @@ static uint64_t loc_add(struct pp *pp, const void *key)
     pp->locs[pp->n_locs++] = *l;
     uint64_t id = pp->n_locs;
     struct hp_pbw *t = &pp->tmp;
-    hp_pbw_uint(t, 1, id);
-    hp_pbw_uint(t, 2, l->mapping_id);
-    hp_pbw_uint(t, 3, l->address);
+    hp_pbw_uint(t, PP_LOCATION(id), id);
+    hp_pbw_uint(t, PP_LOCATION(mapping_id), l->mapping_id);
+    hp_pbw_uint(t, PP_LOCATION(address), l->address);
     if (l->function_id) {
-        hp_pbw_uint(&pp->line, 1, l->function_id);
-        hp_pbw_msg(t, 4, &pp->line);
+        hp_pbw_uint(&pp->line, PP_LINE(function_id), l->function_id);
+        hp_pbw_msg(t, PP_LOCATION(line), &pp->line);
     }
-    hp_pbw_msg(&pp->locations, 4, t);
+    hp_pbw_msg(&pp->locations, PP_PROFILE(location), t);
     return id;
 }
 
@@ -185,8 +195,8 @@ static uint64_t location_of(struct pp *pp, const struct rp_trace_frame *f)
 static void value_type(struct pp *pp, struct hp_pbw *out, uint32_t field, const char *type,
                        const char *unit)
 {
-    hp_pbw_uint(&pp->tmp, 1, str_id(pp, type));
-    hp_pbw_uint(&pp->tmp, 2, str_id(pp, unit));
+    hp_pbw_uint(&pp->tmp, PP_VALUE_TYPE(type), str_id(pp, type));
+    hp_pbw_uint(&pp->tmp, PP_VALUE_TYPE(unit), str_id(pp, unit));
     hp_pbw_msg(out, field, &pp->tmp);
 }
 
@@ -248,16 +258,16 @@ int rp_pprof_write(const struct rp_trace *t, const struct rp_trace_process *p, i
     hp_map_init(&pp.map_index, sizeof(uint64_t));
     hp_map_init(&pp.loc_index, sizeof(uint64_t));
     hp_map_init(&pp.fn_index, sizeof(uint64_t));
-    hp_pbw_len(&pp.strings, 6, "", 0); /* string_table[0] must be "" */
+    hp_pbw_len(&pp.strings, PP_PROFILE(string_table), "", 0); /* string_table[0] must be "" */
 
     struct hp_pbw head = {0};
-    value_type(&pp, &head, 1, "alloc_objects", "count");
-    value_type(&pp, &head, 1, "alloc_space", "bytes");
-    value_type(&pp, &head, 1, "inuse_objects", "count");
-    value_type(&pp, &head, 1, "inuse_space", "bytes");
-    value_type(&pp, &head, 11, "space", "bytes");
-    hp_pbw_uint(&head, 12, p->sampling_interval_bytes);
-    hp_pbw_uint(&head, 14, 3); /* default_sample_type: inuse_space */
+    value_type(&pp, &head, PP_PROFILE(sample_type), "alloc_objects", "count");
+    value_type(&pp, &head, PP_PROFILE(sample_type), "alloc_space", "bytes");
+    value_type(&pp, &head, PP_PROFILE(sample_type), "inuse_objects", "count");
+    value_type(&pp, &head, PP_PROFILE(sample_type), "inuse_space", "bytes");
+    value_type(&pp, &head, PP_PROFILE(period_type), "space", "bytes");
+    hp_pbw_uint(&head, PP_PROFILE(period), p->sampling_interval_bytes);
+    hp_pbw_uint(&head, PP_PROFILE(default_sample_type), 3); /* inuse_space */
 
     for (size_t i = 0; i < p->n_callsites; i++) {
         const struct rp_trace_callsite *c = &p->callsites[i];
@@ -265,7 +275,7 @@ int rp_pprof_write(const struct rp_trace *t, const struct rp_trace_process *p, i
         struct hp_pbw ids = {0};
         for (size_t j = c->n_frames; j-- > 0;) /* leaf first */
             hp_pbw_varint(&ids, location_of(&pp, &c->frames[j]));
-        hp_pbw_len(s, 1, ids.p, ids.len); /* packed */
+        hp_pbw_len(s, PP_SAMPLE(location_id), ids.p, ids.len); /* packed */
         s->oom |= ids.oom;
         free(ids.p);
         struct hp_pbw vals = {0};
@@ -273,10 +283,10 @@ int rp_pprof_write(const struct rp_trace *t, const struct rp_trace_process *p, i
         hp_pbw_varint(&vals, c->self_allocated);
         hp_pbw_varint(&vals, c->alloc_count - HP_MIN(c->free_count, c->alloc_count));
         hp_pbw_varint(&vals, c->self_allocated - HP_MIN(c->self_freed, c->self_allocated));
-        hp_pbw_len(s, 2, vals.p, vals.len);
+        hp_pbw_len(s, PP_SAMPLE(value), vals.p, vals.len);
         s->oom |= vals.oom;
         free(vals.p);
-        hp_pbw_msg(&pp.samples, 2, s);
+        hp_pbw_msg(&pp.samples, PP_PROFILE(sample), s);
     }
     const struct hp_pbw *parts[] = {&head,         &pp.samples,   &pp.mappings,
                                     &pp.locations, &pp.functions, &pp.strings};

@@ -816,6 +816,97 @@ static void test_dump_report_text(void **state)
     assert_int_equal(rp_trace_load("/nonexistent/trace", NULL, &t), -ENOENT);
 }
 
+/* Source lines for every frame: "x.c", line rel_pc. */
+static int every_line(void *ctx, const struct hp_mapping *m, uint64_t rel_pc, const char **ret_file,
+                      uint32_t *ret_line)
+{
+    (void)ctx;
+    (void)m;
+    *ret_file = "x.c";
+    *ret_line = (uint32_t)rel_pc;
+    return 0;
+}
+
+/* The addresses of every ModuleSymbols packet in @buf. */
+static size_t symbol_addresses(const uint8_t *buf, size_t len, uint64_t *ret, size_t max)
+{
+    struct hp_pb_iter t, pk, ms;
+    struct hp_pb_field f, g, h;
+    size_t n = 0;
+    hp_pb_iter_init(&t, buf, len);
+    while (hp_pb_next(&t, &f)) {
+        hp_pb_iter_init(&pk, f.ptr, f.len);
+        while (hp_pb_next(&pk, &g)) {
+            if (g.num != 61 || g.wire_type != HP_PB_LEN) /* TracePacket.module_symbols */
+                continue;
+            hp_pb_iter_init(&ms, g.ptr, g.len);
+            while (hp_pb_next(&ms, &h)) {
+                if (h.num != 3 || h.wire_type != HP_PB_LEN) /* address_symbols */
+                    continue;
+                struct hp_pb_iter as;
+                struct hp_pb_field a;
+                hp_pb_iter_init(&as, h.ptr, h.len);
+                while (hp_pb_next(&as, &a))
+                    if (a.num == 1 && n < max) /* address */
+                        ret[n++] = a.varint;
+            }
+        }
+    }
+    return n;
+}
+
+static bool has_address(const uint64_t *v, size_t n, uint64_t addr)
+{
+    for (size_t i = 0; i < n; i++)
+        if (v[i] == addr)
+            return true;
+    return false;
+}
+
+/* Two processes' allocations come in interleaved and A ends first: A's dump writes the
+ * interned data of both (one packet sequence), but its ModuleSymbols may name only the
+ * frames A's samples use. The trace processor creates frames only when it resolves a
+ * finished dump's callstacks, and counts any other address as
+ * stackprofile_invalid_frame_id (seen with short-lived children of a shell). */
+static void test_dump_bug_symbols_of_frames_no_dump_used(void **state)
+{
+    (void)state;
+    struct written w;
+    assert_int_equal(memfd_path(&w), 0);
+    bk_t *bk;
+    assert_int_equal(
+        bk_new(&(struct bk_config){.out_fd = w.fd, .sequence_id = 1, .source_line = every_line},
+               &bk),
+        0);
+    assert_int_equal(bk_process_start(bk, PID_A, "a", 1, true, 4096), 0);
+    assert_int_equal(bk_process_start(bk, PID_B, "b", 1, true, 4096), 0);
+    struct hp_frame fa[2] = {{&libs[0], "a_leaf", 0x111}, {&libs[2], "main", 0x10}};
+    struct hp_frame fb[2] = {{&libs[1], "b_leaf", 0x222}, {&libs[2], "main", 0x20}};
+    bk_record_alloc(bk, PID_A, 0, 1, 0x1000, 64, 64, fa, 2);
+    bk_record_alloc(bk, PID_B, 0, 1, 0x2000, 64, 64, fb, 2);
+    struct bk_process_stats st = {0};
+    assert_int_equal(bk_process_end(bk, PID_A, &st, 0), 0);
+
+    size_t len;
+    uint64_t addrs[16];
+    uint8_t *buf = read_all(w.fd, &len);
+    size_t n = symbol_addresses(buf, len, addrs, 16);
+    free(buf);
+    assert_true(has_address(addrs, n, 0x111));
+    assert_true(has_address(addrs, n, 0x10));
+    assert_false(has_address(addrs, n, 0x222)); /* B's: no dump used them yet */
+    assert_false(has_address(addrs, n, 0x20));
+
+    assert_int_equal(bk_process_end(bk, PID_B, &st, 0), 0);
+    buf = read_all(w.fd, &len);
+    n = symbol_addresses(buf, len, addrs, 16);
+    free(buf);
+    assert_true(has_address(addrs, n, 0x222)); /* after B's own dump */
+    assert_true(has_address(addrs, n, 0x20));
+    bk = bk_free(bk);
+    close(w.fd);
+}
+
 static void test_dump_varint_and_framing(void **state)
 {
     (void)state;
@@ -907,6 +998,7 @@ int main(void)
         cmocka_unit_test(test_dump_hostile_input),
         cmocka_unit_test(test_dump_report_text),
         cmocka_unit_test(test_dump_varint_and_framing),
+        cmocka_unit_test(test_dump_bug_symbols_of_frames_no_dump_used),
     };
     return cmocka_run_group_tests_name("bookkeeping_dump", tests, NULL, NULL);
 }

@@ -329,6 +329,32 @@ static void test_exec_drop_without_service(void **state)
     free(sock);
 }
 
+/* A shell whose short-lived children exit while it lives on, then execs a program in its
+ * own pid (a pyenv-style shim): every trace reference must resolve the way Perfetto's
+ * importer resolves it. The children's dumps used to write source lines for the shell's
+ * frames before any dump of the shell used them (stackprofile_invalid_frame_id). */
+static void test_exec_bug_shim_children_symbols(void **state)
+{
+    (void)state;
+    char script[512];
+    snprintf(script, sizeof(script),
+             "for i in 1 2 3; do sh -c 'readlink -f /' >/dev/null; done; exec %s",
+             e2e_env("THREE_SITES"));
+    char *prog[] = {"/bin/bash", "-c", script, NULL};
+    struct e2e_run run;
+    char *trace = record(true, prog, NULL, &run);
+    assert_int_equal(run.status, 0);
+    assert_int_equal(e2e_check_rules(trace), 0);
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &t), 0);
+    print_message("  %zu processes\n", t->n_processes);
+    assert_true(t->n_processes >= 5); /* bash, 3 children, the exec'd program */
+    rp_trace_free(t);
+    e2e_run_free(&run);
+    unlink(trace);
+    free(trace);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -336,6 +362,7 @@ int main(void)
         cmocka_unit_test(test_exec_drop_same_pid_and_child),
         cmocka_unit_test(test_exec_drop_sh_environment),
         cmocka_unit_test(test_exec_drop_without_service),
+        cmocka_unit_test(test_exec_bug_shim_children_symbols),
     };
     return cmocka_run_group_tests_name("e2e_exec", tests, NULL, NULL);
 }

@@ -1,0 +1,260 @@
+/* report/dumps.c: ProfilePackets. Each process's part of the dump in progress on a
+ * sequence (struct rd_pdump) collects its samples and header; when the dump is
+ * complete (a packet without `continued`), the dump selected by the options replaces
+ * the raw samples of that (pid, heap) (struct rd_proc). A gap in `index` drops the
+ * dump in progress.
+ */
+#include "report/report_internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+#include "common/pbwire.h"
+
+/* ---- the dump in progress ---- */
+
+static void pdump_done(struct rd_pdump *d)
+{
+    hp_map_done(&d->index);
+    free(d->samples);
+}
+
+void rp__chain_drop(struct rd_seq *seq)
+{
+    for (size_t i = 0; i < seq->n_chain; i++)
+        pdump_done(&seq->chain[i]);
+    seq->n_chain = 0;
+}
+
+/* ---- profile packets ---- */
+
+static int parse_stats(struct rd_header *h, const uint8_t *buf, size_t len)
+{
+    static const struct rd_varint fields[] = {
+        {PF_STATS(unwinding_errors), RD_U64(struct rd_header, unwinding_errors)},
+        {PF_STATS(heap_samples), RD_U64(struct rd_header, heap_samples)},
+        {PF_STATS(map_reparses), RD_U64(struct rd_header, map_reparses)},
+        {PF_STATS(total_unwinding_time_us), RD_U64(struct rd_header, total_unwinding_time_us)},
+        {PF_STATS(client_spinlock_blocked_us),
+         RD_U64(struct rd_header, client_spinlock_blocked_us)},
+    };
+    h->unwinding_errors = h->heap_samples = h->map_reparses = 0;
+    h->total_unwinding_time_us = h->client_spinlock_blocked_us = 0;
+    return rp__parse_varints(buf, len, fields, HP_ARRAY_SIZE(fields), h);
+}
+
+static int parse_sample(struct rd_pdump *d, const uint8_t *buf, size_t len)
+{
+    static const struct rd_varint fields[] = {
+        {PF_SAMPLE(callstack_id), RD_U64(struct rd_sample, callstack_id)},
+        {PF_SAMPLE(self_allocated), RD_U64(struct rd_sample, self_allocated)},
+        {PF_SAMPLE(self_freed), RD_U64(struct rd_sample, self_freed)},
+        {PF_SAMPLE(alloc_count), RD_U64(struct rd_sample, alloc_count)},
+        {PF_SAMPLE(free_count), RD_U64(struct rd_sample, free_count)},
+        {PF_SAMPLE(self_max), RD_U64(struct rd_sample, self_max)},
+        {PF_SAMPLE(self_max_count), RD_U64(struct rd_sample, self_max_count)},
+    };
+    struct rd_sample s = {0};
+    int r = rp__parse_varints(buf, len, fields, HP_ARRAY_SIZE(fields), &s);
+    if (r < 0)
+        return r;
+    uint64_t *idx;
+    r = hp_map_put(&d->index, s.callstack_id, (void **)&idx);
+    if (r < 0)
+        return r;
+    if (r == 0) {
+        /* The same callstack twice in one dump: add up (values are per callstack). */
+        struct rd_sample *o = &d->samples[*idx];
+        o->self_allocated += s.self_allocated;
+        o->self_freed += s.self_freed;
+        o->alloc_count += s.alloc_count;
+        o->free_count += s.free_count;
+        o->self_max += s.self_max;
+        o->self_max_count += s.self_max_count;
+        return 0;
+    }
+    if (hp_grow((void **)&d->samples, &d->cap_samples, d->n_samples + 1, sizeof(s)) < 0) {
+        hp_map_remove(&d->index, s.callstack_id);
+        return -ENOMEM;
+    }
+    *idx = d->n_samples;
+    d->samples[d->n_samples++] = s;
+    return 0;
+}
+
+static struct rd_pdump *chain_get(struct rd_seq *seq, uint64_t pid, const char *heap_name)
+{
+    for (size_t i = 0; i < seq->n_chain; i++)
+        if (seq->chain[i].pid == pid && seq->chain[i].heap_name == heap_name)
+            return &seq->chain[i];
+    if (hp_grow((void **)&seq->chain, &seq->cap_chain, seq->n_chain + 1, sizeof(*seq->chain)) < 0)
+        return NULL;
+    struct rd_pdump *d = &seq->chain[seq->n_chain++];
+    *d = (struct rd_pdump){.pid = pid, .heap_name = heap_name};
+    hp_map_init(&d->index, sizeof(uint64_t));
+    return d;
+}
+
+static int parse_process_dump(struct rd *rd, struct rd_seq *seq, const uint8_t *buf, size_t len)
+{
+    uint64_t pid;
+    const uint8_t *heap;
+    size_t heap_len;
+    int r =
+        rp__parse_id_bytes(buf, len, PF_DUMP(pid), PF_DUMP(heap_name), 256, &pid, &heap, &heap_len);
+    if (r < 0)
+        return r;
+    const char *heap_name = rp__intern(rd, heap ? (const char *)heap : "", heap_len);
+    if (!heap_name)
+        return -ENOMEM;
+    struct rd_pdump *d = chain_get(seq, pid, heap_name);
+    if (!d)
+        return -ENOMEM;
+    struct rd_header *h = &d->hdr;
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &f)) {
+        if (f.wire_type == HP_PB_LEN) {
+            if (f.num == PF_DUMP(samples))
+                r = parse_sample(d, f.ptr, f.len);
+            else if (f.num == PF_DUMP(stats))
+                r = parse_stats(h, f.ptr, f.len);
+        } else if (f.wire_type == HP_PB_VARINT) {
+            bool b = f.varint != 0;
+            switch (f.num) {
+            case PF_DUMP(from_startup):
+                h->from_startup |= b;
+                break;
+            case PF_DUMP(disconnected):
+                h->disconnected |= b;
+                break;
+            case PF_DUMP(buffer_overran):
+                h->buffer_overran |= b;
+                break;
+            case PF_DUMP(buffer_corrupted):
+                h->buffer_corrupted |= b;
+                break;
+            case PF_DUMP(timestamp):
+                h->timestamp = f.varint;
+                break;
+            case PF_DUMP(hit_guardrail):
+                h->hit_guardrail |= b;
+                break;
+            case PF_DUMP(sampling_interval_bytes):
+                h->sampling_interval_bytes = f.varint;
+                break;
+            case PF_DUMP(client_error):
+                h->client_error |= b;
+                break;
+            }
+        }
+        if (r < 0)
+            return r;
+    }
+    return it.error ? -EBADMSG : 0;
+}
+
+struct rd_proc *rp__proc_get(struct rd *rd, int32_t pid, const char *heap_name)
+{
+    for (size_t i = 0; i < rd->n_procs; i++)
+        if (rd->procs[i].pid == pid && rd->procs[i].heap_name == heap_name)
+            return &rd->procs[i];
+    if (hp_grow((void **)&rd->procs, &rd->cap_procs, rd->n_procs + 1, sizeof(*rd->procs)) < 0)
+        return NULL;
+    struct rd_proc *p = &rd->procs[rd->n_procs++];
+    *p = (struct rd_proc){.pid = pid, .heap_name = heap_name};
+    return p;
+}
+
+/* The dump in progress on @seq is complete. */
+static int chain_commit(struct rd *rd, struct rd_seq *seq)
+{
+    int r = 0;
+    for (size_t i = 0; i < seq->n_chain && r == 0; i++) {
+        struct rd_pdump *d = &seq->chain[i];
+        if (rd->opt->pid && (int32_t)d->pid != rd->opt->pid)
+            continue;
+        struct rd_proc *p = rp__proc_get(rd, (int32_t)d->pid, d->heap_name);
+        if (!p) {
+            r = -ENOMEM;
+            break;
+        }
+        p->n_dumps++;
+        int want = rd->opt->dump_index;
+        if (want > 0 && p->n_dumps != (uint32_t)want)
+            continue;
+        free(p->raw);
+        p->selected = true;
+        p->hdr = d->hdr;
+        p->seq = seq;
+        p->raw = d->samples; /* moved */
+        p->n_raw = d->n_samples;
+        p->resolved = false;
+        p->callsites = NULL; /* earlier resolved ones stay in the arena until the end */
+        p->n_callsites = 0;
+        d->samples = NULL;
+        d->n_samples = 0;
+    }
+    rp__chain_drop(seq);
+    return r;
+}
+
+int rp__parse_profile_packet(struct rd *rd, struct rd_seq *seq, const uint8_t *buf, size_t len)
+{
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
+    bool continued = false, has_index = false;
+    uint64_t index = 0;
+    int r = 0;
+    /* First pass: scalars, and the legacy (Android Q) interning tables, which share one
+     * string table for names, paths and build ids. */
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &f) && r == 0) {
+        if (f.wire_type == HP_PB_VARINT) {
+            if (f.num == PF_PROFILE(continued))
+                continued = f.varint != 0;
+            else if (f.num == PF_PROFILE(index)) {
+                has_index = true;
+                index = f.varint;
+            }
+        } else if (f.wire_type == HP_PB_LEN) {
+            switch (f.num) {
+            case PF_PROFILE(strings):
+                for (int k = 0; k < STR_KINDS && r == 0; k++)
+                    r = rp__parse_string(seq, &seq->strs[k], f.ptr, f.len);
+                break;
+            case PF_PROFILE(frames):
+                r = rp__parse_frame(seq, f.ptr, f.len);
+                break;
+            case PF_PROFILE(callstacks):
+                r = rp__parse_callstack(rd, seq, f.ptr, f.len);
+                break;
+            case PF_PROFILE(mappings):
+                r = rp__parse_mapping(rd, seq, f.ptr, f.len);
+                break;
+            }
+        }
+    }
+    if (r < 0)
+        return r;
+    if (it.error)
+        return -EBADMSG;
+    if (has_index) {
+        /* A gap in the index means lost packets: the dump in progress is incomplete. */
+        if (seq->have_index && index != seq->next_index)
+            rp__chain_drop(seq);
+        seq->have_index = true;
+        seq->next_index = index + 1;
+    }
+    hp_pb_iter_init(&it, buf, len);
+    while (hp_pb_next(&it, &f) && r == 0) {
+        if (f.num == PF_PROFILE(process_dumps) && f.wire_type == HP_PB_LEN)
+            r = parse_process_dump(rd, seq, f.ptr, f.len);
+    }
+    if (r < 0)
+        return r;
+    if (it.error)
+        return -EBADMSG;
+    return continued ? 0 : chain_commit(rd, seq);
+}
