@@ -60,14 +60,18 @@ static int writev_all(int fd, struct iovec *iov, int n)
     }
 }
 
-/* Hands one packet to the sink, after the packet that restarts the interned data when
- * that is due. A dropped packet is counted and makes the next one restart it. */
+/* A sink's next packet must be preceded by the one that restarts the interned data:
+ * written first, before the next packet is encoded (both use bk->buf). */
+static int sequence_ready(bk_t *bk)
+{
+    return bk->has_sink && bk->needs_reset && !bk->in_reset ? bk__write_start(bk) : 0;
+}
+
+/* Hands one packet to the sink. A dropped packet is counted and makes the next one
+ * restart the interned data. */
 static int write_sink(bk_t *bk, const struct iovec *iov, int n, size_t len)
 {
-    int r;
-    if (bk->needs_reset && !bk->in_reset && (r = bk__write_start(bk)) < 0)
-        return r;
-    r = bk->sink.write_packet(bk->sink.ctx, iov, n, len);
+    int r = bk->sink.write_packet(bk->sink.ctx, iov, n, len);
     if (r == -ENOBUFS) {
         bk->counters.packets_dropped++;
         bk->needs_reset = true;
@@ -112,6 +116,9 @@ static int write_packet(bk_t *bk, const perfetto_protos_TracePacket *pkt)
 {
     if (bk->out_broken)
         return bk->counters.last_write_error;
+    int r = sequence_ready(bk);
+    if (r < 0)
+        return r;
     struct bk_buf *buf = &bk->buf;
     buf->len = 0;
     pb_ostream_t os = {.callback = buf_write_cb, .state = buf, .max_size = SIZE_MAX};
@@ -250,6 +257,9 @@ int bk__write_process_tree(bk_t *bk, const struct bk_proc *p)
 /* Appends @body (a complete TracePacket) to the output as one Trace.packet. */
 int bk__write_raw_packet(bk_t *bk, const uint8_t *body, size_t len)
 {
+    int r = sequence_ready(bk);
+    if (r < 0)
+        return r;
     struct iovec iov[2] = {{0}, {(void *)body, len}};
     return bk__write_framed(bk, iov, 2, len);
 }
