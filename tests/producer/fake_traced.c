@@ -1349,3 +1349,31 @@ void ft_print_stats(const struct ft_stats *s, void (*out)(void *ctx, const char 
     STAT_FIELDS(X)
 #undef X
 }
+
+void ft_fuzz_smb(const uint8_t *data, size_t len)
+{
+    static ft_t ft;
+    memset(&ft, 0, sizeof(ft));
+    ft.page_size = 4096;
+    ft.smb_size = len / ft.page_size * ft.page_size;
+    if (ft.smb_size == 0)
+        return;
+    ft.smb = malloc(ft.smb_size);
+    memcpy(ft.smb, data, ft.smb_size);
+    ft.client_fd = -1;
+    ft.conn = 1;
+    struct session *s = &ft.sessions[0];
+    s->used = true;
+    s->buffer = 1;
+    s->output = strdup("/dev/null");
+    /* Whatever state the pages claim: commit every chunk index of every page. */
+    for (size_t page = 0; page < ft.smb_size / ft.page_size; page++)
+        for (uint64_t chunk = 0; chunk < 14; chunk++)
+            move_chunk(&ft, page, chunk, 1);
+    write_trace(&ft, s);
+    for (size_t k = 0; k < s->n_chunks; k++)
+        free(s->chunks[k].data);
+    free(s->chunks);
+    free(s->output);
+    free(ft.smb);
+}

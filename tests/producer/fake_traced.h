@@ -95,4 +95,10 @@ uint64_t ft_violations(const struct ft_stats *s);
 /* Writes the nonzero stats as "name=value" lines. */
 void ft_print_stats(const struct ft_stats *s, void (*out)(void *ctx, const char *line), void *ctx);
 
+/* For the fuzz target: treats @data as the SMB of a connection (4 KiB pages; the tail
+ * that is not a whole page is dropped) in which every chunk is committed to one session,
+ * then reads that session's buffer back and writes its trace to /dev/null: the fake's
+ * chunk, fragment and packet parsing on arbitrary bytes. */
+void ft_fuzz_smb(const uint8_t *data, size_t len);
+
 #endif
