@@ -76,9 +76,10 @@ struct prod__smb {
     pthread_cond_t freed; /* signalled when traced freed chunks, or the SMB died */
     struct prod__move *moves;
     size_t n_moves, cap_moves;
-    uint64_t freed_gen; /* +1 per CommitData reply (the chunks it named are free) */
-    bool starved;       /* a writer found no free chunk */
-    bool dead;          /* the connection is gone: nobody frees chunks any more */
+    size_t commit_batch; /* queued moves that wake the owner */
+    uint64_t freed_gen;  /* +1 per CommitData reply (the chunks it named are free) */
+    bool starved;        /* a writer found no free chunk */
+    bool dead;           /* the connection is gone: nobody frees chunks any more */
 };
 
 /* Maps @fd (borrowed) of @size bytes in pages of @page_size. Returns 0, -EINVAL (a size
@@ -104,7 +105,10 @@ int prod__smb_try_acquire(struct prod__smb *s, uint32_t *ret_page, uint32_t *ret
                           uint8_t **ret_start, size_t *ret_size) HP_WARN_UNUSED;
 /* BeingWritten -> Complete. After this the chunk is traced's. */
 void prod__smb_complete(struct prod__smb *s, uint32_t page, uint32_t chunk);
-/* Queues a completed chunk for the owner thread to commit. */
+/* Wakes the owner thread: it commits every queued move. */
+void prod__smb_wake(struct prod__smb *s);
+/* Queues a completed chunk for the owner thread to commit (waking it once a batch is
+ * queued). */
 void prod__smb_queue_move(struct prod__smb *s, const struct prod__move *m);
 /* Owner thread: takes the queued moves (caller frees *@ret with free()). */
 size_t prod__smb_take_moves(struct prod__smb *s, struct prod__move **ret);

@@ -332,6 +332,7 @@ void prod_writer_finish(prod_writer_t *w)
     if (w->chunk)
         complete_chunk(w);
     pthread_mutex_unlock(&w->lock);
+    prod__smb_wake(w->smb);
 }
 
 bool prod_writer_take_clear_request(prod_writer_t *w)
