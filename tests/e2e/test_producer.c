@@ -422,6 +422,8 @@ static void test_producer_truth_exact(void **state)
     char *trace = trace_path(&pe, "truth");
     struct hcfg c = cfg_patient(1, "truth_prog");
     int s = start_session(&pe, &c, trace);
+    /* The geometry heapprofd hints at, which traced (and the fake) follow. */
+    wait_lines(&pe, "shared memory buffer of 1024 KiB", "in 16 KiB pages", 1);
     char *out = e2e_tmp_path(".out");
     char *prog[] = {(char *)e2e_env("TRUTH_PROG"), "1", NULL};
     pid_t pid = e2e_spawn_client(&pe.d, prog, out);

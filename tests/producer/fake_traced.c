@@ -229,6 +229,26 @@ static int make_smb(ft_t *ft)
     return 0;
 }
 
+/* traced's choice of the SMB geometry: the trace config's (the fake's options), else the
+ * producer's hints, else 256 KiB in 4 KiB pages; a page above 32 KiB is clamped, and so
+ * is a size above 32 MiB; an invalid pair falls back to the defaults as a whole. */
+static void choose_smb(ft_t *ft, uint64_t page_hint, uint64_t size_hint)
+{
+    uint64_t page = ft->o.page_size_bytes ? ft->o.page_size_bytes : page_hint;
+    uint64_t size = ft->o.smb_size_bytes ? ft->o.smb_size_bytes : size_hint;
+    if (page == 0)
+        page = 4096;
+    if (size == 0)
+        size = 256u << 10;
+    page = HP_MIN(page, (uint64_t)32768);
+    size = HP_MIN(size, (uint64_t)32 << 20);
+    uint64_t units = page / 4096;
+    bool ok =
+        page % 4096 == 0 && units && (units & (units - 1)) == 0 && size >= page && size % page == 0;
+    ft->page_size = ok ? page : 4096;
+    ft->smb_size = ok ? size : 256u << 10;
+}
+
 static void setup_instance(ft_t *ft, struct session *s)
 {
     if (!ft->registered || s->stopped || s->instance || !ft->async_req)
@@ -542,6 +562,15 @@ static void invoke(ft_t *ft, uint64_t req, uint64_t method_id, const uint8_t *ar
             break;
         }
         ft->initialized = true;
+        uint64_t page_hint = 0, size_hint = 0;
+        hp_pb_iter_init(&it, args, len);
+        while (hp_pb_next(&it, &f)) {
+            if (f.num == 1 && f.wire_type == HP_PB_VARINT)
+                page_hint = f.varint;
+            else if (f.num == 2 && f.wire_type == HP_PB_VARINT)
+                size_hint = f.varint;
+        }
+        choose_smb(ft, page_hint, size_hint);
         struct hp_pbw r = {0};
         hp_pbw_uint_always(&r, 1, 0);
         hp_pbw_uint_always(&r, 2, 1); /* direct_smb_patching_supported */
@@ -1058,8 +1087,7 @@ int ft_new(const struct ft_options *o, ft_t **ret)
     snprintf(ft->path, sizeof(ft->path), "%s", o->socket_path);
     snprintf(ft->ds_name, sizeof(ft->ds_name), "%s",
              o->data_source ? o->data_source : "android.heapprofd");
-    ft->smb_size = o->smb_size_bytes ? o->smb_size_bytes : 256u << 10;
-    ft->page_size = o->page_size_bytes ? o->page_size_bytes : 4096;
+    choose_smb(ft, 0, 0);
     ft->client_fd = ft->smb_fd = -1;
     ft->next_buffer = 1;
     for (int i = 0; i < N_METHODS; i++)
