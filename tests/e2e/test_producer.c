@@ -9,7 +9,8 @@
  * counted no violation of the protocol or of the shared memory ABI.
  *
  * - truth_prog at interval 1 is exact per site, and equal to `heapprof record` of it;
- * - python3 with continuous dumps every 200 ms gives several complete dumps;
+ * - python3 with continuous dumps every 200 ms gives several complete dumps, and a
+ *   ClearIncrementalState in the middle restarts the interned data;
  * - a 4 KiB shared memory buffer (one page) carries a dump of megabytes whole;
  * - the fake killed mid-session: heapprofd and the profiled program carry on, the
  *   producer reconnects to a new fake and a new session profiles the program again;
@@ -499,10 +500,21 @@ static void test_producer_python_continuous(void **state)
                     "print(len(d))\n",
                     NULL};
     pid_t pid = e2e_spawn_client(&pe.d, prog, "/dev/null");
+    /* Mid-run, traced asks for the interned data again (as it does for ring buffers):
+     * the dumps after it must stand on their own (check_trace starts its tables afresh
+     * at SEQ_INCREMENTAL_STATE_CLEARED). */
+    e2e_sleep_ms(700);
+    char want[32];
+    snprintf(want, sizeof(want), "clear %d", s);
+    assert_string_equal(fake_cmd(&pe, "clear %d", s), want);
     assert_int_equal(e2e_wait_status(pid), 0);
     stop_session(&pe, s);
     fake_clean(&pe);
     pe_stop(&pe);
+    struct scan sc;
+    scan_trace(trace, pid, &sc);
+    /* traced's clock snapshot, the sequence's start, the restart */
+    assert_int_equal(sc.sequences_cleared, 3);
     struct rp_trace *t = load(trace);
     const struct rp_trace_process *p = e2e_find_pid(t, pid);
     assert_non_null(p);
