@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/containers.h"
 #include "common/log.h"
 #include "common/pbwire.h"
 #include "producer/producer_internal.h"
@@ -139,27 +140,13 @@ static socklen_t make_addr(const char *name, struct sockaddr_un *addr)
 
 static bool tx_reserve(prod_t *p, size_t n)
 {
-    if (p->tx_len + n <= p->tx_cap)
-        return true;
-    size_t cap = HP_MAX(p->tx_cap * 2, p->tx_len + n);
-    uint8_t *t = realloc(p->tx, cap);
-    if (!t)
-        return false;
-    p->tx = t;
-    p->tx_cap = cap;
-    return true;
+    return hp_grow((void **)&p->tx, &p->tx_cap, p->tx_len + n, 1) == 0;
 }
 
 static void track(prod_t *p, uint64_t id, enum req_kind kind)
 {
-    if (p->n_reqs == p->cap_reqs) {
-        size_t cap = p->cap_reqs ? p->cap_reqs * 2 : 16;
-        struct pending_req *r = realloc(p->reqs, cap * sizeof(*r));
-        if (!r)
-            return;
-        p->reqs = r;
-        p->cap_reqs = cap;
-    }
+    if (hp_grow((void **)&p->reqs, &p->cap_reqs, p->n_reqs + 1, sizeof(*p->reqs)) < 0)
+        return; /* the reply will be dropped as unknown */
     p->reqs[p->n_reqs++] = (struct pending_req){id, kind};
 }
 
@@ -455,14 +442,8 @@ static void setup_ds(prod_t *p, const struct prod__command *c)
     const struct prod_ds_config *cfg = &c->config;
     if (find_instance(p, cfg->instance_id))
         return;
-    if (p->n_inst == p->cap_inst) {
-        size_t cap = p->cap_inst ? p->cap_inst * 2 : 4;
-        struct instance *v = realloc(p->inst, cap * sizeof(*v));
-        if (!v)
-            return;
-        p->inst = v;
-        p->cap_inst = cap;
-    }
+    if (hp_grow((void **)&p->inst, &p->cap_inst, p->n_inst + 1, sizeof(*p->inst)) < 0)
+        return; /* unknown to us: its stop is acknowledged at once */
     struct instance *in = &p->inst[p->n_inst++];
     *in = (struct instance){.id = cfg->instance_id};
     p->stats.instances++;
@@ -523,14 +504,9 @@ static void handle_command(prod_t *p, const struct prod__command *c)
         }
         break;
     case PROD_CMD_FLUSH: {
-        if (p->n_flushes == p->cap_flushes) {
-            size_t cap = p->cap_flushes ? p->cap_flushes * 2 : 4;
-            struct flush *v = realloc(p->flushes, cap * sizeof(*v));
-            if (!v)
-                break; /* unacknowledged: traced counts the flush as failed */
-            p->flushes = v;
-            p->cap_flushes = cap;
-        }
+        if (hp_grow((void **)&p->flushes, &p->cap_flushes, p->n_flushes + 1, sizeof(*p->flushes)) <
+            0)
+            break; /* unacknowledged: traced counts the flush as failed */
         struct flush *f = &p->flushes[p->n_flushes++];
         f->req = c->request_id;
         f->n_ids = c->n_ids;

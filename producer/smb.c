@@ -11,6 +11,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "common/containers.h"
+
 const uint8_t prod__layout_chunks[8] = {0, 1, 2, 4, 7, 14, 0, 0};
 
 size_t prod__chunk_size(size_t page_size, unsigned layout)
@@ -182,17 +184,9 @@ void prod__smb_queue_move(struct prod__smb *s, const struct prod__move *m)
 {
     pthread_mutex_lock(&s->lock);
     if (!s->dead) {
-        if (s->n_moves == s->cap_moves) {
-            size_t cap = s->cap_moves ? s->cap_moves * 2 : 64;
-            struct prod__move *v = realloc(s->moves, cap * sizeof(*v));
-            if (v) {
-                s->moves = v;
-                s->cap_moves = cap;
-            }
-        }
         /* Out of memory: the chunk stays Complete and unread, as if the commit were lost;
          * the sequence stops at its id (traced reports it as chunks not read). */
-        if (s->n_moves < s->cap_moves)
+        if (hp_grow((void **)&s->moves, &s->cap_moves, s->n_moves + 1, sizeof(*s->moves)) == 0)
             s->moves[s->n_moves++] = *m;
     }
     /* One wake-up per batch of a quarter of the SMB: the owner takes every queued move

@@ -156,14 +156,8 @@ static void route_add(svc_multi_t *m, pid_t pid, uint64_t session)
         else
             i++;
     }
-    if (m->n_routes == m->cap_routes) {
-        size_t cap = m->cap_routes ? m->cap_routes * 2 : 16;
-        struct attach_route *v = realloc(m->routes, cap * sizeof(*v));
-        if (!v)
-            return;
-        m->routes = v;
-        m->cap_routes = cap;
-    }
+    if (hp_grow((void **)&m->routes, &m->cap_routes, m->n_routes + 1, sizeof(*m->routes)) < 0)
+        return; /* routed by its targets alone */
     m->routes[m->n_routes++] =
         (struct attach_route){pid, session, now + (uint64_t)ATTACH_ROUTE_MS * 1000000u};
 }

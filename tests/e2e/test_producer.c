@@ -296,14 +296,7 @@ static void stop_session(struct pe *pe, int s)
 
 static void check_protoc(const char *trace)
 {
-    const char *protoc = getenv("PROTOC");
-    if (!protoc || !*protoc)
-        return;
-    char cmd[8192];
-    snprintf(cmd, sizeof(cmd),
-             "'%s' --decode=perfetto.protos.Trace -I '%s' '%s' < '%s' > /dev/null", protoc,
-             e2e_env("PROTOS_DIR"), e2e_env("TRACE_PROTO"), trace);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(e2e_check_protoc(trace), 0);
 }
 
 /* Reads a trace back, after protoc decoded it and, unless it is known to have lost
