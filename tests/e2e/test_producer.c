@@ -19,7 +19,9 @@
  * - two sessions at once: one profiles the process both target, the other records it
  *   as rejected_concurrent and profiles its own;
  * - a fake that stops answering commits: the program is not slowed down (the writers
- *   drop after their stall budget, counted), and losses show in the trace.
+ *   drop after their stall budget, counted), and losses show in the trace;
+ * - an invalid HeapprofdConfig, or one without targets, is refused with a message and
+ *   its stop still acknowledged; session fields given as flags are refused.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -272,7 +274,8 @@ static void wait_lines(struct pe *pe, const char *a, const char *b, int count)
     fail_msg("no '%s...%s' (x%d) in heapprofd's log", a, b, count);
 }
 
-static int start_session(struct pe *pe, const struct hcfg *c, const char *trace)
+/* Starts a session in the fake; returns its index. */
+static int start_in_fake(struct pe *pe, const struct hcfg *c, const char *trace)
 {
     char hex[2100];
     for (size_t i = 0; i < c->n; i++)
@@ -281,6 +284,12 @@ static int start_session(struct pe *pe, const struct hcfg *c, const char *trace)
     int s = -1;
     assert_int_equal(sscanf(r, "session %d", &s), 1);
     assert_true(s >= 0);
+    return s;
+}
+
+static int start_session(struct pe *pe, const struct hcfg *c, const char *trace)
+{
+    int s = start_in_fake(pe, c, trace);
     /* The session runs in heapprofd once its log says so. */
     wait_lines(pe, "instance ", ": profiling", ++pe->sessions);
     return s;
@@ -727,6 +736,38 @@ static void test_producer_full_smb_never_blocks(void **state)
     pe_remove(&pe);
 }
 
+/* A trace config heapprof cannot honour is refused with a message, and the session goes
+ * on without it; flags that belong to each session's config are refused at start. */
+static void test_producer_bad_config(void **state)
+{
+    (void)state;
+    struct pe pe;
+    pe_start(&pe, "prod-bad", NULL);
+    char *trace = trace_path(&pe, "bad");
+    struct hcfg c = {0};
+    cfg_uint(&c, HC_INTERVAL, 0);
+    cfg_str(&c, HC_CMDLINE, "worker");
+    int a = start_in_fake(&pe, &c, trace);
+    wait_lines(&pe, "instance 1 refused: ", "sampling_interval_bytes must be at least 1", 1);
+    struct hcfg none = {0};
+    cfg_uint(&none, HC_INTERVAL, 4096);
+    int b = start_in_fake(&pe, &none, trace);
+    wait_lines(&pe, "instance 2 refused: ", "names no process", 1);
+    stop_session(&pe, a);
+    stop_session(&pe, b);
+    fake_clean(&pe);
+    pe_stop(&pe);
+
+    char *argv[] = {(char *)e2e_env("HEAPPROFD_BIN"), "--producer", "-n", "myapp", NULL};
+    struct e2e_run run;
+    assert_int_equal(e2e_run(argv, NULL, &run), 0);
+    assert_int_equal(run.status, 2);
+    assert_non_null(strstr(run.err, "heapprofd_config"));
+    e2e_run_free(&run);
+    free(trace);
+    pe_remove(&pe);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -737,6 +778,7 @@ int main(void)
         cmocka_unit_test(test_producer_stopped_early),
         cmocka_unit_test(test_producer_two_sessions),
         cmocka_unit_test(test_producer_full_smb_never_blocks),
+        cmocka_unit_test(test_producer_bad_config),
     };
     return cmocka_run_group_tests_name("e2e_producer", tests, NULL, NULL);
 }
