@@ -250,18 +250,18 @@ int cmd_daemon(int argc, char **argv)
     }
     if (producer) {
         const char *given = session_field_given(&cfg);
-        if (config_file || output || given) {
+        if (output)
+            fprintf(stderr, "heapprofd: with --producer, traced writes the trace: no -o\n");
+        else if (config_file)
+            fprintf(stderr, "heapprofd: with --producer, each tracing session's "
+                            "heapprofd_config is the configuration: no --config\n");
+        else if (given)
             fprintf(stderr,
-                    "heapprofd: with --producer, %s%s%s come%s from each tracing session's "
+                    "heapprofd: with --producer, %s comes from each tracing session's "
                     "heapprofd_config\n",
-                    config_file ? "the config file"
-                    : output    ? "the output"
-                                : "the field ",
-                    given && !config_file && !output ? given : "",
-                    config_file || output ? " and the targets" : "",
-                    config_file || output ? "" : "s");
+                    given);
+        if (output || config_file || given)
             goto out;
-        }
     }
     if (svc_config_check(&cfg, err, sizeof(err)) < 0) {
         fprintf(stderr, "heapprofd: %s\n", err);
