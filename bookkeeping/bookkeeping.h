@@ -79,6 +79,7 @@ struct bk_process_stats {
     uint64_t total_unwinding_time_us;
     uint64_t client_spinlock_blocked_us;
     uint64_t records_dropped; /* by the client: ring full */
+    uint64_t frees_lost;      /* of those, frees of sampled blocks (phantom leaks) */
     /* unwinding time histogram, bucket upper bounds in us: BK_UNWIND_HIST_BOUNDS */
     uint64_t unwinding_time_hist[8];
 };

@@ -357,11 +357,13 @@ static void put_stats(struct enc *e, const struct bk_proc *p)
     close4(e, hist);
     put_uint(e, PF_STATS(total_unwinding_time_us), s->total_unwinding_time_us);
     put_uint(e, PF_STATS(client_spinlock_blocked_us), s->client_spinlock_blocked_us);
+    if (s->frees_lost)
+        put_uint(e, PF_STATS(frees_lost), s->frees_lost);
     close4(e, st);
 }
 
 /* Bytes put_flags_stats may write. */
-#define FLAGS_STATS_BOUND (64 + 8 * 32 + 6 * 12)
+#define FLAGS_STATS_BOUND (64 + 8 * 32 + 7 * 12)
 
 static void put_flags_stats(struct enc *e, const struct bk_proc *p)
 {
@@ -372,7 +374,8 @@ static void put_flags_stats(struct enc *e, const struct bk_proc *p)
     put_uint(e, PF_DUMP(hit_guardrail), !!(p->flags & BK_FLAG_HIT_GUARDRAIL));
     if (p->flags & BK_FLAG_CLIENT_ERROR) {
         /* As heapprofd: a client error with dropped records is a timeout of a blocking
-         * client; any other one is a bad stack. */
+         * client (it stopped waiting, and dropped what found no room since); any other
+         * one is a bad stack. */
         put_uint(
             e, PF_DUMP(client_error),
             overran

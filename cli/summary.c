@@ -22,6 +22,17 @@ void cli_print_summary(const char *out_path, const struct svc_summary *sum, int 
             (unsigned long long)sum->audits, (unsigned long long)sum->frees,
             (unsigned long long)sum->records_dropped, (unsigned long long)sum->unwinding_errors,
             audit, sum->corrupt_clients ? "; a client sent corrupt data" : "");
+    if (sum->clients_timed_out)
+        fprintf(stderr,
+                "heapprof: %llu process%s waited longer than the block timeout for the service "
+                "and stopped waiting: samples dropped since (CLIENT_ERROR_HIT_TIMEOUT)\n",
+                (unsigned long long)sum->clients_timed_out,
+                sum->clients_timed_out == 1 ? "" : "es");
+    if (sum->frees_lost)
+        fprintf(stderr,
+                "heapprof: %llu frees of sampled allocations could not be recorded; their bytes "
+                "show as unreleased\n",
+                (unsigned long long)sum->frees_lost);
     if (top > 0) {
         struct rp_trace *t;
         if (rp_trace_load(out_path, &(struct rp_trace_options){0}, &t) == 0) {

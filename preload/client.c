@@ -56,6 +56,7 @@
 #include "common/fdpass.h"
 #include "common/macros.h"
 #include "common/paths.h"
+#include "preload/alloc.h"
 #include "preload/env.h"
 #include "shmem_ring/wire.h"
 
@@ -228,8 +229,8 @@ static void client_atfork_child(void)
             }
         }
         atomic_store_explicit(&s->writers, 0, memory_order_relaxed);
-        if (s->freeset.slots)
-            (void)madvise(s->freeset.slots, client__freeset_bytes(), MADV_DONTNEED);
+        if (s->freeset.lv[0].slots)
+            client_freeset_clear(&s->freeset);
     }
     t->tid = 0;
     t->gen = 0;
@@ -367,6 +368,9 @@ __attribute__((constructor)) static void client_ctor(void)
     int saved_errno = errno;
 
     t->in_hook = true;
+    /* With an allocator loaded before us no hook may have run yet: resolving now also
+     * installs the hooks in the GOT slots (preload/alloc.h). */
+    client_alloc_resolve();
     if (atomic_load_explicit(&client_state, memory_order_acquire) == CLIENT_UNINIT)
         client_init();
     /* Another thread may be initialising: the helper starts after it. */

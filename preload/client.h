@@ -105,12 +105,13 @@ struct client_session {
      * block_client's timeout, or a short one for a client that must not block. */
     uint32_t sync_timeout_us;
     struct client_freeset freeset; /* mapped once per slot, cleared on reuse */
-    _Atomic bool send_all_frees;   /* the set overflowed: record every free */
     /* Written by every sampled call: on a line of its own, away from the fields every
      * free() reads. */
     _Alignas(64) _Atomic uint64_t writers; /* hooks inside client_session_enter/leave */
     char writers_pad[56];
     bool stuck; /* writers never drained: slot kept mapped for good */
+    /* CLOCK_MONOTONIC_COARSE of the last poke for a full ring (preload/hook.c). */
+    _Atomic uint64_t full_poke_ns;
     /* A page the kernel zeroes in a child of fork (MADV_WIPEONFORK): while *fork_token
      * == gen we are the process that did the handshake, however the child was made
      * (_Fork, clone without CLONE_VM), with no system call. Children sharing our memory
@@ -136,7 +137,7 @@ extern _Atomic uint64_t client_thread_counter;
 
 /* Statistics (relaxed counters, for tests and debugging). */
 extern _Atomic uint64_t client_stat_unknown_stacks;
-extern _Atomic uint64_t client_stat_freeset_overflows;
+extern _Atomic uint64_t client_stat_freeset_overflows; /* samples dropped: set full */
 extern _Atomic uint64_t client_stat_foreign_pid_samples;
 
 /* A hook announces itself before using @s; false when @s is no longer current (the
@@ -203,8 +204,6 @@ const char *client__strerror(int err);
 int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms, bool warm_up);
 /* Ends @s: the client goes DORMANT, the ring is unmapped once no hook is inside. */
 void client__session_close(struct client_session *s);
-/* Bytes of a session's sampled-address set mapping. */
-size_t client__freeset_bytes(void);
 /* Installs the attach handler unless the application has its own. */
 void client__attach_install(void);
 /* Starts the helper thread with every signal blocked (not from a hook). */

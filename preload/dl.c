@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "common/macros.h"
+#include "preload/got.h"
 
 typedef void *(*dl_open_fn)(const char *, int);
 typedef int (*dl_close_fn)(void *);
@@ -25,6 +26,8 @@ HP_EXPORT void *dlopen(const char *file, int mode)
         atomic_store_explicit(&dl_real_open, real, memory_order_release);
     }
     void *h = real(file, mode);
+    if (h)
+        client_got_after_dlopen();
     if (h)
         client_dl_event(CLIENT_DL_OPENED);
     return h;

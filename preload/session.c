@@ -147,11 +147,6 @@ fail:
 
 /* ---- sessions (owner only) --------------------------------------------------------- */
 
-size_t client__freeset_bytes(void)
-{
-    return CLIENT_FREESET_MAP_BYTES(CLIENT_FREESET_LOG2);
-}
-
 static struct client_session *client_free_slot(void)
 {
     for (unsigned n = 0; n < CLIENT_MAX_SESSIONS; n++) {
@@ -175,7 +170,7 @@ int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms,
     struct client_session *s = client_free_slot();
     if (!s)
         return -EBUSY;
-    if (!s->freeset.slots) {
+    if (!s->freeset.lv[0].slots) {
         int r = client_freeset_init(&s->freeset, CLIENT_FREESET_LOG2);
         if (r < 0)
             return r;
@@ -204,6 +199,8 @@ int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms,
         (void)close(sock);
         return r == -EBADMSG ? -EPROTO : r;
     }
+    /* Capped (RING_MAX_BLOCK_TIMEOUT_US) by the ring, whatever the service asks; the first
+     * wait that runs out ends blocking for the session. */
     ring_set_blocking(ring, cfg.block_client != 0, cfg.block_client_timeout_us);
 
     s->ring = ring;
@@ -218,7 +215,7 @@ int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms,
     s->max_stack_bytes = cfg.max_stack_bytes;
     client_sampler_params_init(&s->params, cfg.sampling_interval_bytes);
     atomic_store_explicit(&s->writers, 0, memory_order_relaxed);
-    atomic_store_explicit(&s->send_all_frees, false, memory_order_relaxed);
+    atomic_store_explicit(&s->full_poke_ns, 0, memory_order_relaxed);
     s->stuck = false;
     if (s->fork_token)
         atomic_store_explicit(s->fork_token, s->gen, memory_order_relaxed);
@@ -264,5 +261,5 @@ void client__session_close(struct client_session *s)
     s->sock = -1;
     /* A hook that loaded @s before the detach may still probe the set: it stays mapped;
      * zero pages make it empty for the slot's next session. */
-    (void)madvise(s->freeset.slots, client__freeset_bytes(), MADV_DONTNEED);
+    client_freeset_clear(&s->freeset);
 }

@@ -37,9 +37,10 @@ static int parse_stats(struct rd_header *h, const uint8_t *buf, size_t len)
         {PF_STATS(total_unwinding_time_us), RD_U64(struct rd_header, total_unwinding_time_us)},
         {PF_STATS(client_spinlock_blocked_us),
          RD_U64(struct rd_header, client_spinlock_blocked_us)},
+        {PF_STATS(frees_lost), RD_U64(struct rd_header, frees_lost)},
     };
     h->unwinding_errors = h->heap_samples = h->map_reparses = 0;
-    h->total_unwinding_time_us = h->client_spinlock_blocked_us = 0;
+    h->total_unwinding_time_us = h->client_spinlock_blocked_us = h->frees_lost = 0;
     return rp__parse_varints(buf, len, fields, HP_ARRAY_SIZE(fields), h);
 }
 

@@ -294,6 +294,7 @@ static int finish(struct rd *rd)
             .map_reparses = h->map_reparses,
             .total_unwinding_time_us = h->total_unwinding_time_us,
             .client_spinlock_blocked_us = h->client_spinlock_blocked_us,
+            .frees_lost = h->frees_lost,
             .n_callsites = p->n_callsites,
             .callsites = p->callsites,
         };

@@ -163,7 +163,8 @@ static void print_process(FILE *out, const struct rp_trace_process *p,
     if (p->hit_guardrail)
         fprintf(out, ", HIT GUARDRAIL");
     if (p->client_error)
-        fprintf(out, ", CLIENT ERROR");
+        fprintf(out, p->buffer_overran ? ", CLIENT ERROR (stopped waiting for the service)"
+                                       : ", CLIENT ERROR");
     fprintf(out, "\n");
     if (p->n_dumps == 0) {
         fprintf(out, "  no complete dump\n\n");
@@ -202,10 +203,14 @@ static void print_process(FILE *out, const struct rp_trace_process *p,
 
     fprintf(out,
             "\n  Stats: %" PRIu64 " samples, %" PRIu64 " unwinding errors, %" PRIu64
-            " map reparses, %" PRIu64 " us unwinding, %" PRIu64
-            " us client blocked on the ring\n\n",
+            " map reparses, %" PRIu64 " us unwinding, %" PRIu64 " us client blocked on the ring\n",
             p->heap_samples, p->unwinding_errors, p->map_reparses, p->total_unwinding_time_us,
             p->client_spinlock_blocked_us);
+    if (p->frees_lost)
+        fprintf(out,
+                "  %" PRIu64 " frees could not be recorded: unreleased bytes are overestimated\n",
+                p->frees_lost);
+    fprintf(out, "\n");
 }
 
 void rp_report_print(FILE *out, const struct rp_trace *t, const struct rp_report_options *opt)

@@ -55,6 +55,7 @@ struct rp_trace_process {
     /* ProcessStats */
     uint64_t unwinding_errors, heap_samples, map_reparses, total_unwinding_time_us,
         client_spinlock_blocked_us;
+    uint64_t frees_lost; /* frees the client could not record: their bytes show unreleased */
     size_t n_callsites;
     struct rp_trace_callsite *callsites;
 };

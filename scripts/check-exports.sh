@@ -5,7 +5,7 @@
 set -euo pipefail
 
 lib=${1:?usage: check-exports.sh path/to/libheapprof.so}
-allowed="aligned_alloc calloc dlclose dlopen free malloc memalign posix_memalign pvalloc realloc reallocarray valloc"
+allowed="aligned_alloc calloc dlclose dlopen free free_aligned_sized free_sized malloc memalign posix_memalign pvalloc realloc reallocarray valloc"
 
 actual=$(nm -D --defined-only "$lib" | awk '{print $NF}' | sed 's/@.*//' | sort -u | tr '\n' ' ')
 expected=$(echo "$allowed" | tr ' ' '\n' | sort -u | tr '\n' ' ')

@@ -255,7 +255,8 @@ struct svc {
     /* summary counters, atomics updated by the threads */
     _Atomic uint64_t processes, samples, frees, drops, unwind_errors, rejected, corrupt;
     _Atomic uint64_t walked, audits, audit_mismatches;
-    struct bk_counters bk_counters; /* written by the bk thread before it exits */
+    _Atomic uint64_t frees_lost, timed_out; /* clients that stopped blocking */
+    struct bk_counters bk_counters;         /* written by the bk thread before it exits */
 };
 
 /* service/listener.c: creates the socket directory (unless a socket path is configured)

@@ -281,9 +281,17 @@ static void finish_client(struct svc_unwinder *u, struct svc_client *c, uint32_t
     ring_get_stats(c->ring, &rs);
     c->stats.client_spinlock_blocked_us = rs.client_spinlock_blocked_us;
     c->stats.records_dropped = rs.records_dropped;
+    c->stats.frees_lost = rs.frees_lost;
     if (rs.records_dropped) {
         c->flags |= BK_FLAG_BUFFER_OVERRAN;
         atomic_fetch_add_explicit(&u->svc->drops, rs.records_dropped, memory_order_relaxed);
+    }
+    atomic_fetch_add_explicit(&u->svc->frees_lost, rs.frees_lost, memory_order_relaxed);
+    /* The client stopped waiting for room (a block timed out): Perfetto's
+     * CLIENT_ERROR_HIT_TIMEOUT in the dump, a line in the summary. */
+    if (rs.block_timeouts) {
+        c->flags |= BK_FLAG_CLIENT_ERROR | BK_FLAG_BUFFER_OVERRAN;
+        atomic_fetch_add_explicit(&u->svc->timed_out, 1, memory_order_relaxed);
     }
     atomic_fetch_add_explicit(&u->svc->frees, c->frees, memory_order_relaxed);
 

@@ -172,5 +172,7 @@ void ring_get_stats(ring_t *r, struct ring_stats *ret)
     ret->client_spinlock_blocked_us =
         atomic_load_explicit(&h->stats.client_spinlock_blocked_us, memory_order_relaxed);
     ret->max_fill_bytes = atomic_load_explicit(&h->stats.max_fill_bytes, memory_order_relaxed);
+    ret->frees_lost = atomic_load_explicit(&h->stats.frees_lost, memory_order_relaxed);
+    ret->block_timeouts = atomic_load_explicit(&h->stats.block_timeouts, memory_order_relaxed);
     ret->size_bytes = r->size;
 }

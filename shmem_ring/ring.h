@@ -34,6 +34,14 @@ typedef struct ring ring_t;
 #define RING_DEFAULT_SIZE (8u << 20)
 #define RING_MIN_SIZE (64u << 10)
 #define RING_MAX_SIZE (1u << 30)
+/* The longest block_client wait ring_set_blocking() accepts: a reader that made no room
+ * for that long is stopped or hung, and the program must not pause longer for it (once:
+ * the first wait that runs out ends blocking). Sanitizer builds of the service stall for
+ * more than a second now and then, which shorter caps turn into drops. */
+#define RING_MAX_BLOCK_TIMEOUT_US (10u * 1000u * 1000u)
+/* In block mode ring_try_begin_write() leaves this share of the ring (1/8: 1 MiB, 32 k
+ * frees, of the default 8 MiB) to ring_try_begin_write_nowait(). */
+#define RING_URGENT_RESERVE_SHIFT 3
 /* Largest payload a single record may carry (a 64 KiB stack plus the alloc header fits). */
 #define RING_MAX_PAYLOAD ((1u << 20) - 64u)
 /* A reserved record unpublished for this long makes the reader give up on the ring. */
@@ -66,7 +74,9 @@ struct ring_stats {
     uint64_t reserve_failures;
     uint64_t client_spinlock_blocked_us;
     uint64_t max_fill_bytes;
-    uint64_t size_bytes; /* data area size */
+    uint64_t size_bytes;     /* data area size */
+    uint64_t frees_lost;     /* frees of sampled blocks the client could not record */
+    uint64_t block_timeouts; /* block waits that ran out; nonzero: blocking ended */
 };
 
 /* Service: creates a ring memfd with a data area of @data_size_bytes (power of two,
@@ -88,6 +98,16 @@ ring_t *ring_unmap(ring_t *r);
  * timeout before giving up; the time spent waiting adds to client_spinlock_blocked_us. */
 int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len,
                          struct ring_wspan *ret) HP_WARN_UNUSED;
+/* Writer, hook-safe: as ring_try_begin_write(), but never waits, whatever the block mode
+ * (frees, and writes from a signal handler that may have interrupted a writer), and may
+ * use the last 1/2^RING_URGENT_RESERVE_SHIFT of the ring, which ring_try_begin_write()
+ * leaves free in block mode: frees find room while samples wait for it. */
+int ring_try_begin_write_nowait(ring_t *r, uint16_t type, size_t payload_len,
+                                struct ring_wspan *ret) HP_WARN_UNUSED;
+/* Writer, hook-safe: counts a free of a sampled block that could not be recorded. */
+void ring_count_free_lost(ring_t *r);
+/* Writer, hook-safe: counts a record the writer dropped before asking for room. */
+void ring_count_drop(ring_t *r);
 /* Writer, hook-safe: publishes the record. Returns true when the reader said it is idle
  * and must be woken (the caller pokes the signalling socket). */
 bool ring_end_write(ring_t *r, struct ring_wspan *w);
@@ -96,7 +116,10 @@ bool ring_end_write(ring_t *r, struct ring_wspan *w);
  * -ETIMEDOUT, or -EPIPE when the reader detached. The reader publishes how far it read
  * lazily: the service calls ring_flush_read_pos() for the records a writer waits on. */
 int ring_wait_consumed(ring_t *r, const struct ring_wspan *w, uint32_t timeout_us) HP_WARN_UNUSED;
-/* Writer: make ring_try_begin_write() wait up to @timeout_us for space. */
+/* Writer: make ring_try_begin_write() wait up to @timeout_us (at most
+ * RING_MAX_BLOCK_TIMEOUT_US) for space. The first wait that runs out ends blocking for
+ * good: the reader is stopped or hung, and every later record would wait as long; from
+ * then on records are dropped (counted), and block_timeouts tells the reader. */
 void ring_set_blocking(ring_t *r, bool block, uint32_t timeout_us);
 /* Writer, hook-safe: true once the reader detached (the session is over: stop writing
  * and go passthrough), or in a child forked after ring_map(). One relaxed load. */

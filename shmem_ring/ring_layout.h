@@ -78,6 +78,14 @@ struct ring_shared {
         _Atomic uint64_t reserve_failures;
         _Atomic uint64_t client_spinlock_blocked_us;
         _Atomic uint64_t max_fill_bytes;
+        /* Frees of sampled blocks the client could not record (ring full, or a free
+         * from a signal handler that interrupted a hook and found no room): each is a
+         * phantom leak in the profile. Also counted in records_dropped when the ring
+         * refused the record. */
+        _Atomic uint64_t frees_lost;
+        /* Block waits that ran out (the reader made no room within the timeout); the
+         * first one ends blocking for the session (ring_try_begin_write()). */
+        _Atomic uint64_t block_timeouts;
     } stats;
 };
 _Static_assert(sizeof(struct ring_shared) <= RING_HEADER_SIZE, "ring header fits a page");

@@ -44,7 +44,10 @@ static void ring_block_pause(unsigned round)
     }
 }
 
-int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len, struct ring_wspan *ret)
+/* @urgent: never wait, and may use the last RING_URGENT_RESERVE_SHIFT-th of the ring,
+ * which other records leave free. */
+static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool urgent,
+                            struct ring_wspan *ret)
 {
     struct ring_shared *h = r->hdr;
     uint64_t total, w, rp;
@@ -55,7 +58,12 @@ int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len, struct ri
     /* hdr is NULL in a child forked after ring_map() (the private page is wiped). */
     if (HP_UNLIKELY(h == NULL || atomic_load_explicit(&h->detached, memory_order_relaxed)))
         return -EPIPE;
-    if (payload_len > RING_MAX_PAYLOAD || ring__record_total(payload_len) > r->size) {
+    /* In block mode, frees (urgent) must not be crowded out by samples waiting for room:
+     * a lost free is a phantom leak, a lost sample only a smaller sample. */
+    uint64_t limit = r->size;
+    if (!urgent && atomic_load_explicit(&r->blocking, memory_order_relaxed))
+        limit -= r->size >> RING_URGENT_RESERVE_SHIFT;
+    if (payload_len > RING_MAX_PAYLOAD || ring__record_total(payload_len) > limit) {
         ring_count(&h->stats.records_dropped, 1);
         return -EMSGSIZE;
     }
@@ -76,8 +84,8 @@ int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len, struct ri
             }
             continue;
         }
-        if (w - rp + total > r->size) {
-            if (!atomic_load_explicit(&r->blocking, memory_order_relaxed)) {
+        if (w - rp + total > limit) {
+            if (urgent || !atomic_load_explicit(&r->blocking, memory_order_relaxed)) {
                 err = -EAGAIN;
                 ring_count(&h->stats.records_dropped, 1);
                 break;
@@ -94,6 +102,12 @@ int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len, struct ri
                                                                    memory_order_relaxed) *
                                         1000u;
             } else if (now >= deadline_ns) {
+                /* No room for the whole timeout: the reader is stopped or hung, and every
+                 * record would now wait as long. Stop blocking for the rest of the
+                 * session (every writer thread of this process sees the flag on its
+                 * next round); the reader learns it from block_timeouts. */
+                atomic_store_explicit(&r->blocking, false, memory_order_relaxed);
+                ring_count(&h->stats.block_timeouts, 1);
                 err = -EAGAIN;
                 ring_count(&h->stats.records_dropped, 1);
                 break;
@@ -133,6 +147,29 @@ int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len, struct ri
     ret->len = payload_len;
     ret->pos = w;
     return 0;
+}
+
+int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len, struct ring_wspan *ret)
+{
+    return ring_begin_write(r, type, payload_len, false, ret);
+}
+
+int ring_try_begin_write_nowait(ring_t *r, uint16_t type, size_t payload_len,
+                                struct ring_wspan *ret)
+{
+    return ring_begin_write(r, type, payload_len, true, ret);
+}
+
+void ring_count_free_lost(ring_t *r)
+{
+    if (r->hdr)
+        ring_count(&r->hdr->stats.frees_lost, 1);
+}
+
+void ring_count_drop(ring_t *r)
+{
+    if (r->hdr)
+        ring_count(&r->hdr->stats.records_dropped, 1);
 }
 
 bool ring_end_write(ring_t *r, struct ring_wspan *w)
@@ -192,6 +229,7 @@ bool ring_is_detached(ring_t *r)
 
 void ring_set_blocking(ring_t *r, bool block, uint32_t timeout_us)
 {
-    atomic_store_explicit(&r->block_timeout_us, timeout_us, memory_order_relaxed);
+    atomic_store_explicit(&r->block_timeout_us, HP_MIN(timeout_us, RING_MAX_BLOCK_TIMEOUT_US),
+                          memory_order_relaxed);
     atomic_store_explicit(&r->blocking, block, memory_order_relaxed);
 }

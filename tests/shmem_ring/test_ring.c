@@ -952,14 +952,73 @@ static void test_ring_blocking_times_out(void **state)
     assert_int_equal(st.records_dropped, 2);
 }
 
+/* The bug: with a stopped reader every record waited out the whole timeout, for as long
+ * as the reader stayed stopped (a malloc loop fell to ~600 per second). Now the first
+ * wait that runs out ends blocking: the next writes fail at once, and the reader learns
+ * it from block_timeouts. A timeout above RING_MAX_BLOCK_TIMEOUT_US is capped. */
+static void test_ring_bug_stopped_reader_blocks_every_record(void **state)
+{
+    struct fixture *f = *state;
+    struct ring_stats st;
+
+    ring_set_blocking(f->writer, true, UINT32_MAX);
+    assert_int_equal(atomic_load(&f->writer->block_timeout_us), RING_MAX_BLOCK_TIMEOUT_US);
+    ring_set_blocking(f->writer, false, 0);
+    while (write_one(f->writer, 1, 4000, 0) == 0) {
+    }
+    ring_set_blocking(f->writer, true, 200u * 1000u);
+    uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
+    assert_int_equal(write_one(f->writer, 1, 4000, 0), -EAGAIN);
+    uint64_t waited = hp_clock_ns(CLOCK_MONOTONIC) - t0;
+    assert_true(waited >= 200u * 1000u * 1000u);
+    t0 = hp_clock_ns(CLOCK_MONOTONIC);
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(write_one(f->writer, 1, 4000, 0), -EAGAIN);
+    assert_true(hp_clock_ns(CLOCK_MONOTONIC) - t0 < 100u * 1000u * 1000u);
+    ring_get_stats(f->reader, &st);
+    assert_int_equal(st.block_timeouts, 1);
+    assert_int_equal(st.records_dropped, 102);
+}
+
+/* Frees never wait, whatever the block mode; they find room in the share of the ring
+ * samples leave them; a free that finds none is counted. */
+static void test_ring_nowait_never_waits(void **state)
+{
+    struct fixture *f = *state;
+    struct ring_stats st;
+    struct ring_wspan w;
+
+    ring_set_blocking(f->writer, true, 1000);
+    while (write_one(f->writer, 1, 16, 0) == 0) {
+    }
+    ring_set_blocking(f->writer, true, 500000);
+    uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
+    size_t urgent = 0;
+    while (ring_try_begin_write_nowait(f->writer, 2, 16, &w) == 0) {
+        (void)ring_end_write(f->writer, &w);
+        urgent++;
+    }
+    ring_count_free_lost(f->writer);
+    assert_true(hp_clock_ns(CLOCK_MONOTONIC) - t0 < 100u * 1000u * 1000u);
+    /* 32-byte records in the reserved eighth of the ring. */
+    assert_int_equal(urgent, (SMALL >> RING_URGENT_RESERVE_SHIFT) / 32);
+    ring_get_stats(f->reader, &st);
+    assert_int_equal(st.frees_lost, 1);
+    assert_int_equal(st.block_timeouts, 1); /* the filling write that waited 1 ms */
+}
+
+/* Reads enough 4000-byte records for one more, besides the share a blocking writer leaves
+ * to frees (RING_URGENT_RESERVE_SHIFT). */
 static void *slow_drain(void *arg)
 {
     ring_t *rd = arg;
     struct ring_rspan rs;
     usleep(2000);
-    while (ring_begin_read(rd, &rs) != 0)
-        sched_yield();
-    ring_end_read(rd, &rs);
+    for (unsigned n = 0; n < 1 + (SMALL >> RING_URGENT_RESERVE_SHIFT) / 4000 + 1; n++) {
+        while (ring_begin_read(rd, &rs) != 0)
+            sched_yield();
+        ring_end_read(rd, &rs);
+    }
     return NULL;
 }
 
@@ -1109,6 +1168,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ring_reader_idle_no_lost_wakeup, setup_small,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_ring_blocking_times_out, setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_bug_stopped_reader_blocks_every_record,
+                                        setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_nowait_never_waits, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_blocking_waits_for_space, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_detached_stops_writers, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_detached_releases_blocked_writer, setup_small,
