@@ -22,6 +22,10 @@ int bk_new(const struct bk_config *cfg, bk_t **ret)
     bk->source_line = cfg->source_line;
     bk->source_line_ctx = cfg->source_line_ctx;
     bk->max_packet_bytes = BK_MAX_PACKET_BYTES;
+    if (cfg->sink) {
+        bk->has_sink = true;
+        bk->sink = *cfg->sink;
+    }
     hp_map_init(&bk->proc_index, sizeof(uint64_t));
     int r = bk__intern_init(&bk->in);
     if (r < 0) {
@@ -29,7 +33,9 @@ int bk_new(const struct bk_config *cfg, bk_t **ret)
         free(bk);
         return r;
     }
-    r = bk__write_start(bk);
+    /* A sink's sequence starts with its first packet (nothing may be written now). */
+    bk->needs_reset = bk->has_sink;
+    r = bk->has_sink ? 0 : bk__write_start(bk);
     if (r < 0) {
         bk_free(bk);
         return r;
@@ -534,6 +540,9 @@ int bk_dump_all(bk_t *bk)
     for (size_t i = 0; i < bk->n_procs && r >= 0; i++) {
         bk__flush_pending(bk, bk->procs[i]);
         r = bk__dump_proc(bk, bk->procs[i]);
+        /* A full sink dropped that dump: the next process's starts the sequence over. */
+        if (r == -ENOBUFS && i + 1 < bk->n_procs)
+            r = 0;
     }
     return r;
 }

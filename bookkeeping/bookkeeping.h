@@ -26,16 +26,35 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "common/frame.h"
 #include "common/macros.h"
 
 typedef struct bk bk_t;
 
+/* Where TracePackets go instead of a file: a writer of Perfetto's tracing service
+ * (traced), which frames the packets and stamps their sequence itself. Packets written
+ * to a sink carry no trusted_packet_sequence_id (traced rejects packets that do) and no
+ * clock snapshots (traced writes its own); the sequence's first packet sets
+ * first_packet_on_sequence. */
+struct bk_sink {
+    /* Writes one TracePacket of @len bytes given in @n (at most 4) pieces. Returns 0;
+     * -ENOBUFS when the packet was dropped (the sink is full): the next packet restarts
+     * the sequence's interned data and the dump in progress is abandoned; any other
+     * -errno breaks the output for good. */
+    int (*write_packet)(void *ctx, const struct iovec *iov, int n, size_t len);
+    /* True, once, when the reader asked for the interned data again (traced's
+     * ClearIncrementalState); checked before each dump. May be NULL. */
+    bool (*take_clear_request)(void *ctx);
+    void *ctx;
+};
+
 struct bk_config {
-    int out_fd;           /* borrowed; TracePackets are appended with write(2) */
-    uint32_t sequence_id; /* trusted_packet_sequence_id, non-zero; 0 means 1 */
-    bool dump_at_max;     /* dumps show self_max/self_max_count at the peak */
+    int out_fd;                 /* borrowed; TracePackets are appended with write(2) */
+    const struct bk_sink *sink; /* non-NULL: packets go there, not to out_fd (copied) */
+    uint32_t sequence_id;       /* trusted_packet_sequence_id, non-zero; 0 means 1 */
+    bool dump_at_max;           /* dumps show self_max/self_max_count at the peak */
     /* Source file and line of the code at @rel_pc in @m, for Perfetto ModuleSymbols
      * packets (the UI shows them with the frames). Called lazily, once per unique frame,
      * by the dump that first writes the frame. Returns 0 with *ret_file (borrowed until
@@ -98,6 +117,10 @@ int bk_dump_all(bk_t *bk) HP_WARN_UNUSED;
 int bk_process_end(bk_t *bk, int32_t pid, const struct bk_process_stats *stats,
                    uint32_t flags) HP_WARN_UNUSED;
 
+/* Writes that process @pid was not profiled because another session profiles it (a
+ * ProcessHeapSamples with rejected_concurrent, as Perfetto's heapprofd writes). */
+int bk_process_rejected(bk_t *bk, int32_t pid) HP_WARN_UNUSED;
+
 /* Counters for summaries and tests. */
 struct bk_counters {
     uint64_t records_applied;
@@ -111,8 +134,10 @@ struct bk_counters {
     uint64_t packets_written;
     uint64_t source_lines; /* frames given a source line in ModuleSymbols */
     uint64_t bytes_written;
-    uint64_t live_bytes;  /* sampled bytes live now, in every heap of every process */
-    int last_write_error; /* 0 or -errno of the last failed write */
+    uint64_t live_bytes;      /* sampled bytes live now, in every heap of every process */
+    uint64_t packets_dropped; /* the sink was full (sink only) */
+    uint64_t sequence_resets; /* interned data written again (sink only) */
+    int last_write_error;     /* 0 or -errno of the last failed write */
 };
 /* Applies the records in order that wait to be (see bk_proc.ready in state.h) first. */
 void bk_get_counters(bk_t *bk, struct bk_counters *ret);

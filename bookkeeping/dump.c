@@ -2,7 +2,7 @@
  *
  * A dump of one heap of one process is a run of TracePackets, each of them
  *
- *     TracePacket { timestamp (BOOTTIME), trusted_packet_sequence_id,
+ *     TracePacket { timestamp (BOOTTIME), trusted_packet_sequence_id (not with a sink),
  *                   sequence_flags = SEQ_NEEDS_INCREMENTAL_STATE,
  *                   interned_data { function_names, mapping_paths, build_ids,
  *                                   mappings, frames, callstacks }     (new entries only)
@@ -394,6 +394,14 @@ static void put_flags_stats(struct enc *e, const struct bk_proc *p)
 static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
 {
     const struct bk_intern *in = &bk->in;
+    if (bk->has_sink) {
+        /* Before anything is encoded: a restart re-emits every interned entry. */
+        if (bk->sink.take_clear_request && bk->sink.take_clear_request(bk->sink.ctx))
+            bk->needs_reset = true;
+        int r = bk->needs_reset ? bk__write_start(bk) : 0;
+        if (r < 0)
+            return r;
+    }
     size_t begin[SRC_COUNT], limit[SRC_COUNT];
     for (int s = SRC_FUNCTION_NAMES; s <= SRC_BUILD_IDS; s++) {
         begin[s] = bk->emitted_str[src_str_kind[s]];
@@ -429,7 +437,8 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
         if (!enc_reserve(bk, &e, fixed + 64))
             return -ENOMEM;
         put_uint(&e, PF_PACKET(timestamp), ts_boot);
-        put_uint(&e, PF_PACKET(trusted_packet_sequence_id), bk->sequence_id);
+        if (!bk->has_sink)
+            put_uint(&e, PF_PACKET(trusted_packet_sequence_id), bk->sequence_id);
         put_uint(&e, PF_PACKET(sequence_flags), PF_SEQ_NEEDS_INCREMENTAL_STATE);
         const size_t start = e.len;
         size_t used = 0;
@@ -503,6 +512,8 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
                                {(void *)e.ext, e.ext_len},
                                {e.p + e.ext_at, e.ext ? e.len - e.ext_at : 0}};
         int r = bk__write_framed(bk, iov, 4, e.len + e.ext_len);
+        if (r == -ENOBUFS)
+            bk->next_packet_index++; /* the gap tells readers a packet is missing */
         if (r < 0)
             return r;
         bk->next_packet_index++;

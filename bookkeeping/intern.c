@@ -422,6 +422,22 @@ void bk__intern_emit_written(struct bk_intern *in, size_t n, size_t off)
     }
 }
 
+int bk__intern_emit_all(struct bk_intern *in)
+{
+    struct bk_emit *em = &in->emit;
+    em->len = em->n = em->n_marks = 0;
+    uint32_t fids[BK_MAX_FRAMES];
+    for (size_t node = 1; node < in->n_nodes; node++) {
+        if (!in->nodes[node].queued)
+            continue;
+        size_t k = bk__intern_callstack_frames(in, (uint32_t)node, fids);
+        int r = emit_callstack(in, (uint32_t)node, fids, k);
+        if (r < 0)
+            return r;
+    }
+    return 0;
+}
+
 /* Walks @frames (leaf first) through frame interning and the trie. */
 static int intern_walk(struct bk_intern *in, const struct hp_frame *frames, size_t n,
                        uint32_t *ret_id)

@@ -194,6 +194,10 @@ static inline size_t bk__emit_entry_size(const uint8_t *p)
  * when that is all of them, the buffer is emptied. */
 void bk__intern_emit_written(struct bk_intern *in, size_t n, size_t off);
 
+/* Queues every callstack ever queued for emission again (the interned data restarts on a
+ * new packet sequence state). Returns 0 or -ENOMEM. */
+int bk__intern_emit_all(struct bk_intern *in) HP_WARN_UNUSED;
+
 /* Writes the frame ids of callstack @cs root first into @buf (BK_MAX_FRAMES entries);
  * returns their number. */
 size_t bk__intern_callstack_frames(const struct bk_intern *in, uint32_t cs, uint32_t *buf);

@@ -151,6 +151,12 @@ struct bk_buf {
 struct bk {
     int out_fd;
     uint32_t sequence_id;
+    /* With a sink: the packet format of a traced writer (struct bk_sink). */
+    bool has_sink;
+    struct bk_sink sink;
+    bool sequence_started; /* the sink got its first packet */
+    bool needs_reset;      /* write the interned data again before the next use of it */
+    bool in_reset;
     bool dump_at_max;
 
     struct bk_intern in;
@@ -217,7 +223,6 @@ void bk__flush_pending(bk_t *bk, struct bk_proc *p);
 void bk__flush_ready(bk_t *bk, struct bk_proc *p);
 
 /* bookkeeping/dump.c */
-/* The first packet: clock snapshot, SEQ_INCREMENTAL_STATE_CLEARED, iid 0 = "". */
 struct iovec;
 
 /* Room for the Trace framing (tag and length) in front of an encoded packet. */
@@ -230,6 +235,9 @@ int bk__write_framed(bk_t *bk, struct iovec *iov, int n, size_t len) HP_WARN_UNU
 int bk__write_raw_packet(bk_t *bk, const uint8_t *body, size_t len) HP_WARN_UNUSED;
 /* bookkeeping/symbols.c: ModuleSymbols for the frames @p's dump just used. */
 int bk__write_source_lines(bk_t *bk, struct bk_proc *p) HP_WARN_UNUSED;
+/* The first packet: clock snapshot, SEQ_INCREMENTAL_STATE_CLEARED, iid 0 = "". With a
+ * sink it also restarts the interned data (every entry is written again by the next
+ * dump) and is written whenever needs_reset is set. */
 int bk__write_start(bk_t *bk) HP_WARN_UNUSED;
 int bk__write_clock_snapshot(bk_t *bk) HP_WARN_UNUSED;
 int bk__write_process_tree(bk_t *bk, const struct bk_proc *p) HP_WARN_UNUSED;

@@ -59,6 +59,23 @@ int cli_session_run(const struct cli_session *cs, struct cli_loop_result *ret_re
 int cli_output_open(const char *path, bool made_up, char *ret_path, size_t path_len, char *err,
                     size_t err_len) HP_WARN_UNUSED;
 
+/* ---- heapprofd --producer (cli/producer.c) ----------------------------------------- */
+
+struct cli_producer_opts {
+    const struct svc_config *base; /* heapprof's own fields, for every session */
+    const char *daemon_socket;     /* where processes with the library connect */
+    const char *producer_socket;   /* NULL: Perfetto's default (producer/producer.h) */
+    const char *data_source;       /* NULL: "android.heapprofd" */
+    uint32_t smb_size_hint_bytes, smb_page_size_hint_bytes; /* 0: 1 MiB, 16 KiB pages */
+    void (*started)(void *ctx);                             /* once listening (pid file) */
+    void *ctx;
+};
+
+/* Runs the daemon as a data source of Perfetto's tracing service until SIGINT/SIGTERM
+ * (then every session's final dumps are written and acknowledged, within 10 s). Returns
+ * 0 or EXIT_PROFILER after a message on stderr. */
+int cli_producer_run(const struct cli_producer_opts *o);
+
 int cmd_record(int argc, char **argv);
 int cmd_report(int argc, char **argv);
 int cmd_pprof(int argc, char **argv);

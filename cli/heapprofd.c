@@ -44,6 +44,9 @@ enum {
     OPT_SOCKET,
     OPT_STATUS,
     OPT_NO_STATUS,
+    OPT_PRODUCER,
+    OPT_PRODUCER_SOCKET,
+    OPT_DATA_SOURCE,
 };
 
 static const struct option daemon_own_opts[] = {
@@ -52,6 +55,9 @@ static const struct option daemon_own_opts[] = {
     {"output", required_argument, NULL, 'o'},
     {"status", no_argument, NULL, OPT_STATUS},
     {"no-status", no_argument, NULL, OPT_NO_STATUS},
+    {"producer", no_argument, NULL, OPT_PRODUCER},
+    {"producer-socket", required_argument, NULL, OPT_PRODUCER_SOCKET},
+    {"data-source", required_argument, NULL, OPT_DATA_SOURCE},
     {"help", no_argument, NULL, 'h'},
     {0},
 };
@@ -79,7 +85,16 @@ static void usage(FILE *f, const struct cli_opts *o)
           "                               ./heapprofd-<date>-<pid>.pftrace)\n",
           f);
     cli_opts_help(f, o);
-    fputs("      --no-status              no live status line (shown on a terminal)\n"
+    fputs("      --producer               be a data source of Perfetto's tracing service\n"
+          "                               (traced) instead of writing a file: each tracing\n"
+          "                               session that enables android.heapprofd gets its\n"
+          "                               own profile, configured by its heapprofd_config\n"
+          "      --producer-socket NAME   traced's producer socket (default\n"
+          "                               $PERFETTO_PRODUCER_SOCK_NAME, else\n"
+          "                               /run/perfetto/traced-producer.sock or\n"
+          "                               /tmp/perfetto-producer)\n"
+          "      --data-source NAME       data source name (default android.heapprofd)\n"
+          "      --no-status              no live status line (shown on a terminal)\n"
           "  -h, --help                   this help\n"
           "\n"
           "example:\n"
@@ -99,6 +114,38 @@ static void signal_running(void *ctx, const struct svc_proc *p)
                     strerror(-r));
     else
         hp_log_info("pid %d (%s): attach signal sent", (int)p->pid, p->name);
+}
+
+/* The name of a HeapprofdConfig field @cfg sets to other than its default, or NULL: in
+ * producer mode those come from each session's config. */
+static const char *session_field_given(const struct svc_config *cfg)
+{
+    struct svc_config dflt;
+    svc_config_init(&dflt);
+    if (cfg->n_pid || cfg->n_process_cmdline)
+        return cfg->n_pid ? "pid" : "process_cmdline";
+    for (size_t i = 0; i < svc_n_config_fields; i++) {
+        const struct svc_config_field *f = &svc_config_fields[i];
+        size_t w = f->type == SVC_FIELD_BOOL ? sizeof(bool) : f->width;
+        if (f->proto_id &&
+            (f->type == SVC_FIELD_BOOL || f->type == SVC_FIELD_UINT ||
+             f->type == SVC_FIELD_BYTES) &&
+            memcmp((const char *)cfg + f->offset, (const char *)&dflt + f->offset, w) != 0)
+            return f->name;
+    }
+    return NULL;
+}
+
+static void producer_started(void *ctx)
+{
+    const char *pidfile = ctx;
+    if (!pidfile[0])
+        return;
+    FILE *f = fopen(pidfile, "we");
+    if (f) {
+        fprintf(f, "%d\n", (int)getpid());
+        fclose(f);
+    }
 }
 
 struct daemon_run {
@@ -141,7 +188,8 @@ int cmd_daemon(int argc, char **argv)
 {
     struct cli_opts opts;
     struct svc_config cfg;
-    const char *output = NULL, *socket_path = NULL;
+    const char *output = NULL, *socket_path = NULL, *producer_socket = NULL, *data_source = NULL;
+    bool producer = false, config_file = false;
     bool status_line = true; /* on a terminal */
     char err[512];
     int c, rc = EXIT_USAGE;
@@ -168,6 +216,16 @@ int cmd_daemon(int argc, char **argv)
             continue;
         switch (c) {
         case OPT_CONFIG:
+            config_file = true;
+            break;
+        case OPT_PRODUCER:
+            producer = true;
+            break;
+        case OPT_PRODUCER_SOCKET:
+            producer_socket = optarg;
+            break;
+        case OPT_DATA_SOURCE:
+            data_source = optarg;
             break;
         case OPT_SOCKET:
             socket_path = optarg;
@@ -194,11 +252,30 @@ int cmd_daemon(int argc, char **argv)
         fprintf(stderr, "heapprofd: unexpected argument '%s'\n", argv[optind]);
         goto out;
     }
+    if (!producer && (producer_socket || data_source)) {
+        fprintf(stderr, "heapprofd: --producer-socket and --data-source need --producer\n");
+        goto out;
+    }
+    if (producer) {
+        const char *given = session_field_given(&cfg);
+        if (output)
+            fprintf(stderr, "heapprofd: with --producer, traced writes the trace: no -o\n");
+        else if (config_file)
+            fprintf(stderr, "heapprofd: with --producer, each tracing session's "
+                            "heapprofd_config is the configuration: no --config\n");
+        else if (given)
+            fprintf(stderr,
+                    "heapprofd: with --producer, %s comes from each tracing session's "
+                    "heapprofd_config\n",
+                    given);
+        if (output || config_file || given)
+            goto out;
+    }
     if (svc_config_check(&cfg, err, sizeof(err)) < 0) {
         fprintf(stderr, "heapprofd: %s\n", err);
         goto out;
     }
-    if (!svc_config_has_targets(&cfg))
+    if (!producer && !svc_config_has_targets(&cfg))
         fprintf(stderr, "heapprofd: no targets (-p, -n, --all, or pid/process_cmdline in the "
                         "config): processes that connect are left unprofiled\n");
 
@@ -232,6 +309,17 @@ int cmd_daemon(int argc, char **argv)
         socket_path = sock;
     }
     cfg.socket_path = socket_path;
+    if (producer) {
+        rc = cli_producer_run(&(struct cli_producer_opts){.base = &cfg,
+                                                          .daemon_socket = socket_path,
+                                                          .producer_socket = producer_socket,
+                                                          .data_source = data_source,
+                                                          .started = producer_started,
+                                                          .ctx = pidfile});
+        if (pidfile[0])
+            (void)unlink(pidfile);
+        goto out;
+    }
 
     char out_buf[PATH_MAX];
     struct stat st;

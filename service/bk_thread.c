@@ -61,6 +61,11 @@ static void apply(struct svc *s, const struct svc_msg *m)
         if (r < 0)
             hp_log_warn("dump failed: %s", strerror(-r));
         break;
+    case SVC_MSG_REJECTED:
+        r = bk_process_rejected(s->bk, m->pid);
+        if (r < 0)
+            hp_log_warn("pid %d: cannot write rejected_concurrent: %s", m->pid, strerror(-r));
+        break;
     case SVC_MSG_DUMP_BARRIER: {
         const struct svc_msg_dump_barrier *d = (const void *)m;
         if (d->unwinder < s->n_dump_barriers && s->dump_barriers)

@@ -260,6 +260,11 @@ static void accepted(struct svc *s, int fd)
         (struct svc_pending_hello){.fd = fd, .deadline_ms = now_ms() + SVC_HANDSHAKE_TIMEOUT_MS};
 }
 
+void svc_adopt(svc_t *s, int fd)
+{
+    accepted(s, fd);
+}
+
 static void pending_event(struct svc *s, int fd, uint32_t events)
 {
     unsigned i = 0;

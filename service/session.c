@@ -198,7 +198,7 @@ static int source_line(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
     return unwinder_source_line(m, rel_pc, ret_file, ret_line);
 }
 
-int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret)
+static int create(const struct svc_config *cfg, int out_fd, const struct bk_sink *sink, svc_t **ret)
 {
     char err[256];
     int r = svc_config_check(cfg, err, sizeof(err));
@@ -230,6 +230,7 @@ int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret)
     }
     unwinder_set_source_lines(!cfg->no_source_lines);
     r = bk_new(&(struct bk_config){.out_fd = out_fd,
+                                   .sink = sink,
                                    .sequence_id = 1,
                                    .dump_at_max = cfg->dump_at_max,
                                    .source_line = source_line},
@@ -274,6 +275,29 @@ int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret)
 fail:
     svc_free(s);
     return r;
+}
+
+int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret)
+{
+    return create(cfg, out_fd, NULL, ret);
+}
+
+int svc_new_sink(const struct svc_config *cfg, const struct bk_sink *sink, svc_t **ret)
+{
+    return create(cfg, -1, sink, ret);
+}
+
+int svc_reject_concurrent(svc_t *s, pid_t pid)
+{
+    if (!svc__batch_add(&s->ctl, SVC_MSG_REJECTED, pid, sizeof(struct svc_msg)))
+        return -ENOMEM;
+    svc__batch_flush(&s->ctl);
+    return 0;
+}
+
+int svc_fd(svc_t *s)
+{
+    return s->epfd;
 }
 
 int svc_finish(svc_t *s, struct svc_summary *ret_summary)

@@ -17,12 +17,15 @@
 #ifndef HP_SERVICE_SVC_H
 #define HP_SERVICE_SVC_H
 
+#include <poll.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
 #include "common/macros.h"
+
+struct bk_sink;
 
 #define SVC_MAX_TARGETS 64
 
@@ -147,6 +150,14 @@ bool svc_config_matches(const struct svc_config *cfg, int32_t pid, const char *c
 /* True when the configuration names targets (pid, process_cmdline or all). */
 bool svc_config_has_targets(const struct svc_config *cfg);
 
+/* Applies a serialized HeapprofdConfig (as Perfetto's tracing service hands it to the
+ * data source android.heapprofd) on top of @cfg, field by field through the table:
+ * fields are checked as their flags are. Returns 0, with in @err (else "") a note
+ * naming the field numbers heapprof does not implement and ignored; or -EINVAL
+ * (malformed bytes, a value out of range) or -ENOMEM with the reason in @err. */
+int svc_config_from_proto(const void *buf, size_t len, struct svc_config *cfg, char *err,
+                          size_t err_len) HP_WARN_UNUSED;
+
 /* Checks a configuration; on error returns -EINVAL and a message in @err. */
 int svc_config_check(const struct svc_config *cfg, char *err, size_t err_len) HP_WARN_UNUSED;
 
@@ -173,8 +184,20 @@ struct svc_summary {
 /* Creates the socket and starts the threads. @out_fd is borrowed; the bookkeeping
  * thread writes the trace to it until svc_finish() returns. */
 int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret) HP_WARN_UNUSED;
+/* As svc_new(), writing the TracePackets to @sink (copied; its context must outlive the
+ * service) in the format of a writer of Perfetto's tracing service (bookkeeping.h). */
+int svc_new_sink(const struct svc_config *cfg, const struct bk_sink *sink,
+                 svc_t **ret) HP_WARN_UNUSED;
 /* Borrowed; valid until svc_free(). */
 const char *svc_socket_path(svc_t *s);
+/* Hands a connection accepted elsewhere (a socket several sessions share) to the
+ * handshake, as if it had been accepted on the service's own socket. Takes @fd. */
+void svc_adopt(svc_t *s, int fd);
+/* A descriptor that is readable when svc_poll() has work (an epoll fd). */
+int svc_fd(svc_t *s);
+/* Records in the trace that @pid is not profiled because another session profiles it
+ * (rejected_concurrent, as Perfetto's heapprofd). Returns 0 or -ENOMEM. */
+int svc_reject_concurrent(svc_t *s, pid_t pid) HP_WARN_UNUSED;
 /* Serves the listening socket for up to @timeout_ms (accepting and handshaking clients).
  * Returns 0 or -errno. */
 int svc_poll(svc_t *s, int timeout_ms) HP_WARN_UNUSED;
@@ -221,6 +244,48 @@ bool svc_check_guardrails(svc_t *s);
 int svc_finish(svc_t *s, struct svc_summary *ret_summary) HP_WARN_UNUSED;
 /* Removes the socket and its directory, frees everything; accepts NULL. */
 svc_t *svc_free(svc_t *s);
+
+/* ---- several sessions behind the daemon socket (service/multi.c) ------------------ *
+ *
+ * heapprofd --producer runs one session per data source instance of Perfetto's tracing
+ * service, at the same time, behind its one socket: each connection goes to one session
+ * (the one that signalled the process, else the oldest whose targets match); the other
+ * matching sessions record the process as rejected_concurrent, as Perfetto's heapprofd.
+ *
+ *     svc_multi_t *m;
+ *     svc_multi_new(path, &m);
+ *     svc_multi_start(m, id, &cfg, &sink);         // signals running targets
+ *     loop: poll(svc_multi_pollfds(), svc_multi_timeout_ms()); svc_multi_dispatch(m);
+ *     svc_multi_stop(m, id, done, ctx);           // final dumps on a thread, then done()
+ *
+ * Main thread only (done() runs on the session's stop thread). */
+typedef struct svc_multi svc_multi_t;
+
+/* Listens on @socket_path. Returns 0, -EADDRINUSE (a live service answers there), -errno. */
+int svc_multi_new(const char *socket_path, svc_multi_t **ret) HP_WARN_UNUSED;
+/* Starts session @id with @cfg (checked; its process_cmdline strings are taken, @cfg
+ * keeps none) writing to @sink (copied; its context must live until done()). Unless
+ * no_running, signals the running targets that have the library. */
+int svc_multi_start(svc_multi_t *m, uint64_t id, struct svc_config *cfg,
+                    const struct bk_sink *sink) HP_WARN_UNUSED;
+/* Ends session @id on a thread of its own: its clients are drained and detached, their
+ * final dumps written, its threads joined; then @done(@ctx, @id) runs on that thread
+ * (no packet of the session is written after it). Returns 0 or -ENOENT. */
+int svc_multi_stop(svc_multi_t *m, uint64_t id, void (*done)(void *ctx, uint64_t id), void *ctx);
+/* The descriptors to poll (the daemon socket, each session's): returns their count. */
+size_t svc_multi_pollfds(svc_multi_t *m, struct pollfd *fds, size_t max);
+/* Milliseconds until the next continuous dump or check, or -1. */
+int svc_multi_timeout_ms(svc_multi_t *m);
+/* Accepts and routes connections, serves handshakes, continuous dumps, guardrails, and
+ * forgets the sessions that have ended. Never blocks for long. */
+void svc_multi_dispatch(svc_multi_t *m);
+/* Dumps every live session now (SIGUSR1). */
+void svc_multi_dump_now(svc_multi_t *m);
+/* Sessions started and not yet forgotten (those ending included). */
+size_t svc_multi_sessions(const svc_multi_t *m);
+/* Ends the sessions still live (without callbacks), waits for every stop thread, removes
+ * the socket. Accepts NULL. */
+svc_multi_t *svc_multi_free(svc_multi_t *m);
 
 /* Target discovery for attach. */
 struct svc_proc {

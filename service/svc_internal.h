@@ -31,6 +31,8 @@ enum svc_msg_type {
     /* From an unwinder thread: it has drained every ring after @n dump requests
      * (svc_dump_now); the dump happens once every unwinder has answered. */
     SVC_MSG_DUMP_BARRIER = 6,
+    /* The process is profiled by another session (svc_reject_concurrent). */
+    SVC_MSG_REJECTED = 7,
 };
 
 /* Messages are 8-byte aligned and packed in a batch one after another. Each starts with

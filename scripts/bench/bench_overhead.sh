@@ -17,7 +17,11 @@
 #            overhead_empty_<tool>_extra_wall_ms (the wall time added) instead of ratios
 # Tools: plain (unprofiled), heapprof4k (`heapprof record -q -i 4096 -o F --`),
 # heapprof512k (`-i 524288`), heapprof1 (`-i 1`: every allocation, exact, as heaptrack
-# records), heaptrack (`heaptrack -o F`).
+# records), heaptrack (`heaptrack -o F`), producer4k (the program started with the library
+# preloaded, profiled at 4096 by a `heapprofd --producer` that runs for the whole
+# benchmark as the data source of one tracing session of the test suite's fake traced
+# (tests/producer/), with `all: true`; its service is not started per run, so compare
+# its program CPU with heapprof4k's: overhead_<w>_producer4k_vs_heapprof4k_cpu_ratio).
 #
 # Runs are round robin: in each of ROUNDS rounds every workload runs once under every
 # tool, the tool order rotating from round to round; figures are medians over rounds.
@@ -69,7 +73,7 @@ for p in heaptrack /usr/bin/time /usr/bin/python3 /usr/bin/sqlite3 /usr/bin/jq t
 done
 
 read -r -a workloads <<<"${BENCH_OVERHEAD_WORKLOADS:-churn1t churn2t stl python sqlite jq empty}"
-read -r -a tools <<<"plain ${BENCH_OVERHEAD_TOOLS:-heapprof4k heapprof512k heapprof1 heaptrack}"
+read -r -a tools <<<"plain ${BENCH_OVERHEAD_TOOLS:-heapprof4k heapprof512k heapprof1 heaptrack producer4k}"
 mapfile -t tools < <(printf '%s\n' "${tools[@]}" | awk '!seen[$0]++')
 
 tmp=$(mktemp -d /tmp/heapprof-bench-overhead.XXXXXX)
@@ -95,6 +99,31 @@ with open(sys.argv[1], "w") as f:
 EOF
 fi
 
+# producer4k: one fake traced and one heapprofd --producer for all runs.
+producer_start() {
+    local fake="$build/tests/producer/fake_traced" hex
+    [ -x "$fake" ] || { echo "bench_overhead: $fake missing (a build with tests)" >&2; exit 1; }
+    coproc FAKE { exec "$fake" --socket "$tmp/traced.sock"; }
+    read -r _ <&"${FAKE[0]}"
+    PERFETTO_PRODUCER_SOCK_NAME="$tmp/traced.sock" "$build/cli/heapprofd" --producer \
+        --socket "$tmp/heapprofd.sock" --no-status 2>"$tmp/heapprofd.log" &
+    producer_pid=$!
+    echo "wait-producer 10000" >&"${FAKE[1]}"
+    read -r line <&"${FAKE[0]}"
+    [ "$line" = "producer ok" ] || { echo "bench_overhead: no producer: $line" >&2; exit 1; }
+    # HeapprofdConfig: sampling_interval_bytes 4096, all, block_client with a 100 ms
+    # timeout (heapprof record's defaults).
+    hex=0880202801480170a08d06
+    echo "start $hex $tmp/producer.pftrace" >&"${FAKE[1]}"
+    read -r line <&"${FAKE[0]}"
+    sleep 0.5
+}
+producer_stop() {
+    echo "stop 0" >&"${FAKE[1]}" && read -r _ <&"${FAKE[0]}"
+    echo "quit" >&"${FAKE[1]}" && read -r _ <&"${FAKE[0]}"
+    kill "$producer_pid" 2>/dev/null && wait "$producer_pid" || true
+}
+
 # workload_cmd NAME: the command line, into the array `cmd`.
 workload_cmd() {
     case "$1" in
@@ -117,6 +146,8 @@ tool_prefix() {
     heapprof512k) pre=("$heapprof" record -q -i 524288 -o "$2" --) ;;
     heapprof1) pre=("$heapprof" record -q -i 1 -o "$2" --) ;;
     heaptrack) pre=(heaptrack -o "$2") ;;
+    producer4k) pre=(env "LD_PRELOAD=$build/preload/libheapprof.so:$peaklib"
+        "HEAPPROF_SOCKET=$tmp/heapprofd.sock") ;;
     *) echo "bench_overhead: unknown tool $1" >&2; exit 1 ;;
     esac
 }
@@ -182,7 +213,7 @@ run_one() {
     esac
     tool_rss=$(awk -v re="$tool_re" '$2 ~ re && $3 > m { m = $3 } END { print m + 0 }' "$rssf")
     tool_cpu=$(awk -v re="$tool_re" '$2 ~ re { m += $4 } END { print m + 0 }' "$rssf")
-    if [ "$t" != plain ]; then
+    if [ "$t" != plain ] && [ "$t" != producer4k ]; then
         bytes=$(cat "$out"/trace* 2>/dev/null | wc -c)
         if [ "$bytes" -le 0 ]; then
             echo "bench_overhead: $w under $t wrote no output" >&2
@@ -200,6 +231,10 @@ run_one() {
 }
 
 echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) CPUs)"
+if printf '%s\n' "${tools[@]}" | grep -qx producer4k; then
+    producer_start
+    trap 'producer_stop; rm -rf "$tmp"' EXIT
+fi
 status=0
 # Warm-up (page cache, python's bytecode cache), not measured.
 for w in "${workloads[@]}"; do
@@ -285,6 +320,9 @@ for w in workloads:
         print("bench: overhead_%s_%s_output_bytes %d bytes" % (w, t, out))
         print("bench: overhead_%s_%s_tool_rss_kb %d KiB" % (w, t, tool_rss))
         print("bench: overhead_%s_%s_tool_cpu_ms %d ms" % (w, t, med(w, t, 6)))
+        if t == "producer4k" and (w, "heapprof4k") in rows:
+            print("bench: overhead_%s_producer4k_vs_heapprof4k_cpu_ratio %.3f ratio"
+                  % (w, med(w, t, 5) / max(med(w, "heapprof4k", 5), 1)))
         g = goal(w, t, wall_ratio, ht if t != "heaptrack" else None)
         if g.startswith("MISSED"):
             missed.append("%s %s %.2fx" % (w, t, wall_ratio))

@@ -55,14 +55,7 @@ static struct rp_trace *load(const char *trace)
 
 static void check_protoc(const char *trace)
 {
-    const char *protoc = getenv("PROTOC");
-    if (!protoc || !*protoc)
-        return; /* not installed: the unit suite's protoc test reports it */
-    char cmd[8192];
-    snprintf(cmd, sizeof(cmd),
-             "'%s' --decode=perfetto.protos.Trace -I '%s' '%s' < '%s' > /dev/null", protoc,
-             e2e_env("PROTOS_DIR"), e2e_env("TRACE_PROTO"), trace);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(e2e_check_protoc(trace), 0);
 }
 
 static void check_exact(const struct rp_trace_process *p, const struct e2e_truth *t)
