@@ -352,11 +352,16 @@ static void put_stats(struct enc *e, const struct bk_proc *p)
     close4(e, hist);
     put_uint(e, 5, s->total_unwinding_time_us);
     put_uint(e, 6, s->client_spinlock_blocked_us);
+    /* heapprof's own fields: only when something happened. */
+    if (s->writer_stalls)
+        put_uint(e, 1501, s->writer_stalls);
+    if (s->stalled_records_skipped)
+        put_uint(e, 1502, s->stalled_records_skipped);
     close4(e, st);
 }
 
 /* Bytes put_flags_stats may write. */
-#define FLAGS_STATS_BOUND (64 + 8 * 32 + 6 * 12)
+#define FLAGS_STATS_BOUND (64 + 8 * 32 + 10 * 12)
 
 static void put_flags_stats(struct enc *e, const struct bk_proc *p)
 {
@@ -365,6 +370,10 @@ static void put_flags_stats(struct enc *e, const struct bk_proc *p)
     put_uint(e, 7, overran);
     put_uint(e, 8, !!(p->flags & BK_FLAG_BUFFER_CORRUPTED));
     put_uint(e, 10, !!(p->flags & BK_FLAG_HIT_GUARDRAIL));
+    if (p->flags & BK_FLAG_WRITER_STALLED)
+        put_uint(e, 1501, 1);
+    if (p->flags & BK_FLAG_CONN_CLOSED)
+        put_uint(e, 1502, 1);
     if (p->flags & BK_FLAG_CLIENT_ERROR) {
         /* As heapprofd: a client error with dropped records is a timeout of a blocking
          * client; any other one is a bad stack. */

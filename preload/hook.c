@@ -1,8 +1,9 @@
 /* preload/hook.c: the exported malloc family and the sampled path behind it.
  *
  * Hook-safe throughout: no allocation, no stdio, no locks; system calls only on the
- * sampled path (the poke, the stack lookup once per thread) and never ones that are
- * cancellation points. errno is preserved around everything we do besides the real call.
+ * sampled path (a FUTEX_WAKE when the service sleeps, the stack lookup once per thread)
+ * and never ones that are cancellation points. errno is preserved around everything we do besides
+ * the real call.
  *
  * Fast path of an allocation: one relaxed load of the interval, one TLS decrement and a
  * branch, then the real call (malloc: a tail call). Fast path of a free: one load of client_current
@@ -21,7 +22,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -51,13 +51,13 @@ __thread struct client_tls client_tls __attribute__((tls_model("initial-exec")))
 /* Sequence numbers of the process's records (allocations and frees alike). */
 static _Alignas(64) _Atomic uint64_t hook_seq;
 
+/* After a record could not be written (the ring is full): make sure a sleeping reader
+ * hears about it. ring_end_write() wakes the reader itself; this costs a system call only
+ * when the reader sleeps. No descriptor: the program cannot make us write into one of
+ * its own (see shmem_ring/ring.h). */
 static void hook_poke(struct client_session *s)
 {
-    static const char byte = 0;
-    /* sendto via syscall(2): send(2) is a cancellation point, malloc must not be one.
-     * EPIPE/ECONNRESET: the service is gone; the helper thread sees the hang-up on the
-     * socket and detaches. EAGAIN: the socket is full of pokes; the reader is awake. */
-    (void)syscall(SYS_sendto, s->sock, &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL, NULL, 0);
+    ring_wake_reader(s->ring);
 }
 
 /* True in a child made without our atfork handler (_Fork, clone): it must not write

@@ -64,8 +64,9 @@ struct rd_sample {
 struct rd_header {
     uint64_t timestamp, sampling_interval_bytes;
     bool from_startup, disconnected, buffer_overran, buffer_corrupted, hit_guardrail, client_error;
+    bool writer_stalled, connection_closed_by_program;
     uint64_t unwinding_errors, heap_samples, map_reparses, total_unwinding_time_us,
-        client_spinlock_blocked_us;
+        client_spinlock_blocked_us, writer_stalls, stalled_records_skipped;
 };
 
 /* One process's (and heap's) part of the dump in progress on a sequence. */
@@ -536,6 +537,7 @@ static int parse_stats(struct rd_header *h, const uint8_t *buf, size_t len)
     hp_pb_iter_init(&it, buf, len);
     h->unwinding_errors = h->heap_samples = h->map_reparses = 0;
     h->total_unwinding_time_us = h->client_spinlock_blocked_us = 0;
+    h->writer_stalls = h->stalled_records_skipped = 0;
     while (hp_pb_next(&it, &f)) {
         if (f.wire_type != HP_PB_VARINT)
             continue;
@@ -554,6 +556,12 @@ static int parse_stats(struct rd_header *h, const uint8_t *buf, size_t len)
             break;
         case 6:
             h->client_spinlock_blocked_us = f.varint;
+            break;
+        case 1501:
+            h->writer_stalls = f.varint;
+            break;
+        case 1502:
+            h->stalled_records_skipped = f.varint;
             break;
         }
     }
@@ -691,6 +699,12 @@ static int parse_process_dump(struct rd *rd, struct rd_seq *seq, const uint8_t *
                 break;
             case 14:
                 h->client_error |= b;
+                break;
+            case 1501:
+                h->writer_stalled |= b;
+                break;
+            case 1502:
+                h->connection_closed_by_program |= b;
                 break;
             }
         }
@@ -1031,11 +1045,15 @@ static int finish(struct rd *rd)
             .buffer_corrupted = h->buffer_corrupted,
             .hit_guardrail = h->hit_guardrail,
             .client_error = h->client_error,
+            .writer_stalled = h->writer_stalled,
+            .connection_closed_by_program = h->connection_closed_by_program,
             .unwinding_errors = h->unwinding_errors,
             .heap_samples = h->heap_samples,
             .map_reparses = h->map_reparses,
             .total_unwinding_time_us = h->total_unwinding_time_us,
             .client_spinlock_blocked_us = h->client_spinlock_blocked_us,
+            .writer_stalls = h->writer_stalls,
+            .stalled_records_skipped = h->stalled_records_skipped,
             .n_callsites = p->n_callsites,
             .callsites = p->callsites,
         };

@@ -164,6 +164,13 @@ static void print_process(FILE *out, const struct rp_trace_process *p,
         fprintf(out, ", HIT GUARDRAIL");
     if (p->client_error)
         fprintf(out, ", CLIENT ERROR");
+    if (p->connection_closed_by_program)
+        fprintf(out, ", CONNECTION CLOSED BY THE PROGRAM (not profiled after that)");
+    if (p->writer_stalled)
+        fprintf(out,
+                ", writer stalled (%" PRIu64 " waits for a stopped thread, %" PRIu64
+                " records of exited threads skipped)",
+                p->writer_stalls, p->stalled_records_skipped);
     fprintf(out, "\n");
     if (p->n_dumps == 0) {
         fprintf(out, "  no complete dump\n\n");

@@ -52,9 +52,11 @@ struct rp_trace_process {
     uint64_t timestamp; /* of the selected dump */
     uint32_t n_dumps;   /* complete dumps seen */
     bool from_startup, disconnected, buffer_overran, buffer_corrupted, hit_guardrail, client_error;
+    /* heapprof's own flags: a writer stalled; the program closed the connection. */
+    bool writer_stalled, connection_closed_by_program;
     /* ProcessStats */
     uint64_t unwinding_errors, heap_samples, map_reparses, total_unwinding_time_us,
-        client_spinlock_blocked_us;
+        client_spinlock_blocked_us, writer_stalls, stalled_records_skipped;
     size_t n_callsites;
     struct rp_trace_callsite *callsites;
 };

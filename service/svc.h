@@ -164,6 +164,10 @@ struct svc_summary {
     uint64_t walked_samples;   /* samples whose stack the app walked itself (unwind table) */
     uint64_t audits;           /* such walks checked against an unwind of a stack copy */
     uint64_t audit_mismatches; /* ... that differed (the table was reset each time) */
+    uint64_t conn_closed;      /* processes that closed the profiler's connection, running */
+    uint64_t stall_waits;      /* times a stopped writer held a ring (waited for) */
+    uint64_t stall_skips;      /* records of writers gone mid-record, skipped */
+    uint64_t stall_cutoffs;    /* clients cut off: a writer kept a record while running */
     uint64_t output_bytes;
     int write_error; /* 0 or -errno */
 };

@@ -16,6 +16,9 @@
 #include "common/sys.h"
 #include "shmem_ring/ring_layout.h"
 
+/* Source of struct ring.map_id. */
+static _Atomic uint64_t ring_map_ids;
+
 static bool ring_size_valid(uint64_t n)
 {
     return n >= RING_MIN_SIZE && n <= RING_MAX_SIZE && (n & (n - 1)) == 0;
@@ -134,6 +137,7 @@ int ring_map(int fd, enum ring_role role, ring_t **ret)
     ring->map_base = base;
     ring->map_len = map_len;
     ring->role = role;
+    ring->map_id = atomic_fetch_add_explicit(&ring_map_ids, 1, memory_order_relaxed) + 1;
     atomic_init(&ring->blocking, false);
     atomic_init(&ring->block_timeout_us, 0);
     ring->stall_pos = 0;
@@ -181,4 +185,5 @@ void ring_get_stats(ring_t *r, struct ring_stats *ret)
         atomic_load_explicit(&h->stats.client_spinlock_blocked_us, memory_order_relaxed);
     ret->max_fill_bytes = atomic_load_explicit(&h->stats.max_fill_bytes, memory_order_relaxed);
     ret->size_bytes = r->size;
+    ret->records_skipped = r->records_skipped;
 }
