@@ -133,7 +133,7 @@ static void hook_watch_free(struct client_session *s, void *p)
 static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_session *s, void *p,
                                           size_t size, uint64_t sample_size, const uint64_t *regs)
 {
-    /* The service ended the session (its socket closes next; the helper detaches). */
+    /* The service ended the session (its socket closes next; the session thread ends it). */
     if (hook_foreign_pid(s) || ring_is_detached(s->ring))
         return;
     uint64_t sp = regs[WIRE_REG_RSP];
