@@ -65,8 +65,8 @@ static void usage(FILE *f, const struct cli_opts *o)
           "targets are profiled from their first allocation and dumped when they exit.\n"
           "Running targets that have the library are attached with a signal (unless\n"
           "--no-running). Stop with Ctrl-C or SIGTERM: every process is dumped and the\n"
-          "trace completed; a second Ctrl-C exits at once. SIGUSR1 (or 'heapprof dump')\n"
-          "dumps now.\n"
+          "trace completed; a second Ctrl-C exits at once. 'heapprof dump' (a request on\n"
+          "the socket) or SIGUSR1 dumps now.\n"
           "\n"
           "options (each configuration option is also a field of the config file, named as\n"
           "in Perfetto's HeapprofdConfig):\n"
@@ -93,8 +93,12 @@ static void usage(FILE *f, const struct cli_opts *o)
 static void signal_running(void *ctx, const struct svc_proc *p)
 {
     (void)ctx;
-    int r = svc_proc_signal_attach(p->pid, 0);
-    if (r < 0)
+    int r = svc_proc_signal_attach(p, 0);
+    if (r == -EAGAIN)
+        hp_log_info("pid %d (%s): no attach handler installed (still starting, or attaching "
+                    "disabled); not signalled",
+                    (int)p->pid, p->name);
+    else if (r < 0)
         hp_log_warn("pid %d (%s): cannot send the attach signal: %s", (int)p->pid, p->name,
                     strerror(-r));
     else
@@ -103,20 +107,15 @@ static void signal_running(void *ctx, const struct svc_proc *p)
 
 struct daemon_run {
     const struct svc_config *cfg;
-    const char *socket_path, *output, *pidfile;
+    const char *socket_path, *output;
 };
 
+/* No pid file: `heapprof dump` asks the daemon over its socket (svc_control_dump()), so
+ * no tool of ours ever signals a pid read from a file. */
 static int daemon_started(void *ctx, svc_t *s)
 {
     (void)s;
     struct daemon_run *d = ctx;
-    if (d->pidfile[0]) {
-        FILE *f = fopen(d->pidfile, "we");
-        if (f) {
-            fprintf(f, "%d\n", (int)getpid());
-            fclose(f);
-        }
-    }
     fprintf(stderr, "heapprofd: listening on %s, writing %s\n", d->socket_path, d->output);
     if (!d->cfg->no_running && svc_config_has_targets(d->cfg))
         svc_proc_scan_targets(d->cfg, signal_running, NULL);
@@ -194,8 +193,7 @@ int cmd_daemon(int argc, char **argv)
         fprintf(stderr, "heapprofd: no targets (-p, -n, --all, or pid/process_cmdline in the "
                         "config): processes that connect are left unprofiled\n");
 
-    char dir[HP_PATH_MAX], sock[HP_PATH_MAX + 32], pidfile[HP_PATH_MAX + 32];
-    pidfile[0] = '\0';
+    char dir[HP_PATH_MAX], sock[HP_PATH_MAX + 32];
     if (!socket_path) {
         if (hp_runtime_dir_prepare(dir, sizeof(dir), err, sizeof(err)) < 0) {
             fprintf(stderr, "heapprofd: %s\n", err);
@@ -203,7 +201,6 @@ int cmd_daemon(int argc, char **argv)
             goto out;
         }
         snprintf(sock, sizeof(sock), "%s/%s", dir, HP_DAEMON_SOCKET_NAME);
-        snprintf(pidfile, sizeof(pidfile), "%s/heapprofd.pid", dir);
         socket_path = sock;
     }
     cfg.socket_path = socket_path;
@@ -222,8 +219,7 @@ int cmd_daemon(int argc, char **argv)
                  output ? output : "", output ? "/" : "", ts, (int)getpid());
         output = out_buf;
     }
-    struct daemon_run d = {
-        .cfg = &cfg, .socket_path = socket_path, .output = output, .pidfile = pidfile};
+    struct daemon_run d = {.cfg = &cfg, .socket_path = socket_path, .output = output};
     struct cli_session cs = {
         .prog = "heapprofd",
         .cfg = &cfg,
@@ -236,8 +232,6 @@ int cmd_daemon(int argc, char **argv)
     };
     struct cli_loop_result res;
     rc = cli_session_run(&cs, &res);
-    if (pidfile[0])
-        (void)unlink(pidfile);
 out:
     cli_opts_done(&opts);
     svc_config_done(&cfg);

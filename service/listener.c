@@ -166,6 +166,10 @@ static void hand_over(struct svc *s, struct svc_client *c)
  * thread. */
 static void admit(struct svc *s, int fd)
 {
+    if (svc__is_control(fd)) {
+        svc__control(s, fd);
+        return;
+    }
     struct svc_client *c = svc__handshake(s, fd);
     if (!c)
         return;

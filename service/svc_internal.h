@@ -290,6 +290,10 @@ void svc__listener_close(struct svc *s);
  * answers with the configuration. Returns the client, owned by the caller, or NULL when
  * the peer was refused, is not a target or failed (logged and counted). */
 struct svc_client *svc__handshake(struct svc *s, int sock);
+/* service/control.c: true when what waits on the freshly accepted @fd is a control
+ * request, not a hello; svc__control() answers it and closes @fd (taken). */
+bool svc__is_control(int fd);
+void svc__control(struct svc *s, int fd);
 /* service/session.c: the registry of pids that completed a handshake. */
 void svc__mark_seen(struct svc *s, pid_t pid);
 
