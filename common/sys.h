@@ -66,10 +66,42 @@ static inline bool hp_sys_failed(long v)
     return (unsigned long)v > -4096ul;
 }
 
+/* Mappings: under a sanitizer (never the client: libheapprof.so is not built with one)
+ * through libc, whose interceptors must see every mapping come and go, or they keep the
+ * history of an unmapped range and report races or overflows in the next mapping there. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define HP_SYS_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define HP_SYS_SANITIZED 1
+#endif
+#endif
+
+#ifdef HP_SYS_SANITIZED
+#include <errno.h>
+#include <sys/mman.h>
+
+static inline void *hp_sys_mmap(void *addr, size_t len, int prot, int flags, int fd, long off)
+{
+    void *p = mmap(addr, len, prot, flags, fd, off);
+    return p == MAP_FAILED ? (void *)(long)-errno : p;
+}
+
+static inline long hp_sys_munmap(void *addr, size_t len)
+{
+    return munmap(addr, len) < 0 ? -errno : 0;
+}
+#else
 static inline void *hp_sys_mmap(void *addr, size_t len, int prot, int flags, int fd, long off)
 {
     return (void *)hp_sys6(SYS_mmap, (long)addr, (long)len, prot, flags, fd, off);
 }
+
+static inline long hp_sys_munmap(void *addr, size_t len)
+{
+    return hp_sys2(SYS_munmap, (long)addr, (long)len);
+}
+#endif
 
 static inline long hp_sys_close(int fd)
 {

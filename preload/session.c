@@ -207,7 +207,7 @@ int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms,
             hp_sys3(SYS_madvise, (long)page, 4096, MADV_WIPEONFORK) == 0)
             s->fork_token = page;
         else if (!hp_sys_failed((long)page))
-            (void)hp_sys2(SYS_munmap, (long)page, 4096);
+            (void)hp_sys_munmap(page, 4096);
     }
     int r = client_handshake(path, reason, timeout_ms, &cfg, &sock, &ring_fd, &utable_fd);
     if (r != 0)

@@ -158,7 +158,7 @@ int ring_map(int fd, enum ring_role role, ring_t **ret)
     return 0;
 
 fail:
-    (void)hp_sys2(SYS_munmap, (long)base, (long)map_len);
+    (void)hp_sys_munmap(base, map_len);
     return r;
 }
 
@@ -166,7 +166,7 @@ ring_t *ring_unmap(ring_t *r)
 {
     /* In a forked child the private page reads as zeros and nothing else is mapped. */
     if (r && r->map_base)
-        (void)hp_sys2(SYS_munmap, (long)r->map_base, (long)r->map_len);
+        (void)hp_sys_munmap(r->map_base, r->map_len);
     return NULL;
 }
 

@@ -68,7 +68,7 @@ int utable_map(int fd, bool writable, struct utable *ret)
         return (int)(long)p;
     struct utable_header *h = p;
     if (h->magic != UTABLE_MAGIC || h->n_slots != n) {
-        (void)hp_sys2(SYS_munmap, (long)p, (long)len);
+        (void)hp_sys_munmap(p, len);
         return -EBADMSG;
     }
     *ret = (struct utable){
@@ -86,7 +86,7 @@ int utable_map(int fd, bool writable, struct utable *ret)
 void utable_unmap(struct utable *t)
 {
     if (t->hdr)
-        (void)hp_sys2(SYS_munmap, (long)t->hdr, (long)t->map_len);
+        (void)hp_sys_munmap(t->hdr, t->map_len);
     *t = (struct utable){0};
 }
 
