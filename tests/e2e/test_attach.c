@@ -107,11 +107,9 @@ static char *read_all(const char *path)
     return buf;
 }
 
-/* Runs `heapprof attach ARGS -o TRACE -q` and loads the trace's process @pid. */
-static struct rp_trace *attach(char *const args[], const char *trace, int want_status,
-                               struct e2e_run *run)
+/* The command line `heapprof attach ARGS -o TRACE [-q]` in @argv. */
+static void attach_argv(char *const args[], const char *trace, bool quiet, char *argv[32])
 {
-    char *argv[32];
     size_t k = 0;
     argv[k++] = (char *)e2e_env("HEAPPROF_BIN");
     argv[k++] = "attach";
@@ -119,8 +117,17 @@ static struct rp_trace *attach(char *const args[], const char *trace, int want_s
         argv[k++] = args[i];
     argv[k++] = "-o";
     argv[k++] = (char *)trace;
-    argv[k++] = "-q";
+    if (quiet)
+        argv[k++] = "-q";
     argv[k] = NULL;
+}
+
+/* Runs `heapprof attach ARGS -o TRACE -q` and loads the trace's process @pid. */
+static struct rp_trace *attach(char *const args[], const char *trace, int want_status,
+                               struct e2e_run *run)
+{
+    char *argv[32];
+    attach_argv(args, trace, true, argv);
     assert_int_equal(e2e_run(argv, NULL, run), 0);
     print_message("  attach: status %d, stderr: %s\n", run->status, run->err);
     assert_int_equal(run->status, want_status);
@@ -271,15 +278,7 @@ static pid_t attach_bg(char *const args[], const char *trace, const char *err)
         int fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(fd, 2);
         char *argv[32];
-        size_t k = 0;
-        argv[k++] = (char *)e2e_env("HEAPPROF_BIN");
-        argv[k++] = "attach";
-        for (size_t i = 0; args[i] && k < 26; i++)
-            argv[k++] = args[i];
-        argv[k++] = "-o";
-        argv[k++] = (char *)trace;
-        argv[k++] = "-q";
-        argv[k] = NULL;
+        attach_argv(args, trace, true, argv);
         execv(argv[0], argv);
         _exit(127);
     }
@@ -403,14 +402,7 @@ static void test_attach_bug_kills_process_in_constructors(void **state)
     struct e2e_run run;
     char *args[] = {"-p", pidbuf, "--duration", "2.5", "-i", "1", "--no-status", NULL};
     char *argv[32];
-    size_t k = 0;
-    argv[k++] = (char *)e2e_env("HEAPPROF_BIN");
-    argv[k++] = "attach";
-    for (size_t i = 0; args[i]; i++)
-        argv[k++] = args[i];
-    argv[k++] = "-o";
-    argv[k++] = trace;
-    argv[k] = NULL;
+    attach_argv(args, trace, false, argv);
     assert_int_equal(e2e_run(argv, NULL, &run), 0);
     print_message("  attach: status %d, stderr: %.300s\n", run.status, run.err);
     /* The program survives, and was attached once ready. */
