@@ -70,6 +70,12 @@ struct bk_config {
 #define BK_FLAG_BUFFER_CORRUPTED (1u << 2)
 #define BK_FLAG_HIT_GUARDRAIL (1u << 3)
 #define BK_FLAG_CLIENT_ERROR (1u << 4)
+/* A writer held a record unpublished for the stall timeout: stopped (waited for), gone
+ * (its record skipped) or running (the client was cut off); not corruption. */
+#define BK_FLAG_WRITER_STALLED (1u << 5)
+/* The program closed (or reused) the profiler's connection while it kept running:
+ * profiling of it stopped there. */
+#define BK_FLAG_CONN_CLOSED (1u << 6)
 
 /* Per-process statistics reported in ProcessStats (as counted by the unwinder side). */
 struct bk_process_stats {
@@ -78,8 +84,10 @@ struct bk_process_stats {
     uint64_t map_reparses;
     uint64_t total_unwinding_time_us;
     uint64_t client_spinlock_blocked_us;
-    uint64_t records_dropped; /* by the client: ring full */
-    uint64_t frees_lost;      /* of those, frees of sampled blocks (phantom leaks) */
+    uint64_t records_dropped;         /* by the client: ring full */
+    uint64_t frees_lost;              /* of those, frees of sampled blocks (phantom leaks) */
+    uint64_t writer_stalls;           /* times a stopped writer held the next record (waited for) */
+    uint64_t stalled_records_skipped; /* records of writers gone mid-record, skipped */
     /* unwinding time histogram, bucket upper bounds in us: BK_UNWIND_HIST_BOUNDS */
     uint64_t unwinding_time_hist[8];
 };

@@ -360,11 +360,16 @@ static void put_stats(struct enc *e, const struct bk_proc *p)
     put_uint(e, PF_STATS(client_spinlock_blocked_us), s->client_spinlock_blocked_us);
     if (s->frees_lost)
         put_uint(e, PF_STATS(frees_lost), s->frees_lost);
+    /* heapprof's own fields: only when something happened. */
+    if (s->writer_stalls)
+        put_uint(e, PF_STATS(writer_stalls), s->writer_stalls);
+    if (s->stalled_records_skipped)
+        put_uint(e, PF_STATS(stalled_records_skipped), s->stalled_records_skipped);
     close4(e, st);
 }
 
 /* Bytes put_flags_stats may write. */
-#define FLAGS_STATS_BOUND (64 + 8 * 32 + 7 * 12)
+#define FLAGS_STATS_BOUND (64 + 8 * 32 + 11 * 12)
 
 static void put_flags_stats(struct enc *e, const struct bk_proc *p)
 {
@@ -373,6 +378,10 @@ static void put_flags_stats(struct enc *e, const struct bk_proc *p)
     put_uint(e, PF_DUMP(buffer_overran), overran);
     put_uint(e, PF_DUMP(buffer_corrupted), !!(p->flags & BK_FLAG_BUFFER_CORRUPTED));
     put_uint(e, PF_DUMP(hit_guardrail), !!(p->flags & BK_FLAG_HIT_GUARDRAIL));
+    if (p->flags & BK_FLAG_WRITER_STALLED)
+        put_uint(e, PF_DUMP(writer_stalled), 1);
+    if (p->flags & BK_FLAG_CONN_CLOSED)
+        put_uint(e, PF_DUMP(connection_closed_by_program), 1);
     if (p->flags & BK_FLAG_CLIENT_ERROR) {
         /* As heapprofd: a client error with dropped records is a timeout of a blocking
          * client (it stopped waiting, and dropped what found no room since); any other

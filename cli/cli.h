@@ -67,7 +67,7 @@ struct cli_producer_opts {
     const char *producer_socket;   /* NULL: Perfetto's default (producer/producer.h) */
     const char *data_source;       /* NULL: "android.heapprofd" */
     uint32_t smb_size_hint_bytes, smb_page_size_hint_bytes; /* 0: 1 MiB, 16 KiB pages */
-    void (*started)(void *ctx);                             /* once listening (pid file) */
+    void (*started)(void *ctx);                             /* once listening; may be NULL */
     void *ctx;
 };
 

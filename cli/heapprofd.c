@@ -71,8 +71,8 @@ static void usage(FILE *f, const struct cli_opts *o)
           "targets are profiled from their first allocation and dumped when they exit.\n"
           "Running targets that have the library are attached with a signal (unless\n"
           "--no-running). Stop with Ctrl-C or SIGTERM: every process is dumped and the\n"
-          "trace completed; a second Ctrl-C exits at once. SIGUSR1 (or 'heapprof dump')\n"
-          "dumps now.\n"
+          "trace completed; a second Ctrl-C exits at once. 'heapprof dump' (a request on\n"
+          "the socket) or SIGUSR1 dumps now.\n"
           "\n"
           "options (each configuration option is also a field of the config file, named as\n"
           "in Perfetto's HeapprofdConfig):\n"
@@ -108,8 +108,12 @@ static void usage(FILE *f, const struct cli_opts *o)
 static void signal_running(void *ctx, const struct svc_proc *p)
 {
     (void)ctx;
-    int r = svc_proc_signal_attach(p->pid, 0);
-    if (r < 0)
+    int r = svc_proc_signal_attach(p, 0);
+    if (r == -EAGAIN)
+        hp_log_info("pid %d (%s): no attach handler installed (still starting, or attaching "
+                    "disabled); not signalled",
+                    (int)p->pid, p->name);
+    else if (r < 0)
         hp_log_warn("pid %d (%s): cannot send the attach signal: %s", (int)p->pid, p->name,
                     strerror(-r));
     else
@@ -136,35 +140,18 @@ static const char *session_field_given(const struct svc_config *cfg)
     return NULL;
 }
 
-static void producer_started(void *ctx)
-{
-    const char *pidfile = ctx;
-    if (!pidfile[0])
-        return;
-    FILE *f = fopen(pidfile, "we");
-    if (f) {
-        fprintf(f, "%d\n", (int)getpid());
-        fclose(f);
-    }
-}
-
 struct daemon_run {
     const struct svc_config *cfg;
-    const char *socket_path, *pidfile;
+    const char *socket_path;
     char output[PATH_MAX]; /* the trace file opened */
 };
 
+/* No pid file: `heapprof dump` asks the daemon over its socket (svc_control_dump()), so
+ * no tool of ours ever signals a pid read from a file. */
 static int daemon_started(void *ctx, svc_t *s)
 {
     (void)s;
     struct daemon_run *d = ctx;
-    if (d->pidfile[0]) {
-        FILE *f = fopen(d->pidfile, "we");
-        if (f) {
-            fprintf(f, "%d\n", (int)getpid());
-            fclose(f);
-        }
-    }
     if (d->cfg->allow_other_users)
         fprintf(stderr,
                 "heapprofd: listening on %s, mode 0666 (--allow-other-users): processes of "
@@ -285,8 +272,7 @@ int cmd_daemon(int argc, char **argv)
         goto out;
     }
 
-    char dir[HP_PATH_MAX], sock[HP_PATH_MAX + 32], pidfile[HP_PATH_MAX + 32];
-    pidfile[0] = '\0';
+    char dir[HP_PATH_MAX], sock[HP_PATH_MAX + 32];
     if (!socket_path) {
         if (hp_runtime_dir_prepare(dir, sizeof(dir), err, sizeof(err)) < 0) {
             fprintf(stderr, "heapprofd: %s\n", err);
@@ -294,7 +280,6 @@ int cmd_daemon(int argc, char **argv)
             goto out;
         }
         snprintf(sock, sizeof(sock), "%s/%s", dir, HP_DAEMON_SOCKET_NAME);
-        snprintf(pidfile, sizeof(pidfile), "%s/heapprofd.pid", dir);
         /* The runtime dir is ours alone (mode 0700): other users' processes could not
          * reach a socket in it. */
         char shared[HP_PATH_MAX];
@@ -313,11 +298,7 @@ int cmd_daemon(int argc, char **argv)
         rc = cli_producer_run(&(struct cli_producer_opts){.base = &cfg,
                                                           .daemon_socket = socket_path,
                                                           .producer_socket = producer_socket,
-                                                          .data_source = data_source,
-                                                          .started = producer_started,
-                                                          .ctx = pidfile});
-        if (pidfile[0])
-            (void)unlink(pidfile);
+                                                          .data_source = data_source});
         goto out;
     }
 
@@ -336,7 +317,7 @@ int cmd_daemon(int argc, char **argv)
                  output ? output : "", output ? "/" : "", ts, (int)getpid());
         output = out_buf;
     }
-    struct daemon_run d = {.cfg = &cfg, .socket_path = socket_path, .pidfile = pidfile};
+    struct daemon_run d = {.cfg = &cfg, .socket_path = socket_path};
     struct cli_session cs = {
         .prog = "heapprofd",
         .cfg = &cfg,
@@ -351,8 +332,6 @@ int cmd_daemon(int argc, char **argv)
     };
     struct cli_loop_result res;
     rc = cli_session_run(&cs, &res);
-    if (pidfile[0])
-        (void)unlink(pidfile);
 out:
     cli_opts_done(&opts);
     svc_config_done(&cfg);

@@ -38,6 +38,19 @@ void cli_print_summary(const char *out_path, const struct svc_summary *sum, int 
                 "heapprof: %llu frees of sampled allocations could not be recorded; their bytes "
                 "show as unreleased\n",
                 (unsigned long long)sum->frees_lost);
+    if (sum->conn_closed)
+        fprintf(stderr,
+                "heapprof: %llu process%s closed the profiler's connection while running "
+                "(e.g. closefrom or close_range at start): not profiled from there on\n",
+                (unsigned long long)sum->conn_closed, sum->conn_closed == 1 ? "" : "es");
+    if (sum->stall_waits || sum->stall_skips || sum->stall_cutoffs)
+        fprintf(stderr,
+                "heapprof: writers stalled in the middle of a record: %llu time%s stopped "
+                "(debugger, SIGSTOP, freezer; waited for), %llu record%s of exited threads "
+                "skipped, %llu process%s cut off (a running thread kept a record)\n",
+                (unsigned long long)sum->stall_waits, sum->stall_waits == 1 ? "" : "s",
+                (unsigned long long)sum->stall_skips, sum->stall_skips == 1 ? "" : "s",
+                (unsigned long long)sum->stall_cutoffs, sum->stall_cutoffs == 1 ? "" : "es");
     if (top > 0) {
         struct rp_trace *t;
         if (rp_trace_load(out_path, &(struct rp_trace_options){0}, &t) == 0) {

@@ -1,9 +1,13 @@
-/* preload/freeset.c: see freeset.h. Hook-safe. */
+/* preload/freeset.c: see freeset.h. Hook-safe, and safe on the raw session thread
+ * (preload/attach.c): raw system calls only, errno untouched. */
 #include "preload/freeset.h"
 
 #include <errno.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+
+#include "common/sys.h"
 
 /* How often an insert that found no room yields to a thread mapping the next level. */
 #define CLIENT_FREESET_GROW_WAIT_ROUNDS 200
@@ -12,10 +16,10 @@ static int freeset_map_level(struct client_freeset_level *lv, unsigned log2_slot
 {
     size_t bytes = CLIENT_FREESET_MAP_BYTES(log2_slots);
     /* Pages are touched only as slots get used. */
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
-    if (p == MAP_FAILED)
-        return -errno;
+    void *p = hp_sys_mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (hp_sys_failed((long)p))
+        return (int)(long)p;
     lv->slots = p;
     lv->filter = (_Atomic uint8_t *)((char *)p + 8 * CLIENT_FREESET_SLOTS(log2_slots));
     lv->shift = 64 - log2_slots;
@@ -44,8 +48,8 @@ void client_freeset_clear(struct client_freeset *s)
     for (unsigned i = 0; i < CLIENT_FREESET_MAX_LEVELS; i++)
         if (s->lv[i].slots) {
             atomic_store_explicit(&s->counted[i].n, 0, memory_order_relaxed);
-            (void)madvise(s->lv[i].slots, CLIENT_FREESET_MAP_BYTES(freeset_level_log2(s, i)),
-                          MADV_DONTNEED);
+            (void)hp_sys3(SYS_madvise, (long)s->lv[i].slots,
+                          (long)CLIENT_FREESET_MAP_BYTES(freeset_level_log2(s, i)), MADV_DONTNEED);
         }
 }
 
@@ -197,7 +201,7 @@ int client_freeset_insert(struct client_freeset *s, uint64_t addr)
         for (unsigned k = 0; k < CLIENT_FREESET_GROW_WAIT_ROUNDS &&
                              atomic_load_explicit(&s->nlevels, memory_order_relaxed) == n;
              k++)
-            (void)sched_yield();
+            (void)hp_sys0(SYS_sched_yield);
     }
     return -ENOSPC;
 }

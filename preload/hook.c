@@ -1,8 +1,9 @@
 /* preload/hook.c: the exported malloc family and the sampled path behind it.
  *
  * Hook-safe throughout: no allocation, no stdio, no locks; system calls only on the
- * sampled path (the poke, the stack lookup once per thread) and never ones that are
- * cancellation points. errno is preserved around everything we do besides the real call.
+ * sampled path (a FUTEX_WAKE when the service sleeps, the stack lookup once per thread)
+ * and never ones that are cancellation points. errno is preserved around everything we do besides
+ * the real call.
  *
  * Fast path of an allocation: one relaxed load of the interval, one TLS decrement and a
  * branch, then the real call (malloc: a tail call). Fast path of a free: one load of client_current
@@ -26,7 +27,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -49,13 +49,13 @@ __thread struct client_tls client_tls __attribute__((tls_model("initial-exec")))
 /* Sequence numbers of the process's records (allocations and frees alike). */
 static _Alignas(64) _Atomic uint64_t hook_seq;
 
+/* After a record could not be written (the ring is full): make sure a sleeping reader
+ * hears about it. ring_end_write() wakes the reader itself; this costs a system call only
+ * when the reader sleeps. No descriptor: the program cannot make us write into one of
+ * its own (see shmem_ring/ring.h). */
 static void hook_poke(struct client_session *s)
 {
-    static const char byte = 0;
-    /* sendto via syscall(2): send(2) is a cancellation point, malloc must not be one.
-     * EPIPE/ECONNRESET: the service is gone; the helper thread sees the hang-up on the
-     * socket and detaches. EAGAIN: the socket is full of pokes; the reader is awake. */
-    (void)syscall(SYS_sendto, s->sock, &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL, NULL, 0);
+    ring_wake_reader(s->ring);
 }
 
 /* The ring was full: make sure a sleeping reader hears about it, but at most once per
@@ -157,7 +157,7 @@ static void hook_unwatch_free(struct client_session *s, void *p, int r)
 static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_session *s, void *p,
                                           size_t size, uint64_t sample_size, const uint64_t *regs)
 {
-    /* The service ended the session (its socket closes next; the helper detaches). */
+    /* The service ended the session (its socket closes next; the session thread ends it). */
     if (hook_foreign_pid(s) || ring_is_detached(s->ring))
         return;
     uint64_t sp = regs[WIRE_REG_RSP];

@@ -42,9 +42,12 @@ static int parse_stats(struct rd_header *h, const uint8_t *buf, size_t len)
         {PF_STATS(client_spinlock_blocked_us),
          RD_U64(struct rd_header, client_spinlock_blocked_us)},
         {PF_STATS(frees_lost), RD_U64(struct rd_header, frees_lost)},
+        {PF_STATS(writer_stalls), RD_U64(struct rd_header, writer_stalls)},
+        {PF_STATS(stalled_records_skipped), RD_U64(struct rd_header, stalled_records_skipped)},
     };
     h->unwinding_errors = h->heap_samples = h->map_reparses = 0;
     h->total_unwinding_time_us = h->client_spinlock_blocked_us = h->frees_lost = 0;
+    h->writer_stalls = h->stalled_records_skipped = 0;
     return rp__parse_varints(buf, len, fields, HP_ARRAY_SIZE(fields), h);
 }
 
@@ -173,6 +176,12 @@ static int parse_process_dump(struct rd *rd, struct rd_seq *seq, const uint8_t *
                 break;
             case PF_DUMP(client_error):
                 h->client_error |= b;
+                break;
+            case PF_DUMP(writer_stalled):
+                h->writer_stalled |= b;
+                break;
+            case PF_DUMP(connection_closed_by_program):
+                h->connection_closed_by_program |= b;
                 break;
             }
         }

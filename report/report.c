@@ -317,6 +317,13 @@ static void print_process(FILE *out, const struct rp_trace_process *p,
     if (p->client_error)
         fprintf(out, p->buffer_overran ? ", CLIENT ERROR (stopped waiting for the service)"
                                        : ", CLIENT ERROR");
+    if (p->connection_closed_by_program)
+        fprintf(out, ", CONNECTION CLOSED BY THE PROGRAM (not profiled after that)");
+    if (p->writer_stalled)
+        fprintf(out,
+                ", writer stalled (%" PRIu64 " waits for a stopped thread, %" PRIu64
+                " records of exited threads skipped)",
+                p->writer_stalls, p->stalled_records_skipped);
     fprintf(out, "\n");
 
     struct totals t = totals_of(p->callsites, p->n_callsites);

@@ -143,7 +143,7 @@ int svc__listener_open(struct svc *s)
     s->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (s->epfd < 0)
         return -errno;
-    struct epoll_event ev = {.events = EPOLLIN, .data.fd = s->listen_fd};
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint32_t)s->listen_fd};
     if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->listen_fd, &ev) < 0)
         return -errno;
     return 0;
@@ -177,18 +177,29 @@ static void hand_over(struct svc *s, struct svc_client *c)
     best = &s->unwinders[route_get(s, c->pid, (unsigned)(best - s->unwinders))];
     atomic_fetch_add_explicit(&best->nclients, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->live_clients, 1, memory_order_relaxed);
+    c->id = SVC_CLIENT_ID(best - s->unwinders, ++s->next_client_seq);
+    /* Its hang-up is ours to see (the unwinder sleeps on futex words, not on sockets).
+     * One-shot: once reported the entry stays off, and it goes away with the socket,
+     * which the unwinder thread closes. Failing that, the unwinder polls once a second. */
+    struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLONESHOT,
+                             .data.u64 = SVC_EV_CLIENT | c->id};
+    if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, c->sock, &ev) < 0)
+        hp_log_debug("pid %d: hang-ups polled: %s", (int)c->pid, strerror(errno));
     pthread_mutex_lock(&best->lock);
     c->next = best->incoming;
     best->incoming = c;
     pthread_mutex_unlock(&best->lock);
-    uint64_t one = 1;
-    (void)!write(best->wake_fd, &one, sizeof(one));
+    svc__unwinder_wake(best);
 }
 
 /* Runs the handshake on @fd (taken) and hands the client it built to an unwinder
  * thread. */
 static void admit(struct svc *s, int fd)
 {
+    if (svc__is_control(fd)) {
+        svc__control(s, fd);
+        return;
+    }
     struct svc_client *c = svc__handshake(s, fd);
     if (!c)
         return;
@@ -198,7 +209,7 @@ static void admit(struct svc *s, int fd)
 
 int svc_watch_fd(svc_t *s, int fd)
 {
-    struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint32_t)fd};
     return epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
 }
 
@@ -251,7 +262,7 @@ static void accepted(struct svc *s, int fd)
         pending_drop(s, oldest, "too many connections waiting");
     }
     /* Edge-triggered: a partial hello left in the socket must not wake us in a loop. */
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.fd = fd};
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.u64 = (uint32_t)fd};
     if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
         admit(s, fd); /* cannot wait: fall back to the blocking read */
         return;
@@ -302,6 +313,10 @@ int svc_poll(svc_t *s, int timeout_ms)
         return errno == EINTR ? 0 : -errno;
     int ret = 0;
     for (int e = 0; e < n; e++) {
+        if (evs[e].data.u64 & SVC_EV_CLIENT) {
+            svc__unwinder_hangup(s, evs[e].data.u64 & ~SVC_EV_CLIENT);
+            continue;
+        }
         if (evs[e].data.fd != s->listen_fd) {
             pending_event(s, evs[e].data.fd, evs[e].events);
             continue;

@@ -15,10 +15,11 @@
  *
  * Main thread only, but for the end callbacks (see svc_multi_stop()).
  */
-#include "service/svc.h"
+#include "service/svc_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -170,7 +171,7 @@ static void signal_running(void *ctx, const struct svc_proc *p)
         return;
     }
     route_add(c->m, p->pid, c->ms->id);
-    int r = svc_proc_signal_attach(p->pid, 0);
+    int r = svc_proc_signal_attach(p, 0);
     if (r < 0)
         hp_log_warn("pid %d (%s): cannot send the attach signal: %s", (int)p->pid, p->name,
                     strerror(-r));
@@ -300,6 +301,12 @@ static struct multi_session *route(svc_multi_t *m, pid_t pid)
     return to;
 }
 
+static int dump_all_sessions(void *ctx)
+{
+    svc_multi_dump_now(ctx);
+    return 0;
+}
+
 static void accept_all(svc_multi_t *m)
 {
     for (;;) {
@@ -308,6 +315,14 @@ static void accept_all(svc_multi_t *m)
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
             return;
+        }
+        /* `heapprof dump` asks on this socket too: its request is sent right after the
+         * connect, as a client's hello is; wait for it briefly before routing. */
+        struct pollfd pf = {fd, POLLIN, 0};
+        (void)poll(&pf, 1, 50);
+        if (svc__is_control(fd)) {
+            svc__control_answer(fd, dump_all_sessions, m);
+            continue;
         }
         struct ucred cr;
         socklen_t cl = sizeof(cr);

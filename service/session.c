@@ -94,8 +94,7 @@ int svc_dump_now(svc_t *s)
         pthread_mutex_lock(&u->lock);
         u->dump_requests++;
         pthread_mutex_unlock(&u->lock);
-        uint64_t one = 1;
-        (void)!write(u->wake_fd, &one, sizeof(one));
+        svc__unwinder_wake(u);
     }
     return 0;
 }
@@ -108,8 +107,7 @@ void svc_detach_all(svc_t *s, uint32_t flags)
         u->detach = true;
         u->detach_flags |= flags;
         pthread_mutex_unlock(&u->lock);
-        uint64_t one = 1;
-        (void)!write(u->wake_fd, &one, sizeof(one));
+        svc__unwinder_wake(u);
     }
 }
 
@@ -174,18 +172,8 @@ const char *svc_socket_path(svc_t *s)
 static int start_unwinder(struct svc *s, struct svc_unwinder *u)
 {
     u->svc = s;
-    u->epfd = u->wake_fd = -1;
     pthread_mutex_init(&u->lock, NULL);
     u->batcher.q = &s->bkq;
-    u->epfd = epoll_create1(EPOLL_CLOEXEC);
-    if (u->epfd < 0)
-        return -errno;
-    u->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (u->wake_fd < 0)
-        return -errno;
-    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
-    if (epoll_ctl(u->epfd, EPOLL_CTL_ADD, u->wake_fd, &ev) < 0)
-        return -errno;
     int r = pthread_create(&u->thread, NULL, svc__unwinder_main, u);
     return -r;
 }
@@ -308,8 +296,7 @@ int svc_finish(svc_t *s, struct svc_summary *ret_summary)
         pthread_mutex_lock(&u->lock);
         u->stop = true;
         pthread_mutex_unlock(&u->lock);
-        uint64_t one = 1;
-        (void)!write(u->wake_fd, &one, sizeof(one));
+        svc__unwinder_wake(u);
     }
     for (unsigned i = 0; i < s->n_unwinders; i++) {
         struct svc_unwinder *u = &s->unwinders[i];
@@ -322,8 +309,7 @@ int svc_finish(svc_t *s, struct svc_summary *ret_summary)
         }
         if (u->batcher.cur)
             free(u->batcher.cur);
-        (void)close(u->epfd);
-        (void)close(u->wake_fd);
+        free(u->hangups);
         pthread_mutex_destroy(&u->lock);
     }
     s->n_unwinders = 0;
@@ -346,6 +332,10 @@ int svc_finish(svc_t *s, struct svc_summary *ret_summary)
         ret_summary->audit_mismatches = atomic_load(&s->audit_mismatches);
         ret_summary->frees_lost = atomic_load(&s->frees_lost);
         ret_summary->clients_timed_out = atomic_load(&s->timed_out);
+        ret_summary->conn_closed = atomic_load(&s->conn_closed);
+        ret_summary->stall_waits = atomic_load(&s->stall_waits);
+        ret_summary->stall_skips = atomic_load(&s->stall_skips);
+        ret_summary->stall_cutoffs = atomic_load(&s->stall_cutoffs);
         ret_summary->output_bytes = s->bk_counters.bytes_written;
         ret_summary->write_error = s->bk_counters.last_write_error;
     }

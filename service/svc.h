@@ -177,6 +177,10 @@ struct svc_summary {
     uint64_t audit_mismatches;  /* ... that differed (the table was reset each time) */
     uint64_t frees_lost;        /* frees of sampled blocks the clients could not record */
     uint64_t clients_timed_out; /* clients that stopped waiting for a stalled service */
+    uint64_t conn_closed;       /* processes that closed the profiler's connection, running */
+    uint64_t stall_waits;       /* times a stopped writer held a ring (waited for) */
+    uint64_t stall_skips;       /* records of writers gone mid-record, skipped */
+    uint64_t stall_cutoffs;     /* clients cut off: a writer kept a record while running */
     uint64_t output_bytes;
     int write_error; /* 0 or -errno */
 };
@@ -287,22 +291,39 @@ size_t svc_multi_sessions(const svc_multi_t *m);
  * the socket. Accepts NULL. */
 svc_multi_t *svc_multi_free(svc_multi_t *m);
 
-/* Target discovery for attach. */
+/* Target discovery for attach. A process is attachable once its client installed the
+ * attach handler: the client then maps a memfd named "heapprof-attach-<signo>" (see
+ * preload/attach.c), so we signal only processes that show it, with that signal, and only
+ * while the signal is caught. */
 struct svc_proc {
     pid_t pid;
     char name[64];  /* basename of argv[0] */
     bool preloaded; /* libheapprof.so mapped */
     bool same_user;
+    int attach_signo;    /* the signal its attach handler was installed for; 0: none yet */
+    bool attach_ready;   /* attach_signo advertised, and caught (SigCgt) */
+    uint64_t start_time; /* /proc/PID/stat starttime: the process's identity with its pid */
 };
 /* Reads /proc/@pid: 0, -ENOENT (gone), -errno. */
 int svc_proc_inspect(pid_t pid, struct svc_proc *ret);
 /* Calls @fn for every running process but ours that matches @cfg's targets and has
- * libheapprof.so mapped. */
+ * libheapprof.so mapped (ready to attach or not). */
 void svc_proc_scan_targets(const struct svc_config *cfg,
                            void (*fn)(void *ctx, const struct svc_proc *p), void *ctx);
-/* Sends the attach signal carrying @attacher (0: the daemon). Returns 0 or -errno. */
-int svc_proc_signal_attach(pid_t pid, pid_t attacher);
-/* The attach signal: HEAPPROF_ATTACH_SIGNAL or SIGRTMIN+4. */
-int svc_attach_signal(void);
+/* Sends the process @p describes its advertised attach signal, carrying @attacher (0:
+ * the daemon) with SI_QUEUE, through a pidfd, after checking that the pid still names
+ * the process inspected (its start time) and that the handler is still there. Returns 0,
+ * -EAGAIN (no handler installed: still starting, disabled, or another handler), -ESRCH
+ * (gone, or its pid now names another process), or -errno. */
+int svc_proc_signal_attach(const struct svc_proc *p, pid_t attacher);
+
+/* `heapprof dump`: asks the service listening on @socket_path (and, if @want > 0, only if
+ * that is process @want) to dump every profiled process now: a control request on its
+ * socket, answered. Returns 0 with the pid of the service that answered in @ret_pid,
+ * -ENOENT / -ECONNREFUSED when nothing listens there, -ESRCH when the listener is another
+ * process than @want (its pid in @ret_pid, nothing asked), -EPROTO when what answered is
+ * not a heapprof service, -EACCES when it runs as another user (and we are not root),
+ * -ETIMEDOUT, or -errno. */
+int svc_control_dump(const char *socket_path, pid_t want, pid_t *ret_pid) HP_WARN_UNUSED;
 
 #endif

@@ -12,12 +12,18 @@
  *     client:   ring_map(fd, RING_ROLE_WRITER, &r);
  *               if (ring_try_begin_write(r, WIRE_FREE, sizeof(f), &w) == 0) {
  *                   memcpy(w.data, &f, sizeof(f));
- *                   if (ring_end_write(r, &w)) poke_socket();
+ *                   ring_end_write(r, &w); // wakes a sleeping reader itself
  *               }
  *     reader:   while (ring_begin_read(r, &rd) == 0) { use(rd.type, rd.data, rd.len);
  *                                                       ring_end_read(r, &rd); }
+ *               ring_set_reader_idle(r, true); (drain once more); ring_wait(r, 1000);
  *
- * Writer calls are hook-safe (no allocation, no locks, no syscalls except in
+ * The reader sleeps on a futex word in the shared header, which writers wake: no
+ * descriptor is involved, so nothing a program does to its descriptors can make a writer
+ * write into the wrong one.
+ *
+ * Writer calls are hook-safe (no allocation, no locks, no syscalls except a FUTEX_WAKE
+ * when the reader sleeps, the thread id once per thread and ring, and the waits of
  * block_client mode). Reader calls: one reader thread per ring; not thread-safe.
  */
 #ifndef HP_SHMEM_RING_RING_H
@@ -44,10 +50,18 @@ typedef struct ring ring_t;
 #define RING_URGENT_RESERVE_SHIFT 3
 /* Largest payload a single record may carry (a 64 KiB stack plus the alloc header fits). */
 #define RING_MAX_PAYLOAD ((1u << 20) - 64u)
-/* A reserved record unpublished for this long makes the reader give up on the ring. */
+/* A reserved record unpublished for this long makes ring_begin_read() report a stalled
+ * writer (-ETIMEDOUT). */
 #define RING_DEFAULT_STALL_TIMEOUT_US (2u * 1000u * 1000u)
 
 enum ring_role { RING_ROLE_READER = 0, RING_ROLE_WRITER = 1 };
+
+/* Why a client ended its session itself (ring_set_client_ended()). */
+enum ring_end_reason {
+    RING_END_NONE = 0,
+    RING_END_CONN_TAKEN = 1,  /* the program closed or reused the client's connection */
+    RING_END_CREDENTIALS = 2, /* the process changed its user or group ids */
+};
 
 /* A reserved, not yet published record. */
 struct ring_wspan {
@@ -74,9 +88,10 @@ struct ring_stats {
     uint64_t reserve_failures;
     uint64_t client_spinlock_blocked_us;
     uint64_t max_fill_bytes;
-    uint64_t size_bytes;     /* data area size */
-    uint64_t frees_lost;     /* frees of sampled blocks the client could not record */
-    uint64_t block_timeouts; /* block waits that ran out; nonzero: blocking ended */
+    uint64_t size_bytes;      /* data area size */
+    uint64_t frees_lost;      /* frees of sampled blocks the client could not record */
+    uint64_t block_timeouts;  /* block waits that ran out; nonzero: blocking ended */
+    uint64_t records_skipped; /* reader side: records of writers gone mid-record */
 };
 
 /* Service: creates a ring memfd with a data area of @data_size_bytes (power of two,
@@ -108,9 +123,16 @@ int ring_try_begin_write_nowait(ring_t *r, uint16_t type, size_t payload_len,
 void ring_count_free_lost(ring_t *r);
 /* Writer, hook-safe: counts a record the writer dropped before asking for room. */
 void ring_count_drop(ring_t *r);
-/* Writer, hook-safe: publishes the record. Returns true when the reader said it is idle
- * and must be woken (the caller pokes the signalling socket). */
+/* Writer, hook-safe: publishes the record. When the reader said it is idle (and, if it
+ * polls, enough is waiting), wakes it (FUTEX_WAKE on the shared header) and returns
+ * true. */
 bool ring_end_write(ring_t *r, struct ring_wspan *w);
+/* Writer, hook-safe: wakes the reader if it announced sleep (no system call otherwise),
+ * e.g. after ring_try_begin_write() found the ring full. */
+void ring_wake_reader(ring_t *r);
+/* Writer: the client ends the session itself for @reason (enum ring_end_reason); records
+ * it in the shared header and wakes the reader. */
+void ring_set_client_ended(ring_t *r, uint32_t reason);
 /* Writer, after ring_end_write(@w): waits until the reader has read past the record
  * @w, for at most @timeout_us (sleeping in steps; a system call per step). Returns 0,
  * -ETIMEDOUT, or -EPIPE when the reader detached. The reader publishes how far it read
@@ -128,10 +150,24 @@ bool ring_is_detached(ring_t *r);
 /* Reader: returns 0 with the next record, -EAGAIN when there is none yet (empty, or the
  * next record is still being written), -EBADMSG when the shared data is corrupt (the
  * reader must then give up on this ring). Never reads outside the mapping and never
- * loops. A record reserved but still unpublished after the stall timeout (a writer that
- * died or a hostile client; RING_DEFAULT_STALL_TIMEOUT_US unless changed) counts as
- * corrupt: -EBADMSG. */
+ * loops. A record reserved but still unpublished after the stall timeout
+ * (RING_DEFAULT_STALL_TIMEOUT_US unless changed) returns -ETIMEDOUT: its writer is
+ * stopped (debugger, SIGSTOP, freezer), gone, or hostile. The caller then looks at the
+ * writer (ring_stalled_writer()) and keeps waiting (ring_stall_rearm()), skips the record
+ * (ring_skip_stalled()) or gives up on the ring; until then every call returns
+ * -ETIMEDOUT again. */
 int ring_begin_read(ring_t *r, struct ring_rspan *ret) HP_WARN_UNUSED;
+/* Reader, after -ETIMEDOUT: the thread id the stalled record's writer stored in it, or 0
+ * when it holds none (its writer stopped before storing it, or a hostile client).
+ * Untrusted. */
+uint32_t ring_stalled_writer(ring_t *r);
+/* Reader, after -ETIMEDOUT: wait another stall timeout before reporting it again. */
+void ring_stall_rearm(ring_t *r);
+/* Reader, after -ETIMEDOUT, once its writer is known to be gone: steps over the stalled
+ * record (counted in records_skipped). Returns 0, -EAGAIN when it was published after
+ * all (read it as usual), or -EBADMSG when its header is not valid (give up on the
+ * ring). */
+int ring_skip_stalled(ring_t *r) HP_WARN_UNUSED;
 void ring_end_read(ring_t *r, const struct ring_rspan *rd);
 /* Reader: tells the writers at once how far it has read (ring_end_read() publishes it in
  * steps), for a writer in ring_wait_consumed(). */
@@ -153,6 +189,17 @@ void ring_set_reader_idle(ring_t *r, bool idle);
  * waiting. Saves the app a system call and the service a wakeup per record when records
  * trickle in. Cleared like the idle flag (by the poking writer or ring_set_reader_idle). */
 void ring_set_reader_polling(ring_t *r, uint64_t wake_fill);
+/* Reader: the futex word writers wake (a 32-bit word in the shared mapping: wait on it
+ * without FUTEX_PRIVATE_FLAG) and, in @ret_val, the value it holds while nobody woke the
+ * reader since its last ring_set_reader_idle() or ring_set_reader_polling(). For
+ * futex_waitv(2) over many rings. */
+const void *ring_reader_word(ring_t *r, uint32_t *ret_val);
+/* Reader: sleeps until a writer wakes it or @timeout_ms pass (at once if one did
+ * already). Returns 0 when woken, -ETIMEDOUT, or -EINTR. */
+int ring_wait(ring_t *r, uint32_t timeout_ms);
+/* Reader: why the client ended the session itself (enum ring_end_reason; RING_END_NONE:
+ * it did not say). Untrusted. */
+uint32_t ring_client_ended(ring_t *r);
 
 /* Reader: how long ring_begin_read() waits for a reserved record to be published before
  * returning -EBADMSG (0: the default). */

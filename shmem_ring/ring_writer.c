@@ -1,6 +1,7 @@
 /* shmem_ring/ring_writer.c: the writer side of the ring. Hook-safe: runs inside the
- * profiled application's malloc hooks, from any thread, so it never allocates, never takes
- * a lock and makes no system call except while waiting in block_client mode. */
+ * profiled application's malloc hooks, from any thread, so it never allocates and never
+ * takes a lock. System calls (raw: no errno): a FUTEX_WAKE when the reader sleeps, gettid
+ * once per thread and ring, and the waits of block_client mode. */
 #include "shmem_ring/ring_layout.h"
 
 #include <errno.h>
@@ -11,12 +12,38 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <linux/futex.h>
+
 #include "common/clock.h"
+#include "common/sys.h"
 #include "shmem_ring/ring.h"
 
 /* Spins on sched_yield() this many times before sleeping between retries. */
 #define RING_BLOCK_YIELDS 16
 #define RING_BLOCK_SLEEP_NS 20000
+
+/* The calling thread's id, cached per ring mapping (struct ring.map_id): a fresh mapping
+ * (a new session, or any ring of a forked child, whose thread inherited this cache) takes
+ * it once more. Initial-exec TLS: 16 bytes. */
+static __thread struct {
+    uint64_t map_id;
+    uint32_t tid;
+} ring_self __attribute__((tls_model("initial-exec")));
+
+static uint32_t ring_writer_tid(const ring_t *r)
+{
+    if (HP_UNLIKELY(ring_self.map_id != r->map_id)) {
+        ring_self.tid = (uint32_t)hp_sys0(SYS_gettid);
+        ring_self.map_id = r->map_id;
+    }
+    return ring_self.tid;
+}
+
+static void ring_futex_wake(struct ring_shared *h)
+{
+    /* Not FUTEX_PRIVATE_FLAG: the reader is another process. */
+    (void)hp_sys3(SYS_futex, (long)&h->reader_idle, FUTEX_WAKE, 1);
+}
 
 static void ring_count(_Atomic uint64_t *counter, uint64_t n)
 {
@@ -137,6 +164,9 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool u
     ring_update_max_fill(h, w + total - rp);
 
     struct ring_rec *rec = (struct ring_rec *)(r->data + (w & r->mask));
+    /* Who holds the record until it is published (see ring_stalled_writer()). */
+    atomic_store_explicit(&rec->commit_tag, RING_TAG_RESERVED | ring_writer_tid(r),
+                          memory_order_relaxed);
     size_t pad = (size_t)(total - sizeof(*rec) - payload_len);
     rec->len_total = (uint32_t)total;
     rec->type = type;
@@ -195,9 +225,34 @@ bool ring_end_write(ring_t *r, struct ring_wspan *w)
         if (fill < atomic_load_explicit(&h->wake_fill, memory_order_relaxed))
             return false;
     }
-    /* Only the writer that clears the flag pokes the reader. */
-    return atomic_exchange_explicit(&h->reader_idle, RING_READER_AWAKE, memory_order_acq_rel) !=
-           RING_READER_AWAKE;
+    /* Only the writer that clears the flag wakes the reader. */
+    if (atomic_exchange_explicit(&h->reader_idle, RING_READER_AWAKE, memory_order_acq_rel) ==
+        RING_READER_AWAKE)
+        return false;
+    ring_futex_wake(h);
+    return true;
+}
+
+void ring_wake_reader(ring_t *r)
+{
+    struct ring_shared *h = r->hdr;
+    if (!h || atomic_load_explicit(&h->reader_idle, memory_order_relaxed) == RING_READER_AWAKE)
+        return;
+    if (atomic_exchange_explicit(&h->reader_idle, RING_READER_AWAKE, memory_order_acq_rel) !=
+        RING_READER_AWAKE)
+        ring_futex_wake(h);
+}
+
+void ring_set_client_ended(ring_t *r, uint32_t reason)
+{
+    struct ring_shared *h = r->hdr;
+    if (!h)
+        return;
+    /* Release pairs with the reader's acquire load: whatever we wrote before is visible
+     * with the reason. The reader may be awake and about to sleep: wake it regardless. */
+    atomic_store_explicit(&h->client_ended, reason, memory_order_release);
+    atomic_store_explicit(&h->reader_idle, RING_READER_AWAKE, memory_order_seq_cst);
+    ring_futex_wake(h);
 }
 
 int ring_wait_consumed(ring_t *r, const struct ring_wspan *w, uint32_t timeout_us)

@@ -37,6 +37,8 @@ struct harm_case {
      * then kept: a library preloaded before ours). */
     const char *env[8];
     unsigned modes;
+    /* Options of `heapprof record` beside -o (default: -q). */
+    const char *record_args[4];
     /* Optional: more checks of a profiled run (trace is NULL in dormant runs). */
     void (*check)(const struct harm_case *c, enum harm_mode mode, const struct e2e_run *run,
                   const char *trace);
@@ -129,6 +131,71 @@ static void check_sampled_many(const struct harm_case *c, enum harm_mode mode,
         assert_true(samples_in(trace) >= 500);
 }
 
+/* Sampled allocations (and frees) at frames named @fn in @p. */
+static uint64_t samples_at(const struct rp_trace_process *p, const char *fn)
+{
+    struct e2e_sums s;
+    e2e_sum_function(p, fn, &s);
+    return s.alloc_count;
+}
+
+static const struct rp_trace_process *only_process(const struct rp_trace *t)
+{
+    assert_int_equal(t->n_processes, 1);
+    return &t->processes[0];
+}
+
+/* The program closed the profiler's connection at start (close_range): its data came
+ * through (compared by the harness); the loss is in the dump and in the summary, and
+ * what it allocated before is profiled. */
+static void check_conn_closed(const struct harm_case *c, enum harm_mode mode,
+                              const struct e2e_run *run, const char *trace)
+{
+    (void)c;
+    if (mode != HARM_RECORD)
+        return;
+    assert_non_null(strstr(run->err, "closed the profiler's connection while running"));
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &t), 0);
+    const struct rp_trace_process *p = only_process(t);
+    print_message("    connection_closed_by_program %d, %llu samples before the close\n",
+                  p->connection_closed_by_program,
+                  (unsigned long long)samples_at(p, "before_close"));
+    assert_true(p->connection_closed_by_program);
+    assert_false(p->buffer_corrupted);
+    assert_true(samples_at(p, "before_close") > 0);
+    rp_trace_free(t);
+}
+
+/* The program was stopped for longer than the stall timeout with a record half written:
+ * the service waited for it, said so, and the profile goes on after the stop. */
+static void check_stopped(const struct harm_case *c, enum harm_mode mode, const struct e2e_run *run,
+                          const char *trace)
+{
+    (void)c;
+    if (mode != HARM_RECORD)
+        return;
+    if (strstr(run->err, "cannot trace")) {
+        print_message("    ptrace is not permitted here: %s\n", run->err);
+        skip();
+    }
+    /* The debugger found the thread inside a record (it searches for 3 s; the thread
+     * spends much of its time there). */
+    assert_non_null(strstr(run->err, "held inside a record"));
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &t), 0);
+    const struct rp_trace_process *p = only_process(t);
+    print_message("    writer_stalled %d (%llu waits), buffer_corrupted %d, %llu samples after "
+                  "the stop\n",
+                  p->writer_stalled, (unsigned long long)p->writer_stalls, p->buffer_corrupted,
+                  (unsigned long long)samples_at(p, "after_stop"));
+    assert_false(p->buffer_corrupted);
+    assert_true(p->writer_stalled);
+    assert_true(p->writer_stalls >= 1);
+    assert_int_equal(samples_at(p, "after_stop"), 64);
+    rp_trace_free(t);
+}
+
 /* ---- the cases --------------------------------------------------------------------- */
 
 /* One program using every malloc-family call, with another allocator linked (a DT_NEEDED
@@ -138,51 +205,60 @@ static void check_sampled_many(const struct harm_case *c, enum harm_mode mode,
  * crashes. Cases whose allocator is not installed are skipped. */
 static const struct harm_case harm_cases[] = {
     /* A plain program, as a reference for the harness itself. */
-    {"three_sites", {"$THREE_SITES", NULL}, {NULL}, HARM_ALL, check_sampled},
+    {"three_sites", {"$THREE_SITES", NULL}, {NULL}, HARM_ALL, {NULL}, check_sampled},
     {"alloc_jemalloc_linked",
      {"$HARM_ALLOC_FAMILY_JEMALLOC", NULL},
      {NULL},
      HARM_ALL,
+     {NULL},
      check_sampled_many},
     {"alloc_jemalloc_before",
      {"$HARM_ALLOC_FAMILY", NULL},
      {"LD_PRELOAD=$HARM_LIBJEMALLOC:$LIB", NULL},
      HARM_ALL,
+     {NULL},
      check_sampled_many},
     {"alloc_jemalloc_after",
      {"$HARM_ALLOC_FAMILY", NULL},
      {"LD_PRELOAD=$HARM_LIBJEMALLOC", NULL},
      HARM_ALL,
+     {NULL},
      check_sampled_many},
     {"alloc_tcmalloc_linked",
      {"$HARM_ALLOC_FAMILY_TCMALLOC", NULL},
      {NULL},
      HARM_ALL,
+     {NULL},
      check_sampled_many},
     {"alloc_tcmalloc_before",
      {"$HARM_ALLOC_FAMILY", NULL},
      {"LD_PRELOAD=$HARM_LIBTCMALLOC:$LIB", NULL},
      HARM_ALL,
+     {NULL},
      check_sampled_many},
     {"alloc_tcmalloc_after",
      {"$HARM_ALLOC_FAMILY", NULL},
      {"LD_PRELOAD=$HARM_LIBTCMALLOC", NULL},
      HARM_ALL,
+     {NULL},
      check_sampled_many},
     {"alloc_mimalloc_linked",
      {"$HARM_ALLOC_FAMILY_MIMALLOC", NULL},
      {NULL},
      HARM_ALL,
+     {NULL},
      check_sampled_many},
     {"alloc_mimalloc_before",
      {"$HARM_ALLOC_FAMILY", NULL},
      {"LD_PRELOAD=$HARM_LIBMIMALLOC:$LIB", NULL},
      HARM_ALL,
+     {NULL},
      check_sampled_many},
     {"alloc_mimalloc_after",
      {"$HARM_ALLOC_FAMILY", NULL},
      {"LD_PRELOAD=$HARM_LIBMIMALLOC", NULL},
      HARM_ALL,
+     {NULL},
      check_sampled_many},
     /* Code loaded after start-up, with the allocator preloaded before us: the plugin's GOT
      * slots get the hooks when dlopen returns. */
@@ -190,9 +266,35 @@ static const struct harm_case harm_cases[] = {
      {"$HARM_PLUGIN_HOST", "$HARM_PLUGIN", NULL},
      {"LD_PRELOAD=$HARM_LIBJEMALLOC:$LIB", NULL},
      HARM_ALL,
+     {NULL},
      check_plugin_sampled},
     /* A service stopped for 2 s. */
-    {"service_stopped", {"$HARM_RATE_STOP", NULL}, {NULL}, HARM_ALL, check_stopped_service},
+    {"service_stopped", {"$HARM_RATE_STOP", NULL}, {NULL}, HARM_ALL, {NULL}, check_stopped_service},
+    /* A daemon that closes every descriptor at start and then uses pipes (issue 15,
+     * case 2): its data intact, the lost connection visible. */
+    {"closefds_daemon",
+     {"$HARM_CLOSEFDS", NULL},
+     {NULL},
+     HARM_ALL,
+     {"--top", "0", NULL},
+     check_conn_closed},
+    /* A user namespace needs a single-threaded process: the dormant library keeps no
+     * thread (case 6). */
+    {"unshare_user", {"/usr/bin/unshare", "-U", "true", NULL}, {NULL}, HARM_DORMANT, {NULL}, NULL},
+    /* Stopped mid-record by a debugger, and by SIGSTOP, for longer than the stall timeout
+     * (case 10). Stack copies on every sample make the thread spend its time in records. */
+    {"stopped_ptrace",
+     {"$HARM_STOPPED", "ptrace", NULL},
+     {NULL},
+     HARM_ALL,
+     {"-q", "--no-fast-unwind", NULL},
+     check_stopped},
+    {"stopped_sigstop",
+     {"$HARM_STOPPED", "sigstop", NULL},
+     {NULL},
+     HARM_ALL,
+     {"-q", "--no-fast-unwind", NULL},
+     check_stopped},
 };
 
 /* ---- the harness ------------------------------------------------------------------- */
@@ -259,7 +361,10 @@ static void build(const struct harm_case *c, unsigned mode, const char *trace, s
     if (mode == HARM_RECORD) {
         r->argv[k++] = (char *)e2e_env("HEAPPROF_BIN");
         r->argv[k++] = "record";
-        r->argv[k++] = "-q";
+        if (!c->record_args[0])
+            r->argv[k++] = "-q";
+        for (size_t i = 0; c->record_args[i]; i++)
+            r->argv[k++] = (char *)c->record_args[i];
         r->argv[k++] = "-o";
         r->argv[k++] = (char *)trace;
         r->argv[k++] = "--";

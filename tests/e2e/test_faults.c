@@ -272,7 +272,13 @@ static void test_faults_ring_full_blocking(void **state)
 
 /* ---- hostile clients ------------------------------------------------------------- */
 
-enum expect { EXPECT_CORRUPT, EXPECT_REJECTED, EXPECT_DISCONNECTED, EXPECT_NO_HELLO };
+enum expect {
+    EXPECT_CORRUPT,
+    EXPECT_REJECTED,
+    EXPECT_DISCONNECTED,
+    EXPECT_NO_HELLO,
+    EXPECT_STALLED,
+};
 
 static void hostile(const char *mode, enum expect expect)
 {
@@ -356,6 +362,15 @@ static void hostile(const char *mode, enum expect expect)
         assert_null(ph);
         assert_non_null(strstr(log, "no valid hello"));
         break;
+    case EXPECT_STALLED:
+        /* A writer that keeps a record while it runs is cut off, and called stalled,
+         * not corrupt. */
+        assert_non_null(ph);
+        assert_true(ph->writer_stalled);
+        assert_true(ph->disconnected);
+        assert_false(ph->buffer_corrupted);
+        assert_non_null(strstr(log, "kept a record unpublished"));
+        break;
     }
     rp_trace_free(t);
     assert_int_equal(e2e_check_rules(d.trace), 0);
@@ -411,7 +426,7 @@ static void test_faults_hostile_write_pos(void **state)
 static void test_faults_hostile_unpublished(void **state)
 {
     (void)state;
-    hostile("unpublished", EXPECT_CORRUPT);
+    hostile("unpublished", EXPECT_STALLED);
 }
 
 static void test_faults_hostile_pid_lie(void **state)

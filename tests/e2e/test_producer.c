@@ -624,6 +624,14 @@ static void test_producer_stopped_early(void **state)
     char *prog[] = {(char *)e2e_env("WORKER"), "idle", "2500", NULL};
     pid_t pid = e2e_spawn_client(&pe.d, prog, "/dev/null");
     wait_lines(&pe, "pid ", ": profiling", 1);
+    /* `heapprof dump` reaches a producer daemon through its socket as well. */
+    char *dump[] = {(char *)e2e_env("HEAPPROF_BIN"), "dump", "--socket", pe.d.sock, NULL};
+    struct e2e_run run;
+    assert_int_equal(e2e_run(dump, NULL, &run), 0);
+    print_message("heapprof dump: %s", run.err);
+    assert_int_equal(run.status, 0);
+    assert_non_null(strstr(run.err, "asked heapprofd"));
+    e2e_run_free(&run);
     e2e_sleep_ms(500);
     uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
     stop_session(&pe, s);
