@@ -28,6 +28,7 @@
 
 #include "common/clock.h"
 #include "common/macros.h"
+#include "preload/stack.h"
 #include "preload/walk.h"
 #include "shmem_ring/wire.h"
 
@@ -129,6 +130,71 @@ static void hook_watch_free(struct client_session *s, void *p)
     }
 }
 
+/* pcs a walk keeps on the application's stack; a deeper walk is counted, then walked on
+ * from there straight into the ring (the sampled path may run on a small fiber stack or a
+ * MINSIGSTKSZ signal stack: its frames stay small). */
+#define HOOK_WALK_PCS 16
+/* Bytes copied at most from a stack that is not the thread's own (fiber, signal stack):
+ * its end is often unknown, and such a copy is only needed until walks work there. */
+#define HOOK_OTHER_STACK_MAX (64u << 10)
+
+/* Writes the @n pcs of a walk whose first min(@n, HOOK_WALK_PCS) are in @pcs and whose
+ * state after those is @rest to @dst. Returns how many it wrote: @n, or fewer when the
+ * second walk of the rest failed (the table changed in between). */
+static size_t hook_put_pcs(uint64_t *dst, const uint64_t *pcs, size_t n, struct client_walk *rest,
+                           const struct utable *table)
+{
+    size_t head = n < HOOK_WALK_PCS ? n : HOOK_WALK_PCS;
+    memcpy(dst, pcs, head * sizeof(uint64_t));
+    if (n == head)
+        return n;
+    int r = client_walk_step(rest, table, dst + head, n - head, n);
+    if (r == CLIENT_WALK_DONE && rest->n == n)
+        return n;
+    return rest->n < n ? rest->n : n - 1;
+}
+
+/* Records a sample whose stack is not the thread's own (a fiber's, a signal stack): a copy
+ * that cannot fault, of as much as is there. */
+static HP_NOINLINE void hook_record_other(struct client_tls *t, struct client_session *s, void *p,
+                                          size_t size, uint64_t sample_size, const uint64_t *regs)
+{
+    uint64_t sp = regs[WIRE_REG_RSP];
+    size_t cap = s->max_stack_bytes < HOOK_OTHER_STACK_MAX ? (size_t)s->max_stack_bytes
+                                                           : HOOK_OTHER_STACK_MAX;
+    struct client_stack_plan plan;
+    client_stack_plan_other(&t->stack, sp, cap, &plan);
+    struct ring_wspan w;
+    int r = ring_try_begin_write(s->ring, WIRE_ALLOC, wire_alloc_len(plan.len, 0), &w);
+    if (r < 0) {
+        if (r == -EAGAIN)
+            hook_poke(s);
+        return;
+    }
+    struct wire_alloc_head head;
+    hook_fill_head(&head, t, s, p, size, sample_size);
+    struct wire_alloc *a = w.data;
+    void *stack = wire_encode_alloc(a, &head, sp, plan.len, WIRE_ALLOC_UNKNOWN_STACK, regs, 0);
+    ssize_t n = client_stack_copy(s->pid, stack, sp, plan.len);
+    if (n < 0) {
+        /* No way to read it safely (process_vm_readv refused): the rest of the page of
+         * the return address our caller pushed, which is mapped. */
+        n = (sp & 4095) ? (ssize_t)(4096 - (sp & 4095)) : 0;
+        if ((size_t)n > plan.len)
+            n = (ssize_t)plan.len;
+        hook_copy_stack(stack, (const void *)(uintptr_t)sp, (size_t)n);
+        plan.may_go_on = true;
+        plan.len = (size_t)n;
+    }
+    /* The record keeps its length; the stack is what could be read. */
+    a->stack_len = (uint32_t)n;
+    if (client_stack_copied_other(&t->stack, sp, &plan, (size_t)n))
+        a->flags |= WIRE_ALLOC_STACK_TRUNCATED;
+    if (ring_end_write(s->ring, &w))
+        hook_poke(s);
+    hook_watch_free(s, p);
+}
+
 /* pre: client_session_enter(s) succeeded. */
 static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_session *s, void *p,
                                           size_t size, uint64_t sample_size, const uint64_t *regs)
@@ -137,44 +203,39 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
     if (hook_foreign_pid(s) || ring_is_detached(s->ring))
         return;
     uint64_t sp = regs[WIRE_REG_RSP];
-    uint64_t end, avail;
-    uint32_t flags = 0;
-    int r = client_stack_lookup(&t->stack, sp, &end);
-    if (r == 0) {
-        /* glibc puts a thread's descriptor (the TCB, ~2 KiB, at the thread pointer) at
-         * the top of its stack mapping: no frame lives there. */
-        uint64_t tp = (uint64_t)(uintptr_t)__builtin_thread_pointer();
-        if (tp > sp && tp < end)
-            end = tp;
-        /* On the main thread, what lies above the stack pointer the program started
-         * with (argv, the environment, the aux vector: often kilobytes) holds no frame
-         * either; a little is kept for the entry code's own frame. */
-        uint64_t start_sp = (uint64_t)(uintptr_t)__libc_stack_end + HOOK_ENTRY_SLACK;
-        if (start_sp > sp && start_sp < end)
-            end = start_sp;
-        avail = end - sp;
-    } else {
-        /* Not the thread's own stack (signal stack, fiber, ucontext), or no answer from
-         * /proc: copy what is there, or at least the rest of sp's page (mapped). */
-        flags |= WIRE_ALLOC_UNKNOWN_STACK;
+    uint64_t end;
+    /* The main thread's stack ends where the program's entry found it (what lies above,
+     * argv, the environment and the aux vector, often kilobytes, holds no frame), plus a
+     * little for the entry code's own frame; other threads' at their descriptor. */
+    uint64_t main_top = (uint64_t)(uintptr_t)__libc_stack_end + HOOK_ENTRY_SLACK;
+    bool own = client_stack_lookup(&t->stack, sp, (uint64_t)(uintptr_t)__builtin_thread_pointer(),
+                                   main_top, &end) == CLIENT_STACK_OWN;
+    if (!own)
         atomic_fetch_add_explicit(&client_stat_unknown_stacks, 1, memory_order_relaxed);
-        avail = r > 0 ? end - sp : 4096 - (sp & 4095);
-    }
-    ring_t *ring = s->ring;
-    struct ring_wspan w;
 
     /* With the service's unwind table, walk the stack here and send its return
      * addresses: a few hundred bytes instead of a copy of the whole stack (often
      * kilobytes), and no unwinding in the service. Every audit_every-th walk is sent
-     * with the copy too, for the service to check. */
-    uint64_t pcs[CLIENT_WALK_MAX_FRAMES];
+     * with the copy too, for the service to check. On a stack not the thread's own the
+     * walk checks each page before it reads there. */
+    uint64_t pcs[HOOK_WALK_PCS];
+    struct client_walk walk, rest;
     size_t n_pcs = 0;
     bool audit = false;
-    if (s->utable.hdr && r == 0 &&
+    if (s->utable.hdr &&
         utable_gen(&s->utable) != atomic_load_explicit(&s->walk_hold_gen, memory_order_relaxed)) {
-        n_pcs = client_walk(&s->utable, regs, end, pcs, CLIENT_WALK_MAX_FRAMES);
-        audit = n_pcs > 0 && s->audit_every && ++t->walks % s->audit_every == 0;
+        client_walk_begin(&walk, &s->utable, regs, own ? end : sp + CLIENT_STACK_MAX_SPAN, own);
+        int wr = client_walk_step(&walk, &s->utable, pcs, HOOK_WALK_PCS, CLIENT_WALK_MAX_FRAMES);
+        rest = walk;
+        if (wr == CLIENT_WALK_MORE)
+            wr = client_walk_step(&walk, &s->utable, NULL, CLIENT_WALK_MAX_FRAMES,
+                                  CLIENT_WALK_MAX_FRAMES);
+        n_pcs = wr == CLIENT_WALK_DONE ? walk.n : 0;
+        audit = n_pcs > 0 && own && s->audit_every && ++t->walks % s->audit_every == 0;
     }
+    ring_t *ring = s->ring;
+    struct ring_wspan w;
+    int r;
     if (n_pcs > 0 && !audit) {
         r = ring_try_begin_write(ring, WIRE_ALLOC_PCS, wire_alloc_pcs_len(n_pcs), &w);
         if (r < 0) {
@@ -184,14 +245,22 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
         }
         struct wire_alloc_head head;
         hook_fill_head(&head, t, s, p, size, sample_size);
-        wire_encode_alloc_pcs(w.data, &head, pcs, n_pcs);
+        uint64_t *dst = wire_encode_alloc_pcs(w.data, &head, n_pcs, 0);
+        size_t put = hook_put_pcs(dst, pcs, n_pcs, &rest, &s->utable);
+        if (put != n_pcs)
+            (void)wire_encode_alloc_pcs(w.data, &head, put, WIRE_PCS_PARTIAL);
         if (ring_end_write(ring, &w))
             hook_poke(s);
         hook_watch_free(s, p);
         return;
     }
+    if (!own) {
+        hook_record_other(t, s, p, size, sample_size, regs);
+        return;
+    }
 
-    uint64_t len = avail;
+    uint32_t flags = 0;
+    uint64_t len = end - sp;
     if (len > s->max_stack_bytes) {
         len = s->max_stack_bytes;
         flags |= WIRE_ALLOC_STACK_TRUNCATED;
@@ -206,8 +275,11 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
     }
     struct wire_alloc_head head;
     hook_fill_head(&head, t, s, p, size, sample_size);
-    void *stack = wire_encode_alloc(w.data, &head, sp, len, flags, regs, pcs, n_audit);
+    void *stack = wire_encode_alloc(w.data, &head, sp, len, flags, regs, n_audit);
     hook_copy_stack(stack, (const void *)(uintptr_t)sp, (size_t)len);
+    if (n_audit &&
+        hook_put_pcs(wire_alloc_audit_pcs(stack, len), pcs, n_audit, &rest, &s->utable) != n_audit)
+        ((struct wire_alloc *)w.data)->flags &= ~WIRE_ALLOC_AUDIT; /* nothing to compare */
     if (ring_end_write(ring, &w))
         hook_poke(s);
     hook_watch_free(s, p);
