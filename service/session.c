@@ -317,6 +317,7 @@ int svc_finish(svc_t *s, struct svc_summary *ret_summary)
         ret_summary->walked_samples = atomic_load(&s->walked);
         ret_summary->audits = atomic_load(&s->audits);
         ret_summary->audit_mismatches = atomic_load(&s->audit_mismatches);
+        ret_summary->truncated_stacks = atomic_load(&s->truncated_stacks);
         ret_summary->output_bytes = s->bk_counters.bytes_written;
         ret_summary->write_error = s->bk_counters.last_write_error;
     }

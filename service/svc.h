@@ -30,7 +30,7 @@
 struct svc_config {
     uint64_t sampling_interval_bytes; /* >= 1; default 4096 */
     uint64_t shmem_size_bytes;        /* power of two; default 8 MiB */
-    uint64_t max_stack_bytes;         /* cap of a stack copy; default 64 KiB */
+    uint64_t max_stack_bytes;         /* cap of a stack copy; 0: svc_config_max_stack() */
     bool block_client;
     uint32_t block_client_timeout_us;
     bool dump_at_max;
@@ -147,6 +147,12 @@ bool svc_config_matches(const struct svc_config *cfg, int32_t pid, const char *c
 /* True when the configuration names targets (pid, process_cmdline or all). */
 bool svc_config_has_targets(const struct svc_config *cfg);
 
+/* The cap of a stack copy when max_stack_bytes is not set: what fits a quarter of the
+ * ring, at most this. */
+#define SVC_DEFAULT_MAX_STACK_BYTES (512u << 10)
+/* The cap of a stack copy the clients get: max_stack_bytes, or the default for the ring. */
+uint64_t svc_config_max_stack(const struct svc_config *cfg);
+
 /* Checks a configuration; on error returns -EINVAL and a message in @err. */
 int svc_config_check(const struct svc_config *cfg, char *err, size_t err_len) HP_WARN_UNUSED;
 
@@ -164,6 +170,10 @@ struct svc_summary {
     uint64_t walked_samples;   /* samples whose stack the app walked itself (unwind table) */
     uint64_t audits;           /* such walks checked against an unwind of a stack copy */
     uint64_t audit_mismatches; /* ... that differed (the table was reset each time) */
+    /* samples whose stack went on past what their record held (copy cut short at
+     * max_stack_bytes, foreign stack of unknown end); their stacks end in a
+     * "ERROR STACK_TRUNCATED" frame; not counted as unwinding errors */
+    uint64_t truncated_stacks;
     uint64_t output_bytes;
     int write_error; /* 0 or -errno */
 };

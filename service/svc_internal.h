@@ -252,7 +252,7 @@ struct svc {
     _Atomic uint64_t stat_dumps, stat_bytes; /* published by the bk thread */
     /* summary counters, atomics updated by the threads */
     _Atomic uint64_t processes, samples, frees, drops, unwind_errors, rejected, corrupt;
-    _Atomic uint64_t walked, audits, audit_mismatches;
+    _Atomic uint64_t walked, audits, audit_mismatches, truncated_stacks;
     struct bk_counters bk_counters; /* written by the bk thread before it exits */
 };
 

@@ -68,6 +68,9 @@ static void post_sample(struct svc_unwinder *u, struct svc_client *c, int r, siz
     if (res->error || r < 0) {
         c->stats.unwinding_errors++;
         atomic_fetch_add_explicit(&u->svc->unwind_errors, 1, memory_order_relaxed);
+    } else if (res->copy_truncated) {
+        /* Not an unwinding error: the stack went on past what the record holds. */
+        atomic_fetch_add_explicit(&u->svc->truncated_stacks, 1, memory_order_relaxed);
     }
     if (res->reparsed_maps)
         c->stats.map_reparses++;
@@ -109,17 +112,24 @@ static bool same_frames(const struct hp_frame *a, size_t na, const struct hp_fra
 /* An audited sample: the client's own walk of the stack (@pcs) must give the frames our
  * unwind of the copy gave (u->frames, @n). A difference means a rule in the client's
  * table is wrong for its code now: the table is flushed (the rules come back from the
- * next unwinds) and the difference counted. The copy's frames are the ones kept. */
+ * next unwinds) and the difference counted. The copy's frames are the ones kept. A copy
+ * cut short holds only the innermost part of the stack: only that part is compared (the
+ * walk, which read the live stack, goes on where the copy stops). */
 static void audit_walk(struct svc_unwinder *u, struct svc_client *c, const uint64_t *pcs,
                        size_t n_pcs, size_t n, const struct unwinder_result *res)
 {
     size_t na = 0;
     struct unwinder_result ra;
     atomic_fetch_add_explicit(&u->svc->audits, 1, memory_order_relaxed);
-    if (res->error ||
-        unwinder_resolve_pcs(c->unw, pcs, n_pcs, u->audit_frames, UNWINDER_MAX_FRAMES, &na, &ra) <
-            0 ||
-        same_frames(u->frames, n, u->audit_frames, na))
+    if (res->error || unwinder_resolve_pcs(c->unw, pcs, n_pcs, u->audit_frames, UNWINDER_MAX_FRAMES,
+                                           &na, &ra) < 0)
+        return;
+    if (res->copy_truncated) {
+        n--; /* the truncation frame */
+        if (na > n)
+            na = n;
+    }
+    if (same_frames(u->frames, n, u->audit_frames, na))
         return;
     c->audit_mismatches++;
     atomic_fetch_add_explicit(&u->svc->audit_mismatches, 1, memory_order_relaxed);
@@ -144,9 +154,12 @@ static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uin
     size_t n = 0;
     struct unwinder_result res = {0};
     int r = -ENOENT;
+    /* A copy that stops short of the stack, or of a stack not the thread's own, is not
+     * completed from the process's memory: that has changed since. */
+    bool partial = (a.flags & (WIRE_ALLOC_STACK_TRUNCATED | WIRE_ALLOC_UNKNOWN_STACK)) != 0;
     if (c->unw)
-        r = unwinder_unwind(c->unw, a.regs, a.stack_ptr, stack, (size_t)a.stack_len, u->frames,
-                            UNWINDER_MAX_FRAMES, &n, &res);
+        r = unwinder_unwind_copy(c->unw, a.regs, a.stack_ptr, stack, (size_t)a.stack_len, partial,
+                                 u->frames, UNWINDER_MAX_FRAMES, &n, &res);
     if (n_pcs > 0 && r >= 0)
         audit_walk(u, c, pcs, n_pcs, n, &res);
     /* struct wire_alloc starts with the fields of a struct wire_alloc_head (wire.h). */
@@ -168,8 +181,12 @@ static void handle_alloc_pcs(struct svc_unwinder *u, struct svc_client *c, const
     size_t n = 0;
     struct unwinder_result res = {0};
     int r = -ENOENT;
-    if (c->unw)
+    if (c->unw) {
         r = unwinder_resolve_pcs(c->unw, pcs, a.n_pcs, u->frames, UNWINDER_MAX_FRAMES, &n, &res);
+        /* The walk stopped before the end (the table changed under it): say so. */
+        if (r >= 0 && (a.flags & WIRE_PCS_PARTIAL) && !res.error)
+            unwinder_mark_truncated(u->frames, &n, UNWINDER_MAX_FRAMES, &res);
+    }
     atomic_fetch_add_explicit(&u->svc->walked, 1, memory_order_relaxed);
     post_sample(u, c, r, n, &res, &a.head);
 }

@@ -111,6 +111,21 @@ void unwinder__append_error(struct hp_frame *frames, size_t *n, size_t max, cons
     res->error = true;
 }
 
+void unwinder_mark_truncated(struct hp_frame *frames, size_t *n, size_t max,
+                             struct unwinder_result *res)
+{
+    if (max == 0)
+        return;
+    if (*n == max)
+        (*n)--;
+    frames[(*n)++] =
+        (struct hp_frame){.map = NULL,
+                          .function_name = unwinder__intern(UNWINDER_TRUNCATED_FRAME,
+                                                            sizeof(UNWINDER_TRUNCATED_FRAME) - 1),
+                          .rel_pc = 0};
+    res->copy_truncated = true;
+}
+
 int unwinder_resolve_pcs(unwinder_process_t *p, const uint64_t *pcs, size_t n_pcs,
                          struct hp_frame *frames, size_t max_frames, size_t *ret_n,
                          struct unwinder_result *ret_res)

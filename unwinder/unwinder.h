@@ -36,7 +36,14 @@ struct unwinder_result {
     bool error;         /* the last frame is an "ERROR <reason>" frame */
     bool reparsed_maps; /* an unknown pc made us reread /proc/PID/maps */
     bool truncated;     /* stopped at max_frames */
+    /* The stack goes on past what the record holds (a copy cut short, a walk that
+     * stopped): the last frame is "ERROR STACK_TRUNCATED". Not an unwinding error: the
+     * frames before it are right, the rest was never sent. */
+    bool copy_truncated;
 };
+
+/* The frame that ends a stack whose record does not hold all of it. */
+#define UNWINDER_TRUNCATED_FRAME "ERROR STACK_TRUNCATED"
 
 /* Thread-safe; call once before any other call, and unwinder_global_done() after the
  * last process is freed. */
@@ -60,6 +67,23 @@ unwinder_process_t *unwinder_process_free(unwinder_process_t *p);
 int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint64_t stack_ptr,
                     const uint8_t *stack, size_t stack_len, struct hp_frame *frames,
                     size_t max_frames, size_t *ret_n, struct unwinder_result *ret_res);
+
+/* As unwinder_unwind(), for a copy that may not hold all of the stack (@partial: the
+ * client said the stack goes on past it, or that it is not the thread's own stack): the
+ * process's memory outside the copy is read only where a file backs it, never its stacks
+ * or heap, which have changed since the copy was taken. An unwind that needs such memory
+ * ends with an UNWINDER_TRUNCATED_FRAME (res->copy_truncated) instead of whatever the
+ * process holds there now; the rules of the frames found before are published as after
+ * an unwind without error. */
+int unwinder_unwind_copy(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint64_t stack_ptr,
+                         const uint8_t *stack, size_t stack_len, bool partial,
+                         struct hp_frame *frames, size_t max_frames, size_t *ret_n,
+                         struct unwinder_result *ret_res);
+
+/* Ends @frames (@n of at most @max, updated) with an UNWINDER_TRUNCATED_FRAME: a walk the
+ * client sent that stops before the end of the stack (WIRE_PCS_PARTIAL). */
+void unwinder_mark_truncated(struct hp_frame *frames, size_t *n, size_t max,
+                             struct unwinder_result *res);
 
 /* Makes @p publish, after every stack it unwinds without error, how to step from each
  * of its frames to the caller (where the CFI is simple enough) into the unwind table in

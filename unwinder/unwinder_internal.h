@@ -149,6 +149,7 @@ struct unwinder_process {
     uint64_t stack_ptr;
     const uint8_t *stack;
     size_t stack_len;
+    bool stack_partial;  /* memory outside the copy and the files is not read */
     unsigned fail;       /* FAIL_* (unwind_libunwind.c) during the current step */
     unsigned mem_budget; /* preads left */
     bool reparsed;

@@ -407,6 +407,48 @@ static void test_unwind_max_frames_truncates(void **state)
     assert_string_equal(g_frames[0].function_name, "ERROR MAX_FRAMES_EXCEEDED");
 }
 
+/* A copy cut short (the client's cap, or a foreign stack of unknown end): the unwind
+ * stops where the copy does, with a frame that says so, instead of reading on in the
+ * process's stack, which holds other frames by now (user trial finding 2: such samples
+ * ended in "ERROR INVALID_MAP" and counted as unwinding errors). The rules of the frames
+ * found are published as after a whole unwind. */
+static void test_unwind_bug_cut_copy_is_truncated(void **state)
+{
+    (void)state;
+    unw_test_recurse(&g_cap, 300);
+    assert_true(g_cap.len > 8192);
+    unwinder_process_t *p = self_process();
+    int fd;
+    assert_int_equal(utable_create(UTABLE_MIN_SLOTS * 16, &fd), 0);
+    assert_int_equal(unwinder_process_set_table(p, fd), 0);
+    close(fd);
+    struct unwinder_result res;
+    size_t n = 0;
+    assert_int_equal(unwinder_unwind_copy(p, g_cap.regs, g_cap.sp, g_cap.stack, 4096, true,
+                                          g_frames, UNWINDER_MAX_FRAMES, &n, &res),
+                     0);
+    dump("cut copy", g_frames, n, &res);
+    assert_true(n >= 3 && n < 300);
+    for (size_t i = 0; i + 1 < n; i++)
+        assert_exe_frame(&g_frames[i], "unw_test_recurse");
+    assert_string_equal(g_frames[n - 1].function_name, UNWINDER_TRUNCATED_FRAME);
+    assert_null(g_frames[n - 1].map);
+    assert_true(res.copy_truncated);
+    assert_false(res.error);
+    assert_false(res.truncated);
+    struct unwinder_table_stats ts;
+    unwinder_table_stats(p, &ts);
+    assert_true(ts.published >= 1);
+    /* The whole copy, partial or not, unwinds to the end. */
+    assert_int_equal(unwinder_unwind_copy(p, g_cap.regs, g_cap.sp, g_cap.stack, g_cap.len, true,
+                                          g_frames, UNWINDER_MAX_FRAMES, &n, &res),
+                     0);
+    assert_true(n >= 302);
+    assert_false(res.copy_truncated);
+    assert_false(res.error);
+    p = unwinder_process_free(p);
+}
+
 static void test_unwind_bad_arguments(void **state)
 {
     (void)state;
@@ -985,6 +1027,7 @@ int main(void)
         cmocka_unit_test(test_unwind_second_thread),
         cmocka_unit_test(test_unwind_deep_recursion),
         cmocka_unit_test(test_unwind_max_frames_truncates),
+        cmocka_unit_test(test_unwind_bug_cut_copy_is_truncated),
         cmocka_unit_test(test_unwind_bad_arguments),
         cmocka_unit_test(test_unwind_reparse_is_rate_limited),
         cmocka_unit_test(test_unwind_hostile_input_terminates),
