@@ -156,10 +156,10 @@ static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uin
     int r = -ENOENT;
     /* A copy that stops short of the stack, or of a stack not the thread's own, is not
      * completed from the process's memory: that has changed since. */
-    bool partial = (a.flags & (WIRE_ALLOC_STACK_TRUNCATED | WIRE_ALLOC_UNKNOWN_STACK)) != 0;
     if (c->unw)
-        r = unwinder_unwind_copy(c->unw, a.regs, a.stack_ptr, stack, (size_t)a.stack_len, partial,
-                                 u->frames, UNWINDER_MAX_FRAMES, &n, &res);
+        r = unwinder_unwind_copy(c->unw, a.regs, a.stack_ptr, stack, (size_t)a.stack_len,
+                                 unwinder_copy_of(a.flags), u->frames, UNWINDER_MAX_FRAMES, &n,
+                                 &res);
     if (n_pcs > 0 && r >= 0)
         audit_walk(u, c, pcs, n_pcs, n, &res);
     /* struct wire_alloc starts with the fields of a struct wire_alloc_head (wire.h). */

@@ -159,10 +159,10 @@ int unwinder__acc_access_mem(unw_addr_space_t as, unw_word_t addr, unw_word_t *v
     if (file_read(p, addr, valp, false) == 0)
         return 0;
 
-    /* A partial copy: the stack's rest, or the stack a signal handler interrupted, is in
-     * the process, but no longer as it was. Only a file's data segment (a GOT slot) is
-     * worth reading there. */
-    if (p->stack_partial) {
+    /* Past a copy of a foreign stack, or of one cut short: the rest, or the stack a signal
+     * handler interrupted, is in the process, but no longer as it was. Only a file's data
+     * segment (a GOT slot) is worth reading there. */
+    if (p->copy != UNWINDER_COPY_THREAD) {
         ssize_t i = unwinder__maps_find(&p->maps, addr);
         if (i < 0 || p->maps.v[i].path[0] != '/') {
             p->fail |= FAIL_TRUNCATED;
@@ -293,12 +293,12 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
                     const uint8_t *stack, size_t stack_len, struct hp_frame *frames,
                     size_t max_frames, size_t *ret_n, struct unwinder_result *ret_res)
 {
-    return unwinder_unwind_copy(p, regs, stack_ptr, stack, stack_len, false, frames, max_frames,
-                                ret_n, ret_res);
+    return unwinder_unwind_copy(p, regs, stack_ptr, stack, stack_len, UNWINDER_COPY_THREAD, frames,
+                                max_frames, ret_n, ret_res);
 }
 
 int unwinder_unwind_copy(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint64_t stack_ptr,
-                         const uint8_t *stack, size_t stack_len, bool partial,
+                         const uint8_t *stack, size_t stack_len, enum unwinder_copy copy,
                          struct hp_frame *frames, size_t max_frames, size_t *ret_n,
                          struct unwinder_result *ret_res)
 {
@@ -313,7 +313,8 @@ int unwinder_unwind_copy(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS],
     p->stack_ptr = stack_ptr;
     p->stack = stack;
     p->stack_len = stack_len;
-    p->stack_partial = partial;
+    p->copy = copy;
+    p->ended_at_entry = false;
     p->mem_budget = MEM_READ_BUDGET;
     p->reparsed = false;
     p->fail = 0;
@@ -385,6 +386,17 @@ int unwinder_unwind_copy(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS],
 
         p->fail = 0;
         r = unw_step(&c);
+        /* The entry trampoline of a fiber (makecontext's __start_context), pushed as the
+         * return address of its entry function: no CFI covers the byte before it, and
+         * nothing lies beyond its frame but the end of the fiber's stack. Named by where
+         * it starts, it ends the stack. */
+        if (step > 0 && !interrupted && prev_added && (p->fail & FAIL_NO_INFO) &&
+            !(p->fail & (FAIL_NO_MAP | FAIL_ELF)) && unwinder__entry_return(p, ip)) {
+            bool ignored;
+            unwinder__resolve_frame(p, ip, &frames[n - 1], &ignored);
+            p->ended_at_entry = true;
+            break;
+        }
         /* A pc in a file whose CFI is only in .debug_frame: libunwind found no unwind info
          * and guessed (frame pointer, or the end), so whatever it stepped to is not to be
          * trusted; elfutils, which reads .debug_frame, takes over from the start. */
@@ -415,9 +427,13 @@ int unwinder_unwind_copy(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS],
         unwinder__fallback_unwind(p, steps, frames, max, &n, &err, &res);
         if (!err && (p->fail & FAIL_TRUNCATED))
             err = truncated_reason;
-    } else if ((!err || err == truncated_reason) && lookups_ok) {
-        unwinder__table_publish(p);
     }
+    /* Past a copy that holds all of a foreign stack: the chain left the stack, whose
+     * memory ends there (a fiber's entry frame, which has no caller). */
+    if (err == truncated_reason && p->copy == UNWINDER_COPY_ENDS)
+        err = NULL;
+    if (!fallback && (!err || err == truncated_reason) && lookups_ok)
+        unwinder__table_publish(p);
 out:
     unwinder__sigmask_skip = false;
     /* Only hook frames and then the end: nothing a profile could use. */
@@ -431,7 +447,7 @@ out:
     p->regs = NULL;
     p->stack = NULL;
     p->stack_len = 0;
-    p->stack_partial = false;
+    p->copy = UNWINDER_COPY_THREAD;
     *ret_n = n;
     *ret_res = res;
     return 0;

@@ -68,15 +68,35 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
                     const uint8_t *stack, size_t stack_len, struct hp_frame *frames,
                     size_t max_frames, size_t *ret_n, struct unwinder_result *ret_res);
 
-/* As unwinder_unwind(), for a copy that may not hold all of the stack (@partial: the
- * client said the stack goes on past it, or that it is not the thread's own stack): the
- * process's memory outside the copy is read only where a file backs it, never its stacks
- * or heap, which have changed since the copy was taken. An unwind that needs such memory
- * ends with an UNWINDER_TRUNCATED_FRAME (res->copy_truncated) instead of whatever the
- * process holds there now; the rules of the frames found before are published as after
- * an unwind without error. */
+/* What a stack copy holds, and so what the unwind of it may read outside it. */
+enum unwinder_copy {
+    /* The thread's own stack up to its top (WIRE_ALLOC without flags): outside the copy
+     * the process's memory is read as it is now. */
+    UNWINDER_COPY_THREAD,
+    /* The stack goes on past the copy (WIRE_ALLOC_STACK_TRUNCATED: the client's cap, a
+     * foreign stack of unknown end, the stack a signal handler interrupted). */
+    UNWINDER_COPY_CUT,
+    /* A stack not the thread's own, copied up to where its memory ends
+     * (WIRE_ALLOC_UNKNOWN_STACK alone): a caller past the copy is past the stack. */
+    UNWINDER_COPY_ENDS,
+};
+
+/* The kind of copy a WIRE_ALLOC record with @flags carries. */
+static inline enum unwinder_copy unwinder_copy_of(uint32_t flags)
+{
+    if (flags & WIRE_ALLOC_STACK_TRUNCATED)
+        return UNWINDER_COPY_CUT;
+    return (flags & WIRE_ALLOC_UNKNOWN_STACK) ? UNWINDER_COPY_ENDS : UNWINDER_COPY_THREAD;
+}
+
+/* As unwinder_unwind(), for a copy of kind @copy. Past a CUT or ENDS copy the process's
+ * memory is read only where a file backs it (a GOT slot), never its stacks or heap,
+ * which have changed since the copy was taken. An unwind of a CUT copy that needs such
+ * memory ends with an UNWINDER_TRUNCATED_FRAME (res->copy_truncated) instead of whatever
+ * the process holds there now; one of an ENDS copy ends there, as at the outermost
+ * frame. The rules of the frames found are published as after an unwind without error. */
 int unwinder_unwind_copy(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint64_t stack_ptr,
-                         const uint8_t *stack, size_t stack_len, bool partial,
+                         const uint8_t *stack, size_t stack_len, enum unwinder_copy copy,
                          struct hp_frame *frames, size_t max_frames, size_t *ret_n,
                          struct unwinder_result *ret_res);
 

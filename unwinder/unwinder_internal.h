@@ -149,10 +149,11 @@ struct unwinder_process {
     uint64_t stack_ptr;
     const uint8_t *stack;
     size_t stack_len;
-    bool stack_partial;  /* memory outside the copy and the files is not read */
-    unsigned fail;       /* FAIL_* (unwind_libunwind.c) during the current step */
-    unsigned mem_budget; /* preads left */
+    enum unwinder_copy copy; /* THREAD: memory outside the copy is read from the process */
+    unsigned fail;           /* FAIL_* (unwind_libunwind.c) during the current step */
+    unsigned mem_budget;     /* preads left */
     bool reparsed;
+    bool ended_at_entry; /* the current unwind ended at an entry return (frames.c) */
 };
 
 /* ---- process.c --------------------------------------------------------------- */
@@ -193,6 +194,12 @@ bool unwinder__is_loader_frame(const struct hp_frame *f);
  * libheapprof; a pc in no known mapping gives a frame without map. */
 void unwinder__resolve_frame(struct unwinder_process *p, uint64_t pc, struct hp_frame *f,
                              bool *ret_skip);
+
+/* True when the return address @ra is the first byte of a function that no function's
+ * code precedes: not the return of a call, but a trampoline that a context switch pushed
+ * as the return address of a fiber's entry function (glibc's makecontext pushes
+ * __start_context), whose frame is the outermost one. */
+bool unwinder__entry_return(struct unwinder_process *p, uint64_t ra);
 
 /* Ends @frames (@n of at most @max) with the frame "ERROR <reason>" @err, in place of the
  * last one when full, and marks @res. */

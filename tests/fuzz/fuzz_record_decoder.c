@@ -103,9 +103,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 abort();
             size_t n = 0;
             struct unwinder_result res;
-            bool partial = (a.flags & (WIRE_ALLOC_STACK_TRUNCATED | WIRE_ALLOC_UNKNOWN_STACK)) != 0;
-            if (unwinder_unwind_copy(g_p, a.regs, a.stack_ptr, stack, a.stack_len, partial,
-                                     g_frames, UNWINDER_MAX_FRAMES, &n, &res) == 0 &&
+            if (unwinder_unwind_copy(g_p, a.regs, a.stack_ptr, stack, a.stack_len,
+                                     unwinder_copy_of(a.flags), g_frames, UNWINDER_MAX_FRAMES, &n,
+                                     &res) == 0 &&
                 (n < 1 || n > UNWINDER_MAX_FRAMES))
                 abort();
             if (n_pcs)

@@ -24,6 +24,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include "common/clock.h"
@@ -424,8 +425,9 @@ static void test_unwind_bug_cut_copy_is_truncated(void **state)
     close(fd);
     struct unwinder_result res;
     size_t n = 0;
-    assert_int_equal(unwinder_unwind_copy(p, g_cap.regs, g_cap.sp, g_cap.stack, 4096, true,
-                                          g_frames, UNWINDER_MAX_FRAMES, &n, &res),
+    assert_int_equal(unwinder_unwind_copy(p, g_cap.regs, g_cap.sp, g_cap.stack, 4096,
+                                          UNWINDER_COPY_CUT, g_frames, UNWINDER_MAX_FRAMES, &n,
+                                          &res),
                      0);
     dump("cut copy", g_frames, n, &res);
     assert_true(n >= 3 && n < 300);
@@ -439,14 +441,71 @@ static void test_unwind_bug_cut_copy_is_truncated(void **state)
     struct unwinder_table_stats ts;
     unwinder_table_stats(p, &ts);
     assert_true(ts.published >= 1);
-    /* The whole copy, partial or not, unwinds to the end. */
-    assert_int_equal(unwinder_unwind_copy(p, g_cap.regs, g_cap.sp, g_cap.stack, g_cap.len, true,
-                                          g_frames, UNWINDER_MAX_FRAMES, &n, &res),
+    /* The whole copy, cut or not, unwinds to the end. */
+    assert_int_equal(unwinder_unwind_copy(p, g_cap.regs, g_cap.sp, g_cap.stack, g_cap.len,
+                                          UNWINDER_COPY_CUT, g_frames, UNWINDER_MAX_FRAMES, &n,
+                                          &res),
                      0);
     assert_true(n >= 302);
     assert_false(res.copy_truncated);
     assert_false(res.error);
+    /* A copy of a foreign stack that ends where its memory does: the unwind ends there,
+     * without an error frame. */
+    assert_int_equal(unwinder_unwind_copy(p, g_cap.regs, g_cap.sp, g_cap.stack, 4096,
+                                          UNWINDER_COPY_ENDS, g_frames, UNWINDER_MAX_FRAMES, &n,
+                                          &res),
+                     0);
+    assert_true(n >= 2 && n < 300);
+    for (size_t i = 0; i < n; i++)
+        assert_exe_frame(&g_frames[i], "unw_test_recurse");
+    assert_false(res.copy_truncated);
+    assert_false(res.error);
     p = unwinder_process_free(p);
+}
+
+/* A ucontext fiber's stack, copied whole (its mapping ends at its top): the stack ends at
+ * glibc's __start_context, which makecontext pushes as the return address of the fiber's
+ * function (no CFI covers the byte before it), named, and without an error frame. */
+static ucontext_t g_fiber_caller, g_fiber;
+
+void unw_test_fiber_main(void);
+UNWTEST_NOINLINE void unw_test_fiber_main(void)
+{
+    unw_test_level1(&g_cap);
+    UNWTEST_BARRIER();
+}
+
+static void test_unwind_fiber_ends_at_its_entry(void **state)
+{
+    (void)state;
+    size_t size = 128u << 10;
+    char *m = mmap(NULL, size + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(m != MAP_FAILED);
+    /* Guard pages on both sides: the copy stops at the fiber's top. */
+    assert_int_equal(mprotect(m + size, 4096, PROT_NONE), 0);
+    assert_int_equal(getcontext(&g_fiber), 0);
+    g_fiber.uc_stack.ss_sp = m;
+    g_fiber.uc_stack.ss_size = size;
+    g_fiber.uc_link = &g_fiber_caller;
+    makecontext(&g_fiber, unw_test_fiber_main, 0);
+    assert_int_equal(swapcontext(&g_fiber_caller, &g_fiber), 0);
+    unwinder_process_t *p = self_process();
+    struct unwinder_result res;
+    size_t n = 0;
+    assert_int_equal(unwinder_unwind_copy(p, g_cap.regs, g_cap.sp, g_cap.stack, g_cap.len,
+                                          UNWINDER_COPY_ENDS, g_frames, UNWINDER_MAX_FRAMES, &n,
+                                          &res),
+                     0);
+    dump("fiber", g_frames, n, &res);
+    assert_int_equal(n, 5);
+    assert_exe_frame(&g_frames[0], "unw_test_level3");
+    assert_exe_frame(&g_frames[3], "unw_test_fiber_main");
+    assert_string_equal(g_frames[4].function_name, "__start_context");
+    assert_true(in_runtime(&g_frames[4]));
+    assert_false(res.error);
+    assert_false(res.copy_truncated);
+    p = unwinder_process_free(p);
+    (void)munmap(m, size + 4096);
 }
 
 static void test_unwind_bad_arguments(void **state)
@@ -1028,6 +1087,7 @@ int main(void)
         cmocka_unit_test(test_unwind_deep_recursion),
         cmocka_unit_test(test_unwind_max_frames_truncates),
         cmocka_unit_test(test_unwind_bug_cut_copy_is_truncated),
+        cmocka_unit_test(test_unwind_fiber_ends_at_its_entry),
         cmocka_unit_test(test_unwind_bad_arguments),
         cmocka_unit_test(test_unwind_reparse_is_rate_limited),
         cmocka_unit_test(test_unwind_hostile_input_terminates),
