@@ -133,7 +133,10 @@ static void hook_watch_free(struct client_session *s, void *p)
 /* pcs a walk keeps on the application's stack; a deeper walk is counted, then walked on
  * from there straight into the ring (the sampled path may run on a small fiber stack or a
  * MINSIGSTKSZ signal stack: its frames stay small). */
-#define HOOK_WALK_PCS 16
+#define HOOK_WALK_PCS 32
+/* A walk past HOOK_WALK_PCS frames is walked to its end only when the stack holds more
+ * than this: a copy of a few kilobytes costs less than walking a hundred frames twice. */
+#define HOOK_WALK_DEEP_BYTES (32u << 10)
 /* Bytes copied at most from a stack that is not the thread's own (fiber, signal stack):
  * its end is often unknown, and such a copy is only needed until walks work there. */
 #define HOOK_OTHER_STACK_MAX (64u << 10)
@@ -186,9 +189,11 @@ static HP_NOINLINE void hook_record_other(struct client_tls *t, struct client_se
         plan.may_go_on = true;
         plan.len = (size_t)n;
     }
-    /* The record keeps its length; the stack is what could be read. */
+    /* The record keeps its length; the stack is what could be read. A signal stack's
+     * frames lead to the stack the handler interrupted, which is not copied. */
     a->stack_len = (uint32_t)n;
-    if (client_stack_copied_other(&t->stack, sp, &plan, (size_t)n))
+    if (client_stack_copied_other(&t->stack, sp, &plan, (size_t)n) ||
+        plan.how == CLIENT_STACK_ALTSTACK)
         a->flags |= WIRE_ALLOC_STACK_TRUNCATED;
     if (ring_end_write(s->ring, &w))
         hook_poke(s);
@@ -227,6 +232,9 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
         client_walk_begin(&walk, &s->utable, regs, own ? end : sp + CLIENT_STACK_MAX_SPAN, own);
         int wr = client_walk_step(&walk, &s->utable, pcs, HOOK_WALK_PCS, CLIENT_WALK_MAX_FRAMES);
         rest = walk;
+        /* Many frames in a short stack: copying it is cheaper (and the stack is there). */
+        if (wr == CLIENT_WALK_MORE && own && end - sp <= HOOK_WALK_DEEP_BYTES)
+            wr = CLIENT_WALK_FAILED;
         if (wr == CLIENT_WALK_MORE)
             wr = client_walk_step(&walk, &s->utable, NULL, CLIENT_WALK_MAX_FRAMES,
                                   CLIENT_WALK_MAX_FRAMES);

@@ -15,8 +15,10 @@ static inline bool walk_read(struct client_walk *w, uint64_t addr, uint64_t *ret
         uint64_t upto = (addr + 8 + 4095) & ~(uint64_t)4095;
         if (upto > w->end || upto < addr)
             upto = w->end;
-        if (client_stack_readable(w->checked, (size_t)(upto - w->checked)) != upto - w->checked)
+        if (client_stack_readable(w->checked, (size_t)(upto - w->checked)) != upto - w->checked) {
+            w->left = true;
             return false;
+        }
         w->checked = upto;
     }
     *ret = *(const volatile uint64_t *)(uintptr_t)addr;
@@ -36,6 +38,7 @@ void client_walk_begin(struct client_walk *w, const struct utable *t, const uint
         .checked = checked ? stack_end : sp,
         .gen = utable_gen(t),
         .n = 0,
+        .left = false,
     };
 }
 
@@ -66,11 +69,12 @@ int client_walk_step(struct client_walk *w, const struct utable *t, uint64_t *pc
         if (cfa <= w->sp || cfa > w->end)
             return CLIENT_WALK_FAILED;
         uint64_t ra, bp = w->bp;
+        /* Left the readable stack: this frame was the outermost. */
         if (!walk_read(w, cfa - 8, &ra))
-            return CLIENT_WALK_FAILED;
+            return w->left ? CLIENT_WALK_DONE : CLIENT_WALK_FAILED;
         if ((rule & UTABLE_RULE_RBP_SAVED) &&
             !walk_read(w, cfa + (uint64_t)(int64_t)utable_rule_rbp_off(rule), &bp))
-            return CLIENT_WALK_FAILED;
+            return w->left ? CLIENT_WALK_DONE : CLIENT_WALK_FAILED;
         w->sp = cfa;
         w->bp = bp;
         w->pc = ra;

@@ -10,7 +10,9 @@
  * The stack is either the thread's own, [sp, end) known readable (preload/stack.h), or a
  * stack we know nothing of (a fiber's, a signal stack): then each page is checked readable
  * before the walk's first load there (client_stack_readable(), one system call per page),
- * so that no load can fault whatever the rules say.
+ * so that no load can fault whatever the rules say, and a caller whose return address
+ * would lie in an unreadable page is past the end of the stack (a fiber's entry frame has
+ * none: the service ends its unwinds of such stacks there too, UNWINDER_COPY_ENDS).
  *
  * A walk can stop after a number of frames and go on later from where it stood, so that
  * the caller needs room for only a few pcs on its stack:
@@ -44,6 +46,7 @@ struct client_walk {
     uint64_t checked;    /* unknown stack: [lo, checked) known readable; else == end */
     uint64_t gen;        /* table generation the walk uses */
     size_t n;            /* frames stored or counted so far */
+    bool left;           /* unknown stack: a read found an unreadable page */
 };
 
 /* Starts a walk from the registers of the application's frame at its allocation call
