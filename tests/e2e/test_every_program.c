@@ -62,11 +62,104 @@ static void check_sampled(const struct harm_case *c, enum harm_mode mode, const 
     rp_trace_free(t);
 }
 
+/* Every sampled stack with a frame named @fn (all of them if NULL) starts at one of @roots
+ * (NULL-terminated; the root is the first frame) and holds no error frame ("ERROR ...")
+ * but, when @label is set, that one as its root; at least one such stack, and no
+ * unwinding error in any process. */
+static void check_stacks(const char *fn, const char *const *roots, const char *label,
+                         const char *trace)
+{
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &t), 0);
+    uint64_t whole = 0, broken = 0;
+    for (size_t i = 0; i < t->n_processes; i++) {
+        const struct rp_trace_process *p = &t->processes[i];
+        for (size_t j = 0; j < p->n_callsites; j++) {
+            const struct rp_trace_callsite *cs = &p->callsites[j];
+            bool has_fn = !fn, has_error = false, rooted = false;
+            for (size_t f = 0; f < cs->n_frames; f++) {
+                const char *name = cs->frames[f].function_name;
+                has_fn |= fn && strcmp(name, fn) == 0;
+                has_error |=
+                    strncmp(name, "ERROR", 5) == 0 && !(f == 0 && label && !strcmp(name, label));
+            }
+            for (size_t r = 0; cs->n_frames && roots[r]; r++)
+                rooted |= strcmp(cs->frames[0].function_name, roots[r]) == 0;
+            if (!has_fn || !cs->alloc_count)
+                continue;
+            if (rooted && !has_error) {
+                whole += cs->alloc_count;
+                continue;
+            }
+            broken += cs->alloc_count;
+            print_message("    broken stack (%zu frames, %llu samples):", cs->n_frames,
+                          (unsigned long long)cs->alloc_count);
+            for (size_t f = 0; f < cs->n_frames && f < 8; f++)
+                print_message(" %s", cs->frames[f].function_name);
+            print_message("\n");
+        }
+        print_message("    %s: %llu unwinding errors\n", p->cmdline,
+                      (unsigned long long)p->unwinding_errors);
+        assert_int_equal(p->unwinding_errors, 0);
+    }
+    print_message("    %llu samples of %s whole, %llu not\n", (unsigned long long)whole,
+                  fn ? fn : "any function", (unsigned long long)broken);
+    assert_true(whole > 0);
+    assert_int_equal(broken, 0);
+    rp_trace_free(t);
+}
+
+/* The roots a whole stack of the main thread or of a thread has. */
+static const char *const thread_roots[] = {"_start", "clone3", NULL};
+
+/* Samples at the bottom of a 300-frame, 70 KiB recursion come out whole. */
+static void check_deep(const struct harm_case *c, enum harm_mode mode, const struct e2e_run *run,
+                       const char *trace)
+{
+    (void)c;
+    (void)run;
+    if (mode == HARM_RECORD)
+        check_stacks("deep_alloc", thread_roots, NULL, trace);
+}
+
+/* Samples on fibers come out whole: up to the fiber's entry (glibc's __start_context,
+ * which makecontext puts below the fiber's function), or up to _start for the main
+ * thread's own. */
+static void check_fibers(const struct harm_case *c, enum harm_mode mode, const struct e2e_run *run,
+                         const char *trace)
+{
+    (void)c;
+    (void)run;
+    static const char *const roots[] = {"_start", "__start_context", NULL};
+    if (mode == HARM_RECORD)
+        check_stacks("fiber_work", roots, NULL, trace);
+}
+
+/* Samples in a handler on a signal stack go up to the signal frame; the stack it
+ * interrupted is not copied, which the stack says (STACK_TRUNCATED) rather than
+ * guessing it from memory that has changed since. */
+static void check_altstack(const struct harm_case *c, enum harm_mode mode,
+                           const struct e2e_run *run, const char *trace)
+{
+    (void)c;
+    (void)run;
+    static const char *const roots[] = {"ERROR STACK_TRUNCATED", NULL};
+    if (mode == HARM_RECORD)
+        check_stacks("handler_work", roots, "ERROR STACK_TRUNCATED", trace);
+}
+
 /* ---- the cases --------------------------------------------------------------------- */
 
 static const struct harm_case harm_cases[] = {
     /* A plain program, as a reference for the harness itself. */
     {"three_sites", {"$THREE_SITES", NULL}, {NULL}, HARM_ALL, check_sampled},
+    /* ucontext fibers taking turns, and the review's A4 case: a thread's first sample on
+     * a 256 KiB fiber stack that is then unmapped and replaced by a 32 KiB one. */
+    {"fibers", {"$HARM_FIBERS", NULL}, {NULL}, HARM_ALL, check_fibers},
+    /* A signal handler allocating on a sigaltstack, a roomy one and a small one. */
+    {"altstack", {"$HARM_ALTSTACK", NULL}, {NULL}, HARM_ALL, check_altstack},
+    /* Allocations 300 frames and over 64 KiB deep: whole stacks, no error frame. */
+    {"deep_recursion", {"$HARM_DEEP", NULL}, {NULL}, HARM_ALL, check_deep},
 };
 
 /* ---- the harness ------------------------------------------------------------------- */
