@@ -121,6 +121,16 @@ void unwinder_table_reset(unwinder_process_t *p);
  * waits for a new generation before it walks again). */
 void unwinder_maps_changed(unwinder_process_t *p, bool unloaded);
 
+/* File mappings the process's maps stop showing are kept, with the file behind them,
+ * for the frames of records written before they went: a sample is taken while its
+ * code is mapped, but read here later, when the code may be unloaded. (One that another
+ * mapping now overlaps is not kept: the address belongs to the new one.) Every reread
+ * that keeps some counts one retirement: unwinder_retired_seq() is the count so far. The
+ * caller notes how far the records went when the count moved, and once it has read them
+ * all lets go of the mappings kept up to then with unwinder_retired_drop(@seq). */
+uint64_t unwinder_retired_seq(const unwinder_process_t *p);
+void unwinder_retired_drop(unwinder_process_t *p, uint64_t seq);
+
 /* Counters of the table publication, for statistics and tests. */
 struct unwinder_table_stats {
     uint64_t published; /* rules written */

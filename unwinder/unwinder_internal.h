@@ -108,6 +108,9 @@ struct pmap {
     const struct unwinder__segment *seg; /* the PT_LOAD this mapping shows */
     const struct hp_mapping *hm;
     bool elf_done, hm_done;
+    /* 0: the process shows this mapping; else it went away with that retirement and is
+     * kept for the records written before (unwinder_retired_seq()). */
+    uint64_t retired;
 };
 
 /* A frame resolved for one pc under one generation of the maps. */
@@ -134,6 +137,7 @@ struct unwinder_process {
     struct unwinder__maps maps;
     struct pmap *pm;          /* maps.n entries */
     uint32_t maps_gen;        /* bumped when the maps are reread; never 0 */
+    uint64_t retired_seq;     /* rereads that retired mappings (unwinder_retired_seq()) */
     struct pc_slot *pcs;      /* PC_CACHE_SLOTS entries */
     unsigned pc_victim;       /* round-robin replacement in a full set of pcs */
     uint64_t last_reparse_ns; /* last reread for an unknown pc */

@@ -838,6 +838,56 @@ static void test_unwind_table_reset_when_code_goes(void **state)
 /* A process that exited reads as no mappings: the periodic reread of the maps must keep
  * the old ones, or its last records (unwound after its exit) lose their names. Bug: every
  * record read after the first reread past a client's exit ended in INVALID_MAP. */
+/* A library unloaded before the records of its samples were read (the service lags, and
+ * a dlclose no longer waits for it): the reread that finds it gone keeps its mappings for
+ * those records, frames and unwind tables alike, until the caller says they are read. */
+static void test_unwind_unloaded_library_kept_until_dropped(void **state)
+{
+    (void)state;
+    static char text[1 << 20];
+    unwtest_lib_call(unw_test_lib_cb, &g_cap);
+    int maps_fd = memfd_create("maps", MFD_CLOEXEC);
+    assert_true(maps_fd >= 0);
+    set_maps(maps_fd, text, self_maps_without(NULL, text, sizeof(text)));
+    unwinder_process_t *p = NULL;
+    assert_int_equal(
+        unwinder_process_new(getpid(), maps_fd, open("/proc/self/mem", O_RDONLY | O_CLOEXEC), &p),
+        0);
+    size_t n = 0;
+    struct unwinder_result res;
+    assert_int_equal(unwinder_unwind(p, g_cap.regs, g_cap.sp, g_cap.stack, g_cap.len, g_frames,
+                                     UNWINDER_MAX_FRAMES, &n, &res),
+                     0);
+    assert_string_equal(g_frames[2].function_name, "unwtest_lib_call");
+    assert_int_equal(unwinder_retired_seq(p), 0);
+
+    /* Unloaded (as far as the maps say): still named and unwound through. */
+    set_maps(maps_fd, text, self_maps_without("libunwtest.so", text, sizeof(text)));
+    unwinder_maps_changed(p, true);
+    assert_int_equal(unwinder_retired_seq(p), 1);
+    assert_int_equal(unwinder_unwind(p, g_cap.regs, g_cap.sp, g_cap.stack, g_cap.len, g_frames,
+                                     UNWINDER_MAX_FRAMES, &n, &res),
+                     0);
+    dump("unloaded, kept", g_frames, n, &res);
+    assert_false(res.error);
+    assert_string_equal(g_frames[2].function_name, "unwtest_lib_call");
+    assert_exe_frame(&g_frames[3], "test_unwind_unloaded_library_kept_until_dropped");
+    /* Another reread keeps them (they are not new: the count stays). */
+    unwinder_maps_changed(p, false);
+    assert_int_equal(unwinder_retired_seq(p), 1);
+
+    /* Read: let go. The library's frames are unknown now. */
+    unwinder_retired_drop(p, 1);
+    assert_int_equal(unwinder_unwind(p, g_cap.regs, g_cap.sp, g_cap.stack, g_cap.len, g_frames,
+                                     UNWINDER_MAX_FRAMES, &n, &res),
+                     0);
+    dump("unloaded, dropped", g_frames, n, &res);
+    assert_true(n >= 3);
+    assert_null(g_frames[2].map);
+    assert_string_equal(g_frames[2].function_name, "");
+    p = unwinder_process_free(p);
+}
+
 static void test_unwind_bug_exited_process_keeps_maps(void **state)
 {
     (void)state;
@@ -1094,6 +1144,7 @@ int main(void)
         cmocka_unit_test(test_unwind_corrupt_elf_files),
         cmocka_unit_test(test_unwind_library_replaced_at_same_address),
         cmocka_unit_test(test_unwind_table_reset_when_code_goes),
+        cmocka_unit_test(test_unwind_unloaded_library_kept_until_dropped),
         cmocka_unit_test(test_unwind_bug_exited_process_keeps_maps),
         cmocka_unit_test(test_unwind_concurrent_processes),
         cmocka_unit_test(test_unwind_sigmask_bypass),
