@@ -150,6 +150,15 @@ struct svc_client {
      * (drain_upto() in service/unwind_thread.c). */
     uint32_t maps_changed;
     uint64_t audit_mismatches; /* audited walks that disagreed with our unwind */
+    /* Mappings the unwinder keeps after they went (unwinder_retired_seq()): the count
+     * last seen, and up to which count they may go once the ring is read up to where it
+     * ended when that count was seen (track_retired() in service/unwind_thread.c). */
+    uint64_t retired_seen;
+    uint32_t maps_ask; /* of the WIRE_MAPS_CHANGED records not acted on yet (0: none) */
+    struct {
+        uint64_t seq, mark;
+    } retired[8];
+    unsigned n_retired;
 };
 
 struct svc_client *svc__client_free(struct svc_client *c);

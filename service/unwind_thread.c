@@ -214,7 +214,35 @@ static void apply_maps_changed(struct svc_client *c)
 {
     if (c->maps_changed && c->unw)
         unwinder_maps_changed(c->unw, (c->maps_changed & WIRE_MAPS_UNLOADED) != 0);
+    /* A sample waits for this (the client loaded code it is about to sample). */
+    if (c->maps_changed && c->maps_ask)
+        ring_maps_read_done(c->ring, c->maps_ask);
     c->maps_changed = 0;
+    c->maps_ask = 0;
+}
+
+/* The unwinder keeps the mappings a reread no longer shows (an unloaded library) for the
+ * records written before they went. Which records those are is known only as a bound:
+ * every record reserved when the reread found them gone lies before the ring's end at
+ * that moment, so they go once the reader is there. Checked after every record (a load
+ * and a compare). */
+static void track_retired(struct svc_client *c)
+{
+    if (!c->unw)
+        return;
+    uint64_t seq = unwinder_retired_seq(c->unw);
+    if (seq != c->retired_seen) {
+        c->retired_seen = seq;
+        /* Full: the newest bound covers the last one's mappings too (kept longer). */
+        unsigned i = c->n_retired < HP_ARRAY_SIZE(c->retired) ? c->n_retired++ : c->n_retired - 1;
+        c->retired[i].seq = seq;
+        c->retired[i].mark = ring_mark(c->ring);
+    }
+    while (c->n_retired > 0 && ring_reached(c->ring, c->retired[0].mark)) {
+        unwinder_retired_drop(c->unw, c->retired[0].seq);
+        c->n_retired--;
+        memmove(&c->retired[0], &c->retired[1], c->n_retired * sizeof(c->retired[0]));
+    }
 }
 
 /* Reads up to @budget records, stopping at @mark (ring_mark()) if not NULL. Returns true
@@ -224,6 +252,7 @@ static bool drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned bu
 {
     if (c->flags & BK_FLAG_BUFFER_CORRUPTED)
         return false;
+
     u->clock_ns = hp_clock_ns(CLOCK_MONOTONIC);
     for (unsigned i = 0; i < budget; i++) {
         if (mark && ring_reached(c->ring, *mark))
@@ -255,6 +284,8 @@ static bool drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned bu
                 c->flags |= BK_FLAG_BUFFER_CORRUPTED;
             else
                 c->maps_changed |= SVC_MAPS_CHANGED | (mc.flags & WIRE_MAPS_UNLOADED);
+            if (mc.ask)
+                c->maps_ask = mc.ask;
             break;
         }
         case WIRE_SYNC:
@@ -265,9 +296,11 @@ static bool drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned bu
             break;
         }
         ring_end_read(c->ring, &rd);
-        /* A writer waits until we have read past it (before a dlclose): tell it now. */
+        /* A writer waits until we have read past it (WIRE_SYNC; today's clients do not
+         * send it): tell it now. */
         if (sync)
             ring_flush_read_pos(c->ring);
+        track_retired(c);
         c->records++;
         if (c->flags & BK_FLAG_BUFFER_CORRUPTED)
             return false;
@@ -277,6 +310,7 @@ static bool drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned bu
     /* Caught up: a client waiting for a new table generation after an unload is
      * released now, not at its next sample. */
     apply_maps_changed(c);
+    track_retired(c);
     return false;
 }
 

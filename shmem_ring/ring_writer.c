@@ -195,3 +195,34 @@ void ring_set_blocking(ring_t *r, bool block, uint32_t timeout_us)
     atomic_store_explicit(&r->block_timeout_us, timeout_us, memory_order_relaxed);
     atomic_store_explicit(&r->blocking, block, memory_order_relaxed);
 }
+
+uint64_t ring_ask_maps_read(ring_t *r)
+{
+    struct ring_shared *h = r->hdr;
+    if (!h)
+        return 0;
+    return atomic_fetch_add_explicit(&h->maps_asked, 1, memory_order_relaxed) + 1;
+}
+
+int ring_wait_maps_read(ring_t *r, uint64_t ask)
+{
+    struct ring_shared *h = r->hdr;
+    if (!h)
+        return -EPIPE;
+    if (!atomic_load_explicit(&r->blocking, memory_order_relaxed))
+        return -EAGAIN;
+    uint64_t deadline =
+        hp_clock_ns(CLOCK_MONOTONIC) +
+        (uint64_t)atomic_load_explicit(&r->block_timeout_us, memory_order_relaxed) * 1000u;
+    for (unsigned round = 0;; round++) {
+        /* Acquire pairs with the release store of maps_read by the reader. */
+        uint64_t done = atomic_load_explicit(&h->maps_read, memory_order_acquire);
+        if ((int32_t)((uint32_t)done - (uint32_t)ask) >= 0)
+            return 0;
+        if (atomic_load_explicit(&h->detached, memory_order_relaxed))
+            return -EPIPE;
+        if (hp_clock_ns(CLOCK_MONOTONIC) >= deadline)
+            return -ETIMEDOUT;
+        ring_block_pause(round);
+    }
+}

@@ -84,20 +84,26 @@ enum wire_type {
     WIRE_ALLOC = 1,     /* struct wire_alloc followed by stack_len bytes of stack */
     WIRE_FREE = 2,      /* struct wire_free */
     WIRE_ALLOC_PCS = 3, /* struct wire_alloc_pcs followed by n_pcs uint64_t pcs */
-    /* The client's code changed (dlopen, dlclose): struct wire_maps_changed. The service
-     * rereads the maps at once; with WIRE_MAPS_UNLOADED it also starts a new generation of
-     * the unwind table (code may be gone, and other code may come at its addresses). */
+    /* The client's code changed (objects loaded, or unloaded: WIRE_MAPS_UNLOADED), seen on
+     * its sampled path before the sample it writes next: struct wire_maps_changed. The
+     * service rereads the maps before the next sample, then answers the ask (the client
+     * may wait for it, so that the maps are read while the new code is there); with
+     * WIRE_MAPS_UNLOADED it also starts a new generation of the unwind table (code may be
+     * gone, and other code may come at its addresses). */
     WIRE_MAPS_CHANGED = 4,
-    /* No payload. The client waits until the service has read it (ring_wait_consumed):
-     * then every record before it was handled while the client's code was as it was when
-     * they were written. Sent before dlclose. */
+    /* No payload. A client may wait until the service has read it (ring_wait_consumed):
+     * then every record before it was handled. (Clients no longer send it before a
+     * dlclose, which must not wait: the service keeps the mappings it saw go instead,
+     * unwinder_retired_seq().) */
     WIRE_SYNC = 5,
 };
 
 #define WIRE_MAPS_UNLOADED (1u << 0)
 struct wire_maps_changed {
     uint32_t flags; /* WIRE_MAPS_* */
-    uint32_t reserved;
+    /* The client waits for the maps to be read for this (ring_wait_maps_read(): the low
+     * 32 bits of a ring_ask_maps_read() number); 0: nobody waits. */
+    uint32_t ask;
 };
 _Static_assert(sizeof(struct wire_maps_changed) == 8, "wire_maps_changed ABI");
 
@@ -251,9 +257,9 @@ static inline void wire_encode_free(void *dst, uint64_t seq, uint64_t addr, uint
 }
 
 /* Writes a WIRE_MAPS_CHANGED payload at @dst. */
-static inline void wire_encode_maps_changed(void *dst, uint32_t flags)
+static inline void wire_encode_maps_changed(void *dst, uint32_t flags, uint32_t ask)
 {
-    struct wire_maps_changed m = {.flags = flags, .reserved = 0};
+    struct wire_maps_changed m = {.flags = flags, .ask = ask};
     __builtin_memcpy(dst, &m, sizeof(m));
 }
 
