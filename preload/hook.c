@@ -1,8 +1,11 @@
 /* preload/hook.c: the exported malloc family and the sampled path behind it.
  *
- * Hook-safe throughout: no allocation, no stdio, no locks; system calls only on the
- * sampled path (the poke, the stack lookup once per thread) and never ones that are
- * cancellation points. errno is preserved around everything we do besides the real call.
+ * Hook-safe throughout: no allocation, no stdio, no locks of ours; system calls only on
+ * the sampled path (the poke; checks of stack pages, once per thread for its own stack,
+ * and on every sample on a stack not the thread's own, with copies of such stacks) and
+ * never ones that are cancellation points. One lock of glibc's: the loader's, for a few
+ * nanoseconds per sample (preload/dl.c says why that is safe). errno is preserved around
+ * everything we do besides the real call.
  *
  * Fast path of an allocation: one relaxed load of the interval, one TLS decrement and a
  * branch, then the real call (malloc: a tail call). Fast path of a free: one load of client_current
@@ -200,6 +203,62 @@ static HP_NOINLINE void hook_record_other(struct client_tls *t, struct client_se
     hook_watch_free(s, p);
 }
 
+/* Code loaded or unloaded since the session last looked (preload/dl.c) changes what the
+ * service must know to name frames, and what the unwind table may say. Checked before
+ * every sample's walk and record, and told in the ring before them:
+ *
+ *   loaded    WIRE_MAPS_CHANGED: the service rereads the maps before the samples that
+ *             follow. In block mode the sample waits until it has (within the block
+ *             timeout, as a sample waits for room in the ring): the new code must be seen
+ *             while it is there, since it may be unloaded before the service gets to the
+ *             records of its samples;
+ *   unloaded  WIRE_MAPS_CHANGED with WIRE_MAPS_UNLOADED, and no walk with the table until
+ *             the service started its next generation (other code may come at the
+ *             addresses whose rules the table holds).
+ *
+ * The record goes before the counts the session keeps are updated: a thread that reads
+ * the new counts in between tells too, so every sample of new code follows a record that
+ * says it came. A stack sampled now holds only code loaded when the counts were read:
+ * code unloaded later is not on it (its frames would have nowhere to return to). The
+ * service keeps the mappings it saw go for the records written before
+ * (unwinder_retired_seq()), so that dlclose() never waits. Only with a service that speaks
+ * these records (it gave us an unwind table). */
+static void hook_check_code(struct client_session *s)
+{
+    uint64_t adds, subs;
+    if (!client_dl_counts(&adds, &subs))
+        return;
+    uint64_t seen_adds = atomic_load_explicit(&s->dl_adds, memory_order_relaxed);
+    uint64_t seen_subs = atomic_load_explicit(&s->dl_subs, memory_order_relaxed);
+    if (HP_LIKELY(adds == seen_adds && subs == seen_subs))
+        return;
+    bool unloaded = subs != seen_subs, loaded = adds != seen_adds;
+    if (unloaded)
+        atomic_store_explicit(&s->walk_hold_gen, utable_gen(&s->utable), memory_order_relaxed);
+    uint64_t ask = loaded ? ring_ask_maps_read(s->ring) : 0;
+    /* Lost (full ring): the maps are reread at least every second while samples come, and
+     * a reread that finds code gone starts a new generation, which ends the hold. */
+    struct ring_wspan w;
+    bool sent = false;
+    if (ring_try_begin_write(s->ring, WIRE_MAPS_CHANGED, sizeof(struct wire_maps_changed), &w) ==
+        0) {
+        wire_encode_maps_changed(w.data, unloaded ? WIRE_MAPS_UNLOADED : 0, (uint32_t)ask);
+        (void)ring_end_write(s->ring, &w);
+        sent = true;
+    }
+    /* Two threads may both tell: the service takes a run of these as one. */
+    atomic_store_explicit(&s->dl_adds, adds, memory_order_relaxed);
+    atomic_store_explicit(&s->dl_subs, subs, memory_order_relaxed);
+    if (sent && loaded) {
+        hook_poke(s); /* a sleeping reader would not come before the timeout */
+        /* Late, or not in block mode: the service rereads the maps when it gets to the
+         * record, or for the first pc it does not know; code unloaded by then goes
+         * unnamed (its frames end in ERROR INVALID_MAP). */
+        int late = ring_wait_maps_read(s->ring, ask);
+        (void)late;
+    }
+}
+
 /* pre: client_session_enter(s) succeeded. */
 static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_session *s, void *p,
                                           size_t size, uint64_t sample_size, const uint64_t *regs)
@@ -207,6 +266,8 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
     /* The service ended the session (its socket closes next; the helper detaches). */
     if (hook_foreign_pid(s) || ring_is_detached(s->ring))
         return;
+    if (s->utable.hdr)
+        hook_check_code(s);
     uint64_t sp = regs[WIRE_REG_RSP];
     uint64_t end;
     /* The main thread's stack ends where the program's entry found it (what lies above,
@@ -375,66 +436,6 @@ uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint6
     errno = saved_errno;
     t->in_hook = false;
     return ret;
-}
-
-/* ---- dlopen and dlclose -------------------------------------------------------------
- *
- * Loading and unloading code changes what the service must know to name frames, and
- * what the unwind table may say:
- *
- *   dlopen   after it: WIRE_MAPS_CHANGED, so the service rereads the maps before the
- *            new code's first samples (its rate limit on rereads would otherwise leave
- *            a library loaded and unloaded within it unnamed);
- *   dlclose  before it: WIRE_SYNC, and a wait until the service has read it (bounded
- *            by block_client's timeout, else by CLIENT_SYNC_TIMEOUT_US),
- *            so every sample taken while the code was there is named while it still is;
- *            after it: WIRE_MAPS_CHANGED with WIRE_MAPS_UNLOADED, and no walk with the
- *            table until the service started its next generation (other code may come
- *            at the addresses whose rules the table holds).
- *
- * Only with a service that speaks these records (it gave us an unwind table). The
- * wrappers themselves, which call dlsym, are in preload/dl.c: no allocator hook reaches
- * them. */
-
-void client_dl_event(enum client_dl_event ev)
-{
-    struct client_tls *t = &client_tls;
-    if (t->in_hook)
-        return;
-    t->in_hook = true;
-    int saved_errno = errno;
-    struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
-    if (s && client_session_enter(s)) {
-        if (s->utable.hdr && !hook_foreign_pid(s)) {
-            struct ring_wspan w;
-            if (ev == CLIENT_DL_CLOSING) {
-                if (ring_try_begin_write(s->ring, WIRE_SYNC, 0, &w) == 0) {
-                    (void)ring_end_write(s->ring, &w);
-                    hook_poke(s);
-                    /* Late or gone: the samples before may then miss the code's names. */
-                    int late = ring_wait_consumed(s->ring, &w, s->sync_timeout_us);
-                    (void)late;
-                }
-            } else {
-                if (ev == CLIENT_DL_CLOSED)
-                    atomic_store_explicit(&s->walk_hold_gen, utable_gen(&s->utable),
-                                          memory_order_relaxed);
-                /* Lost (full ring): the maps are reread at least every second while
-                 * samples come, and a reread that finds code gone starts a new
-                 * generation, which ends the hold. */
-                if (ring_try_begin_write(s->ring, WIRE_MAPS_CHANGED,
-                                         sizeof(struct wire_maps_changed), &w) == 0) {
-                    wire_encode_maps_changed(w.data,
-                                             ev == CLIENT_DL_CLOSED ? WIRE_MAPS_UNLOADED : 0);
-                    (void)ring_end_write(s->ring, &w);
-                    hook_poke(s);
-                }
-            }
-        }
-        client_session_leave(s);
-    }
-    errno = saved_errno;
-    t->in_hook = false;
 }
 
 /* ---- the exported entry points ---------------------------------------------------- */
