@@ -148,6 +148,16 @@ static void check_altstack(const struct harm_case *c, enum harm_mode mode,
         check_stacks("handler_work", roots, "ERROR STACK_TRUNCATED", trace);
 }
 
+/* The plugin's samples are named, whole, although it is unloaded before the end. */
+static void check_plugin(const struct harm_case *c, enum harm_mode mode, const struct e2e_run *run,
+                         const char *trace)
+{
+    (void)c;
+    (void)run;
+    if (mode == HARM_RECORD)
+        check_stacks("plug_work", thread_roots, NULL, trace);
+}
+
 /* ---- the cases --------------------------------------------------------------------- */
 
 static const struct harm_case harm_cases[] = {
@@ -158,6 +168,12 @@ static const struct harm_case harm_cases[] = {
     {"fibers", {"$HARM_FIBERS", NULL}, {NULL}, HARM_ALL, check_fibers},
     /* A signal handler allocating on a sigaltstack, a roomy one and a small one. */
     {"altstack", {"$HARM_ALTSTACK", NULL}, {NULL}, HARM_ALL, check_altstack},
+    /* Plugin loaders (the review's A3): a plugin found through the program's DT_RUNPATH,
+     * through $ORIGIN in the name given to dlopen, and loaded into a namespace of its own
+     * (whose dlopen of a helper must stay in that namespace). */
+    {"plugins_runpath", {"$HARM_PLUGINS_RUNPATH", "runpath", NULL}, {NULL}, HARM_ALL, check_plugin},
+    {"plugins_origin", {"$HARM_PLUGINS_ORIGIN", "origin", NULL}, {NULL}, HARM_ALL, check_plugin},
+    {"plugins_dlmopen", {"$HARM_PLUGINS_ORIGIN", "dlmopen", NULL}, {NULL}, HARM_ALL, check_sampled},
     /* Allocations 300 frames and over 64 KiB deep: whole stacks, no error frame. */
     {"deep_recursion", {"$HARM_DEEP", NULL}, {NULL}, HARM_ALL, check_deep},
 };
