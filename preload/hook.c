@@ -122,6 +122,22 @@ static void hook_fill_head(struct wire_alloc_head *ret, struct client_tls *t,
     };
 }
 
+/* Reserves a sampled allocation's record of @type and @len payload bytes and fills its
+ * head. False when the ring refused it (full: a sleeping reader is poked). */
+static bool hook_begin_sample(struct client_tls *t, struct client_session *s, uint16_t type,
+                              size_t len, void *p, size_t size, uint64_t sample_size,
+                              struct ring_wspan *ret_w, struct wire_alloc_head *ret_head)
+{
+    int r = ring_try_begin_write(s->ring, type, len, ret_w);
+    if (r < 0) {
+        if (r == -EAGAIN)
+            hook_poke(s);
+        return false;
+    }
+    hook_fill_head(ret_head, t, s, p, size, sample_size);
+    return true;
+}
+
 /* Puts sampled address @p in the set free() watches. */
 static void hook_watch_free(struct client_session *s, void *p)
 {
@@ -171,14 +187,10 @@ static HP_NOINLINE void hook_record_other(struct client_tls *t, struct client_se
     struct client_stack_plan plan;
     client_stack_plan_other(&t->stack, sp, cap, &plan);
     struct ring_wspan w;
-    int r = ring_try_begin_write(s->ring, WIRE_ALLOC, wire_alloc_len(plan.len, 0), &w);
-    if (r < 0) {
-        if (r == -EAGAIN)
-            hook_poke(s);
-        return;
-    }
     struct wire_alloc_head head;
-    hook_fill_head(&head, t, s, p, size, sample_size);
+    if (!hook_begin_sample(t, s, WIRE_ALLOC, wire_alloc_len(plan.len, 0), p, size, sample_size, &w,
+                           &head))
+        return;
     struct wire_alloc *a = w.data;
     void *stack = wire_encode_alloc(a, &head, sp, plan.len, WIRE_ALLOC_UNKNOWN_STACK, regs, 0);
     ssize_t n = client_stack_copy(s->pid, stack, sp, plan.len);
@@ -304,16 +316,11 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
     }
     ring_t *ring = s->ring;
     struct ring_wspan w;
-    int r;
+    struct wire_alloc_head head;
     if (n_pcs > 0 && !audit) {
-        r = ring_try_begin_write(ring, WIRE_ALLOC_PCS, wire_alloc_pcs_len(n_pcs), &w);
-        if (r < 0) {
-            if (r == -EAGAIN)
-                hook_poke(s);
+        if (!hook_begin_sample(t, s, WIRE_ALLOC_PCS, wire_alloc_pcs_len(n_pcs), p, size,
+                               sample_size, &w, &head))
             return;
-        }
-        struct wire_alloc_head head;
-        hook_fill_head(&head, t, s, p, size, sample_size);
         uint64_t *dst = wire_encode_alloc_pcs(w.data, &head, n_pcs, 0);
         size_t put = hook_put_pcs(dst, pcs, n_pcs, &rest, &s->utable);
         if (put != n_pcs)
@@ -335,15 +342,9 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
         flags |= WIRE_ALLOC_STACK_TRUNCATED;
     }
     size_t n_audit = audit ? n_pcs : 0;
-    r = ring_try_begin_write(ring, WIRE_ALLOC, wire_alloc_len(len, n_audit), &w);
-    if (r < 0) {
-        /* Full: make sure a sleeping reader hears about it. */
-        if (r == -EAGAIN)
-            hook_poke(s);
+    if (!hook_begin_sample(t, s, WIRE_ALLOC, wire_alloc_len(len, n_audit), p, size, sample_size, &w,
+                           &head))
         return;
-    }
-    struct wire_alloc_head head;
-    hook_fill_head(&head, t, s, p, size, sample_size);
     void *stack = wire_encode_alloc(w.data, &head, sp, len, flags, regs, n_audit);
     hook_copy_stack(stack, (const void *)(uintptr_t)sp, (size_t)len);
     if (n_audit &&

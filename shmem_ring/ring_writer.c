@@ -163,18 +163,17 @@ bool ring_end_write(ring_t *r, struct ring_wspan *w)
            RING_READER_AWAKE;
 }
 
-int ring_wait_consumed(ring_t *r, const struct ring_wspan *w, uint32_t timeout_us)
+/* Waits until the reader's counter @at has reached @target, compared on its low @bits
+ * bits (wrap-around safe), for at most @timeout_us. 0, -ETIMEDOUT, or -EPIPE when the
+ * reader detached. */
+static int ring_wait_reader(struct ring_shared *h, const _Atomic uint64_t *at, uint64_t target,
+                            unsigned bits, uint64_t timeout_us)
 {
-    struct ring_shared *h = r->hdr;
-    if (!h)
-        return -EPIPE;
-    /* The reader's position only stops at record boundaries, so past the record's
-     * start means past the record (whose bytes other writers may reuse by now). */
-    uint64_t deadline = hp_clock_ns(CLOCK_MONOTONIC) + (uint64_t)timeout_us * 1000u;
+    uint64_t deadline = hp_clock_ns(CLOCK_MONOTONIC) + timeout_us * 1000u;
     for (unsigned round = 0;; round++) {
-        /* Acquire pairs with the release store of read_pos by the reader. */
-        uint64_t rp = atomic_load_explicit(&h->read_pos, memory_order_acquire);
-        if ((int64_t)(rp - w->pos) > 0)
+        /* Acquire pairs with the reader's release store of the counter. */
+        uint64_t v = atomic_load_explicit(at, memory_order_acquire);
+        if ((int64_t)((v - target) << (64 - bits)) >= 0)
             return 0;
         if (atomic_load_explicit(&h->detached, memory_order_relaxed))
             return -EPIPE;
@@ -182,6 +181,16 @@ int ring_wait_consumed(ring_t *r, const struct ring_wspan *w, uint32_t timeout_u
             return -ETIMEDOUT;
         ring_block_pause(round);
     }
+}
+
+int ring_wait_consumed(ring_t *r, const struct ring_wspan *w, uint32_t timeout_us)
+{
+    struct ring_shared *h = r->hdr;
+    if (!h)
+        return -EPIPE;
+    /* The reader's position only stops at record boundaries, so past the record's
+     * start means past the record (whose bytes other writers may reuse by now). */
+    return ring_wait_reader(h, &h->read_pos, w->pos + 1, 64, timeout_us);
 }
 
 bool ring_is_detached(ring_t *r)
@@ -211,18 +220,6 @@ int ring_wait_maps_read(ring_t *r, uint64_t ask)
         return -EPIPE;
     if (!atomic_load_explicit(&r->blocking, memory_order_relaxed))
         return -EAGAIN;
-    uint64_t deadline =
-        hp_clock_ns(CLOCK_MONOTONIC) +
-        (uint64_t)atomic_load_explicit(&r->block_timeout_us, memory_order_relaxed) * 1000u;
-    for (unsigned round = 0;; round++) {
-        /* Acquire pairs with the release store of maps_read by the reader. */
-        uint64_t done = atomic_load_explicit(&h->maps_read, memory_order_acquire);
-        if ((int32_t)((uint32_t)done - (uint32_t)ask) >= 0)
-            return 0;
-        if (atomic_load_explicit(&h->detached, memory_order_relaxed))
-            return -EPIPE;
-        if (hp_clock_ns(CLOCK_MONOTONIC) >= deadline)
-            return -ETIMEDOUT;
-        ring_block_pause(round);
-    }
+    return ring_wait_reader(h, &h->maps_read, ask, 32,
+                            atomic_load_explicit(&r->block_timeout_us, memory_order_relaxed));
 }

@@ -111,51 +111,37 @@ static void check_stacks(const char *fn, const char *const *roots, const char *l
 
 /* The roots a whole stack of the main thread or of a thread has. */
 static const char *const thread_roots[] = {"_start", "clone3", NULL};
+/* Fibers end at their entry (glibc's __start_context, which makecontext puts below the
+ * fiber's function); the main thread's stacks at _start. */
+static const char *const fiber_roots[] = {"_start", "__start_context", NULL};
+/* A handler on a signal stack: up to the signal frame; the stack it interrupted is not
+ * copied, which the stack says rather than guessing it from memory changed since. */
+static const char *const altstack_roots[] = {"ERROR STACK_TRUNCATED", NULL};
 
-/* Samples at the bottom of a 300-frame, 70 KiB recursion come out whole. */
-static void check_deep(const struct harm_case *c, enum harm_mode mode, const struct e2e_run *run,
-                       const char *trace)
-{
-    (void)c;
-    (void)run;
-    if (mode == HARM_RECORD)
-        check_stacks("deep_alloc", thread_roots, NULL, trace);
-}
+/* The cases whose recorded stacks through @fn must come out whole (check_whole()): the
+ * root one of @roots (NULL: thread_roots), no error frame but @label as the root. */
+static const struct whole_spec {
+    const char *name, *fn;
+    const char *const *roots;
+    const char *label;
+} whole_specs[] = {
+    {"fibers", "fiber_work", fiber_roots, NULL},
+    {"altstack", "handler_work", altstack_roots, "ERROR STACK_TRUNCATED"},
+    {"plugins_runpath", "plug_work", NULL, NULL},
+    {"plugins_origin", "plug_work", NULL, NULL},
+    {"deep_recursion", "deep_alloc", NULL, NULL},
+};
 
-/* Samples on fibers come out whole: up to the fiber's entry (glibc's __start_context,
- * which makecontext puts below the fiber's function), or up to _start for the main
- * thread's own. */
-static void check_fibers(const struct harm_case *c, enum harm_mode mode, const struct e2e_run *run,
-                         const char *trace)
+static void check_whole(const struct harm_case *c, enum harm_mode mode, const struct e2e_run *run,
+                        const char *trace)
 {
-    (void)c;
     (void)run;
-    static const char *const roots[] = {"_start", "__start_context", NULL};
-    if (mode == HARM_RECORD)
-        check_stacks("fiber_work", roots, NULL, trace);
-}
-
-/* Samples in a handler on a signal stack go up to the signal frame; the stack it
- * interrupted is not copied, which the stack says (STACK_TRUNCATED) rather than
- * guessing it from memory that has changed since. */
-static void check_altstack(const struct harm_case *c, enum harm_mode mode,
-                           const struct e2e_run *run, const char *trace)
-{
-    (void)c;
-    (void)run;
-    static const char *const roots[] = {"ERROR STACK_TRUNCATED", NULL};
-    if (mode == HARM_RECORD)
-        check_stacks("handler_work", roots, "ERROR STACK_TRUNCATED", trace);
-}
-
-/* The plugin's samples are named, whole, although it is unloaded before the end. */
-static void check_plugin(const struct harm_case *c, enum harm_mode mode, const struct e2e_run *run,
-                         const char *trace)
-{
-    (void)c;
-    (void)run;
-    if (mode == HARM_RECORD)
-        check_stacks("plug_work", thread_roots, NULL, trace);
+    for (size_t i = 0; mode == HARM_RECORD && i < sizeof(whole_specs) / sizeof(whole_specs[0]);
+         i++) {
+        const struct whole_spec *w = &whole_specs[i];
+        if (!strcmp(w->name, c->name))
+            check_stacks(w->fn, w->roots ? w->roots : thread_roots, w->label, trace);
+    }
 }
 
 /* ---- the cases --------------------------------------------------------------------- */
@@ -165,17 +151,17 @@ static const struct harm_case harm_cases[] = {
     {"three_sites", {"$THREE_SITES", NULL}, {NULL}, HARM_ALL, check_sampled},
     /* ucontext fibers taking turns, and the review's A4 case: a thread's first sample on
      * a 256 KiB fiber stack that is then unmapped and replaced by a 32 KiB one. */
-    {"fibers", {"$HARM_FIBERS", NULL}, {NULL}, HARM_ALL, check_fibers},
+    {"fibers", {"$HARM_FIBERS", NULL}, {NULL}, HARM_ALL, check_whole},
     /* A signal handler allocating on a sigaltstack, a roomy one and a small one. */
-    {"altstack", {"$HARM_ALTSTACK", NULL}, {NULL}, HARM_ALL, check_altstack},
+    {"altstack", {"$HARM_ALTSTACK", NULL}, {NULL}, HARM_ALL, check_whole},
     /* Plugin loaders (the review's A3): a plugin found through the program's DT_RUNPATH,
      * through $ORIGIN in the name given to dlopen, and loaded into a namespace of its own
      * (whose dlopen of a helper must stay in that namespace). */
-    {"plugins_runpath", {"$HARM_PLUGINS_RUNPATH", "runpath", NULL}, {NULL}, HARM_ALL, check_plugin},
-    {"plugins_origin", {"$HARM_PLUGINS_ORIGIN", "origin", NULL}, {NULL}, HARM_ALL, check_plugin},
+    {"plugins_runpath", {"$HARM_PLUGINS_RUNPATH", "runpath", NULL}, {NULL}, HARM_ALL, check_whole},
+    {"plugins_origin", {"$HARM_PLUGINS_ORIGIN", "origin", NULL}, {NULL}, HARM_ALL, check_whole},
     {"plugins_dlmopen", {"$HARM_PLUGINS_ORIGIN", "dlmopen", NULL}, {NULL}, HARM_ALL, check_sampled},
     /* Allocations 300 frames and over 64 KiB deep: whole stacks, no error frame. */
-    {"deep_recursion", {"$HARM_DEEP", NULL}, {NULL}, HARM_ALL, check_deep},
+    {"deep_recursion", {"$HARM_DEEP", NULL}, {NULL}, HARM_ALL, check_whole},
 };
 
 /* ---- the harness ------------------------------------------------------------------- */

@@ -149,17 +149,30 @@ static void test_faults_service_killed_at_random(void **state)
     e2e_daemon_remove_files(&d);
 }
 
+/* Starts heapprofd profiling every new process exactly (-i 1), blocking clients up to
+ * @block_timeout_us. */
+static void launch_exact(struct e2e_daemon *d, const char *tag, const char *block_timeout_us)
+{
+    e2e_daemon_prepare(d, tag);
+    const char *args[] = {"--all",
+                          "--no-running",
+                          "-i",
+                          "1",
+                          "--block-client",
+                          "--block-timeout-us",
+                          block_timeout_us,
+                          NULL};
+    e2e_daemon_launch(d, args);
+    track(d->pid);
+}
+
 /* ---- a target dies --------------------------------------------------------------- */
 
 static void test_faults_target_killed_next_to_another(void **state)
 {
     (void)state;
     struct e2e_daemon d;
-    e2e_daemon_prepare(&d, "faults");
-    const char *args[] = {"--all",          "--no-running",       "-i",       "1",
-                          "--block-client", "--block-timeout-us", "30000000", NULL};
-    e2e_daemon_launch(&d, args);
-    track(d.pid);
+    launch_exact(&d, "faults", "30000000");
     char out[300];
     snprintf(out, sizeof(out), "%s/good.txt", d.dir);
     char *victim_prog[] = {(char *)e2e_env("WORKER"), "busy", "5000", NULL};
@@ -281,11 +294,7 @@ static void test_faults_bug_dlclose_waits_for_stopped_service(void **state)
 {
     (void)state;
     struct e2e_daemon d;
-    e2e_daemon_prepare(&d, "dlstop");
-    const char *args[] = {"--all",          "--no-running",       "-i",      "1",
-                          "--block-client", "--block-timeout-us", "2000000", NULL};
-    e2e_daemon_launch(&d, args);
-    track(d.pid);
+    launch_exact(&d, "dlstop", "2000000");
     char ready[300], go[300], out[300];
     snprintf(ready, sizeof(ready), "%s/ready", d.dir);
     snprintf(go, sizeof(go), "%s/go", d.dir);
@@ -331,11 +340,7 @@ enum expect { EXPECT_CORRUPT, EXPECT_REJECTED, EXPECT_DISCONNECTED, EXPECT_NO_HE
 static void hostile(const char *mode, enum expect expect)
 {
     struct e2e_daemon d;
-    e2e_daemon_prepare(&d, "faults");
-    const char *args[] = {"--all",          "--no-running",       "-i",       "1",
-                          "--block-client", "--block-timeout-us", "30000000", NULL};
-    e2e_daemon_launch(&d, args);
-    track(d.pid);
+    launch_exact(&d, "faults", "30000000");
     char hout[300], gout[300];
     snprintf(hout, sizeof(hout), "%s/hostile.txt", d.dir);
     snprintf(gout, sizeof(gout), "%s/good.txt", d.dir);

@@ -18,8 +18,9 @@
 
 #include "tests/e2e/e2e_util.h"
 
-static char *record(const char *interval, const char *seed, char *const prog_argv[],
-                    struct e2e_run *run)
+/* Runs `heapprof record -o TRACE OPTS... -- PROG...` (@opts NULL-terminated); returns the
+ * trace's path (malloc'd). */
+static char *record_with(const char *const opts[], char *const prog_argv[], struct e2e_run *run)
 {
     char *trace = e2e_tmp_path(".pftrace");
     char *argv[64];
@@ -28,18 +29,21 @@ static char *record(const char *interval, const char *seed, char *const prog_arg
     argv[k++] = "record";
     argv[k++] = "-o";
     argv[k++] = trace;
-    argv[k++] = "-i";
-    argv[k++] = (char *)interval;
-    if (seed) {
-        argv[k++] = "--seed";
-        argv[k++] = (char *)seed;
-    }
+    for (size_t i = 0; opts[i] && k < 40; i++)
+        argv[k++] = (char *)opts[i];
     argv[k++] = "--";
     for (size_t i = 0; prog_argv[i] && k < 63; i++)
         argv[k++] = prog_argv[i];
     argv[k] = NULL;
     assert_int_equal(e2e_run(argv, NULL, run), 0);
     return trace;
+}
+
+static char *record(const char *interval, const char *seed, char *const prog_argv[],
+                    struct e2e_run *run)
+{
+    const char *opts[] = {"-i", interval, seed ? "--seed" : NULL, seed, NULL};
+    return record_with(opts, prog_argv, run);
 }
 
 static struct rp_trace *load(const char *trace)
@@ -323,27 +327,11 @@ static void test_record_dlclose_resets_walks(void **state)
     char *prog[] = {(char *)e2e_env("DLLOOP"), (char *)e2e_env("DLLOOP_LIB_A"),
                     (char *)e2e_env("DLLOOP_LIB_B"), "12", NULL};
     for (int audit = 1; audit >= 0; audit--) {
-        char *trace = e2e_tmp_path(".pftrace");
-        char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"),
-                        "record",
-                        "--top",
-                        "0",
-                        "-o",
-                        trace,
-                        "-i",
-                        "1",
-                        "--audit-every",
-                        audit ? "1" : "1024",
-                        "--block-timeout-us",
-                        "60000000",
-                        "--",
-                        prog[0],
-                        prog[1],
-                        prog[2],
-                        prog[3],
-                        NULL};
+        const char *opts[] = {
+            "--top",    "0", "-i", "1", "--audit-every", audit ? "1" : "1024", "--block-timeout-us",
+            "60000000", NULL};
         struct e2e_run run;
-        assert_int_equal(e2e_run(argv, NULL, &run), 0);
+        char *trace = record_with(opts, prog, &run);
         assert_int_equal(run.status, 0);
         long long samples = e2e_number_before(run.err, " samples (");
         long long walked = e2e_number_before(run.err, " walked in the app");
@@ -425,27 +413,11 @@ static void test_record_bug_gcc_deep_stacks(void **state)
     write_big_c(src, 120);
     const char *intervals[] = {"4096", "256"};
     for (size_t k = 0; k < 2; k++) {
-        char *trace = e2e_tmp_path(".pftrace");
-        char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"),
-                        "record",
-                        "--top",
-                        "0",
-                        "-o",
-                        trace,
-                        "-i",
-                        (char *)intervals[k],
-                        "--audit-every",
-                        k ? "1" : "1024",
-                        "--",
-                        "gcc",
-                        "-O2",
-                        "-c",
-                        src,
-                        "-o",
-                        obj,
-                        NULL};
+        const char *opts[] = {"--top",          "0", "-i", intervals[k], "--audit-every",
+                              k ? "1" : "1024", NULL};
+        char *gcc[] = {"gcc", "-O2", "-c", src, "-o", obj, NULL};
         struct e2e_run run;
-        assert_int_equal(e2e_run(argv, NULL, &run), 0);
+        char *trace = record_with(opts, gcc, &run);
         const char *line = strstr(run.err, "heapprof: ");
         print_message("  -i %s: %.*s", intervals[k],
                       line ? (int)(strchr(line, '\n') - line + 1) : 0, line ? line : "");
