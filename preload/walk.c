@@ -5,21 +5,23 @@
 #include "shmem_ring/wire.h"
 
 /* A word of the stack at @addr, when [addr, addr + 8) lies in [lo, end) and, on a stack
- * we do not know, in pages checked readable (checking the next ones as needed). */
-static inline bool walk_read(struct client_walk *w, uint64_t addr, uint64_t *ret)
+ * we do not know, in pages checked readable (checking the next ones as needed: *checked
+ * grows; *left is set when a page is unreadable). */
+static inline bool walk_read(uint64_t addr, uint64_t lo, uint64_t end, uint64_t *checked,
+                             bool *left, uint64_t *ret)
 {
-    if (addr < w->lo || addr > w->end - 8 || (addr & 7) != 0)
+    if (addr < lo || addr > end - 8 || (addr & 7) != 0)
         return false;
-    if (addr + 8 > w->checked) {
+    if (addr + 8 > *checked) {
         /* The pages from the first unchecked one to the one holding the word. */
         uint64_t upto = (addr + 8 + 4095) & ~(uint64_t)4095;
-        if (upto > w->end || upto < addr)
-            upto = w->end;
-        if (client_stack_readable(w->checked, (size_t)(upto - w->checked)) != upto - w->checked) {
-            w->left = true;
+        if (upto > end || upto < addr)
+            upto = end;
+        if (client_stack_readable(*checked, (size_t)(upto - *checked)) != upto - *checked) {
+            *left = true;
             return false;
         }
-        w->checked = upto;
+        *checked = upto;
     }
     *ret = *(const volatile uint64_t *)(uintptr_t)addr;
     return true;
@@ -45,43 +47,70 @@ void client_walk_begin(struct client_walk *w, const struct utable *t, const uint
 int client_walk_step(struct client_walk *w, const struct utable *t, uint64_t *pcs, size_t cap,
                      size_t max)
 {
-    if (w->gen == 0 || w->end <= w->lo || w->end - w->lo < 8)
+    /* In locals: the stores to @pcs could otherwise alias them, every frame. */
+    uint64_t pc = w->pc, sp = w->sp, bp = w->bp, checked = w->checked;
+    const uint64_t lo = w->lo, end = w->end, gen = w->gen;
+    size_t n = w->n;
+    bool left = w->left;
+    int r;
+    if (gen == 0 || end <= lo || end - lo < 8)
         return CLIENT_WALK_FAILED;
     for (size_t k = 0;; k++) {
-        if (w->n >= max)
-            return CLIENT_WALK_FAILED;
-        if (k == cap)
-            return CLIENT_WALK_MORE;
+        if (n >= max) {
+            r = CLIENT_WALK_FAILED;
+            break;
+        }
+        if (k == cap) {
+            r = CLIENT_WALK_MORE;
+            break;
+        }
         if (pcs)
-            pcs[k] = w->pc;
+            pcs[k] = pc;
         uint64_t rule;
         /* The innermost frame's row is at its pc; a caller's at its return address - 1
          * (inside the call: after a call to a noreturn function the return address may
          * already belong to the next function). */
-        if (!utable_lookup(t, w->gen, w->n == 0 ? w->pc : w->pc - 1, &rule))
-            return CLIENT_WALK_FAILED;
-        w->n++;
-        if (rule & UTABLE_RULE_OUTERMOST)
-            return CLIENT_WALK_DONE;
-        uint64_t cfa = ((rule & UTABLE_RULE_CFA_RBP) ? w->bp : w->sp) +
-                       (uint64_t)(int64_t)utable_rule_cfa_off(rule);
+        if (!utable_lookup(t, gen, n == 0 ? pc : pc - 1, &rule)) {
+            r = CLIENT_WALK_FAILED;
+            break;
+        }
+        n++;
+        if (rule & UTABLE_RULE_OUTERMOST) {
+            r = CLIENT_WALK_DONE;
+            break;
+        }
+        uint64_t cfa =
+            ((rule & UTABLE_RULE_CFA_RBP) ? bp : sp) + (uint64_t)(int64_t)utable_rule_cfa_off(rule);
         /* The caller's frame lies above ours: the CFA moves up, within the stack. */
-        if (cfa <= w->sp || cfa > w->end)
-            return CLIENT_WALK_FAILED;
-        uint64_t ra, bp = w->bp;
-        /* Left the readable stack: this frame was the outermost. */
-        if (!walk_read(w, cfa - 8, &ra))
-            return w->left ? CLIENT_WALK_DONE : CLIENT_WALK_FAILED;
-        if ((rule & UTABLE_RULE_RBP_SAVED) &&
-            !walk_read(w, cfa + (uint64_t)(int64_t)utable_rule_rbp_off(rule), &bp))
-            return w->left ? CLIENT_WALK_DONE : CLIENT_WALK_FAILED;
-        w->sp = cfa;
-        w->bp = bp;
-        w->pc = ra;
+        if (cfa <= sp || cfa > end) {
+            r = CLIENT_WALK_FAILED;
+            break;
+        }
+        uint64_t ra, next_bp = bp;
+        /* Left the readable stack (an unknown one): this frame was the outermost. */
+        if (!walk_read(cfa - 8, lo, end, &checked, &left, &ra) ||
+            ((rule & UTABLE_RULE_RBP_SAVED) &&
+             !walk_read(cfa + (uint64_t)(int64_t)utable_rule_rbp_off(rule), lo, end, &checked,
+                        &left, &next_bp))) {
+            r = left ? CLIENT_WALK_DONE : CLIENT_WALK_FAILED;
+            break;
+        }
+        sp = cfa;
+        bp = next_bp;
+        pc = ra;
         /* A zero return address ends a stack (some thread entry points push one). */
-        if (ra == 0)
-            return CLIENT_WALK_DONE;
+        if (ra == 0) {
+            r = CLIENT_WALK_DONE;
+            break;
+        }
     }
+    w->pc = pc;
+    w->sp = sp;
+    w->bp = bp;
+    w->checked = checked;
+    w->n = n;
+    w->left = left;
+    return r;
 }
 
 size_t client_walk(const struct utable *t, const uint64_t *regs, uint64_t stack_end, uint64_t *pcs,
