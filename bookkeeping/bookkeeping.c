@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,10 @@ int bk_new(const struct bk_config *cfg, bk_t **ret)
     bk->source_line = cfg->source_line;
     bk->source_line_ctx = cfg->source_line_ctx;
     bk->max_packet_bytes = BK_MAX_PACKET_BYTES;
+    if (cfg->sink) {
+        bk->has_sink = true;
+        bk->sink = *cfg->sink;
+    }
     hp_map_init(&bk->proc_index, sizeof(uint64_t));
     int r = bk__intern_init(&bk->in);
     if (r < 0) {
@@ -28,7 +33,9 @@ int bk_new(const struct bk_config *cfg, bk_t **ret)
         free(bk);
         return r;
     }
-    r = bk__write_start(bk);
+    /* A sink's sequence starts with its first packet (nothing may be written now). */
+    bk->needs_reset = bk->has_sink;
+    r = bk->has_sink ? 0 : bk__write_start(bk);
     if (r < 0) {
         bk_free(bk);
         return r;
@@ -143,6 +150,7 @@ int bk_process_start(bk_t *bk, int32_t pid, const char *cmdline, size_t cmdline_
     p->pid = pid;
     p->from_startup = from_startup;
     p->sampling_interval_bytes = sampling_interval_bytes;
+    p->log_keep = sampling_interval_bytes > 1 ? log1p(-1.0 / (double)sampling_interval_bytes) : 0;
     p->next_seq = 1;
     p->cmdline = malloc(cmdline_len + 1);
     if (!p->cmdline || !heap_get(bk, p, 0)) {
@@ -272,20 +280,26 @@ static void live_remove(struct bk_heap *h, uint64_t addr, struct bk_live *l)
 static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
 {
     int64_t site = site_get(h, r->callstack);
-    if (site < 0)
+    if (site < 0) {
+        bk->counters.dropped_records++;
         return;
+    }
     uint32_t si = (uint32_t)site;
     struct bk_site *s = &h->sites[si];
     struct bk_live *live;
+    /* -ENOSPC (an address the keyed live table cannot place) or -ENOMEM: dropped. */
     int found = hp_map_put(&h->live, r->addr, (void **)&live);
-    if (found < 0)
+    if (found < 0) {
+        bk->counters.dropped_records++;
         return;
+    }
     if (found == 0) {
         if (live->seq > r->seq) {
             /* A late record: the address was reused by a newer allocation, so this
              * one was freed in between (its free, seen first, was an unknown free). */
             s->allocated += r->size;
             s->alloc_count++;
+            s->est_allocs += r->weight;
             s->freed += r->size;
             s->free_count++;
             return;
@@ -299,6 +313,7 @@ static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
         uint64_t *big;
         if (hp_map_put(&h->big_sizes, r->addr, (void **)&big) < 0) {
             hp_map_remove(&h->live, r->addr);
+            bk->counters.dropped_records++;
             return;
         }
         *big = r->size;
@@ -308,6 +323,7 @@ static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
     site_touch(h, si);
     s->allocated += r->size;
     s->alloc_count++;
+    s->est_allocs += r->weight;
     h->live_total += r->size;
     *live = (struct bk_live){.seq = r->seq, .site = si, .size = small};
     if (h->live_total > h->peak_total)
@@ -453,23 +469,37 @@ void bk__flush_pending(bk_t *bk, struct bk_proc *p)
     bk__flush_ready(bk, p);
 }
 
+/* The allocations a sampled one of @size bytes stands for, in BK_WEIGHT_ONE units:
+ * 1 / P(sampled). The client picks each byte with probability 1 / interval and records
+ * every allocation of at least the interval, so P = 1 - (1 - 1/interval)^size below it
+ * (the Horvitz-Thompson weight; Go's runtime scales its heap profiles the same way). */
+static uint32_t alloc_weight(const struct bk_proc *p, uint64_t size)
+{
+    if (size >= p->sampling_interval_bytes || p->log_keep == 0 || size == 0)
+        return BK_WEIGHT_ONE;
+    double w = -1.0 / expm1((double)size * p->log_keep) * BK_WEIGHT_ONE + 0.5;
+    return w < (double)UINT32_MAX ? (uint32_t)w : UINT32_MAX;
+}
+
 void bk_record_alloc(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint64_t addr,
                      uint64_t size, uint64_t sample_size, const struct hp_frame *frames,
                      size_t n_frames)
 {
-    (void)size; /* the real size is not reported; sample_size is the unbiased estimate */
     struct bk_proc *p = bk__find_proc(bk, pid);
     if (!p)
         return;
     uint32_t cs;
-    if (bk__intern_stack(&bk->in, frames, n_frames, &cs) < 0)
+    if (bk__intern_stack(&bk->in, frames, n_frames, &cs) < 0) {
+        bk->counters.dropped_records++;
         return;
+    }
     struct bk_pending r = {.seq = seq,
                            .addr = addr,
                            .size = sample_size,
                            .callstack = cs,
                            .heap_id = heap_id,
-                           .kind = BK_REC_ALLOC};
+                           .kind = BK_REC_ALLOC,
+                           .weight = alloc_weight(p, size)};
     submit(bk, p, &r);
 }
 
@@ -510,6 +540,9 @@ int bk_dump_all(bk_t *bk)
     for (size_t i = 0; i < bk->n_procs && r >= 0; i++) {
         bk__flush_pending(bk, bk->procs[i]);
         r = bk__dump_proc(bk, bk->procs[i]);
+        /* A full sink dropped that dump: the next process's starts the sequence over. */
+        if (r == -ENOBUFS && i + 1 < bk->n_procs)
+            r = 0;
     }
     return r;
 }
@@ -530,9 +563,14 @@ int bk_process_end(bk_t *bk, int32_t pid, const struct bk_process_stats *stats, 
 
 void bk_get_counters(bk_t *bk, struct bk_counters *ret)
 {
-    for (size_t i = 0; i < bk->n_procs; i++)
+    uint64_t live = 0;
+    for (size_t i = 0; i < bk->n_procs; i++) {
         bk__flush_ready(bk, bk->procs[i]);
+        for (size_t k = 0; k < bk->procs[i]->n_heaps; k++)
+            live += bk->procs[i]->heaps[k]->live_total;
+    }
     *ret = bk->counters;
+    ret->live_bytes = live;
 }
 
 void bk__set_max_packet_bytes(bk_t *bk, size_t n)

@@ -26,16 +26,35 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "common/frame.h"
 #include "common/macros.h"
 
 typedef struct bk bk_t;
 
+/* Where TracePackets go instead of a file: a writer of Perfetto's tracing service
+ * (traced), which frames the packets and stamps their sequence itself. Packets written
+ * to a sink carry no trusted_packet_sequence_id (traced rejects packets that do) and no
+ * clock snapshots (traced writes its own); the sequence's first packet sets
+ * first_packet_on_sequence. */
+struct bk_sink {
+    /* Writes one TracePacket of @len bytes given in @n (at most 4) pieces. Returns 0;
+     * -ENOBUFS when the packet was dropped (the sink is full): the next packet restarts
+     * the sequence's interned data and the dump in progress is abandoned; any other
+     * -errno breaks the output for good. */
+    int (*write_packet)(void *ctx, const struct iovec *iov, int n, size_t len);
+    /* True, once, when the reader asked for the interned data again (traced's
+     * ClearIncrementalState); checked before each dump. May be NULL. */
+    bool (*take_clear_request)(void *ctx);
+    void *ctx;
+};
+
 struct bk_config {
-    int out_fd;           /* borrowed; TracePackets are appended with write(2) */
-    uint32_t sequence_id; /* trusted_packet_sequence_id, non-zero; 0 means 1 */
-    bool dump_at_max;     /* dumps show self_max/self_max_count at the peak */
+    int out_fd;                 /* borrowed; TracePackets are appended with write(2) */
+    const struct bk_sink *sink; /* non-NULL: packets go there, not to out_fd (copied) */
+    uint32_t sequence_id;       /* trusted_packet_sequence_id, non-zero; 0 means 1 */
+    bool dump_at_max;           /* dumps show self_max/self_max_count at the peak */
     /* Source file and line of the code at @rel_pc in @m, for Perfetto ModuleSymbols
      * packets (the UI shows them with the frames). Called lazily, once per unique frame,
      * by the dump that first writes the frame. Returns 0 with *ret_file (borrowed until
@@ -51,6 +70,12 @@ struct bk_config {
 #define BK_FLAG_BUFFER_CORRUPTED (1u << 2)
 #define BK_FLAG_HIT_GUARDRAIL (1u << 3)
 #define BK_FLAG_CLIENT_ERROR (1u << 4)
+/* A writer held a record unpublished for the stall timeout: stopped (waited for), gone
+ * (its record skipped) or running (the client was cut off); not corruption. */
+#define BK_FLAG_WRITER_STALLED (1u << 5)
+/* The program closed (or reused) the profiler's connection while it kept running:
+ * profiling of it stopped there. */
+#define BK_FLAG_CONN_CLOSED (1u << 6)
 
 /* Per-process statistics reported in ProcessStats (as counted by the unwinder side). */
 struct bk_process_stats {
@@ -59,7 +84,10 @@ struct bk_process_stats {
     uint64_t map_reparses;
     uint64_t total_unwinding_time_us;
     uint64_t client_spinlock_blocked_us;
-    uint64_t records_dropped; /* by the client: ring full */
+    uint64_t records_dropped;         /* by the client: ring full */
+    uint64_t frees_lost;              /* of those, frees of sampled blocks (phantom leaks) */
+    uint64_t writer_stalls;           /* times a stopped writer held the next record (waited for) */
+    uint64_t stalled_records_skipped; /* records of writers gone mid-record, skipped */
     /* unwinding time histogram, bucket upper bounds in us: BK_UNWIND_HIST_BOUNDS */
     uint64_t unwinding_time_hist[8];
 };
@@ -97,18 +125,27 @@ int bk_dump_all(bk_t *bk) HP_WARN_UNUSED;
 int bk_process_end(bk_t *bk, int32_t pid, const struct bk_process_stats *stats,
                    uint32_t flags) HP_WARN_UNUSED;
 
+/* Writes that process @pid was not profiled because another session profiles it (a
+ * ProcessHeapSamples with rejected_concurrent, as Perfetto's heapprofd writes). */
+int bk_process_rejected(bk_t *bk, int32_t pid) HP_WARN_UNUSED;
+
 /* Counters for summaries and tests. */
 struct bk_counters {
     uint64_t records_applied;
     uint64_t unknown_frees;
     uint64_t replaced_allocs;
     uint64_t seq_gaps;
-    uint64_t dropped_records; /* beyond the cap of heaps per process, or out of memory */
+    /* beyond the cap of heaps per process, out of memory, or refused by a table's probe
+     * bound (hp_map_put(), hp_idtab_add(): -ENOSPC) */
+    uint64_t dropped_records;
     uint64_t dumps;
     uint64_t packets_written;
     uint64_t source_lines; /* frames given a source line in ModuleSymbols */
     uint64_t bytes_written;
-    int last_write_error; /* 0 or -errno of the last failed write */
+    uint64_t live_bytes;      /* sampled bytes live now, in every heap of every process */
+    uint64_t packets_dropped; /* the sink was full (sink only) */
+    uint64_t sequence_resets; /* interned data written again (sink only) */
+    int last_write_error;     /* 0 or -errno of the last failed write */
 };
 /* Applies the records in order that wait to be (see bk_proc.ready in state.h) first. */
 void bk_get_counters(bk_t *bk, struct bk_counters *ret);

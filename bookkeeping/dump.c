@@ -2,7 +2,7 @@
  *
  * A dump of one heap of one process is a run of TracePackets, each of them
  *
- *     TracePacket { timestamp (BOOTTIME), trusted_packet_sequence_id,
+ *     TracePacket { timestamp (BOOTTIME), trusted_packet_sequence_id (not with a sink),
  *                   sequence_flags = SEQ_NEEDS_INCREMENTAL_STATE,
  *                   interned_data { function_names, mapping_paths, build_ids,
  *                                   mappings, frames, callstacks }     (new entries only)
@@ -257,6 +257,7 @@ static void put_item(bk_t *bk, struct enc *e, enum src src, size_t i, const stru
             put_uint(e, PF_SAMPLE(self_max), mb);
             put_uint(e, PF_SAMPLE(self_max_count), mc);
         }
+        put_uint(e, PF_SAMPLE(est_alloc_count), bk__site_est_allocs(s));
         break;
     }
     case SRC_COUNT:
@@ -357,11 +358,18 @@ static void put_stats(struct enc *e, const struct bk_proc *p)
     close4(e, hist);
     put_uint(e, PF_STATS(total_unwinding_time_us), s->total_unwinding_time_us);
     put_uint(e, PF_STATS(client_spinlock_blocked_us), s->client_spinlock_blocked_us);
+    if (s->frees_lost)
+        put_uint(e, PF_STATS(frees_lost), s->frees_lost);
+    /* heapprof's own fields: only when something happened. */
+    if (s->writer_stalls)
+        put_uint(e, PF_STATS(writer_stalls), s->writer_stalls);
+    if (s->stalled_records_skipped)
+        put_uint(e, PF_STATS(stalled_records_skipped), s->stalled_records_skipped);
     close4(e, st);
 }
 
 /* Bytes put_flags_stats may write. */
-#define FLAGS_STATS_BOUND (64 + 8 * 32 + 6 * 12)
+#define FLAGS_STATS_BOUND (64 + 8 * 32 + 11 * 12)
 
 static void put_flags_stats(struct enc *e, const struct bk_proc *p)
 {
@@ -370,9 +378,14 @@ static void put_flags_stats(struct enc *e, const struct bk_proc *p)
     put_uint(e, PF_DUMP(buffer_overran), overran);
     put_uint(e, PF_DUMP(buffer_corrupted), !!(p->flags & BK_FLAG_BUFFER_CORRUPTED));
     put_uint(e, PF_DUMP(hit_guardrail), !!(p->flags & BK_FLAG_HIT_GUARDRAIL));
+    if (p->flags & BK_FLAG_WRITER_STALLED)
+        put_uint(e, PF_DUMP(writer_stalled), 1);
+    if (p->flags & BK_FLAG_CONN_CLOSED)
+        put_uint(e, PF_DUMP(connection_closed_by_program), 1);
     if (p->flags & BK_FLAG_CLIENT_ERROR) {
         /* As heapprofd: a client error with dropped records is a timeout of a blocking
-         * client; any other one is a bad stack. */
+         * client (it stopped waiting, and dropped what found no room since); any other
+         * one is a bad stack. */
         put_uint(
             e, PF_DUMP(client_error),
             overran
@@ -390,6 +403,14 @@ static void put_flags_stats(struct enc *e, const struct bk_proc *p)
 static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
 {
     const struct bk_intern *in = &bk->in;
+    if (bk->has_sink) {
+        /* Before anything is encoded: a restart re-emits every interned entry. */
+        if (bk->sink.take_clear_request && bk->sink.take_clear_request(bk->sink.ctx))
+            bk->needs_reset = true;
+        int r = bk->needs_reset ? bk__write_start(bk) : 0;
+        if (r < 0)
+            return r;
+    }
     size_t begin[SRC_COUNT], limit[SRC_COUNT];
     for (int s = SRC_FUNCTION_NAMES; s <= SRC_BUILD_IDS; s++) {
         begin[s] = bk->emitted_str[src_str_kind[s]];
@@ -425,7 +446,8 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
         if (!enc_reserve(bk, &e, fixed + 64))
             return -ENOMEM;
         put_uint(&e, PF_PACKET(timestamp), ts_boot);
-        put_uint(&e, PF_PACKET(trusted_packet_sequence_id), bk->sequence_id);
+        if (!bk->has_sink)
+            put_uint(&e, PF_PACKET(trusted_packet_sequence_id), bk->sequence_id);
         put_uint(&e, PF_PACKET(sequence_flags), PF_SEQ_NEEDS_INCREMENTAL_STATE);
         const size_t start = e.len;
         size_t used = 0;
@@ -499,6 +521,8 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
                                {(void *)e.ext, e.ext_len},
                                {e.p + e.ext_at, e.ext ? e.len - e.ext_at : 0}};
         int r = bk__write_framed(bk, iov, 4, e.len + e.ext_len);
+        if (r == -ENOBUFS)
+            bk->next_packet_index++; /* the gap tells readers a packet is missing */
         if (r < 0)
             return r;
         bk->next_packet_index++;

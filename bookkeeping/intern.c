@@ -15,7 +15,7 @@ _Static_assert(PF_INTERNED(callstacks) < 16 && PF_CALLSTACK(iid) < 16 &&
 
 int bk__intern_init(struct bk_intern *in)
 {
-    *in = (struct bk_intern){.unknown_mapping = -1};
+    *in = (struct bk_intern){.unknown_mapping = -1, .seed = hp_hash_seed()};
     for (int k = 0; k < BK_STR_KINDS; k++)
         hp_idtab_init(&in->str[k].index);
     hp_idtab_init(&in->mapping_index);
@@ -28,7 +28,7 @@ int bk__intern_init(struct bk_intern *in)
         if (r == 0) {
             in->str[k].v[0] = (struct bk_str){.s = "", .len = 0};
             in->str[k].n = 1;
-            r = hp_idtab_add(&in->str[k].index, hp_hash_bytes("", 0, (uint64_t)k), 0);
+            r = hp_idtab_add(&in->str[k].index, hp_hash_bytes("", 0, in->seed + (uint64_t)k), 0);
         }
     }
     if (r == 0)
@@ -90,7 +90,7 @@ int bk__intern_string(struct bk_intern *in, enum bk_str_kind kind, const char *s
     if (len > BK_MAX_STRING_BYTES)
         len = BK_MAX_STRING_BYTES;
     struct str_key key = {.s = s ? s : "", .len = s ? len : 0};
-    uint64_t h = hp_hash_bytes(key.s, key.len, (uint64_t)kind);
+    uint64_t h = hp_hash_bytes(key.s, key.len, in->seed + (uint64_t)kind);
     int64_t id = hp_idtab_find(&t->index, h, str_eq, t, &key);
     if (id >= 0) {
         *ret_id = (uint32_t)id;
@@ -200,7 +200,8 @@ int bk__intern_mapping(struct bk_intern *in, const struct hp_mapping *m, uint32_
         bk__intern_string(in, BK_STR_BUILD_ID, (const char *)src->build_id, bid_len, &key.build_id);
     if (r < 0)
         return r;
-    uint64_t h = hp_hash_bytes(key.path, key.path_len, key.build_id);
+    /* Keyed by the path's keyed hash: each step below mixes a keyed value. */
+    uint64_t h = hp_hash_bytes(key.path, key.path_len, in->seed ^ ((uint64_t)key.build_id << 32));
     h = hp_hash_combine(h, src->start);
     h = hp_hash_combine(h, src->end);
     h = hp_hash_combine(h, src->exact_offset);
@@ -272,7 +273,7 @@ int bk__intern_frame(struct bk_intern *in, const struct hp_frame *f, uint32_t *r
     key.name.s = f->function_name ? f->function_name : "";
     key.name.len = strnlen(key.name.s, BK_MAX_STRING_BYTES);
     /* The name is not hashed: it almost never differs for one (mapping, pc). */
-    uint64_t h = hp_hash_combine(hp_hash_u64(key.mapping_id), key.rel_pc);
+    uint64_t h = hp_hash_keyed2(in->seed, key.mapping_id, key.rel_pc);
     int64_t id = hp_idtab_find(&in->frame_index, h, frame_eq, in, &key);
     if (id >= 0) {
         *ret_id = (uint32_t)id;
@@ -316,7 +317,7 @@ static bool node_eq(const void *ctx, uint32_t id, const void *key)
 int bk__intern_node(struct bk_intern *in, uint32_t parent, uint32_t frame_id, uint32_t *ret_id)
 {
     struct node_key key = {.parent = parent, .frame_id = frame_id};
-    uint64_t h = hp_hash_combine(hp_hash_u64(parent), frame_id);
+    uint64_t h = hp_hash_keyed2(in->seed, parent, frame_id);
     int64_t id = hp_idtab_find(&in->cs_index, h, node_eq, in, &key);
     if (id >= 0) {
         *ret_id = (uint32_t)id;
@@ -343,10 +344,11 @@ int bk__intern_node(struct bk_intern *in, uint32_t parent, uint32_t frame_id, ui
  * take every fourth frame each, xor it in and multiply: five instructions a frame, and
  * the lanes' multiplies overlap. The lanes and the order within each make the position
  * of a frame count; the final mix spreads every bit. */
-static uint64_t stack_hash(const struct hp_frame *frames, size_t n)
+static uint64_t stack_hash(uint64_t seed, const struct hp_frame *frames, size_t n)
 {
     const uint64_t k = 0x9e3779b97f4a7c15ull;
-    uint64_t h0 = n, h1 = n + 1, h2 = n + 2, h3 = n + 3;
+    /* Lanes start from the seed, so which stacks share a set is not known outside. */
+    uint64_t h0 = seed ^ n, h1 = h0 + 1, h2 = h0 + 2, h3 = h0 + 3;
     size_t i = 0;
 #define STACK_HASH_MIX(h, f) (h) = ((h) ^ (f).rel_pc ^ ((uint64_t)(uintptr_t)(f).map << 20)) * k
     for (; i + 4 <= n; i += 4) {
@@ -420,6 +422,22 @@ void bk__intern_emit_written(struct bk_intern *in, size_t n, size_t off)
     }
 }
 
+int bk__intern_emit_all(struct bk_intern *in)
+{
+    struct bk_emit *em = &in->emit;
+    em->len = em->n = em->n_marks = 0;
+    uint32_t fids[BK_MAX_FRAMES];
+    for (size_t node = 1; node < in->n_nodes; node++) {
+        if (!in->nodes[node].queued)
+            continue;
+        size_t k = bk__intern_callstack_frames(in, (uint32_t)node, fids);
+        int r = emit_callstack(in, (uint32_t)node, fids, k);
+        if (r < 0)
+            return r;
+    }
+    return 0;
+}
+
 /* Walks @frames (leaf first) through frame interning and the trie. */
 static int intern_walk(struct bk_intern *in, const struct hp_frame *frames, size_t n,
                        uint32_t *ret_id)
@@ -465,7 +483,7 @@ int bk__intern_stack(struct bk_intern *in, const struct hp_frame *frames, size_t
     if (!in->stack_cache || n > BK_STACK_CACHE_FRAMES)
         return intern_walk(in, frames, n, ret_id);
 
-    uint64_t hash = stack_hash(frames, n);
+    uint64_t hash = stack_hash(in->seed, frames, n);
     uint32_t tag = (uint32_t)(hash >> 32);
     struct bk_stack_cache_slot *set =
         &in->stack_cache[hash & (BK_STACK_CACHE_SLOTS - BK_STACK_CACHE_WAYS)];

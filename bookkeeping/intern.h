@@ -155,6 +155,9 @@ struct bk_intern {
     size_t n_nodes, cap_nodes;
     struct bk_emit emit;
     int64_t unknown_mapping; /* id of the empty mapping, -1 until needed */
+    /* Keys every hash of the tables and the stack cache: the content comes from clients
+     * (pcs, paths, symbol names), who must not be able to aim at one slot. */
+    uint64_t seed;
 };
 
 int bk__intern_init(struct bk_intern *in) HP_WARN_UNUSED;
@@ -190,6 +193,10 @@ static inline size_t bk__emit_entry_size(const uint8_t *p)
 /* Every entry of the emit buffer up to entry @n (at byte offset @off) was written:
  * when that is all of them, the buffer is emptied. */
 void bk__intern_emit_written(struct bk_intern *in, size_t n, size_t off);
+
+/* Queues every callstack ever queued for emission again (the interned data restarts on a
+ * new packet sequence state). Returns 0 or -ENOMEM. */
+int bk__intern_emit_all(struct bk_intern *in) HP_WARN_UNUSED;
 
 /* Writes the frame ids of callstack @cs root first into @buf (BK_MAX_FRAMES entries);
  * returns their number. */

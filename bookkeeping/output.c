@@ -60,6 +60,33 @@ static int writev_all(int fd, struct iovec *iov, int n)
     }
 }
 
+/* A sink's next packet must be preceded by the one that restarts the interned data:
+ * written first, before the next packet is encoded (both use bk->buf). */
+static int sequence_ready(bk_t *bk)
+{
+    return bk->has_sink && bk->needs_reset && !bk->in_reset ? bk__write_start(bk) : 0;
+}
+
+/* Hands one packet to the sink. A dropped packet is counted and makes the next one
+ * restart the interned data. */
+static int write_sink(bk_t *bk, const struct iovec *iov, int n, size_t len)
+{
+    int r = bk->sink.write_packet(bk->sink.ctx, iov, n, len);
+    if (r == -ENOBUFS) {
+        bk->counters.packets_dropped++;
+        bk->needs_reset = true;
+        return r;
+    }
+    if (r < 0) {
+        bk->counters.last_write_error = r;
+        bk->out_broken = true;
+        return r;
+    }
+    bk->counters.packets_written++;
+    bk->counters.bytes_written += len;
+    return 0;
+}
+
 /* Appends one Trace.packet: the frame header for @len bytes of packet, then the packet,
  * in the pieces @iov[1..@n) (iov[0] is the header's). After a failed write nothing more
  * is written, so the file stays a valid trace up to a possibly truncated last packet
@@ -68,6 +95,8 @@ int bk__write_framed(bk_t *bk, struct iovec *iov, int n, size_t len)
 {
     if (bk->out_broken)
         return bk->counters.last_write_error;
+    if (bk->has_sink)
+        return write_sink(bk, iov + 1, n - 1, len);
     uint8_t hdr[BK_FRAME_HEADROOM];
     size_t hlen = hp_pb_put_packet_header(hdr, len);
     iov[0] = (struct iovec){hdr, hlen};
@@ -87,6 +116,9 @@ static int write_packet(bk_t *bk, const perfetto_protos_TracePacket *pkt)
 {
     if (bk->out_broken)
         return bk->counters.last_write_error;
+    int r = sequence_ready(bk);
+    if (r < 0)
+        return r;
     struct bk_buf *buf = &bk->buf;
     buf->len = 0;
     pb_ostream_t os = {.callback = buf_write_cb, .state = buf, .max_size = SIZE_MAX};
@@ -101,8 +133,9 @@ static perfetto_protos_TracePacket packet_new(const bk_t *bk, uint64_t ts_boot_n
     perfetto_protos_TracePacket pkt = perfetto_protos_TracePacket_init_zero;
     pkt.has_timestamp = true;
     pkt.timestamp = ts_boot_ns;
-    pkt.has_trusted_packet_sequence_id = true;
-    pkt.trusted_packet_sequence_id = bk->sequence_id;
+    /* traced numbers a sink's sequence itself and rejects packets that do. */
+    pkt.has_trusted_packet_sequence_id = !bk->has_sink;
+    pkt.trusted_packet_sequence_id = bk->has_sink ? 0 : bk->sequence_id;
     return pkt;
 }
 
@@ -139,7 +172,21 @@ static bool encode_empty_string_cb(pb_ostream_t *s, const pb_field_iter_t *field
 int bk__write_start(bk_t *bk)
 {
     perfetto_protos_TracePacket pkt = packet_new(bk, 0);
-    fill_clock_snapshot(&pkt);
+    if (bk->has_sink) {
+        /* traced's clock snapshots cover BOOTTIME and MONOTONIC_COARSE. */
+        pkt.timestamp = hp_clock_ns(CLOCK_BOOTTIME);
+        pkt.has_first_packet_on_sequence = !bk->sequence_started;
+        pkt.first_packet_on_sequence = !bk->sequence_started;
+        int r = bk__intern_emit_all(&bk->in);
+        if (r < 0)
+            return r;
+        bk->emitted_mappings = bk->emitted_frames = 0;
+        bk->emitted_callstacks = bk->emitted_callstacks_off = 0;
+        for (int k = 0; k < BK_STR_KINDS; k++)
+            bk->emitted_str[k] = 0;
+    } else {
+        fill_clock_snapshot(&pkt);
+    }
     pkt.has_sequence_flags = true;
     pkt.sequence_flags = PF_SEQ_INCREMENTAL_STATE_CLEARED;
     /* iid 0 = "" in each string table, as Perfetto's readers expect for "no name",
@@ -148,16 +195,25 @@ int bk__write_start(bk_t *bk)
     pkt.interned_data.function_names.funcs.encode = encode_empty_string_cb;
     pkt.interned_data.mapping_paths.funcs.encode = encode_empty_string_cb;
     pkt.interned_data.build_ids.funcs.encode = encode_empty_string_cb;
+    bk->in_reset = true;
     int r = write_packet(bk, &pkt);
+    bk->in_reset = false;
     if (r < 0)
         return r;
     for (int k = 0; k < BK_STR_KINDS; k++)
         bk->emitted_str[k] = 1;
+    if (bk->has_sink) {
+        bk->counters.sequence_resets += bk->sequence_started;
+        bk->sequence_started = true;
+        bk->needs_reset = false;
+    }
     return 0;
 }
 
 int bk__write_clock_snapshot(bk_t *bk)
 {
+    if (bk->has_sink)
+        return 0;
     perfetto_protos_TracePacket pkt = packet_new(bk, 0);
     fill_clock_snapshot(&pkt);
     return write_packet(bk, &pkt);
@@ -201,6 +257,32 @@ int bk__write_process_tree(bk_t *bk, const struct bk_proc *p)
 /* Appends @body (a complete TracePacket) to the output as one Trace.packet. */
 int bk__write_raw_packet(bk_t *bk, const uint8_t *body, size_t len)
 {
+    int r = sequence_ready(bk);
+    if (r < 0)
+        return r;
     struct iovec iov[2] = {{0}, {(void *)body, len}};
     return bk__write_framed(bk, iov, 2, len);
+}
+
+int bk_process_rejected(bk_t *bk, int32_t pid)
+{
+    struct hp_pbw hs = {0}, pp = {0}, pkt = {0};
+    hp_pbw_uint_always(&hs, PF_DUMP(pid), (uint64_t)(uint32_t)pid);
+    hp_pbw_uint_always(&hs, PF_DUMP(rejected_concurrent), 1);
+    hp_pbw_uint_always(&hs, PF_DUMP(timestamp), hp_clock_ns(CLOCK_MONOTONIC_COARSE));
+    hp_pbw_msg(&pp, PF_PROFILE(process_dumps), &hs);
+    hp_pbw_uint_always(&pp, PF_PROFILE(continued), 0);
+    hp_pbw_uint_always(&pp, PF_PROFILE(index), bk->next_packet_index);
+    hp_pbw_uint_always(&pkt, PF_PACKET(timestamp), hp_clock_ns(CLOCK_BOOTTIME));
+    if (!bk->has_sink)
+        hp_pbw_uint_always(&pkt, PF_PACKET(trusted_packet_sequence_id), bk->sequence_id);
+    hp_pbw_uint_always(&pkt, PF_PACKET(sequence_flags), PF_SEQ_NEEDS_INCREMENTAL_STATE);
+    hp_pbw_msg(&pkt, PF_PACKET(profile_packet), &pp);
+    int r = pkt.oom || pp.oom || hs.oom ? -ENOMEM : bk__write_raw_packet(bk, pkt.p, pkt.len);
+    if (r == 0)
+        bk->next_packet_index++;
+    free(hs.p);
+    free(pp.p);
+    free(pkt.p);
+    return r;
 }

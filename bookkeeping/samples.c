@@ -3,11 +3,11 @@
  * Both are measured by tests/bench/bench_bookkeeping.c (dump_encode_vs_sol,
  * samples_simd_vs_scalar). The scalar loop is bound by its instruction count: about 90
  * per sample of a big 4 KiB profile (a tag byte and 1 to 3 value bytes for each of
- * seven fields, each length class a branch). The vector one takes a sample's seven
+ * eight fields, each length class a branch). The vector one takes a sample's eight
  * values as 32-bit lanes of one AVX2 register,
  *
  *     lane:   0   1   2   3  |  4   5   6   7
- *            cs  al  fr  ac  | fc   -  mb  mc
+ *            cs  al  fr  ac  | fc  mb  mc  ea     (ea: est_alloc_count)
  *
  * spreads each value's 7-bit groups into bytes, sets the continuation bits from two
  * compares, puts each field's tag below its bytes, and packs each half's used bytes
@@ -30,7 +30,8 @@
 _Static_assert(PF_DUMP(samples) < 16 && PF_SAMPLE(callstack_id) < 16 &&
                    PF_SAMPLE(self_allocated) < 16 && PF_SAMPLE(self_freed) < 16 &&
                    PF_SAMPLE(alloc_count) < 16 && PF_SAMPLE(free_count) < 16 &&
-                   PF_SAMPLE(self_max) < 16 && PF_SAMPLE(self_max_count) < 16,
+                   PF_SAMPLE(est_alloc_count) < 16 && PF_SAMPLE(self_max) < 16 &&
+                   PF_SAMPLE(self_max_count) < 16,
                "one-byte tags");
 
 _Static_assert(BK_SAMPLE_MAX_BYTES - 2 < 0x80, "a sample's length fits one byte");
@@ -79,6 +80,7 @@ static HP_ALWAYS_INLINE uint8_t *put_sample(uint8_t *q, const struct bk_samples 
     const struct bk_site *s = &in->sites[k];
     const uint64_t al = s->allocated, fr = s->freed, ac = s->alloc_count, fc = s->free_count;
     const uint32_t cs = s->callstack_id, st = s->max_stamp;
+    const uint64_t ea = bk__site_est_allocs(s);
     q[0] = SAMPLES_TAG;
     uint8_t *len = q + 1;
     q += 2;
@@ -99,6 +101,7 @@ static HP_ALWAYS_INLINE uint8_t *put_sample(uint8_t *q, const struct bk_samples 
         q = tput(q, TAG(self_max), mb);
         q = tput(q, TAG(self_max_count), mc);
     }
+    q = tput(q, TAG(est_alloc_count), ea);
     *len = (uint8_t)(q - len - 1);
     return q;
 }
@@ -126,10 +129,10 @@ _Static_assert(offsetof(struct bk_site, allocated) == 0 && offsetof(struct bk_si
                "the four counters load as one 32-byte vector");
 _Static_assert(sizeof(struct bk_site_max) == 16, "a site's peak values load as one 16-byte vector");
 
-/* Lanes each half uses: the low half always all four; the high half fc, and with the
- * self_max fields mb and mc too. */
+/* Lanes each half uses: the low half always all four; the high half fc and ea, and
+ * with the self_max fields mb and mc too. */
 enum { HALF_LOW, HALF_HIGH_MAX, HALF_HIGH_NONE, HALF_KINDS };
-static const unsigned half_lanes[HALF_KINDS] = {0xf, 0xd, 0x1};
+static const unsigned half_lanes[HALF_KINDS] = {0xf, 0xf, 0x9};
 
 /* Per half kind and length classes (bit i: lane i's value >= 2^7; bit 4 + i: >= 2^14),
  * the byte shuffle that packs the used lanes' tag and value bytes. */
@@ -163,13 +166,13 @@ static SIMD_TARGET HP_ALWAYS_INLINE size_t simd_run(uint8_t **qp, const struct b
      * from immediates, which costs more than the work itself). */
     __m256i lo7 = _mm256_set1_epi32(0x7f), two_bytes = _mm256_set1_epi32(0x3fff),
             cont = _mm256_set1_epi32(0x8000), above21 = _mm256_set1_epi32((int)0xffe00000);
-    __m256i tags =
-        _mm256_setr_epi32(TAG(callstack_id), TAG(self_allocated), TAG(self_freed), TAG(alloc_count),
-                          TAG(free_count), 0, TAG(self_max), TAG(self_max_count));
+    __m256i tags = _mm256_setr_epi32(TAG(callstack_id), TAG(self_allocated), TAG(self_freed),
+                                     TAG(alloc_count), TAG(free_count), TAG(self_max),
+                                     TAG(self_max_count), TAG(est_alloc_count));
     __m256i too_big = _mm256_set1_epi64x(~(int64_t)0x1fffff);
-    /* Lanes al fr ac fc from the 64-bit counters, then fr al ac in lanes 5 to 7 (lane 0
-     * gets the callstack id, lanes 6 and 7 the peak values). */
-    __m256i to_lanes = _mm256_setr_epi32(0, 0, 2, 4, 6, 2, 0, 4);
+    /* Lanes al fr ac fc from the 64-bit counters, then al ac fr in lanes 5 to 7 (lane 0
+     * gets the callstack id, lanes 5 and 6 the peak values, lane 7 ea). */
+    __m256i to_lanes = _mm256_setr_epi32(0, 0, 2, 4, 6, 0, 4, 2);
     /* Opaque to the optimizer from here on, so it keeps them in registers. */
     __asm__(""
             : "+x"(lo7), "+x"(two_bytes), "+x"(cont), "+x"(above21), "+x"(tags), "+x"(too_big),
@@ -190,27 +193,32 @@ static SIMD_TARGET HP_ALWAYS_INLINE size_t simd_run(uint8_t **qp, const struct b
             break;
         __m256i x = _mm256_permutevar8x32_epi32(v, to_lanes);
         if (mode == BK_PEAK_ZERO) {
-            x = _mm256_blend_epi32(x, _mm256_setzero_si256(), 0xc0);
+            x = _mm256_blend_epi32(x, _mm256_setzero_si256(), 0x60);
         } else if (mode == BK_PEAK_STAMPED) {
             __m256i peak;
             if (s->max_stamp == stamp) {
                 /* bytes and count, 64 bits each, in both halves; their low 32 bits to
-                 * lanes 6 and 7 */
+                 * lanes 5 and 6 */
                 __m256i m = _mm256_broadcastsi128_si256(
                     _mm_loadu_si128((const __m128i *)(const void *)&maxes[k]));
                 if (!_mm256_testz_si256(m, too_big))
                     break;
-                peak = _mm256_shuffle_epi32(m, _MM_SHUFFLE(2, 0, 0, 0));
+                peak = _mm256_shuffle_epi32(m, _MM_SHUFFLE(0, 2, 0, 0));
             } else {
-                /* al - fr and ac - fc: fr and fc (lanes 5 and 4) below al and ac.
+                /* al - fr and ac - fc: fr and fc (lanes 7 and 4) below al and ac.
                  * freed > allocated never happens; if it did, the difference wraps
                  * and the check below sends the sample to the scalar path, which
                  * writes the wrapped 64-bit value. */
-                peak = _mm256_sub_epi32(x, _mm256_shuffle_epi32(x, _MM_SHUFFLE(0, 1, 0, 0)));
+                peak = _mm256_sub_epi32(x, _mm256_shuffle_epi32(x, _MM_SHUFFLE(0, 0, 3, 0)));
             }
-            x = _mm256_blend_epi32(x, peak, 0xc0);
+            x = _mm256_blend_epi32(x, peak, 0x60);
         }
         x = _mm256_blend_epi32(x, _mm256_set1_epi32((int)s->callstack_id), 0x01);
+        /* ea after the peak values, which use fr in lane 7. */
+        const uint64_t ea = bk__site_est_allocs(s);
+        if (ea >> 21)
+            break;
+        x = _mm256_blend_epi32(x, _mm256_set1_epi32((int)ea), 0x80);
         if (!_mm256_testz_si256(x, above21))
             break;
 

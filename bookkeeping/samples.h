@@ -5,8 +5,8 @@
  *     q = bk__encode_samples(q, &in, first, end);   // room: see below
  *
  * Each sample is field 2 with a 1-byte length, then callstack_id, self_allocated,
- * self_freed, alloc_count, free_count and, with dump_at_max, self_max and
- * self_max_count, as minimal varints. Two encoders write the same bytes: a scalar one,
+ * self_freed, alloc_count, free_count, est_alloc_count and, with dump_at_max, self_max
+ * and self_max_count, as minimal varints. Two encoders write the same bytes: a scalar one,
  * and on x86-64 with AVX2 one that encodes the fields of a sample side by side and
  * packs them with a byte shuffle (values below 2^21; any other sample goes through the
  * scalar one). Not thread-safe; caller serialises (the tables are built once,
@@ -46,9 +46,9 @@ static inline struct bk_samples bk__heap_samples(const struct bk_heap *h, bool d
     };
 }
 
-/* Most bytes one sample takes: its tag and length, then field 1 (uint32) and six uint64
- * fields with one-byte tags. */
-#define BK_SAMPLE_MAX_BYTES (2 + 1 + 5 + 6 * (1 + 10))
+/* Most bytes one sample takes: its tag and length, then field 1 (uint32) and seven
+ * uint64 fields with one-byte tags. */
+#define BK_SAMPLE_MAX_BYTES (2 + 1 + 5 + 7 * (1 + 10))
 /* Bytes the encoders may store past the end of what they write. */
 #define BK_SAMPLE_SLACK 32
 

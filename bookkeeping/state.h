@@ -51,7 +51,11 @@ struct bk_pending {
     uint32_t callstack;
     uint32_t heap_id;
     uint32_t kind;
+    uint32_t weight; /* allocations this one stands for, in BK_WEIGHT_ONE units */
 };
+
+/* Estimated allocation counts are kept in fixed point: 1 is BK_WEIGHT_ONE. */
+#define BK_WEIGHT_ONE 256u
 
 /* A live allocation: 16 bytes of value per map slot. Sizes of 4 GiB and more are rare;
  * they keep BK_LIVE_BIG_SIZE here and the real size in the heap's big_sizes map. */
@@ -62,15 +66,24 @@ struct bk_live {
 };
 #define BK_LIVE_BIG_SIZE UINT32_MAX
 
-/* 40 bytes: a dump streams through all sites of a heap, and the apply path touches one
+/* 48 bytes: a dump streams through all sites of a heap, and the apply path touches one
  * per record. The live bytes and count are allocated - freed and alloc_count -
- * free_count (a late record adds to both sides). */
+ * free_count (a late record adds to both sides). est_allocs is the number of
+ * allocations the sampled ones stand for (sum of 1 / P(sampled) from each one's real
+ * size), in BK_WEIGHT_ONE units: it is written as HeapSample.est_alloc_count. */
 struct bk_site {
     uint64_t allocated, freed, alloc_count, free_count;
     uint32_t callstack_id;
     uint32_t max_stamp; /* the peak scheme above; 0: never stamped */
+    uint64_t est_allocs;
 };
-_Static_assert(sizeof(struct bk_site) == 40, "bk_site stays small");
+_Static_assert(sizeof(struct bk_site) == 48, "bk_site stays small");
+
+/* HeapSample.est_alloc_count of @s: its estimate rounded to whole allocations. */
+static inline uint64_t bk__site_est_allocs(const struct bk_site *s)
+{
+    return (s->est_allocs + BK_WEIGHT_ONE / 2) / BK_WEIGHT_ONE;
+}
 
 /* A site's live bytes and count at the last peak, when its stamp is the peak's. */
 struct bk_site_max {
@@ -110,6 +123,7 @@ struct bk_proc {
     int32_t pid;
     bool from_startup;
     uint64_t sampling_interval_bytes;
+    double log_keep; /* log(1 - 1 / interval): P(a byte is not picked), for the weights */
     char *cmdline;
     size_t cmdline_len;
     struct bk_process_stats stats;
@@ -137,6 +151,12 @@ struct bk_buf {
 struct bk {
     int out_fd;
     uint32_t sequence_id;
+    /* With a sink: the packet format of a traced writer (struct bk_sink). */
+    bool has_sink;
+    struct bk_sink sink;
+    bool sequence_started; /* the sink got its first packet */
+    bool needs_reset;      /* write the interned data again before the next use of it */
+    bool in_reset;
     bool dump_at_max;
 
     struct bk_intern in;
@@ -203,7 +223,6 @@ void bk__flush_pending(bk_t *bk, struct bk_proc *p);
 void bk__flush_ready(bk_t *bk, struct bk_proc *p);
 
 /* bookkeeping/dump.c */
-/* The first packet: clock snapshot, SEQ_INCREMENTAL_STATE_CLEARED, iid 0 = "". */
 struct iovec;
 
 /* Room for the Trace framing (tag and length) in front of an encoded packet. */
@@ -216,6 +235,9 @@ int bk__write_framed(bk_t *bk, struct iovec *iov, int n, size_t len) HP_WARN_UNU
 int bk__write_raw_packet(bk_t *bk, const uint8_t *body, size_t len) HP_WARN_UNUSED;
 /* bookkeeping/symbols.c: ModuleSymbols for the frames @p's dump just used. */
 int bk__write_source_lines(bk_t *bk, struct bk_proc *p) HP_WARN_UNUSED;
+/* The first packet: clock snapshot, SEQ_INCREMENTAL_STATE_CLEARED, iid 0 = "". With a
+ * sink it also restarts the interned data (every entry is written again by the next
+ * dump) and is written whenever needs_reset is set. */
 int bk__write_start(bk_t *bk) HP_WARN_UNUSED;
 int bk__write_clock_snapshot(bk_t *bk) HP_WARN_UNUSED;
 int bk__write_process_tree(bk_t *bk, const struct bk_proc *p) HP_WARN_UNUSED;

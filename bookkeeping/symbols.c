@@ -37,7 +37,8 @@ static int flush_module(bk_t *bk, struct module_syms *ms)
     mod.oom |= ms->syms.oom;
     ms->syms.len = 0;
     hp_pbw_uint_always(&pkt, PF_PACKET(timestamp), hp_clock_ns(CLOCK_BOOTTIME));
-    hp_pbw_uint_always(&pkt, PF_PACKET(trusted_packet_sequence_id), bk->sequence_id);
+    if (!bk->has_sink)
+        hp_pbw_uint_always(&pkt, PF_PACKET(trusted_packet_sequence_id), bk->sequence_id);
     hp_pbw_msg(&pkt, PF_PACKET(module_symbols), &mod);
     int r = pkt.oom ? -ENOMEM : bk__write_raw_packet(bk, pkt.p, pkt.len);
     free(mod.p);

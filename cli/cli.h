@@ -28,6 +28,9 @@ struct cli_session {
     const char *prog;             /* for messages: "heapprof record" */
     const struct svc_config *cfg; /* checked already */
     const char *output;           /* trace file */
+    bool output_made_up;          /* a default name: never an existing file (cli/output.c) */
+    char *output_opened;          /* NULL, or PATH_MAX bytes for the path opened (a made-up name
+                                     may get a number), written before started() runs */
     bool quiet;                   /* no summary */
     int top;                      /* sites in the summary */
     struct cli_loop_opts loop;    /* the dump schedule is taken from @cfg */
@@ -42,6 +45,36 @@ struct cli_session {
  * output and prints the summary. Returns 0 or EXIT_PROFILER after a message on stderr;
  * the loop's outcome in @ret_res. */
 int cli_session_run(const struct cli_session *cs, struct cli_loop_result *ret_res);
+
+/* ---- the trace file (cli/output.c) ------------------------------------------------ */
+
+/* Opens the trace file @path for writing without following a symlink someone else
+ * planted or truncating a file that is not ours. A new file is created (O_EXCL, mode
+ * 0644). @made_up (a default name): an existing file is never reused, the next free
+ * "<stem>.N<ext>" (N <= 99) is taken. Otherwise an existing name is written to when it
+ * is a regular file owned by our effective uid with one link (then truncated), or a
+ * FIFO or character device, reached directly or through a symlink owned by us or root.
+ * The path opened goes to @ret_path (@path_len bytes). Returns the fd, or -errno with a
+ * message in @err. */
+int cli_output_open(const char *path, bool made_up, char *ret_path, size_t path_len, char *err,
+                    size_t err_len) HP_WARN_UNUSED;
+
+/* ---- heapprofd --producer (cli/producer.c) ----------------------------------------- */
+
+struct cli_producer_opts {
+    const struct svc_config *base; /* heapprof's own fields, for every session */
+    const char *daemon_socket;     /* where processes with the library connect */
+    const char *producer_socket;   /* NULL: Perfetto's default (producer/producer.h) */
+    const char *data_source;       /* NULL: "android.heapprofd" */
+    uint32_t smb_size_hint_bytes, smb_page_size_hint_bytes; /* 0: 1 MiB, 16 KiB pages */
+    void (*started)(void *ctx);                             /* once listening; may be NULL */
+    void *ctx;
+};
+
+/* Runs the daemon as a data source of Perfetto's tracing service until SIGINT/SIGTERM
+ * (then every session's final dumps are written and acknowledged, within 10 s). Returns
+ * 0 or EXIT_PROFILER after a message on stderr. */
+int cli_producer_run(const struct cli_producer_opts *o);
 
 int cmd_record(int argc, char **argv);
 int cmd_report(int argc, char **argv);

@@ -1,6 +1,6 @@
 /* cli/cmd_attach.c: `heapprof attach` (profile running processes that have
- * libheapprof.so preloaded, woken by the attach signal) and `heapprof dump` (ask the
- * daemon for a dump now). */
+ * libheapprof.so preloaded, woken by the attach signal they advertise) and `heapprof
+ * dump` (ask the daemon for a dump now, over its socket). */
 #include "cli/cli.h"
 
 #include <dirent.h>
@@ -23,6 +23,9 @@
 
 #define MAX_SIGNALLED 4096
 #define CONNECT_GRACE_NS 2000000000ull
+/* A process named with -p that maps the library but has no attach handler yet (still in
+ * its constructors) is looked at again every tick, this long at most. */
+#define READY_WAIT_NS 5000000000ull
 
 /* The configuration fields `heapprof attach` offers as options. */
 static const struct cli_field attach_fields[] = {
@@ -85,7 +88,10 @@ struct attach_state {
     bool have_names;
     bool verbose;
     uint64_t next_scan_ns;
-    struct svc_proc procs[SVC_MAX_TARGETS]; /* of the pids given */
+    struct svc_proc procs[SVC_MAX_TARGETS];     /* of the pids given */
+    uint64_t waiting_since_ns[SVC_MAX_TARGETS]; /* not attachable yet; 0: not waiting */
+    size_t n_waiting;
+    bool gave_up; /* a pid given never became attachable: exit status 1 */
 };
 
 static bool already_signalled(struct attach_state *st, pid_t pid)
@@ -98,7 +104,9 @@ static bool already_signalled(struct attach_state *st, pid_t pid)
 
 static int signal_target(struct attach_state *st, const struct svc_proc *p, bool verbose)
 {
-    int r = svc_proc_signal_attach(p->pid, st->self);
+    int r = svc_proc_signal_attach(p, st->self);
+    if (r == -EAGAIN)
+        return r; /* no handler (yet): the caller waits or moves on */
     if (r < 0) {
         if (verbose || r != -ESRCH)
             fprintf(stderr, "heapprof attach: cannot signal pid %d (%s): %s\n", (int)p->pid,
@@ -119,8 +127,51 @@ static int signal_target(struct attach_state *st, const struct svc_proc *p, bool
 static void signal_new_target(void *ctx, const struct svc_proc *p)
 {
     struct attach_state *st = ctx;
-    if (p->same_user && !already_signalled(st, p->pid))
+    /* Not ready (still starting): not signalled, found again by the next scan. */
+    if (p->same_user && p->attach_ready && !already_signalled(st, p->pid))
         (void)signal_target(st, p, true);
+}
+
+/* Signals pid target @i, or starts waiting until its handler is installed. */
+static void signal_pid(struct attach_state *st, size_t i, uint64_t now)
+{
+    struct svc_proc *p = &st->procs[i];
+    if (signal_target(st, p, st->verbose) != -EAGAIN)
+        return;
+    st->waiting_since_ns[i] = now;
+    st->n_waiting++;
+    if (st->verbose)
+        fprintf(stderr,
+                "heapprof attach: pid %d (%s) has libheapprof.so but no attach handler yet "
+                "(still starting?); waiting for it\n",
+                (int)p->pid, p->name);
+}
+
+/* Looks again at the pid targets that were not attachable yet. */
+static void check_waiting(struct attach_state *st, uint64_t now)
+{
+    for (size_t i = 0; i < st->cfg->n_pid && st->n_waiting; i++) {
+        if (!st->waiting_since_ns[i])
+            continue;
+        struct svc_proc *p = &st->procs[i], q;
+        const char *why = NULL;
+        if (svc_proc_inspect(p->pid, &q) < 0 || q.start_time != p->start_time)
+            why = "exited before it could be attached";
+        else if (q.attach_ready)
+            why = signal_target(st, &q, st->verbose) == -EAGAIN ? NULL : "";
+        else if (now - st->waiting_since_ns[i] >= READY_WAIT_NS)
+            why = "never installed its attach handler (started with HEAPPROF_ATTACH_SIGNAL=0, "
+                  "or the program has a handler of its own for the signal)";
+        if (!why)
+            continue;
+        st->waiting_since_ns[i] = 0;
+        st->n_waiting--;
+        if (*why) {
+            fprintf(stderr, "heapprof attach: pid %d (%s) %s; not attached\n", (int)p->pid, p->name,
+                    why);
+            st->gave_up = true;
+        }
+    }
 }
 
 /* Signals running processes that match a name target and were not signalled yet. */
@@ -136,6 +187,12 @@ static bool attach_tick(void *ctx, svc_t *s)
 {
     struct attach_state *st = ctx;
     uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
+    if (st->n_waiting) {
+        check_waiting(st, now);
+        /* Nothing attached and nothing left to wait for. */
+        if (!st->n_waiting && !st->n_signalled && !st->have_names)
+            return true;
+    }
     if (st->have_names && now >= st->next_scan_ns) {
         scan_names(st);
         st->next_scan_ns = now + 500000000u;
@@ -153,15 +210,36 @@ static bool attach_tick(void *ctx, svc_t *s)
     return false;
 }
 
+/* The -n names, quoted and joined, for messages. */
+static const char *names_of(const struct svc_config *cfg, char *buf, size_t len)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < cfg->n_process_cmdline && n < len; i++) {
+        int k = snprintf(buf + n, len - n, "%s'%s'", i ? ", " : "", cfg->process_cmdline[i]);
+        if (k < 0)
+            break;
+        n += (size_t)k;
+    }
+    return buf;
+}
+
 static int attach_started(void *ctx, svc_t *s)
 {
     (void)s;
     struct attach_state *st = ctx;
+    uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
     for (size_t i = 0; i < st->cfg->n_pid; i++)
-        (void)signal_target(st, &st->procs[i], st->verbose);
+        signal_pid(st, i, now);
     if (st->have_names) {
         scan_names(st);
         st->next_scan_ns = hp_clock_ns(CLOCK_MONOTONIC) + 500000000u;
+        char names[512];
+        if (st->n_signalled == 0 && st->verbose)
+            fprintf(stderr,
+                    "heapprof attach: no running process matches %s yet; waiting for one to "
+                    "start\n",
+                    names_of(st->cfg, names, sizeof(names)));
     }
     return 0;
 }
@@ -297,6 +375,7 @@ int cmd_attach(int argc, char **argv)
     cfg.socket_path = sock;
 
     char out_buf[PATH_MAX];
+    bool made_up = !output;
     if (!output) {
         if (cfg.n_pid == 1)
             snprintf(out_buf, sizeof(out_buf), "heapprof-%s-%d.pftrace", st->procs[0].name,
@@ -309,6 +388,7 @@ int cmd_attach(int argc, char **argv)
         .prog = "heapprof attach",
         .cfg = &cfg,
         .output = output,
+        .output_made_up = made_up,
         .quiet = quiet,
         .top = (int)top,
         .loop =
@@ -325,6 +405,14 @@ int cmd_attach(int argc, char **argv)
     };
     struct cli_loop_result res;
     rc = cli_session_run(&cs, &res);
+    if (rc == 0 && st->have_names && cfg.n_pid == 0 && st->n_signalled == 0) {
+        char names[512];
+        fprintf(stderr, "heapprof attach: no process matched %s: nothing was profiled\n",
+                names_of(&cfg, names, sizeof(names)));
+        rc = 1;
+    }
+    if (rc == 0 && st->gave_up)
+        rc = 1;
 out:
     free(st);
     cli_opts_done(&opts);
@@ -334,46 +422,63 @@ out:
 
 int cmd_dump(int argc, char **argv)
 {
-    if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
-        puts("usage: heapprof dump [DAEMON_PID]\n"
-             "\n"
-             "Asks the running heapprofd (found through its pid file in the runtime\n"
-             "directory, or given) to dump every profiled process now (SIGUSR1).\n");
-        return 0;
-    }
-    pid_t pid = 0;
-    if (argc > 2) {
-        fprintf(stderr, "heapprof dump: too many arguments\n");
-        return EXIT_USAGE;
-    }
-    if (argc == 2) {
+    static const char usage[] =
+        "usage: heapprof dump [--socket PATH] [DAEMON_PID]\n"
+        "\n"
+        "Asks the running heapprofd to dump every profiled process now: a request on its\n"
+        "socket (default <runtime dir>/heapprofd.sock, the runtime dir being\n"
+        "$XDG_RUNTIME_DIR/heapprof or /tmp/heapprof-<uid>), which it answers. With\n"
+        "DAEMON_PID, the daemon that answers must be that process. No process is ever\n"
+        "signalled.\n";
+    const char *socket_path = NULL;
+    pid_t want = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--socket") && i + 1 < argc) {
+            socket_path = argv[++i];
+            continue;
+        }
         char *end;
-        long v = strtol(argv[1], &end, 10);
-        if (*end || v <= 0 || v > INT32_MAX) {
-            fprintf(stderr, "heapprof dump: invalid pid '%s'\n", argv[1]);
+        long v = strtol(argv[i], &end, 10);
+        if (want || argv[i][0] == '-' || *end || v <= 0 || v > INT32_MAX) {
+            fprintf(stderr, "heapprof dump: invalid argument '%s'\n%s", argv[i], usage);
             return EXIT_USAGE;
         }
-        pid = (pid_t)v;
-    } else {
-        char dir[HP_PATH_MAX], path[HP_PATH_MAX + 32], buf[32];
-        if (hp_runtime_dir(getenv("XDG_RUNTIME_DIR"), getuid(), dir, sizeof(dir)) < 0)
-            return EXIT_PROFILER;
-        snprintf(path, sizeof(path), "%s/heapprofd.pid", dir);
-        FILE *f = fopen(path, "re");
-        if (!f || !fgets(buf, sizeof(buf), f)) {
-            fprintf(stderr, "heapprof dump: no heapprofd running (no %s)\n", path);
-            if (f)
-                fclose(f);
-            return 1;
-        }
-        fclose(f);
-        pid = (pid_t)atoi(buf);
+        want = (pid_t)v;
     }
-    if (pid <= 0 || kill(pid, SIGUSR1) < 0) {
-        fprintf(stderr, "heapprof dump: cannot signal heapprofd (pid %d): %s\n", (int)pid,
-                strerror(errno));
+    char path[HP_PATH_MAX];
+    if (!socket_path) {
+        if (hp_socket_path(getenv("XDG_RUNTIME_DIR"), getuid(), 0, path, sizeof(path)) < 0) {
+            fprintf(stderr, "heapprof dump: socket path too long\n");
+            return EXIT_PROFILER;
+        }
+        socket_path = path;
+    }
+    pid_t daemon = 0;
+    int r = svc_control_dump(socket_path, want, &daemon);
+    if (r == -ENOENT || r == -ECONNREFUSED) {
+        fprintf(stderr, "heapprof dump: no heapprofd is running (nothing listens on %s)\n",
+                socket_path);
         return 1;
     }
-    fprintf(stderr, "heapprof dump: asked heapprofd (pid %d) to dump\n", (int)pid);
+    if (r == -ESRCH) {
+        fprintf(stderr,
+                "heapprof dump: pid %d is not the heapprofd listening on %s (pid %d is); "
+                "nothing asked\n",
+                (int)want, socket_path, (int)daemon);
+        return 1;
+    }
+    if (r < 0) {
+        fprintf(stderr, "heapprof dump: %s: %s\n", socket_path,
+                r == -EPROTO      ? "what answers there is not heapprofd"
+                : r == -EACCES    ? "the service there runs as another user"
+                : r == -ETIMEDOUT ? "heapprofd did not answer"
+                                  : strerror(-r));
+        return 1;
+    }
+    fprintf(stderr, "heapprof dump: asked heapprofd (pid %d) to dump\n", (int)daemon);
     return 0;
 }

@@ -208,9 +208,57 @@ static void child_env_done(struct child_env *ce)
     memset(ce, 0, sizeof(*ce));
 }
 
+/* The user's LD_PRELOAD with every entry naming libheapprof.so (whatever its directory)
+ * replaced by @lib, in place; NULL when no entry names it. An allocator preloaded before
+ * us stays before us: the client then installs its hooks in the GOT slots of the other
+ * objects (preload/got.h). */
+static char *preload_in_place(const char *old, const char *lib)
+{
+    static const char name[] = "libheapprof.so";
+    size_t cap = strlen(old) + 1, len = 0;
+    bool found = false;
+    for (const char *p = old; *p;) {
+        size_t n = strcspn(p, ": ");
+        size_t base = n;
+        while (base > 0 && p[base - 1] != '/')
+            base--;
+        if (n - base == sizeof(name) - 1 && !memcmp(p + base, name, sizeof(name) - 1)) {
+            found = true;
+            cap += strlen(lib);
+        }
+        p += n;
+        p += strspn(p, ": ");
+    }
+    if (!found)
+        return NULL;
+    char *out = malloc(cap);
+    if (!out)
+        return NULL;
+    for (const char *p = old; *p;) {
+        size_t n = strcspn(p, ": ");
+        size_t base = n;
+        while (base > 0 && p[base - 1] != '/')
+            base--;
+        bool ours = n - base == sizeof(name) - 1 && !memcmp(p + base, name, sizeof(name) - 1);
+        const char *item = ours ? lib : p;
+        size_t item_len = ours ? strlen(lib) : n;
+        memcpy(out + len, item, item_len);
+        len += item_len;
+        p += n;
+        size_t sep = strspn(p, ": ");
+        memcpy(out + len, p, sep);
+        len += sep;
+        p += sep;
+    }
+    out[len] = '\0';
+    return out;
+}
+
 /* Builds the child's environment: ours plus the profiler's variables; LD_PRELOAD keeps
- * the user's entries after ours. !@follow_exec: HEAPPROF_FOLLOW_EXEC=0, the client takes
- * itself out of the environment at startup (preload/client.c). */
+ * the user's entries after ours, or, when the user's LD_PRELOAD names libheapprof.so
+ * already, keeps the user's order (with our library at that place). !@follow_exec:
+ * HEAPPROF_FOLLOW_EXEC=0, the client takes itself out of the environment at startup
+ * (preload/client.c). */
 static char **build_env(struct child_env *ce, const char *lib, const char *sock, const char *seed,
                         bool follow_exec)
 {
@@ -233,7 +281,13 @@ static char **build_env(struct child_env *ce, const char *lib, const char *sock,
         env[k++] = environ[i];
     }
     char *s;
-    if (old_preload && *old_preload) {
+    char *in_place = old_preload ? preload_in_place(old_preload, lib) : NULL;
+    if (in_place) {
+        int r = asprintf(&s, "LD_PRELOAD=%s", in_place);
+        free(in_place);
+        if (r < 0)
+            return NULL;
+    } else if (old_preload && *old_preload) {
         if (asprintf(&s, "LD_PRELOAD=%s:%s", lib, old_preload) < 0)
             return NULL;
     } else if (asprintf(&s, "LD_PRELOAD=%s", lib) < 0) {
@@ -292,6 +346,24 @@ static int record_run(struct svc_config *cfg, char **child_argv, const char *out
     }
     if (dyn < 0 && dyn != -ENOEXEC) {
         fprintf(stderr, "heapprof record: cannot read '%s': %s\n", prog, strerror(-dyn));
+        return EXIT_CANNOT_RUN;
+    }
+    /* What execve() would refuse, refused before anything (a trace) is made. */
+    struct stat pst;
+    const char *why = NULL;
+    if (stat(prog, &pst) < 0 || (S_ISREG(pst.st_mode) && access(prog, X_OK) < 0))
+        why = strerror(errno);
+    else if (!S_ISREG(pst.st_mode))
+        why = "not a regular file";
+    if (why) {
+        fprintf(stderr, "heapprof record: cannot run '%s': %s\n", prog, why);
+        return EXIT_CANNOT_RUN;
+    }
+    if (dyn == -ENOEXEC) {
+        fprintf(stderr,
+                "heapprof record: cannot run '%s': not an executable format (no 64-bit ELF "
+                "header, no #! line)\n",
+                prog);
         return EXIT_CANNOT_RUN;
     }
     HP_CLEANUP_FREE char *lib = find_library();
@@ -361,6 +433,7 @@ static int record_run(struct svc_config *cfg, char **child_argv, const char *out
         .prog = "heapprof record",
         .cfg = cfg,
         .output = out_path ? out_path : "?",
+        .output_made_up = !output,
         .quiet = quiet,
         .top = top,
         .loop =

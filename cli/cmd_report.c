@@ -4,12 +4,58 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "report/report.h"
+
+/* "cannot read FILE: why", the one line for a trace that cannot be read. */
+static void load_error(const char *prog, const char *path, int r)
+{
+    fprintf(stderr, "%s: cannot read %s: %s\n", prog, path,
+            r == -EBADMSG ? "not a valid trace file"
+            : r == -EFBIG ? "it asks for more memory than a trace of its size may (a damaged "
+                            "or hostile trace)"
+                          : strerror(-r));
+}
+
+/* The trace ends inside a packet or a dump: say where and what was read. */
+static void truncation_error(const char *prog, const char *path, const struct rp_trace *t)
+{
+    uint64_t dumps = 0;
+    for (size_t i = 0; i < t->n_processes; i++)
+        dumps += t->processes[i].n_dumps;
+    if (t->incomplete_dumps)
+        fprintf(stderr,
+                "%s: %s is truncated: it ends inside a dump (%" PRIu32
+                " incomplete, dropped); shown: the %" PRIu64 " complete dumps in %" PRIu64
+                " packets before it\n",
+                prog, path, t->incomplete_dumps, dumps, t->n_packets);
+    else
+        fprintf(stderr,
+                "%s: %s is truncated: it ends inside a packet at byte %" PRIu64 " of %" PRIu64
+                "; shown: the %" PRIu64 " complete dumps in %" PRIu64 " packets before it\n",
+                prog, path, t->truncated_at, t->file_bytes, dumps, t->n_packets);
+}
+
+/* The program of the first profiled process: argv[0]'s base name. */
+static void program_of(const struct rp_trace *t, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    for (size_t i = 0; i < t->n_processes; i++) {
+        const char *cmd = t->processes[i].cmdline;
+        if (!cmd || !cmd[0] || !t->processes[i].n_dumps)
+            continue;
+        size_t n = strcspn(cmd, " ");
+        const char *slash = memrchr(cmd, '/', n);
+        const char *base = slash ? slash + 1 : cmd;
+        snprintf(buf, len, "%.*s", (int)(n - (size_t)(base - cmd)), base);
+        return;
+    }
+}
 
 static void usage_report(FILE *f)
 {
@@ -18,19 +64,32 @@ static void usage_report(FILE *f)
           "Prints, per process, the call sites holding the most unreleased memory and the\n"
           "ones that allocated most, with full stacks, and the trace's statistics.\n"
           "\n"
+          "Counts are estimates of real allocations from the sampled ones (the number\n"
+          "sampled beside them), and '±' is one standard deviation of an estimate under\n"
+          "the sampling model. Frames show function and file:line when the trace has\n"
+          "source lines, inlined functions included; else module+offset.\n"
+          "\n"
           "options:\n"
           "  -n, --top N        sites per table (default 10)\n"
           "      --dump N       use the Nth dump of each process (default: the last)\n"
-          "      --process PID  only this process\n"
+          "      --process PID  only this process (every program it ran)\n"
+          "      --growth       over the dumps of each process (continuous dumps):\n"
+          "                     unreleased bytes per dump as a chart, and the sites\n"
+          "                     ranked by how steadily their unreleased bytes grow\n"
           "      --diff BASE    print the growth per site since the trace BASE (or, with\n"
           "                     --base-dump M and BASE = FILE, since dump M of FILE)\n"
           "      --base-dump M  the dump of BASE to compare with (default: the last)\n"
           "      --no-demangle  print C++ names as stored\n"
           "      --no-stacks    one line per site\n"
+          "      --no-lines     frames as module+offset, without source lines\n"
           "  -h, --help         this help\n"
+          "\n"
+          "Exit status: 0; 1 when the trace cannot be read, is truncated (what was read\n"
+          "is printed first), or holds no dump or process asked for; 2 usage error.\n"
           "\n"
           "example:\n"
           "  heapprof report heapprof-myapp-1234.pftrace --top 5\n"
+          "  heapprof report --growth daemon-trace.pftrace\n"
           "  heapprof report after.pftrace --diff before.pftrace\n",
           f);
 }
@@ -67,9 +126,12 @@ int cmd_report(int argc, char **argv)
         {"process", required_argument, NULL, 'p'},
         {"diff", required_argument, NULL, 'B'},
         {"base-dump", required_argument, NULL, 'b'},
+        {"growth", no_argument, NULL, 'G'},
+        {"no-lines", no_argument, NULL, 'L'},
         {0},
     };
     struct rp_report_options ro = {.top_n = 10, .demangle = true};
+    bool growth = false;
     struct rp_trace_options to = {0}, base_to = {0};
     const char *base_path = NULL;
     uint64_t v;
@@ -115,6 +177,12 @@ int cmd_report(int argc, char **argv)
         case 'S':
             ro.no_stacks = true;
             break;
+        case 'G':
+            growth = true;
+            break;
+        case 'L':
+            ro.no_lines = true;
+            break;
         case 'h':
             usage_report(stdout);
             return 0;
@@ -129,14 +197,32 @@ int cmd_report(int argc, char **argv)
         return EXIT_USAGE;
     }
     const char *path = argv[optind];
+    if (growth && (base_path || to.dump_index)) {
+        fprintf(stderr, "heapprof report: --growth uses every dump; it goes with neither "
+                        "--diff nor --dump\n");
+        return EXIT_USAGE;
+    }
+    to.all_dumps = growth;
     struct rp_trace *t;
     int r = rp_trace_load(path, &to, &t);
     if (r < 0) {
-        fprintf(stderr, "heapprof report: cannot read %s: %s\n", path,
-                r == -EBADMSG ? "not a valid trace file" : strerror(-r));
+        load_error("heapprof report", path, r);
         return 1;
     }
-    if (base_path) {
+    int rc = 0;
+    uint32_t max_dumps = 0;
+    for (size_t i = 0; i < t->n_processes; i++)
+        max_dumps = HP_MAX(max_dumps, t->processes[i].n_dumps);
+    if (to.pid && t->n_processes == 0) {
+        fprintf(stderr, "heapprof report: %s has no process with pid %d\n", path, (int)to.pid);
+        rc = 1;
+    } else if (to.dump_index && (uint32_t)to.dump_index > max_dumps) {
+        fprintf(stderr,
+                "heapprof report: %s has no dump %d: its processes have at most %" PRIu32
+                " dump%s\n",
+                path, to.dump_index, max_dumps, max_dumps == 1 ? "" : "s");
+        rc = 1;
+    } else if (base_path) {
         struct rp_trace *base;
         /* Pids differ between two runs: the base keeps every process when the selection
          * is by pid and the base has no such pid. */
@@ -147,18 +233,48 @@ int cmd_report(int argc, char **argv)
             r = rp_trace_load(base_path, &base_to, &base);
         }
         if (r < 0) {
-            fprintf(stderr, "heapprof report: cannot read %s: %s\n", base_path,
-                    r == -EBADMSG ? "not a valid trace file" : strerror(-r));
+            load_error("heapprof report", base_path, r);
             rp_trace_free(t);
             return 1;
         }
+        uint32_t base_max = 0;
+        for (size_t i = 0; i < base->n_processes; i++)
+            base_max = HP_MAX(base_max, base->processes[i].n_dumps);
+        if (base_to.dump_index && (uint32_t)base_to.dump_index > base_max) {
+            fprintf(stderr,
+                    "heapprof report: %s has no dump %d: its processes have at most %" PRIu32
+                    " dump%s\n",
+                    base_path, base_to.dump_index, base_max, base_max == 1 ? "" : "s");
+            rp_trace_free(base);
+            rp_trace_free(t);
+            return 1;
+        }
+        char a[256], b[256];
+        program_of(base, a, sizeof(a));
+        program_of(t, b, sizeof(b));
+        if (a[0] && b[0] && strcmp(a, b) != 0)
+            fprintf(stderr,
+                    "heapprof report: warning: %s profiles '%s' but %s profiles '%s': the sites of "
+                    "different programs rarely match\n",
+                    base_path, a, path, b);
         rp_report_print_diff(stdout, base, t, &ro);
+        if (base->truncated) {
+            truncation_error("heapprof report", base_path, base);
+            rc = 1;
+        }
         rp_trace_free(base);
+    } else if (growth) {
+        rp_report_print_growth(stdout, t, &ro);
     } else {
         rp_report_print(stdout, t, &ro);
     }
+    if (t->truncated) {
+        fflush(stdout);
+        truncation_error("heapprof report", path, t);
+        rc = 1;
+    }
     rp_trace_free(t);
-    return 0;
+    return rc;
 }
 
 int cmd_pprof(int argc, char **argv)
@@ -217,12 +333,20 @@ int cmd_pprof(int argc, char **argv)
         snprintf(prefix, sizeof(prefix), "%.*s", (int)n, path);
         out = prefix;
     }
-    int r = rp_pprof_export(path, out, dump, pid, stdout);
+    bool truncated = false;
+    int r = rp_pprof_export(path, out, dump, pid, stdout, &truncated);
+    if (r == -ENODATA) {
+        fprintf(stderr, "heapprof pprof: %s: no dump matches%s\n", path,
+                pid ? " (check --process and --dump with 'heapprof report')" : "");
+        return 1;
+    }
     if (r < 0) {
-        fprintf(stderr, "heapprof pprof: %s: %s\n", path,
-                r == -ENODATA   ? "no dump matches"
-                : r == -EBADMSG ? "not a valid trace file"
-                                : strerror(-r));
+        load_error("heapprof pprof", path, r);
+        return 1;
+    }
+    if (truncated) {
+        fprintf(stderr, "heapprof pprof: %s is truncated: its complete dumps were exported\n",
+                path);
         return 1;
     }
     return 0;

@@ -44,6 +44,9 @@ enum {
     OPT_SOCKET,
     OPT_STATUS,
     OPT_NO_STATUS,
+    OPT_PRODUCER,
+    OPT_PRODUCER_SOCKET,
+    OPT_DATA_SOURCE,
 };
 
 static const struct option daemon_own_opts[] = {
@@ -52,6 +55,9 @@ static const struct option daemon_own_opts[] = {
     {"output", required_argument, NULL, 'o'},
     {"status", no_argument, NULL, OPT_STATUS},
     {"no-status", no_argument, NULL, OPT_NO_STATUS},
+    {"producer", no_argument, NULL, OPT_PRODUCER},
+    {"producer-socket", required_argument, NULL, OPT_PRODUCER_SOCKET},
+    {"data-source", required_argument, NULL, OPT_DATA_SOURCE},
     {"help", no_argument, NULL, 'h'},
     {0},
 };
@@ -65,8 +71,8 @@ static void usage(FILE *f, const struct cli_opts *o)
           "targets are profiled from their first allocation and dumped when they exit.\n"
           "Running targets that have the library are attached with a signal (unless\n"
           "--no-running). Stop with Ctrl-C or SIGTERM: every process is dumped and the\n"
-          "trace completed; a second Ctrl-C exits at once. SIGUSR1 (or 'heapprof dump')\n"
-          "dumps now.\n"
+          "trace completed; a second Ctrl-C exits at once. 'heapprof dump' (a request on\n"
+          "the socket) or SIGUSR1 dumps now.\n"
           "\n"
           "options (each configuration option is also a field of the config file, named as\n"
           "in Perfetto's HeapprofdConfig):\n"
@@ -79,7 +85,16 @@ static void usage(FILE *f, const struct cli_opts *o)
           "                               ./heapprofd-<date>-<pid>.pftrace)\n",
           f);
     cli_opts_help(f, o);
-    fputs("      --no-status              no live status line (shown on a terminal)\n"
+    fputs("      --producer               be a data source of Perfetto's tracing service\n"
+          "                               (traced) instead of writing a file: each tracing\n"
+          "                               session that enables android.heapprofd gets its\n"
+          "                               own profile, configured by its heapprofd_config\n"
+          "      --producer-socket NAME   traced's producer socket (default\n"
+          "                               $PERFETTO_PRODUCER_SOCK_NAME, else\n"
+          "                               /run/perfetto/traced-producer.sock or\n"
+          "                               /tmp/perfetto-producer)\n"
+          "      --data-source NAME       data source name (default android.heapprofd)\n"
+          "      --no-status              no live status line (shown on a terminal)\n"
           "  -h, --help                   this help\n"
           "\n"
           "example:\n"
@@ -93,31 +108,58 @@ static void usage(FILE *f, const struct cli_opts *o)
 static void signal_running(void *ctx, const struct svc_proc *p)
 {
     (void)ctx;
-    int r = svc_proc_signal_attach(p->pid, 0);
-    if (r < 0)
+    int r = svc_proc_signal_attach(p, 0);
+    if (r == -EAGAIN)
+        hp_log_info("pid %d (%s): no attach handler installed (still starting, or attaching "
+                    "disabled); not signalled",
+                    (int)p->pid, p->name);
+    else if (r < 0)
         hp_log_warn("pid %d (%s): cannot send the attach signal: %s", (int)p->pid, p->name,
                     strerror(-r));
     else
         hp_log_info("pid %d (%s): attach signal sent", (int)p->pid, p->name);
 }
 
+/* The name of a HeapprofdConfig field @cfg sets to other than its default, or NULL: in
+ * producer mode those come from each session's config. */
+static const char *session_field_given(const struct svc_config *cfg)
+{
+    struct svc_config dflt;
+    svc_config_init(&dflt);
+    if (cfg->n_pid || cfg->n_process_cmdline)
+        return cfg->n_pid ? "pid" : "process_cmdline";
+    for (size_t i = 0; i < svc_n_config_fields; i++) {
+        const struct svc_config_field *f = &svc_config_fields[i];
+        size_t w = f->type == SVC_FIELD_BOOL ? sizeof(bool) : f->width;
+        if (f->proto_id &&
+            (f->type == SVC_FIELD_BOOL || f->type == SVC_FIELD_UINT ||
+             f->type == SVC_FIELD_BYTES) &&
+            memcmp((const char *)cfg + f->offset, (const char *)&dflt + f->offset, w) != 0)
+            return f->name;
+    }
+    return NULL;
+}
+
 struct daemon_run {
     const struct svc_config *cfg;
-    const char *socket_path, *output, *pidfile;
+    const char *socket_path;
+    char output[PATH_MAX]; /* the trace file opened */
 };
 
+/* No pid file: `heapprof dump` asks the daemon over its socket (svc_control_dump()), so
+ * no tool of ours ever signals a pid read from a file. */
 static int daemon_started(void *ctx, svc_t *s)
 {
     (void)s;
     struct daemon_run *d = ctx;
-    if (d->pidfile[0]) {
-        FILE *f = fopen(d->pidfile, "we");
-        if (f) {
-            fprintf(f, "%d\n", (int)getpid());
-            fclose(f);
-        }
-    }
-    fprintf(stderr, "heapprofd: listening on %s, writing %s\n", d->socket_path, d->output);
+    if (d->cfg->allow_other_users)
+        fprintf(stderr,
+                "heapprofd: listening on %s, mode 0666 (--allow-other-users): processes of "
+                "every user may connect (HEAPPROF_SOCKET=%s); each is checked by its uid and "
+                "its /proc descriptors; writing %s\n",
+                d->socket_path, d->socket_path, d->output);
+    else
+        fprintf(stderr, "heapprofd: listening on %s, writing %s\n", d->socket_path, d->output);
     if (!d->cfg->no_running && svc_config_has_targets(d->cfg))
         svc_proc_scan_targets(d->cfg, signal_running, NULL);
     return 0;
@@ -133,7 +175,8 @@ int cmd_daemon(int argc, char **argv)
 {
     struct cli_opts opts;
     struct svc_config cfg;
-    const char *output = NULL, *socket_path = NULL;
+    const char *output = NULL, *socket_path = NULL, *producer_socket = NULL, *data_source = NULL;
+    bool producer = false, config_file = false;
     bool status_line = true; /* on a terminal */
     char err[512];
     int c, rc = EXIT_USAGE;
@@ -160,6 +203,16 @@ int cmd_daemon(int argc, char **argv)
             continue;
         switch (c) {
         case OPT_CONFIG:
+            config_file = true;
+            break;
+        case OPT_PRODUCER:
+            producer = true;
+            break;
+        case OPT_PRODUCER_SOCKET:
+            producer_socket = optarg;
+            break;
+        case OPT_DATA_SOURCE:
+            data_source = optarg;
             break;
         case OPT_SOCKET:
             socket_path = optarg;
@@ -186,16 +239,40 @@ int cmd_daemon(int argc, char **argv)
         fprintf(stderr, "heapprofd: unexpected argument '%s'\n", argv[optind]);
         goto out;
     }
+    if (!producer && (producer_socket || data_source)) {
+        fprintf(stderr, "heapprofd: --producer-socket and --data-source need --producer\n");
+        goto out;
+    }
+    if (producer) {
+        const char *given = session_field_given(&cfg);
+        if (output)
+            fprintf(stderr, "heapprofd: with --producer, traced writes the trace: no -o\n");
+        else if (config_file)
+            fprintf(stderr, "heapprofd: with --producer, each tracing session's "
+                            "heapprofd_config is the configuration: no --config\n");
+        else if (given)
+            fprintf(stderr,
+                    "heapprofd: with --producer, %s comes from each tracing session's "
+                    "heapprofd_config\n",
+                    given);
+        if (output || config_file || given)
+            goto out;
+    }
     if (svc_config_check(&cfg, err, sizeof(err)) < 0) {
         fprintf(stderr, "heapprofd: %s\n", err);
         goto out;
     }
-    if (!svc_config_has_targets(&cfg))
+    if (!producer && !svc_config_has_targets(&cfg))
         fprintf(stderr, "heapprofd: no targets (-p, -n, --all, or pid/process_cmdline in the "
                         "config): processes that connect are left unprofiled\n");
 
-    char dir[HP_PATH_MAX], sock[HP_PATH_MAX + 32], pidfile[HP_PATH_MAX + 32];
-    pidfile[0] = '\0';
+    if (cfg.allow_other_users && geteuid() != 0) {
+        fprintf(stderr, "heapprofd: --allow-other-users needs root (only root may profile "
+                        "processes of other users)\n");
+        goto out;
+    }
+
+    char dir[HP_PATH_MAX], sock[HP_PATH_MAX + 32];
     if (!socket_path) {
         if (hp_runtime_dir_prepare(dir, sizeof(dir), err, sizeof(err)) < 0) {
             fprintf(stderr, "heapprofd: %s\n", err);
@@ -203,14 +280,32 @@ int cmd_daemon(int argc, char **argv)
             goto out;
         }
         snprintf(sock, sizeof(sock), "%s/%s", dir, HP_DAEMON_SOCKET_NAME);
-        snprintf(pidfile, sizeof(pidfile), "%s/heapprofd.pid", dir);
+        /* The runtime dir is ours alone (mode 0700): other users' processes could not
+         * reach a socket in it. */
+        char shared[HP_PATH_MAX];
+        if (cfg.allow_other_users) {
+            if (hp_shared_dir_prepare(shared, sizeof(shared), err, sizeof(err)) < 0) {
+                fprintf(stderr, "heapprofd: %s (or give --socket PATH)\n", err);
+                rc = EXIT_PROFILER;
+                goto out;
+            }
+            snprintf(sock, sizeof(sock), "%s/%s", shared, HP_DAEMON_SOCKET_NAME);
+        }
         socket_path = sock;
     }
     cfg.socket_path = socket_path;
+    if (producer) {
+        rc = cli_producer_run(&(struct cli_producer_opts){.base = &cfg,
+                                                          .daemon_socket = socket_path,
+                                                          .producer_socket = producer_socket,
+                                                          .data_source = data_source});
+        goto out;
+    }
 
     char out_buf[PATH_MAX];
     struct stat st;
-    if (!output || (stat(output, &st) == 0 && S_ISDIR(st.st_mode))) {
+    bool made_up = !output || (stat(output, &st) == 0 && S_ISDIR(st.st_mode));
+    if (made_up) {
         char ts[32];
         time_t now = time(NULL);
         struct tm tm;
@@ -222,12 +317,13 @@ int cmd_daemon(int argc, char **argv)
                  output ? output : "", output ? "/" : "", ts, (int)getpid());
         output = out_buf;
     }
-    struct daemon_run d = {
-        .cfg = &cfg, .socket_path = socket_path, .output = output, .pidfile = pidfile};
+    struct daemon_run d = {.cfg = &cfg, .socket_path = socket_path};
     struct cli_session cs = {
         .prog = "heapprofd",
         .cfg = &cfg,
         .output = output,
+        .output_made_up = made_up,
+        .output_opened = d.output,
         .top = 0,
         .loop = {.status_line = status_line && isatty(STDERR_FILENO)},
         .started = daemon_started,
@@ -236,8 +332,6 @@ int cmd_daemon(int argc, char **argv)
     };
     struct cli_loop_result res;
     rc = cli_session_run(&cs, &res);
-    if (pidfile[0])
-        (void)unlink(pidfile);
 out:
     cli_opts_done(&opts);
     svc_config_done(&cfg);

@@ -33,7 +33,21 @@ void cli_loop_block_signals(sigset_t *ret_old)
     sigprocmask(SIG_BLOCK, &m, ret_old);
 }
 
-static void draw_status(svc_t *s, uint64_t *last_samples, uint64_t *last_ns, bool final)
+/* "1:05" or "1:02:05". */
+static const char *fmt_duration(uint64_t ns, char *buf, size_t len)
+{
+    uint64_t s = ns / 1000000000u;
+    if (s >= 3600)
+        snprintf(buf, len, "%llu:%02llu:%02llu", (unsigned long long)(s / 3600),
+                 (unsigned long long)(s / 60 % 60), (unsigned long long)(s % 60));
+    else
+        snprintf(buf, len, "%llu:%02llu", (unsigned long long)(s / 60),
+                 (unsigned long long)(s % 60));
+    return buf;
+}
+
+static void draw_status(svc_t *s, uint64_t start, uint64_t duration_ms, uint64_t *last_samples,
+                        uint64_t *last_ns, bool final)
 {
     struct svc_status st;
     svc_get_status(s, &st);
@@ -42,10 +56,20 @@ static void draw_status(svc_t *s, uint64_t *last_samples, uint64_t *last_ns, boo
     double rate = secs > 0 ? (double)(st.samples - *last_samples) / secs : 0;
     *last_samples = st.samples;
     *last_ns = now;
-    char out[32];
+    char out[32], live[32], el[32], left[32] = "";
     hp_format_bytes(st.output_bytes, out, sizeof(out));
-    fprintf(stderr, "\r\033[Kheapprof: %u process%s, %.0f samples/s, %llu dropped, %llu dump%s, %s",
-            st.live_processes, st.live_processes == 1 ? "" : "es", rate,
+    hp_format_bytes(st.live_bytes, live, sizeof(live));
+    fmt_duration(now - start, el, sizeof(el));
+    uint64_t end = start + duration_ms * 1000000u;
+    if (duration_ms && end > now) {
+        char d[24];
+        snprintf(left, sizeof(left), " (%s left)",
+                 fmt_duration(end - now + 999999999u, d, sizeof(d)));
+    }
+    fprintf(stderr,
+            "\r\033[Kheapprof: %s%s, %u process%s, live heap %s, %.0f samples/s, %llu dropped, "
+            "%llu dump%s, %s written",
+            el, left, st.live_processes, st.live_processes == 1 ? "" : "es", live, rate,
             (unsigned long long)st.records_dropped, (unsigned long long)st.dumps,
             st.dumps == 1 ? "" : "s", out);
     if (final)
@@ -122,7 +146,7 @@ int cli_loop_run(svc_t *s, const struct cli_loop_opts *o, struct cli_loop_result
                 break;
         }
         if (o->status_line && now >= next_status) {
-            draw_status(s, &last_samples, &last_status_ns, false);
+            draw_status(s, start, o->duration_ms, &last_samples, &last_status_ns, false);
             next_status = now + 1000000000u;
         }
         if (o->duration_ms && now - start >= o->duration_ms * 1000000u) {
@@ -141,7 +165,7 @@ int cli_loop_run(svc_t *s, const struct cli_loop_opts *o, struct cli_loop_result
         }
     }
     if (o->status_line)
-        draw_status(s, &last_samples, &last_status_ns, true);
+        draw_status(s, start, o->duration_ms, &last_samples, &last_status_ns, true);
     svc_unwatch_fd(s, sfd);
     (void)close(sfd);
     return r;

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -12,12 +13,15 @@
 int cli_session_run(const struct cli_session *cs, struct cli_loop_result *ret_res)
 {
     memset(ret_res, 0, sizeof(*ret_res));
-    int out_fd = open(cs->output, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    char output[PATH_MAX], err[PATH_MAX + 160];
+    int out_fd =
+        cli_output_open(cs->output, cs->output_made_up, output, sizeof(output), err, sizeof(err));
     if (out_fd < 0) {
-        fprintf(stderr, "%s: cannot write the trace to '%s': %s\n", cs->prog, cs->output,
-                strerror(errno));
+        fprintf(stderr, "%s: %s\n", cs->prog, err);
         return EXIT_PROFILER;
     }
+    if (cs->output_opened)
+        memcpy(cs->output_opened, output, strlen(output) + 1);
     /* Signals are taken through a signalfd: blocked before any thread exists. */
     cli_loop_block_signals(NULL);
     svc_t *s = NULL;
@@ -48,10 +52,10 @@ int cli_session_run(const struct cli_session *cs, struct cli_loop_result *ret_re
     if (close(out_fd) < 0 && r == 0)
         r = -errno;
     if (r < 0) {
-        fprintf(stderr, "%s: writing '%s' failed: %s\n", cs->prog, cs->output, strerror(-r));
+        fprintf(stderr, "%s: writing '%s' failed: %s\n", cs->prog, output, strerror(-r));
         return EXIT_PROFILER;
     }
     if (!cs->quiet)
-        cli_print_summary(cs->output, &sum, cs->top);
+        cli_print_summary(output, &sum, cs->top);
     return 0;
 }

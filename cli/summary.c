@@ -7,6 +7,11 @@
 #include "common/format.h"
 #include "report/report.h"
 
+/* Up to this many processes, each gets its top sites in the summary. */
+#define SUMMARY_FULL_PROCESSES 3
+/* Beyond, a table, and the top sites of this many processes. */
+#define SUMMARY_LARGEST 3
+
 void cli_print_summary(const char *out_path, const struct svc_summary *sum, int top)
 {
     char hb[32];
@@ -28,12 +33,44 @@ void cli_print_summary(const char *out_path, const struct svc_summary *sum, int 
             (unsigned long long)sum->audits, (unsigned long long)sum->frees,
             (unsigned long long)sum->records_dropped, (unsigned long long)sum->unwinding_errors,
             audit, sum->corrupt_clients ? "; a client sent corrupt data" : "");
+    if (sum->clients_timed_out)
+        fprintf(stderr,
+                "heapprof: %llu process%s waited longer than the block timeout for the service "
+                "and stopped waiting: samples dropped since (CLIENT_ERROR_HIT_TIMEOUT)\n",
+                (unsigned long long)sum->clients_timed_out,
+                sum->clients_timed_out == 1 ? "" : "es");
+    if (sum->frees_lost)
+        fprintf(stderr,
+                "heapprof: %llu frees of sampled allocations could not be recorded; their bytes "
+                "show as unreleased\n",
+                (unsigned long long)sum->frees_lost);
+    if (sum->conn_closed)
+        fprintf(stderr,
+                "heapprof: %llu process%s closed the profiler's connection while running "
+                "(e.g. closefrom or close_range at start): not profiled from there on\n",
+                (unsigned long long)sum->conn_closed, sum->conn_closed == 1 ? "" : "es");
+    if (sum->stall_waits || sum->stall_skips || sum->stall_cutoffs)
+        fprintf(stderr,
+                "heapprof: writers stalled in the middle of a record: %llu time%s stopped "
+                "(debugger, SIGSTOP, freezer; waited for), %llu record%s of exited threads "
+                "skipped, %llu process%s cut off (a running thread kept a record)\n",
+                (unsigned long long)sum->stall_waits, sum->stall_waits == 1 ? "" : "s",
+                (unsigned long long)sum->stall_skips, sum->stall_skips == 1 ? "" : "s",
+                (unsigned long long)sum->stall_cutoffs, sum->stall_cutoffs == 1 ? "" : "es");
     if (top > 0) {
         struct rp_trace *t;
         if (rp_trace_load(out_path, &(struct rp_trace_options){0}, &t) == 0) {
-            rp_report_print(stderr, t,
-                            &(struct rp_report_options){
-                                .top_n = top, .demangle = true, .unreleased_only = true});
+            struct rp_report_options ro = {
+                .top_n = top, .demangle = true, .unreleased_only = true, .no_stacks = false};
+            size_t dumped = 0;
+            for (size_t i = 0; i < t->n_processes; i++)
+                dumped += t->processes[i].selected;
+            /* Many processes (a build, a shell script): one line each, and the sites of
+             * the few that hold the most, so the summary stays a screen long. */
+            if (dumped > SUMMARY_FULL_PROCESSES)
+                rp_report_print_summary(stderr, t, &ro, SUMMARY_LARGEST);
+            else
+                rp_report_print(stderr, t, &ro);
             rp_trace_free(t);
         }
     }

@@ -2,9 +2,14 @@
 #include "common/containers.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 void hp_advise_huge(void *p, size_t bytes)
 {
@@ -38,25 +43,102 @@ int hp_grow(void **p, size_t *cap, size_t need, size_t elem)
     return 0;
 }
 
-uint64_t hp_hash_bytes(const void *p, size_t len, uint64_t seed)
+/* ---- keyed hashing ---- */
+
+static pthread_once_t s_secret_once = PTHREAD_ONCE_INIT;
+static uint64_t s_secret[2];     /* written once, under s_secret_once */
+static _Atomic uint64_t s_seeds; /* seeds handed out; only needs to be unique */
+
+static void secret_init(void)
 {
-    /* Eight bytes per step, each word mixed in with a multiply-rotate; the tail is
-     * zero-padded, and the length goes into the final mix. */
+    uint64_t k[2] = {0, 0};
+    size_t got = 0;
+    while (got < sizeof(k)) {
+        ssize_t n = getrandom((char *)k + got, sizeof(k) - got, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    if (got < sizeof(k)) {
+        /* No getrandom (a seccomp filter, an old kernel): what differs between runs is
+         * better than a constant the attacker knows. */
+        struct timespec a, b;
+        clock_gettime(CLOCK_REALTIME, &a);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        k[0] ^= hp_hash_u64((uint64_t)a.tv_nsec ^ ((uint64_t)a.tv_sec << 30) ^ (uint64_t)getpid());
+        k[1] ^= hp_hash_u64((uint64_t)b.tv_nsec ^ ((uint64_t)b.tv_sec << 30) ^ (uintptr_t)&a ^
+                            (uintptr_t)&secret_init);
+    }
+    s_secret[0] = k[0];
+    s_secret[1] = k[1];
+}
+
+static inline uint64_t rotl64(uint64_t x, int b)
+{
+    return (x << b) | (x >> (64 - b));
+}
+
+#define SIPROUND(v0, v1, v2, v3)                                                                   \
+    do {                                                                                           \
+        v0 += v1;                                                                                  \
+        v1 = rotl64(v1, 13);                                                                       \
+        v1 ^= v0;                                                                                  \
+        v0 = rotl64(v0, 32);                                                                       \
+        v2 += v3;                                                                                  \
+        v3 = rotl64(v3, 16);                                                                       \
+        v3 ^= v2;                                                                                  \
+        v0 += v3;                                                                                  \
+        v3 = rotl64(v3, 21);                                                                       \
+        v3 ^= v0;                                                                                  \
+        v2 += v1;                                                                                  \
+        v1 = rotl64(v1, 17);                                                                       \
+        v1 ^= v2;                                                                                  \
+        v2 = rotl64(v2, 32);                                                                       \
+    } while (0)
+
+/* SipHash-1-3 (one round per word, three to finish) of @p[0..len) under (@k0, @k1):
+ * a keyed pseudo-random function, so collisions cannot be computed without the key. */
+static uint64_t siphash13(uint64_t k0, uint64_t k1, const void *p, size_t len)
+{
     const unsigned char *s = p;
-    const size_t total = len;
-    uint64_t h = seed ^ 0x9e3779b97f4a7c15ull;
+    uint64_t v0 = k0 ^ 0x736f6d6570736575ull, v1 = k1 ^ 0x646f72616e646f6dull;
+    uint64_t v2 = k0 ^ 0x6c7967656e657261ull, v3 = k1 ^ 0x7465646279746573ull;
+    const uint64_t tail_len = (uint64_t)len << 56;
     while (len >= 8) {
-        uint64_t w;
-        memcpy(&w, s, 8);
-        h = (h ^ w) * 0xff51afd7ed558ccdull;
-        h = (h << 29) | (h >> 35);
+        uint64_t m;
+        memcpy(&m, s, 8); /* little-endian: the project is x86_64 first */
+        v3 ^= m;
+        SIPROUND(v0, v1, v2, v3);
+        v0 ^= m;
         s += 8;
         len -= 8;
     }
-    uint64_t w = 0;
-    memcpy(&w, s, len);
-    h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
-    return hp_hash_u64(h ^ (uint64_t)total);
+    uint64_t m = 0;
+    memcpy(&m, s, len);
+    m |= tail_len;
+    v3 ^= m;
+    SIPROUND(v0, v1, v2, v3);
+    v0 ^= m;
+    v2 ^= 0xff;
+    SIPROUND(v0, v1, v2, v3);
+    SIPROUND(v0, v1, v2, v3);
+    SIPROUND(v0, v1, v2, v3);
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+uint64_t hp_hash_seed(void)
+{
+    (void)pthread_once(&s_secret_once, secret_init);
+    uint64_t n = atomic_fetch_add_explicit(&s_seeds, 1, memory_order_relaxed);
+    return siphash13(s_secret[0], ~s_secret[1], &n, sizeof(n));
+}
+
+uint64_t hp_hash_bytes(const void *p, size_t len, uint64_t seed)
+{
+    (void)pthread_once(&s_secret_once, secret_init);
+    return siphash13(s_secret[0] ^ seed, s_secret[1], p, len);
 }
 
 /* ---- arena ---- */
@@ -149,22 +231,30 @@ void hp_map_done(struct hp_map *m)
     hp_map_init(m, m->val_size);
 }
 
+static inline size_t map_home(const struct hp_map *m, uint64_t key)
+{
+    return hp_hash_keyed(m->seed, key) & (m->cap - 1);
+}
+
+/* The slot of @key (*@ret_found true), else the empty slot where it would go; SIZE_MAX
+ * when there is none within HP_MAP_MAX_PROBE slots of its home. Every key lies within
+ * that distance (hp_map_put() and map_rehash() see to it), so the search stops there. */
 static size_t map_find(const struct hp_map *m, uint64_t key, bool *ret_found)
 {
     size_t mask = m->cap - 1;
-    size_t i = hp_hash_u64(key) & mask;
-    for (;;) {
+    size_t i = map_home(m, key);
+    *ret_found = false;
+    for (size_t d = 0; d <= HP_MAP_MAX_PROBE; d++) {
         uint64_t k = *slot_key(m, i);
         if (k == key) {
             *ret_found = true;
             return i;
         }
         if (k == MAP_EMPTY)
-            break;
+            return i;
         i = (i + 1) & mask;
     }
-    *ret_found = false;
-    return i;
+    return SIZE_MAX;
 }
 
 void *hp_map_get(const struct hp_map *m, uint64_t key)
@@ -178,29 +268,52 @@ void *hp_map_get(const struct hp_map *m, uint64_t key)
     return found ? slot_val(m, i) : NULL;
 }
 
-static int map_rehash(struct hp_map *m, size_t cap)
+/* Moves every entry into @cap slots, under a fresh seed when @rekey (or when the map has
+ * none yet). Growth keeps the seed: entries then move in slot order to nearby slots of
+ * the new table, which a new seed would scatter (a cache miss each: +5% on the
+ * bookkeeping bench). A seed that leaves some key too far from home is replaced (every
+ * fourth try also doubles the slots); with random keys the first one almost always
+ * places them all. */
+static int map_rehash(struct hp_map *m, size_t cap, bool rekey)
 {
-    if (cap > SIZE_MAX / m->stride)
-        return -ENOMEM;
-    struct hp_map n = *m;
-    n.cap = cap;
-    n.slots = malloc(cap * m->stride);
-    if (!n.slots)
-        return -ENOMEM;
-    hp_advise_huge(n.slots, cap * m->stride);
-    for (size_t i = 0; i < cap; i++)
-        *slot_key(&n, i) = MAP_EMPTY;
-    for (size_t i = 0; i < m->cap; i++) {
-        uint64_t k = *slot_key(m, i);
-        if (k == MAP_EMPTY)
-            continue;
-        bool found;
-        size_t j = map_find(&n, k, &found);
-        memcpy(n.slots + j * n.stride, m->slots + i * m->stride, m->stride);
+    for (unsigned attempt = 1;; attempt++) {
+        if (cap > SIZE_MAX / m->stride)
+            return -ENOMEM;
+        struct hp_map n = *m;
+        n.cap = cap;
+        if (rekey || attempt > 1 || !m->cap)
+            n.seed = hp_hash_seed();
+        n.inserts = 0;
+        n.slots = malloc(cap * m->stride);
+        if (!n.slots)
+            return -ENOMEM;
+        hp_advise_huge(n.slots, cap * m->stride);
+        for (size_t i = 0; i < cap; i++)
+            *slot_key(&n, i) = MAP_EMPTY;
+        bool placed = true;
+        for (size_t i = 0; i < m->cap && placed; i++) {
+            uint64_t k = *slot_key(m, i);
+            if (k == MAP_EMPTY)
+                continue;
+            bool found;
+            size_t j = map_find(&n, k, &found);
+            if (j == SIZE_MAX)
+                placed = false;
+            else
+                memcpy(n.slots + j * n.stride, m->slots + i * m->stride, m->stride);
+        }
+        if (placed) {
+            free(m->slots);
+            *m = n;
+            return 0;
+        }
+        free(n.slots);
+        if (attempt % 4 == 0) {
+            if (cap > SIZE_MAX / 2)
+                return -ENOMEM;
+            cap *= 2;
+        }
     }
-    free(m->slots);
-    *m = n;
-    return 0;
 }
 
 int hp_map_put(struct hp_map *m, uint64_t key, void **ret_val)
@@ -221,17 +334,32 @@ int hp_map_put(struct hp_map *m, uint64_t key, void **ret_val)
     /* Load at most 13/16: linear probing with a mixing hash stays short there, and a
      * live allocation costs at most ~59 bytes of slots (24 bytes each). */
     if ((m->count + 1) * 16 > m->cap * 13) {
-        int r = map_rehash(m, m->cap ? m->cap * 2 : 16);
+        int r = map_rehash(m, m->cap ? m->cap * 2 : 16, false);
         if (r < 0)
             return r;
     }
     bool found;
     size_t i = map_find(m, key, &found);
+    if (HP_UNLIKELY(i == SIZE_MAX)) {
+        /* A run longer than random keys make: rehash under a new seed, but at most once
+         * per cap/16 inserts, so that keys made to collide under any seed cost a
+         * bounded amortised time; past that the key is refused. */
+        if (m->inserts < m->cap / 16)
+            return -ENOSPC;
+        int r = map_rehash(m, m->cap, true);
+        if (r < 0)
+            return r;
+        m->rekeys++;
+        i = map_find(m, key, &found);
+        if (i == SIZE_MAX)
+            return -ENOSPC;
+    }
     void *v = slot_val(m, i);
     if (!found) {
         *slot_key(m, i) = key;
         memset(v, 0, m->val_size);
         m->count++;
+        m->inserts++;
     }
     *ret_val = v;
     return found ? 0 : 1;
@@ -248,7 +376,7 @@ static void map_remove_at(struct hp_map *m, size_t i)
         uint64_t k = *slot_key(m, j);
         if (k == MAP_EMPTY)
             break;
-        size_t home = hp_hash_u64(k) & mask;
+        size_t home = map_home(m, k);
         bool stays = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
         if (stays)
             continue;
@@ -337,7 +465,8 @@ int64_t hp_idtab_find(const struct hp_idtab *t, uint64_t hash, hp_idtab_eq_fn eq
     return -1;
 }
 
-/* Callers' hashes are already mixed, so the stored low half also picks the home slot. */
+/* Callers' hashes are already mixed (and keyed), so the stored low half also picks the
+ * home slot. */
 static void idtab_place(struct hp_idtab *t, struct hp_idtab_slot s)
 {
     size_t mask = t->cap - 1;
@@ -363,7 +492,13 @@ int hp_idtab_add(struct hp_idtab *t, uint64_t hash, uint32_t id)
         free(t->slots);
         *t = n;
     }
-    idtab_place(t, (struct hp_idtab_slot){.hash = (uint32_t)hash, .id = id + 1});
+    /* Probe first: an id past the bound is refused, never placed. */
+    size_t mask = t->cap - 1;
+    size_t i = (uint32_t)hash & mask;
+    for (size_t d = 0; t->slots[i].id; d++, i = (i + 1) & mask)
+        if (d >= HP_IDTAB_MAX_PROBE)
+            return -ENOSPC;
+    t->slots[i] = (struct hp_idtab_slot){.hash = (uint32_t)hash, .id = id + 1};
     t->count++;
     return 0;
 }

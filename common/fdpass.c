@@ -7,6 +7,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/sys.h"
+
 int hp_send_fds(int sock, const void *buf, size_t len, const int *fds, size_t nfds)
 {
     union {
@@ -29,11 +31,11 @@ int hp_send_fds(int sock, const void *buf, size_t len, const int *fds, size_t nf
         memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
     }
     for (;;) {
-        ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR)
+        long n = hp_sys3(SYS_sendmsg, sock, (long)&msg, MSG_NOSIGNAL);
+        if (n == -EINTR)
             continue;
         if (n < 0)
-            return -errno;
+            return (int)n;
         if ((size_t)n != len)
             return -EBADMSG; /* stream sockets of this size never split a small message */
         return 0;
@@ -49,18 +51,15 @@ int hp_recv_fds(int sock, void *buf, size_t len, int *fds, size_t max_fds, size_
     struct iovec iov = {.iov_base = buf, .iov_len = len};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
     size_t got = 0;
-    ssize_t n;
+    long n;
 
     msg.msg_control = u.buf;
     msg.msg_controllen = sizeof(u.buf);
-    for (;;) {
-        n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL);
-        if (n < 0 && errno == EINTR)
-            continue;
-        break;
-    }
+    do
+        n = hp_sys3(SYS_recvmsg, sock, (long)&msg, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+    while (n == -EINTR);
     if (n < 0)
-        return -errno;
+        return (int)n;
 
     /* Collect every descriptor first so none leaks, whatever the message looks like. */
     int received[HP_MAX_PASSED_FDS * 2];
@@ -75,7 +74,7 @@ int hp_recv_fds(int sock, void *buf, size_t len, int *fds, size_t max_fds, size_
             if (nrecv < sizeof(received) / sizeof(received[0]))
                 received[nrecv++] = fd;
             else
-                (void)close(fd);
+                (void)hp_sys_close(fd);
         }
     }
     bool ok = (size_t)n == len && !(msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC));
@@ -83,13 +82,13 @@ int hp_recv_fds(int sock, void *buf, size_t len, int *fds, size_t max_fds, size_
         if (ok && got < max_fds)
             fds[got++] = received[i];
         else
-            (void)close(received[i]);
+            (void)hp_sys_close(received[i]);
     }
     if (n == 0)
         return -ECONNRESET;
     if (!ok) {
         for (size_t i = 0; i < got; i++)
-            (void)close(fds[i]);
+            (void)hp_sys_close(fds[i]);
         return -EBADMSG;
     }
     *ret_nfds = got;

@@ -1,5 +1,6 @@
 /* common/fdpass.h: send and receive a small fixed-size message with file descriptors
- * over a UNIX stream socket (SCM_RIGHTS). Hook-safe: only sendmsg/recvmsg, no allocation.
+ * over a UNIX stream socket (SCM_RIGHTS). Hook-safe: raw sendmsg/recvmsg (common/sys.h:
+ * no errno, no thread state, so also from the client's session thread), no allocation.
  *
  *     int fds[2] = {maps_fd, mem_fd};
  *     int r = hp_send_fds(sock, &hello, sizeof(hello), fds, 2);

@@ -31,6 +31,14 @@ int hp_socket_path(const char *xdg_runtime_dir, uid_t uid, pid_t attach_pid, cha
  * owned by us with mode 0700. Writes its path to @buf. Returns 0 or -errno with a
  * message in @err. */
 int hp_runtime_dir_prepare(char *buf, size_t len, char *err, size_t err_len);
+/* The directory of the socket of a daemon that other users' processes may connect to
+ * (--allow-other-users): root's, writable by nobody else, searchable by everyone. */
+#define HP_SHARED_SOCKET_DIR "/run/heapprof"
+/* Creates HP_SHARED_SOCKET_DIR if needed and checks it: a directory (not a symlink) owned
+ * by us (root) and not writable by group or others; makes it mode 0755 when it was
+ * tighter (others must reach the socket in it). Writes its path to @buf. Returns 0 or
+ * -errno with a message in @err. */
+int hp_shared_dir_prepare(char *buf, size_t len, char *err, size_t err_len);
 /* Creates a new private directory (mode 0700) "heapprof-XXXXXX" under $XDG_RUNTIME_DIR
  * when that is a usable directory, else under /tmp, for the socket of one session.
  * Writes its path to @buf. Returns 0 or -errno. */

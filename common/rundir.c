@@ -3,6 +3,7 @@
 #include "common/paths.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,46 @@ int hp_runtime_dir_prepare(char *buf, size_t len, char *err, size_t err_len)
         return -EPERM;
     }
     return 0;
+}
+
+int hp_shared_dir_prepare(char *buf, size_t len, char *err, size_t err_len)
+{
+    const char *dir = HP_SHARED_SOCKET_DIR;
+    if (strlen(dir) + 1 > len) {
+        snprintf(err, err_len, "path too long");
+        return -ENAMETOOLONG;
+    }
+    if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
+        int r = -errno;
+        snprintf(err, err_len, "cannot create %s: %s", dir, strerror(-r));
+        return r;
+    }
+    /* Checked and changed through one descriptor: a directory swapped for a symlink in
+     * between is never chmod'ed. */
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0) {
+        int r = -errno;
+        if (fd >= 0)
+            (void)close(fd);
+        snprintf(err, err_len, "%s: %s (a symlink?)", dir, strerror(-r));
+        return r;
+    }
+    int r = 0;
+    if (st.st_uid != geteuid() || (st.st_mode & 022) != 0) {
+        snprintf(err, err_len,
+                 "%s must be a directory owned by uid %u and writable by nobody else (mode "
+                 "%04o, owner %u)",
+                 dir, (unsigned)geteuid(), (unsigned)(st.st_mode & 07777), (unsigned)st.st_uid);
+        r = -EPERM;
+    } else if ((st.st_mode & 0755) != 0755 && fchmod(fd, 0755) < 0) {
+        r = -errno;
+        snprintf(err, err_len, "cannot make %s searchable by other users: %s", dir, strerror(-r));
+    }
+    (void)close(fd);
+    if (r == 0)
+        memcpy(buf, dir, strlen(dir) + 1);
+    return r;
 }
 
 int hp_private_dir_new(char *buf, size_t len)

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/containers.h"
+
 struct entry {
     uint64_t hash;
     const char *str;
@@ -24,16 +26,14 @@ struct hp_strtab {
     size_t nslots, count;
     struct chunk *chunks;
     size_t bytes;
+    uint64_t seed;
 };
 
-static uint64_t hash_bytes(const char *s, size_t len)
+/* Keyed: the strings are paths and symbol names from the clients' files, which must not
+ * be able to pile up in one run of slots (common/containers.h). */
+static uint64_t hash_bytes(const hp_strtab_t *t, const char *s, size_t len)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (size_t i = 0; i < len; i++) {
-        h ^= (unsigned char)s[i];
-        h *= 1099511628211ull;
-    }
-    return h | 1; /* 0 marks an empty slot */
+    return hp_hash_bytes(s, len, t->seed) | 1; /* 0 marks an empty slot */
 }
 
 hp_strtab_t *hp_strtab_new(void)
@@ -42,6 +42,7 @@ hp_strtab_t *hp_strtab_new(void)
     if (!t)
         return NULL;
     pthread_mutex_init(&t->lock, NULL);
+    t->seed = hp_hash_seed();
     t->nslots = 1024;
     t->slots = calloc(t->nslots, sizeof(*t->slots));
     if (!t->slots) {
@@ -112,7 +113,7 @@ static char *store_locked(hp_strtab_t *t, const char *s, size_t len)
 
 const char *hp_strtab_intern(hp_strtab_t *t, const char *s, size_t len)
 {
-    uint64_t h = hash_bytes(s, len);
+    uint64_t h = hash_bytes(t, s, len);
     const char *res = NULL;
     pthread_mutex_lock(&t->lock);
     if ((t->count + 1) * 2 > t->nslots && grow_locked(t) < 0)

@@ -1,158 +1,424 @@
-/* preload/attach.c: the attach signal's handler and the helper thread that handshakes
- * when it fires and notices when the service closes the session. */
+/* preload/attach.c: the attach signal's handler, how the client advertises it, and the
+ * session thread, which handshakes when the signal came and watches a session until it
+ * ends.
+ *
+ * Dormant means free: while no session runs the process has no thread of ours, so a
+ * single-threaded program stays single-threaded (glibc keeps its single-thread fast
+ * paths: stdio without locks, malloc without atomic operations; unshare(CLONE_NEWUSER)
+ * works). A session needs a thread: the handshake must happen promptly also in a process
+ * blocked in read(2) that never allocates, outside the signal handler (it blocks on the
+ * service, and the handler may have interrupted any code of the program), and someone
+ * must notice when the service goes away. Alternatives weighed: the handshake inside the
+ * handler (blocking I/O in whatever thread the signal lands on, possibly on a small
+ * sigaltstack, and still no watcher afterwards); the next allocation doing it (never
+ * comes in a blocked process); a pthread created from the handler (pthread_create is not
+ * async-signal-safe, and a thread glibc knows turns the fast paths off while it lives).
+ *
+ * So the handler starts a raw clone(2) thread, the session thread: CLONE_VM | CLONE_FS |
+ * CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD | CLONE_SYSVSEM, every signal blocked, its
+ * own mmap'd stack, and CLONE_SETTLS to a small private thread control block. glibc never
+ * learns of it and still takes the process for single-threaded; that is correct only
+ * because the thread never enters glibc where it could matter: it makes raw system calls
+ * (common/sys.h: no errno, no cancellation, no lock), and calls nothing that takes a lock
+ * or uses thread-local storage. Its control block holds a copy of the stack protector's
+ * canary and pointer guard; below it lies zeroed memory as large as the static TLS
+ * offsets we know of (errno's, ours), so that even a glibc wrapper that set errno on
+ * failure (the sampled-address set's mmap, preload/freeset.c) would write there and not
+ * into another thread. It exits (SYS_exit, CLONE_CHILD_CLEARTID clears its word) when the
+ * session ends: the process is back to the dormant cost.
+ *
+ * What a raw thread must mind:
+ *   fork      the child has no session thread (client__sthread_forget() in the atfork
+ *             handler); its copy of the stack is free to reuse.
+ *   vfork     the child shares our memory: the handler ignores a signal there (pid check).
+ *   exec      kills every thread; the new image starts from scratch.
+ *   setuid    glibc changes the ids of the threads it knows (its setxid broadcast), not
+ *             ours: the session thread compares its ids with the process's every round
+ *             and ends the session when they differ.
+ *   exit      exit_group ends the thread wherever it is; the service sees the hang-up.
+ *
+ * Descriptors: the session's socket is moved high (F_DUPFD_CLOEXEC) and its identity
+ * (st_dev, st_ino) recorded; the thread checks it with fstat before every use and never
+ * closes a descriptor that is no longer ours. It never reads or writes the socket after
+ * the handshake (the ring wakes the service through a futex, shmem_ring/ring.h): it only
+ * polls it for a hang-up. When the program closed or reused it, the client says so in the
+ * ring (RING_END_CONN_TAKEN) and the session ends, visibly.
+ *
+ * Advertising: attachers must signal only a process whose handler is in place (the
+ * default action of a real-time signal kills). Once sigaction() succeeded, the client
+ * maps a one-page memfd named "heapprof-attach-<signo>": /proc/PID/maps then shows
+ * "/memfd:heapprof-attach-<signo> (deleted)", which service/targets.c reads.
+ */
 #include "preload/client.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/random.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/time.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "common/clock.h"
-#include "common/fdpass.h"
 #include "common/macros.h"
 #include "common/paths.h"
-#include "preload/env.h"
+#include "common/sys.h"
 #include "shmem_ring/wire.h"
 
-static _Atomic int client_attach_pid; /* si_value of the last attach signal */
+_Atomic uint64_t client_stat_sthread_failures = 0;
 
-/* ---- attach signal and helper thread ---------------------------------------------- */
+/* ---- the session thread -------------------------------------------------------------- */
 
-/* Async-signal-safe: an atomic store and a write(2), errno preserved. */
-static void client_attach_handler(int sig, siginfo_t *si, void *uc)
+#define STHREAD_GUARD 4096u
+#define STHREAD_STACK (64u << 10)
+#define STHREAD_TCB 4096u
+/* At most this much room below the thread pointer for the static TLS of the process. */
+#define STHREAD_MAX_SLACK (256u << 10)
+/* How often the thread checks the socket's identity and the process's ids. */
+#define STHREAD_WATCH_MS 200
+
+/* x86_64 glibc's tcbhead_t: the fields the compiler's code reads (tcb and self, the stack
+ * protector's canary, the pointer guard). */
+#define TCB_SELF_OFF 16
+#define TCB_CANARY_OFF 0x28
+#define TCB_PTR_GUARD_OFF 0x30
+
+/* Who answers attach requests: STHREAD_NONE (the handler starts a thread), STHREAD_RUNNING
+ * (a session thread runs and will look at requests before it exits), STHREAD_PENDING (it
+ * runs and a request came meanwhile). The thread leaves only by a compare-and-swap from
+ * RUNNING to NONE, so no request is ever lost between its last look and its exit. */
+#define STHREAD_NONE 0
+#define STHREAD_RUNNING 1
+#define STHREAD_PENDING 2
+static _Atomic int client_sthread_state;
+static _Atomic int client_sthread_attacher; /* pid of the latest request (0: none) */
+static _Atomic int client_sthread_mode_arg; /* the first order of a new thread */
+
+/* Two stacks: a thread that just gave up its role may still be on its way out of its own
+ * when the next one starts. Each slot's word is nonzero from the start of a thread until
+ * the kernel saw it exit (CLONE_CHILD_CLEARTID). */
+struct client_sthread_slot {
+    _Atomic int word;
+    uint8_t *map; /* guard, stack, TLS slack, TCB; kept for reuse */
+};
+static struct client_sthread_slot client_sthread_slots[2];
+static size_t client_sthread_slack;
+
+/* Starts @fn(@arg) on a new thread (clone(2) with @flags) whose stack ends at @stack_top
+ * and thread pointer is @tls; the thread exits when @fn returns. Returns its id or
+ * -errno. */
+static long client_clone(unsigned long flags, void *stack_top, _Atomic int *ctid, void *tls,
+                         void (*fn)(void *), void *arg)
 {
-    (void)sig;
-    (void)uc;
-    int saved_errno = errno;
-    int pid = si && si->si_code == SI_QUEUE ? si->si_value.sival_int : 0;
-    atomic_store_explicit(&client_attach_pid, pid, memory_order_relaxed);
-    int fd = atomic_load_explicit(&client__wake_wr, memory_order_relaxed);
-    if (fd >= 0) {
-        static const char byte = 1;
-        (void)!write(fd, &byte, 1); /* full pipe: a wakeup is pending already */
-    }
-    errno = saved_errno;
+    void **sp = stack_top;
+    *--sp = arg;
+    *--sp = (void *)fn;
+    register long r10 __asm__("r10") = (long)ctid;
+    register long r8 __asm__("r8") = (long)tls;
+    long ret;
+    /* The child starts on @sp with nothing of this frame: it pops fn and arg, aligns its
+     * stack for the call and never returns here. */
+    __asm__ volatile("syscall\n\t"
+                     "test %%rax, %%rax\n\t"
+                     "jnz 1f\n\t"
+                     "xor %%ebp, %%ebp\n\t"
+                     "pop %%rax\n\t"
+                     "pop %%rdi\n\t"
+                     "and $-16, %%rsp\n\t"
+                     "call *%%rax\n\t"
+                     "mov %[nr_exit], %%eax\n\t"
+                     "xor %%edi, %%edi\n\t"
+                     "syscall\n\t"
+                     "hlt\n"
+                     "1:"
+                     : "=a"(ret)
+                     : "a"(SYS_clone), "D"(flags), "S"(sp), "d"(0L), "r"(r10),
+                       "r"(r8), [nr_exit] "i"(SYS_exit)
+                     : "rcx", "r11", "memory");
+    return ret;
 }
 
-static void client_attach(int pid)
+static void client_sleep_ms(unsigned ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+    (void)hp_sys2(SYS_nanosleep, (long)&ts, 0);
+}
+
+bool client__sock_ours(const struct client_session *s)
+{
+    struct stat st;
+    return s->sock >= 0 && hp_sys2(SYS_fstat, s->sock, (long)&st) == 0 &&
+           (uint64_t)st.st_dev == s->sock_dev && (uint64_t)st.st_ino == s->sock_ino;
+}
+
+/* True when the process's user or group ids are no longer ours: /proc/self's owner comes
+ * from the main thread's ids, /proc/thread-self's from this thread's (after setuid(),
+ * glibc changed the ids of every thread but this one). No descriptor is involved. */
+static bool client_ids_changed(void)
+{
+    struct stat proc, self;
+    if (hp_sys4(SYS_newfstatat, AT_FDCWD, (long)"/proc/self", (long)&proc, 0) < 0 ||
+        hp_sys4(SYS_newfstatat, AT_FDCWD, (long)"/proc/thread-self", (long)&self, 0) < 0)
+        return false;
+    return proc.st_uid != self.st_uid || proc.st_gid != self.st_gid;
+}
+
+/* Handshakes after an attach signal that carried @attacher. Returns 0 when profiling. */
+static int client_attach(int attacher)
 {
     char path[HP_PATH_MAX];
     const char *xdg = client__env_xdg_set ? client__env_xdg : NULL;
+    uid_t uid = (uid_t)hp_sys0(SYS_getuid);
     int r;
 
-    if (pid > 0)
-        r = hp_socket_path(xdg, getuid(), pid, path, sizeof(path));
+    if (attacher > 0)
+        r = hp_socket_path(xdg, uid, attacher, path, sizeof(path));
     else if (client__env_socket[0])
         r = (memcpy(path, client__env_socket, sizeof(path)), 0);
     else
-        r = hp_socket_path(xdg, getuid(), 0, path, sizeof(path));
+        r = hp_socket_path(xdg, uid, 0, path, sizeof(path));
     if (r < 0)
-        return;
+        return r;
     /* Failures are silent: the attacher reports them. */
-    if (client__session_open(path, WIRE_REASON_ATTACH, client__timeout_ms, true) != 0)
-        return;
+    r = client__session_open(path, WIRE_REASON_ATTACH, client__timeout_ms, true);
+    if (r != 0)
+        return r < 0 ? r : -EPERM;
     /* Threads that allocate during the warm-up reseed for this session (see
      * CLIENT_FAST_WARM_UP); then the fast path takes over. */
-    struct timespec warm = {0, CLIENT_WARM_UP_MS * 1000000};
-    (void)nanosleep(&warm, NULL);
+    client_sleep_ms(CLIENT_WARM_UP_MS);
     struct client_session *s = atomic_load_explicit(&client_current, memory_order_relaxed);
     uint64_t expected = CLIENT_FAST_WARM_UP;
     if (s)
         (void)atomic_compare_exchange_strong_explicit(&client_fast_interval, &expected,
                                                       s->params.interval, memory_order_relaxed,
                                                       memory_order_relaxed);
+    return 0;
 }
 
-static void client_drain_wake(void)
+/* Watches the current session until it ends. */
+static void client_watch(void)
 {
-    char buf[64];
-    while (read(client__wake_rd, buf, sizeof(buf)) > 0)
-        ;
-}
-
-static void *client_helper_main(void *arg)
-{
-    (void)arg;
-    /* Nothing this thread allocates is profiled. */
-    client_tls.in_hook = true;
     for (;;) {
         struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
-        struct pollfd pf[2] = {
-            {.fd = client__wake_rd, .events = POLLIN},
-            {.fd = s ? s->sock : -1, .events = POLLIN},
-        };
-        int n = poll(pf, 2, 1000);
-        if (n < 0) {
-            struct timespec ten_ms = {0, 10000000};
-            (void)nanosleep(&ten_ms, NULL);
+        if (!s)
+            return;
+        if (!client__sock_ours(s)) {
+            /* The program closed or reused our descriptor: its number is not ours to
+             * touch. Say why, for the service, which may not have seen a hang-up (the
+             * socket may live on in a child). */
+            ring_set_client_ended(s->ring, RING_END_CONN_TAKEN);
+            client__session_close(s, false);
+            return;
+        }
+        if (client_ids_changed()) {
+            ring_set_client_ended(s->ring, RING_END_CREDENTIALS);
+            client__session_close(s, true);
+            return;
+        }
+        /* Only a hang-up is asked for: polling takes nothing from the socket, even if its
+         * number was reused since the check above. */
+        struct pollfd pf = {.fd = s->sock, .events = POLLRDHUP};
+        struct timespec ts = {0, STHREAD_WATCH_MS * 1000000L};
+        long n = hp_sys6(SYS_ppoll, (long)&pf, 1, (long)&ts, 0, 0, 0);
+        if (n <= 0)
+            continue;
+        if (!client__sock_ours(s))
+            continue; /* said above, next round */
+        /* The service ended the session (or died): it sends nothing after the
+         * handshake. */
+        client__session_close(s, true);
+        return;
+    }
+}
+
+/* A request to attach: handshake (unless profiling already) and watch the session. */
+static void client_serve_attach(void)
+{
+    int attacher = atomic_exchange_explicit(&client_sthread_attacher, 0, memory_order_acquire);
+    /* A signal while profiling is ignored. */
+    if (!atomic_load_explicit(&client_current, memory_order_relaxed) &&
+        atomic_load_explicit(&client_state, memory_order_relaxed) == CLIENT_DORMANT &&
+        client_attach(attacher) == 0)
+        client_watch();
+}
+
+static void client_sthread_main(void *arg)
+{
+    (void)arg;
+    if (atomic_load_explicit(&client_sthread_mode_arg, memory_order_relaxed) ==
+        CLIENT_STHREAD_ATTACH)
+        client_serve_attach();
+    else
+        client_watch();
+    /* Requests that came while we were busy, then leave. */
+    for (;;) {
+        int expected = STHREAD_PENDING;
+        if (atomic_compare_exchange_strong_explicit(&client_sthread_state, &expected,
+                                                    STHREAD_RUNNING, memory_order_acq_rel,
+                                                    memory_order_relaxed)) {
+            client_serve_attach();
             continue;
         }
-        if (s && pf[1].revents) {
-            /* The service sends nothing after the handshake: data is discarded, EOF or an
-             * error ends the session. */
-            char buf[64];
-            ssize_t got = recv(s->sock, buf, sizeof(buf), MSG_DONTWAIT);
-            bool gone = got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR) ||
-                        (pf[1].revents & (POLLHUP | POLLERR | POLLNVAL));
-            if (pf[1].revents & POLLNVAL)
-                s->sock = -1; /* the application closed it: its number is not ours now */
-            if (gone)
-                client__session_close(s);
-        }
-        if (pf[0].revents & POLLNVAL)
-            break; /* the application closed our pipe: no more attaching */
-        if (pf[0].revents) {
-            client_drain_wake();
-            int pid = atomic_exchange_explicit(&client_attach_pid, 0, memory_order_relaxed);
-            /* A signal while profiling is ignored. */
-            if (!atomic_load_explicit(&client_current, memory_order_relaxed) &&
-                atomic_load_explicit(&client_state, memory_order_relaxed) == CLIENT_DORMANT)
-                client_attach(pid);
-        }
+        expected = STHREAD_RUNNING;
+        if (atomic_compare_exchange_strong_explicit(&client_sthread_state, &expected, STHREAD_NONE,
+                                                    memory_order_acq_rel, memory_order_relaxed))
+            return;
     }
-    return NULL;
 }
 
-/* Starts the helper thread with every signal blocked. Not from a hook. */
-void client__helper_start(void)
+/* The room the static TLS of the process needs below the thread pointer: as far as the
+ * farthest variable we know of (errno, ours), rounded up. */
+static size_t client_tls_slack(void)
 {
-    sigset_t all, old;
-    pthread_attr_t attr;
-    pthread_t th;
-
-    if (client__helper_running || client__wake_rd < 0)
-        return;
-    (void)sigfillset(&all);
-    if (pthread_attr_init(&attr) != 0)
-        return;
-    (void)pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    (void)pthread_attr_setstacksize(&attr, 128 << 10);
-    (void)pthread_sigmask(SIG_SETMASK, &all, &old);
-    client__helper_running = pthread_create(&th, &attr, client_helper_main, NULL) == 0;
-    (void)pthread_sigmask(SIG_SETMASK, &old, NULL);
-    (void)pthread_attr_destroy(&attr);
+    uintptr_t tp = (uintptr_t)__builtin_thread_pointer();
+    uintptr_t lo = HP_MIN((uintptr_t)&errno, (uintptr_t)&client_tls);
+    size_t need = tp > lo ? tp - lo + 64 : 4096;
+    return HP_ALIGN_UP(need, (size_t)4096);
 }
 
-int client__wake_pipe_open(void)
+/* Starts a thread on a free slot. pre: the caller moved client_sthread_state from NONE. */
+static int client_sthread_spawn(void)
 {
-    int p[2];
-    if (pipe2(p, O_CLOEXEC | O_NONBLOCK) < 0)
-        return -errno;
-    client__wake_rd = p[0];
-    atomic_store_explicit(&client__wake_wr, p[1], memory_order_relaxed);
+    struct client_sthread_slot *slot = NULL;
+    for (unsigned i = 0; i < HP_ARRAY_SIZE(client_sthread_slots) && !slot; i++) {
+        int expected = 0;
+        if (atomic_compare_exchange_strong_explicit(&client_sthread_slots[i].word, &expected, -1,
+                                                    memory_order_acquire, memory_order_relaxed))
+            slot = &client_sthread_slots[i];
+    }
+    if (!slot)
+        return -EBUSY; /* two threads still on their way out: not in practice */
+    if (!slot->map) {
+        if (!client_sthread_slack)
+            client_sthread_slack = client_tls_slack();
+        if (client_sthread_slack > STHREAD_MAX_SLACK)
+            goto fail_nomem;
+        size_t len = STHREAD_GUARD + STHREAD_STACK + client_sthread_slack + STHREAD_TCB;
+        uint8_t *m = hp_sys_mmap(NULL, len, PROT_READ | PROT_WRITE,
+                                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (hp_sys_failed((long)m))
+            goto fail_nomem;
+        (void)hp_sys3(SYS_mprotect, (long)m, STHREAD_GUARD, PROT_NONE);
+        slot->map = m;
+    }
+    uint8_t *stack_top = slot->map + STHREAD_GUARD + STHREAD_STACK;
+    uint8_t *tp = stack_top + client_sthread_slack;
+    memset(stack_top, 0, client_sthread_slack + STHREAD_TCB);
+    uint64_t canary, ptr_guard;
+    __asm__("mov %%fs:%c1, %0" : "=r"(canary) : "i"(TCB_CANARY_OFF));
+    __asm__("mov %%fs:%c1, %0" : "=r"(ptr_guard) : "i"(TCB_PTR_GUARD_OFF));
+    *(void **)tp = tp;
+    *(void **)(tp + TCB_SELF_OFF) = tp;
+    memcpy(tp + TCB_CANARY_OFF, &canary, sizeof(canary));
+    memcpy(tp + TCB_PTR_GUARD_OFF, &ptr_guard, sizeof(ptr_guard));
+
+    /* Every signal blocked in the new thread (it inherits the mask): signals are the
+     * program's business, and a handler must never run on a thread without glibc state. */
+    uint64_t all = ~0ull, old;
+    (void)hp_sys4(SYS_rt_sigprocmask, SIG_SETMASK, (long)&all, (long)&old, 8);
+    long r = client_clone(CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD |
+                              CLONE_SYSVSEM | CLONE_SETTLS | CLONE_CHILD_CLEARTID,
+                          stack_top, &slot->word, tp, client_sthread_main, NULL);
+    (void)hp_sys4(SYS_rt_sigprocmask, SIG_SETMASK, (long)&old, 0, 8);
+    if (r < 0) {
+        atomic_store_explicit(&slot->word, 0, memory_order_release);
+        return (int)r;
+    }
     return 0;
+
+fail_nomem:
+    atomic_store_explicit(&slot->word, 0, memory_order_release);
+    return -ENOMEM;
+}
+
+int client__sthread_start(enum client_sthread_mode mode, int attacher)
+{
+    if (mode == CLIENT_STHREAD_ATTACH)
+        atomic_store_explicit(&client_sthread_attacher, attacher, memory_order_release);
+    for (;;) {
+        int st = atomic_load_explicit(&client_sthread_state, memory_order_acquire);
+        if (st == STHREAD_NONE) {
+            if (!atomic_compare_exchange_weak_explicit(&client_sthread_state, &st, STHREAD_RUNNING,
+                                                       memory_order_acq_rel, memory_order_relaxed))
+                continue;
+            atomic_store_explicit(&client_sthread_mode_arg, (int)mode, memory_order_relaxed);
+            int r = client_sthread_spawn();
+            if (r < 0) {
+                atomic_fetch_add_explicit(&client_stat_sthread_failures, 1, memory_order_relaxed);
+                atomic_store_explicit(&client_sthread_state, STHREAD_NONE, memory_order_release);
+            }
+            return r;
+        }
+        /* A thread runs: it looks at an attach request before it leaves; a thread that
+         * watches already is all a startup session needs. */
+        if (mode != CLIENT_STHREAD_ATTACH || st == STHREAD_PENDING)
+            return -EBUSY;
+        if (atomic_compare_exchange_weak_explicit(&client_sthread_state, &st, STHREAD_PENDING,
+                                                  memory_order_acq_rel, memory_order_relaxed))
+            return 0;
+    }
+}
+
+void client__sthread_forget(void)
+{
+    atomic_store_explicit(&client_sthread_state, STHREAD_NONE, memory_order_relaxed);
+    for (unsigned i = 0; i < HP_ARRAY_SIZE(client_sthread_slots); i++)
+        atomic_store_explicit(&client_sthread_slots[i].word, 0, memory_order_relaxed);
+}
+
+/* ---- the attach signal ------------------------------------------------------------- */
+
+/* True when the service has hung up on @s (or its descriptor is no longer valid): the
+ * session thread is about to end it. Polling takes nothing from the socket. */
+static bool client_session_hung_up(const struct client_session *s)
+{
+    struct pollfd pf = {.fd = s->sock, .events = POLLRDHUP};
+    struct timespec zero = {0, 0};
+    return hp_sys6(SYS_ppoll, (long)&pf, 1, (long)&zero, 0, 0, 0) > 0;
+}
+
+/* Async-signal-safe: raw system calls only, errno untouched. */
+static void client_attach_handler(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig;
+    (void)uc;
+    /* In a vfork child (our memory, another process) the state is the parent's. */
+    if (hp_sys0(SYS_getpid) != atomic_load_explicit(&client__owner_pid, memory_order_relaxed))
+        return;
+    /* A signal while profiling is ignored; one that comes as the service hangs up is
+     * served once the session thread has ended that session. */
+    struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
+    if (s ? !client_session_hung_up(s)
+          : atomic_load_explicit(&client_state, memory_order_relaxed) != CLIENT_DORMANT)
+        return;
+    int pid = si && si->si_code == SI_QUEUE ? si->si_value.sival_int : 0;
+    (void)client__sthread_start(CLIENT_STHREAD_ATTACH, pid);
+}
+
+/* Maps a page of a memfd named after the signal, for attachers to find in our maps. */
+static void client_advertise(int signo)
+{
+    char name[32] = "heapprof-attach-";
+    size_t n = strlen(name);
+    char digits[12];
+    size_t k = 0;
+    for (unsigned v = (unsigned)signo; k == 0 || v; v /= 10)
+        digits[k++] = (char)('0' + v % 10);
+    while (k)
+        name[n++] = digits[--k];
+    name[n] = '\0';
+    long fd = hp_sys2(SYS_memfd_create, (long)name, MFD_CLOEXEC);
+    if (fd < 0)
+        return;
+    if (hp_sys2(SYS_ftruncate, fd, 4096) == 0) {
+        void *p = hp_sys_mmap(NULL, 4096, PROT_READ, MAP_SHARED, (int)fd, 0);
+        (void)p; /* kept for the life of the image; inherited by forked children */
+    }
+    (void)hp_sys_close((int)fd);
 }
 
 /* Installs the attach handler unless the application has its own. */
@@ -177,4 +443,6 @@ void client__attach_install(void)
     sa.sa_flags = SA_SIGINFO | SA_RESTART;
     (void)sigfillset(&sa.sa_mask);
     client__attach_installed = sigaction(client__attach_signo, &sa, NULL) == 0;
+    if (client__attach_installed)
+        client_advertise(client__attach_signo);
 }

@@ -9,15 +9,16 @@
  * calling thread's in_hook flag is set.
  *
  * Who owns the sessions (client_sessions[], client_current): the initialising thread
- * until the helper thread exists, then the helper thread; in a forked child, the child's
- * atfork handler until it starts the child's helper. The hooks only read them.
+ * until the session thread exists, then the session thread; in a forked child, the
+ * child's atfork handler until it starts the child's session thread. The hooks only read
+ * them.
  *
- * The helper thread (one per process, all signals blocked, created by the constructor
- * and again in a forked child) sleeps in poll(2) on the wake pipe and the session's
- * socket. The attach signal's handler writes a byte to the pipe; the helper then
- * handshakes (reason WIRE_REASON_ATTACH). When the service closes the socket (end of
- * session, service death) the helper detaches: the client goes back to DORMANT and can
- * be attached again with a new ring. A ring is unmapped only once no hook is inside it.
+ * The session thread (preload/attach.c) exists only while a session does: started by the
+ * attach signal's handler (it then handshakes, reason WIRE_REASON_ATTACH) or after a
+ * startup handshake, it watches the session's socket and ends the session when the
+ * service closes it (end of session, service death) or the program closed or reused the
+ * descriptor; the client goes back to DORMANT, with no thread of ours, and can be
+ * attached again with a new ring. A ring is unmapped only once no hook is inside it.
  *
  * exec: the new image loads the library again (when LD_PRELOAD still names it) and starts
  * from UNINIT, a new session for the same pid. HEAPPROF_FOLLOW_EXEC=0 asks for the
@@ -28,10 +29,11 @@
  * program that saved LD_PRELOAD itself (it sees the edited value only from its main()
  * on), /etc/ld.so.preload; setuid programs never get LD_PRELOAD from the loader anyway.
  *
- * fork(): the child never touches the parent's ring or socket. Unless the session asked
- * to follow forks (WIRE_FEATURE_FOLLOW_FORK), the child is DORMANT with a helper of its
- * own (attachable); with it, the child handshakes again at once in the atfork handler
- * (reason WIRE_REASON_STARTUP), before fork() returns in the child.
+ * fork(): the child never touches the parent's ring, and closes the parent's socket only
+ * while it is still ours. Unless the session asked to follow forks
+ * (WIRE_FEATURE_FOLLOW_FORK), the child is DORMANT (attachable); with it, the child
+ * handshakes again at once in the atfork handler (reason WIRE_REASON_STARTUP), before
+ * fork() returns in the child, and starts its own session thread.
  */
 #include "preload/client.h"
 
@@ -56,6 +58,8 @@
 #include "common/fdpass.h"
 #include "common/macros.h"
 #include "common/paths.h"
+#include "common/sys.h"
+#include "preload/alloc.h"
 #include "preload/env.h"
 #include "shmem_ring/wire.h"
 
@@ -84,10 +88,8 @@ int client__attach_signo; /* 0: no attach support */
 bool client__attach_signo_explicit;
 
 /* Attach machinery. */
-_Atomic int client__wake_wr = -1; /* the handler writes here */
-int client__wake_rd = -1;         /* the helper reads here */
-bool client__attach_installed;    /* our handler is in place */
-bool client__helper_running;      /* a helper thread exists in this process */
+bool client__attach_installed; /* our handler is in place */
+_Atomic int client__owner_pid;
 _Atomic uint64_t client_stat_attach_unavailable = 0;
 
 /* The variables the client reads, removed from environ by HEAPPROF_FOLLOW_EXEC=0. */
@@ -207,6 +209,9 @@ static void client_atfork_child(void)
     char path[HP_PATH_MAX] = "";
 
     t->in_hook = true;
+    atomic_store_explicit(&client__owner_pid, (int)hp_sys0(SYS_getpid), memory_order_relaxed);
+    /* The parent's session thread was not copied. */
+    client__sthread_forget();
     if (follow)
         memcpy(path, cur->path, sizeof(path));
     /* The child must never write into the parent's ring nor keep its connection open. */
@@ -215,7 +220,8 @@ static void client_atfork_child(void)
     for (unsigned i = 0; i < CLIENT_MAX_SESSIONS; i++) {
         struct client_session *s = &client_sessions[i];
         if (s->ring) {
-            (void)close(s->sock);
+            if (client__sock_ours(s))
+                (void)hp_sys_close(s->sock);
             s->sock = -1;
             /* Only this thread exists; unless fork() was called by a signal handler
              * that interrupted one of our hooks, nobody is inside the ring. */
@@ -228,8 +234,8 @@ static void client_atfork_child(void)
             }
         }
         atomic_store_explicit(&s->writers, 0, memory_order_relaxed);
-        if (s->freeset.slots)
-            (void)madvise(s->freeset.slots, client__freeset_bytes(), MADV_DONTNEED);
+        if (s->freeset.lv[0].slots)
+            client_freeset_clear(&s->freeset);
     }
     t->tid = 0;
     t->gen = 0;
@@ -239,19 +245,11 @@ static void client_atfork_child(void)
     if (state == CLIENT_ACTIVE)
         atomic_store_explicit(&client_state, CLIENT_DORMANT, memory_order_release);
 
-    /* The pipe is shared with the parent: a signal to the parent must not wake us. */
-    client__helper_running = false;
-    if (client__wake_rd >= 0) {
-        (void)close(client__wake_rd);
-        (void)close(atomic_load_explicit(&client__wake_wr, memory_order_relaxed));
-        client__wake_rd = -1;
-        atomic_store_explicit(&client__wake_wr, -1, memory_order_relaxed);
-        (void)client__wake_pipe_open();
+    if (follow && client__session_open(path, WIRE_REASON_STARTUP, client__timeout_ms, false) == 0 &&
+        client__sthread_start(CLIENT_STHREAD_WATCH, 0) < 0) {
+        /* Nobody would notice the end of the session: better none. */
+        client__session_close(atomic_load_explicit(&client_current, memory_order_relaxed), true);
     }
-    if (follow)
-        (void)client__session_open(path, WIRE_REASON_STARTUP, client__timeout_ms, false);
-    if (client__attach_installed || atomic_load_explicit(&client_current, memory_order_relaxed))
-        client__helper_start();
     t->in_hook = was_in_hook;
 }
 
@@ -303,6 +301,7 @@ void client_init(void)
         client_seed = v;
     else
         client_seed = client_random_seed();
+    atomic_store_explicit(&client__owner_pid, (int)hp_sys0(SYS_getpid), memory_order_relaxed);
     if (client_parse_u64(client_getenv("HEAPPROF_INIT_TIMEOUT_MS"), &v) && v > 0 &&
         v <= 3600u * 1000u)
         client__timeout_ms = (uint32_t)v;
@@ -351,6 +350,14 @@ void client_init(void)
                                      HP_MIN(client__timeout_ms, CLIENT_OPTIONAL_TIMEOUT_MS), false);
         if (r < 0 && required)
             client_unreachable(path, -r);
+        /* A session needs its thread, which watches it. */
+        if (r == 0 && atomic_load_explicit(&client_current, memory_order_relaxed) &&
+            client__sthread_start(CLIENT_STHREAD_WATCH, 0) < 0) {
+            client__session_close(atomic_load_explicit(&client_current, memory_order_relaxed),
+                                  true);
+            if (required)
+                client_unreachable(path, ENOMEM);
+        }
     }
     /* Not profiled: dormant, a later attach signal may still start profiling. */
     if (!atomic_load_explicit(&client_current, memory_order_relaxed)) {
@@ -367,22 +374,19 @@ __attribute__((constructor)) static void client_ctor(void)
     int saved_errno = errno;
 
     t->in_hook = true;
+    /* With an allocator loaded before us no hook may have run yet: resolving now also
+     * installs the hooks in the GOT slots (preload/alloc.h). */
+    client_alloc_resolve();
     if (atomic_load_explicit(&client_state, memory_order_acquire) == CLIENT_UNINIT)
         client_init();
-    /* Another thread may be initialising: the helper starts after it. */
+    /* Another thread may be initialising: the handler is installed after it. */
     while (atomic_load_explicit(&client_state, memory_order_acquire) == CLIENT_INITIALIZING) {
         struct timespec ms = {0, 1000000};
         (void)nanosleep(&ms, NULL);
     }
     int state = atomic_load_explicit(&client_state, memory_order_acquire);
-    if (state == CLIENT_DORMANT || state == CLIENT_ACTIVE) {
-        if (client__wake_rd < 0)
-            (void)client__wake_pipe_open();
-        if (client__wake_rd >= 0)
-            client__attach_install();
-        if (client__attach_installed || atomic_load_explicit(&client_current, memory_order_relaxed))
-            client__helper_start();
-    }
+    if (state == CLIENT_DORMANT || state == CLIENT_ACTIVE)
+        client__attach_install();
     t->in_hook = was_in_hook;
     errno = saved_errno;
 }

@@ -6,13 +6,15 @@
  *                               attach signal / detach (socket closed)
  *
  * INITIALIZING: one thread reads the environment and, when asked to, does the startup
- * handshake (the others pass through meanwhile). DORMANT: no session; the exported
- * functions load one global and jump to glibc; the attach signal wakes the helper thread,
- * which handshakes and makes the client ACTIVE. ACTIVE: sampling into the session's ring;
- * when the service closes the socket (end of session, service death) the helper thread
- * notices and returns to DORMANT, attachable again. A failed or refused startup
- * handshake also leaves the client DORMANT. PASSTHROUGH (nothing will ever be profiled)
- * is kept for callers that need it; nothing enters it today.
+ * handshake (the others pass through meanwhile). DORMANT: no session and no thread of
+ * ours; the exported functions load one global and jump to glibc; the attach signal's
+ * handler starts the session thread (preload/attach.c), which handshakes and makes the
+ * client ACTIVE. ACTIVE: sampling into the session's ring; the session thread watches the
+ * connection, and when the service closes it (end of session, service death), or the
+ * program closes or reuses its descriptor, ends the session, returns the client to
+ * DORMANT (attachable again) and exits. A failed or refused startup handshake also leaves
+ * the client DORMANT. PASSTHROUGH (nothing will ever be profiled) is kept for callers
+ * that need it; nothing enters it today.
  *
  * Sessions live in a small static array and are never freed while a hook may use them:
  *
@@ -80,11 +82,15 @@ struct client_tls {
 extern __thread struct client_tls client_tls __attribute__((tls_model("initial-exec")));
 
 /* One handshake's worth of state. Written by the thread that owns the sessions (the
- * initialising thread before the helper exists, then the helper thread, or the child in
- * its atfork handler) before being published in client_current (release). */
+ * initialising thread, the session thread, or the child in its atfork handler) before
+ * being published in client_current (release). */
 struct client_session {
     ring_t *ring; /* NULL: slot free */
+    /* The connection to the service: moved to a high number, and ours only while
+     * (sock_dev, sock_ino) still name it (client__sock_ours()): the program may close
+     * or reuse any descriptor. Nothing is ever sent on it after the handshake. */
     int sock;
+    uint64_t sock_dev, sock_ino;
     pid_t pid;
     uint32_t features; /* accepted by the service */
     uint64_t gen;      /* > 0, unique per session */
@@ -103,12 +109,13 @@ struct client_session {
      * path last told the service (or at the handshake). */
     _Atomic uint64_t dl_adds, dl_subs;
     struct client_freeset freeset; /* mapped once per slot, cleared on reuse */
-    _Atomic bool send_all_frees;   /* the set overflowed: record every free */
     /* Written by every sampled call: on a line of its own, away from the fields every
      * free() reads. */
     _Alignas(64) _Atomic uint64_t writers; /* hooks inside client_session_enter/leave */
     char writers_pad[56];
     bool stuck; /* writers never drained: slot kept mapped for good */
+    /* CLOCK_MONOTONIC_COARSE of the last poke for a full ring (preload/hook.c). */
+    _Atomic uint64_t full_poke_ns;
     /* A page the kernel zeroes in a child of fork (MADV_WIPEONFORK): while *fork_token
      * == gen we are the process that did the handshake, however the child was made
      * (_Fork, clone without CLONE_VM), with no system call. Children sharing our memory
@@ -134,7 +141,7 @@ extern _Atomic uint64_t client_thread_counter;
 
 /* Statistics (relaxed counters, for tests and debugging). */
 extern _Atomic uint64_t client_stat_unknown_stacks;
-extern _Atomic uint64_t client_stat_freeset_overflows;
+extern _Atomic uint64_t client_stat_freeset_overflows; /* samples dropped: set full */
 extern _Atomic uint64_t client_stat_foreign_pid_samples;
 
 /* A hook announces itself before using @s; false when @s is no longer current (the
@@ -185,11 +192,12 @@ extern uint32_t client__timeout_ms;
 extern int client__attach_signo; /* 0: no attach support */
 extern bool client__attach_signo_explicit;
 /* Attach machinery (preload/attach.c). */
-extern _Atomic int client__wake_wr; /* the handler writes here */
-extern int client__wake_rd;         /* the helper reads here */
 extern bool client__attach_installed;
-extern bool client__helper_running;
+/* The process the client state belongs to (set at init and in a forked child): the attach
+ * handler ignores signals in a vfork child, which shares our memory. */
+extern _Atomic int client__owner_pid;
 extern _Atomic uint64_t client_stat_attach_unavailable;
+extern _Atomic uint64_t client_stat_sthread_failures;
 
 /* Writes the NULL-terminated pieces to stderr as one line, in one write(2). */
 void client__say(const char *first, ...);
@@ -198,16 +206,27 @@ const char *client__strerror(int err);
 /* Handshakes on @path and, when the service profiles us, publishes the new session and
  * makes the client ACTIVE. Returns 0 (ACTIVE), 1 (NOT_PROFILED) or -errno. Owner only. */
 int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms, bool warm_up);
-/* Ends @s: the client goes DORMANT, the ring is unmapped once no hook is inside. */
-void client__session_close(struct client_session *s);
-/* Bytes of a session's sampled-address set mapping. */
-size_t client__freeset_bytes(void);
-/* Installs the attach handler unless the application has its own. */
+/* Ends @s: the client goes DORMANT, the ring is unmapped once no hook is inside; the
+ * socket is closed when @close_sock and it is still ours. */
+void client__session_close(struct client_session *s, bool close_sock);
+/* True while @s->sock is still the connection the handshake made (fstat: same device
+ * and inode). Async-signal-safe, no errno. */
+bool client__sock_ours(const struct client_session *s);
+/* Installs the attach handler unless the application has its own, and then advertises
+ * it (see preload/attach.c). */
 void client__attach_install(void);
-/* Starts the helper thread with every signal blocked (not from a hook). */
-void client__helper_start(void);
-/* Creates the wake pipe of the attach handler. Returns 0 or -errno. */
-int client__wake_pipe_open(void);
+
+/* The session thread (preload/attach.c): what it does first. */
+enum client_sthread_mode {
+    CLIENT_STHREAD_ATTACH, /* handshake (WIRE_REASON_ATTACH), then watch */
+    CLIENT_STHREAD_WATCH,  /* watch the session in client_current */
+};
+/* Starts the session thread: a clone(2) thread that never enters glibc. @attacher: the
+ * pid the attach signal carried (0: none). Returns 0, -EBUSY when one runs already, or
+ * -errno. Async-signal-safe; hook-safe. */
+int client__sthread_start(enum client_sthread_mode mode, int attacher);
+/* In a forked child (atfork): no session thread exists there. */
+void client__sthread_forget(void);
 
 #pragma GCC visibility pop
 

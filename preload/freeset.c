@@ -1,27 +1,61 @@
-/* preload/freeset.c: see freeset.h. Hook-safe. */
+/* preload/freeset.c: see freeset.h. Hook-safe, and safe on the raw session thread
+ * (preload/attach.c): raw system calls only, errno untouched. */
 #include "preload/freeset.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 
-int client_freeset_init(struct client_freeset *s, unsigned log2_slots)
+#include "common/sys.h"
+
+/* How often an insert that found no room yields to a thread mapping the next level. */
+#define CLIENT_FREESET_GROW_WAIT_ROUNDS 200
+
+static int freeset_map_level(struct client_freeset_level *lv, unsigned log2_slots)
 {
     size_t bytes = CLIENT_FREESET_MAP_BYTES(log2_slots);
     /* Pages are touched only as slots get used. */
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
-    if (p == MAP_FAILED)
-        return -errno;
-    s->slots = p;
-    s->filter = (_Atomic uint8_t *)((char *)p + ((size_t)8 << log2_slots));
-    s->mask = ((uint64_t)1 << log2_slots) - 1;
-    s->shift = 64 - log2_slots;
+    void *p = hp_sys_mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (hp_sys_failed((long)p))
+        return (int)(long)p;
+    lv->slots = p;
+    lv->filter = (_Atomic uint8_t *)((char *)p + 8 * CLIENT_FREESET_SLOTS(log2_slots));
+    lv->shift = 64 - log2_slots;
     return 0;
 }
 
-static void freeset_filter_inc(struct client_freeset *s, uint64_t home)
+static unsigned freeset_level_log2(const struct client_freeset *s, unsigned i)
 {
-    _Atomic uint8_t *c = &s->filter[home >> CLIENT_FREESET_LINE_LOG2];
+    return s->log2_slots + i * CLIENT_FREESET_GROWTH_LOG2;
+}
+
+int client_freeset_init(struct client_freeset *s, unsigned log2_slots)
+{
+    s->log2_slots = log2_slots;
+    int r = freeset_map_level(&s->lv[0], log2_slots);
+    if (r < 0)
+        return r;
+    atomic_store_explicit(&s->growing, false, memory_order_relaxed);
+    atomic_store_explicit(&s->nlevels, 1, memory_order_release);
+    return 0;
+}
+
+void client_freeset_clear(struct client_freeset *s)
+{
+    atomic_store_explicit(&s->nlevels, 1, memory_order_release);
+    for (unsigned i = 0; i < CLIENT_FREESET_MAX_LEVELS; i++)
+        if (s->lv[i].slots) {
+            atomic_store_explicit(&s->counted[i].n, 0, memory_order_relaxed);
+            (void)hp_sys3(SYS_madvise, (long)s->lv[i].slots,
+                          (long)CLIENT_FREESET_MAP_BYTES(freeset_level_log2(s, i)), MADV_DONTNEED);
+        }
+}
+
+static void freeset_filter_inc(struct client_freeset_level *lv, uint64_t home)
+{
+    _Atomic uint8_t *c = &lv->filter[home >> CLIENT_FREESET_LINE_LOG2];
     uint8_t v = atomic_load_explicit(c, memory_order_relaxed);
     while (v != CLIENT_FREESET_FILTER_SAT &&
            !atomic_compare_exchange_weak_explicit(c, &v, (uint8_t)(v + 1), memory_order_relaxed,
@@ -29,9 +63,9 @@ static void freeset_filter_inc(struct client_freeset *s, uint64_t home)
         ;
 }
 
-void client_freeset_filter_dec(struct client_freeset *s, uint64_t home)
+static void freeset_filter_dec(struct client_freeset_level *lv, uint64_t home)
 {
-    _Atomic uint8_t *c = &s->filter[home >> CLIENT_FREESET_LINE_LOG2];
+    _Atomic uint8_t *c = &lv->filter[home >> CLIENT_FREESET_LINE_LOG2];
     uint8_t v = atomic_load_explicit(c, memory_order_relaxed);
     while (v != 0 && v != CLIENT_FREESET_FILTER_SAT &&
            !atomic_compare_exchange_weak_explicit(c, &v, (uint8_t)(v - 1), memory_order_relaxed,
@@ -39,26 +73,148 @@ void client_freeset_filter_dec(struct client_freeset *s, uint64_t home)
         ;
 }
 
-void client_freeset_saturate(struct client_freeset *s)
+/* Entries of one page in 2^CLIENT_FREESET_COUNT_LOG2 (middle bits of the page's hash; its
+ * top bits pick the place). */
+static bool freeset_counted(uint64_t ph)
 {
-    size_t n = (size_t)((s->mask + 1) >> CLIENT_FREESET_LINE_LOG2);
-    for (size_t i = 0; i < n; i++)
-        atomic_store_explicit(&s->filter[i], CLIENT_FREESET_FILTER_SAT, memory_order_relaxed);
+    return ((ph >> 32) & ((1u << CLIENT_FREESET_COUNT_LOG2) - 1)) == 0;
+}
+
+/* True when level @i holds about half as many entries as it has slots. */
+static bool freeset_level_full(const struct client_freeset *s, unsigned i)
+{
+    int64_t n = atomic_load_explicit(&s->counted[i].n, memory_order_relaxed);
+    return (uint64_t)HP_MAX(n, 0) << CLIENT_FREESET_COUNT_LOG2 >
+           ((uint64_t)1 << freeset_level_log2(s, i)) / 2;
+}
+
+/* The first level's filter counts the entries of every level: for those of a later level
+ * it is raised and lowered too. */
+static void freeset_summary_inc(struct client_freeset *s, unsigned level, uint64_t ph,
+                                uint64_t addr)
+{
+    if (level > 0)
+        freeset_filter_inc(&s->lv[0], client_freeset_home(&s->lv[0], ph, addr));
+}
+
+static void freeset_summary_dec(struct client_freeset *s, unsigned level, uint64_t ph,
+                                uint64_t addr)
+{
+    if (level > 0)
+        freeset_filter_dec(&s->lv[0], client_freeset_home(&s->lv[0], ph, addr));
+}
+
+static int freeset_level_insert(struct client_freeset *s, unsigned level, uint64_t ph,
+                                uint64_t addr)
+{
+    struct client_freeset_level *lv = &s->lv[level];
+    uint64_t home = client_freeset_home(lv, ph, addr);
+    /* Raised first: whoever can see the entry sees non-zero counters. */
+    freeset_summary_inc(s, level, ph, addr);
+    freeset_filter_inc(lv, home);
+    for (uint64_t i = home; i < home + CLIENT_FREESET_PROBES; i++) {
+        uint64_t v = atomic_load_explicit(&lv->slots[i], memory_order_relaxed);
+        if (v != CLIENT_FREESET_EMPTY && v != CLIENT_FREESET_TOMB)
+            continue;
+        if (atomic_compare_exchange_strong_explicit(&lv->slots[i], &v, addr, memory_order_relaxed,
+                                                    memory_order_relaxed)) {
+            if (freeset_counted(ph))
+                atomic_fetch_add_explicit(&s->counted[level].n, 1, memory_order_relaxed);
+            return 0;
+        }
+    }
+    freeset_filter_dec(lv, home);
+    freeset_summary_dec(s, level, ph, addr);
+    return -ENOSPC;
+}
+
+static bool freeset_level_remove(struct client_freeset *s, unsigned level, uint64_t ph,
+                                 uint64_t addr)
+{
+    struct client_freeset_level *lv = &s->lv[level];
+    uint64_t home = client_freeset_home(lv, ph, addr);
+    if (HP_LIKELY(atomic_load_explicit(&lv->filter[home >> CLIENT_FREESET_LINE_LOG2],
+                                       memory_order_relaxed) == 0))
+        return false;
+    for (uint64_t i = home; i < home + CLIENT_FREESET_PROBES; i++) {
+        uint64_t v = atomic_load_explicit(&lv->slots[i], memory_order_relaxed);
+        if (v == CLIENT_FREESET_EMPTY)
+            return false;
+        if (v == addr) {
+            if (!atomic_compare_exchange_strong_explicit(&lv->slots[i], &v, CLIENT_FREESET_TOMB,
+                                                         memory_order_relaxed,
+                                                         memory_order_relaxed))
+                return false;
+            freeset_filter_dec(lv, home);
+            freeset_summary_dec(s, level, ph, addr);
+            if (freeset_counted(ph))
+                atomic_fetch_sub_explicit(&s->counted[level].n, 1, memory_order_relaxed);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Level @n (the set has @n levels) for the next inserts. Returns 0 when the set has more
+ * than @n levels now (mapped here or by another thread), -EBUSY while another thread
+ * maps it, -ENOSPC at the last level, -ENOMEM when mapping failed. */
+static int freeset_grow(struct client_freeset *s, unsigned n)
+{
+    if (n >= CLIENT_FREESET_MAX_LEVELS)
+        return -ENOSPC;
+    /* Acquire pairs with the release below: lv[n] is complete once seen. */
+    if (atomic_exchange_explicit(&s->growing, true, memory_order_acquire))
+        return -EBUSY;
+    int r = 0;
+    if (atomic_load_explicit(&s->nlevels, memory_order_acquire) == n) {
+        /* Mapped by an earlier session of this slot: cleared at its end, reused. */
+        if (!s->lv[n].slots)
+            r = freeset_map_level(&s->lv[n], freeset_level_log2(s, n));
+        if (r == 0)
+            atomic_store_explicit(&s->nlevels, n + 1, memory_order_release);
+    }
+    atomic_store_explicit(&s->growing, false, memory_order_release);
+    return r;
 }
 
 int client_freeset_insert(struct client_freeset *s, uint64_t addr)
 {
-    uint64_t home = client_freeset_hash(s, addr), i = home;
-    /* Raised first: whoever can see the entry sees a non-zero counter. */
-    freeset_filter_inc(s, home);
-    for (unsigned n = 0; n < CLIENT_FREESET_PROBES; n++, i = (i + 1) & s->mask) {
-        uint64_t v = atomic_load_explicit(&s->slots[i], memory_order_relaxed);
-        if (v != CLIENT_FREESET_EMPTY && v != CLIENT_FREESET_TOMB)
-            continue;
-        if (atomic_compare_exchange_strong_explicit(&s->slots[i], &v, addr, memory_order_relaxed,
-                                                    memory_order_relaxed))
+    uint64_t h = client_freeset_page_hash(addr);
+    for (unsigned round = 0; round < CLIENT_FREESET_MAX_LEVELS; round++) {
+        /* Acquire pairs with the release store publishing a level. */
+        unsigned n = atomic_load_explicit(&s->nlevels, memory_order_acquire);
+        if ((n == CLIENT_FREESET_MAX_LEVELS || !freeset_level_full(s, n - 1)) &&
+            freeset_level_insert(s, n - 1, h, addr) == 0)
             return 0;
+        int r = freeset_grow(s, n);
+        if (r == 0)
+            continue;
+        /* Another thread is growing the set (or it cannot grow): any room will do. */
+        for (unsigned i = n; i-- > 0;)
+            if (freeset_level_insert(s, i, h, addr) == 0)
+                return 0;
+        if (r != -EBUSY)
+            return r;
+        /* No room anywhere before the new level: give the thread mapping it (perhaps
+         * preempted) a moment. Bounded: it may be this very thread, interrupted by the
+         * signal handler we run in. */
+        for (unsigned k = 0; k < CLIENT_FREESET_GROW_WAIT_ROUNDS &&
+                             atomic_load_explicit(&s->nlevels, memory_order_relaxed) == n;
+             k++)
+            (void)hp_sys0(SYS_sched_yield);
     }
-    client_freeset_filter_dec(s, home);
     return -ENOSPC;
+}
+
+bool client_freeset_remove(struct client_freeset *s, uint64_t addr)
+{
+    if (!client_freeset_maybe(s, addr))
+        return false;
+    uint64_t h = client_freeset_page_hash(addr);
+    unsigned n = atomic_load_explicit(&s->nlevels, memory_order_acquire);
+    /* Newest first: most frees are of recent blocks. */
+    for (unsigned i = n; i-- > 0;)
+        if (freeset_level_remove(s, i, h, addr))
+            return true;
+    return false;
 }

@@ -1,102 +1,132 @@
 /* preload/freeset.h: the set of sampled addresses still live, so that free() records only
  * frees of sampled allocations.
  *
- * A lock-free open-addressing table (linear probing) of 2^CLIENT_FREESET_LOG2 slots,
- * mmap'd once at the handshake and never freed. A slot holds 0 (empty), 1 (tombstone) or
- * an address. Inserts claim the first empty or tombstone slot with a compare-and-swap;
- * removals turn the slot into a tombstone, so a probe chain never breaks. Every operation
- * looks at most CLIENT_FREESET_PROBES slots; an insert that finds no room fails, and the
- * caller then records every free instead (correct, slower).
+ * A set that grows with the heap: up to CLIENT_FREESET_MAX_LEVELS lock-free
+ * open-addressing tables (linear probing), the first of 2^log2_slots slots, each further
+ * one CLIENT_FREESET_GROWTH times larger. A level is mmap'd the first time it is needed
+ * (MAP_NORESERVE: pages are touched only as slots get used) and stays mapped for good.
+ * Inserts go to the newest level; when it is half full or its probe bound is exhausted,
+ * the thread that noticed maps the next level (the only system call, on the sampled path, once per
+ * growth) and inserts there. Entries never move: a removal probes the levels newest
+ * first. A slot holds 0 (empty), 1 (tombstone) or an address; inserts claim the first
+ * empty or tombstone slot with a compare-and-swap, removals turn the slot into a
+ * tombstone, so a probe chain never breaks. An insert fails only when every level is
+ * full (2^28 slots at the last) or mapping one failed: the caller then drops the sample
+ * (the set never goes into a mode where every free is recorded).
  *
- *     if (client_freeset_insert(&set, (uintptr_t)p) < 0) send_every_free = true;
- *     if (client_freeset_remove(&set, (uintptr_t)p)) record_free(p);
+ *     if (client_freeset_insert(&set, (uintptr_t)p) < 0) drop_sample();
+ *     if (client_freeset_maybe(&set, p) && client_freeset_remove(&set, p)) record_free(p);
  *
- * In front of the table sits a filter of one saturating 8-bit counter per group of
- * 2^CLIENT_FREESET_LINE_LOG2 slots (the entries whose home slot lies in that group): a
- * free of an unsampled address usually reads only the filter, which stays in cache,
- * instead of a random line of the table. A counter is raised before its entry is
- * stored and lowered after it is removed; at 255 it stays (the table is then probed).
+ * In front of each level's table sits a filter of one saturating 8-bit counter per group
+ * of 2^CLIENT_FREESET_LINE_LOG2 slots (the entries whose home slot lies in that group). The
+ * first level's filter counts the entries of every level (by their home in the first
+ * level), so a free of an unsampled address reads one counter (16 KiB of them, in cache)
+ * whatever the set's size. A counter is raised before its entry is stored and lowered
+ * after it is removed; at 255 it stays (the tables are then probed).
  *
- * Thread-safe and hook-safe (atomics only). Addresses must be neither 0 nor 1 and unique
- * among live entries (true of live heap blocks).
+ * Thread-safe and hook-safe (atomics, and mmap when growing). Addresses must be neither
+ * 0 nor 1 and unique among live entries (true of live heap blocks).
  */
 #ifndef HP_PRELOAD_FREESET_H
 #define HP_PRELOAD_FREESET_H
 
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/macros.h"
 
-#define CLIENT_FREESET_LOG2 19
+#define CLIENT_FREESET_LOG2 19 /* first level: 2^19 slots, 4 MiB of address space */
+/* Each level 8 times the previous: 2^19, 2^22, 2^25, 2^28 slots (the last 2 GiB of address
+ * space, for 134 M live sampled blocks). Few levels keep a free's probes few. */
+#define CLIENT_FREESET_GROWTH_LOG2 3
+#define CLIENT_FREESET_MAX_LEVELS 4
+/* A level takes inserts until about half of its slots are used (probes stay short), or
+ * until an insert finds no room within CLIENT_FREESET_PROBES. The count is kept for the
+ * addresses of one page in 2^CLIENT_FREESET_COUNT_LOG2 (and scaled), so that threads
+ * seldom share its line. */
+#define CLIENT_FREESET_COUNT_LOG2 6
 #define CLIENT_FREESET_PROBES 32
 #define CLIENT_FREESET_EMPTY 0u
 #define CLIENT_FREESET_TOMB 1u
-/* One filter counter per 32 slots (4 cache lines): a 16 KiB filter for the default
- * table, small enough to stay in L1 next to the application's own data. */
+/* One filter counter per 32 slots (4 cache lines): a 16 KiB filter for the first level,
+ * small enough to stay in L1 next to the application's own data. */
 #define CLIENT_FREESET_LINE_LOG2 5
 #define CLIENT_FREESET_FILTER_SAT 255u
 
-struct client_freeset {
+/* A level's table has 2^log2 + CLIENT_FREESET_SLACK slots: a home slot is below
+ * 2^log2 + 255 and a probe never goes more than CLIENT_FREESET_PROBES past it, so no index
+ * wraps (no mask on the fast path). */
+#define CLIENT_FREESET_SLACK 512u
+
+struct client_freeset_level {
     _Atomic uint64_t *slots;
-    _Atomic uint8_t *filter; /* slots >> CLIENT_FREESET_LINE_LOG2 counters, after the slots */
-    uint64_t mask;
-    unsigned shift; /* 64 - log2(slots) */
+    _Atomic uint8_t *filter; /* one counter per 2^CLIENT_FREESET_LINE_LOG2 slots */
+    unsigned shift;          /* 64 - log2: the page's place = page hash >> shift */
 };
 
-/* Bytes of the one mapping holding 2^log2_slots slots and their filter. */
+struct client_freeset {
+    /* Read by every free() while profiling, with lv[0]: on one cache line. */
+    _Alignas(64) _Atomic unsigned nlevels; /* levels in use, >= 1 after init */
+    unsigned log2_slots;                   /* of lv[0] */
+    /* lv[0] is set by client_freeset_init(); lv[i > 0] is written by the thread that
+     * maps it, before the release store of nlevels that publishes it. */
+    struct client_freeset_level lv[CLIENT_FREESET_MAX_LEVELS];
+    _Atomic bool growing; /* a thread is mapping the next level */
+    /* Per level: entries whose hash has CLIENT_FREESET_COUNT_LOG2 low zero bits (about
+     * one in 64), each on its own line. */
+    struct {
+        _Alignas(64) _Atomic int64_t n;
+    } counted[CLIENT_FREESET_MAX_LEVELS];
+};
+
+/* Slots of a level of 2^log2_slots, and bytes of the one mapping holding them and their
+ * filter. */
+#define CLIENT_FREESET_SLOTS(log2_slots) (((size_t)1 << (log2_slots)) + CLIENT_FREESET_SLACK)
 #define CLIENT_FREESET_MAP_BYTES(log2_slots)                                                       \
-    (((size_t)8 << (log2_slots)) + ((size_t)1 << ((log2_slots)-CLIENT_FREESET_LINE_LOG2)))
+    (8 * CLIENT_FREESET_SLOTS(log2_slots) +                                                        \
+     (CLIENT_FREESET_SLOTS(log2_slots) >> CLIENT_FREESET_LINE_LOG2))
 
-/* Lowers the filter counter of home slot @i (not below 0, never from saturation). */
-void client_freeset_filter_dec(struct client_freeset *s, uint64_t i);
-
-/* Sets every filter counter to saturation for good: every address then "maybe" is in the
- * set (for a caller that must see every free from now on). */
-void client_freeset_saturate(struct client_freeset *s);
-
-/* Maps the table (pre: log2_slots >= CLIENT_FREESET_LINE_LOG2); returns 0 or -errno. */
+/* Maps the first level (pre: log2_slots >= CLIENT_FREESET_LINE_LOG2); returns 0 or
+ * -errno. */
 int client_freeset_init(struct client_freeset *s, unsigned log2_slots) HP_WARN_UNUSED;
-/* Returns 0, or -ENOSPC when no slot within the probe bound is free. */
+/* Empties the set for a new session, back to one level: every mapped level's pages are
+ * dropped (zero again). Owner only, with no insert running; a late free() probing it
+ * meanwhile finds nothing. */
+void client_freeset_clear(struct client_freeset *s);
+/* Returns 0, -ENOSPC when every level is full or -ENOMEM when the next level could not
+ * be mapped. */
 int client_freeset_insert(struct client_freeset *s, uint64_t addr) HP_WARN_UNUSED;
-
-static inline uint64_t client_freeset_hash(const struct client_freeset *s, uint64_t addr)
-{
-    return ((addr >> 4) * 0x9e3779b97f4a7c15ull) >> s->shift;
-}
-
-/* False when @addr is certainly not in the set (its filter counter is 0): one load. */
-static inline bool client_freeset_maybe(const struct client_freeset *s, uint64_t addr)
-{
-    uint64_t home = client_freeset_hash(s, addr);
-    return atomic_load_explicit(&s->filter[home >> CLIENT_FREESET_LINE_LOG2],
-                                memory_order_relaxed) != 0;
-}
-
 /* Removes @addr; returns true when it was in the set. Relaxed atomics are enough: an
  * address reaches the thread freeing it only through the application's own
  * synchronisation, which orders our insert before this removal. */
-static inline bool client_freeset_remove(struct client_freeset *s, uint64_t addr)
+bool client_freeset_remove(struct client_freeset *s, uint64_t addr);
+/* Where an address lives: its 4 KiB page picks a place at random (the page number's
+ * multiplicative hash, top bits), and the blocks of one page follow each other from there
+ * (16-byte granules). Blocks allocated together usually share pages, so their slots and
+ * filter counters share cache lines: at interval 1, where every block is in the set, a
+ * random slot per block cost jq a cache miss per malloc and per free (exact mode 2.2x its
+ * unprofiled time; 1.3-1.45x with this layout). */
+static inline uint64_t client_freeset_page_hash(uint64_t addr)
 {
-    uint64_t home = client_freeset_hash(s, addr), i = home;
-    if (HP_LIKELY(atomic_load_explicit(&s->filter[home >> CLIENT_FREESET_LINE_LOG2],
-                                       memory_order_relaxed) == 0))
-        return false;
-    for (unsigned n = 0; n < CLIENT_FREESET_PROBES; n++, i = (i + 1) & s->mask) {
-        uint64_t v = atomic_load_explicit(&s->slots[i], memory_order_relaxed);
-        if (v == CLIENT_FREESET_EMPTY)
-            return false;
-        if (v == addr) {
-            if (!atomic_compare_exchange_strong_explicit(&s->slots[i], &v, CLIENT_FREESET_TOMB,
-                                                         memory_order_relaxed,
-                                                         memory_order_relaxed))
-                return false;
-            client_freeset_filter_dec(s, home);
-            return true;
-        }
-    }
-    return false;
+    return (addr >> 12) * 0x9e3779b97f4a7c15ull;
+}
+
+/* Home slot of @addr (page hash @ph) in @lv. */
+static inline uint64_t client_freeset_home(const struct client_freeset_level *lv, uint64_t ph,
+                                           uint64_t addr)
+{
+    return (ph >> lv->shift) + ((addr >> 4) & 255);
+}
+
+/* False when @addr is certainly not in the set: one load of the first level's filter. */
+static inline bool client_freeset_maybe(const struct client_freeset *s, uint64_t addr)
+{
+    const struct client_freeset_level *lv = &s->lv[0];
+    uint64_t home = client_freeset_home(lv, client_freeset_page_hash(addr), addr);
+    return atomic_load_explicit(&lv->filter[home >> CLIENT_FREESET_LINE_LOG2],
+                                memory_order_relaxed) != 0;
 }
 
 #endif

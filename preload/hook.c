@@ -1,11 +1,11 @@
 /* preload/hook.c: the exported malloc family and the sampled path behind it.
  *
  * Hook-safe throughout: no allocation, no stdio, no locks of ours; system calls only on
- * the sampled path (the poke; checks of stack pages, once per thread for its own stack,
- * and on every sample on a stack not the thread's own, with copies of such stacks) and
- * never ones that are cancellation points. One lock of glibc's: the loader's, for a few
- * nanoseconds per sample (preload/dl.c says why that is safe). errno is preserved around
- * everything we do besides the real call.
+ * the sampled path (a FUTEX_WAKE when the service sleeps; checks of stack pages, once per
+ * thread for its own stack, and on every sample on a stack not the thread's own, with
+ * copies of such stacks) and never ones that are cancellation points. One lock of
+ * glibc's: the loader's, for a few nanoseconds per sample (preload/dl.c says why that is
+ * safe). errno is preserved around everything we do besides the real call.
  *
  * Fast path of an allocation: one relaxed load of the interval, one TLS decrement and a
  * branch, then the real call (malloc: a tail call). Fast path of a free: one load of client_current
@@ -13,9 +13,14 @@
  * system call unless a sample is taken (fork is noticed by the atfork handler; a child
  * made without it, by the getpid() check on the sampled path).
  *
- * free_sized/free_aligned_sized (glibc 2.39) are not exported: glibc 2.36 has none, and
- * a program built against a newer glibc would bind its versioned reference to glibc's
- * own symbol anyway, so exporting ours would hook nothing and only widen the ABI.
+ * Every call is forwarded to the program's own allocator (preload/alloc.h), never to
+ * glibc's by name. free_sized/free_aligned_sized (C23, glibc 2.39) are exported too: our
+ * exports are unversioned, and an unversioned definition binds a versioned reference
+ * (free_sized@GLIBC_2.39) just as it binds malloc@GLIBC_2.2.5.
+ *
+ * Each exported function is an alias of a local hook_*() function, whose address
+ * preload/got.c installs in GOT slots when the allocator comes before us (our exported
+ * symbols then resolve to the allocator's, even inside this library).
  */
 #include "preload/client.h"
 
@@ -24,25 +29,17 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "common/clock.h"
 #include "common/macros.h"
+#include "preload/alloc.h"
+#include "preload/got.h"
 #include "preload/stack.h"
 #include "preload/walk.h"
 #include "shmem_ring/wire.h"
-
-/* glibc's allocator entry points (exported by libc.so.6 for exactly this purpose). */
-extern void *__libc_malloc(size_t size);
-extern void __libc_free(void *p);
-extern void *__libc_calloc(size_t n, size_t size);
-extern void *__libc_realloc(void *p, size_t size);
-extern void *__libc_memalign(size_t alignment, size_t size);
-extern void *__libc_valloc(size_t size);
-extern void *__libc_pvalloc(size_t size);
 
 /* The loader's record of the stack pointer at the program's entry (ld.so, GLIBC_2.2.5). */
 extern void *__libc_stack_end;
@@ -55,13 +52,29 @@ __thread struct client_tls client_tls __attribute__((tls_model("initial-exec")))
 /* Sequence numbers of the process's records (allocations and frees alike). */
 static _Alignas(64) _Atomic uint64_t hook_seq;
 
+/* After a record could not be written (the ring is full): make sure a sleeping reader
+ * hears about it. ring_end_write() wakes the reader itself; this costs a system call only
+ * when the reader sleeps. No descriptor: the program cannot make us write into one of
+ * its own (see shmem_ring/ring.h). */
 static void hook_poke(struct client_session *s)
 {
-    static const char byte = 0;
-    /* sendto via syscall(2): send(2) is a cancellation point, malloc must not be one.
-     * EPIPE/ECONNRESET: the service is gone; the helper thread sees the hang-up on the
-     * socket and detaches. EAGAIN: the socket is full of pokes; the reader is awake. */
-    (void)syscall(SYS_sendto, s->sock, &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL, NULL, 0);
+    ring_wake_reader(s->ring);
+}
+
+/* The ring was full: make sure a sleeping reader hears about it, but at most once per
+ * HOOK_FULL_POKE_NS for the process. With a stopped or hung reader every sample finds
+ * the ring full; a system call per dropped record would slow the program down for as
+ * long as the reader stays away. */
+#define HOOK_FULL_POKE_NS (1000u * 1000u)
+static void hook_poke_full(struct client_session *s)
+{
+    uint64_t now = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
+    uint64_t last = atomic_load_explicit(&s->full_poke_ns, memory_order_relaxed);
+    if (now - last < HOOK_FULL_POKE_NS ||
+        !atomic_compare_exchange_strong_explicit(&s->full_poke_ns, &last, now, memory_order_relaxed,
+                                                 memory_order_relaxed))
+        return;
+    hook_poke(s);
 }
 
 /* True in a child made without our atfork handler (_Fork, clone): it must not write
@@ -122,31 +135,40 @@ static void hook_fill_head(struct wire_alloc_head *ret, struct client_tls *t,
     };
 }
 
+/* Puts sampled address @p in the set free() watches, before its record is written (no
+ * other thread can free @p before the hook returns it). False when the set could not
+ * take it (every level full, or no memory for the next): the sample is then dropped and
+ * counted, so that no free of it can go unrecorded. */
+static bool hook_watch_free(struct client_session *s, void *p)
+{
+    if (HP_LIKELY(client_freeset_insert(&s->freeset, (uint64_t)(uintptr_t)p) == 0))
+        return true;
+    atomic_fetch_add_explicit(&client_stat_freeset_overflows, 1, memory_order_relaxed);
+    ring_count_drop(s->ring);
+    return false;
+}
+
+/* The record of @p was not written: nothing to watch. */
+static void hook_unwatch_free(struct client_session *s, void *p, int r)
+{
+    (void)client_freeset_remove(&s->freeset, (uint64_t)(uintptr_t)p);
+    if (r == -EAGAIN)
+        hook_poke_full(s);
+}
+
 /* Reserves a sampled allocation's record of @type and @len payload bytes and fills its
- * head. False when the ring refused it (full: a sleeping reader is poked). */
+ * head; @p is watched already. False when the ring refused it (then @p is not watched). */
 static bool hook_begin_sample(struct client_tls *t, struct client_session *s, uint16_t type,
                               size_t len, void *p, size_t size, uint64_t sample_size,
                               struct ring_wspan *ret_w, struct wire_alloc_head *ret_head)
 {
     int r = ring_try_begin_write(s->ring, type, len, ret_w);
     if (r < 0) {
-        if (r == -EAGAIN)
-            hook_poke(s);
+        hook_unwatch_free(s, p, r);
         return false;
     }
     hook_fill_head(ret_head, t, s, p, size, sample_size);
     return true;
-}
-
-/* Puts sampled address @p in the set free() watches. */
-static void hook_watch_free(struct client_session *s, void *p)
-{
-    if (client_freeset_insert(&s->freeset, (uint64_t)(uintptr_t)p) < 0) {
-        atomic_fetch_add_explicit(&client_stat_freeset_overflows, 1, memory_order_relaxed);
-        atomic_store_explicit(&s->send_all_frees, true, memory_order_relaxed);
-        /* Every free now takes the watched path: free() tests the filter alone. */
-        client_freeset_saturate(&s->freeset);
-    }
 }
 
 /* pcs a walk keeps on the application's stack; a deeper walk is counted, then walked on
@@ -186,6 +208,8 @@ static HP_NOINLINE void hook_record_other(struct client_tls *t, struct client_se
                                                            : HOOK_OTHER_STACK_MAX;
     struct client_stack_plan plan;
     client_stack_plan_other(&t->stack, sp, cap, &plan);
+    if (!hook_watch_free(s, p))
+        return;
     struct ring_wspan w;
     struct wire_alloc_head head;
     if (!hook_begin_sample(t, s, WIRE_ALLOC, wire_alloc_len(plan.len, 0), p, size, sample_size, &w,
@@ -212,7 +236,6 @@ static HP_NOINLINE void hook_record_other(struct client_tls *t, struct client_se
         a->flags |= WIRE_ALLOC_STACK_TRUNCATED;
     if (ring_end_write(s->ring, &w))
         hook_poke(s);
-    hook_watch_free(s, p);
 }
 
 /* Code loaded or unloaded since the session last looked (preload/dl.c) changes what the
@@ -245,6 +268,10 @@ static void hook_check_code(struct client_session *s)
     if (HP_LIKELY(adds == seen_adds && subs == seen_subs))
         return;
     bool unloaded = subs != seen_subs, loaded = adds != seen_adds;
+    /* With the GOT route, new objects get the hooks in their slots now (what the dlopen
+     * wrapper did; preload/got.h). */
+    if (loaded)
+        client_got_after_dlopen();
     if (unloaded)
         atomic_store_explicit(&s->walk_hold_gen, utable_gen(&s->utable), memory_order_relaxed);
     uint64_t ask = loaded ? ring_ask_maps_read(s->ring) : 0;
@@ -275,7 +302,7 @@ static void hook_check_code(struct client_session *s)
 static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_session *s, void *p,
                                           size_t size, uint64_t sample_size, const uint64_t *regs)
 {
-    /* The service ended the session (its socket closes next; the helper detaches). */
+    /* The service ended the session (its socket closes next; the session thread ends it). */
     if (hook_foreign_pid(s) || ring_is_detached(s->ring))
         return;
     if (s->utable.hdr)
@@ -314,6 +341,12 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
         n_pcs = wr == CLIENT_WALK_DONE ? walk.n : 0;
         audit = n_pcs > 0 && own && s->audit_every && ++t->walks % s->audit_every == 0;
     }
+    if (!own && n_pcs == 0) {
+        hook_record_other(t, s, p, size, sample_size, regs);
+        return;
+    }
+    if (!hook_watch_free(s, p))
+        return;
     ring_t *ring = s->ring;
     struct ring_wspan w;
     struct wire_alloc_head head;
@@ -327,11 +360,6 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
             (void)wire_encode_alloc_pcs(w.data, &head, put, WIRE_PCS_PARTIAL);
         if (ring_end_write(ring, &w))
             hook_poke(s);
-        hook_watch_free(s, p);
-        return;
-    }
-    if (!own) {
-        hook_record_other(t, s, p, size, sample_size, regs);
         return;
     }
 
@@ -352,13 +380,19 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
         ((struct wire_alloc *)w.data)->flags &= ~WIRE_ALLOC_AUDIT; /* nothing to compare */
     if (ring_end_write(ring, &w))
         hook_poke(s);
-    hook_watch_free(s, p);
 }
 
+/* Records the free of sampled address @p (already taken out of the set). Never waits:
+ * free() must not block on the service, whatever block_client says, and this may run in
+ * a signal handler that interrupted a hook of this thread, even one writing into the
+ * same ring (a reservation is one compare-and-swap; the interrupted record is published
+ * when the hook resumes). A free that finds no room is counted as lost: the block stays
+ * live in the profile (a phantom leak), and the service says so. */
 void client_record_free(struct client_session *s, void *p)
 {
     struct client_tls *t = &client_tls;
     int saved_errno = errno;
+    bool was_in_hook = t->in_hook, was_in_sample = t->in_sample;
 
     t->in_hook = true;
     t->in_sample = true;
@@ -366,7 +400,7 @@ void client_record_free(struct client_session *s, void *p)
         if (!hook_foreign_pid(s)) {
             ring_t *ring = s->ring;
             struct ring_wspan w;
-            int r = ring_try_begin_write(ring, WIRE_FREE, sizeof(struct wire_free), &w);
+            int r = ring_try_begin_write_nowait(ring, WIRE_FREE, sizeof(struct wire_free), &w);
             if (r == 0) {
                 wire_encode_free(w.data,
                                  atomic_fetch_add_explicit(&hook_seq, 1, memory_order_relaxed) + 1,
@@ -374,13 +408,14 @@ void client_record_free(struct client_session *s, void *p)
                 if (ring_end_write(ring, &w))
                     hook_poke(s);
             } else if (r == -EAGAIN) {
-                hook_poke(s);
+                ring_count_free_lost(ring);
+                hook_poke_full(s);
             }
         }
         client_session_leave(s);
     }
-    t->in_sample = false;
-    t->in_hook = false;
+    t->in_sample = was_in_sample;
+    t->in_hook = was_in_hook;
     errno = saved_errno;
 }
 
@@ -427,6 +462,9 @@ uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint6
             sample_size = client_sampler_step(&t->sampler, &s->params, size);
         }
         if (sample_size > 0 && p != 0) {
+            /* Code loaded since the last look gets the hooks in its GOT slots too (only
+             * when the allocator comes before us; rate-limited). */
+            client_got_check();
             t->in_sample = true;
             hook_record_alloc(t, s, (void *)p, size, sample_size, regs);
             t->in_sample = false;
@@ -455,20 +493,20 @@ static HP_ALWAYS_INLINE bool hook_unsampled(size_t size)
                              atomic_load_explicit(&client_fast_interval, memory_order_relaxed));
 }
 
-/* Dormant or passthrough: the exported functions then jump straight to glibc (no frame).
- * A session starting between this test and the allocation only misses that allocation. */
+/* Dormant or passthrough: the exported functions then jump straight to the allocator (no
+ * frame). A session starting between this test and the allocation only misses that
+ * allocation. */
 static HP_ALWAYS_INLINE bool hook_off(void)
 {
     return atomic_load_explicit(&client_fast_interval, memory_order_relaxed) == CLIENT_FAST_OFF;
 }
 
 /* While a session is active: records the free of a sampled address, before the real
- * free (see hook_realloc). */
+ * free (see hook_realloc). Also from a signal handler that interrupted one of our hooks:
+ * client_record_free() never waits, and counts what it cannot record. */
 static HP_ALWAYS_INLINE void hook_free_watched(struct client_session *s, void *p)
 {
-    if ((client_freeset_remove(&s->freeset, (uint64_t)(uintptr_t)p) ||
-         HP_UNLIKELY(atomic_load_explicit(&s->send_all_frees, memory_order_relaxed) && p)) &&
-        !client_tls.in_hook)
+    if (client_freeset_remove(&s->freeset, (uint64_t)(uintptr_t)p))
         client_record_free(s, p);
 }
 
@@ -485,133 +523,215 @@ static HP_ALWAYS_INLINE void hook_before_free(void *p)
 static HP_NOINLINE void hook_free_active(struct client_session *s, void *p)
 {
     hook_free_watched(s, p);
-    __libc_free(p);
+    CLIENT_REAL(FREE, client_free_fn)(p);
 }
 
 /* The sampled case of malloc(), out of line so that malloc() itself needs no frame: it
  * is reached by a tail call, and tail-calls the trampoline in turn. */
 static HP_NOINLINE void *hook_malloc_sampled(size_t size)
 {
-    void *p = __libc_malloc(size);
+    void *p = CLIENT_REAL(MALLOC, client_malloc_fn)(size);
     return client_sample_tramp(p, size, p);
 }
 
-HP_EXPORT void *malloc(size_t size)
+static void *hook_malloc(size_t size)
 {
     /* The sampler counts the bytes before the allocation is made: an unsampled malloc()
-     * is a tail call to glibc's. (A failed allocation still counts; it is not recorded.) */
+     * is a tail call to the allocator's. (A failed allocation still counts; it is not
+     * recorded.) */
     uint64_t interval = atomic_load_explicit(&client_fast_interval, memory_order_relaxed);
     if (interval == CLIENT_FAST_OFF || hook_unsampled_at(size, interval))
-        return __libc_malloc(size);
+        return CLIENT_REAL(MALLOC, client_malloc_fn)(size);
     return hook_malloc_sampled(size);
 }
 
-HP_EXPORT void free(void *p)
+/* True when the free of @p need not be looked at: no session, or certainly unsampled. */
+static HP_ALWAYS_INLINE bool hook_free_unwatched(struct client_session *s, void *p)
+{
+    return HP_LIKELY(s == NULL) ||
+           HP_LIKELY(!client_freeset_maybe(&s->freeset, (uint64_t)(uintptr_t)p));
+}
+
+static void hook_free(void *p)
 {
     /* Acquire pairs with the release store publishing the session (its set is mapped). */
     struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
-    /* send_all_frees saturates the filter: no need to test it here. */
-    if (HP_LIKELY(s == NULL) ||
-        HP_LIKELY(!client_freeset_maybe(&s->freeset, (uint64_t)(uintptr_t)p)))
-        __libc_free(p);
+    if (hook_free_unwatched(s, p))
+        CLIENT_REAL(FREE, client_free_fn)(p);
     else
         hook_free_active(s, p);
 }
 
-HP_EXPORT void *calloc(size_t n, size_t size)
+/* C23's sized frees: recorded like free(), then passed on with their arguments (the
+ * allocator may use the size; preload/alloc.c gives free() one that lacks them). */
+static HP_NOINLINE void hook_free_sized_active(struct client_session *s, void *p, size_t size)
+{
+    hook_free_watched(s, p);
+    CLIENT_REAL(FREE_SIZED, client_free_sized_fn)(p, size);
+}
+
+static void hook_free_sized(void *p, size_t size)
+{
+    struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
+    if (hook_free_unwatched(s, p))
+        CLIENT_REAL(FREE_SIZED, client_free_sized_fn)(p, size);
+    else
+        hook_free_sized_active(s, p, size);
+}
+
+static HP_NOINLINE void hook_free_aligned_sized_active(struct client_session *s, void *p,
+                                                       size_t alignment, size_t size)
+{
+    hook_free_watched(s, p);
+    CLIENT_REAL(FREE_ALIGNED_SIZED, client_free_aligned_sized_fn)(p, alignment, size);
+}
+
+static void hook_free_aligned_sized(void *p, size_t alignment, size_t size)
+{
+    struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
+    if (hook_free_unwatched(s, p))
+        CLIENT_REAL(FREE_ALIGNED_SIZED, client_free_aligned_sized_fn)(p, alignment, size);
+    else
+        hook_free_aligned_sized_active(s, p, alignment, size);
+}
+
+static void *hook_calloc(size_t n, size_t size)
 {
     if (hook_off())
-        return __libc_calloc(n, size);
-    void *p = __libc_calloc(n, size);
-    /* No overflow when the call succeeded (glibc fails with ENOMEM otherwise). */
+        return CLIENT_REAL(CALLOC, client_calloc_fn)(n, size);
+    void *p = CLIENT_REAL(CALLOC, client_calloc_fn)(n, size);
+    /* No overflow when the call succeeded (the allocator fails with ENOMEM otherwise). */
     if (!p || hook_unsampled(n * size))
         return p;
     return client_sample_tramp(p, n * size, p);
 }
 
-static HP_ALWAYS_INLINE void *hook_realloc(void *p, size_t size)
+static HP_ALWAYS_INLINE bool hook_realloc_off(void)
 {
-    if (hook_off() && !atomic_load_explicit(&client_current, memory_order_relaxed))
-        return __libc_realloc(p, size);
-    /* The old block is recorded as freed before it really is, so that a reuse of its
-     * address by another thread gets a later sequence number. If the reallocation then
-     * fails, the block stays live but unrecorded (an underestimate, only under OOM). */
+    return hook_off() && !atomic_load_explicit(&client_current, memory_order_relaxed);
+}
+
+/* The old block is recorded as freed before it really is, so that a reuse of its address
+ * by another thread gets a later sequence number. If the reallocation then fails, the
+ * block stays live but unrecorded (an underestimate, only under OOM). realloc(p, 0) that
+ * frees p and returns NULL records nothing more. */
+static HP_ALWAYS_INLINE void *hook_do_realloc(void *p, size_t size)
+{
+    if (hook_realloc_off())
+        return CLIENT_REAL(REALLOC, client_realloc_fn)(p, size);
     hook_before_free(p);
-    void *q = __libc_realloc(p, size);
-    /* realloc(p, 0) frees p and returns NULL (glibc: REALLOC_ZERO_BYTES_FREES). */
+    void *q = CLIENT_REAL(REALLOC, client_realloc_fn)(p, size);
     if (!q || hook_unsampled(size))
         return q;
     return client_sample_tramp(q, size, q);
 }
 
-HP_EXPORT void *realloc(void *p, size_t size)
+static void *hook_realloc(void *p, size_t size)
 {
-    return hook_realloc(p, size);
+    return hook_do_realloc(p, size);
 }
 
-HP_EXPORT void *reallocarray(void *p, size_t n, size_t size)
+/* reallocarray is realloc with an overflow check, whatever the allocator: its own may
+ * call realloc through the PLT (glibc's does), which would reach hook_realloc and record
+ * the block twice. */
+static void *hook_reallocarray(void *p, size_t n, size_t size)
 {
     size_t bytes;
-    /* glibc: ENOMEM on overflow, otherwise exactly realloc(). */
     if (__builtin_mul_overflow(n, size, &bytes)) {
         errno = ENOMEM;
         return NULL;
     }
-    return hook_realloc(p, bytes);
+    return hook_do_realloc(p, bytes);
 }
 
-HP_EXPORT void *memalign(size_t alignment, size_t size)
+static void *hook_memalign(size_t alignment, size_t size)
 {
     if (hook_off())
-        return __libc_memalign(alignment, size);
-    void *p = __libc_memalign(alignment, size);
+        return CLIENT_REAL(MEMALIGN, client_memalign_fn)(alignment, size);
+    void *p = CLIENT_REAL(MEMALIGN, client_memalign_fn)(alignment, size);
     if (!p || hook_unsampled(size))
         return p;
     return client_sample_tramp(p, size, p);
 }
 
-/* glibc 2.36 defines aligned_alloc as an alias of memalign (no alignment check). */
+/* The allocator's own aligned_alloc: its checks are the program's (glibc 2.36 takes any
+ * alignment, 2.38 refuses one that is not a power of two). */
+static void *hook_aligned_alloc(size_t alignment, size_t size)
+{
+    if (hook_off())
+        return CLIENT_REAL(ALIGNED_ALLOC, client_memalign_fn)(alignment, size);
+    void *p = CLIENT_REAL(ALIGNED_ALLOC, client_memalign_fn)(alignment, size);
+    if (!p || hook_unsampled(size))
+        return p;
+    return client_sample_tramp(p, size, p);
+}
+
+static int hook_posix_memalign(void **memptr, size_t alignment, size_t size)
+{
+    if (hook_off())
+        return CLIENT_REAL(POSIX_MEMALIGN, client_posix_memalign_fn)(memptr, alignment, size);
+    int r = CLIENT_REAL(POSIX_MEMALIGN, client_posix_memalign_fn)(memptr, alignment, size);
+    if (r != 0 || hook_unsampled(size))
+        return r;
+    return client_sample_tramp_int(*memptr, size, 0);
+}
+
+static void *hook_valloc(size_t size)
+{
+    if (hook_off())
+        return CLIENT_REAL(VALLOC, client_malloc_fn)(size);
+    void *p = CLIENT_REAL(VALLOC, client_malloc_fn)(size);
+    if (!p || hook_unsampled(size))
+        return p;
+    return client_sample_tramp(p, size, p);
+}
+
+/* pvalloc allocates whole pages (one for 0): those are the bytes sampled. */
+static void *hook_pvalloc(size_t size)
+{
+    if (hook_off())
+        return CLIENT_REAL(PVALLOC, client_malloc_fn)(size);
+    void *p = CLIENT_REAL(PVALLOC, client_malloc_fn)(size);
+    if (!p)
+        return p;
+    size_t page = (size_t)getpagesize();
+    size_t bytes = size ? HP_ALIGN_UP(size, page) : page;
+    if (hook_unsampled(bytes))
+        return p;
+    return client_sample_tramp(p, bytes, p);
+}
+
+/* The exported names are aliases: inside this library the local names always mean our
+ * hooks, even when the global names resolve to an allocator loaded before us. */
+HP_EXPORT void *malloc(size_t size) __attribute__((alias("hook_malloc")));
+HP_EXPORT void free(void *p) __attribute__((alias("hook_free")));
+HP_EXPORT void *calloc(size_t n, size_t size) __attribute__((alias("hook_calloc")));
+HP_EXPORT void *realloc(void *p, size_t size) __attribute__((alias("hook_realloc")));
+HP_EXPORT void *reallocarray(void *p, size_t n, size_t size)
+    __attribute__((alias("hook_reallocarray")));
+HP_EXPORT void *memalign(size_t alignment, size_t size) __attribute__((alias("hook_memalign")));
 HP_EXPORT void *aligned_alloc(size_t alignment, size_t size)
-{
-    if (hook_off())
-        return __libc_memalign(alignment, size);
-    void *p = __libc_memalign(alignment, size);
-    if (!p || hook_unsampled(size))
-        return p;
-    return client_sample_tramp(p, size, p);
-}
-
+    __attribute__((alias("hook_aligned_alloc")));
 HP_EXPORT int posix_memalign(void **memptr, size_t alignment, size_t size)
-{
-    /* glibc's checks: a power-of-two multiple of sizeof(void *); errno untouched. */
-    if (alignment % sizeof(void *) != 0 ||
-        ((alignment / sizeof(void *)) & (alignment / sizeof(void *) - 1)) != 0 || alignment == 0)
-        return EINVAL;
-    void *p = __libc_memalign(alignment, size);
-    if (p == NULL)
-        return ENOMEM;
-    *memptr = p;
-    if (hook_unsampled(size))
-        return 0;
-    return client_sample_tramp_int(p, size, 0);
-}
+    __attribute__((alias("hook_posix_memalign")));
+HP_EXPORT void *valloc(size_t size) __attribute__((alias("hook_valloc")));
+HP_EXPORT void *pvalloc(size_t size) __attribute__((alias("hook_pvalloc")));
+HP_EXPORT void free_sized(void *p, size_t size) __attribute__((alias("hook_free_sized")));
+HP_EXPORT void free_aligned_sized(void *p, size_t alignment, size_t size)
+    __attribute__((alias("hook_free_aligned_sized")));
 
-HP_EXPORT void *valloc(size_t size)
-{
-    if (hook_off())
-        return __libc_valloc(size);
-    void *p = __libc_valloc(size);
-    if (!p || hook_unsampled(size))
-        return p;
-    return client_sample_tramp(p, size, p);
-}
-
-HP_EXPORT void *pvalloc(size_t size)
-{
-    if (hook_off())
-        return __libc_pvalloc(size);
-    void *p = __libc_pvalloc(size);
-    if (!p || hook_unsampled(size))
-        return p;
-    return client_sample_tramp(p, size, p);
-}
+#define HOOK_FN(f) ((client_fn_t)(f))
+const client_fn_t client_hook_fns[CLIENT_N_FN] = {
+    [CLIENT_FN_MALLOC] = HOOK_FN(hook_malloc),
+    [CLIENT_FN_FREE] = HOOK_FN(hook_free),
+    [CLIENT_FN_CALLOC] = HOOK_FN(hook_calloc),
+    [CLIENT_FN_REALLOC] = HOOK_FN(hook_realloc),
+    [CLIENT_FN_REALLOCARRAY] = HOOK_FN(hook_reallocarray),
+    [CLIENT_FN_MEMALIGN] = HOOK_FN(hook_memalign),
+    [CLIENT_FN_ALIGNED_ALLOC] = HOOK_FN(hook_aligned_alloc),
+    [CLIENT_FN_POSIX_MEMALIGN] = HOOK_FN(hook_posix_memalign),
+    [CLIENT_FN_VALLOC] = HOOK_FN(hook_valloc),
+    [CLIENT_FN_PVALLOC] = HOOK_FN(hook_pvalloc),
+    [CLIENT_FN_FREE_SIZED] = HOOK_FN(hook_free_sized),
+    [CLIENT_FN_FREE_ALIGNED_SIZED] = HOOK_FN(hook_free_aligned_sized),
+};

@@ -1,6 +1,8 @@
 /* preload/session.c: the client's half of the handshake, and the sessions it opens and
- * closes (owner only: see preload/client.h for who owns them). Not hook-safe: runs in the
- * initialising thread, the helper thread or a forked child's atfork handler. */
+ * closes (owner only: see preload/client.h for who owns them). Not hook-safe (it blocks
+ * on the service): runs in the initialising thread, the session thread or a forked
+ * child's atfork handler. Raw system calls only (common/sys.h): the session thread has no
+ * glibc thread state (preload/attach.c). */
 #include "preload/client.h"
 
 #include <errno.h>
@@ -12,6 +14,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -24,8 +27,13 @@
 #include "common/fdpass.h"
 #include "common/macros.h"
 #include "common/paths.h"
+#include "common/sys.h"
 #include "preload/env.h"
 #include "shmem_ring/wire.h"
+
+/* The session's socket is moved to a number at least this high (or half the descriptor
+ * limit, if lower), away from the numbers programs open, dup2 onto or close in loops. */
+#define CLIENT_SOCK_FLOOR 1024
 
 static uint64_t client_session_gen; /* owner only */
 static unsigned client_next_slot;   /* owner only */
@@ -49,53 +57,58 @@ static int client_handshake(const char *path, uint32_t reason, uint32_t timeout_
     int rx[2] = {-1, -1};
     int ring_fd = -1, utable_fd = -1;
     size_t nfds = 0;
-    int sock = -1;
-    int r;
+    long sock = -1;
+    long r;
 
     size_t len = strlen(path);
     if (len >= sizeof(sa.sun_path))
         return -ENAMETOOLONG;
     memcpy(sa.sun_path, path, len);
 
-    sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sock = hp_sys3(SYS_socket, AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (sock < 0)
-        return -errno;
+        return (int)sock;
     struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
-    if (setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
-        setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0)
-        goto fail_errno;
-    if (connect(sock, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-        goto fail_errno;
+    r = hp_sys6(SYS_setsockopt, sock, SOL_SOCKET, SO_RCVTIMEO, (long)&tv, sizeof(tv), 0);
+    if (r == 0)
+        r = hp_sys6(SYS_setsockopt, sock, SOL_SOCKET, SO_SNDTIMEO, (long)&tv, sizeof(tv), 0);
+    if (r == 0)
+        r = hp_sys3(SYS_connect, sock, (long)&sa, sizeof(sa));
+    if (r < 0)
+        goto fail;
 
     /* Our /proc fds let the peer read all our memory: only to our own uid or root. */
     struct ucred cred;
     socklen_t cred_len = sizeof(cred);
-    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) < 0)
-        goto fail_errno;
+    r = hp_sys6(SYS_getsockopt, sock, SOL_SOCKET, SO_PEERCRED, (long)&cred, (long)&cred_len, 0);
+    if (r < 0)
+        goto fail;
     r = -EPERM;
-    if (cred_len != sizeof(cred) || (cred.uid != getuid() && cred.uid != 0))
+    if (cred_len != sizeof(cred) || (cred.uid != (uid_t)hp_sys0(SYS_getuid) && cred.uid != 0))
         goto fail;
 
-    fds[0] = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-    if (fds[0] < 0)
-        goto fail_errno;
-    fds[1] = open("/proc/self/mem", O_RDONLY | O_CLOEXEC);
-    if (fds[1] < 0)
-        goto fail_errno;
+    r = hp_sys4(SYS_openat, AT_FDCWD, (long)"/proc/self/maps", O_RDONLY | O_CLOEXEC, 0);
+    if (r < 0)
+        goto fail;
+    fds[0] = (int)r;
+    r = hp_sys4(SYS_openat, AT_FDCWD, (long)"/proc/self/mem", O_RDONLY | O_CLOEXEC, 0);
+    if (r < 0)
+        goto fail;
+    fds[1] = (int)r;
     struct wire_hello hello = {
         .magic = WIRE_HELLO_MAGIC,
         .features = CLIENT_FEATURES,
-        .pid = getpid(),
+        .pid = (int32_t)hp_sys0(SYS_getpid),
         .reason = reason,
     };
-    r = hp_send_fds(sock, &hello, sizeof(hello), fds, 2);
-    (void)close(fds[0]);
-    (void)close(fds[1]);
+    r = hp_send_fds((int)sock, &hello, sizeof(hello), fds, 2);
+    (void)hp_sys_close(fds[0]);
+    (void)hp_sys_close(fds[1]);
     fds[0] = fds[1] = -1;
     if (r < 0)
         goto fail;
 
-    r = hp_recv_fds(sock, &cfg, sizeof(cfg), rx, 2, &nfds);
+    r = hp_recv_fds((int)sock, &cfg, sizeof(cfg), rx, 2, &nfds);
     if (r < 0)
         goto fail;
     ring_fd = nfds > 0 ? rx[0] : -1;
@@ -105,10 +118,10 @@ static int client_handshake(const char *path, uint32_t reason, uint32_t timeout_
         goto fail;
     if (cfg.status == WIRE_STATUS_NOT_PROFILED) {
         if (ring_fd >= 0)
-            (void)close(ring_fd);
+            (void)hp_sys_close(ring_fd);
         if (utable_fd >= 0)
-            (void)close(utable_fd);
-        (void)close(sock);
+            (void)hp_sys_close(utable_fd);
+        (void)hp_sys_close((int)sock);
         return 1;
     }
     bool with_table = (cfg.features & WIRE_FEATURE_UNWIND_TABLE) != 0;
@@ -119,38 +132,42 @@ static int client_handshake(const char *path, uint32_t reason, uint32_t timeout_
         (cfg.features & ~(uint32_t)CLIENT_FEATURES) != 0 || with_table != (utable_fd >= 0))
         goto fail;
 
-    /* From now on the socket only carries pokes, which must never block. */
-    int fl = fcntl(sock, F_GETFL);
-    if (fl < 0 || fcntl(sock, F_SETFL, fl | O_NONBLOCK) < 0)
-        goto fail_errno;
-
     *ret_cfg = cfg;
-    *ret_sock = sock;
+    *ret_sock = (int)sock;
     *ret_ring_fd = ring_fd;
     *ret_utable_fd = utable_fd;
     return 0;
 
-fail_errno:
-    r = -errno;
 fail:
     if (fds[0] >= 0)
-        (void)close(fds[0]);
+        (void)hp_sys_close(fds[0]);
     if (fds[1] >= 0)
-        (void)close(fds[1]);
+        (void)hp_sys_close(fds[1]);
     if (ring_fd >= 0)
-        (void)close(ring_fd);
+        (void)hp_sys_close(ring_fd);
     if (utable_fd >= 0)
-        (void)close(utable_fd);
-    (void)close(sock);
-    return r;
+        (void)hp_sys_close(utable_fd);
+    (void)hp_sys_close((int)sock);
+    return (int)r;
+}
+
+/* Moves @sock (taken) to a high number; returns the descriptor to use. */
+static int client_sock_move_high(int sock)
+{
+    struct rlimit rl;
+    if (hp_sys4(SYS_prlimit64, 0, RLIMIT_NOFILE, 0, (long)&rl) < 0)
+        return sock;
+    uint64_t floor = HP_MIN((uint64_t)rl.rlim_cur / 2, (uint64_t)CLIENT_SOCK_FLOOR);
+    if (floor <= (uint64_t)sock)
+        return sock;
+    long hi = hp_sys3(SYS_fcntl, sock, F_DUPFD_CLOEXEC, (long)floor);
+    if (hi < 0)
+        return sock;
+    (void)hp_sys_close(sock);
+    return (int)hi;
 }
 
 /* ---- sessions (owner only) --------------------------------------------------------- */
-
-size_t client__freeset_bytes(void)
-{
-    return CLIENT_FREESET_MAP_BYTES(CLIENT_FREESET_LOG2);
-}
 
 static struct client_session *client_free_slot(void)
 {
@@ -175,22 +192,24 @@ int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms,
     struct client_session *s = client_free_slot();
     if (!s)
         return -EBUSY;
-    if (!s->freeset.slots) {
+    if (!s->freeset.lv[0].slots) {
         int r = client_freeset_init(&s->freeset, CLIENT_FREESET_LOG2);
         if (r < 0)
             return r;
-        void *page = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (page != MAP_FAILED && madvise(page, 4096, MADV_WIPEONFORK) == 0)
+        void *page =
+            hp_sys_mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (!hp_sys_failed((long)page) &&
+            hp_sys3(SYS_madvise, (long)page, 4096, MADV_WIPEONFORK) == 0)
             s->fork_token = page;
-        else if (page != MAP_FAILED)
-            (void)munmap(page, 4096);
+        else if (!hp_sys_failed((long)page))
+            (void)hp_sys_munmap(page, 4096);
     }
     int r = client_handshake(path, reason, timeout_ms, &cfg, &sock, &ring_fd, &utable_fd);
     if (r != 0)
         return r;
     ring_t *ring = NULL;
     r = ring_map(ring_fd, RING_ROLE_WRITER, &ring);
-    (void)close(ring_fd);
+    (void)hp_sys_close(ring_fd);
     struct utable table = {0};
     if (r >= 0 && utable_fd >= 0) {
         /* Without a usable table the session still works: every sample copies its
@@ -199,13 +218,29 @@ int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms,
             table = (struct utable){0};
     }
     if (utable_fd >= 0)
-        (void)close(utable_fd);
+        (void)hp_sys_close(utable_fd);
+    struct stat st = {0};
+    if (r >= 0) {
+        sock = client_sock_move_high(sock);
+        long e = hp_sys2(SYS_fstat, sock, (long)&st);
+        if (e < 0) {
+            ring = ring_unmap(ring);
+            utable_unmap(&table);
+            r = (int)e;
+        }
+    }
     if (r < 0) {
-        (void)close(sock);
+        (void)hp_sys_close(sock);
         return r == -EBADMSG ? -EPROTO : r;
     }
+    /* Capped (RING_MAX_BLOCK_TIMEOUT_US) by the ring, whatever the service asks; the first
+     * wait that runs out ends blocking for the session. */
     ring_set_blocking(ring, cfg.block_client != 0, cfg.block_client_timeout_us);
 
+    /* The socket first: a fork now (atfork handler) closes it only if it is ours. */
+    s->sock = sock;
+    s->sock_dev = (uint64_t)st.st_dev;
+    s->sock_ino = (uint64_t)st.st_ino;
     s->ring = ring;
     s->utable = table;
     s->audit_every = cfg.audit_every;
@@ -215,14 +250,13 @@ int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms,
     (void)client_dl_counts(&adds, &subs);
     atomic_store_explicit(&s->dl_adds, adds, memory_order_relaxed);
     atomic_store_explicit(&s->dl_subs, subs, memory_order_relaxed);
-    s->sock = sock;
-    s->pid = getpid();
+    s->pid = (pid_t)hp_sys0(SYS_getpid);
     s->features = cfg.features;
     s->gen = ++client_session_gen;
     s->max_stack_bytes = cfg.max_stack_bytes;
     client_sampler_params_init(&s->params, cfg.sampling_interval_bytes);
     atomic_store_explicit(&s->writers, 0, memory_order_relaxed);
-    atomic_store_explicit(&s->send_all_frees, false, memory_order_relaxed);
+    atomic_store_explicit(&s->full_poke_ns, 0, memory_order_relaxed);
     s->stuck = false;
     if (s->fork_token)
         atomic_store_explicit(s->fork_token, s->gen, memory_order_relaxed);
@@ -239,10 +273,10 @@ int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms,
     return 0;
 }
 
-/* Ends the current session @s: back to DORMANT. Unmaps the ring and closes the socket
- * once no hook is inside the session (waits up to CLIENT_DETACH_WAIT_MS; after that the
- * slot is kept mapped for good). */
-void client__session_close(struct client_session *s)
+/* Ends the current session @s: back to DORMANT. Unmaps the ring, and closes the socket
+ * (when @close_sock and it is still ours), once no hook is inside the session (waits up
+ * to CLIENT_DETACH_WAIT_MS; after that the slot is kept mapped for good). */
+void client__session_close(struct client_session *s, bool close_sock)
 {
     atomic_store_explicit(&client_fast_interval, CLIENT_FAST_OFF, memory_order_relaxed);
     /* seq_cst: see client_session_enter(). */
@@ -251,6 +285,9 @@ void client__session_close(struct client_session *s)
     /* Writers waiting for space (block_client) would wait for a reader that is gone: the
      * flag is atomic and read on every round of their wait. */
     ring_set_blocking(s->ring, false, 0);
+    if (close_sock && client__sock_ours(s))
+        (void)hp_sys_close(s->sock);
+    s->sock = -1;
 
     for (uint32_t waited = 0; atomic_load_explicit(&s->writers, memory_order_seq_cst) != 0;
          waited++) {
@@ -259,14 +296,11 @@ void client__session_close(struct client_session *s)
             return;
         }
         struct timespec ms = {0, 1000000};
-        (void)nanosleep(&ms, NULL);
+        (void)hp_sys2(SYS_nanosleep, (long)&ms, 0);
     }
     s->ring = ring_unmap(s->ring);
     utable_unmap(&s->utable);
-    if (s->sock >= 0)
-        (void)close(s->sock);
-    s->sock = -1;
     /* A hook that loaded @s before the detach may still probe the set: it stays mapped;
      * zero pages make it empty for the slot's next session. */
-    (void)madvise(s->freeset.slots, client__freeset_bytes(), MADV_DONTNEED);
+    client_freeset_clear(&s->freeset);
 }

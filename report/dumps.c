@@ -1,13 +1,15 @@
 /* report/dumps.c: ProfilePackets. Each process's part of the dump in progress on a
  * sequence (struct rd_pdump) collects its samples and header; when the dump is
- * complete (a packet without `continued`), the dump selected by the options replaces
- * the raw samples of that (pid, heap) (struct rd_proc). A gap in `index` drops the
- * dump in progress.
+ * complete (a packet without `continued`), the dump selected by the options is
+ * resolved and replaces the callsites of that (pid, program, heap) (struct rd_proc),
+ * or, with all_dumps, is added to its list. A gap in `index` drops the dump in
+ * progress.
  */
 #include "report/report_internal.h"
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/pbwire.h"
 
@@ -24,6 +26,8 @@ void rp__chain_drop(struct rd_seq *seq)
     for (size_t i = 0; i < seq->n_chain; i++)
         pdump_done(&seq->chain[i]);
     seq->n_chain = 0;
+    hp_idtab_done(&seq->chain_index);
+    hp_idtab_init(&seq->chain_index);
 }
 
 /* ---- profile packets ---- */
@@ -37,9 +41,13 @@ static int parse_stats(struct rd_header *h, const uint8_t *buf, size_t len)
         {PF_STATS(total_unwinding_time_us), RD_U64(struct rd_header, total_unwinding_time_us)},
         {PF_STATS(client_spinlock_blocked_us),
          RD_U64(struct rd_header, client_spinlock_blocked_us)},
+        {PF_STATS(frees_lost), RD_U64(struct rd_header, frees_lost)},
+        {PF_STATS(writer_stalls), RD_U64(struct rd_header, writer_stalls)},
+        {PF_STATS(stalled_records_skipped), RD_U64(struct rd_header, stalled_records_skipped)},
     };
     h->unwinding_errors = h->heap_samples = h->map_reparses = 0;
-    h->total_unwinding_time_us = h->client_spinlock_blocked_us = 0;
+    h->total_unwinding_time_us = h->client_spinlock_blocked_us = h->frees_lost = 0;
+    h->writer_stalls = h->stalled_records_skipped = 0;
     return rp__parse_varints(buf, len, fields, HP_ARRAY_SIZE(fields), h);
 }
 
@@ -53,6 +61,7 @@ static int parse_sample(struct rd_pdump *d, const uint8_t *buf, size_t len)
         {PF_SAMPLE(free_count), RD_U64(struct rd_sample, free_count)},
         {PF_SAMPLE(self_max), RD_U64(struct rd_sample, self_max)},
         {PF_SAMPLE(self_max_count), RD_U64(struct rd_sample, self_max_count)},
+        {PF_SAMPLE(est_alloc_count), RD_U64(struct rd_sample, est_alloc_count)},
     };
     struct rd_sample s = {0};
     int r = rp__parse_varints(buf, len, fields, HP_ARRAY_SIZE(fields), &s);
@@ -71,6 +80,7 @@ static int parse_sample(struct rd_pdump *d, const uint8_t *buf, size_t len)
         o->free_count += s.free_count;
         o->self_max += s.self_max;
         o->self_max_count += s.self_max_count;
+        o->est_alloc_count += s.est_alloc_count;
         return 0;
     }
     if (hp_grow((void **)&d->samples, &d->cap_samples, d->n_samples + 1, sizeof(s)) < 0) {
@@ -82,12 +92,32 @@ static int parse_sample(struct rd_pdump *d, const uint8_t *buf, size_t len)
     return 0;
 }
 
-static struct rd_pdump *chain_get(struct rd_seq *seq, uint64_t pid, const char *heap_name)
+struct chain_key {
+    const struct rd_seq *seq;
+    uint64_t pid;
+    const char *heap_name;
+};
+
+static bool chain_eq(const void *ctx, uint32_t id, const void *key)
 {
-    for (size_t i = 0; i < seq->n_chain; i++)
-        if (seq->chain[i].pid == pid && seq->chain[i].heap_name == heap_name)
-            return &seq->chain[i];
-    if (hp_grow((void **)&seq->chain, &seq->cap_chain, seq->n_chain + 1, sizeof(*seq->chain)) < 0)
+    const struct chain_key *k = key;
+    (void)ctx;
+    return k->seq->chain[id].pid == k->pid && k->seq->chain[id].heap_name == k->heap_name;
+}
+
+/* The part of (@pid, @heap_name) in the dump in progress: a hash lookup, since one dump
+ * may hold many processes. */
+static struct rd_pdump *chain_get(struct rd *rd, struct rd_seq *seq, uint64_t pid,
+                                  const char *heap_name)
+{
+    struct chain_key k = {seq, pid, heap_name};
+    uint64_t h = rp__hash(rd, (uint64_t[]){pid, (uintptr_t)heap_name}, 2);
+    int64_t id = hp_idtab_find(&seq->chain_index, h, chain_eq, NULL, &k);
+    if (id >= 0)
+        return &seq->chain[id];
+    if (seq->n_chain >= UINT32_MAX - 1 ||
+        hp_grow((void **)&seq->chain, &seq->cap_chain, seq->n_chain + 1, sizeof(*seq->chain)) < 0 ||
+        hp_idtab_add(&seq->chain_index, h, (uint32_t)seq->n_chain) < 0)
         return NULL;
     struct rd_pdump *d = &seq->chain[seq->n_chain++];
     *d = (struct rd_pdump){.pid = pid, .heap_name = heap_name};
@@ -107,7 +137,7 @@ static int parse_process_dump(struct rd *rd, struct rd_seq *seq, const uint8_t *
     const char *heap_name = rp__intern(rd, heap ? (const char *)heap : "", heap_len);
     if (!heap_name)
         return -ENOMEM;
-    struct rd_pdump *d = chain_get(seq, pid, heap_name);
+    struct rd_pdump *d = chain_get(rd, seq, pid, heap_name);
     if (!d)
         return -ENOMEM;
     struct rd_header *h = &d->hdr;
@@ -147,6 +177,12 @@ static int parse_process_dump(struct rd *rd, struct rd_seq *seq, const uint8_t *
             case PF_DUMP(client_error):
                 h->client_error |= b;
                 break;
+            case PF_DUMP(writer_stalled):
+                h->writer_stalled |= b;
+                break;
+            case PF_DUMP(connection_closed_by_program):
+                h->connection_closed_by_program |= b;
+                break;
             }
         }
         if (r < 0)
@@ -155,16 +191,74 @@ static int parse_process_dump(struct rd *rd, struct rd_seq *seq, const uint8_t *
     return it.error ? -EBADMSG : 0;
 }
 
-struct rd_proc *rp__proc_get(struct rd *rd, int32_t pid, const char *heap_name)
+struct proc_key {
+    const struct rd *rd;
+    int32_t pid;
+    uint32_t exec_index;
+    const char *heap_name;
+};
+
+static bool proc_eq(const void *ctx, uint32_t id, const void *key)
 {
-    for (size_t i = 0; i < rd->n_procs; i++)
-        if (rd->procs[i].pid == pid && rd->procs[i].heap_name == heap_name)
-            return &rd->procs[i];
-    if (hp_grow((void **)&rd->procs, &rd->cap_procs, rd->n_procs + 1, sizeof(*rd->procs)) < 0)
+    const struct proc_key *k = key;
+    const struct rd_proc *p = &k->rd->procs[id];
+    (void)ctx;
+    return p->pid == k->pid && p->exec_index == k->exec_index && p->heap_name == k->heap_name;
+}
+
+struct rd_proc *rp__proc_get(struct rd *rd, int32_t pid, uint32_t exec_index, const char *heap_name)
+{
+    struct proc_key k = {rd, pid, exec_index, heap_name};
+    uint64_t h = rp__hash(rd, (uint64_t[]){(uint32_t)pid, exec_index, (uintptr_t)heap_name}, 3);
+    int64_t id = hp_idtab_find(&rd->proc_index, h, proc_eq, NULL, &k);
+    if (id >= 0)
+        return &rd->procs[id];
+    if (rd->n_procs >= UINT32_MAX - 1 ||
+        hp_grow((void **)&rd->procs, &rd->cap_procs, rd->n_procs + 1, sizeof(*rd->procs)) < 0 ||
+        hp_idtab_add(&rd->proc_index, h, (uint32_t)rd->n_procs) < 0 ||
+        rp__keep(rd, sizeof(struct rd_proc) + sizeof(struct rp_trace_process)) < 0)
         return NULL;
     struct rd_proc *p = &rd->procs[rd->n_procs++];
-    *p = (struct rd_proc){.pid = pid, .heap_name = heap_name};
+    *p = (struct rd_proc){.pid = pid, .exec_index = exec_index, .heap_name = heap_name};
     return p;
+}
+
+/* The callsites of @d's samples, resolved with @seq's tables (malloc'd). */
+static int resolve_dump(struct rd *rd, struct rd_seq *seq, const struct rd_pdump *d,
+                        struct rp_trace_callsite **ret)
+{
+    *ret = NULL;
+    if (!d->n_samples)
+        return 0;
+    int r = rp__keep(rd, d->n_samples * sizeof(struct rp_trace_callsite));
+    if (r < 0)
+        return r;
+    struct rp_trace_callsite *cs = calloc(d->n_samples, sizeof(*cs));
+    if (!cs)
+        return -ENOMEM;
+    for (size_t i = 0; i < d->n_samples; i++) {
+        const struct rd_sample *s = &d->samples[i];
+        const struct rd_stack *stk;
+        r = rp__resolve_stack(rd, seq, s->callstack_id, &stk);
+        if (r < 0) {
+            free(cs);
+            return r;
+        }
+        cs[i] = (struct rp_trace_callsite){
+            .callstack_id = s->callstack_id,
+            .n_frames = stk->n,
+            .frames = stk->frames,
+            .self_allocated = s->self_allocated,
+            .self_freed = s->self_freed,
+            .alloc_count = s->alloc_count,
+            .free_count = s->free_count,
+            .self_max = s->self_max,
+            .self_max_count = s->self_max_count,
+            .est_alloc_count = s->est_alloc_count,
+        };
+    }
+    *ret = cs;
+    return 0;
 }
 
 /* The dump in progress on @seq is complete. */
@@ -173,28 +267,52 @@ static int chain_commit(struct rd *rd, struct rd_seq *seq)
     int r = 0;
     for (size_t i = 0; i < seq->n_chain && r == 0; i++) {
         struct rd_pdump *d = &seq->chain[i];
-        if (rd->opt->pid && (int32_t)d->pid != rd->opt->pid)
+        int32_t pid = (int32_t)d->pid;
+        struct rd_pid *pi;
+        r = hp_map_put(&rd->pids, (uint64_t)(uint32_t)pid, (void **)&pi);
+        if (r < 0)
+            break;
+        r = 0;
+        pi->dumped = true;
+        if (rd->opt->pid && pid != rd->opt->pid)
             continue;
-        struct rd_proc *p = rp__proc_get(rd, (int32_t)d->pid, d->heap_name);
+        struct rd_proc *p = rp__proc_get(rd, pid, pi->exec_index, d->heap_name);
         if (!p) {
             r = -ENOMEM;
             break;
         }
+        if (pi->cmdline)
+            p->cmdline = pi->cmdline;
         p->n_dumps++;
         int want = rd->opt->dump_index;
-        if (want > 0 && p->n_dumps != (uint32_t)want)
+        if (!rd->opt->all_dumps && want > 0 && p->n_dumps != (uint32_t)want)
             continue;
-        free(p->raw);
+        struct rp_trace_callsite *cs;
+        r = resolve_dump(rd, seq, d, &cs);
+        if (r < 0)
+            break;
+        if (rd->opt->all_dumps) {
+            if (hp_grow((void **)&p->dumps, &p->cap_dumps, p->n_dumps, sizeof(*p->dumps)) < 0 ||
+                rp__keep(rd, sizeof(*p->dumps)) < 0) {
+                free(cs);
+                r = -ENOMEM;
+                break;
+            }
+            p->dumps[p->n_dumps - 1] = (struct rp_trace_dump){
+                .timestamp = d->hdr.timestamp,
+                .sampling_interval_bytes = d->hdr.sampling_interval_bytes,
+                .n_callsites = d->n_samples,
+                .callsites = cs,
+            };
+            if (want > 0 && p->n_dumps != (uint32_t)want)
+                continue;
+        } else {
+            free(p->callsites);
+        }
         p->selected = true;
         p->hdr = d->hdr;
-        p->seq = seq;
-        p->raw = d->samples; /* moved */
-        p->n_raw = d->n_samples;
-        p->resolved = false;
-        p->callsites = NULL; /* earlier resolved ones stay in the arena until the end */
-        p->n_callsites = 0;
-        d->samples = NULL;
-        d->n_samples = 0;
+        p->callsites = cs;
+        p->n_callsites = d->n_samples;
     }
     rp__chain_drop(seq);
     return r;
@@ -256,5 +374,6 @@ int rp__parse_profile_packet(struct rd *rd, struct rd_seq *seq, const uint8_t *b
         return r;
     if (it.error)
         return -EBADMSG;
+    seq->in_dump = continued;
     return continued ? 0 : chain_commit(rd, seq);
 }

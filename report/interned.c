@@ -45,6 +45,7 @@ void rp__seq_tables_init(struct rd_seq *seq)
     hp_map_init(&seq->frames, sizeof(struct rd_frame));
     hp_map_init(&seq->callstacks, sizeof(struct rd_callstack));
     hp_map_init(&seq->path_cache, sizeof(struct rd_mapping_info));
+    hp_map_init(&seq->resolved, sizeof(struct rd_stack));
 }
 
 void rp__seq_tables_done(struct rd_seq *seq)
@@ -55,6 +56,7 @@ void rp__seq_tables_done(struct rd_seq *seq)
     hp_map_done(&seq->frames);
     hp_map_done(&seq->callstacks);
     hp_map_done(&seq->path_cache);
+    hp_map_done(&seq->resolved);
     hp_arena_done(&seq->arena);
 }
 

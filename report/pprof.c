@@ -5,19 +5,30 @@
  * strings, mappings, functions and locations are deduplicated, then the sections are
  * concatenated and gzipped with zlib. Every sample has four values: alloc_objects
  * (count), alloc_space (bytes), inuse_objects (count), inuse_space (bytes), where "in
- * use" is what was allocated and not freed at the dump.
+ * use" is what was allocated and not freed at the dump; counts are estimates scaled by
+ * rp_callsite_count_scale(), as Go's runtime scales its heap profiles.
+ *
+ * As pprof's tools expect: the main executable is the first mapping (`File:`), a frame
+ * with source lines has one Line per function inlined at its pc (innermost first, the
+ * frame's own function last) with Function.filename set, and a frame without a name is
+ * named "<module>+0x<rel_pc>", so unnamed frames stay apart instead of collapsing into
+ * one node per module.
  */
 #include "report/report.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include "common/containers.h"
 #include "common/pbwire.h"
+#include "common/strtab.h"
 #include "protos/profile.pb.h"
 
 /* Field numbers, from the code nanopb generates from protos/profile.proto. */
@@ -35,7 +46,12 @@ struct pp_mapping {
 };
 
 struct pp_location {
-    uint64_t mapping_id, address, function_id;
+    uint64_t mapping_id, address;
+    const struct rp_trace_frame *frame; /* its lines, for the encoding */
+};
+
+struct pp_function {
+    const char *name, *file;
 };
 
 struct pp {
@@ -47,8 +63,10 @@ struct pp {
     size_t n_maps, cap_maps;
     struct pp_location *locs;
     size_t n_locs, cap_locs;
-    const char **fns;
+    struct pp_function *fns;
     size_t n_fns, cap_fns;
+    hp_strtab_t *names; /* names made up for unnamed frames */
+    uint64_t seed;      /* of the content hashes: hostile traces cannot aim at collisions */
 };
 
 /* The string table index of @s, keyed by pointer (the trace's strings are interned, so
@@ -119,7 +137,8 @@ static uint64_t map_add(struct pp *pp, const void *key)
 
 static bool fn_eq(struct pp *pp, uint64_t id, const void *key)
 {
-    return pp->fns[id - 1] == key;
+    const struct pp_function *a = &pp->fns[id - 1], *b = key;
+    return a->name == b->name && a->file == b->file;
 }
 
 static uint64_t fn_add(struct pp *pp, const void *key)
@@ -128,27 +147,67 @@ static uint64_t fn_add(struct pp *pp, const void *key)
         pp->functions.oom = true;
         return 0;
     }
-    pp->fns[pp->n_fns++] = key;
+    const struct pp_function *fn = key;
+    pp->fns[pp->n_fns++] = *fn;
     uint64_t id = pp->n_fns;
     struct hp_pbw *t = &pp->tmp;
-    uint64_t name = str_id(pp, key);
+    uint64_t name = str_id(pp, fn->name);
     hp_pbw_uint(t, PP_FUNCTION(id), id);
     hp_pbw_uint(t, PP_FUNCTION(name), name);
     hp_pbw_uint(t, PP_FUNCTION(system_name), name);
+    hp_pbw_uint(t, PP_FUNCTION(filename), str_id(pp, fn->file));
     hp_pbw_msg(&pp->functions, PP_PROFILE(function), t);
     return id;
+}
+
+/* The function (@name, @file); strings from the trace or pp->names (interned). */
+static uint64_t function_of(struct pp *pp, const char *name, const char *file)
+{
+    struct pp_function fn = {name, file && *file ? file : NULL};
+    uint64_t h = hp_hash_combine(hp_hash_combine(pp->seed, (uintptr_t)fn.name), (uintptr_t)fn.file);
+    return dedup(&pp->fn_index, h, fn_eq, fn_add, pp, &fn);
+}
+
+/* The name of a frame: its own, else "<module>+0x<rel_pc>". */
+static const char *frame_fn_name(struct pp *pp, const struct rp_trace_frame *f)
+{
+    if (f->function_name && *f->function_name)
+        return f->function_name;
+    const char *path = f->mapping_path && *f->mapping_path ? f->mapping_path : "?";
+    const char *base = strrchr(path, '/');
+    char buf[512];
+    int n = snprintf(buf, sizeof(buf), "%s+%#" PRIx64, base ? base + 1 : path, f->rel_pc);
+    if (n < 0)
+        return NULL;
+    return hp_strtab_intern(pp->names, buf, HP_MIN((size_t)n, sizeof(buf) - 1));
+}
+
+static void put_line(struct pp *pp, struct hp_pbw *loc, uint64_t fn_id, uint32_t line)
+{
+    hp_pbw_uint(&pp->line, PP_LINE(function_id), fn_id);
+    hp_pbw_uint(&pp->line, PP_LINE(line), line);
+    hp_pbw_msg(loc, PP_LOCATION(line), &pp->line);
 }
 
 static bool loc_eq(struct pp *pp, uint64_t id, const void *key)
 {
     const struct pp_location *a = &pp->locs[id - 1], *b = key;
     return a->mapping_id == b->mapping_id && a->address == b->address &&
-           a->function_id == b->function_id;
+           a->frame->function_name == b->frame->function_name;
 }
 
 static uint64_t loc_add(struct pp *pp, const void *key)
 {
     const struct pp_location *l = key;
+    const struct rp_trace_frame *f = l->frame;
+    /* The functions first: their encoding uses pp->tmp too. */
+    uint64_t fn_ids[65];
+    size_t n_fn = 0;
+    for (uint32_t k = 0; k < f->n_inlined && n_fn + 1 < HP_ARRAY_SIZE(fn_ids); k++)
+        fn_ids[n_fn++] = function_of(
+            pp, f->inlined[k].function_name[0] ? f->inlined[k].function_name : "<inlined>",
+            f->inlined[k].file);
+    fn_ids[n_fn++] = function_of(pp, frame_fn_name(pp, f), f->file);
     if (hp_grow((void **)&pp->locs, &pp->cap_locs, pp->n_locs + 1, sizeof(*l)) < 0) {
         pp->locations.oom = true;
         return 0;
@@ -159,37 +218,79 @@ static uint64_t loc_add(struct pp *pp, const void *key)
     hp_pbw_uint(t, PP_LOCATION(id), id);
     hp_pbw_uint(t, PP_LOCATION(mapping_id), l->mapping_id);
     hp_pbw_uint(t, PP_LOCATION(address), l->address);
-    if (l->function_id) {
-        hp_pbw_uint(&pp->line, PP_LINE(function_id), l->function_id);
-        hp_pbw_msg(t, PP_LOCATION(line), &pp->line);
-    }
+    /* pprof: the last Line is the caller the ones before it were inlined into. */
+    for (size_t k = 0; k + 1 < n_fn; k++)
+        put_line(pp, t, fn_ids[k], f->inlined[k].line);
+    put_line(pp, t, fn_ids[n_fn - 1], f->line);
     hp_pbw_msg(&pp->locations, PP_PROFILE(location), t);
     return id;
 }
 
-static uint64_t location_of(struct pp *pp, const struct rp_trace_frame *f)
+static uint64_t mapping_of(struct pp *pp, const struct rp_trace_frame *f)
 {
     struct pp_mapping m = {.path = f->mapping_path,
                            .build_id = f->build_id,
                            .start = f->map_start,
                            .end = f->map_end,
                            .offset = f->map_offset};
-    uint64_t h = hp_hash_combine(hp_hash_u64((uintptr_t)m.path), (uintptr_t)m.build_id);
+    uint64_t h =
+        hp_hash_combine(hp_hash_combine(pp->seed, (uintptr_t)m.path), (uintptr_t)m.build_id);
     h = hp_hash_combine(hp_hash_combine(h, m.start), m.offset);
-    uint64_t map_id = dedup(&pp->map_index, h, map_eq, map_add, pp, &m);
-    uint64_t fn_id = 0;
-    if (f->function_name && *f->function_name)
-        fn_id = dedup(&pp->fn_index, hp_hash_u64((uintptr_t)f->function_name), fn_eq, fn_add, pp,
-                      f->function_name);
+    return dedup(&pp->map_index, h, map_eq, map_add, pp, &m);
+}
+
+static uint64_t location_of(struct pp *pp, const struct rp_trace_frame *f)
+{
+    uint64_t map_id = mapping_of(pp, f);
     /* rel_pc is an ELF virtual address; pprof wants the address in the process. */
     uint64_t address = f->rel_pc;
     uint64_t base = f->map_load_bias + f->map_offset;
     if (f->map_end > f->map_start && f->rel_pc >= base &&
         f->rel_pc - base < f->map_end - f->map_start)
         address = f->map_start + (f->rel_pc - base);
-    struct pp_location l = {.mapping_id = map_id, .address = address, .function_id = fn_id};
-    h = hp_hash_combine(hp_hash_combine(hp_hash_u64(map_id), address), fn_id);
+    struct pp_location l = {.mapping_id = map_id, .address = address, .frame = f};
+    uint64_t h = hp_hash_combine(hp_hash_combine(hp_hash_combine(pp->seed, map_id), address),
+                                 (uintptr_t)f->function_name);
     return dedup(&pp->loc_index, h, loc_eq, loc_add, pp, &l);
+}
+
+static bool is_shared_object(const char *path)
+{
+    const char *base = strrchr(path, '/');
+    return strstr(base ? base : path, ".so") != NULL;
+}
+
+/* The frame of the main executable, so that its mapping goes first (pprof names the
+ * profile's program after mapping 1): the mapping named like the command (argv[0]);
+ * else the one the most stacks start in that is not a shared object (_start's); else
+ * any mapping that is not a shared object. NULL when none is found. */
+static const struct rp_trace_frame *main_frame(const struct rp_trace_process *p,
+                                               const struct rp_trace_callsite *cs, size_t n)
+{
+    char argv0[256];
+    const char *cmd = p->cmdline ? p->cmdline : "";
+    size_t k = strcspn(cmd, " ");
+    snprintf(argv0, sizeof(argv0), "%.*s", (int)HP_MIN(k, sizeof(argv0) - 1), cmd);
+    const char *want = strrchr(argv0, '/') ? strrchr(argv0, '/') + 1 : argv0;
+    const struct rp_trace_frame *root = NULL, *other = NULL;
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = 0; j < cs[i].n_frames; j++) {
+            const struct rp_trace_frame *f = &cs[i].frames[j];
+            const char *path = f->mapping_path ? f->mapping_path : "";
+            const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+            if (!*path || path[0] == '[')
+                continue;
+            if (*want && !strcmp(base, want))
+                return f;
+            if (!is_shared_object(path)) {
+                if (j == 0 && !root)
+                    root = f;
+                if (!other)
+                    other = f;
+            }
+        }
+    }
+    return root ? root : other;
 }
 
 static void value_type(struct pp *pp, struct hp_pbw *out, uint32_t field, const char *type,
@@ -213,6 +314,7 @@ static void pp_done(struct pp *pp)
     free(pp->maps);
     free(pp->locs);
     free(pp->fns);
+    hp_strtab_free(pp->names);
 }
 
 static int gzip_to_fd(int fd, const struct hp_pbw *parts[], size_t n_parts)
@@ -253,7 +355,20 @@ static int gzip_to_fd(int fd, const struct hp_pbw *parts[], size_t n_parts)
 int rp_pprof_write(const struct rp_trace *t, const struct rp_trace_process *p, int fd)
 {
     (void)t;
-    struct pp pp = {.n_strings = 1};
+    struct rp_trace_dump d = {.timestamp = p->timestamp,
+                              .sampling_interval_bytes = p->sampling_interval_bytes,
+                              .n_callsites = p->n_callsites,
+                              .callsites = p->callsites};
+    return rp_pprof_write_dump(p, &d, fd);
+}
+
+int rp_pprof_write_dump(const struct rp_trace_process *p, const struct rp_trace_dump *d, int fd)
+{
+    struct pp pp = {.n_strings = 1, .names = hp_strtab_new()};
+    if (!pp.names)
+        return -ENOMEM;
+    if (getrandom(&pp.seed, sizeof(pp.seed), GRND_NONBLOCK) != sizeof(pp.seed))
+        pp.seed = hp_hash_u64((uintptr_t)&pp);
     hp_map_init(&pp.str_index, sizeof(uint64_t));
     hp_map_init(&pp.map_index, sizeof(uint64_t));
     hp_map_init(&pp.loc_index, sizeof(uint64_t));
@@ -266,11 +381,15 @@ int rp_pprof_write(const struct rp_trace *t, const struct rp_trace_process *p, i
     value_type(&pp, &head, PP_PROFILE(sample_type), "inuse_objects", "count");
     value_type(&pp, &head, PP_PROFILE(sample_type), "inuse_space", "bytes");
     value_type(&pp, &head, PP_PROFILE(period_type), "space", "bytes");
-    hp_pbw_uint(&head, PP_PROFILE(period), p->sampling_interval_bytes);
-    hp_pbw_uint(&head, PP_PROFILE(default_sample_type), 3); /* inuse_space */
+    hp_pbw_uint(&head, PP_PROFILE(period), d->sampling_interval_bytes);
+    /* A string table index, not a position in sample_type. */
+    hp_pbw_uint(&head, PP_PROFILE(default_sample_type), str_id(&pp, "inuse_space"));
 
-    for (size_t i = 0; i < p->n_callsites; i++) {
-        const struct rp_trace_callsite *c = &p->callsites[i];
+    const struct rp_trace_frame *exe = main_frame(p, d->callsites, d->n_callsites);
+    if (exe)
+        (void)mapping_of(&pp, exe);
+    for (size_t i = 0; i < d->n_callsites; i++) {
+        const struct rp_trace_callsite *c = &d->callsites[i];
         struct hp_pbw *s = &pp.tmp2;
         struct hp_pbw ids = {0};
         for (size_t j = c->n_frames; j-- > 0;) /* leaf first */
@@ -279,9 +398,11 @@ int rp_pprof_write(const struct rp_trace *t, const struct rp_trace_process *p, i
         s->oom |= ids.oom;
         free(ids.p);
         struct hp_pbw vals = {0};
-        hp_pbw_varint(&vals, c->alloc_count);
+        double scale = rp_callsite_count_scale(c);
+        uint64_t live = c->alloc_count - HP_MIN(c->free_count, c->alloc_count);
+        hp_pbw_varint(&vals, (uint64_t)((double)c->alloc_count * scale + 0.5));
         hp_pbw_varint(&vals, c->self_allocated);
-        hp_pbw_varint(&vals, c->alloc_count - HP_MIN(c->free_count, c->alloc_count));
+        hp_pbw_varint(&vals, (uint64_t)((double)live * scale + 0.5));
         hp_pbw_varint(&vals, c->self_allocated - HP_MIN(c->self_freed, c->self_allocated));
         hp_pbw_len(s, PP_SAMPLE(value), vals.p, vals.len);
         s->oom |= vals.oom;
@@ -301,20 +422,34 @@ int rp_pprof_write(const struct rp_trace *t, const struct rp_trace_process *p, i
     return r;
 }
 
-/* "PREFIX.pid<PID>.<heap>.dump<N>.pb.gz" */
-static int export_one(const struct rp_trace *t, const struct rp_trace_process *p, const char *out,
-                      bool exact, int dump, FILE *log)
+/* "PREFIX.pid<PID>[.exec<K>].<heap>.dump<N>.pb.gz"; the heap name comes from the trace
+ * (any bytes): only letters, digits, '.', '-' and '_' of it, the rest as '_', and never
+ * a name of its own (".", ".."). */
+static int export_one(const struct rp_trace_process *p, const struct rp_trace_dump *d,
+                      const char *out, bool exact, int dump, FILE *log)
 {
-    char path[4096];
-    int n = exact ? snprintf(path, sizeof(path), "%s", out)
-                  : snprintf(path, sizeof(path), "%s.pid%d.%s.dump%d.pb.gz", out, (int)p->pid,
-                             p->heap_name, dump);
-    if (n < 0 || (size_t)n >= sizeof(path))
+    char heap[64], exec[32] = "", path[4096];
+    size_t n = 0;
+    for (const char *h = p->heap_name; *h && n + 1 < sizeof(heap); h++) {
+        char ch = *h;
+        bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                  (ch >= '0' && ch <= '9') || ch == '.' || ch == '-' || ch == '_';
+        heap[n++] = ok ? ch : '_';
+    }
+    heap[n] = '\0';
+    if (n == 0 || !strcmp(heap, ".") || !strcmp(heap, ".."))
+        snprintf(heap, sizeof(heap), "heap");
+    if (p->exec_index)
+        snprintf(exec, sizeof(exec), ".exec%" PRIu32, p->exec_index);
+    int len = exact ? snprintf(path, sizeof(path), "%s", out)
+                    : snprintf(path, sizeof(path), "%s.pid%d%s.%s.dump%d.pb.gz", out, (int)p->pid,
+                               exec, heap, dump);
+    if (len < 0 || (size_t)len >= sizeof(path))
         return -ENAMETOOLONG;
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0)
         return -errno;
-    int r = rp_pprof_write(t, p, fd);
+    int r = rp_pprof_write_dump(p, d, fd);
     if (close(fd) < 0 && r == 0)
         r = -errno;
     if (r == 0 && log)
@@ -322,36 +457,35 @@ static int export_one(const struct rp_trace *t, const struct rp_trace_process *p
     return r;
 }
 
-int rp_pprof_export(const char *trace_path, const char *out, int dump_index, int32_t pid, FILE *log)
+int rp_pprof_export(const char *trace_path, const char *out, int dump_index, int32_t pid, FILE *log,
+                    bool *ret_truncated)
 {
-    /* A first pass learns how many dumps each process has; then one pass per dump
-     * number keeps memory bounded by one dump, however long the trace. */
+    /* One pass keeps every dump: memory stays proportional to the trace (the reader's
+     * budget), and the source lines that follow each dump are attached to all. */
     struct rp_trace *t;
-    int r = rp_trace_load(trace_path, &(struct rp_trace_options){.pid = pid}, &t);
+    int r =
+        rp_trace_load(trace_path, &(struct rp_trace_options){.pid = pid, .all_dumps = true}, &t);
     if (r < 0)
         return r;
-    uint32_t max_dumps = 0;
+    if (ret_truncated)
+        *ret_truncated = t->truncated;
     size_t n_profiles = 0;
     for (size_t i = 0; i < t->n_processes; i++) {
         uint32_t nd = t->processes[i].n_dumps;
-        max_dumps = HP_MAX(max_dumps, nd);
         n_profiles += dump_index > 0 ? (nd >= (uint32_t)dump_index) : nd;
     }
-    t = rp_trace_free(t);
-    if (n_profiles == 0)
-        return -ENODATA;
     size_t olen = strlen(out);
     bool exact = n_profiles == 1 && olen > 6 && !strcmp(out + olen - 6, ".pb.gz");
-    int first = dump_index > 0 ? dump_index : 1;
-    int last = dump_index > 0 ? dump_index : (int)max_dumps;
-    for (int d = first; d <= last && r == 0; d++) {
-        r = rp_trace_load(trace_path, &(struct rp_trace_options){.dump_index = d, .pid = pid}, &t);
-        for (size_t i = 0; r == 0 && i < t->n_processes; i++) {
-            const struct rp_trace_process *p = &t->processes[i];
-            if (p->n_dumps >= (uint32_t)d)
-                r = export_one(t, p, out, exact, d, log);
+    for (size_t i = 0; r == 0 && i < t->n_processes; i++) {
+        const struct rp_trace_process *p = &t->processes[i];
+        for (uint32_t k = 0; r == 0 && p->dumps && k < p->n_dumps; k++) {
+            if (dump_index > 0 && k + 1 != (uint32_t)dump_index)
+                continue;
+            r = export_one(p, &p->dumps[k], out, exact, (int)k + 1, log);
         }
-        t = rp_trace_free(t); /* NULL after a failed load */
     }
+    rp_trace_free(t);
+    if (r == 0 && n_profiles == 0)
+        return -ENODATA;
     return r;
 }

@@ -11,10 +11,18 @@
  * - per packet sequence (trusted_packet_sequence_id): the interning tables, reset by
  *   SEQ_INCREMENTAL_STATE_CLEARED, and the dump in progress (ProfilePackets linked by
  *   `continued`, checked by `index`);
- * - per (pid, heap): the number of complete dumps and the raw samples of the selected
- *   one. Samples are resolved to frames and strings only when their sequence's tables
- *   are about to be cleared, or at the end, so following the latest dump of a long
- *   continuous trace costs no symbol work per dump.
+ * - per (pid, program, heap): the number of complete dumps and the callsites of the
+ *   selected one (or of all). A dump is resolved when it completes; each callstack is
+ *   resolved once per sequence generation and its frames are shared, so following the
+ *   latest dump of a long continuous trace costs one hash lookup per sample and dump;
+ * - per pid: its current program. A ProcessTree entry with a new command line for a
+ *   pid that was dumped before is the next program exec'd in it (heapprof writes one
+ *   per process start, after the previous program's final dump), so each program is a
+ *   process of its own, named by its own command line.
+ *
+ * What is kept for the result is counted against a budget proportional to the input
+ * (rp__keep()); hash tables are seeded per load, so crafted ids cannot collide on
+ * purpose.
  */
 #include "report/report_internal.h"
 
@@ -22,6 +30,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 
 #include "common/pbwire.h"
 #include "common/strtab.h"
@@ -33,29 +43,45 @@ const char *rp__intern(struct rd *rd, const char *s, size_t len)
     return hp_strtab_intern(rd->tp->strings, s, len);
 }
 
+int rp__keep(struct rd *rd, uint64_t n)
+{
+    rd->kept_bytes += n;
+    return rd->kept_bytes > rd->budget_bytes ? -EFBIG : 0;
+}
+
 /* ---- sequences ---- */
 
 static struct rd_seq *seq_get(struct rd *rd, uint32_t id)
 {
-    for (size_t i = 0; i < rd->n_seqs; i++)
-        if (rd->seqs[i]->id == id)
-            return rd->seqs[i];
-    if (hp_grow((void **)&rd->seqs, &rd->cap_seqs, rd->n_seqs + 1, sizeof(*rd->seqs)) < 0)
+    if (rd->last_seq && rd->last_seq->id == id)
+        return rd->last_seq;
+    uint64_t *idx;
+    int r = hp_map_put(&rd->seq_index, id, (void **)&idx);
+    if (r < 0)
         return NULL;
-    struct rd_seq *seq = calloc(1, sizeof(*seq));
-    if (!seq)
+    if (r == 0)
+        return rd->last_seq = rd->seqs[*idx];
+    struct rd_seq *seq = NULL;
+    if (rp__keep(rd, sizeof(*seq)) < 0 ||
+        hp_grow((void **)&rd->seqs, &rd->cap_seqs, rd->n_seqs + 1, sizeof(*rd->seqs)) < 0 ||
+        !(seq = calloc(1, sizeof(*seq)))) {
+        hp_map_remove(&rd->seq_index, id);
         return NULL;
+    }
     seq->id = id;
     rp__seq_tables_init(seq);
+    hp_idtab_init(&seq->chain_index);
+    *idx = rd->n_seqs;
     rd->seqs[rd->n_seqs++] = seq;
-    return seq;
+    return rd->last_seq = seq;
 }
 
 static int seq_clear(struct rd *rd, struct rd_seq *seq)
 {
-    int r = rp__resolve_seq(rd, seq);
-    if (r < 0)
-        return r;
+    (void)rd;
+    if (seq->in_dump)
+        rd->tp->pub.incomplete_dumps++;
+    seq->in_dump = false;
     rp__chain_drop(seq);
     rp__seq_tables_done(seq);
     rp__seq_tables_init(seq);
@@ -90,10 +116,16 @@ static int parse_process_tree(struct rd *rd, const uint8_t *buf, size_t len)
         if (pit.error)
             return -EBADMSG;
         const char *s = rp__intern(rd, line, n);
-        const char **slot;
-        if (!s || hp_map_put(&rd->cmdlines, (uint64_t)(uint32_t)pid, (void **)&slot) < 0)
+        struct rd_pid *pi;
+        int put = s ? hp_map_put(&rd->pids, (uint64_t)(uint32_t)pid, (void **)&pi) : -ENOMEM;
+        if (put < 0)
             return -ENOMEM;
-        *slot = s;
+        if (put == 0 && pi->dumped && pi->cmdline != s) {
+            /* The pid runs another program now (exec): a new process. */
+            pi->exec_index++;
+            pi->dumped = false;
+        }
+        pi->cmdline = s;
     }
     return it.error ? -EBADMSG : 0;
 }
@@ -140,6 +172,8 @@ static int parse_packet(struct rd *rd, const uint8_t *buf, size_t len)
             r = rp__parse_profile_packet(rd, seq, f.ptr, f.len);
         else if (f.num == PF_PACKET(process_tree))
             r = parse_process_tree(rd, f.ptr, f.len);
+        else if (f.num == PF_PACKET(module_symbols))
+            r = rp__parse_module_symbols(rd, f.ptr, f.len);
     }
     if (profile)
         rd->tp->pub.n_profile_packets++;
@@ -183,7 +217,7 @@ static int skip_bytes(FILE *fp, uint64_t n)
     return 0;
 }
 
-/* Reads packets until the end; a truncated last packet ends the file quietly. */
+/* Reads packets until the end; a truncated last packet ends the file (flagged). */
 static int read_file(struct rd *rd, FILE *fp)
 {
     uint8_t *buf = NULL;
@@ -191,6 +225,8 @@ static int read_file(struct rd *rd, FILE *fp)
     int r;
     for (;;) {
         uint64_t tag, len;
+        long at = ftell(fp);
+        rd->tp->pub.truncated_at = at >= 0 ? (uint64_t)at : 0;
         r = read_varint(fp, &tag);
         if (r != 0)
             break;
@@ -236,6 +272,8 @@ static int read_file(struct rd *rd, FILE *fp)
             break;
     }
     free(buf);
+    if (r == -EAGAIN)
+        rd->tp->pub.truncated = true;
     if (r == 1 || r == -EAGAIN)
         return 0; /* clean end, or a truncated last packet */
     return r;
@@ -246,60 +284,89 @@ static int read_file(struct rd *rd, FILE *fp)
 static int finish(struct rd *rd)
 {
     struct rp_trace *t = &rd->tp->pub;
-    for (size_t i = 0; i < rd->n_procs; i++) {
-        int r = rp__resolve(rd, &rd->procs[i]);
-        if (r < 0)
-            return r;
-    }
-    /* Processes named by a process tree but never dumped are listed too. */
+    for (size_t i = 0; i < rd->n_seqs; i++)
+        if (rd->seqs[i]->in_dump)
+            t->incomplete_dumps++; /* the file ends inside a dump */
+    if (t->incomplete_dumps)
+        t->truncated = true;
+    else if (!t->truncated)
+        t->truncated_at = t->file_bytes;
+    int r = rp__attach_lines(rd);
+    if (r < 0)
+        return r;
+    /* Programs named by a process tree but never dumped are listed too. */
     size_t pos = 0;
     uint64_t key;
     void *val;
     const char *empty = rp__intern(rd, "", 0);
     if (!empty)
         return -ENOMEM;
-    while (hp_map_next(&rd->cmdlines, &pos, &key, &val)) {
-        bool seen = false;
-        for (size_t i = 0; i < rd->n_procs && !seen; i++)
-            seen = rd->procs[i].pid == (int32_t)(uint32_t)key;
-        if (rd->opt->pid && (int32_t)(uint32_t)key != rd->opt->pid)
+    while (hp_map_next(&rd->pids, &pos, &key, &val)) {
+        const struct rd_pid *pi = val;
+        int32_t pid = (int32_t)(uint32_t)key;
+        if ((rd->opt->pid && pid != rd->opt->pid) || pi->dumped || !pi->cmdline)
             continue;
-        if (!seen && !rp__proc_get(rd, (int32_t)(uint32_t)key, empty))
+        struct rd_proc *p = rp__proc_get(rd, pid, pi->exec_index, empty);
+        if (!p)
             return -ENOMEM;
+        p->cmdline = pi->cmdline;
     }
     if (rd->n_procs) {
-        t->processes = hp_arena_alloc(&rd->tp->arena, rd->n_procs * sizeof(*t->processes));
+        t->processes = calloc(rd->n_procs, sizeof(*t->processes));
         if (!t->processes)
             return -ENOMEM;
     }
     for (size_t i = 0; i < rd->n_procs; i++) {
-        const struct rd_proc *p = &rd->procs[i];
+        struct rd_proc *p = &rd->procs[i];
         const struct rd_header *h = &p->hdr;
-        const char **cmd = hp_map_get(&rd->cmdlines, (uint64_t)(uint32_t)p->pid);
         t->processes[i] = (struct rp_trace_process){
             .pid = p->pid,
-            .cmdline = cmd ? *cmd : empty,
+            .exec_index = p->exec_index,
+            .cmdline = p->cmdline ? p->cmdline : empty,
             .heap_name = p->heap_name,
             .sampling_interval_bytes = h->sampling_interval_bytes,
             .timestamp = h->timestamp,
             .n_dumps = p->n_dumps,
+            .selected = p->selected,
             .from_startup = h->from_startup,
             .disconnected = h->disconnected,
             .buffer_overran = h->buffer_overran,
             .buffer_corrupted = h->buffer_corrupted,
             .hit_guardrail = h->hit_guardrail,
             .client_error = h->client_error,
+            .writer_stalled = h->writer_stalled,
+            .connection_closed_by_program = h->connection_closed_by_program,
             .unwinding_errors = h->unwinding_errors,
             .heap_samples = h->heap_samples,
             .map_reparses = h->map_reparses,
             .total_unwinding_time_us = h->total_unwinding_time_us,
             .client_spinlock_blocked_us = h->client_spinlock_blocked_us,
+            .frees_lost = h->frees_lost,
+            .writer_stalls = h->writer_stalls,
+            .stalled_records_skipped = h->stalled_records_skipped,
             .n_callsites = p->n_callsites,
             .callsites = p->callsites,
+            .dumps = p->dumps,
         };
+        /* The trace owns them now. */
+        p->callsites = NULL;
+        p->dumps = NULL;
+        p->cap_dumps = 0;
     }
     t->n_processes = rd->n_procs;
     return 0;
+}
+
+static void proc_arrays_free(struct rp_trace_callsite *callsites, struct rp_trace_dump *dumps,
+                             size_t n_dumps)
+{
+    if (dumps) {
+        for (size_t i = 0; i < n_dumps; i++)
+            free(dumps[i].callsites);
+        free(dumps);
+    } else {
+        free(callsites);
+    }
 }
 
 static void rd_done(struct rd *rd)
@@ -307,27 +374,41 @@ static void rd_done(struct rd *rd)
     for (size_t i = 0; i < rd->n_seqs; i++) {
         rp__chain_drop(rd->seqs[i]);
         free(rd->seqs[i]->chain);
+        hp_idtab_done(&rd->seqs[i]->chain_index);
         rp__seq_tables_done(rd->seqs[i]);
         free(rd->seqs[i]);
     }
     free(rd->seqs);
     for (size_t i = 0; i < rd->n_procs; i++)
-        free(rd->procs[i].raw);
+        proc_arrays_free(rd->procs[i].callsites, rd->procs[i].dumps, rd->procs[i].n_dumps);
     free(rd->procs);
-    hp_map_done(&rd->cmdlines);
+    hp_idtab_done(&rd->proc_index);
+    hp_map_done(&rd->pids);
+    hp_map_done(&rd->seq_index);
+    free(rd->syms);
+    hp_idtab_done(&rd->sym_index);
+    free(rd->stacks);
     free(rd->tmp);
 }
 
-/* Reads the trace from @fp (NULL: an empty trace). */
-static int load_fp(FILE *fp, const struct rp_trace_options *opt, struct rp_trace **ret)
+/* Reads the trace from @fp (NULL: an empty trace) of @size bytes. */
+static int load_fp(FILE *fp, uint64_t size, const struct rp_trace_options *opt,
+                   struct rp_trace **ret)
 {
     static const struct rp_trace_options defaults = {0};
     struct trace_priv *tp = calloc(1, sizeof(*tp));
     if (!tp)
         return -ENOMEM;
     tp->strings = hp_strtab_new();
+    tp->pub.file_bytes = size;
     struct rd rd = {.opt = opt ? opt : &defaults, .tp = tp};
-    hp_map_init(&rd.cmdlines, sizeof(const char *));
+    rd.budget_bytes = READ_BUDGET_BASE + READ_BUDGET_PER_BYTE * size;
+    if (getrandom(&rd.hash_seed, sizeof(rd.hash_seed), GRND_NONBLOCK) != sizeof(rd.hash_seed))
+        rd.hash_seed = (uint64_t)(uintptr_t)&rd ^ size; /* ASLR at least */
+    hp_map_init(&rd.pids, sizeof(struct rd_pid));
+    hp_map_init(&rd.seq_index, sizeof(uint64_t));
+    hp_idtab_init(&rd.proc_index);
+    hp_idtab_init(&rd.sym_index);
     int r = tp->strings ? (fp ? read_file(&rd, fp) : 0) : -ENOMEM;
     if (r == 0)
         r = finish(&rd);
@@ -345,7 +426,13 @@ int rp_trace_load(const char *path, const struct rp_trace_options *opt, struct r
     FILE *fp = fopen(path, "rbe");
     if (!fp)
         return -errno;
-    int r = load_fp(fp, opt, ret);
+    struct stat st;
+    if (fstat(fileno(fp), &st) < 0 || S_ISDIR(st.st_mode)) {
+        int e = S_ISDIR(st.st_mode) ? EISDIR : errno;
+        fclose(fp);
+        return -e;
+    }
+    int r = load_fp(fp, S_ISREG(st.st_mode) ? (uint64_t)st.st_size : 0, opt, ret);
     fclose(fp);
     return r;
 }
@@ -354,11 +441,11 @@ int rp_trace_load_buffer(const void *buf, size_t len, const struct rp_trace_opti
                          struct rp_trace **ret)
 {
     if (len == 0)
-        return load_fp(NULL, opt, ret);
+        return load_fp(NULL, 0, opt, ret);
     FILE *fp = fmemopen((void *)buf, len, "rb");
     if (!fp)
         return -errno;
-    int r = load_fp(fp, opt, ret);
+    int r = load_fp(fp, len, opt, ret);
     fclose(fp);
     return r;
 }
@@ -368,6 +455,11 @@ struct rp_trace *rp_trace_free(struct rp_trace *t)
     if (!t)
         return NULL;
     struct trace_priv *tp = (struct trace_priv *)t;
+    for (size_t i = 0; i < t->n_processes; i++) {
+        struct rp_trace_process *p = &t->processes[i];
+        proc_arrays_free(p->callsites, (struct rp_trace_dump *)p->dumps, p->n_dumps);
+    }
+    free(t->processes);
     hp_strtab_free(tp->strings);
     hp_arena_done(&tp->arena);
     free(tp);

@@ -10,8 +10,10 @@ PKGS=(
     libcmocka-dev zlib1g-dev
     protobuf-compiler python3
     clang llvm libclang-rt-dev clang-format
-    sqlite3 libc6-dbg
-    heaptrack time
+    sqlite3 libc6-dbg golang-go
+    heaptrack time jq
+    # other allocators, for the tests of programs that use them (linked and preloaded)
+    libjemalloc2 libjemalloc-dev libtcmalloc-minimal4 libmimalloc2.0
 )
 
 missing=()

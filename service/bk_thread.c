@@ -61,6 +61,11 @@ static void apply(struct svc *s, const struct svc_msg *m)
         if (r < 0)
             hp_log_warn("dump failed: %s", strerror(-r));
         break;
+    case SVC_MSG_REJECTED:
+        r = bk_process_rejected(s->bk, m->pid);
+        if (r < 0)
+            hp_log_warn("pid %d: cannot write rejected_concurrent: %s", m->pid, strerror(-r));
+        break;
     case SVC_MSG_DUMP_BARRIER: {
         const struct svc_msg_dump_barrier *d = (const void *)m;
         if (d->unwinder < s->n_dump_barriers && s->dump_barriers)
@@ -90,6 +95,7 @@ void *svc__bk_main(void *arg)
         bk_get_counters(s->bk, &c);
         atomic_store_explicit(&s->stat_dumps, c.dumps, memory_order_relaxed);
         atomic_store_explicit(&s->stat_bytes, c.bytes_written, memory_order_relaxed);
+        atomic_store_explicit(&s->stat_live_bytes, c.live_bytes, memory_order_relaxed);
     }
     int r = bk_dump_all(s->bk);
     if (r < 0)

@@ -67,7 +67,9 @@ const struct svc_config_field svc_config_fields[] = {
      "dump_at_max", NULL, "report live memory at its peak, not at the end"},
     {"block_client_timeout_us", 14, SVC_FIELD_UINT, 0, FIELD(block_client_timeout_us), 0, 60000000,
      "block-timeout-us", 0, NULL, "block timeout", "N",
-     "longest wait for buffer space, in microseconds (default 100000)"},
+     "longest wait for buffer space, in microseconds (default 100000; the client waits at most "
+     "10000000); a wait that runs out ends waiting for the rest of the session (samples are "
+     "dropped, counted, and the dump says CLIENT_ERROR_HIT_TIMEOUT)"},
     {"max_heapprofd_memory_kb", 16, SVC_FIELD_UINT, 0, FIELD(max_heapprofd_memory_kb), 0,
      UINT64_MAX / 1024, "max-memory-kb", 0, NULL, "memory guardrail", "N",
      "guardrail: stop profiling when the service uses more memory (KiB; 0: none)"},
@@ -96,7 +98,8 @@ const struct svc_config_field svc_config_fields[] = {
      "check every Nth stack a thread walked itself against an unwind of its copy (default "
      "1024; 0: never)"},
     {"allow_other_users", 0, SVC_FIELD_BOOL, 0, FIELD(allow_other_users), 0, 1, "allow-other-users",
-     0, NULL, "allow_other_users", NULL, "as root, also profile other users' processes"},
+     0, NULL, "allow_other_users", NULL,
+     "as root, also profile other users' processes (socket mode 0666)"},
 };
 const size_t svc_n_config_fields = HP_ARRAY_SIZE(svc_config_fields);
 

@@ -39,6 +39,8 @@ struct svc_client *svc__client_free(struct svc_client *c)
         (void)close(c->maps_fd);
     if (c->mem_fd >= 0)
         (void)close(c->mem_fd);
+    if (c->image_fd >= 0)
+        (void)close(c->image_fd);
     c->unw = unwinder_process_free(c->unw);
     c->ring = ring_unmap(c->ring);
     free(c->cmdline);
@@ -158,11 +160,13 @@ struct svc_client *svc__handshake(struct svc *s, int sock)
     c = calloc(1, sizeof(*c));
     if (!c)
         goto reject;
-    c->sock = c->maps_fd = c->mem_fd = -1;
+    c->sock = c->maps_fd = c->mem_fd = c->image_fd = -1;
     c->pid = cred.pid;
     c->maps_fd = fds[0];
     c->mem_fd = fds[1];
     fds[0] = fds[1] = -1;
+    /* Not fatal: without it a connection closed by the program looks like an exit. */
+    c->image_fd = fcntl(c->maps_fd, F_DUPFD_CLOEXEC, 0);
     c->max_stack_bytes = svc_config_max_stack(&s->cfg);
     c->sampling_interval_bytes = s->cfg.sampling_interval_bytes;
     c->from_startup = hello.reason == WIRE_REASON_STARTUP;

@@ -32,6 +32,13 @@ static int make_dir(const struct svc_config *cfg, char **ret)
     if (cfg->socket_dir) {
         if (mkdir(cfg->socket_dir, 0700) < 0 && errno != EEXIST)
             return -errno;
+        /* One that was there already must be ours alone, as a runtime directory must: a
+         * directory another user prepared would let them replace our socket. */
+        struct stat st;
+        if (lstat(cfg->socket_dir, &st) < 0)
+            return -errno;
+        if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077) != 0)
+            return -EPERM;
         snprintf(tmpl, sizeof(tmpl), "%s", cfg->socket_dir);
     } else {
         int r = hp_private_dir_new(tmpl, sizeof(tmpl));
@@ -45,7 +52,10 @@ static int make_dir(const struct svc_config *cfg, char **ret)
     return 0;
 }
 
-static int listen_on(const char *path, int *ret_fd)
+/* With @for_everyone the socket file is made mode 0666 (connect(2) needs write
+ * permission on it): bound under umask 0111, so no chmod of a path another user could
+ * swap in between. The umask is the process's: this runs before any thread of ours. */
+static int listen_on(const char *path, bool for_everyone, int *ret_fd)
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof(addr.sun_path))
@@ -67,8 +77,13 @@ static int listen_on(const char *path, int *ret_fd)
         tmp = addr; /* no room for a temporary name: bind in place */
     (void)unlink(path);
     (void)unlink(tmp.sun_path);
-    if (bind(fd, (struct sockaddr *)&tmp, sizeof(tmp)) < 0)
-        return -errno;
+    mode_t old_mask = for_everyone ? umask(0111) : 0;
+    int b = bind(fd, (struct sockaddr *)&tmp, sizeof(tmp));
+    int bind_errno = errno;
+    if (for_everyone)
+        (void)umask(old_mask);
+    if (b < 0)
+        return -bind_errno;
     if (listen(fd, 128) < 0 || (strcmp(tmp.sun_path, path) && rename(tmp.sun_path, path) < 0)) {
         int r = -errno;
         (void)unlink(tmp.sun_path);
@@ -76,6 +91,27 @@ static int listen_on(const char *path, int *ret_fd)
     }
     *ret_fd = HP_TAKE_FD(fd);
     return 0;
+}
+
+/* --allow-other-users: says when a directory above the socket keeps other users out
+ * (connect(2) needs search permission on each). */
+static void warn_unreachable(const char *sock_path)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s", sock_path);
+    for (char *slash = strrchr(dir, '/'); slash; slash = strrchr(dir, '/')) {
+        if (slash == dir)
+            slash[1] = '\0'; /* "/" itself */
+        else
+            *slash = '\0';
+        struct stat st;
+        if (stat(dir, &st) == 0 && !(st.st_mode & S_IXOTH))
+            hp_log_warn("--allow-other-users: %s (mode %04o) is not searchable by other users: "
+                        "their processes cannot reach %s",
+                        dir, (unsigned)(st.st_mode & 07777), sock_path);
+        if (slash == dir)
+            break;
+    }
 }
 
 int svc__listener_open(struct svc *s)
@@ -94,7 +130,9 @@ int svc__listener_open(struct svc *s)
         s->sock_path = NULL;
         return -ENOMEM;
     }
-    r = listen_on(s->sock_path, &s->listen_fd);
+    r = listen_on(s->sock_path, s->cfg.allow_other_users, &s->listen_fd);
+    if (r == 0 && s->cfg.allow_other_users)
+        warn_unreachable(s->sock_path);
     if (r < 0) {
         if (r == -EADDRINUSE)
             hp_log_error("another heapprof service is already listening on %s", s->sock_path);
@@ -105,29 +143,23 @@ int svc__listener_open(struct svc *s)
     s->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (s->epfd < 0)
         return -errno;
-    struct epoll_event ev = {.events = EPOLLIN, .data.fd = s->listen_fd};
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint32_t)s->listen_fd};
     if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->listen_fd, &ev) < 0)
         return -errno;
     return 0;
 }
 
-/* The route of @pid, added (with unwinder @fallback) when missing; NULL when out of
- * memory. */
-static struct svc_route *route_get(struct svc *s, pid_t pid, unsigned fallback)
+/* The unwinder of @pid's route, added (as @fallback) when missing; @fallback when out
+ * of memory. */
+static unsigned route_get(struct svc *s, pid_t pid, unsigned fallback)
 {
-    for (size_t i = 0; i < s->n_routes; i++)
-        if (s->routes[i].pid == pid)
-            return &s->routes[i];
-    if (s->n_routes == s->cap_routes) {
-        size_t cap = s->cap_routes ? s->cap_routes * 2 : 16;
-        struct svc_route *r = realloc(s->routes, cap * sizeof(*r));
-        if (!r)
-            return NULL;
-        s->routes = r;
-        s->cap_routes = cap;
-    }
-    s->routes[s->n_routes] = (struct svc_route){.pid = pid, .unwinder = fallback};
-    return &s->routes[s->n_routes++];
+    uint64_t *u;
+    int r = hp_map_put(&s->routes, (uint64_t)(uint32_t)pid, (void **)&u);
+    if (r < 0)
+        return fallback;
+    if (r == 1)
+        *u = fallback;
+    return (unsigned)*u;
 }
 
 static void hand_over(struct svc *s, struct svc_client *c)
@@ -142,23 +174,32 @@ static void hand_over(struct svc *s, struct svc_client *c)
     /* A pid seen before (it exec'd, or its number was reused): the thread that had its
      * last session, which may still be live there; that thread ends it before starting
      * this one (svc__unwinder_main), so the bookkeeping thread sees them in order. */
-    struct svc_route *route = route_get(s, c->pid, (unsigned)(best - s->unwinders));
-    if (route)
-        best = &s->unwinders[route->unwinder];
+    best = &s->unwinders[route_get(s, c->pid, (unsigned)(best - s->unwinders))];
     atomic_fetch_add_explicit(&best->nclients, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->live_clients, 1, memory_order_relaxed);
+    c->id = SVC_CLIENT_ID(best - s->unwinders, ++s->next_client_seq);
+    /* Its hang-up is ours to see (the unwinder sleeps on futex words, not on sockets).
+     * One-shot: once reported the entry stays off, and it goes away with the socket,
+     * which the unwinder thread closes. Failing that, the unwinder polls once a second. */
+    struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLONESHOT,
+                             .data.u64 = SVC_EV_CLIENT | c->id};
+    if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, c->sock, &ev) < 0)
+        hp_log_debug("pid %d: hang-ups polled: %s", (int)c->pid, strerror(errno));
     pthread_mutex_lock(&best->lock);
     c->next = best->incoming;
     best->incoming = c;
     pthread_mutex_unlock(&best->lock);
-    uint64_t one = 1;
-    (void)!write(best->wake_fd, &one, sizeof(one));
+    svc__unwinder_wake(best);
 }
 
 /* Runs the handshake on @fd (taken) and hands the client it built to an unwinder
  * thread. */
 static void admit(struct svc *s, int fd)
 {
+    if (svc__is_control(fd)) {
+        svc__control(s, fd);
+        return;
+    }
     struct svc_client *c = svc__handshake(s, fd);
     if (!c)
         return;
@@ -168,7 +209,7 @@ static void admit(struct svc *s, int fd)
 
 int svc_watch_fd(svc_t *s, int fd)
 {
-    struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint32_t)fd};
     return epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
 }
 
@@ -221,13 +262,18 @@ static void accepted(struct svc *s, int fd)
         pending_drop(s, oldest, "too many connections waiting");
     }
     /* Edge-triggered: a partial hello left in the socket must not wake us in a loop. */
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.fd = fd};
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.u64 = (uint32_t)fd};
     if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
         admit(s, fd); /* cannot wait: fall back to the blocking read */
         return;
     }
     s->pending[s->n_pending++] =
         (struct svc_pending_hello){.fd = fd, .deadline_ms = now_ms() + SVC_HANDSHAKE_TIMEOUT_MS};
+}
+
+void svc_adopt(svc_t *s, int fd)
+{
+    accepted(s, fd);
 }
 
 static void pending_event(struct svc *s, int fd, uint32_t events)
@@ -267,6 +313,10 @@ int svc_poll(svc_t *s, int timeout_ms)
         return errno == EINTR ? 0 : -errno;
     int ret = 0;
     for (int e = 0; e < n; e++) {
+        if (evs[e].data.u64 & SVC_EV_CLIENT) {
+            svc__unwinder_hangup(s, evs[e].data.u64 & ~SVC_EV_CLIENT);
+            continue;
+        }
         if (evs[e].data.fd != s->listen_fd) {
             pending_event(s, evs[e].data.fd, evs[e].events);
             continue;

@@ -28,19 +28,18 @@
 
 #define MAX_UNWINDERS 8
 
-/* A set of pids (the registry's seen and done lists). Caller holds done_lock. */
-static void pids_add_locked(struct svc_pids *l, pid_t pid)
+/* A set of pids (the registry's seen and done sets). Caller holds done_lock. A pid that
+ * finds no room is not recorded: its waiter then waits out its own timeout. */
+static void pids_add_locked(struct hp_map *set, pid_t pid)
 {
-    if (hp_grow((void **)&l->pids, &l->cap, l->n + 1, sizeof(*l->pids)) == 0)
-        l->pids[l->n++] = pid;
+    void *v;
+    (void)!hp_map_put(set, (uint64_t)(uint32_t)pid, &v);
 }
 
-static bool pids_has(struct svc *s, const struct svc_pids *l, pid_t pid)
+static bool pids_has(struct svc *s, const struct hp_map *set, pid_t pid)
 {
-    bool found = false;
     pthread_mutex_lock(&s->done_lock);
-    for (size_t i = 0; i < l->n && !found; i++)
-        found = l->pids[i] == pid;
+    bool found = hp_map_get(set, (uint64_t)(uint32_t)pid) != NULL;
     pthread_mutex_unlock(&s->done_lock);
     return found;
 }
@@ -77,6 +76,7 @@ void svc_get_status(svc_t *s, struct svc_status *ret)
     ret->records_dropped = atomic_load_explicit(&s->drops, memory_order_relaxed);
     ret->dumps = atomic_load_explicit(&s->stat_dumps, memory_order_relaxed);
     ret->output_bytes = atomic_load_explicit(&s->stat_bytes, memory_order_relaxed);
+    ret->live_bytes = atomic_load_explicit(&s->stat_live_bytes, memory_order_relaxed);
 }
 
 int svc_dump_now(svc_t *s)
@@ -94,8 +94,7 @@ int svc_dump_now(svc_t *s)
         pthread_mutex_lock(&u->lock);
         u->dump_requests++;
         pthread_mutex_unlock(&u->lock);
-        uint64_t one = 1;
-        (void)!write(u->wake_fd, &one, sizeof(one));
+        svc__unwinder_wake(u);
     }
     return 0;
 }
@@ -108,8 +107,7 @@ void svc_detach_all(svc_t *s, uint32_t flags)
         u->detach = true;
         u->detach_flags |= flags;
         pthread_mutex_unlock(&u->lock);
-        uint64_t one = 1;
-        (void)!write(u->wake_fd, &one, sizeof(one));
+        svc__unwinder_wake(u);
     }
 }
 
@@ -174,18 +172,8 @@ const char *svc_socket_path(svc_t *s)
 static int start_unwinder(struct svc *s, struct svc_unwinder *u)
 {
     u->svc = s;
-    u->epfd = u->wake_fd = -1;
     pthread_mutex_init(&u->lock, NULL);
     u->batcher.q = &s->bkq;
-    u->epfd = epoll_create1(EPOLL_CLOEXEC);
-    if (u->epfd < 0)
-        return -errno;
-    u->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (u->wake_fd < 0)
-        return -errno;
-    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
-    if (epoll_ctl(u->epfd, EPOLL_CTL_ADD, u->wake_fd, &ev) < 0)
-        return -errno;
     int r = pthread_create(&u->thread, NULL, svc__unwinder_main, u);
     return -r;
 }
@@ -198,7 +186,7 @@ static int source_line(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
     return unwinder_source_line(m, rel_pc, ret_file, ret_line);
 }
 
-int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret)
+static int create(const struct svc_config *cfg, int out_fd, const struct bk_sink *sink, svc_t **ret)
 {
     char err[256];
     int r = svc_config_check(cfg, err, sizeof(err));
@@ -213,6 +201,9 @@ int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret)
     s->out_fd = out_fd;
     s->listen_fd = s->epfd = -1;
     pthread_mutex_init(&s->done_lock, NULL);
+    hp_map_init(&s->done, 0);
+    hp_map_init(&s->seen, 0);
+    hp_map_init(&s->routes, sizeof(uint64_t));
     svc__bkq_init(&s->bkq);
     s->ctl.q = &s->bkq;
 
@@ -227,6 +218,7 @@ int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret)
     }
     unwinder_set_source_lines(!cfg->no_source_lines);
     r = bk_new(&(struct bk_config){.out_fd = out_fd,
+                                   .sink = sink,
                                    .sequence_id = 1,
                                    .dump_at_max = cfg->dump_at_max,
                                    .source_line = source_line},
@@ -273,6 +265,29 @@ fail:
     return r;
 }
 
+int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret)
+{
+    return create(cfg, out_fd, NULL, ret);
+}
+
+int svc_new_sink(const struct svc_config *cfg, const struct bk_sink *sink, svc_t **ret)
+{
+    return create(cfg, -1, sink, ret);
+}
+
+int svc_reject_concurrent(svc_t *s, pid_t pid)
+{
+    if (!svc__batch_add(&s->ctl, SVC_MSG_REJECTED, pid, sizeof(struct svc_msg)))
+        return -ENOMEM;
+    svc__batch_flush(&s->ctl);
+    return 0;
+}
+
+int svc_fd(svc_t *s)
+{
+    return s->epfd;
+}
+
 int svc_finish(svc_t *s, struct svc_summary *ret_summary)
 {
     svc__listener_close(s);
@@ -281,8 +296,7 @@ int svc_finish(svc_t *s, struct svc_summary *ret_summary)
         pthread_mutex_lock(&u->lock);
         u->stop = true;
         pthread_mutex_unlock(&u->lock);
-        uint64_t one = 1;
-        (void)!write(u->wake_fd, &one, sizeof(one));
+        svc__unwinder_wake(u);
     }
     for (unsigned i = 0; i < s->n_unwinders; i++) {
         struct svc_unwinder *u = &s->unwinders[i];
@@ -295,8 +309,7 @@ int svc_finish(svc_t *s, struct svc_summary *ret_summary)
         }
         if (u->batcher.cur)
             free(u->batcher.cur);
-        (void)close(u->epfd);
-        (void)close(u->wake_fd);
+        free(u->hangups);
         pthread_mutex_destroy(&u->lock);
     }
     s->n_unwinders = 0;
@@ -318,6 +331,12 @@ int svc_finish(svc_t *s, struct svc_summary *ret_summary)
         ret_summary->audits = atomic_load(&s->audits);
         ret_summary->audit_mismatches = atomic_load(&s->audit_mismatches);
         ret_summary->truncated_stacks = atomic_load(&s->truncated_stacks);
+        ret_summary->frees_lost = atomic_load(&s->frees_lost);
+        ret_summary->clients_timed_out = atomic_load(&s->timed_out);
+        ret_summary->conn_closed = atomic_load(&s->conn_closed);
+        ret_summary->stall_waits = atomic_load(&s->stall_waits);
+        ret_summary->stall_skips = atomic_load(&s->stall_skips);
+        ret_summary->stall_cutoffs = atomic_load(&s->stall_cutoffs);
         ret_summary->output_bytes = s->bk_counters.bytes_written;
         ret_summary->write_error = s->bk_counters.last_write_error;
     }
@@ -346,9 +365,9 @@ svc_t *svc_free(svc_t *s)
         (void)rmdir(s->dir);
     free(s->sock_path);
     free(s->dir);
-    free(s->done.pids);
-    free(s->seen.pids);
-    free(s->routes);
+    hp_map_done(&s->done);
+    hp_map_done(&s->seen);
+    hp_map_done(&s->routes);
     free(s->ctl.cur);
     svc__bkq_done(&s->bkq);
     pthread_mutex_destroy(&s->done_lock);

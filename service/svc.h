@@ -17,12 +17,15 @@
 #ifndef HP_SERVICE_SVC_H
 #define HP_SERVICE_SVC_H
 
+#include <poll.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
 #include "common/macros.h"
+
+struct bk_sink;
 
 #define SVC_MAX_TARGETS 64
 
@@ -153,6 +156,14 @@ bool svc_config_has_targets(const struct svc_config *cfg);
 /* The cap of a stack copy the clients get: max_stack_bytes, or the default for the ring. */
 uint64_t svc_config_max_stack(const struct svc_config *cfg);
 
+/* Applies a serialized HeapprofdConfig (as Perfetto's tracing service hands it to the
+ * data source android.heapprofd) on top of @cfg, field by field through the table:
+ * fields are checked as their flags are. Returns 0, with in @err (else "") a note
+ * naming the field numbers heapprof does not implement and ignored; or -EINVAL
+ * (malformed bytes, a value out of range) or -ENOMEM with the reason in @err. */
+int svc_config_from_proto(const void *buf, size_t len, struct svc_config *cfg, char *err,
+                          size_t err_len) HP_WARN_UNUSED;
+
 /* Checks a configuration; on error returns -EINVAL and a message in @err. */
 int svc_config_check(const struct svc_config *cfg, char *err, size_t err_len) HP_WARN_UNUSED;
 
@@ -167,9 +178,15 @@ struct svc_summary {
     uint64_t unwinding_errors;
     uint64_t handshakes_rejected;
     uint64_t corrupt_clients;
-    uint64_t walked_samples;   /* samples whose stack the app walked itself (unwind table) */
-    uint64_t audits;           /* such walks checked against an unwind of a stack copy */
-    uint64_t audit_mismatches; /* ... that differed (the table was reset each time) */
+    uint64_t walked_samples;    /* samples whose stack the app walked itself (unwind table) */
+    uint64_t audits;            /* such walks checked against an unwind of a stack copy */
+    uint64_t audit_mismatches;  /* ... that differed (the table was reset each time) */
+    uint64_t frees_lost;        /* frees of sampled blocks the clients could not record */
+    uint64_t clients_timed_out; /* clients that stopped waiting for a stalled service */
+    uint64_t conn_closed;       /* processes that closed the profiler's connection, running */
+    uint64_t stall_waits;       /* times a stopped writer held a ring (waited for) */
+    uint64_t stall_skips;       /* records of writers gone mid-record, skipped */
+    uint64_t stall_cutoffs;     /* clients cut off: a writer kept a record while running */
     /* samples whose stack went on past what their record held (copy cut short at
      * max_stack_bytes, foreign stack of unknown end); their stacks end in a
      * "ERROR STACK_TRUNCATED" frame; not counted as unwinding errors */
@@ -181,8 +198,20 @@ struct svc_summary {
 /* Creates the socket and starts the threads. @out_fd is borrowed; the bookkeeping
  * thread writes the trace to it until svc_finish() returns. */
 int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret) HP_WARN_UNUSED;
+/* As svc_new(), writing the TracePackets to @sink (copied; its context must outlive the
+ * service) in the format of a writer of Perfetto's tracing service (bookkeeping.h). */
+int svc_new_sink(const struct svc_config *cfg, const struct bk_sink *sink,
+                 svc_t **ret) HP_WARN_UNUSED;
 /* Borrowed; valid until svc_free(). */
 const char *svc_socket_path(svc_t *s);
+/* Hands a connection accepted elsewhere (a socket several sessions share) to the
+ * handshake, as if it had been accepted on the service's own socket. Takes @fd. */
+void svc_adopt(svc_t *s, int fd);
+/* A descriptor that is readable when svc_poll() has work (an epoll fd). */
+int svc_fd(svc_t *s);
+/* Records in the trace that @pid is not profiled because another session profiles it
+ * (rejected_concurrent, as Perfetto's heapprofd). Returns 0 or -ENOMEM. */
+int svc_reject_concurrent(svc_t *s, pid_t pid) HP_WARN_UNUSED;
 /* Serves the listening socket for up to @timeout_ms (accepting and handshaking clients).
  * Returns 0 or -errno. */
 int svc_poll(svc_t *s, int timeout_ms) HP_WARN_UNUSED;
@@ -204,6 +233,7 @@ struct svc_status {
     uint64_t records_dropped;
     uint64_t dumps;
     uint64_t output_bytes; /* complete packets written so far */
+    uint64_t live_bytes;   /* sampled heap bytes live in the profiled processes */
 };
 void svc_get_status(svc_t *s, struct svc_status *ret);
 
@@ -229,22 +259,81 @@ int svc_finish(svc_t *s, struct svc_summary *ret_summary) HP_WARN_UNUSED;
 /* Removes the socket and its directory, frees everything; accepts NULL. */
 svc_t *svc_free(svc_t *s);
 
-/* Target discovery for attach. */
+/* ---- several sessions behind the daemon socket (service/multi.c) ------------------ *
+ *
+ * heapprofd --producer runs one session per data source instance of Perfetto's tracing
+ * service, at the same time, behind its one socket: each connection goes to one session
+ * (the one that signalled the process, else the oldest whose targets match); the other
+ * matching sessions record the process as rejected_concurrent, as Perfetto's heapprofd.
+ *
+ *     svc_multi_t *m;
+ *     svc_multi_new(path, &m);
+ *     svc_multi_start(m, id, &cfg, &sink);         // signals running targets
+ *     loop: poll(svc_multi_pollfds(), svc_multi_timeout_ms()); svc_multi_dispatch(m);
+ *     svc_multi_stop(m, id, done, ctx);           // final dumps on a thread, then done()
+ *
+ * Main thread only (done() runs on the session's stop thread). */
+typedef struct svc_multi svc_multi_t;
+
+/* Listens on @socket_path. Returns 0, -EADDRINUSE (a live service answers there), -errno. */
+int svc_multi_new(const char *socket_path, svc_multi_t **ret) HP_WARN_UNUSED;
+/* Starts session @id with @cfg (checked; its process_cmdline strings are taken, @cfg
+ * keeps none) writing to @sink (copied; its context must live until done()). Unless
+ * no_running, signals the running targets that have the library. */
+int svc_multi_start(svc_multi_t *m, uint64_t id, struct svc_config *cfg,
+                    const struct bk_sink *sink) HP_WARN_UNUSED;
+/* Ends session @id on a thread of its own: its clients are drained and detached, their
+ * final dumps written, its threads joined; then @done(@ctx, @id) runs on that thread
+ * (no packet of the session is written after it). Returns 0 or -ENOENT. */
+int svc_multi_stop(svc_multi_t *m, uint64_t id, void (*done)(void *ctx, uint64_t id), void *ctx);
+/* The descriptors to poll (the daemon socket, each session's): returns their count. */
+size_t svc_multi_pollfds(svc_multi_t *m, struct pollfd *fds, size_t max);
+/* Milliseconds until the next continuous dump or check, or -1. */
+int svc_multi_timeout_ms(svc_multi_t *m);
+/* Accepts and routes connections, serves handshakes, continuous dumps, guardrails, and
+ * forgets the sessions that have ended. Never blocks for long. */
+void svc_multi_dispatch(svc_multi_t *m);
+/* Dumps every live session now (SIGUSR1). */
+void svc_multi_dump_now(svc_multi_t *m);
+/* Sessions started and not yet forgotten (those ending included). */
+size_t svc_multi_sessions(const svc_multi_t *m);
+/* Ends the sessions still live (without callbacks), waits for every stop thread, removes
+ * the socket. Accepts NULL. */
+svc_multi_t *svc_multi_free(svc_multi_t *m);
+
+/* Target discovery for attach. A process is attachable once its client installed the
+ * attach handler: the client then maps a memfd named "heapprof-attach-<signo>" (see
+ * preload/attach.c), so we signal only processes that show it, with that signal, and only
+ * while the signal is caught. */
 struct svc_proc {
     pid_t pid;
     char name[64];  /* basename of argv[0] */
     bool preloaded; /* libheapprof.so mapped */
     bool same_user;
+    int attach_signo;    /* the signal its attach handler was installed for; 0: none yet */
+    bool attach_ready;   /* attach_signo advertised, and caught (SigCgt) */
+    uint64_t start_time; /* /proc/PID/stat starttime: the process's identity with its pid */
 };
 /* Reads /proc/@pid: 0, -ENOENT (gone), -errno. */
 int svc_proc_inspect(pid_t pid, struct svc_proc *ret);
 /* Calls @fn for every running process but ours that matches @cfg's targets and has
- * libheapprof.so mapped. */
+ * libheapprof.so mapped (ready to attach or not). */
 void svc_proc_scan_targets(const struct svc_config *cfg,
                            void (*fn)(void *ctx, const struct svc_proc *p), void *ctx);
-/* Sends the attach signal carrying @attacher (0: the daemon). Returns 0 or -errno. */
-int svc_proc_signal_attach(pid_t pid, pid_t attacher);
-/* The attach signal: HEAPPROF_ATTACH_SIGNAL or SIGRTMIN+4. */
-int svc_attach_signal(void);
+/* Sends the process @p describes its advertised attach signal, carrying @attacher (0:
+ * the daemon) with SI_QUEUE, through a pidfd, after checking that the pid still names
+ * the process inspected (its start time) and that the handler is still there. Returns 0,
+ * -EAGAIN (no handler installed: still starting, disabled, or another handler), -ESRCH
+ * (gone, or its pid now names another process), or -errno. */
+int svc_proc_signal_attach(const struct svc_proc *p, pid_t attacher);
+
+/* `heapprof dump`: asks the service listening on @socket_path (and, if @want > 0, only if
+ * that is process @want) to dump every profiled process now: a control request on its
+ * socket, answered. Returns 0 with the pid of the service that answered in @ret_pid,
+ * -ENOENT / -ECONNREFUSED when nothing listens there, -ESRCH when the listener is another
+ * process than @want (its pid in @ret_pid, nothing asked), -EPROTO when what answered is
+ * not a heapprof service, -EACCES when it runs as another user (and we are not root),
+ * -ETIMEDOUT, or -errno. */
+int svc_control_dump(const char *socket_path, pid_t want, pid_t *ret_pid) HP_WARN_UNUSED;
 
 #endif

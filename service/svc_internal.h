@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include "bookkeeping/bookkeeping.h"
+#include "common/containers.h"
 #include "common/frame.h"
 #include "service/svc.h"
 #include "shmem_ring/ring.h"
@@ -30,6 +31,8 @@ enum svc_msg_type {
     /* From an unwinder thread: it has drained every ring after @n dump requests
      * (svc_dump_now); the dump happens once every unwinder has answered. */
     SVC_MSG_DUMP_BARRIER = 6,
+    /* The process is profiled by another session (svc_reject_concurrent). */
+    SVC_MSG_REJECTED = 7,
 };
 
 /* Messages are 8-byte aligned and packed in a batch one after another. Each starts with
@@ -128,9 +131,15 @@ void svc__batch_flush(struct svc_batcher *b);
  * unwinder thread, then by that thread alone. */
 struct svc_client {
     struct svc_client *next; /* hand-off list / unwinder thread's list */
+    uint64_t id;             /* unique in the session: SVC_CLIENT_ID() */
     pid_t pid;
     int sock;
     int maps_fd, mem_fd; /* moved into the unwinder process state */
+    /* A second descriptor of the client's /proc/PID/maps: readable while the address
+     * space the client handshook from lives (it no longer does once the process exited
+     * or exec'd), which tells a connection the program closed from a process that went
+     * away. */
+    int image_fd;
     ring_t *ring;
     unwinder_process_t *unw;
     uint64_t max_stack_bytes;
@@ -159,7 +168,19 @@ struct svc_client {
         uint64_t seq, mark;
     } retired[8];
     unsigned n_retired;
+    bool hung_up;  /* the socket reported a hang-up (svc__unwinder_hangup()) */
+    bool cut_off;  /* given up on: a writer held a record while running */
+    bool in_stall; /* a stopped writer holds the next record (counted once) */
 };
+
+/* Client ids: the unwinder thread's index above SVC_CLIENT_ID_SHIFT. The main thread's
+ * epoll finds a client's hang-up by this id (svc_poll()), never by a pointer the unwinder
+ * may have freed meanwhile. */
+#define SVC_CLIENT_ID_SHIFT 48
+#define SVC_CLIENT_ID(unwinder, seq) ((uint64_t)(unwinder) << SVC_CLIENT_ID_SHIFT | (seq))
+/* epoll data of a client's socket in the main thread's epoll (other entries hold a
+ * descriptor number, whose upper half is 0). */
+#define SVC_EV_CLIENT (1ull << 63)
 
 struct svc_client *svc__client_free(struct svc_client *c);
 
@@ -185,34 +206,26 @@ struct svc;
 struct svc_unwinder {
     struct svc *svc;
     pthread_t thread;
-    int epfd;
-    int wake_fd; /* eventfd */
+    /* Bumped by svc__unwinder_wake(); the thread sleeps on it (a futex) together with its
+     * clients' ring words (futex_waitv). */
+    _Atomic uint32_t wake_word;
+    bool no_waitv; /* futex_waitv(2) missing (Linux < 5.16): rings are polled */
     pthread_mutex_t lock;
     struct svc_client *incoming; /* handed over, protected by lock */
-    bool stop;                   /* protected by lock */
-    bool detach;                 /* protected by lock: end every client */
-    uint32_t detach_flags;       /* protected by lock */
-    uint32_t dump_requests;      /* protected by lock: drain, then post a dump barrier */
-    unsigned index;              /* in svc.unwinders */
-    uint64_t clock_ns;           /* end of the last sample's unwinding (CLOCK_MONOTONIC) */
+    uint64_t *hangups;           /* ids of clients whose socket hung up, protected by lock */
+    size_t n_hangups, cap_hangups;
+    bool stop;              /* protected by lock */
+    bool detach;            /* protected by lock: end every client */
+    uint32_t detach_flags;  /* protected by lock */
+    uint32_t dump_requests; /* protected by lock: drain, then post a dump barrier */
+    unsigned index;         /* in svc.unwinders */
+    uint64_t clock_ns;      /* end of the last sample's unwinding (CLOCK_MONOTONIC) */
     const struct hp_mapping *seen_maps[64]; /* handed to unwinder_source_prefetch() */
     struct svc_client *clients;             /* owned by the thread */
     _Atomic unsigned nclients;
     struct svc_batcher batcher;
     struct hp_frame frames[UNWINDER_MAX_FRAMES + 1];
     struct hp_frame audit_frames[UNWINDER_MAX_FRAMES + 1];
-};
-
-/* A growing list of pids. */
-struct svc_pids {
-    pid_t *pids;
-    size_t n, cap;
-};
-
-/* Which unwinder thread serves a pid's latest session. */
-struct svc_route {
-    pid_t pid;
-    unsigned unwinder;
 };
 
 /* An accepted connection whose hello has not fully arrived yet. */
@@ -244,24 +257,30 @@ struct svc {
     struct svc_unwinder *unwinders;
     unsigned next_unwinder;
     /* The main thread's: every session of a pid goes to the same unwinder thread, so a
-     * new session (the process exec'd) is started only after the old one ended. */
-    struct svc_route *routes;
-    size_t n_routes, cap_routes;
-    /* pids whose clients are fully drained (written by the bookkeeping thread), and pids
-     * that completed a handshake (main thread); both protected by done_lock */
+     * new session (the process exec'd) is started only after the old one ended. pid ->
+     * unwinder index (uint64_t); keyed hash maps, as pids come and go by the thousand
+     * under a busy daemon and a list would make each handshake scan them all. */
+    struct hp_map routes;
+    /* Sets of pids (no values): whose clients are fully drained (written by the
+     * bookkeeping thread), and that completed a handshake (main thread); both protected
+     * by done_lock */
     pthread_mutex_t done_lock;
-    struct svc_pids done, seen;
+    struct hp_map done, seen;
     _Atomic unsigned live_clients;
     /* the owner thread's own producer, for control messages (dumps) */
     struct svc_batcher ctl;
+    uint64_t next_client_seq; /* the main thread's, for SVC_CLIENT_ID() */
     /* The bk thread's count of dump barriers per unwinder not yet turned into dumps. */
     uint32_t *dump_barriers;
     unsigned n_dump_barriers; /* the number of unwinders, fixed before any thread starts */
     bool guardrail_fired;
     _Atomic uint64_t stat_dumps, stat_bytes; /* published by the bk thread */
+    _Atomic uint64_t stat_live_bytes;        /* published by the bk thread */
     /* summary counters, atomics updated by the threads */
     _Atomic uint64_t processes, samples, frees, drops, unwind_errors, rejected, corrupt;
     _Atomic uint64_t walked, audits, audit_mismatches, truncated_stacks;
+    _Atomic uint64_t frees_lost, timed_out; /* clients that stopped blocking */
+    _Atomic uint64_t conn_closed, stall_waits, stall_skips, stall_cutoffs;
     struct bk_counters bk_counters; /* written by the bk thread before it exits */
 };
 
@@ -275,10 +294,31 @@ void svc__listener_close(struct svc *s);
  * answers with the configuration. Returns the client, owned by the caller, or NULL when
  * the peer was refused, is not a target or failed (logged and counted). */
 struct svc_client *svc__handshake(struct svc *s, int sock);
+/* service/control.c: true when what waits on the freshly accepted @fd is a control
+ * request, not a hello; svc__control() answers it and closes @fd (taken). */
+bool svc__is_control(int fd);
+void svc__control(struct svc *s, int fd);
+/* Answers the control request on @fd (taken) with @dump(@ctx) for a dump request: the
+ * same as svc__control() for a service that is not one session (service/multi.c). */
+void svc__control_answer(int fd, int (*dump)(void *ctx), void *ctx);
 /* service/session.c: the registry of pids that completed a handshake. */
 void svc__mark_seen(struct svc *s, pid_t pid);
 
 void *svc__unwinder_main(void *arg);
+/* Wakes the unwinder thread (it looks at its requests). Thread-safe. */
+void svc__unwinder_wake(struct svc_unwinder *u);
+/* The socket of the client with @id hung up (main thread, from its epoll). Thread-safe. */
+void svc__unwinder_hangup(struct svc *s, uint64_t id);
+
+/* service/procstate.c: what a client's threads are doing, from /proc. */
+enum svc_thread_state {
+    SVC_THREAD_RUNNING, /* running or sleeping: not paused from outside */
+    SVC_THREAD_STOPPED, /* stopped by a signal or a tracer, or frozen (cgroup freezer) */
+    SVC_THREAD_GONE,    /* no such thread in the process */
+};
+/* The state of thread @tid of process @pid; @tid 0: STOPPED when any thread of the
+ * process is, else RUNNING (GONE when the process is). */
+enum svc_thread_state svc__thread_state(pid_t pid, pid_t tid);
 void *svc__bk_main(void *arg);
 void svc__mark_done(struct svc *s, pid_t pid);
 

@@ -1,19 +1,30 @@
 /* service/unwind_thread.c: an unwinder thread. It owns the clients handed to it: their
  * sockets, rings and unwinder state. It drains each ring, unwinds every sampled stack and
- * posts compact records to the bookkeeping thread. */
+ * posts compact records to the bookkeeping thread.
+ *
+ * It sleeps in futex_waitv(2) on its own wake word and on the futex word of every ring
+ * it has drained (writers wake it there: no descriptor, see shmem_ring/ring.h). A
+ * client's hang-up is seen by the main thread's epoll (svc__unwinder_hangup()), and once
+ * a second by a poll of the sockets here. Without futex_waitv (Linux < 5.16), or for the
+ * rings beyond the first SVC_WAITV_MAX - 1, the rings are polled every POLL_MS. */
 #include "service/svc_internal.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <linux/futex.h>
+
 #include "common/clock.h"
+#include "common/containers.h"
 #include "common/log.h"
+#include "common/sys.h"
 #include "shmem_ring/wire.h"
 
 /* Records handled per client before looking at the others, so one busy process cannot
@@ -28,6 +39,8 @@
 /* A dump request drains each ring up to where it ended when the request came, at most
  * this many budgets (the end of a ring is at most its size away). */
 #define DUMP_DRAIN_ROUNDS 64
+/* futex_waitv(2) takes at most 128 words: ours and 127 rings. */
+#define SVC_WAITV_MAX 128
 
 static const uint64_t hist_bounds[] = BK_UNWIND_HIST_BOUNDS;
 
@@ -247,10 +260,60 @@ static void track_retired(struct svc_client *c)
 
 /* Reads up to @budget records, stopping at @mark (ring_mark()) if not NULL. Returns true
  * when the ring may hold more (before @mark). */
+static bool client_over(const struct svc_client *c)
+{
+    return (c->flags & BK_FLAG_BUFFER_CORRUPTED) || c->cut_off;
+}
+
+/* The next record of @c has been reserved and left unpublished for the stall timeout.
+ * Returns true when the reader may read on (the record was skipped). */
+static bool stalled(struct svc_unwinder *u, struct svc_client *c)
+{
+    uint32_t tid = ring_stalled_writer(c->ring);
+    enum svc_thread_state st = svc__thread_state(c->pid, (pid_t)tid);
+    c->flags |= BK_FLAG_WRITER_STALLED;
+    if (st == SVC_THREAD_STOPPED) {
+        /* A debugger, SIGSTOP or the freezer: the record comes once the thread runs
+         * again. The other clients are served meanwhile. */
+        if (!c->in_stall) {
+            c->in_stall = true;
+            c->stats.writer_stalls++;
+            atomic_fetch_add_explicit(&u->svc->stall_waits, 1, memory_order_relaxed);
+            hp_log_info("pid %d: thread %u is stopped in the middle of a record (debugger, "
+                        "SIGSTOP or freezer); waiting for it",
+                        c->pid, tid);
+        }
+        ring_stall_rearm(c->ring);
+        return false;
+    }
+    if (st == SVC_THREAD_GONE && tid != 0) {
+        /* The thread is gone: nobody will ever publish the record. */
+        int r = ring_skip_stalled(c->ring);
+        if (r == -EBADMSG) {
+            c->flags |= BK_FLAG_BUFFER_CORRUPTED;
+            return false;
+        }
+        if (r == 0) {
+            c->stats.stalled_records_skipped++;
+            atomic_fetch_add_explicit(&u->svc->stall_skips, 1, memory_order_relaxed);
+        }
+        return true;
+    }
+    /* Running (or nobody named): a thread that keeps a record for that long while it
+     * runs is not coming back to it. */
+    hp_log_warn("pid %d: %s%u kept a record unpublished for %u s while running; client "
+                "disconnected",
+                c->pid, tid ? "thread " : "an unnamed writer", tid,
+                RING_DEFAULT_STALL_TIMEOUT_US / 1000000u);
+    atomic_fetch_add_explicit(&u->svc->stall_cutoffs, 1, memory_order_relaxed);
+    c->cut_off = true;
+    return false;
+}
+
 static bool drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned budget,
                        const uint64_t *mark)
 {
-    if (c->flags & BK_FLAG_BUFFER_CORRUPTED)
+    if (client_over(c))
         return false;
 
     u->clock_ns = hp_clock_ns(CLOCK_MONOTONIC);
@@ -259,12 +322,18 @@ static bool drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned bu
             break;
         struct ring_rspan rd;
         int r = ring_begin_read(c->ring, &rd);
+        if (r == -ETIMEDOUT) {
+            if (stalled(u, c))
+                continue;
+            return false;
+        }
         if (r == -EAGAIN)
             break;
         if (r < 0) {
             c->flags |= BK_FLAG_BUFFER_CORRUPTED;
             return false;
         }
+        c->in_stall = false;
         bool sync = false;
         switch (rd.type) {
         case WIRE_ALLOC:
@@ -328,13 +397,27 @@ static void finish_client(struct svc_unwinder *u, struct svc_client *c, uint32_t
         atomic_fetch_add_explicit(&u->svc->corrupt, 1, memory_order_relaxed);
         hp_log_warn("pid %d: corrupt data in the shared buffer; client disconnected", c->pid);
     }
+    if (flags & BK_FLAG_CONN_CLOSED) {
+        atomic_fetch_add_explicit(&u->svc->conn_closed, 1, memory_order_relaxed);
+        hp_log_warn("pid %d: the program closed the profiler's connection while running "
+                    "(e.g. closefrom or close_range at start); it is not profiled from there on",
+                    c->pid);
+    }
     struct ring_stats rs;
     ring_get_stats(c->ring, &rs);
     c->stats.client_spinlock_blocked_us = rs.client_spinlock_blocked_us;
     c->stats.records_dropped = rs.records_dropped;
+    c->stats.frees_lost = rs.frees_lost;
     if (rs.records_dropped) {
         c->flags |= BK_FLAG_BUFFER_OVERRAN;
         atomic_fetch_add_explicit(&u->svc->drops, rs.records_dropped, memory_order_relaxed);
+    }
+    atomic_fetch_add_explicit(&u->svc->frees_lost, rs.frees_lost, memory_order_relaxed);
+    /* The client stopped waiting for room (a block timed out): Perfetto's
+     * CLIENT_ERROR_HIT_TIMEOUT in the dump, a line in the summary. */
+    if (rs.block_timeouts) {
+        c->flags |= BK_FLAG_CLIENT_ERROR | BK_FLAG_BUFFER_OVERRAN;
+        atomic_fetch_add_explicit(&u->svc->timed_out, 1, memory_order_relaxed);
     }
     atomic_fetch_add_explicit(&u->svc->frees, c->frees, memory_order_relaxed);
 
@@ -346,7 +429,6 @@ static void finish_client(struct svc_unwinder *u, struct svc_client *c, uint32_t
     svc__batch_flush(&u->batcher);
     /* Writers stop before the socket closes, so nothing is written that nobody reads. */
     ring_set_detached(c->ring);
-    (void)epoll_ctl(u->epfd, EPOLL_CTL_DEL, c->sock, NULL);
     atomic_fetch_sub_explicit(&u->nclients, 1, memory_order_relaxed);
     atomic_fetch_sub_explicit(&u->svc->live_clients, 1, memory_order_relaxed);
     svc__client_free(c);
@@ -367,9 +449,6 @@ static void adopt(struct svc_unwinder *u, struct svc_client *c)
             finish_client(u, old, BK_FLAG_DISCONNECTED);
         }
     }
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
-    if (epoll_ctl(u->epfd, EPOLL_CTL_ADD, c->sock, &ev) < 0)
-        hp_log_warn("pid %d: epoll: %s", c->pid, strerror(errno));
     c->next = u->clients;
     u->clients = c;
     c->has_work = true;
@@ -386,26 +465,134 @@ static void unlink_client(struct svc_unwinder *u, struct svc_client *c)
     }
 }
 
-/* The client's socket is readable: consume the wakeup bytes; on EOF the process is gone. */
-static bool socket_closed(struct svc_client *c)
+/* Why the session of @c, whose socket hung up or who said it ended, is over: the
+ * process exited or exec'd (its address space is gone), or it runs on and the program
+ * closed our connection (or the client ended the session for a reason it gave). */
+static uint32_t hangup_flags(struct svc_client *c)
 {
-    char buf[256];
-    for (;;) {
-        ssize_t n = recv(c->sock, buf, sizeof(buf), MSG_DONTWAIT);
-        if (n > 0)
-            continue;
-        if (n == 0)
-            return true;
-        if (errno == EINTR)
-            continue;
-        return errno != EAGAIN && errno != EWOULDBLOCK;
+    uint32_t why = ring_client_ended(c->ring);
+    if (why == RING_END_CONN_TAKEN)
+        return BK_FLAG_DISCONNECTED | BK_FLAG_CONN_CLOSED;
+    if (why == RING_END_CREDENTIALS) {
+        hp_log_warn("pid %d changed its user or group ids; it is not profiled from there on",
+                    c->pid);
+        return BK_FLAG_DISCONNECTED;
     }
+    /* At exit and at exec the kernel lets the address space go before it closes the
+     * descriptors: a maps file still readable now means the same program still runs. */
+    char b;
+    if (c->image_fd >= 0 && pread(c->image_fd, &b, 1, 0) == 1)
+        return BK_FLAG_DISCONNECTED | BK_FLAG_CONN_CLOSED;
+    return BK_FLAG_DISCONNECTED;
+}
+
+/* Once a second: a hang-up the main thread's epoll could not report to us. */
+static void poll_hangups(struct svc_unwinder *u)
+{
+    struct pollfd pf[64];
+    struct svc_client *cs[64];
+    struct svc_client *c = u->clients;
+    while (c) {
+        nfds_t n = 0;
+        for (; c && n < HP_ARRAY_SIZE(pf); c = c->next, n++) {
+            pf[n] = (struct pollfd){.fd = c->sock, .events = POLLRDHUP};
+            cs[n] = c;
+        }
+        if (poll(pf, n, 0) <= 0)
+            continue;
+        for (nfds_t i = 0; i < n; i++)
+            if (pf[i].revents)
+                cs[i]->hung_up = true;
+    }
+}
+
+void svc__unwinder_wake(struct svc_unwinder *u)
+{
+    /* Release pairs with the acquire load before the thread looks at its requests. */
+    atomic_fetch_add_explicit(&u->wake_word, 1, memory_order_release);
+    (void)hp_sys3(SYS_futex, (long)&u->wake_word, FUTEX_WAKE_PRIVATE, 1);
+}
+
+void svc__unwinder_hangup(struct svc *s, uint64_t id)
+{
+    unsigned k = (unsigned)(id >> SVC_CLIENT_ID_SHIFT);
+    if (k >= s->n_unwinders)
+        return;
+    struct svc_unwinder *u = &s->unwinders[k];
+    pthread_mutex_lock(&u->lock);
+    if (hp_grow((void **)&u->hangups, &u->cap_hangups, u->n_hangups + 1, sizeof(*u->hangups)) == 0)
+        u->hangups[u->n_hangups++] = id;
+    pthread_mutex_unlock(&u->lock);
+    svc__unwinder_wake(u);
+}
+
+/* Sleeps until a ring or a request wakes the thread, or @timeout_ms pass; clients whose
+ * ring was written meanwhile get has_work. @wake_seen: the wake word before the requests
+ * were taken. */
+static void wait_for_work(struct svc_unwinder *u, uint32_t wake_seen, unsigned timeout_ms)
+{
+    struct futex_waitv w[SVC_WAITV_MAX];
+    struct svc_client *cs[SVC_WAITV_MAX];
+    unsigned n = 0;
+    bool unwatched = false;
+    w[n++] = (struct futex_waitv){.uaddr = (uintptr_t)&u->wake_word,
+                                  .val = wake_seen,
+                                  .flags = FUTEX_32 | FUTEX_PRIVATE_FLAG};
+    for (struct svc_client *c = u->clients; c; c = c->next) {
+        if (c->has_work)
+            continue;
+        if (n == SVC_WAITV_MAX || u->no_waitv) {
+            unwatched = true;
+            continue;
+        }
+        uint32_t val;
+        const void *word = ring_reader_word(c->ring, &val);
+        cs[n] = c;
+        w[n++] = (struct futex_waitv){.uaddr = (uintptr_t)word, .val = val, .flags = FUTEX_32};
+    }
+    if (unwatched && timeout_ms > POLL_MS)
+        timeout_ms = POLL_MS;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+    if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+    }
+    long r = -ENOSYS;
+    if (!u->no_waitv) {
+        r = hp_sys6(SYS_futex_waitv, (long)w, n, 0, (long)&ts, CLOCK_MONOTONIC, 0);
+        if (r == -ENOSYS) {
+            u->no_waitv = true;
+            hp_log_info("futex_waitv is missing (Linux < 5.16): rings are polled every %d ms",
+                        POLL_MS);
+        }
+    }
+    if (r == -ENOSYS) {
+        /* Only our own word: the rings are looked at after a short sleep. */
+        struct timespec rel = {0, POLL_MS * 1000000L};
+        (void)hp_sys4(SYS_futex, (long)&u->wake_word, FUTEX_WAIT_PRIVATE, wake_seen, (long)&rel);
+        unwatched = true;
+    }
+    for (unsigned i = 1; i < n; i++) {
+        uint32_t val;
+        const void *word = ring_reader_word(cs[i]->ring, &val);
+        if (atomic_load_explicit((const _Atomic uint32_t *)word, memory_order_relaxed) != val) {
+            /* A writer woke us: the ring is awake (the writer said so). */
+            cs[i]->has_work = true;
+            cs[i]->polling = false;
+            ring_set_reader_idle(cs[i]->ring, false);
+        }
+    }
+    if (unwatched)
+        for (struct svc_client *c = u->clients; c; c = c->next)
+            c->has_work = true;
 }
 
 void *svc__unwinder_main(void *arg)
 {
     struct svc_unwinder *u = arg;
-    struct epoll_event evs[64];
     /* No signal handler runs on this thread: the unwinder skips libunwind's signal-mask
      * syscalls, which only matter to handlers that unwind (unwinder/sigmask.h). Except
      * SIGBUS: the unwinder's handler turns a fault on a cached file truncated behind our
@@ -417,6 +604,8 @@ void *svc__unwinder_main(void *arg)
 
     uint64_t last_scan_ns = hp_clock_ns(CLOCK_MONOTONIC_COARSE), last_poll_ns = last_scan_ns;
     for (;;) {
+        /* Before the requests: a wake after this load makes the wait below return. */
+        uint32_t wake_seen = atomic_load_explicit(&u->wake_word, memory_order_acquire);
         /* Take over new clients. */
         pthread_mutex_lock(&u->lock);
         struct svc_client *in = u->incoming;
@@ -428,12 +617,21 @@ void *svc__unwinder_main(void *arg)
         u->dump_requests = 0;
         u->detach = false;
         u->detach_flags = 0;
+        uint64_t *hangups = u->hangups;
+        size_t n_hangups = u->n_hangups;
+        u->hangups = NULL;
+        u->n_hangups = u->cap_hangups = 0;
         pthread_mutex_unlock(&u->lock);
         while (in) {
             struct svc_client *next = in->next;
             adopt(u, in);
             in = next;
         }
+        for (size_t i = 0; i < n_hangups; i++)
+            for (struct svc_client *c = u->clients; c; c = c->next)
+                if (c->id == hangups[i])
+                    c->hung_up = true;
+        free(hangups);
 
         /* Drain rings, a bounded amount per client. */
         bool busy = false, polling = false;
@@ -489,12 +687,18 @@ void *svc__unwinder_main(void *arg)
         }
         svc__batch_flush(&u->batcher);
 
-        /* Drop corrupt clients: the service and other clients carry on. */
+        /* Drop corrupt and cut-off clients (the service and other clients carry on), and
+         * end the sessions whose socket hung up or whose client said it ended (after the
+         * idle announcement above: a client that ends now also wakes the wait below). */
         for (struct svc_client *c = u->clients, *next; c; c = next) {
             next = c->next;
-            if (c->flags & BK_FLAG_BUFFER_CORRUPTED) {
+            if (client_over(c)) {
                 unlink_client(u, c);
                 finish_client(u, c, BK_FLAG_DISCONNECTED);
+            } else if (c->hung_up || ring_client_ended(c->ring) != RING_END_NONE) {
+                /* EOF: the process can no longer write; drain the rest and end it. */
+                unlink_client(u, c);
+                finish_client(u, c, hangup_flags(c));
             }
         }
 
@@ -515,39 +719,23 @@ void *svc__unwinder_main(void *arg)
             break;
         }
 
-        int n = epoll_wait(u->epfd, evs, HP_ARRAY_SIZE(evs), busy ? 0 : polling ? POLL_MS : 1000);
+        if (!busy)
+            wait_for_work(u, wake_seen, polling ? POLL_MS : 1000);
         uint64_t now = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
-        if (polling && (n == 0 || now - last_poll_ns >= (uint64_t)POLL_MS * 1000000u)) {
-            /* Even when pokes of other rings keep waking us up. */
+        if (polling && now - last_poll_ns >= (uint64_t)POLL_MS * 1000000u) {
+            /* Even when writers of other rings keep waking us up. */
             last_poll_ns = now;
             for (struct svc_client *c = u->clients; c; c = c->next)
                 c->has_work |= c->polling;
         }
-        if (!busy && now - last_scan_ns >= 1000000000u) {
+        if (now - last_scan_ns >= 1000000000u) {
             /* Every second: look at every ring once more, so a record left unpublished
-             * by a stalled or dead writer is found and the client cut off. */
+             * by a stalled or dead writer is found; and at every socket, for a hang-up
+             * the main thread could not tell us about. */
             last_scan_ns = now;
             for (struct svc_client *c = u->clients; c; c = c->next)
                 c->has_work = true;
-        }
-        for (int i = 0; i < n; i++) {
-            if (evs[i].data.ptr == NULL) {
-                uint64_t v;
-                (void)!read(u->wake_fd, &v, sizeof(v));
-                continue;
-            }
-            struct svc_client *c = evs[i].data.ptr;
-            c->has_work = true;
-            c->polling = false;
-            ring_set_reader_idle(c->ring, false);
-            bool gone = (evs[i].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) || socket_closed(c);
-            if (gone) {
-                /* EOF: the process can no longer write; drain the rest and end it. */
-                unlink_client(u, c);
-                finish_client(u, c, BK_FLAG_DISCONNECTED);
-                /* the remaining events may name freed clients; epoll reports them again */
-                break;
-            }
+            poll_hangups(u);
         }
     }
     svc__batch_flush(&u->batcher);

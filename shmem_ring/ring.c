@@ -1,6 +1,8 @@
 /* shmem_ring/ring.c: creating, mapping and unmapping rings; statistics. Called once per
  * client on both sides (the client calls ring_map() during its handshake, from inside a
- * malloc hook with its reentrancy guard set): no allocation, no stdio. */
+ * malloc hook with its reentrancy guard set, or from its session thread, which must not
+ * touch errno: ring_map() and ring_unmap() use raw system calls): no allocation, no
+ * stdio. */
 #include "shmem_ring/ring.h"
 
 #include <errno.h>
@@ -11,7 +13,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/sys.h"
 #include "shmem_ring/ring_layout.h"
+
+/* Source of struct ring.map_id. */
+static _Atomic uint64_t ring_map_ids;
 
 static bool ring_size_valid(uint64_t n)
 {
@@ -75,8 +81,9 @@ int ring_map(int fd, enum ring_role role, ring_t **ret)
 
     if (role != RING_ROLE_READER && role != RING_ROLE_WRITER)
         return -EINVAL;
-    if (fstat(fd, &st) < 0)
-        return -errno;
+    long e = hp_sys2(SYS_fstat, fd, (long)&st);
+    if (e < 0)
+        return (int)e;
     if (st.st_size < (off_t)RING_HEADER_SIZE)
         return -EBADMSG;
     n = (uint64_t)st.st_size - RING_HEADER_SIZE;
@@ -85,36 +92,42 @@ int ring_map(int fd, enum ring_role role, ring_t **ret)
     if (role == RING_ROLE_READER) {
         /* The reader maps memory a client can write to: it must not be able to shrink the
          * file under the reader's feet. */
-        int seals = fcntl(fd, F_GET_SEALS);
+        long seals = hp_sys2(SYS_fcntl, fd, F_GET_SEALS);
         if (seals < 0)
-            return -errno;
+            return (int)seals;
         if ((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
             return -EPERM;
     }
 
     map_len = RING_PRIVATE_SIZE + RING_HEADER_SIZE + 2 * n;
-    base = mmap(NULL, map_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (base == MAP_FAILED)
-        return -errno;
-    if (mmap(base, RING_PRIVATE_SIZE, PROT_READ | PROT_WRITE,
-             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)
-        goto fail_errno;
-    if (mmap(base + RING_PRIVATE_SIZE, RING_HEADER_SIZE, PROT_READ | PROT_WRITE,
-             MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED)
-        goto fail_errno;
-    if (mmap(base + RING_PRIVATE_SIZE + RING_HEADER_SIZE, n, prot_data, MAP_SHARED | MAP_FIXED, fd,
-             RING_HEADER_SIZE) == MAP_FAILED)
-        goto fail_errno;
-    if (mmap(base + RING_PRIVATE_SIZE + RING_HEADER_SIZE + n, n, prot_data, MAP_SHARED | MAP_FIXED,
-             fd, RING_HEADER_SIZE) == MAP_FAILED)
-        goto fail_errno;
+    base =
+        hp_sys_mmap(NULL, map_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (hp_sys_failed((long)base))
+        return (int)(long)base;
+    void *m[4] = {
+        hp_sys_mmap(base, RING_PRIVATE_SIZE, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0),
+        hp_sys_mmap(base + RING_PRIVATE_SIZE, RING_HEADER_SIZE, PROT_READ | PROT_WRITE,
+                    MAP_SHARED | MAP_FIXED, fd, 0),
+        hp_sys_mmap(base + RING_PRIVATE_SIZE + RING_HEADER_SIZE, n, prot_data,
+                    MAP_SHARED | MAP_FIXED, fd, RING_HEADER_SIZE),
+        hp_sys_mmap(base + RING_PRIVATE_SIZE + RING_HEADER_SIZE + n, n, prot_data,
+                    MAP_SHARED | MAP_FIXED, fd, RING_HEADER_SIZE),
+    };
+    for (int i = 0; i < 4; i++) {
+        if (hp_sys_failed((long)m[i])) {
+            r = (int)(long)m[i];
+            goto fail;
+        }
+    }
 
-        /* Fork safety (see ring_layout.h). Failing kernels (before 4.14 for WIPEONFORK) leave
-         * the check to the client's own fork handling. */
+    /* Fork safety (see ring_layout.h). Failing kernels (before 4.14 for WIPEONFORK) leave
+     * the check to the client's own fork handling. */
 #ifdef MADV_WIPEONFORK
-    (void)madvise(base, RING_PRIVATE_SIZE, MADV_WIPEONFORK);
+    (void)hp_sys3(SYS_madvise, (long)base, RING_PRIVATE_SIZE, MADV_WIPEONFORK);
 #endif
-    (void)madvise(base + RING_PRIVATE_SIZE, map_len - RING_PRIVATE_SIZE, MADV_DONTFORK);
+    (void)hp_sys3(SYS_madvise, (long)(base + RING_PRIVATE_SIZE),
+                  (long)(map_len - RING_PRIVATE_SIZE), MADV_DONTFORK);
 
     struct ring *ring = (struct ring *)base;
     ring->hdr = (struct ring_shared *)(base + RING_PRIVATE_SIZE);
@@ -124,6 +137,7 @@ int ring_map(int fd, enum ring_role role, ring_t **ret)
     ring->map_base = base;
     ring->map_len = map_len;
     ring->role = role;
+    ring->map_id = atomic_fetch_add_explicit(&ring_map_ids, 1, memory_order_relaxed) + 1;
     atomic_init(&ring->blocking, false);
     atomic_init(&ring->block_timeout_us, 0);
     ring->stall_pos = 0;
@@ -143,10 +157,8 @@ int ring_map(int fd, enum ring_role role, ring_t **ret)
     *ret = ring;
     return 0;
 
-fail_errno:
-    r = -errno;
 fail:
-    (void)munmap(base, map_len);
+    (void)hp_sys_munmap(base, map_len);
     return r;
 }
 
@@ -154,7 +166,7 @@ ring_t *ring_unmap(ring_t *r)
 {
     /* In a forked child the private page reads as zeros and nothing else is mapped. */
     if (r && r->map_base)
-        (void)munmap(r->map_base, r->map_len);
+        (void)hp_sys_munmap(r->map_base, r->map_len);
     return NULL;
 }
 
@@ -172,5 +184,8 @@ void ring_get_stats(ring_t *r, struct ring_stats *ret)
     ret->client_spinlock_blocked_us =
         atomic_load_explicit(&h->stats.client_spinlock_blocked_us, memory_order_relaxed);
     ret->max_fill_bytes = atomic_load_explicit(&h->stats.max_fill_bytes, memory_order_relaxed);
+    ret->frees_lost = atomic_load_explicit(&h->stats.frees_lost, memory_order_relaxed);
+    ret->block_timeouts = atomic_load_explicit(&h->stats.block_timeouts, memory_order_relaxed);
     ret->size_bytes = r->size;
+    ret->records_skipped = r->records_skipped;
 }

@@ -12,12 +12,18 @@
  *     client:   ring_map(fd, RING_ROLE_WRITER, &r);
  *               if (ring_try_begin_write(r, WIRE_FREE, sizeof(f), &w) == 0) {
  *                   memcpy(w.data, &f, sizeof(f));
- *                   if (ring_end_write(r, &w)) poke_socket();
+ *                   ring_end_write(r, &w); // wakes a sleeping reader itself
  *               }
  *     reader:   while (ring_begin_read(r, &rd) == 0) { use(rd.type, rd.data, rd.len);
  *                                                       ring_end_read(r, &rd); }
+ *               ring_set_reader_idle(r, true); (drain once more); ring_wait(r, 1000);
  *
- * Writer calls are hook-safe (no allocation, no locks, no syscalls except in
+ * The reader sleeps on a futex word in the shared header, which writers wake: no
+ * descriptor is involved, so nothing a program does to its descriptors can make a writer
+ * write into the wrong one.
+ *
+ * Writer calls are hook-safe (no allocation, no locks, no syscalls except a FUTEX_WAKE
+ * when the reader sleeps, the thread id once per thread and ring, and the waits of
  * block_client mode). Reader calls: one reader thread per ring; not thread-safe.
  */
 #ifndef HP_SHMEM_RING_RING_H
@@ -34,12 +40,28 @@ typedef struct ring ring_t;
 #define RING_DEFAULT_SIZE (8u << 20)
 #define RING_MIN_SIZE (64u << 10)
 #define RING_MAX_SIZE (1u << 30)
+/* The longest block_client wait ring_set_blocking() accepts: a reader that made no room
+ * for that long is stopped or hung, and the program must not pause longer for it (once:
+ * the first wait that runs out ends blocking). Sanitizer builds of the service stall for
+ * more than a second now and then, which shorter caps turn into drops. */
+#define RING_MAX_BLOCK_TIMEOUT_US (10u * 1000u * 1000u)
+/* In block mode ring_try_begin_write() leaves this share of the ring (1/8: 1 MiB, 32 k
+ * frees, of the default 8 MiB) to ring_try_begin_write_nowait(). */
+#define RING_URGENT_RESERVE_SHIFT 3
 /* Largest payload a single record may carry (a 64 KiB stack plus the alloc header fits). */
 #define RING_MAX_PAYLOAD ((1u << 20) - 64u)
-/* A reserved record unpublished for this long makes the reader give up on the ring. */
+/* A reserved record unpublished for this long makes ring_begin_read() report a stalled
+ * writer (-ETIMEDOUT). */
 #define RING_DEFAULT_STALL_TIMEOUT_US (2u * 1000u * 1000u)
 
 enum ring_role { RING_ROLE_READER = 0, RING_ROLE_WRITER = 1 };
+
+/* Why a client ended its session itself (ring_set_client_ended()). */
+enum ring_end_reason {
+    RING_END_NONE = 0,
+    RING_END_CONN_TAKEN = 1,  /* the program closed or reused the client's connection */
+    RING_END_CREDENTIALS = 2, /* the process changed its user or group ids */
+};
 
 /* A reserved, not yet published record. */
 struct ring_wspan {
@@ -66,7 +88,10 @@ struct ring_stats {
     uint64_t reserve_failures;
     uint64_t client_spinlock_blocked_us;
     uint64_t max_fill_bytes;
-    uint64_t size_bytes; /* data area size */
+    uint64_t size_bytes;      /* data area size */
+    uint64_t frees_lost;      /* frees of sampled blocks the client could not record */
+    uint64_t block_timeouts;  /* block waits that ran out; nonzero: blocking ended */
+    uint64_t records_skipped; /* reader side: records of writers gone mid-record */
 };
 
 /* Service: creates a ring memfd with a data area of @data_size_bytes (power of two,
@@ -88,9 +113,26 @@ ring_t *ring_unmap(ring_t *r);
  * timeout before giving up; the time spent waiting adds to client_spinlock_blocked_us. */
 int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len,
                          struct ring_wspan *ret) HP_WARN_UNUSED;
-/* Writer, hook-safe: publishes the record. Returns true when the reader said it is idle
- * and must be woken (the caller pokes the signalling socket). */
+/* Writer, hook-safe: as ring_try_begin_write(), but never waits, whatever the block mode
+ * (frees, and writes from a signal handler that may have interrupted a writer), and may
+ * use the last 1/2^RING_URGENT_RESERVE_SHIFT of the ring, which ring_try_begin_write()
+ * leaves free in block mode: frees find room while samples wait for it. */
+int ring_try_begin_write_nowait(ring_t *r, uint16_t type, size_t payload_len,
+                                struct ring_wspan *ret) HP_WARN_UNUSED;
+/* Writer, hook-safe: counts a free of a sampled block that could not be recorded. */
+void ring_count_free_lost(ring_t *r);
+/* Writer, hook-safe: counts a record the writer dropped before asking for room. */
+void ring_count_drop(ring_t *r);
+/* Writer, hook-safe: publishes the record. When the reader said it is idle (and, if it
+ * polls, enough is waiting), wakes it (FUTEX_WAKE on the shared header) and returns
+ * true. */
 bool ring_end_write(ring_t *r, struct ring_wspan *w);
+/* Writer, hook-safe: wakes the reader if it announced sleep (no system call otherwise),
+ * e.g. after ring_try_begin_write() found the ring full. */
+void ring_wake_reader(ring_t *r);
+/* Writer: the client ends the session itself for @reason (enum ring_end_reason); records
+ * it in the shared header and wakes the reader. */
+void ring_set_client_ended(ring_t *r, uint32_t reason);
 /* Writer, after ring_end_write(@w): waits until the reader has read past the record
  * @w, for at most @timeout_us (sleeping in steps; a system call per step). Returns 0,
  * -ETIMEDOUT, or -EPIPE when the reader detached. The reader publishes how far it read
@@ -101,11 +143,15 @@ int ring_wait_consumed(ring_t *r, const struct ring_wspan *w, uint32_t timeout_u
  * with ring_wait_maps_read(). */
 uint64_t ring_ask_maps_read(ring_t *r);
 /* Writer: in block mode, waits until the reader read the maps for the ask @ask (or a later
- * one), at most the block timeout (sleeping in steps; a system call per step). Compares
- * the low 32 bits (a record carries those). Returns 0, -EAGAIN (not in block mode),
- * -ETIMEDOUT, or -EPIPE when the reader detached. */
+ * one), at most the block timeout (sleeping in steps; a system call per step), which
+ * like a wait for space that runs out ends blocking for good. Compares the low 32 bits
+ * (a record carries those). Returns 0, -EAGAIN (not in block mode), -ETIMEDOUT, or -EPIPE
+ * when the reader detached. */
 int ring_wait_maps_read(ring_t *r, uint64_t ask) HP_WARN_UNUSED;
-/* Writer: make ring_try_begin_write() wait up to @timeout_us for space. */
+/* Writer: make ring_try_begin_write() wait up to @timeout_us (at most
+ * RING_MAX_BLOCK_TIMEOUT_US) for space. The first wait that runs out ends blocking for
+ * good: the reader is stopped or hung, and every later record would wait as long; from
+ * then on records are dropped (counted), and block_timeouts tells the reader. */
 void ring_set_blocking(ring_t *r, bool block, uint32_t timeout_us);
 /* Writer, hook-safe: true once the reader detached (the session is over: stop writing
  * and go passthrough), or in a child forked after ring_map(). One relaxed load. */
@@ -114,10 +160,24 @@ bool ring_is_detached(ring_t *r);
 /* Reader: returns 0 with the next record, -EAGAIN when there is none yet (empty, or the
  * next record is still being written), -EBADMSG when the shared data is corrupt (the
  * reader must then give up on this ring). Never reads outside the mapping and never
- * loops. A record reserved but still unpublished after the stall timeout (a writer that
- * died or a hostile client; RING_DEFAULT_STALL_TIMEOUT_US unless changed) counts as
- * corrupt: -EBADMSG. */
+ * loops. A record reserved but still unpublished after the stall timeout
+ * (RING_DEFAULT_STALL_TIMEOUT_US unless changed) returns -ETIMEDOUT: its writer is
+ * stopped (debugger, SIGSTOP, freezer), gone, or hostile. The caller then looks at the
+ * writer (ring_stalled_writer()) and keeps waiting (ring_stall_rearm()), skips the record
+ * (ring_skip_stalled()) or gives up on the ring; until then every call returns
+ * -ETIMEDOUT again. */
 int ring_begin_read(ring_t *r, struct ring_rspan *ret) HP_WARN_UNUSED;
+/* Reader, after -ETIMEDOUT: the thread id the stalled record's writer stored in it, or 0
+ * when it holds none (its writer stopped before storing it, or a hostile client).
+ * Untrusted. */
+uint32_t ring_stalled_writer(ring_t *r);
+/* Reader, after -ETIMEDOUT: wait another stall timeout before reporting it again. */
+void ring_stall_rearm(ring_t *r);
+/* Reader, after -ETIMEDOUT, once its writer is known to be gone: steps over the stalled
+ * record (counted in records_skipped). Returns 0, -EAGAIN when it was published after
+ * all (read it as usual), or -EBADMSG when its header is not valid (give up on the
+ * ring). */
+int ring_skip_stalled(ring_t *r) HP_WARN_UNUSED;
 void ring_end_read(ring_t *r, const struct ring_rspan *rd);
 /* Reader: the maps were read for the ask @ask (from the record that carried it) and every
  * one before it. */
@@ -142,6 +202,17 @@ void ring_set_reader_idle(ring_t *r, bool idle);
  * waiting. Saves the app a system call and the service a wakeup per record when records
  * trickle in. Cleared like the idle flag (by the poking writer or ring_set_reader_idle). */
 void ring_set_reader_polling(ring_t *r, uint64_t wake_fill);
+/* Reader: the futex word writers wake (a 32-bit word in the shared mapping: wait on it
+ * without FUTEX_PRIVATE_FLAG) and, in @ret_val, the value it holds while nobody woke the
+ * reader since its last ring_set_reader_idle() or ring_set_reader_polling(). For
+ * futex_waitv(2) over many rings. */
+const void *ring_reader_word(ring_t *r, uint32_t *ret_val);
+/* Reader: sleeps until a writer wakes it or @timeout_ms pass (at once if one did
+ * already). Returns 0 when woken, -ETIMEDOUT, or -EINTR. */
+int ring_wait(ring_t *r, uint32_t timeout_ms);
+/* Reader: why the client ended the session itself (enum ring_end_reason; RING_END_NONE:
+ * it did not say). Untrusted. */
+uint32_t ring_client_ended(ring_t *r);
 
 /* Reader: how long ring_begin_read() waits for a reserved record to be published before
  * returning -EBADMSG (0: the default). */

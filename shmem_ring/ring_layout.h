@@ -16,7 +16,15 @@
  * Positions are 64-bit byte counters that only grow; a record at position p starts at
  * data + (p & (N - 1)). Records are 8-byte aligned and start with a ring_rec header. A
  * record is published when its commit tag equals its position XOR RING_TAG_MAGIC: a tag
- * left over from an earlier lap (a different position) never matches.
+ * left over from an earlier lap (a different position) never matches. Until then the tag
+ * names the thread writing the record (RING_TAG_RESERVED | tid): a reader that finds a
+ * record unpublished for long can ask whether that thread is stopped (a debugger, SIGSTOP)
+ * or gone, instead of guessing (ring_stalled_writer()).
+ *
+ * Waking the reader needs no descriptor: reader_idle is a futex word. A writer that finds
+ * the reader asleep sets it awake and calls FUTEX_WAKE on it; the futex is keyed by the
+ * memfd's page, so it works across processes (the reader waits with FUTEX_WAIT or
+ * futex_waitv on its own mapping of the same page).
  *
  * Every field below the magic is written by untrusted parties from the reader's point of
  * view: the reader copies what it needs into locals once and validates it.
@@ -38,6 +46,11 @@
 #define RING_TAG_MAGIC 0x9e3779b97f4a7c15ull
 /* Writers give up a reservation after this many lost compare-and-swap races. */
 #define RING_MAX_CAS_RETRIES 64
+/* A reserved record's commit tag until it is published: the high half, with the writer's
+ * thread id in the low half. pos ^ RING_TAG_MAGIC has this high half only at positions
+ * beyond 2^63, which a ring never reaches. */
+#define RING_TAG_RESERVED (0x52535644ull << 32) /* "RSVD" */
+#define RING_TAG_RESERVED_MASK (0xffffffffull << 32)
 /* shared reader_idle values */
 #define RING_READER_AWAKE 0u
 #define RING_READER_SLEEPING 1u
@@ -61,6 +74,9 @@ struct ring_shared {
     /* Set by the reader (ring_set_detached()) when the session ends; writers then stop.
      * Shares the read-mostly first line so the writers' check costs no extra cache miss. */
     _Atomic uint32_t detached;
+    /* Set by the client when it ends the session itself (enum ring_end_reason), before it
+     * wakes the reader; written once, read by the reader as an untrusted hint. */
+    _Atomic uint32_t client_ended;
     _Alignas(RING_CACHE_LINE) _Atomic uint64_t write_pos;
     _Alignas(RING_CACHE_LINE) _Atomic uint64_t read_pos;
     /* Written by the reader only (read-mostly for the writers): RING_READER_* and, while
@@ -78,6 +94,14 @@ struct ring_shared {
         _Atomic uint64_t reserve_failures;
         _Atomic uint64_t client_spinlock_blocked_us;
         _Atomic uint64_t max_fill_bytes;
+        /* Frees of sampled blocks the client could not record (ring full, or a free
+         * from a signal handler that interrupted a hook and found no room): each is a
+         * phantom leak in the profile. Also counted in records_dropped when the ring
+         * refused the record. */
+        _Atomic uint64_t frees_lost;
+        /* Block waits that ran out (the reader made no room within the timeout); the
+         * first one ends blocking for the session (ring_try_begin_write()). */
+        _Atomic uint64_t block_timeouts;
     } stats;
     /* Reads of the writers' maps asked for in records (ring_ask_maps_read()): the writers
      * count the asks, the reader stores the last one it answered. */
@@ -86,6 +110,7 @@ struct ring_shared {
 };
 _Static_assert(sizeof(struct ring_shared) <= RING_HEADER_SIZE, "ring header fits a page");
 _Static_assert(offsetof(struct ring_shared, detached) == 16, "ring_shared layout");
+_Static_assert(offsetof(struct ring_shared, client_ended) == 20, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, write_pos) == 64, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, read_pos) == 128, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, reader_idle) == 192, "ring_shared layout");
@@ -101,6 +126,9 @@ struct ring {
     void *map_base;
     size_t map_len;
     enum ring_role role;
+    /* Writer: unique per mapping in this process (never reused, also not by a forked
+     * child's rings), so that a thread's cached id (ring_writer.c) is known to be fresh. */
+    uint64_t map_id;
     /* Writer: block mode, set once before the ring is shared between threads. */
     _Atomic bool blocking;
     _Atomic uint32_t block_timeout_us;
@@ -118,6 +146,10 @@ struct ring {
     uint64_t stall_pos;
     uint64_t stall_since_ns;
     uint64_t stall_timeout_ns;
+    /* Reader: records of writers gone mid-record, skipped (ring_skip_stalled()); the value
+     * reader_idle had when the reader last set it (what a waiter waits on). */
+    uint64_t records_skipped;
+    uint32_t idle_word;
 };
 _Static_assert(sizeof(struct ring) <= RING_PRIVATE_SIZE, "ring fits its private page");
 

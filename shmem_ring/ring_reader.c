@@ -10,17 +10,20 @@
 #include <stdatomic.h>
 #include <time.h>
 
+#include <linux/futex.h>
+
 #include "common/clock.h"
+#include "common/sys.h"
 #include "shmem_ring/ring.h"
 
-/* Before calling a stalled ring corrupt, the reader re-checks the record this long: a
+/* Before reporting a stalled writer, the reader re-checks the record this long: a
  * process resumed after SIGSTOP gets the chance to finish the record it was writing. */
 #define RING_STALL_GRACE_NS (2u * 1000u * 1000u)
 
 /* The record at @rp is reserved (write_pos is past it) but not published. Returns -EAGAIN
- * while that lasts less than the stall timeout, then -EBADMSG: a writer that died in the
- * middle of a record, or a client that moved write_pos without writing, would otherwise
- * block the reader forever. */
+ * while that lasts less than the stall timeout, then -ETIMEDOUT: the caller finds out why
+ * (a stopped, dead or hostile writer would otherwise hold the reader forever without a
+ * word). */
 static int ring_stalled(ring_t *r, uint64_t rp, const struct ring_rec *rec)
 {
     uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
@@ -37,7 +40,30 @@ static int ring_stalled(ring_t *r, uint64_t rp, const struct ring_rec *rec)
             return -EAGAIN; /* published after all; the next call reads it */
         (void)sched_yield();
     }
-    return -EBADMSG;
+    return -ETIMEDOUT;
+}
+
+/* The record header at the reader's position, validated against @avail bytes reserved.
+ * Returns its total length, or 0 when it is not valid. */
+static uint32_t ring_rec_len(const ring_t *r, uint64_t avail, uint32_t *ret_pad, uint16_t *ret_type)
+{
+    const volatile struct ring_rec *vrec =
+        (const volatile struct ring_rec *)(r->data + (r->read_pos & r->mask));
+    uint32_t len = vrec->len_total;
+    uint16_t type = vrec->type;
+    uint16_t flags = vrec->flags;
+    if (len < sizeof(struct ring_rec) || (len & 7u) != 0 || len > avail)
+        return 0;
+    if ((flags & ~RING_REC_PAD_MASK) != 0)
+        return 0;
+    uint32_t pad = flags & RING_REC_PAD_MASK;
+    if (len - sizeof(struct ring_rec) < pad)
+        return 0;
+    if (len - sizeof(struct ring_rec) - pad > RING_MAX_PAYLOAD)
+        return 0;
+    *ret_pad = pad;
+    *ret_type = type;
+    return len;
 }
 
 /* Tells the writers how far we have read. Release pairs with the acquire load of read_pos
@@ -49,6 +75,41 @@ static void ring_publish_read_pos(ring_t *r)
         return;
     r->published_read_pos = r->read_pos;
     atomic_store_explicit(&r->hdr->read_pos, r->read_pos, memory_order_release);
+}
+
+uint32_t ring_stalled_writer(ring_t *r)
+{
+    if (r->stall_since_ns == 0 || r->stall_pos != r->read_pos)
+        return 0;
+    const struct ring_rec *rec = (const struct ring_rec *)(r->data + (r->read_pos & r->mask));
+    uint64_t tag = atomic_load_explicit(&rec->commit_tag, memory_order_relaxed);
+    return (tag & RING_TAG_RESERVED_MASK) == RING_TAG_RESERVED ? (uint32_t)tag : 0;
+}
+
+void ring_stall_rearm(ring_t *r)
+{
+    if (r->stall_since_ns != 0)
+        r->stall_since_ns = hp_clock_ns(CLOCK_MONOTONIC);
+}
+
+int ring_skip_stalled(ring_t *r)
+{
+    uint64_t rp = r->read_pos, avail = r->seen_write_pos - rp;
+    if (r->stall_since_ns == 0 || r->stall_pos != rp)
+        return -EAGAIN;
+    const struct ring_rec *rec = (const struct ring_rec *)(r->data + (rp & r->mask));
+    if (atomic_load_explicit(&rec->commit_tag, memory_order_acquire) == (rp ^ RING_TAG_MAGIC))
+        return -EAGAIN;
+    uint32_t pad;
+    uint16_t type;
+    uint32_t len = ring_rec_len(r, avail, &pad, &type);
+    if (len == 0)
+        return -EBADMSG;
+    r->read_pos = rp + len;
+    r->records_skipped++;
+    r->stall_since_ns = 0;
+    ring_publish_read_pos(r);
+    return 0;
 }
 
 int ring_begin_read(ring_t *r, struct ring_rspan *ret)
@@ -80,20 +141,12 @@ int ring_begin_read(ring_t *r, struct ring_rspan *ret)
     }
     r->stall_since_ns = 0;
 
-    const volatile struct ring_rec *vrec = (const volatile struct ring_rec *)rec;
-    uint32_t len = vrec->len_total;
-    uint16_t type = vrec->type;
-    uint16_t flags = vrec->flags;
-    if (len < sizeof(struct ring_rec) || (len & 7u) != 0 || len > avail)
-        return -EBADMSG;
-    if ((flags & ~RING_REC_PAD_MASK) != 0)
-        return -EBADMSG;
-    uint32_t pad = flags & RING_REC_PAD_MASK;
-    if (len - sizeof(struct ring_rec) < pad)
+    uint32_t pad;
+    uint16_t type;
+    uint32_t len = ring_rec_len(r, avail, &pad, &type);
+    if (len == 0)
         return -EBADMSG;
     size_t payload = len - sizeof(struct ring_rec) - pad;
-    if (payload > RING_MAX_PAYLOAD)
-        return -EBADMSG;
 
     ret->data = rec + 1;
     ret->len = payload;
@@ -138,8 +191,8 @@ bool ring_reached(const ring_t *r, uint64_t mark)
 void ring_set_reader_idle(ring_t *r, bool idle)
 {
     ring_publish_read_pos(r);
-    atomic_store_explicit(&r->hdr->reader_idle, idle ? RING_READER_SLEEPING : RING_READER_AWAKE,
-                          memory_order_relaxed);
+    r->idle_word = idle ? RING_READER_SLEEPING : RING_READER_AWAKE;
+    atomic_store_explicit(&r->hdr->reader_idle, r->idle_word, memory_order_relaxed);
     /* Matches the fence in ring_end_write(): after this, either our next ring_begin_read()
      * sees a record published before the fence, or its writer sees the flag. */
     if (idle)
@@ -153,7 +206,31 @@ void ring_set_reader_polling(ring_t *r, uint64_t wake_fill)
         wake_fill = r->size / 4;
     atomic_store_explicit(&r->hdr->wake_fill, wake_fill, memory_order_relaxed);
     /* Release: a writer that sees POLLING sees this wake_fill. */
+    r->idle_word = RING_READER_POLLING;
     atomic_store_explicit(&r->hdr->reader_idle, RING_READER_POLLING, memory_order_release);
+}
+
+const void *ring_reader_word(ring_t *r, uint32_t *ret_val)
+{
+    *ret_val = r->idle_word;
+    return &r->hdr->reader_idle;
+}
+
+int ring_wait(ring_t *r, uint32_t timeout_ms)
+{
+    struct timespec ts = {.tv_sec = timeout_ms / 1000,
+                          .tv_nsec = (long)(timeout_ms % 1000) * 1000000};
+    /* Relative timeout; a word already changed returns -EAGAIN at once: woken. */
+    long e = hp_sys4(SYS_futex, (long)&r->hdr->reader_idle, FUTEX_WAIT, r->idle_word, (long)&ts);
+    if (e == -ETIMEDOUT || e == -EINTR)
+        return (int)e;
+    return 0;
+}
+
+uint32_t ring_client_ended(ring_t *r)
+{
+    /* Acquire pairs with the release store in ring_set_client_ended(). */
+    return atomic_load_explicit(&r->hdr->client_ended, memory_order_acquire);
 }
 
 void ring_set_stall_timeout(ring_t *r, uint64_t timeout_us)

@@ -1,6 +1,7 @@
 /* shmem_ring/ring_writer.c: the writer side of the ring. Hook-safe: runs inside the
- * profiled application's malloc hooks, from any thread, so it never allocates, never takes
- * a lock and makes no system call except while waiting in block_client mode. */
+ * profiled application's malloc hooks, from any thread, so it never allocates and never
+ * takes a lock. System calls (raw: no errno): a FUTEX_WAKE when the reader sleeps, gettid
+ * once per thread and ring, and the waits of block_client mode. */
 #include "shmem_ring/ring_layout.h"
 
 #include <errno.h>
@@ -11,12 +12,38 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <linux/futex.h>
+
 #include "common/clock.h"
+#include "common/sys.h"
 #include "shmem_ring/ring.h"
 
 /* Spins on sched_yield() this many times before sleeping between retries. */
 #define RING_BLOCK_YIELDS 16
 #define RING_BLOCK_SLEEP_NS 20000
+
+/* The calling thread's id, cached per ring mapping (struct ring.map_id): a fresh mapping
+ * (a new session, or any ring of a forked child, whose thread inherited this cache) takes
+ * it once more. Initial-exec TLS: 16 bytes. */
+static __thread struct {
+    uint64_t map_id;
+    uint32_t tid;
+} ring_self __attribute__((tls_model("initial-exec")));
+
+static uint32_t ring_writer_tid(const ring_t *r)
+{
+    if (HP_UNLIKELY(ring_self.map_id != r->map_id)) {
+        ring_self.tid = (uint32_t)hp_sys0(SYS_gettid);
+        ring_self.map_id = r->map_id;
+    }
+    return ring_self.tid;
+}
+
+static void ring_futex_wake(struct ring_shared *h)
+{
+    /* Not FUTEX_PRIVATE_FLAG: the reader is another process. */
+    (void)hp_sys3(SYS_futex, (long)&h->reader_idle, FUTEX_WAKE, 1);
+}
 
 static void ring_count(_Atomic uint64_t *counter, uint64_t n)
 {
@@ -44,7 +71,10 @@ static void ring_block_pause(unsigned round)
     }
 }
 
-int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len, struct ring_wspan *ret)
+/* @urgent: never wait, and may use the last RING_URGENT_RESERVE_SHIFT-th of the ring,
+ * which other records leave free. */
+static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool urgent,
+                            struct ring_wspan *ret)
 {
     struct ring_shared *h = r->hdr;
     uint64_t total, w, rp;
@@ -55,7 +85,12 @@ int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len, struct ri
     /* hdr is NULL in a child forked after ring_map() (the private page is wiped). */
     if (HP_UNLIKELY(h == NULL || atomic_load_explicit(&h->detached, memory_order_relaxed)))
         return -EPIPE;
-    if (payload_len > RING_MAX_PAYLOAD || ring__record_total(payload_len) > r->size) {
+    /* In block mode, frees (urgent) must not be crowded out by samples waiting for room:
+     * a lost free is a phantom leak, a lost sample only a smaller sample. */
+    uint64_t limit = r->size;
+    if (!urgent && atomic_load_explicit(&r->blocking, memory_order_relaxed))
+        limit -= r->size >> RING_URGENT_RESERVE_SHIFT;
+    if (payload_len > RING_MAX_PAYLOAD || ring__record_total(payload_len) > limit) {
         ring_count(&h->stats.records_dropped, 1);
         return -EMSGSIZE;
     }
@@ -76,8 +111,8 @@ int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len, struct ri
             }
             continue;
         }
-        if (w - rp + total > r->size) {
-            if (!atomic_load_explicit(&r->blocking, memory_order_relaxed)) {
+        if (w - rp + total > limit) {
+            if (urgent || !atomic_load_explicit(&r->blocking, memory_order_relaxed)) {
                 err = -EAGAIN;
                 ring_count(&h->stats.records_dropped, 1);
                 break;
@@ -94,6 +129,12 @@ int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len, struct ri
                                                                    memory_order_relaxed) *
                                         1000u;
             } else if (now >= deadline_ns) {
+                /* No room for the whole timeout: the reader is stopped or hung, and every
+                 * record would now wait as long. Stop blocking for the rest of the
+                 * session (every writer thread of this process sees the flag on its
+                 * next round); the reader learns it from block_timeouts. */
+                atomic_store_explicit(&r->blocking, false, memory_order_relaxed);
+                ring_count(&h->stats.block_timeouts, 1);
                 err = -EAGAIN;
                 ring_count(&h->stats.records_dropped, 1);
                 break;
@@ -123,6 +164,9 @@ int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len, struct ri
     ring_update_max_fill(h, w + total - rp);
 
     struct ring_rec *rec = (struct ring_rec *)(r->data + (w & r->mask));
+    /* Who holds the record until it is published (see ring_stalled_writer()). */
+    atomic_store_explicit(&rec->commit_tag, RING_TAG_RESERVED | ring_writer_tid(r),
+                          memory_order_relaxed);
     size_t pad = (size_t)(total - sizeof(*rec) - payload_len);
     rec->len_total = (uint32_t)total;
     rec->type = type;
@@ -133,6 +177,29 @@ int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len, struct ri
     ret->len = payload_len;
     ret->pos = w;
     return 0;
+}
+
+int ring_try_begin_write(ring_t *r, uint16_t type, size_t payload_len, struct ring_wspan *ret)
+{
+    return ring_begin_write(r, type, payload_len, false, ret);
+}
+
+int ring_try_begin_write_nowait(ring_t *r, uint16_t type, size_t payload_len,
+                                struct ring_wspan *ret)
+{
+    return ring_begin_write(r, type, payload_len, true, ret);
+}
+
+void ring_count_free_lost(ring_t *r)
+{
+    if (r->hdr)
+        ring_count(&r->hdr->stats.frees_lost, 1);
+}
+
+void ring_count_drop(ring_t *r)
+{
+    if (r->hdr)
+        ring_count(&r->hdr->stats.records_dropped, 1);
 }
 
 bool ring_end_write(ring_t *r, struct ring_wspan *w)
@@ -158,9 +225,34 @@ bool ring_end_write(ring_t *r, struct ring_wspan *w)
         if (fill < atomic_load_explicit(&h->wake_fill, memory_order_relaxed))
             return false;
     }
-    /* Only the writer that clears the flag pokes the reader. */
-    return atomic_exchange_explicit(&h->reader_idle, RING_READER_AWAKE, memory_order_acq_rel) !=
-           RING_READER_AWAKE;
+    /* Only the writer that clears the flag wakes the reader. */
+    if (atomic_exchange_explicit(&h->reader_idle, RING_READER_AWAKE, memory_order_acq_rel) ==
+        RING_READER_AWAKE)
+        return false;
+    ring_futex_wake(h);
+    return true;
+}
+
+void ring_wake_reader(ring_t *r)
+{
+    struct ring_shared *h = r->hdr;
+    if (!h || atomic_load_explicit(&h->reader_idle, memory_order_relaxed) == RING_READER_AWAKE)
+        return;
+    if (atomic_exchange_explicit(&h->reader_idle, RING_READER_AWAKE, memory_order_acq_rel) !=
+        RING_READER_AWAKE)
+        ring_futex_wake(h);
+}
+
+void ring_set_client_ended(ring_t *r, uint32_t reason)
+{
+    struct ring_shared *h = r->hdr;
+    if (!h)
+        return;
+    /* Release pairs with the reader's acquire load: whatever we wrote before is visible
+     * with the reason. The reader may be awake and about to sleep: wake it regardless. */
+    atomic_store_explicit(&h->client_ended, reason, memory_order_release);
+    atomic_store_explicit(&h->reader_idle, RING_READER_AWAKE, memory_order_seq_cst);
+    ring_futex_wake(h);
 }
 
 /* Waits until the reader's counter @at has reached @target, compared on its low @bits
@@ -201,7 +293,8 @@ bool ring_is_detached(ring_t *r)
 
 void ring_set_blocking(ring_t *r, bool block, uint32_t timeout_us)
 {
-    atomic_store_explicit(&r->block_timeout_us, timeout_us, memory_order_relaxed);
+    atomic_store_explicit(&r->block_timeout_us, HP_MIN(timeout_us, RING_MAX_BLOCK_TIMEOUT_US),
+                          memory_order_relaxed);
     atomic_store_explicit(&r->blocking, block, memory_order_relaxed);
 }
 
@@ -220,6 +313,12 @@ int ring_wait_maps_read(ring_t *r, uint64_t ask)
         return -EPIPE;
     if (!atomic_load_explicit(&r->blocking, memory_order_relaxed))
         return -EAGAIN;
-    return ring_wait_reader(h, &h->maps_read, ask, 32,
-                            atomic_load_explicit(&r->block_timeout_us, memory_order_relaxed));
+    int err = ring_wait_reader(h, &h->maps_read, ask, 32,
+                               atomic_load_explicit(&r->block_timeout_us, memory_order_relaxed));
+    if (err == -ETIMEDOUT) {
+        /* As a wait for room that runs out: the reader is stopped or hung. */
+        atomic_store_explicit(&r->blocking, false, memory_order_relaxed);
+        ring_count(&h->stats.block_timeouts, 1);
+    }
+    return err;
 }

@@ -1,6 +1,7 @@
 /* shmem_ring/utable.c: creating and mapping unwind tables, and the writer side. See
  * utable.h. utable_map() runs in the client during its handshake (inside a malloc hook
- * with the reentrancy guard set): no allocation, no stdio. */
+ * with the reentrancy guard set, or in its session thread, which must not touch errno:
+ * utable_map() and utable_unmap() use raw system calls): no allocation, no stdio. */
 #include "shmem_ring/utable.h"
 
 #include <errno.h>
@@ -10,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/sys.h"
 #include "shmem_ring/ring_layout.h"
 
 #define UTABLE_GEN_MAX 0xffffu
@@ -43,8 +45,9 @@ int utable_create(size_t n_slots, int *ret_fd)
 int utable_map(int fd, bool writable, struct utable *ret)
 {
     struct stat st;
-    if (fstat(fd, &st) < 0)
-        return -errno;
+    long e = hp_sys2(SYS_fstat, fd, (long)&st);
+    if (e < 0)
+        return (int)e;
     if (st.st_size < (off_t)sizeof(struct utable_header))
         return -EBADMSG;
     uint64_t n = ((uint64_t)st.st_size - sizeof(struct utable_header)) / sizeof(struct utable_slot);
@@ -52,19 +55,20 @@ int utable_map(int fd, bool writable, struct utable *ret)
         return -EBADMSG;
     /* The writer maps a file its client can write to: it must not shrink under us. */
     if (writable) {
-        int seals = fcntl(fd, F_GET_SEALS);
+        long seals = hp_sys2(SYS_fcntl, fd, F_GET_SEALS);
         if (seals < 0)
-            return -errno;
+            return (int)seals;
         if (!(seals & F_SEAL_SHRINK))
             return -EBADMSG;
     }
     size_t len = utable_bytes(n);
-    void *p = mmap(NULL, len, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED)
-        return -errno;
+    void *p =
+        hp_sys_mmap(NULL, len, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+    if (hp_sys_failed((long)p))
+        return (int)(long)p;
     struct utable_header *h = p;
     if (h->magic != UTABLE_MAGIC || h->n_slots != n) {
-        (void)munmap(p, len);
+        (void)hp_sys_munmap(p, len);
         return -EBADMSG;
     }
     *ret = (struct utable){
@@ -82,7 +86,7 @@ int utable_map(int fd, bool writable, struct utable *ret)
 void utable_unmap(struct utable *t)
 {
     if (t->hdr)
-        (void)munmap(t->hdr, t->map_len);
+        (void)hp_sys_munmap(t->hdr, t->map_len);
     *t = (struct utable){0};
 }
 

@@ -57,6 +57,20 @@ struct wire_hello {
 };
 _Static_assert(sizeof(struct wire_hello) == 16, "wire_hello ABI");
 
+/* A control request instead of a hello, on the same socket (`heapprof dump`): no
+ * descriptors; the service answers with the same struct (status 0 or -errno, pid its own)
+ * and closes. Only from our own uid or root. */
+#define WIRE_CONTROL_MAGIC 0x48504354u /* "HPCT" */
+#define WIRE_CONTROL_DUMP 1u           /* dump every profiled process now */
+#define WIRE_CONTROL_PING 2u           /* nothing: only the answer */
+struct wire_control {
+    uint32_t magic; /* WIRE_CONTROL_MAGIC */
+    uint32_t op;    /* WIRE_CONTROL_* */
+    int32_t pid;    /* the sender's */
+    int32_t status; /* in the answer: 0 or -errno */
+};
+_Static_assert(sizeof(struct wire_control) == sizeof(struct wire_hello), "control as a hello");
+
 /* wire_client_config.status */
 #define WIRE_STATUS_PROFILE 0u      /* ring fd attached; start sampling */
 #define WIRE_STATUS_NOT_PROFILED 1u /* no fd; stay passthrough */

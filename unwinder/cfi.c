@@ -138,21 +138,45 @@ static int frame_rule(Dwarf_Frame *frame, uint64_t *ret_rule)
     return 0;
 }
 
+/* The guarded part of unwinder__cfi_rule(): libdw reads the file's .eh_frame from the
+ * cache's mapping of it. */
+struct rule_args {
+    struct unwinder__elf *e;
+    uint64_t vaddr;
+    uint64_t rule;
+};
+
+static int rule_lookup(void *arg)
+{
+    struct rule_args *a = arg;
+    struct unwinder__cfi *c = cfi_of(a->e);
+    Dwarf_Frame *frame = NULL;
+    int r = -ENOENT;
+    if (c && dwarf_cfi_addrframe(c->cfi, a->vaddr, &frame) == 0)
+        r = frame_rule(frame, &a->rule);
+    free(frame);
+    return r;
+}
+
 int unwinder__cfi_rule(const struct unwinder__elf *ce, uint64_t vaddr, uint64_t *ret_rule)
 {
     /* The CFI fields are the entry's only mutable part, guarded by s_cfi_lock. */
     struct unwinder__elf *e = (struct unwinder__elf *)(uintptr_t)ce;
-    int r = -ENOENT;
+    if (unwinder__elf_is_faulted(e))
+        return -ENOENT;
+    struct rule_args a = {.e = e, .vaddr = vaddr};
     pthread_mutex_lock(&s_cfi_lock);
-    struct unwinder__cfi *c = cfi_of(e);
-    Dwarf_Frame *frame = NULL;
-    if (c && dwarf_cfi_addrframe(c->cfi, vaddr, &frame) == 0) {
-        uint64_t rule;
-        r = frame_rule(frame, &rule);
-        if (r == 0)
-            *ret_rule = rule;
+    int r = unwinder__bus_guarded(rule_lookup, &a, NULL);
+    if (r == -EFAULT) {
+        /* The file was truncated under libdw: its CFI objects are abandoned mid-use and
+         * leaked, never to be touched again (freeing them could read the dead mapping). */
+        unwinder__elf_mark_faulted(e);
+        e->cfi = NULL;
+        e->cfi_tried = true;
+        r = -ENOENT;
     }
-    free(frame);
     pthread_mutex_unlock(&s_cfi_lock);
+    if (r == 0)
+        *ret_rule = a.rule;
     return r;
 }

@@ -12,7 +12,9 @@
 #include <gelf.h>
 #include <libelf.h>
 #include <pthread.h>
+#include <setjmp.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -21,6 +23,10 @@
 #include <unistd.h>
 
 #include "unwinder/unwinder_internal.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#endif
 
 /* Files larger than this are not mapped (debug builds of browsers reach a few GiB). */
 #define ELF_MAX_FILE_BYTES (16ull << 30)
@@ -74,13 +80,38 @@ _Static_assert(EFAULT == 14, "the fixup returns -EFAULT");
 
 static struct sigaction c_old_bus;
 
+/* A guarded call of unwinder__bus_guarded(), innermost first on this thread. */
+struct bus_guard {
+    sigjmp_buf env;
+    struct bus_guard *prev;
+    uintptr_t addr; /* the faulting address, set by the handler */
+};
+static _Thread_local struct bus_guard *t_guard;
+static atomic_ulong c_bus_faults; /* relaxed: a statistic */
+
+unsigned long unwinder__bus_faults(void)
+{
+    return atomic_load_explicit(&c_bus_faults, memory_order_relaxed);
+}
+
 static void on_sigbus(int sig, siginfo_t *si, void *ctx)
 {
     ucontext_t *uc = ctx;
     uintptr_t ip = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
     if (ip >= (uintptr_t)unwinder__safe_copy && ip < (uintptr_t)unwinder__safe_copy_end) {
+        atomic_fetch_add_explicit(&c_bus_faults, 1, memory_order_relaxed);
         uc->uc_mcontext.gregs[REG_RIP] = (greg_t)(uintptr_t)unwinder__safe_copy_fixup;
         return;
+    }
+    /* Inside libelf or libdw reading a mapped file for a guarded call: abandon the call.
+     * The thread set t_guard itself, so its TLS is allocated; siglongjmp restores the
+     * mask saved by sigsetjmp, which has SIGBUS unblocked. */
+    struct bus_guard *g = t_guard;
+    if (g && si->si_code != SI_USER && si->si_code != SI_TKILL) {
+        t_guard = g->prev;
+        g->addr = (uintptr_t)si->si_addr;
+        atomic_fetch_add_explicit(&c_bus_faults, 1, memory_order_relaxed);
+        siglongjmp(g->env, 1);
     }
     /* Not ours: the previous disposition decides. Returning re-executes the faulting
      * instruction, which then gets the default action. */
@@ -122,6 +153,41 @@ int unwinder__elf_cache_init(void)
     /* Process-wide and kept: it only acts on faults inside unwinder__safe_copy(). */
     unwinder__elf_cache_catch_sigbus();
     return 0;
+}
+
+/* What a guarded call allocates may be abandoned, unreachable, by a fault: by design, not
+ * a leak to report (the leak checker of sanitizer builds is told to ignore this thread's
+ * allocations for the call's duration, on both ways out). */
+#if defined(__SANITIZE_ADDRESS__)
+#define GUARD_LSAN_DISABLE() __lsan_disable()
+#define GUARD_LSAN_ENABLE() __lsan_enable()
+#else
+#define GUARD_LSAN_DISABLE() ((void)0)
+#define GUARD_LSAN_ENABLE() ((void)0)
+#endif
+
+int unwinder__bus_guarded(int (*fn)(void *arg), void *arg, uintptr_t *ret_addr)
+{
+    struct bus_guard g = {.prev = t_guard, .addr = 0};
+    GUARD_LSAN_DISABLE();
+    if (sigsetjmp(g.env, 1) != 0) {
+        /* The handler popped the guard. */
+        GUARD_LSAN_ENABLE();
+        if (ret_addr)
+            *ret_addr = g.addr;
+        return -EFAULT;
+    }
+    t_guard = &g;
+    int r = fn(arg);
+    t_guard = g.prev;
+    GUARD_LSAN_ENABLE();
+    return r;
+}
+
+void unwinder__elf_mark_faulted(const struct unwinder__elf *ce)
+{
+    struct unwinder__elf *e = (struct unwinder__elf *)(uintptr_t)ce;
+    atomic_store_explicit(&e->faulted, true, memory_order_relaxed);
 }
 
 static ssize_t entry_bytes(const struct unwinder__elf *e)
@@ -236,42 +302,20 @@ static bool has_suffix(const char *s, size_t len, const char *suffix)
     return len >= sl && memcmp(s + len - sl, suffix, sl) == 0;
 }
 
-/* Fills @e from the file. Any problem with the file leaves e->ok false (a negative entry);
- * only allocation failures are returned. */
-static int build(struct unwinder__elf *e)
-{
-    size_t plen = strlen(e->path);
-    /* A deleted file's path names whatever lives there now, not what was mapped. */
-    if (e->path[0] != '/' || has_suffix(e->path, plen, " (deleted)"))
-        return 0;
-    /* Opening a device or FIFO can have side effects or block: only open regular files
-     * (fstat below closes the race). */
-    struct stat st;
-    if (stat(e->path, &st) != 0 || !S_ISREG(st.st_mode))
-        return 0;
-    int fd = open(e->path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    if (fd < 0)
-        return 0;
-    int r = 0;
-    Elf *elf = NULL;
-    /* The device is not compared: on overlayfs, stat() and /proc/PID/maps disagree on it. */
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < (off_t)sizeof(Elf64_Ehdr) ||
-        (uint64_t)st.st_size > ELF_MAX_FILE_BYTES || (e->inode && st.st_ino != e->inode))
-        goto out;
-    size_t size = (size_t)st.st_size;
-    void *img = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (img == MAP_FAILED)
-        goto out;
-    e->image = img;
-    e->image_size = size;
+/* The libelf part of build(), run under unwinder__bus_guarded(): a truncation of the file
+ * while libelf reads it through its own mapping abandons it (and leaks its Elf). */
+struct parse_args {
+    struct unwinder__elf *e;
+    int fd;
+};
 
-    Elf64_Ehdr eh;
-    if (unwinder__safe_copy(&eh, img, sizeof(eh)) < 0)
-        goto out;
-    if (memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
-        eh.e_ident[EI_DATA] != ELFDATA2LSB || eh.e_machine != EM_X86_64)
-        goto out;
-    elf = elf_begin(fd, ELF_C_READ_MMAP, NULL);
+static int parse(void *arg)
+{
+    struct parse_args *a = arg;
+    struct unwinder__elf *e = a->e;
+    size_t size = e->image_size;
+    int r = 0;
+    Elf *elf = elf_begin(a->fd, ELF_C_READ_MMAP, NULL);
     if (!elf || elf_kind(elf) != ELF_K_ELF)
         goto out;
 
@@ -291,6 +335,8 @@ static int build(struct unwinder__elf *e)
                                           .filesz = ph.p_filesz,
                                           .flags = ph.p_flags};
             s.filesz = s.offset > size ? 0 : HP_MIN(s.filesz, size - s.offset);
+            if (e->n_loads == 0)
+                e->load0_align = ph.p_align;
             e->loads[e->n_loads++] = s;
             if ((ph.p_flags & PF_X) && !have_bias) {
                 e->load_bias = ph.p_vaddr - ph.p_offset;
@@ -307,7 +353,7 @@ static int build(struct unwinder__elf *e)
         uint64_t len = HP_MIN(eh_ph.p_filesz, size - eh_ph.p_offset);
         /* The header's fixed part is at most 20 bytes: parse a copy. */
         uint8_t hdr[32] = {0};
-        if (unwinder__safe_copy(hdr, (const uint8_t *)img + eh_ph.p_offset,
+        if (unwinder__safe_copy(hdr, e->image + eh_ph.p_offset,
                                 (size_t)HP_MIN(len, (uint64_t)sizeof(hdr))) == 0)
             e->has_eh_hdr = parse_eh_hdr(hdr, len, &e->eh_table_off, &e->eh_fde_count);
         e->eh_hdr_vaddr = eh_ph.p_vaddr;
@@ -338,6 +384,46 @@ static int build(struct unwinder__elf *e)
 out:
     if (elf)
         elf_end(elf);
+    return r;
+}
+
+/* Fills @e from the file. Any problem with the file leaves e->ok false (a negative entry);
+ * only allocation failures are returned. */
+static int build(struct unwinder__elf *e)
+{
+    size_t plen = strlen(e->path);
+    /* A deleted file's path names whatever lives there now, not what was mapped. */
+    if (e->path[0] != '/' || has_suffix(e->path, plen, " (deleted)"))
+        return 0;
+    struct stat st;
+    int fd = unwinder__open_file(e->path, false, e->inode, &st);
+    if (fd < 0)
+        return 0;
+    int r = 0;
+    if (st.st_size < (off_t)sizeof(Elf64_Ehdr) || (uint64_t)st.st_size > ELF_MAX_FILE_BYTES)
+        goto out;
+    size_t size = (size_t)st.st_size;
+    void *img = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (img == MAP_FAILED)
+        goto out;
+    e->image = img;
+    e->image_size = size;
+
+    Elf64_Ehdr eh;
+    if (unwinder__safe_copy(&eh, img, sizeof(eh)) < 0)
+        goto out;
+    if (memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+        eh.e_ident[EI_DATA] != ELFDATA2LSB || eh.e_machine != EM_X86_64)
+        goto out;
+    struct parse_args a = {.e = e, .fd = fd};
+    r = unwinder__bus_guarded(parse, &a, NULL);
+    if (r == -EFAULT) {
+        /* Truncated while libelf read it: a negative entry (its partial symbol index, if
+         * any, is dropped below with the rest). */
+        r = 0;
+        e->ok = false;
+    }
+out:
     (void)close(fd);
     if (!e->ok && e->image) {
         (void)munmap((void *)e->image, e->image_size);
@@ -368,6 +454,14 @@ static void evict_locked(void)
         unwinder__account(-entry_bytes(e));
         entry_free(e);
     }
+}
+
+void unwinder__elf_ref(const struct unwinder__elf *ce)
+{
+    struct unwinder__elf *e = (struct unwinder__elf *)(uintptr_t)ce;
+    pthread_mutex_lock(&c_lock);
+    e->refs++;
+    pthread_mutex_unlock(&c_lock);
 }
 
 void unwinder__elf_put(const struct unwinder__elf *ce)

@@ -20,18 +20,21 @@
  * released entries nobody holds are freed (their names stay: they are interned). Bytes
  * counted in unwinder_global_bytes(): the entry, its symbol index and its mapped image.
  *
- * Files are mmap'd. Reads of the image go through a copy routine that survives the
- * SIGBUS of a file truncated behind our back (unwinder__elf_cache_init() installs a
- * process-wide SIGBUS handler that only acts on faults inside that routine; others go to
- * the previous disposition); such a read fails with -EFAULT. Threads that unwind must
- * not block SIGBUS: the kernel kills a process that faults with it blocked. Known limit: libelf and
- * libdw read the files through their own mappings while an entry is built, and in the
- * source-line lookups and the .debug_frame fallback; a truncation during those still
- * faults.
+ * Files are opened by unwinder__open_file() (a regular file, the inode of the mapping,
+ * no symlink, on a helper thread with a timeout) and mmap'd. A client may truncate a file
+ * it maps while we read it, and then every page of our mapping past the new end raises
+ * SIGBUS; unwinder__elf_cache_init() installs a process-wide handler that turns such a
+ * fault into an error in two places: reads of the image go through a copy routine that
+ * then fails with -EFAULT, and libelf and libdw, which read through mappings of their own
+ * (building an entry, the CFI of cfi.c, source lines, the .debug_frame fallback), run
+ * under unwinder__bus_guarded(), which returns -EFAULT. The file is then marked faulted
+ * and not read again; other faults go to the previous disposition. Threads that read
+ * files must not block SIGBUS: the kernel kills a process that faults with it blocked.
  */
 #ifndef HP_UNWINDER_ELF_CACHE_H
 #define HP_UNWINDER_ELF_CACHE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -85,10 +88,16 @@ struct unwinder__elf {
     struct unwinder__symbol *syms; /* sorted by start, unique starts */
     size_t n_syms;
 
+    uint64_t load0_align; /* p_align of the first PT_LOAD (the fallback reports modules) */
+
     /* The file's CFI for unwinder__cfi_rule() (unwinder/cfi.c): built on first use and
      * used under that file's lock; freed with the entry. */
     struct unwinder__cfi *cfi;
     bool cfi_tried;
+
+    /* A read of the image faulted (the file was truncated): elfutils is not let near it
+     * again. Set once, by any thread; relaxed (nothing is published through it). */
+    _Atomic bool faulted;
 
     /* Guarded by the cache's lock. */
     unsigned refs;              /* holders: unwinder__elf_get() calls not yet put */
@@ -113,6 +122,29 @@ int unwinder__elf_get(uint64_t dev, uint64_t inode, const char *path,
 /* Drops the reference taken by unwinder__elf_get(); @e may be freed by the time it
  * returns. Accepts NULL. */
 void unwinder__elf_put(const struct unwinder__elf *e);
+/* Takes another reference to @e (held already); pair with unwinder__elf_put(). */
+void unwinder__elf_ref(const struct unwinder__elf *e);
+
+/* Runs @fn(@arg) so that a SIGBUS it takes (a file mapped by libelf or libdw truncated
+ * under it) ends it: returns its result, or -EFAULT after such a fault, with the faulting
+ * address in *@ret_addr (may be NULL). The code @fn was in is abandoned where it stood:
+ * whatever it was building (an Elf, a Dwarf, a Dwfl) must be neither used nor freed
+ * afterwards, only leaked (freeing could touch the dead mapping again). Nests. The
+ * signal mask is restored as it was. Costs a system call (the mask is saved). */
+int unwinder__bus_guarded(int (*fn)(void *arg), void *arg, uintptr_t *ret_addr) HP_WARN_UNUSED;
+/* SIGBUS faults turned into errors so far (copies and guarded code), for tests and stats. */
+unsigned long unwinder__bus_faults(void);
+/* Marks @e faulted (see struct unwinder__elf). */
+void unwinder__elf_mark_faulted(const struct unwinder__elf *e);
+static inline bool unwinder__elf_is_faulted(const struct unwinder__elf *e)
+{
+    return atomic_load_explicit(&e->faulted, memory_order_relaxed);
+}
+/* True when @addr lies in @e's mapped image. */
+static inline bool unwinder__elf_image_holds(const struct unwinder__elf *e, uintptr_t addr)
+{
+    return e->image && addr >= (uintptr_t)e->image && addr - (uintptr_t)e->image < e->image_size;
+}
 
 /* Installs the SIGBUS handler that makes reads of truncated files fail (done by
  * unwinder_global_init(); again when something replaced it, e.g. a test framework that

@@ -183,13 +183,13 @@ static bool has_section(Elf *elf, uint32_t type)
     return false;
 }
 
-/* Opens @path as an ELF file for reading with libelf; NULL if it is not one. */
-static Elf *open_elf(const char *path, int *ret_fd)
+/* Opens @path as an ELF file for reading with libelf; NULL if it is not one. Only a
+ * regular file, opened on a helper with a timeout (unwinder__open_file()); a symlink is
+ * followed only when @follow (under the debug root, not next to a client's file). */
+static Elf *open_elf(const char *path, bool follow, int *ret_fd)
 {
     struct stat st;
-    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
-        return NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    int fd = unwinder__open_file(path, follow, 0, &st);
     if (fd < 0)
         return NULL;
     Elf *elf = elf_begin(fd, ELF_C_READ_MMAP, NULL);
@@ -205,9 +205,10 @@ static Elf *open_elf(const char *path, int *ret_fd)
 
 /* A candidate debug file is only used when its build id matches the file's (when the
  * file has one). */
-static Elf *open_debug_candidate(const char *path, const struct unwinder__elf *e, int *ret_fd)
+static Elf *open_debug_candidate(const char *path, bool follow, const struct unwinder__elf *e,
+                                 int *ret_fd)
 {
-    Elf *elf = open_elf(path, ret_fd);
+    Elf *elf = open_elf(path, follow, ret_fd);
     if (!elf)
         return NULL;
     if (e->build_id_len > 0) {
@@ -241,7 +242,7 @@ static Elf *find_debug_file(Elf *elf, const struct unwinder__elf *e, char *buf, 
             k += snprintf(buf + k, cap - (size_t)k, "%02x", e->build_id[i]);
         if (k > 0 && (size_t)k + 7 < cap) {
             memcpy(buf + k, ".debug", 7);
-            if ((d = open_debug_candidate(buf, e, ret_fd)) != NULL)
+            if ((d = open_debug_candidate(buf, true, e, ret_fd)) != NULL)
                 return d;
         }
     }
@@ -261,7 +262,8 @@ static Elf *find_debug_file(Elf *elf, const struct unwinder__elf *e, char *buf, 
             k = snprintf(buf, cap, "%s%.*s/%s", root, dlen, e->path, link);
         if (k <= 0 || (size_t)k >= cap || strcmp(buf, e->path) == 0)
             continue;
-        if ((d = open_debug_candidate(buf, e, ret_fd)) != NULL)
+        /* Next to the file, the directory is the client's. */
+        if ((d = open_debug_candidate(buf, i == 2, e, ret_fd)) != NULL)
             return d;
     }
     return NULL;

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/containers.h"
 #include "common/strtab.h"
 #include "unwinder/sigmask.h"
 #include "unwinder/unwinder.h"
@@ -22,9 +23,11 @@ static unsigned g_refs;
 static hp_strtab_t *g_strs;
 static const char *g_empty;
 
-/* Open addressing, linear probing, power-of-two size, at most half full. */
+/* Open addressing, linear probing, power-of-two size, at most half full. Keyed by
+ * g_maps_seed: the mappings' addresses, offsets and paths are the clients' choice. */
 static const struct hp_mapping **g_maps;
 static size_t g_maps_cap, g_maps_n;
+static uint64_t g_maps_seed;
 
 /* Heap bytes of the ELF cache and the mapping table (the string table counts itself).
  * Relaxed: a statistic, no memory is published through it. */
@@ -49,27 +52,14 @@ const char *unwinder__intern(const char *s, size_t len)
     return r ? r : g_empty;
 }
 
-static uint64_t mix(uint64_t h, uint64_t v)
-{
-    h ^= v;
-    h *= 0x100000001b3ull;
-    h ^= h >> 29;
-    return h;
-}
-
 static uint64_t mapping_hash(const struct hp_mapping *m)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
-    h = mix(h, m->start);
-    h = mix(h, m->end);
-    h = mix(h, m->exact_offset);
-    h = mix(h, m->start_offset);
-    h = mix(h, m->load_bias);
-    h = mix(h, (uint64_t)(uintptr_t)m->path);
-    h = mix(h, m->build_id_len);
-    for (uint32_t i = 0; i < m->build_id_len && i < HP_BUILD_ID_MAX; i++)
-        h = mix(h, m->build_id[i]);
-    return h;
+    uint64_t h = hp_hash_keyed(g_maps_seed, (uint64_t)(uintptr_t)m->path);
+    h = hp_hash_keyed2(h, m->start, m->end);
+    h = hp_hash_keyed2(h, m->exact_offset, m->start_offset);
+    h = hp_hash_keyed2(h, m->load_bias, m->build_id_len);
+    uint32_t n = HP_MIN(m->build_id_len, (uint32_t)HP_BUILD_ID_MAX);
+    return hp_hash_bytes(m->build_id, n, h);
 }
 
 static bool mapping_eq(const struct hp_mapping *a, const struct hp_mapping *b)
@@ -154,6 +144,7 @@ int unwinder_global_init(void)
     pthread_mutex_lock(&g_lock);
     if (g_refs++ > 0)
         goto out;
+    g_maps_seed = hp_hash_seed();
     g_strs = hp_strtab_new();
     g_empty = g_strs ? hp_strtab_intern(g_strs, "", 0) : NULL;
     if (!g_empty) {

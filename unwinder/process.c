@@ -14,7 +14,6 @@
 #include "unwinder/unwinder_internal.h"
 
 #include <elf.h>
-#include <elfutils/libdwfl.h>
 #include <errno.h>
 #include <libunwind.h>
 #include <stdlib.h>
@@ -390,8 +389,7 @@ unwinder_process_t *unwinder_process_free(unwinder_process_t *p)
     free(p->known);
     if (p->as)
         unw_destroy_addr_space(p->as);
-    if (p->dwfl)
-        dwfl_end(p->dwfl);
+    unwinder__fallback_done(p);
     pmaps_free(p->pm, p->maps.n);
     unwinder__maps_done(&p->maps);
     free(p->pcs);

@@ -33,6 +33,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "common/containers.h"
 #include "unwinder/elf_cache.h"
 #include "unwinder/unwinder.h"
 
@@ -124,6 +125,9 @@ static struct src_file *s_files;
 static size_t s_nfiles, s_files_cap;
 static struct src_entry *s_tab;
 static size_t s_tab_cap, s_tab_n;
+/* Keys the table's hash: the pcs are the clients' choice (common/containers.h). Drawn
+ * when the table is first made, under s_lock. */
+static uint64_t s_tab_seed;
 
 void unwinder_set_source_lines(bool enabled)
 {
@@ -150,21 +154,46 @@ void unwinder__srcline_done(void)
     pthread_mutex_unlock(&s_lock);
 }
 
-static Dwarf *open_dwarf(const char *path, int *ret_fd)
+struct begin_args {
+    int fd;
+    Dwarf *dw;
+};
+
+static int begin(void *arg)
+{
+    struct begin_args *a = arg;
+    a->dw = dwarf_begin(a->fd, DWARF_C_READ);
+    return 0;
+}
+
+/* @follow: a symlink in the last component is followed (a path under the debug root,
+ * not one a client chose). */
+static Dwarf *open_dwarf(const char *path, bool follow, int *ret_fd)
 {
     struct stat st;
-    if (path[0] != '/' || stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+    if (path[0] != '/')
         return NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    int fd = unwinder__open_file(path, follow, 0, &st);
     if (fd < 0)
         return NULL;
-    Dwarf *dw = dwarf_begin(fd, DWARF_C_READ);
-    if (!dw) {
+    /* libdw maps the file: a truncation while it reads the headers faults. */
+    struct begin_args a = {.fd = fd, .dw = NULL};
+    if (unwinder__bus_guarded(begin, &a, NULL) < 0 || !a.dw) {
         (void)close(fd);
         return NULL;
     }
     *ret_fd = fd;
-    return dw;
+    return a.dw;
+}
+
+/* A file whose Dwarf faulted: the Dwarf is abandoned (leaked, never touched again) and
+ * the file has no source lines from now on. pre: s_lock held. */
+static void file_faulted(struct src_file *f)
+{
+    f->dw = NULL;
+    if (f->fd >= 0)
+        (void)close(f->fd);
+    f->fd = -1;
 }
 
 static struct src_file *file_locked(const struct hp_mapping *m)
@@ -185,7 +214,7 @@ static struct src_file *file_locked(const struct hp_mapping *m)
     }
     struct src_file *f = &s_files[s_nfiles++];
     *f = (struct src_file){.path = m->path, .dw = NULL, .fd = -1};
-    f->dw = open_dwarf(m->path, &f->fd);
+    f->dw = open_dwarf(m->path, false, &f->fd);
     if (!f->dw && m->build_id_len >= 2) {
         char buf[4096];
         int k =
@@ -194,14 +223,14 @@ static struct src_file *file_locked(const struct hp_mapping *m)
             k += snprintf(buf + k, sizeof(buf) - (size_t)k, "%02x", m->build_id[i]);
         if (k > 0 && (size_t)k + 7 < sizeof(buf)) {
             memcpy(buf + k, ".debug", 7);
-            f->dw = open_dwarf(buf, &f->fd);
+            f->dw = open_dwarf(buf, true, &f->fd);
         }
     }
     if (!f->dw && m->build_id_len > 0 && dbgd_enabled()) {
         atomic_fetch_add_explicit(&s_dbgd_tries, 1, memory_order_relaxed);
         char *path = NULL;
         if (unwinder__debuginfod_fetch(m->build_id, m->build_id_len, &path) == 0) {
-            f->dw = open_dwarf(path, &f->fd);
+            f->dw = open_dwarf(path, true, &f->fd);
             free(path);
         }
     }
@@ -210,8 +239,7 @@ static struct src_file *file_locked(const struct hp_mapping *m)
 
 static uint64_t entry_hash(const char *path, uint64_t pc)
 {
-    uint64_t h = ((uint64_t)(uintptr_t)path * 0x9e3779b97f4a7c15ull) ^ (pc * 0xc2b2ae3d27d4eb4full);
-    return h ^ (h >> 29);
+    return hp_hash_keyed2(s_tab_seed, (uint64_t)(uintptr_t)path, pc);
 }
 
 static struct src_entry *slot_locked(const char *path, uint64_t pc, bool *ret_found)
@@ -231,6 +259,8 @@ static struct src_entry *slot_locked(const char *path, uint64_t pc, bool *ret_fo
 static int grow_locked(void)
 {
     size_t ncap = s_tab_cap ? s_tab_cap * 2 : 1024;
+    if (!s_tab_cap)
+        s_tab_seed = hp_hash_seed();
     struct src_entry *nv = calloc(ncap, sizeof(*nv));
     if (!nv)
         return -ENOMEM;
@@ -249,18 +279,36 @@ static int grow_locked(void)
     return 0;
 }
 
-static void lookup(Dwarf *dw, uint64_t pc, const char **ret_file, uint32_t *ret_line)
+struct lookup_args {
+    Dwarf *dw;
+    uint64_t pc;
+    const char *file;
+    uint32_t line;
+};
+
+/* Run under unwinder__bus_guarded(): libdw reads the DWARF through its mapping. */
+static int lookup(void *arg)
 {
+    struct lookup_args *a = arg;
     Dwarf_Die cu;
-    if (!dwarf_addrdie(dw, pc, &cu))
-        return;
-    Dwarf_Line *l = dwarf_getsrc_die(&cu, pc);
+    if (!dwarf_addrdie(a->dw, a->pc, &cu))
+        return 0;
+    Dwarf_Line *l = dwarf_getsrc_die(&cu, a->pc);
     int line;
     const char *file = l ? dwarf_linesrc(l, NULL, NULL) : NULL;
     if (!file || dwarf_lineno(l, &line) != 0 || line <= 0)
-        return;
-    *ret_file = unwinder__intern(file, strlen(file));
-    *ret_line = (uint32_t)line;
+        return 0;
+    a->file = unwinder__intern(file, strlen(file));
+    a->line = (uint32_t)line;
+    return 0;
+}
+
+static int get_aranges(void *arg)
+{
+    Dwarf_Aranges *ar;
+    size_t n;
+    (void)dwarf_getaranges(arg, &ar, &n);
+    return 0;
 }
 
 /* ---- background opening --------------------------------------------------------- */
@@ -296,12 +344,9 @@ static void *pf_main(void *arg)
 
         pthread_mutex_lock(&s_lock);
         struct src_file *f = file_locked(m);
-        if (f && f->dw) {
-            /* The address ranges too: the first lookup needs them. */
-            Dwarf_Aranges *ar;
-            size_t n;
-            (void)dwarf_getaranges(f->dw, &ar, &n);
-        }
+        /* The address ranges too: the first lookup needs them. */
+        if (f && f->dw && unwinder__bus_guarded(get_aranges, f->dw, NULL) < 0)
+            file_faulted(f);
         pthread_mutex_unlock(&s_lock);
 
         pthread_mutex_lock(&s_pf_lock);
@@ -383,8 +428,15 @@ int unwinder_source_line(const struct hp_mapping *m, uint64_t rel_pc, const char
         goto out;
     }
     struct src_file *f = file_locked(m);
-    if (f && f->dw)
-        lookup(f->dw, rel_pc, &file, &line);
+    if (f && f->dw) {
+        struct lookup_args a = {.dw = f->dw, .pc = rel_pc, .file = NULL, .line = 0};
+        if (unwinder__bus_guarded(lookup, &a, NULL) < 0) {
+            file_faulted(f);
+        } else {
+            file = a.file;
+            line = a.line;
+        }
+    }
     if (s_tab_n < SRC_MAX_ENTRIES) {
         *e = (struct src_entry){.path = m->path, .pc = rel_pc, .file = file, .line = line};
         s_tab_n++;

@@ -3,11 +3,23 @@
  * when first needed and again after the maps changed, reports every usable executable
  * ELF mapping at its load address; memory is read through the libunwind accessor
  * (unwinder__acc_access_mem()) and registers come from the client's capture.
+ *
+ * elfutils never opens a file here: each module's ELF is the ELF cache's mapped image of
+ * it (elf_memory), held while the Dwfl lives, and no separate debug file is looked for.
+ * Left to itself, libdwfl would reopen each path by name (blocking on a FIFO a client put
+ * there, following a symlink, hanging on a dead mount) and search more paths for debug
+ * files. Its reads of an image go through unwinder__bus_guarded(): a file truncated
+ * under them abandons the unwind (the Dwfl is leaked, the file marked faulted and left
+ * out of the next Dwfl) and the sample keeps libunwind's frames and error.
  */
 #include "unwinder/unwinder_internal.h"
 
 #include <elfutils/libdwfl.h>
+#include <errno.h>
 #include <libunwind.h>
+#include <stdlib.h>
+
+#include "common/containers.h"
 
 static pid_t dw_next_thread(Dwfl *dwfl, void *dwfl_arg, void **thread_argp)
 {
@@ -49,13 +61,82 @@ static const Dwfl_Thread_Callbacks dw_thread_callbacks = {
     .set_initial_registers = dw_set_initial_registers,
 };
 
+/* The module's ELF: the image of the cache entry in its userdata. */
+static int dw_find_elf(Dwfl_Module *mod, void **userdata, const char *modname, Dwarf_Addr base,
+                       char **file_name, Elf **elfp)
+{
+    (void)mod;
+    (void)modname;
+    (void)base;
+    const struct unwinder__elf *e = *userdata;
+    *file_name = NULL;
+    *elfp = e && e->ok ? elf_memory((char *)(uintptr_t)e->image, e->image_size) : NULL;
+    return -1;
+}
+
+/* No separate debug files: the .debug_frame the fallback is for is the file's own. */
+static int dw_find_debuginfo(Dwfl_Module *mod, void **userdata, const char *modname,
+                             Dwarf_Addr base, const char *file_name, const char *debuglink_file,
+                             GElf_Word debuglink_crc, char **debuginfo_file_name)
+{
+    (void)mod;
+    (void)userdata;
+    (void)modname;
+    (void)base;
+    (void)file_name;
+    (void)debuglink_file;
+    (void)debuglink_crc;
+    *debuginfo_file_name = NULL;
+    return -1;
+}
+
 static char *dw_debuginfo_path;
 static const Dwfl_Callbacks dw_callbacks = {
-    .find_elf = dwfl_linux_proc_find_elf,
-    .find_debuginfo = dwfl_standard_find_debuginfo,
+    .find_elf = dw_find_elf,
+    .find_debuginfo = dw_find_debuginfo,
     .section_address = dwfl_offline_section_address,
     .debuginfo_path = &dw_debuginfo_path,
 };
+
+/* Releases the files held for the Dwfl (which is ended or abandoned). */
+static void dw_release(struct unwinder_process *p)
+{
+    for (size_t i = 0; i < p->n_dw_elfs; i++)
+        unwinder__elf_put(p->dw_elfs[i]);
+    p->n_dw_elfs = 0;
+}
+
+void unwinder__fallback_done(struct unwinder_process *p)
+{
+    if (p->dwfl)
+        dwfl_end(p->dwfl);
+    p->dwfl = NULL;
+    dw_release(p);
+    free(p->dw_elfs);
+    p->dw_elfs = NULL;
+    p->cap_dw_elfs = 0;
+}
+
+/* Reports the module of cache entry @e mapped with load base @base: its range is what
+ * libdwfl expects (from the first PT_LOAD's aligned address, which libdwfl subtracts to
+ * find the bias), and @e, held, is its userdata. */
+static void dw_report(struct unwinder_process *p, Dwfl *dwfl, const char *name,
+                      const struct unwinder__elf *e, uint64_t base)
+{
+    if (e->n_loads == 0 ||
+        hp_grow((void **)&p->dw_elfs, &p->cap_dw_elfs, p->n_dw_elfs + 1, sizeof(*p->dw_elfs)) < 0)
+        return;
+    uint64_t low = base + (e->loads[0].vaddr & -e->load0_align), high = 0;
+    for (size_t k = 0; k < e->n_loads; k++)
+        high = HP_MAX(high, base + e->loads[k].vaddr + e->loads[k].memsz);
+    Dwfl_Module *mod = high > low ? dwfl_report_module(dwfl, name, low, high) : NULL;
+    void **userdata;
+    if (!mod || !dwfl_module_info(mod, &userdata, NULL, NULL, NULL, NULL, NULL, NULL))
+        return;
+    unwinder__elf_ref(e);
+    p->dw_elfs[p->n_dw_elfs++] = e;
+    *userdata = (void *)(uintptr_t)e;
+}
 
 /* A Dwfl reporting every usable ELF mapping at its load address, attached to the
  * process through our callbacks (the stack copy and the cached files). */
@@ -71,14 +152,14 @@ static Dwfl *dw_make(struct unwinder_process *p)
             continue;
         const struct unwinder__elf *e = unwinder__pmap_elf(p, i);
         const struct unwinder__segment *seg = p->pm[i].seg;
-        if (!e || !seg)
+        if (!e || !seg || unwinder__elf_is_faulted(e))
             continue;
-        uint64_t base = m->start - m->pgoff - (seg->vaddr - seg->offset);
-        (void)dwfl_report_elf(dwfl, m->path, m->path, -1, base, false);
+        dw_report(p, dwfl, m->path, e, m->start - m->pgoff - (seg->vaddr - seg->offset));
     }
     if (dwfl_report_end(dwfl, NULL, NULL) != 0 ||
         !dwfl_attach_state(dwfl, NULL, p->pid > 0 ? p->pid : 1, &dw_thread_callbacks, p)) {
         dwfl_end(dwfl);
+        dw_release(p);
         return NULL;
     }
     return dwfl;
@@ -114,23 +195,44 @@ static int dw_frame_cb(Dwfl_Frame *state, void *arg)
     return w->n < w->max ? DWARF_CB_OK : DWARF_CB_ABORT;
 }
 
+struct dw_args {
+    struct unwinder_process *p;
+    struct dw_walk w;
+};
+
+static int dw_frames(void *arg)
+{
+    struct dw_args *a = arg;
+    (void)dwfl_getthread_frames(a->p->dwfl, a->p->pid > 0 ? a->p->pid : 1, dw_frame_cb, &a->w);
+    return 0;
+}
+
 /* Unwinds the current input again with elfutils. Returns the number of frames found (pcs
  * and whether each is exact), 0 if the fallback cannot run. */
 static size_t dw_unwind(struct unwinder_process *p, uint64_t *pcs, bool *exact, size_t max)
 {
-    if (p->dwfl && p->dwfl_stale) {
-        dwfl_end(p->dwfl);
-        p->dwfl = NULL;
-    }
+    if (p->dwfl && p->dwfl_stale)
+        unwinder__fallback_done(p);
     if (!p->dwfl) {
         p->dwfl = dw_make(p);
         p->dwfl_stale = false;
         if (!p->dwfl)
             return 0;
     }
-    struct dw_walk w = {.pcs = pcs, .exact = exact, .n = 0, .max = max, .sp = 0, .have_sp = false};
-    (void)dwfl_getthread_frames(p->dwfl, p->pid > 0 ? p->pid : 1, dw_frame_cb, &w);
-    return w.n;
+    struct dw_args a = {.p = p};
+    a.w = (struct dw_walk){.pcs = pcs, .exact = exact, .n = 0, .max = max};
+    uintptr_t addr = 0;
+    if (unwinder__bus_guarded(dw_frames, &a, &addr) == -EFAULT) {
+        /* A file truncated under libdw: the Dwfl is abandoned mid-use (leaked, never
+         * touched again); the file that faulted is left out of the next one. */
+        for (size_t i = 0; i < p->n_dw_elfs; i++)
+            if (unwinder__elf_image_holds(p->dw_elfs[i], addr))
+                unwinder__elf_mark_faulted(p->dw_elfs[i]);
+        p->dwfl = NULL;
+        dw_release(p);
+        return 0;
+    }
+    return a.w.n;
 }
 
 /* libunwind stopped after @steps frames in code with only .debug_frame: unwinds again

@@ -3,6 +3,7 @@
  *
  *     global.c            interned strings and mappings; unwinder_global_init/done/bytes
  *     elf_cache.c         the cache of ELF files (elf_cache.h), SIGBUS-safe reads of them
+ *     files.c             opening the files clients name (no symlink, FIFO or hang)
  *     elf_symbols.c       a cached file's symbol index, separate debug files
  *     cfi.c               utable rules from a file's .eh_frame
  *     srcline.c           source file and line of a frame, debuginfod
@@ -34,6 +35,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include "common/frame.h"
@@ -57,6 +59,27 @@ const struct hp_mapping *unwinder__mapping_intern(const struct hp_mapping *tmpl)
 
 /* Adds @delta to the heap bytes reported by unwinder_global_bytes(). */
 void unwinder__account(ssize_t delta);
+
+/* ---- files.c: opening the files clients name --------------------------------- */
+
+/* How long an open may take (a hung NFS or FUSE mount) before it is given up, in ms
+ * (default 1000); for tests. */
+extern unsigned unwinder__open_timeout_ms;
+/* Opens stuck on their helper thread beyond which others fail at once (-ETIMEDOUT). */
+#define UNWINDER_OPEN_MAX_STUCK 16
+
+/* Opens @path read-only, safely for a path a client chose: the open runs on a helper
+ * thread and is given up after unwinder__open_timeout_ms (the helper closes what it may
+ * still open later); a symlink in the last component is not followed unless @follow
+ * (paths under the debug root); only a regular file is opened, so a FIFO cannot block
+ * and a device is not touched (opened O_PATH, checked with fstat, then reopened); with
+ * @inode non-zero, only that inode. Returns the fd (O_CLOEXEC) and fills @ret_st, or
+ * -errno: -ETIMEDOUT (given up), -ELOOP (a symlink), -EINVAL (not a regular file),
+ * -ESTALE (another inode), or open(2)'s. */
+int unwinder__open_file(const char *path, bool follow, uint64_t inode,
+                        struct stat *ret_st) HP_WARN_UNUSED;
+/* Opens given up so far. */
+unsigned long unwinder__open_timeouts(void);
 
 /* ---- srcline.c --------------------------------------------------------------- */
 
@@ -145,6 +168,9 @@ struct unwinder_process {
     unw_addr_space_t as;
     Dwfl *dwfl;      /* the fallback unwinder's view of the maps; NULL until needed */
     bool dwfl_stale; /* the maps were reread since it was made */
+    /* The ELF cache entries whose images the Dwfl reads (held while it lives). */
+    const struct unwinder__elf **dw_elfs;
+    size_t n_dw_elfs, cap_dw_elfs;
     uint64_t dw_pcs[UNWINDER_MAX_FRAMES + SKIP_MAX + 1];
     bool dw_exact[UNWINDER_MAX_FRAMES + SKIP_MAX + 1];
 
@@ -230,5 +256,7 @@ int unwinder__acc_access_mem(unw_addr_space_t as, unw_word_t addr, unw_word_t *v
 void unwinder__fallback_unwind(struct unwinder_process *p, size_t steps, struct hp_frame *frames,
                                size_t max, size_t *ret_n, const char **ret_err,
                                struct unwinder_result *res);
+/* Ends @p's Dwfl and releases the files it held (process.c, when the process goes). */
+void unwinder__fallback_done(struct unwinder_process *p);
 
 #endif

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Overhead side by side: the same workloads unprofiled, under `heapprof record` at
-# sampling intervals 4096 and 524288, and under heaptrack. Run by `scripts/bench.sh
+# sampling intervals 4096 and 524288 and in exact mode (interval 1), and under heaptrack. Run by `scripts/bench.sh
 # overhead` (which builds build-release and sets HEAPPROF_BUILD).
 #
 # Workloads (each ~0.3-1 s unprofiled on an idle 2-core machine):
@@ -11,10 +11,17 @@
 #            python3 by path: a python3 found on PATH may be a wrapper script)
 #   sqlite   /usr/bin/sqlite3 :memory: tests/bench/workload_sqlite.sql: 200k rows inserted by a
 #            recursive CTE, two indexes built, queried
+#   jq       /usr/bin/jq on generated JSON (60k objects, 8.7 MB, made by python3 at start):
+#            group_by, map, add, join, unique
 #   empty    /bin/true: the profilers' fixed start and stop costs; reported as
 #            overhead_empty_<tool>_extra_wall_ms (the wall time added) instead of ratios
 # Tools: plain (unprofiled), heapprof4k (`heapprof record -q -i 4096 -o F --`),
-# heapprof512k (`-i 524288`), heaptrack (`heaptrack -o F`).
+# heapprof512k (`-i 524288`), heapprof1 (`-i 1`: every allocation, exact, as heaptrack
+# records), heaptrack (`heaptrack -o F`), producer4k (the program started with the library
+# preloaded, profiled at 4096 by a `heapprofd --producer` that runs for the whole
+# benchmark as the data source of one tracing session of the test suite's fake traced
+# (tests/producer/), with `all: true`; its service is not started per run, so compare
+# its program CPU with heapprof4k's: overhead_<w>_producer4k_vs_heapprof4k_cpu_ratio).
 #
 # Runs are round robin: in each of ROUNDS rounds every workload runs once under every
 # tool, the tool order rotating from round to round; figures are medians over rounds.
@@ -43,7 +50,7 @@
 # the unprofiled medians), `..._output_bytes`, `..._tool_rss_kb`, `..._tool_cpu_ms`,
 # the unprofiled `overhead_<workload>_plain_{wall_ms,cpu_ms,rss_kb}`, then a Markdown table with the goals
 # (heapprof 4k <= 1.10x wall on churn*, <= 1.05x on the others; 512k <= 1.02x; both
-# faster than heaptrack). A missed goal is reported, not a failure (the figures are
+# faster than heaptrack; heapprof1 no slower than heaptrack). A missed goal is reported, not a failure (the figures are
 # noisy on a shared machine); a failed or wrong run is.
 #
 # Environment: BENCH_OVERHEAD_ROUNDS (default 5), BENCH_OVERHEAD_WORKLOADS (names,
@@ -61,18 +68,61 @@ peaklib="$build/tests/bench/libbench_peak_rss.so"
 for f in "$heapprof" "$peaklib" "$build/tests/bench/churn" "$build/tests/bench/stl_churn"; do
     [ -e "$f" ] || { echo "bench_overhead: $f missing (build first)" >&2; exit 1; }
 done
-for p in heaptrack /usr/bin/time /usr/bin/python3 /usr/bin/sqlite3 timeout; do
+for p in heaptrack /usr/bin/time /usr/bin/python3 /usr/bin/sqlite3 /usr/bin/jq timeout; do
     command -v "$p" >/dev/null || { echo "bench_overhead: $p not installed" >&2; exit 1; }
 done
 
-read -r -a workloads <<<"${BENCH_OVERHEAD_WORKLOADS:-churn1t churn2t stl python sqlite empty}"
-read -r -a tools <<<"plain ${BENCH_OVERHEAD_TOOLS:-heapprof4k heapprof512k heaptrack}"
+read -r -a workloads <<<"${BENCH_OVERHEAD_WORKLOADS:-churn1t churn2t stl python sqlite jq empty}"
+read -r -a tools <<<"plain ${BENCH_OVERHEAD_TOOLS:-heapprof4k heapprof512k heapprof1 heaptrack producer4k}"
 mapfile -t tools < <(printf '%s\n' "${tools[@]}" | awk '!seen[$0]++')
 
 tmp=$(mktemp -d /tmp/heapprof-bench-overhead.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 sql="$tmp/workload.sql"
 sed "s/i < 200000/i < $((200000 * scale))/" tests/bench/workload_sqlite.sql >"$sql"
+json="$tmp/workload.json"
+jq_query='group_by(.group) | map({g: .[0].group, n: length, s: (map(.value) | add),
+  names: (map(.name) | join(",") | length), tags: (map(.tags[]) | unique)})'
+if [[ " ${workloads[*]} " == *" jq "* ]]; then
+    python3 - "$json" $((60000 * scale)) <<'EOF'
+import json, random, sys
+random.seed(1)
+words = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta", "iota", "kappa"]
+with open(sys.argv[1], "w") as f:
+    f.write("[")
+    for i in range(int(sys.argv[2])):
+        o = {"id": i, "name": "item-%d-%s" % (i, random.choice(words)), "group": "g%d" % (i % 97),
+             "value": random.randint(0, 10**6), "tags": random.sample(words, 3),
+             "nested": {"a": i % 7, "b": [i % 3, i % 5, i % 11]}}
+        f.write(("," if i else "") + json.dumps(o))
+    f.write("]")
+EOF
+fi
+
+# producer4k: one fake traced and one heapprofd --producer for all runs.
+producer_start() {
+    local fake="$build/tests/producer/fake_traced" hex
+    [ -x "$fake" ] || { echo "bench_overhead: $fake missing (a build with tests)" >&2; exit 1; }
+    coproc FAKE { exec "$fake" --socket "$tmp/traced.sock"; }
+    read -r _ <&"${FAKE[0]}"
+    PERFETTO_PRODUCER_SOCK_NAME="$tmp/traced.sock" "$build/cli/heapprofd" --producer \
+        --socket "$tmp/heapprofd.sock" --no-status 2>"$tmp/heapprofd.log" &
+    producer_pid=$!
+    echo "wait-producer 10000" >&"${FAKE[1]}"
+    read -r line <&"${FAKE[0]}"
+    [ "$line" = "producer ok" ] || { echo "bench_overhead: no producer: $line" >&2; exit 1; }
+    # HeapprofdConfig: sampling_interval_bytes 4096, all, block_client with a 100 ms
+    # timeout (heapprof record's defaults).
+    hex=0880202801480170a08d06
+    echo "start $hex $tmp/producer.pftrace" >&"${FAKE[1]}"
+    read -r line <&"${FAKE[0]}"
+    sleep 0.5
+}
+producer_stop() {
+    echo "stop 0" >&"${FAKE[1]}" && read -r _ <&"${FAKE[0]}"
+    echo "quit" >&"${FAKE[1]}" && read -r _ <&"${FAKE[0]}"
+    kill "$producer_pid" 2>/dev/null && wait "$producer_pid" || true
+}
 
 # workload_cmd NAME: the command line, into the array `cmd`.
 workload_cmd() {
@@ -82,6 +132,7 @@ workload_cmd() {
     stl) cmd=("$build/tests/bench/stl_churn" $((16 * scale))) ;;
     python) cmd=(/usr/bin/python3 tests/bench/workload_python.py $((300000 * scale))) ;;
     sqlite) cmd=(/usr/bin/sqlite3 :memory: ".read $sql") ;;
+    jq) cmd=(/usr/bin/jq -c "$jq_query" "$json") ;;
     empty) cmd=(/bin/true) ;;
     *) echo "bench_overhead: unknown workload $1" >&2; exit 1 ;;
     esac
@@ -93,7 +144,10 @@ tool_prefix() {
     plain) pre=() ;;
     heapprof4k) pre=("$heapprof" record -q -i 4096 -o "$2" --) ;;
     heapprof512k) pre=("$heapprof" record -q -i 524288 -o "$2" --) ;;
+    heapprof1) pre=("$heapprof" record -q -i 1 -o "$2" --) ;;
     heaptrack) pre=(heaptrack -o "$2") ;;
+    producer4k) pre=(env "LD_PRELOAD=$build/preload/libheapprof.so:$peaklib"
+        "HEAPPROF_SOCKET=$tmp/heapprofd.sock") ;;
     *) echo "bench_overhead: unknown tool $1" >&2; exit 1 ;;
     esac
 }
@@ -159,7 +213,7 @@ run_one() {
     esac
     tool_rss=$(awk -v re="$tool_re" '$2 ~ re && $3 > m { m = $3 } END { print m + 0 }' "$rssf")
     tool_cpu=$(awk -v re="$tool_re" '$2 ~ re { m += $4 } END { print m + 0 }' "$rssf")
-    if [ "$t" != plain ]; then
+    if [ "$t" != plain ] && [ "$t" != producer4k ]; then
         bytes=$(cat "$out"/trace* 2>/dev/null | wc -c)
         if [ "$bytes" -le 0 ]; then
             echo "bench_overhead: $w under $t wrote no output" >&2
@@ -177,6 +231,10 @@ run_one() {
 }
 
 echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) CPUs)"
+if printf '%s\n' "${tools[@]}" | grep -qx producer4k; then
+    producer_start
+    trap 'producer_stop; rm -rf "$tmp"' EXIT
+fi
 status=0
 # Warm-up (page cache, python's bytecode cache), not measured.
 for w in "${workloads[@]}"; do
@@ -215,6 +273,9 @@ def goal(w, t, ratio, ht):
         limit = 1.05 if real else 1.10
     elif t == "heapprof512k":
         limit = 1.02
+    elif t == "heapprof1" and ht is not None:
+        ok = ratio <= ht
+        return "%s (<= heaptrack's %.2fx)" % ("met" if ok else "MISSED", ht)
     else:
         return ""
     ok = ratio <= limit and (ht is None or ratio < ht)
@@ -259,6 +320,9 @@ for w in workloads:
         print("bench: overhead_%s_%s_output_bytes %d bytes" % (w, t, out))
         print("bench: overhead_%s_%s_tool_rss_kb %d KiB" % (w, t, tool_rss))
         print("bench: overhead_%s_%s_tool_cpu_ms %d ms" % (w, t, med(w, t, 6)))
+        if t == "producer4k" and (w, "heapprof4k") in rows:
+            print("bench: overhead_%s_producer4k_vs_heapprof4k_cpu_ratio %.3f ratio"
+                  % (w, med(w, t, 5) / max(med(w, "heapprof4k", 5), 1)))
         g = goal(w, t, wall_ratio, ht if t != "heaptrack" else None)
         if g.startswith("MISSED"):
             missed.append("%s %s %.2fx" % (w, t, wall_ratio))

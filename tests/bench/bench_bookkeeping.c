@@ -31,6 +31,7 @@
 #include "bookkeeping/samples.h"
 #include "bookkeeping/state.h"
 #include "common/clock.h"
+#include "tests/bench/dump_state.h"
 
 #define N_MAPS 8
 #define N_PREFIXES 64
@@ -207,32 +208,12 @@ static void bench_apply(void)
     run_apply(stacks, false);
 }
 
-/* 1M callsites main > a > b > c (100 x 100 x 100), each allocated once; half freed. */
-#define DUMP_FAN 100
-#define DUMP_SITES (DUMP_FAN * DUMP_FAN * DUMP_FAN)
+/* The state of tests/bench/dump_state.h. */
 #define DUMP_RUNS 3
 
 static bk_t *new_dump_state(int fd)
 {
-    static char fnames[3][DUMP_FAN][16];
-    for (int l = 0; l < 3; l++)
-        for (int i = 0; i < DUMP_FAN; i++)
-            snprintf(fnames[l][i], sizeof(fnames[l][i]), "f%d_%d", l, i);
-    bk_t *bk = new_bk(fd);
-    uint64_t seq = 0;
-    for (uint32_t s = 0; s < DUMP_SITES; s++) {
-        uint32_t a = s / (DUMP_FAN * DUMP_FAN), b = (s / DUMP_FAN) % DUMP_FAN, c = s % DUMP_FAN;
-        struct hp_frame f[4] = {
-            {&maps[2], fnames[2][c], 0x3000u + c},
-            {&maps[1], fnames[1][b], 0x2000u + b},
-            {&maps[0], fnames[0][a], 0x1000u + a},
-            {&maps[0], "main", 0x10},
-        };
-        bk_record_alloc(bk, 1, 0, ++seq, 0x100000000ull + (uint64_t)s * 32, 32, 4096, f, 4);
-    }
-    for (uint32_t s = 0; s < DUMP_SITES; s += 2)
-        bk_record_free(bk, 1, 0, ++seq, 0x100000000ull + (uint64_t)s * 32);
-    return bk;
+    return bench_dump_state(&(struct bk_config){.out_fd = fd, .dump_at_max = true}, maps);
 }
 
 /* Speed of light: produce @bytes the way the dump does, minus the encoding: copy them

@@ -145,18 +145,14 @@ static int read_one(struct session *s)
 static void *reader_main(void *arg)
 {
     struct session *s = arg;
-    /* As the service does: drain, announce idleness, drain again, sleep until poked. */
+    /* As the service does: drain, announce idleness, drain again, sleep until woken. */
     while (!atomic_load(&reader_stop)) {
         while (read_one(s) == 0)
             ;
         ring_set_reader_idle(s->ring, true);
         while (read_one(s) == 0)
             ;
-        struct pollfd p = {.fd = s->sock, .events = POLLIN};
-        if (poll(&p, 1, 10) == 1) {
-            char buf[4096];
-            (void)!read(s->sock, buf, sizeof(buf));
-        }
+        (void)ring_wait(s->ring, 10);
         ring_set_reader_idle(s->ring, false);
     }
     return NULL;

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "tests/bench/bench_util.h"
 
 #define RUNS 7
 #define ITERATIONS "40000000"
@@ -111,18 +112,8 @@ static int ratio(const char *interval, const char *name)
 
 int main(void)
 {
-    const char *env = getenv("HEAPPROF_BUILD");
-    if (env) {
-        snprintf(build, sizeof(build), "%s", env);
-    } else {
-        /* <build>/tests/bench/bench_client_app */
-        ssize_t n = readlink("/proc/self/exe", build, sizeof(build) - 1);
-        if (n <= 0)
-            return 1;
-        build[n] = 0;
-        for (int i = 0; i < 3; i++)
-            *strrchr(build, '/') = 0;
-    }
+    if (bench_build_dir(build, sizeof(build)) < 0)
+        return 1;
     int r = ratio("4096", "app_churn2t_ratio_4k");
     r |= ratio("524288", "app_churn2t_ratio_512k");
     return r | ratio(NULL, "app_churn2t_ratio_dormant");

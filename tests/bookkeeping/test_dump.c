@@ -803,7 +803,9 @@ static void test_dump_report_text(void **state)
     assert_non_null(strstr(text, "/usr/lib/libc.so.6+0x"));
     assert_non_null(strstr(text, "disconnected"));
     /* The biggest site of B by allocated bytes: k = 299, 2 blocks of 300 * 16 * 2. */
-    assert_non_null(strstr(text, "#1  18.8 KiB (19200 bytes) allocated in 2 allocations"));
+    assert_non_null(strstr(text, "#1  18.8 KiB ± "));
+    assert_non_null(strstr(text, " (19200 bytes) allocated in ~"));
+    assert_non_null(strstr(text, " allocations (2 sampled)"));
     free(text);
     rp_trace_free(t);
     close(w.fd);

@@ -8,11 +8,13 @@
 #include <cmocka.h>
 // clang-format on
 
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "bookkeeping/intern.h"
 #include "common/pbwire.h"
+#include "tests/programs/unhash.h"
 
 static int setup(void **state)
 {
@@ -423,6 +425,182 @@ static void test_intern_map_matches_reference(void **state)
     hp_map_done(&m);
 }
 
+/* ---- hash flooding (issue 16, case 1) ---- */
+
+/* Keys are crafted the way a client would against the unkeyed hashes the tables used:
+ * inputs of splitmix64's finalizer chosen so that its outputs share their low 32 bits,
+ * i.e. one home slot in any table smaller than 2^32. Runs of occupied slots then measure
+ * what every insert and lookup walks: one run as long as the keys (quadratic time) with
+ * the unkeyed hash, a few dozen slots with random ones. */
+
+/* Longest run of occupied slots of an hp_map (wrapping around). */
+static size_t map_longest_run(const struct hp_map *m)
+{
+    size_t best = 0, run = 0;
+    for (size_t i = 0; i < 2 * m->cap; i++) {
+        uint64_t k;
+        memcpy(&k, m->slots + (i % m->cap) * m->stride, sizeof(k));
+        run = k == UINT64_MAX ? 0 : run + 1;
+        best = run > best ? run : best;
+    }
+    return best > m->cap ? m->cap : best;
+}
+
+static size_t idtab_longest_run(const struct hp_idtab *t)
+{
+    size_t best = 0, run = 0;
+    for (size_t i = 0; i < 2 * t->cap; i++) {
+        run = t->slots[i % t->cap].id ? run + 1 : 0;
+        best = run > best ? run : best;
+    }
+    return best > t->cap ? t->cap : best;
+}
+
+/* Runs this long do not happen with random keys at these sizes (a few dozen to a few
+ * hundred slots; the odds of 2000 are far below 1e-30); the crafted keys make one run of
+ * all of them under the unkeyed hash. */
+#define FLOOD_MAX_RUN 2000
+
+static void test_intern_bug_map_flood_unkeyed_hash(void **state)
+{
+    (void)state;
+    enum { N = 50000 };
+    struct hp_map m;
+    hp_map_init(&m, sizeof(uint64_t));
+    for (uint64_t i = 1; i <= N; i++) {
+        uint64_t *v;
+        assert_int_equal(hp_map_put(&m, hp_test_unhash(i << 32), (void **)&v), 1);
+        *v = i;
+    }
+    size_t run = map_longest_run(&m);
+    print_message("  %d crafted keys: longest run %zu slots of %zu\n", N, run, m.cap);
+    assert_true(run < FLOOD_MAX_RUN);
+    for (uint64_t i = 1; i <= N; i++) {
+        uint64_t *v = hp_map_get(&m, hp_test_unhash(i << 32));
+        assert_non_null(v);
+        assert_int_equal(*v, i);
+    }
+    hp_map_done(&m);
+}
+
+/* Keys aimed at the map's current seed (as if it had leaked): the insert that would go
+ * past HP_MAP_MAX_PROBE rehashes under a new seed when enough inserts paid for it, and
+ * is refused (-ENOSPC) otherwise; nothing already in the map is lost either way, and no
+ * key ever lies further than the bound from its home. */
+static void test_intern_map_probe_bound_rekeys_or_refuses(void **state)
+{
+    (void)state;
+    struct hp_map m;
+    hp_map_init(&m, sizeof(uint64_t));
+    uint64_t *v;
+    /* 200 random keys: cap 256 after the last growth, so the budget of cap / 16 inserts
+     * since that rehash is met. */
+    uint64_t x = 7;
+    for (int i = 0; i < 200; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        assert_true(hp_map_put(&m, x, (void **)&v) >= 0);
+    }
+    /* Aim each key at home slot 0 of the seed in use when it is inserted: they fill one
+     * run until the table grows (a new seed) or a key would land past the bound, which
+     * rehashes under a new seed (a rekey). */
+    size_t aimed = 0, refused = 0;
+    for (uint64_t i = 1; i <= 3000; i++) {
+        uint64_t key = hp_test_unhash(i << 32) ^ m.seed;
+        int r = hp_map_put(&m, key, (void **)&v);
+        assert_true(r == 1 || r == -ENOSPC);
+        if (r == 1) {
+            *v = key;
+            aimed++;
+        } else {
+            refused++;
+        }
+    }
+    print_message("  aimed at the seed: %zu in, %zu refused, %llu rekeys, cap %zu\n", aimed,
+                  refused, (unsigned long long)m.rekeys, m.cap);
+    /* Every key sits within the bound of its home under the seed now in use. */
+    for (size_t i = 0; i < m.cap; i++) {
+        uint64_t k;
+        memcpy(&k, m.slots + i * m.stride, sizeof(k));
+        if (k == UINT64_MAX)
+            continue;
+        size_t home = hp_hash_keyed(m.seed, k) & (m.cap - 1);
+        assert_true(((i - home) & (m.cap - 1)) <= HP_MAP_MAX_PROBE);
+    }
+    assert_true(m.rekeys > 0);
+    assert_int_equal(m.count, 200 + aimed);
+    hp_map_done(&m);
+
+    /* A big map whose last rehash was recent cannot pay for another: a key aimed past
+     * the bound is refused and nothing else changes. */
+    hp_map_init(&m, sizeof(uint64_t));
+    for (uint64_t i = 1; i <= 30000; i++)
+        assert_int_equal(hp_map_put(&m, hp_hash_u64(i), (void **)&v), 1);
+    size_t cap = m.cap, count = m.count;
+    uint64_t seed = m.seed;
+    assert_true(m.inserts < m.cap / 16);
+    refused = 0;
+    for (uint64_t i = 1; i <= HP_MAP_MAX_PROBE + 200 && m.seed == seed; i++) {
+        int r = hp_map_put(&m, hp_test_unhash(i << 32) ^ seed, (void **)&v);
+        assert_true(r == 1 || r == -ENOSPC);
+        refused += r == -ENOSPC;
+    }
+    assert_true(refused > 0);
+    assert_int_equal(m.cap, cap);
+    assert_int_equal(m.rekeys, 0);
+    for (uint64_t i = 1; i <= 30000; i++)
+        assert_non_null(hp_map_get(&m, hp_hash_u64(i)));
+    assert_true(m.count > count);
+    hp_map_done(&m);
+}
+
+/* The frame index, under pcs crafted for the unkeyed hash of (mapping id, rel_pc) it
+ * used: hp_hash_combine(hp_hash_u64(mapping_id), rel_pc). */
+static void test_intern_bug_frame_flood_unkeyed_hash(void **state)
+{
+    struct bk_intern *in = *state;
+    enum { N = 20000 };
+    struct hp_mapping m = {.start = 0x1000, .end = 1ull << 40, .path = "/evil"};
+    uint64_t mid = mapping_id(in, &m);
+    uint64_t h0 = hp_hash_u64(mid);
+    for (uint64_t i = 1; i <= N; i++) {
+        /* hp_hash_combine(h0, pc) == hp_hash_u64(h0 ^ (pc + c + (h0 << 6) + (h0 >> 2))) */
+        uint64_t pc =
+            (hp_test_unhash(i << 32) ^ h0) - 0x9e3779b97f4a7c15ull - (h0 << 6) - (h0 >> 2);
+        (void)frame_id(in, &m, "f", pc);
+    }
+    size_t run = idtab_longest_run(&in->frame_index);
+    print_message("  %d crafted pcs: longest run %zu slots of %zu\n", N, run, in->frame_index.cap);
+    assert_true(run < FLOOD_MAX_RUN);
+}
+
+/* Function names crafted against the multiply-rotate string hash the tables used: in
+ * each 16-byte block, flipping bit 7 of byte 7 flips exactly bit 63 of the product
+ * (adding 2^63 times an odd constant), the rotation by 29 moves it to bit 28, and
+ * flipping bit 4 of byte 11 cancels it: 2^k strings of k blocks with one 64-bit hash
+ * whatever the seed. Keyed SipHash spreads them. */
+static void test_intern_bug_string_flood_multicollision(void **state)
+{
+    struct bk_intern *in = *state;
+    enum { K = 12, N = 1 << K, LEN = 16 * K };
+    static char name[LEN];
+    for (unsigned v = 0; v < N; v++) {
+        memset(name, 'a', sizeof(name));
+        for (unsigned b = 0; b < K; b++) {
+            if (v >> b & 1) {
+                name[16 * b + 7] = (char)('a' | 0x80);
+                name[16 * b + 11] = (char)('a' ^ 0x10);
+            }
+        }
+        uint32_t id;
+        assert_int_equal(bk__intern_string(in, BK_STR_FUNCTION, name, LEN, &id), 0);
+        assert_int_equal(id, v + 1); /* all distinct */
+    }
+    size_t run = idtab_longest_run(&in->str[BK_STR_FUNCTION].index);
+    print_message("  %d crafted names: longest run %zu slots of %zu\n", N, run,
+                  in->str[BK_STR_FUNCTION].index.cap);
+    assert_true(run < FLOOD_MAX_RUN / 4);
+}
+
 /* The stack cache answers exactly what the trie walk answers: seeded random stacks
  * (seed 5) from a small pool of frames, with colliding sets, evictions, equal pcs under
  * other names and mappings, depths around the cache's limit, all checked against a walk
@@ -459,6 +637,11 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_intern_map_matches_reference),
+        cmocka_unit_test(test_intern_bug_map_flood_unkeyed_hash),
+        cmocka_unit_test(test_intern_map_probe_bound_rekeys_or_refuses),
+        cmocka_unit_test_setup_teardown(test_intern_bug_frame_flood_unkeyed_hash, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_intern_bug_string_flood_multicollision, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_intern_stack_cache_matches_walk, setup, teardown),
         cmocka_unit_test_setup_teardown(test_intern_strings_separate_id_spaces, setup, teardown),
         cmocka_unit_test_setup_teardown(test_intern_strings_truncated, setup, teardown),

@@ -85,6 +85,7 @@ static struct sites make_sites(uint64_t seed, uint32_t stamp)
             .free_count = fc,
             .callstack_id = (uint32_t)any_value(),
             .max_stamp = rng() % 2 ? stamp : stamp - 1 - (uint32_t)(rng() % 3),
+            .est_allocs = any_value(),
         };
         s.maxes[i] = (struct bk_site_max){any_value(), any_value()};
     }
@@ -100,16 +101,17 @@ static uint8_t *room_for(size_t n)
 
 /* The fields sample @i of @in must hold: their values by field number in @ret_want,
  * and a mask of which fields there are. */
-static uint32_t expected_fields(const struct bk_samples *in, size_t i, uint64_t ret_want[10])
+static uint32_t expected_fields(const struct bk_samples *in, size_t i, uint64_t ret_want[16])
 {
     const struct bk_site *s = &in->sites[i];
-    memset(ret_want, 0, 10 * sizeof(*ret_want));
+    memset(ret_want, 0, 16 * sizeof(*ret_want));
+    ret_want[15] = bk__site_est_allocs(s);
     ret_want[1] = s->callstack_id;
     ret_want[2] = s->allocated;
     ret_want[3] = s->freed;
     ret_want[5] = s->alloc_count;
     ret_want[6] = s->free_count;
-    uint32_t fields = 1u << 1 | 1u << 2 | 1u << 3 | 1u << 5 | 1u << 6;
+    uint32_t fields = 1u << 1 | 1u << 2 | 1u << 3 | 1u << 5 | 1u << 6 | 1u << 15;
     if (in->mode == BK_PEAK_NONE)
         return fields;
     if (in->mode == BK_PEAK_STAMPED && s->max_stamp == in->stamp) {
@@ -134,7 +136,7 @@ static void check_decodes(const uint8_t *p, const uint8_t *end, const struct bk_
         assert_int_equal(f.num, 2);
         assert_int_equal(f.wire_type, HP_PB_LEN);
         assert_true(i < n);
-        uint64_t want[10];
+        uint64_t want[16];
         uint32_t expect = expected_fields(in, i, want), seen = 0;
         struct hp_pb_iter sub;
         hp_pb_iter_init(&sub, f.ptr, f.len);
@@ -144,7 +146,7 @@ static void check_decodes(const uint8_t *p, const uint8_t *end, const struct bk_
             assert_int_equal(g.wire_type, HP_PB_VARINT);
             assert_true(g.num > prev); /* in field order */
             prev = g.num;
-            assert_true(g.num < 10);
+            assert_true(g.num < 16);
             assert_true(g.varint == want[g.num]);
             seen |= 1u << g.num;
         }
@@ -163,10 +165,10 @@ static size_t minimal_size(const struct bk_samples *in, size_t n)
     uint8_t tmp[HP_PB_VARINT_MAX];
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
-        uint64_t want[10];
+        uint64_t want[16];
         uint32_t fields = expected_fields(in, i, want);
         size_t body = 0;
-        for (uint32_t num = 1; num < 10; num++)
+        for (uint32_t num = 1; num < 16; num++)
             if (fields >> num & 1)
                 body += 1 + hp_pb_put_varint(tmp, want[num]);
         total += 2 + body;
@@ -215,6 +217,7 @@ static void test_samples_simd_matches_scalar(void **state)
                 t->callstack_id &= 0x1fffff;
                 s.maxes[i].bytes &= 0x1fffff;
                 s.maxes[i].count &= 0x1fffff;
+                t->est_allocs &= (uint64_t)0x1fffff * BK_WEIGHT_ONE;
                 if (round == 2)
                     t->max_stamp = stamp;
                 if (round == 3)

@@ -215,12 +215,145 @@ static void test_config_load_file(void **state)
     svc_config_done(&c);
 }
 
+/* ---- the same configuration as protobuf bytes (what traced hands the data source) ---- */
+
+struct pb {
+    uint8_t b[512];
+    size_t n;
+};
+
+static void pb_varint(struct pb *p, uint64_t v)
+{
+    while (v >= 0x80) {
+        p->b[p->n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    p->b[p->n++] = (uint8_t)v;
+}
+
+static void pb_uint(struct pb *p, uint32_t field, uint64_t v)
+{
+    pb_varint(p, (uint64_t)field << 3);
+    pb_varint(p, v);
+}
+
+static void pb_bytes(struct pb *p, uint32_t field, const void *b, size_t n)
+{
+    pb_varint(p, (uint64_t)field << 3 | 2);
+    pb_varint(p, n);
+    memcpy(p->b + p->n, b, n);
+    p->n += n;
+}
+
+/* HeapprofdConfig as Perfetto's protos number it gives the same svc_config as the text
+ * of test_config_text_full: one table maps both. */
+static void test_config_proto_equals_text(void **state)
+{
+    (void)state;
+    const char *text = "sampling_interval_bytes: 512\n"
+                       "process_cmdline: \"myapp\"\n"
+                       "process_cmdline: 'worker-*'\n"
+                       "pid: 1234, pid: 99, pid: 7;\n"
+                       "continuous_dump_config { dump_phase_ms: 10 dump_interval_ms: 1000 }\n"
+                       "shmem_size_bytes: 1048576\n"
+                       "block_client: true\n"
+                       "block_client_timeout_us: 500\n"
+                       "dump_at_max: true no_startup: true no_running: true\n"
+                       "max_heapprofd_memory_kb: 65536\n"
+                       "max_heapprofd_cpu_secs: 30\n"
+                       "heaps: \"libc.malloc\" all_heaps: true\n"
+                       "all: false disable_fork_teardown: true\n";
+    struct pb p = {0}, dump = {0};
+    pb_uint(&p, 1, 512);
+    pb_bytes(&p, 2, "myapp", 5);
+    pb_bytes(&p, 2, "worker-*", 8);
+    pb_uint(&p, 4, 1234);
+    uint8_t packed[] = {99, 7}; /* repeated pid, packed */
+    pb_bytes(&p, 4, packed, 2);
+    pb_uint(&dump, 5, 10);
+    pb_uint(&dump, 6, 1000);
+    pb_bytes(&p, 6, dump.b, dump.n);
+    pb_uint(&p, 8, 1 << 20);
+    pb_uint(&p, 9, 1);
+    pb_uint(&p, 14, 500);
+    pb_uint(&p, 13, 1);
+    pb_uint(&p, 10, 1);
+    pb_uint(&p, 11, 1);
+    pb_uint(&p, 16, 65536);
+    pb_uint(&p, 17, 30);
+    pb_bytes(&p, 20, "libc.malloc", 11);
+    pb_uint(&p, 21, 1);
+    pb_uint(&p, 5, 0);
+    pb_uint(&p, 18, 1);
+    struct svc_config a, b;
+    char err[256];
+    svc_config_init(&a);
+    svc_config_init(&b);
+    assert_int_equal(svc_config_parse_text(text, strlen(text), "a.cfg", &a, err, sizeof(err)), 0);
+    assert_int_equal(svc_config_from_proto(p.b, p.n, &b, err, sizeof(err)), 0);
+    assert_string_equal(err, "");
+    assert_int_equal(a.n_process_cmdline, b.n_process_cmdline);
+    for (size_t i = 0; i < a.n_process_cmdline; i++)
+        assert_string_equal(a.process_cmdline[i], b.process_cmdline[i]);
+    svc_config_done(&a);
+    svc_config_done(&b);
+    /* With the strings gone, the rest is the same byte for byte. */
+    memset(a.process_cmdline, 0, sizeof(a.process_cmdline));
+    memset(b.process_cmdline, 0, sizeof(b.process_cmdline));
+    assert_memory_equal(&a, &b, sizeof(a));
+    assert_int_equal(b.n_pid, 3);
+    assert_int_equal(b.pid[2], 7);
+}
+
+static void expect_proto_error(const struct pb *p, int want, const char *msg)
+{
+    struct svc_config c;
+    char err[256];
+    svc_config_init(&c);
+    int r = svc_config_from_proto(p->b, p->n, &c, err, sizeof(err));
+    print_message("  %s\n", err);
+    assert_int_equal(r, want);
+    assert_non_null(strstr(err, msg));
+    svc_config_done(&c);
+}
+
+static void test_config_proto_errors(void **state)
+{
+    (void)state;
+    struct pb p = {0};
+    pb_uint(&p, 1, 0);
+    expect_proto_error(&p, -EINVAL, "sampling_interval_bytes must be at least 1");
+    p.n = 0;
+    pb_uint(&p, 8, 3000000);
+    expect_proto_error(&p, -EINVAL, "shmem_size_bytes must be a power of two");
+    p.n = 0;
+    pb_bytes(&p, 20, "com.android.art", 15);
+    expect_proto_error(&p, -EINVAL, "only the heap");
+    p.n = 0;
+    pb_bytes(&p, 1, "xx", 2);
+    expect_proto_error(&p, -EINVAL, "sampling_interval_bytes: not a varint");
+    p.n = 0;
+    pb_bytes(&p, 2, "a\0b", 3);
+    expect_proto_error(&p, -EINVAL, "process_cmdline: not a valid string");
+    p.n = 0;
+    pb_uint(&p, 1, 4096);
+    p.n--; /* truncated */
+    expect_proto_error(&p, -EINVAL, "malformed");
+    /* Fields heapprof does not implement are named, not refused. */
+    p.n = 0;
+    pb_uint(&p, 5, 1);
+    pb_bytes(&p, 7, "skip", 4);
+    pb_uint(&p, 23, 1);
+    expect_proto_error(&p, 0, "ignored: 7, 23");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_config_parse_bytes), cmocka_unit_test(test_config_check),
-        cmocka_unit_test(test_config_text_full),   cmocka_unit_test(test_config_text_errors),
-        cmocka_unit_test(test_config_load_file),
+        cmocka_unit_test(test_config_parse_bytes),  cmocka_unit_test(test_config_check),
+        cmocka_unit_test(test_config_text_full),    cmocka_unit_test(test_config_text_errors),
+        cmocka_unit_test(test_config_load_file),    cmocka_unit_test(test_config_proto_equals_text),
+        cmocka_unit_test(test_config_proto_errors),
     };
     return cmocka_run_group_tests_name("service_config", tests, NULL, NULL);
 }

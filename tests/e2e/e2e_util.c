@@ -184,6 +184,18 @@ const char *e2e_env(const char *var)
     return v;
 }
 
+int e2e_check_protoc(const char *trace)
+{
+    const char *protoc = getenv("PROTOC");
+    if (!protoc || !*protoc)
+        return 0; /* not installed: the unit suite's protoc test reports it */
+    char cmd[8192];
+    snprintf(cmd, sizeof(cmd),
+             "'%s' --decode=perfetto.protos.Trace -I '%s' '%s' < '%s' > /dev/null", protoc,
+             e2e_env("PROTOS_DIR"), e2e_env("TRACE_PROTO"), trace);
+    return system(cmd);
+}
+
 int e2e_check_rules(const char *trace)
 {
     char *argv[] = {(char *)e2e_env("CHECK_TRACE"), (char *)trace, NULL};

@@ -43,6 +43,10 @@ const struct rp_trace_process *e2e_find_process(const struct rp_trace *t, const 
  * CHECK_TRACE) on @trace; returns its exit status (0: every rule holds). */
 int e2e_check_rules(const char *trace);
 
+/* Decodes @trace with `protoc --decode=perfetto.protos.Trace` against protos/ (PROTOC,
+ * PROTOS_DIR, TRACE_PROTO); returns system()'s status (0 also when protoc is absent). */
+int e2e_check_protoc(const char *trace);
+
 /* The number right before @what in @text (e.g. 12 in "12 walks audited"), or -1. */
 long long e2e_number_before(const char *text, const char *what);
 

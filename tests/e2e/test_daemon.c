@@ -153,11 +153,24 @@ static void test_daemon_dump_includes_recent_records(void **state)
             e2e_sleep_ms(1);
         }
         assert_non_null(text);
-        kill(d.pid, SIGUSR1);
+        if (round % 2) {
+            kill(d.pid, SIGUSR1);
+        } else {
+            /* `heapprof dump`: a request on the socket, which the daemon answers. */
+            char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"), "dump", "--socket", d.sock, NULL};
+            struct e2e_run run;
+            assert_int_equal(e2e_run(argv, NULL, &run), 0);
+            char want[64];
+            snprintf(want, sizeof(want), "asked heapprofd (pid %d) to dump", (int)d.pid);
+            assert_int_equal(run.status, 0);
+            assert_non_null(strstr(run.err, want));
+            e2e_run_free(&run);
+        }
         assert_int_equal(e2e_wait_status(w), 0);
         e2e_sleep_ms(100);
 
-        /* The first dump of the process is SIGUSR1's (the final one comes at its exit). */
+        /* The first dump of the process is the one asked for (the final one comes at its
+         * exit). */
         struct rp_trace *t = NULL;
         assert_int_equal(rp_trace_load(d.trace, &(struct rp_trace_options){.dump_index = 1}, &t),
                          0);
@@ -168,6 +181,52 @@ static void test_daemon_dump_includes_recent_records(void **state)
         rp_trace_free(t);
         free(text);
     }
+    assert_int_equal(e2e_daemon_stop(&d, SIGTERM), 0);
+    daemon_cleanup(&d);
+}
+
+/* `heapprof dump` never signals a process: not one named on the command line, not one
+ * from a file; without a daemon it says so (issue 15, case 9: it used to send SIGUSR1 to
+ * the pid given, which killed `sleep`). With a daemon, a pid that is not that daemon's is
+ * refused and nothing is dumped. */
+static void test_daemon_bug_dump_signals_any_pid(void **state)
+{
+    (void)state;
+    struct e2e_daemon d;
+    e2e_daemon_prepare(&d, "dump");
+    pid_t victim = fork();
+    assert_true(victim >= 0);
+    if (victim == 0) {
+        execl("/bin/sleep", "sleep", "100", (char *)NULL);
+        _exit(127);
+    }
+    char pid[16], xdg[300];
+    snprintf(pid, sizeof(pid), "%d", (int)victim);
+    /* As a user types it: `heapprof dump $!`, no daemon in the runtime directory. */
+    snprintf(xdg, sizeof(xdg), "XDG_RUNTIME_DIR=%s", d.dir);
+    char *plain[] = {(char *)e2e_env("HEAPPROF_BIN"), "dump", pid, NULL};
+    char *env[] = {xdg, NULL};
+    struct e2e_run run;
+    assert_int_equal(e2e_run(plain, env, &run), 0);
+    print_message("  no daemon: status %d, %s", run.status, run.err);
+    e2e_sleep_ms(100);
+    int st;
+    assert_int_equal(waitpid(victim, &st, WNOHANG), 0); /* alive */
+    assert_int_equal(run.status, 1);
+    assert_non_null(strstr(run.err, "no heapprofd is running"));
+    e2e_run_free(&run);
+
+    char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"), "dump", "--socket", d.sock, pid, NULL};
+    const char *args[] = {"--all", "--no-running", NULL};
+    e2e_daemon_launch(&d, args);
+    assert_int_equal(e2e_run(argv, NULL, &run), 0);
+    print_message("  daemon %d, asked for %s: status %d, %s", (int)d.pid, pid, run.status, run.err);
+    assert_int_equal(run.status, 1);
+    assert_non_null(strstr(run.err, "is not the heapprofd"));
+    e2e_run_free(&run);
+    assert_int_equal(waitpid(victim, &st, WNOHANG), 0);
+    kill(victim, SIGKILL);
+    assert_int_equal(e2e_wait_status(victim), 128 + SIGKILL);
     assert_int_equal(e2e_daemon_stop(&d, SIGTERM), 0);
     daemon_cleanup(&d);
 }
@@ -450,6 +509,7 @@ int main(void)
         cmocka_unit_test(test_daemon_startup_profiling),
         cmocka_unit_test(test_daemon_continuous_and_sigusr1),
         cmocka_unit_test(test_daemon_dump_includes_recent_records),
+        cmocka_unit_test(test_daemon_bug_dump_signals_any_pid),
         cmocka_unit_test(test_daemon_16_targets),
         cmocka_unit_test(test_daemon_config_errors),
         cmocka_unit_test(test_daemon_socket_in_use),

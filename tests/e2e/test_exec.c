@@ -152,19 +152,30 @@ static void test_exec_keep_same_pid_and_child(void **state)
     parse_truths(run.out, &ex, three, 2);
 
     assert_int_equal(e2e_check_rules(trace), 0);
+    /* Three processes: execer, the three_sites it exec'd in its own pid (a process of
+     * its own, named by its own command line), and the fork+exec'd child. */
     struct rp_trace *t = load(trace, 0, 0);
-    assert_int_equal(t->n_processes, 2);
-    const struct rp_trace_process *main_p = NULL, *child_p = NULL;
+    assert_int_equal(t->n_processes, 3);
+    const struct rp_trace_process *pe = NULL, *pt = NULL, *child_p = NULL;
     for (size_t i = 0; i < t->n_processes; i++) {
         const struct rp_trace_process *p = &t->processes[i];
-        print_message("  pid %d: %u dumps, %s\n", (int)p->pid, p->n_dumps, p->cmdline);
-        if (p->n_dumps == 2)
-            main_p = p;
-        else if (p->n_dumps == 1)
+        print_message("  pid %d (program %u): %u dumps, %s\n", (int)p->pid, p->exec_index + 1,
+                      p->n_dumps, p->cmdline);
+        assert_int_equal(p->n_dumps, 1);
+        if (p->exec_index == 1)
+            pt = p;
+        else if (has_function(p, "execer_alloc"))
+            pe = p;
+        else
             child_p = p;
     }
-    assert_non_null(main_p);
+    assert_non_null(pe);
+    assert_non_null(pt);
     assert_non_null(child_p);
+    assert_int_equal(pe->pid, pt->pid);
+    assert_int_equal(pe->exec_index, 0);
+    assert_non_null(strstr(pe->cmdline, "execer"));
+    assert_non_null(strstr(pt->cmdline, "three_sites"));
 
     /* The fork+exec'd child: three_sites only. */
     assert_true(child_p->from_startup);
@@ -173,16 +184,7 @@ static void test_exec_keep_same_pid_and_child(void **state)
     assert_false(has_function(child_p, "execer_alloc"));
     check_only_image(child_p, "three_sites");
 
-    /* The same pid: one dump per image. Which is which is told by content, not order. */
-    int32_t pid = main_p->pid;
-    struct rp_trace *d1 = load(trace, pid, 1), *d2 = load(trace, pid, 2);
-    assert_int_equal(d1->n_processes, 1);
-    assert_int_equal(d2->n_processes, 1);
-    const struct rp_trace_process *pe = &d1->processes[0], *pt = &d2->processes[0];
-    if (!has_function(pe, "execer_alloc")) {
-        pe = &d2->processes[0];
-        pt = &d1->processes[0];
-    }
+    /* The same pid: one profile per image. */
     check_exact(pe, &ex);
     assert_false(has_three_sites(pe));
     for (size_t i = 0; i < 3; i++)
@@ -191,8 +193,6 @@ static void test_exec_keep_same_pid_and_child(void **state)
     assert_false(has_function(pt, "execer_alloc"));
     check_only_image(pt, "three_sites");
 
-    rp_trace_free(d1);
-    rp_trace_free(d2);
     rp_trace_free(t);
     unlink(trace);
     free(trace);

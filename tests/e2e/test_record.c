@@ -59,14 +59,7 @@ static struct rp_trace *load(const char *trace)
 
 static void check_protoc(const char *trace)
 {
-    const char *protoc = getenv("PROTOC");
-    if (!protoc || !*protoc)
-        return; /* not installed: the unit suite's protoc test reports it */
-    char cmd[8192];
-    snprintf(cmd, sizeof(cmd),
-             "'%s' --decode=perfetto.protos.Trace -I '%s' '%s' < '%s' > /dev/null", protoc,
-             e2e_env("PROTOS_DIR"), e2e_env("TRACE_PROTO"), trace);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(e2e_check_protoc(trace), 0);
 }
 
 static void check_exact(const struct rp_trace_process *p, const struct e2e_truth *t)
@@ -435,24 +428,50 @@ static void test_record_bug_gcc_deep_stacks(void **state)
     free(obj);
 }
 
-static void test_record_keeps_user_preload(void **state)
+/* Runs a shell under `heapprof record` with LD_PRELOAD=@preload; returns what it says its
+ * LD_PRELOAD is ("preload=...\n", malloc'd). */
+static char *record_preload_seen(const char *preload)
 {
-    (void)state;
     char *trace = e2e_tmp_path(".pftrace");
     char *argv[] = {
         (char *)e2e_env("HEAPPROF_BIN"), "record", "-q", "-o", trace, "--", "/bin/sh", "-c",
         "echo \"preload=$LD_PRELOAD\"",  NULL};
-    /* heapprof itself runs with this LD_PRELOAD too: an ASan build must accept it. */
-    char *env[] = {"LD_PRELOAD=/lib/x86_64-linux-gnu/libm.so.6",
-                   "ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=1", NULL};
+    char env_preload[4200];
+    snprintf(env_preload, sizeof(env_preload), "LD_PRELOAD=%s", preload);
+    /* heapprof itself runs with this LD_PRELOAD too: an ASan build must accept it (and
+     * the loader skips a file that is missing). */
+    char *env[] = {env_preload, "ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=1", NULL};
     struct e2e_run run;
     assert_int_equal(e2e_run(argv, env, &run), 0);
     assert_int_equal(run.status, 0);
     print_message("  %s", run.out);
-    assert_non_null(strstr(run.out, "libheapprof.so:/lib/x86_64-linux-gnu/libm.so.6"));
+    char *out = strdup(run.out);
     unlink(trace);
     free(trace);
     e2e_run_free(&run);
+    return out;
+}
+
+static void test_record_keeps_user_preload(void **state)
+{
+    (void)state;
+    char *out = record_preload_seen("/lib/x86_64-linux-gnu/libm.so.6");
+    assert_non_null(strstr(out, "libheapprof.so:/lib/x86_64-linux-gnu/libm.so.6"));
+    free(out);
+}
+
+/* The bug: record always put libheapprof.so first, so a library the user preloaded before
+ * it (an allocator, say) could not be recorded before it. A user's LD_PRELOAD naming
+ * libheapprof.so keeps its order, with the recording's library at that place. */
+static void test_record_bug_user_preload_order_lost(void **state)
+{
+    (void)state;
+    char *out = record_preload_seen("/lib/x86_64-linux-gnu/libm.so.6:/nonexistent/libheapprof.so");
+    char want[4200];
+    snprintf(want, sizeof(want), "preload=/lib/x86_64-linux-gnu/libm.so.6:%s\n",
+             e2e_env("HEAPPROF_LIB"));
+    assert_string_equal(out, want);
+    free(out);
 }
 
 static void expect_failure(char *const argv[], int status, const char *msg)
@@ -497,6 +516,7 @@ int main(void)
         cmocka_unit_test(test_record_dlclose_resets_walks),
         cmocka_unit_test(test_record_bug_gcc_deep_stacks),
         cmocka_unit_test(test_record_keeps_user_preload),
+        cmocka_unit_test(test_record_bug_user_preload_order_lost),
         cmocka_unit_test(test_record_user_errors),
     };
     return cmocka_run_group_tests_name("e2e_record", tests, NULL, NULL);

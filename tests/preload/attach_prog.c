@@ -14,11 +14,13 @@
  *      "D <failures>"
  *   T  256 short-lived threads (16 at a time) allocating 50 blocks each: "T"
  *   U  allocations on a ucontext stack carved from the heap, then on ours: "U"
+ *   t  the process's thread count (/proc/self/status): "t <threads>"
  *   q  stop the threads, "done <allocations made>", exit 0
  * Idle (blocked in read) between commands.
  */
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
@@ -311,6 +313,18 @@ int main(void)
             on_fiber();
             say("U\n");
             break;
+        case 't': {
+            char status[4096];
+            int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+            ssize_t k = fd >= 0 ? read(fd, status, sizeof(status) - 1) : -1;
+            if (fd >= 0)
+                close(fd);
+            status[k > 0 ? k : 0] = 0;
+            const char *t = strstr(status, "\nThreads:");
+            snprintf(line, sizeof(line), "t %d\n", t ? atoi(t + 9) : -1);
+            say(line);
+            break;
+        }
         case 'q':
             atomic_store(&stop, true);
             for (int i = 0; i < nthreads; i++)

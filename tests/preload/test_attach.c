@@ -320,8 +320,11 @@ static void test_attach_idle_then_detach_then_again(void **state)
     prog_start(f, NULL);
     prog_line(f, line, sizeof(line));
     assert_string_equal(line, "ready");
-    /* Dormant: no daemon socket, so no connection at startup. */
+    /* Dormant: no daemon socket, so no connection at startup, and no thread of ours (the
+     * old helper thread made every dormant process multi-threaded). */
     assert_false(accept_conn(lsock, 100, 0, &c));
+    prog_cmd(f, 't', line, sizeof(line));
+    assert_string_equal(line, "t 1");
 
     uint64_t best_ms = UINT64_MAX;
     for (int round = 0; round < 2; round++) {
@@ -340,6 +343,9 @@ static void test_attach_idle_then_detach_then_again(void **state)
         attach_signal(f->prog.pid, getpid());
         struct conn extra;
         assert_false(accept_conn(lsock, 200, 0, &extra));
+        /* The session has its thread. */
+        prog_cmd(f, 't', line, sizeof(line));
+        assert_string_equal(line, "t 2");
 
         /* The blocks freed now were allocated before the session: no free records. */
         prog_cmd(f, 'a', line, sizeof(line));
@@ -354,12 +360,20 @@ static void test_attach_idle_then_detach_then_again(void **state)
         assert_int_equal(c.frees, 100);
         assert_int_equal(c.unknown_stack, 0);
 
-        /* Detach: the service closes the socket; the program goes on, unprofiled. */
+        /* Detach: the service closes the socket; the program goes on, unprofiled, and
+         * single-threaded again. */
         conn_close(&c);
         struct timespec settle = {0, 50 * 1000000};
         nanosleep(&settle, NULL);
         prog_cmd(f, 'a', line, sizeof(line));
         assert_string_equal(line, "a");
+        for (int i = 0; i < 100; i++) {
+            prog_cmd(f, 't', line, sizeof(line));
+            if (!strcmp(line, "t 1"))
+                break;
+            nanosleep(&settle, NULL);
+        }
+        assert_string_equal(line, "t 1");
     }
     assert_true(best_ms < 100);
     prog_quit(f);

@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* cmocka.h needs these four first. */
 // clang-format off
@@ -15,10 +16,22 @@
 
 #include "preload/freeset.h"
 
+static uint64_t line_of(const struct client_freeset *s, unsigned level, uint64_t addr)
+{
+    return client_freeset_home(&s->lv[level], client_freeset_page_hash(addr), addr) >>
+           CLIENT_FREESET_LINE_LOG2;
+}
+
+static size_t filter_len(const struct client_freeset *s, unsigned level)
+{
+    return CLIENT_FREESET_SLOTS(s->log2_slots + level * CLIENT_FREESET_GROWTH_LOG2) >>
+           CLIENT_FREESET_LINE_LOG2;
+}
+
 static void test_freeset_insert_remove(void **state)
 {
     (void)state;
-    struct client_freeset s;
+    struct client_freeset s = {0};
     assert_int_equal(client_freeset_init(&s, 12), 0);
 
     for (uint64_t i = 1; i <= 1000; i++)
@@ -30,80 +43,108 @@ static void test_freeset_insert_remove(void **state)
         assert_false(client_freeset_remove(&s, i * 16 + 0x10000));
     assert_false(client_freeset_remove(&s, 0x999990));
     /* Every filter counter went back to zero: unsampled frees read only the filter. */
-    for (size_t i = 0; i < ((size_t)1 << (12 - CLIENT_FREESET_LINE_LOG2)); i++)
-        assert_int_equal(atomic_load(&s.filter[i]), 0);
+    for (size_t i = 0; i < filter_len(&s, 0); i++)
+        assert_int_equal(atomic_load(&s.lv[0].filter[i]), 0);
 }
 
 static void test_freeset_filter_tracks_line(void **state)
 {
     (void)state;
-    struct client_freeset s;
+    struct client_freeset s = {0};
     assert_int_equal(client_freeset_init(&s, 12), 0);
 
-    /* Many addresses whose home slot lies in one line (one filter counter). */
-    uint64_t addrs[300];
+    /* Many addresses whose home slot lies in one line (one filter counter; fewer than
+     * 255, where it would saturate). */
+    uint64_t addrs[200];
     size_t n = 0;
-    uint64_t line = client_freeset_hash(&s, 0x10000) >> CLIENT_FREESET_LINE_LOG2;
-    for (uint64_t a = 0x10000; n < 300; a += 16)
-        if (client_freeset_hash(&s, a) >> CLIENT_FREESET_LINE_LOG2 == line)
+    uint64_t line = line_of(&s, 0, 0x10000);
+    for (uint64_t a = 0x10000; n < 200; a += 16)
+        if (line_of(&s, 0, a) == line)
             addrs[n++] = a;
-    size_t inserted = 0;
+    /* The probe bound limits how many fit around one line of the first level; the rest
+     * go to the next level. The counter is non-zero while they are present and back to
+     * zero once all are removed (failed inserts undo their raise). */
     for (size_t i = 0; i < n; i++)
-        inserted += client_freeset_insert(&s, addrs[i]) == 0;
-    /* The probe bound limits how many fit around one line; the counter is non-zero while
-     * they are present and back to zero once all are removed (failed inserts undo their
-     * raise). */
-    assert_true(inserted >= CLIENT_FREESET_PROBES - 8);
-    assert_true(atomic_load(&s.filter[line]) > 0);
+        assert_int_equal(client_freeset_insert(&s, addrs[i]), 0);
+    assert_true(atomic_load(&s.nlevels) >= 2);
+    assert_true(atomic_load(&s.lv[0].filter[line]) > 0);
     for (size_t i = 0; i < n; i++)
-        (void)client_freeset_remove(&s, addrs[i]);
-    assert_int_equal(atomic_load(&s.filter[line]), 0);
+        assert_true(client_freeset_maybe(&s, addrs[i]));
+    for (size_t i = 0; i < n; i++)
+        assert_true(client_freeset_remove(&s, addrs[i]));
+    assert_int_equal(atomic_load(&s.lv[0].filter[line]), 0);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(atomic_load(&s.lv[1].filter[line_of(&s, 1, addrs[i])]), 0);
 }
 
-/* Saturated (the set overflowed): every address "maybe" is a member, for good; the table
- * itself still answers exactly. */
-static void test_freeset_saturate(void **state)
+/* The bug: a set of fixed size overflowed at about 0.5 M live sampled blocks, after which
+ * every free() of the session was recorded (saturated filter). Now it grows: many times
+ * the first level's size fit, and every member is found. (Only the calls the old set had
+ * too, so that this test runs against it.) */
+static void test_freeset_bug_overflow_saturates(void **state)
 {
     (void)state;
-    struct client_freeset s;
-    assert_int_equal(client_freeset_init(&s, 12), 0);
-    assert_int_equal(client_freeset_insert(&s, 0x20000), 0);
-    /* One of 128 filter counters is raised: about 1/128 of addresses "maybe" match. */
-    size_t maybe = 0;
-    for (uint64_t a = 0x10000; a < 0x10000 + 16 * 4096; a += 16)
-        maybe += client_freeset_maybe(&s, a);
-    assert_true(maybe >= 1 && maybe < 4096 / 8);
-    client_freeset_saturate(&s);
-    for (uint64_t a = 0x10000; a < 0x10000 + 16 * 4096; a += 16)
-        assert_true(client_freeset_maybe(&s, a));
-    assert_false(client_freeset_remove(&s, 0x30000));
-    assert_true(client_freeset_remove(&s, 0x20000));
-    assert_false(client_freeset_remove(&s, 0x20000));
-    for (uint64_t a = 0x10000; a < 0x10000 + 16 * 4096; a += 16)
-        assert_true(client_freeset_maybe(&s, a)); /* removals do not lower a saturated one */
+    struct client_freeset s = {0};
+    assert_int_equal(client_freeset_init(&s, 10), 0); /* 1024 slots */
+    const uint64_t n = 20000;
+    for (uint64_t i = 0; i < n; i++)
+        assert_int_equal(client_freeset_insert(&s, 0x7f0000000000ull + i * 4096), 0);
+    for (uint64_t i = 0; i < n; i++)
+        assert_true(client_freeset_remove(&s, 0x7f0000000000ull + i * 4096));
+    for (uint64_t i = 0; i < n; i++)
+        assert_false(client_freeset_remove(&s, 0x7f0000000000ull + i * 4096));
+}
+
+/* Grown, emptied: every level's filter is back to zero; a new session starts from one
+ * level. */
+static void test_freeset_levels_and_clear(void **state)
+{
+    (void)state;
+    struct client_freeset s = {0};
+    assert_int_equal(client_freeset_init(&s, 14), 0); /* 512 counters: none saturates */
+    const uint64_t n = 20000;
+    for (uint64_t i = 0; i < n; i++)
+        assert_int_equal(client_freeset_insert(&s, 0x7f0000000000ull + i * 4096), 0);
+    assert_true(atomic_load(&s.nlevels) >= 2);
+    print_message("    %u levels for %llu entries\n", atomic_load(&s.nlevels),
+                  (unsigned long long)n);
+    for (uint64_t i = 0; i < n; i++)
+        assert_true(client_freeset_remove(&s, 0x7f0000000000ull + i * 4096));
+    for (unsigned l = 0; l < atomic_load(&s.nlevels); l++)
+        for (size_t i = 0; i < filter_len(&s, l); i++)
+            assert_int_equal(atomic_load(&s.lv[l].filter[i]), 0);
+    client_freeset_clear(&s);
+    assert_int_equal(atomic_load(&s.nlevels), 1);
+    assert_false(client_freeset_remove(&s, 0x7f0000000000ull));
+    assert_int_equal(client_freeset_insert(&s, 0x7f0000000000ull), 0);
+    assert_true(client_freeset_remove(&s, 0x7f0000000000ull));
 }
 
 static void test_freeset_tombstones_reused_and_bounded(void **state)
 {
     (void)state;
-    struct client_freeset s;
-    assert_int_equal(client_freeset_init(&s, 6), 0); /* 64 slots */
+    struct client_freeset s = {0};
+    assert_int_equal(client_freeset_init(&s, 12), 0);
 
-    /* Addresses that all hash to one slot fill its probe window, then inserts fail. */
+    /* Addresses that all hash to one slot fill its probe window; the next goes to a new
+     * level. */
     uint64_t same[CLIENT_FREESET_PROBES + 1];
     size_t n = 0;
+    uint64_t home = client_freeset_home(&s.lv[0], client_freeset_page_hash(16), 16);
     for (uint64_t a = 16; n < CLIENT_FREESET_PROBES + 1; a += 16)
-        if (client_freeset_hash(&s, a) == client_freeset_hash(&s, 16))
+        if (client_freeset_home(&s.lv[0], client_freeset_page_hash(a), a) == home)
             same[n++] = a;
     for (size_t i = 0; i < CLIENT_FREESET_PROBES; i++)
         assert_int_equal(client_freeset_insert(&s, same[i]), 0);
-    assert_int_equal(client_freeset_insert(&s, same[CLIENT_FREESET_PROBES]), -ENOSPC);
-    /* A removal leaves a tombstone the next insert reuses; lookups still walk past it. */
-    assert_true(client_freeset_remove(&s, same[3]));
+    assert_int_equal(atomic_load(&s.nlevels), 1);
     assert_int_equal(client_freeset_insert(&s, same[CLIENT_FREESET_PROBES]), 0);
+    assert_int_equal(atomic_load(&s.nlevels), 2);
+    /* A removal leaves a tombstone; lookups still walk past it, in every level. */
+    assert_true(client_freeset_remove(&s, same[3]));
     assert_true(client_freeset_remove(&s, same[CLIENT_FREESET_PROBES - 1]));
     assert_true(client_freeset_remove(&s, same[CLIENT_FREESET_PROBES]));
     assert_false(client_freeset_remove(&s, same[3]));
+    assert_true(client_freeset_remove(&s, same[4]));
 }
 
 #define THREADS 4
@@ -124,10 +165,41 @@ static void *churn(void *arg)
     return NULL;
 }
 
+/* Threads insert many more addresses than the first level holds, so that they race to
+ * grow the set, then remove them all. */
+static void *grow(void *arg)
+{
+    uint64_t base = ((uint64_t)(uintptr_t)arg + 1) << 40;
+    for (uint64_t i = 0; i < PER_THREAD / 4; i++)
+        if (client_freeset_insert(&shared_set, base + i * 64) != 0)
+            return (void *)1;
+    for (uint64_t i = 0; i < PER_THREAD / 4; i++)
+        if (!client_freeset_remove(&shared_set, base + i * 64))
+            return (void *)2;
+    return NULL;
+}
+
+static void test_freeset_concurrent_growth(void **state)
+{
+    (void)state;
+    pthread_t th[THREADS];
+    memset(&shared_set, 0, sizeof(shared_set));
+    assert_int_equal(client_freeset_init(&shared_set, 8), 0);
+    for (uintptr_t i = 0; i < THREADS; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, grow, (void *)i), 0);
+    for (int i = 0; i < THREADS; i++) {
+        void *ret;
+        assert_int_equal(pthread_join(th[i], &ret), 0);
+        assert_int_equal((uintptr_t)ret, 0);
+    }
+    assert_true(atomic_load(&shared_set.nlevels) > 1);
+}
+
 static void test_freeset_concurrent_churn(void **state)
 {
     (void)state;
     pthread_t th[THREADS];
+    memset(&shared_set, 0, sizeof(shared_set));
     assert_int_equal(client_freeset_init(&shared_set, 16), 0);
     for (uintptr_t i = 0; i < THREADS; i++)
         assert_int_equal(pthread_create(&th[i], NULL, churn, (void *)i), 0);
@@ -144,7 +216,9 @@ int main(void)
         cmocka_unit_test(test_freeset_insert_remove),
         cmocka_unit_test(test_freeset_tombstones_reused_and_bounded),
         cmocka_unit_test(test_freeset_filter_tracks_line),
-        cmocka_unit_test(test_freeset_saturate),
+        cmocka_unit_test(test_freeset_bug_overflow_saturates),
+        cmocka_unit_test(test_freeset_levels_and_clear),
+        cmocka_unit_test(test_freeset_concurrent_growth),
         cmocka_unit_test(test_freeset_concurrent_churn),
     };
     return cmocka_run_group_tests_name("freeset", tests, NULL, NULL);

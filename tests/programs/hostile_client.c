@@ -1,6 +1,6 @@
 /* tests/programs/hostile_client.c: a client of the service that is not preloaded: it
  * speaks the handshake itself and then misbehaves, to prove the service survives it.
- *   hostile_client SOCKET MODE [SEED]
+ *   hostile_client SOCKET MODE [SEED [COUNT]]
  * MODE:
  *   random      valid handshake, then records of random types, lengths and bytes
  *   truncated   a WIRE_ALLOC shorter than struct wire_alloc
@@ -16,9 +16,27 @@
  *   flood       valid tiny records (frees and empty-stack allocations) as fast as
  *               possible for 1.5 s ("ready" is printed before it starts)
  *   unpublished reserves a record and never publishes it
+ *   hashflood   COUNT (default 200000) allocation records, each waiting for room in the
+ *               ring, at addresses unhash(i << 32): under the unkeyed splitmix64
+ *               finalizer every one of them hashes to slot 0 of any table smaller than
+ *               2^32, as an attacker would aim at the service's live-allocation table
+ *               ("ready" is printed before it starts; prints the time it took)
+ *   randflood   the same with random addresses, the baseline of hashflood
+ *   fifo        maps a copy of tests/programs/hostile_lib.c's library (path in
+ *               HOSTILE_LIB; CFI only in .debug_frame, so the service unwinds it with
+ *               elfutils), has a sample unwound through it, prints "ready", then deletes
+ *               the copy and puts FIFOs at its path and at "<path> (deleted)" (how the
+ *               maps now name it), maps something new (the service rereads the maps and
+ *               makes its elfutils view again) and sends the sample again
+ *   truncate    the same library; snapshots through both of its functions, the first sent
+ *               and unwound, then "ready", the file truncated to nothing (still mapped
+ *               here and by the service) and the second snapshot sent
+ *   (fifo and truncate end with a WIRE_SYNC and say on stderr whether the service read
+ *   it within 2 s: "service answered" or "service did not answer")
  * Prints "ready" once the misbehaviour is in place, waits until the service closes the
  * connection (at most 6 s) and exits 0; exit 2 on a usage error, 3 when the handshake
  * could not even be attempted. */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -28,16 +46,20 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "common/fdpass.h"
+#include "common/regs.h"
 #include "shmem_ring/ring.h"
 #include "shmem_ring/ring_layout.h"
 #include "shmem_ring/wire.h"
+#include "tests/programs/unhash.h"
 
 static uint64_t rng_state;
+static unsigned long g_count = 200000; /* records of hashflood and randflood */
 
 static uint64_t rnd(void)
 {
@@ -137,6 +159,168 @@ static void fill_alloc(struct wire_alloc *a, uint64_t seq)
     a->tid = (uint32_t)getpid();
 }
 
+/* hashflood / randflood: g_count allocations, every one waiting for room (none dropped),
+ * so the service has all of them to process. */
+static void flood_addresses(ring_t *ring, int sock, bool crafted)
+{
+    ring_set_blocking(ring, true, 1000000);
+    int64_t t0 = now_ms();
+    struct wire_alloc a;
+    unsigned long written = 0;
+    for (unsigned long i = 0; i < g_count; i++) {
+        fill_alloc(&a, i + 1);
+        a.addr = crafted ? hp_test_unhash((uint64_t)(i + 1) << 32) : rnd() & ~15ull;
+        int r;
+        while ((r = write_record(ring, WIRE_ALLOC, &a, sizeof(a))) == -EAGAIN)
+            poke(sock);
+        if (r < 0)
+            break;
+        written++;
+        if (i % 256 == 0)
+            poke(sock);
+    }
+    fprintf(stderr, "hostile_client: %s: %lu records written in %lld ms\n",
+            crafted ? "hashflood" : "randflood", written, (long long)(now_ms() - t0));
+}
+
+/* ---- files the service reads (fifo, truncate) ---- */
+
+/* The main thread's stack end (glibc's loader exports it). */
+extern void *__libc_stack_end;
+
+#define SNAP_MAX_STACK (64u << 10)
+
+/* A sampled allocation as the preload library would send it: registers at the call and
+ * the raw stack from there to the stack's end. */
+struct snapshot {
+    struct wire_alloc a;
+    uint8_t stack[SNAP_MAX_STACK];
+};
+static struct snapshot g_snap[2];
+static uint64_t g_max_stack;
+
+/* Our own stack, redzones of other frames included: not through memcpy, which a
+ * sanitizer checks. */
+#if defined(__SANITIZE_ADDRESS__)
+__attribute__((no_sanitize_address))
+#endif
+static void
+copy_raw(uint8_t *dst, const volatile uint8_t *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = src[i];
+}
+
+__attribute__((noinline)) static void snap_cb(int k)
+{
+    struct snapshot *s = &g_snap[k];
+    hp_capture_regs(s->a.regs);
+    uint64_t sp = s->a.regs[WIRE_REG_RSP];
+    uint64_t end = (uint64_t)(uintptr_t)__libc_stack_end;
+    uint64_t len = end > sp ? end - sp : 0;
+    len = len < g_max_stack ? len : g_max_stack;
+    len = len < SNAP_MAX_STACK ? len : SNAP_MAX_STACK;
+    copy_raw(s->stack, (const volatile uint8_t *)(uintptr_t)sp, (size_t)len);
+    s->a.stack_ptr = sp;
+    s->a.stack_len = (uint32_t)len;
+    __asm__ volatile("" ::: "memory");
+}
+
+static int send_snapshot(ring_t *ring, int sock, int k, uint64_t seq)
+{
+    static uint8_t buf[sizeof(struct wire_alloc) + SNAP_MAX_STACK];
+    struct snapshot *s = &g_snap[k];
+    s->a.seq = seq;
+    s->a.addr = 0x1000 + seq * 16;
+    s->a.size = s->a.sample_size = 16;
+    s->a.tid = (uint32_t)getpid();
+    memcpy(buf, &s->a, sizeof(s->a));
+    memcpy(buf + sizeof(s->a), s->stack, s->a.stack_len);
+    int r = write_record(ring, WIRE_ALLOC, buf, sizeof(s->a) + s->a.stack_len);
+    poke(sock);
+    return r;
+}
+
+/* A WIRE_SYNC, and whether the service read it within @timeout_ms (so every record
+ * before it was handled). */
+static bool sync_service(ring_t *ring, int sock, unsigned timeout_ms)
+{
+    struct ring_wspan w;
+    if (ring_try_begin_write(ring, WIRE_SYNC, 0, &w) < 0)
+        return false;
+    (void)ring_end_write(ring, &w);
+    poke(sock);
+    return ring_wait_consumed(ring, &w, timeout_ms * 1000u) == 0;
+}
+
+static int files_mode(const char *mode, ring_t *ring, int sock,
+                      const struct wire_client_config *cfg)
+{
+    const char *lib = getenv("HOSTILE_LIB");
+    char dir[] = "/tmp/heapprof-hostile-XXXXXX";
+    if (!lib || !mkdtemp(dir))
+        return 3;
+    char path[sizeof(dir) + 32];
+    snprintf(path, sizeof(path), "%s/libhostile.so", dir);
+    int in = open(lib, O_RDONLY | O_CLOEXEC);
+    int out = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755);
+    if (in < 0 || out < 0)
+        return 3;
+    static char buf[1 << 16];
+    ssize_t n;
+    while ((n = read(in, buf, sizeof(buf))) > 0)
+        if (write(out, buf, (size_t)n) != n)
+            return 3;
+    close(in);
+    close(out);
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    void (*first)(void (*)(int), int) =
+        h ? (void (*)(void (*)(int), int))dlsym(h, "hl_first") : NULL;
+    void (*second)(void (*)(int), int) =
+        h ? (void (*)(void (*)(int), int))dlsym(h, "hl_second") : NULL;
+    if (!first || !second)
+        return 3;
+    g_max_stack = cfg->max_stack_bytes;
+    first(snap_cb, 0);
+    second(snap_cb, 0);
+    ring_set_blocking(ring, true, 1000000);
+    if (send_snapshot(ring, sock, 0, 1) < 0 || !sync_service(ring, sock, 5000))
+        return 3;
+    printf("ready\n");
+    fflush(stdout);
+    struct timespec pause = {.tv_sec = 0, .tv_nsec = 300 * 1000 * 1000};
+    nanosleep(&pause, NULL); /* the healthy client is under way */
+    char deleted[sizeof(path) + 16];
+    snprintf(deleted, sizeof(deleted), "%s (deleted)", path);
+    if (!strcmp(mode, "fifo")) {
+        /* The maps now name the mapping "<path> (deleted)": a FIFO goes there (and one at
+         * the path itself). */
+        if (unlink(path) < 0 || mkfifo(deleted, 0600) < 0 || mkfifo(path, 0600) < 0)
+            return 3;
+        /* New code mapped: the service rereads the maps and makes its elfutils view again. */
+        void *x = mmap(NULL, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        struct wire_maps_changed mc = {0};
+        if (x == MAP_FAILED || write_record(ring, WIRE_MAPS_CHANGED, &mc, sizeof(mc)) < 0 ||
+            send_snapshot(ring, sock, 0, 2) < 0)
+            return 3;
+    } else {
+        /* Still mapped here: nothing of it may run from now on (its pages are gone). */
+        if (truncate(path, 0) < 0 || send_snapshot(ring, sock, 1, 2) < 0)
+            return 3;
+    }
+    bool answered = sync_service(ring, sock, 2000);
+    fprintf(stderr, "hostile_client: %s: service %s\n", mode,
+            answered ? "answered" : "did not answer");
+    printf("%s\n", answered ? "service answered" : "service did not answer");
+    fflush(stdout);
+    unlink(path);
+    unlink(deleted);
+    rmdir(dir);
+    ring_unmap(ring);
+    /* Not exit(): the library's destructors live in the pages truncated away. */
+    _exit(0);
+}
+
 /* Raw view of the ring: header page then data area. */
 static struct ring_shared *map_raw(int fd, uint8_t **data, uint64_t *size)
 {
@@ -223,6 +407,15 @@ static int misbehave(const char *mode, int sock, int ring_fd, const struct wire_
         }
         fprintf(stderr, "hostile_client: flood: %llu records attempted, %llu written in 1.5 s\n",
                 (unsigned long long)seq, (unsigned long long)written);
+    } else if (!strcmp(mode, "hashflood") || !strcmp(mode, "randflood")) {
+        printf("ready\n");
+        fflush(stdout);
+        flood_addresses(ring, sock, mode[0] == 'h');
+        /* Leave at once: the service processes what is in the ring and ends us. */
+        ring_unmap(ring);
+        return 0;
+    } else if (!strcmp(mode, "fifo") || !strcmp(mode, "truncate")) {
+        return files_mode(mode, ring, sock, cfg);
     } else if (!strcmp(mode, "unpublished")) {
         struct ring_wspan w;
         if (ring_try_begin_write(ring, WIRE_FREE, sizeof(struct wire_free), &w) < 0)
@@ -247,6 +440,8 @@ int main(int argc, char **argv)
         return 2;
     const char *path = argv[1], *mode = argv[2];
     rng_state = (argc > 3 ? strtoull(argv[3], NULL, 0) : 1) * 2654435761u + 1;
+    if (argc > 4)
+        g_count = strtoul(argv[4], NULL, 0);
 
     if (!strcmp(mode, "halfhello")) {
         int socks[3];

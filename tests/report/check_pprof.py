@@ -61,9 +61,11 @@ def main():
         # Unknown fields would be printed by number.
         if re.findall(r"^\s*\d+\s*[:{]", text, re.MULTILINE):
             failures.append("unknown fields")
-        # stack_a: 10 x 4096 allocated, 5 freed; stack_b: 10 x 8192, none freed.
+        # stack_a: 10 x 4096 allocated, 5 freed; stack_b: 10 x 8192, none freed. Each
+        # sampled allocation is 64 bytes at interval 4096, so it stands for
+        # 1 / (1 - (1 - 1/4096)^64) = 64.5 allocations: counts 645 and 5 * 64.5 = 323.
         vals = sorted(v for _, v in samples(text))
-        if vals != [[10, 40960, 5, 20480], [10, 81920, 10, 81920]]:
+        if vals != [[645, 40960, 323, 20480], [645, 81920, 645, 81920]]:
             failures.append("values: %r" % vals)
         # Leaf first: the first location of stack_a is malloc in libc (build id deadbeef).
         for name in ["malloc", "_ZN3foo3barEv", "main", "make_buffer",
@@ -72,14 +74,30 @@ def main():
                 failures.append("string %r missing" % name)
         if "build_id: %d" % strings.index("deadbeef") not in text if "deadbeef" in strings else True:
             failures.append("no mapping carries the build id")
-        if text.count("\nfunction {") != 4 or text.count("\nmapping {") != 3:
+        # The unnamed frame (no mapping) keeps its address as its name.
+        if "?+0xdead" not in strings:
+            failures.append("the unnamed frame has no name of its own")
+        # default_sample_type is a string table index.
+        dst = re.search(r"^default_sample_type: (\d+)", text, re.MULTILINE)
+        if not dst or st(int(dst.group(1))) != "inuse_space":
+            failures.append("default_sample_type: %r" % (dst and st(int(dst.group(1)))))
+        # The main executable is the first mapping.
+        first = re.search(r"^mapping \{\n(.*?)^\}", text, re.MULTILINE | re.DOTALL)
+        fn = first and re.search(r"filename: (\d+)", first.group(1))
+        if not fn or st(int(fn.group(1))) != "/usr/bin/app":
+            failures.append("first mapping: %r" % (fn and st(int(fn.group(1)))))
+        # malloc has a source line in the trace: its Function has the file name.
+        if "malloc/malloc.c" not in strings:
+            failures.append("no source file names")
+        if text.count("\nfunction {") != 5 or text.count("\nmapping {") != 3:
             failures.append("functions/mappings: %d/%d" % (text.count("\nfunction {"),
                                                            text.count("\nmapping {")))
         # Selection: one dump of one process to an exact file name.
         one = os.path.join(tmp, "one.pb.gz")
         subprocess.run([tool, trace, one, "1", "200"], check=True, capture_output=True)
         vals = [v for _, v in samples(decode(protoc, protos_dir, one))]
-        if vals != [[10, 5120, 10, 5120]]:
+        # 16 bytes at interval 512: 1 / (1 - (1 - 1/512)^16) = 32.5 each.
+        if vals != [[325, 5120, 325, 5120]]:
             failures.append("pid 200 dump 1 values: %r" % vals)
     for f in failures:
         sys.stderr.write("FAIL: %s\n" % f)

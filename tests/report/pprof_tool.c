@@ -13,7 +13,7 @@ int main(int argc, char **argv)
     }
     int dump = argc > 3 ? atoi(argv[3]) : 0;
     int pid = argc > 4 ? atoi(argv[4]) : 0;
-    int r = rp_pprof_export(argv[1], argv[2], dump, pid, stdout);
+    int r = rp_pprof_export(argv[1], argv[2], dump, pid, stdout, NULL);
     if (r < 0) {
         fprintf(stderr, "export failed: %s\n", strerror(-r));
         return 1;

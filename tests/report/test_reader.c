@@ -16,8 +16,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <malloc.h>
+#include <sys/stat.h>
+
 #include "bookkeeping/bookkeeping.h"
 #include "bookkeeping/state.h"
+#include "common/pbwire.h"
+#include "protos/fields.h"
 #include "report/report.h"
 
 #define PID 4242
@@ -434,6 +439,301 @@ static void test_reader_big_items_roundtrip(void **state)
     close(fd);
 }
 
+/* ---- crafted traces ---- */
+
+/* Appends @pkt (a TracePacket, reset) to @trace as a Trace.packet. */
+static void put_packet(struct hp_pbw *trace, struct hp_pbw *pkt)
+{
+    hp_pbw_msg(trace, PF_TRACE(packet), pkt);
+}
+
+/* TracePacket fields every packet of sequence 1 carries. */
+static void packet_head(struct hp_pbw *pkt, bool clear)
+{
+    hp_pbw_uint_always(pkt, PF_PACKET(timestamp), 1);
+    hp_pbw_uint(pkt, PF_PACKET(trusted_packet_sequence_id), 1);
+    hp_pbw_uint(pkt, PF_PACKET(sequence_flags),
+                (clear ? PF_SEQ_INCREMENTAL_STATE_CLEARED : 0) | PF_SEQ_NEEDS_INCREMENTAL_STATE);
+}
+
+/* One complete dump (index @index) of one sample of callstack @cs for @pid. */
+static void put_dump(struct hp_pbw *trace, uint64_t index, uint64_t pid, uint64_t cs,
+                     uint64_t bytes)
+{
+    struct hp_pbw pkt = {0}, prof = {0}, dump = {0}, sample = {0};
+    packet_head(&pkt, false);
+    hp_pbw_uint(&sample, PF_SAMPLE(callstack_id), cs);
+    hp_pbw_uint(&sample, PF_SAMPLE(self_allocated), bytes);
+    hp_pbw_uint(&sample, PF_SAMPLE(alloc_count), 1);
+    hp_pbw_uint(&dump, PF_DUMP(pid), pid);
+    hp_pbw_msg(&dump, PF_DUMP(samples), &sample);
+    hp_pbw_uint(&dump, PF_DUMP(sampling_interval_bytes), 4096);
+    hp_pbw_msg(&prof, PF_PROFILE(process_dumps), &dump);
+    hp_pbw_uint_always(&prof, PF_PROFILE(index), index);
+    hp_pbw_msg(&pkt, PF_PACKET(profile_packet), &prof);
+    put_packet(trace, &pkt);
+    free(pkt.p);
+    free(prof.p);
+    free(dump.p);
+    free(sample.p);
+}
+
+/* Interned frame 1 ("leaf" in /bin/app at rel_pc 0x40) and callstack 1 of @n_frames
+ * copies of it. */
+static void put_interned(struct hp_pbw *trace, size_t n_frames)
+{
+    struct hp_pbw pkt = {0}, in = {0}, e = {0}, ids = {0};
+    packet_head(&pkt, true);
+    hp_pbw_uint_always(&e, PF_STRING(iid), 1);
+    hp_pbw_len(&e, PF_STRING(str), "leaf", 4);
+    hp_pbw_msg(&in, PF_INTERNED(function_names), &e);
+    hp_pbw_uint_always(&e, PF_STRING(iid), 1);
+    hp_pbw_len(&e, PF_STRING(str), "/bin/app", 8);
+    hp_pbw_msg(&in, PF_INTERNED(mapping_paths), &e);
+    hp_pbw_uint(&e, PF_MAPPING(iid), 1);
+    hp_pbw_uint(&e, PF_MAPPING(path_string_ids), 1);
+    hp_pbw_msg(&in, PF_INTERNED(mappings), &e);
+    hp_pbw_uint(&e, PF_FRAME(iid), 1);
+    hp_pbw_uint(&e, PF_FRAME(function_name_id), 1);
+    hp_pbw_uint(&e, PF_FRAME(mapping_id), 1);
+    hp_pbw_uint(&e, PF_FRAME(rel_pc), 0x40);
+    hp_pbw_msg(&in, PF_INTERNED(frames), &e);
+    for (size_t i = 0; i < n_frames; i++)
+        hp_pbw_varint(&ids, 1);
+    hp_pbw_uint(&e, PF_CALLSTACK(iid), 1);
+    hp_pbw_len(&e, PF_CALLSTACK(frame_ids), ids.p, ids.len);
+    hp_pbw_msg(&in, PF_INTERNED(callstacks), &e);
+    hp_pbw_msg(&pkt, PF_PACKET(interned_data), &in);
+    put_packet(trace, &pkt);
+    free(pkt.p);
+    free(in.p);
+    free(e.p);
+    free(ids.p);
+}
+
+static void put_process_tree(struct hp_pbw *trace, uint64_t pid, const char *arg0, const char *arg1)
+{
+    struct hp_pbw pkt = {0}, tree = {0}, proc = {0};
+    packet_head(&pkt, false);
+    hp_pbw_uint(&proc, PF_PROCESS(pid), pid);
+    hp_pbw_len(&proc, PF_PROCESS(cmdline), arg0, strlen(arg0));
+    hp_pbw_len(&proc, PF_PROCESS(cmdline), arg1, strlen(arg1));
+    hp_pbw_msg(&tree, PF_TREE(processes), &proc);
+    hp_pbw_msg(&pkt, PF_PACKET(process_tree), &tree);
+    put_packet(trace, &pkt);
+    free(pkt.p);
+    free(tree.p);
+    free(proc.p);
+}
+
+/* Safety review item 16, reproducer A11: one interned 4096-frame callstack and 2000
+ * process dumps of one sample each (a 28 KB trace) made the reader copy the frames per
+ * sample: 525 MB. They are shared now, and what is kept stays proportional to the
+ * input. */
+static void test_reader_bug_shared_callstack_memory(void **state)
+{
+    (void)state;
+    struct hp_pbw trace = {0};
+    put_interned(&trace, 4096);
+    for (uint64_t pid = 1; pid <= 2000; pid++)
+        put_dump(&trace, pid - 1, pid, 1, 4096);
+    assert_false(trace.oom);
+    assert_true(trace.len < 100000);
+    struct rp_trace *t;
+    size_t before = mallinfo2().uordblks;
+    assert_int_equal(rp_trace_load_buffer(trace.p, trace.len, NULL, &t), 0);
+    size_t kept = mallinfo2().uordblks - before;
+    assert_int_equal(t->n_processes, 2000);
+    for (size_t i = 0; i < t->n_processes; i++) {
+        assert_int_equal(t->processes[i].n_callsites, 1);
+        assert_int_equal(t->processes[i].callsites[0].n_frames, 4096);
+        /* One copy of the frames for every sample. */
+        assert_ptr_equal(t->processes[i].callsites[0].frames, t->processes[0].callsites[0].frames);
+    }
+    /* Under ASan mallinfo2() counts nothing; elsewhere what the trace keeps is within
+     * the reader's budget per input byte (525 MB before, ~19 000 bytes per byte). */
+    assert_true(kept < 128 * trace.len + (1u << 20));
+    rp_trace_free(t);
+    free(trace.p);
+}
+
+/* A shell shim that execs python is two programs in one pid: each is a process of its
+ * own, named by its own command line, with its own samples (they were merged under the
+ * last command line). */
+static void test_reader_bug_exec_in_one_pid(void **state)
+{
+    (void)state;
+    struct hp_pbw trace = {0};
+    put_interned(&trace, 3);
+    put_process_tree(&trace, 77, "/bin/sh", "shim");
+    put_dump(&trace, 0, 77, 1, 100);
+    put_process_tree(&trace, 77, "python3", "x.py");
+    put_dump(&trace, 1, 77, 1, 5000);
+    put_dump(&trace, 2, 77, 1, 6000);
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load_buffer(trace.p, trace.len, NULL, &t), 0);
+    assert_int_equal(t->n_processes, 2);
+    assert_string_equal(t->processes[0].cmdline, "/bin/sh shim");
+    assert_int_equal(t->processes[0].exec_index, 0);
+    assert_int_equal(t->processes[0].n_dumps, 1);
+    assert_int_equal(t->processes[0].callsites[0].self_allocated, 100);
+    assert_string_equal(t->processes[1].cmdline, "python3 x.py");
+    assert_int_equal(t->processes[1].exec_index, 1);
+    assert_int_equal(t->processes[1].n_dumps, 2);
+    assert_int_equal(t->processes[1].callsites[0].self_allocated, 6000);
+    t = rp_trace_free(t);
+    /* --dump 2 exists for the second program only. */
+    assert_int_equal(
+        rp_trace_load_buffer(trace.p, trace.len, &(struct rp_trace_options){.dump_index = 2}, &t),
+        0);
+    assert_false(t->processes[0].selected);
+    assert_true(t->processes[1].selected);
+    assert_int_equal(t->processes[1].callsites[0].self_allocated, 6000);
+    rp_trace_free(t);
+    free(trace.p);
+}
+
+/* A trace cut inside a packet, or inside a dump, was read as if complete. */
+static void test_reader_bug_truncation_flagged(void **state)
+{
+    (void)state;
+    struct hp_pbw trace = {0};
+    put_interned(&trace, 3);
+    put_dump(&trace, 0, 5, 1, 100);
+    size_t whole = trace.len;
+    put_dump(&trace, 1, 5, 1, 200);
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load_buffer(trace.p, trace.len, NULL, &t), 0);
+    assert_false(t->truncated);
+    t = rp_trace_free(t);
+    assert_int_equal(rp_trace_load_buffer(trace.p, whole + 5, NULL, &t), 0);
+    assert_true(t->truncated);
+    assert_int_equal(t->truncated_at, whole);
+    assert_int_equal(t->file_bytes, whole + 5);
+    assert_int_equal(t->processes[0].n_dumps, 1);
+    assert_int_equal(t->processes[0].callsites[0].self_allocated, 100);
+    t = rp_trace_free(t);
+
+    /* A dump whose last packet (continued = false) is missing. */
+    struct hp_pbw pkt = {0}, prof = {0};
+    packet_head(&pkt, false);
+    hp_pbw_uint_always(&prof, PF_PROFILE(index), 2);
+    hp_pbw_uint(&prof, PF_PROFILE(continued), 1);
+    hp_pbw_msg(&pkt, PF_PACKET(profile_packet), &prof);
+    put_packet(&trace, &pkt);
+    assert_int_equal(rp_trace_load_buffer(trace.p, trace.len, NULL, &t), 0);
+    assert_true(t->truncated);
+    assert_int_equal(t->incomplete_dumps, 1);
+    assert_int_equal(t->processes[0].n_dumps, 2);
+    rp_trace_free(t);
+    free(pkt.p);
+    free(prof.p);
+    free(trace.p);
+}
+
+/* A directory was read as an I/O error ("Input/output error"). */
+static void test_reader_bug_directory(void **state)
+{
+    (void)state;
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load("/", NULL, &t), -EISDIR);
+}
+
+/* ModuleSymbols with three lines for an address: two inlined functions (innermost
+ * first) and the frame's own function; the report prints them leaf first, with
+ * file:line. */
+static void test_reader_module_symbols_inlined(void **state)
+{
+    (void)state;
+    struct hp_pbw trace = {0}, pkt = {0}, mod = {0}, addr = {0}, line = {0};
+    put_interned(&trace, 2);
+    put_dump(&trace, 0, 9, 1, 4096);
+    packet_head(&pkt, false);
+    hp_pbw_len(&mod, PF_MODULE(path), "/bin/app", 8);
+    hp_pbw_uint_always(&addr, PF_ADDRESS(address), 0x40);
+    static const char *const fns[] = {"inner", "middle", "leaf"};
+    static const char *const files[] = {"vec.h", "util.h", "app.c"};
+    for (int i = 0; i < 3; i++) {
+        hp_pbw_len(&line, PF_LINE(function_name), fns[i], strlen(fns[i]));
+        hp_pbw_len(&line, PF_LINE(source_file_name), files[i], strlen(files[i]));
+        hp_pbw_uint(&line, PF_LINE(line_number), 10 + (uint64_t)i);
+        hp_pbw_msg(&addr, PF_ADDRESS(lines), &line);
+    }
+    hp_pbw_msg(&mod, PF_MODULE(address_symbols), &addr);
+    hp_pbw_msg(&pkt, PF_PACKET(module_symbols), &mod);
+    put_packet(&trace, &pkt);
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load_buffer(trace.p, trace.len, NULL, &t), 0);
+    assert_int_equal(t->n_source_lines, 1);
+    const struct rp_trace_frame *f = &t->processes[0].callsites[0].frames[1];
+    assert_string_equal(f->function_name, "leaf");
+    assert_string_equal(f->file, "app.c");
+    assert_int_equal(f->line, 12);
+    assert_int_equal(f->n_inlined, 2);
+    assert_string_equal(f->inlined[0].function_name, "inner");
+    assert_string_equal(f->inlined[0].file, "vec.h");
+    assert_int_equal(f->inlined[0].line, 10);
+    assert_string_equal(f->inlined[1].function_name, "middle");
+    char *text = NULL;
+    size_t text_len = 0;
+    FILE *out = open_memstream(&text, &text_len);
+    rp_report_print(out, t, &(struct rp_report_options){.top_n = 1});
+    fclose(out);
+    const char *a = strstr(text, "inner  vec.h:10  (inlined)");
+    const char *b = strstr(text, "middle  util.h:11  (inlined)");
+    const char *c = strstr(text, "leaf  app.c:12");
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_non_null(c);
+    assert_true(a < b && b < c);
+    free(text);
+    rp_trace_free(t);
+    free(trace.p);
+    free(pkt.p);
+    free(mod.p);
+    free(addr.p);
+    free(line.p);
+}
+
+/* The heap name comes from the trace: "../x/y" must not leave the output directory. */
+static void test_reader_bug_pprof_heap_name_path(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/hp_pprof_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    struct hp_pbw trace = {0}, pkt = {0}, prof = {0}, dump = {0}, sample = {0};
+    put_interned(&trace, 1);
+    packet_head(&pkt, false);
+    hp_pbw_uint(&sample, PF_SAMPLE(callstack_id), 1);
+    hp_pbw_uint(&sample, PF_SAMPLE(self_allocated), 10);
+    hp_pbw_uint(&dump, PF_DUMP(pid), 3);
+    hp_pbw_len(&dump, PF_DUMP(heap_name), "../x/y", 6);
+    hp_pbw_msg(&dump, PF_DUMP(samples), &sample);
+    hp_pbw_msg(&prof, PF_PROFILE(process_dumps), &dump);
+    hp_pbw_uint_always(&prof, PF_PROFILE(index), 0);
+    hp_pbw_msg(&pkt, PF_PACKET(profile_packet), &prof);
+    put_packet(&trace, &pkt);
+    char path[256], out[256], want[300];
+    snprintf(path, sizeof(path), "%s/t.pftrace", dir);
+    snprintf(out, sizeof(out), "%s/p", dir);
+    FILE *fp = fopen(path, "we");
+    assert_non_null(fp);
+    assert_int_equal(fwrite(trace.p, 1, trace.len, fp), trace.len);
+    fclose(fp);
+    assert_int_equal(rp_pprof_export(path, out, 0, 0, NULL, NULL), 0);
+    snprintf(want, sizeof(want), "%s/p.pid3..._x_y.dump1.pb.gz", dir);
+    struct stat st;
+    assert_int_equal(stat(want, &st), 0);
+    assert_int_equal(unlink(want), 0);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(rmdir(dir), 0); /* nothing else was written in it */
+    free(trace.p);
+    free(pkt.p);
+    free(prof.p);
+    free(dump.p);
+    free(sample.p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -443,6 +743,12 @@ int main(void)
         cmocka_unit_test(test_reader_buffer_and_selection),
         cmocka_unit_test(test_reader_source_lines_once_per_frame),
         cmocka_unit_test(test_reader_big_items_roundtrip),
+        cmocka_unit_test(test_reader_bug_shared_callstack_memory),
+        cmocka_unit_test(test_reader_bug_exec_in_one_pid),
+        cmocka_unit_test(test_reader_bug_truncation_flagged),
+        cmocka_unit_test(test_reader_bug_directory),
+        cmocka_unit_test(test_reader_module_symbols_inlined),
+        cmocka_unit_test(test_reader_bug_pprof_heap_name_path),
     };
     return cmocka_run_group_tests_name("reader", tests, NULL, NULL);
 }

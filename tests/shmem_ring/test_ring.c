@@ -247,9 +247,13 @@ static void test_ring_maps_read_asked_and_answered(void **state)
     assert_int_equal(ring_wait_maps_read(f->writer, a1), -EAGAIN); /* not in block mode */
     ring_set_blocking(f->writer, true, 1000);
     assert_int_equal(ring_wait_maps_read(f->writer, a1), -ETIMEDOUT);
+    /* A wait that ran out ends blocking, as one for room does. */
+    assert_int_equal(ring_wait_maps_read(f->writer, a1), -EAGAIN);
+    ring_set_blocking(f->writer, true, 1000);
     ring_maps_read_done(f->reader, a1);
     assert_int_equal(ring_wait_maps_read(f->writer, a1), 0);
     assert_int_equal(ring_wait_maps_read(f->writer, a2), -ETIMEDOUT);
+    ring_set_blocking(f->writer, true, 1000);
     ring_maps_read_done(f->reader, a2);
     assert_int_equal(ring_wait_maps_read(f->writer, a1), 0);
     assert_int_equal(ring_wait_maps_read(f->writer, a2), 0);
@@ -687,7 +691,7 @@ static int read_until_not_again(ring_t *rd, struct ring_rspan *rs, uint64_t limi
     return r;
 }
 
-static void test_ring_stalled_record_is_corruption(void **state)
+static void test_ring_stalled_record_names_its_writer(void **state)
 {
     struct fixture *f = *state;
     struct ring_wspan ws, ws2;
@@ -712,13 +716,52 @@ static void test_ring_stalled_record_is_corruption(void **state)
     assert_int_equal(ring_begin_read(f->reader, &rs), 0);
     ring_end_read(f->reader, &rs);
 
-    /* A reserved record never published, with later ones published behind it. */
+    /* A reserved record never published, with later ones published behind it: after the
+     * stall timeout the reader is told (not "corrupt"), with the writer's thread id. */
     assert_int_equal(ring_try_begin_write(f->writer, 1, 24, &ws), 0);
     assert_int_equal(ring_try_begin_write(f->writer, 1, 24, &ws2), 0);
     (void)ring_end_write(f->writer, &ws2);
-    assert_int_equal(read_until_not_again(f->reader, &rs, 5000, &waited_ms), -EBADMSG);
+    assert_int_equal(read_until_not_again(f->reader, &rs, 5000, &waited_ms), -ETIMEDOUT);
     assert_true(waited_ms >= 50);
     assert_true(waited_ms < 2000);
+    assert_int_equal(ring_stalled_writer(f->reader), (uint32_t)gettid());
+    /* It says so again until the caller decides; waiting on restarts the timeout. */
+    assert_int_equal(ring_begin_read(f->reader, &rs), -ETIMEDOUT);
+    ring_stall_rearm(f->reader);
+    assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
+    assert_int_equal(read_until_not_again(f->reader, &rs, 5000, &waited_ms), -ETIMEDOUT);
+    assert_true(waited_ms >= 40);
+    /* Published at last: read as usual, then the record behind it. */
+    (void)ring_end_write(f->writer, &ws);
+    assert_int_equal(ring_begin_read(f->reader, &rs), 0);
+    ring_end_read(f->reader, &rs);
+    assert_int_equal(ring_begin_read(f->reader, &rs), 0);
+    ring_end_read(f->reader, &rs);
+    assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
+}
+
+/* A writer that will never come back (its thread is gone): the reader steps over its
+ * record, counts it, and reads on. */
+static void test_ring_stalled_record_skipped(void **state)
+{
+    struct fixture *f = *state;
+    struct ring_wspan ws;
+    struct ring_rspan rs;
+    uint64_t waited_ms;
+
+    ring_set_stall_timeout(f->reader, 20000);
+    assert_int_equal(ring_try_begin_write(f->writer, 1, 40, &ws), 0);
+    assert_int_equal(write_one(f->writer, 2, 24, 7), 0);
+    assert_int_equal(read_until_not_again(f->reader, &rs, 5000, &waited_ms), -ETIMEDOUT);
+    assert_int_equal(ring_skip_stalled(f->reader), 0);
+    read_one_expect(f->reader, 2, 24, 7);
+    assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
+    struct ring_stats st;
+    ring_get_stats(f->reader, &st);
+    assert_int_equal(st.records_skipped, 1);
+    assert_int_equal(st.records_read, 1);
+    /* Nothing to skip while nothing stalls. */
+    assert_int_equal(ring_skip_stalled(f->reader), -EAGAIN);
 }
 
 static void test_ring_stalled_by_hostile_write_pos(void **state)
@@ -727,11 +770,14 @@ static void test_ring_stalled_by_hostile_write_pos(void **state)
     struct ring_rspan rs;
     uint64_t waited_ms;
 
-    /* write_pos moved ahead with no record behind it. */
+    /* write_pos moved ahead with no record behind it: a stall whose writer is unnamed,
+     * and whose header (zeros) cannot be skipped. */
     ring_set_stall_timeout(f->reader, 20000);
     atomic_store(&f->writer->hdr->write_pos, 4096);
-    assert_int_equal(read_until_not_again(f->reader, &rs, 5000, &waited_ms), -EBADMSG);
+    assert_int_equal(read_until_not_again(f->reader, &rs, 5000, &waited_ms), -ETIMEDOUT);
     assert_true(waited_ms >= 20);
+    assert_int_equal(ring_stalled_writer(f->reader), 0);
+    assert_int_equal(ring_skip_stalled(f->reader), -EBADMSG);
 }
 
 static void test_ring_writer_died_mid_record(void **state)
@@ -767,8 +813,75 @@ static void test_ring_writer_died_mid_record(void **state)
         assert_int_equal(((const uint8_t *)rs.data)[99], i);
         ring_end_read(f->reader, &rs);
     }
-    assert_int_equal(read_until_not_again(f->reader, &rs, 5000, &waited_ms), -EBADMSG);
+    assert_int_equal(read_until_not_again(f->reader, &rs, 5000, &waited_ms), -ETIMEDOUT);
     assert_true(waited_ms >= 50);
+    /* The child's only thread held it; once skipped, its later records are all there. */
+    assert_int_equal(ring_stalled_writer(f->reader), (uint32_t)pid);
+    assert_int_equal(ring_skip_stalled(f->reader), 0);
+    for (int i = 6; i < 10; i++) {
+        assert_int_equal(ring_begin_read(f->reader, &rs), 0);
+        assert_int_equal(((const uint8_t *)rs.data)[99], i);
+        ring_end_read(f->reader, &rs);
+    }
+    assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
+}
+
+/* ---- waking the reader (futex) ---------------------------------------------------- */
+
+struct waiter {
+    ring_t *r;
+    int ret;
+    uint64_t waited_ms;
+};
+
+static void *wait_main(void *arg)
+{
+    struct waiter *w = arg;
+    uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
+    w->ret = ring_wait(w->r, 5000);
+    w->waited_ms = (hp_clock_ns(CLOCK_MONOTONIC) - t0) / 1000000u;
+    return NULL;
+}
+
+/* A sleeping reader is woken by the first record (no descriptor involved), and by a
+ * client that ends the session itself, whose reason it then reads. */
+static void test_ring_futex_wakes_reader(void **state)
+{
+    struct fixture *f = *state;
+    struct ring_wspan ws;
+    struct ring_rspan rs;
+    pthread_t th;
+    struct waiter w = {.r = f->reader};
+
+    /* Nothing written: the wait times out. */
+    ring_set_reader_idle(f->reader, true);
+    assert_int_equal(ring_wait(f->reader, 20), -ETIMEDOUT);
+
+    assert_int_equal(pthread_create(&th, NULL, wait_main, &w), 0);
+    usleep(50000);
+    assert_int_equal(ring_try_begin_write(f->writer, 1, 8, &ws), 0);
+    assert_true(ring_end_write(f->writer, &ws));
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(w.ret, 0);
+    assert_true(w.waited_ms < 2000);
+    assert_int_equal(ring_begin_read(f->reader, &rs), 0);
+    ring_end_read(f->reader, &rs);
+
+    /* Woken already: the next wait returns at once. */
+    ring_set_reader_idle(f->reader, true);
+    ring_wake_reader(f->writer);
+    assert_int_equal(ring_wait(f->reader, 5000), 0);
+
+    assert_int_equal(ring_client_ended(f->reader), RING_END_NONE);
+    ring_set_reader_idle(f->reader, true);
+    w = (struct waiter){.r = f->reader};
+    assert_int_equal(pthread_create(&th, NULL, wait_main, &w), 0);
+    usleep(50000);
+    ring_set_client_ended(f->writer, RING_END_CONN_TAKEN);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(w.ret, 0);
+    assert_true(w.waited_ms < 2000);
+    assert_int_equal(ring_client_ended(f->reader), RING_END_CONN_TAKEN);
 }
 
 /* ---- reader idle / wakeup ------------------------------------------------------- */
@@ -976,14 +1089,73 @@ static void test_ring_blocking_times_out(void **state)
     assert_int_equal(st.records_dropped, 2);
 }
 
+/* The bug: with a stopped reader every record waited out the whole timeout, for as long
+ * as the reader stayed stopped (a malloc loop fell to ~600 per second). Now the first
+ * wait that runs out ends blocking: the next writes fail at once, and the reader learns
+ * it from block_timeouts. A timeout above RING_MAX_BLOCK_TIMEOUT_US is capped. */
+static void test_ring_bug_stopped_reader_blocks_every_record(void **state)
+{
+    struct fixture *f = *state;
+    struct ring_stats st;
+
+    ring_set_blocking(f->writer, true, UINT32_MAX);
+    assert_int_equal(atomic_load(&f->writer->block_timeout_us), RING_MAX_BLOCK_TIMEOUT_US);
+    ring_set_blocking(f->writer, false, 0);
+    while (write_one(f->writer, 1, 4000, 0) == 0) {
+    }
+    ring_set_blocking(f->writer, true, 200u * 1000u);
+    uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
+    assert_int_equal(write_one(f->writer, 1, 4000, 0), -EAGAIN);
+    uint64_t waited = hp_clock_ns(CLOCK_MONOTONIC) - t0;
+    assert_true(waited >= 200u * 1000u * 1000u);
+    t0 = hp_clock_ns(CLOCK_MONOTONIC);
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(write_one(f->writer, 1, 4000, 0), -EAGAIN);
+    assert_true(hp_clock_ns(CLOCK_MONOTONIC) - t0 < 100u * 1000u * 1000u);
+    ring_get_stats(f->reader, &st);
+    assert_int_equal(st.block_timeouts, 1);
+    assert_int_equal(st.records_dropped, 102);
+}
+
+/* Frees never wait, whatever the block mode; they find room in the share of the ring
+ * samples leave them; a free that finds none is counted. */
+static void test_ring_nowait_never_waits(void **state)
+{
+    struct fixture *f = *state;
+    struct ring_stats st;
+    struct ring_wspan w;
+
+    ring_set_blocking(f->writer, true, 1000);
+    while (write_one(f->writer, 1, 16, 0) == 0) {
+    }
+    ring_set_blocking(f->writer, true, 500000);
+    uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
+    size_t urgent = 0;
+    while (ring_try_begin_write_nowait(f->writer, 2, 16, &w) == 0) {
+        (void)ring_end_write(f->writer, &w);
+        urgent++;
+    }
+    ring_count_free_lost(f->writer);
+    assert_true(hp_clock_ns(CLOCK_MONOTONIC) - t0 < 100u * 1000u * 1000u);
+    /* 32-byte records in the reserved eighth of the ring. */
+    assert_int_equal(urgent, (SMALL >> RING_URGENT_RESERVE_SHIFT) / 32);
+    ring_get_stats(f->reader, &st);
+    assert_int_equal(st.frees_lost, 1);
+    assert_int_equal(st.block_timeouts, 1); /* the filling write that waited 1 ms */
+}
+
+/* Reads enough 4000-byte records for one more, besides the share a blocking writer leaves
+ * to frees (RING_URGENT_RESERVE_SHIFT). */
 static void *slow_drain(void *arg)
 {
     ring_t *rd = arg;
     struct ring_rspan rs;
     usleep(2000);
-    while (ring_begin_read(rd, &rs) != 0)
-        sched_yield();
-    ring_end_read(rd, &rs);
+    for (unsigned n = 0; n < 1 + (SMALL >> RING_URGENT_RESERVE_SHIFT) / 4000 + 1; n++) {
+        while (ring_begin_read(rd, &rs) != 0)
+            sched_yield();
+        ring_end_read(rd, &rs);
+    }
     return NULL;
 }
 
@@ -1122,7 +1294,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ring_corrupt_header_fields, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_corrupt_random_bytes_never_crash, setup_small,
                                         teardown),
-        cmocka_unit_test_setup_teardown(test_ring_stalled_record_is_corruption, setup_small,
+        cmocka_unit_test_setup_teardown(test_ring_stalled_record_skipped, setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_futex_wakes_reader, setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_stalled_record_names_its_writer, setup_small,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_ring_stalled_by_hostile_write_pos, setup_small,
                                         teardown),
@@ -1135,6 +1309,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ring_reader_idle_no_lost_wakeup, setup_small,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_ring_blocking_times_out, setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_bug_stopped_reader_blocks_every_record,
+                                        setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_nowait_never_waits, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_blocking_waits_for_space, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_detached_stops_writers, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_detached_releases_blocked_writer, setup_small,

@@ -1,6 +1,7 @@
 /* tests/unwinder/test_elf_cache.c: the global ELF cache: reference counts and the cap
- * with least-recently-used eviction, reads that survive a file truncated under its
- * mapping, and symbols from a separate debug file found through .gnu_debuglink. */
+ * with least-recently-used eviction, reads (ours and libdw's) that survive a file
+ * truncated under its mapping, opens that give up on a hung mount, and symbols from a
+ * separate debug file found through .gnu_debuglink. */
 
 /* cmocka.h needs these first. */
 /* clang-format off */
@@ -14,16 +15,22 @@
 #include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tests/unwinder/unwtest.h"
 #include "unwinder/elf_cache.h"
 #include "unwinder/unwinder.h"
+#include "unwinder/unwinder_internal.h"
 
 #define NCOPIES 6
 
@@ -84,6 +91,125 @@ static void test_elf_cache_truncated_file_reads_fail(void **state)
     close(fd);
     unlink(other);
     unlink(path);
+}
+
+/* A cached file truncated before libdw reads its CFI (cfi.c reads .eh_frame through the
+ * mapped image): the SIGBUS inside libdw killed the process; now the lookup fails, the
+ * file is marked faulted and left alone, and the process carries on. */
+static void test_elf_cache_bug_sigbus_in_libdw_cfi(void **state)
+{
+    (void)state;
+    unwinder__elf_cache_catch_sigbus();
+    Dl_info info;
+    assert_true(dladdr((void *)unwtest_lib_call, &info) != 0);
+    uint64_t vaddr = (uintptr_t)unwtest_lib_call - (uintptr_t)info.dli_fbase;
+    char path[64] = "/tmp/unwtest-cfi-XXXXXX";
+    int fd = write_copy(path);
+    const struct unwinder__elf *e = get_path(path);
+    assert_true(e->ok);
+    uint64_t rule;
+    /* The same code in an intact copy has a rule. */
+    const struct unwinder__elf *intact = get_path(g_paths[0]);
+    assert_int_equal(unwinder__cfi_rule(intact, vaddr, &rule), 0);
+    unsigned long faults = unwinder__bus_faults();
+    assert_int_equal(ftruncate(fd, 0), 0);
+    assert_int_equal(unwinder__cfi_rule(e, vaddr, &rule), -ENOENT);
+    assert_true(unwinder__bus_faults() > faults);
+    assert_true(unwinder__elf_is_faulted(e));
+    assert_int_equal(unwinder__cfi_rule(e, vaddr + 1, &rule), -ENOENT);
+    assert_int_equal(unwinder__cfi_rule(intact, vaddr + 1, &rule), 0);
+    unwinder__elf_put(intact);
+    unwinder__elf_put(e);
+    close(fd);
+    unlink(path);
+}
+
+/* A FUSE file system whose server never answers, mounted in a mount namespace of our
+ * own: every lookup under it sleeps until the connection is aborted, as on a hung NFS
+ * or sshfs mount. Needs CAP_SYS_ADMIN; false (the test is skipped) without it. */
+static bool hung_mount(const char *dir, int *ret_fuse_fd)
+{
+    if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+        return false;
+    int fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    char opts[128];
+    snprintf(opts, sizeof(opts), "fd=%d,rootmode=40000,user_id=0,group_id=0", fd);
+    if (mount("heapprof-hung", dir, "fuse", MS_NOSUID | MS_NODEV, opts) < 0) {
+        close(fd);
+        return false;
+    }
+    *ret_fuse_fd = fd;
+    return true;
+}
+
+struct get_call {
+    const char *path;
+    uint64_t dev, inode;
+    const struct unwinder__elf *e;
+    int r;
+};
+
+static void *get_thread(void *arg)
+{
+    struct get_call *c = arg;
+    c->r = unwinder__elf_get(c->dev, c->inode, c->path, &c->e);
+    return NULL;
+}
+
+/* A mapping whose path lies on a hung mount: building its entry used to stat() and open()
+ * the path on the unwinder thread, which then slept forever (and with it every client it
+ * served and every dump). Now the open gives up after its timeout (200 ms here) and the
+ * file gets a negative entry; the helper left behind finishes when the mount goes. */
+static void test_elf_cache_bug_hung_mount_blocks_thread(void **state)
+{
+    (void)state;
+    char dir[64] = "/tmp/unwtest-hung-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[128];
+    snprintf(path, sizeof(path), "%s/lib.so", dir);
+    int cfd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    assert_true(cfd >= 0);
+    assert_int_equal(write(cfd, g_orig, g_orig_len), (ssize_t)g_orig_len);
+    close(cfd);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    int fuse_fd = -1;
+    if (!hung_mount(dir, &fuse_fd)) {
+        unlink(path);
+        rmdir(dir);
+        print_message("  no FUSE mount here (needs CAP_SYS_ADMIN): skipped\n");
+        skip();
+    }
+    unsigned saved = unwinder__open_timeout_ms;
+    unwinder__open_timeout_ms = 200;
+    unsigned long timeouts = unwinder__open_timeouts();
+    struct get_call c = {.path = path, .dev = st.st_dev, .inode = st.st_ino, .r = 1};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, get_thread, &c), 0);
+    struct timespec limit;
+    clock_gettime(CLOCK_REALTIME, &limit);
+    limit.tv_sec += 5;
+    int joined = pthread_timedjoin_np(t, NULL, &limit);
+    /* Abort the connection: whatever still sleeps on the mount wakes with ENOTCONN. */
+    close(fuse_fd);
+    (void)umount2(dir, MNT_DETACH);
+    if (joined != 0) {
+        pthread_join(t, NULL);
+        fail_msg("unwinder__elf_get() on a hung mount did not return within 5 s");
+    }
+    unwinder__open_timeout_ms = saved;
+    assert_int_equal(c.r, 0);
+    assert_non_null(c.e);
+    assert_false(c.e->ok);
+    assert_true(unwinder__open_timeouts() > timeouts);
+    unwinder__elf_put(c.e);
+    /* The helper finishes now that the mount is gone; give it a moment to free its
+     * request before the leak checkers look. */
+    usleep(100 * 1000);
+    unlink(path);
+    rmdir(dir);
 }
 
 /* With a cap of 2 files, released entries are evicted least recently used first, held
@@ -204,6 +330,8 @@ int main(void)
         cmocka_unit_test(test_elf_cache_truncated_file_reads_fail),
         cmocka_unit_test(test_elf_cache_lru_cap),
         cmocka_unit_test(test_elf_cache_gnu_debuglink),
+        cmocka_unit_test(test_elf_cache_bug_sigbus_in_libdw_cfi),
+        cmocka_unit_test(test_elf_cache_bug_hung_mount_blocks_thread),
     };
     return cmocka_run_group_tests_name("unwinder_elf_cache", tests, group_setup, group_teardown);
 }

@@ -105,6 +105,44 @@ static void test_srcline_debuginfod_when_set(void **state)
     assert_int_equal(g_fetches, 1);
 }
 
+/* A file whose DWARF libdw has open (mapped) is truncated: the next lookup that reads it
+ * takes SIGBUS inside libdw, which killed the service (and every session's data) with it.
+ * Now the lookup fails, the file gives no more lines, and nothing else is affected. */
+static void test_srcline_bug_sigbus_truncated_dwarf(void **state)
+{
+    (void)state;
+    unwinder__elf_cache_catch_sigbus(); /* cmocka catches SIGBUS too; ours goes first */
+    uint64_t vaddr;
+    (void)stripped_mapping(UNWDBG_PATH, &vaddr);
+    /* A copy of the debug file (an ELF with .debug_info for the library's addresses). */
+    char path[64] = "/tmp/unwtest-srcline-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    int in = open(UNWDBG_DEBUG_PATH, O_RDONLY | O_CLOEXEC);
+    assert_true(in >= 0);
+    char buf[65536];
+    ssize_t n;
+    while ((n = read(in, buf, sizeof(buf))) > 0)
+        assert_int_equal(write(fd, buf, (size_t)n), n);
+    close(in);
+    struct hp_mapping m = {.path = unwinder__intern(path, strlen(path))};
+    const char *file;
+    uint32_t line;
+    /* A pc no unit covers: the file's DWARF is opened, its ranges read, nothing more. */
+    assert_int_equal(unwinder_source_line(&m, 1, &file, &line), -ENOENT);
+    unsigned long faults = unwinder__bus_faults();
+    assert_int_equal(ftruncate(fd, 0), 0);
+    assert_int_equal(unwinder_source_line(&m, vaddr, &file, &line), -ENOENT);
+    assert_true(unwinder__bus_faults() > faults);
+    assert_int_equal(unwinder_source_line(&m, vaddr + 1, &file, &line), -ENOENT);
+    /* Another file still has its lines. */
+    struct hp_mapping ok = {.path = unwinder__intern(UNWDBG_DEBUG_PATH, strlen(UNWDBG_DEBUG_PATH))};
+    assert_int_equal(unwinder_source_line(&ok, vaddr, &file, &line), 0);
+    assert_non_null(strstr(file, "libunwdbg.c"));
+    close(fd);
+    unlink(path);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -124,6 +162,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_srcline_debuginfod_off_when_unset),
         cmocka_unit_test(test_srcline_debuginfod_when_set),
+        cmocka_unit_test(test_srcline_bug_sigbus_truncated_dwarf),
     };
     return cmocka_run_group_tests_name("unwinder_srcline", tests, group_setup, group_teardown);
 }

@@ -1,0 +1,222 @@
+/* preload/got.c: see got.h. */
+#include "preload/got.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <link.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/macros.h"
+#include "preload/alloc.h"
+#include "preload/elfobj.h"
+
+_Atomic uint64_t client_stat_got_slots;
+
+/* One patcher at a time; a caller that finds it busy leaves the work to the holder. */
+static _Atomic bool got_busy;
+static _Atomic uint64_t got_seen_adds;
+static _Atomic uint64_t got_last_check_ns;
+
+static int got_fn_of(const char *name)
+{
+    /* Every name of the family starts with one of these letters. */
+    if (!name || !strchr("acfmprv", name[0]))
+        return -1;
+    for (int i = 0; i < CLIENT_N_FN; i++)
+        if (strcmp(name, client_fn_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+/* An object was skipped (still being relocated): look again at the next check. */
+static _Atomic bool got_retry;
+
+static bool got_hex(const char **p, const char *end, uintptr_t *ret)
+{
+    uintptr_t v = 0;
+    const char *s = *p;
+    for (; s < end; s++) {
+        unsigned d;
+        if (*s >= '0' && *s <= '9')
+            d = (unsigned)(*s - '0');
+        else if (*s >= 'a' && *s <= 'f')
+            d = (unsigned)(*s - 'a' + 10);
+        else
+            break;
+        v = v * 16 + d;
+    }
+    if (s == *p)
+        return false;
+    *p = s;
+    *ret = v;
+    return true;
+}
+
+/* Whether the mapping line [@s, @end) of /proc/self/maps holds @addr; *ret_ro: without
+ * write permission. */
+static bool got_maps_line(const char *s, const char *end, uintptr_t addr, bool *ret_ro)
+{
+    uintptr_t lo, hi;
+    if (!got_hex(&s, end, &lo) || s == end || *s++ != '-' || !got_hex(&s, end, &hi) ||
+        end - s < 3 || *s != ' ')
+        return false;
+    if (addr < lo || addr >= hi)
+        return false;
+    *ret_ro = s[2] != 'w';
+    return true;
+}
+
+/* True when the page holding @addr is mapped read-only: the loader has finished
+ * relocating the object and protected its RELRO pages (glibc does so at the end of each
+ * object's relocation). Write permission means a dlopen in another thread may still be
+ * relocating it: making the pages read-only again after our write would fault its
+ * relocation. Raw system calls and a stack buffer; once per object patched. */
+static bool got_page_readonly(uintptr_t addr)
+{
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    char buf[4096];
+    size_t have = 0;
+    bool found = false, ro = false;
+    while (!found) {
+        long n = syscall(SYS_read, fd, buf + have, sizeof(buf) - have);
+        if (n <= 0)
+            break;
+        have += (size_t)n;
+        size_t start = 0;
+        for (size_t i = 0; i < have && !found; i++) {
+            if (buf[i] != '\n')
+                continue;
+            found = got_maps_line(buf + start, buf + i, addr, &ro);
+            start = i + 1;
+        }
+        if (start == 0 && have == sizeof(buf))
+            start = have; /* a line longer than the buffer holds no address of ours */
+        memmove(buf, buf + start, have - start);
+        have -= start;
+    }
+    (void)syscall(SYS_close, fd);
+    return found && ro;
+}
+
+struct got_obj {
+    const struct client_elfobj *o;
+    bool relro_checked; /* got_page_readonly() was asked */
+    bool relro_open;    /* the RELRO pages are writable now (by us) */
+    bool relro_failed;  /* not settled yet, or mprotect failed: RELRO slots left */
+};
+
+static void got_patch_slot(struct got_obj *g, const Elf64_Rela *r)
+{
+    const struct client_elfobj *o = g->o;
+    unsigned type = ELF64_R_TYPE(r->r_info);
+    if (type != R_X86_64_JUMP_SLOT && type != R_X86_64_GLOB_DAT)
+        return;
+    int fn = got_fn_of(client_elfobj_reloc_name(o, r));
+    if (fn < 0)
+        return;
+    uintptr_t addr = o->bias + r->r_offset;
+    if (addr < o->lo || addr + sizeof(uintptr_t) > o->hi || addr % sizeof(uintptr_t) != 0)
+        return;
+    _Atomic uintptr_t *slot = (_Atomic uintptr_t *)addr;
+    uintptr_t cur = atomic_load_explicit(slot, memory_order_relaxed);
+    uintptr_t hook = (uintptr_t)client_hook_fns[fn];
+    uintptr_t own = (uintptr_t)client_alloc_own[fn];
+    /* Bound to the allocator, or (lazy binding) not bound yet: into the object's PLT. */
+    if (cur == hook || !((own && cur == own) || client_elfobj_contains(o, cur)))
+        return;
+    if (addr >= o->relro_lo && addr < o->relro_hi && !g->relro_open) {
+        if (!g->relro_checked) {
+            g->relro_checked = true;
+            if (!got_page_readonly(o->relro_lo)) {
+                g->relro_failed = true;
+                atomic_store_explicit(&got_retry, true, memory_order_relaxed);
+            }
+        }
+        if (g->relro_failed ||
+            mprotect((void *)o->relro_lo, o->relro_hi - o->relro_lo, PROT_READ | PROT_WRITE) < 0) {
+            g->relro_failed = true;
+            return;
+        }
+        g->relro_open = true;
+    }
+    atomic_store_explicit(slot, hook, memory_order_relaxed);
+    atomic_fetch_add_explicit(&client_stat_got_slots, 1, memory_order_relaxed);
+}
+
+static int got_patch_cb(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    (void)arg;
+    if (size >= offsetof(struct dl_phdr_info, dlpi_adds) + sizeof(info->dlpi_adds))
+        atomic_store_explicit(&got_seen_adds, info->dlpi_adds, memory_order_relaxed);
+    struct client_elfobj o;
+    if (client_elfobj_init(&o, info) < 0)
+        return 0;
+    /* Not us, not the allocator (its calls to itself stay its own). */
+    if (client_elfobj_contains(&o, (uintptr_t)&client_got_patch_loaded) ||
+        client_elfobj_contains(&o, (uintptr_t)client_alloc_own[CLIENT_FN_MALLOC]))
+        return 0;
+    struct got_obj g = {.o = &o};
+    for (size_t i = 0; i < o.n_jmprel; i++)
+        got_patch_slot(&g, &o.jmprel[i]);
+    for (size_t i = 0; i < o.n_rela; i++)
+        got_patch_slot(&g, &o.rela[i]);
+    if (g.relro_open)
+        (void)mprotect((void *)o.relro_lo, o.relro_hi - o.relro_lo, PROT_READ);
+    return 0;
+}
+
+void client_got_patch_loaded(void)
+{
+    if (atomic_exchange_explicit(&got_busy, true, memory_order_acquire))
+        return;
+    int saved_errno = errno;
+    atomic_store_explicit(&got_retry, false, memory_order_relaxed);
+    (void)dl_iterate_phdr(got_patch_cb, NULL);
+    /* An object still being relocated: the next check patches again. */
+    if (atomic_load_explicit(&got_retry, memory_order_relaxed))
+        atomic_store_explicit(&got_seen_adds, 0, memory_order_relaxed);
+    errno = saved_errno;
+    atomic_store_explicit(&got_busy, false, memory_order_release);
+}
+
+static int got_adds_cb(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    uint64_t *adds = arg;
+    if (size >= offsetof(struct dl_phdr_info, dlpi_adds) + sizeof(info->dlpi_adds))
+        *adds = info->dlpi_adds;
+    return 1; /* the first object tells */
+}
+
+void client_got_after_dlopen(void)
+{
+    if (atomic_load_explicit(&client_alloc_route, memory_order_acquire) == CLIENT_ROUTE_GOT)
+        client_got_patch_loaded();
+}
+
+void client_got_check(void)
+{
+    /* Acquire pairs with the release store of the route: client_alloc_own is complete. */
+    if (HP_LIKELY(atomic_load_explicit(&client_alloc_route, memory_order_acquire) !=
+                  CLIENT_ROUTE_GOT))
+        return;
+    uint64_t now_ns = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
+    uint64_t last = atomic_load_explicit(&got_last_check_ns, memory_order_relaxed);
+    if (now_ns - last < CLIENT_GOT_CHECK_NS ||
+        !atomic_compare_exchange_strong_explicit(&got_last_check_ns, &last, now_ns,
+                                                 memory_order_relaxed, memory_order_relaxed))
+        return;
+    int saved_errno = errno;
+    uint64_t adds = 0;
+    (void)dl_iterate_phdr(got_adds_cb, &adds);
+    if (adds != atomic_load_explicit(&got_seen_adds, memory_order_relaxed))
+        client_got_patch_loaded();
+    errno = saved_errno;
+}

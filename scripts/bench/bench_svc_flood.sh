@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Hash flooding, end to end: how much longer the service takes over allocation records
+# whose addresses were crafted to collide in its tables than over random ones. Run by
+# `scripts/bench.sh svc` (which builds build-release and sets HEAPPROF_BUILD).
+#
+# One run: heapprofd (--all, its own socket and trace in a temporary directory) is
+# started and waited for; then tests/programs/hostile_client writes COUNT allocation
+# records (waiting for room in the ring, none dropped) and leaves; heapprofd gets SIGINT
+# and is waited for. The time is from the client's start to heapprofd's exit: every record
+# unwound and applied by the bookkeeping thread, the final dump written.
+#   randflood  random addresses (the baseline)
+#   hashflood  addresses unhash(i << 32): every one lands in slot 0 under the unkeyed
+#              splitmix64 finalizer the tables used to hash with; against a keyed hash
+#              it is what an attacker who does not know the secret can do
+# Runs alternate between the two, ROUNDS of each; figures are medians:
+#   svc_flood_vs_random_ratio  hashflood time / randflood time (goal <= 2)
+#   svc_flood_ms, svc_random_ms  the medians themselves
+#
+# Environment: BENCH_SVC_ROUNDS (default 5), BENCH_SVC_RECORDS (default 200000),
+# HEAPPROF_BUILD (default build-release), BENCH_SVC_DAEMON (the heapprofd to measure,
+# default the build's: another build's, to compare before and after a change).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+build=${HEAPPROF_BUILD:-$PWD/build-release}
+rounds=${BENCH_SVC_ROUNDS:-5}
+count=${BENCH_SVC_RECORDS:-200000}
+daemon=${BENCH_SVC_DAEMON:-$build/cli/heapprofd}
+client="$build/tests/programs/hostile_client"
+for f in "$daemon" "$client"; do
+    [ -x "$f" ] || { echo "bench_svc_flood: $f missing (build first)" >&2; exit 1; }
+done
+
+tmp=$(mktemp -d /tmp/heapprof-bench-svc.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+
+now_ns() { date +%s%N; }
+
+# run_one MODE: prints the milliseconds from the client's start to the daemon's exit.
+run_one() {
+    local mode=$1 sock="$tmp/s.sock"
+    rm -f "$sock" "$tmp/out.pftrace"
+    "$daemon" --socket "$sock" -o "$tmp/out.pftrace" --no-status --all --no-running \
+        2>"$tmp/daemon.log" &
+    local pid=$!
+    trap 'kill "$pid" 2>/dev/null' EXIT
+    for _ in $(seq 500); do
+        [ -S "$sock" ] && break
+        sleep 0.01
+    done
+    [ -S "$sock" ] || { echo "bench_svc_flood: heapprofd did not start" >&2; cat "$tmp/daemon.log" >&2; exit 1; }
+    local t0 t1
+    t0=$(now_ns)
+    "$client" "$sock" "$mode" 1 "$count" >/dev/null 2>"$tmp/client.log" ||
+        { echo "bench_svc_flood: hostile_client $mode failed" >&2; cat "$tmp/client.log" >&2; exit 1; }
+    kill -INT "$pid"
+    wait "$pid" || { echo "bench_svc_flood: heapprofd failed" >&2; cat "$tmp/daemon.log" >&2; exit 1; }
+    t1=$(now_ns)
+    trap - EXIT
+    grep -q "$count samples" "$tmp/daemon.log" ||
+        { echo "bench_svc_flood: not every record was processed" >&2; cat "$tmp/daemon.log" >&2; exit 1; }
+    echo $(((t1 - t0) / 1000000))
+}
+
+median() { sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+
+rand_ms=() flood_ms=()
+for r in $(seq "$rounds"); do
+    if [ $((r % 2)) -eq 1 ]; then
+        rand_ms+=("$(run_one randflood)")
+        flood_ms+=("$(run_one hashflood)")
+    else
+        flood_ms+=("$(run_one hashflood)")
+        rand_ms+=("$(run_one randflood)")
+    fi
+done
+echo "# $count records per run; randflood ms: ${rand_ms[*]}; hashflood ms: ${flood_ms[*]}"
+rm_=$(printf '%s\n' "${rand_ms[@]}" | median)
+fm_=$(printf '%s\n' "${flood_ms[@]}" | median)
+echo "bench: svc_random_ms $rm_ ms"
+echo "bench: svc_flood_ms $fm_ ms"
+awk -v f="$fm_" -v r="$rm_" 'BEGIN {printf "bench: svc_flood_vs_random_ratio %.2f ratio\n", f / (r > 0 ? r : 1)}'

@@ -1,0 +1,226 @@
+/* tests/e2e/test_report_cli.c: `heapprof report` and `heapprof pprof` on a real trace,
+ * as a user runs them: errors instead of wrong answers, estimated counts against the
+ * program's own, and every pprof export opened by `go tool pprof` (Debian's golang-go),
+ * whose -top, -lines and -sample_index=alloc_objects figures must be the report's.
+ *
+ * Statistics: three_sites 10 at the default interval (4096) with --seed 7; alloc_freed
+ * makes 30,000 allocations of 2000 bytes. The estimate is checked within 5 standard
+ * deviations of the Horvitz-Thompson estimator (sqrt(n w (w - 1)), about 0.7% here): a
+ * false failure below 1e-6. */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tests/e2e/e2e_util.h"
+
+static char *g_trace;
+
+static int setup(void **state)
+{
+    (void)state;
+    g_trace = e2e_tmp_path(".pftrace");
+    char *argv[] = {
+        (char *)e2e_env("HEAPPROF_BIN"), "record", "-q", "--seed", "7", "-o", g_trace, "--",
+        (char *)e2e_env("THREE_SITES"),  "10",     NULL};
+    struct e2e_run run;
+    if (e2e_run(argv, NULL, &run) < 0 || run.status != 0)
+        return -1;
+    e2e_run_free(&run);
+    return e2e_check_rules(g_trace) == 0 ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    unlink(g_trace);
+    free(g_trace);
+    return 0;
+}
+
+static struct e2e_run report(const char *a1, const char *a2, const char *a3)
+{
+    char *argv[] = {
+        (char *)e2e_env("HEAPPROF_BIN"), "report", (char *)a1, (char *)a2, (char *)a3, NULL};
+    struct e2e_run run;
+    assert_int_equal(e2e_run(argv, NULL, &run), 0);
+    return run;
+}
+
+/* User trial E: `--dump 15` of a 14-dump trace, an unknown --process, a truncated trace
+ * and a directory gave rc 0 with an empty or partial report, or an odd errno text. */
+static void test_report_cli_bug_errors(void **state)
+{
+    (void)state;
+    struct e2e_run r = report(g_trace, "--dump", "99");
+    assert_int_equal(r.status, 1);
+    assert_non_null(strstr(r.err, "has no dump 99"));
+    e2e_run_free(&r);
+
+    r = report(g_trace, "--process", "1");
+    assert_int_equal(r.status, 1);
+    assert_non_null(strstr(r.err, "no process with pid 1"));
+    e2e_run_free(&r);
+
+    r = report("/", NULL, NULL);
+    assert_int_equal(r.status, 1);
+    assert_non_null(strstr(r.err, "Is a directory"));
+    e2e_run_free(&r);
+
+    /* The first 60% of the file: what was read is shown, then one line says where the
+     * file ends. */
+    char *cut = e2e_tmp_path(".pftrace");
+    FILE *in = fopen(g_trace, "rbe"), *out = fopen(cut, "wbe");
+    assert_non_null(in);
+    assert_non_null(out);
+    fseek(in, 0, SEEK_END);
+    long size = ftell(in);
+    rewind(in);
+    for (long i = 0; i < size * 6 / 10; i++)
+        fputc(fgetc(in), out);
+    fclose(in);
+    fclose(out);
+    r = report(cut, NULL, NULL);
+    assert_int_equal(r.status, 1);
+    assert_non_null(strstr(r.err, "is truncated"));
+    assert_int_equal(strchr(r.err, '\n') - r.err + 1, (long)strlen(r.err)); /* one line */
+    e2e_run_free(&r);
+    unlink(cut);
+    free(cut);
+}
+
+/* User trial finding 4: counts were sample counts (~40 k shown for 3.24 M). */
+static void test_report_cli_bug_estimated_counts(void **state)
+{
+    (void)state;
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load(g_trace, NULL, &t), 0);
+    const struct rp_trace_process *p = e2e_find_process(t, "three_sites");
+    assert_non_null(p);
+    double est = 0, var = 0;
+    uint64_t sampled = 0;
+    for (size_t i = 0; i < p->n_callsites; i++) {
+        const struct rp_trace_callsite *c = &p->callsites[i];
+        bool hit = false;
+        for (size_t f = 0; f < c->n_frames; f++)
+            hit |= !strcmp(c->frames[f].function_name, "alloc_freed");
+        if (!hit)
+            continue;
+        double w = rp_callsite_count_scale(c);
+        est += (double)c->alloc_count * w;
+        var += (double)c->alloc_count * w * (w - 1);
+        sampled += c->alloc_count;
+    }
+    print_message("alloc_freed: %.0f estimated from %llu samples (truth 30000, sd %.0f)\n", est,
+                  (unsigned long long)sampled, sqrt(var));
+    assert_true(sampled < 20000); /* sampled: far fewer than the allocations */
+    assert_true(fabs(est - 30000) <= 5 * sqrt(var) + 1);
+    rp_trace_free(t);
+}
+
+/* Runs `go tool pprof -symbolize=none ARGS... FILE`; its stdout (malloc'd). */
+static char *go_pprof(const char *file, const char *a1, const char *a2, const char *a3)
+{
+    char *argv[] = {"go",       "tool",       "pprof", "-symbolize=none", (char *)a1, (char *)a2,
+                    (char *)a3, (char *)file, NULL};
+    struct e2e_run r;
+    assert_int_equal(e2e_run(argv, NULL, &r), 0);
+    if (r.status != 0)
+        fail_msg("go tool pprof %s %s %s: %s", a1, a2, a3, r.err);
+    free(r.err);
+    return r.out;
+}
+
+/* The flat value of the line of -top output that names @fn, or -1. */
+static long long flat_of(const char *top, const char *fn)
+{
+    for (const char *l = top; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        const char *end = strchr(l, '\n');
+        size_t n = end ? (size_t)(end - l) : strlen(l);
+        char line[512];
+        snprintf(line, sizeof(line), "%.*s", (int)n, l);
+        char *hit = strstr(line, fn);
+        if (hit && (hit[strlen(fn)] == '\0' || hit[strlen(fn)] == ' '))
+            return strtoll(line, NULL, 10);
+    }
+    return -1;
+}
+
+/* User trial F and finding 9: File: named the first library, unnamed frames collapsed
+ * into one node per module, lines were ":0" without files, and alloc_objects were
+ * sample counts. go tool pprof must read each export, and agree with the report. */
+static void test_report_cli_pprof_agrees_with_go_tool(void **state)
+{
+    (void)state;
+    struct e2e_run v;
+    char *vargv[] = {"go", "version", NULL};
+    if (e2e_run(vargv, NULL, &v) < 0 || v.status != 0) {
+        print_message("go is not installed (scripts/install-deps.sh installs golang-go)\n");
+        e2e_run_free(&v);
+        fail();
+    }
+    e2e_run_free(&v);
+    char *prefix = e2e_tmp_path("");
+    char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"), "pprof", "-o", prefix, g_trace, NULL};
+    struct e2e_run r;
+    assert_int_equal(e2e_run(argv, NULL, &r), 0);
+    assert_int_equal(r.status, 0);
+    char *file = strtok(r.out, "\n");
+    assert_non_null(file);
+
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load(g_trace, NULL, &t), 0);
+    const struct rp_trace_process *p = e2e_find_process(t, "three_sites");
+    assert_non_null(p);
+    /* The report's figures of the sites whose leaf is alloc_freed. */
+    unsigned long long bytes = 0, objects = 0;
+    for (size_t i = 0; i < p->n_callsites; i++) {
+        const struct rp_trace_callsite *c = &p->callsites[i];
+        if (c->n_frames && !strcmp(c->frames[c->n_frames - 1].function_name, "alloc_freed")) {
+            bytes += c->self_allocated;
+            objects +=
+                (unsigned long long)((double)c->alloc_count * rp_callsite_count_scale(c) + 0.5);
+        }
+    }
+    assert_true(bytes > 0);
+
+    char *top = go_pprof(file, "-top", "-sample_index=alloc_space", "-unit=B");
+    assert_non_null(strstr(top, "File: three_sites"));
+    assert_non_null(strstr(top, "Build ID: "));
+    /* The allocator's frames are not in the stacks: alloc_freed is the leaf. */
+    assert_int_equal(flat_of(top, "alloc_freed"), (long long)bytes);
+    free(top);
+
+    char *objs = go_pprof(file, "-top", "-sample_index=alloc_objects", "-nodecount=50");
+    assert_int_equal(flat_of(objs, "alloc_freed"), (long long)objects);
+    free(objs);
+
+    /* -lines: source lines of three_sites.c, with the inlined-or-not frames named. */
+    char *lines = go_pprof(file, "-top", "-lines", "-sample_index=alloc_space");
+    assert_non_null(strstr(lines, "alloc_freed "));
+    assert_non_null(strstr(lines, "three_sites.c:"));
+    free(lines);
+
+    for (char *f = file; f; f = strtok(NULL, "\n"))
+        unlink(f);
+    e2e_run_free(&r);
+    rp_trace_free(t);
+    free(prefix);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_report_cli_bug_errors),
+        cmocka_unit_test(test_report_cli_bug_estimated_counts),
+        cmocka_unit_test(test_report_cli_pprof_agrees_with_go_tool),
+    };
+    return cmocka_run_group_tests_name("report_cli", tests, setup, teardown);
+}
