@@ -2,6 +2,7 @@
 #include "cli/cli.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "common/format.h"
 #include "report/report.h"
@@ -15,10 +16,15 @@ void cli_print_summary(const char *out_path, const struct svc_summary *sum, int 
 {
     char hb[32];
     hp_format_bytes(sum->output_bytes, hb, sizeof(hb));
-    char audit[96] = "";
+    char audit[160] = "";
     if (sum->audit_mismatches)
         snprintf(audit, sizeof(audit), "; %llu of %llu audited stack walks differed",
                  (unsigned long long)sum->audit_mismatches, (unsigned long long)sum->audits);
+    if (sum->truncated_stacks) {
+        size_t o = strlen(audit);
+        snprintf(audit + o, sizeof(audit) - o, "; %llu stacks truncated (deeper than copied)",
+                 (unsigned long long)sum->truncated_stacks);
+    }
     fprintf(stderr,
             "\nheapprof: %llu process%s, %llu samples (%llu walked in the app, %llu walks "
             "audited), %llu frees recorded; %llu samples dropped, %llu unwinding errors%s%s\n",

@@ -66,8 +66,6 @@ enum client_state {
 /* Sessions kept at once: the current one plus detached ones whose ring a late writer may
  * still hold. */
 #define CLIENT_MAX_SESSIONS 4
-/* A dlclose of a client that does not block waits this long for the service (WIRE_SYNC). */
-#define CLIENT_SYNC_TIMEOUT_US 10000u
 /* A detach waits this long for in-flight writers before giving the slot up for good. */
 #define CLIENT_DETACH_WAIT_MS 5000u
 
@@ -102,14 +100,14 @@ struct client_session {
      * Every audit_every-th walk of a thread is sent with the stack copy too (0: never). */
     struct utable utable;
     uint32_t audit_every;
-    /* After a dlclose, the table generation of that moment: its rules may describe code
-     * that is gone, so no walk uses it (hook_record_alloc); the service starts a new
-     * generation once it has reread the maps (WIRE_MAPS_CHANGED, preload/hook.c). 0: no
-     * hold. */
+    /* After code was unloaded, the table generation of that moment: its rules may
+     * describe code that is gone, so no walk uses it (hook_record_alloc); the service
+     * starts a new generation once it has reread the maps (WIRE_MAPS_CHANGED with
+     * WIRE_MAPS_UNLOADED, preload/hook.c). 0: no hold. */
     _Atomic uint64_t walk_hold_gen;
-    /* How long a dlclose waits for the service to read what came before (WIRE_SYNC):
-     * block_client's timeout, or a short one for a client that must not block. */
-    uint32_t sync_timeout_us;
+    /* glibc's counts of objects loaded and unloaded (client_dl_counts()) when the sampled
+     * path last told the service (or at the handshake). */
+    _Atomic uint64_t dl_adds, dl_subs;
     struct client_freeset freeset; /* mapped once per slot, cleared on reuse */
     /* Written by every sampled call: on a line of its own, away from the fields every
      * free() reads. */
@@ -179,10 +177,9 @@ void *client_sample_tramp(void *p, size_t size, void *ret);
 int client_sample_tramp_int(void *p, size_t size, int ret);
 void client_record_free(struct client_session *s, void *p);
 
-/* Code came or goes (preload/hook.c tells the service, see there); from the dlopen and
- * dlclose wrappers (preload/dl.c), in the application's context. */
-enum client_dl_event { CLIENT_DL_OPENED, CLIENT_DL_CLOSING, CLIENT_DL_CLOSED };
-void client_dl_event(enum client_dl_event ev);
+/* glibc's counts of objects added to and removed from the link maps so far (preload/dl.c;
+ * hook-safe but for the loader's lock, see there). False when unknown. */
+bool client_dl_counts(uint64_t *ret_adds, uint64_t *ret_subs);
 
 /* ---- shared by the files of the client (preload/client.c, session.c, attach.c) ---- */
 

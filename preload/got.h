@@ -13,10 +13,13 @@
  * anything else (another interposer) are left alone. Each slot is written with one aligned 8-byte
  * store: a thread calling through it meanwhile gets either function.
  *
- * Objects loaded later are patched when noticed: after each dlopen through our wrapper,
- * and by client_got_check() on the sampled path, which compares the loader's count of
- * loaded objects with the last one seen, at most every CLIENT_GOT_CHECK_NS (for code
- * loaded otherwise: by a library's own DT_NEEDED dlopen, say).
+ * Objects loaded later are patched when noticed: when dlopen returns (the exported
+ * dlopen's wrapper for this route, preload/dl.c), at the first sample after a load in a
+ * session with an unwind table (preload/hook.c checks the loader's counts before every
+ * such sample), and by client_got_check() on the sampled path, which compares the
+ * loader's count of loaded objects with the last one seen, at most every
+ * CLIENT_GOT_CHECK_NS (for code loaded otherwise: by a library's own DT_NEEDED dlopen,
+ * say).
  *
  * Not reached this way (so not profiled, still consistent): calls the allocator makes to
  * itself, calls inside the executable when it is the allocator, calls through function
@@ -42,8 +45,9 @@ void client_got_patch_loaded(void);
  * Takes the loader's lock at most every CLIENT_GOT_CHECK_NS. */
 void client_got_check(void);
 
-/* After a dlopen returned (the new objects are relocated): with the GOT route, patches
- * them now. Not hook-safe (dl_iterate_phdr, mprotect); from the dlopen wrapper. */
+/* Objects were loaded (dlopen returned, or the loader's count grew): with the GOT route,
+ * patches them now. Takes the loader's lock (dl_iterate_phdr) and calls mprotect, as
+ * client_got_check() does; from the dlopen wrapper or the sampled path. */
 void client_got_after_dlopen(void);
 
 /* Slots written so far (tests and statistics). */

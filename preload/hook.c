@@ -1,9 +1,11 @@
 /* preload/hook.c: the exported malloc family and the sampled path behind it.
  *
- * Hook-safe throughout: no allocation, no stdio, no locks; system calls only on the
- * sampled path (a FUTEX_WAKE when the service sleeps, the stack lookup once per thread)
- * and never ones that are cancellation points. errno is preserved around everything we do besides
- * the real call.
+ * Hook-safe throughout: no allocation, no stdio, no locks of ours; system calls only on
+ * the sampled path (a FUTEX_WAKE when the service sleeps; checks of stack pages, once per
+ * thread for its own stack, and on every sample on a stack not the thread's own, with
+ * copies of such stacks) and never ones that are cancellation points. One lock of
+ * glibc's: the loader's, for a few nanoseconds per sample (preload/dl.c says why that is
+ * safe). errno is preserved around everything we do besides the real call.
  *
  * Fast path of an allocation: one relaxed load of the interval, one TLS decrement and a
  * branch, then the real call (malloc: a tail call). Fast path of a free: one load of client_current
@@ -35,6 +37,7 @@
 #include "common/macros.h"
 #include "preload/alloc.h"
 #include "preload/got.h"
+#include "preload/stack.h"
 #include "preload/walk.h"
 #include "shmem_ring/wire.h"
 
@@ -153,6 +156,148 @@ static void hook_unwatch_free(struct client_session *s, void *p, int r)
         hook_poke_full(s);
 }
 
+/* Reserves a sampled allocation's record of @type and @len payload bytes and fills its
+ * head; @p is watched already. False when the ring refused it (then @p is not watched). */
+static bool hook_begin_sample(struct client_tls *t, struct client_session *s, uint16_t type,
+                              size_t len, void *p, size_t size, uint64_t sample_size,
+                              struct ring_wspan *ret_w, struct wire_alloc_head *ret_head)
+{
+    int r = ring_try_begin_write(s->ring, type, len, ret_w);
+    if (r < 0) {
+        hook_unwatch_free(s, p, r);
+        return false;
+    }
+    hook_fill_head(ret_head, t, s, p, size, sample_size);
+    return true;
+}
+
+/* pcs a walk keeps on the application's stack; a deeper walk is counted, then walked on
+ * from there straight into the ring (the sampled path may run on a small fiber stack or a
+ * MINSIGSTKSZ signal stack: its frames stay small). */
+#define HOOK_WALK_PCS 32
+/* A walk past HOOK_WALK_PCS frames is walked to its end only when the stack holds more
+ * than this: a copy of a few kilobytes costs less than walking a hundred frames twice. */
+#define HOOK_WALK_DEEP_BYTES (32u << 10)
+/* Bytes copied at most from a stack that is not the thread's own (fiber, signal stack):
+ * its end is often unknown, and such a copy is only needed until walks work there. */
+#define HOOK_OTHER_STACK_MAX (64u << 10)
+
+/* Writes the @n pcs of a walk whose first min(@n, HOOK_WALK_PCS) are in @pcs and whose
+ * state after those is @rest to @dst. Returns how many it wrote: @n, or fewer when the
+ * second walk of the rest failed (the table changed in between). */
+static size_t hook_put_pcs(uint64_t *dst, const uint64_t *pcs, size_t n, struct client_walk *rest,
+                           const struct utable *table)
+{
+    size_t head = n < HOOK_WALK_PCS ? n : HOOK_WALK_PCS;
+    memcpy(dst, pcs, head * sizeof(uint64_t));
+    if (n == head)
+        return n;
+    int r = client_walk_step(rest, table, dst + head, n - head, n);
+    if (r == CLIENT_WALK_DONE && rest->n == n)
+        return n;
+    return rest->n < n ? rest->n : n - 1;
+}
+
+/* Records a sample whose stack is not the thread's own (a fiber's, a signal stack): a copy
+ * that cannot fault, of as much as is there. */
+static HP_NOINLINE void hook_record_other(struct client_tls *t, struct client_session *s, void *p,
+                                          size_t size, uint64_t sample_size, const uint64_t *regs)
+{
+    uint64_t sp = regs[WIRE_REG_RSP];
+    size_t cap = s->max_stack_bytes < HOOK_OTHER_STACK_MAX ? (size_t)s->max_stack_bytes
+                                                           : HOOK_OTHER_STACK_MAX;
+    struct client_stack_plan plan;
+    client_stack_plan_other(&t->stack, sp, cap, &plan);
+    if (!hook_watch_free(s, p))
+        return;
+    struct ring_wspan w;
+    struct wire_alloc_head head;
+    if (!hook_begin_sample(t, s, WIRE_ALLOC, wire_alloc_len(plan.len, 0), p, size, sample_size, &w,
+                           &head))
+        return;
+    struct wire_alloc *a = w.data;
+    void *stack = wire_encode_alloc(a, &head, sp, plan.len, WIRE_ALLOC_UNKNOWN_STACK, regs, 0);
+    ssize_t n = client_stack_copy(s->pid, stack, sp, plan.len);
+    if (n < 0) {
+        /* No way to read it safely (process_vm_readv refused): the rest of the page of
+         * the return address our caller pushed, which is mapped. */
+        n = (sp & 4095) ? (ssize_t)(4096 - (sp & 4095)) : 0;
+        if ((size_t)n > plan.len)
+            n = (ssize_t)plan.len;
+        hook_copy_stack(stack, (const void *)(uintptr_t)sp, (size_t)n);
+        plan.may_go_on = true;
+        plan.len = (size_t)n;
+    }
+    /* The record keeps its length; the stack is what could be read. A signal stack's
+     * frames lead to the stack the handler interrupted, which is not copied. */
+    a->stack_len = (uint32_t)n;
+    if (client_stack_copied_other(&t->stack, sp, &plan, (size_t)n) ||
+        plan.how == CLIENT_STACK_ALTSTACK)
+        a->flags |= WIRE_ALLOC_STACK_TRUNCATED;
+    if (ring_end_write(s->ring, &w))
+        hook_poke(s);
+}
+
+/* Code loaded or unloaded since the session last looked (preload/dl.c) changes what the
+ * service must know to name frames, and what the unwind table may say. Checked before
+ * every sample's walk and record, and told in the ring before them:
+ *
+ *   loaded    WIRE_MAPS_CHANGED: the service rereads the maps before the samples that
+ *             follow. In block mode the sample waits until it has (within the block
+ *             timeout, as a sample waits for room in the ring): the new code must be seen
+ *             while it is there, since it may be unloaded before the service gets to the
+ *             records of its samples;
+ *   unloaded  WIRE_MAPS_CHANGED with WIRE_MAPS_UNLOADED, and no walk with the table until
+ *             the service started its next generation (other code may come at the
+ *             addresses whose rules the table holds).
+ *
+ * The record goes before the counts the session keeps are updated: a thread that reads
+ * the new counts in between tells too, so every sample of new code follows a record that
+ * says it came. A stack sampled now holds only code loaded when the counts were read:
+ * code unloaded later is not on it (its frames would have nowhere to return to). The
+ * service keeps the mappings it saw go for the records written before
+ * (unwinder_retired_seq()), so that dlclose() never waits. Only with a service that speaks
+ * these records (it gave us an unwind table). */
+static void hook_check_code(struct client_session *s)
+{
+    uint64_t adds, subs;
+    if (!client_dl_counts(&adds, &subs))
+        return;
+    uint64_t seen_adds = atomic_load_explicit(&s->dl_adds, memory_order_relaxed);
+    uint64_t seen_subs = atomic_load_explicit(&s->dl_subs, memory_order_relaxed);
+    if (HP_LIKELY(adds == seen_adds && subs == seen_subs))
+        return;
+    bool unloaded = subs != seen_subs, loaded = adds != seen_adds;
+    /* With the GOT route, new objects get the hooks in their slots now (what the dlopen
+     * wrapper did; preload/got.h). */
+    if (loaded)
+        client_got_after_dlopen();
+    if (unloaded)
+        atomic_store_explicit(&s->walk_hold_gen, utable_gen(&s->utable), memory_order_relaxed);
+    uint64_t ask = loaded ? ring_ask_maps_read(s->ring) : 0;
+    /* Lost (full ring): the maps are reread at least every second while samples come, and
+     * a reread that finds code gone starts a new generation, which ends the hold. */
+    struct ring_wspan w;
+    bool sent = false;
+    if (ring_try_begin_write(s->ring, WIRE_MAPS_CHANGED, sizeof(struct wire_maps_changed), &w) ==
+        0) {
+        wire_encode_maps_changed(w.data, unloaded ? WIRE_MAPS_UNLOADED : 0, (uint32_t)ask);
+        (void)ring_end_write(s->ring, &w);
+        sent = true;
+    }
+    /* Two threads may both tell: the service takes a run of these as one. */
+    atomic_store_explicit(&s->dl_adds, adds, memory_order_relaxed);
+    atomic_store_explicit(&s->dl_subs, subs, memory_order_relaxed);
+    if (sent && loaded) {
+        hook_poke(s); /* a sleeping reader would not come before the timeout */
+        /* Late, or not in block mode: the service rereads the maps when it gets to the
+         * record, or for the first pc it does not know; code unloaded by then goes
+         * unnamed (its frames end in ERROR INVALID_MAP). */
+        int late = ring_wait_maps_read(s->ring, ask);
+        (void)late;
+    }
+}
+
 /* pre: client_session_enter(s) succeeded. */
 static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_session *s, void *p,
                                           size_t size, uint64_t sample_size, const uint64_t *regs)
@@ -160,76 +305,79 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
     /* The service ended the session (its socket closes next; the session thread ends it). */
     if (hook_foreign_pid(s) || ring_is_detached(s->ring))
         return;
+    if (s->utable.hdr)
+        hook_check_code(s);
     uint64_t sp = regs[WIRE_REG_RSP];
-    uint64_t end, avail;
-    uint32_t flags = 0;
-    int r = client_stack_lookup(&t->stack, sp, &end);
-    if (r == 0) {
-        /* glibc puts a thread's descriptor (the TCB, ~2 KiB, at the thread pointer) at
-         * the top of its stack mapping: no frame lives there. */
-        uint64_t tp = (uint64_t)(uintptr_t)__builtin_thread_pointer();
-        if (tp > sp && tp < end)
-            end = tp;
-        /* On the main thread, what lies above the stack pointer the program started
-         * with (argv, the environment, the aux vector: often kilobytes) holds no frame
-         * either; a little is kept for the entry code's own frame. */
-        uint64_t start_sp = (uint64_t)(uintptr_t)__libc_stack_end + HOOK_ENTRY_SLACK;
-        if (start_sp > sp && start_sp < end)
-            end = start_sp;
-        avail = end - sp;
-    } else {
-        /* Not the thread's own stack (signal stack, fiber, ucontext), or no answer from
-         * /proc: copy what is there, or at least the rest of sp's page (mapped). */
-        flags |= WIRE_ALLOC_UNKNOWN_STACK;
+    uint64_t end;
+    /* The main thread's stack ends where the program's entry found it (what lies above,
+     * argv, the environment and the aux vector, often kilobytes, holds no frame), plus a
+     * little for the entry code's own frame; other threads' at their descriptor. */
+    uint64_t main_top = (uint64_t)(uintptr_t)__libc_stack_end + HOOK_ENTRY_SLACK;
+    bool own = client_stack_lookup(&t->stack, sp, (uint64_t)(uintptr_t)__builtin_thread_pointer(),
+                                   main_top, &end) == CLIENT_STACK_OWN;
+    if (!own)
         atomic_fetch_add_explicit(&client_stat_unknown_stacks, 1, memory_order_relaxed);
-        avail = r > 0 ? end - sp : 4096 - (sp & 4095);
-    }
-    ring_t *ring = s->ring;
-    struct ring_wspan w;
 
     /* With the service's unwind table, walk the stack here and send its return
      * addresses: a few hundred bytes instead of a copy of the whole stack (often
      * kilobytes), and no unwinding in the service. Every audit_every-th walk is sent
-     * with the copy too, for the service to check. */
-    uint64_t pcs[CLIENT_WALK_MAX_FRAMES];
+     * with the copy too, for the service to check. On a stack not the thread's own the
+     * walk checks each page before it reads there. */
+    uint64_t pcs[HOOK_WALK_PCS];
+    struct client_walk walk, rest;
     size_t n_pcs = 0;
     bool audit = false;
-    if (s->utable.hdr && r == 0 &&
+    if (s->utable.hdr &&
         utable_gen(&s->utable) != atomic_load_explicit(&s->walk_hold_gen, memory_order_relaxed)) {
-        n_pcs = client_walk(&s->utable, regs, end, pcs, CLIENT_WALK_MAX_FRAMES);
-        audit = n_pcs > 0 && s->audit_every && ++t->walks % s->audit_every == 0;
+        client_walk_begin(&walk, &s->utable, regs, own ? end : sp + CLIENT_STACK_MAX_SPAN, own);
+        int wr = client_walk_step(&walk, &s->utable, pcs, HOOK_WALK_PCS, CLIENT_WALK_MAX_FRAMES);
+        rest = walk;
+        /* Many frames in a short stack: copying it is cheaper (and the stack is there). */
+        if (wr == CLIENT_WALK_MORE && own && end - sp <= HOOK_WALK_DEEP_BYTES)
+            wr = CLIENT_WALK_FAILED;
+        if (wr == CLIENT_WALK_MORE)
+            wr = client_walk_step(&walk, &s->utable, NULL, CLIENT_WALK_MAX_FRAMES,
+                                  CLIENT_WALK_MAX_FRAMES);
+        n_pcs = wr == CLIENT_WALK_DONE ? walk.n : 0;
+        audit = n_pcs > 0 && own && s->audit_every && ++t->walks % s->audit_every == 0;
+    }
+    if (!own && n_pcs == 0) {
+        hook_record_other(t, s, p, size, sample_size, regs);
+        return;
     }
     if (!hook_watch_free(s, p))
         return;
+    ring_t *ring = s->ring;
+    struct ring_wspan w;
+    struct wire_alloc_head head;
     if (n_pcs > 0 && !audit) {
-        r = ring_try_begin_write(ring, WIRE_ALLOC_PCS, wire_alloc_pcs_len(n_pcs), &w);
-        if (r < 0) {
-            hook_unwatch_free(s, p, r);
+        if (!hook_begin_sample(t, s, WIRE_ALLOC_PCS, wire_alloc_pcs_len(n_pcs), p, size,
+                               sample_size, &w, &head))
             return;
-        }
-        struct wire_alloc_head head;
-        hook_fill_head(&head, t, s, p, size, sample_size);
-        wire_encode_alloc_pcs(w.data, &head, pcs, n_pcs);
+        uint64_t *dst = wire_encode_alloc_pcs(w.data, &head, n_pcs, 0);
+        size_t put = hook_put_pcs(dst, pcs, n_pcs, &rest, &s->utable);
+        if (put != n_pcs)
+            (void)wire_encode_alloc_pcs(w.data, &head, put, WIRE_PCS_PARTIAL);
         if (ring_end_write(ring, &w))
             hook_poke(s);
         return;
     }
 
-    uint64_t len = avail;
+    uint32_t flags = 0;
+    uint64_t len = end - sp;
     if (len > s->max_stack_bytes) {
         len = s->max_stack_bytes;
         flags |= WIRE_ALLOC_STACK_TRUNCATED;
     }
     size_t n_audit = audit ? n_pcs : 0;
-    r = ring_try_begin_write(ring, WIRE_ALLOC, wire_alloc_len(len, n_audit), &w);
-    if (r < 0) {
-        hook_unwatch_free(s, p, r);
+    if (!hook_begin_sample(t, s, WIRE_ALLOC, wire_alloc_len(len, n_audit), p, size, sample_size, &w,
+                           &head))
         return;
-    }
-    struct wire_alloc_head head;
-    hook_fill_head(&head, t, s, p, size, sample_size);
-    void *stack = wire_encode_alloc(w.data, &head, sp, len, flags, regs, pcs, n_audit);
+    void *stack = wire_encode_alloc(w.data, &head, sp, len, flags, regs, n_audit);
     hook_copy_stack(stack, (const void *)(uintptr_t)sp, (size_t)len);
+    if (n_audit &&
+        hook_put_pcs(wire_alloc_audit_pcs(stack, len), pcs, n_audit, &rest, &s->utable) != n_audit)
+        ((struct wire_alloc *)w.data)->flags &= ~WIRE_ALLOC_AUDIT; /* nothing to compare */
     if (ring_end_write(ring, &w))
         hook_poke(s);
 }
@@ -327,66 +475,6 @@ uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint6
     errno = saved_errno;
     t->in_hook = false;
     return ret;
-}
-
-/* ---- dlopen and dlclose -------------------------------------------------------------
- *
- * Loading and unloading code changes what the service must know to name frames, and
- * what the unwind table may say:
- *
- *   dlopen   after it: WIRE_MAPS_CHANGED, so the service rereads the maps before the
- *            new code's first samples (its rate limit on rereads would otherwise leave
- *            a library loaded and unloaded within it unnamed);
- *   dlclose  before it: WIRE_SYNC, and a wait until the service has read it (bounded
- *            by block_client's timeout, else by CLIENT_SYNC_TIMEOUT_US),
- *            so every sample taken while the code was there is named while it still is;
- *            after it: WIRE_MAPS_CHANGED with WIRE_MAPS_UNLOADED, and no walk with the
- *            table until the service started its next generation (other code may come
- *            at the addresses whose rules the table holds).
- *
- * Only with a service that speaks these records (it gave us an unwind table). The
- * wrappers themselves, which call dlsym, are in preload/dl.c: no allocator hook reaches
- * them. */
-
-void client_dl_event(enum client_dl_event ev)
-{
-    struct client_tls *t = &client_tls;
-    if (t->in_hook)
-        return;
-    t->in_hook = true;
-    int saved_errno = errno;
-    struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
-    if (s && client_session_enter(s)) {
-        if (s->utable.hdr && !hook_foreign_pid(s)) {
-            struct ring_wspan w;
-            if (ev == CLIENT_DL_CLOSING) {
-                if (ring_try_begin_write(s->ring, WIRE_SYNC, 0, &w) == 0) {
-                    (void)ring_end_write(s->ring, &w);
-                    hook_poke(s);
-                    /* Late or gone: the samples before may then miss the code's names. */
-                    int late = ring_wait_consumed(s->ring, &w, s->sync_timeout_us);
-                    (void)late;
-                }
-            } else {
-                if (ev == CLIENT_DL_CLOSED)
-                    atomic_store_explicit(&s->walk_hold_gen, utable_gen(&s->utable),
-                                          memory_order_relaxed);
-                /* Lost (full ring): the maps are reread at least every second while
-                 * samples come, and a reread that finds code gone starts a new
-                 * generation, which ends the hold. */
-                if (ring_try_begin_write(s->ring, WIRE_MAPS_CHANGED,
-                                         sizeof(struct wire_maps_changed), &w) == 0) {
-                    wire_encode_maps_changed(w.data,
-                                             ev == CLIENT_DL_CLOSED ? WIRE_MAPS_UNLOADED : 0);
-                    (void)ring_end_write(s->ring, &w);
-                    hook_poke(s);
-                }
-            }
-        }
-        client_session_leave(s);
-    }
-    errno = saved_errno;
-    t->in_hook = false;
 }
 
 /* ---- the exported entry points ---------------------------------------------------- */

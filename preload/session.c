@@ -245,7 +245,11 @@ int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms,
     s->utable = table;
     s->audit_every = cfg.audit_every;
     atomic_store_explicit(&s->walk_hold_gen, 0, memory_order_relaxed);
-    s->sync_timeout_us = cfg.block_client ? cfg.block_client_timeout_us : CLIENT_SYNC_TIMEOUT_US;
+    /* The service reads the maps at the handshake: what is loaded now is known. */
+    uint64_t adds = 0, subs = 0;
+    (void)client_dl_counts(&adds, &subs);
+    atomic_store_explicit(&s->dl_adds, adds, memory_order_relaxed);
+    atomic_store_explicit(&s->dl_subs, subs, memory_order_relaxed);
     s->pid = (pid_t)hp_sys0(SYS_getpid);
     s->features = cfg.features;
     s->gen = ++client_session_gen;

@@ -52,4 +52,31 @@ client_sample_tramp_int:
     .cfi_endproc
     .size client_sample_tramp, .-client_sample_tramp
     .size client_sample_tramp_int, .-client_sample_tramp_int
+
+/* dlopen(file, mode), exported. glibc resolves a dlopen's DT_RUNPATH, $ORIGIN and
+ * namespace for the object its return address lies in: the function client_dl_open_target()
+ * returns (glibc's dlopen, see preload/dl.c) is reached by a jump, with the application's
+ * return address still on the stack, so that it finds what the application's call would
+ * find. The arguments are kept across the call (16-byte aligned there). */
+    .globl dlopen
+    .type dlopen, @function
+    .p2align 4
+dlopen:
+    .cfi_startproc
+    pushq %rdi
+    .cfi_adjust_cfa_offset 8
+    pushq %rsi
+    .cfi_adjust_cfa_offset 8
+    subq $8, %rsp
+    .cfi_adjust_cfa_offset 8
+    call client_dl_open_target
+    addq $8, %rsp
+    .cfi_adjust_cfa_offset -8
+    popq %rsi
+    .cfi_adjust_cfa_offset -8
+    popq %rdi
+    .cfi_adjust_cfa_offset -8
+    jmp *%rax
+    .cfi_endproc
+    .size dlopen, .-dlopen
     .section .note.GNU-stack,"",@progbits

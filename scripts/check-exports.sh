@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# Checks that libheapprof.so exports exactly the allocator entry points, dlopen and
-# dlclose.
+# Checks that libheapprof.so exports exactly the allocator entry points and dlopen.
 # Usage: scripts/check-exports.sh BUILD_DIR/preload/libheapprof.so
 set -euo pipefail
 
 lib=${1:?usage: check-exports.sh path/to/libheapprof.so}
-allowed="aligned_alloc calloc dlclose dlopen free free_aligned_sized free_sized malloc memalign posix_memalign pvalloc realloc reallocarray valloc"
+allowed="aligned_alloc calloc dlopen free free_aligned_sized free_sized malloc memalign posix_memalign pvalloc realloc reallocarray valloc"
 
 actual=$(nm -D --defined-only "$lib" | awk '{print $NF}' | sed 's/@.*//' | sort -u | tr '\n' ' ')
 expected=$(echo "$allowed" | tr ' ' '\n' | sort -u | tr '\n' ' ')

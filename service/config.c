@@ -17,7 +17,7 @@ void svc_config_init(struct svc_config *cfg)
     memset(cfg, 0, sizeof(*cfg));
     cfg->sampling_interval_bytes = 4096;
     cfg->shmem_size_bytes = RING_DEFAULT_SIZE;
-    cfg->max_stack_bytes = 64u << 10;
+    cfg->max_stack_bytes = 0; /* svc_config_max_stack() */
     cfg->audit_every = 1024;
     cfg->block_client_timeout_us = 100000;
 }
@@ -84,7 +84,8 @@ const struct svc_config_field svc_config_fields[] = {
      "profile every heap (there is one)"},
     /* heapprof's own fields */
     {"max_stack_bytes", 0, SVC_FIELD_BYTES, 0, FIELD(max_stack_bytes), 1024, 1u << 19, "max-stack",
-     0, NULL, "stack copy size", "N", "bytes of stack copied per sample (default 64k)"},
+     0, NULL, "stack copy size", "N",
+     "most bytes of stack copied per sample (default 512k, less for small rings)"},
     {"follow_fork", 0, SVC_FIELD_BOOL, 0, FIELD(follow_fork), 0, 1, "follow-fork", 0,
      "no-follow-fork", "follow_fork", NULL,
      "also profile children of fork() until they exec, each as its own process"},
@@ -275,8 +276,9 @@ int svc_config_check(const struct svc_config *cfg, char *err, size_t err_len)
                  RING_MIN_SIZE, RING_MAX_SIZE, (unsigned long long)n);
         return -EINVAL;
     }
-    if (cfg->max_stack_bytes < 1024 || cfg->max_stack_bytes > (1u << 19) ||
-        cfg->max_stack_bytes % 8 != 0) {
+    if (cfg->max_stack_bytes != 0 &&
+        (cfg->max_stack_bytes < 1024 || cfg->max_stack_bytes > (1u << 19) ||
+         cfg->max_stack_bytes % 8 != 0)) {
         snprintf(err, err_len, "max stack copy must be a multiple of 8 between 1 KiB and 512 KiB");
         return -EINVAL;
     }
@@ -284,12 +286,23 @@ int svc_config_check(const struct svc_config *cfg, char *err, size_t err_len)
         snprintf(err, err_len, "dump_interval_ms must be 0 (off) or at least 10");
         return -EINVAL;
     }
-    if (cfg->max_stack_bytes + 4096 > n / 4) {
+    if (cfg->max_stack_bytes != 0 && cfg->max_stack_bytes + 4096 > n / 4) {
         snprintf(err, err_len, "shmem_size_bytes %llu is too small for %llu-byte stack copies",
                  (unsigned long long)n, (unsigned long long)cfg->max_stack_bytes);
         return -EINVAL;
     }
     return 0;
+}
+
+uint64_t svc_config_max_stack(const struct svc_config *cfg)
+{
+    if (cfg->max_stack_bytes != 0)
+        return cfg->max_stack_bytes;
+    /* A copy takes only what the stack holds, so a high cap costs nothing for the usual
+     * stack of a few kilobytes, and deep ones (a compiler's, hundreds of kilobytes) come
+     * out whole; a record stays within a quarter of the ring, like a configured cap. */
+    uint64_t fit = (cfg->shmem_size_bytes / 4 - 4096) & ~(uint64_t)7;
+    return fit < SVC_DEFAULT_MAX_STACK_BYTES ? fit : SVC_DEFAULT_MAX_STACK_BYTES;
 }
 
 bool svc_config_has_targets(const struct svc_config *cfg)

@@ -167,7 +167,7 @@ struct svc_client *svc__handshake(struct svc *s, int sock)
     fds[0] = fds[1] = -1;
     /* Not fatal: without it a connection closed by the program looks like an exit. */
     c->image_fd = fcntl(c->maps_fd, F_DUPFD_CLOEXEC, 0);
-    c->max_stack_bytes = s->cfg.max_stack_bytes;
+    c->max_stack_bytes = svc_config_max_stack(&s->cfg);
     c->sampling_interval_bytes = s->cfg.sampling_interval_bytes;
     c->from_startup = hello.reason == WIRE_REASON_STARTUP;
     if (read_cmdline(c->pid, &c->cmdline, &c->cmdline_len) < 0) {
@@ -234,7 +234,7 @@ struct svc_client *svc__handshake(struct svc *s, int sock)
                                       (s->cfg.follow_fork ? WIRE_FEATURE_FOLLOW_FORK : 0)),
         .block_client = s->cfg.block_client,
         .sampling_interval_bytes = s->cfg.sampling_interval_bytes,
-        .max_stack_bytes = s->cfg.max_stack_bytes,
+        .max_stack_bytes = svc_config_max_stack(&s->cfg),
         .block_client_timeout_us = s->cfg.block_client_timeout_us,
         .audit_every = table ? s->cfg.audit_every : 0,
     };

@@ -33,7 +33,7 @@ struct bk_sink;
 struct svc_config {
     uint64_t sampling_interval_bytes; /* >= 1; default 4096 */
     uint64_t shmem_size_bytes;        /* power of two; default 8 MiB */
-    uint64_t max_stack_bytes;         /* cap of a stack copy; default 64 KiB */
+    uint64_t max_stack_bytes;         /* cap of a stack copy; 0: svc_config_max_stack() */
     bool block_client;
     uint32_t block_client_timeout_us;
     bool dump_at_max;
@@ -150,6 +150,12 @@ bool svc_config_matches(const struct svc_config *cfg, int32_t pid, const char *c
 /* True when the configuration names targets (pid, process_cmdline or all). */
 bool svc_config_has_targets(const struct svc_config *cfg);
 
+/* The cap of a stack copy when max_stack_bytes is not set: what fits a quarter of the
+ * ring, at most this. */
+#define SVC_DEFAULT_MAX_STACK_BYTES (512u << 10)
+/* The cap of a stack copy the clients get: max_stack_bytes, or the default for the ring. */
+uint64_t svc_config_max_stack(const struct svc_config *cfg);
+
 /* Applies a serialized HeapprofdConfig (as Perfetto's tracing service hands it to the
  * data source android.heapprofd) on top of @cfg, field by field through the table:
  * fields are checked as their flags are. Returns 0, with in @err (else "") a note
@@ -181,6 +187,10 @@ struct svc_summary {
     uint64_t stall_waits;       /* times a stopped writer held a ring (waited for) */
     uint64_t stall_skips;       /* records of writers gone mid-record, skipped */
     uint64_t stall_cutoffs;     /* clients cut off: a writer kept a record while running */
+    /* samples whose stack went on past what their record held (copy cut short at
+     * max_stack_bytes, foreign stack of unknown end); their stacks end in a
+     * "ERROR STACK_TRUNCATED" frame; not counted as unwinding errors */
+    uint64_t truncated_stacks;
     uint64_t output_bytes;
     int write_error; /* 0 or -errno */
 };

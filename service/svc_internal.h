@@ -159,9 +159,18 @@ struct svc_client {
      * (drain_upto() in service/unwind_thread.c). */
     uint32_t maps_changed;
     uint64_t audit_mismatches; /* audited walks that disagreed with our unwind */
-    bool hung_up;              /* the socket reported a hang-up (svc__unwinder_hangup()) */
-    bool cut_off;              /* given up on: a writer held a record while running */
-    bool in_stall;             /* a stopped writer holds the next record (counted once) */
+    /* Mappings the unwinder keeps after they went (unwinder_retired_seq()): the count
+     * last seen, and up to which count they may go once the ring is read up to where it
+     * ended when that count was seen (track_retired() in service/unwind_thread.c). */
+    uint64_t retired_seen;
+    uint32_t maps_ask; /* of the WIRE_MAPS_CHANGED records not acted on yet (0: none) */
+    struct {
+        uint64_t seq, mark;
+    } retired[8];
+    unsigned n_retired;
+    bool hung_up;  /* the socket reported a hang-up (svc__unwinder_hangup()) */
+    bool cut_off;  /* given up on: a writer held a record while running */
+    bool in_stall; /* a stopped writer holds the next record (counted once) */
 };
 
 /* Client ids: the unwinder thread's index above SVC_CLIENT_ID_SHIFT. The main thread's
@@ -269,7 +278,7 @@ struct svc {
     _Atomic uint64_t stat_live_bytes;        /* published by the bk thread */
     /* summary counters, atomics updated by the threads */
     _Atomic uint64_t processes, samples, frees, drops, unwind_errors, rejected, corrupt;
-    _Atomic uint64_t walked, audits, audit_mismatches;
+    _Atomic uint64_t walked, audits, audit_mismatches, truncated_stacks;
     _Atomic uint64_t frees_lost, timed_out; /* clients that stopped blocking */
     _Atomic uint64_t conn_closed, stall_waits, stall_skips, stall_cutoffs;
     struct bk_counters bk_counters; /* written by the bk thread before it exits */

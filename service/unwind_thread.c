@@ -81,6 +81,9 @@ static void post_sample(struct svc_unwinder *u, struct svc_client *c, int r, siz
     if (res->error || r < 0) {
         c->stats.unwinding_errors++;
         atomic_fetch_add_explicit(&u->svc->unwind_errors, 1, memory_order_relaxed);
+    } else if (res->copy_truncated) {
+        /* Not an unwinding error: the stack went on past what the record holds. */
+        atomic_fetch_add_explicit(&u->svc->truncated_stacks, 1, memory_order_relaxed);
     }
     if (res->reparsed_maps)
         c->stats.map_reparses++;
@@ -122,17 +125,24 @@ static bool same_frames(const struct hp_frame *a, size_t na, const struct hp_fra
 /* An audited sample: the client's own walk of the stack (@pcs) must give the frames our
  * unwind of the copy gave (u->frames, @n). A difference means a rule in the client's
  * table is wrong for its code now: the table is flushed (the rules come back from the
- * next unwinds) and the difference counted. The copy's frames are the ones kept. */
+ * next unwinds) and the difference counted. The copy's frames are the ones kept. A copy
+ * cut short holds only the innermost part of the stack: only that part is compared (the
+ * walk, which read the live stack, goes on where the copy stops). */
 static void audit_walk(struct svc_unwinder *u, struct svc_client *c, const uint64_t *pcs,
                        size_t n_pcs, size_t n, const struct unwinder_result *res)
 {
     size_t na = 0;
     struct unwinder_result ra;
     atomic_fetch_add_explicit(&u->svc->audits, 1, memory_order_relaxed);
-    if (res->error ||
-        unwinder_resolve_pcs(c->unw, pcs, n_pcs, u->audit_frames, UNWINDER_MAX_FRAMES, &na, &ra) <
-            0 ||
-        same_frames(u->frames, n, u->audit_frames, na))
+    if (res->error || unwinder_resolve_pcs(c->unw, pcs, n_pcs, u->audit_frames, UNWINDER_MAX_FRAMES,
+                                           &na, &ra) < 0)
+        return;
+    if (res->copy_truncated) {
+        n--; /* the truncation frame */
+        if (na > n)
+            na = n;
+    }
+    if (same_frames(u->frames, n, u->audit_frames, na))
         return;
     c->audit_mismatches++;
     atomic_fetch_add_explicit(&u->svc->audit_mismatches, 1, memory_order_relaxed);
@@ -157,9 +167,12 @@ static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uin
     size_t n = 0;
     struct unwinder_result res = {0};
     int r = -ENOENT;
+    /* A copy that stops short of the stack, or of a stack not the thread's own, is not
+     * completed from the process's memory: that has changed since. */
     if (c->unw)
-        r = unwinder_unwind(c->unw, a.regs, a.stack_ptr, stack, (size_t)a.stack_len, u->frames,
-                            UNWINDER_MAX_FRAMES, &n, &res);
+        r = unwinder_unwind_copy(c->unw, a.regs, a.stack_ptr, stack, (size_t)a.stack_len,
+                                 unwinder_copy_of(a.flags), u->frames, UNWINDER_MAX_FRAMES, &n,
+                                 &res);
     if (n_pcs > 0 && r >= 0)
         audit_walk(u, c, pcs, n_pcs, n, &res);
     /* struct wire_alloc starts with the fields of a struct wire_alloc_head (wire.h). */
@@ -181,8 +194,12 @@ static void handle_alloc_pcs(struct svc_unwinder *u, struct svc_client *c, const
     size_t n = 0;
     struct unwinder_result res = {0};
     int r = -ENOENT;
-    if (c->unw)
+    if (c->unw) {
         r = unwinder_resolve_pcs(c->unw, pcs, a.n_pcs, u->frames, UNWINDER_MAX_FRAMES, &n, &res);
+        /* The walk stopped before the end (the table changed under it): say so. */
+        if (r >= 0 && (a.flags & WIRE_PCS_PARTIAL) && !res.error)
+            unwinder_mark_truncated(u->frames, &n, UNWINDER_MAX_FRAMES, &res);
+    }
     atomic_fetch_add_explicit(&u->svc->walked, 1, memory_order_relaxed);
     post_sample(u, c, r, n, &res, &a.head);
 }
@@ -210,7 +227,35 @@ static void apply_maps_changed(struct svc_client *c)
 {
     if (c->maps_changed && c->unw)
         unwinder_maps_changed(c->unw, (c->maps_changed & WIRE_MAPS_UNLOADED) != 0);
+    /* A sample waits for this (the client loaded code it is about to sample). */
+    if (c->maps_changed && c->maps_ask)
+        ring_maps_read_done(c->ring, c->maps_ask);
     c->maps_changed = 0;
+    c->maps_ask = 0;
+}
+
+/* The unwinder keeps the mappings a reread no longer shows (an unloaded library) for the
+ * records written before they went. Which records those are is known only as a bound:
+ * every record reserved when the reread found them gone lies before the ring's end at
+ * that moment, so they go once the reader is there. Checked after every record (a load
+ * and a compare). */
+static void track_retired(struct svc_client *c)
+{
+    if (!c->unw)
+        return;
+    uint64_t seq = unwinder_retired_seq(c->unw);
+    if (seq != c->retired_seen) {
+        c->retired_seen = seq;
+        /* Full: the newest bound covers the last one's mappings too (kept longer). */
+        unsigned i = c->n_retired < HP_ARRAY_SIZE(c->retired) ? c->n_retired++ : c->n_retired - 1;
+        c->retired[i].seq = seq;
+        c->retired[i].mark = ring_mark(c->ring);
+    }
+    while (c->n_retired > 0 && ring_reached(c->ring, c->retired[0].mark)) {
+        unwinder_retired_drop(c->unw, c->retired[0].seq);
+        c->n_retired--;
+        memmove(&c->retired[0], &c->retired[1], c->n_retired * sizeof(c->retired[0]));
+    }
 }
 
 /* Reads up to @budget records, stopping at @mark (ring_mark()) if not NULL. Returns true
@@ -270,6 +315,7 @@ static bool drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned bu
 {
     if (client_over(c))
         return false;
+
     u->clock_ns = hp_clock_ns(CLOCK_MONOTONIC);
     for (unsigned i = 0; i < budget; i++) {
         if (mark && ring_reached(c->ring, *mark))
@@ -307,6 +353,8 @@ static bool drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned bu
                 c->flags |= BK_FLAG_BUFFER_CORRUPTED;
             else
                 c->maps_changed |= SVC_MAPS_CHANGED | (mc.flags & WIRE_MAPS_UNLOADED);
+            if (mc.ask)
+                c->maps_ask = mc.ask;
             break;
         }
         case WIRE_SYNC:
@@ -317,9 +365,11 @@ static bool drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned bu
             break;
         }
         ring_end_read(c->ring, &rd);
-        /* A writer waits until we have read past it (before a dlclose): tell it now. */
+        /* A writer waits until we have read past it (WIRE_SYNC; today's clients do not
+         * send it): tell it now. */
         if (sync)
             ring_flush_read_pos(c->ring);
+        track_retired(c);
         c->records++;
         if (c->flags & BK_FLAG_BUFFER_CORRUPTED)
             return false;
@@ -329,6 +379,7 @@ static bool drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned bu
     /* Caught up: a client waiting for a new table generation after an unload is
      * released now, not at its next sample. */
     apply_maps_changed(c);
+    track_retired(c);
     return false;
 }
 

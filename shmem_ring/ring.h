@@ -138,6 +138,16 @@ void ring_set_client_ended(ring_t *r, uint32_t reason);
  * -ETIMEDOUT, or -EPIPE when the reader detached. The reader publishes how far it read
  * lazily: the service calls ring_flush_read_pos() for the records a writer waits on. */
 int ring_wait_consumed(ring_t *r, const struct ring_wspan *w, uint32_t timeout_us) HP_WARN_UNUSED;
+/* Writer, hook-safe: the process loaded code; the next number of a maps read it asks of
+ * the reader, which the writer sends in a record (WIRE_MAPS_CHANGED) and may wait for
+ * with ring_wait_maps_read(). */
+uint64_t ring_ask_maps_read(ring_t *r);
+/* Writer: in block mode, waits until the reader read the maps for the ask @ask (or a later
+ * one), at most the block timeout (sleeping in steps; a system call per step), which
+ * like a wait for space that runs out ends blocking for good. Compares the low 32 bits
+ * (a record carries those). Returns 0, -EAGAIN (not in block mode), -ETIMEDOUT, or -EPIPE
+ * when the reader detached. */
+int ring_wait_maps_read(ring_t *r, uint64_t ask) HP_WARN_UNUSED;
 /* Writer: make ring_try_begin_write() wait up to @timeout_us (at most
  * RING_MAX_BLOCK_TIMEOUT_US) for space. The first wait that runs out ends blocking for
  * good: the reader is stopped or hung, and every later record would wait as long; from
@@ -169,6 +179,9 @@ void ring_stall_rearm(ring_t *r);
  * ring). */
 int ring_skip_stalled(ring_t *r) HP_WARN_UNUSED;
 void ring_end_read(ring_t *r, const struct ring_rspan *rd);
+/* Reader: the maps were read for the ask @ask (from the record that carried it) and every
+ * one before it. */
+void ring_maps_read_done(ring_t *r, uint64_t ask);
 /* Reader: tells the writers at once how far it has read (ring_end_read() publishes it in
  * steps), for a writer in ring_wait_consumed(). */
 void ring_flush_read_pos(ring_t *r);

@@ -103,6 +103,10 @@ struct ring_shared {
          * first one ends blocking for the session (ring_try_begin_write()). */
         _Atomic uint64_t block_timeouts;
     } stats;
+    /* Reads of the writers' maps asked for in records (ring_ask_maps_read()): the writers
+     * count the asks, the reader stores the last one it answered. */
+    _Alignas(RING_CACHE_LINE) _Atomic uint64_t maps_asked;
+    _Atomic uint64_t maps_read;
 };
 _Static_assert(sizeof(struct ring_shared) <= RING_HEADER_SIZE, "ring header fits a page");
 _Static_assert(offsetof(struct ring_shared, detached) == 16, "ring_shared layout");
@@ -111,6 +115,7 @@ _Static_assert(offsetof(struct ring_shared, write_pos) == 64, "ring_shared layou
 _Static_assert(offsetof(struct ring_shared, read_pos) == 128, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, reader_idle) == 192, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, stats) == 256, "ring_shared layout");
+_Static_assert(offsetof(struct ring_shared, maps_asked) == 320, "ring_shared layout");
 
 /* Per-process view of a ring; lives in the private page in front of the mappings. */
 struct ring {

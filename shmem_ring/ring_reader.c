@@ -245,3 +245,9 @@ void ring_set_detached(ring_t *r)
     /* Relaxed: writers only need to see it eventually; nothing is published with it. */
     atomic_store_explicit(&r->hdr->detached, 1u, memory_order_relaxed);
 }
+
+void ring_maps_read_done(ring_t *r, uint64_t ask)
+{
+    /* Release: the maps were read before a waiting writer goes on. */
+    atomic_store_explicit(&r->hdr->maps_read, ask, memory_order_release);
+}

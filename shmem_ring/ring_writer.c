@@ -255,18 +255,17 @@ void ring_set_client_ended(ring_t *r, uint32_t reason)
     ring_futex_wake(h);
 }
 
-int ring_wait_consumed(ring_t *r, const struct ring_wspan *w, uint32_t timeout_us)
+/* Waits until the reader's counter @at has reached @target, compared on its low @bits
+ * bits (wrap-around safe), for at most @timeout_us. 0, -ETIMEDOUT, or -EPIPE when the
+ * reader detached. */
+static int ring_wait_reader(struct ring_shared *h, const _Atomic uint64_t *at, uint64_t target,
+                            unsigned bits, uint64_t timeout_us)
 {
-    struct ring_shared *h = r->hdr;
-    if (!h)
-        return -EPIPE;
-    /* The reader's position only stops at record boundaries, so past the record's
-     * start means past the record (whose bytes other writers may reuse by now). */
-    uint64_t deadline = hp_clock_ns(CLOCK_MONOTONIC) + (uint64_t)timeout_us * 1000u;
+    uint64_t deadline = hp_clock_ns(CLOCK_MONOTONIC) + timeout_us * 1000u;
     for (unsigned round = 0;; round++) {
-        /* Acquire pairs with the release store of read_pos by the reader. */
-        uint64_t rp = atomic_load_explicit(&h->read_pos, memory_order_acquire);
-        if ((int64_t)(rp - w->pos) > 0)
+        /* Acquire pairs with the reader's release store of the counter. */
+        uint64_t v = atomic_load_explicit(at, memory_order_acquire);
+        if ((int64_t)((v - target) << (64 - bits)) >= 0)
             return 0;
         if (atomic_load_explicit(&h->detached, memory_order_relaxed))
             return -EPIPE;
@@ -274,6 +273,16 @@ int ring_wait_consumed(ring_t *r, const struct ring_wspan *w, uint32_t timeout_u
             return -ETIMEDOUT;
         ring_block_pause(round);
     }
+}
+
+int ring_wait_consumed(ring_t *r, const struct ring_wspan *w, uint32_t timeout_us)
+{
+    struct ring_shared *h = r->hdr;
+    if (!h)
+        return -EPIPE;
+    /* The reader's position only stops at record boundaries, so past the record's
+     * start means past the record (whose bytes other writers may reuse by now). */
+    return ring_wait_reader(h, &h->read_pos, w->pos + 1, 64, timeout_us);
 }
 
 bool ring_is_detached(ring_t *r)
@@ -287,4 +296,29 @@ void ring_set_blocking(ring_t *r, bool block, uint32_t timeout_us)
     atomic_store_explicit(&r->block_timeout_us, HP_MIN(timeout_us, RING_MAX_BLOCK_TIMEOUT_US),
                           memory_order_relaxed);
     atomic_store_explicit(&r->blocking, block, memory_order_relaxed);
+}
+
+uint64_t ring_ask_maps_read(ring_t *r)
+{
+    struct ring_shared *h = r->hdr;
+    if (!h)
+        return 0;
+    return atomic_fetch_add_explicit(&h->maps_asked, 1, memory_order_relaxed) + 1;
+}
+
+int ring_wait_maps_read(ring_t *r, uint64_t ask)
+{
+    struct ring_shared *h = r->hdr;
+    if (!h)
+        return -EPIPE;
+    if (!atomic_load_explicit(&r->blocking, memory_order_relaxed))
+        return -EAGAIN;
+    int err = ring_wait_reader(h, &h->maps_read, ask, 32,
+                               atomic_load_explicit(&r->block_timeout_us, memory_order_relaxed));
+    if (err == -ETIMEDOUT) {
+        /* As a wait for room that runs out: the reader is stopped or hung. */
+        atomic_store_explicit(&r->blocking, false, memory_order_relaxed);
+        ring_count(&h->stats.block_timeouts, 1);
+    }
+    return err;
 }

@@ -17,7 +17,7 @@
  * decoders (shmem_ring/wire.c), which check every length the encoders write.
  *
  *     client:  ring_try_begin_write(r, WIRE_ALLOC_PCS, wire_alloc_pcs_len(n), &w);
- *              wire_encode_alloc_pcs(w.data, &head, pcs, n);
+ *              memcpy(wire_encode_alloc_pcs(w.data, &head, n, 0), pcs, n * 8);
  *     service: wire_decode_alloc_pcs(rd.data, rd.len, &rec, pcs);
  */
 #ifndef HP_SHMEM_RING_WIRE_H
@@ -98,20 +98,26 @@ enum wire_type {
     WIRE_ALLOC = 1,     /* struct wire_alloc followed by stack_len bytes of stack */
     WIRE_FREE = 2,      /* struct wire_free */
     WIRE_ALLOC_PCS = 3, /* struct wire_alloc_pcs followed by n_pcs uint64_t pcs */
-    /* The client's code changed (dlopen, dlclose): struct wire_maps_changed. The service
-     * rereads the maps at once; with WIRE_MAPS_UNLOADED it also starts a new generation of
-     * the unwind table (code may be gone, and other code may come at its addresses). */
+    /* The client's code changed (objects loaded, or unloaded: WIRE_MAPS_UNLOADED), seen on
+     * its sampled path before the sample it writes next: struct wire_maps_changed. The
+     * service rereads the maps before the next sample, then answers the ask (the client
+     * may wait for it, so that the maps are read while the new code is there); with
+     * WIRE_MAPS_UNLOADED it also starts a new generation of the unwind table (code may be
+     * gone, and other code may come at its addresses). */
     WIRE_MAPS_CHANGED = 4,
-    /* No payload. The client waits until the service has read it (ring_wait_consumed):
-     * then every record before it was handled while the client's code was as it was when
-     * they were written. Sent before dlclose. */
+    /* No payload. A client may wait until the service has read it (ring_wait_consumed):
+     * then every record before it was handled. (Clients no longer send it before a
+     * dlclose, which must not wait: the service keeps the mappings it saw go instead,
+     * unwinder_retired_seq().) */
     WIRE_SYNC = 5,
 };
 
 #define WIRE_MAPS_UNLOADED (1u << 0)
 struct wire_maps_changed {
     uint32_t flags; /* WIRE_MAPS_* */
-    uint32_t reserved;
+    /* The client waits for the maps to be read for this (ring_wait_maps_read(): the low
+     * 32 bits of a ring_ask_maps_read() number); 0: nobody waits. */
+    uint32_t ask;
 };
 _Static_assert(sizeof(struct wire_maps_changed) == 8, "wire_maps_changed ABI");
 
@@ -129,14 +135,18 @@ _Static_assert(WIRE_NREGS == HP_NREGS, "register layout");
 #define WIRE_REG_R15 15
 #define WIRE_REG_RIP 16
 
-/* wire_alloc.flags */
-#define WIRE_ALLOC_STACK_TRUNCATED (1u << 0) /* the copy hit max_stack_bytes */
-#define WIRE_ALLOC_UNKNOWN_STACK (1u << 1)   /* sp outside the thread's known stack */
+/* wire_alloc.flags. STACK_TRUNCATED: the copy stops short of the stack's end: it hit the
+ * client's cap (max_stack_bytes), or, on a stack not the thread's own, the stack may go on
+ * past it. The service does not read the rest from the process (it has changed since)
+ * and ends such a stack with a frame of its own (not an unwinding error). */
+#define WIRE_ALLOC_STACK_TRUNCATED (1u << 0)
+#define WIRE_ALLOC_UNKNOWN_STACK (1u << 1) /* sp outside the thread's known stack */
 /* The client also walked this stack with its unwind table: after the stack come a
  * uint64_t count and that many pcs, which the service checks against its own unwind. */
 #define WIRE_ALLOC_AUDIT (1u << 2)
-/* Most pcs an audit or a WIRE_ALLOC_PCS record carries. */
-#define WIRE_MAX_PCS 64
+/* Most pcs an audit or a WIRE_ALLOC_PCS record carries: as deep as the service unwinds
+ * (UNWINDER_MAX_FRAMES), so that deep stacks are walked rather than copied. */
+#define WIRE_MAX_PCS 500
 
 /* A sampled allocation. The stack copy starts at address @stack_ptr in the client
  * (== regs[WIRE_REG_RSP] or below it) and is @stack_len bytes long. */
@@ -180,9 +190,13 @@ _Static_assert(offsetof(struct wire_alloc, tid) == offsetof(struct wire_alloc_he
 struct wire_alloc_pcs {
     struct wire_alloc_head head;
     uint32_t n_pcs; /* 1..WIRE_MAX_PCS */
-    uint32_t flags; /* 0 */
+    uint32_t flags; /* WIRE_PCS_* */
 };
 _Static_assert(sizeof(struct wire_alloc_pcs) == 56, "wire_alloc_pcs ABI");
+/* wire_alloc_pcs.flags. PARTIAL: the walk stopped before the outermost frame (the unwind
+ * table changed while the client was walking a stack deeper than it keeps pcs of on its
+ * own stack): the stack goes on past the last pc. The record may be longer than its pcs. */
+#define WIRE_PCS_PARTIAL (1u << 0)
 _Static_assert(offsetof(struct wire_alloc_pcs, n_pcs) == 48, "wire_alloc_pcs ABI");
 
 /* A free of an address the client sampled (or of any address once the client's filter
@@ -211,22 +225,23 @@ static inline size_t wire_alloc_len(size_t stack_len, size_t n_audit_pcs)
            (n_audit_pcs ? (1 + n_audit_pcs) * sizeof(uint64_t) : 0);
 }
 
-/* Writes a WIRE_ALLOC_PCS payload (wire_alloc_pcs_len(@n_pcs) bytes) at @dst. */
-static inline void wire_encode_alloc_pcs(void *dst, const struct wire_alloc_head *h,
-                                         const uint64_t *pcs, size_t n_pcs)
+/* Writes the fixed part of a WIRE_ALLOC_PCS payload with @n_pcs pcs and @flags
+ * (WIRE_PCS_*) at @dst; returns where the @n_pcs pcs go. */
+static inline uint64_t *wire_encode_alloc_pcs(void *dst, const struct wire_alloc_head *h,
+                                              size_t n_pcs, uint32_t flags)
 {
-    struct wire_alloc_pcs a = {.head = *h, .n_pcs = (uint32_t)n_pcs, .flags = 0};
+    struct wire_alloc_pcs a = {.head = *h, .n_pcs = (uint32_t)n_pcs, .flags = flags};
     __builtin_memcpy(dst, &a, sizeof(a));
-    __builtin_memcpy((uint8_t *)dst + sizeof(a), pcs, n_pcs * sizeof(uint64_t));
+    return (uint64_t *)((uint8_t *)dst + sizeof(a));
 }
 
-/* Writes the fixed part of a WIRE_ALLOC payload at @dst, and after the @stack_len bytes of
- * stack (which the caller copies to the returned address) the @n_audit_pcs pcs of the
- * client's own walk when there are any (flags then include WIRE_ALLOC_AUDIT). */
+/* Writes the fixed part of a WIRE_ALLOC payload at @dst and, when @n_audit_pcs > 0
+ * (flags then include WIRE_ALLOC_AUDIT), the count of the client's own walk after the
+ * @stack_len bytes of stack. Returns where the stack goes; the walk's pcs go at
+ * wire_alloc_audit_pcs(). */
 static inline void *wire_encode_alloc(void *dst, const struct wire_alloc_head *h,
                                       uint64_t stack_ptr, size_t stack_len, uint32_t flags,
-                                      const uint64_t regs[WIRE_NREGS], const uint64_t *audit_pcs,
-                                      size_t n_audit_pcs)
+                                      const uint64_t regs[WIRE_NREGS], size_t n_audit_pcs)
 {
     struct wire_alloc *a = dst;
     __builtin_memcpy(a, h, sizeof(*h));
@@ -235,12 +250,17 @@ static inline void *wire_encode_alloc(void *dst, const struct wire_alloc_head *h
     a->flags = flags | (n_audit_pcs ? WIRE_ALLOC_AUDIT : 0);
     __builtin_memcpy(a->regs, regs, sizeof(a->regs));
     if (n_audit_pcs) {
-        uint8_t *tail = (uint8_t *)(a + 1) + stack_len;
         uint64_t count = n_audit_pcs;
-        __builtin_memcpy(tail, &count, sizeof(count));
-        __builtin_memcpy(tail + sizeof(count), audit_pcs, n_audit_pcs * sizeof(uint64_t));
+        __builtin_memcpy((uint8_t *)(a + 1) + stack_len, &count, sizeof(count));
     }
     return a + 1;
+}
+
+/* Where the audit pcs of a WIRE_ALLOC payload go, given its stack (from
+ * wire_encode_alloc()) and @stack_len. */
+static inline uint64_t *wire_alloc_audit_pcs(void *stack, size_t stack_len)
+{
+    return (uint64_t *)((uint8_t *)stack + stack_len + sizeof(uint64_t));
 }
 
 /* Writes a WIRE_FREE payload at @dst. */
@@ -251,9 +271,9 @@ static inline void wire_encode_free(void *dst, uint64_t seq, uint64_t addr, uint
 }
 
 /* Writes a WIRE_MAPS_CHANGED payload at @dst. */
-static inline void wire_encode_maps_changed(void *dst, uint32_t flags)
+static inline void wire_encode_maps_changed(void *dst, uint32_t flags, uint32_t ask)
 {
-    struct wire_maps_changed m = {.flags = flags, .reserved = 0};
+    struct wire_maps_changed m = {.flags = flags, .ask = ask};
     __builtin_memcpy(dst, &m, sizeof(m));
 }
 

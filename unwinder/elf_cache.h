@@ -169,4 +169,7 @@ const struct unwinder__segment *unwinder__elf_segment_for(const struct unwinder_
 /* The interned name of the function that holds ELF virtual address @vaddr, or NULL. */
 const char *unwinder__elf_symbol(const struct unwinder__elf *e, uint64_t vaddr);
 
+/* True when a function starts at ELF virtual address @vaddr. */
+bool unwinder__elf_symbol_starts(const struct unwinder__elf *e, uint64_t vaddr);
+
 #endif

@@ -155,6 +155,21 @@ const char *unwinder__elf_symbol(const struct unwinder__elf *e, uint64_t vaddr)
     return NULL;
 }
 
+bool unwinder__elf_symbol_starts(const struct unwinder__elf *e, uint64_t vaddr)
+{
+    if (!e->ok || e->n_syms == 0)
+        return false;
+    size_t lo = 0, hi = e->n_syms;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (e->syms[mid].start < vaddr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < e->n_syms && e->syms[lo].start == vaddr;
+}
+
 /* ---- separate debug files --------------------------------------------------------- */
 
 static bool has_section(Elf *elf, uint32_t type)

@@ -99,6 +99,20 @@ void unwinder__resolve_frame(struct unwinder_process *p, uint64_t pc, struct hp_
     s->f = *f;
 }
 
+bool unwinder__entry_return(struct unwinder_process *p, uint64_t ra)
+{
+    ssize_t i = unwinder__find_exec(p, ra);
+    if (i < 0)
+        return false;
+    const struct unwinder__map *m = &p->maps.v[i];
+    const struct unwinder__elf *e = unwinder__pmap_elf(p, (size_t)i);
+    const struct unwinder__segment *seg = p->pm[i].seg;
+    if (!e || !seg || ra == m->start)
+        return false;
+    uint64_t vaddr = ra - m->start + m->pgoff + (seg->vaddr - seg->offset);
+    return unwinder__elf_symbol_starts(e, vaddr) && !unwinder__elf_symbol(e, vaddr - 1);
+}
+
 /* Ends @frames (@n of at most @max) with the frame "ERROR <reason>" @err, in place of the
  * last one when full. */
 void unwinder__append_error(struct hp_frame *frames, size_t *n, size_t max, const char *err,
@@ -109,6 +123,21 @@ void unwinder__append_error(struct hp_frame *frames, size_t *n, size_t max, cons
     frames[(*n)++] = (struct hp_frame){
         .map = NULL, .function_name = unwinder__intern(err, strlen(err)), .rel_pc = 0};
     res->error = true;
+}
+
+void unwinder_mark_truncated(struct hp_frame *frames, size_t *n, size_t max,
+                             struct unwinder_result *res)
+{
+    if (max == 0)
+        return;
+    if (*n == max)
+        (*n)--;
+    frames[(*n)++] =
+        (struct hp_frame){.map = NULL,
+                          .function_name = unwinder__intern(UNWINDER_TRUNCATED_FRAME,
+                                                            sizeof(UNWINDER_TRUNCATED_FRAME) - 1),
+                          .rel_pc = 0};
+    res->copy_truncated = true;
 }
 
 int unwinder_resolve_pcs(unwinder_process_t *p, const uint64_t *pcs, size_t n_pcs,
@@ -132,6 +161,9 @@ int unwinder_resolve_pcs(unwinder_process_t *p, const uint64_t *pcs, size_t n_pc
             err = "ERROR INVALID_MAP";
             break;
         }
+        /* A fiber's entry trampoline: named by where it starts, as unwinder_unwind() does. */
+        if (i > 0 && !f.function_name[0] && unwinder__entry_return(p, pc))
+            unwinder__resolve_frame(p, pc, &f, &skip);
         if (skip && n == 0 && skipped < SKIP_MAX) {
             skipped++;
             continue;

@@ -41,21 +41,6 @@ static void pmaps_free(struct pmap *pm, size_t n)
     free(pm);
 }
 
-static bool maps_equal(const struct unwinder__maps *a, const struct unwinder__maps *b)
-{
-    if (a->n != b->n)
-        return false;
-    for (size_t i = 0; i < a->n; i++) {
-        const struct unwinder__map *x = &a->v[i], *y = &b->v[i];
-        if (x->start != y->start || x->end != y->end || x->pgoff != y->pgoff ||
-            x->inode != y->inode || x->dev_major != y->dev_major || x->dev_minor != y->dev_minor ||
-            x->perms != y->perms || x->path_len != y->path_len ||
-            memcmp(x->path, y->path, x->path_len) != 0)
-            return false;
-    }
-    return true;
-}
-
 static bool same_map(const struct unwinder__map *x, const struct unwinder__map *y)
 {
     return x->start == y->start && x->end == y->end && x->pgoff == y->pgoff &&
@@ -64,21 +49,138 @@ static bool same_map(const struct unwinder__map *x, const struct unwinder__map *
            memcmp(x->path, y->path, x->path_len) == 0;
 }
 
-/* True when an executable mapping of @old is not in @now, the same in every field (both
- * sorted by start, as the kernel lists them). */
-static bool exec_mapping_gone(const struct unwinder__maps *old, const struct unwinder__maps *now)
+/* True when @m is what p->maps shows of the process (its entries but the retired ones). */
+static bool kernel_view_equal(const struct unwinder_process *p, const struct unwinder__maps *m)
 {
     size_t j = 0;
-    for (size_t i = 0; i < old->n; i++) {
-        const struct unwinder__map *x = &old->v[i];
-        if (!(x->perms & UNWINDER_PERM_EXEC))
+    for (size_t i = 0; i < p->maps.n; i++) {
+        if (p->pm[i].retired)
             continue;
-        while (j < now->n && now->v[j].start < x->start)
-            j++;
-        if (j == now->n || !same_map(x, &now->v[j]))
+        if (j == m->n || !same_map(&p->maps.v[i], &m->v[j]))
+            return false;
+        j++;
+    }
+    return j == m->n;
+}
+
+/* True when @m holds a mapping the same as @x in every field. */
+static bool in_maps(const struct unwinder__maps *m, const struct unwinder__map *x)
+{
+    ssize_t j = unwinder__maps_find(m, x->start);
+    return j >= 0 && same_map(x, &m->v[j]);
+}
+
+/* True when a mapping of @m covers part of [start, end). */
+static bool overlaps(const struct unwinder__maps *m, uint64_t start, uint64_t end)
+{
+    size_t lo = 0, hi = m->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (m->v[mid].start < end)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo > 0 && m->v[lo - 1].end > start;
+}
+
+/* True when an executable mapping that p->maps shows of the process is not in @now. */
+static bool exec_mapping_gone(const struct unwinder_process *p, const struct unwinder__maps *now)
+{
+    for (size_t i = 0; i < p->maps.n; i++) {
+        const struct unwinder__map *x = &p->maps.v[i];
+        if ((x->perms & UNWINDER_PERM_EXEC) && !p->pm[i].retired && !in_maps(now, x))
             return true;
     }
     return false;
+}
+
+/* File mappings the process no longer shows (an unloaded library's code, and its other
+ * segments, whose unwind tables and data the unwind of its frames reads) are kept in
+ * p->maps, with what was resolved for them (pm[i].retired: the retirement they went
+ * with), so that records written before they went are still named and unwound (the
+ * file is held by its ELF cache entry). A mapping that another one now overlaps is not
+ * kept: the address belongs to the new one. The caller lets them go with
+ * unwinder_retired_drop(). */
+#define RETIRED_MAX 256
+
+struct retired {
+    struct unwinder__map m;
+    struct pmap pm;
+};
+
+/* Moves the file mappings of p->maps that @now neither shows nor overlaps into
+ * @out (room for p->maps.n), their paths interned and their resolved facts moved (p->pm
+ * loses them). Returns how many, at most RETIRED_MAX (the oldest go first). */
+static size_t retire(struct unwinder_process *p, const struct unwinder__maps *now,
+                     struct retired *out)
+{
+    size_t k = 0;
+    uint64_t seq = p->retired_seq + 1; /* one retirement per reread */
+    for (size_t i = 0; i < p->maps.n; i++) {
+        struct unwinder__map x = p->maps.v[i];
+        if (x.path[0] != '/' || (!p->pm[i].retired && in_maps(now, &x)) ||
+            overlaps(now, x.start, x.end))
+            continue;
+        x.path = unwinder__intern(x.path, x.path_len);
+        x.path_len = (uint32_t)strlen(x.path);
+        out[k].m = x;
+        out[k].pm = p->pm[i];
+        if (!out[k].pm.retired)
+            out[k].pm.retired = p->retired_seq = seq;
+        p->pm[i] = (struct pmap){0};
+        k++;
+    }
+    while (k > RETIRED_MAX) {
+        size_t oldest = 0;
+        for (size_t j = 1; j < k; j++)
+            if (out[j].pm.retired < out[oldest].pm.retired)
+                oldest = j;
+        unwinder__elf_put(out[oldest].pm.elf);
+        memmove(&out[oldest], &out[oldest + 1], (k - oldest - 1) * sizeof(*out));
+        k--;
+    }
+    return k;
+}
+
+/* Merges @m (the process's maps, sorted) and @r (@nr retired mappings, sorted, disjoint
+ * from @m) into @m; @ret_pm gets the facts of each entry (fresh for @m's). */
+static int merge_retired(struct unwinder__maps *m, const struct retired *r, size_t nr,
+                         struct pmap **ret_pm)
+{
+    size_t n = m->n + nr;
+    struct unwinder__map *v = malloc((n ? n : 1) * sizeof(*v));
+    struct pmap *pm = calloc(n ? n : 1, sizeof(*pm));
+    if (!v || !pm) {
+        free(v);
+        free(pm);
+        return -ENOMEM;
+    }
+    size_t a = 0, b = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (b < nr && (a == m->n || r[b].m.start < m->v[a].start)) {
+            v[k] = r[b].m;
+            pm[k] = r[b].pm;
+            b++;
+        } else {
+            v[k] = m->v[a++];
+        }
+    }
+    free(m->v);
+    m->v = v;
+    m->n = n;
+    *ret_pm = pm;
+    return 0;
+}
+
+static void maps_changed_caches(struct unwinder_process *p)
+{
+    p->dwfl_stale = true;
+    if (++p->maps_gen == 0)
+        p->maps_gen = 1;
+    /* Libraries may have been replaced at the same addresses. Only bumps a generation
+     * counter, so it is safe from inside an accessor. */
+    unw_flush_cache(p->as, 0, 0);
 }
 
 /* Rereads the maps. When they changed, everything derived from the old ones is dropped
@@ -95,30 +197,39 @@ static bool maps_reload(struct unwinder_process *p)
         unwinder__maps_done(&m);
         return false;
     }
-    if (maps_equal(&m, &p->maps)) {
+    if (kernel_view_equal(p, &m)) {
         unwinder__maps_done(&m);
         return false;
     }
-    struct pmap *pm = calloc(m.n ? m.n : 1, sizeof(*pm));
-    if (!pm) {
+    struct retired *r = malloc((p->maps.n ? p->maps.n : 1) * sizeof(*r));
+    if (!r) {
         unwinder__maps_done(&m);
         return false;
     }
-    bool code_gone = exec_mapping_gone(&p->maps, &m);
+    bool code_gone = exec_mapping_gone(p, &m);
+    size_t nr = retire(p, &m, r);
+    struct pmap *pm;
+    if (merge_retired(&m, r, nr, &pm) < 0) {
+        /* Without memory for them, the retired mappings go now. */
+        for (size_t k = 0; k < nr; k++)
+            unwinder__elf_put(r[k].pm.elf);
+        pm = calloc(m.n ? m.n : 1, sizeof(*pm));
+        if (!pm) {
+            free(r);
+            unwinder__maps_done(&m);
+            return false;
+        }
+    }
+    free(r);
     pmaps_free(p->pm, p->maps.n);
     unwinder__maps_done(&p->maps);
     p->maps = m;
     p->pm = pm;
-    p->dwfl_stale = true;
-    if (++p->maps_gen == 0)
-        p->maps_gen = 1;
+    maps_changed_caches(p);
     /* Code gone or replaced: the client must not walk with rules that described it. New
      * code alone (a dlopen) leaves the rules of the rest true. */
     if (code_gone)
         unwinder_table_reset(p);
-    /* Libraries may have been replaced at the same addresses. Only bumps a generation
-     * counter, so it is safe from inside an accessor. */
-    unw_flush_cache(p->as, 0, 0);
     return true;
 }
 
@@ -244,6 +355,30 @@ void unwinder_maps_changed(unwinder_process_t *p, bool unloaded)
      * waits for a new generation after an unload, is released here. */
     if (unloaded && p->known_gen == gen)
         unwinder_table_reset(p);
+}
+
+uint64_t unwinder_retired_seq(const unwinder_process_t *p)
+{
+    return p->retired_seq;
+}
+
+void unwinder_retired_drop(unwinder_process_t *p, uint64_t seq)
+{
+    size_t out = 0;
+    for (size_t i = 0; i < p->maps.n; i++) {
+        if (p->pm[i].retired && p->pm[i].retired <= seq) {
+            unwinder__elf_put(p->pm[i].elf);
+            continue;
+        }
+        p->maps.v[out] = p->maps.v[i];
+        p->pm[out] = p->pm[i];
+        out++;
+    }
+    if (out == p->maps.n)
+        return;
+    p->maps.n = out;
+    /* Frames resolved in them are cached under the current generation. */
+    maps_changed_caches(p);
 }
 
 unwinder_process_t *unwinder_process_free(unwinder_process_t *p)

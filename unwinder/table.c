@@ -78,8 +78,10 @@ void unwinder__table_publish(struct unwinder_process *p)
                                        &rule) < 0) {
             /* The last frame of a stack that ended without error, yet without a rule:
              * the dynamic loader's entry code (no CFI), where unwinder_unwind() ends
-             * stacks of constructors run by _dl_init. A walk ends there too. */
-            if (!seg || k + 1 != p->n_lookups || !unwinder__is_loader_path(p->maps.v[i].path)) {
+             * stacks of constructors run by _dl_init, or a fiber's entry trampoline
+             * (unwinder__entry_return()). A walk ends there too. */
+            if (!seg || k + 1 != p->n_lookups ||
+                !(p->ended_at_entry || unwinder__is_loader_path(p->maps.v[i].path))) {
                 p->tstats.no_rule++;
                 continue;
             }

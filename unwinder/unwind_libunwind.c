@@ -41,6 +41,7 @@ enum {
     FAIL_NO_INFO = 1u << 2,     /* no unwind table, or no entry for the pc */
     FAIL_MEM = 1u << 3,         /* a memory read found nothing */
     FAIL_DEBUG_FRAME = 1u << 4, /* FAIL_NO_INFO in a file that has .debug_frame */
+    FAIL_TRUNCATED = 1u << 5,   /* memory past a partial copy (unwinder_unwind_copy()) */
 };
 
 /* ---- libunwind accessors ----------------------------------------------------- */
@@ -158,6 +159,17 @@ int unwinder__acc_access_mem(unw_addr_space_t as, unw_word_t addr, unw_word_t *v
     if (file_read(p, addr, valp, false) == 0)
         return 0;
 
+    /* Past a copy of a foreign stack, or of one cut short: the rest, or the stack a signal
+     * handler interrupted, is in the process, but no longer as it was. Only a file's data
+     * segment (a GOT slot) is worth reading there. */
+    if (p->copy != UNWINDER_COPY_THREAD) {
+        ssize_t i = unwinder__maps_find(&p->maps, addr);
+        if (i < 0 || p->maps.v[i].path[0] != '/') {
+            p->fail |= FAIL_TRUNCATED;
+            return -UNW_EINVAL;
+        }
+    }
+
     if (p->mem_fd >= 0 && p->mem_budget > 0 && addr <= (uint64_t)INT64_MAX - w) {
         p->mem_budget--;
         if (pread(p->mem_fd, valp, w, (off_t)addr) == (ssize_t)w)
@@ -249,8 +261,15 @@ unw_addr_space_t unwinder__addr_space_new(void)
     return as;
 }
 
+/* The reason of an unwind that needed memory a partial copy does not hold (compared by
+ * address). */
+static const char truncated_reason[] = UNWINDER_TRUNCATED_FRAME;
+
 static const char *fail_reason(unsigned fail, int r)
 {
+    /* First: what the copy did not hold explains whatever followed from it. */
+    if (fail & FAIL_TRUNCATED)
+        return truncated_reason;
     if (fail & FAIL_NO_MAP)
         return "ERROR INVALID_MAP";
     if (fail & FAIL_ELF)
@@ -274,6 +293,15 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
                     const uint8_t *stack, size_t stack_len, struct hp_frame *frames,
                     size_t max_frames, size_t *ret_n, struct unwinder_result *ret_res)
 {
+    return unwinder_unwind_copy(p, regs, stack_ptr, stack, stack_len, UNWINDER_COPY_THREAD, frames,
+                                max_frames, ret_n, ret_res);
+}
+
+int unwinder_unwind_copy(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint64_t stack_ptr,
+                         const uint8_t *stack, size_t stack_len, enum unwinder_copy copy,
+                         struct hp_frame *frames, size_t max_frames, size_t *ret_n,
+                         struct unwinder_result *ret_res)
+{
     if (!p || !regs || !frames || !ret_n || !ret_res || max_frames == 0 || (!stack && stack_len))
         return -EINVAL;
     size_t max = HP_MIN(max_frames, (size_t)UNWINDER_MAX_FRAMES);
@@ -285,6 +313,8 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
     p->stack_ptr = stack_ptr;
     p->stack = stack;
     p->stack_len = stack_len;
+    p->copy = copy;
+    p->ended_at_entry = false;
     p->mem_budget = MEM_READ_BUDGET;
     p->reparsed = false;
     p->fail = 0;
@@ -356,6 +386,17 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
 
         p->fail = 0;
         r = unw_step(&c);
+        /* The entry trampoline of a fiber (makecontext's __start_context), pushed as the
+         * return address of its entry function: no CFI covers the byte before it, and
+         * nothing lies beyond its frame but the end of the fiber's stack. Named by where
+         * it starts, it ends the stack. */
+        if (step > 0 && !interrupted && prev_added && (p->fail & FAIL_NO_INFO) &&
+            !(p->fail & (FAIL_NO_MAP | FAIL_ELF)) && unwinder__entry_return(p, ip)) {
+            bool ignored;
+            unwinder__resolve_frame(p, ip, &frames[n - 1], &ignored);
+            p->ended_at_entry = true;
+            break;
+        }
         /* A pc in a file whose CFI is only in .debug_frame: libunwind found no unwind info
          * and guessed (frame pointer, or the end), so whatever it stepped to is not to be
          * trusted; elfutils, which reads .debug_frame, takes over from the start. */
@@ -370,7 +411,8 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
         if (r == 0 && (p->fail & FAIL_NO_INFO) && !(p->fail & (FAIL_NO_MAP | FAIL_ELF)) &&
             prev_added && unwinder__is_loader_frame(&frames[n - 1]))
             break;
-        if (r < 0 || (r == 0 && (p->fail & (FAIL_NO_MAP | FAIL_ELF | FAIL_NO_INFO)))) {
+        if (r < 0 ||
+            (r == 0 && (p->fail & (FAIL_NO_MAP | FAIL_ELF | FAIL_NO_INFO | FAIL_TRUNCATED)))) {
             err = fail_reason(p->fail, r);
             fallback = (p->fail & FAIL_DEBUG_FRAME) != 0;
             steps = step + 1;
@@ -380,21 +422,32 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
             break;
     }
 
-    if (fallback)
+    if (fallback) {
+        p->fail = 0;
         unwinder__fallback_unwind(p, steps, frames, max, &n, &err, &res);
-    else if (!err && lookups_ok)
+        if (!err && (p->fail & FAIL_TRUNCATED))
+            err = truncated_reason;
+    }
+    /* Past a copy that holds all of a foreign stack: the chain left the stack, whose
+     * memory ends there (a fiber's entry frame, which has no caller). */
+    if (err == truncated_reason && p->copy == UNWINDER_COPY_ENDS)
+        err = NULL;
+    if (!fallback && (!err || err == truncated_reason) && lookups_ok)
         unwinder__table_publish(p);
 out:
     unwinder__sigmask_skip = false;
     /* Only hook frames and then the end: nothing a profile could use. */
     if (n == 0 && !err)
         err = "ERROR UNWIND_INFO_INVALID";
-    if (err)
+    if (err == truncated_reason)
+        unwinder_mark_truncated(frames, &n, max, &res);
+    else if (err)
         unwinder__append_error(frames, &n, max, err, &res);
     res.reparsed_maps = p->reparsed;
     p->regs = NULL;
     p->stack = NULL;
     p->stack_len = 0;
+    p->copy = UNWINDER_COPY_THREAD;
     *ret_n = n;
     *ret_res = res;
     return 0;

@@ -36,7 +36,14 @@ struct unwinder_result {
     bool error;         /* the last frame is an "ERROR <reason>" frame */
     bool reparsed_maps; /* an unknown pc made us reread /proc/PID/maps */
     bool truncated;     /* stopped at max_frames */
+    /* The stack goes on past what the record holds (a copy cut short, a walk that
+     * stopped): the last frame is "ERROR STACK_TRUNCATED". Not an unwinding error: the
+     * frames before it are right, the rest was never sent. */
+    bool copy_truncated;
 };
+
+/* The frame that ends a stack whose record does not hold all of it. */
+#define UNWINDER_TRUNCATED_FRAME "ERROR STACK_TRUNCATED"
 
 /* Thread-safe; call once before any other call, and unwinder_global_done() after the
  * last process is freed. */
@@ -61,6 +68,43 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
                     const uint8_t *stack, size_t stack_len, struct hp_frame *frames,
                     size_t max_frames, size_t *ret_n, struct unwinder_result *ret_res);
 
+/* What a stack copy holds, and so what the unwind of it may read outside it. */
+enum unwinder_copy {
+    /* The thread's own stack up to its top (WIRE_ALLOC without flags): outside the copy
+     * the process's memory is read as it is now. */
+    UNWINDER_COPY_THREAD,
+    /* The stack goes on past the copy (WIRE_ALLOC_STACK_TRUNCATED: the client's cap, a
+     * foreign stack of unknown end, the stack a signal handler interrupted). */
+    UNWINDER_COPY_CUT,
+    /* A stack not the thread's own, copied up to where its memory ends
+     * (WIRE_ALLOC_UNKNOWN_STACK alone): a caller past the copy is past the stack. */
+    UNWINDER_COPY_ENDS,
+};
+
+/* The kind of copy a WIRE_ALLOC record with @flags carries. */
+static inline enum unwinder_copy unwinder_copy_of(uint32_t flags)
+{
+    if (flags & WIRE_ALLOC_STACK_TRUNCATED)
+        return UNWINDER_COPY_CUT;
+    return (flags & WIRE_ALLOC_UNKNOWN_STACK) ? UNWINDER_COPY_ENDS : UNWINDER_COPY_THREAD;
+}
+
+/* As unwinder_unwind(), for a copy of kind @copy. Past a CUT or ENDS copy the process's
+ * memory is read only where a file backs it (a GOT slot), never its stacks or heap,
+ * which have changed since the copy was taken. An unwind of a CUT copy that needs such
+ * memory ends with an UNWINDER_TRUNCATED_FRAME (res->copy_truncated) instead of whatever
+ * the process holds there now; one of an ENDS copy ends there, as at the outermost
+ * frame. The rules of the frames found are published as after an unwind without error. */
+int unwinder_unwind_copy(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint64_t stack_ptr,
+                         const uint8_t *stack, size_t stack_len, enum unwinder_copy copy,
+                         struct hp_frame *frames, size_t max_frames, size_t *ret_n,
+                         struct unwinder_result *ret_res);
+
+/* Ends @frames (@n of at most @max, updated) with an UNWINDER_TRUNCATED_FRAME: a walk the
+ * client sent that stops before the end of the stack (WIRE_PCS_PARTIAL). */
+void unwinder_mark_truncated(struct hp_frame *frames, size_t *n, size_t max,
+                             struct unwinder_result *res);
+
 /* Makes @p publish, after every stack it unwinds without error, how to step from each
  * of its frames to the caller (where the CFI is simple enough) into the unwind table in
  * @fd (shmem_ring/utable.h; borrowed, mapped writable here), which the client uses to
@@ -76,6 +120,16 @@ void unwinder_table_reset(unwinder_process_t *p);
  * after an unload (@unloaded) in any case, even when the maps look the same (the client
  * waits for a new generation before it walks again). */
 void unwinder_maps_changed(unwinder_process_t *p, bool unloaded);
+
+/* File mappings the process's maps stop showing are kept, with the file behind them,
+ * for the frames of records written before they went: a sample is taken while its
+ * code is mapped, but read here later, when the code may be unloaded. (One that another
+ * mapping now overlaps is not kept: the address belongs to the new one.) Every reread
+ * that keeps some counts one retirement: unwinder_retired_seq() is the count so far. The
+ * caller notes how far the records went when the count moved, and once it has read them
+ * all lets go of the mappings kept up to then with unwinder_retired_drop(@seq). */
+uint64_t unwinder_retired_seq(const unwinder_process_t *p);
+void unwinder_retired_drop(unwinder_process_t *p, uint64_t seq);
 
 /* Counters of the table publication, for statistics and tests. */
 struct unwinder_table_stats {

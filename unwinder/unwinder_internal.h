@@ -131,6 +131,9 @@ struct pmap {
     const struct unwinder__segment *seg; /* the PT_LOAD this mapping shows */
     const struct hp_mapping *hm;
     bool elf_done, hm_done;
+    /* 0: the process shows this mapping; else it went away with that retirement and is
+     * kept for the records written before (unwinder_retired_seq()). */
+    uint64_t retired;
 };
 
 /* A frame resolved for one pc under one generation of the maps. */
@@ -157,6 +160,7 @@ struct unwinder_process {
     struct unwinder__maps maps;
     struct pmap *pm;          /* maps.n entries */
     uint32_t maps_gen;        /* bumped when the maps are reread; never 0 */
+    uint64_t retired_seq;     /* rereads that retired mappings (unwinder_retired_seq()) */
     struct pc_slot *pcs;      /* PC_CACHE_SLOTS entries */
     unsigned pc_victim;       /* round-robin replacement in a full set of pcs */
     uint64_t last_reparse_ns; /* last reread for an unknown pc */
@@ -175,9 +179,11 @@ struct unwinder_process {
     uint64_t stack_ptr;
     const uint8_t *stack;
     size_t stack_len;
-    unsigned fail;       /* FAIL_* (unwind_libunwind.c) during the current step */
-    unsigned mem_budget; /* preads left */
+    enum unwinder_copy copy; /* THREAD: memory outside the copy is read from the process */
+    unsigned fail;           /* FAIL_* (unwind_libunwind.c) during the current step */
+    unsigned mem_budget;     /* preads left */
     bool reparsed;
+    bool ended_at_entry; /* the current unwind ended at an entry return (frames.c) */
 };
 
 /* ---- process.c --------------------------------------------------------------- */
@@ -218,6 +224,12 @@ bool unwinder__is_loader_frame(const struct hp_frame *f);
  * libheapprof; a pc in no known mapping gives a frame without map. */
 void unwinder__resolve_frame(struct unwinder_process *p, uint64_t pc, struct hp_frame *f,
                              bool *ret_skip);
+
+/* True when the return address @ra is the first byte of a function that no function's
+ * code precedes: not the return of a call, but a trampoline that a context switch pushed
+ * as the return address of a fiber's entry function (glibc's makecontext pushes
+ * __start_context), whose frame is the outermost one. */
+bool unwinder__entry_return(struct unwinder_process *p, uint64_t ra);
 
 /* Ends @frames (@n of at most @max) with the frame "ERROR <reason>" @err, in place of the
  * last one when full, and marks @res. */

@@ -11,10 +11,17 @@
  *                                  allocation sampled), minus glibc's median malloc: the
  *                                  stack is copied (no unwind table)
  *   client_sampled_walk_d{20,200}_{median,p99}_ns
- *                                  the same with the session's unwind table filled: at
- *                                  depth 20 the client walks its stack and sends return
- *                                  addresses; 200 frames are deeper than a walk goes, so
- *                                  that stack is copied (as above, with the walk tried)
+ *                                  the same with the session's unwind table filled: the
+ *                                  client walks its stack and sends return addresses
+ *   client_sampled_fiber_d20_median_ns, client_sampled_fiber_vs_thread_ratio
+ *                                  one sampled malloc(64) at depth 20 on a ucontext fiber
+ *                                  (a 256 KiB mmap'd stack with a guard page, as
+ *                                  coroutine libraries make them; a stack the client
+ *                                  knows nothing of), and its median over the thread
+ *                                  stack's at the same depth, in the same session (with
+ *                                  an unwind table, as `heapprof record` runs); also
+ *                                  client_sampled_fiber_copy_vs_thread_ratio, without a
+ *                                  table (every stack copied)
  * The session comes from a fake service inside this process: it listens on
  * attach-<pid>.sock in a private XDG_RUNTIME_DIR, sends itself the attach signal, and a
  * reader thread drains the ring (the sampled figures measure the client only). With an
@@ -34,10 +41,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include "common/clock.h"
@@ -103,7 +112,7 @@ struct session {
     ring_t *ring;
     pthread_t reader;
     unwinder_process_t *unw; /* with an unwind table: unwinds the copies it reads */
-    unsigned unwound;
+    _Atomic unsigned unwound;
 };
 
 static struct hp_frame reader_frames[UNWINDER_MAX_FRAMES];
@@ -125,8 +134,9 @@ static int read_one(struct session *s)
         size_t n;
         struct unwinder_result res;
         if (a.stack_len <= rs.len - sizeof(a))
-            (void)unwinder_unwind(s->unw, a.regs, a.stack_ptr, (const uint8_t *)rs.data + sizeof(a),
-                                  a.stack_len, reader_frames, UNWINDER_MAX_FRAMES, &n, &res);
+            (void)unwinder_unwind_copy(
+                s->unw, a.regs, a.stack_ptr, (const uint8_t *)rs.data + sizeof(a), a.stack_len,
+                unwinder_copy_of(a.flags), reader_frames, UNWINDER_MAX_FRAMES, &n, &res);
     }
     ring_end_read(s->ring, &rs);
     return 0;
@@ -241,6 +251,87 @@ static __attribute__((noinline)) uint64_t at_depth(int depth, alloc_fn am, free_
     return timed_malloc(am, fr);
 }
 
+/* ---- on a fiber -------------------------------------------------------------------- */
+
+static ucontext_t fiber_caller, fiber_ctx;
+static struct {
+    int depth, count;
+    alloc_fn am;
+    free_fn fr;
+    uint64_t *out;
+} fiber_job;
+static char *fiber_stack;
+#define FIBER_STACK (256u << 10)
+
+static void fiber_entry(void)
+{
+    for (int i = 0; i < fiber_job.count; i++)
+        fiber_job.out[i] = at_depth(fiber_job.depth, fiber_job.am, fiber_job.fr);
+}
+
+/* Runs @count timed calls at @depth on the fiber stack, into @out. */
+static void on_fiber(int depth, alloc_fn am, free_fn fr, uint64_t *out, int count)
+{
+    if (!fiber_stack) {
+        char *m = mmap(NULL, FIBER_STACK + 4096, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED || mprotect(m, 4096, PROT_NONE) != 0)
+            abort();
+        fiber_stack = m + 4096;
+    }
+    fiber_job.depth = depth;
+    fiber_job.count = count;
+    fiber_job.am = am;
+    fiber_job.fr = fr;
+    fiber_job.out = out;
+    if (getcontext(&fiber_ctx) != 0)
+        abort();
+    fiber_ctx.uc_stack.ss_sp = fiber_stack;
+    fiber_ctx.uc_stack.ss_size = FIBER_STACK;
+    fiber_ctx.uc_link = &fiber_caller;
+    makecontext(&fiber_ctx, fiber_entry, 0);
+    if (swapcontext(&fiber_caller, &fiber_ctx) != 0)
+        abort();
+}
+
+static uint64_t fiber_times[SAMPLES];
+
+/* Median cost of a sampled malloc at @depth on the thread's stack and on a fiber, in the
+ * current session (minus glibc's median malloc, measured the same way), alternating
+ * batches so that the machine's noise falls on both. */
+static double fiber_vs_thread(struct session *s, int depth, const char *name)
+{
+    static uint64_t base[SAMPLES / 4];
+    const int batch = SAMPLES / 10;
+    for (int i = 0; i < SAMPLES / 4; i++)
+        base[i] = at_depth(depth, __libc_malloc, __libc_free);
+    /* Warm-up on both stacks: with an unwind table, the first copies publish the rules. */
+    atomic_store(&s->unwound, 0);
+    for (int i = 0; i < 200; i++)
+        (void)at_depth(depth, malloc, free);
+    on_fiber(depth, malloc, free, fiber_times, 200);
+    struct timespec ms = {0, 20 * 1000000};
+    nanosleep(&ms, NULL);
+    for (int b = 0; b < 10; b++) {
+        for (int i = 0; i < batch; i++)
+            times[b * batch + i] = at_depth(depth, malloc, free);
+        on_fiber(depth, malloc, free, fiber_times + b * batch, batch);
+    }
+    qsort(base, SAMPLES / 4, sizeof(uint64_t), cmp_u64);
+    qsort(times, SAMPLES, sizeof(uint64_t), cmp_u64);
+    qsort(fiber_times, SAMPLES, sizeof(uint64_t), cmp_u64);
+    uint64_t b0 = base[SAMPLES / 8];
+    uint64_t t = times[SAMPLES / 2] > b0 ? times[SAMPLES / 2] - b0 : 1;
+    uint64_t f = fiber_times[SAMPLES / 2] > b0 ? fiber_times[SAMPLES / 2] - b0 : 0;
+    if (name)
+        printf("bench: client_sampled_fiber_d%d_median_ns %llu ns\n", depth, (unsigned long long)f);
+    if (getenv("BENCH_VERBOSE"))
+        fprintf(stderr, "fiber %llu thread %llu (p99 %llu / %llu)\n", (unsigned long long)f,
+                (unsigned long long)t, (unsigned long long)fiber_times[SAMPLES * 99 / 100],
+                (unsigned long long)times[SAMPLES * 99 / 100]);
+    return (double)f / (double)t;
+}
+
 static void sampled(int depth, const char *kind)
 {
     /* Not on the stack: 40 KB of the harness below main would be copied with every sample
@@ -298,6 +389,7 @@ static int measure(void)
     }
     sampled(20, "");
     sampled(200, "");
+    double copy_ratio = fiber_vs_thread(&s, 20, NULL);
     detach_session(&s);
 
     if (unwinder_global_init() < 0 || attach_session(1, true, &s) < 0) {
@@ -306,6 +398,9 @@ static int measure(void)
     }
     sampled(20, "walk_");
     sampled(200, "walk_");
+    double ratio = fiber_vs_thread(&s, 20, "fiber");
+    printf("bench: client_sampled_fiber_vs_thread_ratio %.3f ratio\n", ratio);
+    printf("bench: client_sampled_fiber_copy_vs_thread_ratio %.3f ratio\n", copy_ratio);
     detach_session(&s);
     unwinder_global_done();
     (void)unlink(path);

@@ -92,6 +92,18 @@ static void test_config_check(void **state)
     c.max_stack_bytes = 64 << 10;
     assert_int_equal(svc_config_check(&c, err, sizeof(err)), -EINVAL);
     assert_non_null(strstr(err, "too small"));
+
+    /* Unset, the cap of a stack copy is 512 KiB, or what fits a quarter of a smaller
+     * ring; set, it is what was asked for. */
+    svc_config_init(&c);
+    assert_int_equal(svc_config_check(&c, err, sizeof(err)), 0);
+    assert_int_equal(svc_config_max_stack(&c), 512u << 10);
+    c.shmem_size_bytes = 64 << 10;
+    assert_int_equal(svc_config_check(&c, err, sizeof(err)), 0);
+    assert_int_equal(svc_config_max_stack(&c), (16u << 10) - 4096);
+    c.shmem_size_bytes = 8u << 20;
+    c.max_stack_bytes = 64 << 10;
+    assert_int_equal(svc_config_max_stack(&c), 64u << 10);
 }
 
 static void test_config_text_full(void **state)

@@ -196,6 +196,88 @@ static void check_stopped(const struct harm_case *c, enum harm_mode mode, const 
     rp_trace_free(t);
 }
 
+/* Every sampled stack with a frame named @fn (all of them if NULL) starts at one of @roots
+ * (NULL-terminated; the root is the first frame) and holds no error frame ("ERROR ...")
+ * but, when @label is set, that one as its root; at least one such stack, and no
+ * unwinding error in any process. */
+static void check_stacks(const char *fn, const char *const *roots, const char *label,
+                         const char *trace)
+{
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &t), 0);
+    uint64_t whole = 0, broken = 0;
+    for (size_t i = 0; i < t->n_processes; i++) {
+        const struct rp_trace_process *p = &t->processes[i];
+        for (size_t j = 0; j < p->n_callsites; j++) {
+            const struct rp_trace_callsite *cs = &p->callsites[j];
+            bool has_fn = !fn, has_error = false, rooted = false;
+            for (size_t f = 0; f < cs->n_frames; f++) {
+                const char *name = cs->frames[f].function_name;
+                has_fn |= fn && strcmp(name, fn) == 0;
+                has_error |=
+                    strncmp(name, "ERROR", 5) == 0 && !(f == 0 && label && !strcmp(name, label));
+            }
+            for (size_t r = 0; cs->n_frames && roots[r]; r++)
+                rooted |= strcmp(cs->frames[0].function_name, roots[r]) == 0;
+            if (!has_fn || !cs->alloc_count)
+                continue;
+            if (rooted && !has_error) {
+                whole += cs->alloc_count;
+                continue;
+            }
+            broken += cs->alloc_count;
+            print_message("    broken stack (%zu frames, %llu samples):", cs->n_frames,
+                          (unsigned long long)cs->alloc_count);
+            for (size_t f = 0; f < cs->n_frames && f < 8; f++)
+                print_message(" %s", cs->frames[f].function_name);
+            print_message("\n");
+        }
+        print_message("    %s: %llu unwinding errors\n", p->cmdline,
+                      (unsigned long long)p->unwinding_errors);
+        assert_int_equal(p->unwinding_errors, 0);
+    }
+    print_message("    %llu samples of %s whole, %llu not\n", (unsigned long long)whole,
+                  fn ? fn : "any function", (unsigned long long)broken);
+    assert_true(whole > 0);
+    assert_int_equal(broken, 0);
+    rp_trace_free(t);
+}
+
+/* The roots a whole stack of the main thread or of a thread has. */
+static const char *const thread_roots[] = {"_start", "clone3", NULL};
+/* Fibers end at their entry (glibc's __start_context, which makecontext puts below the
+ * fiber's function); the main thread's stacks at _start. */
+static const char *const fiber_roots[] = {"_start", "__start_context", NULL};
+/* A handler on a signal stack: up to the signal frame; the stack it interrupted is not
+ * copied, which the stack says rather than guessing it from memory changed since. */
+static const char *const altstack_roots[] = {"ERROR STACK_TRUNCATED", NULL};
+
+/* The cases whose recorded stacks through @fn must come out whole (check_whole()): the
+ * root one of @roots (NULL: thread_roots), no error frame but @label as the root. */
+static const struct whole_spec {
+    const char *name, *fn;
+    const char *const *roots;
+    const char *label;
+} whole_specs[] = {
+    {"fibers", "fiber_work", fiber_roots, NULL},
+    {"altstack", "handler_work", altstack_roots, "ERROR STACK_TRUNCATED"},
+    {"plugins_runpath", "plug_work", NULL, NULL},
+    {"plugins_origin", "plug_work", NULL, NULL},
+    {"deep_recursion", "deep_alloc", NULL, NULL},
+};
+
+static void check_whole(const struct harm_case *c, enum harm_mode mode, const struct e2e_run *run,
+                        const char *trace)
+{
+    (void)run;
+    for (size_t i = 0; mode == HARM_RECORD && i < sizeof(whole_specs) / sizeof(whole_specs[0]);
+         i++) {
+        const struct whole_spec *w = &whole_specs[i];
+        if (!strcmp(w->name, c->name))
+            check_stacks(w->fn, w->roots ? w->roots : thread_roots, w->label, trace);
+    }
+}
+
 /* ---- the cases --------------------------------------------------------------------- */
 
 /* One program using every malloc-family call, with another allocator linked (a DT_NEEDED
@@ -295,6 +377,34 @@ static const struct harm_case harm_cases[] = {
      HARM_ALL,
      {"-q", "--no-fast-unwind", NULL},
      check_stopped},
+    /* ucontext fibers taking turns, and the review's A4 case: a thread's first sample on
+     * a 256 KiB fiber stack that is then unmapped and replaced by a 32 KiB one. */
+    {"fibers", {"$HARM_FIBERS", NULL}, {NULL}, HARM_ALL, {NULL}, check_whole},
+    /* A signal handler allocating on a sigaltstack, a roomy one and a small one. */
+    {"altstack", {"$HARM_ALTSTACK", NULL}, {NULL}, HARM_ALL, {NULL}, check_whole},
+    /* Plugin loaders (the review's A3): a plugin found through the program's DT_RUNPATH,
+     * through $ORIGIN in the name given to dlopen, and loaded into a namespace of its own
+     * (whose dlopen of a helper must stay in that namespace). */
+    {"plugins_runpath",
+     {"$HARM_PLUGINS_RUNPATH", "runpath", NULL},
+     {NULL},
+     HARM_ALL,
+     {NULL},
+     check_whole},
+    {"plugins_origin",
+     {"$HARM_PLUGINS_ORIGIN", "origin", NULL},
+     {NULL},
+     HARM_ALL,
+     {NULL},
+     check_whole},
+    {"plugins_dlmopen",
+     {"$HARM_PLUGINS_ORIGIN", "dlmopen", NULL},
+     {NULL},
+     HARM_ALL,
+     {NULL},
+     check_sampled},
+    /* Allocations 300 frames and over 64 KiB deep: whole stacks, no error frame. */
+    {"deep_recursion", {"$HARM_DEEP", NULL}, {NULL}, HARM_ALL, {NULL}, check_whole},
 };
 
 /* ---- the harness ------------------------------------------------------------------- */

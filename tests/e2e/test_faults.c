@@ -150,17 +150,30 @@ static void test_faults_service_killed_at_random(void **state)
     e2e_daemon_remove_files(&d);
 }
 
+/* Starts heapprofd profiling every new process exactly (-i 1), blocking clients up to
+ * @block_timeout_us. */
+static void launch_exact(struct e2e_daemon *d, const char *tag, const char *block_timeout_us)
+{
+    e2e_daemon_prepare(d, tag);
+    const char *args[] = {"--all",
+                          "--no-running",
+                          "-i",
+                          "1",
+                          "--block-client",
+                          "--block-timeout-us",
+                          block_timeout_us,
+                          NULL};
+    e2e_daemon_launch(d, args);
+    track(d->pid);
+}
+
 /* ---- a target dies --------------------------------------------------------------- */
 
 static void test_faults_target_killed_next_to_another(void **state)
 {
     (void)state;
     struct e2e_daemon d;
-    e2e_daemon_prepare(&d, "faults");
-    const char *args[] = {"--all",          "--no-running",       "-i",       "1",
-                          "--block-client", "--block-timeout-us", "30000000", NULL};
-    e2e_daemon_launch(&d, args);
-    track(d.pid);
+    launch_exact(&d, "faults", "30000000");
     char out[300];
     snprintf(out, sizeof(out), "%s/good.txt", d.dir);
     char *victim_prog[] = {(char *)e2e_env("WORKER"), "busy", "5000", NULL};
@@ -270,6 +283,57 @@ static void test_faults_ring_full_blocking(void **state)
     ring_storm(args);
 }
 
+/* ---- a stopped service ------------------------------------------------------------ */
+
+/* A library loaded, sampled and unloaded while the service is stopped (SIGSTOP): the
+ * dlclose() returns at once, however long the session lets samples wait (issue 15 case
+ * 7: dlclose never waits; before, it waited for the service to read up to it, for the
+ * whole block timeout, here 2 s), and the library's samples are named once the service
+ * goes on (it saw the library at its first sample, and keeps its mappings for the
+ * records written before they went). */
+static void test_faults_bug_dlclose_waits_for_stopped_service(void **state)
+{
+    (void)state;
+    struct e2e_daemon d;
+    launch_exact(&d, "dlstop", "2000000");
+    char ready[300], go[300], out[300];
+    snprintf(ready, sizeof(ready), "%s/ready", d.dir);
+    snprintf(go, sizeof(go), "%s/go", d.dir);
+    snprintf(out, sizeof(out), "%s/dlstop.txt", d.dir);
+    char *prog[] = {(char *)e2e_env("DLSTOP"), (char *)e2e_env("DLLOOP_LIB_A"), ready, go, NULL};
+    pid_t c = e2e_spawn_client(&d, prog, out);
+    track(c);
+    for (int i = 0; i < 1000 && access(ready, F_OK) != 0; i++)
+        e2e_sleep_ms(10);
+    assert_int_equal(access(ready, F_OK), 0);
+    /* Let the service read what came so far, then stop it. */
+    e2e_sleep_ms(200);
+    assert_int_equal(kill(d.pid, SIGSTOP), 0);
+    int fd = open(go, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    assert_true(fd >= 0);
+    close(fd);
+    int st = e2e_wait_status(c);
+    assert_int_equal(kill(d.pid, SIGCONT), 0);
+    assert_int_equal(st, 0);
+    assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
+
+    char *o = e2e_read_file(out);
+    const char *at = strstr(o, "dlclose_us ");
+    assert_non_null(at);
+    long long us = atoll(at + strlen("dlclose_us "));
+    print_message("  dlclose took %lld us with the service stopped\n", us);
+    assert_true(us >= 0 && us < 200000);
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(d.trace, &(struct rp_trace_options){0}, &t), 0);
+    const struct rp_trace_process *p = e2e_find_pid(t, c);
+    assert_non_null(p);
+    e2e_check_exact_sites(p, o);
+    assert_int_equal(p->unwinding_errors, 0);
+    rp_trace_free(t);
+    free(o);
+    e2e_daemon_remove_files(&d);
+}
+
 /* ---- hostile clients ------------------------------------------------------------- */
 
 enum expect {
@@ -283,11 +347,7 @@ enum expect {
 static void hostile(const char *mode, enum expect expect)
 {
     struct e2e_daemon d;
-    e2e_daemon_prepare(&d, "faults");
-    const char *args[] = {"--all",          "--no-running",       "-i",       "1",
-                          "--block-client", "--block-timeout-us", "30000000", NULL};
-    e2e_daemon_launch(&d, args);
-    track(d.pid);
+    launch_exact(&d, "faults", "30000000");
     char hout[300], gout[300];
     snprintf(hout, sizeof(hout), "%s/hostile.txt", d.dir);
     snprintf(gout, sizeof(gout), "%s/good.txt", d.dir);
@@ -681,6 +741,8 @@ int main(void)
         cmocka_unit_test_teardown(test_faults_target_killed_next_to_another, teardown_children),
         cmocka_unit_test_teardown(test_faults_ring_full_nonblocking, teardown_children),
         cmocka_unit_test_teardown(test_faults_ring_full_blocking, teardown_children),
+        cmocka_unit_test_teardown(test_faults_bug_dlclose_waits_for_stopped_service,
+                                  teardown_children),
         cmocka_unit_test_teardown(test_faults_hostile_random, teardown_children),
         cmocka_unit_test_teardown(test_faults_hostile_truncated, teardown_children),
         cmocka_unit_test_teardown(test_faults_hostile_oversized, teardown_children),

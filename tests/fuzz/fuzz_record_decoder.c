@@ -44,14 +44,20 @@ static void setup(void)
     close(table_fd);
 }
 
-/* The frames of @pcs must be between 1 and UNWINDER_MAX_FRAMES. */
-static void resolve(const uint64_t *pcs, size_t n_pcs)
+/* The frames of @pcs must be between 1 and UNWINDER_MAX_FRAMES, also when the walk is
+ * marked partial (WIRE_PCS_PARTIAL). */
+static void resolve(const uint64_t *pcs, size_t n_pcs, bool partial)
 {
     size_t n = 0;
     struct unwinder_result res;
     if (unwinder_resolve_pcs(g_p, pcs, n_pcs, g_frames, UNWINDER_MAX_FRAMES, &n, &res) != 0 ||
         n < 1 || n > UNWINDER_MAX_FRAMES)
         abort();
+    if (partial && !res.error) {
+        unwinder_mark_truncated(g_frames, &n, UNWINDER_MAX_FRAMES, &res);
+        if (n < 1 || n > UNWINDER_MAX_FRAMES)
+            abort();
+    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -97,12 +103,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 abort();
             size_t n = 0;
             struct unwinder_result res;
-            if (unwinder_unwind(g_p, a.regs, a.stack_ptr, stack, a.stack_len, g_frames,
-                                UNWINDER_MAX_FRAMES, &n, &res) == 0 &&
+            if (unwinder_unwind_copy(g_p, a.regs, a.stack_ptr, stack, a.stack_len,
+                                     unwinder_copy_of(a.flags), g_frames, UNWINDER_MAX_FRAMES, &n,
+                                     &res) == 0 &&
                 (n < 1 || n > UNWINDER_MAX_FRAMES))
                 abort();
             if (n_pcs)
-                resolve(pcs, n_pcs);
+                resolve(pcs, n_pcs, false);
         }
     } else if (type == WIRE_ALLOC_PCS) {
         struct wire_alloc_pcs a;
@@ -119,7 +126,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (r == 0) {
             if (memcmp(pcs, payload + sizeof(a), a.n_pcs * sizeof(uint64_t)) != 0)
                 abort();
-            resolve(pcs, a.n_pcs);
+            resolve(pcs, a.n_pcs, (a.flags & WIRE_PCS_PARTIAL) != 0);
         }
     } else if (type == WIRE_MAPS_CHANGED) {
         struct wire_maps_changed mc;

@@ -236,6 +236,34 @@ static void test_ring_wait_consumed(void **state)
     assert_int_equal(ring_wait_consumed(f->writer, &w, 10u * 1000u * 1000u), -EPIPE);
 }
 
+/* A writer that loaded code asks for a maps read and, in block mode, waits until the
+ * reader answered that ask or a later one (within the block timeout). */
+static void test_ring_maps_read_asked_and_answered(void **state)
+{
+    struct fixture *f = *state;
+    uint64_t a1 = ring_ask_maps_read(f->writer);
+    uint64_t a2 = ring_ask_maps_read(f->writer);
+    assert_int_equal(a2, a1 + 1);
+    assert_int_equal(ring_wait_maps_read(f->writer, a1), -EAGAIN); /* not in block mode */
+    ring_set_blocking(f->writer, true, 1000);
+    assert_int_equal(ring_wait_maps_read(f->writer, a1), -ETIMEDOUT);
+    /* A wait that ran out ends blocking, as one for room does. */
+    assert_int_equal(ring_wait_maps_read(f->writer, a1), -EAGAIN);
+    ring_set_blocking(f->writer, true, 1000);
+    ring_maps_read_done(f->reader, a1);
+    assert_int_equal(ring_wait_maps_read(f->writer, a1), 0);
+    assert_int_equal(ring_wait_maps_read(f->writer, a2), -ETIMEDOUT);
+    ring_set_blocking(f->writer, true, 1000);
+    ring_maps_read_done(f->reader, a2);
+    assert_int_equal(ring_wait_maps_read(f->writer, a1), 0);
+    assert_int_equal(ring_wait_maps_read(f->writer, a2), 0);
+    /* A reader gone: no waiting for it. */
+    ring_set_blocking(f->writer, true, 10u * 1000u * 1000u);
+    uint64_t a3 = ring_ask_maps_read(f->writer);
+    ring_set_detached(f->reader);
+    assert_int_equal(ring_wait_maps_read(f->writer, a3), -EPIPE);
+}
+
 static void test_ring_too_large_rejected(void **state)
 {
     struct fixture *f = *state;
@@ -1251,6 +1279,8 @@ int main(void)
         cmocka_unit_test(test_ring_map_rejects_foreign_fds),
         cmocka_unit_test_setup_teardown(test_ring_empty_and_full, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_mark_bounds_a_drain, setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_maps_read_asked_and_answered, setup_small,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_ring_wait_consumed, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_too_large_rejected, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_wrap_at_every_offset, setup_small, teardown),

@@ -24,6 +24,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include "common/clock.h"
@@ -407,6 +408,106 @@ static void test_unwind_max_frames_truncates(void **state)
     assert_string_equal(g_frames[0].function_name, "ERROR MAX_FRAMES_EXCEEDED");
 }
 
+/* A copy cut short (the client's cap, or a foreign stack of unknown end): the unwind
+ * stops where the copy does, with a frame that says so, instead of reading on in the
+ * process's stack, which holds other frames by now (user trial finding 2: such samples
+ * ended in "ERROR INVALID_MAP" and counted as unwinding errors). The rules of the frames
+ * found are published as after a whole unwind. */
+static void test_unwind_bug_cut_copy_is_truncated(void **state)
+{
+    (void)state;
+    unw_test_recurse(&g_cap, 300);
+    assert_true(g_cap.len > 8192);
+    unwinder_process_t *p = self_process();
+    int fd;
+    assert_int_equal(utable_create(UTABLE_MIN_SLOTS * 16, &fd), 0);
+    assert_int_equal(unwinder_process_set_table(p, fd), 0);
+    close(fd);
+    struct unwinder_result res;
+    size_t n = 0;
+    assert_int_equal(unwinder_unwind_copy(p, g_cap.regs, g_cap.sp, g_cap.stack, 4096,
+                                          UNWINDER_COPY_CUT, g_frames, UNWINDER_MAX_FRAMES, &n,
+                                          &res),
+                     0);
+    dump("cut copy", g_frames, n, &res);
+    assert_true(n >= 3 && n < 300);
+    for (size_t i = 0; i + 1 < n; i++)
+        assert_exe_frame(&g_frames[i], "unw_test_recurse");
+    assert_string_equal(g_frames[n - 1].function_name, UNWINDER_TRUNCATED_FRAME);
+    assert_null(g_frames[n - 1].map);
+    assert_true(res.copy_truncated);
+    assert_false(res.error);
+    assert_false(res.truncated);
+    struct unwinder_table_stats ts;
+    unwinder_table_stats(p, &ts);
+    assert_true(ts.published >= 1);
+    /* The whole copy, cut or not, unwinds to the end. */
+    assert_int_equal(unwinder_unwind_copy(p, g_cap.regs, g_cap.sp, g_cap.stack, g_cap.len,
+                                          UNWINDER_COPY_CUT, g_frames, UNWINDER_MAX_FRAMES, &n,
+                                          &res),
+                     0);
+    assert_true(n >= 302);
+    assert_false(res.copy_truncated);
+    assert_false(res.error);
+    /* A copy of a foreign stack that ends where its memory does: the unwind ends there,
+     * without an error frame. */
+    assert_int_equal(unwinder_unwind_copy(p, g_cap.regs, g_cap.sp, g_cap.stack, 4096,
+                                          UNWINDER_COPY_ENDS, g_frames, UNWINDER_MAX_FRAMES, &n,
+                                          &res),
+                     0);
+    assert_true(n >= 2 && n < 300);
+    for (size_t i = 0; i < n; i++)
+        assert_exe_frame(&g_frames[i], "unw_test_recurse");
+    assert_false(res.copy_truncated);
+    assert_false(res.error);
+    p = unwinder_process_free(p);
+}
+
+/* A ucontext fiber's stack, copied whole (its mapping ends at its top): the stack ends at
+ * glibc's __start_context, which makecontext pushes as the return address of the fiber's
+ * function (no CFI covers the byte before it), named, and without an error frame. */
+static ucontext_t g_fiber_caller, g_fiber;
+
+void unw_test_fiber_main(void);
+UNWTEST_NOINLINE void unw_test_fiber_main(void)
+{
+    unw_test_level1(&g_cap);
+    UNWTEST_BARRIER();
+}
+
+static void test_unwind_fiber_ends_at_its_entry(void **state)
+{
+    (void)state;
+    size_t size = 128u << 10;
+    char *m = mmap(NULL, size + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(m != MAP_FAILED);
+    /* Guard pages on both sides: the copy stops at the fiber's top. */
+    assert_int_equal(mprotect(m + size, 4096, PROT_NONE), 0);
+    assert_int_equal(getcontext(&g_fiber), 0);
+    g_fiber.uc_stack.ss_sp = m;
+    g_fiber.uc_stack.ss_size = size;
+    g_fiber.uc_link = &g_fiber_caller;
+    makecontext(&g_fiber, unw_test_fiber_main, 0);
+    assert_int_equal(swapcontext(&g_fiber_caller, &g_fiber), 0);
+    unwinder_process_t *p = self_process();
+    struct unwinder_result res;
+    size_t n = 0;
+    assert_int_equal(unwinder_unwind_copy(p, g_cap.regs, g_cap.sp, g_cap.stack, g_cap.len,
+                                          UNWINDER_COPY_ENDS, g_frames, UNWINDER_MAX_FRAMES, &n,
+                                          &res),
+                     0);
+    dump("fiber", g_frames, n, &res);
+    assert_int_equal(n, 5);
+    assert_exe_frame(&g_frames[0], "unw_test_level3");
+    assert_exe_frame(&g_frames[3], "unw_test_fiber_main");
+    assert_string_equal(g_frames[4].function_name, "__start_context");
+    assert_true(in_runtime(&g_frames[4]));
+    assert_false(res.error);
+    assert_false(res.copy_truncated);
+    p = unwinder_process_free(p);
+    (void)munmap(m, size + 4096);
+}
+
 static void test_unwind_bad_arguments(void **state)
 {
     (void)state;
@@ -737,6 +838,56 @@ static void test_unwind_table_reset_when_code_goes(void **state)
 /* A process that exited reads as no mappings: the periodic reread of the maps must keep
  * the old ones, or its last records (unwound after its exit) lose their names. Bug: every
  * record read after the first reread past a client's exit ended in INVALID_MAP. */
+/* A library unloaded before the records of its samples were read (the service lags, and
+ * a dlclose no longer waits for it): the reread that finds it gone keeps its mappings for
+ * those records, frames and unwind tables alike, until the caller says they are read. */
+static void test_unwind_unloaded_library_kept_until_dropped(void **state)
+{
+    (void)state;
+    static char text[1 << 20];
+    unwtest_lib_call(unw_test_lib_cb, &g_cap);
+    int maps_fd = memfd_create("maps", MFD_CLOEXEC);
+    assert_true(maps_fd >= 0);
+    set_maps(maps_fd, text, self_maps_without(NULL, text, sizeof(text)));
+    unwinder_process_t *p = NULL;
+    assert_int_equal(
+        unwinder_process_new(getpid(), maps_fd, open("/proc/self/mem", O_RDONLY | O_CLOEXEC), &p),
+        0);
+    size_t n = 0;
+    struct unwinder_result res;
+    assert_int_equal(unwinder_unwind(p, g_cap.regs, g_cap.sp, g_cap.stack, g_cap.len, g_frames,
+                                     UNWINDER_MAX_FRAMES, &n, &res),
+                     0);
+    assert_string_equal(g_frames[2].function_name, "unwtest_lib_call");
+    assert_int_equal(unwinder_retired_seq(p), 0);
+
+    /* Unloaded (as far as the maps say): still named and unwound through. */
+    set_maps(maps_fd, text, self_maps_without("libunwtest.so", text, sizeof(text)));
+    unwinder_maps_changed(p, true);
+    assert_int_equal(unwinder_retired_seq(p), 1);
+    assert_int_equal(unwinder_unwind(p, g_cap.regs, g_cap.sp, g_cap.stack, g_cap.len, g_frames,
+                                     UNWINDER_MAX_FRAMES, &n, &res),
+                     0);
+    dump("unloaded, kept", g_frames, n, &res);
+    assert_false(res.error);
+    assert_string_equal(g_frames[2].function_name, "unwtest_lib_call");
+    assert_exe_frame(&g_frames[3], "test_unwind_unloaded_library_kept_until_dropped");
+    /* Another reread keeps them (they are not new: the count stays). */
+    unwinder_maps_changed(p, false);
+    assert_int_equal(unwinder_retired_seq(p), 1);
+
+    /* Read: let go. The library's frames are unknown now. */
+    unwinder_retired_drop(p, 1);
+    assert_int_equal(unwinder_unwind(p, g_cap.regs, g_cap.sp, g_cap.stack, g_cap.len, g_frames,
+                                     UNWINDER_MAX_FRAMES, &n, &res),
+                     0);
+    dump("unloaded, dropped", g_frames, n, &res);
+    assert_true(n >= 3);
+    assert_null(g_frames[2].map);
+    assert_string_equal(g_frames[2].function_name, "");
+    p = unwinder_process_free(p);
+}
+
 static void test_unwind_bug_exited_process_keeps_maps(void **state)
 {
     (void)state;
@@ -985,12 +1136,15 @@ int main(void)
         cmocka_unit_test(test_unwind_second_thread),
         cmocka_unit_test(test_unwind_deep_recursion),
         cmocka_unit_test(test_unwind_max_frames_truncates),
+        cmocka_unit_test(test_unwind_bug_cut_copy_is_truncated),
+        cmocka_unit_test(test_unwind_fiber_ends_at_its_entry),
         cmocka_unit_test(test_unwind_bad_arguments),
         cmocka_unit_test(test_unwind_reparse_is_rate_limited),
         cmocka_unit_test(test_unwind_hostile_input_terminates),
         cmocka_unit_test(test_unwind_corrupt_elf_files),
         cmocka_unit_test(test_unwind_library_replaced_at_same_address),
         cmocka_unit_test(test_unwind_table_reset_when_code_goes),
+        cmocka_unit_test(test_unwind_unloaded_library_kept_until_dropped),
         cmocka_unit_test(test_unwind_bug_exited_process_keeps_maps),
         cmocka_unit_test(test_unwind_concurrent_processes),
         cmocka_unit_test(test_unwind_sigmask_bypass),
