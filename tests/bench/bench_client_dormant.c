@@ -3,13 +3,17 @@
  * single-threaded processes (stdio without locks, malloc without atomic operations), which
  * a thread of ours would turn off.
  *
- * Runs itself as a child, alternately without and with LD_PRELOAD=libheapprof.so (no
- * service: the library stays dormant), RUNS times each, and prints the ratio of the best
- * runs:
- *   client_dormant_putc_ratio      putc() to a buffered /dev/null stream
- *   client_dormant_bigalloc_ratio  malloc+free of 2-2.5 KiB blocks (beyond glibc's tcache,
- *                                  8 allocations then 8 frees per round)
- * Goal: <= 1.02 both. The child also reports its thread count, which must be 1.
+ * Runs itself as a child, in turn without LD_PRELOAD, with libheapprof.so (no service:
+ * the library stays dormant) and with libforward_shim.so (a wrapper that only forwards
+ * malloc and free, the floor of any interposition), RUNS times each, and prints the
+ * ratios of the best runs to the run without:
+ *   client_dormant_putc_ratio            putc() to a buffered /dev/null stream
+ *   client_dormant_bigalloc_ratio        malloc+free of 2-2.5 KiB blocks (beyond glibc's
+ *                                        tcache, 8 allocations then 8 frees per round)
+ *   client_dormant_bigalloc_floor_ratio  the same under the forwarding wrapper
+ * Goal: <= 1.02 both, which the floor does not reach for bigalloc (an indirect jump per
+ * call): there the goal is the floor's ratio. The child also reports its thread count,
+ * which must be 1.
  */
 #include <fcntl.h>
 #include <stdint.h>
@@ -124,30 +128,32 @@ int main(void)
     if (getenv("BENCH_DORMANT_CHILD"))
         return child();
 
-    char lib[8192], self[4096], xdg[] = "/tmp/heapprof-bench-dormant-XXXXXX";
+    char lib[8192], shim[8192], self[4096], xdg[] = "/tmp/heapprof-bench-dormant-XXXXXX";
     ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
     if (n <= 0)
         return 1;
     self[n] = 0;
+    /* <build>/tests/bench/bench_client_dormant -> <build>/preload/libheapprof.so and
+     * <build>/tests/bench/libforward_shim.so */
+    char *slash = strrchr(self, '/');
+    *slash = 0;
     const char *env_lib = getenv("HEAPPROF_LIB");
-    if (env_lib) {
+    if (env_lib)
         snprintf(lib, sizeof(lib), "%s", env_lib);
-    } else {
-        /* <build>/tests/bench/bench_client_dormant -> <build>/preload/libheapprof.so */
-        char *slash = strrchr(self, '/');
-        *slash = 0;
+    else
         snprintf(lib, sizeof(lib), "%s/../../preload/libheapprof.so", self);
-        *slash = '/';
-    }
+    snprintf(shim, sizeof(shim), "%s/libforward_shim.so", self);
+    *slash = '/';
     if (!mkdtemp(xdg))
         return 1;
-    double best[2][2] = {{1e9, 1e9}, {1e9, 1e9}};
-    int threads[2] = {0, 0};
+    const char *preloads[3] = {NULL, lib, shim};
+    double best[3][2] = {{1e9, 1e9}, {1e9, 1e9}, {1e9, 1e9}};
+    int threads[3] = {0, 0, 0};
     for (int r = 0; r < RUNS; r++) {
-        for (int mode = 0; mode < 2; mode++) {
+        for (int mode = 0; mode < 3; mode++) {
             double v[2];
             int t = 0;
-            if (run_child(self, mode ? lib : NULL, xdg, v, &t) < 0) {
+            if (run_child(self, preloads[mode], xdg, v, &t) < 0) {
                 fprintf(stderr, "bench_client_dormant: child failed\n");
                 rmdir(xdg);
                 return 1;
@@ -160,9 +166,10 @@ int main(void)
     rmdir(xdg);
     fprintf(stderr,
             "# putc %.2f ns plain, %.2f ns dormant; malloc+free 2-2.5 KiB %.2f ns plain, "
-            "%.2f ns dormant; threads at most %d plain, %d dormant\n",
-            best[0][0], best[1][0], best[0][1], best[1][1], threads[0], threads[1]);
+            "%.2f ns dormant, %.2f ns forwarded; threads at most %d plain, %d dormant\n",
+            best[0][0], best[1][0], best[0][1], best[1][1], best[2][1], threads[0], threads[1]);
     printf("bench: client_dormant_putc_ratio %.3f ratio\n", best[1][0] / best[0][0]);
     printf("bench: client_dormant_bigalloc_ratio %.3f ratio\n", best[1][1] / best[0][1]);
+    printf("bench: client_dormant_bigalloc_floor_ratio %.3f ratio\n", best[2][1] / best[0][1]);
     return 0;
 }
