@@ -86,10 +86,11 @@ struct unwinder_table_stats {
 void unwinder_table_stats(const unwinder_process_t *p, struct unwinder_table_stats *ret);
 
 /* Frames of a stack the client walked itself (WIRE_ALLOC_PCS): @pcs[0] is the pc of
- * the innermost frame, the others are return addresses (their frames are those of
- * pc - 1, as in unwinder_unwind()). Leading libheapprof.so frames are skipped; a pc in
- * no known executable mapping ends the stack with an "ERROR INVALID_MAP" frame. Output
- * and return as unwinder_unwind(). Never crashes on hostile input. */
+ * the innermost frame (the return address of the call that captured it), the others
+ * are return addresses (every frame is that of pc - 1, as in unwinder_unwind()).
+ * Leading libheapprof.so frames are skipped; a pc in no known executable mapping ends
+ * the stack with an "ERROR INVALID_MAP" frame. Output and return as unwinder_unwind().
+ * Never crashes on hostile input. */
 int unwinder_resolve_pcs(unwinder_process_t *p, const uint64_t *pcs, size_t n_pcs,
                          struct hp_frame *frames, size_t max_frames, size_t *ret_n,
                          struct unwinder_result *ret_res);
