@@ -78,6 +78,10 @@ struct bk_config {
 /* The program closed (or reused) the profiler's connection while it kept running:
  * profiling of it stopped there. */
 #define BK_FLAG_CONN_CLOSED (1u << 6)
+/* The profiler lost the process while it ran (corrupt buffer, a writer cut off, the
+ * connection closed by the program, changed credentials): profiling stopped before the
+ * process did. BK_FLAG_DISCONNECTED alone is a process that exited or exec'd. */
+#define BK_FLAG_CONN_LOST (1u << 7)
 
 /* Per-process statistics reported in ProcessStats (as counted by the unwinder side). */
 struct bk_process_stats {

@@ -97,6 +97,27 @@ static void test_report_cli_bug_errors(void **state)
     free(cut);
 }
 
+/* User trial finding 9: "disconnected" was printed for every process that exited
+ * normally, so it could not flag a lost connection. three_sites exits normally: the
+ * trace says disconnected (Perfetto: it ended before the session), the report says
+ * nothing of it. */
+static void test_report_cli_bug_disconnected_on_normal_exit(void **state)
+{
+    (void)state;
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load(g_trace, NULL, &t), 0);
+    const struct rp_trace_process *p = e2e_find_process(t, "three_sites");
+    assert_non_null(p);
+    assert_true(p->disconnected);
+    assert_false(p->connection_lost);
+    rp_trace_free(t);
+    struct e2e_run r = report(g_trace, NULL, NULL);
+    assert_int_equal(r.status, 0);
+    assert_null(strstr(r.out, "isconnected"));
+    assert_null(strstr(r.out, "DISCONNECTED"));
+    e2e_run_free(&r);
+}
+
 /* User trial finding 4: counts were sample counts (~40 k shown for 3.24 M). */
 static void test_report_cli_bug_estimated_counts(void **state)
 {
