@@ -395,6 +395,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_report_cli_bug_errors),
+        cmocka_unit_test(test_report_cli_bug_disconnected_on_normal_exit),
         cmocka_unit_test(test_report_cli_bug_estimated_counts),
         cmocka_unit_test(test_report_cli_pprof_agrees_with_go_tool),
         cmocka_unit_test(test_report_cli_inlined_frames),
