@@ -19,8 +19,8 @@ int bk_new(const struct bk_config *cfg, bk_t **ret)
     bk->out_fd = cfg->out_fd;
     bk->sequence_id = cfg->sequence_id ? cfg->sequence_id : 1;
     bk->dump_at_max = cfg->dump_at_max;
-    bk->source_line = cfg->source_line;
-    bk->source_line_ctx = cfg->source_line_ctx;
+    bk->source_lines = cfg->source_lines;
+    bk->source_lines_ctx = cfg->source_lines_ctx;
     bk->max_packet_bytes = BK_MAX_PACKET_BYTES;
     if (cfg->sink) {
         bk->has_sink = true;

@@ -55,13 +55,15 @@ struct bk_config {
     const struct bk_sink *sink; /* non-NULL: packets go there, not to out_fd (copied) */
     uint32_t sequence_id;       /* trusted_packet_sequence_id, non-zero; 0 means 1 */
     bool dump_at_max;           /* dumps show self_max/self_max_count at the peak */
-    /* Source file and line of the code at @rel_pc in @m, for Perfetto ModuleSymbols
-     * packets (the UI shows them with the frames). Called lazily, once per unique frame,
-     * by the dump that first writes the frame. Returns 0 with *ret_file (borrowed until
-     * the call returns) and *ret_line set, or < 0 when unknown. NULL: no source lines. */
-    int (*source_line)(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
-                       const char **ret_file, uint32_t *ret_line);
-    void *source_line_ctx;
+    /* Source positions of the code at @rel_pc in @m, for Perfetto ModuleSymbols packets
+     * (the UI shows them with the frames): innermost first, one per function inlined
+     * at the pc, the last one the function the code belongs to (see hp_source_line).
+     * Called lazily, once per unique frame, by the dump that first writes the frame.
+     * Returns 0 with *ret_lines (*ret_n >= 1 of them, borrowed until the call returns)
+     * set, or < 0 when unknown. NULL: no source lines. */
+    int (*source_lines)(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
+                        const struct hp_source_line **ret_lines, size_t *ret_n);
+    void *source_lines_ctx;
 };
 
 /* ProcessHeapSamples flags for a process's dumps. */
@@ -76,6 +78,10 @@ struct bk_config {
 /* The program closed (or reused) the profiler's connection while it kept running:
  * profiling of it stopped there. */
 #define BK_FLAG_CONN_CLOSED (1u << 6)
+/* The profiler lost the process while it ran (corrupt buffer, a writer cut off, the
+ * connection closed by the program, changed credentials): profiling stopped before the
+ * process did. BK_FLAG_DISCONNECTED alone is a process that exited or exec'd. */
+#define BK_FLAG_CONN_LOST (1u << 7)
 
 /* Per-process statistics reported in ProcessStats (as counted by the unwinder side). */
 struct bk_process_stats {
@@ -140,7 +146,7 @@ struct bk_counters {
     uint64_t dropped_records;
     uint64_t dumps;
     uint64_t packets_written;
-    uint64_t source_lines; /* frames given a source line in ModuleSymbols */
+    uint64_t source_lines; /* frames given source lines in ModuleSymbols */
     uint64_t bytes_written;
     uint64_t live_bytes;      /* sampled bytes live now, in every heap of every process */
     uint64_t packets_dropped; /* the sink was full (sink only) */

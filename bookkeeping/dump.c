@@ -382,6 +382,8 @@ static void put_flags_stats(struct enc *e, const struct bk_proc *p)
         put_uint(e, PF_DUMP(writer_stalled), 1);
     if (p->flags & BK_FLAG_CONN_CLOSED)
         put_uint(e, PF_DUMP(connection_closed_by_program), 1);
+    if (p->flags & BK_FLAG_CONN_LOST)
+        put_uint(e, PF_DUMP(connection_lost), 1);
     if (p->flags & BK_FLAG_CLIENT_ERROR) {
         /* As heapprofd: a client error with dropped records is a timeout of a blocking
          * client (it stopped waiting, and dropped what found no room since); any other

@@ -115,7 +115,7 @@ struct bk_heap {
     struct bk_site_max *maxes; /* beside sites (cap_sites entries), only if track_peak */
     size_t n_sites, cap_sites;
     bool track_peak;           /* dump_at_max */
-    size_t n_sites_symbolized; /* sites whose frames were offered to source_line */
+    size_t n_sites_symbolized; /* sites whose frames were offered to source_lines */
     uint64_t live_total, peak_total, peak_id;
 };
 
@@ -171,12 +171,12 @@ struct bk {
     size_t emitted_str[BK_STR_KINDS];
     size_t emitted_mappings, emitted_frames;
     size_t emitted_callstacks, emitted_callstacks_off; /* entry and byte in in.emit */
-    /* Per frame id: 1 once offered to source_line (bookkeeping/symbols.c). */
+    /* Per frame id: 1 once offered to source_lines (bookkeeping/symbols.c). */
     uint8_t *frame_offered;
     size_t cap_frame_offered;
-    int (*source_line)(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
-                       const char **ret_file, uint32_t *ret_line);
-    void *source_line_ctx;
+    int (*source_lines)(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
+                        const struct hp_source_line **ret_lines, size_t *ret_n);
+    void *source_lines_ctx;
     uint64_t next_packet_index; /* ProfilePacket.index */
 
     size_t max_packet_bytes;

@@ -85,13 +85,48 @@ static int used_frames(bk_t *bk, struct bk_proc *p, uint32_t **ret, size_t *ret_
     return 0;
 }
 
-/* Offers the frames @p's dump just used (and no dump used before) to the source_line
+/* Lines of one address kept at most (Perfetto's readers expect a few; heapprof's own
+ * reader keeps 64). */
+#define BK_MAX_LINES_PER_ADDRESS 64
+
+/* Appends to @sym the AddressSymbols of frame @f from @lines (innermost first: the order
+ * of Perfetto's AddressSymbols.lines, whose last Line is the frame's own function). The
+ * frame's own function is named as the frame is (its ELF symbol), the inlined ones as
+ * the DWARF names them. Past BK_MAX_LINES_PER_ADDRESS, the innermost lines and the
+ * last are kept. */
+static void put_address(const struct bk_intern *in, const struct bk_frame *f,
+                        const struct hp_source_line *lines, size_t n, struct hp_pbw *sym,
+                        struct hp_pbw *line)
+{
+    const struct bk_str *own = &in->str[BK_STR_FUNCTION].v[f->function_name_id];
+    hp_pbw_uint_always(sym, PF_ADDRESS(address), f->rel_pc);
+    for (size_t k = 0; k < n; k++) {
+        if (k >= BK_MAX_LINES_PER_ADDRESS - 1 && k != n - 1)
+            continue;
+        const struct hp_source_line *l = &lines[k];
+        const char *name = l->function_name ? l->function_name : "";
+        size_t name_len = strnlen(name, BK_MAX_STRING_BYTES);
+        if (k == n - 1 && own->len) {
+            name = own->s;
+            name_len = own->len;
+        }
+        if (name_len)
+            hp_pbw_len(line, PF_LINE(function_name), name, name_len);
+        if (l->file && l->file[0])
+            hp_pbw_len(line, PF_LINE(source_file_name), l->file,
+                       strnlen(l->file, BK_MAX_STRING_BYTES));
+        hp_pbw_uint_always(line, PF_LINE(line_number), l->line);
+        hp_pbw_msg(sym, PF_ADDRESS(lines), line);
+    }
+}
+
+/* Offers the frames @p's dump just used (and no dump used before) to the source_lines
  * callback, and writes what it knows as ModuleSymbols packets, one or more per mapping,
- * each below the packet size bound. */
+ * each below the packet size bound (unless one address alone is above it). */
 int bk__write_source_lines(bk_t *bk, struct bk_proc *p)
 {
     struct bk_intern *in = &bk->in;
-    if (!bk->source_line)
+    if (!bk->source_lines)
         return 0;
     uint32_t *frames;
     size_t n_frames;
@@ -105,19 +140,13 @@ int bk__write_source_lines(bk_t *bk, struct bk_proc *p)
     struct hp_pbw sym = {0}, line = {0};
     for (size_t i = 0; i < n_frames && r == 0; i++) {
         const struct bk_frame *f = &in->frames[frames[i]];
-        const char *file = NULL;
-        uint32_t lineno = 0;
+        const struct hp_source_line *lines = NULL;
+        size_t n_lines = 0;
         if (!f->src_map ||
-            bk->source_line(bk->source_line_ctx, f->src_map, f->rel_pc, &file, &lineno) < 0 ||
-            !file)
+            bk->source_lines(bk->source_lines_ctx, f->src_map, f->rel_pc, &lines, &n_lines) < 0 ||
+            !lines || n_lines == 0)
             continue;
-        const struct bk_str *name = &in->str[BK_STR_FUNCTION].v[f->function_name_id];
-        if (name->len)
-            hp_pbw_len(&line, PF_LINE(function_name), name->s, name->len);
-        hp_pbw_len(&line, PF_LINE(source_file_name), file, strnlen(file, BK_MAX_STRING_BYTES));
-        hp_pbw_uint_always(&line, PF_LINE(line_number), lineno);
-        hp_pbw_uint_always(&sym, PF_ADDRESS(address), f->rel_pc);
-        hp_pbw_msg(&sym, PF_ADDRESS(lines), &line);
+        put_address(in, f, lines, n_lines, &sym, &line);
 
         uint64_t *slot;
         int put = hp_map_put(&index, f->mapping_id, (void **)&slot);
@@ -133,10 +162,12 @@ int bk__write_source_lines(bk_t *bk, struct bk_proc *p)
             *slot = n_mods++;
         }
         struct module_syms *ms = &mods[*slot];
+        /* Room for the path, build id and framing besides the addresses. */
+        if (ms->syms.len &&
+            ms->syms.len + sym.len + BK_MAX_STRING_BYTES + 256 > bk->max_packet_bytes)
+            r = flush_module(bk, ms);
         hp_pbw_msg(&ms->syms, PF_MODULE(address_symbols), &sym);
         bk->counters.source_lines++;
-        if (ms->syms.len + 2 * BK_MAX_STRING_BYTES > bk->max_packet_bytes)
-            r = flush_module(bk, ms);
     }
     for (size_t i = 0; i < n_mods; i++) {
         if (r == 0 && (mods[i].syms.len || mods[i].syms.oom))

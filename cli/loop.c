@@ -52,8 +52,10 @@ static void draw_status(svc_t *s, uint64_t start, uint64_t duration_ms, uint64_t
     struct svc_status st;
     svc_get_status(s, &st);
     uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
-    double secs = (double)(now - *last_ns) / 1e9;
-    double rate = secs > 0 ? (double)(st.samples - *last_samples) / secs : 0;
+    /* The rate since the last line; the last line's comes right after another one (0
+     * samples/s, as it showed), so it gives the mean over the whole run. */
+    double secs = (double)(now - (final ? start : *last_ns)) / 1e9;
+    double rate = secs > 0 ? (double)(st.samples - (final ? 0 : *last_samples)) / secs : 0;
     *last_samples = st.samples;
     *last_ns = now;
     char out[32], live[32], el[32], left[32] = "";

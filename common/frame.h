@@ -36,4 +36,13 @@ struct hp_frame {
     uint64_t rel_pc;
 };
 
+/* One source position of the code at a pc: a function, its file and line. A pc in
+ * inlined code has several, innermost first: the inlined function at its own line, then
+ * each caller at the line of its call, ending with the function the pc belongs to. */
+struct hp_source_line {
+    const char *function_name; /* "" when unknown */
+    const char *file;          /* "" when unknown */
+    uint32_t line;             /* 0 when unknown */
+};
+
 #endif

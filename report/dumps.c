@@ -183,6 +183,9 @@ static int parse_process_dump(struct rd *rd, struct rd_seq *seq, const uint8_t *
             case PF_DUMP(connection_closed_by_program):
                 h->connection_closed_by_program |= b;
                 break;
+            case PF_DUMP(connection_lost):
+                h->connection_lost |= b;
+                break;
             }
         }
         if (r < 0)

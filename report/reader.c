@@ -336,6 +336,7 @@ static int finish(struct rd *rd)
             .client_error = h->client_error,
             .writer_stalled = h->writer_stalled,
             .connection_closed_by_program = h->connection_closed_by_program,
+            .connection_lost = h->connection_lost,
             .unwinding_errors = h->unwinding_errors,
             .heap_samples = h->heap_samples,
             .map_reparses = h->map_reparses,

@@ -306,8 +306,10 @@ static void print_process(FILE *out, const struct rp_trace_process *p,
             p->heap_name[0] ? p->heap_name : "(unnamed)", p->sampling_interval_bytes, p->n_dumps,
             p->n_dumps == 1 ? "" : "s",
             p->from_startup ? "profiled from startup" : "attached while running");
-    if (p->disconnected)
-        fprintf(out, ", disconnected");
+    /* Not for a process that exited while profiled (Perfetto's disconnected): only when
+     * the profiler lost it, and the more precise flag below does not say why. */
+    if (p->connection_lost && !p->connection_closed_by_program)
+        fprintf(out, ", DISCONNECTED (not profiled after that)");
     if (p->buffer_overran)
         fprintf(out, ", BUFFER OVERRAN (samples were dropped)");
     if (p->buffer_corrupted)

@@ -92,8 +92,9 @@ struct rp_trace_process {
     uint32_t n_dumps;   /* complete dumps seen */
     bool selected;      /* the dump asked for exists (callsites and header are its) */
     bool from_startup, disconnected, buffer_overran, buffer_corrupted, hit_guardrail, client_error;
-    /* heapprof's own flags: a writer stalled; the program closed the connection. */
-    bool writer_stalled, connection_closed_by_program;
+    /* heapprof's own flags: a writer stalled; the program closed the connection; the
+     * profiler lost the process while it ran (disconnected alone: it exited). */
+    bool writer_stalled, connection_closed_by_program, connection_lost;
     /* ProcessStats */
     uint64_t unwinding_errors, heap_samples, map_reparses, total_unwinding_time_us,
         client_spinlock_blocked_us, writer_stalls, stalled_records_skipped;

@@ -86,7 +86,7 @@ struct rd_stack {
 struct rd_header {
     uint64_t timestamp, sampling_interval_bytes;
     bool from_startup, disconnected, buffer_overran, buffer_corrupted, hit_guardrail, client_error;
-    bool writer_stalled, connection_closed_by_program;
+    bool writer_stalled, connection_closed_by_program, connection_lost;
     uint64_t unwinding_errors, heap_samples, map_reparses, total_unwinding_time_us,
         client_spinlock_blocked_us, frees_lost, writer_stalls, stalled_records_skipped;
 };

@@ -178,12 +178,13 @@ static int start_unwinder(struct svc *s, struct svc_unwinder *u)
     return -r;
 }
 
-/* Source file and line of a frame for the dump's ModuleSymbols (bookkeeping thread). */
-static int source_line(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
-                       const char **ret_file, uint32_t *ret_line)
+/* Source lines of a frame, inlined functions included, for the dump's ModuleSymbols
+ * (bookkeeping thread). */
+static int source_lines(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
+                        const struct hp_source_line **ret_lines, size_t *ret_n)
 {
     (void)ctx;
-    return unwinder_source_line(m, rel_pc, ret_file, ret_line);
+    return unwinder_source_lines(m, rel_pc, ret_lines, ret_n);
 }
 
 static int create(const struct svc_config *cfg, int out_fd, const struct bk_sink *sink, svc_t **ret)
@@ -221,7 +222,7 @@ static int create(const struct svc_config *cfg, int out_fd, const struct bk_sink
                                    .sink = sink,
                                    .sequence_id = 1,
                                    .dump_at_max = cfg->dump_at_max,
-                                   .source_line = source_line},
+                                   .source_lines = source_lines},
                &s->bk);
     if (r < 0)
         goto fail;

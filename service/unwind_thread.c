@@ -470,20 +470,21 @@ static void unlink_client(struct svc_unwinder *u, struct svc_client *c)
  * closed our connection (or the client ended the session for a reason it gave). */
 static uint32_t hangup_flags(struct svc_client *c)
 {
+    const uint32_t lost = BK_FLAG_DISCONNECTED | BK_FLAG_CONN_LOST;
     uint32_t why = ring_client_ended(c->ring);
     if (why == RING_END_CONN_TAKEN)
-        return BK_FLAG_DISCONNECTED | BK_FLAG_CONN_CLOSED;
+        return lost | BK_FLAG_CONN_CLOSED;
     if (why == RING_END_CREDENTIALS) {
         hp_log_warn("pid %d changed its user or group ids; it is not profiled from there on",
                     c->pid);
-        return BK_FLAG_DISCONNECTED;
+        return lost;
     }
     /* At exit and at exec the kernel lets the address space go before it closes the
      * descriptors: a maps file still readable now means the same program still runs. */
     char b;
     if (c->image_fd >= 0 && pread(c->image_fd, &b, 1, 0) == 1)
-        return BK_FLAG_DISCONNECTED | BK_FLAG_CONN_CLOSED;
-    return BK_FLAG_DISCONNECTED;
+        return lost | BK_FLAG_CONN_CLOSED;
+    return BK_FLAG_DISCONNECTED; /* it exited or exec'd: not a loss */
 }
 
 /* Once a second: a hang-up the main thread's epoll could not report to us. */
@@ -694,7 +695,7 @@ void *svc__unwinder_main(void *arg)
             next = c->next;
             if (client_over(c)) {
                 unlink_client(u, c);
-                finish_client(u, c, BK_FLAG_DISCONNECTED);
+                finish_client(u, c, BK_FLAG_DISCONNECTED | BK_FLAG_CONN_LOST);
             } else if (c->hung_up || ring_client_ended(c->ring) != RING_END_NONE) {
                 /* EOF: the process can no longer write; drain the rest and end it. */
                 unlink_client(u, c);

@@ -4,13 +4,16 @@
  * unwinder_resolve_pcs(), for stacks the client walked itself, and the "ERROR <reason>"
  * frame that ends a stack that failed.
  *
- * Frame pcs. Frame 0's pc is used as is. Every later frame's pc is a return address, so
- * the function and the rel_pc we report are those of pc - 1, an address inside the call
- * instruction: a call that is the last instruction of a function (noreturn callee) would
- * otherwise be attributed to the next function, and a symbolizer looking up rel_pc gets
- * the line of the call. This is also what libunwindstack (heapprofd's unwinder) reports:
- * its non-leaf rel_pc is adjusted by 1 on x86_64. Frames right above a signal frame are
- * interrupted, not calling, and keep their exact pc. The callers adjust the pc.
+ * Frame pcs. Every frame's pc is a return address, so the function and the rel_pc we
+ * report are those of pc - 1, an address inside the call instruction: a call that is the
+ * last instruction of a function (noreturn callee) would otherwise be attributed to the
+ * next function, and a symbolizer looking up rel_pc gets the line of the call (and, in
+ * inlined code, the inlined function that makes it, not the one after it). This is also
+ * what libunwindstack (heapprofd's unwinder) reports: its non-leaf rel_pc is adjusted by
+ * 1 on x86_64. Frame 0 is no exception: the registers come from a call (the allocation
+ * function's tail call into client_sample_tramp, or hp_capture_regs()), so their pc is
+ * that call's return address. Frames right above a signal frame are interrupted, not
+ * calling, and keep their exact pc. The callers adjust the pc.
  */
 #include "unwinder/unwinder_internal.h"
 
@@ -156,7 +159,7 @@ int unwinder_resolve_pcs(unwinder_process_t *p, const uint64_t *pcs, size_t n_pc
         struct hp_frame f;
         bool skip;
         uint64_t pc = pcs[i];
-        unwinder__resolve_frame(p, i == 0 ? pc : pc - 1, &f, &skip);
+        unwinder__resolve_frame(p, pc - 1, &f, &skip);
         if (!f.map) {
             err = "ERROR INVALID_MAP";
             break;

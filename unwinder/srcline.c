@@ -10,7 +10,17 @@
  * asked from debuginfod by build id, once per file, through libdebuginfod loaded with
  * dlopen() (no build or package dependency; without the library nothing is fetched).
  * That can take seconds and holds the lock: it belongs to dump time, like every call of
- * unwinder_source_line(); the unwinding path never fetches anything.
+ * unwinder_source_lines(); the unwinding path never fetches anything.
+ *
+ * A pc in inlined code gets the whole inline chain (unwinder_source_lines()): the DIEs
+ * of the unit that contain the pc are walked from the unit down (subprogram, then each
+ * DW_TAG_inlined_subroutine nested in it), each function named through its abstract
+ * origin, and each inlined call's DW_AT_call_file/DW_AT_call_line give its caller's
+ * line. The order is Perfetto's for AddressSymbols.lines: innermost first, the function
+ * the code belongs to last (the trace processor makes the first Line of an address the
+ * symbol row with id == symbol_set_id, "the most-inlined symbol", and keeps the last one
+ * as the frame's own source location). The walk is bounded (nesting depth, DIEs visited,
+ * chain length): the DWARF is a file a client chose.
  *
  * Opening a file's debug info is the slow part (libdw decompresses every debug section
  * of a compressed debug file up front: ~40 ms for libc's). unwinder_source_prefetch()
@@ -20,6 +30,7 @@
 #include "unwinder/unwinder_internal.h"
 
 #include <dlfcn.h>
+#include <dwarf.h>
 #include <elfutils/libdw.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -41,6 +52,12 @@
 #define SRC_MAX_ENTRIES (1u << 20)
 /* Cap of files kept open with their DWARF. */
 #define SRC_MAX_FILES 4096
+/* Bounds of one lookup's walk through a unit's DIEs: nesting levels descended (inlined
+ * C++ templates nest dozens of functions, each with its lexical blocks), DIEs visited. */
+#define SRC_MAX_NESTING 256
+#define SRC_MAX_DIES (1u << 20)
+/* Bytes kept of a function or file name (longer ones are cut). */
+#define SRC_MAX_NAME 1024
 
 struct src_file {
     const char *path; /* interned mapping path: the key */
@@ -51,8 +68,8 @@ struct src_file {
 struct src_entry {
     const char *path; /* interned mapping path; NULL: empty slot */
     uint64_t pc;
-    const char *file; /* interned; NULL: unknown */
-    uint32_t line;
+    const struct hp_source_line *lines; /* malloc'd, innermost first; NULL: unknown */
+    uint32_t n_lines;
 };
 
 /* ---- debuginfod ---------------------------------------------------------------- */
@@ -147,6 +164,8 @@ void unwinder__srcline_done(void)
             (void)close(s_files[i].fd);
     }
     free(s_files);
+    for (size_t i = 0; i < s_tab_cap; i++)
+        free((void *)(uintptr_t)s_tab[i].lines);
     free(s_tab);
     s_files = NULL;
     s_tab = NULL;
@@ -279,12 +298,127 @@ static int grow_locked(void)
     return 0;
 }
 
+/* What one lookup finds, copied out of the DWARF (which is mapped: a truncated file
+ * faults while it is read) into these buffers, to be interned once the guarded region is
+ * left. Static: every lookup holds s_lock. */
+struct found_line {
+    char function_name[SRC_MAX_NAME];
+    char file[SRC_MAX_NAME];
+    uint32_t line;
+};
+static struct found_line s_found[UNWINDER_MAX_INLINE_DEPTH]; /* protected by s_lock */
+
 struct lookup_args {
     Dwarf *dw;
     uint64_t pc;
-    const char *file;
-    uint32_t line;
+    size_t n; /* entries of s_found filled, innermost first */
+    /* The walk: the function DIEs (subprogram, inlined subroutines) on the path from the
+     * unit to the pc, outermost first; DIEs visited so far. */
+    Dwarf_Die path[SRC_MAX_NESTING];
+    size_t n_path;
+    unsigned visited;
 };
+
+static void copy_str(char *dst, const char *src)
+{
+    size_t n = src ? strnlen(src, SRC_MAX_NAME - 1) : 0;
+    memcpy(dst, src ? src : "", n);
+    dst[n] = '\0';
+}
+
+static bool is_function(int tag)
+{
+    return tag == DW_TAG_subprogram || tag == DW_TAG_inlined_subroutine;
+}
+
+/* Descends from @parent into the DIEs that contain the pc, appending the functions met
+ * to a->path. Returns 1 once the innermost scope holding the pc was reached, 0 when no
+ * child of @parent holds it, -1 past the walk's bounds. */
+static int walk(struct lookup_args *a, Dwarf_Die *parent, unsigned depth)
+{
+    if (depth >= SRC_MAX_NESTING)
+        return -1;
+    Dwarf_Die d;
+    for (int r = dwarf_child(parent, &d); r == 0; r = dwarf_siblingof(&d, &d)) {
+        if (++a->visited > SRC_MAX_DIES)
+            return -1;
+        int tag = dwarf_tag(&d);
+        switch (tag) {
+        case DW_TAG_subprogram:
+        case DW_TAG_inlined_subroutine:
+        case DW_TAG_lexical_block:
+        case DW_TAG_try_block:
+        case DW_TAG_catch_block:
+        case DW_TAG_with_stmt:
+            if (dwarf_haspc(&d, a->pc) <= 0)
+                break;
+            if (is_function(tag) && a->n_path < SRC_MAX_NESTING)
+                a->path[a->n_path++] = d;
+            /* Scopes that hold the pc do not overlap their siblings: this is the one. */
+            return walk(a, &d, depth + 1) < 0 ? -1 : 1;
+        case DW_TAG_namespace:
+        case DW_TAG_module:
+        case DW_TAG_class_type:
+        case DW_TAG_structure_type:
+        case DW_TAG_union_type: {
+            /* No addresses of their own, but they may hold functions that have some. */
+            int w = walk(a, &d, depth + 1);
+            if (w != 0)
+                return w;
+            break;
+        }
+        case DW_TAG_imported_unit: {
+            /* A partial unit (dwz) whose DIEs belong here. */
+            Dwarf_Attribute at;
+            Dwarf_Die unit;
+            if (dwarf_attr(&d, DW_AT_import, &at) && dwarf_formref_die(&at, &unit)) {
+                int w = walk(a, &unit, depth + 1);
+                if (w != 0)
+                    return w;
+            }
+            break;
+        }
+        default:
+            break;
+        }
+    }
+    return 0;
+}
+
+/* The name a function DIE (or its abstract origin, or its declaration) gives: the
+ * linkage name when there is one (mangled, as the ELF symbols are), else DW_AT_name. */
+static const char *function_name_of(Dwarf_Die *d)
+{
+    static const unsigned attrs[] = {DW_AT_linkage_name, DW_AT_MIPS_linkage_name, DW_AT_name};
+    for (size_t i = 0; i < sizeof(attrs) / sizeof(attrs[0]); i++) {
+        Dwarf_Attribute at;
+        const char *s = dwarf_attr_integrate(d, attrs[i], &at) ? dwarf_formstring(&at) : NULL;
+        if (s && s[0])
+            return s;
+    }
+    return NULL;
+}
+
+/* The file and line of the call an inlined subroutine DIE stands for, into @ret. */
+static void call_site_of(Dwarf_Die *cu, Dwarf_Die *inl, struct found_line *ret)
+{
+    Dwarf_Attribute at;
+    Dwarf_Word file = 0, line = 0;
+    Dwarf_Files *files;
+    size_t n_files;
+    ret->file[0] = '\0';
+    ret->line = 0;
+    if (dwarf_attr(inl, DW_AT_call_line, &at) && dwarf_formudata(&at, &line) == 0 &&
+        line <= UINT32_MAX)
+        ret->line = (uint32_t)line;
+    if (dwarf_attr(inl, DW_AT_call_file, &at) && dwarf_formudata(&at, &file) == 0 &&
+        dwarf_getsrcfiles(cu, &files, &n_files) == 0 && file < n_files) {
+        const char *name = dwarf_filesrc(files, file, NULL, NULL);
+        /* libdw names entry 0 of a DWARF 4 file table (no file) "???". */
+        if (name && strcmp(name, "???") != 0)
+            copy_str(ret->file, name);
+    }
+}
 
 /* Run under unwinder__bus_guarded(): libdw reads the DWARF through its mapping. */
 static int lookup(void *arg)
@@ -298,8 +432,38 @@ static int lookup(void *arg)
     const char *file = l ? dwarf_linesrc(l, NULL, NULL) : NULL;
     if (!file || dwarf_lineno(l, &line) != 0 || line <= 0)
         return 0;
-    a->file = unwinder__intern(file, strlen(file));
-    a->line = (uint32_t)line;
+    copy_str(s_found[0].file, file);
+    s_found[0].line = (uint32_t)line;
+    s_found[0].function_name[0] = '\0';
+    a->n = 1;
+
+    /* The functions around the pc; a walk past its bounds keeps what it found. */
+    a->n_path = 0;
+    a->visited = 0;
+    (void)walk(a, &cu, 0);
+    /* The function the code belongs to: the innermost subprogram on the path (a GNU C
+     * nested function is a subprogram inside one). */
+    if (a->n_path == 0)
+        return 0;
+    size_t outer = 0;
+    for (size_t i = 0; i < a->n_path; i++)
+        if (dwarf_tag(&a->path[i]) == DW_TAG_subprogram)
+            outer = i;
+    /* Innermost first: chain[j] is function path[outer + c - 1 - j], at the pc's line
+     * for j = 0, else at the call that path[outer + c - j] (inlined into it) stands for.
+     * Past the cap, the innermost functions and the outermost one are kept. */
+    size_t c = a->n_path - outer;
+    size_t keep = c > UNWINDER_MAX_INLINE_DEPTH ? UNWINDER_MAX_INLINE_DEPTH - 1 : c;
+    size_t k = 0;
+    for (size_t j = 0; j < c; j++) {
+        if (j >= keep && j != c - 1)
+            continue;
+        copy_str(s_found[k].function_name, function_name_of(&a->path[outer + c - 1 - j]));
+        if (j > 0)
+            call_site_of(&cu, &a->path[outer + c - j], &s_found[k]);
+        k++;
+    }
+    a->n = k;
     return 0;
 }
 
@@ -405,17 +569,39 @@ static void pf_stop(void)
     pthread_mutex_unlock(&s_pf_lock);
 }
 
-int unwinder_source_line(const struct hp_mapping *m, uint64_t rel_pc, const char **ret_file,
-                         uint32_t *ret_line)
+/* The lines s_found holds (@n of them), interned, in a malloc'd array; NULL when out of
+ * memory. pre: s_lock held. */
+static struct hp_source_line *keep_found_locked(size_t n)
 {
-    if (!m || !ret_file || !ret_line)
+    struct hp_source_line *v = malloc(n * sizeof(*v));
+    if (!v)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        const struct found_line *f = &s_found[i];
+        v[i] = (struct hp_source_line){
+            .function_name = unwinder__intern(f->function_name, strlen(f->function_name)),
+            .file = unwinder__intern(f->file, strlen(f->file)),
+            .line = f->line};
+        if (!v[i].function_name || !v[i].file) {
+            free(v);
+            return NULL;
+        }
+    }
+    unwinder__account((ssize_t)(n * sizeof(*v)));
+    return v;
+}
+
+int unwinder_source_lines(const struct hp_mapping *m, uint64_t rel_pc,
+                          const struct hp_source_line **ret_lines, size_t *ret_n)
+{
+    if (!m || !ret_lines || !ret_n)
         return -EINVAL;
     if (!atomic_load_explicit(&s_enabled, memory_order_relaxed))
         return -ECANCELED;
     if (!m->path || !m->path[0])
         return -ENOENT;
-    const char *file = NULL;
-    uint32_t line = 0;
+    const struct hp_source_line *lines = NULL;
+    uint32_t n = 0;
     int r = 0;
     pthread_mutex_lock(&s_lock);
     if ((s_tab_n + 1) * 2 > s_tab_cap && (r = grow_locked()) < 0)
@@ -423,31 +609,52 @@ int unwinder_source_line(const struct hp_mapping *m, uint64_t rel_pc, const char
     bool found;
     struct src_entry *e = slot_locked(m->path, rel_pc, &found);
     if (found) {
-        file = e->file;
-        line = e->line;
+        lines = e->lines;
+        n = e->n_lines;
+        goto out;
+    }
+    if (s_tab_n >= SRC_MAX_ENTRIES) {
+        r = -ENOSPC; /* what a lookup finds is kept in the table, which is full */
         goto out;
     }
     struct src_file *f = file_locked(m);
     if (f && f->dw) {
-        struct lookup_args a = {.dw = f->dw, .pc = rel_pc, .file = NULL, .line = 0};
+        struct lookup_args a = {.dw = f->dw, .pc = rel_pc, .n = 0};
         if (unwinder__bus_guarded(lookup, &a, NULL) < 0) {
             file_faulted(f);
-        } else {
-            file = a.file;
-            line = a.line;
+        } else if (a.n > 0) {
+            lines = keep_found_locked(a.n);
+            if (!lines) {
+                r = -ENOMEM;
+                goto out; /* not cached: the next lookup tries again */
+            }
+            n = (uint32_t)a.n;
         }
     }
-    if (s_tab_n < SRC_MAX_ENTRIES) {
-        *e = (struct src_entry){.path = m->path, .pc = rel_pc, .file = file, .line = line};
-        s_tab_n++;
-    }
+    *e = (struct src_entry){.path = m->path, .pc = rel_pc, .lines = lines, .n_lines = n};
+    s_tab_n++;
 out:
     pthread_mutex_unlock(&s_lock);
     if (r < 0)
         return r;
-    if (!file)
+    if (!lines)
         return -ENOENT;
-    *ret_file = file;
-    *ret_line = line;
+    *ret_lines = lines;
+    *ret_n = n;
+    return 0;
+}
+
+int unwinder_source_line(const struct hp_mapping *m, uint64_t rel_pc, const char **ret_file,
+                         uint32_t *ret_line)
+{
+    if (!ret_file || !ret_line)
+        return -EINVAL;
+    const struct hp_source_line *lines;
+    size_t n;
+    int r = unwinder_source_lines(m, rel_pc, &lines, &n);
+    if (r < 0)
+        return r;
+    *ret_file = lines[0].file;
+    *ret_line = lines[0].line;
     return 0;
 }

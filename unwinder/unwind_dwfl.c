@@ -251,7 +251,8 @@ void unwinder__fallback_unwind(struct unwinder_process *p, size_t steps, struct 
         struct hp_frame f;
         bool skip;
         uint64_t pc = p->dw_pcs[i];
-        unwinder__resolve_frame(p, i == 0 || p->dw_exact[i] ? pc : pc - 1, &f, &skip);
+        /* Frame 0 too is a return address (frames.c); libdw calls it exact. */
+        unwinder__resolve_frame(p, i > 0 && p->dw_exact[i] ? pc : pc - 1, &f, &skip);
         if (skip && n == 0 && skipped < SKIP_MAX) {
             skipped++;
             continue;

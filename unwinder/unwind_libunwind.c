@@ -370,7 +370,7 @@ int unwinder_unwind_copy(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS],
         }
         struct hp_frame f;
         bool skip;
-        unwinder__resolve_frame(p, step == 0 || interrupted ? ip : ip - 1, &f, &skip);
+        unwinder__resolve_frame(p, interrupted ? ip : ip - 1, &f, &skip);
         prev_added = false;
         if (skip && n == 0 && skipped < SKIP_MAX) {
             skipped++;

@@ -140,20 +140,33 @@ struct unwinder_table_stats {
 void unwinder_table_stats(const unwinder_process_t *p, struct unwinder_table_stats *ret);
 
 /* Frames of a stack the client walked itself (WIRE_ALLOC_PCS): @pcs[0] is the pc of
- * the innermost frame, the others are return addresses (their frames are those of
- * pc - 1, as in unwinder_unwind()). Leading libheapprof.so frames are skipped; a pc in
- * no known executable mapping ends the stack with an "ERROR INVALID_MAP" frame. Output
- * and return as unwinder_unwind(). Never crashes on hostile input. */
+ * the innermost frame (the return address of the call that captured it), the others
+ * are return addresses (every frame is that of pc - 1, as in unwinder_unwind()).
+ * Leading libheapprof.so frames are skipped; a pc in no known executable mapping ends
+ * the stack with an "ERROR INVALID_MAP" frame. Output and return as unwinder_unwind().
+ * Never crashes on hostile input. */
 int unwinder_resolve_pcs(unwinder_process_t *p, const uint64_t *pcs, size_t n_pcs,
                          struct hp_frame *frames, size_t max_frames, size_t *ret_n,
                          struct unwinder_result *ret_res);
 
-/* Source file and line of @rel_pc (a frame's rel_pc) in the file of mapping @m, from the
- * file's DWARF or its separate debug file's. Computed lazily and cached per (file, pc);
- * the first lookup in a file opens its debug info (tens of ms for a large compressed
- * one), so call it at dump time, never per sample. Sets @ret_file (interned, valid until
- * unwinder_global_done()) and @ret_line, and returns 0; -ENOENT when unknown, -ECANCELED
- * when switched off. Thread-safe. */
+/* Functions of one inline chain unwinder_source_lines() gives at most: deeper chains
+ * keep their innermost functions and the outermost one. */
+#define UNWINDER_MAX_INLINE_DEPTH 32
+
+/* Source positions of @rel_pc (a frame's rel_pc) in the file of mapping @m, from the
+ * file's DWARF or its separate debug file's: the function inlined innermost at the pc
+ * with the pc's own line first, then each function it was inlined into with the line
+ * of that call, ending with the function the code belongs to (one position when no
+ * inlining happened). Computed lazily and cached per (file, pc); the first lookup in a
+ * file opens its debug info (tens of ms for a large compressed one), so call it at dump
+ * time, never per sample. Sets @ret_lines (1 to UNWINDER_MAX_INLINE_DEPTH of them, with
+ * interned strings; borrowed, valid until unwinder_global_done()) and @ret_n, and
+ * returns 0; -ENOENT when the pc's line is unknown, -ECANCELED when switched off,
+ * -ENOSPC past the cache's cap of (file, pc) pairs. Thread-safe. */
+int unwinder_source_lines(const struct hp_mapping *m, uint64_t rel_pc,
+                          const struct hp_source_line **ret_lines, size_t *ret_n);
+
+/* The first of unwinder_source_lines(): the file and line of the code at the pc. */
 int unwinder_source_line(const struct hp_mapping *m, uint64_t rel_pc, const char **ret_file,
                          uint32_t *ret_line);
 
@@ -163,7 +176,7 @@ int unwinder_source_line(const struct hp_mapping *m, uint64_t rel_pc, const char
  * Thread-safe; does nothing when source lines are switched off. */
 void unwinder_source_prefetch(const struct hp_mapping *m);
 
-/* The off switch of unwinder_source_line() (on by default). Thread-safe. */
+/* The off switch of unwinder_source_lines() (on by default). Thread-safe. */
 void unwinder_set_source_lines(bool enabled);
 
 /* Bytes of memory held by the global caches. */

@@ -13,14 +13,17 @@
 #include "bookkeeping/state.h"
 
 /* Source lines for libc frames only, as debug info would give for one library. */
-static int source_line(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
-                       const char **ret_file, uint32_t *ret_line)
+static int source_lines(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
+                        const struct hp_source_line **ret_lines, size_t *ret_n)
 {
+    static struct hp_source_line l;
     (void)ctx;
     if (strcmp(m->path, "/usr/lib/x86_64-linux-gnu/libc.so.6") != 0)
         return -ENOENT;
-    *ret_file = "malloc/malloc.c";
-    *ret_line = (uint32_t)(rel_pc & 0xfff);
+    l = (struct hp_source_line){
+        .function_name = "", .file = "malloc/malloc.c", .line = (uint32_t)(rel_pc & 0xfff)};
+    *ret_lines = &l;
+    *ret_n = 1;
     return 0;
 }
 
@@ -98,7 +101,7 @@ int main(int argc, char **argv)
     bk_t *bk;
     int r = bk_new(
         &(struct bk_config){
-            .out_fd = fd, .sequence_id = 7, .dump_at_max = true, .source_line = source_line},
+            .out_fd = fd, .sequence_id = 7, .dump_at_max = true, .source_lines = source_lines},
         &bk);
     if (r < 0) {
         fprintf(stderr, "bk_new: %s\n", strerror(-r));

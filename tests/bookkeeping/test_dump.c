@@ -170,8 +170,10 @@ static void write_workload_to(int fd, struct written *w, bool dump_at_max, size_
                                   .total_unwinding_time_us = 777,
                                   .client_spinlock_blocked_us = 5,
                                   .unwinding_time_hist = {1, 2, 3, 4, 5, 6, 7, 8}};
-    assert_int_equal(bk_process_end(bk, PID_A, &st, BK_FLAG_DISCONNECTED | BK_FLAG_HIT_GUARDRAIL),
-                     0);
+    assert_int_equal(
+        bk_process_end(bk, PID_A, &st,
+                       BK_FLAG_DISCONNECTED | BK_FLAG_HIT_GUARDRAIL | BK_FLAG_CONN_LOST),
+        0);
     bk_process_update(bk, PID_B, &(struct bk_process_stats){.records_dropped = 9}, 0);
     assert_int_equal(bk_dump_all(bk), 0);
     w->dump2 = m;
@@ -272,11 +274,13 @@ static void test_dump_roundtrip_values(void **state)
     assert_true(a->from_startup);
     assert_false(b->from_startup);
     assert_true(a->disconnected);
+    assert_true(a->connection_lost);
     assert_true(a->hit_guardrail);
     assert_false(a->buffer_overran);
     assert_false(a->buffer_corrupted);
     assert_false(a->client_error);
     assert_false(b->disconnected);
+    assert_false(b->connection_lost);
     assert_true(b->buffer_overran); /* records were dropped */
     assert_int_equal(a->unwinding_errors, 3);
     assert_int_equal(a->heap_samples, 1234);
@@ -801,7 +805,11 @@ static void test_dump_report_text(void **state)
     assert_non_null(strstr(text, "Top 3 sites by allocated bytes"));
     assert_non_null(strstr(text, "extra::step(int)"));
     assert_non_null(strstr(text, "/usr/lib/libc.so.6+0x"));
-    assert_non_null(strstr(text, "disconnected"));
+    /* Lost, for A only. */
+    const char *lost = strstr(text, "DISCONNECTED");
+    assert_non_null(lost);
+    assert_null(strstr(lost + 1, "DISCONNECTED"));
+    assert_true(lost < strstr(text, "Process 200"));
     /* The biggest site of B by allocated bytes: k = 299, 2 blocks of 300 * 16 * 2. */
     assert_non_null(strstr(text, "#1  18.8 KiB ± "));
     assert_non_null(strstr(text, " (19200 bytes) allocated in ~"));
@@ -819,13 +827,15 @@ static void test_dump_report_text(void **state)
 }
 
 /* Source lines for every frame: "x.c", line rel_pc. */
-static int every_line(void *ctx, const struct hp_mapping *m, uint64_t rel_pc, const char **ret_file,
-                      uint32_t *ret_line)
+static int every_line(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
+                      const struct hp_source_line **ret_lines, size_t *ret_n)
 {
+    static struct hp_source_line l;
     (void)ctx;
     (void)m;
-    *ret_file = "x.c";
-    *ret_line = (uint32_t)rel_pc;
+    l = (struct hp_source_line){.function_name = "", .file = "x.c", .line = (uint32_t)rel_pc};
+    *ret_lines = &l;
+    *ret_n = 1;
     return 0;
 }
 
@@ -877,7 +887,7 @@ static void test_dump_bug_symbols_of_frames_no_dump_used(void **state)
     assert_int_equal(memfd_path(&w), 0);
     bk_t *bk;
     assert_int_equal(
-        bk_new(&(struct bk_config){.out_fd = w.fd, .sequence_id = 1, .source_line = every_line},
+        bk_new(&(struct bk_config){.out_fd = w.fd, .sequence_id = 1, .source_lines = every_line},
                &bk),
         0);
     assert_int_equal(bk_process_start(bk, PID_A, "a", 1, true, 4096), 0);
@@ -906,6 +916,106 @@ static void test_dump_bug_symbols_of_frames_no_dump_used(void **state)
     assert_true(has_address(addrs, n, 0x222)); /* after B's own dump */
     assert_true(has_address(addrs, n, 0x20));
     bk = bk_free(bk);
+    close(w.fd);
+}
+
+/* Lines of a pc in inlined code: innermost first, as Perfetto's AddressSymbols.lines. */
+static int inlined_lines(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
+                         const struct hp_source_line **ret_lines, size_t *ret_n)
+{
+    static const struct hp_source_line chain[3] = {
+        {"vec_grow", "vec.h", 10}, {"vec_push", "vec.h", 20}, {"dwarf_name", "app.c", 30}};
+    static const struct hp_source_line unnamed[2] = {{"inl", "u.h", 5}, {"u_outer", "u.c", 6}};
+    (void)ctx;
+    (void)m;
+    if (rel_pc == 0x111) {
+        *ret_lines = chain;
+        *ret_n = 3;
+    } else {
+        *ret_lines = unnamed;
+        *ret_n = 2;
+    }
+    return 0;
+}
+
+/* Each Line a callback gives goes to the frame's AddressSymbols in its order; the last
+ * (the frame's own function) is named as the frame is, unless the frame has no name. */
+static void test_dump_inlined_lines(void **state)
+{
+    (void)state;
+    struct written w;
+    assert_int_equal(memfd_path(&w), 0);
+    bk_t *bk;
+    assert_int_equal(
+        bk_new(&(struct bk_config){.out_fd = w.fd, .source_lines = inlined_lines}, &bk), 0);
+    assert_int_equal(bk_process_start(bk, PID_A, "a", 1, true, 4096), 0);
+    struct hp_frame f[2] = {{&libs[0], "app_add", 0x111}, {&libs[2], "", 0x10}};
+    bk_record_alloc(bk, PID_A, 0, 1, 0x1000, 64, 64, f, 2);
+    assert_int_equal(bk_process_end(bk, PID_A, NULL, 0), 0);
+    bk = bk_free(bk);
+
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load(w.path, &(struct rp_trace_options){0}, &t), 0);
+    assert_int_equal(t->n_processes, 1);
+    assert_int_equal(t->processes[0].n_callsites, 1);
+    const struct rp_trace_callsite *c = &t->processes[0].callsites[0];
+    assert_int_equal(c->n_frames, 2);
+    const struct rp_trace_frame *leaf = &c->frames[1], *root = &c->frames[0];
+    assert_string_equal(leaf->function_name, "app_add");
+    assert_string_equal(leaf->file, "app.c");
+    assert_int_equal(leaf->line, 30);
+    assert_int_equal(leaf->n_inlined, 2);
+    assert_string_equal(leaf->inlined[0].function_name, "vec_grow");
+    assert_int_equal(leaf->inlined[0].line, 10);
+    assert_string_equal(leaf->inlined[1].function_name, "vec_push");
+    assert_int_equal(leaf->inlined[1].line, 20);
+    /* No ELF name: the DWARF's. */
+    assert_string_equal(root->function_name, "u_outer");
+    assert_int_equal(root->n_inlined, 1);
+    assert_string_equal(root->inlined[0].function_name, "inl");
+    rp_trace_free(t);
+    close(w.fd);
+}
+
+/* User trial: "disconnected" was printed for every process that exited normally, so it
+ * could not flag a lost connection. A process that exits is disconnected for Perfetto
+ * (it ended before the session), and says nothing in the report; one the profiler lost
+ * is marked. */
+static void test_dump_bug_disconnected_on_normal_exit(void **state)
+{
+    (void)state;
+    struct written w;
+    assert_int_equal(memfd_path(&w), 0);
+    bk_t *bk;
+    assert_int_equal(bk_new(&(struct bk_config){.out_fd = w.fd}, &bk), 0);
+    struct hp_frame f[1] = {{&libs[2], "main", 0x10}};
+    assert_int_equal(bk_process_start(bk, PID_A, "exits", 5, true, 4096), 0);
+    assert_int_equal(bk_process_start(bk, PID_B, "lost", 4, true, 4096), 0);
+    bk_record_alloc(bk, PID_A, 0, 1, 0x1000, 64, 64, f, 1);
+    bk_record_alloc(bk, PID_B, 0, 1, 0x1000, 64, 64, f, 1);
+    assert_int_equal(bk_process_end(bk, PID_A, NULL, BK_FLAG_DISCONNECTED), 0);
+    assert_int_equal(bk_process_end(bk, PID_B, NULL, BK_FLAG_DISCONNECTED | BK_FLAG_CONN_LOST), 0);
+    bk = bk_free(bk);
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load(w.path, NULL, &t), 0);
+    assert_true(find_proc(t, PID_A)->disconnected);
+    assert_false(find_proc(t, PID_A)->connection_lost);
+    assert_true(find_proc(t, PID_B)->connection_lost);
+    char *text = NULL;
+    size_t text_len = 0;
+    FILE *out = open_memstream(&text, &text_len);
+    assert_non_null(out);
+    rp_report_print(out, t, &(struct rp_report_options){.top_n = 1});
+    fclose(out);
+    const char *a = strstr(text, "Process 100: exits"), *b = strstr(text, "Process 200: lost");
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_true(a < b);
+    const char *d = strstr(a, "isconnected"), *D = strstr(a, "DISCONNECTED");
+    assert_true(d == NULL || d > b);
+    assert_true(D != NULL && D > b);
+    free(text);
+    rp_trace_free(t);
     close(w.fd);
 }
 
@@ -1001,6 +1111,8 @@ int main(void)
         cmocka_unit_test(test_dump_report_text),
         cmocka_unit_test(test_dump_varint_and_framing),
         cmocka_unit_test(test_dump_bug_symbols_of_frames_no_dump_used),
+        cmocka_unit_test(test_dump_inlined_lines),
+        cmocka_unit_test(test_dump_bug_disconnected_on_normal_exit),
     };
     return cmocka_run_group_tests_name("bookkeeping_dump", tests, NULL, NULL);
 }

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pty.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +92,37 @@ int e2e_run(char *const argv[], char *const env[], struct e2e_run *ret)
                 append(&ret->err, &el, &ec, buf, (size_t)n);
         }
     }
+    int st;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    ret->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return 0;
+}
+
+int e2e_run_pty(char *const argv[], struct e2e_run *ret)
+{
+    int master;
+    pid_t pid = forkpty(&master, NULL, NULL, NULL);
+    if (pid < 0)
+        return -errno;
+    if (pid == 0) {
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    memset(ret, 0, sizeof(*ret));
+    size_t ol = 0, oc = 0, el = 0, ec = 0;
+    append(&ret->out, &ol, &oc, "", 0);
+    append(&ret->err, &el, &ec, "", 0);
+    for (;;) {
+        char buf[65536];
+        ssize_t n = read(master, buf, sizeof(buf));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) /* EIO once the last holder of the terminal is gone */
+            break;
+        append(&ret->out, &ol, &oc, buf, (size_t)n);
+    }
+    close(master);
     int st;
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
         ;

@@ -27,6 +27,11 @@ struct e2e_run {
 int e2e_run(char *const argv[], char *const env[], struct e2e_run *ret);
 void e2e_run_free(struct e2e_run *r);
 
+/* Runs @argv with a new pseudo-terminal as its stdin, stdout and stderr (what a user's
+ * terminal gives), everything it writes there in ret->out (ret->err stays empty).
+ * Returns 0 or -errno. */
+int e2e_run_pty(char *const argv[], struct e2e_run *ret);
+
 /* Parses "truth NAME A B C D" lines. Returns the count. */
 size_t e2e_parse_truth(const char *out, struct e2e_truth *t, size_t max);
 

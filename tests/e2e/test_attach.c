@@ -484,6 +484,76 @@ static void test_attach_user_errors(void **state)
     e2e_run_free(&run);
 }
 
+/* User trial: `attach -n NAME` that matched nothing said nothing and exited 0 with an
+ * empty trace. It must say so, last, and exit 1. Without a terminal there is no status
+ * line. */
+static void test_attach_bug_name_matches_nothing(void **state)
+{
+    (void)state;
+    char trace[256];
+    snprintf(trace, sizeof(trace), "%s/nomatch.pftrace", runtime_dir);
+    char *args[] = {"-n", "heapprof-e2e-no-such-name", "--duration", "1", NULL};
+    char *argv[32];
+    attach_argv(args, trace, false, argv);
+    struct e2e_run run;
+    assert_int_equal(e2e_run(argv, NULL, &run), 0);
+    print_message("  attach: status %d, stderr: %s\n", run.status, run.err);
+    assert_int_equal(run.status, 1);
+    assert_non_null(strstr(run.err, "no running process matches 'heapprof-e2e-no-such-name' yet"));
+    const char *last = "heapprof attach: no process matched 'heapprof-e2e-no-such-name': "
+                       "nothing was profiled\n";
+    size_t n = strlen(run.err), k = strlen(last);
+    assert_true(n >= k);
+    assert_string_equal(run.err + n - k, last);
+    assert_null(strstr(run.err, "\033[K"));
+    e2e_run_free(&run);
+    unlink(trace);
+}
+
+/* User trial: the attach status line had no time. On a terminal it shows the time
+ * elapsed, the time left of --duration, the processes and the live heap; the run ends
+ * with a line without time left. Nothing says "disconnected" for a process that was
+ * detached or exited. */
+static void test_attach_status_line(void **state)
+{
+    (void)state;
+    char out[256], trace[256];
+    snprintf(out, sizeof(out), "%s/status.out", runtime_dir);
+    snprintf(trace, sizeof(trace), "%s/status.pftrace", runtime_dir);
+    pid_t w = start_worker("busy", "6000", out);
+    char pidbuf[16];
+    snprintf(pidbuf, sizeof(pidbuf), "%d", (int)w);
+    char *args[] = {"-p", pidbuf, "--duration", "3", NULL};
+    char *argv[32];
+    attach_argv(args, trace, false, argv);
+    struct e2e_run run;
+    assert_int_equal(e2e_run_pty(argv, &run), 0);
+    print_message("  attach on a terminal: status %d, output: %.600s\n", run.status, run.out);
+    assert_int_equal(run.status, 0);
+    /* "\r\033[Kheapprof: 0:01 (0:02 left), 1 process, live heap 25.8 MiB, ..." */
+    const char *first = strstr(run.out, "\r\033[Kheapprof: 0:0");
+    assert_non_null(first);
+    const char *left = strstr(first, " left), 1 process, live heap ");
+    assert_non_null(left);
+    assert_true(memchr(first, '\n', (size_t)(left - first)) == NULL);
+    /* The last one: no time left. */
+    const char *last = first;
+    for (const char *p = first; (p = strstr(p + 1, "\r\033[Kheapprof: ")) != NULL;)
+        last = p;
+    char line[512];
+    snprintf(line, sizeof(line), "%.*s", (int)strcspn(last + 2, "\r\n"), last + 2);
+    print_message("  last status line: %s\n", line + 2);
+    assert_non_null(strstr(line, ", 1 process, live heap "));
+    assert_null(strstr(line, "left"));
+    assert_null(strstr(line, " 0 samples/s")); /* the mean of the run, not of the last ms */
+    assert_null(strstr(run.out, "isconnected"));
+    assert_null(strstr(run.out, "DISCONNECTED"));
+    e2e_run_free(&run);
+    assert_int_equal(wait_status(w), 0);
+    unlink(trace);
+    unlink(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -491,6 +561,8 @@ int main(void)
         cmocka_unit_test(test_attach_busy),
         cmocka_unit_test(test_attach_name_started_later),
         cmocka_unit_test(test_attach_user_errors),
+        cmocka_unit_test(test_attach_bug_name_matches_nothing),
+        cmocka_unit_test(test_attach_status_line),
         cmocka_unit_test(test_attach_bug_dormant_thread_blocked_reader),
         cmocka_unit_test(test_attach_bug_service_killed_thread_stays),
         cmocka_unit_test(test_attach_bug_kills_process_in_constructors),

@@ -162,6 +162,7 @@ static void check_conn_closed(const struct harm_case *c, enum harm_mode mode,
                   p->connection_closed_by_program,
                   (unsigned long long)samples_at(p, "before_close"));
     assert_true(p->connection_closed_by_program);
+    assert_true(p->connection_lost);
     assert_false(p->buffer_corrupted);
     assert_true(samples_at(p, "before_close") > 0);
     rp_trace_free(t);

@@ -196,7 +196,9 @@ static void test_faults_target_killed_next_to_another(void **state)
     assert_non_null(pv);
     assert_non_null(pg);
     assert_true(pv->disconnected);
+    assert_false(pv->connection_lost); /* it died: nothing was lost on our side */
     assert_true(pv->heap_samples > 0);
+    assert_false(pg->connection_lost);
     assert_false(pg->buffer_corrupted);
     assert_false(pg->buffer_overran);
     char *o = e2e_read_file(out);
@@ -405,6 +407,7 @@ static void hostile(const char *mode, enum expect expect)
         assert_non_null(ph);
         assert_true(ph->buffer_corrupted);
         assert_true(ph->disconnected);
+        assert_true(ph->connection_lost);
         assert_non_null(strstr(log, "corrupt data"));
         break;
     case EXPECT_REJECTED:
@@ -428,6 +431,7 @@ static void hostile(const char *mode, enum expect expect)
         assert_non_null(ph);
         assert_true(ph->writer_stalled);
         assert_true(ph->disconnected);
+        assert_true(ph->connection_lost);
         assert_false(ph->buffer_corrupted);
         assert_non_null(strstr(log, "kept a record unpublished"));
         break;

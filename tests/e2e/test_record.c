@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -505,6 +506,73 @@ static void test_record_user_errors(void **state)
     expect_failure(unknown, 2, "unknown command");
 }
 
+/* User trial E: a command execve() refuses (no x bit, a directory, no ELF header and no
+ * #! line) was run only to fail in the child after an empty trace was written, with an
+ * odd message. It is refused first: rc 126, one line, no trace. */
+static void test_record_bug_non_program_refused(void **state)
+{
+    (void)state;
+    char *bin = (char *)e2e_env("HEAPPROF_BIN");
+    char *text = e2e_tmp_path(".sh");
+    FILE *f = fopen(text, "we");
+    assert_non_null(f);
+    fputs("echo no shebang line\n", f);
+    fclose(f);
+    assert_int_equal(chmod(text, 0755), 0);
+    struct {
+        const char *cmd, *why;
+    } cases[] = {
+        {"/etc/passwd", "Permission denied"},
+        {"/tmp", "not a regular file"},
+        {text, "not an executable format"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char *trace = e2e_tmp_path(".pftrace");
+        char *argv[] = {bin, "record", "-o", trace, "--", (char *)cases[i].cmd, NULL};
+        struct e2e_run run;
+        assert_int_equal(e2e_run(argv, NULL, &run), 0);
+        print_message("  %s: status %d, stderr: %s", cases[i].cmd, run.status, run.err);
+        assert_int_equal(run.status, 126);
+        char want[512];
+        snprintf(want, sizeof(want), "heapprof record: cannot run '%s': %s", cases[i].cmd,
+                 cases[i].why);
+        assert_true(strncmp(run.err, want, strlen(want)) == 0);
+        assert_int_equal(strchr(run.err, '\n') - run.err + 1, (long)strlen(run.err)); /* one line */
+        assert_int_equal(access(trace, F_OK), -1); /* no trace written */
+        e2e_run_free(&run);
+        free(trace);
+    }
+    unlink(text);
+    free(text);
+}
+
+/* The status line of `record --status` on a terminal: time elapsed and the live heap,
+ * once a second; a program that exits normally is not "disconnected" anywhere. */
+static void test_record_status_line(void **state)
+{
+    (void)state;
+    char *trace = e2e_tmp_path(".pftrace");
+    char *argv[] = {
+        (char *)e2e_env("HEAPPROF_BIN"), "record", "--status", "--top", "1", "-o", trace, "--",
+        (char *)e2e_env("WORKER"),       "busy",   "2500",     NULL};
+    struct e2e_run run;
+    assert_int_equal(e2e_run_pty(argv, &run), 0);
+    print_message("  record on a terminal: status %d, output: %.400s\n", run.status, run.out);
+    assert_int_equal(run.status, 0);
+    const char *first = strstr(run.out, "\r\033[Kheapprof: 0:0");
+    assert_non_null(first);
+    const char *heap = strstr(first, ", 1 process, live heap ");
+    assert_non_null(heap);
+    assert_true(memchr(first, '\n', (size_t)(heap - first)) == NULL);
+    assert_null(strstr(run.out, " left)"));       /* no --duration */
+    assert_non_null(strstr(run.out, "Process ")); /* the summary */
+    assert_null(strstr(run.out, "isconnected"));
+    assert_null(strstr(run.out, "DISCONNECTED"));
+    e2e_run_free(&run);
+    unlink(trace);
+    free(trace);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -518,6 +586,8 @@ int main(void)
         cmocka_unit_test(test_record_keeps_user_preload),
         cmocka_unit_test(test_record_bug_user_preload_order_lost),
         cmocka_unit_test(test_record_user_errors),
+        cmocka_unit_test(test_record_bug_non_program_refused),
+        cmocka_unit_test(test_record_status_line),
     };
     return cmocka_run_group_tests_name("e2e_record", tests, NULL, NULL);
 }

@@ -1,7 +1,8 @@
 /* tests/e2e/test_report_cli.c: `heapprof report` and `heapprof pprof` on a real trace,
  * as a user runs them: errors instead of wrong answers, estimated counts against the
- * program's own, and every pprof export opened by `go tool pprof` (Debian's golang-go),
- * whose -top, -lines and -sample_index=alloc_objects figures must be the report's.
+ * program's own, every pprof export opened by `go tool pprof` (Debian's golang-go),
+ * whose -top, -lines and -sample_index=alloc_objects figures must be the report's, and
+ * inlined functions in the trace, the report and pprof.
  *
  * Statistics: three_sites 10 at the default interval (4096) with --seed 7; alloc_freed
  * makes 30,000 allocations of 2000 bytes. The estimate is checked within 5 standard
@@ -94,6 +95,27 @@ static void test_report_cli_bug_errors(void **state)
     e2e_run_free(&r);
     unlink(cut);
     free(cut);
+}
+
+/* User trial finding 9: "disconnected" was printed for every process that exited
+ * normally, so it could not flag a lost connection. three_sites exits normally: the
+ * trace says disconnected (Perfetto: it ended before the session), the report says
+ * nothing of it. */
+static void test_report_cli_bug_disconnected_on_normal_exit(void **state)
+{
+    (void)state;
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load(g_trace, NULL, &t), 0);
+    const struct rp_trace_process *p = e2e_find_process(t, "three_sites");
+    assert_non_null(p);
+    assert_true(p->disconnected);
+    assert_false(p->connection_lost);
+    rp_trace_free(t);
+    struct e2e_run r = report(g_trace, NULL, NULL);
+    assert_int_equal(r.status, 0);
+    assert_null(strstr(r.out, "isconnected"));
+    assert_null(strstr(r.out, "DISCONNECTED"));
+    e2e_run_free(&r);
 }
 
 /* User trial finding 4: counts were sample counts (~40 k shown for 3.24 M). */
@@ -215,12 +237,168 @@ static void test_report_cli_pprof_agrees_with_go_tool(void **state)
     free(prefix);
 }
 
+/* The line of tests/programs/inline_sites.c that holds @marker (1-based). */
+static uint32_t marker_line(const char *marker)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/tests/programs/inline_sites.c", e2e_env("SOURCE_ROOT"));
+    FILE *f = fopen(path, "re");
+    assert_non_null(f);
+    char buf[512];
+    uint32_t n = 0, found = 0;
+    while (!found && fgets(buf, sizeof(buf), f)) {
+        n++;
+        if (strstr(buf, marker))
+            found = n;
+    }
+    fclose(f);
+    assert_true(found > 0);
+    return found;
+}
+
+/* The AddressSymbols at @from in protoc's text: up to the next one, the next module or
+ * the next packet. */
+static char *block_at(const char *from)
+{
+    const char *end = from + strlen(from);
+    static const char *const next[] = {"address_symbols {", "module_symbols {", "packet {"};
+    for (size_t i = 0; i < 3; i++) {
+        const char *e = strstr(from + 1, next[i]);
+        if (e && e < end)
+            end = e;
+    }
+    return strndup(from, (size_t)(end - from));
+}
+
+static int count_of(const char *text, const char *what)
+{
+    int n = 0;
+    for (const char *p = strstr(text, what); p; p = strstr(p + 1, what))
+        n++;
+    return n;
+}
+
+/* Issue 18: a pc in inlined code had one Line, under the caller's name at a line of the
+ * inlined function. inline_sites (-O2 -g) allocates in grow_buffer(), inlined into
+ * make_record(), inlined into build_table(); at interval 1 every allocation is recorded.
+ * The trace must carry the three Lines innermost first (Perfetto's order), the report
+ * list them leaf first with file:line, and go tool pprof show the inlined functions. */
+static void test_report_cli_inlined_frames(void **state)
+{
+    (void)state;
+    const uint32_t l_malloc = marker_line("@grow_buffer_malloc");
+    const uint32_t l_make = marker_line("@make_record_call");
+    const uint32_t l_build = marker_line("@build_table_call");
+    char *trace = e2e_tmp_path(".pftrace");
+    char *rec[] = {(char *)e2e_env("HEAPPROF_BIN"), "record", "-q", "-i", "1", "-o", trace, "--",
+                   (char *)e2e_env("INLINE_SITES"), "500",    NULL};
+    struct e2e_run r;
+    assert_int_equal(e2e_run(rec, NULL, &r), 0);
+    assert_int_equal(r.status, 0);
+    e2e_run_free(&r);
+    assert_int_equal(e2e_check_rules(trace), 0);
+
+    /* The trace as protoc decodes it: one AddressSymbols with the three Lines. */
+    const char *protoc = getenv("PROTOC");
+    if (protoc && *protoc) {
+        char *cmd;
+        assert_true(asprintf(&cmd, "'%s' --decode=perfetto.protos.Trace -I '%s' '%s' < '%s'",
+                             protoc, e2e_env("PROTOS_DIR"), e2e_env("TRACE_PROTO"), trace) > 0);
+        char *sh[] = {"/bin/sh", "-c", cmd, NULL};
+        assert_int_equal(e2e_run(sh, NULL, &r), 0);
+        assert_int_equal(r.status, 0);
+        const char *inner = strstr(r.out, "function_name: \"grow_buffer\"");
+        assert_non_null(inner);
+        const char *start = inner;
+        while (start > r.out && strncmp(start, "address_symbols {", 17) != 0)
+            start--;
+        char *block = block_at(start);
+        print_message("%s\n", block);
+        const char *a = strstr(block, "function_name: \"grow_buffer\"");
+        const char *b = strstr(block, "function_name: \"make_record\"");
+        const char *c = strstr(block, "function_name: \"build_table\"");
+        assert_non_null(a);
+        assert_non_null(b);
+        assert_non_null(c);
+        assert_true(a < b && b < c);
+        assert_int_equal(count_of(block, "lines {"), 3);
+        char want[64];
+        snprintf(want, sizeof(want), "line_number: %u", l_malloc);
+        assert_true(strstr(a, want) && strstr(a, want) < b);
+        snprintf(want, sizeof(want), "line_number: %u", l_make);
+        assert_true(strstr(b, want) && strstr(b, want) < c);
+        snprintf(want, sizeof(want), "line_number: %u", l_build);
+        assert_non_null(strstr(c, want));
+        assert_non_null(strstr(block, "inline_sites.c\""));
+        free(block);
+        e2e_run_free(&r);
+        free(cmd);
+    }
+
+    /* The report: leaf first, each function with file:line, the inlined ones marked. */
+    r = report(trace, NULL, NULL);
+    assert_int_equal(r.status, 0);
+    char want[3][128];
+    const char *fns[3] = {"grow_buffer", "make_record", "build_table"};
+    const uint32_t lines[3] = {l_malloc, l_make, l_build};
+    const char *at[3];
+    for (int i = 0; i < 3; i++) {
+        snprintf(want[i], sizeof(want[i]), "inline_sites.c:%u%s", lines[i],
+                 i < 2 ? "  (inlined)\n" : "\n");
+        const char *fn = strstr(r.out, fns[i]);
+        assert_non_null(fn);
+        at[i] = strstr(fn, want[i]);
+        assert_non_null(at[i]);
+        assert_true(memchr(fn, '\n', (size_t)(at[i] - fn)) == NULL); /* the same line */
+    }
+    assert_true(at[0] < at[1] && at[1] < at[2]);
+    e2e_run_free(&r);
+
+    /* pprof: one Location, three Lines; go tool pprof names them. */
+    char *prefix = e2e_tmp_path("");
+    char *pp[] = {(char *)e2e_env("HEAPPROF_BIN"), "pprof", "-o", prefix, trace, NULL};
+    assert_int_equal(e2e_run(pp, NULL, &r), 0);
+    assert_int_equal(r.status, 0);
+    char *file = strtok(r.out, "\n");
+    assert_non_null(file);
+    char *top = go_pprof(file, "-top", "-lines", "-sample_index=alloc_space");
+    print_message("%s", top);
+    for (int i = 0; i < 3; i++) {
+        char w[128];
+        snprintf(w, sizeof(w), "%s ", fns[i]);
+        const char *fn = strstr(top, w);
+        assert_non_null(fn);
+        snprintf(w, sizeof(w), "inline_sites.c:%u%s", lines[i], i < 2 ? " (inline)" : "");
+        const char *pos = strstr(fn, w);
+        assert_non_null(pos);
+        assert_true(memchr(fn, '\n', (size_t)(pos - fn)) == NULL);
+    }
+    free(top);
+    char *traces = go_pprof(file, "-traces", "-sample_index=alloc_space", "-nodecount=100");
+    const char *a = strstr(traces, "grow_buffer (inline)");
+    const char *b = strstr(traces, "make_record (inline)");
+    const char *c = strstr(traces, "build_table");
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_non_null(c);
+    assert_true(a < b && b < c);
+    free(traces);
+    for (char *f = file; f; f = strtok(NULL, "\n"))
+        unlink(f);
+    e2e_run_free(&r);
+    free(prefix);
+    unlink(trace);
+    free(trace);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_report_cli_bug_errors),
+        cmocka_unit_test(test_report_cli_bug_disconnected_on_normal_exit),
         cmocka_unit_test(test_report_cli_bug_estimated_counts),
         cmocka_unit_test(test_report_cli_pprof_agrees_with_go_tool),
+        cmocka_unit_test(test_report_cli_inlined_frames),
     };
     return cmocka_run_group_tests_name("report_cli", tests, setup, teardown);
 }

@@ -354,8 +354,9 @@ struct calls {
 };
 
 static int count_source_line(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
-                             const char **ret_file, uint32_t *ret_line)
+                             const struct hp_source_line **ret_lines, size_t *ret_n)
 {
+    static struct hp_source_line l;
     struct calls *c = ctx;
     assert_ptr_equal(m, &lib);
     for (unsigned i = 0; i < c->n; i++)
@@ -363,8 +364,9 @@ static int count_source_line(void *ctx, const struct hp_mapping *m, uint64_t rel
     c->pcs[c->n++] = rel_pc;
     if (rel_pc == 0x10)
         return -ENOENT; /* main: no debug info */
-    *ret_file = "src/x.c";
-    *ret_line = (uint32_t)rel_pc;
+    l = (struct hp_source_line){.function_name = "", .file = "src/x.c", .line = (uint32_t)rel_pc};
+    *ret_lines = &l;
+    *ret_n = 1;
     return 0;
 }
 
@@ -376,8 +378,8 @@ static void test_reader_source_lines_once_per_frame(void **state)
     struct calls calls = {0};
     bk_t *bk;
     assert_int_equal(bk_new(&(struct bk_config){.out_fd = fd,
-                                                .source_line = count_source_line,
-                                                .source_line_ctx = &calls},
+                                                .source_lines = count_source_line,
+                                                .source_lines_ctx = &calls},
                             &bk),
                      0);
     assert_int_equal(bk_process_start(bk, PID, "p", 1, true, 4096), 0);

@@ -1,6 +1,8 @@
-/* tests/unwinder/test_srcline.c: the optional debuginfod route of unwinder_source_line():
- * never taken when DEBUGINFOD_URLS is unset or empty, taken once per file when it is set.
- * The fetch itself is replaced by a fake: no network in tests. */
+/* tests/unwinder/test_srcline.c: source lines of frames. The inline chain of a pc in
+ * inlined code (innermost first, each caller at the line of its call, capped), and the
+ * optional debuginfod route: never taken when DEBUGINFOD_URLS is unset or empty, taken
+ * once per file when it is set. The fetch itself is replaced by a fake: no network in
+ * tests. */
 
 /* cmocka.h needs these first. */
 /* clang-format off */
@@ -143,6 +145,85 @@ static void test_srcline_bug_sigbus_truncated_dwarf(void **state)
     unlink(path);
 }
 
+/* Calls unwinline's function @fn and returns the ELF address of the call it makes from
+ * inlined code (its return address - 1, as a frame's rel_pc), and a mapping of the
+ * library. */
+static uint64_t inlined_call_pc(const char *fn, struct hp_mapping *ret_m, void **ret_h)
+{
+    void *h = dlopen(UNWINLINE_PATH, RTLD_NOW | RTLD_LOCAL);
+    assert_non_null(h);
+    void (*f)(void) = (void (*)(void))(uintptr_t)dlsym(h, fn);
+    uintptr_t *ra = dlsym(h, "unwinline_ra");
+    assert_non_null(f);
+    assert_non_null(ra);
+    f();
+    Dl_info info;
+    assert_true(dladdr((void *)*ra, &info) != 0);
+    *ret_m = (struct hp_mapping){.path = unwinder__intern(UNWINLINE_PATH, strlen(UNWINLINE_PATH))};
+    *ret_h = h;
+    return *ra - 1 - (uintptr_t)info.dli_fbase;
+}
+
+/* Two inlined levels: three lines, innermost first (Perfetto's order for
+ * AddressSymbols.lines), each named, the innermost at the pc's own line and each caller
+ * at the line of its call (DW_AT_call_line). */
+static void test_srcline_inlined_chain(void **state)
+{
+    (void)state;
+    struct hp_mapping m;
+    void *h;
+    uint64_t pc = inlined_call_pc("unwinline_outer", &m, &h);
+    const int *want = dlsym(h, "unwinline_lines");
+    assert_non_null(want);
+    const struct hp_source_line *l = NULL;
+    size_t n = 0;
+    assert_int_equal(unwinder_source_lines(&m, pc, &l, &n), 0);
+    for (size_t i = 0; i < n; i++)
+        print_message("%s %s:%u\n", l[i].function_name, l[i].file, l[i].line);
+    assert_int_equal(n, 3);
+    static const char *const names[] = {"unwinline_inner", "unwinline_middle", "unwinline_outer"};
+    for (size_t i = 0; i < 3; i++) {
+        assert_string_equal(l[i].function_name, names[i]);
+        assert_non_null(strstr(l[i].file, "libunwinline.c"));
+        assert_int_equal(l[i].line, want[i]);
+    }
+    /* Cached: the same lines; the one-line form gives the innermost. */
+    const struct hp_source_line *l2 = NULL;
+    assert_int_equal(unwinder_source_lines(&m, pc, &l2, &n), 0);
+    assert_ptr_equal(l, l2);
+    const char *file;
+    uint32_t line;
+    assert_int_equal(unwinder_source_line(&m, pc, &file, &line), 0);
+    assert_ptr_equal(file, l[0].file);
+    assert_int_equal(line, want[0]);
+    dlclose(h);
+}
+
+/* 40 inlined levels: the chain keeps the 31 innermost functions and the outermost one,
+ * at the line of the call it makes. */
+static void test_srcline_inlined_chain_capped(void **state)
+{
+    (void)state;
+    struct hp_mapping m;
+    void *h;
+    uint64_t pc = inlined_call_pc("unwinline_deep", &m, &h);
+    const int *deep_line = dlsym(h, "unwinline_deep_line");
+    assert_non_null(deep_line);
+    const struct hp_source_line *l = NULL;
+    size_t n = 0;
+    assert_int_equal(unwinder_source_lines(&m, pc, &l, &n), 0);
+    assert_int_equal(n, UNWINDER_MAX_INLINE_DEPTH);
+    char name[32];
+    for (size_t i = 0; i + 1 < n; i++) {
+        snprintf(name, sizeof(name), "deep%zu", i);
+        assert_string_equal(l[i].function_name, name);
+        assert_true(l[i].line > 0);
+    }
+    assert_string_equal(l[n - 1].function_name, "unwinline_deep");
+    assert_int_equal(l[n - 1].line, *deep_line);
+    dlclose(h);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -160,6 +241,8 @@ static int group_teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_srcline_inlined_chain),
+        cmocka_unit_test(test_srcline_inlined_chain_capped),
         cmocka_unit_test(test_srcline_debuginfod_off_when_unset),
         cmocka_unit_test(test_srcline_debuginfod_when_set),
         cmocka_unit_test(test_srcline_bug_sigbus_truncated_dwarf),

@@ -543,7 +543,8 @@ static void test_unwind_reparse_is_rate_limited(void **state)
     assert_true(code != MAP_FAILED);
     uint64_t regs[HP_NREGS] = {0};
     uint8_t stack[64] = {0};
-    regs[HP_REG_RIP] = (uint64_t)(uintptr_t)code + 0x10;
+    /* A return address: the frame is that of the call, one byte before. */
+    regs[HP_REG_RIP] = (uint64_t)(uintptr_t)code + 0x11;
     regs[HP_REG_RSP] = 0x1000;
     size_t n;
     struct unwinder_result res;
@@ -566,7 +567,7 @@ static void test_unwind_reparse_is_rate_limited(void **state)
     dump("second new code", g_frames, n, &res);
     assert_false(res.reparsed_maps);
     assert_null(g_frames[0].map);
-    assert_int_equal(g_frames[0].rel_pc, regs[HP_REG_RIP]);
+    assert_int_equal(g_frames[0].rel_pc, regs[HP_REG_RIP] - 1);
     assert_true(res.error);
     assert_string_equal(g_frames[n - 1].function_name, "ERROR INVALID_MAP");
     p = unwinder_process_free(p);
@@ -700,12 +701,13 @@ static void test_unwind_library_replaced_at_same_address(void **state)
     unwinder_process_t *p = NULL;
     assert_int_equal(unwinder_process_new(getpid(), maps_fd, -1, &p), 0);
 
-    /* Frame 0 at the function's first instruction, whose return address is 0: one frame. */
+    /* Frame 0 at the function's first instruction (as a return address: the pc after
+     * it), whose return address is 0: one frame. */
     uint64_t regs[HP_NREGS] = {0};
     static uint8_t stack[64];
     memset(stack, 0, sizeof(stack));
     uint64_t sp = 0x7ff000001000ull;
-    regs[HP_REG_RIP] = (uint64_t)(uintptr_t)unwtest_lib_call;
+    regs[HP_REG_RIP] = (uint64_t)(uintptr_t)unwtest_lib_call + 1;
     regs[HP_REG_RSP] = sp;
     size_t n;
     struct unwinder_result res;
