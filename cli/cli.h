@@ -32,6 +32,7 @@ struct cli_session {
     char *output_opened;          /* NULL, or PATH_MAX bytes for the path opened (a made-up name
                                      may get a number), written before started() runs */
     bool quiet;                   /* no summary */
+    bool drop_if_empty;           /* no process profiled: remove the trace, no summary */
     int top;                      /* sites in the summary */
     struct cli_loop_opts loop;    /* the dump schedule is taken from @cfg */
     /* Once the service listens (signal targets, let a child run); < 0 skips the loop. */

@@ -390,6 +390,7 @@ int cmd_attach(int argc, char **argv)
         .output = output,
         .output_made_up = made_up,
         .quiet = quiet,
+        .drop_if_empty = true,
         .top = (int)top,
         .loop =
             {

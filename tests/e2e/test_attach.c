@@ -485,8 +485,8 @@ static void test_attach_user_errors(void **state)
 }
 
 /* User trial: `attach -n NAME` that matched nothing said nothing and exited 0 with an
- * empty trace. It must say so, last, and exit 1. Without a terminal there is no status
- * line. */
+ * empty trace. It must say so, last, exit 1, and leave no trace file (nor a summary
+ * naming one). Without a terminal there is no status line. */
 static void test_attach_bug_name_matches_nothing(void **state)
 {
     (void)state;
@@ -506,6 +506,9 @@ static void test_attach_bug_name_matches_nothing(void **state)
     assert_true(n >= k);
     assert_string_equal(run.err + n - k, last);
     assert_null(strstr(run.err, "\033[K"));
+    assert_non_null(strstr(run.err, "no process was profiled; no trace written"));
+    assert_null(strstr(run.err, "trace written to"));
+    assert_int_equal(access(trace, F_OK), -1);
     e2e_run_free(&run);
     unlink(trace);
 }
