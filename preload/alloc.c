@@ -24,10 +24,31 @@ const char *const client_fn_names[CLIENT_N_FN] = {
     [CLIENT_FN_PVALLOC] = "pvalloc",
     [CLIENT_FN_FREE_SIZED] = "free_sized",
     [CLIENT_FN_FREE_ALIGNED_SIZED] = "free_aligned_sized",
+    [CLIENT_FN_CXX_NEW] = "_Znwm",
+    [CLIENT_FN_CXX_NEW_ARRAY] = "_Znam",
+    [CLIENT_FN_CXX_NEW_NOTHROW] = "_ZnwmRKSt9nothrow_t",
+    [CLIENT_FN_CXX_NEW_ARRAY_NOTHROW] = "_ZnamRKSt9nothrow_t",
+    [CLIENT_FN_CXX_NEW_ALIGNED] = "_ZnwmSt11align_val_t",
+    [CLIENT_FN_CXX_NEW_ARRAY_ALIGNED] = "_ZnamSt11align_val_t",
+    [CLIENT_FN_CXX_NEW_ALIGNED_NOTHROW] = "_ZnwmSt11align_val_tRKSt9nothrow_t",
+    [CLIENT_FN_CXX_NEW_ARRAY_ALIGNED_NOTHROW] = "_ZnamSt11align_val_tRKSt9nothrow_t",
+    [CLIENT_FN_CXX_DELETE] = "_ZdlPv",
+    [CLIENT_FN_CXX_DELETE_ARRAY] = "_ZdaPv",
+    [CLIENT_FN_CXX_DELETE_SIZED] = "_ZdlPvm",
+    [CLIENT_FN_CXX_DELETE_ARRAY_SIZED] = "_ZdaPvm",
+    [CLIENT_FN_CXX_DELETE_ALIGNED] = "_ZdlPvSt11align_val_t",
+    [CLIENT_FN_CXX_DELETE_ARRAY_ALIGNED] = "_ZdaPvSt11align_val_t",
+    [CLIENT_FN_CXX_DELETE_SIZED_ALIGNED] = "_ZdlPvmSt11align_val_t",
+    [CLIENT_FN_CXX_DELETE_ARRAY_SIZED_ALIGNED] = "_ZdaPvmSt11align_val_t",
+    [CLIENT_FN_CXX_DELETE_NOTHROW] = "_ZdlPvRKSt9nothrow_t",
+    [CLIENT_FN_CXX_DELETE_ARRAY_NOTHROW] = "_ZdaPvRKSt9nothrow_t",
+    [CLIENT_FN_CXX_DELETE_ALIGNED_NOTHROW] = "_ZdlPvSt11align_val_tRKSt9nothrow_t",
+    [CLIENT_FN_CXX_DELETE_ARRAY_ALIGNED_NOTHROW] = "_ZdaPvSt11align_val_tRKSt9nothrow_t",
 };
 
 client_fn_t client_alloc_own[CLIENT_N_FN];
 _Atomic int client_alloc_route = CLIENT_ROUTE_UNRESOLVED;
+bool client_alloc_cxx;
 
 /* 0: nothing published yet; 1: one thread is publishing client_alloc_own and the route;
  * 2: done (release: client_alloc_own is complete). */
@@ -394,6 +415,7 @@ struct alloc_scan {
     unsigned index;      /* objects seen so far */
     unsigned self_index; /* libheapprof.so's position */
     unsigned alloc_index;
+    unsigned cxx_index; /* the first object defining operator new(size_t) */
     bool found;
     client_fn_t own[CLIENT_N_FN];   /* the allocator object's functions */
     client_fn_t first[CLIENT_N_FN]; /* the first definition of each, anywhere but in us */
@@ -426,6 +448,8 @@ static int alloc_scan_cb(struct dl_phdr_info *info, size_t size, void *arg)
             sc->first[i] = (client_fn_t)(uintptr_t)f;
         if (is_alloc)
             sc->own[i] = (client_fn_t)(uintptr_t)f;
+        if (i == CLIENT_FN_CXX_NEW && sc->cxx_index == ~0u)
+            sc->cxx_index = index;
     }
     return 0;
 }
@@ -446,7 +470,7 @@ void client_alloc_resolve(void)
     int saved_errno = errno;
     alloc_page = (size_t)getpagesize();
 
-    struct alloc_scan sc = {.self_index = ~0u};
+    struct alloc_scan sc = {.self_index = ~0u, .cxx_index = ~0u};
     (void)dl_iterate_phdr(alloc_scan_cb, &sc);
     client_fn_t base[CLIENT_N_FN];
     if (!sc.found || !sc.own[CLIENT_FN_MALLOC]) {
@@ -465,6 +489,14 @@ void client_alloc_resolve(void)
         if (!base[CLIENT_FN_REALLOC])
             base[CLIENT_FN_REALLOC] = sc.first[CLIENT_FN_REALLOC];
     }
+    /* C++'s operators are hooked only when the program's operator new is the allocator's
+     * own: libstdc++'s and libc++'s call malloc, whose hook sees their blocks already.
+     * Each operator the allocator lacks stays unhooked (libstdc++'s then calls the
+     * allocator's through its own GOT slots, which get the hooks). */
+    bool cxx = sc.found && sc.cxx_index == sc.alloc_index && base[CLIENT_FN_CXX_NEW] != NULL;
+    if (!cxx)
+        for (unsigned i = CLIENT_FN_CXX_NEW; i < CLIENT_N_FN; i++)
+            base[i] = NULL;
     for (unsigned i = 0; i < CLIENT_N_FN; i++)
         atomic_store_explicit(&alloc_base[i], base[i], memory_order_release);
     for (unsigned i = 0; i < CLIENT_N_FN; i++)
@@ -474,11 +506,12 @@ void client_alloc_resolve(void)
     if (atomic_compare_exchange_strong_explicit(&alloc_state, &expected, 1, memory_order_acq_rel,
                                                 memory_order_acquire)) {
         memcpy(client_alloc_own, base, sizeof(base));
+        client_alloc_cxx = cxx;
         bool got = sc.alloc_index < sc.self_index;
         atomic_store_explicit(&client_alloc_route, got ? CLIENT_ROUTE_GOT : CLIENT_ROUTE_EXPORTS,
                               memory_order_release);
         atomic_store_explicit(&alloc_state, 2, memory_order_release);
-        if (got)
+        if (got || cxx)
             client_got_patch_loaded();
     }
     /* Bootstrap blocks exist (a hook ran while resolving): from now on the frees and

@@ -20,7 +20,9 @@
  *
  * When the allocator's object comes before us in the lookup order (preloaded before us,
  * or the executable itself), the program's calls bind to it, not to our exports: the
- * hooks are then installed in the GOT slots of the other objects (preload/got.c).
+ * hooks are then installed in the GOT slots of the other objects (preload/got.c). So are
+ * the hooks of C++'s operator new and delete when the allocator defines the program's
+ * own (client_alloc_cxx), in either order.
  *
  *     void *p = CLIENT_REAL(MALLOC, client_malloc_fn)(size);
  *
@@ -49,6 +51,28 @@ enum client_fn {
     CLIENT_FN_PVALLOC,
     CLIENT_FN_FREE_SIZED,
     CLIENT_FN_FREE_ALIGNED_SIZED,
+    /* C++'s replaceable operators (Itanium names below), hooked only when the program's
+     * operator new is the allocator's own (see client_alloc_cxx). */
+    CLIENT_FN_CXX_NEW, /* the first of them */
+    CLIENT_FN_CXX_NEW_ARRAY,
+    CLIENT_FN_CXX_NEW_NOTHROW,
+    CLIENT_FN_CXX_NEW_ARRAY_NOTHROW,
+    CLIENT_FN_CXX_NEW_ALIGNED,
+    CLIENT_FN_CXX_NEW_ARRAY_ALIGNED,
+    CLIENT_FN_CXX_NEW_ALIGNED_NOTHROW,
+    CLIENT_FN_CXX_NEW_ARRAY_ALIGNED_NOTHROW,
+    CLIENT_FN_CXX_DELETE,
+    CLIENT_FN_CXX_DELETE_ARRAY,
+    CLIENT_FN_CXX_DELETE_SIZED,
+    CLIENT_FN_CXX_DELETE_ARRAY_SIZED,
+    CLIENT_FN_CXX_DELETE_ALIGNED,
+    CLIENT_FN_CXX_DELETE_ARRAY_ALIGNED,
+    CLIENT_FN_CXX_DELETE_SIZED_ALIGNED,
+    CLIENT_FN_CXX_DELETE_ARRAY_SIZED_ALIGNED,
+    CLIENT_FN_CXX_DELETE_NOTHROW,
+    CLIENT_FN_CXX_DELETE_ARRAY_NOTHROW,
+    CLIENT_FN_CXX_DELETE_ALIGNED_NOTHROW,
+    CLIENT_FN_CXX_DELETE_ARRAY_ALIGNED_NOTHROW,
     CLIENT_N_FN
 };
 
@@ -62,6 +86,15 @@ typedef void *(*client_memalign_fn)(size_t, size_t);
 typedef int (*client_posix_memalign_fn)(void **, size_t, size_t);
 typedef void (*client_free_sized_fn)(void *, size_t);
 typedef void (*client_free_aligned_sized_fn)(void *, size_t, size_t);
+/* C++ operators: std::align_val_t is a size_t, a std::nothrow_t reference a pointer. */
+typedef void *(*client_new_nothrow_fn)(size_t, const void *);
+typedef void *(*client_new_aligned_fn)(size_t, size_t);
+typedef void *(*client_new_aligned_nothrow_fn)(size_t, size_t, const void *);
+typedef void (*client_delete_fn)(void *);
+typedef void (*client_delete_sized_fn)(void *, size_t);
+typedef void (*client_delete_sized_aligned_fn)(void *, size_t, size_t);
+typedef void (*client_delete_nothrow_fn)(void *, const void *);
+typedef void (*client_delete_aligned_nothrow_fn)(void *, size_t, const void *);
 
 /* The function names, in enum client_fn order. */
 extern const char *const client_fn_names[CLIENT_N_FN];
@@ -72,8 +105,18 @@ extern _Atomic(client_fn_t) client_real[CLIENT_N_FN];
 #define CLIENT_REAL(fn, type)                                                                      \
     ((type)atomic_load_explicit(&client_real[CLIENT_FN_##fn], memory_order_relaxed))
 
-/* The allocator's own function for each name (NULL: it lacks it), after resolving. */
+/* The allocator's own function for each name (NULL: it lacks it), after resolving. The
+ * C++ entries are set only when client_alloc_cxx is. */
 extern client_fn_t client_alloc_own[CLIENT_N_FN];
+
+/* The program's operator new (the first definition of _Znwm in the lookup scope) is the
+ * allocator's object's own: jemalloc, tcmalloc and mimalloc define the operators without
+ * calling malloc, so new/delete are hooked too, in the GOT slots of the other objects
+ * whatever the route (we do not export them: libstdc++'s and libc++'s operators call
+ * malloc, which is hooked already; exporting new would count those twice). False with
+ * glibc's malloc, or when the first operator new is another object's. Set with the
+ * route (read it after an acquire load of client_alloc_route). */
+extern bool client_alloc_cxx;
 
 /* How the program reaches the hooks; set by client_alloc_resolve(). */
 enum client_alloc_route {

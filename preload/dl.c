@@ -13,6 +13,9 @@
  * objects' GOT slots the hooks as soon as dlopen returns, before they allocate unseen:
  * then glibc resolves DT_RUNPATH and $ORIGIN for libheapprof.so, as before (a plugin
  * found only through its caller's DT_RUNPATH does not load with such an allocator).
+ * Hooks of C++ operators alone (an allocator after us whose operator new is the
+ * program's, preload/alloc.h) do not make it wrap dlopen: new objects get them at the
+ * next sample instead (preload/got.h), their calls meanwhile going to the same allocator.
  *
  * Hook path, with one exception to the rules: dl_iterate_phdr() takes the loader's
  * recursive dl_load_write_lock for the duration of the call (a few nanoseconds here:

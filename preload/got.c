@@ -23,15 +23,55 @@ static _Atomic bool got_busy;
 static _Atomic uint64_t got_seen_adds;
 static _Atomic uint64_t got_last_check_ns;
 
-static int got_fn_of(const char *name)
+/* The function of the slot of @name to patch in an object not the allocator's, or -1: a
+ * malloc-family name with the GOT route, a C++ operator the allocator defines when the
+ * program's operator new is its own (client_alloc_cxx). */
+static int got_fn_of(const char *name, int route)
 {
-    /* Every name of the family starts with one of these letters. */
-    if (!name || !strchr("acfmprv", name[0]))
+    /* Every name of the family starts with one of these letters, every operator's with _Z
+     * and then n or d. */
+    if (!name)
         return -1;
-    for (int i = 0; i < CLIENT_N_FN; i++)
+    int from, to;
+    if (name[0] == '_') {
+        if (!client_alloc_cxx || name[1] != 'Z' || (name[2] != 'n' && name[2] != 'd'))
+            return -1;
+        from = CLIENT_FN_CXX_NEW;
+        to = CLIENT_N_FN;
+    } else {
+        if (route != CLIENT_ROUTE_GOT || !strchr("acfmprv", name[0]))
+            return -1;
+        from = 0;
+        to = CLIENT_FN_CXX_NEW;
+    }
+    for (int i = from; i < to; i++)
         if (strcmp(name, client_fn_names[i]) == 0)
-            return i;
+            return (i < CLIENT_FN_CXX_NEW || client_alloc_own[i]) ? i : -1;
     return -1;
+}
+
+/* The function of the slot of @name to give back to the allocator in its own object, or
+ * -1. With C++ operators hooked and our exports first in the lookup order, the
+ * allocator's calls to its own malloc family through its PLT reach our exports: jemalloc's
+ * aligned operator new calls aligned_alloc so, and would be counted twice (by the
+ * operator's hook and the export's). Such calls go straight to the allocator instead, as
+ * they do with the GOT route. */
+static int got_own_fn_of(const char *name, int route)
+{
+    if (!name || route != CLIENT_ROUTE_EXPORTS || !client_alloc_cxx || !strchr("acfmprv", name[0]))
+        return -1;
+    for (int i = 0; i < CLIENT_FN_CXX_NEW; i++)
+        if (strcmp(name, client_fn_names[i]) == 0)
+            return client_alloc_own[i] ? i : -1;
+    return -1;
+}
+
+bool client_got_active(void)
+{
+    /* Acquire pairs with the release store of the route: client_alloc_own and
+     * client_alloc_cxx are complete. */
+    int route = atomic_load_explicit(&client_alloc_route, memory_order_acquire);
+    return route == CLIENT_ROUTE_GOT || (route != CLIENT_ROUTE_UNRESOLVED && client_alloc_cxx);
 }
 
 /* An object was skipped (still being relocated): look again at the next check. */
@@ -108,6 +148,8 @@ static bool got_page_readonly(uintptr_t addr)
 
 struct got_obj {
     const struct client_elfobj *o;
+    int route;          /* client_alloc_route */
+    bool is_alloc;      /* the allocator's object: its calls to itself (got_own_fn_of) */
     bool relro_checked; /* got_page_readonly() was asked */
     bool relro_open;    /* the RELRO pages are writable now (by us) */
     bool relro_failed;  /* not settled yet, or mprotect failed: RELRO slots left */
@@ -119,7 +161,8 @@ static void got_patch_slot(struct got_obj *g, const Elf64_Rela *r)
     unsigned type = ELF64_R_TYPE(r->r_info);
     if (type != R_X86_64_JUMP_SLOT && type != R_X86_64_GLOB_DAT)
         return;
-    int fn = got_fn_of(client_elfobj_reloc_name(o, r));
+    const char *name = client_elfobj_reloc_name(o, r);
+    int fn = g->is_alloc ? got_own_fn_of(name, g->route) : got_fn_of(name, g->route);
     if (fn < 0)
         return;
     uintptr_t addr = o->bias + r->r_offset;
@@ -129,9 +172,16 @@ static void got_patch_slot(struct got_obj *g, const Elf64_Rela *r)
     uintptr_t cur = atomic_load_explicit(slot, memory_order_relaxed);
     uintptr_t hook = (uintptr_t)client_hook_fns[fn];
     uintptr_t own = (uintptr_t)client_alloc_own[fn];
-    /* Bound to the allocator, or (lazy binding) not bound yet: into the object's PLT. */
-    if (cur == hook || !((own && cur == own) || client_elfobj_contains(o, cur)))
+    uintptr_t want = hook;
+    if (g->is_alloc) {
+        /* Bound to our export (the hook), or not bound yet: the allocator's own. */
+        if (cur == own || !(cur == hook || client_elfobj_contains(o, cur)))
+            return;
+        want = own;
+    } else if (cur == hook || !((own && cur == own) || client_elfobj_contains(o, cur))) {
+        /* Not bound to the allocator, nor (lazy binding) into the object's PLT. */
         return;
+    }
     if (addr >= o->relro_lo && addr < o->relro_hi && !g->relro_open) {
         if (!g->relro_checked) {
             g->relro_checked = true;
@@ -147,7 +197,7 @@ static void got_patch_slot(struct got_obj *g, const Elf64_Rela *r)
         }
         g->relro_open = true;
     }
-    atomic_store_explicit(slot, hook, memory_order_relaxed);
+    atomic_store_explicit(slot, want, memory_order_relaxed);
     atomic_fetch_add_explicit(&client_stat_got_slots, 1, memory_order_relaxed);
 }
 
@@ -159,11 +209,16 @@ static int got_patch_cb(struct dl_phdr_info *info, size_t size, void *arg)
     struct client_elfobj o;
     if (client_elfobj_init(&o, info) < 0)
         return 0;
-    /* Not us, not the allocator (its calls to itself stay its own). */
-    if (client_elfobj_contains(&o, (uintptr_t)&client_got_patch_loaded) ||
-        client_elfobj_contains(&o, (uintptr_t)client_alloc_own[CLIENT_FN_MALLOC]))
+    /* Not us; in the allocator, only its calls to itself (they stay its own). */
+    if (client_elfobj_contains(&o, (uintptr_t)&client_got_patch_loaded))
         return 0;
-    struct got_obj g = {.o = &o};
+    struct got_obj g = {
+        .o = &o,
+        .route = atomic_load_explicit(&client_alloc_route, memory_order_acquire),
+        .is_alloc = client_elfobj_contains(&o, (uintptr_t)client_alloc_own[CLIENT_FN_MALLOC]),
+    };
+    if (g.is_alloc && (g.route != CLIENT_ROUTE_EXPORTS || !client_alloc_cxx))
+        return 0;
     for (size_t i = 0; i < o.n_jmprel; i++)
         got_patch_slot(&g, &o.jmprel[i]);
     for (size_t i = 0; i < o.n_rela; i++)
@@ -197,15 +252,13 @@ static int got_adds_cb(struct dl_phdr_info *info, size_t size, void *arg)
 
 void client_got_after_dlopen(void)
 {
-    if (atomic_load_explicit(&client_alloc_route, memory_order_acquire) == CLIENT_ROUTE_GOT)
+    if (client_got_active())
         client_got_patch_loaded();
 }
 
 void client_got_check(void)
 {
-    /* Acquire pairs with the release store of the route: client_alloc_own is complete. */
-    if (HP_LIKELY(atomic_load_explicit(&client_alloc_route, memory_order_acquire) !=
-                  CLIENT_ROUTE_GOT))
+    if (HP_LIKELY(!client_got_active()))
         return;
     uint64_t now_ns = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
     uint64_t last = atomic_load_explicit(&got_last_check_ns, memory_order_relaxed);

@@ -21,21 +21,35 @@
  * CLIENT_GOT_CHECK_NS (for code loaded otherwise: by a library's own DT_NEEDED dlopen,
  * say).
  *
+ * C++'s operator new and delete go the same way, whatever the route, when the program's
+ * operator new is the allocator's own (client_alloc_cxx, preload/alloc.h: jemalloc,
+ * tcmalloc and mimalloc define them without calling malloc): the slots of each operator
+ * the allocator defines get its hook (preload/hook.c). Operators the allocator lacks are
+ * left to libstdc++'s, which call the allocator's through libstdc++'s own slots. Then,
+ * with our exports first in the lookup order, the allocator's own slots of its malloc
+ * family that bind to our exports get the allocator's functions back: an operator that
+ * calls one through its PLT (jemalloc's aligned new calls aligned_alloc) is counted
+ * once, by the operator's hook.
+ *
  * Not reached this way (so not profiled, still consistent): calls the allocator makes to
- * itself, calls inside the executable when it is the allocator, calls through function
- * pointers stored in data (R_X86_64_64), and C++ operator new/delete when the allocator
- * defines its own (jemalloc, tcmalloc and mimalloc do).
+ * itself, calls inside the executable when it is the allocator, and calls through
+ * function pointers stored in data (R_X86_64_64).
  *
  * Hook-safe, with one exception said below.
  */
 #ifndef HP_PRELOAD_GOT_H
 #define HP_PRELOAD_GOT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #pragma GCC visibility push(hidden)
 
 #define CLIENT_GOT_CHECK_NS (100u * 1000u * 1000u)
+
+/* True when hooks go into GOT slots: the GOT route, or C++ operators to hook
+ * (client_alloc_cxx); false until the allocator is resolved. */
+bool client_got_active(void);
 
 /* Patches every loaded object (once per object; concurrent callers skip). Takes the
  * loader's lock (dl_iterate_phdr) and calls mprotect. */

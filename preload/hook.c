@@ -20,7 +20,9 @@
  *
  * Each exported function is an alias of a local hook_*() function, whose address
  * preload/got.c installs in GOT slots when the allocator comes before us (our exported
- * symbols then resolve to the allocator's, even inside this library).
+ * symbols then resolve to the allocator's, even inside this library). The hooks of C++'s
+ * operators new and delete are never exported, only installed in GOT slots, when the
+ * allocator defines the program's operator new (preload/alloc.h).
  */
 #include "preload/client.h"
 
@@ -701,6 +703,92 @@ static void *hook_pvalloc(size_t size)
     return client_sample_tramp(p, bytes, p);
 }
 
+/* ---- C++'s operators new and delete ----------------------------------------------- */
+
+/* Installed only in GOT slots, and only when the program's operator new is the
+ * allocator's own (client_alloc_cxx, preload/alloc.h): jemalloc's, tcmalloc's and
+ * mimalloc's never call malloc. Never exported: libstdc++'s and libc++'s operators call
+ * malloc, whose hook counts their blocks already.
+ *
+ * Each new hook calls the allocator's operator before touching any state of ours: a
+ * throwing operator new (std::bad_alloc, after the program's new_handler gave up) unwinds
+ * through the hook's frame, which has unwind information like all our code and nothing to
+ * clean up, and leaves no flag set and no byte counted. The block is then sampled as a
+ * malloc() block is, the trampoline reached by a tail call so that the stack starts at the
+ * program's call. A nothrow operator's NULL is not recorded. Each delete hook takes a
+ * sampled block out of the set and records its free before the allocator's delete. */
+static HP_ALWAYS_INLINE void *hook_new_done(void *p, size_t size)
+{
+    if (!p || hook_unsampled(size))
+        return p;
+    return client_sample_tramp(p, size, p);
+}
+
+#define HOOK_CXX_NEW(name, fn, type, params, args)                                                 \
+    static void *name params                                                                       \
+    {                                                                                              \
+        if (hook_off())                                                                            \
+            return CLIENT_REAL(fn, type) args;                                                     \
+        return hook_new_done(CLIENT_REAL(fn, type) args, size);                                    \
+    }
+
+HOOK_CXX_NEW(hook_new, CXX_NEW, client_malloc_fn, (size_t size), (size))
+HOOK_CXX_NEW(hook_new_array, CXX_NEW_ARRAY, client_malloc_fn, (size_t size), (size))
+HOOK_CXX_NEW(hook_new_nothrow, CXX_NEW_NOTHROW, client_new_nothrow_fn,
+             (size_t size, const void *nt), (size, nt))
+HOOK_CXX_NEW(hook_new_array_nothrow, CXX_NEW_ARRAY_NOTHROW, client_new_nothrow_fn,
+             (size_t size, const void *nt), (size, nt))
+HOOK_CXX_NEW(hook_new_aligned, CXX_NEW_ALIGNED, client_new_aligned_fn,
+             (size_t size, size_t alignment), (size, alignment))
+HOOK_CXX_NEW(hook_new_array_aligned, CXX_NEW_ARRAY_ALIGNED, client_new_aligned_fn,
+             (size_t size, size_t alignment), (size, alignment))
+HOOK_CXX_NEW(hook_new_aligned_nothrow, CXX_NEW_ALIGNED_NOTHROW, client_new_aligned_nothrow_fn,
+             (size_t size, size_t alignment, const void *nt), (size, alignment, nt))
+HOOK_CXX_NEW(hook_new_array_aligned_nothrow, CXX_NEW_ARRAY_ALIGNED_NOTHROW,
+             client_new_aligned_nothrow_fn, (size_t size, size_t alignment, const void *nt),
+             (size, alignment, nt))
+
+/* Out of line: the common delete is a check and a tail call. */
+static HP_NOINLINE void hook_delete_watched(struct client_session *s, void *p)
+{
+    hook_free_watched(s, p);
+}
+
+#define HOOK_CXX_DELETE(name, fn, type, params, args)                                              \
+    static void name params                                                                        \
+    {                                                                                              \
+        struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);    \
+        if (!hook_free_unwatched(s, p))                                                            \
+            hook_delete_watched(s, p);                                                             \
+        CLIENT_REAL(fn, type) args;                                                                \
+    }
+
+HOOK_CXX_DELETE(hook_delete, CXX_DELETE, client_delete_fn, (void *p), (p))
+HOOK_CXX_DELETE(hook_delete_array, CXX_DELETE_ARRAY, client_delete_fn, (void *p), (p))
+HOOK_CXX_DELETE(hook_delete_sized, CXX_DELETE_SIZED, client_delete_sized_fn, (void *p, size_t size),
+                (p, size))
+HOOK_CXX_DELETE(hook_delete_array_sized, CXX_DELETE_ARRAY_SIZED, client_delete_sized_fn,
+                (void *p, size_t size), (p, size))
+HOOK_CXX_DELETE(hook_delete_aligned, CXX_DELETE_ALIGNED, client_delete_sized_fn,
+                (void *p, size_t alignment), (p, alignment))
+HOOK_CXX_DELETE(hook_delete_array_aligned, CXX_DELETE_ARRAY_ALIGNED, client_delete_sized_fn,
+                (void *p, size_t alignment), (p, alignment))
+HOOK_CXX_DELETE(hook_delete_sized_aligned, CXX_DELETE_SIZED_ALIGNED, client_delete_sized_aligned_fn,
+                (void *p, size_t size, size_t alignment), (p, size, alignment))
+HOOK_CXX_DELETE(hook_delete_array_sized_aligned, CXX_DELETE_ARRAY_SIZED_ALIGNED,
+                client_delete_sized_aligned_fn, (void *p, size_t size, size_t alignment),
+                (p, size, alignment))
+HOOK_CXX_DELETE(hook_delete_nothrow, CXX_DELETE_NOTHROW, client_delete_nothrow_fn,
+                (void *p, const void *nt), (p, nt))
+HOOK_CXX_DELETE(hook_delete_array_nothrow, CXX_DELETE_ARRAY_NOTHROW, client_delete_nothrow_fn,
+                (void *p, const void *nt), (p, nt))
+HOOK_CXX_DELETE(hook_delete_aligned_nothrow, CXX_DELETE_ALIGNED_NOTHROW,
+                client_delete_aligned_nothrow_fn, (void *p, size_t alignment, const void *nt),
+                (p, alignment, nt))
+HOOK_CXX_DELETE(hook_delete_array_aligned_nothrow, CXX_DELETE_ARRAY_ALIGNED_NOTHROW,
+                client_delete_aligned_nothrow_fn, (void *p, size_t alignment, const void *nt),
+                (p, alignment, nt))
+
 /* The exported names are aliases: inside this library the local names always mean our
  * hooks, even when the global names resolve to an allocator loaded before us. */
 HP_EXPORT void *malloc(size_t size) __attribute__((alias("hook_malloc")));
@@ -734,4 +822,24 @@ const client_fn_t client_hook_fns[CLIENT_N_FN] = {
     [CLIENT_FN_PVALLOC] = HOOK_FN(hook_pvalloc),
     [CLIENT_FN_FREE_SIZED] = HOOK_FN(hook_free_sized),
     [CLIENT_FN_FREE_ALIGNED_SIZED] = HOOK_FN(hook_free_aligned_sized),
+    [CLIENT_FN_CXX_NEW] = HOOK_FN(hook_new),
+    [CLIENT_FN_CXX_NEW_ARRAY] = HOOK_FN(hook_new_array),
+    [CLIENT_FN_CXX_NEW_NOTHROW] = HOOK_FN(hook_new_nothrow),
+    [CLIENT_FN_CXX_NEW_ARRAY_NOTHROW] = HOOK_FN(hook_new_array_nothrow),
+    [CLIENT_FN_CXX_NEW_ALIGNED] = HOOK_FN(hook_new_aligned),
+    [CLIENT_FN_CXX_NEW_ARRAY_ALIGNED] = HOOK_FN(hook_new_array_aligned),
+    [CLIENT_FN_CXX_NEW_ALIGNED_NOTHROW] = HOOK_FN(hook_new_aligned_nothrow),
+    [CLIENT_FN_CXX_NEW_ARRAY_ALIGNED_NOTHROW] = HOOK_FN(hook_new_array_aligned_nothrow),
+    [CLIENT_FN_CXX_DELETE] = HOOK_FN(hook_delete),
+    [CLIENT_FN_CXX_DELETE_ARRAY] = HOOK_FN(hook_delete_array),
+    [CLIENT_FN_CXX_DELETE_SIZED] = HOOK_FN(hook_delete_sized),
+    [CLIENT_FN_CXX_DELETE_ARRAY_SIZED] = HOOK_FN(hook_delete_array_sized),
+    [CLIENT_FN_CXX_DELETE_ALIGNED] = HOOK_FN(hook_delete_aligned),
+    [CLIENT_FN_CXX_DELETE_ARRAY_ALIGNED] = HOOK_FN(hook_delete_array_aligned),
+    [CLIENT_FN_CXX_DELETE_SIZED_ALIGNED] = HOOK_FN(hook_delete_sized_aligned),
+    [CLIENT_FN_CXX_DELETE_ARRAY_SIZED_ALIGNED] = HOOK_FN(hook_delete_array_sized_aligned),
+    [CLIENT_FN_CXX_DELETE_NOTHROW] = HOOK_FN(hook_delete_nothrow),
+    [CLIENT_FN_CXX_DELETE_ARRAY_NOTHROW] = HOOK_FN(hook_delete_array_nothrow),
+    [CLIENT_FN_CXX_DELETE_ALIGNED_NOTHROW] = HOOK_FN(hook_delete_aligned_nothrow),
+    [CLIENT_FN_CXX_DELETE_ARRAY_ALIGNED_NOTHROW] = HOOK_FN(hook_delete_array_aligned_nothrow),
 };

@@ -38,7 +38,7 @@ struct harm_case {
     const char *env[8];
     unsigned modes;
     /* Options of `heapprof record` beside -o (default: -q). */
-    const char *record_args[4];
+    const char *record_args[8];
     /* Optional: more checks of a profiled run (trace is NULL in dormant runs). */
     void (*check)(const struct harm_case *c, enum harm_mode mode, const struct e2e_run *run,
                   const char *trace);
@@ -129,6 +129,58 @@ static void check_sampled_many(const struct harm_case *c, enum harm_mode mode,
     (void)run;
     if (mode == HARM_RECORD)
         assert_true(samples_in(trace) >= 500);
+}
+
+/* cxx_new_site() in tests/programs/harm/alloc_family.cpp: CXX_BLOCKS blocks through every
+ * operator new, freed through every operator delete. */
+#define CXX_SITE "cxx_new_site"
+#define CXX_BLOCKS 4000
+
+/* The sums of the frames named CXX_SITE in the only process of @trace. */
+static void cxx_sums(const char *trace, struct e2e_sums *ret)
+{
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &t), 0);
+    assert_int_equal(t->n_processes, 1);
+    e2e_sum_function(&t->processes[0], CXX_SITE, ret);
+    print_message("    %s: %llu allocations (%llu bytes), %llu frees (%llu bytes)\n", CXX_SITE,
+                  (unsigned long long)ret->alloc_count, (unsigned long long)ret->alloc_bytes,
+                  (unsigned long long)ret->free_count, (unsigned long long)ret->free_bytes);
+    rp_trace_free(t);
+}
+
+/* As check_sampled_many, and C++'s new and delete were profiled too, with an allocator
+ * whose operators never call malloc: at least 500 samples of cxx_new_site()'s ~7.8 MB at
+ * 4 KiB (about 1900 expected; none before the operators were hooked), each of them freed
+ * (every block is deleted before the program exits). */
+static void check_sampled_cxx(const struct harm_case *c, enum harm_mode mode,
+                              const struct e2e_run *run, const char *trace)
+{
+    check_sampled_many(c, mode, run, trace);
+    if (mode != HARM_RECORD)
+        return;
+    struct e2e_sums s;
+    cxx_sums(trace, &s);
+    assert_true(s.alloc_count >= 500);
+    assert_int_equal(s.free_count, s.alloc_count);
+    assert_int_equal(s.free_bytes, s.alloc_bytes);
+}
+
+/* At interval 1, every block of cxx_new_site() is counted once, and its delete once:
+ * neither missed (operators not hooked) nor counted twice (a hook on the operator and
+ * another on the malloc it calls, as libstdc++'s does). */
+static void check_cxx_exact(const struct harm_case *c, enum harm_mode mode,
+                            const struct e2e_run *run, const char *trace)
+{
+    (void)c;
+    (void)run;
+    if (mode != HARM_RECORD)
+        return;
+    struct e2e_sums s;
+    cxx_sums(trace, &s);
+    assert_int_equal(s.alloc_count, CXX_BLOCKS);
+    assert_int_equal(s.free_count, CXX_BLOCKS);
+    assert_int_equal(s.free_bytes, s.alloc_bytes);
 }
 
 /* Sampled allocations (and frees) at frames named @fn in @p. */
@@ -294,55 +346,88 @@ static const struct harm_case harm_cases[] = {
      {NULL},
      HARM_ALL,
      {NULL},
-     check_sampled_many},
+     check_sampled_cxx},
     {"alloc_jemalloc_before",
      {"$HARM_ALLOC_FAMILY", NULL},
      {"LD_PRELOAD=$HARM_LIBJEMALLOC:$LIB", NULL},
      HARM_ALL,
      {NULL},
-     check_sampled_many},
+     check_sampled_cxx},
     {"alloc_jemalloc_after",
      {"$HARM_ALLOC_FAMILY", NULL},
      {"LD_PRELOAD=$HARM_LIBJEMALLOC", NULL},
      HARM_ALL,
      {NULL},
-     check_sampled_many},
+     check_sampled_cxx},
     {"alloc_tcmalloc_linked",
      {"$HARM_ALLOC_FAMILY_TCMALLOC", NULL},
      {NULL},
      HARM_ALL,
      {NULL},
-     check_sampled_many},
+     check_sampled_cxx},
     {"alloc_tcmalloc_before",
      {"$HARM_ALLOC_FAMILY", NULL},
      {"LD_PRELOAD=$HARM_LIBTCMALLOC:$LIB", NULL},
      HARM_ALL,
      {NULL},
-     check_sampled_many},
+     check_sampled_cxx},
     {"alloc_tcmalloc_after",
      {"$HARM_ALLOC_FAMILY", NULL},
      {"LD_PRELOAD=$HARM_LIBTCMALLOC", NULL},
      HARM_ALL,
      {NULL},
-     check_sampled_many},
+     check_sampled_cxx},
     {"alloc_mimalloc_linked",
      {"$HARM_ALLOC_FAMILY_MIMALLOC", NULL},
      {NULL},
      HARM_ALL,
      {NULL},
-     check_sampled_many},
+     check_sampled_cxx},
     {"alloc_mimalloc_before",
      {"$HARM_ALLOC_FAMILY", NULL},
      {"LD_PRELOAD=$HARM_LIBMIMALLOC:$LIB", NULL},
      HARM_ALL,
      {NULL},
-     check_sampled_many},
+     check_sampled_cxx},
     {"alloc_mimalloc_after",
      {"$HARM_ALLOC_FAMILY", NULL},
      {"LD_PRELOAD=$HARM_LIBMIMALLOC", NULL},
      HARM_ALL,
      {NULL},
-     check_sampled_many},
+     check_sampled_cxx},
+/* C++'s operators at interval 1: counted once each with glibc (libstdc++'s operators
+ * call malloc) and with each allocator's own operators, through our exports (after
+ * us) and through GOT slots (before us). The failing news throw std::bad_alloc
+ * through the hooks (tcmalloc, jemalloc). */
+#define CXX_EXACT_ARGS                                                                             \
+    {                                                                                              \
+        "-q", "-i", "1", "--block-timeout-us", "60000000", NULL                                    \
+    }
+    {"cxx_exact_glibc",
+     {"$HARM_ALLOC_FAMILY", "cxx", NULL},
+     {NULL},
+     HARM_RECORD,
+     CXX_EXACT_ARGS,
+     check_cxx_exact},
+    {"cxx_exact_jemalloc_after",
+     {"$HARM_ALLOC_FAMILY", "cxx", NULL},
+     {"LD_PRELOAD=$HARM_LIBJEMALLOC", NULL},
+     HARM_RECORD,
+     CXX_EXACT_ARGS,
+     check_cxx_exact},
+    {"cxx_exact_tcmalloc_before",
+     {"$HARM_ALLOC_FAMILY", "cxx", NULL},
+     {"LD_PRELOAD=$HARM_LIBTCMALLOC:$LIB", NULL},
+     HARM_RECORD,
+     CXX_EXACT_ARGS,
+     check_cxx_exact},
+    {"cxx_exact_mimalloc_linked",
+     {"$HARM_ALLOC_FAMILY_MIMALLOC", "cxx", NULL},
+     {NULL},
+     HARM_RECORD,
+     CXX_EXACT_ARGS,
+     check_cxx_exact},
+#undef CXX_EXACT_ARGS
     /* Code loaded after start-up, with the allocator preloaded before us: the plugin's GOT
      * slots get the hooks when dlopen returns. */
     {"alloc_jemalloc_before_plugin",

@@ -5,7 +5,13 @@
  * mimalloc and glibc round differently), so a block served by another allocator than
  * the program's shows in the output, and a pointer handed to the wrong one crashes.
  * Allocates enough (about 20 MB in all) to be sampled at the default interval.
+ *
+ * cxx_new_site() allocates through every form of operator new (plain, array, nothrow,
+ * aligned, aligned nothrow) and frees through every form of delete, CXX_BLOCKS blocks of
+ * about 8 MB in all: the tests find its samples by its name. With the argument "cxx" the
+ * program runs only that and the failing news (for exact counts at interval 1).
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <malloc.h>
 #include <stdint.h>
@@ -45,11 +51,107 @@ static bool aligned(const void *p, size_t a)
     return ((uintptr_t)p & (a - 1)) == 0;
 }
 
-int main()
+/* A block of operator new (not an array): a size of its own. */
+struct cxx_obj {
+    char bytes[1000];
+};
+
+enum { CXX_ROUNDS = 500, CXX_BLOCKS = 8 * CXX_ROUNDS };
+
+/* CXX_BLOCKS blocks, each through one operator new at this function and freed through one
+ * of the twelve operators delete (alternating between two sets): the sized and unsized,
+ * array and aligned forms. Returns the number of blocks. */
+extern "C" __attribute__((noinline)) int cxx_new_site(void)
+{
+    int blocks = 0;
+    for (int i = 0; i < CXX_ROUNDS; i++) {
+        size_t size = 512 + (size_t)(i * 97) % 3500;
+        std::align_val_t a64{64}, a128{128};
+        char *arr = (char *)note(new char[size], size);
+        cxx_obj *obj = (cxx_obj *)note(new cxx_obj, sizeof(cxx_obj));
+        char *arr_nt = (char *)note(new (std::nothrow) char[size], size);
+        cxx_obj *obj_nt = (cxx_obj *)note(new (std::nothrow) cxx_obj, sizeof(cxx_obj));
+        void *al = note(::operator new(size, a64), size);
+        void *al_arr = note(::operator new[](size, a128), size);
+        void *al_nt = note(::operator new(size, a128, std::nothrow), size);
+        void *al_arr_nt = note(::operator new[](size, a128, std::nothrow), size);
+        check(aligned(al, 64) && aligned(al_arr, 128) && aligned(al_nt, 128) &&
+                  aligned(al_arr_nt, 128),
+              "aligned new");
+        blocks += 8;
+        if (i % 2) {
+            delete[] arr;                                       /* _ZdaPv */
+            ::operator delete(obj, sizeof(cxx_obj));            /* _ZdlPvm */
+            ::operator delete[](arr_nt, std::nothrow);          /* _ZdaPvRKSt9nothrow_t */
+            ::operator delete(obj_nt, std::nothrow);            /* _ZdlPvRKSt9nothrow_t */
+            ::operator delete(al, size, a64);                   /* _ZdlPvmSt11align_val_t */
+            ::operator delete[](al_arr, a128);                  /* _ZdaPvSt11align_val_t */
+            ::operator delete(al_nt, a128, std::nothrow);       /* _ZdlPvSt11align_val_tRKSt9... */
+            ::operator delete[](al_arr_nt, a128, std::nothrow); /* _ZdaPvSt11align_val_tRK... */
+        } else {
+            ::operator delete[](arr, size);          /* _ZdaPvm */
+            ::operator delete(obj);                  /* _ZdlPv */
+            ::operator delete[](arr_nt);             /* _ZdaPv */
+            ::operator delete(obj_nt);               /* _ZdlPv */
+            ::operator delete(al, a64);              /* _ZdlPvSt11align_val_t */
+            ::operator delete[](al_arr, size, a128); /* _ZdaPvmSt11align_val_t */
+            ::operator delete(al_nt, size, a128);    /* _ZdlPvmSt11align_val_t */
+            ::operator delete[](al_arr_nt, a128);    /* _ZdaPvSt11align_val_t */
+        }
+    }
+    return blocks;
+}
+
+static void cxx_throw_bad_alloc()
+{
+    throw std::bad_alloc();
+}
+
+/* A new that fails: std::bad_alloc goes through whatever stands between the program and
+ * the allocator (thrown by the allocator's operator, or by a new_handler it calls); the
+ * nothrow operators return NULL. mimalloc's throwing operators (built as C, and blind to
+ * the program's new_handler) abort instead: not tried with mimalloc. */
+static void cxx_fail(size_t huge)
+{
+    int thrown = 0;
+    bool can_throw = dlsym(RTLD_DEFAULT, "mi_malloc") == NULL;
+    std::new_handler old = std::get_new_handler();
+    for (int i = 0; can_throw && i < 2; i++) {
+        /* Without a handler the allocator throws itself, with one the handler does. */
+        std::set_new_handler(i ? cxx_throw_bad_alloc : nullptr);
+        try {
+            char *p = new char[huge];
+            p[0] = 1;
+        } catch (const std::bad_alloc &) {
+            thrown++;
+        }
+        try {
+            void *p = ::operator new (huge, std::align_val_t{64});
+            ::operator delete (p, std::align_val_t{64});
+        } catch (const std::bad_alloc &) {
+            thrown++;
+        }
+    }
+    std::set_new_handler(old);
+    check(!can_throw || thrown == 4, "new throws std::bad_alloc");
+    check(new (std::nothrow) char[huge] == NULL, "nothrow new returns NULL");
+    check(::operator new (huge, std::align_val_t{64}, std::nothrow) == NULL,
+          "aligned nothrow new returns NULL");
+    printf("failing new: %d thrown\n", thrown);
+}
+
+int main(int argc, char **argv)
 {
     enum { N = 6000 };
     volatile size_t huge = SIZE_MAX / 2; /* opaque: no compile-time overflow warning */
     static void *keep[N];
+    if (argc > 1 && strcmp(argv[1], "cxx") == 0) {
+        int blocks = cxx_new_site();
+        cxx_fail(huge);
+        printf("cxx: %d blocks, usable-size checksum %llu, %d failures\n", blocks, usable_sum,
+               failures);
+        return failures ? 1 : 0;
+    }
     /* Many small and medium blocks: half freed at once, half kept to the end. */
     for (int i = 0; i < N; i++) {
         keep[i] = note(malloc(16 + (size_t)(i * 37) % 3000), 16 + (size_t)(i * 37) % 3000);
@@ -129,10 +231,12 @@ int main()
     arr[9999] = 7;
     check(arr[9999] == 7, "new[]");
     delete[] arr;
+    int blocks = cxx_new_site();
+    cxx_fail(huge);
 
     for (int i = 0; i < N; i++)
         free(keep[i]);
-    printf("usable-size checksum %llu, %zu characters in strings, %d failures\n", usable_sum, chars,
-           failures);
+    printf("usable-size checksum %llu, %zu characters in strings, %d C++ blocks, %d failures\n",
+           usable_sum, chars, blocks, failures);
     return failures ? 1 : 0;
 }
