@@ -277,11 +277,19 @@ static void live_remove(struct bk_heap *h, uint64_t addr, struct bk_live *l)
     hp_map_remove_value(&h->live, l);
 }
 
-static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
+/* A record the bookkeeping cannot use (out of memory, a heap past the cap, a table's
+ * probe bound): counted for the process and the session. */
+static void refuse(bk_t *bk, struct bk_proc *p)
+{
+    bk->counters.dropped_records++;
+    p->refused++;
+}
+
+static void apply_alloc(bk_t *bk, struct bk_proc *p, struct bk_heap *h, const struct bk_pending *r)
 {
     int64_t site = site_get(h, r->callstack);
     if (site < 0) {
-        bk->counters.dropped_records++;
+        refuse(bk, p);
         return;
     }
     uint32_t si = (uint32_t)site;
@@ -290,7 +298,7 @@ static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
     /* -ENOSPC (an address the keyed live table cannot place) or -ENOMEM: dropped. */
     int found = hp_map_put(&h->live, r->addr, (void **)&live);
     if (found < 0) {
-        bk->counters.dropped_records++;
+        refuse(bk, p);
         return;
     }
     if (found == 0) {
@@ -313,7 +321,7 @@ static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
         uint64_t *big;
         if (hp_map_put(&h->big_sizes, r->addr, (void **)&big) < 0) {
             hp_map_remove(&h->live, r->addr);
-            bk->counters.dropped_records++;
+            refuse(bk, p);
             return;
         }
         *big = r->size;
@@ -330,12 +338,13 @@ static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
         heap_new_peak(h);
 }
 
-static void apply_free(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
+static void apply_free(bk_t *bk, struct bk_proc *p, struct bk_heap *h, const struct bk_pending *r)
 {
     struct bk_live *live = hp_map_get(&h->live, r->addr);
     if (!live || live->seq > r->seq) {
         /* Never sampled, or a free older than the allocation now at the address. */
         bk->counters.unknown_frees++;
+        p->unknown_frees++;
         return;
     }
     site_free(h, live->site, live_size(h, r->addr, live));
@@ -347,13 +356,13 @@ static void apply_now(bk_t *bk, struct bk_proc *p, const struct bk_pending *r)
     bk->counters.records_applied++;
     struct bk_heap *h = heap_get(bk, p, r->heap_id);
     if (!h) {
-        bk->counters.dropped_records++;
+        refuse(bk, p);
         return;
     }
     if (r->kind == BK_REC_ALLOC)
-        apply_alloc(bk, h, r);
+        apply_alloc(bk, p, h, r);
     else
-        apply_free(bk, h, r);
+        apply_free(bk, p, h, r);
 }
 
 /* Applies @r after the BK_READY records in order that follow it (see bk_proc.ready). */
@@ -426,8 +435,10 @@ static struct bk_pending heap_pop(struct bk_proc *p)
 static void apply_oldest(bk_t *bk, struct bk_proc *p)
 {
     struct bk_pending r = heap_pop(p);
-    if (r.seq > p->next_seq)
+    if (r.seq > p->next_seq) {
         bk->counters.seq_gaps++;
+        p->seq_gaps++;
+    }
     apply(bk, p, &r);
     if (r.seq >= p->next_seq)
         p->next_seq = r.seq + 1;
@@ -486,11 +497,13 @@ void bk_record_alloc(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint
                      size_t n_frames)
 {
     struct bk_proc *p = bk__find_proc(bk, pid);
-    if (!p)
+    if (!p) {
+        bk->counters.records_no_process++;
         return;
+    }
     uint32_t cs;
     if (bk__intern_stack(&bk->in, frames, n_frames, &cs) < 0) {
-        bk->counters.dropped_records++;
+        refuse(bk, p);
         return;
     }
     struct bk_pending r = {.seq = seq,
@@ -506,8 +519,10 @@ void bk_record_alloc(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint
 void bk_record_free(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint64_t addr)
 {
     struct bk_proc *p = bk__find_proc(bk, pid);
-    if (!p)
+    if (!p) {
+        bk->counters.records_no_process++;
         return;
+    }
     struct bk_pending r = {.seq = seq, .addr = addr, .heap_id = heap_id, .kind = BK_REC_FREE};
     submit(bk, p, &r);
 }

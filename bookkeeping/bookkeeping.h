@@ -77,17 +77,28 @@ struct bk_config {
  * profiling of it stopped there. */
 #define BK_FLAG_CONN_CLOSED (1u << 6)
 
-/* Per-process statistics reported in ProcessStats (as counted by the unwinder side). */
+/* Per-process statistics reported in ProcessStats (as counted by the unwinder side, as of
+ * the dump that carries them). Every record lost on the way is counted here by cause. */
 struct bk_process_stats {
     uint64_t unwinding_errors;
     uint64_t heap_samples;
     uint64_t map_reparses;
     uint64_t total_unwinding_time_us;
     uint64_t client_spinlock_blocked_us;
-    uint64_t records_dropped;         /* by the client: ring full */
-    uint64_t frees_lost;              /* of those, frees of sampled blocks (phantom leaks) */
+    uint64_t records_dropped; /* by the client: ring full, record too big, watched set full */
+    /* Frees of sampled blocks lost anywhere before the bookkeeping (the client's ring
+     * full, left unread at the end, the service out of memory): phantom leaks. */
+    uint64_t frees_lost;
     uint64_t writer_stalls;           /* times a stopped writer held the next record (waited for) */
     uint64_t stalled_records_skipped; /* records of writers gone mid-record, skipped */
+    uint64_t reserve_failures;        /* by the client: records lost to reservation races */
+    uint64_t freeset_full;            /* of records_dropped: samples whose free could not be
+                                         watched (the client's set was full) */
+    uint64_t records_unread;          /* left in the ring when the session ended (time budget) */
+    uint64_t records_lost_service;    /* the service could not pass on (out of memory) */
+    uint64_t stacks_truncated;        /* samples whose stack copy stopped at max_stack_bytes */
+    uint64_t unknown_stacks;          /* samples taken on a stack not the thread's own */
+    uint64_t map_reparses_deferred;   /* times samples waited for the rate limit of rereads */
     /* unwinding time histogram, bucket upper bounds in us: BK_UNWIND_HIST_BOUNDS */
     uint64_t unwinding_time_hist[8];
 };
@@ -138,6 +149,8 @@ struct bk_counters {
     /* beyond the cap of heaps per process, out of memory, or refused by a table's probe
      * bound (hp_map_put(), hp_idtab_add(): -ENOSPC) */
     uint64_t dropped_records;
+    /* records of a process the bookkeeping does not know (its start failed) */
+    uint64_t records_no_process;
     uint64_t dumps;
     uint64_t packets_written;
     uint64_t source_lines; /* frames given a source line in ModuleSymbols */
