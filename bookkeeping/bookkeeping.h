@@ -136,9 +136,11 @@ int bk_dump_all(bk_t *bk) HP_WARN_UNUSED;
 int bk_process_end(bk_t *bk, int32_t pid, const struct bk_process_stats *stats,
                    uint32_t flags) HP_WARN_UNUSED;
 
-/* Writes that process @pid was not profiled because another session profiles it (a
- * ProcessHeapSamples with rejected_concurrent, as Perfetto's heapprofd writes). */
-int bk_process_rejected(bk_t *bk, int32_t pid) HP_WARN_UNUSED;
+/* Writes that process @pid was not profiled: because another session profiles it (a
+ * ProcessHeapSamples with rejected_concurrent, as Perfetto's heapprofd writes), or, with
+ * @flags BK_FLAG_HIT_GUARDRAIL, because profiling it would have taken the service past
+ * its memory guardrail (hit_guardrail, no samples). */
+int bk_process_rejected(bk_t *bk, int32_t pid, uint32_t flags) HP_WARN_UNUSED;
 
 /* Counters for summaries and tests. */
 struct bk_counters {
