@@ -182,11 +182,6 @@ struct svc_client *svc__handshake(struct svc *s, int sock)
         c->cmdline = NULL;
         c->cmdline_len = 0;
     }
-    if (atomic_load_explicit(&s->guardrail_fired, memory_order_acquire)) {
-        hp_log_info("pid %d: the session hit a guardrail; left unprofiled", (int)c->pid);
-        reject(sock);
-        goto drop_quietly;
-    }
     if (svc_config_has_targets(&s->cfg)) {
         bool target = svc_config_matches(&s->cfg, c->pid, c->cmdline, c->cmdline_len);
         if (c->from_startup && s->cfg.no_startup)
@@ -198,28 +193,36 @@ struct svc_client *svc__handshake(struct svc *s, int sock)
         }
     }
 
-    /* Its ring would take the service past its memory guardrail: not profiled, and the
-     * trace says so (hit_guardrail). The processes profiled already carry on. Every ring
-     * counts whole, touched or not: a client may fill its own at any time. */
-    if (s->cfg.max_heapprofd_memory_kb) {
+    /* The session hit a guardrail, or this ring would take the service past its memory
+     * guardrail: not profiled, and the trace says so (hit_guardrail). In the second case
+     * the processes profiled already carry on. Every ring counts whole, touched or not: a
+     * client may fill its own at any time. */
+    bool over = atomic_load_explicit(&s->guardrail_fired, memory_order_acquire);
+    if (!over && s->cfg.max_heapprofd_memory_kb) {
         struct svc_memory mem;
         svc__memory(&mem);
         uint64_t ring_kb = svc__client_mem_bytes(s) >> 10;
         uint64_t kb = mem.rss_kb - HP_MIN(mem.shmem_kb, mem.rss_kb) + mem.swap_kb +
                       (atomic_load_explicit(&s->client_mem_bytes, memory_order_relaxed) >> 10);
-        if (kb + ring_kb > s->cfg.max_heapprofd_memory_kb) {
+        over = kb + ring_kb > s->cfg.max_heapprofd_memory_kb;
+        if (over)
             hp_log_warn("pid %d (%s): not profiled: its %llu KiB buffer would take the service "
                         "(%llu KiB) past its memory guardrail (%llu KiB)",
                         (int)c->pid, svc__client_name(c), (unsigned long long)ring_kb,
                         (unsigned long long)kb, (unsigned long long)s->cfg.max_heapprofd_memory_kb);
-            reject(sock);
-            struct svc_msg_rejected *m =
-                svc__batch_add(&s->ctl, SVC_MSG_REJECTED, c->pid, sizeof(*m));
-            if (m)
-                m->flags = BK_FLAG_HIT_GUARDRAIL;
-            svc__batch_post(&s->ctl);
-            goto drop;
-        }
+    } else if (over) {
+        hp_log_info("pid %d: the session hit a guardrail; left unprofiled", (int)c->pid);
+    }
+    if (over) {
+        if (s->cfg.log_processes)
+            hp_log_note("pid %d (%s): not profiled (memory guardrail)", (int)c->pid,
+                        svc__client_name(c));
+        reject(sock);
+        struct svc_msg_rejected *m = svc__batch_add(&s->ctl, SVC_MSG_REJECTED, c->pid, sizeof(*m));
+        if (m)
+            m->flags = BK_FLAG_HIT_GUARDRAIL;
+        svc__batch_post(&s->ctl);
+        goto drop;
     }
 
     /* Read the maps now, while the client waits for our answer: a short-lived process

@@ -957,7 +957,9 @@ static void test_faults_bug_guardrail_admits_any_ring(void **state)
     print_message("  limit %s KiB: %d profiled, %d refused\n", limit, profiled, refused);
     assert_true(profiled >= 1);
     assert_true(refused >= 1);
-    assert_non_null(strstr(log, "past its memory guardrail"));
+    /* Refused at the door, or (a sanitizer build grows by itself) after the guardrail
+     * fired: either way with hit_guardrail. */
+    assert_true(strstr(log, "past its memory guardrail") || strstr(log, "guardrail hit"));
     rp_trace_free(t);
     free(log);
     e2e_daemon_remove_files(&d);
