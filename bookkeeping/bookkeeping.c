@@ -588,6 +588,65 @@ void bk_get_counters(bk_t *bk, struct bk_counters *ret)
     ret->live_bytes = live;
 }
 
+/* *@b += @n, saturating: the helpers say SIZE_MAX for what cannot be counted. */
+static void add_bytes(size_t *b, size_t n)
+{
+    *b = *b > SIZE_MAX - n ? SIZE_MAX : *b + n;
+}
+
+/* What @h's tables take on if @more of the next records are its own; with @next_only,
+ * each table at most its next doubling. */
+static size_t heap_grow_ahead(const struct bk_heap *h, size_t more, bool next_only)
+{
+    size_t live = more, sites = more, b = 0;
+    if (next_only) {
+        live = HP_MIN(more, hp_map_room(&h->live) + 1);
+        sites = HP_MIN(more, h->cap_sites - h->n_sites + 1);
+    }
+    add_bytes(&b, hp_map_grow_ahead(&h->live, live));
+    add_bytes(&b, hp_grow_ahead(h->n_sites, h->cap_sites, sizeof(struct bk_site), sites));
+    if (h->track_peak)
+        add_bytes(&b, hp_grow_ahead(h->n_sites, h->cap_sites, sizeof(struct bk_site_max), sites));
+    return b;
+}
+
+size_t bk_grow_ahead(const bk_t *bk, size_t more)
+{
+    const struct bk_intern *in = &bk->in;
+    size_t b = 0;
+    /* Every frame of a record may be new to every interned table at once (a new
+     * mapping, function name, frame and callstack node). */
+    for (int k = 0; k < BK_STR_KINDS; k++) {
+        add_bytes(&b, hp_idtab_grow_ahead(&in->str[k].index, more));
+        add_bytes(&b, hp_grow_ahead(in->str[k].n, in->str[k].cap, sizeof(struct bk_str), more));
+    }
+    add_bytes(&b, hp_idtab_grow_ahead(&in->mapping_index, more));
+    add_bytes(&b, hp_idtab_grow_ahead(&in->frame_index, more));
+    add_bytes(&b, hp_idtab_grow_ahead(&in->cs_index, more));
+    add_bytes(&b, hp_grow_ahead(in->n_mappings, in->cap_mappings, sizeof(struct bk_mapping), more));
+    add_bytes(&b, hp_grow_ahead(in->n_frames, in->cap_frames, sizeof(struct bk_frame), more));
+    add_bytes(&b, hp_grow_ahead(in->n_nodes, in->cap_nodes, sizeof(struct bk_cs_node), more));
+    /* An encoded callstack entry takes a few bytes per frame. */
+    add_bytes(&b, hp_grow_ahead(in->emit.len, in->emit.cap, 1, 16 * more));
+    /* But a record is of one process: the heap whose tables would grow most takes all
+     * @more, every other one at most its next doubling (a few records each may reach
+     * it). Counting @more for each would count the same records once per process: an
+     * idle process would weigh ~10 MB, and a few dozen of them would fire the guardrail
+     * on their own. */
+    size_t most = 0;
+    for (size_t i = 0; i < bk->n_procs; i++) {
+        const struct bk_proc *p = bk->procs[i];
+        for (size_t k = 0; k < p->n_heaps; k++) {
+            size_t next = heap_grow_ahead(p->heaps[k], more, true);
+            size_t all = heap_grow_ahead(p->heaps[k], more, false);
+            add_bytes(&b, next);
+            most = HP_MAX(most, all - next);
+        }
+    }
+    add_bytes(&b, most);
+    return b;
+}
+
 void bk__set_max_packet_bytes(bk_t *bk, size_t n)
 {
     bk->max_packet_bytes = n;

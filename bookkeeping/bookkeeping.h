@@ -165,4 +165,12 @@ struct bk_counters {
 /* Applies the records in order that wait to be (see bk_proc.ready in state.h) first. */
 void bk_get_counters(bk_t *bk, struct bk_counters *ret);
 
+/* The bytes the tables would take on (new hash slots held beside the old ones while they
+ * are filled, grown arrays) if the next records brought @more new entries to each
+ * interned table and to the tables of one process, and the other processes' tables each
+ * their next doubling: what those records may cost, near enough, for a memory budget
+ * checked now and then (tables grow by doubling, a big one by a big step).
+ * Bookkeeping thread only. */
+size_t bk_grow_ahead(const bk_t *bk, size_t more);
+
 #endif

@@ -102,14 +102,18 @@ void *svc__bk_main(void *arg)
         svc__bkq_recycle(&s->bkq, b);
         /* What the batches make us keep (interned stacks, live allocations) counts
          * against the memory guardrail too: checked here as it grows, not only by the
-         * main thread's tick. */
+         * main thread's tick, and ahead of it: the tables grow by doubling, and the ones
+         * the next batches may make grow count as if they had (the guardrail fires before
+         * a table's growth would take the service past the limit). */
         if (s->cfg.max_heapprofd_memory_kb && ++since_check >= SVC_GUARDRAIL_CHECK_BATCHES) {
             since_check = 0;
             struct svc_memory mem;
             svc__memory(&mem);
-            uint64_t kb = mem.rss_kb + mem.swap_kb;
+            uint64_t kb =
+                mem.rss_kb + mem.swap_kb + bk_grow_ahead(s->bk, SVC_GUARDRAIL_CHECK_ENTRIES) / 1024;
             if (kb > s->cfg.max_heapprofd_memory_kb)
-                (void)svc__guardrail_fire(s, "memory (KiB)", kb, s->cfg.max_heapprofd_memory_kb);
+                (void)svc__guardrail_fire(s, "memory (KiB, with the growth ahead)", kb,
+                                          s->cfg.max_heapprofd_memory_kb);
         }
         /* Published after whole messages only, so stat_bytes is a packet boundary. */
         struct bk_counters c;

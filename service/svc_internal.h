@@ -406,9 +406,12 @@ uint64_t svc__client_mem_bytes(const struct svc *s);
 /* Fires the guardrail (once, from any thread): every process is detached with
  * hit_guardrail and no more are profiled. Returns true when this call fired it. */
 bool svc__guardrail_fire(struct svc *s, const char *what, uint64_t value, uint64_t limit);
-/* The bookkeeping thread checks the memory guardrail every this many batches applied:
- * between two checks it can grow by what that many batches hold, amplified. */
+/* The bookkeeping thread checks the memory guardrail every this many batches applied,
+ * counting the growth of its tables that as many batches may cause (bk_grow_ahead()):
+ * at most an entry per frame of their messages (a struct hp_frame, 24 bytes) in every
+ * interned table and in the tables of a process. */
 #define SVC_GUARDRAIL_CHECK_BATCHES 8
+#define SVC_GUARDRAIL_CHECK_ENTRIES (SVC_GUARDRAIL_CHECK_BATCHES * (SVC_BATCH_BYTES / 24))
 void svc__mark_done(struct svc *s, pid_t pid);
 
 #endif
