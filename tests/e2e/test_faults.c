@@ -517,6 +517,27 @@ struct beside {
     char hout[300];
     char *log, *hostile_out;
     long stop_ms; /* from SIGINT to the daemon's exit */
+    long hwm_kb;  /* the daemon's peak RSS (VmHWM) just before SIGINT */
+};
+
+/* The value of @key ("VmRSS:", "VmHWM:") in /proc/@pid/status, in KiB; -1 if missing. */
+static long status_kb(pid_t pid, const char *key)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    char *st = e2e_read_file(path);
+    const char *p = strstr(st, key);
+    long kb = p ? atol(p + strlen(key)) : -1;
+    free(st);
+    return kb;
+}
+
+/* beside_run_opts() flags. */
+enum {
+    /* SIGINT as soon as the healthy client is done, while the hostile one still runs. */
+    BESIDE_SIGINT_EARLY = 1 << 0,
+    /* The healthy client runs first, alone; the hostile one is started once it ended. */
+    BESIDE_HEALTHY_FIRST = 1 << 1,
 };
 
 /* How soon heapprofd must stop after SIGINT whatever its clients do (issue 16): 1 s;
@@ -530,11 +551,12 @@ struct beside {
 /* Runs hostile_client @argv (after its socket argument) while `worker idle 2000` runs
  * beside it at interval 1, with dumps every BESIDE_DUMP_MS; @extra_args go to heapprofd.
  * Checks that both exit 0, the daemon stops cleanly, the healthy profile is exact and
- * its dumps keep their period. With @sigint_early the daemon gets SIGINT as soon as the
- * healthy client is done, while the hostile one still runs, and must be gone within
- * STOP_MS_MAX. The caller checks the hostile one, then calls beside_done(). */
+ * its dumps keep their period. @flags: BESIDE_SIGINT_EARLY, the daemon gets SIGINT as
+ * soon as the healthy client is done, while the hostile one still runs, and must be gone
+ * within STOP_MS_MAX; BESIDE_HEALTHY_FIRST, the hostile client starts only once the
+ * healthy one ended. The caller checks the hostile one, then calls beside_done(). */
 static void beside_run_opts(struct beside *b, const char *const argv[],
-                            const char *const extra_args[], bool sigint_early)
+                            const char *const extra_args[], unsigned flags)
 {
     memset(b, 0, sizeof(*b));
     e2e_daemon_prepare(&b->d, "beside");
@@ -553,6 +575,15 @@ static void beside_run_opts(struct beside *b, const char *const argv[],
     char gout[300];
     snprintf(gout, sizeof(gout), "%s/good.txt", b->d.dir);
 
+    char *good_prog[] = {(char *)e2e_env("WORKER"), "idle", "2000", NULL};
+    uint64_t start_ns = 0, end_ns = 0;
+    if (flags & BESIDE_HEALTHY_FIRST) {
+        start_ns = mono_ns();
+        b->healthy = e2e_spawn_client(&b->d, good_prog, gout);
+        track(b->healthy);
+        assert_int_equal(e2e_wait_status(b->healthy), 0);
+        end_ns = mono_ns();
+    }
     b->hostile = fork();
     assert_true(b->hostile >= 0);
     if (b->hostile == 0) {
@@ -573,14 +604,17 @@ static void beside_run_opts(struct beside *b, const char *const argv[],
             break;
         e2e_sleep_ms(10);
     }
-    char *good_prog[] = {(char *)e2e_env("WORKER"), "idle", "2000", NULL};
-    uint64_t start_ns = mono_ns();
-    b->healthy = e2e_spawn_client(&b->d, good_prog, gout);
-    track(b->healthy);
-    assert_int_equal(e2e_wait_status(b->healthy), 0);
-    uint64_t end_ns = mono_ns();
+    if (!(flags & BESIDE_HEALTHY_FIRST)) {
+        start_ns = mono_ns();
+        b->healthy = e2e_spawn_client(&b->d, good_prog, gout);
+        track(b->healthy);
+        assert_int_equal(e2e_wait_status(b->healthy), 0);
+        end_ns = mono_ns();
+    }
+    bool sigint_early = flags & BESIDE_SIGINT_EARLY;
     if (!sigint_early)
         assert_int_equal(e2e_wait_status(b->hostile), 0);
+    b->hwm_kb = status_kb(b->d.pid, "VmHWM:");
     /* The service is alive and stops cleanly, promptly. */
     uint64_t t0 = mono_ns();
     kill(b->d.pid, SIGINT);
@@ -622,7 +656,7 @@ static void beside_run_opts(struct beside *b, const char *const argv[],
 
 static void beside_run(struct beside *b, const char *const argv[], const char *const extra_args[])
 {
-    beside_run_opts(b, argv, extra_args, false);
+    beside_run_opts(b, argv, extra_args, 0);
 }
 
 /* The hostile client's profile in @b's trace (loaded into *@ret_t, which the caller
@@ -730,7 +764,7 @@ static void test_faults_bug_endless_drain_holds_thread_and_sigint(void **state)
     struct beside b;
     const char *argv[] = {"eofwrite", "7", "6", NULL};
     const char *extra[] = {"--unwinder-threads", "1", NULL};
-    beside_run_opts(&b, argv, extra, true);
+    beside_run_opts(&b, argv, extra, BESIDE_SIGINT_EARLY);
     struct rp_trace *t;
     const struct rp_trace_process *ph = beside_load_hostile(&b, &t);
     assert_true(ph->heap_samples > 0);
@@ -750,7 +784,7 @@ static void test_faults_bug_maps_storm_rereads_per_record(void **state)
     struct beside b;
     const char *argv[] = {"mapsflood", "7", "5", NULL};
     const char *extra[] = {"--unwinder-threads", "1", NULL};
-    beside_run_opts(&b, argv, extra, true);
+    beside_run_opts(&b, argv, extra, BESIDE_SIGINT_EARLY);
     struct rp_trace *t;
     const struct rp_trace_process *ph = beside_load_hostile(&b, &t);
     assert_true(ph->losses.map_reparses_deferred > 0);
@@ -807,17 +841,6 @@ static void test_faults_bug_drops_invisible_until_exit(void **state)
     e2e_daemon_remove_files(&d);
 }
 
-static long rss_kb(pid_t pid)
-{
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    char *st = e2e_read_file(path);
-    const char *p = strstr(st, "VmRSS:");
-    long kb = p ? atol(p + 6) : -1;
-    free(st);
-    return kb;
-}
-
 struct fifo_reader {
     int fd;
     char out[300];
@@ -864,7 +887,7 @@ static void test_faults_bug_queue_unbounded_when_output_stalls(void **state)
     pid_t w = e2e_spawn_client(&d, prog, "/dev/null");
     track(w);
     e2e_sleep_ms(500);
-    long base = rss_kb(d.pid);
+    long base = status_kb(d.pid, "VmRSS:");
     char hout[300];
     snprintf(hout, sizeof(hout), "%s/hostile.txt", d.dir);
     pid_t h = fork();
@@ -879,7 +902,7 @@ static void test_faults_bug_queue_unbounded_when_output_stalls(void **state)
     long peak = base;
     for (int i = 0; i < 20; i++) {
         e2e_sleep_ms(100);
-        long kb = rss_kb(d.pid);
+        long kb = status_kb(d.pid, "VmRSS:");
         if (kb > peak)
             peak = kb;
     }
@@ -923,7 +946,7 @@ static void test_faults_bug_guardrail_admits_any_ring(void **state)
     const char *plain[] = {"--all", "--no-running", NULL};
     e2e_daemon_launch(&d, plain);
     e2e_sleep_ms(100);
-    long base = rss_kb(d.pid);
+    long base = status_kb(d.pid, "VmRSS:");
     assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
     e2e_daemon_remove_files(&d);
     e2e_daemon_prepare(&d, "guard");
@@ -965,6 +988,61 @@ static void test_faults_bug_guardrail_admits_any_ring(void **state)
     e2e_daemon_remove_files(&d);
 }
 
+/* Case 6: a client that makes the service keep ever more (hostile_client memhog: new
+ * addresses with new 16-frame stacks, as fast as the service takes them) under a memory
+ * guardrail of MEMHOG_LIMIT_KB. The bookkeeping thread checked its RSS every 8 batches,
+ * but its tables grow by doubling: between two checks the live-allocation table or the
+ * interned frames and callstacks took a step of tens of MB, and the service's peak went
+ * that far past the limit (~300 MB for a limit of 256 MB). Now each check counts the
+ * growth the next batches may cause as if it had happened: the guardrail fires before a
+ * step would cross the limit, and the peak RSS (VmHWM) stays under the limit plus
+ * MEMHOG_SLACK_KB (what grows beside the tables between two checks: strings, the
+ * encoded callstacks, the dump that follows the guardrail).
+ *
+ * The guardrail holds for the whole service: when it fires every session ends with
+ * hit_guardrail and its data so far dumped (svc__guardrail_fire, DESIGN.md's failure
+ * model), a healthy client that runs then included, whose profile is cut short and
+ * cannot be exact. So the healthy client runs first (BESIDE_HEALTHY_FIRST): its profile,
+ * made before the guardrail fired, must be exact and stay so (no hit_guardrail on it);
+ * then the hog, which the guardrail detaches. */
+#define MEMHOG_LIMIT_KB (256 * 1024)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+/* The sanitizers' shadow memory grows with every table, unseen by the growth ahead. */
+#define MEMHOG_SLACK_KB (48 * 1024)
+#else
+#define MEMHOG_SLACK_KB (8 * 1024)
+#endif
+static void test_faults_bug_memory_guardrail_overshoots(void **state)
+{
+    (void)state;
+    struct beside b;
+    /* 8 s at most: the guardrail ends it long before (well under 1 s here). */
+    const char *argv[] = {"memhog", "7", "8", NULL};
+    char limit[32];
+    snprintf(limit, sizeof(limit), "%d", MEMHOG_LIMIT_KB);
+    const char *extra[] = {"--max-memory-kb", limit, NULL};
+    beside_run_opts(&b, argv, extra, BESIDE_HEALTHY_FIRST);
+    print_message("  heapprofd peak RSS %ld KiB, limit %d KiB + %d KiB\n", b.hwm_kb,
+                  MEMHOG_LIMIT_KB, MEMHOG_SLACK_KB);
+    assert_non_null(strstr(b.log, "guardrail hit"));
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load(b.d.trace, &(struct rp_trace_options){0}, &t), 0);
+    const struct rp_trace_process *ph = e2e_find_pid(t, b.hostile);
+    const struct rp_trace_process *pg = e2e_find_pid(t, b.healthy);
+    assert_non_null(ph);
+    assert_non_null(pg);
+    print_message("  hog: %llu samples, %llu unread when the guardrail fired\n",
+                  (unsigned long long)ph->heap_samples,
+                  (unsigned long long)ph->losses.records_unread);
+    assert_true(ph->hit_guardrail);
+    assert_true(ph->heap_samples > 0);
+    assert_false(pg->hit_guardrail);
+    rp_trace_free(t);
+    assert_true(b.hwm_kb > 0);
+    assert_true(b.hwm_kb <= MEMHOG_LIMIT_KB + MEMHOG_SLACK_KB);
+    beside_done(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -996,6 +1074,7 @@ int main(void)
         cmocka_unit_test_teardown(test_faults_bug_queue_unbounded_when_output_stalls,
                                   teardown_children),
         cmocka_unit_test_teardown(test_faults_bug_guardrail_admits_any_ring, teardown_children),
+        cmocka_unit_test_teardown(test_faults_bug_memory_guardrail_overshoots, teardown_children),
     };
     /* HEAPPROF_TEST_FILTER=pattern runs the matching tests only (while iterating). */
     const char *filter = getenv("HEAPPROF_TEST_FILTER");

@@ -39,6 +39,11 @@
  *               COUNT seconds (default 25) have passed since "ready", into the ring
  *               itself once the service detached it (it clears the detached flag)
  *   mapsflood   the same without the hang-up: a connected client writing flat out
+ *   memhog      allocation records (WIRE_ALLOC_PCS, each waiting for room) at new
+ *               addresses with new stacks (16 pcs anywhere in its own code) as fast as
+ *               the service takes them, for COUNT seconds (default 10): everything the
+ *               service keeps of a process grows (live allocations, interned frames and
+ *               callstacks); "ready" is printed before it starts
  * Prints "ready" once the misbehaviour is in place, waits until the service closes the
  * connection (at most 6 s) and exits 0; exit 2 on a usage error, 3 when the handshake
  * could not even be attempted. */
@@ -206,6 +211,62 @@ static int eof_then_write(ring_t *ring, int sock, unsigned long seconds, bool ha
             hang_up ? "eofwrite" : "mapsflood", (unsigned long long)pairs,
             (unsigned long long)after);
     munmap(m, len);
+    return 0;
+}
+
+/* memhog: the bounds of the executable mapping that holds main. */
+static bool own_code(uint64_t *ret_lo, uint64_t *ret_hi)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f)
+        return false;
+    char line[512];
+    uint64_t pc = (uint64_t)(uintptr_t)&main;
+    bool found = false;
+    while (!found && fgets(line, sizeof(line), f)) {
+        unsigned long long lo, hi;
+        char perms[8];
+        if (sscanf(line, "%llx-%llx %7s", &lo, &hi, perms) == 3 && perms[2] == 'x' && pc >= lo &&
+            pc < hi) {
+            *ret_lo = lo;
+            *ret_hi = hi;
+            found = true;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+static int memhog(ring_t *ring, int sock, unsigned long seconds)
+{
+    uint64_t lo, hi;
+    if (!own_code(&lo, &hi))
+        return 3;
+    ring_set_blocking(ring, true, 1000000);
+    printf("ready\n");
+    fflush(stdout);
+    int64_t end = now_ms() + (int64_t)seconds * 1000;
+    uint64_t seq = 0;
+    uint64_t pcs[16];
+    uint8_t buf[sizeof(struct wire_alloc_pcs) + sizeof(pcs)];
+    struct wire_alloc_head h = {.size = 64, .sample_size = 64, .tid = (uint32_t)getpid()};
+    while (now_ms() < end) {
+        for (int k = 0; k < 256; k++) {
+            for (size_t i = 0; i < HP_ARRAY_SIZE(pcs); i++)
+                pcs[i] = lo + rnd() % (hi - lo);
+            h.seq = ++seq;
+            h.addr = 0x100000 + seq * 64;
+            wire_encode_alloc_pcs(buf, &h, pcs, HP_ARRAY_SIZE(pcs));
+            int r;
+            while ((r = write_record(ring, WIRE_ALLOC_PCS, buf, sizeof(buf))) == -EAGAIN)
+                poke(sock);
+            if (r < 0)
+                goto out;
+        }
+        poke(sock);
+    }
+out:
+    fprintf(stderr, "hostile_client: memhog: %llu records written\n", (unsigned long long)seq);
     return 0;
 }
 
@@ -476,6 +537,10 @@ static int misbehave(const char *mode, int sock, int ring_fd, const struct wire_
         return 0;
     } else if (!strcmp(mode, "eofwrite") || !strcmp(mode, "mapsflood")) {
         int r = eof_then_write(ring, sock, g_count_given ? g_count : 25, mode[0] == 'e');
+        ring_unmap(ring);
+        return r;
+    } else if (!strcmp(mode, "memhog")) {
+        int r = memhog(ring, sock, g_count_given ? g_count : 10);
         ring_unmap(ring);
         return r;
     } else if (!strcmp(mode, "fifo") || !strcmp(mode, "truncate")) {
