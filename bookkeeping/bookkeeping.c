@@ -277,11 +277,19 @@ static void live_remove(struct bk_heap *h, uint64_t addr, struct bk_live *l)
     hp_map_remove_value(&h->live, l);
 }
 
-static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
+/* A record the bookkeeping cannot use (out of memory, a heap past the cap, a table's
+ * probe bound): counted for the process and the session. */
+static void refuse(bk_t *bk, struct bk_proc *p)
+{
+    bk->counters.dropped_records++;
+    p->refused++;
+}
+
+static void apply_alloc(bk_t *bk, struct bk_proc *p, struct bk_heap *h, const struct bk_pending *r)
 {
     int64_t site = site_get(h, r->callstack);
     if (site < 0) {
-        bk->counters.dropped_records++;
+        refuse(bk, p);
         return;
     }
     uint32_t si = (uint32_t)site;
@@ -290,7 +298,7 @@ static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
     /* -ENOSPC (an address the keyed live table cannot place) or -ENOMEM: dropped. */
     int found = hp_map_put(&h->live, r->addr, (void **)&live);
     if (found < 0) {
-        bk->counters.dropped_records++;
+        refuse(bk, p);
         return;
     }
     if (found == 0) {
@@ -313,7 +321,7 @@ static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
         uint64_t *big;
         if (hp_map_put(&h->big_sizes, r->addr, (void **)&big) < 0) {
             hp_map_remove(&h->live, r->addr);
-            bk->counters.dropped_records++;
+            refuse(bk, p);
             return;
         }
         *big = r->size;
@@ -330,12 +338,13 @@ static void apply_alloc(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
         heap_new_peak(h);
 }
 
-static void apply_free(bk_t *bk, struct bk_heap *h, const struct bk_pending *r)
+static void apply_free(bk_t *bk, struct bk_proc *p, struct bk_heap *h, const struct bk_pending *r)
 {
     struct bk_live *live = hp_map_get(&h->live, r->addr);
     if (!live || live->seq > r->seq) {
         /* Never sampled, or a free older than the allocation now at the address. */
         bk->counters.unknown_frees++;
+        p->unknown_frees++;
         return;
     }
     site_free(h, live->site, live_size(h, r->addr, live));
@@ -347,13 +356,13 @@ static void apply_now(bk_t *bk, struct bk_proc *p, const struct bk_pending *r)
     bk->counters.records_applied++;
     struct bk_heap *h = heap_get(bk, p, r->heap_id);
     if (!h) {
-        bk->counters.dropped_records++;
+        refuse(bk, p);
         return;
     }
     if (r->kind == BK_REC_ALLOC)
-        apply_alloc(bk, h, r);
+        apply_alloc(bk, p, h, r);
     else
-        apply_free(bk, h, r);
+        apply_free(bk, p, h, r);
 }
 
 /* Applies @r after the BK_READY records in order that follow it (see bk_proc.ready). */
@@ -426,8 +435,10 @@ static struct bk_pending heap_pop(struct bk_proc *p)
 static void apply_oldest(bk_t *bk, struct bk_proc *p)
 {
     struct bk_pending r = heap_pop(p);
-    if (r.seq > p->next_seq)
+    if (r.seq > p->next_seq) {
         bk->counters.seq_gaps++;
+        p->seq_gaps++;
+    }
     apply(bk, p, &r);
     if (r.seq >= p->next_seq)
         p->next_seq = r.seq + 1;
@@ -486,11 +497,13 @@ void bk_record_alloc(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint
                      size_t n_frames)
 {
     struct bk_proc *p = bk__find_proc(bk, pid);
-    if (!p)
+    if (!p) {
+        bk->counters.records_no_process++;
         return;
+    }
     uint32_t cs;
     if (bk__intern_stack(&bk->in, frames, n_frames, &cs) < 0) {
-        bk->counters.dropped_records++;
+        refuse(bk, p);
         return;
     }
     struct bk_pending r = {.seq = seq,
@@ -506,8 +519,10 @@ void bk_record_alloc(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint
 void bk_record_free(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint64_t addr)
 {
     struct bk_proc *p = bk__find_proc(bk, pid);
-    if (!p)
+    if (!p) {
+        bk->counters.records_no_process++;
         return;
+    }
     struct bk_pending r = {.seq = seq, .addr = addr, .heap_id = heap_id, .kind = BK_REC_FREE};
     submit(bk, p, &r);
 }
@@ -571,6 +586,65 @@ void bk_get_counters(bk_t *bk, struct bk_counters *ret)
     }
     *ret = bk->counters;
     ret->live_bytes = live;
+}
+
+/* *@b += @n, saturating: the helpers say SIZE_MAX for what cannot be counted. */
+static void add_bytes(size_t *b, size_t n)
+{
+    *b = *b > SIZE_MAX - n ? SIZE_MAX : *b + n;
+}
+
+/* What @h's tables take on if @more of the next records are its own; with @next_only,
+ * each table at most its next doubling. */
+static size_t heap_grow_ahead(const struct bk_heap *h, size_t more, bool next_only)
+{
+    size_t live = more, sites = more, b = 0;
+    if (next_only) {
+        live = HP_MIN(more, hp_map_room(&h->live) + 1);
+        sites = HP_MIN(more, h->cap_sites - h->n_sites + 1);
+    }
+    add_bytes(&b, hp_map_grow_ahead(&h->live, live));
+    add_bytes(&b, hp_grow_ahead(h->n_sites, h->cap_sites, sizeof(struct bk_site), sites));
+    if (h->track_peak)
+        add_bytes(&b, hp_grow_ahead(h->n_sites, h->cap_sites, sizeof(struct bk_site_max), sites));
+    return b;
+}
+
+size_t bk_grow_ahead(const bk_t *bk, size_t more)
+{
+    const struct bk_intern *in = &bk->in;
+    size_t b = 0;
+    /* Every frame of a record may be new to every interned table at once (a new
+     * mapping, function name, frame and callstack node). */
+    for (int k = 0; k < BK_STR_KINDS; k++) {
+        add_bytes(&b, hp_idtab_grow_ahead(&in->str[k].index, more));
+        add_bytes(&b, hp_grow_ahead(in->str[k].n, in->str[k].cap, sizeof(struct bk_str), more));
+    }
+    add_bytes(&b, hp_idtab_grow_ahead(&in->mapping_index, more));
+    add_bytes(&b, hp_idtab_grow_ahead(&in->frame_index, more));
+    add_bytes(&b, hp_idtab_grow_ahead(&in->cs_index, more));
+    add_bytes(&b, hp_grow_ahead(in->n_mappings, in->cap_mappings, sizeof(struct bk_mapping), more));
+    add_bytes(&b, hp_grow_ahead(in->n_frames, in->cap_frames, sizeof(struct bk_frame), more));
+    add_bytes(&b, hp_grow_ahead(in->n_nodes, in->cap_nodes, sizeof(struct bk_cs_node), more));
+    /* An encoded callstack entry takes a few bytes per frame. */
+    add_bytes(&b, hp_grow_ahead(in->emit.len, in->emit.cap, 1, 16 * more));
+    /* But a record is of one process: the heap whose tables would grow most takes all
+     * @more, every other one at most its next doubling (a few records each may reach
+     * it). Counting @more for each would count the same records once per process: an
+     * idle process would weigh ~10 MB, and a few dozen of them would fire the guardrail
+     * on their own. */
+    size_t most = 0;
+    for (size_t i = 0; i < bk->n_procs; i++) {
+        const struct bk_proc *p = bk->procs[i];
+        for (size_t k = 0; k < p->n_heaps; k++) {
+            size_t next = heap_grow_ahead(p->heaps[k], more, true);
+            size_t all = heap_grow_ahead(p->heaps[k], more, false);
+            add_bytes(&b, next);
+            most = HP_MAX(most, all - next);
+        }
+    }
+    add_bytes(&b, most);
+    return b;
 }
 
 void bk__set_max_packet_bytes(bk_t *bk, size_t n)

@@ -83,17 +83,28 @@ struct bk_config {
  * process did. BK_FLAG_DISCONNECTED alone is a process that exited or exec'd. */
 #define BK_FLAG_CONN_LOST (1u << 7)
 
-/* Per-process statistics reported in ProcessStats (as counted by the unwinder side). */
+/* Per-process statistics reported in ProcessStats (as counted by the unwinder side, as of
+ * the dump that carries them). Every record lost on the way is counted here by cause. */
 struct bk_process_stats {
     uint64_t unwinding_errors;
     uint64_t heap_samples;
     uint64_t map_reparses;
     uint64_t total_unwinding_time_us;
     uint64_t client_spinlock_blocked_us;
-    uint64_t records_dropped;         /* by the client: ring full */
-    uint64_t frees_lost;              /* of those, frees of sampled blocks (phantom leaks) */
+    uint64_t records_dropped; /* by the client: ring full, record too big, watched set full */
+    /* Frees of sampled blocks lost anywhere before the bookkeeping (the client's ring
+     * full, left unread at the end, the service out of memory): phantom leaks. */
+    uint64_t frees_lost;
     uint64_t writer_stalls;           /* times a stopped writer held the next record (waited for) */
     uint64_t stalled_records_skipped; /* records of writers gone mid-record, skipped */
+    uint64_t reserve_failures;        /* by the client: records lost to reservation races */
+    uint64_t freeset_full;            /* of records_dropped: samples whose free could not be
+                                         watched (the client's set was full) */
+    uint64_t records_unread;          /* left in the ring when the session ended (time budget) */
+    uint64_t records_lost_service;    /* the service could not pass on (out of memory) */
+    uint64_t stacks_truncated;        /* samples whose stack copy stopped at max_stack_bytes */
+    uint64_t unknown_stacks;          /* samples taken on a stack not the thread's own */
+    uint64_t map_reparses_deferred;   /* times samples waited for the rate limit of rereads */
     /* unwinding time histogram, bucket upper bounds in us: BK_UNWIND_HIST_BOUNDS */
     uint64_t unwinding_time_hist[8];
 };
@@ -131,9 +142,11 @@ int bk_dump_all(bk_t *bk) HP_WARN_UNUSED;
 int bk_process_end(bk_t *bk, int32_t pid, const struct bk_process_stats *stats,
                    uint32_t flags) HP_WARN_UNUSED;
 
-/* Writes that process @pid was not profiled because another session profiles it (a
- * ProcessHeapSamples with rejected_concurrent, as Perfetto's heapprofd writes). */
-int bk_process_rejected(bk_t *bk, int32_t pid) HP_WARN_UNUSED;
+/* Writes that process @pid was not profiled: because another session profiles it (a
+ * ProcessHeapSamples with rejected_concurrent, as Perfetto's heapprofd writes), or, with
+ * @flags BK_FLAG_HIT_GUARDRAIL, because profiling it would have taken the service past
+ * its memory guardrail (hit_guardrail, no samples). */
+int bk_process_rejected(bk_t *bk, int32_t pid, uint32_t flags) HP_WARN_UNUSED;
 
 /* Counters for summaries and tests. */
 struct bk_counters {
@@ -144,6 +157,8 @@ struct bk_counters {
     /* beyond the cap of heaps per process, out of memory, or refused by a table's probe
      * bound (hp_map_put(), hp_idtab_add(): -ENOSPC) */
     uint64_t dropped_records;
+    /* records of a process the bookkeeping does not know (its start failed) */
+    uint64_t records_no_process;
     uint64_t dumps;
     uint64_t packets_written;
     uint64_t source_lines; /* frames given source lines in ModuleSymbols */
@@ -155,5 +170,13 @@ struct bk_counters {
 };
 /* Applies the records in order that wait to be (see bk_proc.ready in state.h) first. */
 void bk_get_counters(bk_t *bk, struct bk_counters *ret);
+
+/* The bytes the tables would take on (new hash slots held beside the old ones while they
+ * are filled, grown arrays) if the next records brought @more new entries to each
+ * interned table and to the tables of one process, and the other processes' tables each
+ * their next doubling: what those records may cost, near enough, for a memory budget
+ * checked now and then (tables grow by doubling, a big one by a big step).
+ * Bookkeeping thread only. */
+size_t bk_grow_ahead(const bk_t *bk, size_t more);
 
 #endif

@@ -358,18 +358,35 @@ static void put_stats(struct enc *e, const struct bk_proc *p)
     close4(e, hist);
     put_uint(e, PF_STATS(total_unwinding_time_us), s->total_unwinding_time_us);
     put_uint(e, PF_STATS(client_spinlock_blocked_us), s->client_spinlock_blocked_us);
-    if (s->frees_lost)
-        put_uint(e, PF_STATS(frees_lost), s->frees_lost);
     /* heapprof's own fields: only when something happened. */
-    if (s->writer_stalls)
-        put_uint(e, PF_STATS(writer_stalls), s->writer_stalls);
-    if (s->stalled_records_skipped)
-        put_uint(e, PF_STATS(stalled_records_skipped), s->stalled_records_skipped);
+    const struct {
+        uint32_t field;
+        uint64_t v;
+    } own[] = {
+        {PF_STATS(frees_lost), s->frees_lost},
+        {PF_STATS(records_dropped), s->records_dropped},
+        {PF_STATS(reserve_failures), s->reserve_failures},
+        {PF_STATS(freeset_full), s->freeset_full},
+        {PF_STATS(records_unread), s->records_unread},
+        {PF_STATS(records_lost_in_service), s->records_lost_service},
+        {PF_STATS(records_refused), p->refused},
+        {PF_STATS(unknown_frees), p->unknown_frees},
+        {PF_STATS(seq_gaps), p->seq_gaps},
+        {PF_STATS(stacks_truncated), s->stacks_truncated},
+        {PF_STATS(unknown_stacks), s->unknown_stacks},
+        {PF_STATS(map_reparses_deferred), s->map_reparses_deferred},
+        {PF_STATS(writer_stalls), s->writer_stalls},
+        {PF_STATS(stalled_records_skipped), s->stalled_records_skipped},
+    };
+    for (size_t i = 0; i < HP_ARRAY_SIZE(own); i++)
+        if (own[i].v)
+            put_uint(e, own[i].field, own[i].v);
     close4(e, st);
 }
 
-/* Bytes put_flags_stats may write. */
-#define FLAGS_STATS_BOUND (64 + 8 * 32 + 11 * 12)
+/* Bytes put_flags_stats may write: the histogram, then at most 32 varint fields (flags
+ * and stats, each a tag of up to 2 bytes and a varint of up to 10). */
+#define FLAGS_STATS_BOUND (64 + 8 * 32 + 32 * 12)
 
 static void put_flags_stats(struct enc *e, const struct bk_proc *p)
 {

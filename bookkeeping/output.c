@@ -264,11 +264,14 @@ int bk__write_raw_packet(bk_t *bk, const uint8_t *body, size_t len)
     return bk__write_framed(bk, iov, 2, len);
 }
 
-int bk_process_rejected(bk_t *bk, int32_t pid)
+int bk_process_rejected(bk_t *bk, int32_t pid, uint32_t flags)
 {
     struct hp_pbw hs = {0}, pp = {0}, pkt = {0};
     hp_pbw_uint_always(&hs, PF_DUMP(pid), (uint64_t)(uint32_t)pid);
-    hp_pbw_uint_always(&hs, PF_DUMP(rejected_concurrent), 1);
+    if (flags & BK_FLAG_HIT_GUARDRAIL)
+        hp_pbw_uint_always(&hs, PF_DUMP(hit_guardrail), 1);
+    else
+        hp_pbw_uint_always(&hs, PF_DUMP(rejected_concurrent), 1);
     hp_pbw_uint_always(&hs, PF_DUMP(timestamp), hp_clock_ns(CLOCK_MONOTONIC_COARSE));
     hp_pbw_msg(&pp, PF_PROFILE(process_dumps), &hs);
     hp_pbw_uint_always(&pp, PF_PROFILE(continued), 0);

@@ -128,6 +128,11 @@ struct bk_proc {
     size_t cmdline_len;
     struct bk_process_stats stats;
     uint32_t flags;
+    /* What the bookkeeping could not use of the process's records, for its dumps'
+     * ProcessStats (also in bk_counters for the whole session): frees of addresses not
+     * live, sequence gaps skipped, records refused (heaps past the cap, a table's probe
+     * bound, out of memory). */
+    uint64_t unknown_frees, seq_gaps, refused;
 
     uint64_t next_seq;
     struct bk_pending *heap; /* min-heap by seq */

@@ -294,6 +294,8 @@ int cmd_daemon(int argc, char **argv)
         socket_path = sock;
     }
     cfg.socket_path = socket_path;
+    /* The daemon's log: a line per process connected, ended or dropped. */
+    cfg.log_processes = true;
     if (producer) {
         rc = cli_producer_run(&(struct cli_producer_opts){.base = &cfg,
                                                           .daemon_socket = socket_path,

@@ -161,8 +161,11 @@ int cli_loop_run(svc_t *s, const struct cli_loop_opts *o, struct cli_loop_result
             break;
         if (ret->child_exited) {
             /* Let every client that exited with the program be drained; descendants
-             * still running after a grace period are dumped as they are. */
-            if (live == 0 || now - exit_ns > 2000000000ull)
+             * still running after a grace period are dumped as they are. Sessions whose
+             * last records are being read are waited for (each has a deadline). */
+            struct svc_status st;
+            svc_get_status(s, &st);
+            if (live == 0 || (now - exit_ns > 2000000000ull && st.ending_processes == 0))
                 break;
         }
     }

@@ -110,8 +110,8 @@ static void apply_base(struct svc_config *cfg, const struct svc_config *base)
             memcpy((char *)cfg + f->offset, (const char *)base + f->offset,
                    f->type == SVC_FIELD_BOOL ? sizeof(bool) : f->width);
     }
-    cfg->unwinder_threads = base->unwinder_threads;
     cfg->no_source_lines = base->no_source_lines;
+    cfg->log_processes = base->log_processes;
 }
 
 static int on_setup(void *ctx, const struct prod_ds_config *dc, prod_writer_t *w)

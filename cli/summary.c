@@ -25,14 +25,26 @@ void cli_print_summary(const char *out_path, const struct svc_summary *sum, int 
         snprintf(audit + o, sizeof(audit) - o, "; %llu stacks truncated (deeper than copied)",
                  (unsigned long long)sum->truncated_stacks);
     }
+    /* Every record lost on its way, whatever the cause; the causes below. */
+    uint64_t lost = sum->records_dropped + sum->reserve_failures + sum->records_unread +
+                    sum->records_lost_service + sum->records_refused + sum->records_no_process;
     fprintf(stderr,
             "\nheapprof: %llu process%s, %llu samples (%llu walked in the app, %llu walks "
             "audited), %llu frees recorded; %llu samples dropped, %llu unwinding errors%s%s\n",
             (unsigned long long)sum->processes, sum->processes == 1 ? "" : "es",
             (unsigned long long)sum->samples, (unsigned long long)sum->walked_samples,
             (unsigned long long)sum->audits, (unsigned long long)sum->frees,
-            (unsigned long long)sum->records_dropped, (unsigned long long)sum->unwinding_errors,
-            audit, sum->corrupt_clients ? "; a client sent corrupt data" : "");
+            (unsigned long long)lost, (unsigned long long)sum->unwinding_errors, audit,
+            sum->corrupt_clients ? "; a client sent corrupt data" : "");
+    if (lost != sum->records_dropped)
+        fprintf(stderr,
+                "heapprof: records lost: %llu for want of room in the shared buffer, %llu to "
+                "contention on it, %llu left unread when sessions ended, %llu for want of "
+                "memory in the service, %llu refused by the bookkeeping\n",
+                (unsigned long long)sum->records_dropped, (unsigned long long)sum->reserve_failures,
+                (unsigned long long)sum->records_unread,
+                (unsigned long long)sum->records_lost_service,
+                (unsigned long long)(sum->records_refused + sum->records_no_process));
     if (sum->clients_timed_out)
         fprintf(stderr,
                 "heapprof: %llu process%s waited longer than the block timeout for the service "

@@ -22,6 +22,29 @@ void hp_advise_huge(void *p, size_t bytes)
         (void)madvise((void *)start, end - start, MADV_HUGEPAGE); /* a hint; may fail */
 }
 
+/* @a + @b, or SIZE_MAX past it. */
+static size_t add_sat(size_t a, size_t b)
+{
+    return a > SIZE_MAX - b ? SIZE_MAX : a + b;
+}
+
+size_t hp_grow_ahead(size_t n, size_t cap, size_t elem, size_t more)
+{
+    size_t need = add_sat(n, more);
+    if (need <= cap)
+        return 0;
+    /* As hp_grow(); where it would fail, as much as can be counted. */
+    size_t to = cap ? cap : 16;
+    while (to < need) {
+        if (to > SIZE_MAX / 2)
+            return SIZE_MAX;
+        to *= 2;
+    }
+    if (elem && to - cap > SIZE_MAX / elem)
+        return SIZE_MAX;
+    return (to - cap) * elem;
+}
+
 int hp_grow(void **p, size_t *cap, size_t need, size_t elem)
 {
     if (need <= *cap)
@@ -387,6 +410,29 @@ static void map_remove_at(struct hp_map *m, size_t i)
     m->count--;
 }
 
+size_t hp_map_room(const struct hp_map *m)
+{
+    size_t fit = m->cap / 16 * 13; /* cap is 0 or a power of two >= 16 */
+    return fit > m->count ? fit - m->count : 0;
+}
+
+size_t hp_map_grow_ahead(const struct hp_map *m, size_t more)
+{
+    /* As hp_map_put(): a map that would be fuller than 13/16 doubles, and its old slots
+     * are freed once the new ones are filled. */
+    size_t need = add_sat(m->count, more);
+    if (need > SIZE_MAX / 16)
+        return SIZE_MAX;
+    size_t cap = m->cap, bytes = 0;
+    while (need * 16 > cap * 13) {
+        cap = cap ? cap * 2 : 16;
+        if (cap > SIZE_MAX / 2 / m->stride)
+            return SIZE_MAX;
+        bytes += cap * m->stride; /* at most 2 * cap * stride in all */
+    }
+    return bytes;
+}
+
 bool hp_map_remove(struct hp_map *m, uint64_t key)
 {
     if (HP_UNLIKELY(key == MAP_EMPTY)) {
@@ -474,6 +520,22 @@ static void idtab_place(struct hp_idtab *t, struct hp_idtab_slot s)
     while (t->slots[i].id)
         i = (i + 1) & mask;
     t->slots[i] = s;
+}
+
+size_t hp_idtab_grow_ahead(const struct hp_idtab *t, size_t more)
+{
+    /* As hp_idtab_add(): a table that would be fuller than 3/4 doubles. */
+    size_t need = add_sat(t->count, more);
+    if (need > SIZE_MAX / 4)
+        return SIZE_MAX;
+    size_t cap = t->cap, bytes = 0;
+    while (need * 4 > cap * 3) {
+        cap = cap ? cap * 2 : 64;
+        if (cap > SIZE_MAX / 2 / sizeof(struct hp_idtab_slot))
+            return SIZE_MAX;
+        bytes += cap * sizeof(struct hp_idtab_slot);
+    }
+    return bytes;
 }
 
 int hp_idtab_add(struct hp_idtab *t, uint64_t hash, uint32_t id)

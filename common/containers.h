@@ -44,6 +44,10 @@
 /* Grows the array *@p of *@cap elements of @elem bytes so it holds at least @need.
  * Returns 0 or -ENOMEM (then *@p and *@cap are unchanged). */
 int hp_grow(void **p, size_t *cap, size_t need, size_t elem) HP_WARN_UNUSED;
+/* The bytes an array of @n of @cap elements of @elem bytes grown by hp_grow() takes on
+ * if @more elements are added: 0 while they fit; SIZE_MAX where hp_grow() would fail
+ * (for memory budgets). */
+size_t hp_grow_ahead(size_t n, size_t cap, size_t elem, size_t more);
 /* Asks for huge pages under the 2 MiB-aligned part of [@p, @p + @bytes) when it has
  * some: large tables hit at random, or streamed through by dumps, then take fewer TLB
  * misses. Only a hint. */
@@ -133,6 +137,13 @@ static HP_ALWAYS_INLINE void hp_map_prefetch(const struct hp_map *m, uint64_t ke
 }
 /* Removes @key; returns whether it was present. */
 bool hp_map_remove(struct hp_map *m, uint64_t key);
+/* The bytes @m allocates (new slots, while the old ones are still held) if @more keys
+ * are inserted: 0 while they fit without a rehash, the new slots of every doubling
+ * otherwise (for memory budgets; SIZE_MAX past what can be counted). */
+size_t hp_map_grow_ahead(const struct hp_map *m, size_t more);
+/* The keys @m takes before its next doubling: hp_map_grow_ahead(m, hp_map_room(m) + 1)
+ * is the cost of that doubling alone. */
+size_t hp_map_room(const struct hp_map *m);
 /* Removes the entry whose value @val is (as returned by hp_map_get() or hp_map_put()
  * since the last change of the map): saves the second lookup of get-then-remove. */
 void hp_map_remove_value(struct hp_map *m, void *val);
@@ -161,5 +172,7 @@ int64_t hp_idtab_find(const struct hp_idtab *t, uint64_t hash, hp_idtab_eq_fn eq
  * HP_IDTAB_MAX_PROBE slots from its home (not added). pre: no equal content is indexed
  * yet; id < UINT32_MAX. */
 int hp_idtab_add(struct hp_idtab *t, uint64_t hash, uint32_t id) HP_WARN_UNUSED;
+/* As hp_map_grow_ahead(), for @more ids added to @t. */
+size_t hp_idtab_grow_ahead(const struct hp_idtab *t, size_t more);
 
 #endif

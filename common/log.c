@@ -39,21 +39,38 @@ enum hp_log_level hp_log_get_level(void)
     return (enum hp_log_level)l;
 }
 
-void hp_log(enum hp_log_level level, const char *fmt, ...)
+/* Writes "heapprof: " @label and the message as one line, in one write(2). */
+__attribute__((format(printf, 2, 0))) static void log_line(const char *label, const char *fmt,
+                                                           va_list ap)
 {
-    static const char *const names[] = {"debug", "info", "warning", "error"};
-    if ((int)level < (int)hp_log_get_level())
-        return;
     char buf[1024];
-    int n = snprintf(buf, sizeof(buf), "heapprof: %s: ", names[level]);
-    va_list ap;
-    va_start(ap, fmt);
+    int n = snprintf(buf, sizeof(buf), "heapprof: %s", label);
     int m = vsnprintf(buf + n, sizeof(buf) - (size_t)n - 1, fmt, ap);
-    va_end(ap);
     size_t len = (size_t)n +
                  (m < 0 ? 0
                         : ((size_t)m < sizeof(buf) - (size_t)n - 2 ? (size_t)m
                                                                    : sizeof(buf) - (size_t)n - 2));
     buf[len++] = '\n';
     (void)!write(STDERR_FILENO, buf, len);
+}
+
+void hp_log(enum hp_log_level level, const char *fmt, ...)
+{
+    static const char *const labels[] = {"debug: ", "info: ", "warning: ", "error: "};
+    if ((int)level < (int)hp_log_get_level())
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    log_line(labels[level], fmt, ap);
+    va_end(ap);
+}
+
+void hp_log_note(const char *fmt, ...)
+{
+    if (hp_log_get_level() > HP_LOG_WARN)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    log_line("", fmt, ap);
+    va_end(ap);
 }

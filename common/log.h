@@ -14,6 +14,10 @@ void hp_log_set_level(enum hp_log_level level);
 enum hp_log_level hp_log_get_level(void);
 void hp_log(enum hp_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* A line of a log the user asked for (the daemon's processes): shown unless only errors
+ * are, with no level in it. */
+void hp_log_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 #define hp_log_debug(...) hp_log(HP_LOG_DEBUG, __VA_ARGS__)
 #define hp_log_info(...) hp_log(HP_LOG_INFO, __VA_ARGS__)
 #define hp_log_warn(...) hp_log(HP_LOG_WARN, __VA_ARGS__)

@@ -390,3 +390,15 @@ __attribute__((constructor)) static void client_ctor(void)
     t->in_hook = was_in_hook;
     errno = saved_errno;
 }
+
+/* exit() or a return from main: the service is told before the connection ends, so that
+ * the profile does not say the process went away unexpectedly (killed, crashed, _exit).
+ * A child of fork() has no ring mapped here (ring_set_client_exiting() does nothing). */
+__attribute__((destructor)) static void client_dtor(void)
+{
+    struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
+    if (s && client_session_enter(s)) {
+        ring_set_client_exiting(s->ring);
+        client_session_leave(s);
+    }
+}

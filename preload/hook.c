@@ -146,7 +146,7 @@ static bool hook_watch_free(struct client_session *s, void *p)
     if (HP_LIKELY(client_freeset_insert(&s->freeset, (uint64_t)(uintptr_t)p) == 0))
         return true;
     atomic_fetch_add_explicit(&client_stat_freeset_overflows, 1, memory_order_relaxed);
-    ring_count_drop(s->ring);
+    ring_count_freeset_full(s->ring);
     return false;
 }
 

@@ -44,10 +44,24 @@ static int parse_stats(struct rd_header *h, const uint8_t *buf, size_t len)
         {PF_STATS(frees_lost), RD_U64(struct rd_header, frees_lost)},
         {PF_STATS(writer_stalls), RD_U64(struct rd_header, writer_stalls)},
         {PF_STATS(stalled_records_skipped), RD_U64(struct rd_header, stalled_records_skipped)},
+#define LOSS(f, member) {PF_STATS(f), RD_U64(struct rd_header, losses.member)}
+        LOSS(records_dropped, records_dropped),
+        LOSS(reserve_failures, reserve_failures),
+        LOSS(freeset_full, freeset_full),
+        LOSS(records_unread, records_unread),
+        LOSS(records_lost_in_service, records_lost_in_service),
+        LOSS(records_refused, records_refused),
+        LOSS(unknown_frees, unknown_frees),
+        LOSS(seq_gaps, seq_gaps),
+        LOSS(stacks_truncated, stacks_truncated),
+        LOSS(unknown_stacks, unknown_stacks),
+        LOSS(map_reparses_deferred, map_reparses_deferred),
+#undef LOSS
     };
     h->unwinding_errors = h->heap_samples = h->map_reparses = 0;
     h->total_unwinding_time_us = h->client_spinlock_blocked_us = h->frees_lost = 0;
     h->writer_stalls = h->stalled_records_skipped = 0;
+    h->losses = (struct rp_trace_losses){0};
     return rp__parse_varints(buf, len, fields, HP_ARRAY_SIZE(fields), h);
 }
 

@@ -345,6 +345,7 @@ static int finish(struct rd *rd)
             .frees_lost = h->frees_lost,
             .writer_stalls = h->writer_stalls,
             .stalled_records_skipped = h->stalled_records_skipped,
+            .losses = h->losses,
             .n_callsites = p->n_callsites,
             .callsites = p->callsites,
             .dumps = p->dumps,

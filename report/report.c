@@ -269,6 +269,49 @@ static void print_process_header(FILE *out, const struct rp_trace_process *p)
                 p->exec_index + 1, p->pid);
 }
 
+/* Prints @label and the parts of @v[0..@n) that are not zero ("12 what, 3 other"), on a
+ * line of their own; nothing when all are zero. */
+static void print_counts(FILE *out, const char *label, const uint64_t *v, const char *const *what,
+                         size_t n)
+{
+    bool any = false;
+    for (size_t i = 0; i < n; i++) {
+        if (!v[i])
+            continue;
+        fprintf(out, "%s%" PRIu64 " %s", any ? ", " : label, v[i], what[i]);
+        any = true;
+    }
+    if (any)
+        fprintf(out, "\n");
+}
+
+/* What was lost on the way to the dump shown, by cause, as of that dump. */
+static void print_losses(FILE *out, const struct rp_trace_process *p)
+{
+    const struct rp_trace_losses *l = &p->losses;
+    const uint64_t lost[] = {l->records_dropped - HP_MIN(l->freeset_full, l->records_dropped),
+                             l->freeset_full,
+                             l->reserve_failures,
+                             l->records_unread,
+                             l->records_lost_in_service,
+                             l->records_refused};
+    static const char *const lost_what[] = {
+        "for want of room in the shared buffer",
+        "samples whose free the program could not watch (its set was full)",
+        "to contention on the shared buffer",
+        "left unread when the session ended",
+        "for want of memory in the service",
+        "refused by the bookkeeping (caps, memory)"};
+    print_counts(out, "  Records lost: ", lost, lost_what, HP_ARRAY_SIZE(lost));
+    const uint64_t other[] = {l->stacks_truncated, l->unknown_stacks, l->unknown_frees, l->seq_gaps,
+                              l->map_reparses_deferred};
+    static const char *const other_what[] = {
+        "stacks cut at the copy size (outer frames missing)",
+        "samples on stacks not the thread's own", "frees of addresses not live",
+        "gaps in the record sequence", "waits for the rate limit of maps rereads"};
+    print_counts(out, "  Also: ", other, other_what, HP_ARRAY_SIZE(other));
+}
+
 struct totals {
     uint64_t alloc, freed, nalloc, nfree, est_alloc, est_free;
     bool has_peak, scaled;
@@ -363,9 +406,11 @@ static void print_process(FILE *out, const struct rp_trace_process *p,
             " map reparses, %" PRIu64 " us unwinding, %" PRIu64 " us client blocked on the ring\n",
             p->heap_samples, p->unwinding_errors, p->map_reparses, p->total_unwinding_time_us,
             p->client_spinlock_blocked_us);
+    print_losses(out, p);
     if (p->frees_lost)
         fprintf(out,
-                "  %" PRIu64 " frees could not be recorded: unreleased bytes are overestimated\n",
+                "  WARNING: %" PRIu64 " frees were lost on the way: the bytes they freed show as "
+                "unreleased, so unreleased bytes are overestimated\n",
                 p->frees_lost);
     fprintf(out, "\n");
 }

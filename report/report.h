@@ -81,6 +81,22 @@ struct rp_trace_dump {
     struct rp_trace_callsite *callsites;
 };
 
+/* Records lost on their way to a dump, by cause (heapprof's own ProcessStats fields,
+ * protos/profile_packet.proto; 0 in traces of other writers). */
+struct rp_trace_losses {
+    uint64_t records_dropped;  /* the client's ring full, a record too big, freeset_full */
+    uint64_t reserve_failures; /* contention on the client's ring */
+    uint64_t freeset_full;     /* of records_dropped: the client's watched set full */
+    uint64_t records_unread;   /* left in the ring when the session ended */
+    uint64_t records_lost_in_service;
+    uint64_t records_refused; /* by the bookkeeping: caps, probe bounds, memory */
+    uint64_t unknown_frees;
+    uint64_t seq_gaps;
+    uint64_t stacks_truncated; /* copies stopped at max_stack_bytes */
+    uint64_t unknown_stacks;   /* samples on stacks not the thread's own */
+    uint64_t map_reparses_deferred;
+};
+
 struct rp_trace_process {
     int32_t pid;
     /* Programs run in this pid before this one (exec): 0 for the first. */
@@ -98,7 +114,8 @@ struct rp_trace_process {
     /* ProcessStats */
     uint64_t unwinding_errors, heap_samples, map_reparses, total_unwinding_time_us,
         client_spinlock_blocked_us, writer_stalls, stalled_records_skipped;
-    uint64_t frees_lost; /* frees the client could not record: their bytes show unreleased */
+    uint64_t frees_lost; /* frees lost on the way: their bytes show as unreleased */
+    struct rp_trace_losses losses;
     size_t n_callsites;
     struct rp_trace_callsite *callsites;
     /* With rp_trace_options.all_dumps: every complete dump, in order (n_dumps of them). */

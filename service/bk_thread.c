@@ -8,20 +8,22 @@
 #include "common/log.h"
 
 /* Every unwinder drains its rings before it answers a dump request, so a dump taken once
- * all have answered holds every record written before the request. */
+ * all have answered holds every record written before the request. Requests that piled
+ * up (the unwinders answer them together once a full queue has room) make one dump: the
+ * ones in between would show the same state. */
 static void dump_after_barrier(struct svc *s, unsigned from, uint32_t n)
 {
     s->dump_barriers[from] += n;
-    for (;;) {
-        for (unsigned i = 0; i < s->n_dump_barriers; i++)
-            if (s->dump_barriers[i] == 0)
-                return;
-        for (unsigned i = 0; i < s->n_dump_barriers; i++)
-            s->dump_barriers[i]--;
-        int r = bk_dump_all(s->bk);
-        if (r < 0)
-            hp_log_warn("dump failed: %s", strerror(-r));
-    }
+    uint32_t all = UINT32_MAX;
+    for (unsigned i = 0; i < s->n_dump_barriers; i++)
+        all = HP_MIN(all, s->dump_barriers[i]);
+    if (all == 0)
+        return;
+    for (unsigned i = 0; i < s->n_dump_barriers; i++)
+        s->dump_barriers[i] -= all;
+    int r = bk_dump_all(s->bk);
+    if (r < 0)
+        hp_log_warn("dump failed: %s", strerror(-r));
 }
 
 static void apply(struct svc *s, const struct svc_msg *m)
@@ -61,11 +63,18 @@ static void apply(struct svc *s, const struct svc_msg *m)
         if (r < 0)
             hp_log_warn("dump failed: %s", strerror(-r));
         break;
-    case SVC_MSG_REJECTED:
-        r = bk_process_rejected(s->bk, m->pid);
-        if (r < 0)
-            hp_log_warn("pid %d: cannot write rejected_concurrent: %s", m->pid, strerror(-r));
+    case SVC_MSG_PROC_STATS: {
+        const struct svc_msg_proc_end *e = (const void *)m;
+        bk_process_update(s->bk, m->pid, &e->stats, e->flags);
         break;
+    }
+    case SVC_MSG_REJECTED: {
+        const struct svc_msg_rejected *rj = (const void *)m;
+        r = bk_process_rejected(s->bk, m->pid, rj->flags);
+        if (r < 0)
+            hp_log_warn("pid %d: cannot write that it is not profiled: %s", m->pid, strerror(-r));
+        break;
+    }
     case SVC_MSG_DUMP_BARRIER: {
         const struct svc_msg_dump_barrier *d = (const void *)m;
         if (d->unwinder < s->n_dump_barriers && s->dump_barriers)
@@ -82,6 +91,7 @@ void *svc__bk_main(void *arg)
     struct svc *s = arg;
     struct svc_batch *b;
 
+    unsigned since_check = 0;
     while ((b = svc__bkq_take(&s->bkq)) != NULL) {
         size_t off = 0;
         while (off + sizeof(struct svc_msg) <= b->used) {
@@ -90,6 +100,21 @@ void *svc__bk_main(void *arg)
             off += m->len;
         }
         svc__bkq_recycle(&s->bkq, b);
+        /* What the batches make us keep (interned stacks, live allocations) counts
+         * against the memory guardrail too: checked here as it grows, not only by the
+         * main thread's tick, and ahead of it: the tables grow by doubling, and the ones
+         * the next batches may make grow count as if they had (the guardrail fires before
+         * a table's growth would take the service past the limit). */
+        if (s->cfg.max_heapprofd_memory_kb && ++since_check >= SVC_GUARDRAIL_CHECK_BATCHES) {
+            since_check = 0;
+            struct svc_memory mem;
+            svc__memory(&mem);
+            uint64_t kb =
+                mem.rss_kb + mem.swap_kb + bk_grow_ahead(s->bk, SVC_GUARDRAIL_CHECK_ENTRIES) / 1024;
+            if (kb > s->cfg.max_heapprofd_memory_kb)
+                (void)svc__guardrail_fire(s, "memory (KiB, with the growth ahead)", kb,
+                                          s->cfg.max_heapprofd_memory_kb);
+        }
         /* Published after whole messages only, so stat_bytes is a packet boundary. */
         struct bk_counters c;
         bk_get_counters(s->bk, &c);

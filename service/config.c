@@ -97,6 +97,10 @@ const struct svc_config_field svc_config_fields[] = {
      "audit rate", "N",
      "check every Nth stack a thread walked itself against an unwind of its copy (default "
      "1024; 0: never)"},
+    {"unwinder_threads", 0, SVC_FIELD_UINT, 0, FIELD(unwinder_threads), 0, 8, "unwinder-threads", 0,
+     NULL, "unwinder threads", "N",
+     "threads that read and unwind the profiled processes' samples (default: one per CPU, at "
+     "most 8)"},
     {"allow_other_users", 0, SVC_FIELD_BOOL, 0, FIELD(allow_other_users), 0, 1, "allow-other-users",
      0, NULL, "allow_other_users", NULL,
      "as root, also profile other users' processes (socket mode 0666)"},

@@ -48,6 +48,14 @@ struct svc_client *svc__client_free(struct svc_client *c)
     return NULL;
 }
 
+const char *svc__client_name(const struct svc_client *c)
+{
+    if (!c->cmdline || !c->cmdline_len || !c->cmdline[0])
+        return "?";
+    const char *slash = strrchr(c->cmdline, '/');
+    return slash && slash[1] ? slash + 1 : c->cmdline;
+}
+
 static int read_cmdline(pid_t pid, char **ret, size_t *ret_len)
 {
     char path[64];
@@ -174,11 +182,6 @@ struct svc_client *svc__handshake(struct svc *s, int sock)
         c->cmdline = NULL;
         c->cmdline_len = 0;
     }
-    if (s->guardrail_fired) {
-        hp_log_info("pid %d: the session hit a guardrail; left unprofiled", (int)c->pid);
-        reject(sock);
-        goto drop_quietly;
-    }
     if (svc_config_has_targets(&s->cfg)) {
         bool target = svc_config_matches(&s->cfg, c->pid, c->cmdline, c->cmdline_len);
         if (c->from_startup && s->cfg.no_startup)
@@ -188,6 +191,38 @@ struct svc_client *svc__handshake(struct svc *s, int sock)
             reject(sock);
             goto drop_quietly;
         }
+    }
+
+    /* The session hit a guardrail, or this ring would take the service past its memory
+     * guardrail: not profiled, and the trace says so (hit_guardrail). In the second case
+     * the processes profiled already carry on. Every ring counts whole, touched or not: a
+     * client may fill its own at any time. */
+    bool over = atomic_load_explicit(&s->guardrail_fired, memory_order_acquire);
+    if (!over && s->cfg.max_heapprofd_memory_kb) {
+        struct svc_memory mem;
+        svc__memory(&mem);
+        uint64_t ring_kb = svc__client_mem_bytes(s) >> 10;
+        uint64_t kb = mem.rss_kb - HP_MIN(mem.shmem_kb, mem.rss_kb) + mem.swap_kb +
+                      (atomic_load_explicit(&s->client_mem_bytes, memory_order_relaxed) >> 10);
+        over = kb + ring_kb > s->cfg.max_heapprofd_memory_kb;
+        if (over)
+            hp_log_warn("pid %d (%s): not profiled: its %llu KiB buffer would take the service "
+                        "(%llu KiB) past its memory guardrail (%llu KiB)",
+                        (int)c->pid, svc__client_name(c), (unsigned long long)ring_kb,
+                        (unsigned long long)kb, (unsigned long long)s->cfg.max_heapprofd_memory_kb);
+    } else if (over) {
+        hp_log_info("pid %d: the session hit a guardrail; left unprofiled", (int)c->pid);
+    }
+    if (over) {
+        if (s->cfg.log_processes)
+            hp_log_note("pid %d (%s): not profiled (memory guardrail)", (int)c->pid,
+                        svc__client_name(c));
+        reject(sock);
+        struct svc_msg_rejected *m = svc__batch_add(&s->ctl, SVC_MSG_REJECTED, c->pid, sizeof(*m));
+        if (m)
+            m->flags = BK_FLAG_HIT_GUARDRAIL;
+        svc__batch_post(&s->ctl);
+        goto drop;
     }
 
     /* Read the maps now, while the client waits for our answer: a short-lived process
@@ -253,8 +288,14 @@ struct svc_client *svc__handshake(struct svc *s, int sock)
     if (fl >= 0)
         (void)fcntl(sock, F_SETFL, fl | O_NONBLOCK);
     c->sock = sock;
+    c->mem_bytes = svc__client_mem_bytes(s);
+    atomic_fetch_add_explicit(&s->client_mem_bytes, c->mem_bytes, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->processes, 1, memory_order_relaxed);
-    hp_log_info("pid %d: profiling", (int)c->pid);
+    if (s->cfg.log_processes)
+        hp_log_note("pid %d (%s): profiling (%s)", (int)c->pid, svc__client_name(c),
+                    c->from_startup ? "from its start" : "attached while running");
+    else
+        hp_log_info("pid %d: profiling", (int)c->pid);
     return c;
 
 reject:

@@ -94,3 +94,13 @@ enum svc_thread_state svc__thread_state(pid_t pid, pid_t tid)
     closedir(d);
     return stopped || cgroup_frozen(pid) ? SVC_THREAD_STOPPED : SVC_THREAD_RUNNING;
 }
+
+bool svc__process_alive(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    if (read_text(path, buf, sizeof(buf)) <= 0)
+        return false;
+    char st = stat_state(buf);
+    return st != 0 && st != 'Z' && st != 'X' && st != 'x';
+}

@@ -1,5 +1,5 @@
 /* service/queue.c: batches of messages from the unwinder threads to the bookkeeping
- * thread. */
+ * thread, bounded with back-pressure (svc_internal.h, struct svc_bkq). */
 #include "service/svc_internal.h"
 
 #include <stdlib.h>
@@ -10,6 +10,7 @@ void svc__bkq_init(struct svc_bkq *q)
     memset(q, 0, sizeof(*q));
     pthread_mutex_init(&q->lock, NULL);
     pthread_cond_init(&q->cond, NULL);
+    q->max_queued = SVC_BKQ_MAX_BATCHES;
 }
 
 void svc__bkq_done(struct svc_bkq *q)
@@ -40,8 +41,26 @@ void svc__bkq_post(struct svc_bkq *q, struct svc_batch *b)
     else
         q->head = b;
     q->tail = b;
+    /* Relaxed: svc__bkq_full() reads it as a hint and checks again under the lock. */
+    atomic_store_explicit(&q->n_queued,
+                          atomic_load_explicit(&q->n_queued, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
     pthread_cond_signal(&q->cond);
     pthread_mutex_unlock(&q->lock);
+}
+
+bool svc__bkq_full(struct svc_bkq *q)
+{
+    if (atomic_load_explicit(&q->n_queued, memory_order_relaxed) < q->max_queued)
+        return false;
+    pthread_mutex_lock(&q->lock);
+    bool full = atomic_load_explicit(&q->n_queued, memory_order_relaxed) >= q->max_queued;
+    if (full && !q->producers_waiting) {
+        q->producers_waiting = true;
+        atomic_fetch_add_explicit(&q->full_events, 1, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&q->lock);
+    return full;
 }
 
 void svc__bkq_quit(struct svc_bkq *q)
@@ -58,12 +77,22 @@ struct svc_batch *svc__bkq_take(struct svc_bkq *q)
     while (!q->head && !q->quit)
         pthread_cond_wait(&q->cond, &q->lock);
     struct svc_batch *b = q->head;
+    bool room = false;
     if (b) {
         q->head = b->next;
         if (!q->head)
             q->tail = NULL;
+        unsigned n = atomic_load_explicit(&q->n_queued, memory_order_relaxed) - 1;
+        atomic_store_explicit(&q->n_queued, n, memory_order_relaxed);
+        /* Producers resume once half the queue is free: not after every batch. */
+        if (q->producers_waiting && n <= q->max_queued / 2) {
+            q->producers_waiting = false;
+            room = true;
+        }
     }
     pthread_mutex_unlock(&q->lock);
+    if (room && q->on_room)
+        q->on_room(q->on_room_ctx);
     return b;
 }
 
@@ -98,7 +127,7 @@ void *svc__batch_add(struct svc_batcher *b, uint32_t type, pid_t pid, size_t len
     if (len > SVC_BATCH_BYTES)
         return NULL;
     if (b->cur && SVC_BATCH_BYTES - b->cur->used < len)
-        svc__batch_flush(b);
+        svc__batch_post(b);
     if (!b->cur) {
         b->cur = bkq_new_batch(b->q);
         if (!b->cur)
@@ -115,12 +144,20 @@ void *svc__batch_add(struct svc_batcher *b, uint32_t type, pid_t pid, size_t len
     return m;
 }
 
-void svc__batch_flush(struct svc_batcher *b)
+void svc__batch_post(struct svc_batcher *b)
 {
-    if (!b->cur)
-        return;
-    if (b->cur->used == 0)
+    if (!b->cur || b->cur->used == 0)
         return;
     svc__bkq_post(b->q, b->cur);
     b->cur = NULL;
+}
+
+void svc__batch_flush(struct svc_batcher *b)
+{
+    /* A full queue gets no batch that still has room: what is written meanwhile (a few
+     * control messages) fills this one, so the queue grows by the bytes of the messages,
+     * not by a batch per flush. */
+    if (b->cur && b->cur->used < SVC_BATCH_BYTES / 2 && svc__bkq_full(b->q))
+        return;
+    svc__batch_post(b);
 }

@@ -77,6 +77,7 @@ void svc_get_status(svc_t *s, struct svc_status *ret)
     ret->dumps = atomic_load_explicit(&s->stat_dumps, memory_order_relaxed);
     ret->output_bytes = atomic_load_explicit(&s->stat_bytes, memory_order_relaxed);
     ret->live_bytes = atomic_load_explicit(&s->stat_live_bytes, memory_order_relaxed);
+    ret->ending_processes = atomic_load_explicit(&s->ending_clients, memory_order_relaxed);
 }
 
 int svc_dump_now(svc_t *s)
@@ -84,7 +85,7 @@ int svc_dump_now(svc_t *s)
     if (s->n_unwinders == 0) {
         if (!svc__batch_add(&s->ctl, SVC_MSG_DUMP_ALL, 0, sizeof(struct svc_msg)))
             return -ENOMEM;
-        svc__batch_flush(&s->ctl);
+        svc__batch_post(&s->ctl);
         return 0;
     }
     /* Through the unwinders: records still in the rings (a polled ring is read a few
@@ -111,52 +112,68 @@ void svc_detach_all(svc_t *s, uint32_t flags)
     }
 }
 
-/* Resident memory of this process in KiB, from /proc/self/statm. */
-static uint64_t self_rss_kb(void)
+void svc__memory(struct svc_memory *ret)
 {
-    char buf[128];
-    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    /* A few microseconds: the kernel keeps these counters. */
+    memset(ret, 0, sizeof(*ret));
+    char buf[4096];
+    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return 0;
+        return;
     ssize_t n = read(fd, buf, sizeof(buf) - 1);
     (void)close(fd);
     if (n <= 0)
-        return 0;
+        return;
     buf[n] = '\0';
-    unsigned long long size = 0, resident = 0;
-    if (sscanf(buf, "%llu %llu", &size, &resident) != 2)
-        return 0;
-    return resident * (uint64_t)sysconf(_SC_PAGESIZE) / 1024;
+    const struct {
+        const char *key;
+        uint64_t *v;
+    } keys[] = {
+        {"\nVmRSS:", &ret->rss_kb}, {"\nRssShmem:", &ret->shmem_kb}, {"\nVmSwap:", &ret->swap_kb}};
+    for (size_t i = 0; i < HP_ARRAY_SIZE(keys); i++) {
+        const char *p = strstr(buf, keys[i].key);
+        if (p)
+            *keys[i].v = strtoull(p + strlen(keys[i].key), NULL, 10);
+    }
 }
 
-bool svc_check_guardrails(svc_t *s)
+uint64_t svc__client_mem_bytes(const struct svc *s)
 {
-    if (s->guardrail_fired)
+    return s->cfg.shmem_size_bytes + 4096 + (UTABLE_DEFAULT_SLOTS + 4) * 16;
+}
+
+bool svc__guardrail_fire(struct svc *s, const char *what, uint64_t value, uint64_t limit)
+{
+    bool expected = false;
+    if (!atomic_compare_exchange_strong_explicit(&s->guardrail_fired, &expected, true,
+                                                 memory_order_acq_rel, memory_order_acquire))
         return false;
-    const char *what = NULL;
-    uint64_t value = 0, limit = 0;
-    if (s->cfg.max_heapprofd_memory_kb) {
-        value = self_rss_kb();
-        limit = s->cfg.max_heapprofd_memory_kb;
-        if (value > limit)
-            what = "memory (KiB)";
-    }
-    if (!what && s->cfg.max_heapprofd_cpu_secs) {
-        struct rusage ru;
-        if (getrusage(RUSAGE_SELF, &ru) == 0) {
-            value = (uint64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec);
-            limit = s->cfg.max_heapprofd_cpu_secs;
-            if (value >= limit)
-                what = "CPU time (s)";
-        }
-    }
-    if (!what)
-        return false;
-    s->guardrail_fired = true;
     hp_log_warn("guardrail hit: service %s %llu > limit %llu; profiling stopped, data dumped", what,
                 (unsigned long long)value, (unsigned long long)limit);
     svc_detach_all(s, BK_FLAG_HIT_GUARDRAIL);
     return true;
+}
+
+bool svc_check_guardrails(svc_t *s)
+{
+    if (atomic_load_explicit(&s->guardrail_fired, memory_order_acquire))
+        return false;
+    if (s->cfg.max_heapprofd_memory_kb) {
+        struct svc_memory m;
+        svc__memory(&m);
+        uint64_t kb = m.rss_kb + m.swap_kb;
+        if (kb > s->cfg.max_heapprofd_memory_kb)
+            return svc__guardrail_fire(s, "memory (KiB)", kb, s->cfg.max_heapprofd_memory_kb);
+    }
+    if (s->cfg.max_heapprofd_cpu_secs) {
+        struct rusage ru;
+        if (getrusage(RUSAGE_SELF, &ru) == 0) {
+            uint64_t secs = (uint64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec);
+            if (secs >= s->cfg.max_heapprofd_cpu_secs)
+                return svc__guardrail_fire(s, "CPU time (s)", secs, s->cfg.max_heapprofd_cpu_secs);
+        }
+    }
+    return false;
 }
 
 unsigned svc_live_clients(svc_t *s)
@@ -167,6 +184,14 @@ unsigned svc_live_clients(svc_t *s)
 const char *svc_socket_path(svc_t *s)
 {
     return s->sock_path;
+}
+
+/* The bookkeeping thread made room in a full queue: the unwinders read rings again. */
+static void queue_room(void *ctx)
+{
+    struct svc *s = ctx;
+    for (unsigned i = 0; i < s->n_unwinders; i++)
+        svc__unwinder_wake(&s->unwinders[i]);
 }
 
 static int start_unwinder(struct svc *s, struct svc_unwinder *u)
@@ -206,6 +231,8 @@ static int create(const struct svc_config *cfg, int out_fd, const struct bk_sink
     hp_map_init(&s->seen, 0);
     hp_map_init(&s->routes, sizeof(uint64_t));
     svc__bkq_init(&s->bkq);
+    s->bkq.on_room = queue_room;
+    s->bkq.on_room_ctx = s;
     s->ctl.q = &s->bkq;
 
     r = svc__listener_open(s);
@@ -278,9 +305,9 @@ int svc_new_sink(const struct svc_config *cfg, const struct bk_sink *sink, svc_t
 
 int svc_reject_concurrent(svc_t *s, pid_t pid)
 {
-    if (!svc__batch_add(&s->ctl, SVC_MSG_REJECTED, pid, sizeof(struct svc_msg)))
+    if (!svc__batch_add(&s->ctl, SVC_MSG_REJECTED, pid, sizeof(struct svc_msg_rejected)))
         return -ENOMEM;
-    svc__batch_flush(&s->ctl);
+    svc__batch_post(&s->ctl);
     return 0;
 }
 
@@ -338,6 +365,12 @@ int svc_finish(svc_t *s, struct svc_summary *ret_summary)
         ret_summary->stall_waits = atomic_load(&s->stall_waits);
         ret_summary->stall_skips = atomic_load(&s->stall_skips);
         ret_summary->stall_cutoffs = atomic_load(&s->stall_cutoffs);
+        ret_summary->reserve_failures = atomic_load(&s->reserve_failures);
+        ret_summary->records_unread = atomic_load(&s->records_unread);
+        ret_summary->records_lost_service = atomic_load(&s->records_lost_service);
+        ret_summary->records_refused = s->bk_counters.dropped_records;
+        ret_summary->records_no_process = s->bk_counters.records_no_process;
+        ret_summary->queue_full_events = atomic_load(&s->bkq.full_events);
         ret_summary->output_bytes = s->bk_counters.bytes_written;
         ret_summary->write_error = s->bk_counters.last_write_error;
     }

@@ -71,6 +71,9 @@ struct svc_config {
      * with its copy, which the service unwinds to check the walk (0: never; default
      * 1024). */
     uint32_t audit_every;
+    /* Not a configuration field: one line on stderr per process connected, ended or
+     * dropped (the daemon's log). */
+    bool log_processes;
 };
 
 /* One table of the configuration's fields: the config-file parser, every command's flags
@@ -191,6 +194,13 @@ struct svc_summary {
      * max_stack_bytes, foreign stack of unknown end); their stacks end in a
      * "ERROR STACK_TRUNCATED" frame; not counted as unwinding errors */
     uint64_t truncated_stacks;
+    /* Records lost on the way, beyond records_dropped (the clients' full rings): */
+    uint64_t reserve_failures;     /* given up by the clients after lost reservation races */
+    uint64_t records_unread;       /* left in rings when sessions ended (time budget) */
+    uint64_t records_lost_service; /* the service out of memory */
+    uint64_t records_refused;      /* the bookkeeping could not place (caps, probe bounds) */
+    uint64_t records_no_process;   /* of processes the bookkeeping could not start */
+    uint64_t queue_full_events;    /* times the unwinders waited for the bookkeeping */
     uint64_t output_bytes;
     int write_error; /* 0 or -errno */
 };
@@ -232,8 +242,9 @@ struct svc_status {
     uint64_t samples;
     uint64_t records_dropped;
     uint64_t dumps;
-    uint64_t output_bytes; /* complete packets written so far */
-    uint64_t live_bytes;   /* sampled heap bytes live in the profiled processes */
+    uint64_t output_bytes;     /* complete packets written so far */
+    uint64_t live_bytes;       /* sampled heap bytes live in the profiled processes */
+    unsigned ending_processes; /* of live_processes, those whose last records are read */
 };
 void svc_get_status(svc_t *s, struct svc_status *ret);
 

@@ -31,8 +31,11 @@ enum svc_msg_type {
     /* From an unwinder thread: it has drained every ring after @n dump requests
      * (svc_dump_now); the dump happens once every unwinder has answered. */
     SVC_MSG_DUMP_BARRIER = 6,
-    /* The process is profiled by another session (svc_reject_concurrent). */
+    /* The process is not profiled: another session profiles it (svc_reject_concurrent),
+     * or its ring would have taken the service past its memory guardrail. */
     SVC_MSG_REJECTED = 7,
+    /* The process's statistics and flags as of now, for the dump that follows. */
+    SVC_MSG_PROC_STATS = 8,
 };
 
 /* Messages are 8-byte aligned and packed in a batch one after another. Each starts with
@@ -68,12 +71,20 @@ struct svc_msg_free {
     uint64_t seq, addr;
 };
 
-/* The session ended: final dump with @flags (BK_FLAG_*) and the process's statistics. */
+/* The session ended: final dump with @flags (BK_FLAG_*) and the process's statistics.
+ * SVC_MSG_PROC_STATS has the same layout: the statistics and flags so far. */
 struct svc_msg_proc_end {
     struct svc_msg h;
     uint32_t flags;
     uint32_t reserved;
     struct bk_process_stats stats;
+};
+
+/* SVC_MSG_REJECTED: why. */
+struct svc_msg_rejected {
+    struct svc_msg h;
+    uint32_t flags; /* BK_FLAG_HIT_GUARDRAIL, or 0: another session profiles it */
+    uint32_t reserved;
 };
 
 /* SVC_MSG_DUMP_BARRIER: see enum svc_msg_type. */
@@ -91,7 +102,15 @@ struct svc_batch {
     uint8_t data[SVC_BATCH_BYTES];
 };
 
-/* Multi-producer queue of batches for the bookkeeping thread. Thread-safe. */
+/* Multi-producer queue of batches for the bookkeeping thread. Thread-safe.
+ *
+ * Bounded with back-pressure: once SVC_BKQ_MAX_BATCHES wait, svc__bkq_full() says so
+ * and the unwinder threads stop reading rings (so the rings fill up, and the clients
+ * drop and count what finds no room, where the dumps show it) until the bookkeeping
+ * thread has taken the queue below half of that; then it calls @on_room. Posting itself
+ * never fails or waits: a producer finishes the message it is writing, and the few
+ * control messages (a process's start, end, statistics, dump barriers) still go through,
+ * so the queue holds at most SVC_BKQ_MAX_BATCHES plus one batch per producer. */
 struct svc_bkq {
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -100,14 +119,25 @@ struct svc_bkq {
     /* Applied batches kept for reuse (their pages stay mapped and touched). */
     struct svc_batch *pool;
     unsigned n_pool;
+    /* Batches waiting; written under the lock, read without it by svc__bkq_full(). */
+    _Atomic unsigned n_queued;
+    unsigned max_queued;    /* the bound (tests set a smaller one) */
+    bool producers_waiting; /* svc__bkq_full() said yes since the last @on_room */
+    void (*on_room)(void *ctx);
+    void *on_room_ctx;
+    _Atomic uint64_t full_events; /* times the queue filled up */
 };
 
 #define SVC_BATCH_POOL_MAX 8
+/* 8 MiB of messages: a few hundred ms of the bookkeeping thread's work. */
+#define SVC_BKQ_MAX_BATCHES 32
 
 void svc__bkq_init(struct svc_bkq *q);
 void svc__bkq_done(struct svc_bkq *q);
 /* Takes ownership of @b. */
 void svc__bkq_post(struct svc_bkq *q, struct svc_batch *b);
+/* True when the queue is full: producers stop taking new records until @on_room. */
+bool svc__bkq_full(struct svc_bkq *q);
 void svc__bkq_quit(struct svc_bkq *q);
 /* Blocks until a batch or quit; returns NULL on quit with an empty queue. */
 struct svc_batch *svc__bkq_take(struct svc_bkq *q);
@@ -123,7 +153,26 @@ struct svc_batcher {
  * batch, posting it first when full; zeroed but for its head. Returns NULL on allocation
  * failure. */
 void *svc__batch_add(struct svc_batcher *b, uint32_t type, pid_t pid, size_t len);
+/* Posts the current batch, unless the queue is full and the batch still has room (it is
+ * posted by a later flush, or when full). */
 void svc__batch_flush(struct svc_batcher *b);
+/* Posts the current batch whatever the queue holds. */
+void svc__batch_post(struct svc_batcher *b);
+
+/* ---- Budgets of time ------------------------------------------------------------ */
+
+/* A share of the time passing that something may take (a token bucket of nanoseconds):
+ * credit grows by 1/share of the time that passes, up to @burst_ns, and what is done is
+ * paid for afterwards, so one costly step may take the credit below zero. Not
+ * thread-safe; one owner. */
+struct svc_budget {
+    int64_t credit_ns;
+    uint64_t at_ns;
+};
+void svc__budget_init(struct svc_budget *b, uint64_t now_ns, int64_t burst_ns);
+/* Adds the credit earned since the last call; true when some is left. */
+bool svc__budget_allows(struct svc_budget *b, uint64_t now_ns, unsigned share, int64_t burst_ns);
+void svc__budget_spend(struct svc_budget *b, uint64_t ns);
 
 /* ---- Clients --------------------------------------------------------------------- */
 
@@ -155,9 +204,24 @@ struct svc_client {
     size_t cmdline_len;
     struct bk_process_stats stats;
     uint64_t frees;
+    uint64_t frees_unread;       /* frees among stats.records_unread */
+    uint64_t frees_lost_service; /* frees the service could not pass on */
     /* WIRE_MAPS_CHANGED read but not acted on yet: SVC_MAPS_CHANGED | WIRE_MAPS_UNLOADED
      * (drain_upto() in service/unwind_thread.c). */
     uint32_t maps_changed;
+    /* The time the rereads those records ask for may take (service/unwind_thread.c), and
+     * whether a sample waits for it. */
+    struct svc_budget reread;
+    bool throttled;
+    /* Ending (begin_end() in service/unwind_thread.c): the writers were told to stop, the
+     * records reserved before end_mark are read until end_deadline_ns (CLOCK_MONOTONIC),
+     * the rest is skipped and counted. */
+    bool ending;
+    uint32_t end_flags; /* BK_FLAG_* of the end */
+    const char *end_why;
+    bool end_abrupt; /* it went away without a word (killed, crashed, _exit) */
+    uint64_t end_mark, end_deadline_ns;
+    uint64_t mem_bytes;        /* counted in svc.client_mem_bytes */
     uint64_t audit_mismatches; /* audited walks that disagreed with our unwind */
     /* Mappings the unwinder keeps after they went (unwinder_retired_seq()): the count
      * last seen, and up to which count they may go once the ring is read up to where it
@@ -183,6 +247,8 @@ struct svc_client {
 #define SVC_EV_CLIENT (1ull << 63)
 
 struct svc_client *svc__client_free(struct svc_client *c);
+/* The name of @c's program (the basename of its argv[0]; "?"), for log lines. */
+const char *svc__client_name(const struct svc_client *c);
 
 /* svc_client.maps_changed: a reread is due (beside WIRE_MAPS_UNLOADED). */
 #define SVC_MAPS_CHANGED (1u << 31)
@@ -222,7 +288,14 @@ struct svc_unwinder {
     uint64_t clock_ns;      /* end of the last sample's unwinding (CLOCK_MONOTONIC) */
     const struct hp_mapping *seen_maps[64]; /* handed to unwinder_source_prefetch() */
     struct svc_client *clients;             /* owned by the thread */
+    /* New sessions of a pid whose previous session is still ending there: adopted once it
+     * has ended, so the bookkeeping thread sees the end before the start. */
+    struct svc_client *deferred;
     _Atomic unsigned nclients;
+    /* Stopping (svc_finish()): every client ends, its records read until this deadline
+     * (CLOCK_MONOTONIC), the rest skipped and counted. */
+    bool stopping;
+    uint64_t stop_deadline_ns;
     struct svc_batcher batcher;
     struct hp_frame frames[UNWINDER_MAX_FRAMES + 1];
     struct hp_frame audit_frames[UNWINDER_MAX_FRAMES + 1];
@@ -273,7 +346,8 @@ struct svc {
     /* The bk thread's count of dump barriers per unwinder not yet turned into dumps. */
     uint32_t *dump_barriers;
     unsigned n_dump_barriers; /* the number of unwinders, fixed before any thread starts */
-    bool guardrail_fired;
+    /* A guardrail fired (svc__guardrail_fire(): any thread, once). */
+    _Atomic bool guardrail_fired;
     _Atomic uint64_t stat_dumps, stat_bytes; /* published by the bk thread */
     _Atomic uint64_t stat_live_bytes;        /* published by the bk thread */
     /* summary counters, atomics updated by the threads */
@@ -281,6 +355,11 @@ struct svc {
     _Atomic uint64_t walked, audits, audit_mismatches, truncated_stacks;
     _Atomic uint64_t frees_lost, timed_out; /* clients that stopped blocking */
     _Atomic uint64_t conn_closed, stall_waits, stall_skips, stall_cutoffs;
+    _Atomic uint64_t reserve_failures, records_unread, records_lost_service;
+    _Atomic unsigned ending_clients; /* clients whose end is under way */
+    /* Bytes of the rings and unwind tables of the clients profiled now (each may be
+     * touched whole at any time: counted whole for the guardrail). */
+    _Atomic uint64_t client_mem_bytes;
     struct bk_counters bk_counters; /* written by the bk thread before it exits */
 };
 
@@ -319,7 +398,30 @@ enum svc_thread_state {
 /* The state of thread @tid of process @pid; @tid 0: STOPPED when any thread of the
  * process is, else RUNNING (GONE when the process is). */
 enum svc_thread_state svc__thread_state(pid_t pid, pid_t tid);
+/* True while process @pid exists and is not a zombie. */
+bool svc__process_alive(pid_t pid);
 void *svc__bk_main(void *arg);
+
+/* service/session.c: the memory the service uses (of the whole process: every session,
+ * thread, queue, table and the clients' rings mapped here), in KiB, from /proc/self/status;
+ * zeros when unknown. max_heapprofd_memory_kb holds rss + swap. */
+struct svc_memory {
+    uint64_t rss_kb;   /* VmRSS: anonymous, file and shared (the rings' touched pages) */
+    uint64_t shmem_kb; /* RssShmem: of rss, the rings' and unwind tables' pages */
+    uint64_t swap_kb;  /* VmSwap */
+};
+void svc__memory(struct svc_memory *ret);
+/* What a client's ring and unwind table may take once its writers touch every page. */
+uint64_t svc__client_mem_bytes(const struct svc *s);
+/* Fires the guardrail (once, from any thread): every process is detached with
+ * hit_guardrail and no more are profiled. Returns true when this call fired it. */
+bool svc__guardrail_fire(struct svc *s, const char *what, uint64_t value, uint64_t limit);
+/* The bookkeeping thread checks the memory guardrail every this many batches applied,
+ * counting the growth of its tables that as many batches may cause (bk_grow_ahead()):
+ * at most an entry per frame of their messages (a struct hp_frame, 24 bytes) in every
+ * interned table and in the tables of a process. */
+#define SVC_GUARDRAIL_CHECK_BATCHES 8
+#define SVC_GUARDRAIL_CHECK_ENTRIES (SVC_GUARDRAIL_CHECK_BATCHES * (SVC_BATCH_BYTES / 24))
 void svc__mark_done(struct svc *s, pid_t pid);
 
 #endif

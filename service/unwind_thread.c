@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -41,21 +42,47 @@
 #define DUMP_DRAIN_ROUNDS 64
 /* futex_waitv(2) takes at most 128 words: ours and 127 rings. */
 #define SVC_WAITV_MAX 128
+/* An ending session (EOF, detach, a client given up on, a new session of its pid) has
+ * its records read up to where its ring ended when the end began, for at most this long;
+ * what is left then is skipped and counted. Other clients are served meanwhile: a
+ * client that keeps writing into its ring holds nobody. */
+#define END_BUDGET_NS (3000ull * 1000 * 1000)
+/* svc_finish(): every client ends within this, so that the daemon stops within a second
+ * of SIGINT whatever its clients do (the bookkeeping thread's final dumps come after). */
+#define STOP_BUDGET_NS (400ull * 1000 * 1000)
+/* The rereads of the maps a client asks for (WIRE_MAPS_CHANGED) may take 1/REREAD_SHARE
+ * of the time, with REREAD_BURST_NS saved up: a process of 20 000 mappings (a reread of
+ * milliseconds) cannot make its thread do nothing else. A sample that needs a reread the
+ * budget holds back waits in the ring (its writers block or drop, counted), so no sample
+ * is named with maps older than it. */
+#define REREAD_SHARE 8
+#define REREAD_BURST_NS (50ll * 1000 * 1000)
 
 static const uint64_t hist_bounds[] = BK_UNWIND_HIST_BOUNDS;
 
-static void post_start(struct svc_unwinder *u, struct svc_client *c)
+static bool post_start(struct svc_unwinder *u, struct svc_client *c)
 {
     struct svc_msg_proc_start *m =
         svc__batch_add(&u->batcher, SVC_MSG_PROC_START, c->pid, sizeof(*m) + c->cmdline_len);
     if (!m)
-        return;
+        return false;
     m->cmdline_len = (uint32_t)c->cmdline_len;
     m->sampling_interval_bytes = c->sampling_interval_bytes;
     m->from_startup = c->from_startup;
     if (c->cmdline_len)
         memcpy(m + 1, c->cmdline, c->cmdline_len);
     c->started = true;
+    return true;
+}
+
+/* A message of @type for @c, its process's start posted first if it could not be yet
+ * (out of memory: every record would be refused for want of it). NULL when out of
+ * memory: the caller counts what is lost. */
+static void *post(struct svc_unwinder *u, struct svc_client *c, uint32_t type, size_t len)
+{
+    if (!c->started && !post_start(u, c))
+        return NULL;
+    return svc__batch_add(&u->batcher, type, c->pid, len);
 }
 
 /* The common end of both kinds of sampled allocation: statistics, then the frames in
@@ -97,10 +124,11 @@ static void post_sample(struct svc_unwinder *u, struct svc_client *c, int r, siz
         }
     }
 
-    struct svc_msg_alloc *m = svc__batch_add(&u->batcher, SVC_MSG_ALLOC, c->pid,
-                                             sizeof(*m) + n * sizeof(struct hp_frame));
-    if (!m)
+    struct svc_msg_alloc *m = post(u, c, SVC_MSG_ALLOC, sizeof(*m) + n * sizeof(struct hp_frame));
+    if (!m) {
+        c->stats.records_lost_service++;
         return;
+    }
     m->heap_id = h->heap_id;
     m->n_frames = (uint32_t)n;
     m->seq = h->seq;
@@ -153,6 +181,15 @@ static void audit_walk(struct svc_unwinder *u, struct svc_client *c, const uint6
     unwinder_table_reset(c->unw);
 }
 
+/* The stack copies that did not hold the whole stack, by the client's flags. */
+static void count_stack_flags(struct svc_client *c, uint32_t flags)
+{
+    if (flags & WIRE_ALLOC_STACK_TRUNCATED)
+        c->stats.stacks_truncated++;
+    if (flags & WIRE_ALLOC_UNKNOWN_STACK)
+        c->stats.unknown_stacks++;
+}
+
 static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uint8_t *data,
                          size_t len)
 {
@@ -164,6 +201,7 @@ static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uin
         c->flags |= BK_FLAG_BUFFER_CORRUPTED;
         return;
     }
+    count_stack_flags(c, a.flags);
     size_t n = 0;
     struct unwinder_result res = {0};
     int r = -ENOENT;
@@ -212,9 +250,12 @@ static void handle_free(struct svc_unwinder *u, struct svc_client *c, const uint
         c->flags |= BK_FLAG_BUFFER_CORRUPTED;
         return;
     }
-    struct svc_msg_free *m = svc__batch_add(&u->batcher, SVC_MSG_FREE, c->pid, sizeof(*m));
-    if (!m)
+    struct svc_msg_free *m = post(u, c, SVC_MSG_FREE, sizeof(*m));
+    if (!m) {
+        c->stats.records_lost_service++;
+        c->frees_lost_service++;
         return;
+    }
     m->heap_id = f.heap_id;
     m->seq = f.seq;
     m->addr = f.addr;
@@ -222,16 +263,34 @@ static void handle_free(struct svc_unwinder *u, struct svc_client *c, const uint
 }
 
 /* Acts on the WIRE_MAPS_CHANGED records read since the last sample: one reread of the
- * maps for a run of them (a flood costs one reread per sample at most). */
-static void apply_maps_changed(struct svc_client *c)
+ * maps for a run of them, within the client's budget for rereads (REREAD_SHARE). Returns
+ * false when the budget holds the reread back: the sample waits (c->throttled). An
+ * ending client does not wait: its last samples are named with the maps as they are. */
+static bool apply_maps_changed(struct svc_client *c)
 {
-    if (c->maps_changed && c->unw)
+    if (!c->maps_changed)
+        return true;
+    if (c->unw) {
+        uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
+        if (!svc__budget_allows(&c->reread, t0, REREAD_SHARE, REREAD_BURST_NS)) {
+            if (c->ending)
+                return true;
+            if (!c->throttled)
+                c->stats.map_reparses_deferred++;
+            c->throttled = true;
+            return false;
+        }
         unwinder_maps_changed(c->unw, (c->maps_changed & WIRE_MAPS_UNLOADED) != 0);
+        svc__budget_spend(&c->reread, hp_clock_ns(CLOCK_MONOTONIC) - t0);
+        c->stats.map_reparses++;
+    }
     /* A sample waits for this (the client loaded code it is about to sample). */
-    if (c->maps_changed && c->maps_ask)
+    if (c->maps_ask)
         ring_maps_read_done(c->ring, c->maps_ask);
     c->maps_changed = 0;
     c->maps_ask = 0;
+    c->throttled = false;
+    return true;
 }
 
 /* The unwinder keeps the mappings a reread no longer shows (an unloaded library) for the
@@ -258,8 +317,7 @@ static void track_retired(struct svc_client *c)
     }
 }
 
-/* Reads up to @budget records, stopping at @mark (ring_mark()) if not NULL. Returns true
- * when the ring may hold more (before @mark). */
+/* Given up on: corrupt data, or a writer that kept a record while it ran. */
 static bool client_over(const struct svc_client *c)
 {
     return (c->flags & BK_FLAG_BUFFER_CORRUPTED) || c->cut_off;
@@ -310,51 +368,65 @@ static bool stalled(struct svc_unwinder *u, struct svc_client *c)
     return false;
 }
 
-static bool drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned budget,
-                       const uint64_t *mark)
+/* What a drain left. */
+enum drain_result {
+    DRAIN_DONE, /* caught up, at the mark, or given up on the client */
+    DRAIN_MORE, /* the budget ran out: the ring may hold more */
+    DRAIN_HELD, /* records wait: a reread the rate limit holds back, or a full queue */
+};
+
+/* Reads up to @budget records of @c, stopping at @mark (ring_mark()) if not NULL, and
+ * before the next record when the queue to the bookkeeping thread is full. */
+static enum drain_result drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned budget,
+                                    const uint64_t *mark)
 {
     if (client_over(c))
-        return false;
-
+        return DRAIN_DONE;
     u->clock_ns = hp_clock_ns(CLOCK_MONOTONIC);
     for (unsigned i = 0; i < budget; i++) {
         if (mark && ring_reached(c->ring, *mark))
             break;
+        if (svc__bkq_full(u->batcher.q))
+            return DRAIN_HELD;
         struct ring_rspan rd;
         int r = ring_begin_read(c->ring, &rd);
         if (r == -ETIMEDOUT) {
             if (stalled(u, c))
                 continue;
-            return false;
+            return DRAIN_DONE;
         }
         if (r == -EAGAIN)
             break;
         if (r < 0) {
             c->flags |= BK_FLAG_BUFFER_CORRUPTED;
-            return false;
+            return DRAIN_DONE;
         }
         c->in_stall = false;
         bool sync = false;
         switch (rd.type) {
         case WIRE_ALLOC:
-            apply_maps_changed(c);
+            /* A sample waiting for a reread stays in the ring (read again later). */
+            if (!apply_maps_changed(c))
+                return DRAIN_HELD;
             handle_alloc(u, c, rd.data, rd.len);
             break;
         case WIRE_FREE:
             handle_free(u, c, rd.data, rd.len);
             break;
         case WIRE_ALLOC_PCS:
-            apply_maps_changed(c);
+            if (!apply_maps_changed(c))
+                return DRAIN_HELD;
             handle_alloc_pcs(u, c, rd.data, rd.len);
             break;
         case WIRE_MAPS_CHANGED: {
             struct wire_maps_changed mc;
-            if (wire_decode_maps_changed(rd.data, rd.len, &mc) < 0)
+            if (wire_decode_maps_changed(rd.data, rd.len, &mc) < 0) {
                 c->flags |= BK_FLAG_BUFFER_CORRUPTED;
-            else
+            } else {
                 c->maps_changed |= SVC_MAPS_CHANGED | (mc.flags & WIRE_MAPS_UNLOADED);
-            if (mc.ask)
-                c->maps_ask = mc.ask;
+                if (mc.ask)
+                    c->maps_ask = mc.ask;
+            }
             break;
         }
         case WIRE_SYNC:
@@ -372,87 +444,146 @@ static bool drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned bu
         track_retired(c);
         c->records++;
         if (c->flags & BK_FLAG_BUFFER_CORRUPTED)
-            return false;
+            return DRAIN_DONE;
         if (i + 1 == budget)
-            return true;
+            return DRAIN_MORE;
     }
     /* Caught up: a client waiting for a new table generation after an unload is
      * released now, not at its next sample. */
-    apply_maps_changed(c);
+    bool applied = apply_maps_changed(c);
     track_retired(c);
-    return false;
+    return applied ? DRAIN_DONE : DRAIN_HELD;
 }
 
-static bool drain(struct svc_unwinder *u, struct svc_client *c, unsigned budget)
+/* A snapshot of @c's statistics and flags, the ring's counters included (the client
+ * writes those: they are as untrusted as the rest, and only ever shown as its own). */
+static void client_stats(const struct svc_client *c, struct bk_process_stats *ret,
+                         uint32_t *ret_flags)
 {
-    return drain_upto(u, c, budget, NULL);
+    struct ring_stats rs;
+    ring_get_stats(c->ring, &rs);
+    *ret = c->stats;
+    ret->client_spinlock_blocked_us = rs.client_spinlock_blocked_us;
+    ret->records_dropped = rs.records_dropped;
+    ret->reserve_failures = rs.reserve_failures;
+    ret->freeset_full = rs.freeset_full;
+    ret->frees_lost = rs.frees_lost + c->frees_unread + c->frees_lost_service;
+    uint32_t flags = c->flags;
+    /* Records lost on their way, whatever the cause (each is counted by cause). */
+    if (rs.records_dropped || rs.reserve_failures || c->stats.records_unread ||
+        c->stats.records_lost_service)
+        flags |= BK_FLAG_BUFFER_OVERRAN;
+    /* The client stopped waiting for room (a block timed out): Perfetto's
+     * CLIENT_ERROR_HIT_TIMEOUT in the dump. */
+    if (rs.block_timeouts)
+        flags |= BK_FLAG_CLIENT_ERROR | BK_FLAG_BUFFER_OVERRAN;
+    *ret_flags = flags;
 }
 
-/* Drains what is left, posts the end of the process and frees the client. */
-static void finish_client(struct svc_unwinder *u, struct svc_client *c, uint32_t flags)
+/* Posts @c's statistics and flags so far: the dump that follows shows them. */
+static void post_stats(struct svc_unwinder *u, struct svc_client *c)
 {
-    while (drain(u, c, DRAIN_BUDGET))
-        ;
+    struct svc_msg_proc_end *m = post(u, c, SVC_MSG_PROC_STATS, sizeof(*m));
+    if (m)
+        client_stats(c, &m->stats, &m->flags);
+}
+
+/* Ends @c's session: its writers stop (a detached ring refuses them), and the records
+ * reserved before now are read, a budget at a time with the other clients, until
+ * @c->end_deadline_ns; then complete_end(). @flags: BK_FLAG_* for its last dump; @why:
+ * for the log. */
+static void begin_end(struct svc_unwinder *u, struct svc_client *c, uint32_t flags, const char *why)
+{
+    if (c->ending)
+        return;
+    ring_set_detached(c->ring);
+    c->ending = true;
+    c->end_flags = flags;
+    c->end_why = why;
+    c->end_mark = ring_mark(c->ring);
+    c->end_deadline_ns = hp_clock_ns(CLOCK_MONOTONIC) + END_BUDGET_NS;
+    if (u->stopping && c->end_deadline_ns > u->stop_deadline_ns)
+        c->end_deadline_ns = u->stop_deadline_ns;
+    /* Over its memory guardrail the service keeps nothing more: what the ring holds is
+     * counted, not read. */
+    if (flags & BK_FLAG_HIT_GUARDRAIL)
+        c->end_deadline_ns = 0;
+    c->has_work = true;
+    c->throttled = false;
+    atomic_fetch_add_explicit(&u->svc->ending_clients, 1, memory_order_relaxed);
+}
+
+/* True when the end of @c is complete: nothing before its mark is left to read, or its
+ * time is up. */
+static bool end_due(const struct svc_client *c, uint64_t now)
+{
+    return client_over(c) || ring_reached(c->ring, c->end_mark) || now >= c->end_deadline_ns;
+}
+
+/* Skips and counts what is left before the end mark, posts the end of the process with
+ * its last statistics and frees the client. */
+static void complete_end(struct svc_unwinder *u, struct svc_client *c)
+{
+    struct svc *s = u->svc;
+    if (!client_over(c) && !ring_reached(c->ring, c->end_mark)) {
+        uint64_t n = 0, frees = 0;
+        if (ring_discard(c->ring, c->end_mark, WIRE_FREE, &n, &frees) < 0)
+            n++; /* at least the record whose header is not valid */
+        c->stats.records_unread += n;
+        c->frees_unread += frees;
+        hp_log_warn("pid %d: %llu records left unread when its session ended %s; counted "
+                    "as dropped",
+                    c->pid, (unsigned long long)n,
+                    c->end_flags & BK_FLAG_HIT_GUARDRAIL
+                        ? "(the service hit its memory guardrail)"
+                        : "(it kept writing, or they took too long to read)");
+    }
     if (c->flags & BK_FLAG_BUFFER_CORRUPTED) {
-        atomic_fetch_add_explicit(&u->svc->corrupt, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->corrupt, 1, memory_order_relaxed);
         hp_log_warn("pid %d: corrupt data in the shared buffer; client disconnected", c->pid);
     }
-    if (flags & BK_FLAG_CONN_CLOSED) {
-        atomic_fetch_add_explicit(&u->svc->conn_closed, 1, memory_order_relaxed);
+    if (c->end_flags & BK_FLAG_CONN_CLOSED) {
+        atomic_fetch_add_explicit(&s->conn_closed, 1, memory_order_relaxed);
         hp_log_warn("pid %d: the program closed the profiler's connection while running "
                     "(e.g. closefrom or close_range at start); it is not profiled from there on",
                     c->pid);
     }
-    struct ring_stats rs;
-    ring_get_stats(c->ring, &rs);
-    c->stats.client_spinlock_blocked_us = rs.client_spinlock_blocked_us;
-    c->stats.records_dropped = rs.records_dropped;
-    c->stats.frees_lost = rs.frees_lost;
-    if (rs.records_dropped) {
-        c->flags |= BK_FLAG_BUFFER_OVERRAN;
-        atomic_fetch_add_explicit(&u->svc->drops, rs.records_dropped, memory_order_relaxed);
-    }
-    atomic_fetch_add_explicit(&u->svc->frees_lost, rs.frees_lost, memory_order_relaxed);
-    /* The client stopped waiting for room (a block timed out): Perfetto's
-     * CLIENT_ERROR_HIT_TIMEOUT in the dump, a line in the summary. */
-    if (rs.block_timeouts) {
-        c->flags |= BK_FLAG_CLIENT_ERROR | BK_FLAG_BUFFER_OVERRAN;
-        atomic_fetch_add_explicit(&u->svc->timed_out, 1, memory_order_relaxed);
-    }
-    atomic_fetch_add_explicit(&u->svc->frees, c->frees, memory_order_relaxed);
-
-    struct svc_msg_proc_end *m = svc__batch_add(&u->batcher, SVC_MSG_PROC_END, c->pid, sizeof(*m));
+    struct svc_msg_proc_end *m = post(u, c, SVC_MSG_PROC_END, sizeof(*m));
+    struct bk_process_stats st;
+    uint32_t flags;
+    client_stats(c, &st, &flags);
+    flags |= c->end_flags;
     if (m) {
-        m->flags = c->flags | flags;
-        m->stats = c->stats;
+        m->flags = flags;
+        m->stats = st;
+    }
+    atomic_fetch_add_explicit(&s->drops, st.records_dropped, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->frees_lost, st.frees_lost, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->reserve_failures, st.reserve_failures, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->records_unread, st.records_unread, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->records_lost_service, st.records_lost_service,
+                              memory_order_relaxed);
+    if (flags & BK_FLAG_CLIENT_ERROR)
+        atomic_fetch_add_explicit(&s->timed_out, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->frees, c->frees, memory_order_relaxed);
+    if (s->cfg.log_processes) {
+        uint64_t lost =
+            st.records_dropped + st.reserve_failures + st.records_unread + st.records_lost_service;
+        char extra[96] = "";
+        if (lost)
+            snprintf(extra, sizeof(extra), ", %llu lost (dropped or unread)",
+                     (unsigned long long)lost);
+        hp_log_note("pid %d (%s): %s %s: %llu samples%s", c->pid, svc__client_name(c),
+                    client_over(c) || (flags & BK_FLAG_CONN_LOST) || c->end_abrupt ? "dropped"
+                                                                                   : "ended",
+                    c->end_why ? c->end_why : "", (unsigned long long)st.heap_samples, extra);
     }
     svc__batch_flush(&u->batcher);
-    /* Writers stop before the socket closes, so nothing is written that nobody reads. */
-    ring_set_detached(c->ring);
     atomic_fetch_sub_explicit(&u->nclients, 1, memory_order_relaxed);
-    atomic_fetch_sub_explicit(&u->svc->live_clients, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&s->live_clients, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&s->ending_clients, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&s->client_mem_bytes, c->mem_bytes, memory_order_relaxed);
     svc__client_free(c);
-}
-
-static void unlink_client(struct svc_unwinder *u, struct svc_client *c);
-
-static void adopt(struct svc_unwinder *u, struct svc_client *c)
-{
-    /* A new session of a pid we still serve: the process exec'd (or died and its number
-     * was reused), so nothing writes into the old ring any more. End the old session
-     * first: its last records and its end reach the bookkeeping thread before the new
-     * start (the main thread hands every session of a pid to the same thread). */
-    for (struct svc_client *old = u->clients, *next; old; old = next) {
-        next = old->next;
-        if (old->pid == c->pid) {
-            unlink_client(u, old);
-            finish_client(u, old, BK_FLAG_DISCONNECTED);
-        }
-    }
-    c->next = u->clients;
-    u->clients = c;
-    c->has_work = true;
-    post_start(u, c);
 }
 
 static void unlink_client(struct svc_unwinder *u, struct svc_client *c)
@@ -465,26 +596,93 @@ static void unlink_client(struct svc_unwinder *u, struct svc_client *c)
     }
 }
 
+static bool pid_served(const struct svc_unwinder *u, pid_t pid)
+{
+    for (const struct svc_client *c = u->clients; c; c = c->next)
+        if (c->pid == pid)
+            return true;
+    return false;
+}
+
+static void start(struct svc_unwinder *u, struct svc_client *c)
+{
+    c->next = u->clients;
+    u->clients = c;
+    c->has_work = true;
+    svc__budget_init(&c->reread, hp_clock_ns(CLOCK_MONOTONIC), REREAD_BURST_NS);
+    (void)post_start(u, c); /* retried with its first record (post()) */
+    if (u->stopping)
+        begin_end(u, c, 0, "profiling stopped");
+}
+
+static void adopt(struct svc_unwinder *u, struct svc_client *c)
+{
+    /* A new session of a pid we still serve: the process exec'd (or died and its number
+     * was reused), so nothing writes into the old ring any more. The old session ends
+     * first: its last records and its end reach the bookkeeping thread before the new
+     * start (the main thread hands every session of a pid to the same thread). */
+    for (struct svc_client *old = u->clients; old; old = old->next)
+        if (old->pid == c->pid)
+            begin_end(u, old, 0, "exec'd");
+    if (pid_served(u, c->pid)) {
+        c->next = u->deferred;
+        u->deferred = c;
+        return;
+    }
+    start(u, c);
+}
+
+/* Starts the deferred sessions whose pid's previous session has ended. */
+static void adopt_deferred(struct svc_unwinder *u)
+{
+    for (struct svc_client **pp = &u->deferred; *pp;) {
+        struct svc_client *c = *pp;
+        if (pid_served(u, c->pid)) {
+            pp = &c->next;
+            continue;
+        }
+        *pp = c->next;
+        start(u, c);
+    }
+}
+
 /* Why the session of @c, whose socket hung up or who said it ended, is over: the
- * process exited or exec'd (its address space is gone), or it runs on and the program
- * closed our connection (or the client ended the session for a reason it gave). */
-static uint32_t hangup_flags(struct svc_client *c)
+ * process exited (it said so at exit()) or exec'd (it lives on, its address space
+ * replaced), or it went away unexpectedly (killed, crashed, _exit: no word from it), or
+ * it runs on and the program closed our connection (or the client ended the session for
+ * a reason it gave). Only the unexpected ends are "disconnected". */
+static uint32_t hangup_flags(struct svc_client *c, const char **ret_why)
 {
     const uint32_t lost = BK_FLAG_DISCONNECTED | BK_FLAG_CONN_LOST;
     uint32_t why = ring_client_ended(c->ring);
-    if (why == RING_END_CONN_TAKEN)
+    if (why == RING_END_CONN_TAKEN) {
+        *ret_why = "(the program closed the profiler's connection)";
         return lost | BK_FLAG_CONN_CLOSED;
+    }
     if (why == RING_END_CREDENTIALS) {
         hp_log_warn("pid %d changed its user or group ids; it is not profiled from there on",
                     c->pid);
+        *ret_why = "(it changed its user or group ids)";
         return lost;
     }
     /* At exit and at exec the kernel lets the address space go before it closes the
      * descriptors: a maps file still readable now means the same program still runs. */
     char b;
-    if (c->image_fd >= 0 && pread(c->image_fd, &b, 1, 0) == 1)
+    if (c->image_fd >= 0 && pread(c->image_fd, &b, 1, 0) == 1) {
+        *ret_why = "(the program closed the profiler's connection)";
         return lost | BK_FLAG_CONN_CLOSED;
-    return BK_FLAG_DISCONNECTED; /* it exited or exec'd: not a loss */
+    }
+    /* Perfetto's disconnected: the process's session ended, whatever the reason (as
+     * heapprofd sets it); not a loss of the profiler's. */
+    if (ring_client_exiting(c->ring))
+        *ret_why = "(exited)";
+    else if (svc__process_alive(c->pid))
+        *ret_why = "(exec'd)";
+    else {
+        *ret_why = "(went away without exiting: killed, crashed or _exit)";
+        c->end_abrupt = true;
+    }
+    return BK_FLAG_DISCONNECTED;
 }
 
 /* Once a second: a hang-up the main thread's epoll could not report to us. */
@@ -591,6 +789,69 @@ static void wait_for_work(struct svc_unwinder *u, uint32_t wake_seen, unsigned t
             c->has_work = true;
 }
 
+/* Begins the end of every session that is over or asked to end. */
+static void begin_ends(struct svc_unwinder *u, bool detach, uint32_t detach_flags)
+{
+    for (struct svc_client *c = u->clients; c; c = c->next) {
+        if (c->ending)
+            continue;
+        const char *why;
+        if (client_over(c)) {
+            /* The service and the other clients carry on. */
+            begin_end(u, c, BK_FLAG_DISCONNECTED | BK_FLAG_CONN_LOST,
+                      c->cut_off ? "(a thread kept a record unpublished while running)"
+                                 : "(corrupt data in the shared buffer)");
+        } else if (c->hung_up || ring_client_ended(c->ring) != RING_END_NONE) {
+            /* EOF: the process can no longer write; read the rest and end it. */
+            uint32_t flags = hangup_flags(c, &why);
+            begin_end(u, c, flags, why);
+        } else if (detach) {
+            begin_end(u, c, detach_flags,
+                      detach_flags & BK_FLAG_HIT_GUARDRAIL ? "(the service hit its guardrail)"
+                                                           : "(detached)");
+        } else if (u->stopping) {
+            begin_end(u, c, 0, "(profiling stopped)");
+        }
+    }
+}
+
+/* Completes the ends that are due. */
+static void complete_ends(struct svc_unwinder *u)
+{
+    uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
+    for (struct svc_client *c = u->clients, *next; c; c = next) {
+        next = c->next;
+        if (c->ending && end_due(c, now)) {
+            unlink_client(u, c);
+            complete_end(u, c);
+        }
+    }
+    adopt_deferred(u);
+}
+
+/* Reads each ring up to where it ended when the dump was asked for (an ending one: up to
+ * its end), then posts every client's statistics and the barrier that lets the dump go. */
+static void answer_dumps(struct svc_unwinder *u, uint32_t dump_requests)
+{
+    /* Only what was written before the request: a process that keeps its ring full would
+     * otherwise hold the dump (and every other client) back for as long as it can refill
+     * the ring faster than we read it. */
+    for (struct svc_client *c = u->clients; c; c = c->next) {
+        uint64_t mark = c->ending ? c->end_mark : ring_mark(c->ring);
+        for (unsigned i = 0;
+             i < DUMP_DRAIN_ROUNDS && drain_upto(u, c, DRAIN_BUDGET, &mark) == DRAIN_MORE; i++)
+            ;
+    }
+    for (struct svc_client *c = u->clients; c; c = c->next)
+        post_stats(u, c);
+    struct svc_msg_dump_barrier *m =
+        svc__batch_add(&u->batcher, SVC_MSG_DUMP_BARRIER, 0, sizeof(*m));
+    if (m) {
+        m->unwinder = u->index;
+        m->n = dump_requests;
+    }
+}
+
 void *svc__unwinder_main(void *arg)
 {
     struct svc_unwinder *u = arg;
@@ -623,6 +884,13 @@ void *svc__unwinder_main(void *arg)
         u->hangups = NULL;
         u->n_hangups = u->cap_hangups = 0;
         pthread_mutex_unlock(&u->lock);
+        if (stop && !u->stopping) {
+            u->stopping = true;
+            u->stop_deadline_ns = hp_clock_ns(CLOCK_MONOTONIC) + STOP_BUDGET_NS;
+            for (struct svc_client *c = u->clients; c; c = c->next)
+                if (c->ending && c->end_deadline_ns > u->stop_deadline_ns)
+                    c->end_deadline_ns = u->stop_deadline_ns;
+        }
         while (in) {
             struct svc_client *next = in->next;
             adopt(u, in);
@@ -634,17 +902,42 @@ void *svc__unwinder_main(void *arg)
                     c->hung_up = true;
         free(hangups);
 
-        /* Drain rings, a bounded amount per client. */
+        /* Sessions over (corrupt, cut off, hung up, ended by the client) or asked to end
+         * (detach, stop) begin their end: read below like the others, with a deadline. */
+        begin_ends(u, detach, detach_flags);
+
+        /* Drain rings, a bounded amount per client; none while the queue to the
+         * bookkeeping thread is full (its rings fill up instead, and their writers count
+         * what they drop). */
         bool busy = false, polling = false;
-        for (struct svc_client *c = u->clients; c; c = c->next) {
+        bool queue_full = svc__bkq_full(u->batcher.q);
+        uint64_t now_ns = hp_clock_ns(CLOCK_MONOTONIC);
+        for (struct svc_client *c = u->clients; c && !queue_full; c = c->next) {
             if (!c->has_work) {
                 polling |= c->polling;
                 continue;
             }
+            if (c->ending && now_ns >= c->end_deadline_ns)
+                continue; /* its time is up: the rest is counted below */
             uint64_t before = c->records;
-            if (drain(u, c, DRAIN_BUDGET)) {
+            enum drain_result dr = drain_upto(u, c, DRAIN_BUDGET, c->ending ? &c->end_mark : NULL);
+            if (dr == DRAIN_MORE) {
                 busy = true;
                 c->polling = false;
+                continue;
+            }
+            if (dr == DRAIN_HELD) {
+                /* A reread held back, or the queue filled up: look again soon. */
+                queue_full = svc__bkq_full(u->batcher.q);
+                c->has_work = false;
+                c->polling = polling = true;
+                continue;
+            }
+            if (c->ending) {
+                /* At the mark it ends below; else a record is still being written:
+                 * look again soon, until the deadline. */
+                c->has_work = false;
+                c->polling = polling = true;
                 continue;
             }
             c->has_work = false;
@@ -663,65 +956,36 @@ void *svc__unwinder_main(void *arg)
             c->polling = false;
             ring_set_reader_idle(c->ring, true);
             /* Re-check after announcing idleness so no wakeup is lost. */
-            c->has_work = drain(u, c, DRAIN_BUDGET);
-            if (c->has_work) {
+            dr = drain_upto(u, c, DRAIN_BUDGET, NULL);
+            c->has_work = dr == DRAIN_MORE;
+            if (dr != DRAIN_DONE) {
                 ring_set_reader_idle(c->ring, false);
-                busy = true;
+                busy |= c->has_work;
+                c->polling = polling = dr == DRAIN_HELD;
             }
         }
-        if (dump_requests > 0) {
-            /* Only what was written before the request: a process that keeps its ring
-             * full would otherwise hold the dump (and every other client) back for as
-             * long as it can refill the ring faster than we read it. */
-            for (struct svc_client *c = u->clients; c; c = c->next) {
-                uint64_t mark = ring_mark(c->ring);
-                for (unsigned i = 0; i < DUMP_DRAIN_ROUNDS && drain_upto(u, c, DRAIN_BUDGET, &mark);
-                     i++)
-                    ;
-            }
-            struct svc_msg_dump_barrier *m =
-                svc__batch_add(&u->batcher, SVC_MSG_DUMP_BARRIER, 0, sizeof(*m));
-            if (m) {
-                m->unwinder = u->index;
-                m->n = dump_requests;
-            }
+        if (dump_requests > 0 && svc__bkq_full(u->batcher.q)) {
+            /* Answered once there is room: requests that came meanwhile make one dump
+             * (the bookkeeping thread is behind anyway). */
+            pthread_mutex_lock(&u->lock);
+            u->dump_requests += dump_requests;
+            pthread_mutex_unlock(&u->lock);
+        } else if (dump_requests > 0) {
+            answer_dumps(u, dump_requests);
         }
         svc__batch_flush(&u->batcher);
 
-        /* Drop corrupt and cut-off clients (the service and other clients carry on), and
-         * end the sessions whose socket hung up or whose client said it ended (after the
-         * idle announcement above: a client that ends now also wakes the wait below). */
-        for (struct svc_client *c = u->clients, *next; c; c = next) {
-            next = c->next;
-            if (client_over(c)) {
-                unlink_client(u, c);
-                finish_client(u, c, BK_FLAG_DISCONNECTED | BK_FLAG_CONN_LOST);
-            } else if (c->hung_up || ring_client_ended(c->ring) != RING_END_NONE) {
-                /* EOF: the process can no longer write; drain the rest and end it. */
-                unlink_client(u, c);
-                finish_client(u, c, hangup_flags(c));
-            }
-        }
-
-        if (detach) {
-            while (u->clients) {
-                struct svc_client *c = u->clients;
-                u->clients = c->next;
-                finish_client(u, c, detach_flags);
-            }
-        }
-
-        if (stop) {
-            while (u->clients) {
-                struct svc_client *c = u->clients;
-                u->clients = c->next;
-                finish_client(u, c, 0);
-            }
+        /* Ends whose records are read (or whose time is up). */
+        complete_ends(u);
+        if (u->stopping && !u->clients && !u->deferred)
             break;
-        }
 
-        if (!busy)
-            wait_for_work(u, wake_seen, polling ? POLL_MS : 1000);
+        if (queue_full) {
+            /* Woken when the bookkeeping thread made room (svc_bkq.on_room). */
+            wait_for_work(u, wake_seen, POLL_MS);
+        } else if (!busy) {
+            wait_for_work(u, wake_seen, polling || u->stopping ? POLL_MS : 1000);
+        }
         uint64_t now = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
         if (polling && now - last_poll_ns >= (uint64_t)POLL_MS * 1000000u) {
             /* Even when writers of other rings keep waking us up. */
@@ -739,6 +1003,6 @@ void *svc__unwinder_main(void *arg)
             poll_hangups(u);
         }
     }
-    svc__batch_flush(&u->batcher);
+    svc__batch_post(&u->batcher);
     return NULL;
 }

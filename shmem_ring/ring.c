@@ -188,4 +188,5 @@ void ring_get_stats(ring_t *r, struct ring_stats *ret)
     ret->block_timeouts = atomic_load_explicit(&h->stats.block_timeouts, memory_order_relaxed);
     ret->size_bytes = r->size;
     ret->records_skipped = r->records_skipped;
+    ret->freeset_full = atomic_load_explicit(&h->stats.freeset_full, memory_order_relaxed);
 }

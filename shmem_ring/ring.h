@@ -92,6 +92,8 @@ struct ring_stats {
     uint64_t frees_lost;      /* frees of sampled blocks the client could not record */
     uint64_t block_timeouts;  /* block waits that ran out; nonzero: blocking ended */
     uint64_t records_skipped; /* reader side: records of writers gone mid-record */
+    uint64_t freeset_full;    /* of records_dropped, samples whose address the client could
+                                 not watch for its free (its set was full) */
 };
 
 /* Service: creates a ring memfd with a data area of @data_size_bytes (power of two,
@@ -123,6 +125,12 @@ int ring_try_begin_write_nowait(ring_t *r, uint16_t type, size_t payload_len,
 void ring_count_free_lost(ring_t *r);
 /* Writer, hook-safe: counts a record the writer dropped before asking for room. */
 void ring_count_drop(ring_t *r);
+/* Writer, hook-safe: counts a sample dropped because the client could not watch its
+ * address for the free (in records_dropped and freeset_full). */
+void ring_count_freeset_full(ring_t *r);
+/* Writer, hook-safe: the process is exiting normally; the end of its connection that
+ * follows is not a loss (ring_client_exiting()). Wakes nobody. */
+void ring_set_client_exiting(ring_t *r);
 /* Writer, hook-safe: publishes the record. When the reader said it is idle (and, if it
  * polls, enough is waiting), wakes it (FUTEX_WAKE on the shared header) and returns
  * true. */
@@ -213,6 +221,14 @@ int ring_wait(ring_t *r, uint32_t timeout_ms);
 /* Reader: why the client ended the session itself (enum ring_end_reason; RING_END_NONE:
  * it did not say). Untrusted. */
 uint32_t ring_client_ended(ring_t *r);
+/* Reader: true when the client said its process was exiting normally. Untrusted. */
+bool ring_client_exiting(ring_t *r);
+/* Reader, once the session is over (ring_set_detached()): steps over every record
+ * before @mark (ring_mark()) without reading it, published or not, and counts them in
+ * @ret_records, those of type @type also in @ret_of_type. Returns 0 once at @mark, or
+ * -EBADMSG at a record whose header is not valid (the rest is not counted). */
+int ring_discard(ring_t *r, uint64_t mark, uint16_t type, uint64_t *ret_records,
+                 uint64_t *ret_of_type) HP_WARN_UNUSED;
 
 /* Reader: how long ring_begin_read() waits for a reserved record to be published before
  * returning -EBADMSG (0: the default). */

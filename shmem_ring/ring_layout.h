@@ -77,6 +77,9 @@ struct ring_shared {
     /* Set by the client when it ends the session itself (enum ring_end_reason), before it
      * wakes the reader; written once, read by the reader as an untrusted hint. */
     _Atomic uint32_t client_ended;
+    /* Set by the client when its process starts exiting normally (exit(), a return from
+     * main): the end of the connection that follows is no loss. An untrusted hint. */
+    _Atomic uint32_t client_exiting;
     _Alignas(RING_CACHE_LINE) _Atomic uint64_t write_pos;
     _Alignas(RING_CACHE_LINE) _Atomic uint64_t read_pos;
     /* Written by the reader only (read-mostly for the writers): RING_READER_* and, while
@@ -89,7 +92,10 @@ struct ring_shared {
      * block_client wait, if any) or the record too big; reserve_failures counts records
      * given up after RING_MAX_CAS_RETRIES lost races (not included in records_dropped). */
     _Alignas(RING_CACHE_LINE) struct {
-        _Atomic uint64_t unused[2];
+        _Atomic uint64_t unused[1];
+        /* Samples dropped because the client's set of watched addresses was full (also
+         * counted in records_dropped): a full set, not a full ring. */
+        _Atomic uint64_t freeset_full;
         _Atomic uint64_t records_dropped;
         _Atomic uint64_t reserve_failures;
         _Atomic uint64_t client_spinlock_blocked_us;
@@ -111,6 +117,7 @@ struct ring_shared {
 _Static_assert(sizeof(struct ring_shared) <= RING_HEADER_SIZE, "ring header fits a page");
 _Static_assert(offsetof(struct ring_shared, detached) == 16, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, client_ended) == 20, "ring_shared layout");
+_Static_assert(offsetof(struct ring_shared, client_exiting) == 24, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, write_pos) == 64, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, read_pos) == 128, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, reader_idle) == 192, "ring_shared layout");

@@ -233,6 +233,44 @@ uint32_t ring_client_ended(ring_t *r)
     return atomic_load_explicit(&r->hdr->client_ended, memory_order_acquire);
 }
 
+bool ring_client_exiting(ring_t *r)
+{
+    return atomic_load_explicit(&r->hdr->client_exiting, memory_order_relaxed) != 0;
+}
+
+int ring_discard(ring_t *r, uint64_t mark, uint16_t type, uint64_t *ret_records,
+                 uint64_t *ret_of_type)
+{
+    /* Only up to what was reserved when the caller took @mark, and never more than a
+     * ring's worth: the mark is as untrusted as the positions it came from. */
+    uint64_t n = 0, of_type = 0;
+    int r_ = 0;
+    if ((int64_t)(mark - r->read_pos) < 0 || mark - r->read_pos > r->size ||
+        ((mark - r->read_pos) & 7u) != 0) {
+        r_ = -EBADMSG;
+        goto out;
+    }
+    while (r->read_pos != mark) {
+        uint32_t pad;
+        uint16_t t;
+        uint32_t len = ring_rec_len(r, mark - r->read_pos, &pad, &t);
+        if (len == 0) {
+            r_ = -EBADMSG;
+            break;
+        }
+        r->read_pos += len;
+        n++;
+        of_type += t == type;
+    }
+    r->stall_since_ns = 0;
+    r->seen_write_pos = r->read_pos;
+    ring_publish_read_pos(r);
+out:
+    *ret_records = n;
+    *ret_of_type = of_type;
+    return r_;
+}
+
 void ring_set_stall_timeout(ring_t *r, uint64_t timeout_us)
 {
     if (timeout_us == 0)

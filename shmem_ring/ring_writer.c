@@ -202,6 +202,21 @@ void ring_count_drop(ring_t *r)
         ring_count(&r->hdr->stats.records_dropped, 1);
 }
 
+void ring_count_freeset_full(ring_t *r)
+{
+    if (r->hdr) {
+        ring_count(&r->hdr->stats.freeset_full, 1);
+        ring_count(&r->hdr->stats.records_dropped, 1);
+    }
+}
+
+void ring_set_client_exiting(ring_t *r)
+{
+    /* Relaxed: the reader reads it once the connection ended, long after. */
+    if (r->hdr)
+        atomic_store_explicit(&r->hdr->client_exiting, 1u, memory_order_relaxed);
+}
+
 bool ring_end_write(ring_t *r, struct ring_wspan *w)
 {
     struct ring_shared *h = r->hdr;

@@ -541,6 +541,39 @@ static void test_bookkeeping_heaps_are_separate(void **state)
     assert_string_equal(buf, "heap_7");
 }
 
+/* bk_grow_ahead(): nothing while no entry comes; more with more entries; and a record
+ * is of one process, so idle processes add their next doubling each, not the growth of
+ * every entry to come (counted for each of them, 40 idle processes weighed 40 times what
+ * the records could cost, and fired the service's guardrail by themselves). */
+static void test_bookkeeping_bug_grow_ahead_counts_records_once(void **state)
+{
+    struct fixture *fx = *state;
+    bk_t *bk = fx->bk;
+    for (unsigned i = 1; i <= 100; i++)
+        alloc(bk, i, 0x1000 + 16 * i, 16, i);
+    const size_t more = 65536;
+    size_t one = bk_grow_ahead(bk, more);
+    assert_int_equal(bk_grow_ahead(bk, 0), 0);
+    assert_true(bk_grow_ahead(bk, 1) <= bk_grow_ahead(bk, more / 2));
+    assert_true(bk_grow_ahead(bk, more / 2) <= one);
+    /* At least the live table of the busy process growing to hold them all. */
+    assert_true(one >= more * 16);
+    struct hp_frame f[2];
+    char name[16];
+    make_stack(f, 1, name);
+    for (int32_t pid = PID + 1; pid <= PID + 40; pid++) {
+        assert_int_equal(bk_process_start(bk, pid, "idle", 4, true, 4096), 0);
+        bk_record_alloc(bk, pid, 0, 1, 0x1000, 16, 16, f, 2);
+    }
+    size_t forty = bk_grow_ahead(bk, more);
+    print_message("  %zu entries ahead: %zu KiB with one process, %zu KiB with 40 idle ones "
+                  "beside it\n",
+                  more, one >> 10, forty >> 10);
+    assert_true(forty >= one);
+    /* A next doubling of an almost empty process is a few KiB. */
+    assert_true(forty - one <= 40 * (64u << 10));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -558,6 +591,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bookkeeping_bug_peak_stamp_zero, setup_max, teardown),
         cmocka_unit_test_setup_teardown(test_bookkeeping_process_lifecycle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bookkeeping_heaps_are_separate, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bookkeeping_bug_grow_ahead_counts_records_once, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests_name("bookkeeping", tests, NULL, NULL);
 }

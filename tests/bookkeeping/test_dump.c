@@ -307,6 +307,90 @@ static void test_dump_roundtrip_values(void **state)
     close(w.fd);
 }
 
+/* Every dump carries the statistics and flags of its moment, not only a process's last
+ * one: what the unwinder side counted (posted before each dump), and what the
+ * bookkeeping itself could not use (frees of addresses not live, sequence gaps, records
+ * refused past the cap of heaps). Each loss has its own field. */
+static void test_dump_losses_in_every_dump(void **state)
+{
+    (void)state;
+    struct written w;
+    assert_int_equal(memfd_path(&w), 0);
+    bk_t *bk;
+    assert_int_equal(bk_new(&(struct bk_config){.out_fd = w.fd, .sequence_id = SEQ_ID}, &bk), 0);
+    assert_int_equal(bk_process_start(bk, PID_A, "app", 3, true, 4096), 0);
+    struct hp_frame f[4];
+    size_t n = make_stack(1, f);
+    uint64_t seq = 0;
+    /* 70 heaps: the 6 past the cap of 64 are refused. */
+    for (uint32_t h = 0; h < 70; h++)
+        bk_record_alloc(bk, PID_A, h, ++seq, 0x1000 + h * 16, 16, 16, f, n);
+    bk_record_free(bk, PID_A, 0, ++seq, 0xdead0); /* not live */
+    seq += 5000;                                  /* a gap past the reorder window */
+    bk_record_alloc(bk, PID_A, 0, ++seq, 0x9000, 16, 16, f, n);
+    for (unsigned i = 0; i < 1100; i++)
+        bk_record_alloc(bk, PID_A, 0, seq + 2 + i, 0x20000 + i * 16, 16, 16, f, n);
+    struct bk_process_stats st = {.heap_samples = 10,
+                                  .records_dropped = 21,
+                                  .frees_lost = 22,
+                                  .reserve_failures = 23,
+                                  .freeset_full = 24,
+                                  .records_unread = 25,
+                                  .records_lost_service = 26,
+                                  .stacks_truncated = 27,
+                                  .unknown_stacks = 28,
+                                  .map_reparses_deferred = 29};
+    bk_process_update(bk, PID_A, &st, BK_FLAG_BUFFER_OVERRAN);
+    assert_int_equal(bk_dump_all(bk), 0);
+    /* A later dump: the statistics of its own moment. */
+    bk_record_free(bk, PID_A, 0, seq + 2000, 0xbeef0);
+    st.heap_samples = 11;
+    st.records_dropped = 31;
+    bk_process_update(bk, PID_A, &st, 0);
+    assert_int_equal(bk_dump_all(bk), 0);
+    struct bk_counters c;
+    bk_get_counters(bk, &c);
+    assert_int_equal(c.dropped_records, 6);
+    assert_int_equal(c.unknown_frees, 2);
+    assert_true(c.seq_gaps >= 1);
+    /* Records of a process it does not know are counted too. */
+    bk_record_alloc(bk, 4242, 0, 1, 0x1000, 16, 16, f, n);
+    bk_record_free(bk, 4242, 0, 2, 0x1000);
+    bk_get_counters(bk, &c);
+    assert_int_equal(c.records_no_process, 2);
+    bk_free(bk);
+
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load(w.path, &(struct rp_trace_options){.dump_index = 1}, &t), 0);
+    const struct rp_trace_process *p = find_proc(t, PID_A);
+    assert_int_equal(p->heap_samples, 10);
+    assert_true(p->buffer_overran);
+    assert_int_equal(p->frees_lost, 22);
+    const struct rp_trace_losses *l = &p->losses;
+    assert_int_equal(l->records_dropped, 21);
+    assert_int_equal(l->reserve_failures, 23);
+    assert_int_equal(l->freeset_full, 24);
+    assert_int_equal(l->records_unread, 25);
+    assert_int_equal(l->records_lost_in_service, 26);
+    assert_int_equal(l->stacks_truncated, 27);
+    assert_int_equal(l->unknown_stacks, 28);
+    assert_int_equal(l->map_reparses_deferred, 29);
+    assert_int_equal(l->records_refused, 6);
+    assert_int_equal(l->unknown_frees, 1);
+    assert_true(l->seq_gaps >= 1);
+    uint64_t gaps = l->seq_gaps;
+    t = rp_trace_free(t);
+    assert_int_equal(rp_trace_load(w.path, &(struct rp_trace_options){.dump_index = 2}, &t), 0);
+    p = find_proc(t, PID_A);
+    assert_int_equal(p->heap_samples, 11);
+    assert_int_equal(p->losses.records_dropped, 31);
+    assert_int_equal(p->losses.unknown_frees, 2);
+    assert_true(p->losses.seq_gaps >= gaps);
+    assert_true(p->buffer_overran); /* flags stay set */
+    t = rp_trace_free(t);
+    (void)close(w.fd);
+}
+
 static void test_dump_self_max_at_peak(void **state)
 {
     (void)state;
@@ -1101,6 +1185,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dump_roundtrip_values),
+        cmocka_unit_test(test_dump_losses_in_every_dump),
         cmocka_unit_test(test_dump_self_max_at_peak),
         cmocka_unit_test(test_dump_packet_structure),
         cmocka_unit_test(test_dump_truncated_last_packet),

@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bookkeeping/intern.h"
@@ -633,12 +634,142 @@ static void test_intern_stack_cache_matches_walk(void **state)
     }
 }
 
+/* ---- growth ahead, for the service's memory budget ---- */
+
+/* Keys (and idtab hashes) that rehash nothing by themselves: distinct, never the map's
+ * UINT64_MAX key. */
+static uint64_t grow_key(uint64_t i)
+{
+    return hp_hash_u64(i) & ~(1ull << 63);
+}
+
+/* hp_map_grow_ahead(@more) against the slots hp_map_put() really allocates over @more
+ * inserts, from @start keys; hp_map_room() against the inserts before the first
+ * doubling. */
+static void map_ahead_case(size_t start, size_t more)
+{
+    struct hp_map m;
+    hp_map_init(&m, 24);
+    uint64_t i = 1, *v;
+    for (; i <= start; i++)
+        assert_int_equal(hp_map_put(&m, grow_key(i), (void **)&v), 1);
+    size_t ahead = hp_map_grow_ahead(&m, more), room = hp_map_room(&m);
+    size_t cap = m.cap, grown = 0, first = SIZE_MAX;
+    for (size_t k = 0; k < more; k++, i++) {
+        assert_int_equal(hp_map_put(&m, grow_key(i), (void **)&v), 1);
+        if (m.cap != cap) {
+            if (first == SIZE_MAX)
+                first = k; /* inserts that fitted */
+            assert_int_equal(m.cap, cap ? 2 * cap : 16);
+            cap = m.cap;
+            grown += cap * m.stride;
+        }
+    }
+    assert_int_equal(ahead, grown);
+    if (first != SIZE_MAX)
+        assert_int_equal(room, first);
+    else
+        assert_true(room >= more);
+    hp_map_done(&m);
+}
+
+static void test_intern_map_grow_ahead_matches_growth(void **state)
+{
+    (void)state;
+    static const size_t starts[] = {0, 1, 12, 13, 14, 100, 207, 208, 1000, 6000};
+    static const size_t mores[] = {0, 1, 2, 3, 13, 50, 500, 5000, 20000};
+    for (size_t a = 0; a < sizeof(starts) / sizeof(starts[0]); a++)
+        for (size_t b = 0; b < sizeof(mores) / sizeof(mores[0]); b++)
+            map_ahead_case(starts[a], mores[b]);
+    /* The next doubling alone, and what cannot be counted. */
+    struct hp_map m;
+    hp_map_init(&m, 8);
+    assert_int_equal(hp_map_room(&m), 0);
+    assert_int_equal(hp_map_grow_ahead(&m, 1), 16 * m.stride);
+    uint64_t *v;
+    for (uint64_t i = 1; i <= 300; i++)
+        assert_int_equal(hp_map_put(&m, grow_key(i), (void **)&v), 1);
+    assert_int_equal(m.cap, 512);
+    assert_int_equal(hp_map_room(&m), 512 / 16 * 13 - 300);
+    assert_int_equal(hp_map_grow_ahead(&m, hp_map_room(&m)), 0);
+    assert_int_equal(hp_map_grow_ahead(&m, hp_map_room(&m) + 1), 1024 * m.stride);
+    assert_int_equal(hp_map_grow_ahead(&m, SIZE_MAX), SIZE_MAX);
+    assert_int_equal(hp_map_grow_ahead(&m, SIZE_MAX / 16), SIZE_MAX);
+    hp_map_done(&m);
+}
+
+static void test_intern_idtab_grow_ahead_matches_growth(void **state)
+{
+    (void)state;
+    static const size_t starts[] = {0, 1, 47, 48, 49, 500, 3072, 5000};
+    static const size_t mores[] = {0, 1, 2, 48, 49, 1000, 20000};
+    for (size_t a = 0; a < sizeof(starts) / sizeof(starts[0]); a++) {
+        for (size_t b = 0; b < sizeof(mores) / sizeof(mores[0]); b++) {
+            struct hp_idtab t;
+            hp_idtab_init(&t);
+            uint32_t id = 0;
+            for (; id < starts[a]; id++)
+                assert_int_equal(hp_idtab_add(&t, grow_key(id + 1), id), 0);
+            size_t ahead = hp_idtab_grow_ahead(&t, mores[b]);
+            size_t cap = t.cap, grown = 0;
+            for (size_t k = 0; k < mores[b]; k++, id++) {
+                assert_int_equal(hp_idtab_add(&t, grow_key(id + 1), id), 0);
+                if (t.cap != cap) {
+                    assert_int_equal(t.cap, cap ? 2 * cap : 64);
+                    cap = t.cap;
+                    grown += cap * sizeof(struct hp_idtab_slot);
+                }
+            }
+            assert_int_equal(ahead, grown);
+            hp_idtab_done(&t);
+        }
+    }
+    struct hp_idtab t;
+    hp_idtab_init(&t);
+    assert_int_equal(hp_idtab_grow_ahead(&t, 0), 0);
+    assert_int_equal(hp_idtab_grow_ahead(&t, 48), 64 * sizeof(struct hp_idtab_slot));
+    assert_int_equal(hp_idtab_grow_ahead(&t, 49), (64 + 128) * sizeof(struct hp_idtab_slot));
+    assert_int_equal(hp_idtab_grow_ahead(&t, SIZE_MAX), SIZE_MAX);
+    hp_idtab_done(&t);
+}
+
+/* hp_grow_ahead() against the capacity hp_grow() gives (the array takes on the
+ * difference; realloc may move it). */
+static void test_intern_array_grow_ahead_matches_growth(void **state)
+{
+    (void)state;
+    static const size_t caps[] = {0, 16, 32, 1024};
+    static const size_t mores[] = {0, 1, 15, 16, 17, 1000, 100000};
+    for (size_t a = 0; a < sizeof(caps) / sizeof(caps[0]); a++) {
+        for (size_t b = 0; b < sizeof(mores) / sizeof(mores[0]); b++) {
+            size_t cap = caps[a];
+            for (size_t n = cap ? cap / 2 : 0; n <= cap; n += cap ? cap / 4 : 1) {
+                size_t ahead = hp_grow_ahead(n, cap, 24, mores[b]);
+                void *p = NULL;
+                size_t to = cap;
+                assert_int_equal(hp_grow(&p, &to, n + mores[b], 24), 0);
+                free(p);
+                assert_int_equal(ahead, (to - cap) * 24);
+            }
+        }
+    }
+    assert_int_equal(hp_grow_ahead(10, 16, 8, 6), 0);
+    assert_int_equal(hp_grow_ahead(10, 16, 8, 7), 16 * 8);
+    /* Where hp_grow() would fail, or the bytes overflow: all there is. */
+    assert_int_equal(hp_grow_ahead(0, 0, 8, SIZE_MAX / 2), SIZE_MAX);
+    assert_int_equal(hp_grow_ahead(SIZE_MAX, 16, 1, 1), SIZE_MAX);
+    assert_int_equal(hp_grow_ahead(0, 0, 1, SIZE_MAX), SIZE_MAX);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_intern_map_matches_reference),
         cmocka_unit_test(test_intern_bug_map_flood_unkeyed_hash),
         cmocka_unit_test(test_intern_map_probe_bound_rekeys_or_refuses),
+        cmocka_unit_test(test_intern_map_grow_ahead_matches_growth),
+        cmocka_unit_test(test_intern_idtab_grow_ahead_matches_growth),
+        cmocka_unit_test(test_intern_array_grow_ahead_matches_growth),
         cmocka_unit_test_setup_teardown(test_intern_bug_frame_flood_unkeyed_hash, setup, teardown),
         cmocka_unit_test_setup_teardown(test_intern_bug_string_flood_multicollision, setup,
                                         teardown),

@@ -123,7 +123,7 @@ static void test_sink_packet_format(void **state)
     bk_t *bk = new_sink_bk(&s);
     fill(bk, 0);
     assert_int_equal(bk_dump_all(bk), 0);
-    assert_int_equal(bk_process_rejected(bk, 77), 0);
+    assert_int_equal(bk_process_rejected(bk, 77, 0), 0);
     assert_true(s.packets > 5);
     assert_int_equal(s.seq_id_fields, 0);
     assert_int_equal(s.clock_snapshots, 0);

@@ -4,6 +4,7 @@
  * the handshake themselves and then misbehave (tests/programs/hostile_client.c). */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -579,14 +580,47 @@ struct beside {
     pid_t hostile, healthy;
     char hout[300];
     char *log, *hostile_out;
+    long stop_ms; /* from SIGINT to the daemon's exit */
+    long hwm_kb;  /* the daemon's peak RSS (VmHWM) just before SIGINT */
 };
+
+/* The value of @key ("VmRSS:", "VmHWM:") in /proc/@pid/status, in KiB; -1 if missing. */
+static long status_kb(pid_t pid, const char *key)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    char *st = e2e_read_file(path);
+    const char *p = strstr(st, key);
+    long kb = p ? atol(p + strlen(key)) : -1;
+    free(st);
+    return kb;
+}
+
+/* beside_run_opts() flags. */
+enum {
+    /* SIGINT as soon as the healthy client is done, while the hostile one still runs. */
+    BESIDE_SIGINT_EARLY = 1 << 0,
+    /* The healthy client runs first, alone; the hostile one is started once it ended. */
+    BESIDE_HEALTHY_FIRST = 1 << 1,
+};
+
+/* How soon heapprofd must stop after SIGINT whatever its clients do (issue 16): 1 s;
+ * sanitizer builds run the service several times slower. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define STOP_MS_MAX 3000
+#else
+#define STOP_MS_MAX 1000
+#endif
 
 /* Runs hostile_client @argv (after its socket argument) while `worker idle 2000` runs
  * beside it at interval 1, with dumps every BESIDE_DUMP_MS; @extra_args go to heapprofd.
  * Checks that both exit 0, the daemon stops cleanly, the healthy profile is exact and
- * its dumps keep their period. The caller checks the hostile one, then calls
- * beside_done(). */
-static void beside_run(struct beside *b, const char *const argv[], const char *const extra_args[])
+ * its dumps keep their period. @flags: BESIDE_SIGINT_EARLY, the daemon gets SIGINT as
+ * soon as the healthy client is done, while the hostile one still runs, and must be gone
+ * within STOP_MS_MAX; BESIDE_HEALTHY_FIRST, the hostile client starts only once the
+ * healthy one ended. The caller checks the hostile one, then calls beside_done(). */
+static void beside_run_opts(struct beside *b, const char *const argv[],
+                            const char *const extra_args[], unsigned flags)
 {
     memset(b, 0, sizeof(*b));
     e2e_daemon_prepare(&b->d, "beside");
@@ -605,6 +639,15 @@ static void beside_run(struct beside *b, const char *const argv[], const char *c
     char gout[300];
     snprintf(gout, sizeof(gout), "%s/good.txt", b->d.dir);
 
+    char *good_prog[] = {(char *)e2e_env("WORKER"), "idle", "2000", NULL};
+    uint64_t start_ns = 0, end_ns = 0;
+    if (flags & BESIDE_HEALTHY_FIRST) {
+        start_ns = mono_ns();
+        b->healthy = e2e_spawn_client(&b->d, good_prog, gout);
+        track(b->healthy);
+        assert_int_equal(e2e_wait_status(b->healthy), 0);
+        end_ns = mono_ns();
+    }
     b->hostile = fork();
     assert_true(b->hostile >= 0);
     if (b->hostile == 0) {
@@ -625,22 +668,34 @@ static void beside_run(struct beside *b, const char *const argv[], const char *c
             break;
         e2e_sleep_ms(10);
     }
-    char *good_prog[] = {(char *)e2e_env("WORKER"), "idle", "2000", NULL};
-    uint64_t start_ns = mono_ns();
-    b->healthy = e2e_spawn_client(&b->d, good_prog, gout);
-    track(b->healthy);
-    assert_int_equal(e2e_wait_status(b->healthy), 0);
-    uint64_t end_ns = mono_ns();
-    assert_int_equal(e2e_wait_status(b->hostile), 0);
+    if (!(flags & BESIDE_HEALTHY_FIRST)) {
+        start_ns = mono_ns();
+        b->healthy = e2e_spawn_client(&b->d, good_prog, gout);
+        track(b->healthy);
+        assert_int_equal(e2e_wait_status(b->healthy), 0);
+        end_ns = mono_ns();
+    }
+    bool sigint_early = flags & BESIDE_SIGINT_EARLY;
+    if (!sigint_early)
+        assert_int_equal(e2e_wait_status(b->hostile), 0);
+    b->hwm_kb = status_kb(b->d.pid, "VmHWM:");
     /* The service is alive and stops cleanly, promptly. */
+    uint64_t t0 = mono_ns();
     kill(b->d.pid, SIGINT);
     int st = -1;
-    for (int i = 0; i < 1000 && waitpid(b->d.pid, &st, WNOHANG) == 0; i++)
-        e2e_sleep_ms(10);
+    for (int i = 0; i < 10000 && waitpid(b->d.pid, &st, WNOHANG) == 0; i++)
+        e2e_sleep_ms(1);
+    b->stop_ms = (long)((mono_ns() - t0) / 1000000);
     if (st == -1) {
         kill(b->d.pid, SIGKILL);
         e2e_wait_status(b->d.pid);
         fail_msg("heapprofd did not stop within 10 s of SIGINT");
+    }
+    if (sigint_early) {
+        print_message("  heapprofd stopped %ld ms after SIGINT (at most %d)\n", b->stop_ms,
+                      STOP_MS_MAX);
+        assert_true(b->stop_ms <= STOP_MS_MAX);
+        assert_int_equal(e2e_wait_status(b->hostile), 0);
     }
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
         fail_msg("heapprofd ended with %s %d", WIFEXITED(st) ? "exit status" : "signal",
@@ -661,6 +716,11 @@ static void beside_run(struct beside *b, const char *const argv[], const char *c
     check_dump_period(b->d.trace, b->healthy, BESIDE_DUMP_MS, start_ns, end_ns);
     assert_int_equal(e2e_check_rules(b->d.trace), 0);
     unlink(gout);
+}
+
+static void beside_run(struct beside *b, const char *const argv[], const char *const extra_args[])
+{
+    beside_run_opts(b, argv, extra_args, 0);
 }
 
 /* The hostile client's profile in @b's trace (loaded into *@ret_t, which the caller
@@ -738,6 +798,324 @@ static void test_faults_bug_truncated_library_kills_service(void **state)
     beside_done(&b);
 }
 
+/* The hostile client's profile in @b's trace, printed. */
+static const struct rp_trace_process *beside_load_hostile(const struct beside *b,
+                                                          struct rp_trace **ret_t)
+{
+    assert_int_equal(rp_trace_load(b->d.trace, &(struct rp_trace_options){0}, ret_t), 0);
+    const struct rp_trace_process *ph = e2e_find_pid(*ret_t, b->hostile);
+    assert_non_null(ph);
+    assert_false(ph->buffer_corrupted);
+    print_message("  hostile: %llu samples, %llu map reparses, %llu waits for rereads, %llu "
+                  "dropped, %llu unread\n",
+                  (unsigned long long)ph->heap_samples, (unsigned long long)ph->map_reparses,
+                  (unsigned long long)ph->losses.map_reparses_deferred,
+                  (unsigned long long)ph->losses.records_dropped,
+                  (unsigned long long)ph->losses.records_unread);
+    return ph;
+}
+
+/* Case 2 (review item 10, reproducer A9): a process of 20 000 mappings writes maps
+ * changes and samples flat out, hangs up after 1 s and writes on into its ring. Every
+ * maps change cost the old service a full reread, and the end of the session drained
+ * until the ring was empty: the only unwinder thread was held for as long as the client
+ * wrote, so the healthy client's dumps stopped and SIGINT waited for the client (seconds;
+ * 142 s in the review). Now an end reads up to where the ring ended, in turns with the
+ * other clients, within a time budget. */
+static void test_faults_bug_endless_drain_holds_thread_and_sigint(void **state)
+{
+    (void)state;
+    struct beside b;
+    const char *argv[] = {"eofwrite", "7", "6", NULL};
+    const char *extra[] = {"--unwinder-threads", "1", NULL};
+    beside_run_opts(&b, argv, extra, BESIDE_SIGINT_EARLY);
+    struct rp_trace *t;
+    const struct rp_trace_process *ph = beside_load_hostile(&b, &t);
+    assert_true(ph->heap_samples > 0);
+    /* It shut its socket down while it ran. */
+    assert_true(ph->connection_closed_by_program);
+    rp_trace_free(t);
+    beside_done(&b);
+}
+
+/* Case 2: the same client without the hang-up. Its rereads take at most their share of
+ * the thread's time (its samples wait for them, counted), the healthy client beside it
+ * on the same thread keeps its dumps, and SIGINT stops the daemon within the deadline
+ * while the client still writes flat out. */
+static void test_faults_bug_maps_storm_rereads_per_record(void **state)
+{
+    (void)state;
+    struct beside b;
+    const char *argv[] = {"mapsflood", "7", "5", NULL};
+    const char *extra[] = {"--unwinder-threads", "1", NULL};
+    beside_run_opts(&b, argv, extra, BESIDE_SIGINT_EARLY);
+    struct rp_trace *t;
+    const struct rp_trace_process *ph = beside_load_hostile(&b, &t);
+    assert_true(ph->losses.map_reparses_deferred > 0);
+    rp_trace_free(t);
+    beside_done(&b);
+}
+
+/* Case 3 (review item 11, reproducer A10): a process drops samples (a 64 KiB ring, no
+ * blocking, interval 64) and the daemon dies before the process ends. Continuous dumps
+ * said 0 samples and no overrun until the end of a process, so nothing of it was ever
+ * visible. Now each dump carries the statistics and flags of its moment. */
+static void test_faults_bug_drops_invisible_until_exit(void **state)
+{
+    (void)state;
+    struct e2e_daemon d;
+    e2e_daemon_prepare(&d, "drops");
+    const char *args[] = {"--all",
+                          "--no-running",
+                          "-i",
+                          "64",
+                          "--shmem-size",
+                          "64k",
+                          "--max-stack",
+                          "8k",
+                          "--no-block-client",
+                          "--continuous-dump",
+                          "200",
+                          NULL};
+    e2e_daemon_launch(&d, args);
+    track(d.pid);
+    char *prog[] = {(char *)e2e_env("WORKER"), "busy", "4000", NULL};
+    pid_t w = e2e_spawn_client(&d, prog, "/dev/null");
+    track(w);
+    e2e_sleep_ms(1500);
+    assert_int_equal(e2e_daemon_stop(&d, SIGKILL), 128 + SIGKILL);
+    kill(w, SIGKILL);
+    e2e_wait_status(w);
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(d.trace, &(struct rp_trace_options){0}, &t), 0);
+    const struct rp_trace_process *p = e2e_find_pid(t, w);
+    assert_non_null(p);
+    print_message("  %u dumps before the daemon died; the last: %llu samples, %llu dropped, "
+                  "overran %d\n",
+                  p->n_dumps, (unsigned long long)p->heap_samples,
+                  (unsigned long long)p->losses.records_dropped, p->buffer_overran);
+    /* None of the dumps is the process's final one (the daemon died first). */
+    assert_true(p->n_dumps >= 1);
+    assert_true(p->heap_samples > 0);
+    assert_true(p->buffer_overran);
+    assert_true(p->losses.records_dropped > 0);
+    assert_false(p->disconnected);
+    rp_trace_free(t);
+    memset(g_children, 0, sizeof(g_children));
+    e2e_daemon_remove_files(&d);
+}
+
+struct fifo_reader {
+    int fd;
+    char out[300];
+};
+
+static void *read_fifo(void *arg)
+{
+    struct fifo_reader *r = arg;
+    int out = open(r->out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fl = fcntl(r->fd, F_GETFL);
+    fcntl(r->fd, F_SETFL, fl & ~O_NONBLOCK);
+    char buf[65536];
+    ssize_t n;
+    while ((n = read(r->fd, buf, sizeof(buf))) > 0)
+        if (write(out, buf, (size_t)n) != n)
+            break;
+    close(out);
+    return NULL;
+}
+
+/* How much the service may grow while its output is stuck: what the bounded queue holds,
+ * with room to spare; under TSan each byte touched also touches ~3 of shadow (measured:
+ * +39 MB for the same 11 MiB). */
+#if defined(__SANITIZE_THREAD__)
+#define QUEUE_GROWTH_MAX_KB (64 * 1024)
+#else
+#define QUEUE_GROWTH_MAX_KB (24 * 1024)
+#endif
+
+/* Case 6 (review item 15): the bookkeeping thread cannot write (its output is a pipe
+ * nobody reads) while a client floods. The queue from the unwinders grew without bound
+ * (hundreds of MB in two seconds). Now the unwinders stop reading when it is full: the
+ * client's ring fills, and its drops show in its dump. */
+static void test_faults_bug_queue_unbounded_when_output_stalls(void **state)
+{
+    (void)state;
+    struct e2e_daemon d;
+    e2e_daemon_prepare(&d, "queue");
+    snprintf(d.trace, sizeof(d.trace), "%s/out.fifo", d.dir);
+    assert_int_equal(mkfifo(d.trace, 0600), 0);
+    struct fifo_reader rd;
+    rd.fd = open(d.trace, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    assert_true(rd.fd >= 0);
+    (void)fcntl(rd.fd, F_SETPIPE_SZ, 4096);
+    snprintf(rd.out, sizeof(rd.out), "%s/out.pftrace", d.dir);
+    /* The first dump of a process (its interned names and mappings) fills the one-page
+     * pipe: the bookkeeping thread then waits in write(2) for good. */
+    const char *args[] = {"--all", "--no-running", "--shmem-size", "1M", "--continuous-dump", "50",
+                          NULL};
+    e2e_daemon_launch(&d, args);
+    track(d.pid);
+    char *prog[] = {(char *)e2e_env("WORKER"), "hold", "4000", NULL};
+    pid_t w = e2e_spawn_client(&d, prog, "/dev/null");
+    track(w);
+    e2e_sleep_ms(500);
+    long base = status_kb(d.pid, "VmRSS:");
+    char hout[300];
+    snprintf(hout, sizeof(hout), "%s/hostile.txt", d.dir);
+    pid_t h = fork();
+    assert_true(h >= 0);
+    if (h == 0) {
+        int fd = open(hout, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        execl(e2e_env("HOSTILE_CLIENT"), "hostile_client", d.sock, "flood", "7", (char *)NULL);
+        _exit(127);
+    }
+    track(h);
+    long peak = base;
+    for (int i = 0; i < 20; i++) {
+        e2e_sleep_ms(100);
+        long kb = status_kb(d.pid, "VmRSS:");
+        if (kb > peak)
+            peak = kb;
+    }
+    print_message("  heapprofd: %ld KiB at rest, %ld KiB at most while its output was stuck\n",
+                  base, peak);
+    /* The ring (1 MiB), the queue (8 MiB) and its pool (2 MiB), with room to spare. */
+    assert_true(peak - base < QUEUE_GROWTH_MAX_KB);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, read_fifo, &rd), 0);
+    assert_int_equal(e2e_wait_status(h), 0);
+    kill(w, SIGKILL);
+    e2e_wait_status(w);
+    assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
+    pthread_join(th, NULL);
+    close(rd.fd);
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(rd.out, &(struct rp_trace_options){0}, &t), 0);
+    const struct rp_trace_process *ph = e2e_find_pid(t, h);
+    assert_non_null(ph);
+    print_message("  hostile: %llu samples, %llu dropped\n", (unsigned long long)ph->heap_samples,
+                  (unsigned long long)ph->losses.records_dropped);
+    assert_true(ph->buffer_overran);
+    assert_true(ph->losses.records_dropped > 0);
+    rp_trace_free(t);
+    unlink(rd.out);
+    unlink(hout);
+    memset(g_children, 0, sizeof(g_children));
+    e2e_daemon_remove_files(&d);
+}
+
+/* Case 6: the memory guardrail holds for the whole service. Each client's ring is memory
+ * the service maps; it used to admit any number of them and look at its memory only every
+ * 100 ms, so idle clients never fired it however many rings it held. Now a client whose
+ * ring would take the service past the limit is not profiled, and the trace says so
+ * (hit_guardrail) while the others carry on. */
+static void test_faults_bug_guardrail_admits_any_ring(void **state)
+{
+    (void)state;
+    struct e2e_daemon d;
+    e2e_daemon_prepare(&d, "guard");
+    const char *plain[] = {"--all", "--no-running", NULL};
+    e2e_daemon_launch(&d, plain);
+    e2e_sleep_ms(100);
+    long base = status_kb(d.pid, "VmRSS:");
+    assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
+    e2e_daemon_remove_files(&d);
+    e2e_daemon_prepare(&d, "guard");
+    /* Room for two 8 MiB rings and not three. */
+    char limit[32];
+    snprintf(limit, sizeof(limit), "%ld", base + 20 * 1024);
+    const char *args[] = {"--all", "--no-running", "--max-memory-kb", limit, NULL};
+    e2e_daemon_launch(&d, args);
+    track(d.pid);
+    pid_t w[4];
+    char *prog[] = {(char *)e2e_env("WORKER"), "idle", "1500", NULL};
+    for (int i = 0; i < 4; i++) {
+        w[i] = e2e_spawn_client(&d, prog, "/dev/null");
+        e2e_sleep_ms(100);
+    }
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(e2e_wait_status(w[i]), 0);
+    assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
+    char *log = e2e_read_file(d.log);
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(d.trace, &(struct rp_trace_options){0}, &t), 0);
+    int profiled = 0, refused = 0;
+    for (int i = 0; i < 4; i++) {
+        const struct rp_trace_process *p = e2e_find_pid(t, w[i]);
+        assert_non_null(p);
+        if (p->hit_guardrail && p->heap_samples == 0)
+            refused++;
+        else if (p->heap_samples > 0)
+            profiled++;
+    }
+    print_message("  limit %s KiB: %d profiled, %d refused\n", limit, profiled, refused);
+    assert_true(profiled >= 1);
+    assert_true(refused >= 1);
+    /* Refused at the door, or (a sanitizer build grows by itself) after the guardrail
+     * fired: either way with hit_guardrail. */
+    assert_true(strstr(log, "past its memory guardrail") || strstr(log, "guardrail hit"));
+    rp_trace_free(t);
+    free(log);
+    e2e_daemon_remove_files(&d);
+}
+
+/* Case 6: a client that makes the service keep ever more (hostile_client memhog: new
+ * addresses with new 16-frame stacks, as fast as the service takes them) under a memory
+ * guardrail of MEMHOG_LIMIT_KB. The bookkeeping thread checked its RSS every 8 batches,
+ * but its tables grow by doubling: between two checks the live-allocation table or the
+ * interned frames and callstacks took a step of tens of MB, and the service's peak went
+ * that far past the limit (~300 MB for a limit of 256 MB). Now each check counts the
+ * growth the next batches may cause as if it had happened: the guardrail fires before a
+ * step would cross the limit, and the peak RSS (VmHWM) stays under the limit plus
+ * MEMHOG_SLACK_KB (what grows beside the tables between two checks: strings, the
+ * encoded callstacks, the dump that follows the guardrail).
+ *
+ * The guardrail holds for the whole service: when it fires every session ends with
+ * hit_guardrail and its data so far dumped (svc__guardrail_fire, DESIGN.md's failure
+ * model), a healthy client that runs then included, whose profile is cut short and
+ * cannot be exact. So the healthy client runs first (BESIDE_HEALTHY_FIRST): its profile,
+ * made before the guardrail fired, must be exact and stay so (no hit_guardrail on it);
+ * then the hog, which the guardrail detaches. */
+#define MEMHOG_LIMIT_KB (256 * 1024)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+/* The sanitizers' shadow memory grows with every table, unseen by the growth ahead. */
+#define MEMHOG_SLACK_KB (48 * 1024)
+#else
+#define MEMHOG_SLACK_KB (8 * 1024)
+#endif
+static void test_faults_bug_memory_guardrail_overshoots(void **state)
+{
+    (void)state;
+    struct beside b;
+    /* 8 s at most: the guardrail ends it long before (well under 1 s here). */
+    const char *argv[] = {"memhog", "7", "8", NULL};
+    char limit[32];
+    snprintf(limit, sizeof(limit), "%d", MEMHOG_LIMIT_KB);
+    const char *extra[] = {"--max-memory-kb", limit, NULL};
+    beside_run_opts(&b, argv, extra, BESIDE_HEALTHY_FIRST);
+    print_message("  heapprofd peak RSS %ld KiB, limit %d KiB + %d KiB\n", b.hwm_kb,
+                  MEMHOG_LIMIT_KB, MEMHOG_SLACK_KB);
+    assert_non_null(strstr(b.log, "guardrail hit"));
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load(b.d.trace, &(struct rp_trace_options){0}, &t), 0);
+    const struct rp_trace_process *ph = e2e_find_pid(t, b.hostile);
+    const struct rp_trace_process *pg = e2e_find_pid(t, b.healthy);
+    assert_non_null(ph);
+    assert_non_null(pg);
+    print_message("  hog: %llu samples, %llu unread when the guardrail fired\n",
+                  (unsigned long long)ph->heap_samples,
+                  (unsigned long long)ph->losses.records_unread);
+    assert_true(ph->hit_guardrail);
+    assert_true(ph->heap_samples > 0);
+    assert_false(pg->hit_guardrail);
+    rp_trace_free(t);
+    assert_true(b.hwm_kb > 0);
+    assert_true(b.hwm_kb <= MEMHOG_LIMIT_KB + MEMHOG_SLACK_KB);
+    beside_done(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -764,6 +1142,14 @@ int main(void)
                                   teardown_children),
         cmocka_unit_test_teardown(test_faults_bug_truncated_library_kills_service,
                                   teardown_children),
+        cmocka_unit_test_teardown(test_faults_bug_endless_drain_holds_thread_and_sigint,
+                                  teardown_children),
+        cmocka_unit_test_teardown(test_faults_bug_maps_storm_rereads_per_record, teardown_children),
+        cmocka_unit_test_teardown(test_faults_bug_drops_invisible_until_exit, teardown_children),
+        cmocka_unit_test_teardown(test_faults_bug_queue_unbounded_when_output_stalls,
+                                  teardown_children),
+        cmocka_unit_test_teardown(test_faults_bug_guardrail_admits_any_ring, teardown_children),
+        cmocka_unit_test_teardown(test_faults_bug_memory_guardrail_overshoots, teardown_children),
     };
     /* HEAPPROF_TEST_FILTER=pattern runs the matching tests only (while iterating). */
     const char *filter = getenv("HEAPPROF_TEST_FILTER");

@@ -7,7 +7,10 @@
  * write_pos - read_pos (8), a second write_pos - read_pos stored after the first record
  * (8: positions may change between two calls), a mode byte, then bytes copied over the
  * data area from read_pos on (wrapping). Mode bit 0: an all-zero 8-byte word becomes the
- * commit tag valid at its position, so inputs reach the header checks easily. */
+ * commit tag valid at its position, so inputs reach the header checks easily. Mode bit 1:
+ * the end of a session instead of reads: ring_discard() up to ring_mark() must stop at
+ * the mark or at a bad header, count at most a record per 16 bytes and never read
+ * outside the data area. */
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -76,6 +79,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     atomic_store(&fuzz_writer->hdr->write_pos, wp);
     fuzz_reader->read_pos = rp;
     fuzz_reader->stall_since_ns = 0;
+
+    if (mode & 2) {
+        uint64_t mark = ring_mark(fuzz_reader), count = 0, of_type = 0;
+        int r = ring_discard(fuzz_reader, mark, 2, &count, &of_type);
+        if ((r != 0 && r != -EBADMSG) || of_type > count || count > FUZZ_RING_SIZE / 16)
+            abort();
+        if (r == 0 && !ring_reached(fuzz_reader, mark))
+            abort();
+        if ((int64_t)(fuzz_reader->read_pos - rp) < 0 ||
+            fuzz_reader->read_pos - rp > FUZZ_RING_SIZE)
+            abort();
+        return 0;
+    }
 
     const uint8_t *lo = fuzz_reader->data, *hi = fuzz_reader->data + 2 * FUZZ_RING_SIZE;
     uint64_t reads = 0, limit = 2 * (FUZZ_RING_SIZE / sizeof(struct ring_rec)) + 2;

@@ -33,6 +33,17 @@
  *               here and by the service) and the second snapshot sent
  *   (fifo and truncate end with a WIRE_SYNC and say on stderr whether the service read
  *   it within 2 s: "service answered" or "service did not answer")
+ *   eofwrite    makes 20 000 small mappings, prints "ready", then writes pairs of
+ *               WIRE_MAPS_CHANGED and WIRE_ALLOC_PCS (one pc, in main) flat out; after
+ *               1 s shuts its socket down (the service sees EOF) and writes on until
+ *               COUNT seconds (default 25) have passed since "ready", into the ring
+ *               itself once the service detached it (it clears the detached flag)
+ *   mapsflood   the same without the hang-up: a connected client writing flat out
+ *   memhog      allocation records (WIRE_ALLOC_PCS, each waiting for room) at new
+ *               addresses with new stacks (16 pcs anywhere in its own code) as fast as
+ *               the service takes them, for COUNT seconds (default 10): everything the
+ *               service keeps of a process grows (live allocations, interned frames and
+ *               callstacks); "ready" is printed before it starts
  * Prints "ready" once the misbehaviour is in place, waits until the service closes the
  * connection (at most 6 s) and exits 0; exit 2 on a usage error, 3 when the handshake
  * could not even be attempted. */
@@ -60,6 +71,7 @@
 
 static uint64_t rng_state;
 static unsigned long g_count = 200000; /* records of hashflood and randflood */
+static bool g_count_given;
 
 static uint64_t rnd(void)
 {
@@ -146,6 +158,115 @@ static int write_record(ring_t *ring, uint16_t type, const void *data, size_t le
         return r;
     memcpy(w.data, data, len);
     (void)ring_end_write(ring, &w);
+    return 0;
+}
+
+/* eofwrite: a process with many mappings, each maps change forcing a full reread (the
+ * old service reread the maps for every pair), which goes on writing after it hung up;
+ * a flag the service sets in shared memory does not stop it. */
+#define EOF_MAPPINGS 20000
+int main(int argc, char **argv);
+static int eof_then_write(ring_t *ring, int sock, unsigned long seconds, bool hang_up)
+{
+    /* Alternate protections: the kernel cannot merge neighbours into one mapping. */
+    size_t page = 4096, len = 2 * EOF_MAPPINGS * page;
+    uint8_t *m = mmap(NULL, len, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED)
+        return 3;
+    for (size_t i = 0; i < EOF_MAPPINGS; i++)
+        if (mprotect(m + 2 * i * page, page, PROT_READ | PROT_WRITE) < 0)
+            return 3;
+    printf("ready\n");
+    fflush(stdout);
+    int64_t t0 = now_ms(), hangup = t0 + 1000, end = t0 + (int64_t)seconds * 1000;
+    bool hung_up = false;
+    uint64_t seq = 0, pairs = 0, after = 0;
+    uint8_t buf[sizeof(struct wire_alloc_pcs) + sizeof(uint64_t)];
+    struct wire_alloc_head h = {.size = 16, .sample_size = 16, .tid = (uint32_t)getpid()};
+    uint64_t pc = (uint64_t)(uintptr_t)&main + 16;
+    struct wire_maps_changed mc = {0};
+    for (;;) {
+        int64_t now = now_ms();
+        if (now >= end)
+            break;
+        if (hang_up && !hung_up && now >= hangup) {
+            shutdown(sock, SHUT_RDWR);
+            hung_up = true;
+        }
+        for (int k = 0; k < 256; k++) {
+            if (hung_up)
+                atomic_store(&ring->hdr->detached, 0u);
+            h.seq = ++seq;
+            h.addr = 0x10000 + seq * 16;
+            memcpy(wire_encode_alloc_pcs(buf, &h, 1, 0), &pc, sizeof(pc));
+            if (write_record(ring, WIRE_MAPS_CHANGED, &mc, sizeof(mc)) == 0 &&
+                write_record(ring, WIRE_ALLOC_PCS, buf, wire_alloc_pcs_len(1)) == 0) {
+                pairs++;
+                after += hung_up;
+            }
+        }
+        ring_wake_reader(ring);
+    }
+    fprintf(stderr, "hostile_client: %s: %llu pairs written, %llu after the hang-up\n",
+            hang_up ? "eofwrite" : "mapsflood", (unsigned long long)pairs,
+            (unsigned long long)after);
+    munmap(m, len);
+    return 0;
+}
+
+/* memhog: the bounds of the executable mapping that holds main. */
+static bool own_code(uint64_t *ret_lo, uint64_t *ret_hi)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f)
+        return false;
+    char line[512];
+    uint64_t pc = (uint64_t)(uintptr_t)&main;
+    bool found = false;
+    while (!found && fgets(line, sizeof(line), f)) {
+        unsigned long long lo, hi;
+        char perms[8];
+        if (sscanf(line, "%llx-%llx %7s", &lo, &hi, perms) == 3 && perms[2] == 'x' && pc >= lo &&
+            pc < hi) {
+            *ret_lo = lo;
+            *ret_hi = hi;
+            found = true;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+static int memhog(ring_t *ring, int sock, unsigned long seconds)
+{
+    uint64_t lo, hi;
+    if (!own_code(&lo, &hi))
+        return 3;
+    ring_set_blocking(ring, true, 1000000);
+    printf("ready\n");
+    fflush(stdout);
+    int64_t end = now_ms() + (int64_t)seconds * 1000;
+    uint64_t seq = 0;
+    uint64_t pcs[16];
+    uint8_t buf[sizeof(struct wire_alloc_pcs) + sizeof(pcs)];
+    struct wire_alloc_head h = {.size = 64, .sample_size = 64, .tid = (uint32_t)getpid()};
+    while (now_ms() < end) {
+        for (int k = 0; k < 256; k++) {
+            for (size_t i = 0; i < HP_ARRAY_SIZE(pcs); i++)
+                pcs[i] = lo + rnd() % (hi - lo);
+            h.seq = ++seq;
+            h.addr = 0x100000 + seq * 64;
+            memcpy(wire_encode_alloc_pcs(buf, &h, HP_ARRAY_SIZE(pcs), 0), pcs, sizeof(pcs));
+            int r;
+            while ((r = write_record(ring, WIRE_ALLOC_PCS, buf, sizeof(buf))) == -EAGAIN)
+                poke(sock);
+            if (r < 0)
+                goto out;
+        }
+        poke(sock);
+    }
+out:
+    fprintf(stderr, "hostile_client: memhog: %llu records written\n", (unsigned long long)seq);
     return 0;
 }
 
@@ -414,6 +535,14 @@ static int misbehave(const char *mode, int sock, int ring_fd, const struct wire_
         /* Leave at once: the service processes what is in the ring and ends us. */
         ring_unmap(ring);
         return 0;
+    } else if (!strcmp(mode, "eofwrite") || !strcmp(mode, "mapsflood")) {
+        int r = eof_then_write(ring, sock, g_count_given ? g_count : 25, mode[0] == 'e');
+        ring_unmap(ring);
+        return r;
+    } else if (!strcmp(mode, "memhog")) {
+        int r = memhog(ring, sock, g_count_given ? g_count : 10);
+        ring_unmap(ring);
+        return r;
     } else if (!strcmp(mode, "fifo") || !strcmp(mode, "truncate")) {
         return files_mode(mode, ring, sock, cfg);
     } else if (!strcmp(mode, "unpublished")) {
@@ -440,8 +569,10 @@ int main(int argc, char **argv)
         return 2;
     const char *path = argv[1], *mode = argv[2];
     rng_state = (argc > 3 ? strtoull(argv[3], NULL, 0) : 1) * 2654435761u + 1;
-    if (argc > 4)
+    if (argc > 4) {
         g_count = strtoul(argv[4], NULL, 0);
+        g_count_given = true;
+    }
 
     if (!strcmp(mode, "halfhello")) {
         int socks[3];

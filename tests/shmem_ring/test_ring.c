@@ -1212,6 +1212,67 @@ static void test_ring_detached_stops_writers(void **state)
     assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
 }
 
+/* The end of a session: what lies before the mark is stepped over and counted, records
+ * still being written (reserved, never published) included, without reading any. */
+static void test_ring_discard_counts_what_is_left(void **state)
+{
+    struct fixture *f = *state;
+    uint64_t n = 0, frees = 0;
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(write_one(f->writer, i % 3 == 0 ? 2 : 1, 24 + (size_t)i * 8, (uint64_t)i),
+                         0);
+    read_one_expect(f->reader, 2, 24, 0);
+    struct ring_wspan ws;
+    assert_int_equal(ring_try_begin_write(f->writer, 2, 24, &ws), 0); /* never published */
+    ring_set_detached(f->reader);
+    uint64_t mark = ring_mark(f->reader);
+    /* A writer that ignores the detached flag writes on: not before the mark. */
+    atomic_store(&f->writer->hdr->detached, 0u);
+    assert_int_equal(write_one(f->writer, 2, 24, 99), 0);
+    assert_int_equal(ring_discard(f->reader, mark, 2, &n, &frees), 0);
+    assert_int_equal(n, 10);    /* 9 published after the one read, and the unpublished one */
+    assert_int_equal(frees, 4); /* records 3, 6, 9 and the unpublished one */
+    assert_true(ring_reached(f->reader, mark));
+    /* Nothing before the mark is left; the one after it is still there. */
+    read_one_expect(f->reader, 2, 24, 99);
+    assert_int_equal(ring_discard(f->reader, ring_mark(f->reader), 2, &n, &frees), 0);
+    assert_int_equal(n, 0);
+}
+
+/* A mark the client forged (beyond the ring, unaligned) or a header it broke ends the
+ * discard without reading outside the ring. */
+static void test_ring_discard_hostile(void **state)
+{
+    struct fixture *f = *state;
+    uint64_t n = 0, frees = 0;
+    assert_int_equal(write_one(f->writer, 1, 40, 1), 0);
+    assert_int_equal(ring_discard(f->reader, ring_mark(f->reader) + SMALL * 4, 1, &n, &frees),
+                     -EBADMSG);
+    assert_int_equal(ring_discard(f->reader, ring_mark(f->reader) + 4, 1, &n, &frees), -EBADMSG);
+    assert_int_equal(write_one(f->writer, 1, 40, 2), 0);
+    uint64_t mark = ring_mark(f->reader);
+    rec_at(f->writer, mark - 56)->len_total = 0x7ffffff8u;
+    assert_int_equal(ring_discard(f->reader, mark, 1, &n, &frees), -EBADMSG);
+    assert_int_equal(n, 1);
+}
+
+/* The client's word that its process exits, and the samples it dropped because it could
+ * not watch their addresses, reach the reader. */
+static void test_ring_exit_and_freeset_counted(void **state)
+{
+    struct fixture *f = *state;
+    struct ring_stats st;
+    assert_false(ring_client_exiting(f->reader));
+    ring_set_client_exiting(f->writer);
+    assert_true(ring_client_exiting(f->reader));
+    ring_count_freeset_full(f->writer);
+    ring_count_freeset_full(f->writer);
+    ring_count_drop(f->writer);
+    ring_get_stats(f->reader, &st);
+    assert_int_equal(st.freeset_full, 2);
+    assert_int_equal(st.records_dropped, 3);
+}
+
 static void *detach_later(void *arg)
 {
     usleep(20000);
@@ -1278,6 +1339,10 @@ int main(void)
         cmocka_unit_test(test_ring_create_rejects_bad_sizes),
         cmocka_unit_test(test_ring_map_rejects_foreign_fds),
         cmocka_unit_test_setup_teardown(test_ring_empty_and_full, setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_discard_counts_what_is_left, setup_small,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_ring_discard_hostile, setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_exit_and_freeset_counted, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_mark_bounds_a_drain, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_maps_read_asked_and_answered, setup_small,
                                         teardown),

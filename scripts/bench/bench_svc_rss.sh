@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The service's memory under the worst client we have: its peak RSS with a client that
+# makes it keep ever more. Run by `scripts/bench.sh svc` (which builds build-release and
+# sets HEAPPROF_BUILD).
+#
+# One run: heapprofd (--all, its own socket and trace in a temporary directory) with the
+# memory guardrail max_heapprofd_memory_kb=262144 (--max-memory-kb; the service setting
+# this bench states) is started and waited for; tests/programs/hostile_client memhog
+# writes allocation records at new addresses with new random 16-frame stacks as fast as
+# the service takes them (every live allocation, frame and callstack is new: all the
+# service keeps of a process grows), for at most 20 s. The guardrail detaches it (and
+# every session) long before; once it has exited, heapprofd's peak RSS (VmHWM, rings
+# and the dump that follows the guardrail included) is read, and it gets SIGINT.
+#   svc_rss_mb_hostile  the largest VmHWM over ROUNDS runs, in MB (2^20 bytes); the bound
+#                       is the guardrail: 256 MB (without it the service grows without
+#                       limit, ~800 MB in 5 s)
+#
+# Environment: BENCH_SVC_ROUNDS (default 3), BENCH_SVC_MEMORY_KB (default 262144),
+# HEAPPROF_BUILD (default build-release), BENCH_SVC_DAEMON (the heapprofd to measure,
+# default the build's).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+build=${HEAPPROF_BUILD:-$PWD/build-release}
+rounds=${BENCH_SVC_ROUNDS:-3}
+limit_kb=${BENCH_SVC_MEMORY_KB:-262144}
+daemon=${BENCH_SVC_DAEMON:-$build/cli/heapprofd}
+client="$build/tests/programs/hostile_client"
+for f in "$daemon" "$client"; do
+    [ -x "$f" ] || { echo "bench_svc_rss: $f missing (build first)" >&2; exit 1; }
+done
+
+tmp=$(mktemp -d /tmp/heapprof-bench-rss.XXXXXX)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# run_one: adds heapprofd's peak RSS in KiB to kb (not run in a subshell, so that the
+# EXIT trap sees the processes it started).
+kb=()
+run_one() {
+    local sock="$tmp/s.sock"
+    rm -f "$sock" "$tmp/out.pftrace"
+    "$daemon" --socket "$sock" -o "$tmp/out.pftrace" --no-status --all --no-running \
+        --max-memory-kb "$limit_kb" 2>"$tmp/daemon.log" &
+    local pid=$!
+    pids+=("$pid")
+    for _ in $(seq 500); do
+        [ -S "$sock" ] && break
+        sleep 0.01
+    done
+    [ -S "$sock" ] || { echo "bench_svc_rss: heapprofd did not start" >&2; cat "$tmp/daemon.log" >&2; exit 1; }
+    "$client" "$sock" memhog 1 20 >/dev/null 2>"$tmp/client.log" ||
+        { echo "bench_svc_rss: hostile_client memhog failed" >&2; cat "$tmp/client.log" >&2; exit 1; }
+    local hwm
+    hwm=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status")
+    kill -INT "$pid"
+    wait "$pid" || { echo "bench_svc_rss: heapprofd failed" >&2; cat "$tmp/daemon.log" >&2; exit 1; }
+    grep -q "guardrail hit" "$tmp/daemon.log" ||
+        { echo "bench_svc_rss: the guardrail did not fire" >&2; cat "$tmp/daemon.log" >&2; exit 1; }
+    kb+=("$hwm")
+}
+
+for _ in $(seq "$rounds"); do
+    run_one
+done
+echo "# heapprofd peak RSS under memhog, KiB: ${kb[*]} (guardrail $limit_kb KiB)"
+printf '%s\n' "${kb[@]}" | sort -n | tail -1 |
+    awk '{printf "bench: svc_rss_mb_hostile %.1f MB\n", $1 / 1024}'

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# How soon heapprofd stops after SIGINT while a client writes flat out. Run by
+# `scripts/bench.sh svc` (which builds build-release and sets HEAPPROF_BUILD).
+#
+# One run: heapprofd (--all, its own socket and trace in a temporary directory) is
+# started and waited for; tests/programs/hostile_client mapsflood makes 20 000 mappings
+# (alternate protections, so none merge), prints "ready", then writes pairs of
+# WIRE_MAPS_CHANGED and one-pc WIRE_ALLOC_PCS records flat out without ever hanging up.
+# One second after "ready" heapprofd gets SIGINT; the time is from the signal to its exit
+# (every session ended, the final dump written), the client still writing. The client
+# is killed afterwards.
+#   svc_sigint_to_exit_ms  the median over ROUNDS runs (goal <= 1000, issue 16)
+#
+# Environment: BENCH_SVC_ROUNDS (default 3), HEAPPROF_BUILD (default build-release),
+# BENCH_SVC_DAEMON (the heapprofd to measure, default the build's).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+build=${HEAPPROF_BUILD:-$PWD/build-release}
+rounds=${BENCH_SVC_ROUNDS:-3}
+daemon=${BENCH_SVC_DAEMON:-$build/cli/heapprofd}
+client="$build/tests/programs/hostile_client"
+for f in "$daemon" "$client"; do
+    [ -x "$f" ] || { echo "bench_svc_sigint: $f missing (build first)" >&2; exit 1; }
+done
+
+tmp=$(mktemp -d /tmp/heapprof-bench-sigint.XXXXXX)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+now_ns() { date +%s%N; }
+
+# run_one: adds the milliseconds from SIGINT to heapprofd's exit to ms (not run in a
+# subshell, so that the EXIT trap sees the processes it started).
+ms=()
+run_one() {
+    local sock="$tmp/s.sock"
+    rm -f "$sock" "$tmp/out.pftrace" "$tmp/client.out"
+    "$daemon" --socket "$sock" -o "$tmp/out.pftrace" --no-status --all --no-running \
+        2>"$tmp/daemon.log" &
+    local pid=$!
+    pids+=("$pid")
+    for _ in $(seq 500); do
+        [ -S "$sock" ] && break
+        sleep 0.01
+    done
+    [ -S "$sock" ] || { echo "bench_svc_sigint: heapprofd did not start" >&2; cat "$tmp/daemon.log" >&2; exit 1; }
+    # At most 60 s of writing: killed long before.
+    "$client" "$sock" mapsflood 1 60 >"$tmp/client.out" 2>"$tmp/client.log" &
+    local cpid=$!
+    pids+=("$cpid")
+    for _ in $(seq 1000); do
+        grep -q ready "$tmp/client.out" 2>/dev/null && break
+        sleep 0.01
+    done
+    grep -q ready "$tmp/client.out" ||
+        { echo "bench_svc_sigint: hostile_client mapsflood not ready" >&2; cat "$tmp/client.log" >&2; exit 1; }
+    sleep 1
+    kill -0 "$cpid" || { echo "bench_svc_sigint: hostile_client ended early" >&2; cat "$tmp/client.log" >&2; exit 1; }
+    local t0 t1
+    t0=$(now_ns)
+    kill -INT "$pid"
+    wait "$pid" || { echo "bench_svc_sigint: heapprofd failed" >&2; cat "$tmp/daemon.log" >&2; exit 1; }
+    t1=$(now_ns)
+    kill -KILL "$cpid" 2>/dev/null || true
+    wait "$cpid" 2>/dev/null || true
+    ms+=($(((t1 - t0) / 1000000)))
+}
+
+median() { sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+
+for _ in $(seq "$rounds"); do
+    run_one
+done
+echo "# SIGINT to exit with a client of 20 000 mappings writing flat out, ms: ${ms[*]}"
+echo "bench: svc_sigint_to_exit_ms $(printf '%s\n' "${ms[@]}" | median) ms"
