@@ -20,6 +20,8 @@
 
 #include "shmem_ring/utable.h"
 
+#include "common/clock.h"
+
 struct pair {
     struct utable w, r; /* the service's writable and the client's read-only mapping */
 };
@@ -183,6 +185,7 @@ struct stress {
     struct pair p;
     _Atomic bool stop;
     _Atomic unsigned long hits, checks;
+    _Atomic unsigned long progress; /* lookups / 1024 so far, while they run */
 };
 
 /* Every rule the writer stores for @addr carries the address in its CFA offset and a
@@ -203,7 +206,8 @@ static void *stress_reader(void *arg)
         x ^= x << 17;
         uint64_t addr = 0x100000 + (x % STRESS_ADDRS) * 16;
         uint64_t rule;
-        checks++;
+        if (++checks % 1024 == 0)
+            atomic_fetch_add_explicit(&st->progress, 1, memory_order_relaxed);
         if (lookup(&st->p, addr, &rule)) {
             hits++;
             if (utable_rule_cfa_off(rule) != (int32_t)(addr >> 4))
@@ -225,8 +229,13 @@ static void test_utable_concurrent_readers_never_pair_wrong_rules(void **state)
     pthread_t t[STRESS_READERS];
     for (int i = 0; i < STRESS_READERS; i++)
         assert_int_equal(pthread_create(&t[i], NULL, stress_reader, &st), 0);
+    /* 200 000 rounds, and on until the readers made 4096 lookups between the changes (on
+     * a loaded machine they may not run at all during the first ones), at most 10 s. */
     uint64_t x = 7;
-    for (unsigned round = 0; round < 200000; round++) {
+    uint64_t deadline = hp_clock_ns(CLOCK_MONOTONIC) + 10000000000u;
+    for (unsigned round = 0; round < 200000 || (atomic_load(&st.progress) < 4 &&
+                                                hp_clock_ns(CLOCK_MONOTONIC) < deadline);
+         round++) {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
