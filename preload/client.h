@@ -107,8 +107,8 @@ struct client_session {
     _Atomic uint64_t walk_hold_gen;
     /* glibc's counts of objects loaded and unloaded (client_dl_counts()) when the sampled
      * path last told the service (or at the handshake). */
-    _Atomic uint64_t dl_adds, dl_subs;
-    struct client_freeset freeset; /* mapped once per slot, cleared on reuse */
+    _Atomic uint64_t dl_adds, dl_subs; /* CLIENT_DL_UNKNOWN: not read yet (attach) */
+    struct client_freeset freeset;     /* mapped once per slot, cleared on reuse */
     /* Written by every sampled call: on a line of its own, away from the fields every
      * free() reads. */
     _Alignas(64) _Atomic uint64_t writers; /* hooks inside client_session_enter/leave */
@@ -180,6 +180,8 @@ void client_record_free(struct client_session *s, void *p);
 /* glibc's counts of objects added to and removed from the link maps so far (preload/dl.c;
  * hook-safe but for the loader's lock, see there). False when unknown. */
 bool client_dl_counts(uint64_t *ret_adds, uint64_t *ret_subs);
+/* client_session.dl_adds and dl_subs before they were read. */
+#define CLIENT_DL_UNKNOWN UINT64_MAX
 
 /* ---- shared by the files of the client (preload/client.c, session.c, attach.c) ---- */
 

@@ -269,7 +269,10 @@ static void hook_check_code(struct client_session *s)
     uint64_t seen_subs = atomic_load_explicit(&s->dl_subs, memory_order_relaxed);
     if (HP_LIKELY(adds == seen_adds && subs == seen_subs))
         return;
-    bool unloaded = subs != seen_subs, loaded = adds != seen_adds;
+    /* Counts not read at the start of the session (attach): told as loaded code, so that
+     * the service rereads the maps it read at the handshake once more. */
+    bool unknown = seen_adds == CLIENT_DL_UNKNOWN;
+    bool unloaded = !unknown && subs != seen_subs, loaded = unknown || adds != seen_adds;
     /* With the GOT route, new objects get the hooks in their slots now (what the dlopen
      * wrapper did; preload/got.h). */
     if (loaded)

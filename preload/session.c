@@ -245,9 +245,13 @@ int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms,
     s->utable = table;
     s->audit_every = cfg.audit_every;
     atomic_store_explicit(&s->walk_hold_gen, 0, memory_order_relaxed);
-    /* The service reads the maps at the handshake: what is loaded now is known. */
-    uint64_t adds = 0, subs = 0;
-    (void)client_dl_counts(&adds, &subs);
+    /* The service reads the maps at the handshake: what is loaded now is known. Not on
+     * attach: the attach thread has no glibc thread block, through which dl_iterate_phdr
+     * reads the executable's TLS (a SIGSEGV in any program with a __thread variable in
+     * its executable); the first sample takes the counts then (CLIENT_DL_UNKNOWN). */
+    uint64_t adds = CLIENT_DL_UNKNOWN, subs = CLIENT_DL_UNKNOWN;
+    if (reason != WIRE_REASON_ATTACH)
+        (void)client_dl_counts(&adds, &subs);
     atomic_store_explicit(&s->dl_adds, adds, memory_order_relaxed);
     atomic_store_explicit(&s->dl_subs, subs, memory_order_relaxed);
     s->pid = (pid_t)hp_sys0(SYS_getpid);

@@ -59,7 +59,17 @@ static int teardown(void **state)
 
 /* Starts a dormant worker (library preloaded, no service at startup, @signal: the
  * HEAPPROF_ATTACH_SIGNAL or NULL); its stdout goes to @out. */
+/* As start_worker_sig(), for the program at e2e_env(@prog_env). */
+static pid_t start_worker_prog(const char *prog_env, const char *mode, const char *ms,
+                               const char *out, const char *signal);
+
 static pid_t start_worker_sig(const char *mode, const char *ms, const char *out, const char *signal)
+{
+    return start_worker_prog("WORKER", mode, ms, out, signal);
+}
+
+static pid_t start_worker_prog(const char *prog_env, const char *mode, const char *ms,
+                               const char *out, const char *signal)
 {
     pid_t pid = fork();
     assert_true(pid >= 0);
@@ -70,7 +80,7 @@ static pid_t start_worker_sig(const char *mode, const char *ms, const char *out,
         setenv("HEAPPROF_STARTUP", "0", 1);
         if (signal)
             setenv("HEAPPROF_ATTACH_SIGNAL", signal, 1);
-        execl(e2e_env("WORKER"), "worker", mode, ms, (char *)NULL);
+        execl(e2e_env(prog_env), "worker", mode, ms, (char *)NULL);
         _exit(127);
     }
     /* Wait until it runs (and the library's constructor installed its handler). */
@@ -179,13 +189,12 @@ static void test_attach_idle_detach_reattach(void **state)
     free(o);
 }
 
-static void test_attach_busy(void **state)
+static void attach_busy(const char *prog_env)
 {
-    (void)state;
     char out[256], trace[256], pidbuf[16];
     snprintf(out, sizeof(out), "%s/busy.txt", runtime_dir);
     snprintf(trace, sizeof(trace), "%s/busy.pftrace", runtime_dir);
-    pid_t w = start_worker("busy", "2000", out);
+    pid_t w = start_worker_prog(prog_env, "busy", "2000", out, NULL);
     snprintf(pidbuf, sizeof(pidbuf), "%d", (int)w);
     struct e2e_run run;
     char *args[] = {"-p", pidbuf, "--duration", "0.6", NULL};
@@ -202,6 +211,21 @@ static void test_attach_busy(void **state)
     char *o = read_all(out);
     assert_non_null(strstr(o, "done"));
     free(o);
+}
+
+static void test_attach_busy(void **state)
+{
+    (void)state;
+    attach_busy("WORKER");
+}
+
+/* An executable with a __thread variable died of SIGSEGV on attach: the attach thread,
+ * which has no glibc thread block, called dl_iterate_phdr, which reads each module's TLS
+ * block through it. */
+static void test_attach_bug_executable_tls_killed(void **state)
+{
+    (void)state;
+    attach_busy("WORKER_TLS");
 }
 
 static void test_attach_name_started_later(void **state)
@@ -562,6 +586,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attach_idle_detach_reattach),
         cmocka_unit_test(test_attach_busy),
+        cmocka_unit_test(test_attach_bug_executable_tls_killed),
         cmocka_unit_test(test_attach_name_started_later),
         cmocka_unit_test(test_attach_user_errors),
         cmocka_unit_test(test_attach_bug_name_matches_nothing),

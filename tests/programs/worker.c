@@ -4,7 +4,8 @@
  * allocating one leaked block every 100 ms. Prints "truth worker_leak <bytes> <count> 0 0"
  * and "done" at the end; exits 0. A line "ready <pid>" is printed at the start. MODE
  * "hold": leaks 10 blocks of 1000 bytes at once, prints their truth line and "leaked",
- * then sleeps for DURATION (allocating nothing more). */
+ * then sleeps for DURATION (allocating nothing more). Built a second time as worker_tls,
+ * with a thread-local variable in the executable. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,8 +24,17 @@ NOINLINE void *worker_leak(size_t n)
     return p;
 }
 
+#ifdef WORKER_TLS
+/* As Rust's standard library and C++ thread_local have: attaching once killed such
+ * programs (the attach thread made glibc read the executable's TLS). */
+static __thread unsigned long worker_tls_calls;
+#endif
+
 NOINLINE void *worker_churn(size_t n)
 {
+#ifdef WORKER_TLS
+    worker_tls_calls++;
+#endif
     void *p = malloc(n);
     __asm__ volatile("" ::: "memory");
     return p;
