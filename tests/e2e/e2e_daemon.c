@@ -99,6 +99,37 @@ void e2e_daemon_remove_files(struct e2e_daemon *d)
     rmdir(d->dir);
 }
 
+void e2e_daemon_wait_ended(const struct e2e_daemon *d, const pid_t *pids, int n, long timeout_ms)
+{
+    for (long waited = 0;; waited += 20) {
+        char *log = e2e_read_file(d->log);
+        int ended = 0;
+        for (int i = 0; i < n; i++) {
+            /* "pid N (name): ended (why): ..." or "pid N (name): dropped (why): ..." */
+            char head[32];
+            snprintf(head, sizeof(head), "pid %d (", (int)pids[i]);
+            for (const char *l = strstr(log, head); l; l = strstr(l + 1, head)) {
+                const char *eol = strchr(l, '\n');
+                const char *e = strstr(l, "): ended ");
+                const char *dr = strstr(l, "): dropped ");
+                if ((e && (!eol || e < eol)) || (dr && (!eol || dr < eol))) {
+                    ended++;
+                    break;
+                }
+            }
+        }
+        if (ended == n) {
+            free(log);
+            return;
+        }
+        if (waited >= timeout_ms)
+            fail_msg("%d of %d processes ended in the daemon's log after %ld ms:\n%s", ended, n,
+                     timeout_ms, log);
+        free(log);
+        e2e_sleep_ms(20);
+    }
+}
+
 pid_t e2e_spawn_client(const struct e2e_daemon *d, char *const prog[], const char *out_path)
 {
     pid_t pid = fork();

@@ -29,6 +29,11 @@ void e2e_daemon_prepare(struct e2e_daemon *d, const char *tag);
 void e2e_daemon_launch(struct e2e_daemon *d, const char *const args[]);
 /* Sends @sig and waits: the exit code, or 128 + signal. */
 int e2e_daemon_stop(struct e2e_daemon *d, int sig);
+/* Waits until @d's log says each of the @n processes @pids ended or was dropped (the
+ * service has read, or counted, all they wrote), at most @timeout_ms; fails the test
+ * then. Before a SIGINT in tests that want every record: a stop gives the reading of
+ * what is left a short budget, which a slow build can overrun (then counted as unread). */
+void e2e_daemon_wait_ended(const struct e2e_daemon *d, const pid_t *pids, int n, long timeout_ms);
 /* Removes the daemon's files and directory. */
 void e2e_daemon_remove_files(struct e2e_daemon *d);
 
