@@ -60,6 +60,7 @@
 #include "common/paths.h"
 #include "common/sys.h"
 #include "preload/alloc.h"
+#include "preload/direct.h"
 #include "preload/env.h"
 #include "shmem_ring/wire.h"
 
@@ -94,10 +95,9 @@ _Atomic uint64_t client_stat_attach_unavailable = 0;
 
 /* The variables the client reads, removed from environ by HEAPPROF_FOLLOW_EXEC=0. */
 static const char *const client_env_names[] = {
-    "HEAPPROF_SOCKET",        "HEAPPROF_STARTUP",
-    "HEAPPROF_SEED",          "HEAPPROF_INIT_TIMEOUT_MS",
-    "HEAPPROF_ATTACH_SIGNAL", "HEAPPROF_TRAP_REENTRY",
-    "HEAPPROF_FOLLOW_EXEC",   NULL,
+    "HEAPPROF_SOCKET",          "HEAPPROF_STARTUP",        "HEAPPROF_SEED",
+    "HEAPPROF_INIT_TIMEOUT_MS", "HEAPPROF_ATTACH_SIGNAL",  "HEAPPROF_TRAP_REENTRY",
+    "HEAPPROF_FOLLOW_EXEC",     "HEAPPROF_DORMANT_DIRECT", NULL,
 };
 
 /* ---- small helpers (no allocation, no stdio) ------------------------------------- */
@@ -217,6 +217,7 @@ static void client_atfork_child(void)
     /* The child must never write into the parent's ring nor keep its connection open. */
     atomic_store_explicit(&client_fast_interval, CLIENT_FAST_OFF, memory_order_relaxed);
     atomic_store_explicit(&client_current, NULL, memory_order_seq_cst);
+    client_direct_atfork_child();
     for (unsigned i = 0; i < CLIENT_MAX_SESSIONS; i++) {
         struct client_session *s = &client_sessions[i];
         if (s->ring) {
@@ -296,6 +297,8 @@ void client_init(void)
     client_copy_env(xdg, client__env_xdg, sizeof(client__env_xdg), NULL);
     if (xdg && !client__env_xdg[0] && xdg[0])
         client__env_xdg_set = false; /* too long for a socket path: use the fallback dir */
+    client__direct_disabled =
+        client_parse_u64(client_getenv("HEAPPROF_DORMANT_DIRECT"), &v) && v == 0;
     client_trap_reentry = client_parse_u64(client_getenv("HEAPPROF_TRAP_REENTRY"), &v) && v == 1;
     if (client_parse_u64(client_getenv("HEAPPROF_SEED"), &v))
         client_seed = v;
@@ -385,8 +388,11 @@ __attribute__((constructor)) static void client_ctor(void)
         (void)nanosleep(&ms, NULL);
     }
     int state = atomic_load_explicit(&client_state, memory_order_acquire);
-    if (state == CLIENT_DORMANT || state == CLIENT_ACTIVE)
+    if (state == CLIENT_DORMANT || state == CLIENT_ACTIVE) {
+        /* Before the attach handler: no session can start meanwhile but a startup one. */
+        client_direct_init();
         client__attach_install();
+    }
     t->in_hook = was_in_hook;
     errno = saved_errno;
 }

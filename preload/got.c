@@ -116,8 +116,9 @@ static bool got_maps_line(const char *s, const char *end, uintptr_t addr, bool *
  * relocating the object and protected its RELRO pages (glibc does so at the end of each
  * object's relocation). Write permission means a dlopen in another thread may still be
  * relocating it: making the pages read-only again after our write would fault its
- * relocation. Raw system calls and a stack buffer; once per object patched. */
-static bool got_page_readonly(uintptr_t addr)
+ * relocation. Raw system calls and a stack buffer; once per object patched (and per object
+ * made direct, preload/direct.c). */
+bool client__page_readonly(uintptr_t addr)
 {
     int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/maps", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -150,7 +151,7 @@ struct got_obj {
     const struct client_elfobj *o;
     int route;          /* client_alloc_route */
     bool is_alloc;      /* the allocator's object: its calls to itself (got_own_fn_of) */
-    bool relro_checked; /* got_page_readonly() was asked */
+    bool relro_checked; /* client__page_readonly() was asked */
     bool relro_open;    /* the RELRO pages are writable now (by us) */
     bool relro_failed;  /* not settled yet, or mprotect failed: RELRO slots left */
 };
@@ -185,7 +186,7 @@ static void got_patch_slot(struct got_obj *g, const Elf64_Rela *r)
     if (addr >= o->relro_lo && addr < o->relro_hi && !g->relro_open) {
         if (!g->relro_checked) {
             g->relro_checked = true;
-            if (!got_page_readonly(o->relro_lo)) {
+            if (!client__page_readonly(o->relro_lo)) {
                 g->relro_failed = true;
                 atomic_store_explicit(&got_retry, true, memory_order_relaxed);
             }

@@ -64,6 +64,10 @@ void client_got_check(void);
  * client_got_check() does; from the dlopen wrapper or the sampled path. */
 void client_got_after_dlopen(void);
 
+/* True when the page holding @addr is mapped read-only (/proc/self/maps): the loader has
+ * relocated its object and protected the RELRO pages. Raw system calls, no allocation. */
+bool client__page_readonly(uintptr_t addr);
+
 /* Slots written so far (tests and statistics). */
 extern _Atomic uint64_t client_stat_got_slots;
 

@@ -28,6 +28,7 @@
 #include "common/macros.h"
 #include "common/paths.h"
 #include "common/sys.h"
+#include "preload/direct.h"
 #include "preload/env.h"
 #include "shmem_ring/wire.h"
 
@@ -267,6 +268,9 @@ int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms,
     size_t plen = strlen(path);
     memcpy(s->path, path, plen + 1 <= sizeof(s->path) ? plen + 1 : 0);
 
+    /* The program's calls reach the hooks again before the session is there to see them
+     * (preload/direct.h). */
+    client_direct_hold();
     /* Release pairs with the acquire loads of client_current in the hooks: the session
      * and its set are in place before anyone uses them. */
     atomic_store_explicit(&client_current, s, memory_order_release);
@@ -286,6 +290,8 @@ void client__session_close(struct client_session *s, bool close_sock)
     /* seq_cst: see client_session_enter(). */
     atomic_store_explicit(&client_current, NULL, memory_order_seq_cst);
     atomic_store_explicit(&client_state, CLIENT_DORMANT, memory_order_release);
+    /* Back to the dormant cost: the program's calls skip the hooks. */
+    client_direct_release();
     /* Writers waiting for space (block_client) would wait for a reader that is gone: the
      * flag is atomic and read on every round of their wait. */
     ring_set_blocking(s->ring, false, 0);

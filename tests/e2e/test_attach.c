@@ -581,6 +581,90 @@ static void test_attach_status_line(void **state)
     unlink(out);
 }
 
+/* Starts slotwatch (tests/programs/slotwatch.c) dormant for @ms, stdout to @out, with
+ * HEAPPROF_DORMANT_DIRECT=@direct unless NULL; returns once it printed its first line. */
+static pid_t start_slotwatch(const char *ms, const char *out, const char *direct)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
+        dup2(fd, 1);
+        setenv("LD_PRELOAD", e2e_env("HEAPPROF_LIB"), 1);
+        setenv("HEAPPROF_STARTUP", "0", 1);
+        if (direct)
+            setenv("HEAPPROF_DORMANT_DIRECT", direct, 1);
+        execl(e2e_env("SLOTWATCH"), "slotwatch", ms, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 500; i++) {
+        struct stat st;
+        if (stat(out, &st) == 0 && st.st_size > 0)
+            break;
+        sleep_ms(10);
+    }
+    return pid;
+}
+
+/* Dormant means free (issue 15 case 6): while dormant, the program's PLT slot of malloc
+ * leads straight to libc's malloc, not through the library (a forwarding interposer alone
+ * costs 5-8% on a malloc+free pair). An attach puts the hook back, so the session samples
+ * the program's allocations; after the detach the slot is direct again, also in children
+ * forked meanwhile. HEAPPROF_DORMANT_DIRECT=0 keeps the hook. */
+static void test_attach_bug_dormant_calls_through_library(void **state)
+{
+    (void)state;
+    char out[256], trace[256], pidbuf[16];
+    snprintf(out, sizeof(out), "%s/slotwatch.txt", runtime_dir);
+    snprintf(trace, sizeof(trace), "%s/slotwatch.pftrace", runtime_dir);
+
+    pid_t w = start_slotwatch("4000", out, NULL);
+    sleep_ms(200);
+    char *o = read_all(out);
+    print_message("  dormant: %s", o);
+    assert_true(strncmp(o, "direct\n", 7) == 0);
+    free(o);
+
+    snprintf(pidbuf, sizeof(pidbuf), "%d", (int)w);
+    struct e2e_run run;
+    char *args[] = {"-p", pidbuf, "--duration", "1", "-i", "4096", NULL};
+    struct rp_trace *t = attach(args, trace, 0, &run);
+    const struct rp_trace_process *p = find_pid(t, w);
+    assert_non_null(p);
+    struct e2e_sums s;
+    e2e_sum_function(p, "slotwatch_alloc", &s);
+    print_message("  session: slotwatch_alloc %llu samples\n", (unsigned long long)s.alloc_count);
+    assert_true(s.alloc_count >= 10);
+    rp_trace_free(t);
+    e2e_run_free(&run);
+    assert_true(back_to_dormant(w, 2000));
+
+    assert_int_equal(wait_status(w), 0);
+    o = read_all(out);
+    print_message("  lines: %s", o);
+    /* direct, hooked during the session, direct again; the forked children likewise. */
+    char *hooked = strstr(o, "\nhooked\n");
+    assert_non_null(hooked);
+    char *again = strstr(hooked, "\ndirect\n");
+    assert_non_null(again);
+    assert_non_null(strstr(again, "\nchild direct\n"));
+    assert_non_null(strstr(again, "\ndone\n"));
+    assert_null(strstr(o, "other"));
+    assert_null(strstr(o, "failed"));
+    assert_null(strstr(again + 1, "hooked"));
+    free(o);
+
+    w = start_slotwatch("100", out, "0");
+    assert_int_equal(wait_status(w), 0);
+    o = read_all(out);
+    print_message("  HEAPPROF_DORMANT_DIRECT=0: %s", o);
+    assert_true(strncmp(o, "hooked\n", 7) == 0);
+    assert_null(strstr(o, "direct"));
+    free(o);
+    unlink(out);
+    unlink(trace);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -595,6 +679,7 @@ int main(void)
         cmocka_unit_test(test_attach_bug_service_killed_thread_stays),
         cmocka_unit_test(test_attach_bug_kills_process_in_constructors),
         cmocka_unit_test(test_attach_bug_other_attach_signal_killed),
+        cmocka_unit_test(test_attach_bug_dormant_calls_through_library),
     };
     return cmocka_run_group_tests_name("e2e_attach", tests, setup, teardown);
 }

@@ -1,0 +1,71 @@
+/* preload/direct.h: while dormant, the program's calls to malloc & co go straight to the
+ * allocator, not through our exports.
+ *
+ * A preloaded interposer, however little it does, costs the indirect jump from the
+ * program's PLT to it and the one from it to the allocator (a malloc+free pair of a large
+ * block takes 5-8% longer through a wrapper that only forwards). So, when our exports are
+ * what the program's calls bind to (CLIENT_ROUTE_EXPORTS) and no C++ operator is hooked,
+ * the constructor records the JUMP_SLOT slots of the malloc family in the objects loaded
+ * at startup (never unloaded: their addresses stay valid for the life of the process) that
+ * hold our hook (or, with lazy binding, still point into the object's own PLT), and writes
+ * the allocator's own function into each: "direct". A session writes the hooks back before
+ * it is published and the allocator's functions again once it has ended.
+ *
+ * Only JUMP_SLOT slots: a GLOB_DAT slot also serves `&malloc`, whose value must not change.
+ * Objects loaded later, slots beyond CLIENT_DIRECT_MAX_SLOTS and GLOB_DAT slots keep the
+ * hooks: correct, only not free. Both values of a slot are complete functions of the same
+ * allocator (the hooks forward to it), so a thread calling through a slot while it is
+ * written gets either; each slot is written with one aligned 8-byte compare-and-swap from
+ * the value we left there, so a slot someone else rewrote (another GOT patcher) is left
+ * alone, and a lazy binding that writes our hook meanwhile is as good.
+ *
+ * Which objects count as loaded at startup: the executable, and every object a DT_NEEDED
+ * entry of one of those names unambiguously (one loaded object has that name or soname).
+ * An object a constructor dlopened before ours (which a dlclose may unmap) is never
+ * counted; neither are other preloaded objects (they keep the hooks).
+ *
+ *     client_direct_init();        constructor, dormant or not
+ *     client_direct_hold();        before publishing a session
+ *     client_direct_release();     after a session ended
+ *
+ * HEAPPROF_DORMANT_DIRECT=0 turns this off (every call then goes through the hooks).
+ */
+#ifndef HP_PRELOAD_DIRECT_H
+#define HP_PRELOAD_DIRECT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#pragma GCC visibility push(hidden)
+
+#define CLIENT_DIRECT_MAX_SLOTS 512u
+
+/* Records the slots and, when no session is on, makes them direct. Once, from the
+ * constructor (a normal thread: takes the loader's lock, reads /proc/self/maps, calls
+ * mprotect). */
+void client_direct_init(void);
+
+/* A session is about to be published: the hooks go back into every recorded slot. Owner
+ * of the sessions only; raw system calls, no libc, no allocation (the session thread has
+ * no glibc thread state). */
+void client_direct_hold(void);
+
+/* The session ended (client_current is NULL, the fast interval CLIENT_FAST_OFF): the
+ * slots become direct again. Same conditions as client_direct_hold(). */
+void client_direct_release(void);
+
+/* In a forked child, the only thread: another thread of the parent may have been switching
+ * the slots; forgets its lock and writes every slot again (direct: the child is dormant
+ * until it opens a session of its own). */
+void client_direct_atfork_child(void);
+
+/* HEAPPROF_DORMANT_DIRECT=0 (read by client_init()). */
+extern bool client__direct_disabled;
+
+/* Slots recorded, and whether they are direct now (tests and statistics). */
+extern _Atomic uint32_t client_stat_direct_slots;
+extern _Atomic bool client_stat_direct_on;
+
+#pragma GCC visibility pop
+
+#endif
