@@ -705,6 +705,13 @@ static void test_producer_two_sessions(void **state)
 static void test_producer_full_smb_never_blocks(void **state)
 {
     (void)state;
+#ifdef __SANITIZE_THREAD__
+    /* Under TSan the one unwinder thread reads the flat-out worker's ring about ten times
+     * slower, and each continuous dump waits for it to drain up to the request: no dump
+     * comes while the worker runs, so the page never fills and the final dump (a few
+     * callsites) fits in it. The main and ASan builds run this. */
+    skip();
+#endif
     char *prog[] = {(char *)e2e_env("WORKER"), "busy", "1500", NULL};
     struct pe pe;
     static const char *const fake_args[] = {"--smb-kb", "4", "--page-kb", "4", NULL};
