@@ -22,19 +22,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-build=${HEAPPROF_BUILD:-$PWD/build-release}
-rounds=${BENCH_SVC_ROUNDS:-5}
+. scripts/bench/svc_setup.sh bench_svc_flood 5
 count=${BENCH_SVC_RECORDS:-200000}
-daemon=${BENCH_SVC_DAEMON:-$build/cli/heapprofd}
-client="$build/tests/programs/hostile_client"
-for f in "$daemon" "$client"; do
-    [ -x "$f" ] || { echo "bench_svc_flood: $f missing (build first)" >&2; exit 1; }
-done
-
-tmp=$(mktemp -d /tmp/heapprof-bench-svc.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-
-now_ns() { date +%s%N; }
 
 # run_one MODE: prints the milliseconds from the client's start to the daemon's exit.
 run_one() {

@@ -21,22 +21,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-build=${HEAPPROF_BUILD:-$PWD/build-release}
-rounds=${BENCH_SVC_ROUNDS:-3}
+. scripts/bench/svc_setup.sh bench_svc_rss 3
 limit_kb=${BENCH_SVC_MEMORY_KB:-262144}
-daemon=${BENCH_SVC_DAEMON:-$build/cli/heapprofd}
-client="$build/tests/programs/hostile_client"
-for f in "$daemon" "$client"; do
-    [ -x "$f" ] || { echo "bench_svc_rss: $f missing (build first)" >&2; exit 1; }
-done
-
-tmp=$(mktemp -d /tmp/heapprof-bench-rss.XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
 
 # run_one: adds heapprofd's peak RSS in KiB to kb (not run in a subshell, so that the
 # EXIT trap sees the processes it started).

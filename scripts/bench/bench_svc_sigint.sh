@@ -16,23 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-build=${HEAPPROF_BUILD:-$PWD/build-release}
-rounds=${BENCH_SVC_ROUNDS:-3}
-daemon=${BENCH_SVC_DAEMON:-$build/cli/heapprofd}
-client="$build/tests/programs/hostile_client"
-for f in "$daemon" "$client"; do
-    [ -x "$f" ] || { echo "bench_svc_sigint: $f missing (build first)" >&2; exit 1; }
-done
-
-tmp=$(mktemp -d /tmp/heapprof-bench-sigint.XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-now_ns() { date +%s%N; }
+. scripts/bench/svc_setup.sh bench_svc_sigint 3
 
 # run_one: adds the milliseconds from SIGINT to heapprofd's exit to ms (not run in a
 # subshell, so that the EXIT trap sees the processes it started).
