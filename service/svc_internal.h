@@ -424,4 +424,34 @@ bool svc__guardrail_fire(struct svc *s, const char *what, uint64_t value, uint64
 #define SVC_GUARDRAIL_CHECK_ENTRIES (SVC_GUARDRAIL_CHECK_BATCHES * (SVC_BATCH_BYTES / 24))
 void svc__mark_done(struct svc *s, pid_t pid);
 
+/* ---- reading a client's ring (service/unwind_records.c) ---------------------------- */
+
+/* The rereads of the maps a client asks for (WIRE_MAPS_CHANGED) may take 1/REREAD_SHARE
+ * of the time, with REREAD_BURST_NS saved up: a process of 20 000 mappings (a reread of
+ * milliseconds) cannot make its thread do nothing else. A sample that needs a reread the
+ * budget holds back waits in the ring (its writers block or drop, counted), so no sample
+ * is named with maps older than it. */
+#define REREAD_SHARE 8
+#define REREAD_BURST_NS (50ll * 1000 * 1000)
+
+/* What a drain left. */
+enum svc_drain_result {
+    SVC_DRAIN_DONE, /* caught up, at the mark, or given up on the client */
+    SVC_DRAIN_MORE, /* the budget ran out: the ring may hold more */
+    SVC_DRAIN_HELD, /* records wait: a reread the rate limit holds back, or a full queue */
+};
+
+/* Posts the start of @c's process to the bookkeeping thread (c->started); false when out
+ * of memory. */
+bool svc__post_start(struct svc_unwinder *u, struct svc_client *c);
+/* A message of @type for @c, its process's start posted first if it could not be yet.
+ * NULL when out of memory: the caller counts what is lost. */
+void *svc__post(struct svc_unwinder *u, struct svc_client *c, uint32_t type, size_t len);
+/* Given up on: corrupt data, or a writer that kept a record while it ran. */
+bool svc__client_over(const struct svc_client *c);
+/* Reads up to @budget records of @c, stopping at @mark (ring_mark()) if not NULL, and
+ * before the next record when the queue to the bookkeeping thread is full. */
+enum svc_drain_result svc__drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned budget,
+                                      const uint64_t *mark);
+
 #endif

@@ -1,6 +1,7 @@
 /* service/unwind_thread.c: an unwinder thread. It owns the clients handed to it: their
- * sockets, rings and unwinder state. It drains each ring, unwinds every sampled stack and
- * posts compact records to the bookkeeping thread.
+ * sockets, rings and unwinder state. It drains each ring (the records themselves:
+ * service/unwind_records.c), starts and ends the clients' sessions within their budgets,
+ * answers dump requests, and posts each client's statistics to the bookkeeping thread.
  *
  * It sleeps in futex_waitv(2) on its own wake word and on the futex word of every ring
  * it has drained (writers wake it there: no descriptor, see shmem_ring/ring.h). A
@@ -50,411 +51,6 @@
 /* svc_finish(): every client ends within this, so that the daemon stops within a second
  * of SIGINT whatever its clients do (the bookkeeping thread's final dumps come after). */
 #define STOP_BUDGET_NS (400ull * 1000 * 1000)
-/* The rereads of the maps a client asks for (WIRE_MAPS_CHANGED) may take 1/REREAD_SHARE
- * of the time, with REREAD_BURST_NS saved up: a process of 20 000 mappings (a reread of
- * milliseconds) cannot make its thread do nothing else. A sample that needs a reread the
- * budget holds back waits in the ring (its writers block or drop, counted), so no sample
- * is named with maps older than it. */
-#define REREAD_SHARE 8
-#define REREAD_BURST_NS (50ll * 1000 * 1000)
-
-static const uint64_t hist_bounds[] = BK_UNWIND_HIST_BOUNDS;
-
-static bool post_start(struct svc_unwinder *u, struct svc_client *c)
-{
-    struct svc_msg_proc_start *m =
-        svc__batch_add(&u->batcher, SVC_MSG_PROC_START, c->pid, sizeof(*m) + c->cmdline_len);
-    if (!m)
-        return false;
-    m->cmdline_len = (uint32_t)c->cmdline_len;
-    m->sampling_interval_bytes = c->sampling_interval_bytes;
-    m->from_startup = c->from_startup;
-    if (c->cmdline_len)
-        memcpy(m + 1, c->cmdline, c->cmdline_len);
-    c->started = true;
-    return true;
-}
-
-/* A message of @type for @c, its process's start posted first if it could not be yet
- * (out of memory: every record would be refused for want of it). NULL when out of
- * memory: the caller counts what is lost. */
-static void *post(struct svc_unwinder *u, struct svc_client *c, uint32_t type, size_t len)
-{
-    if (!c->started && !post_start(u, c))
-        return NULL;
-    return svc__batch_add(&u->batcher, type, c->pid, len);
-}
-
-/* The common end of both kinds of sampled allocation: statistics, then the frames in
- * u->frames (@n of them; @r < 0: none) go to the bookkeeping thread. */
-static void post_sample(struct svc_unwinder *u, struct svc_client *c, int r, size_t n,
-                        const struct unwinder_result *res, const struct wire_alloc_head *h)
-{
-    /* One clock read per sample: the time since the previous sample's end (or the start
-     * of the drain) counts, which adds the decoding of the records in between. */
-    uint64_t t1 = hp_clock_ns(CLOCK_MONOTONIC);
-    uint64_t us = (t1 - u->clock_ns) / 1000;
-    u->clock_ns = t1;
-    if (r < 0)
-        n = 0;
-    c->stats.heap_samples++;
-    c->stats.total_unwinding_time_us += us;
-    for (size_t i = 0; i < HP_ARRAY_SIZE(hist_bounds); i++) {
-        if (us <= hist_bounds[i]) {
-            c->stats.unwinding_time_hist[i]++;
-            break;
-        }
-    }
-    if (res->error || r < 0) {
-        c->stats.unwinding_errors++;
-        atomic_fetch_add_explicit(&u->svc->unwind_errors, 1, memory_order_relaxed);
-    } else if (res->copy_truncated) {
-        /* Not an unwinding error: the stack went on past what the record holds. */
-        atomic_fetch_add_explicit(&u->svc->truncated_stacks, 1, memory_order_relaxed);
-    }
-    if (res->reparsed_maps)
-        c->stats.map_reparses++;
-    /* Files new in stacks get their debug info opened in the background for the dump. */
-    for (size_t i = 0; i < n; i++) {
-        const struct hp_mapping *map = u->frames[i].map;
-        size_t k = ((uintptr_t)map >> 4) % HP_ARRAY_SIZE(u->seen_maps);
-        if (map && u->seen_maps[k] != map) {
-            u->seen_maps[k] = map;
-            unwinder_source_prefetch(map);
-        }
-    }
-
-    struct svc_msg_alloc *m = post(u, c, SVC_MSG_ALLOC, sizeof(*m) + n * sizeof(struct hp_frame));
-    if (!m) {
-        c->stats.records_lost_service++;
-        return;
-    }
-    m->heap_id = h->heap_id;
-    m->n_frames = (uint32_t)n;
-    m->seq = h->seq;
-    m->addr = h->addr;
-    m->size = h->size;
-    m->sample_size = h->sample_size;
-    memcpy(m + 1, u->frames, n * sizeof(struct hp_frame));
-    atomic_fetch_add_explicit(&u->svc->samples, 1, memory_order_relaxed);
-}
-
-static bool same_frames(const struct hp_frame *a, size_t na, const struct hp_frame *b, size_t nb)
-{
-    if (na != nb)
-        return false;
-    for (size_t i = 0; i < na; i++)
-        if (a[i].map != b[i].map || a[i].rel_pc != b[i].rel_pc ||
-            a[i].function_name != b[i].function_name)
-            return false;
-    return true;
-}
-
-/* An audited sample: the client's own walk of the stack (@pcs) must give the frames our
- * unwind of the copy gave (u->frames, @n). A difference means a rule in the client's
- * table is wrong for its code now: the table is flushed (the rules come back from the
- * next unwinds) and the difference counted. The copy's frames are the ones kept. A copy
- * cut short holds only the innermost part of the stack: only that part is compared (the
- * walk, which read the live stack, goes on where the copy stops). */
-static void audit_walk(struct svc_unwinder *u, struct svc_client *c, const uint64_t *pcs,
-                       size_t n_pcs, size_t n, const struct unwinder_result *res)
-{
-    size_t na = 0;
-    struct unwinder_result ra;
-    atomic_fetch_add_explicit(&u->svc->audits, 1, memory_order_relaxed);
-    if (res->error || unwinder_resolve_pcs(c->unw, pcs, n_pcs, u->audit_frames, UNWINDER_MAX_FRAMES,
-                                           &na, &ra) < 0)
-        return;
-    if (res->copy_truncated) {
-        n--; /* the truncation frame */
-        if (na > n)
-            na = n;
-    }
-    if (same_frames(u->frames, n, u->audit_frames, na))
-        return;
-    c->audit_mismatches++;
-    atomic_fetch_add_explicit(&u->svc->audit_mismatches, 1, memory_order_relaxed);
-    if (c->audit_mismatches == 1)
-        hp_log_warn("pid %d: a stack the client walked differs from its unwind (%zu vs %zu "
-                    "frames); its unwind table is reset",
-                    c->pid, na, n);
-    unwinder_table_reset(c->unw);
-}
-
-/* The stack copies that did not hold the whole stack, by the client's flags. */
-static void count_stack_flags(struct svc_client *c, uint32_t flags)
-{
-    if (flags & WIRE_ALLOC_STACK_TRUNCATED)
-        c->stats.stacks_truncated++;
-    if (flags & WIRE_ALLOC_UNKNOWN_STACK)
-        c->stats.unknown_stacks++;
-}
-
-static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uint8_t *data,
-                         size_t len)
-{
-    struct wire_alloc a;
-    const uint8_t *stack;
-    uint64_t pcs[WIRE_MAX_PCS];
-    size_t n_pcs = 0;
-    if (wire_decode_alloc(data, len, c->max_stack_bytes, &a, &stack, pcs, &n_pcs) < 0) {
-        c->flags |= BK_FLAG_BUFFER_CORRUPTED;
-        return;
-    }
-    count_stack_flags(c, a.flags);
-    size_t n = 0;
-    struct unwinder_result res = {0};
-    int r = -ENOENT;
-    /* A copy that stops short of the stack, or of a stack not the thread's own, is not
-     * completed from the process's memory: that has changed since. */
-    if (c->unw)
-        r = unwinder_unwind_copy(c->unw, a.regs, a.stack_ptr, stack, (size_t)a.stack_len,
-                                 unwinder_copy_of(a.flags), u->frames, UNWINDER_MAX_FRAMES, &n,
-                                 &res);
-    if (n_pcs > 0 && r >= 0)
-        audit_walk(u, c, pcs, n_pcs, n, &res);
-    /* struct wire_alloc starts with the fields of a struct wire_alloc_head (wire.h). */
-    struct wire_alloc_head h;
-    memcpy(&h, &a, sizeof(h));
-    post_sample(u, c, r, n, &res, &h);
-}
-
-/* A stack the client walked itself with its unwind table: only the frames to name. */
-static void handle_alloc_pcs(struct svc_unwinder *u, struct svc_client *c, const uint8_t *data,
-                             size_t len)
-{
-    struct wire_alloc_pcs a;
-    uint64_t pcs[WIRE_MAX_PCS];
-    if (wire_decode_alloc_pcs(data, len, &a, pcs) < 0) {
-        c->flags |= BK_FLAG_BUFFER_CORRUPTED;
-        return;
-    }
-    size_t n = 0;
-    struct unwinder_result res = {0};
-    int r = -ENOENT;
-    if (c->unw) {
-        r = unwinder_resolve_pcs(c->unw, pcs, a.n_pcs, u->frames, UNWINDER_MAX_FRAMES, &n, &res);
-        /* The walk stopped before the end (the table changed under it): say so. */
-        if (r >= 0 && (a.flags & WIRE_PCS_PARTIAL) && !res.error)
-            unwinder_mark_truncated(u->frames, &n, UNWINDER_MAX_FRAMES, &res);
-    }
-    atomic_fetch_add_explicit(&u->svc->walked, 1, memory_order_relaxed);
-    post_sample(u, c, r, n, &res, &a.head);
-}
-
-static void handle_free(struct svc_unwinder *u, struct svc_client *c, const uint8_t *data,
-                        size_t len)
-{
-    struct wire_free f;
-    if (wire_decode_free(data, len, &f) < 0) {
-        c->flags |= BK_FLAG_BUFFER_CORRUPTED;
-        return;
-    }
-    struct svc_msg_free *m = post(u, c, SVC_MSG_FREE, sizeof(*m));
-    if (!m) {
-        c->stats.records_lost_service++;
-        c->frees_lost_service++;
-        return;
-    }
-    m->heap_id = f.heap_id;
-    m->seq = f.seq;
-    m->addr = f.addr;
-    c->frees++;
-}
-
-/* Acts on the WIRE_MAPS_CHANGED records read since the last sample: one reread of the
- * maps for a run of them, within the client's budget for rereads (REREAD_SHARE). Returns
- * false when the budget holds the reread back: the sample waits (c->throttled). An
- * ending client does not wait: its last samples are named with the maps as they are. */
-static bool apply_maps_changed(struct svc_client *c)
-{
-    if (!c->maps_changed)
-        return true;
-    if (c->unw) {
-        uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
-        if (!svc__budget_allows(&c->reread, t0, REREAD_SHARE, REREAD_BURST_NS)) {
-            if (c->ending)
-                return true;
-            if (!c->throttled)
-                c->stats.map_reparses_deferred++;
-            c->throttled = true;
-            return false;
-        }
-        unwinder_maps_changed(c->unw, (c->maps_changed & WIRE_MAPS_UNLOADED) != 0);
-        svc__budget_spend(&c->reread, hp_clock_ns(CLOCK_MONOTONIC) - t0);
-        c->stats.map_reparses++;
-    }
-    /* A sample waits for this (the client loaded code it is about to sample). */
-    if (c->maps_ask)
-        ring_maps_read_done(c->ring, c->maps_ask);
-    c->maps_changed = 0;
-    c->maps_ask = 0;
-    c->throttled = false;
-    return true;
-}
-
-/* The unwinder keeps the mappings a reread no longer shows (an unloaded library) for the
- * records written before they went. Which records those are is known only as a bound:
- * every record reserved when the reread found them gone lies before the ring's end at
- * that moment, so they go once the reader is there. Checked after every record (a load
- * and a compare). */
-static void track_retired(struct svc_client *c)
-{
-    if (!c->unw)
-        return;
-    uint64_t seq = unwinder_retired_seq(c->unw);
-    if (seq != c->retired_seen) {
-        c->retired_seen = seq;
-        /* Full: the newest bound covers the last one's mappings too (kept longer). */
-        unsigned i = c->n_retired < HP_ARRAY_SIZE(c->retired) ? c->n_retired++ : c->n_retired - 1;
-        c->retired[i].seq = seq;
-        c->retired[i].mark = ring_mark(c->ring);
-    }
-    while (c->n_retired > 0 && ring_reached(c->ring, c->retired[0].mark)) {
-        unwinder_retired_drop(c->unw, c->retired[0].seq);
-        c->n_retired--;
-        memmove(&c->retired[0], &c->retired[1], c->n_retired * sizeof(c->retired[0]));
-    }
-}
-
-/* Given up on: corrupt data, or a writer that kept a record while it ran. */
-static bool client_over(const struct svc_client *c)
-{
-    return (c->flags & BK_FLAG_BUFFER_CORRUPTED) || c->cut_off;
-}
-
-/* The next record of @c has been reserved and left unpublished for the stall timeout.
- * Returns true when the reader may read on (the record was skipped). */
-static bool stalled(struct svc_unwinder *u, struct svc_client *c)
-{
-    uint32_t tid = ring_stalled_writer(c->ring);
-    enum svc_thread_state st = svc__thread_state(c->pid, (pid_t)tid);
-    c->flags |= BK_FLAG_WRITER_STALLED;
-    if (st == SVC_THREAD_STOPPED) {
-        /* A debugger, SIGSTOP or the freezer: the record comes once the thread runs
-         * again. The other clients are served meanwhile. */
-        if (!c->in_stall) {
-            c->in_stall = true;
-            c->stats.writer_stalls++;
-            atomic_fetch_add_explicit(&u->svc->stall_waits, 1, memory_order_relaxed);
-            hp_log_info("pid %d: thread %u is stopped in the middle of a record (debugger, "
-                        "SIGSTOP or freezer); waiting for it",
-                        c->pid, tid);
-        }
-        ring_stall_rearm(c->ring);
-        return false;
-    }
-    if (st == SVC_THREAD_GONE && tid != 0) {
-        /* The thread is gone: nobody will ever publish the record. */
-        int r = ring_skip_stalled(c->ring);
-        if (r == -EBADMSG) {
-            c->flags |= BK_FLAG_BUFFER_CORRUPTED;
-            return false;
-        }
-        if (r == 0) {
-            c->stats.stalled_records_skipped++;
-            atomic_fetch_add_explicit(&u->svc->stall_skips, 1, memory_order_relaxed);
-        }
-        return true;
-    }
-    /* Running (or nobody named): a thread that keeps a record for that long while it
-     * runs is not coming back to it. */
-    hp_log_warn("pid %d: %s%u kept a record unpublished for %u s while running; client "
-                "disconnected",
-                c->pid, tid ? "thread " : "an unnamed writer", tid,
-                RING_DEFAULT_STALL_TIMEOUT_US / 1000000u);
-    atomic_fetch_add_explicit(&u->svc->stall_cutoffs, 1, memory_order_relaxed);
-    c->cut_off = true;
-    return false;
-}
-
-/* What a drain left. */
-enum drain_result {
-    DRAIN_DONE, /* caught up, at the mark, or given up on the client */
-    DRAIN_MORE, /* the budget ran out: the ring may hold more */
-    DRAIN_HELD, /* records wait: a reread the rate limit holds back, or a full queue */
-};
-
-/* Reads up to @budget records of @c, stopping at @mark (ring_mark()) if not NULL, and
- * before the next record when the queue to the bookkeeping thread is full. */
-static enum drain_result drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned budget,
-                                    const uint64_t *mark)
-{
-    if (client_over(c))
-        return DRAIN_DONE;
-    u->clock_ns = hp_clock_ns(CLOCK_MONOTONIC);
-    for (unsigned i = 0; i < budget; i++) {
-        if (mark && ring_reached(c->ring, *mark))
-            break;
-        if (svc__bkq_full(u->batcher.q))
-            return DRAIN_HELD;
-        struct ring_rspan rd;
-        int r = ring_begin_read(c->ring, &rd);
-        if (r == -ETIMEDOUT) {
-            if (stalled(u, c))
-                continue;
-            return DRAIN_DONE;
-        }
-        if (r == -EAGAIN)
-            break;
-        if (r < 0) {
-            c->flags |= BK_FLAG_BUFFER_CORRUPTED;
-            return DRAIN_DONE;
-        }
-        c->in_stall = false;
-        bool sync = false;
-        switch (rd.type) {
-        case WIRE_ALLOC:
-            /* A sample waiting for a reread stays in the ring (read again later). */
-            if (!apply_maps_changed(c))
-                return DRAIN_HELD;
-            handle_alloc(u, c, rd.data, rd.len);
-            break;
-        case WIRE_FREE:
-            handle_free(u, c, rd.data, rd.len);
-            break;
-        case WIRE_ALLOC_PCS:
-            if (!apply_maps_changed(c))
-                return DRAIN_HELD;
-            handle_alloc_pcs(u, c, rd.data, rd.len);
-            break;
-        case WIRE_MAPS_CHANGED: {
-            struct wire_maps_changed mc;
-            if (wire_decode_maps_changed(rd.data, rd.len, &mc) < 0) {
-                c->flags |= BK_FLAG_BUFFER_CORRUPTED;
-            } else {
-                c->maps_changed |= SVC_MAPS_CHANGED | (mc.flags & WIRE_MAPS_UNLOADED);
-                if (mc.ask)
-                    c->maps_ask = mc.ask;
-            }
-            break;
-        }
-        case WIRE_SYNC:
-            sync = true;
-            break;
-        default:
-            c->flags |= BK_FLAG_BUFFER_CORRUPTED;
-            break;
-        }
-        ring_end_read(c->ring, &rd);
-        /* A writer waits until we have read past it (WIRE_SYNC; today's clients do not
-         * send it): tell it now. */
-        if (sync)
-            ring_flush_read_pos(c->ring);
-        track_retired(c);
-        c->records++;
-        if (c->flags & BK_FLAG_BUFFER_CORRUPTED)
-            return DRAIN_DONE;
-        if (i + 1 == budget)
-            return DRAIN_MORE;
-    }
-    /* Caught up: a client waiting for a new table generation after an unload is
-     * released now, not at its next sample. */
-    bool applied = apply_maps_changed(c);
-    track_retired(c);
-    return applied ? DRAIN_DONE : DRAIN_HELD;
-}
-
 /* A snapshot of @c's statistics and flags, the ring's counters included (the client
  * writes those: they are as untrusted as the rest, and only ever shown as its own). */
 static void client_stats(const struct svc_client *c, struct bk_process_stats *ret,
@@ -483,7 +79,7 @@ static void client_stats(const struct svc_client *c, struct bk_process_stats *re
 /* Posts @c's statistics and flags so far: the dump that follows shows them. */
 static void post_stats(struct svc_unwinder *u, struct svc_client *c)
 {
-    struct svc_msg_proc_end *m = post(u, c, SVC_MSG_PROC_STATS, sizeof(*m));
+    struct svc_msg_proc_end *m = svc__post(u, c, SVC_MSG_PROC_STATS, sizeof(*m));
     if (m)
         client_stats(c, &m->stats, &m->flags);
 }
@@ -517,7 +113,7 @@ static void begin_end(struct svc_unwinder *u, struct svc_client *c, uint32_t fla
  * time is up. */
 static bool end_due(const struct svc_client *c, uint64_t now)
 {
-    return client_over(c) || ring_reached(c->ring, c->end_mark) || now >= c->end_deadline_ns;
+    return svc__client_over(c) || ring_reached(c->ring, c->end_mark) || now >= c->end_deadline_ns;
 }
 
 /* Skips and counts what is left before the end mark, posts the end of the process with
@@ -525,7 +121,7 @@ static bool end_due(const struct svc_client *c, uint64_t now)
 static void complete_end(struct svc_unwinder *u, struct svc_client *c)
 {
     struct svc *s = u->svc;
-    if (!client_over(c) && !ring_reached(c->ring, c->end_mark)) {
+    if (!svc__client_over(c) && !ring_reached(c->ring, c->end_mark)) {
         uint64_t n = 0, frees = 0;
         if (ring_discard(c->ring, c->end_mark, WIRE_FREE, &n, &frees) < 0)
             n++; /* at least the record whose header is not valid */
@@ -548,7 +144,7 @@ static void complete_end(struct svc_unwinder *u, struct svc_client *c)
                     "(e.g. closefrom or close_range at start); it is not profiled from there on",
                     c->pid);
     }
-    struct svc_msg_proc_end *m = post(u, c, SVC_MSG_PROC_END, sizeof(*m));
+    struct svc_msg_proc_end *m = svc__post(u, c, SVC_MSG_PROC_END, sizeof(*m));
     struct bk_process_stats st;
     uint32_t flags;
     client_stats(c, &st, &flags);
@@ -574,8 +170,8 @@ static void complete_end(struct svc_unwinder *u, struct svc_client *c)
             snprintf(extra, sizeof(extra), ", %llu lost (dropped or unread)",
                      (unsigned long long)lost);
         hp_log_note("pid %d (%s): %s %s: %llu samples%s", c->pid, svc__client_name(c),
-                    client_over(c) || (flags & BK_FLAG_CONN_LOST) || c->end_abrupt ? "dropped"
-                                                                                   : "ended",
+                    svc__client_over(c) || (flags & BK_FLAG_CONN_LOST) || c->end_abrupt ? "dropped"
+                                                                                        : "ended",
                     c->end_why ? c->end_why : "", (unsigned long long)st.heap_samples, extra);
     }
     svc__batch_flush(&u->batcher);
@@ -610,7 +206,7 @@ static void start(struct svc_unwinder *u, struct svc_client *c)
     u->clients = c;
     c->has_work = true;
     svc__budget_init(&c->reread, hp_clock_ns(CLOCK_MONOTONIC), REREAD_BURST_NS);
-    (void)post_start(u, c); /* retried with its first record (post()) */
+    (void)svc__post_start(u, c); /* retried with its first record (svc__post()) */
     if (u->stopping)
         begin_end(u, c, 0, "profiling stopped");
 }
@@ -796,7 +392,7 @@ static void begin_ends(struct svc_unwinder *u, bool detach, uint32_t detach_flag
         if (c->ending)
             continue;
         const char *why;
-        if (client_over(c)) {
+        if (svc__client_over(c)) {
             /* The service and the other clients carry on. */
             begin_end(u, c, BK_FLAG_DISCONNECTED | BK_FLAG_CONN_LOST,
                       c->cut_off ? "(a thread kept a record unpublished while running)"
@@ -839,7 +435,8 @@ static void answer_dumps(struct svc_unwinder *u, uint32_t dump_requests)
     for (struct svc_client *c = u->clients; c; c = c->next) {
         uint64_t mark = c->ending ? c->end_mark : ring_mark(c->ring);
         for (unsigned i = 0;
-             i < DUMP_DRAIN_ROUNDS && drain_upto(u, c, DRAIN_BUDGET, &mark) == DRAIN_MORE; i++)
+             i < DUMP_DRAIN_ROUNDS && svc__drain_upto(u, c, DRAIN_BUDGET, &mark) == SVC_DRAIN_MORE;
+             i++)
             ;
     }
     for (struct svc_client *c = u->clients; c; c = c->next)
@@ -920,13 +517,14 @@ void *svc__unwinder_main(void *arg)
             if (c->ending && now_ns >= c->end_deadline_ns)
                 continue; /* its time is up: the rest is counted below */
             uint64_t before = c->records;
-            enum drain_result dr = drain_upto(u, c, DRAIN_BUDGET, c->ending ? &c->end_mark : NULL);
-            if (dr == DRAIN_MORE) {
+            enum svc_drain_result dr =
+                svc__drain_upto(u, c, DRAIN_BUDGET, c->ending ? &c->end_mark : NULL);
+            if (dr == SVC_DRAIN_MORE) {
                 busy = true;
                 c->polling = false;
                 continue;
             }
-            if (dr == DRAIN_HELD) {
+            if (dr == SVC_DRAIN_HELD) {
                 /* A reread held back, or the queue filled up: look again soon. */
                 queue_full = svc__bkq_full(u->batcher.q);
                 c->has_work = false;
@@ -956,12 +554,12 @@ void *svc__unwinder_main(void *arg)
             c->polling = false;
             ring_set_reader_idle(c->ring, true);
             /* Re-check after announcing idleness so no wakeup is lost. */
-            dr = drain_upto(u, c, DRAIN_BUDGET, NULL);
-            c->has_work = dr == DRAIN_MORE;
-            if (dr != DRAIN_DONE) {
+            dr = svc__drain_upto(u, c, DRAIN_BUDGET, NULL);
+            c->has_work = dr == SVC_DRAIN_MORE;
+            if (dr != SVC_DRAIN_DONE) {
                 ring_set_reader_idle(c->ring, false);
                 busy |= c->has_work;
-                c->polling = polling = dr == DRAIN_HELD;
+                c->polling = polling = dr == SVC_DRAIN_HELD;
             }
         }
         if (dump_requests > 0 && svc__bkq_full(u->batcher.q)) {
