@@ -28,6 +28,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/containers.h"
 #include "common/strtab.h"
@@ -233,5 +234,19 @@ int rp__parse_module_symbols(struct rd *rd, const uint8_t *buf, size_t len) HP_W
 int rp__attach_lines(struct rd *rd) HP_WARN_UNUSED;
 /* A hash of @n 64-bit words, seeded per load. */
 uint64_t rp__hash(const struct rd *rd, const uint64_t *words, size_t n);
+
+/* ---- the text report (report.c), shared with the comparisons (compare.c) ---------- */
+
+/* A site's bytes allocated and not freed (0 when more were freed). */
+uint64_t rp__unreleased(const struct rp_trace_callsite *c);
+/* @samples scaled by @scale (rp_callsite_count_scale()), rounded. */
+uint64_t rp__est_count(uint64_t samples, double scale);
+/* One standard deviation of @bytes estimated at sampling interval @interval. */
+double rp__sd_bytes(uint64_t bytes, uint64_t interval);
+/* A site's frames, a line each, as the report prints them. */
+void rp__print_stack(FILE *out, const struct rp_trace_callsite *c,
+                     const struct rp_report_options *opt);
+/* "Process PID: name" and, for an exec'd program, which one. */
+void rp__print_process_header(FILE *out, const struct rp_trace_process *p);
 
 #endif
