@@ -53,6 +53,24 @@ struct pe {
     FILE *fake_out;
 };
 
+/* The test's heapprofd and fake traced, killed by the teardown when a failed assertion
+ * left them running (a failure jumps past pe_stop()). */
+static pid_t g_daemon, g_fake;
+
+static int kill_leftovers(void **state)
+{
+    (void)state;
+    pid_t *pids[] = {&g_daemon, &g_fake};
+    for (size_t i = 0; i < sizeof(pids) / sizeof(pids[0]); i++) {
+        if (*pids[i] > 0) {
+            kill(*pids[i], SIGKILL);
+            (void)e2e_wait_status(*pids[i]);
+        }
+        *pids[i] = 0;
+    }
+    return 0;
+}
+
 /* ---- the fake, as a process --------------------------------------------------------- */
 
 static void fake_start(struct pe *pe, const char *const extra[])
@@ -75,6 +93,7 @@ static void fake_start(struct pe *pe, const char *const extra[])
         execv(argv[0], argv);
         _exit(127);
     }
+    g_fake = pe->fake;
     close(in[0]);
     close(out[1]);
     pe->fake_in = in[1];
@@ -106,7 +125,7 @@ static void fake_kill(struct pe *pe)
     (void)e2e_wait_status(pe->fake);
     close(pe->fake_in);
     fclose(pe->fake_out);
-    pe->fake = 0;
+    pe->fake = g_fake = 0;
 }
 
 static void fake_quit(struct pe *pe)
@@ -115,7 +134,7 @@ static void fake_quit(struct pe *pe)
     assert_int_equal(e2e_wait_status(pe->fake), 0);
     close(pe->fake_in);
     fclose(pe->fake_out);
-    pe->fake = 0;
+    pe->fake = g_fake = 0;
 }
 
 /* Asserts that the fake counted no violation; returns its stats line. */
@@ -158,6 +177,7 @@ static void pe_start(struct pe *pe, const char *tag, const char *const fake_args
               "--no-status", (char *)NULL);
         _exit(127);
     }
+    g_daemon = pe->daemon;
     assert_string_equal(fake_cmd(pe, "wait-producer 10000"), "producer ok");
 }
 
@@ -165,6 +185,7 @@ static void pe_stop(struct pe *pe)
 {
     kill(pe->daemon, SIGTERM);
     int st = e2e_wait_status(pe->daemon);
+    g_daemon = 0;
     char *log = e2e_read_file(pe->log);
     if (st != 0)
         print_message("heapprofd log:\n%s\n", log);
@@ -787,14 +808,14 @@ static void test_producer_bad_config(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_producer_truth_exact),
-        cmocka_unit_test(test_producer_python_continuous),
-        cmocka_unit_test(test_producer_tiny_smb),
-        cmocka_unit_test(test_producer_traced_restart),
-        cmocka_unit_test(test_producer_stopped_early),
-        cmocka_unit_test(test_producer_two_sessions),
-        cmocka_unit_test(test_producer_full_smb_never_blocks),
-        cmocka_unit_test(test_producer_bad_config),
+        cmocka_unit_test_teardown(test_producer_truth_exact, kill_leftovers),
+        cmocka_unit_test_teardown(test_producer_python_continuous, kill_leftovers),
+        cmocka_unit_test_teardown(test_producer_tiny_smb, kill_leftovers),
+        cmocka_unit_test_teardown(test_producer_traced_restart, kill_leftovers),
+        cmocka_unit_test_teardown(test_producer_stopped_early, kill_leftovers),
+        cmocka_unit_test_teardown(test_producer_two_sessions, kill_leftovers),
+        cmocka_unit_test_teardown(test_producer_full_smb_never_blocks, kill_leftovers),
+        cmocka_unit_test_teardown(test_producer_bad_config, kill_leftovers),
     };
     return cmocka_run_group_tests_name("e2e_producer", tests, NULL, NULL);
 }
