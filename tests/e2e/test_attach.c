@@ -57,40 +57,49 @@ static int teardown(void **state)
     return system(cmd) == 0 ? 0 : -1;
 }
 
-/* Starts a dormant worker (library preloaded, no service at startup, @signal: the
- * HEAPPROF_ATTACH_SIGNAL or NULL); its stdout goes to @out. */
-/* As start_worker_sig(), for the program at e2e_env(@prog_env). */
-static pid_t start_worker_prog(const char *prog_env, const char *mode, const char *ms,
-                               const char *out, const char *signal);
-
-static pid_t start_worker_sig(const char *mode, const char *ms, const char *out, const char *signal)
-{
-    return start_worker_prog("WORKER", mode, ms, out, signal);
-}
-
-static pid_t start_worker_prog(const char *prog_env, const char *mode, const char *ms,
-                               const char *out, const char *signal)
+/* Starts @argv (e2e_env() names its program, @argv[0]) dormant: the library preloaded, no
+ * service at startup, the "NAME=value" strings of @env (NULL-ended, or NULL) set, stdout
+ * to @out. Returns once it printed (the library's constructor installed its handler),
+ * at most 5 s. */
+static pid_t start_dormant(const char *prog_env, char *const argv[], const char *const env[],
+                           const char *out)
 {
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
         dup2(fd, 1);
         setenv("LD_PRELOAD", e2e_env("HEAPPROF_LIB"), 1);
         setenv("HEAPPROF_STARTUP", "0", 1);
-        if (signal)
-            setenv("HEAPPROF_ATTACH_SIGNAL", signal, 1);
-        execl(e2e_env(prog_env), "worker", mode, ms, (char *)NULL);
+        for (size_t i = 0; env && env[i]; i++)
+            putenv((char *)env[i]);
+        execv(e2e_env(prog_env), argv);
         _exit(127);
     }
-    /* Wait until it runs (and the library's constructor installed its handler). */
-    for (int i = 0; i < 200; i++) {
+    for (int i = 0; i < 500; i++) {
         struct stat st;
         if (stat(out, &st) == 0 && st.st_size > 0)
             break;
         sleep_ms(10);
     }
     return pid;
+}
+
+/* A dormant worker (tests/programs/worker.c, or the build of it @prog_env names) in @mode
+ * for @ms; @signal: its HEAPPROF_ATTACH_SIGNAL, or NULL. */
+static pid_t start_worker_prog(const char *prog_env, const char *mode, const char *ms,
+                               const char *out, const char *signal)
+{
+    char sig_env[64];
+    snprintf(sig_env, sizeof(sig_env), "HEAPPROF_ATTACH_SIGNAL=%s", signal ? signal : "");
+    const char *env[] = {signal ? sig_env : NULL, NULL};
+    char *argv[] = {"worker", (char *)mode, (char *)ms, NULL};
+    return start_dormant(prog_env, argv, env, out);
+}
+
+static pid_t start_worker_sig(const char *mode, const char *ms, const char *out, const char *signal)
+{
+    return start_worker_prog("WORKER", mode, ms, out, signal);
 }
 
 static pid_t start_worker(const char *mode, const char *ms, const char *out)
@@ -585,25 +594,11 @@ static void test_attach_status_line(void **state)
  * HEAPPROF_DORMANT_DIRECT=@direct unless NULL; returns once it printed its first line. */
 static pid_t start_slotwatch(const char *ms, const char *out, const char *direct)
 {
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
-        dup2(fd, 1);
-        setenv("LD_PRELOAD", e2e_env("HEAPPROF_LIB"), 1);
-        setenv("HEAPPROF_STARTUP", "0", 1);
-        if (direct)
-            setenv("HEAPPROF_DORMANT_DIRECT", direct, 1);
-        execl(e2e_env("SLOTWATCH"), "slotwatch", ms, (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 500; i++) {
-        struct stat st;
-        if (stat(out, &st) == 0 && st.st_size > 0)
-            break;
-        sleep_ms(10);
-    }
-    return pid;
+    char direct_env[64];
+    snprintf(direct_env, sizeof(direct_env), "HEAPPROF_DORMANT_DIRECT=%s", direct ? direct : "");
+    const char *env[] = {direct ? direct_env : NULL, NULL};
+    char *argv[] = {"slotwatch", (char *)ms, NULL};
+    return start_dormant("SLOTWATCH", argv, env, out);
 }
 
 /* Dormant means free (issue 15 case 6): while dormant, the program's PLT slot of malloc
