@@ -28,30 +28,22 @@ count=${BENCH_SVC_RECORDS:-200000}
 # run_one MODE: prints the milliseconds from the client's start to the daemon's exit.
 run_one() {
     local mode=$1 sock="$tmp/s.sock"
-    rm -f "$sock" "$tmp/out.pftrace"
-    "$daemon" --socket "$sock" -o "$tmp/out.pftrace" --no-status --all --no-running \
-        2>"$tmp/daemon.log" &
-    local pid=$!
+    svc_start_daemon
+    local pid=$daemon_pid
+    # A command substitution's subshell runs no EXIT trap of its parent's.
     trap 'kill "$pid" 2>/dev/null' EXIT
-    for _ in $(seq 500); do
-        [ -S "$sock" ] && break
-        sleep 0.01
-    done
-    [ -S "$sock" ] || { echo "bench_svc_flood: heapprofd did not start" >&2; cat "$tmp/daemon.log" >&2; exit 1; }
     local t0 t1
     t0=$(now_ns)
     "$client" "$sock" "$mode" 1 "$count" >/dev/null 2>"$tmp/client.log" ||
-        { echo "bench_svc_flood: hostile_client $mode failed" >&2; cat "$tmp/client.log" >&2; exit 1; }
+        svc_fail "hostile_client $mode failed" "$tmp/client.log"
     kill -INT "$pid"
-    wait "$pid" || { echo "bench_svc_flood: heapprofd failed" >&2; cat "$tmp/daemon.log" >&2; exit 1; }
+    wait "$pid" || svc_fail "heapprofd failed" "$tmp/daemon.log"
     t1=$(now_ns)
     trap - EXIT
     grep -q "$count samples" "$tmp/daemon.log" ||
-        { echo "bench_svc_flood: not every record was processed" >&2; cat "$tmp/daemon.log" >&2; exit 1; }
+        svc_fail "not every record was processed" "$tmp/daemon.log"
     echo $(((t1 - t0) / 1000000))
 }
-
-median() { sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 
 rand_ms=() flood_ms=()
 for r in $(seq "$rounds"); do

@@ -29,24 +29,15 @@ limit_kb=${BENCH_SVC_MEMORY_KB:-262144}
 kb=()
 run_one() {
     local sock="$tmp/s.sock"
-    rm -f "$sock" "$tmp/out.pftrace"
-    "$daemon" --socket "$sock" -o "$tmp/out.pftrace" --no-status --all --no-running \
-        --max-memory-kb "$limit_kb" 2>"$tmp/daemon.log" &
-    local pid=$!
-    pids+=("$pid")
-    for _ in $(seq 500); do
-        [ -S "$sock" ] && break
-        sleep 0.01
-    done
-    [ -S "$sock" ] || { echo "bench_svc_rss: heapprofd did not start" >&2; cat "$tmp/daemon.log" >&2; exit 1; }
+    svc_start_daemon --max-memory-kb "$limit_kb"
+    local pid=$daemon_pid
     "$client" "$sock" memhog 1 20 >/dev/null 2>"$tmp/client.log" ||
-        { echo "bench_svc_rss: hostile_client memhog failed" >&2; cat "$tmp/client.log" >&2; exit 1; }
+        svc_fail "hostile_client memhog failed" "$tmp/client.log"
     local hwm
     hwm=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status")
     kill -INT "$pid"
-    wait "$pid" || { echo "bench_svc_rss: heapprofd failed" >&2; cat "$tmp/daemon.log" >&2; exit 1; }
-    grep -q "guardrail hit" "$tmp/daemon.log" ||
-        { echo "bench_svc_rss: the guardrail did not fire" >&2; cat "$tmp/daemon.log" >&2; exit 1; }
+    wait "$pid" || svc_fail "heapprofd failed" "$tmp/daemon.log"
+    grep -q "guardrail hit" "$tmp/daemon.log" || svc_fail "the guardrail did not fire" "$tmp/daemon.log"
     kb+=("$hwm")
 }
 

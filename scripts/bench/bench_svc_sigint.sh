@@ -23,16 +23,9 @@ cd "$(dirname "$0")/../.."
 ms=()
 run_one() {
     local sock="$tmp/s.sock"
-    rm -f "$sock" "$tmp/out.pftrace" "$tmp/client.out"
-    "$daemon" --socket "$sock" -o "$tmp/out.pftrace" --no-status --all --no-running \
-        2>"$tmp/daemon.log" &
-    local pid=$!
-    pids+=("$pid")
-    for _ in $(seq 500); do
-        [ -S "$sock" ] && break
-        sleep 0.01
-    done
-    [ -S "$sock" ] || { echo "bench_svc_sigint: heapprofd did not start" >&2; cat "$tmp/daemon.log" >&2; exit 1; }
+    rm -f "$tmp/client.out"
+    svc_start_daemon
+    local pid=$daemon_pid
     # At most 60 s of writing: killed long before.
     "$client" "$sock" mapsflood 1 60 >"$tmp/client.out" 2>"$tmp/client.log" &
     local cpid=$!
@@ -41,21 +34,18 @@ run_one() {
         grep -q ready "$tmp/client.out" 2>/dev/null && break
         sleep 0.01
     done
-    grep -q ready "$tmp/client.out" ||
-        { echo "bench_svc_sigint: hostile_client mapsflood not ready" >&2; cat "$tmp/client.log" >&2; exit 1; }
+    grep -q ready "$tmp/client.out" || svc_fail "hostile_client mapsflood not ready" "$tmp/client.log"
     sleep 1
-    kill -0 "$cpid" || { echo "bench_svc_sigint: hostile_client ended early" >&2; cat "$tmp/client.log" >&2; exit 1; }
+    kill -0 "$cpid" || svc_fail "hostile_client ended early" "$tmp/client.log"
     local t0 t1
     t0=$(now_ns)
     kill -INT "$pid"
-    wait "$pid" || { echo "bench_svc_sigint: heapprofd failed" >&2; cat "$tmp/daemon.log" >&2; exit 1; }
+    wait "$pid" || svc_fail "heapprofd failed" "$tmp/daemon.log"
     t1=$(now_ns)
     kill -KILL "$cpid" 2>/dev/null || true
     wait "$cpid" 2>/dev/null || true
     ms+=($(((t1 - t0) / 1000000)))
 }
-
-median() { sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 
 for _ in $(seq "$rounds"); do
     run_one
