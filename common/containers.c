@@ -28,6 +28,25 @@ static size_t add_sat(size_t a, size_t b)
     return a > SIZE_MAX - b ? SIZE_MAX : a + b;
 }
 
+/* The bytes of the new slot arrays a hash table of @count entries in @cap slots of @elem
+ * bytes allocates if @more entries are added, when it doubles (from @first slots) as
+ * soon as it would be fuller than @num/@den; SIZE_MAX where that cannot be counted. */
+static size_t table_grow_ahead(size_t count, size_t cap, size_t elem, size_t more, size_t num,
+                               size_t den, size_t first)
+{
+    size_t need = add_sat(count, more);
+    if (need > SIZE_MAX / den)
+        return SIZE_MAX;
+    size_t bytes = 0;
+    while (need * den > cap * num) {
+        cap = cap ? cap * 2 : first;
+        if (cap > SIZE_MAX / 2 / elem)
+            return SIZE_MAX;
+        bytes += cap * elem; /* at most 2 * cap * elem in all */
+    }
+    return bytes;
+}
+
 size_t hp_grow_ahead(size_t n, size_t cap, size_t elem, size_t more)
 {
     size_t need = add_sat(n, more);
@@ -420,17 +439,7 @@ size_t hp_map_grow_ahead(const struct hp_map *m, size_t more)
 {
     /* As hp_map_put(): a map that would be fuller than 13/16 doubles, and its old slots
      * are freed once the new ones are filled. */
-    size_t need = add_sat(m->count, more);
-    if (need > SIZE_MAX / 16)
-        return SIZE_MAX;
-    size_t cap = m->cap, bytes = 0;
-    while (need * 16 > cap * 13) {
-        cap = cap ? cap * 2 : 16;
-        if (cap > SIZE_MAX / 2 / m->stride)
-            return SIZE_MAX;
-        bytes += cap * m->stride; /* at most 2 * cap * stride in all */
-    }
-    return bytes;
+    return table_grow_ahead(m->count, m->cap, m->stride, more, 13, 16, 16);
 }
 
 bool hp_map_remove(struct hp_map *m, uint64_t key)
@@ -525,17 +534,7 @@ static void idtab_place(struct hp_idtab *t, struct hp_idtab_slot s)
 size_t hp_idtab_grow_ahead(const struct hp_idtab *t, size_t more)
 {
     /* As hp_idtab_add(): a table that would be fuller than 3/4 doubles. */
-    size_t need = add_sat(t->count, more);
-    if (need > SIZE_MAX / 4)
-        return SIZE_MAX;
-    size_t cap = t->cap, bytes = 0;
-    while (need * 4 > cap * 3) {
-        cap = cap ? cap * 2 : 64;
-        if (cap > SIZE_MAX / 2 / sizeof(struct hp_idtab_slot))
-            return SIZE_MAX;
-        bytes += cap * sizeof(struct hp_idtab_slot);
-    }
-    return bytes;
+    return table_grow_ahead(t->count, t->cap, sizeof(struct hp_idtab_slot), more, 3, 4, 64);
 }
 
 int hp_idtab_add(struct hp_idtab *t, uint64_t hash, uint32_t id)
