@@ -234,7 +234,7 @@ static void client_atfork_child(void)
                 s->stuck = true;
             }
         }
-        atomic_store_explicit(&s->writers, 0, memory_order_relaxed);
+        client_session_writers_reset(s);
         if (s->freeset.lv[0].slots)
             client_freeset_clear(&s->freeset);
     }

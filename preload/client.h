@@ -73,13 +73,21 @@ enum client_state {
 struct client_tls {
     struct client_sampler sampler; /* bytes_left first: the fast path's only access */
     struct client_stack_cache stack;
-    uint64_t gen;   /* session the sampler is seeded for; 0: none */
-    uint32_t tid;   /* 0 until needed */
-    uint32_t walks; /* stacks walked with the unwind table, for the audit rate */
-    bool in_hook;   /* reentrancy guard: inside, forward to glibc at once */
-    bool in_sample; /* recording a sample: an allocation now is a bug (see trap below) */
+    uint64_t gen;         /* session the sampler is seeded for; 0: none */
+    uint32_t tid;         /* 0 until needed */
+    uint32_t walks;       /* stacks walked with the unwind table, for the audit rate */
+    uint8_t writer_shard; /* 1 + its line of client_session.writers; 0: none yet */
+    bool in_hook;         /* reentrancy guard: inside, forward to glibc at once */
+    bool in_sample;       /* recording a sample: an allocation now is a bug (see trap below) */
 };
 extern __thread struct client_tls client_tls __attribute__((tls_model("initial-exec")));
+
+/* Lines of client_session.writers: threads recording at once each count on their own
+ * up to this many threads. */
+#define CLIENT_WRITER_SHARDS 16
+struct client_writers {
+    _Alignas(64) _Atomic uint64_t n;
+};
 
 /* One handshake's worth of state. Written by the thread that owns the sessions (the
  * initialising thread, the session thread, or the child in its atfork handler) before
@@ -109,10 +117,11 @@ struct client_session {
      * path last told the service (or at the handshake). */
     _Atomic uint64_t dl_adds, dl_subs; /* CLIENT_DL_UNKNOWN: not read yet (attach) */
     struct client_freeset freeset;     /* mapped once per slot, cleared on reuse */
-    /* Written by every sampled call: on a line of its own, away from the fields every
-     * free() reads. */
-    _Alignas(64) _Atomic uint64_t writers; /* hooks inside client_session_enter/leave */
-    char writers_pad[56];
+    /* Hooks inside client_session_enter/leave. Written twice by every record: each
+     * thread counts on a line of its own (client_tls.writer_shard; threads beyond
+     * CLIENT_WRITER_SHARDS share), so that threads recording at once do not take one
+     * line from each other, and away from the fields every free() reads. */
+    struct client_writers writers[CLIENT_WRITER_SHARDS];
     bool stuck; /* writers never drained: slot kept mapped for good */
     /* CLOCK_MONOTONIC_COARSE of the last poke for a full ring (preload/hook.c). */
     _Atomic uint64_t full_poke_ns;
@@ -144,22 +153,55 @@ extern _Atomic uint64_t client_stat_unknown_stacks;
 extern _Atomic uint64_t client_stat_freeset_overflows; /* samples dropped: set full */
 extern _Atomic uint64_t client_stat_foreign_pid_samples;
 
+/* The calling thread's line of @s->writers, given on its first record. A signal handler
+ * that interrupts the choice may make another one: enter and leave each read it, and the
+ * handler leaves what it entered before the interrupted code goes on. */
+static inline _Atomic uint64_t *client_writer_count(struct client_session *s)
+{
+    unsigned k = client_tls.writer_shard;
+    if (__builtin_expect(k == 0, 0)) {
+        k = 1 +
+            (unsigned)(atomic_fetch_add_explicit(&client_thread_counter, 1, memory_order_relaxed) %
+                       CLIENT_WRITER_SHARDS);
+        client_tls.writer_shard = (uint8_t)k;
+    }
+    return &s->writers[k - 1].n;
+}
+
 /* A hook announces itself before using @s; false when @s is no longer current (the
  * caller must not touch it). seq_cst pairs with the detaching thread's store of
- * client_current and load of s->writers (a Dekker handshake). */
+ * client_current and loads of s->writers (a Dekker handshake, per line: a writer that
+ * counts itself after the detacher read its line sees the store and backs out). */
 static inline bool client_session_enter(struct client_session *s)
 {
-    atomic_fetch_add_explicit(&s->writers, 1, memory_order_seq_cst);
+    _Atomic uint64_t *n = client_writer_count(s);
+    atomic_fetch_add_explicit(n, 1, memory_order_seq_cst);
     if (atomic_load_explicit(&client_current, memory_order_seq_cst) == s)
         return true;
-    atomic_fetch_sub_explicit(&s->writers, 1, memory_order_release);
+    atomic_fetch_sub_explicit(n, 1, memory_order_release);
     return false;
 }
 
 static inline void client_session_leave(struct client_session *s)
 {
     /* Release: our ring writes happen before the detaching thread sees zero. */
-    atomic_fetch_sub_explicit(&s->writers, 1, memory_order_release);
+    atomic_fetch_sub_explicit(client_writer_count(s), 1, memory_order_release);
+}
+
+/* True while a hook is inside @s (seq_cst loads: see client_session_enter()). */
+static inline bool client_session_busy(struct client_session *s)
+{
+    for (unsigned i = 0; i < CLIENT_WRITER_SHARDS; i++)
+        if (atomic_load_explicit(&s->writers[i].n, memory_order_seq_cst) != 0)
+            return true;
+    return false;
+}
+
+/* Every line of @s->writers to 0 (a new session, or a child of fork). */
+static inline void client_session_writers_reset(struct client_session *s)
+{
+    for (unsigned i = 0; i < CLIENT_WRITER_SHARDS; i++)
+        atomic_store_explicit(&s->writers[i].n, 0, memory_order_relaxed);
 }
 
 /* Reads the environment and does the startup handshake when asked to; runs once. Called

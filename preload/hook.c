@@ -51,9 +51,6 @@ __thread struct client_tls client_tls __attribute__((tls_model("initial-exec")))
 
 /* ---- recording -------------------------------------------------------------------- */
 
-/* Sequence numbers of the process's records (allocations and frees alike). */
-static _Alignas(64) _Atomic uint64_t hook_seq;
-
 /* After a record could not be written (the ring is full): make sure a sleeping reader
  * hears about it. ring_end_write() wakes the reader itself; this costs a system call only
  * when the reader sleeps. No descriptor: the program cannot make us write into one of
@@ -125,9 +122,6 @@ static void hook_fill_head(struct wire_alloc_head *ret, struct client_tls *t,
                            uint64_t sample_size)
 {
     *ret = (struct wire_alloc_head){
-        /* Taken after the real malloc and the reservation: see DESIGN.md (sequence
-         * numbers settle races with a free of the same address in another thread). */
-        .seq = atomic_fetch_add_explicit(&hook_seq, 1, memory_order_relaxed) + 1,
         .addr = (uint64_t)(uintptr_t)p,
         .size = size,
         .sample_size = sample_size,
@@ -407,9 +401,7 @@ void client_record_free(struct client_session *s, void *p)
             struct ring_wspan w;
             int r = ring_try_begin_write_nowait(ring, WIRE_FREE, sizeof(struct wire_free), &w);
             if (r == 0) {
-                wire_encode_free(w.data,
-                                 atomic_fetch_add_explicit(&hook_seq, 1, memory_order_relaxed) + 1,
-                                 (uint64_t)(uintptr_t)p, 0);
+                wire_encode_free(w.data, (uint64_t)(uintptr_t)p, 0);
                 if (ring_end_write(ring, &w))
                     hook_poke(s);
             } else if (r == -EAGAIN) {

@@ -260,7 +260,7 @@ int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms,
     s->gen = ++client_session_gen;
     s->max_stack_bytes = cfg.max_stack_bytes;
     client_sampler_params_init(&s->params, cfg.sampling_interval_bytes);
-    atomic_store_explicit(&s->writers, 0, memory_order_relaxed);
+    client_session_writers_reset(s);
     atomic_store_explicit(&s->full_poke_ns, 0, memory_order_relaxed);
     s->stuck = false;
     if (s->fork_token)
@@ -299,8 +299,7 @@ void client__session_close(struct client_session *s, bool close_sock)
         (void)hp_sys_close(s->sock);
     s->sock = -1;
 
-    for (uint32_t waited = 0; atomic_load_explicit(&s->writers, memory_order_seq_cst) != 0;
-         waited++) {
+    for (uint32_t waited = 0; client_session_busy(s); waited++) {
         if (waited >= CLIENT_DETACH_WAIT_MS) {
             s->stuck = true;
             return;

@@ -174,6 +174,12 @@ void svc__budget_init(struct svc_budget *b, uint64_t now_ns, int64_t burst_ns);
 bool svc__budget_allows(struct svc_budget *b, uint64_t now_ns, unsigned share, int64_t burst_ns);
 void svc__budget_spend(struct svc_budget *b, uint64_t ns);
 
+/* Counts @n samples that took @ns together in @st: heap_samples, the histogram (each at
+ * the mean) and total_unwinding_time_us, kept to the nanosecond in @total_ns (adding
+ * whole microseconds per sample would drop most of the time of samples that take less). */
+void svc__count_unwind_time(struct bk_process_stats *st, uint64_t *total_ns, uint64_t ns,
+                            uint64_t n);
+
 /* ---- Clients --------------------------------------------------------------------- */
 
 /* A profiled process after its handshake. Owned by the main thread until handed to an
@@ -194,12 +200,17 @@ struct svc_client {
     uint64_t max_stack_bytes;
     uint64_t sampling_interval_bytes;
     bool from_startup;
-    bool started;         /* PROC_START posted */
-    bool has_work;        /* ring not known to be empty */
-    bool polling;         /* the ring is polled (ring_set_reader_polling), not sleeping */
-    unsigned quiet_polls; /* polls in a row that found nothing */
-    uint64_t records;     /* records read */
-    uint32_t flags;       /* BK_FLAG_* */
+    bool started;          /* PROC_START posted */
+    bool has_work;         /* ring not known to be empty */
+    bool polling;          /* the ring is polled (ring_set_reader_polling), not sleeping */
+    unsigned quiet_polls;  /* polls in a row that found nothing */
+    uint64_t records;      /* records read */
+    uint64_t unwinding_ns; /* stats.total_unwinding_time_us, to the nanosecond */
+    /* The sequence number of the last sample or free posted: the service numbers them in
+     * ring order (wire_alloc_head.unused0 says why that order is right). Records lost on
+     * the way (records_lost_service) take none: the bookkeeping sees no gap. */
+    uint64_t seq;
+    uint32_t flags; /* BK_FLAG_* */
     char *cmdline;
     size_t cmdline_len;
     struct bk_process_stats stats;
@@ -285,7 +296,10 @@ struct svc_unwinder {
     uint32_t detach_flags;  /* protected by lock */
     uint32_t dump_requests; /* protected by lock: drain, then post a dump barrier */
     unsigned index;         /* in svc.unwinders */
-    uint64_t clock_ns;      /* end of the last sample's unwinding (CLOCK_MONOTONIC) */
+    /* The samples handled since the clock was last read (CLOCK_MONOTONIC, clock_ns),
+     * timed together (svc__time_span()); walked ones among them. */
+    uint64_t clock_ns;
+    uint32_t span_samples, span_walked;
     const struct hp_mapping *seen_maps[64]; /* handed to unwinder_source_prefetch() */
     struct svc_client *clients;             /* owned by the thread */
     /* New sessions of a pid whose previous session is still ending there: adopted once it

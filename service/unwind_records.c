@@ -13,8 +13,6 @@
 #include "common/log.h"
 #include "shmem_ring/wire.h"
 
-static const uint64_t hist_bounds[] = BK_UNWIND_HIST_BOUNDS;
-
 bool svc__post_start(struct svc_unwinder *u, struct svc_client *c)
 {
     struct svc_msg_proc_start *m =
@@ -40,26 +38,39 @@ void *svc__post(struct svc_unwinder *u, struct svc_client *c, uint32_t type, siz
     return svc__batch_add(&u->batcher, type, c->pid, len);
 }
 
+/* Samples are timed in spans: the time since the clock was last read (the start of the
+ * drain, or the end of the previous span) is spread evenly over the samples of the span,
+ * which adds the decoding of the records in between. A walked stack only has its pcs
+ * named (well under a microsecond): SPAN_WALKED of them share a clock read. A stack copy
+ * (libunwind's work, microseconds to milliseconds) is timed alone. */
+#define SPAN_WALKED 16
+
+/* Ends the current span of @c's samples and restarts the clock. */
+static void end_span(struct svc_unwinder *u, struct svc_client *c)
+{
+    uint64_t t1 = hp_clock_ns(CLOCK_MONOTONIC);
+    if (u->span_samples) {
+        svc__count_unwind_time(&c->stats, &c->unwinding_ns, t1 - u->clock_ns, u->span_samples);
+        atomic_fetch_add_explicit(&u->svc->samples, u->span_samples, memory_order_relaxed);
+        if (u->span_walked)
+            atomic_fetch_add_explicit(&u->svc->walked, u->span_walked, memory_order_relaxed);
+        u->span_samples = u->span_walked = 0;
+    }
+    u->clock_ns = t1;
+}
+
 /* The common end of both kinds of sampled allocation: statistics, then the frames in
  * u->frames (@n of them; @r < 0: none) go to the bookkeeping thread. */
 static void post_sample(struct svc_unwinder *u, struct svc_client *c, int r, size_t n,
-                        const struct unwinder_result *res, const struct wire_alloc_head *h)
+                        const struct unwinder_result *res, const struct wire_alloc_head *h,
+                        bool walked)
 {
-    /* One clock read per sample: the time since the previous sample's end (or the start
-     * of the drain) counts, which adds the decoding of the records in between. */
-    uint64_t t1 = hp_clock_ns(CLOCK_MONOTONIC);
-    uint64_t us = (t1 - u->clock_ns) / 1000;
-    u->clock_ns = t1;
+    u->span_samples++;
+    u->span_walked += walked;
+    if (!walked || u->span_samples >= SPAN_WALKED)
+        end_span(u, c);
     if (r < 0)
         n = 0;
-    c->stats.heap_samples++;
-    c->stats.total_unwinding_time_us += us;
-    for (size_t i = 0; i < HP_ARRAY_SIZE(hist_bounds); i++) {
-        if (us <= hist_bounds[i]) {
-            c->stats.unwinding_time_hist[i]++;
-            break;
-        }
-    }
     if (res->error || r < 0) {
         c->stats.unwinding_errors++;
         atomic_fetch_add_explicit(&u->svc->unwind_errors, 1, memory_order_relaxed);
@@ -87,12 +98,11 @@ static void post_sample(struct svc_unwinder *u, struct svc_client *c, int r, siz
     }
     m->heap_id = h->heap_id;
     m->n_frames = (uint32_t)n;
-    m->seq = h->seq;
+    m->seq = ++c->seq;
     m->addr = h->addr;
     m->size = h->size;
     m->sample_size = h->sample_size;
     memcpy(m + 1, u->frames, n * sizeof(struct hp_frame));
-    atomic_fetch_add_explicit(&u->svc->samples, 1, memory_order_relaxed);
 }
 
 static bool same_frames(const struct hp_frame *a, size_t na, const struct hp_frame *b, size_t nb)
@@ -161,6 +171,8 @@ static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uin
     size_t n = 0;
     struct unwinder_result res = {0};
     int r = -ENOENT;
+    if (u->span_samples)
+        end_span(u, c); /* the walked samples before this one: timed apart */
     /* A copy that stops short of the stack, or of a stack not the thread's own, is not
      * completed from the process's memory: that has changed since. */
     if (c->unw)
@@ -172,7 +184,7 @@ static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uin
     /* struct wire_alloc starts with the fields of a struct wire_alloc_head (wire.h). */
     struct wire_alloc_head h;
     memcpy(&h, &a, sizeof(h));
-    post_sample(u, c, r, n, &res, &h);
+    post_sample(u, c, r, n, &res, &h, false);
 }
 
 /* A stack the client walked itself with its unwind table: only the frames to name. */
@@ -194,8 +206,7 @@ static void handle_alloc_pcs(struct svc_unwinder *u, struct svc_client *c, const
         if (r >= 0 && (a.flags & WIRE_PCS_PARTIAL) && !res.error)
             unwinder_mark_truncated(u->frames, &n, UNWINDER_MAX_FRAMES, &res);
     }
-    atomic_fetch_add_explicit(&u->svc->walked, 1, memory_order_relaxed);
-    post_sample(u, c, r, n, &res, &a.head);
+    post_sample(u, c, r, n, &res, &a.head, true);
 }
 
 static void handle_free(struct svc_unwinder *u, struct svc_client *c, const uint8_t *data,
@@ -213,7 +224,7 @@ static void handle_free(struct svc_unwinder *u, struct svc_client *c, const uint
         return;
     }
     m->heap_id = f.heap_id;
-    m->seq = f.seq;
+    m->seq = ++c->seq;
     m->addr = f.addr;
     c->frees++;
 }
@@ -324,14 +335,9 @@ static bool stalled(struct svc_unwinder *u, struct svc_client *c)
     return false;
 }
 
-/* Reads up to @budget records of @c, stopping at @mark (ring_mark()) if not NULL, and
- * before the next record when the queue to the bookkeeping thread is full. */
-enum svc_drain_result svc__drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned budget,
-                                      const uint64_t *mark)
+static enum svc_drain_result drain(struct svc_unwinder *u, struct svc_client *c, unsigned budget,
+                                   const uint64_t *mark)
 {
-    if (svc__client_over(c))
-        return SVC_DRAIN_DONE;
-    u->clock_ns = hp_clock_ns(CLOCK_MONOTONIC);
     for (unsigned i = 0; i < budget; i++) {
         if (mark && ring_reached(c->ring, *mark))
             break;
@@ -402,4 +408,17 @@ enum svc_drain_result svc__drain_upto(struct svc_unwinder *u, struct svc_client 
     bool applied = apply_maps_changed(c);
     track_retired(c);
     return applied ? SVC_DRAIN_DONE : SVC_DRAIN_HELD;
+}
+
+/* Reads up to @budget records of @c, stopping at @mark (ring_mark()) if not NULL, and
+ * before the next record when the queue to the bookkeeping thread is full. */
+enum svc_drain_result svc__drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned budget,
+                                      const uint64_t *mark)
+{
+    if (svc__client_over(c))
+        return SVC_DRAIN_DONE;
+    u->clock_ns = hp_clock_ns(CLOCK_MONOTONIC);
+    enum svc_drain_result r = drain(u, c, budget, mark);
+    end_span(u, c);
+    return r;
 }

@@ -151,7 +151,7 @@ _Static_assert(WIRE_NREGS == HP_NREGS, "register layout");
 /* A sampled allocation. The stack copy starts at address @stack_ptr in the client
  * (== regs[WIRE_REG_RSP] or below it) and is @stack_len bytes long. */
 struct wire_alloc {
-    uint64_t seq;         /* per-process sequence number, taken after the real malloc */
+    uint64_t unused0;     /* 0 (see wire_alloc_head) */
     uint64_t addr;        /* address returned to the app */
     uint64_t size;        /* bytes the app asked for */
     uint64_t sample_size; /* bytes attributed by the sampler (interval * k, or size) */
@@ -170,7 +170,12 @@ _Static_assert(offsetof(struct wire_alloc, regs) == 64, "wire_alloc ABI");
 /* The fields both kinds of sampled allocation record start with, at the same offsets
  * (struct wire_alloc, struct wire_alloc_pcs). */
 struct wire_alloc_head {
-    uint64_t seq;
+    /* 0. Was a sequence number the client took from one counter shared by its threads;
+     * the service numbers the records in ring order instead (service/unwind_records.c),
+     * which is free for the client and as good: a free is reserved before the real
+     * free, an allocation before the hook returns the address. Old clients' values are
+     * ignored. */
+    uint64_t unused0;
     uint64_t addr;
     uint64_t size;
     uint64_t sample_size;
@@ -202,7 +207,7 @@ _Static_assert(offsetof(struct wire_alloc_pcs, n_pcs) == 48, "wire_alloc_pcs ABI
 /* A free of an address the client sampled (or of any address once the client's filter
  * overflowed). Recorded before the real free. */
 struct wire_free {
-    uint64_t seq;
+    uint64_t unused0; /* 0 (see wire_alloc_head) */
     uint64_t addr;
     uint32_t heap_id;
     uint32_t reserved;
@@ -264,9 +269,9 @@ static inline uint64_t *wire_alloc_audit_pcs(void *stack, size_t stack_len)
 }
 
 /* Writes a WIRE_FREE payload at @dst. */
-static inline void wire_encode_free(void *dst, uint64_t seq, uint64_t addr, uint32_t heap_id)
+static inline void wire_encode_free(void *dst, uint64_t addr, uint32_t heap_id)
 {
-    struct wire_free f = {.seq = seq, .addr = addr, .heap_id = heap_id, .reserved = 0};
+    struct wire_free f = {.unused0 = 0, .addr = addr, .heap_id = heap_id, .reserved = 0};
     __builtin_memcpy(dst, &f, sizeof(f));
 }
 

@@ -146,8 +146,7 @@ static double samples_per_s(unwinder_process_t *p, long iters)
             struct ring_wspan w;
             if (ring_try_begin_write(rw, WIRE_ALLOC, sizeof(struct wire_alloc) + g_len, &w) < 0)
                 break;
-            struct wire_alloc a = {
-                .seq = seq, .addr = 0x1000 + seq * 64, .size = 64, .sample_size = 4096};
+            struct wire_alloc a = {.addr = 0x1000 + seq * 64, .size = 64, .sample_size = 4096};
             seq++;
             a.stack_ptr = g_sp;
             a.stack_len = (uint32_t)g_len;
@@ -179,7 +178,7 @@ static double samples_per_s(unwinder_process_t *p, long iters)
             (void)unwinder_unwind(p, a.regs, a.stack_ptr, (const uint8_t *)rd.data + sizeof(a),
                                   (size_t)stack_len, g_frames, UNWINDER_MAX_FRAMES, &n, &res);
             unwind_us += (hp_clock_ns(CLOCK_MONOTONIC) - u0) / 1000; /* ProcessStats */
-            post[0].rel_pc = a.seq;
+            post[0].rel_pc = a.addr;
             memcpy(post + 1, g_frames, n * sizeof(*g_frames));
             ring_end_read(rr, &rd);
             frames_total += n;

@@ -196,7 +196,7 @@ static int eof_then_write(ring_t *ring, int sock, unsigned long seconds, bool ha
         for (int k = 0; k < 256; k++) {
             if (hung_up)
                 atomic_store(&ring->hdr->detached, 0u);
-            h.seq = ++seq;
+            h.unused0 = ++seq; /* ignored by the service */
             h.addr = 0x10000 + seq * 16;
             memcpy(wire_encode_alloc_pcs(buf, &h, 1, 0), &pc, sizeof(pc));
             if (write_record(ring, WIRE_MAPS_CHANGED, &mc, sizeof(mc)) == 0 &&
@@ -254,7 +254,7 @@ static int memhog(ring_t *ring, int sock, unsigned long seconds)
         for (int k = 0; k < 256; k++) {
             for (size_t i = 0; i < HP_ARRAY_SIZE(pcs); i++)
                 pcs[i] = lo + rnd() % (hi - lo);
-            h.seq = ++seq;
+            h.unused0 = ++seq; /* ignored by the service */
             h.addr = 0x100000 + seq * 64;
             memcpy(wire_encode_alloc_pcs(buf, &h, HP_ARRAY_SIZE(pcs), 0), pcs, sizeof(pcs));
             int r;
@@ -273,7 +273,7 @@ out:
 static void fill_alloc(struct wire_alloc *a, uint64_t seq)
 {
     memset(a, 0, sizeof(*a));
-    a->seq = seq;
+    a->unused0 = seq;
     a->addr = 0x1000 + seq * 16;
     a->size = 16;
     a->sample_size = 16;
@@ -351,7 +351,7 @@ static int send_snapshot(ring_t *ring, int sock, int k, uint64_t seq)
 {
     static uint8_t buf[sizeof(struct wire_alloc) + SNAP_MAX_STACK];
     struct snapshot *s = &g_snap[k];
-    s->a.seq = seq;
+    s->a.unused0 = seq;
     s->a.addr = 0x1000 + seq * 16;
     s->a.size = s->a.sample_size = 16;
     s->a.tid = (uint32_t)getpid();
@@ -516,7 +516,7 @@ static int misbehave(const char *mode, int sock, int ring_fd, const struct wire_
         while (now_ms() < end) {
             for (int k = 0; k < 1024; k++, seq++) {
                 if (seq % 2) {
-                    f.seq = seq;
+                    f.unused0 = seq;
                     f.addr = 0x1000 + seq * 16;
                     written += write_record(ring, WIRE_FREE, &f, sizeof(f)) == 0;
                 } else {

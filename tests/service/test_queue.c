@@ -1,6 +1,7 @@
 /* tests/service/test_queue.c: the queue from the unwinder threads to the bookkeeping
  * thread (service/queue.c: bounded, with back-pressure) and the budgets of time that
- * rate-limit a client's maps rereads (service/budget.c). */
+ * rate-limit a client's maps rereads and count the samples' unwinding time
+ * (service/budget.c). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -69,6 +70,31 @@ static struct svc_batch *batch(void)
 /* The queue says it is full at its bound, keeps taking what is posted (control messages,
  * the message a producer was writing), and calls on_room once, when the consumer has
  * taken it down to half. */
+/* A million samples of 400 ns each (walked stacks) took 400 ms: the total says so, not
+ * 0 (whole microseconds per sample did), and each goes to the <= 1 us bucket; 1.5 us goes
+ * to (1, 2] and 20 ms to the last bucket. */
+static void test_unwind_time_keeps_sub_microsecond_samples(void **state)
+{
+    (void)state;
+    struct bk_process_stats st = {0};
+    uint64_t total_ns = 0;
+    for (int i = 0; i < 62500; i++)
+        svc__count_unwind_time(&st, &total_ns, 16 * 400, 16);
+    assert_int_equal(st.heap_samples, 1000000);
+    assert_int_equal(st.total_unwinding_time_us, 400000);
+    assert_int_equal(st.unwinding_time_hist[0], 1000000);
+
+    svc__count_unwind_time(&st, &total_ns, 3000, 2);
+    assert_int_equal(st.unwinding_time_hist[0], 1000000);
+    assert_int_equal(st.unwinding_time_hist[1], 2);
+    svc__count_unwind_time(&st, &total_ns, 20 * MS, 1);
+    assert_int_equal(st.unwinding_time_hist[7], 1);
+    assert_int_equal(st.heap_samples, 1000003);
+    assert_int_equal(st.total_unwinding_time_us, 400000 + 3 + 20000);
+    svc__count_unwind_time(&st, &total_ns, 5000, 0); /* nothing */
+    assert_int_equal(st.heap_samples, 1000003);
+}
+
 static void test_queue_bound_and_room(void **state)
 {
     (void)state;
@@ -171,6 +197,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_budget_share_of_time),
+        cmocka_unit_test(test_unwind_time_keeps_sub_microsecond_samples),
         cmocka_unit_test(test_queue_bound_and_room),
         cmocka_unit_test(test_queue_back_pressure_threads),
     };
