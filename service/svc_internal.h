@@ -297,7 +297,7 @@ struct svc_unwinder {
     uint32_t dump_requests; /* protected by lock: drain, then post a dump barrier */
     unsigned index;         /* in svc.unwinders */
     /* The samples handled since the clock was last read (CLOCK_MONOTONIC, clock_ns),
-     * timed together (svc__time_span()); walked ones among them. */
+     * timed together (end_span() in service/unwind_records.c); walked ones among them. */
     uint64_t clock_ns;
     uint32_t span_samples, span_walked;
     const struct hp_mapping *seen_maps[64]; /* handed to unwinder_source_prefetch() */
