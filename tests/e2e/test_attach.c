@@ -64,6 +64,9 @@ static int teardown(void **state)
 static pid_t start_dormant(const char *prog_env, char *const argv[], const char *const env[],
                            const char *out)
 {
+    /* The wait below is for this program's first line: a file left by the test before
+     * would end it at once, and attach would find the forked test still in its place. */
+    unlink(out);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
