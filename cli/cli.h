@@ -60,7 +60,7 @@ int cli_session_run(const struct cli_session *cs, struct cli_loop_result *ret_re
 int cli_output_open(const char *path, bool made_up, char *ret_path, size_t path_len, char *err,
                     size_t err_len) HP_WARN_UNUSED;
 
-/* ---- heapprofd --producer (cli/producer.c) ----------------------------------------- */
+/* ---- heapprofd --producer (cli/cmd_producer.c) ------------------------------------- */
 
 struct cli_producer_opts {
     const struct svc_config *base; /* heapprof's own fields, for every session */

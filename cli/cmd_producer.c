@@ -1,4 +1,4 @@
-/* cli/producer.c: `heapprofd --producer`: the daemon as a data source of Perfetto's
+/* cli/cmd_producer.c: `heapprofd --producer`: the daemon as a data source of Perfetto's
  * tracing service. The producer connection (producer/) turns traced's commands into
  * sessions of the service (service/multi.c), one per data source instance:
  *
@@ -41,7 +41,7 @@
 #define QUIT_GRACE_MS 10000
 #define MAX_POLL 64
 
-struct instance {
+struct ds_instance {
     uint64_t id;  /* traced's instance id (restarts with traced) */
     uint64_t key; /* its session's id in the service: unique for the daemon's life */
     prod_writer_t *w;
@@ -61,12 +61,12 @@ struct producer {
     prod_t *p;
     svc_multi_t *m;
     int wake_fd;
-    struct instance **inst;
+    struct ds_instance **inst;
     size_t n_inst, cap_inst;
     uint64_t next_key;
 };
 
-static struct instance *find(struct producer *pr, uint64_t id)
+static struct ds_instance *find(struct producer *pr, uint64_t id)
 {
     for (size_t i = 0; i < pr->n_inst; i++)
         if (pr->inst[i]->id == id && !pr->inst[i]->orphan)
@@ -74,7 +74,7 @@ static struct instance *find(struct producer *pr, uint64_t id)
     return NULL;
 }
 
-static void instance_free(struct producer *pr, struct instance *in)
+static void instance_free(struct producer *pr, struct ds_instance *in)
 {
     for (size_t i = 0; i < pr->n_inst; i++) {
         if (pr->inst[i] == in) {
@@ -89,13 +89,13 @@ static void instance_free(struct producer *pr, struct instance *in)
 
 static int sink_write(void *ctx, const struct iovec *iov, int n, size_t len)
 {
-    struct instance *in = ctx;
+    struct ds_instance *in = ctx;
     return prod_writer_write(in->w, iov, n, len);
 }
 
 static bool sink_clear(void *ctx)
 {
-    struct instance *in = ctx;
+    struct ds_instance *in = ctx;
     return prod_writer_take_clear_request(in->w);
 }
 
@@ -117,7 +117,7 @@ static void apply_base(struct svc_config *cfg, const struct svc_config *base)
 static int on_setup(void *ctx, const struct prod_ds_config *dc, prod_writer_t *w)
 {
     struct producer *pr = ctx;
-    struct instance *in = calloc(1, sizeof(*in));
+    struct ds_instance *in = calloc(1, sizeof(*in));
     if (!in || hp_grow((void **)&pr->inst, &pr->cap_inst, pr->n_inst + 1, sizeof(*pr->inst)) < 0) {
         free(in);
         hp_log_error("instance %llu: out of memory", (unsigned long long)dc->instance_id);
@@ -160,7 +160,7 @@ static int on_setup(void *ctx, const struct prod_ds_config *dc, prod_writer_t *w
 static void on_start(void *ctx, uint64_t id)
 {
     struct producer *pr = ctx;
-    struct instance *in = find(pr, id);
+    struct ds_instance *in = find(pr, id);
     if (!in || in->started)
         return;
     int r = svc_multi_start(pr->m, in->key, &in->cfg, &in->sink);
@@ -176,7 +176,7 @@ static void on_start(void *ctx, uint64_t id)
 /* On the session's stop thread: its last packet is written. */
 static void on_session_ended(void *ctx, uint64_t id)
 {
-    struct instance *in = ctx;
+    struct ds_instance *in = ctx;
     (void)id;
     prod_writer_finish(in->w);
     atomic_store_explicit(&in->ended, true, memory_order_release);
@@ -184,7 +184,7 @@ static void on_session_ended(void *ctx, uint64_t id)
     (void)!write(in->pr->wake_fd, &one, sizeof(one));
 }
 
-static void stop_instance(struct producer *pr, struct instance *in)
+static void stop_instance(struct producer *pr, struct ds_instance *in)
 {
     if (in->stopping)
         return;
@@ -202,7 +202,7 @@ static void stop_instance(struct producer *pr, struct instance *in)
 static void on_stop(void *ctx, uint64_t id)
 {
     struct producer *pr = ctx;
-    struct instance *in = find(pr, id);
+    struct ds_instance *in = find(pr, id);
     if (in)
         stop_instance(pr, in);
 }
@@ -213,7 +213,7 @@ static void on_disconnected(void *ctx)
     /* traced is gone and with it every instance: end the sessions (their last packets
      * have nowhere to go) and forget them once ended. */
     for (size_t i = 0; i < pr->n_inst; i++) {
-        struct instance *in = pr->inst[i];
+        struct ds_instance *in = pr->inst[i];
         in->orphan = true;
         stop_instance(pr, in);
     }
@@ -225,7 +225,7 @@ static void reap(struct producer *pr)
     uint64_t v;
     (void)!read(pr->wake_fd, &v, sizeof(v));
     for (size_t i = 0; i < pr->n_inst;) {
-        struct instance *in = pr->inst[i];
+        struct ds_instance *in = pr->inst[i];
         if (!atomic_load_explicit(&in->ended, memory_order_acquire)) {
             i++;
             continue;
