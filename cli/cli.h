@@ -135,6 +135,6 @@ void cli_opts_help(FILE *f, const struct cli_opts *o);
 int cli_parse_range(const char *s, uint64_t min, uint64_t max, uint64_t *ret) HP_WARN_UNUSED;
 
 /* "INTERVAL_MS[,PHASE_MS]" into cfg->dump_interval_ms/dump_phase_ms; -EINVAL. */
-int parse_continuous_dump(const char *arg, struct svc_config *cfg) HP_WARN_UNUSED;
+int cli_parse_continuous_dump(const char *arg, struct svc_config *cfg) HP_WARN_UNUSED;
 
 #endif

@@ -72,7 +72,7 @@ void cli_opts_done(struct cli_opts *o)
 }
 
 /* "INTERVAL_MS[,PHASE_MS]" into cfg->dump_interval_ms/dump_phase_ms; -EINVAL. */
-int parse_continuous_dump(const char *arg, struct svc_config *cfg)
+int cli_parse_continuous_dump(const char *arg, struct svc_config *cfg)
 {
     char buf[64];
     uint64_t iv, ph = 0;
@@ -110,7 +110,7 @@ int cli_opts_apply(const struct cli_opts *o, int c, const char *arg, struct svc_
     }
     const struct svc_config_field *f = o->fields[i];
     if (!f) {
-        if (parse_continuous_dump(arg, cfg) < 0) {
+        if (cli_parse_continuous_dump(arg, cfg) < 0) {
             fprintf(stderr,
                     "%s: invalid --continuous-dump '%s': expected INTERVAL_MS[,PHASE_MS] with "
                     "INTERVAL_MS >= 10\n",
