@@ -412,6 +412,8 @@ static int record_run(struct svc_config *cfg, char **child_argv, const char *out
     if (child == 0) {
         char b;
         (void)close(go[1]);
+        /* unwinder/sigmask.c's sigprocmask(), which forwards to libc's: the forked
+         * thread is a copy of this one, never inside unwinder_unwind() (cli/loop.c). */
         sigprocmask(SIG_SETMASK, &old_mask, NULL);
         if (read(go[0], &b, 1) != 1)
             _exit(EXIT_PROFILER);

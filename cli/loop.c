@@ -27,6 +27,12 @@ static sigset_t loop_signals(void)
     return m;
 }
 
+/* The sigprocmask() called here and below is the one unwinder/sigmask.c defines for the
+ * whole executable, to keep libunwind's mask syscalls off the unwinding path. That is
+ * harmless here: it does nothing only on a thread whose thread-local
+ * unwinder__sigmask_skip is set, which an unwinder thread does for the time it runs
+ * unwinder_unwind(); on every other thread (the main thread that calls this is one) it
+ * forwards to libc's. */
 void cli_loop_block_signals(sigset_t *ret_old)
 {
     sigset_t m = loop_signals();
@@ -205,5 +211,6 @@ void cli_loop_arm_second_interrupt(int out_fd, svc_t *s)
     sigemptyset(&m);
     sigaddset(&m, SIGINT);
     sigaddset(&m, SIGTERM);
+    /* libc's, not skipped: see cli_loop_block_signals(). */
     sigprocmask(SIG_UNBLOCK, &m, NULL);
 }
