@@ -184,6 +184,32 @@ void cli_opts_help(FILE *f, const struct cli_opts *o)
     }
 }
 
+int cli_common_apply(struct cli_common_opts *co, int c, const char *arg, const char *prog)
+{
+    switch (c) {
+    case 'o':
+        co->output = arg;
+        return 1;
+    case CLI_OPT_STATUS:
+        co->status_line = true;
+        return 1;
+    case CLI_OPT_NO_STATUS:
+        co->status_line = false;
+        return 1;
+    case CLI_OPT_TOP:
+        if (cli_parse_range(arg, 0, 100000, &co->top) < 0) {
+            fprintf(stderr, "%s: invalid --top '%s'\n", prog, arg);
+            return -1;
+        }
+        return 1;
+    case 'q':
+        co->quiet = true;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 int cli_parse_range(const char *s, uint64_t min, uint64_t max, uint64_t *ret)
 {
     uint64_t v;
