@@ -57,6 +57,20 @@ static void program_of(const struct rp_trace *t, char *buf, size_t len)
     }
 }
 
+static const struct option report_opts[] = {
+    {"top", required_argument, NULL, 'n'},
+    {"dump", required_argument, NULL, 'd'},
+    {"no-demangle", no_argument, NULL, 'D'},
+    {"no-stacks", no_argument, NULL, 'S'},
+    {"help", no_argument, NULL, 'h'},
+    {"process", required_argument, NULL, 'p'},
+    {"diff", required_argument, NULL, 'B'},
+    {"base-dump", required_argument, NULL, 'b'},
+    {"growth", no_argument, NULL, 'G'},
+    {"no-lines", no_argument, NULL, 'L'},
+    {0},
+};
+
 static void usage_report(FILE *f)
 {
     fputs("usage: heapprof report FILE [options]\n"
@@ -94,6 +108,14 @@ static void usage_report(FILE *f)
           f);
 }
 
+static const struct option pprof_opts[] = {
+    {"output", required_argument, NULL, 'o'},
+    {"dump", required_argument, NULL, 'd'},
+    {"process", required_argument, NULL, 'p'},
+    {"help", no_argument, NULL, 'h'},
+    {0},
+};
+
 static void usage_pprof(FILE *f)
 {
     fputs("usage: heapprof pprof FILE [options]\n"
@@ -127,22 +149,9 @@ struct report_args {
  * printed), 0 after --help, > 0 to go on. */
 static int report_parse_args(int argc, char **argv, struct report_args *a)
 {
-    static const struct option opts[] = {
-        {"top", required_argument, NULL, 'n'},
-        {"dump", required_argument, NULL, 'd'},
-        {"no-demangle", no_argument, NULL, 'D'},
-        {"no-stacks", no_argument, NULL, 'S'},
-        {"help", no_argument, NULL, 'h'},
-        {"process", required_argument, NULL, 'p'},
-        {"diff", required_argument, NULL, 'B'},
-        {"base-dump", required_argument, NULL, 'b'},
-        {"growth", no_argument, NULL, 'G'},
-        {"no-lines", no_argument, NULL, 'L'},
-        {0},
-    };
     uint64_t v;
     int c;
-    while ((c = getopt_long(argc, argv, "n:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "n:h", report_opts, NULL)) != -1) {
         switch (c) {
         case 'n':
             if (cli_parse_range(optarg, 1, 100000, &v) < 0) {
@@ -335,16 +344,9 @@ struct pprof_args {
  * after --help, > 0 to go on. */
 static int pprof_parse_args(int argc, char **argv, struct pprof_args *a)
 {
-    static const struct option opts[] = {
-        {"output", required_argument, NULL, 'o'},
-        {"dump", required_argument, NULL, 'd'},
-        {"process", required_argument, NULL, 'p'},
-        {"help", no_argument, NULL, 'h'},
-        {0},
-    };
     uint64_t v;
     int c;
-    while ((c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "o:h", pprof_opts, NULL)) != -1) {
         switch (c) {
         case 'o':
             a->out = optarg;
