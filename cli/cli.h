@@ -60,7 +60,7 @@ int cli_session_run(const struct cli_session *cs, struct cli_loop_result *ret_re
 int cli_output_open(const char *path, bool made_up, char *ret_path, size_t path_len, char *err,
                     size_t err_len) HP_WARN_UNUSED;
 
-/* ---- heapprofd --producer (cli/producer.c) ----------------------------------------- */
+/* ---- heapprofd --producer (cli/cmd_producer.c) ------------------------------------- */
 
 struct cli_producer_opts {
     const struct svc_config *base; /* heapprof's own fields, for every session */
@@ -135,6 +135,22 @@ void cli_opts_help(FILE *f, const struct cli_opts *o);
 int cli_parse_range(const char *s, uint64_t min, uint64_t max, uint64_t *ret) HP_WARN_UNUSED;
 
 /* "INTERVAL_MS[,PHASE_MS]" into cfg->dump_interval_ms/dump_phase_ms; -EINVAL. */
-int parse_continuous_dump(const char *arg, struct svc_config *cfg) HP_WARN_UNUSED;
+int cli_parse_continuous_dump(const char *arg, struct svc_config *cfg) HP_WARN_UNUSED;
+
+/* The options `heapprof record`, `heapprof attach` and heapprofd share, each offered by
+ * some: -o/--output FILE, --status, --no-status, --top N, -q/--quiet. Their getopt_long
+ * values are 'o', 'q' and these (a command's own options count from 256). */
+enum { CLI_OPT_STATUS = 0x800, CLI_OPT_NO_STATUS, CLI_OPT_TOP };
+
+struct cli_common_opts {
+    const char *output; /* NULL: the command makes a name up */
+    bool status_line;   /* a live status line, if stderr is a terminal */
+    bool quiet;         /* no summary */
+    uint64_t top;       /* sites in the summary */
+};
+
+/* Applies option @c with @arg to @co when it is one of the shared options: returns 1, or
+ * -1 after printing "<prog>: invalid --top '<arg>'" on stderr; 0 when it is not. */
+int cli_common_apply(struct cli_common_opts *co, int c, const char *arg, const char *prog);
 
 #endif

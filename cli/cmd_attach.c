@@ -39,13 +39,15 @@ static const struct cli_field attach_fields[] = {
     {NULL, NULL, 0},
 };
 
-enum { OPT_STATUS = 256, OPT_NO_STATUS, OPT_TOP };
-
 static const struct option attach_own_opts[] = {
-    {"duration", required_argument, NULL, 'd'}, {"output", required_argument, NULL, 'o'},
-    {"status", no_argument, NULL, OPT_STATUS},  {"no-status", no_argument, NULL, OPT_NO_STATUS},
-    {"top", required_argument, NULL, OPT_TOP},  {"quiet", no_argument, NULL, 'q'},
-    {"help", no_argument, NULL, 'h'},           {0},
+    {"duration", required_argument, NULL, 'd'},
+    {"output", required_argument, NULL, 'o'},
+    {"status", no_argument, NULL, CLI_OPT_STATUS},
+    {"no-status", no_argument, NULL, CLI_OPT_NO_STATUS},
+    {"top", required_argument, NULL, CLI_OPT_TOP},
+    {"quiet", no_argument, NULL, 'q'},
+    {"help", no_argument, NULL, 'h'},
+    {0},
 };
 
 static void usage_attach(FILE *f, const struct cli_opts *o)
@@ -252,150 +254,153 @@ static void attach_stopping(void *ctx, const struct cli_loop_result *res)
                 res->signo);
 }
 
-int cmd_attach(int argc, char **argv)
-{
-    struct cli_opts opts;
+/* What the command line asks for. */
+struct attach_args {
     struct svc_config cfg;
-    const char *output = NULL;
-    double duration = 0;
-    bool quiet = false, status_line = true; /* on a terminal */
-    uint64_t top = 10;
-    int c, rc = EXIT_USAGE;
-    char *end;
-    struct attach_state *st = NULL;
+    struct cli_common_opts common;
+    double duration; /* seconds; 0: no limit */
+};
 
-    svc_config_init(&cfg);
-    if (cli_opts_build(&opts, attach_own_opts, "d:o:qh", attach_fields) < 0)
-        return EXIT_PROFILER;
-    while ((c = getopt_long(argc, argv, opts.shortopts, opts.longopts, NULL)) != -1) {
-        int a = cli_opts_apply(&opts, c, optarg, &cfg, "heapprof attach");
-        if (a < 0)
-            goto out;
-        if (a > 0)
+/* Fills @a from the command line and checks it. Returns < 0 after a usage error (message
+ * printed), 0 after --help, > 0 to go on. */
+static int attach_parse_args(int argc, char **argv, const struct cli_opts *opts,
+                             struct attach_args *a)
+{
+    int c;
+    char *end;
+    while ((c = getopt_long(argc, argv, opts->shortopts, opts->longopts, NULL)) != -1) {
+        int r = cli_opts_apply(opts, c, optarg, &a->cfg, "heapprof attach");
+        if (r == 0)
+            r = cli_common_apply(&a->common, c, optarg, "heapprof attach");
+        if (r < 0)
+            return -EINVAL;
+        if (r > 0)
             continue;
         switch (c) {
         case 'd':
             errno = 0;
-            duration = strtod(optarg, &end);
-            if (errno || *end || !(duration > 0) || duration > 1e9) {
+            a->duration = strtod(optarg, &end);
+            if (errno || *end || !(a->duration > 0) || a->duration > 1e9) {
                 fprintf(stderr, "heapprof attach: invalid --duration '%s' (seconds > 0)\n", optarg);
-                goto out;
+                return -EINVAL;
             }
-            break;
-        case 'o':
-            output = optarg;
-            break;
-        case OPT_STATUS:
-            status_line = true;
-            break;
-        case OPT_NO_STATUS:
-            status_line = false;
-            break;
-        case OPT_TOP:
-            if (cli_parse_range(optarg, 0, 100000, &top) < 0) {
-                fprintf(stderr, "heapprof attach: invalid --top '%s'\n", optarg);
-                goto out;
-            }
-            break;
-        case 'q':
-            quiet = true;
             break;
         case 'h':
-            usage_attach(stdout, &opts);
-            rc = 0;
-            goto out;
+            usage_attach(stdout, opts);
+            return 0;
         default:
-            usage_attach(stderr, &opts);
-            goto out;
+            usage_attach(stderr, opts);
+            return -EINVAL;
         }
     }
-    if (optind != argc || (cfg.n_pid == 0 && cfg.n_process_cmdline == 0)) {
+    if (optind != argc || (a->cfg.n_pid == 0 && a->cfg.n_process_cmdline == 0)) {
         fprintf(stderr,
                 optind != argc ? "heapprof attach: unexpected argument '%s'\n"
                                : "heapprof attach: name a process with -p or -n%s\n",
                 optind != argc ? argv[optind] : "");
-        usage_attach(stderr, &opts);
-        goto out;
+        usage_attach(stderr, opts);
+        return -EINVAL;
     }
     char err[256];
-    if (svc_config_check(&cfg, err, sizeof(err)) < 0) {
+    if (svc_config_check(&a->cfg, err, sizeof(err)) < 0) {
         fprintf(stderr, "heapprof attach: %s\n", err);
-        goto out;
+        return -EINVAL;
     }
-    st = calloc(1, sizeof(*st));
-    if (!st) {
-        rc = EXIT_PROFILER;
-        goto out;
-    }
-    st->cfg = &cfg;
-    st->self = getpid();
-    st->have_names = cfg.n_process_cmdline > 0;
-    st->verbose = !quiet;
+    return 1;
+}
 
-    /* Check explicit pids before anything is started: clear errors, no half sessions. */
-    rc = 0;
-    for (size_t i = 0; i < cfg.n_pid; i++) {
+/* Looks at every pid given before anything is started: clear errors, no half sessions.
+ * Returns 0, or 1 after a message for each pid that cannot be attached. */
+static int inspect_pids(struct attach_state *st)
+{
+    const struct svc_config *cfg = st->cfg;
+    int rc = 0;
+    for (size_t i = 0; i < cfg->n_pid; i++) {
         struct svc_proc *p = &st->procs[i];
-        int r = svc_proc_inspect(cfg.pid[i], p);
+        int r = svc_proc_inspect(cfg->pid[i], p);
         if (r == -ENOENT) {
-            fprintf(stderr, "heapprof attach: no process with pid %d\n", (int)cfg.pid[i]);
+            fprintf(stderr, "heapprof attach: no process with pid %d\n", (int)cfg->pid[i]);
             rc = 1;
         } else if (r < 0) {
-            fprintf(stderr, "heapprof attach: cannot inspect pid %d: %s\n", (int)cfg.pid[i],
+            fprintf(stderr, "heapprof attach: cannot inspect pid %d: %s\n", (int)cfg->pid[i],
                     strerror(-r));
             rc = 1;
         } else if (!p->same_user && geteuid() != 0) {
             fprintf(stderr,
                     "heapprof attach: pid %d (%s) belongs to another user; run heapprof as "
                     "that user (or as root)\n",
-                    (int)cfg.pid[i], p->name);
+                    (int)cfg->pid[i], p->name);
             rc = 1;
         } else if (!p->preloaded) {
             fprintf(stderr,
                     "heapprof attach: pid %d (%s) does not have libheapprof.so loaded; start it "
                     "with LD_PRELOAD=/path/to/libheapprof.so to make it attachable\n",
-                    (int)cfg.pid[i], p->name);
+                    (int)cfg->pid[i], p->name);
             rc = 1;
         }
     }
-    if (rc)
-        goto out;
+    return rc;
+}
 
-    char dir[HP_PATH_MAX], sock[HP_PATH_MAX];
+/* Our own socket, named after our pid, in the runtime directory (made if needed): the
+ * targets learn it from the attach signal. Returns 0, or EXIT_PROFILER after a message. */
+static int attach_socket_path(char *sock, size_t len)
+{
+    char dir[HP_PATH_MAX], err[256];
     if (hp_runtime_dir_prepare(dir, sizeof(dir), err, sizeof(err)) < 0) {
         fprintf(stderr, "heapprof attach: %s\n", err);
-        rc = EXIT_PROFILER;
-        goto out;
+        return EXIT_PROFILER;
     }
-    if (hp_socket_path(getenv("XDG_RUNTIME_DIR"), getuid(), getpid(), sock, sizeof(sock)) < 0) {
+    if (hp_socket_path(getenv("XDG_RUNTIME_DIR"), getuid(), getpid(), sock, len) < 0) {
         fprintf(stderr, "heapprof attach: socket path too long\n");
-        rc = EXIT_PROFILER;
-        goto out;
+        return EXIT_PROFILER;
     }
-    cfg.socket_path = sock;
+    return 0;
+}
 
+/* Profiles the targets for one session. Returns the exit status. */
+static int attach_run(struct attach_args *a)
+{
+    HP_CLEANUP_FREE struct attach_state *st = calloc(1, sizeof(*st));
+    if (!st)
+        return EXIT_PROFILER;
+    struct svc_config *cfg = &a->cfg;
+    st->cfg = cfg;
+    st->self = getpid();
+    st->have_names = cfg->n_process_cmdline > 0;
+    st->verbose = !a->common.quiet;
+
+    int rc = inspect_pids(st);
+    if (rc)
+        return rc;
+    char sock[HP_PATH_MAX];
+    rc = attach_socket_path(sock, sizeof(sock));
+    if (rc)
+        return rc;
+    cfg->socket_path = sock;
+
+    const char *output = a->common.output;
     char out_buf[PATH_MAX];
-    bool made_up = !output;
     if (!output) {
-        if (cfg.n_pid == 1)
+        if (cfg->n_pid == 1)
             snprintf(out_buf, sizeof(out_buf), "heapprof-%s-%d.pftrace", st->procs[0].name,
-                     (int)cfg.pid[0]);
+                     (int)cfg->pid[0]);
         else
             snprintf(out_buf, sizeof(out_buf), "heapprof-attach-%d.pftrace", (int)getpid());
         output = out_buf;
     }
     struct cli_session cs = {
         .prog = "heapprof attach",
-        .cfg = &cfg,
+        .cfg = cfg,
         .output = output,
-        .output_made_up = made_up,
-        .quiet = quiet,
+        .output_made_up = !a->common.output,
+        .quiet = a->common.quiet,
         .drop_if_empty = true,
-        .top = (int)top,
+        .top = (int)a->common.top,
         .loop =
             {
-                .duration_ms = (uint64_t)(duration * 1000),
-                .status_line = !quiet && status_line && isatty(STDERR_FILENO),
+                .duration_ms = (uint64_t)(a->duration * 1000),
+                .status_line = !a->common.quiet && a->common.status_line && isatty(STDERR_FILENO),
                 .stop_when_no_clients = !st->have_names,
                 .tick = attach_tick,
                 .tick_ctx = st,
@@ -406,50 +411,76 @@ int cmd_attach(int argc, char **argv)
     };
     struct cli_loop_result res;
     rc = cli_session_run(&cs, &res);
-    if (rc == 0 && st->have_names && cfg.n_pid == 0 && st->n_signalled == 0) {
+    if (rc == 0 && st->have_names && cfg->n_pid == 0 && st->n_signalled == 0) {
         char names[512];
         fprintf(stderr, "heapprof attach: no process matched %s: nothing was profiled\n",
-                names_of(&cfg, names, sizeof(names)));
+                names_of(cfg, names, sizeof(names)));
         rc = 1;
     }
     if (rc == 0 && st->gave_up)
         rc = 1;
-out:
-    free(st);
-    cli_opts_done(&opts);
-    svc_config_done(&cfg);
     return rc;
 }
 
-int cmd_dump(int argc, char **argv)
+int cmd_attach(int argc, char **argv)
 {
-    static const char usage[] =
-        "usage: heapprof dump [--socket PATH] [DAEMON_PID]\n"
-        "\n"
-        "Asks the running heapprofd to dump every profiled process now: a request on its\n"
-        "socket (default <runtime dir>/heapprofd.sock, the runtime dir being\n"
-        "$XDG_RUNTIME_DIR/heapprof or /tmp/heapprof-<uid>), which it answers. With\n"
-        "DAEMON_PID, the daemon that answers must be that process. No process is ever\n"
-        "signalled.\n";
-    const char *socket_path = NULL;
-    pid_t want = 0;
+    struct cli_opts opts;
+    struct attach_args a = {.common = {.status_line = true /* on a terminal */, .top = 10}};
+    svc_config_init(&a.cfg);
+    if (cli_opts_build(&opts, attach_own_opts, "d:o:qh", attach_fields) < 0)
+        return EXIT_PROFILER;
+    int r = attach_parse_args(argc, argv, &opts, &a);
+    cli_opts_done(&opts);
+    int rc = r < 0 ? EXIT_USAGE : r == 0 ? 0 : attach_run(&a);
+    svc_config_done(&a.cfg);
+    return rc;
+}
+
+static const char dump_usage[] =
+    "usage: heapprof dump [--socket PATH] [DAEMON_PID]\n"
+    "\n"
+    "Asks the running heapprofd to dump every profiled process now: a request on its\n"
+    "socket (default <runtime dir>/heapprofd.sock, the runtime dir being\n"
+    "$XDG_RUNTIME_DIR/heapprof or /tmp/heapprof-<uid>), which it answers. With\n"
+    "DAEMON_PID, the daemon that answers must be that process. No process is ever\n"
+    "signalled.\n";
+
+struct dump_args {
+    const char *socket_path; /* NULL: the daemon's default */
+    pid_t want;              /* 0: whichever daemon answers */
+};
+
+/* Fills @a from the command line. Returns < 0 after a usage error (message printed), 0
+ * after --help, > 0 to go on. */
+static int dump_parse_args(int argc, char **argv, struct dump_args *a)
+{
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            fputs(usage, stdout);
+            fputs(dump_usage, stdout);
             return 0;
         }
         if (!strcmp(argv[i], "--socket") && i + 1 < argc) {
-            socket_path = argv[++i];
+            a->socket_path = argv[++i];
             continue;
         }
         char *end;
         long v = strtol(argv[i], &end, 10);
-        if (want || argv[i][0] == '-' || *end || v <= 0 || v > INT32_MAX) {
-            fprintf(stderr, "heapprof dump: invalid argument '%s'\n%s", argv[i], usage);
-            return EXIT_USAGE;
+        if (a->want || argv[i][0] == '-' || *end || v <= 0 || v > INT32_MAX) {
+            fprintf(stderr, "heapprof dump: invalid argument '%s'\n%s", argv[i], dump_usage);
+            return -EINVAL;
         }
-        want = (pid_t)v;
+        a->want = (pid_t)v;
     }
+    return 1;
+}
+
+int cmd_dump(int argc, char **argv)
+{
+    struct dump_args a = {0};
+    int r = dump_parse_args(argc, argv, &a);
+    if (r <= 0)
+        return r < 0 ? EXIT_USAGE : 0;
+    const char *socket_path = a.socket_path;
     char path[HP_PATH_MAX];
     if (!socket_path) {
         if (hp_socket_path(getenv("XDG_RUNTIME_DIR"), getuid(), 0, path, sizeof(path)) < 0) {
@@ -459,7 +490,7 @@ int cmd_dump(int argc, char **argv)
         socket_path = path;
     }
     pid_t daemon = 0;
-    int r = svc_control_dump(socket_path, want, &daemon);
+    r = svc_control_dump(socket_path, a.want, &daemon);
     if (r == -ENOENT || r == -ECONNREFUSED) {
         fprintf(stderr, "heapprof dump: no heapprofd is running (nothing listens on %s)\n",
                 socket_path);
@@ -469,7 +500,7 @@ int cmd_dump(int argc, char **argv)
         fprintf(stderr,
                 "heapprof dump: pid %d is not the heapprofd listening on %s (pid %d is); "
                 "nothing asked\n",
-                (int)want, socket_path, (int)daemon);
+                (int)a.want, socket_path, (int)daemon);
         return 1;
     }
     if (r < 0) {

@@ -41,8 +41,6 @@ static const struct cli_field record_fields[] = {
 
 enum {
     OPT_SEED = 256,
-    OPT_TOP,
-    OPT_STATUS,
     OPT_FOLLOW_EXEC,
     OPT_NO_FOLLOW_EXEC,
 };
@@ -50,8 +48,8 @@ enum {
 static const struct option record_own_opts[] = {
     {"output", required_argument, NULL, 'o'},
     {"seed", required_argument, NULL, OPT_SEED},
-    {"top", required_argument, NULL, OPT_TOP},
-    {"status", no_argument, NULL, OPT_STATUS},
+    {"top", required_argument, NULL, CLI_OPT_TOP},
+    {"status", no_argument, NULL, CLI_OPT_STATUS},
     {"follow-exec", no_argument, NULL, OPT_FOLLOW_EXEC},
     {"no-follow-exec", no_argument, NULL, OPT_NO_FOLLOW_EXEC},
     {"quiet", no_argument, NULL, 'q'},
@@ -309,6 +307,111 @@ static char **build_env(struct child_env *ce, const char *lib, const char *sock,
     return env;
 }
 
+/* What the command line asks for. */
+struct record_args {
+    struct svc_config cfg;
+    struct cli_common_opts common; /* -o, --status, --top, -q */
+    const char *seed;              /* NULL: a random seed */
+    bool follow_exec;
+    char **child_argv; /* CMD [ARGS...] */
+};
+
+/* Fills @a from the command line and checks it. Returns < 0 after a usage error (message
+ * printed), 0 after --help, > 0 to go on. */
+static int record_parse_args(int argc, char **argv, const struct cli_opts *opts,
+                             struct record_args *a)
+{
+    uint64_t v;
+    int c;
+    while ((c = getopt_long(argc, argv, opts->shortopts, opts->longopts, NULL)) != -1) {
+        int r = cli_opts_apply(opts, c, optarg, &a->cfg, "heapprof record");
+        if (r == 0)
+            r = cli_common_apply(&a->common, c, optarg, "heapprof record");
+        if (r < 0)
+            return -EINVAL;
+        if (r > 0)
+            continue;
+        switch (c) {
+        case OPT_SEED:
+            if (cli_parse_range(optarg, 0, LONG_MAX, &v) < 0) {
+                fprintf(stderr, "heapprof record: invalid --seed '%s'\n", optarg);
+                return -EINVAL;
+            }
+            a->seed = optarg;
+            break;
+        case OPT_FOLLOW_EXEC:
+            a->follow_exec = true;
+            break;
+        case OPT_NO_FOLLOW_EXEC:
+            a->follow_exec = false;
+            break;
+        case 'h':
+            usage_record(stdout, opts);
+            return 0;
+        default:
+            usage_record(stderr, opts);
+            return -EINVAL;
+        }
+    }
+    if (optind >= argc) {
+        fprintf(stderr, "heapprof record: no program given\n");
+        usage_record(stderr, opts);
+        return -EINVAL;
+    }
+    a->child_argv = argv + optind;
+    char err[256];
+    if (svc_config_check(&a->cfg, err, sizeof(err)) < 0) {
+        fprintf(stderr, "heapprof record: %s\n", err);
+        return -EINVAL;
+    }
+    return 1;
+}
+
+/* Finds @name like execvp does and refuses, before anything (a trace) is made, what
+ * execve() would refuse or what LD_PRELOAD cannot profile. Returns 0 with the path in
+ * @ret_prog (caller frees), or EXIT_NOT_FOUND / EXIT_CANNOT_RUN after a message. */
+static int find_runnable(const char *name, char **ret_prog)
+{
+    HP_CLEANUP_FREE char *prog = find_program(name);
+    if (!prog) {
+        fprintf(stderr, "heapprof record: cannot find program '%s'%s\n", name,
+                strchr(name, '/') ? "" : " in PATH");
+        return EXIT_NOT_FOUND;
+    }
+    int dyn = is_dynamic(prog);
+    if (dyn == 0) {
+        fprintf(stderr,
+                "heapprof record: '%s' is statically linked; heapprof works through "
+                "LD_PRELOAD and needs a dynamically linked program\n",
+                prog);
+        return EXIT_CANNOT_RUN;
+    }
+    if (dyn < 0 && dyn != -ENOEXEC) {
+        fprintf(stderr, "heapprof record: cannot read '%s': %s\n", prog, strerror(-dyn));
+        return EXIT_CANNOT_RUN;
+    }
+    struct stat pst;
+    const char *why = NULL;
+    if (stat(prog, &pst) < 0 || (S_ISREG(pst.st_mode) && access(prog, X_OK) < 0))
+        why = strerror(errno);
+    else if (!S_ISREG(pst.st_mode))
+        why = "not a regular file";
+    if (why) {
+        fprintf(stderr, "heapprof record: cannot run '%s': %s\n", prog, why);
+        return EXIT_CANNOT_RUN;
+    }
+    if (dyn == -ENOEXEC) {
+        fprintf(stderr,
+                "heapprof record: cannot run '%s': not an executable format (no 64-bit ELF "
+                "header, no #! line)\n",
+                prog);
+        return EXIT_CANNOT_RUN;
+    }
+    *ret_prog = prog;
+    prog = NULL;
+    return 0;
+}
+
 /* The child waits for a go byte, so the service is listening (and the output named
  * after its pid is open) before its first allocation. */
 struct record_run {
@@ -327,66 +430,35 @@ static int record_started(void *ctx, svc_t *s)
     return 0;
 }
 
-static int record_run(struct svc_config *cfg, char **child_argv, const char *output,
-                      const char *seed, bool follow_exec, bool quiet, bool status_line, int top)
+/* In the child: waits for the go byte, then runs @prog. */
+static _Noreturn void exec_child(const char *prog, char **argv, char **env,
+                                 const sigset_t *old_mask, int go[2])
 {
-    HP_CLEANUP_FREE char *prog = find_program(child_argv[0]);
-    if (!prog) {
-        fprintf(stderr, "heapprof record: cannot find program '%s'%s\n", child_argv[0],
-                strchr(child_argv[0], '/') ? "" : " in PATH");
-        return EXIT_NOT_FOUND;
-    }
-    int dyn = is_dynamic(prog);
-    if (dyn == 0) {
-        fprintf(stderr,
-                "heapprof record: '%s' is statically linked; heapprof works through "
-                "LD_PRELOAD and needs a dynamically linked program\n",
-                prog);
-        return EXIT_CANNOT_RUN;
-    }
-    if (dyn < 0 && dyn != -ENOEXEC) {
-        fprintf(stderr, "heapprof record: cannot read '%s': %s\n", prog, strerror(-dyn));
-        return EXIT_CANNOT_RUN;
-    }
-    /* What execve() would refuse, refused before anything (a trace) is made. */
-    struct stat pst;
-    const char *why = NULL;
-    if (stat(prog, &pst) < 0 || (S_ISREG(pst.st_mode) && access(prog, X_OK) < 0))
-        why = strerror(errno);
-    else if (!S_ISREG(pst.st_mode))
-        why = "not a regular file";
-    if (why) {
-        fprintf(stderr, "heapprof record: cannot run '%s': %s\n", prog, why);
-        return EXIT_CANNOT_RUN;
-    }
-    if (dyn == -ENOEXEC) {
-        fprintf(stderr,
-                "heapprof record: cannot run '%s': not an executable format (no 64-bit ELF "
-                "header, no #! line)\n",
-                prog);
-        return EXIT_CANNOT_RUN;
-    }
-    HP_CLEANUP_FREE char *lib = find_library();
-    if (!lib) {
-        fprintf(stderr, "heapprof record: cannot find libheapprof.so next to the heapprof "
-                        "binary (set HEAPPROF_LIB to its path)\n");
-        return EXIT_PROFILER;
-    }
+    char b;
+    (void)close(go[1]);
+    /* unwinder/sigmask.c's sigprocmask(), which forwards to libc's: the forked
+     * thread is a copy of this one, never inside unwinder_unwind() (cli/loop.c). */
+    sigprocmask(SIG_SETMASK, old_mask, NULL);
+    if (read(go[0], &b, 1) != 1)
+        _exit(EXIT_PROFILER);
+    execve(prog, argv, env);
+    int e = errno;
+    dprintf(STDERR_FILENO, "heapprof record: cannot run '%s': %s\n", prog, strerror(e));
+    _exit(e == ENOENT ? EXIT_NOT_FOUND : EXIT_CANNOT_RUN);
+}
 
-    char dir[PATH_MAX], sock[PATH_MAX + 32];
-    int r = hp_private_dir_new(dir, sizeof(dir));
-    if (r < 0) {
-        fprintf(stderr, "heapprof record: cannot create a private socket directory: %s\n",
-                strerror(-r));
-        return EXIT_PROFILER;
-    }
+/* Forks the child that runs @prog, with libheapprof.so @lib preloaded and told the
+ * service's socket in @dir, held until rr->go_fd is written. Returns 0, or EXIT_PROFILER
+ * after a message. */
+static int start_child(const struct record_args *a, const char *prog, const char *lib,
+                       const char *dir, struct record_run *rr)
+{
+    char sock[PATH_MAX + 32];
     snprintf(sock, sizeof(sock), "%s/%s", dir, HP_DAEMON_SOCKET_NAME);
-    cfg->socket_dir = dir;
     struct child_env ce = {0};
-    char **env = build_env(&ce, lib, sock, seed, follow_exec);
+    char **env = build_env(&ce, lib, sock, a->seed, a->follow_exec);
     if (!env) {
         child_env_done(&ce);
-        (void)rmdir(dir);
         return EXIT_PROFILER;
     }
 
@@ -398,7 +470,6 @@ static int record_run(struct svc_config *cfg, char **child_argv, const char *out
     if (pipe2(go, O_CLOEXEC) < 0) {
         perror("heapprof record");
         child_env_done(&ce);
-        (void)rmdir(dir);
         return EXIT_PROFILER;
     }
     fflush(NULL);
@@ -406,40 +477,62 @@ static int record_run(struct svc_config *cfg, char **child_argv, const char *out
     if (child < 0) {
         perror("heapprof record: fork");
         child_env_done(&ce);
-        (void)rmdir(dir);
         return EXIT_PROFILER;
     }
-    if (child == 0) {
-        char b;
-        (void)close(go[1]);
-        sigprocmask(SIG_SETMASK, &old_mask, NULL);
-        if (read(go[0], &b, 1) != 1)
-            _exit(EXIT_PROFILER);
-        execve(prog, child_argv, env);
-        int e = errno;
-        dprintf(STDERR_FILENO, "heapprof record: cannot run '%s': %s\n", prog, strerror(e));
-        _exit(e == ENOENT ? EXIT_NOT_FOUND : EXIT_CANNOT_RUN);
-    }
+    if (child == 0)
+        exec_child(prog, a->child_argv, env, &old_mask, go);
     (void)close(go[0]);
     child_env_done(&ce);
+    *rr = (struct record_run){.child = child, .go_fd = go[1]};
+    return 0;
+}
 
+/* Runs the program under a session. Returns the program's exit status (EXIT_PROFILER
+ * instead of 0 when the profiler failed), or an EXIT_* status after a message. */
+static int record_run(struct record_args *a)
+{
+    HP_CLEANUP_FREE char *prog = NULL;
+    int rc = find_runnable(a->child_argv[0], &prog);
+    if (rc)
+        return rc;
+    HP_CLEANUP_FREE char *lib = find_library();
+    if (!lib) {
+        fprintf(stderr, "heapprof record: cannot find libheapprof.so next to the heapprof "
+                        "binary (set HEAPPROF_LIB to its path)\n");
+        return EXIT_PROFILER;
+    }
+    char dir[PATH_MAX];
+    int r = hp_private_dir_new(dir, sizeof(dir));
+    if (r < 0) {
+        fprintf(stderr, "heapprof record: cannot create a private socket directory: %s\n",
+                strerror(-r));
+        return EXIT_PROFILER;
+    }
+    a->cfg.socket_dir = dir;
+    struct record_run rr;
+    rc = start_child(a, prog, lib, dir, &rr);
+    if (rc) {
+        (void)rmdir(dir);
+        return rc;
+    }
+
+    const char *output = a->common.output;
     HP_CLEANUP_FREE char *out_path = NULL;
     if (output)
         out_path = strdup(output);
-    else if (asprintf(&out_path, "heapprof-%s-%d.pftrace", base_name(prog), (int)child) < 0)
+    else if (asprintf(&out_path, "heapprof-%s-%d.pftrace", base_name(prog), (int)rr.child) < 0)
         out_path = NULL;
-    struct record_run rr = {.child = child, .go_fd = go[1]};
     struct cli_session cs = {
         .prog = "heapprof record",
-        .cfg = cfg,
+        .cfg = &a->cfg,
         .output = out_path ? out_path : "?",
         .output_made_up = !output,
-        .quiet = quiet,
-        .top = top,
+        .quiet = a->common.quiet,
+        .top = (int)a->common.top,
         .loop =
             {
-                .status_line = !quiet && isatty(STDERR_FILENO) && status_line,
-                .child = child,
+                .status_line = !a->common.quiet && isatty(STDERR_FILENO) && a->common.status_line,
+                .child = rr.child,
                 .forward_signals = true,
             },
         .started = record_started,
@@ -451,11 +544,11 @@ static int record_run(struct svc_config *cfg, char **child_argv, const char *out
     if (rr.go_fd >= 0) {
         /* The service never started: the child must not run unprofiled. */
         (void)close(rr.go_fd);
-        (void)waitpid(child, NULL, 0);
+        (void)waitpid(rr.child, NULL, 0);
         return EXIT_PROFILER;
     }
     int status = res.child_status;
-    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (r != 0)
         return rc ? rc : EXIT_PROFILER;
     return rc;
@@ -464,75 +557,16 @@ static int record_run(struct svc_config *cfg, char **child_argv, const char *out
 int cmd_record(int argc, char **argv)
 {
     struct cli_opts opts;
-    struct svc_config cfg;
-    const char *output = NULL, *seed = NULL;
-    bool quiet = false, status_line = false, follow_exec = true;
-    uint64_t top = 10, v;
-    int c, rc = EXIT_USAGE;
-
-    svc_config_init(&cfg);
+    struct record_args a = {.common = {.top = 10}, .follow_exec = true};
+    svc_config_init(&a.cfg);
     /* A recorded program is ours to slow down: wait for buffer space rather than lose
      * samples (bounded by the timeout). */
-    cfg.block_client = true;
+    a.cfg.block_client = true;
     if (cli_opts_build(&opts, record_own_opts, "+o:qh", record_fields) < 0)
         return EXIT_PROFILER;
-    while ((c = getopt_long(argc, argv, opts.shortopts, opts.longopts, NULL)) != -1) {
-        int a = cli_opts_apply(&opts, c, optarg, &cfg, "heapprof record");
-        if (a < 0)
-            goto out;
-        if (a > 0)
-            continue;
-        switch (c) {
-        case 'o':
-            output = optarg;
-            break;
-        case OPT_SEED:
-            if (cli_parse_range(optarg, 0, LONG_MAX, &v) < 0) {
-                fprintf(stderr, "heapprof record: invalid --seed '%s'\n", optarg);
-                goto out;
-            }
-            seed = optarg;
-            break;
-        case OPT_TOP:
-            if (cli_parse_range(optarg, 0, 100000, &top) < 0) {
-                fprintf(stderr, "heapprof record: invalid --top '%s'\n", optarg);
-                goto out;
-            }
-            break;
-        case OPT_STATUS:
-            status_line = true;
-            break;
-        case OPT_FOLLOW_EXEC:
-            follow_exec = true;
-            break;
-        case OPT_NO_FOLLOW_EXEC:
-            follow_exec = false;
-            break;
-        case 'q':
-            quiet = true;
-            break;
-        case 'h':
-            usage_record(stdout, &opts);
-            rc = 0;
-            goto out;
-        default:
-            usage_record(stderr, &opts);
-            goto out;
-        }
-    }
-    if (optind >= argc) {
-        fprintf(stderr, "heapprof record: no program given\n");
-        usage_record(stderr, &opts);
-        goto out;
-    }
-    char err[256];
-    if (svc_config_check(&cfg, err, sizeof(err)) < 0) {
-        fprintf(stderr, "heapprof record: %s\n", err);
-        goto out;
-    }
-    rc = record_run(&cfg, argv + optind, output, seed, follow_exec, quiet, status_line, (int)top);
-out:
+    int r = record_parse_args(argc, argv, &opts, &a);
     cli_opts_done(&opts);
-    svc_config_done(&cfg);
+    int rc = r < 0 ? EXIT_USAGE : r == 0 ? 0 : record_run(&a);
+    svc_config_done(&a.cfg);
     return rc;
 }

@@ -57,6 +57,20 @@ static void program_of(const struct rp_trace *t, char *buf, size_t len)
     }
 }
 
+static const struct option report_opts[] = {
+    {"top", required_argument, NULL, 'n'},
+    {"dump", required_argument, NULL, 'd'},
+    {"no-demangle", no_argument, NULL, 'D'},
+    {"no-stacks", no_argument, NULL, 'S'},
+    {"help", no_argument, NULL, 'h'},
+    {"process", required_argument, NULL, 'p'},
+    {"diff", required_argument, NULL, 'B'},
+    {"base-dump", required_argument, NULL, 'b'},
+    {"growth", no_argument, NULL, 'G'},
+    {"no-lines", no_argument, NULL, 'L'},
+    {0},
+};
+
 static void usage_report(FILE *f)
 {
     fputs("usage: heapprof report FILE [options]\n"
@@ -94,6 +108,14 @@ static void usage_report(FILE *f)
           f);
 }
 
+static const struct option pprof_opts[] = {
+    {"output", required_argument, NULL, 'o'},
+    {"dump", required_argument, NULL, 'd'},
+    {"process", required_argument, NULL, 'p'},
+    {"help", no_argument, NULL, 'h'},
+    {0},
+};
+
 static void usage_pprof(FILE *f)
 {
     fputs("usage: heapprof pprof FILE [options]\n"
@@ -115,216 +137,258 @@ static void usage_pprof(FILE *f)
           f);
 }
 
-int cmd_report(int argc, char **argv)
+/* What `heapprof report`'s command line asks for. */
+struct report_args {
+    struct rp_report_options ro;
+    struct rp_trace_options to, base_to; /* the trace's selection, the base's */
+    const char *path, *base_path;        /* base_path: NULL without --diff */
+    bool growth;
+};
+
+/* Fills @a from the command line and checks it. Returns < 0 after a usage error (message
+ * printed), 0 after --help, > 0 to go on. */
+static int report_parse_args(int argc, char **argv, struct report_args *a)
 {
-    static const struct option opts[] = {
-        {"top", required_argument, NULL, 'n'},
-        {"dump", required_argument, NULL, 'd'},
-        {"no-demangle", no_argument, NULL, 'D'},
-        {"no-stacks", no_argument, NULL, 'S'},
-        {"help", no_argument, NULL, 'h'},
-        {"process", required_argument, NULL, 'p'},
-        {"diff", required_argument, NULL, 'B'},
-        {"base-dump", required_argument, NULL, 'b'},
-        {"growth", no_argument, NULL, 'G'},
-        {"no-lines", no_argument, NULL, 'L'},
-        {0},
-    };
-    struct rp_report_options ro = {.top_n = 10, .demangle = true};
-    bool growth = false;
-    struct rp_trace_options to = {0}, base_to = {0};
-    const char *base_path = NULL;
     uint64_t v;
     int c;
-
-    while ((c = getopt_long(argc, argv, "n:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "n:h", report_opts, NULL)) != -1) {
         switch (c) {
         case 'n':
             if (cli_parse_range(optarg, 1, 100000, &v) < 0) {
                 fprintf(stderr, "heapprof report: --top wants a number >= 1, not '%s'\n", optarg);
-                return EXIT_USAGE;
+                return -EINVAL;
             }
-            ro.top_n = (int)v;
+            a->ro.top_n = (int)v;
             break;
         case 'd':
             if (cli_parse_range(optarg, 1, INT_MAX, &v) < 0) {
                 fprintf(stderr, "heapprof report: --dump wants a number >= 1, not '%s'\n", optarg);
-                return EXIT_USAGE;
+                return -EINVAL;
             }
-            to.dump_index = (int)v;
+            a->to.dump_index = (int)v;
             break;
         case 'b':
             if (cli_parse_range(optarg, 1, INT_MAX, &v) < 0) {
                 fprintf(stderr, "heapprof report: --base-dump wants a number >= 1, not '%s'\n",
                         optarg);
-                return EXIT_USAGE;
+                return -EINVAL;
             }
-            base_to.dump_index = (int)v;
+            a->base_to.dump_index = (int)v;
             break;
         case 'p':
             if (cli_parse_range(optarg, 1, INT32_MAX, &v) < 0) {
                 fprintf(stderr, "heapprof report: --process wants a pid, not '%s'\n", optarg);
-                return EXIT_USAGE;
+                return -EINVAL;
             }
-            to.pid = base_to.pid = (int32_t)v;
+            a->to.pid = a->base_to.pid = (int32_t)v;
             break;
         case 'B':
-            base_path = optarg;
+            a->base_path = optarg;
             break;
         case 'D':
-            ro.demangle = false;
+            a->ro.demangle = false;
             break;
         case 'S':
-            ro.no_stacks = true;
+            a->ro.no_stacks = true;
             break;
         case 'G':
-            growth = true;
+            a->growth = true;
             break;
         case 'L':
-            ro.no_lines = true;
+            a->ro.no_lines = true;
             break;
         case 'h':
             usage_report(stdout);
             return 0;
         default:
             usage_report(stderr);
-            return EXIT_USAGE;
+            return -EINVAL;
         }
     }
     if (optind != argc - 1) {
         fprintf(stderr, "heapprof report: expected one trace file\n");
         usage_report(stderr);
-        return EXIT_USAGE;
+        return -EINVAL;
     }
-    const char *path = argv[optind];
-    if (growth && (base_path || to.dump_index)) {
+    a->path = argv[optind];
+    if (a->growth && (a->base_path || a->to.dump_index)) {
         fprintf(stderr, "heapprof report: --growth uses every dump; it goes with neither "
                         "--diff nor --dump\n");
-        return EXIT_USAGE;
+        return -EINVAL;
     }
-    to.all_dumps = growth;
-    struct rp_trace *t;
-    int r = rp_trace_load(path, &to, &t);
-    if (r < 0) {
-        load_error("heapprof report", path, r);
-        return 1;
-    }
-    int rc = 0;
-    uint32_t max_dumps = 0;
+    a->to.all_dumps = a->growth;
+    return 1;
+}
+
+/* The most dumps any process of @t has. */
+static uint32_t max_dumps(const struct rp_trace *t)
+{
+    uint32_t max = 0;
     for (size_t i = 0; i < t->n_processes; i++)
-        max_dumps = HP_MAX(max_dumps, t->processes[i].n_dumps);
-    if (to.pid && t->n_processes == 0) {
-        fprintf(stderr, "heapprof report: %s has no process with pid %d\n", path, (int)to.pid);
-        rc = 1;
-    } else if (to.dump_index && (uint32_t)to.dump_index > max_dumps) {
+        max = HP_MAX(max, t->processes[i].n_dumps);
+    return max;
+}
+
+/* Whether @t has what @to selects: false after a message. */
+static bool has_selection(const char *path, const struct rp_trace *t,
+                          const struct rp_trace_options *to)
+{
+    uint32_t max = max_dumps(t);
+    if (to->pid && t->n_processes == 0) {
+        fprintf(stderr, "heapprof report: %s has no process with pid %d\n", path, (int)to->pid);
+        return false;
+    }
+    if (to->dump_index && (uint32_t)to->dump_index > max) {
         fprintf(stderr,
                 "heapprof report: %s has no dump %d: its processes have at most %" PRIu32
                 " dump%s\n",
-                path, to.dump_index, max_dumps, max_dumps == 1 ? "" : "s");
-        rc = 1;
-    } else if (base_path) {
-        struct rp_trace *base;
-        /* Pids differ between two runs: the base keeps every process when the selection
-         * is by pid and the base has no such pid. */
-        r = rp_trace_load(base_path, &base_to, &base);
-        if (r == 0 && base_to.pid && base->n_processes == 0) {
-            base = rp_trace_free(base);
-            base_to.pid = 0;
-            r = rp_trace_load(base_path, &base_to, &base);
-        }
-        if (r < 0) {
-            load_error("heapprof report", base_path, r);
-            rp_trace_free(t);
-            return 1;
-        }
-        uint32_t base_max = 0;
-        for (size_t i = 0; i < base->n_processes; i++)
-            base_max = HP_MAX(base_max, base->processes[i].n_dumps);
-        if (base_to.dump_index && (uint32_t)base_to.dump_index > base_max) {
-            fprintf(stderr,
-                    "heapprof report: %s has no dump %d: its processes have at most %" PRIu32
-                    " dump%s\n",
-                    base_path, base_to.dump_index, base_max, base_max == 1 ? "" : "s");
-            rp_trace_free(base);
-            rp_trace_free(t);
-            return 1;
-        }
-        char a[256], b[256];
-        program_of(base, a, sizeof(a));
-        program_of(t, b, sizeof(b));
-        if (a[0] && b[0] && strcmp(a, b) != 0)
-            fprintf(stderr,
-                    "heapprof report: warning: %s profiles '%s' but %s profiles '%s': the sites of "
-                    "different programs rarely match\n",
-                    base_path, a, path, b);
-        rp_report_print_diff(stdout, base, t, &ro);
-        if (base->truncated) {
-            truncation_error("heapprof report", base_path, base);
-            rc = 1;
-        }
+                path, to->dump_index, max, max == 1 ? "" : "s");
+        return false;
+    }
+    return true;
+}
+
+/* Prints the growth per site from the base trace to @t. Returns < 0 when nothing was
+ * printed (the base cannot be read or lacks the dump asked for; message given), else 1
+ * when the base is truncated (message given) and 0 when not. */
+static int report_diff(const struct report_args *a, const struct rp_trace *t)
+{
+    struct rp_trace_options base_to = a->base_to;
+    struct rp_trace *base;
+    /* Pids differ between two runs: the base keeps every process when the selection is
+     * by pid and the base has no such pid. */
+    int r = rp_trace_load(a->base_path, &base_to, &base);
+    if (r == 0 && base_to.pid && base->n_processes == 0) {
+        base = rp_trace_free(base);
+        base_to.pid = 0;
+        r = rp_trace_load(a->base_path, &base_to, &base);
+    }
+    if (r < 0) {
+        load_error("heapprof report", a->base_path, r);
+        return r;
+    }
+    uint32_t base_max = max_dumps(base);
+    if (base_to.dump_index && (uint32_t)base_to.dump_index > base_max) {
+        fprintf(stderr,
+                "heapprof report: %s has no dump %d: its processes have at most %" PRIu32
+                " dump%s\n",
+                a->base_path, base_to.dump_index, base_max, base_max == 1 ? "" : "s");
         rp_trace_free(base);
-    } else if (growth) {
-        rp_report_print_growth(stdout, t, &ro);
+        return -ENODATA;
+    }
+    char pa[256], pb[256];
+    program_of(base, pa, sizeof(pa));
+    program_of(t, pb, sizeof(pb));
+    if (pa[0] && pb[0] && strcmp(pa, pb) != 0)
+        fprintf(stderr,
+                "heapprof report: warning: %s profiles '%s' but %s profiles '%s': the sites of "
+                "different programs rarely match\n",
+                a->base_path, pa, a->path, pb);
+    rp_report_print_diff(stdout, base, t, &a->ro);
+    int rc = 0;
+    if (base->truncated) {
+        truncation_error("heapprof report", a->base_path, base);
+        rc = 1;
+    }
+    rp_trace_free(base);
+    return rc;
+}
+
+/* Prints the report the arguments ask for. Returns the exit status. */
+static int report_run(const struct report_args *a)
+{
+    struct rp_trace *t;
+    int r = rp_trace_load(a->path, &a->to, &t);
+    if (r < 0) {
+        load_error("heapprof report", a->path, r);
+        return 1;
+    }
+    int rc = 0;
+    if (!has_selection(a->path, t, &a->to)) {
+        rc = 1;
+    } else if (a->base_path) {
+        rc = report_diff(a, t);
+        if (rc < 0) {
+            rp_trace_free(t);
+            return 1;
+        }
+    } else if (a->growth) {
+        rp_report_print_growth(stdout, t, &a->ro);
     } else {
-        rp_report_print(stdout, t, &ro);
+        rp_report_print(stdout, t, &a->ro);
     }
     if (t->truncated) {
         fflush(stdout);
-        truncation_error("heapprof report", path, t);
+        truncation_error("heapprof report", a->path, t);
         rc = 1;
     }
     rp_trace_free(t);
     return rc;
 }
 
-int cmd_pprof(int argc, char **argv)
+int cmd_report(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"output", required_argument, NULL, 'o'},
-        {"dump", required_argument, NULL, 'd'},
-        {"process", required_argument, NULL, 'p'},
-        {"help", no_argument, NULL, 'h'},
-        {0},
-    };
-    const char *out = NULL;
-    int dump = 0;
-    int32_t pid = 0;
+    struct report_args a = {.ro = {.top_n = 10, .demangle = true}};
+    int r = report_parse_args(argc, argv, &a);
+    return r < 0 ? EXIT_USAGE : r == 0 ? 0 : report_run(&a);
+}
+
+/* What `heapprof pprof`'s command line asks for. */
+struct pprof_args {
+    const char *path, *out; /* out: NULL for the trace's name without .pftrace */
+    int dump;               /* 0: every dump */
+    int32_t pid;            /* 0: every process */
+};
+
+/* Fills @a from the command line. Returns < 0 after a usage error (message printed), 0
+ * after --help, > 0 to go on. */
+static int pprof_parse_args(int argc, char **argv, struct pprof_args *a)
+{
     uint64_t v;
     int c;
-
-    while ((c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "o:h", pprof_opts, NULL)) != -1) {
         switch (c) {
         case 'o':
-            out = optarg;
+            a->out = optarg;
             break;
         case 'd':
             if (cli_parse_range(optarg, 1, INT_MAX, &v) < 0) {
                 fprintf(stderr, "heapprof pprof: --dump wants a number >= 1, not '%s'\n", optarg);
-                return EXIT_USAGE;
+                return -EINVAL;
             }
-            dump = (int)v;
+            a->dump = (int)v;
             break;
         case 'p':
             if (cli_parse_range(optarg, 1, INT32_MAX, &v) < 0) {
                 fprintf(stderr, "heapprof pprof: --process wants a pid, not '%s'\n", optarg);
-                return EXIT_USAGE;
+                return -EINVAL;
             }
-            pid = (int32_t)v;
+            a->pid = (int32_t)v;
             break;
         case 'h':
             usage_pprof(stdout);
             return 0;
         default:
             usage_pprof(stderr);
-            return EXIT_USAGE;
+            return -EINVAL;
         }
     }
     if (optind != argc - 1) {
         fprintf(stderr, "heapprof pprof: expected one trace file\n");
         usage_pprof(stderr);
-        return EXIT_USAGE;
+        return -EINVAL;
     }
-    const char *path = argv[optind];
+    a->path = argv[optind];
+    return 1;
+}
+
+int cmd_pprof(int argc, char **argv)
+{
+    struct pprof_args a = {0};
+    int r = pprof_parse_args(argc, argv, &a);
+    if (r <= 0)
+        return r < 0 ? EXIT_USAGE : 0;
+    const char *path = a.path, *out = a.out;
     char prefix[PATH_MAX];
     if (!out) {
         size_t n = strlen(path);
@@ -334,10 +398,10 @@ int cmd_pprof(int argc, char **argv)
         out = prefix;
     }
     bool truncated = false;
-    int r = rp_pprof_export(path, out, dump, pid, stdout, &truncated);
+    r = rp_pprof_export(path, out, a.dump, a.pid, stdout, &truncated);
     if (r == -ENODATA) {
         fprintf(stderr, "heapprof pprof: %s: no dump matches%s\n", path,
-                pid ? " (check --process and --dump with 'heapprof report')" : "");
+                a.pid ? " (check --process and --dump with 'heapprof report')" : "");
         return 1;
     }
     if (r < 0) {

@@ -42,8 +42,6 @@ static void daemon_fields_init(void)
 enum {
     OPT_CONFIG = 256,
     OPT_SOCKET,
-    OPT_STATUS,
-    OPT_NO_STATUS,
     OPT_PRODUCER,
     OPT_PRODUCER_SOCKET,
     OPT_DATA_SOURCE,
@@ -53,8 +51,8 @@ static const struct option daemon_own_opts[] = {
     {"config", required_argument, NULL, OPT_CONFIG},
     {"socket", required_argument, NULL, OPT_SOCKET},
     {"output", required_argument, NULL, 'o'},
-    {"status", no_argument, NULL, OPT_STATUS},
-    {"no-status", no_argument, NULL, OPT_NO_STATUS},
+    {"status", no_argument, NULL, CLI_OPT_STATUS},
+    {"no-status", no_argument, NULL, CLI_OPT_NO_STATUS},
     {"producer", no_argument, NULL, OPT_PRODUCER},
     {"producer-socket", required_argument, NULL, OPT_PRODUCER_SOCKET},
     {"data-source", required_argument, NULL, OPT_DATA_SOURCE},
@@ -171,172 +169,216 @@ static void daemon_stopping(void *ctx, const struct cli_loop_result *res)
     fprintf(stderr, "heapprofd: stopping (signal %d): dumping every process\n", res->signo);
 }
 
-int cmd_daemon(int argc, char **argv)
-{
-    struct cli_opts opts;
+/* What the command line asks for. */
+struct daemon_args {
     struct svc_config cfg;
-    const char *output = NULL, *socket_path = NULL, *producer_socket = NULL, *data_source = NULL;
-    bool producer = false, config_file = false;
-    bool status_line = true; /* on a terminal */
-    char err[512];
-    int c, rc = EXIT_USAGE;
+    struct cli_common_opts common; /* -o, --status, --no-status */
+    const char *socket_path;       /* NULL: the runtime dir's */
+    bool producer;
+    const char *producer_socket, *data_source; /* with --producer */
+};
 
-    svc_config_init(&cfg);
-    daemon_fields_init();
-    if (cli_opts_build(&opts, daemon_own_opts, "o:h", daemon_fields) < 0)
-        return EXIT_PROFILER;
-    /* The config file first, so flags override it wherever they are. */
+/* --config FILE, wherever it is on the command line, under the flags. Returns 0, or
+ * -EINVAL after a message. */
+static int load_config_file(int argc, char **argv, const struct cli_opts *opts,
+                            struct svc_config *cfg)
+{
+    char err[512];
+    int c, r = 0;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, opts.shortopts, opts.longopts, NULL)) != -1) {
-        if (c == OPT_CONFIG && svc_config_load_file(optarg, &cfg, err, sizeof(err)) < 0) {
+    while ((c = getopt_long(argc, argv, opts->shortopts, opts->longopts, NULL)) != -1) {
+        if (c == OPT_CONFIG && svc_config_load_file(optarg, cfg, err, sizeof(err)) < 0) {
             fprintf(stderr, "heapprofd: %s\n", err);
-            goto out;
+            r = -EINVAL;
+            break;
         }
     }
     opterr = 1;
     optind = 0;
-    while ((c = getopt_long(argc, argv, opts.shortopts, opts.longopts, NULL)) != -1) {
-        int a = cli_opts_apply(&opts, c, optarg, &cfg, "heapprofd");
-        if (a < 0)
-            goto out;
-        if (a > 0)
+    return r;
+}
+
+/* With --producer, the configuration comes from each tracing session: refuses what would
+ * be ignored. Returns 0, or -EINVAL after a message. */
+static int check_producer_args(const struct daemon_args *a, bool config_file)
+{
+    const char *given = session_field_given(&a->cfg);
+    if (a->common.output)
+        fprintf(stderr, "heapprofd: with --producer, traced writes the trace: no -o\n");
+    else if (config_file)
+        fprintf(stderr, "heapprofd: with --producer, each tracing session's "
+                        "heapprofd_config is the configuration: no --config\n");
+    else if (given)
+        fprintf(stderr,
+                "heapprofd: with --producer, %s comes from each tracing session's "
+                "heapprofd_config\n",
+                given);
+    return a->common.output || config_file || given ? -EINVAL : 0;
+}
+
+/* Fills @a from the command line (the config file first, so flags override it wherever
+ * they are) and checks it. Returns < 0 after a usage error (message printed), 0 after
+ * --help, > 0 to go on. */
+static int daemon_parse_args(int argc, char **argv, const struct cli_opts *opts,
+                             struct daemon_args *a)
+{
+    bool config_file = false;
+    char err[512];
+    int c;
+    if (load_config_file(argc, argv, opts, &a->cfg) < 0)
+        return -EINVAL;
+    while ((c = getopt_long(argc, argv, opts->shortopts, opts->longopts, NULL)) != -1) {
+        int r = cli_opts_apply(opts, c, optarg, &a->cfg, "heapprofd");
+        if (r == 0)
+            r = cli_common_apply(&a->common, c, optarg, "heapprofd");
+        if (r < 0)
+            return -EINVAL;
+        if (r > 0)
             continue;
         switch (c) {
         case OPT_CONFIG:
             config_file = true;
             break;
         case OPT_PRODUCER:
-            producer = true;
+            a->producer = true;
             break;
         case OPT_PRODUCER_SOCKET:
-            producer_socket = optarg;
+            a->producer_socket = optarg;
             break;
         case OPT_DATA_SOURCE:
-            data_source = optarg;
+            a->data_source = optarg;
             break;
         case OPT_SOCKET:
-            socket_path = optarg;
-            break;
-        case 'o':
-            output = optarg;
-            break;
-        case OPT_STATUS:
-            status_line = true;
-            break;
-        case OPT_NO_STATUS:
-            status_line = false;
+            a->socket_path = optarg;
             break;
         case 'h':
-            usage(stdout, &opts);
-            rc = 0;
-            goto out;
+            usage(stdout, opts);
+            return 0;
         default:
-            usage(stderr, &opts);
-            goto out;
+            usage(stderr, opts);
+            return -EINVAL;
         }
     }
     if (optind != argc) {
         fprintf(stderr, "heapprofd: unexpected argument '%s'\n", argv[optind]);
-        goto out;
+        return -EINVAL;
     }
-    if (!producer && (producer_socket || data_source)) {
+    if (!a->producer && (a->producer_socket || a->data_source)) {
         fprintf(stderr, "heapprofd: --producer-socket and --data-source need --producer\n");
-        goto out;
+        return -EINVAL;
     }
-    if (producer) {
-        const char *given = session_field_given(&cfg);
-        if (output)
-            fprintf(stderr, "heapprofd: with --producer, traced writes the trace: no -o\n");
-        else if (config_file)
-            fprintf(stderr, "heapprofd: with --producer, each tracing session's "
-                            "heapprofd_config is the configuration: no --config\n");
-        else if (given)
-            fprintf(stderr,
-                    "heapprofd: with --producer, %s comes from each tracing session's "
-                    "heapprofd_config\n",
-                    given);
-        if (output || config_file || given)
-            goto out;
-    }
-    if (svc_config_check(&cfg, err, sizeof(err)) < 0) {
+    if (a->producer && check_producer_args(a, config_file) < 0)
+        return -EINVAL;
+    if (svc_config_check(&a->cfg, err, sizeof(err)) < 0) {
         fprintf(stderr, "heapprofd: %s\n", err);
-        goto out;
+        return -EINVAL;
     }
-    if (!producer && !svc_config_has_targets(&cfg))
+    if (!a->producer && !svc_config_has_targets(&a->cfg))
         fprintf(stderr, "heapprofd: no targets (-p, -n, --all, or pid/process_cmdline in the "
                         "config): processes that connect are left unprofiled\n");
-
-    if (cfg.allow_other_users && geteuid() != 0) {
+    if (a->cfg.allow_other_users && geteuid() != 0) {
         fprintf(stderr, "heapprofd: --allow-other-users needs root (only root may profile "
                         "processes of other users)\n");
-        goto out;
+        return -EINVAL;
     }
+    return 1;
+}
 
-    char dir[HP_PATH_MAX], sock[HP_PATH_MAX + 32];
+/* The default socket: in our runtime dir, or with --allow-other-users in the shared one
+ * (the runtime dir is ours alone, mode 0700: other users' processes could not reach a
+ * socket in it). Returns 0, or EXIT_PROFILER after a message. */
+static int default_socket_path(bool allow_other_users, char *sock, size_t len)
+{
+    char dir[HP_PATH_MAX], err[512];
+    if (hp_runtime_dir_prepare(dir, sizeof(dir), err, sizeof(err)) < 0) {
+        fprintf(stderr, "heapprofd: %s\n", err);
+        return EXIT_PROFILER;
+    }
+    snprintf(sock, len, "%s/%s", dir, HP_DAEMON_SOCKET_NAME);
+    if (allow_other_users) {
+        if (hp_shared_dir_prepare(dir, sizeof(dir), err, sizeof(err)) < 0) {
+            fprintf(stderr, "heapprofd: %s (or give --socket PATH)\n", err);
+            return EXIT_PROFILER;
+        }
+        snprintf(sock, len, "%s/%s", dir, HP_DAEMON_SOCKET_NAME);
+    }
+    return 0;
+}
+
+/* -o FILE|DIR: a directory, or none, gets a name of ours, "heapprofd-<date>-<pid>.pftrace"
+ * (in it). Returns the name, in @buf when made up; @ret_made_up says which. */
+static const char *output_name(const char *output, char *buf, size_t len, bool *ret_made_up)
+{
+    struct stat st;
+    *ret_made_up = !output || (stat(output, &st) == 0 && S_ISDIR(st.st_mode));
+    if (!*ret_made_up)
+        return output;
+    char ts[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    strftime(ts, sizeof(ts), "%Y%m%d-%H%M%S", localtime_r(&now, &tm));
+    size_t dl = output ? strlen(output) : 0;
+    while (dl > 1 && output[dl - 1] == '/')
+        dl--;
+    snprintf(buf, len, "%.*s%sheapprofd-%s-%d.pftrace", (int)dl, output ? output : "",
+             output ? "/" : "", ts, (int)getpid());
+    return buf;
+}
+
+/* Serves until SIGINT/SIGTERM: as a data source of traced, or writing a trace file.
+ * Returns the exit status. */
+static int daemon_run(struct daemon_args *a)
+{
+    struct svc_config *cfg = &a->cfg;
+    char sock[HP_PATH_MAX + 32];
+    const char *socket_path = a->socket_path;
     if (!socket_path) {
-        if (hp_runtime_dir_prepare(dir, sizeof(dir), err, sizeof(err)) < 0) {
-            fprintf(stderr, "heapprofd: %s\n", err);
-            rc = EXIT_PROFILER;
-            goto out;
-        }
-        snprintf(sock, sizeof(sock), "%s/%s", dir, HP_DAEMON_SOCKET_NAME);
-        /* The runtime dir is ours alone (mode 0700): other users' processes could not
-         * reach a socket in it. */
-        char shared[HP_PATH_MAX];
-        if (cfg.allow_other_users) {
-            if (hp_shared_dir_prepare(shared, sizeof(shared), err, sizeof(err)) < 0) {
-                fprintf(stderr, "heapprofd: %s (or give --socket PATH)\n", err);
-                rc = EXIT_PROFILER;
-                goto out;
-            }
-            snprintf(sock, sizeof(sock), "%s/%s", shared, HP_DAEMON_SOCKET_NAME);
-        }
+        int rc = default_socket_path(cfg->allow_other_users, sock, sizeof(sock));
+        if (rc)
+            return rc;
         socket_path = sock;
     }
-    cfg.socket_path = socket_path;
+    cfg->socket_path = socket_path;
     /* The daemon's log: a line per process connected, ended or dropped. */
-    cfg.log_processes = true;
-    if (producer) {
-        rc = cli_producer_run(&(struct cli_producer_opts){.base = &cfg,
-                                                          .daemon_socket = socket_path,
-                                                          .producer_socket = producer_socket,
-                                                          .data_source = data_source});
-        goto out;
-    }
+    cfg->log_processes = true;
+    if (a->producer)
+        return cli_producer_run(&(struct cli_producer_opts){.base = cfg,
+                                                            .daemon_socket = socket_path,
+                                                            .producer_socket = a->producer_socket,
+                                                            .data_source = a->data_source});
 
     char out_buf[PATH_MAX];
-    struct stat st;
-    bool made_up = !output || (stat(output, &st) == 0 && S_ISDIR(st.st_mode));
-    if (made_up) {
-        char ts[32];
-        time_t now = time(NULL);
-        struct tm tm;
-        strftime(ts, sizeof(ts), "%Y%m%d-%H%M%S", localtime_r(&now, &tm));
-        size_t dl = output ? strlen(output) : 0;
-        while (dl > 1 && output[dl - 1] == '/')
-            dl--;
-        snprintf(out_buf, sizeof(out_buf), "%.*s%sheapprofd-%s-%d.pftrace", (int)dl,
-                 output ? output : "", output ? "/" : "", ts, (int)getpid());
-        output = out_buf;
-    }
-    struct daemon_run d = {.cfg = &cfg, .socket_path = socket_path};
+    bool made_up;
+    const char *output = output_name(a->common.output, out_buf, sizeof(out_buf), &made_up);
+    struct daemon_run d = {.cfg = cfg, .socket_path = socket_path};
     struct cli_session cs = {
         .prog = "heapprofd",
-        .cfg = &cfg,
+        .cfg = cfg,
         .output = output,
         .output_made_up = made_up,
         .output_opened = d.output,
         .top = 0,
-        .loop = {.status_line = status_line && isatty(STDERR_FILENO)},
+        .loop = {.status_line = a->common.status_line && isatty(STDERR_FILENO)},
         .started = daemon_started,
         .stopping = daemon_stopping,
         .ctx = &d,
     };
     struct cli_loop_result res;
-    rc = cli_session_run(&cs, &res);
-out:
+    return cli_session_run(&cs, &res);
+}
+
+int cmd_daemon(int argc, char **argv)
+{
+    struct cli_opts opts;
+    struct daemon_args a = {.common = {.status_line = true /* on a terminal */}};
+    svc_config_init(&a.cfg);
+    daemon_fields_init();
+    if (cli_opts_build(&opts, daemon_own_opts, "o:h", daemon_fields) < 0)
+        return EXIT_PROFILER;
+    int r = daemon_parse_args(argc, argv, &opts, &a);
     cli_opts_done(&opts);
-    svc_config_done(&cfg);
+    int rc = r < 0 ? EXIT_USAGE : r == 0 ? 0 : daemon_run(&a);
+    svc_config_done(&a.cfg);
     return rc;
 }
 

@@ -27,6 +27,12 @@ static sigset_t loop_signals(void)
     return m;
 }
 
+/* The sigprocmask() called here and below is the one unwinder/sigmask.c defines for the
+ * whole executable, to keep libunwind's mask syscalls off the unwinding path. That is
+ * harmless here: it does nothing only on a thread whose thread-local
+ * unwinder__sigmask_skip is set, which an unwinder thread does for the time it runs
+ * unwinder_unwind(); on every other thread (the main thread that calls this is one) it
+ * forwards to libc's. */
 void cli_loop_block_signals(sigset_t *ret_old)
 {
     sigset_t m = loop_signals();
@@ -79,6 +85,52 @@ static void draw_status(svc_t *s, uint64_t start, uint64_t duration_ms, uint64_t
     fflush(stderr);
 }
 
+/* Takes the pending signals from @sfd: reaps children (noting the exit of o->child at
+ * @exit_ns), dumps on SIGUSR1, passes a stop signal on to a running child, and otherwise
+ * stores the stop signal in ret->signo. */
+static void take_signals(int sfd, svc_t *s, const struct cli_loop_opts *o,
+                         struct cli_loop_result *ret, uint64_t *exit_ns)
+{
+    struct signalfd_siginfo si;
+    while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+        int sig = (int)si.ssi_signo;
+        if (sig == SIGCHLD) {
+            pid_t w;
+            int st;
+            while ((w = waitpid(-1, &st, WNOHANG)) > 0) {
+                if (o->child > 0 && w == o->child) {
+                    ret->child_status = st;
+                    ret->child_exited = true;
+                    *exit_ns = hp_clock_ns(CLOCK_MONOTONIC);
+                }
+            }
+        } else if (sig == SIGUSR1) {
+            if (svc_dump_now(s) < 0)
+                hp_log_warn("cannot schedule a dump");
+        } else if (o->child > 0 && !ret->child_exited) {
+            /* The terminal signals the whole process group (the child too); a signal
+             * from another process is passed on. */
+            if (o->forward_signals && si.ssi_pid != 0)
+                (void)kill(o->child, sig);
+        } else {
+            ret->signo = sig;
+        }
+    }
+}
+
+/* A continuous dump, due at @due: asks for it and returns when the next one is due
+ * (one interval on, or from @now if the loop fell behind). */
+static uint64_t dump_on_schedule(svc_t *s, const struct cli_loop_opts *o, uint64_t due,
+                                 uint64_t now)
+{
+    if (svc_dump_now(s) < 0)
+        hp_log_warn("cannot schedule a dump");
+    uint64_t next = due + (uint64_t)o->dump_interval_ms * 1000000u;
+    if (next < now)
+        next = now + (uint64_t)o->dump_interval_ms * 1000000u;
+    return next;
+}
+
 int cli_loop_run(svc_t *s, const struct cli_loop_opts *o, struct cli_loop_result *ret)
 {
     memset(ret, 0, sizeof(*ret));
@@ -105,42 +157,13 @@ int cli_loop_run(svc_t *s, const struct cli_loop_opts *o, struct cli_loop_result
             hp_log_warn("accepting clients: %s", strerror(-r));
         r = 0;
 
-        struct signalfd_siginfo si;
-        while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
-            int sig = (int)si.ssi_signo;
-            if (sig == SIGCHLD) {
-                pid_t w;
-                int st;
-                while ((w = waitpid(-1, &st, WNOHANG)) > 0) {
-                    if (o->child > 0 && w == o->child) {
-                        ret->child_status = st;
-                        ret->child_exited = true;
-                        exit_ns = hp_clock_ns(CLOCK_MONOTONIC);
-                    }
-                }
-            } else if (sig == SIGUSR1) {
-                if (svc_dump_now(s) < 0)
-                    hp_log_warn("cannot schedule a dump");
-            } else if (o->child > 0 && !ret->child_exited) {
-                /* The terminal signals the whole process group (the child too); a
-                 * signal from another process is passed on. */
-                if (o->forward_signals && si.ssi_pid != 0)
-                    (void)kill(o->child, sig);
-            } else {
-                ret->signo = sig;
-            }
-        }
+        take_signals(sfd, s, o, ret, &exit_ns);
         if (ret->signo)
             break;
 
         uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
-        if (now >= next_dump) {
-            if (svc_dump_now(s) < 0)
-                hp_log_warn("cannot schedule a dump");
-            next_dump += (uint64_t)o->dump_interval_ms * 1000000u;
-            if (next_dump < now)
-                next_dump = now + (uint64_t)o->dump_interval_ms * 1000000u;
-        }
+        if (now >= next_dump)
+            next_dump = dump_on_schedule(s, o, next_dump, now);
         if (now >= next_tick) {
             next_tick = now + 100000000u;
             (void)svc_check_guardrails(s);
@@ -205,5 +228,6 @@ void cli_loop_arm_second_interrupt(int out_fd, svc_t *s)
     sigemptyset(&m);
     sigaddset(&m, SIGINT);
     sigaddset(&m, SIGTERM);
+    /* libc's, not skipped: see cli_loop_block_signals(). */
     sigprocmask(SIG_UNBLOCK, &m, NULL);
 }

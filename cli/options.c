@@ -72,7 +72,7 @@ void cli_opts_done(struct cli_opts *o)
 }
 
 /* "INTERVAL_MS[,PHASE_MS]" into cfg->dump_interval_ms/dump_phase_ms; -EINVAL. */
-int parse_continuous_dump(const char *arg, struct svc_config *cfg)
+int cli_parse_continuous_dump(const char *arg, struct svc_config *cfg)
 {
     char buf[64];
     uint64_t iv, ph = 0;
@@ -110,7 +110,7 @@ int cli_opts_apply(const struct cli_opts *o, int c, const char *arg, struct svc_
     }
     const struct svc_config_field *f = o->fields[i];
     if (!f) {
-        if (parse_continuous_dump(arg, cfg) < 0) {
+        if (cli_parse_continuous_dump(arg, cfg) < 0) {
             fprintf(stderr,
                     "%s: invalid --continuous-dump '%s': expected INTERVAL_MS[,PHASE_MS] with "
                     "INTERVAL_MS >= 10\n",
@@ -181,6 +181,32 @@ void cli_opts_help(FILE *f, const struct cli_opts *o)
                       fd ? fd->help : "also dump every MS milliseconds (the first after PHASE_MS)");
         if (fd && fd->no_flag)
             fprintf(f, "      --%-22s the opposite\n", fd->no_flag);
+    }
+}
+
+int cli_common_apply(struct cli_common_opts *co, int c, const char *arg, const char *prog)
+{
+    switch (c) {
+    case 'o':
+        co->output = arg;
+        return 1;
+    case CLI_OPT_STATUS:
+        co->status_line = true;
+        return 1;
+    case CLI_OPT_NO_STATUS:
+        co->status_line = false;
+        return 1;
+    case CLI_OPT_TOP:
+        if (cli_parse_range(arg, 0, 100000, &co->top) < 0) {
+            fprintf(stderr, "%s: invalid --top '%s'\n", prog, arg);
+            return -1;
+        }
+        return 1;
+    case 'q':
+        co->quiet = true;
+        return 1;
+    default:
+        return 0;
     }
 }
 

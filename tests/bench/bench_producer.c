@@ -162,7 +162,7 @@ int main(void)
     const char *dir = getenv("TMPDIR");
     if (!dir || !*dir)
         dir = "/tmp";
-    /* What heapprofd --producer asks traced for (cli/producer.c), and traced's default. */
+    /* What heapprofd --producer asks traced for (cli/cmd_producer.c), and traced's default. */
     static const uint32_t smb[2][2] = {{1024, 16}, {256, 4}};
     double best_file = 1e9, best[2] = {1e9, 1e9}, stall_at_best[2] = {0, 0};
     size_t bytes = 0;

@@ -1,4 +1,4 @@
-/* cli/producer.c: `heapprofd --producer`: the daemon as a data source of Perfetto's
+/* cli/cmd_producer.c: `heapprofd --producer`: the daemon as a data source of Perfetto's
  * tracing service. The producer connection (producer/) turns traced's commands into
  * sessions of the service (service/multi.c), one per data source instance:
  *
@@ -41,7 +41,7 @@
 #define QUIT_GRACE_MS 10000
 #define MAX_POLL 64
 
-struct instance {
+struct ds_instance {
     uint64_t id;  /* traced's instance id (restarts with traced) */
     uint64_t key; /* its session's id in the service: unique for the daemon's life */
     prod_writer_t *w;
@@ -60,13 +60,14 @@ struct producer {
     const struct cli_producer_opts *o;
     prod_t *p;
     svc_multi_t *m;
+    int sig_fd; /* SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 */
     int wake_fd;
-    struct instance **inst;
+    struct ds_instance **inst;
     size_t n_inst, cap_inst;
     uint64_t next_key;
 };
 
-static struct instance *find(struct producer *pr, uint64_t id)
+static struct ds_instance *find(struct producer *pr, uint64_t id)
 {
     for (size_t i = 0; i < pr->n_inst; i++)
         if (pr->inst[i]->id == id && !pr->inst[i]->orphan)
@@ -74,7 +75,7 @@ static struct instance *find(struct producer *pr, uint64_t id)
     return NULL;
 }
 
-static void instance_free(struct producer *pr, struct instance *in)
+static void instance_free(struct producer *pr, struct ds_instance *in)
 {
     for (size_t i = 0; i < pr->n_inst; i++) {
         if (pr->inst[i] == in) {
@@ -89,13 +90,13 @@ static void instance_free(struct producer *pr, struct instance *in)
 
 static int sink_write(void *ctx, const struct iovec *iov, int n, size_t len)
 {
-    struct instance *in = ctx;
+    struct ds_instance *in = ctx;
     return prod_writer_write(in->w, iov, n, len);
 }
 
 static bool sink_clear(void *ctx)
 {
-    struct instance *in = ctx;
+    struct ds_instance *in = ctx;
     return prod_writer_take_clear_request(in->w);
 }
 
@@ -117,7 +118,7 @@ static void apply_base(struct svc_config *cfg, const struct svc_config *base)
 static int on_setup(void *ctx, const struct prod_ds_config *dc, prod_writer_t *w)
 {
     struct producer *pr = ctx;
-    struct instance *in = calloc(1, sizeof(*in));
+    struct ds_instance *in = calloc(1, sizeof(*in));
     if (!in || hp_grow((void **)&pr->inst, &pr->cap_inst, pr->n_inst + 1, sizeof(*pr->inst)) < 0) {
         free(in);
         hp_log_error("instance %llu: out of memory", (unsigned long long)dc->instance_id);
@@ -160,7 +161,7 @@ static int on_setup(void *ctx, const struct prod_ds_config *dc, prod_writer_t *w
 static void on_start(void *ctx, uint64_t id)
 {
     struct producer *pr = ctx;
-    struct instance *in = find(pr, id);
+    struct ds_instance *in = find(pr, id);
     if (!in || in->started)
         return;
     int r = svc_multi_start(pr->m, in->key, &in->cfg, &in->sink);
@@ -176,7 +177,7 @@ static void on_start(void *ctx, uint64_t id)
 /* On the session's stop thread: its last packet is written. */
 static void on_session_ended(void *ctx, uint64_t id)
 {
-    struct instance *in = ctx;
+    struct ds_instance *in = ctx;
     (void)id;
     prod_writer_finish(in->w);
     atomic_store_explicit(&in->ended, true, memory_order_release);
@@ -184,7 +185,7 @@ static void on_session_ended(void *ctx, uint64_t id)
     (void)!write(in->pr->wake_fd, &one, sizeof(one));
 }
 
-static void stop_instance(struct producer *pr, struct instance *in)
+static void stop_instance(struct producer *pr, struct ds_instance *in)
 {
     if (in->stopping)
         return;
@@ -202,7 +203,7 @@ static void stop_instance(struct producer *pr, struct instance *in)
 static void on_stop(void *ctx, uint64_t id)
 {
     struct producer *pr = ctx;
-    struct instance *in = find(pr, id);
+    struct ds_instance *in = find(pr, id);
     if (in)
         stop_instance(pr, in);
 }
@@ -213,7 +214,7 @@ static void on_disconnected(void *ctx)
     /* traced is gone and with it every instance: end the sessions (their last packets
      * have nowhere to go) and forget them once ended. */
     for (size_t i = 0; i < pr->n_inst; i++) {
-        struct instance *in = pr->inst[i];
+        struct ds_instance *in = pr->inst[i];
         in->orphan = true;
         stop_instance(pr, in);
     }
@@ -225,7 +226,7 @@ static void reap(struct producer *pr)
     uint64_t v;
     (void)!read(pr->wake_fd, &v, sizeof(v));
     for (size_t i = 0; i < pr->n_inst;) {
-        struct instance *in = pr->inst[i];
+        struct ds_instance *in = pr->inst[i];
         if (!atomic_load_explicit(&in->ended, memory_order_acquire)) {
             i++;
             continue;
@@ -251,11 +252,11 @@ static void reap(struct producer *pr)
     }
 }
 
-int cli_producer_run(const struct cli_producer_opts *o)
+/* Opens what the daemon serves on: the signalfd, the wake eventfd, the daemon socket and
+ * the producer connection to traced. Returns 0, or -1 after a message on stderr. */
+static int producer_open(struct producer *pr)
 {
-    struct producer pr = {.o = o, .wake_fd = -1};
-    int rc = EXIT_PROFILER;
-    cli_loop_block_signals(NULL);
+    const struct cli_producer_opts *o = pr->o;
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
@@ -263,18 +264,18 @@ int cli_producer_run(const struct cli_producer_opts *o)
     sigaddset(&sigs, SIGHUP);
     sigaddset(&sigs, SIGQUIT);
     sigaddset(&sigs, SIGUSR1);
-    int sfd = signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK);
-    pr.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (sfd < 0 || pr.wake_fd < 0) {
+    pr->sig_fd = signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK);
+    pr->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (pr->sig_fd < 0 || pr->wake_fd < 0) {
         fprintf(stderr, "heapprofd: %s\n", strerror(errno));
-        goto out;
+        return -1;
     }
-    int r = svc_multi_new(o->daemon_socket, &pr.m);
+    int r = svc_multi_new(o->daemon_socket, &pr->m);
     if (r < 0) {
         fprintf(stderr, "heapprofd: cannot listen on %s: %s\n", o->daemon_socket,
                 r == -EADDRINUSE ? "another heapprofd is already running on that socket"
                                  : strerror(-r));
-        goto out;
+        return -1;
     }
     struct prod_callbacks cb = {
         .setup = on_setup, .start = on_start, .stop = on_stop, .disconnected = on_disconnected};
@@ -285,56 +286,79 @@ int cli_producer_run(const struct cli_producer_opts *o)
             .smb_size_hint_bytes = o->smb_size_hint_bytes ? o->smb_size_hint_bytes : SMB_SIZE_HINT,
             .smb_page_size_hint_bytes =
                 o->smb_page_size_hint_bytes ? o->smb_page_size_hint_bytes : SMB_PAGE_HINT},
-        &cb, &pr, &pr.p);
+        &cb, pr, &pr->p);
     if (r < 0) {
         fprintf(stderr, "heapprofd: %s\n", strerror(-r));
-        goto out;
+        return -1;
     }
+    return 0;
+}
+
+/* Takes the pending signals: SIGUSR1 dumps every session now; the first stop signal
+ * stops every instance and sets @quit_deadline, a second one exits at once. */
+static void take_signals(struct producer *pr, uint64_t *quit_deadline)
+{
+    struct signalfd_siginfo si;
+    while (read(pr->sig_fd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+        if (si.ssi_signo == SIGUSR1) {
+            svc_multi_dump_now(pr->m);
+        } else if (*quit_deadline) {
+            fprintf(stderr, "heapprofd: interrupted again; exiting now\n");
+            _exit(130);
+        } else {
+            fprintf(stderr, "heapprofd: stopping (signal %u): final dumps of every session\n",
+                    si.ssi_signo);
+            *quit_deadline = hp_clock_ns(CLOCK_MONOTONIC) + QUIT_GRACE_MS * 1000000ull;
+            for (size_t i = 0; i < pr->n_inst; i++)
+                stop_instance(pr, pr->inst[i]);
+        }
+    }
+}
+
+/* Serves traced and the profiled processes until, after a stop signal, every instance is
+ * acknowledged or the grace period is over; or until poll() fails. */
+static void serve(struct producer *pr)
+{
+    uint64_t quit_deadline = 0;
+    for (;;) {
+        struct pollfd fds[MAX_POLL];
+        size_t n = 0;
+        fds[n++] = (struct pollfd){pr->sig_fd, POLLIN, 0};
+        fds[n++] = (struct pollfd){pr->wake_fd, POLLIN, 0};
+        n += prod_pollfds(pr->p, fds + n);
+        n += svc_multi_pollfds(pr->m, fds + n, MAX_POLL - n);
+        int t1 = prod_timeout_ms(pr->p), t2 = svc_multi_timeout_ms(pr->m);
+        int t = t1 < 0 ? t2 : t2 < 0 ? t1 : HP_MIN(t1, t2);
+        if (t < 0 || t > 1000)
+            t = 1000;
+        if (poll(fds, n, t) < 0 && errno != EINTR) {
+            fprintf(stderr, "heapprofd: poll: %s\n", strerror(errno));
+            return;
+        }
+        take_signals(pr, &quit_deadline);
+        prod_dispatch(pr->p);
+        svc_multi_dispatch(pr->m);
+        reap(pr);
+        prod_dispatch(pr->p); /* the acks just queued */
+        if (quit_deadline && (pr->n_inst == 0 || hp_clock_ns(CLOCK_MONOTONIC) > quit_deadline))
+            return;
+    }
+}
+
+int cli_producer_run(const struct cli_producer_opts *o)
+{
+    struct producer pr = {.o = o, .sig_fd = -1, .wake_fd = -1};
+    int rc = EXIT_PROFILER;
+    cli_loop_block_signals(NULL);
+    if (producer_open(&pr) < 0)
+        goto out;
     fprintf(stderr,
             "heapprofd: data source %s of the tracing service at %s; processes connect to %s\n",
             o->data_source ? o->data_source : "android.heapprofd", prod_socket_name(pr.p),
             o->daemon_socket);
     if (o->started)
         o->started(o->ctx);
-
-    uint64_t quit_deadline = 0;
-    for (;;) {
-        struct pollfd fds[MAX_POLL];
-        size_t n = 0;
-        fds[n++] = (struct pollfd){sfd, POLLIN, 0};
-        fds[n++] = (struct pollfd){pr.wake_fd, POLLIN, 0};
-        n += prod_pollfds(pr.p, fds + n);
-        n += svc_multi_pollfds(pr.m, fds + n, MAX_POLL - n);
-        int t1 = prod_timeout_ms(pr.p), t2 = svc_multi_timeout_ms(pr.m);
-        int t = t1 < 0 ? t2 : t2 < 0 ? t1 : HP_MIN(t1, t2);
-        if (t < 0 || t > 1000)
-            t = 1000;
-        if (poll(fds, n, t) < 0 && errno != EINTR) {
-            fprintf(stderr, "heapprofd: poll: %s\n", strerror(errno));
-            break;
-        }
-        struct signalfd_siginfo si;
-        while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
-            if (si.ssi_signo == SIGUSR1) {
-                svc_multi_dump_now(pr.m);
-            } else if (quit_deadline) {
-                fprintf(stderr, "heapprofd: interrupted again; exiting now\n");
-                _exit(130);
-            } else {
-                fprintf(stderr, "heapprofd: stopping (signal %u): final dumps of every session\n",
-                        si.ssi_signo);
-                quit_deadline = hp_clock_ns(CLOCK_MONOTONIC) + QUIT_GRACE_MS * 1000000ull;
-                for (size_t i = 0; i < pr.n_inst; i++)
-                    stop_instance(&pr, pr.inst[i]);
-            }
-        }
-        prod_dispatch(pr.p);
-        svc_multi_dispatch(pr.m);
-        reap(&pr);
-        prod_dispatch(pr.p); /* the acks just queued */
-        if (quit_deadline && (pr.n_inst == 0 || hp_clock_ns(CLOCK_MONOTONIC) > quit_deadline))
-            break;
-    }
+    serve(&pr);
     rc = 0;
 out:
     pr.p = prod_free(pr.p);
@@ -343,8 +367,8 @@ out:
     while (pr.n_inst)
         instance_free(&pr, pr.inst[0]);
     free(pr.inst);
-    if (sfd >= 0)
-        (void)close(sfd);
+    if (pr.sig_fd >= 0)
+        (void)close(pr.sig_fd);
     if (pr.wake_fd >= 0)
         (void)close(pr.wake_fd);
     return rc;
