@@ -95,12 +95,34 @@ enum svc_thread_state svc__thread_state(pid_t pid, pid_t tid)
     return stopped || cgroup_frozen(pid) ? SVC_THREAD_STOPPED : SVC_THREAD_RUNNING;
 }
 
+/* The kernel's PF_EXITING (include/linux/sched.h): set as a task begins to exit. */
+#define PROC_PF_EXITING 0x00000004u
+
+bool svc__stat_alive(const char *stat)
+{
+    char st = stat_state(stat);
+    if (st == 0 || st == 'Z' || st == 'X' || st == 'x')
+        return false;
+    /* A process killed (or exiting) closes its descriptors before it becomes a zombie:
+     * what hangs up may still be in state R or D there, but it is exiting. The flags
+     * are the 6th field after the state. */
+    const char *p = strrchr(stat, ')') + 2;
+    for (int i = 0; i < 6 && p; i++) {
+        p = strchr(p, ' ');
+        if (p)
+            p++;
+    }
+    if (!p)
+        return true;
+    unsigned long flags = strtoul(p, NULL, 10);
+    return !(flags & PROC_PF_EXITING);
+}
+
 bool svc__process_alive(pid_t pid)
 {
     char path[64], buf[1024];
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
     if (read_text(path, buf, sizeof(buf)) <= 0)
         return false;
-    char st = stat_state(buf);
-    return st != 0 && st != 'Z' && st != 'X' && st != 'x';
+    return svc__stat_alive(buf);
 }

@@ -340,12 +340,14 @@ int svc_finish(svc_t *s, struct svc_summary *ret_summary)
         free(u->hangups);
         pthread_mutex_destroy(&u->lock);
     }
-    s->n_unwinders = 0;
     if (s->bk_started) {
         svc__bkq_quit(&s->bkq);
         pthread_join(s->bk_thread, NULL);
         s->bk_started = false;
     }
+    /* Only now: the bookkeeping thread reads the count until it is joined (queue_room()
+     * wakes the unwinders when it made room; a wake of a stopped one is harmless). */
+    s->n_unwinders = 0;
     if (ret_summary) {
         memset(ret_summary, 0, sizeof(*ret_summary));
         ret_summary->processes = atomic_load(&s->processes);

@@ -412,8 +412,10 @@ enum svc_thread_state {
 /* The state of thread @tid of process @pid; @tid 0: STOPPED when any thread of the
  * process is, else RUNNING (GONE when the process is). */
 enum svc_thread_state svc__thread_state(pid_t pid, pid_t tid);
-/* True while process @pid exists and is not a zombie. */
+/* True while process @pid exists, is not a zombie and has not begun to exit. */
 bool svc__process_alive(pid_t pid);
+/* The same, of the text of a /proc/PID/stat file. */
+bool svc__stat_alive(const char *stat);
 void *svc__bk_main(void *arg);
 
 /* service/session.c: the memory the service uses (of the whole process: every session,
