@@ -168,6 +168,16 @@ static int client_sock_move_high(int sock)
     return (int)hi;
 }
 
+/* Checked before every use of a session's socket after the handshake (the session
+ * thread's polls, the closes here and in a forked child): the program may have closed
+ * or reused the descriptor. */
+bool client__sock_ours(const struct client_session *s)
+{
+    struct stat st;
+    return s->sock >= 0 && hp_sys2(SYS_fstat, s->sock, (long)&st) == 0 &&
+           (uint64_t)st.st_dev == s->sock_dev && (uint64_t)st.st_ino == s->sock_ino;
+}
+
 /* ---- sessions (owner only) --------------------------------------------------------- */
 
 static struct client_session *client_free_slot(void)
