@@ -148,13 +148,6 @@ static void client_sleep_ms(unsigned ms)
     (void)hp_sys2(SYS_nanosleep, (long)&ts, 0);
 }
 
-bool client__sock_ours(const struct client_session *s)
-{
-    struct stat st;
-    return s->sock >= 0 && hp_sys2(SYS_fstat, s->sock, (long)&st) == 0 &&
-           (uint64_t)st.st_dev == s->sock_dev && (uint64_t)st.st_ino == s->sock_ino;
-}
-
 /* True when the process's user or group ids are no longer ours: /proc/self's owner comes
  * from the main thread's ids, /proc/thread-self's from this thread's (after setuid(),
  * glibc changed the ids of every thread but this one). No descriptor is involved. */

@@ -275,19 +275,9 @@ static void client_copy_env(const char *v, char *buf, size_t len, bool *too_long
         memcpy(buf, v, n + 1);
 }
 
-void client_init(void)
+/* Copies what the client needs from the environment into the client__* settings. */
+static void client_read_env(void)
 {
-    int expected = CLIENT_UNINIT;
-    if (!atomic_compare_exchange_strong_explicit(&client_state, &expected, CLIENT_INITIALIZING,
-                                                 memory_order_acq_rel, memory_order_acquire))
-        return;
-    if (!environ) {
-        /* Too early (before libc set up the environment): try again later. */
-        atomic_store_explicit(&client_state, CLIENT_UNINIT, memory_order_release);
-        return;
-    }
-
-    const char *startup = client_getenv("HEAPPROF_STARTUP");
     const char *xdg = client_getenv("XDG_RUNTIME_DIR");
     uint64_t v;
 
@@ -304,7 +294,6 @@ void client_init(void)
         client_seed = v;
     else
         client_seed = client_random_seed();
-    atomic_store_explicit(&client__owner_pid, (int)hp_sys0(SYS_getpid), memory_order_relaxed);
     if (client_parse_u64(client_getenv("HEAPPROF_INIT_TIMEOUT_MS"), &v) && v > 0 &&
         v <= 3600u * 1000u)
         client__timeout_ms = (uint32_t)v;
@@ -315,8 +304,61 @@ void client_init(void)
         if (client_parse_u64(sig, &v) && v <= (uint64_t)SIGRTMAX && v != SIGKILL && v != SIGSTOP)
             client__attach_signo = (int)v;
     }
+}
 
+/* The startup handshake: on the socket HEAPPROF_SOCKET names, or else the default one.
+ * @required: HEAPPROF_STARTUP=1 (failing says so on stderr); otherwise only when the
+ * socket exists, with a shorter timeout, silently. */
+static void client_startup_session(bool required)
+{
+    char path[HP_PATH_MAX];
+    int r = 0;
+    if (client__env_socket_too_long)
+        r = -ENAMETOOLONG;
+    else if (client__env_socket[0])
+        memcpy(path, client__env_socket, sizeof(path));
+    else
+        r = hp_socket_path(client__env_xdg_set ? client__env_xdg : NULL, getuid(), 0, path,
+                           sizeof(path));
+
+    if (r < 0) {
+        if (required)
+            client_unreachable(client__env_socket_too_long ? "HEAPPROF_SOCKET" : "its socket", -r);
+        return;
+    }
+    struct stat st;
+    if (required)
+        r = client__session_open(path, WIRE_REASON_STARTUP, client__timeout_ms, false);
+    else if (stat(path, &st) == 0 && S_ISSOCK(st.st_mode))
+        r = client__session_open(path, WIRE_REASON_STARTUP,
+                                 HP_MIN(client__timeout_ms, CLIENT_OPTIONAL_TIMEOUT_MS), false);
+    if (r < 0 && required)
+        client_unreachable(path, -r);
+    /* A session needs its thread, which watches it. */
+    if (r == 0 && atomic_load_explicit(&client_current, memory_order_relaxed) &&
+        client__sthread_start(CLIENT_STHREAD_WATCH, 0) < 0) {
+        client__session_close(atomic_load_explicit(&client_current, memory_order_relaxed), true);
+        if (required)
+            client_unreachable(path, ENOMEM);
+    }
+}
+
+void client_init(void)
+{
+    int expected = CLIENT_UNINIT;
+    if (!atomic_compare_exchange_strong_explicit(&client_state, &expected, CLIENT_INITIALIZING,
+                                                 memory_order_acq_rel, memory_order_acquire))
+        return;
+    if (!environ) {
+        /* Too early (before libc set up the environment): try again later. */
+        atomic_store_explicit(&client_state, CLIENT_UNINIT, memory_order_release);
+        return;
+    }
+
+    client_read_env();
+    atomic_store_explicit(&client__owner_pid, (int)hp_sys0(SYS_getpid), memory_order_relaxed);
     /* HEAPPROF_STARTUP: "1" required, "0" never, unset: if the socket exists. */
+    const char *startup = client_getenv("HEAPPROF_STARTUP");
     bool required = startup && strcmp(startup, "1") == 0;
     bool never = startup && strcmp(startup, "0") == 0;
 
@@ -332,36 +374,8 @@ void client_init(void)
 
     (void)pthread_atfork(NULL, NULL, client_atfork_child);
 
-    char path[HP_PATH_MAX];
-    int r = 0;
-    if (client__env_socket_too_long)
-        r = -ENAMETOOLONG;
-    else if (client__env_socket[0])
-        memcpy(path, client__env_socket, sizeof(path));
-    else
-        r = hp_socket_path(client__env_xdg_set ? client__env_xdg : NULL, getuid(), 0, path,
-                           sizeof(path));
-
-    if (!never && r < 0 && required) {
-        client_unreachable(client__env_socket_too_long ? "HEAPPROF_SOCKET" : "its socket", -r);
-    } else if (!never && r == 0) {
-        struct stat st;
-        if (required)
-            r = client__session_open(path, WIRE_REASON_STARTUP, client__timeout_ms, false);
-        else if (stat(path, &st) == 0 && S_ISSOCK(st.st_mode))
-            r = client__session_open(path, WIRE_REASON_STARTUP,
-                                     HP_MIN(client__timeout_ms, CLIENT_OPTIONAL_TIMEOUT_MS), false);
-        if (r < 0 && required)
-            client_unreachable(path, -r);
-        /* A session needs its thread, which watches it. */
-        if (r == 0 && atomic_load_explicit(&client_current, memory_order_relaxed) &&
-            client__sthread_start(CLIENT_STHREAD_WATCH, 0) < 0) {
-            client__session_close(atomic_load_explicit(&client_current, memory_order_relaxed),
-                                  true);
-            if (required)
-                client_unreachable(path, ENOMEM);
-        }
-    }
+    if (!never)
+        client_startup_session(required);
     /* Not profiled: dormant, a later attach signal may still start profiling. */
     if (!atomic_load_explicit(&client_current, memory_order_relaxed)) {
         atomic_store_explicit(&client_fast_interval, CLIENT_FAST_OFF, memory_order_relaxed);

@@ -111,7 +111,7 @@ struct client_session {
     /* After code was unloaded, the table generation of that moment: its rules may
      * describe code that is gone, so no walk uses it (hook_record_alloc); the service
      * starts a new generation once it has reread the maps (WIRE_MAPS_CHANGED with
-     * WIRE_MAPS_UNLOADED, preload/hook.c). 0: no hold. */
+     * WIRE_MAPS_UNLOADED, preload/record.c). 0: no hold. */
     _Atomic uint64_t walk_hold_gen;
     /* glibc's counts of objects loaded and unloaded (client_dl_counts()) when the sampled
      * path last told the service (or at the handshake). */
@@ -123,7 +123,7 @@ struct client_session {
      * line from each other, and away from the fields every free() reads. */
     struct client_writers writers[CLIENT_WRITER_SHARDS];
     bool stuck; /* writers never drained: slot kept mapped for good */
-    /* CLOCK_MONOTONIC_COARSE of the last poke for a full ring (preload/hook.c). */
+    /* CLOCK_MONOTONIC_COARSE of the last poke for a full ring (preload/record.c). */
     _Atomic uint64_t full_poke_ns;
     /* A page the kernel zeroes in a child of fork (MADV_WIPEONFORK): while *fork_token
      * == gen we are the process that did the handshake, however the child was made
@@ -209,7 +209,7 @@ static inline void client_session_writers_reset(struct client_session *s)
  * comes first. Not hook-safe in the strict sense: blocks up to HEAPPROF_INIT_TIMEOUT_MS. */
 void client_init(void);
 
-/* Slow path of the allocation hooks (preload/hook.c), reached through
+/* Slow path of the allocation hooks (preload/record.c), reached through
  * client_sample_tramp (preload/tramp_x86_64.S) with the caller's registers in @regs.
  * Returns @ret. */
 uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint64_t *regs);

@@ -15,7 +15,7 @@
  *
  * Objects loaded later are patched when noticed: when dlopen returns (the exported
  * dlopen's wrapper for this route, preload/dl.c), at the first sample after a load in a
- * session with an unwind table (preload/hook.c checks the loader's counts before every
+ * session with an unwind table (preload/record.c checks the loader's counts before every
  * such sample), and by client_got_check() on the sampled path, which compares the
  * loader's count of loaded objects with the last one seen, at most every
  * CLIENT_GOT_CHECK_NS (for code loaded otherwise: by a library's own DT_NEEDED dlopen,

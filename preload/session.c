@@ -45,56 +45,61 @@ static unsigned client_next_slot;   /* owner only */
 
 /* ---- handshake ------------------------------------------------------------------- */
 
-/* Returns 0 with a ring fd, an unwind table fd (-1 when the service sends none) and the
- * socket (PROFILE), 1 when the service answered NOT_PROFILED, or -errno (-EPERM: the peer
- * is neither our uid nor root). */
-static int client_handshake(const char *path, uint32_t reason, uint32_t timeout_ms,
-                            struct wire_client_config *ret_cfg, int *ret_sock, int *ret_ring_fd,
-                            int *ret_utable_fd)
+/* Connects to @path, with send and receive timeouts of @timeout_ms. Returns the socket
+ * or -errno. */
+static long client_connect(const char *path, uint32_t timeout_ms)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    struct wire_client_config cfg;
-    int fds[2] = {-1, -1};
-    int rx[2] = {-1, -1};
-    int ring_fd = -1, utable_fd = -1;
-    size_t nfds = 0;
-    long sock = -1;
-    long r;
-
     size_t len = strlen(path);
     if (len >= sizeof(sa.sun_path))
         return -ENAMETOOLONG;
     memcpy(sa.sun_path, path, len);
 
-    sock = hp_sys3(SYS_socket, AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    long sock = hp_sys3(SYS_socket, AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (sock < 0)
-        return (int)sock;
+        return sock;
     struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
-    r = hp_sys6(SYS_setsockopt, sock, SOL_SOCKET, SO_RCVTIMEO, (long)&tv, sizeof(tv), 0);
+    long r = hp_sys6(SYS_setsockopt, sock, SOL_SOCKET, SO_RCVTIMEO, (long)&tv, sizeof(tv), 0);
     if (r == 0)
         r = hp_sys6(SYS_setsockopt, sock, SOL_SOCKET, SO_SNDTIMEO, (long)&tv, sizeof(tv), 0);
     if (r == 0)
         r = hp_sys3(SYS_connect, sock, (long)&sa, sizeof(sa));
-    if (r < 0)
-        goto fail;
+    if (r < 0) {
+        (void)hp_sys_close((int)sock);
+        return r;
+    }
+    return sock;
+}
 
-    /* Our /proc fds let the peer read all our memory: only to our own uid or root. */
+/* Our /proc fds let the peer read all our memory: only to our own uid or root. Returns 0,
+ * -EPERM (another user) or -errno. */
+static long client_check_peer(long sock)
+{
     struct ucred cred;
     socklen_t cred_len = sizeof(cred);
-    r = hp_sys6(SYS_getsockopt, sock, SOL_SOCKET, SO_PEERCRED, (long)&cred, (long)&cred_len, 0);
+    long r =
+        hp_sys6(SYS_getsockopt, sock, SOL_SOCKET, SO_PEERCRED, (long)&cred, (long)&cred_len, 0);
     if (r < 0)
-        goto fail;
-    r = -EPERM;
+        return r;
     if (cred_len != sizeof(cred) || (cred.uid != (uid_t)hp_sys0(SYS_getuid) && cred.uid != 0))
-        goto fail;
+        return -EPERM;
+    return 0;
+}
 
-    r = hp_sys4(SYS_openat, AT_FDCWD, (long)"/proc/self/maps", O_RDONLY | O_CLOEXEC, 0);
+/* Sends the hello, with descriptors of our /proc/self/maps and /proc/self/mem. Returns
+ * >= 0 or -errno. */
+static long client_send_hello(long sock, uint32_t reason)
+{
+    int fds[2] = {-1, -1};
+    long r = hp_sys4(SYS_openat, AT_FDCWD, (long)"/proc/self/maps", O_RDONLY | O_CLOEXEC, 0);
     if (r < 0)
-        goto fail;
+        return r;
     fds[0] = (int)r;
     r = hp_sys4(SYS_openat, AT_FDCWD, (long)"/proc/self/mem", O_RDONLY | O_CLOEXEC, 0);
-    if (r < 0)
-        goto fail;
+    if (r < 0) {
+        (void)hp_sys_close(fds[0]);
+        return r;
+    }
     fds[1] = (int)r;
     struct wire_hello hello = {
         .magic = WIRE_HELLO_MAGIC,
@@ -105,7 +110,40 @@ static int client_handshake(const char *path, uint32_t reason, uint32_t timeout_
     r = hp_send_fds((int)sock, &hello, sizeof(hello), fds, 2);
     (void)hp_sys_close(fds[0]);
     (void)hp_sys_close(fds[1]);
-    fds[0] = fds[1] = -1;
+    return r;
+}
+
+/* True when @cfg, a PROFILE answer that came with @ring_fd and @utable_fd (-1: none), is
+ * one this client can use. */
+static bool client_config_usable(const struct wire_client_config *cfg, int ring_fd, int utable_fd)
+{
+    bool with_table = (cfg->features & WIRE_FEATURE_UNWIND_TABLE) != 0;
+    return cfg->status == WIRE_STATUS_PROFILE && ring_fd >= 0 &&
+           cfg->sampling_interval_bytes != 0 && cfg->max_stack_bytes % 8 == 0 &&
+           cfg->max_stack_bytes <= RING_MAX_PAYLOAD - sizeof(struct wire_alloc) -
+                                       (1 + WIRE_MAX_PCS) * sizeof(uint64_t) &&
+           (cfg->features & ~(uint32_t)CLIENT_FEATURES) == 0 && with_table == (utable_fd >= 0);
+}
+
+/* Returns 0 with a ring fd, an unwind table fd (-1 when the service sends none) and the
+ * socket (PROFILE), 1 when the service answered NOT_PROFILED, or -errno (-EPERM: the peer
+ * is neither our uid nor root). */
+static int client_handshake(const char *path, uint32_t reason, uint32_t timeout_ms,
+                            struct wire_client_config *ret_cfg, int *ret_sock, int *ret_ring_fd,
+                            int *ret_utable_fd)
+{
+    struct wire_client_config cfg;
+    int rx[2] = {-1, -1};
+    int ring_fd = -1, utable_fd = -1;
+    size_t nfds = 0;
+
+    long sock = client_connect(path, timeout_ms);
+    if (sock < 0)
+        return (int)sock;
+    long r = client_check_peer(sock);
+    if (r < 0)
+        goto fail;
+    r = client_send_hello(sock, reason);
     if (r < 0)
         goto fail;
 
@@ -125,12 +163,7 @@ static int client_handshake(const char *path, uint32_t reason, uint32_t timeout_
         (void)hp_sys_close((int)sock);
         return 1;
     }
-    bool with_table = (cfg.features & WIRE_FEATURE_UNWIND_TABLE) != 0;
-    if (cfg.status != WIRE_STATUS_PROFILE || ring_fd < 0 || cfg.sampling_interval_bytes == 0 ||
-        cfg.max_stack_bytes % 8 != 0 ||
-        cfg.max_stack_bytes >
-            RING_MAX_PAYLOAD - sizeof(struct wire_alloc) - (1 + WIRE_MAX_PCS) * sizeof(uint64_t) ||
-        (cfg.features & ~(uint32_t)CLIENT_FEATURES) != 0 || with_table != (utable_fd >= 0))
+    if (!client_config_usable(&cfg, ring_fd, utable_fd))
         goto fail;
 
     *ret_cfg = cfg;
@@ -140,10 +173,6 @@ static int client_handshake(const char *path, uint32_t reason, uint32_t timeout_
     return 0;
 
 fail:
-    if (fds[0] >= 0)
-        (void)hp_sys_close(fds[0]);
-    if (fds[1] >= 0)
-        (void)hp_sys_close(fds[1]);
     if (ring_fd >= 0)
         (void)hp_sys_close(ring_fd);
     if (utable_fd >= 0)
@@ -168,6 +197,16 @@ static int client_sock_move_high(int sock)
     return (int)hi;
 }
 
+/* Checked before every use of a session's socket after the handshake (the session
+ * thread's polls, the closes here and in a forked child): the program may have closed
+ * or reused the descriptor. */
+bool client__sock_ours(const struct client_session *s)
+{
+    struct stat st;
+    return s->sock >= 0 && hp_sys2(SYS_fstat, s->sock, (long)&st) == 0 &&
+           (uint64_t)st.st_dev == s->sock_dev && (uint64_t)st.st_ino == s->sock_ino;
+}
+
 /* ---- sessions (owner only) --------------------------------------------------------- */
 
 static struct client_session *client_free_slot(void)
@@ -183,6 +222,55 @@ static struct client_session *client_free_slot(void)
     return NULL;
 }
 
+/* On the first use of slot @s: its sampled-address set, and the page that tells a child
+ * of fork from us (MADV_WIPEONFORK; without it fork_token stays NULL and getpid() is
+ * compared instead). Returns 0 or -errno. */
+static int client_slot_prepare(struct client_session *s)
+{
+    if (s->freeset.lv[0].slots)
+        return 0;
+    int r = client_freeset_init(&s->freeset, CLIENT_FREESET_LOG2);
+    if (r < 0)
+        return r;
+    void *page =
+        hp_sys_mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (!hp_sys_failed((long)page) && hp_sys3(SYS_madvise, (long)page, 4096, MADV_WIPEONFORK) == 0)
+        s->fork_token = page;
+    else if (!hp_sys_failed((long)page))
+        (void)hp_sys_munmap(page, 4096);
+    return 0;
+}
+
+/* The rest of slot @s for a session on @path that the service configured with @cfg (its
+ * socket, ring and table are in place already). */
+static void client_slot_configure(struct client_session *s, const struct wire_client_config *cfg,
+                                  const char *path, uint32_t reason)
+{
+    s->audit_every = cfg->audit_every;
+    atomic_store_explicit(&s->walk_hold_gen, 0, memory_order_relaxed);
+    /* The service reads the maps at the handshake: what is loaded now is known. Not on
+     * attach: the attach thread has no glibc thread block, through which dl_iterate_phdr
+     * reads the executable's TLS (a SIGSEGV in any program with a __thread variable in
+     * its executable); the first sample takes the counts then (CLIENT_DL_UNKNOWN). */
+    uint64_t adds = CLIENT_DL_UNKNOWN, subs = CLIENT_DL_UNKNOWN;
+    if (reason != WIRE_REASON_ATTACH)
+        (void)client_dl_counts(&adds, &subs);
+    atomic_store_explicit(&s->dl_adds, adds, memory_order_relaxed);
+    atomic_store_explicit(&s->dl_subs, subs, memory_order_relaxed);
+    s->pid = (pid_t)hp_sys0(SYS_getpid);
+    s->features = cfg->features;
+    s->gen = ++client_session_gen;
+    s->max_stack_bytes = cfg->max_stack_bytes;
+    client_sampler_params_init(&s->params, cfg->sampling_interval_bytes);
+    client_session_writers_reset(s);
+    atomic_store_explicit(&s->full_poke_ns, 0, memory_order_relaxed);
+    s->stuck = false;
+    if (s->fork_token)
+        atomic_store_explicit(s->fork_token, s->gen, memory_order_relaxed);
+    size_t plen = strlen(path);
+    memcpy(s->path, path, plen + 1 <= sizeof(s->path) ? plen + 1 : 0);
+}
+
 /* Handshakes on @path and, when the service profiles us, publishes the new session and
  * makes the client ACTIVE. Returns 0 (ACTIVE), 1 (NOT_PROFILED) or -errno. */
 int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms, bool warm_up)
@@ -193,19 +281,10 @@ int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms,
     struct client_session *s = client_free_slot();
     if (!s)
         return -EBUSY;
-    if (!s->freeset.lv[0].slots) {
-        int r = client_freeset_init(&s->freeset, CLIENT_FREESET_LOG2);
-        if (r < 0)
-            return r;
-        void *page =
-            hp_sys_mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (!hp_sys_failed((long)page) &&
-            hp_sys3(SYS_madvise, (long)page, 4096, MADV_WIPEONFORK) == 0)
-            s->fork_token = page;
-        else if (!hp_sys_failed((long)page))
-            (void)hp_sys_munmap(page, 4096);
-    }
-    int r = client_handshake(path, reason, timeout_ms, &cfg, &sock, &ring_fd, &utable_fd);
+    int r = client_slot_prepare(s);
+    if (r < 0)
+        return r;
+    r = client_handshake(path, reason, timeout_ms, &cfg, &sock, &ring_fd, &utable_fd);
     if (r != 0)
         return r;
     ring_t *ring = NULL;
@@ -244,29 +323,7 @@ int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms,
     s->sock_ino = (uint64_t)st.st_ino;
     s->ring = ring;
     s->utable = table;
-    s->audit_every = cfg.audit_every;
-    atomic_store_explicit(&s->walk_hold_gen, 0, memory_order_relaxed);
-    /* The service reads the maps at the handshake: what is loaded now is known. Not on
-     * attach: the attach thread has no glibc thread block, through which dl_iterate_phdr
-     * reads the executable's TLS (a SIGSEGV in any program with a __thread variable in
-     * its executable); the first sample takes the counts then (CLIENT_DL_UNKNOWN). */
-    uint64_t adds = CLIENT_DL_UNKNOWN, subs = CLIENT_DL_UNKNOWN;
-    if (reason != WIRE_REASON_ATTACH)
-        (void)client_dl_counts(&adds, &subs);
-    atomic_store_explicit(&s->dl_adds, adds, memory_order_relaxed);
-    atomic_store_explicit(&s->dl_subs, subs, memory_order_relaxed);
-    s->pid = (pid_t)hp_sys0(SYS_getpid);
-    s->features = cfg.features;
-    s->gen = ++client_session_gen;
-    s->max_stack_bytes = cfg.max_stack_bytes;
-    client_sampler_params_init(&s->params, cfg.sampling_interval_bytes);
-    client_session_writers_reset(s);
-    atomic_store_explicit(&s->full_poke_ns, 0, memory_order_relaxed);
-    s->stuck = false;
-    if (s->fork_token)
-        atomic_store_explicit(s->fork_token, s->gen, memory_order_relaxed);
-    size_t plen = strlen(path);
-    memcpy(s->path, path, plen + 1 <= sizeof(s->path) ? plen + 1 : 0);
+    client_slot_configure(s, &cfg, path, reason);
 
     /* The program's calls reach the hooks again before the session is there to see them
      * (preload/direct.h). */

@@ -1,6 +1,7 @@
 /* producer/producer_internal.h: the parts of producer/ its files share: the shared memory
- * buffer's ABI (smb.c), the writers' state (writer.c), and the IPC codec (ipc.c) that
- * the connection (conn.c) and the fuzz targets use. Internal to producer/.
+ * buffer's ABI (smb.c), the writers' state (writer.c), the IPC codec (ipc.c) that the
+ * connection and the fuzz targets use, and the connection's state (struct prod), which
+ * conn.c, request.c and data_source.c share. Internal to producer/.
  *
  * The SMB, as traced lays it out (Perfetto's shared memory ABI):
  *
@@ -24,8 +25,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/un.h>
 
 #include "producer/producer.h"
+
+struct hp_pbw;
 
 /* ---- the SMB ABI (smb.c) ------------------------------------------------------------ */
 
@@ -233,5 +237,91 @@ int prod__decode_ds_config(const uint8_t *p, size_t len, struct prod_ds_config *
  * frame), or -EMSGSIZE for a frame longer than PROD_IPC_MAX_FRAME. */
 long prod__split_frames(const uint8_t *p, size_t len,
                         void (*fn)(void *ctx, const uint8_t *frame, size_t len), void *ctx);
+
+/* ---- the connection (conn.c, request.c, data_source.c) ------------------------------ */
+
+enum prod__conn_state {
+    PROD_CONN_IDLE,
+    PROD_CONN_BINDING,
+    PROD_CONN_INITIALIZING,
+    PROD_CONN_READY,
+};
+
+enum prod__req_kind {
+    PROD_REQ_NONE = 0, /* no reply wanted */
+    PROD_REQ_BIND,
+    PROD_REQ_INIT,
+    PROD_REQ_REGISTER,
+    PROD_REQ_ASYNC,
+    PROD_REQ_COMMIT,
+};
+
+struct prod__req {
+    uint64_t id;
+    enum prod__req_kind kind;
+};
+
+/* A data source instance traced set up on this connection (data_source.c). */
+struct prod__instance {
+    uint64_t id;
+    prod_writer_t *w; /* NULL when refused */
+    bool started, stopping;
+};
+
+/* A Flush not yet acknowledged: it waits for the writers of @ids. */
+struct prod__flush {
+    uint64_t req;
+    uint64_t ids[PROD_MAX_CMD_IDS];
+    size_t n_ids;
+};
+
+/* prod_t: one connection to traced and what lives on it. Owner thread only. */
+struct prod {
+    struct prod_callbacks cb;
+    void *ctx;
+    char sock_name[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    char *producer_name, *ds_name;
+    uint32_t smb_size_hint, smb_page_hint, stall_budget_ms;
+
+    enum prod__conn_state state;
+    int fd;
+    int received_fd; /* the last fd traced sent, until SetupTracing takes it */
+    uint8_t *rx;
+    size_t rx_len;
+    uint8_t *tx;
+    size_t tx_len, tx_cap;
+    uint64_t next_req;
+    uint32_t service_id, methods[PROD_M_COUNT];
+    struct prod__req *reqs;
+    size_t n_reqs, cap_reqs;
+
+    struct prod__smb *smb;
+    struct prod__instance *inst;
+    size_t n_inst, cap_inst;
+    struct prod__flush *flushes;
+    size_t n_flushes, cap_flushes;
+    uint16_t next_writer_id;
+
+    uint64_t reconnect_at_ns;
+    uint32_t backoff_ms;
+    struct prod_stats stats;
+};
+
+/* Appends one IPCFrame (@frame) to the send queue (request.c). */
+void prod__send_frame(prod_t *p, const struct hp_pbw *frame);
+/* Remembers that the reply to request @id is wanted, as @kind. */
+void prod__track_req(prod_t *p, uint64_t id, enum prod__req_kind kind);
+/* Invokes @m with the serialized request @args (emptied). Returns the request id. */
+uint64_t prod__invoke(prod_t *p, enum prod_method m, struct hp_pbw *args, bool drop_reply,
+                      enum prod__req_kind kind);
+/* Finds the request a reply answers: its kind in *@ret; a stream's request stays. */
+bool prod__take_req(prod_t *p, uint64_t id, enum prod__req_kind *ret);
+
+/* Sends the moves the writers queued and, with @flush_id, the flush ack (data_source.c). */
+void prod__send_commits(prod_t *p, uint64_t flush_id);
+/* Acknowledges the flushes done, oldest first. */
+void prod__check_flushes(prod_t *p);
+/* Handles a command about the data source's instances (every kind but SetupTracing). */
+void prod__ds_command(prod_t *p, const struct prod__command *c);
 
 #endif

@@ -70,23 +70,18 @@ int ring_create(size_t data_size_bytes, int *ret_fd)
                            ring_init_header, &data_size_bytes, ret_fd);
 }
 
-int ring_map(int fd, enum ring_role role, ring_t **ret)
+/* Checks that @fd holds a ring @role may map; its data size in *@ret_size. Returns 0,
+ * -EBADMSG (not a ring), -EPERM (a reader's ring the client could still resize) or
+ * -errno. */
+static int ring_check_fd(int fd, enum ring_role role, uint64_t *ret_size)
 {
     struct stat st;
-    uint64_t n;
-    int prot_data = role == RING_ROLE_WRITER ? PROT_READ | PROT_WRITE : PROT_READ;
-    uint8_t *base;
-    size_t map_len;
-    int r;
-
-    if (role != RING_ROLE_READER && role != RING_ROLE_WRITER)
-        return -EINVAL;
     long e = hp_sys2(SYS_fstat, fd, (long)&st);
     if (e < 0)
         return (int)e;
     if (st.st_size < (off_t)RING_HEADER_SIZE)
         return -EBADMSG;
-    n = (uint64_t)st.st_size - RING_HEADER_SIZE;
+    uint64_t n = (uint64_t)st.st_size - RING_HEADER_SIZE;
     if (!ring_size_valid(n))
         return -EBADMSG;
     if (role == RING_ROLE_READER) {
@@ -98,9 +93,16 @@ int ring_map(int fd, enum ring_role role, ring_t **ret)
         if ((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
             return -EPERM;
     }
+    *ret_size = n;
+    return 0;
+}
 
-    map_len = RING_PRIVATE_SIZE + RING_HEADER_SIZE + 2 * n;
-    base =
+/* Maps the private page, the shared header and the @n data bytes of @fd twice in a row
+ * (ring_layout.h) into one reservation of @map_len bytes. Returns 0 with its base, or
+ * -errno. */
+static int ring_map_views(int fd, uint64_t n, int prot_data, size_t map_len, uint8_t **ret_base)
+{
+    uint8_t *base =
         hp_sys_mmap(NULL, map_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (hp_sys_failed((long)base))
         return (int)(long)base;
@@ -116,8 +118,8 @@ int ring_map(int fd, enum ring_role role, ring_t **ret)
     };
     for (int i = 0; i < 4; i++) {
         if (hp_sys_failed((long)m[i])) {
-            r = (int)(long)m[i];
-            goto fail;
+            (void)hp_sys_munmap(base, map_len);
+            return (int)(long)m[i];
         }
     }
 
@@ -128,7 +130,14 @@ int ring_map(int fd, enum ring_role role, ring_t **ret)
 #endif
     (void)hp_sys3(SYS_madvise, (long)(base + RING_PRIVATE_SIZE),
                   (long)(map_len - RING_PRIVATE_SIZE), MADV_DONTFORK);
+    *ret_base = base;
+    return 0;
+}
 
+/* The private state of a ring of @n data bytes mapped at @base, in its first page. */
+static struct ring *ring_init_private(uint8_t *base, size_t map_len, uint64_t n,
+                                      enum ring_role role)
+{
     struct ring *ring = (struct ring *)base;
     ring->hdr = (struct ring_shared *)(base + RING_PRIVATE_SIZE);
     ring->data = base + RING_PRIVATE_SIZE + RING_HEADER_SIZE;
@@ -143,23 +152,38 @@ int ring_map(int fd, enum ring_role role, ring_t **ret)
     ring->stall_pos = 0;
     ring->stall_since_ns = 0;
     ring->stall_timeout_ns = (uint64_t)RING_DEFAULT_STALL_TIMEOUT_US * 1000u;
+    return ring;
+}
+
+int ring_map(int fd, enum ring_role role, ring_t **ret)
+{
+    uint64_t n = 0;
+    int prot_data = role == RING_ROLE_WRITER ? PROT_READ | PROT_WRITE : PROT_READ;
+    uint8_t *base = NULL;
+
+    if (role != RING_ROLE_READER && role != RING_ROLE_WRITER)
+        return -EINVAL;
+    int r = ring_check_fd(fd, role, &n);
+    if (r < 0)
+        return r;
+    size_t map_len = RING_PRIVATE_SIZE + RING_HEADER_SIZE + 2 * n;
+    r = ring_map_views(fd, n, prot_data, map_len, &base);
+    if (r < 0)
+        return r;
+    struct ring *ring = ring_init_private(base, map_len, n, role);
 
     /* Copy the header fields once; the peer may change them at any time. */
     uint64_t magic = ((volatile struct ring_shared *)ring->hdr)->magic;
     uint64_t data_size = ((volatile struct ring_shared *)ring->hdr)->data_size;
     if (magic != RING_HEADER_MAGIC || data_size != n) {
-        r = -EBADMSG;
-        goto fail;
+        (void)hp_sys_munmap(base, map_len);
+        return -EBADMSG;
     }
     ring->read_pos = atomic_load_explicit(&ring->hdr->read_pos, memory_order_acquire);
     ring->seen_write_pos = ring->read_pos;
     ring->published_read_pos = ring->read_pos;
     *ret = ring;
     return 0;
-
-fail:
-    (void)hp_sys_munmap(base, map_len);
-    return r;
 }
 
 ring_t *ring_unmap(ring_t *r)

@@ -71,6 +71,26 @@ static void ring_block_pause(unsigned round)
     }
 }
 
+/* Claims the record reserved at @w for the calling thread and fills its head; @ret is
+ * the span of its payload. */
+static HP_ALWAYS_INLINE void ring_open_record(ring_t *r, uint64_t w, uint64_t total, uint16_t type,
+                                              size_t payload_len, struct ring_wspan *ret)
+{
+    struct ring_rec *rec = (struct ring_rec *)(r->data + (w & r->mask));
+    /* Who holds the record until it is published (see ring_stalled_writer()). */
+    atomic_store_explicit(&rec->commit_tag, RING_TAG_RESERVED | ring_writer_tid(r),
+                          memory_order_relaxed);
+    size_t pad = (size_t)(total - sizeof(*rec) - payload_len);
+    rec->len_total = (uint32_t)total;
+    rec->type = type;
+    rec->flags = (uint16_t)pad;
+    if (pad > 0)
+        memset((uint8_t *)(rec + 1) + payload_len, 0, pad);
+    ret->data = rec + 1;
+    ret->len = payload_len;
+    ret->pos = w;
+}
+
 /* @urgent: never wait, and may use the last RING_URGENT_RESERVE_SHIFT-th of the ring,
  * which other records leave free. */
 static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool urgent,
@@ -162,20 +182,7 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool u
         return err;
 
     ring_update_max_fill(h, w + total - rp);
-
-    struct ring_rec *rec = (struct ring_rec *)(r->data + (w & r->mask));
-    /* Who holds the record until it is published (see ring_stalled_writer()). */
-    atomic_store_explicit(&rec->commit_tag, RING_TAG_RESERVED | ring_writer_tid(r),
-                          memory_order_relaxed);
-    size_t pad = (size_t)(total - sizeof(*rec) - payload_len);
-    rec->len_total = (uint32_t)total;
-    rec->type = type;
-    rec->flags = (uint16_t)pad;
-    if (pad > 0)
-        memset((uint8_t *)(rec + 1) + payload_len, 0, pad);
-    ret->data = rec + 1;
-    ret->len = payload_len;
-    ret->pos = w;
+    ring_open_record(r, w, total, type, payload_len, ret);
     return 0;
 }
 

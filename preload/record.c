@@ -1,0 +1,457 @@
+/* preload/record.c: the sampled path behind the exported malloc family (preload/hook.c):
+ * the slow path the capture trampoline calls (client_alloc_slow, preload/tramp_x86_64.S),
+ * the records of sampled allocations and of their frees, and the check for code loaded
+ * or unloaded that comes before them.
+ *
+ * Hook-safe throughout: no allocation, no stdio, no locks of ours; system calls only on
+ * the sampled path (a FUTEX_WAKE when the service sleeps; checks of stack pages, once per
+ * thread for its own stack, and on every sample on a stack not the thread's own, with
+ * copies of such stacks) and never ones that are cancellation points. One lock of
+ * glibc's: the loader's, for a few nanoseconds per sample (preload/dl.c says why that is
+ * safe). errno is preserved around everything we do besides the real call.
+ */
+#include "preload/client.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/macros.h"
+#include "preload/got.h"
+#include "preload/stack.h"
+#include "preload/walk.h"
+#include "shmem_ring/wire.h"
+
+/* The loader's record of the stack pointer at the program's entry (ld.so, GLIBC_2.2.5). */
+extern void *__libc_stack_end;
+#define HOOK_ENTRY_SLACK 256u
+
+/* ---- recording -------------------------------------------------------------------- */
+
+/* After a record could not be written (the ring is full): make sure a sleeping reader
+ * hears about it. ring_end_write() wakes the reader itself; this costs a system call only
+ * when the reader sleeps. No descriptor: the program cannot make us write into one of
+ * its own (see shmem_ring/ring.h). */
+static void hook_poke(struct client_session *s)
+{
+    ring_wake_reader(s->ring);
+}
+
+/* The ring was full: make sure a sleeping reader hears about it, but at most once per
+ * HOOK_FULL_POKE_NS for the process. With a stopped or hung reader every sample finds
+ * the ring full; a system call per dropped record would slow the program down for as
+ * long as the reader stays away. */
+#define HOOK_FULL_POKE_NS (1000u * 1000u)
+static void hook_poke_full(struct client_session *s)
+{
+    uint64_t now = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
+    uint64_t last = atomic_load_explicit(&s->full_poke_ns, memory_order_relaxed);
+    if (now - last < HOOK_FULL_POKE_NS ||
+        !atomic_compare_exchange_strong_explicit(&s->full_poke_ns, &last, now, memory_order_relaxed,
+                                                 memory_order_relaxed))
+        return;
+    hook_poke(s);
+}
+
+/* True in a child made without our atfork handler (_Fork, clone): it must not write
+ * into the parent's ring, nor change the shared state. */
+static bool hook_foreign_pid(const struct client_session *s)
+{
+    if (HP_LIKELY(s->fork_token != NULL)) {
+        if (HP_LIKELY(atomic_load_explicit(s->fork_token, memory_order_relaxed) == s->gen))
+            return false;
+    } else if (getpid() == s->pid) {
+        return false;
+    }
+    atomic_fetch_add_explicit(&client_stat_foreign_pid_samples, 1, memory_order_relaxed);
+    return true;
+}
+
+/* A vfork child runs on its parent's thread state: it must not leave its tid there. */
+static uint32_t hook_tid(struct client_tls *t, const struct client_session *s)
+{
+    if (HP_LIKELY(t->tid != 0))
+        return t->tid;
+    uint32_t tid = (uint32_t)syscall(SYS_gettid);
+    if (getpid() == s->pid)
+        t->tid = tid;
+    return tid;
+}
+
+/* The stack we copy belongs to the application; under AddressSanitizer parts of it are
+ * poisoned redzones, and fortified memcpy checks object sizes. rep movsb is neither. */
+__attribute__((no_sanitize("address"))) static void hook_copy_stack(void *dst, const void *src,
+                                                                    size_t len)
+{
+#if defined(__x86_64__)
+    __asm__ volatile("rep movsb" : "+D"(dst), "+S"(src), "+c"(len) : : "memory");
+#else
+    volatile const uint8_t *s = src;
+    uint8_t *d = dst;
+    for (size_t i = 0; i < len; i++)
+        d[i] = s[i];
+#endif
+}
+
+/* The head of a sampled allocation record. */
+static void hook_fill_head(struct wire_alloc_head *ret, struct client_tls *t,
+                           const struct client_session *s, void *p, size_t size,
+                           uint64_t sample_size)
+{
+    *ret = (struct wire_alloc_head){
+        .addr = (uint64_t)(uintptr_t)p,
+        .size = size,
+        .sample_size = sample_size,
+        .ts_ns = hp_clock_ns(CLOCK_MONOTONIC_COARSE),
+        .heap_id = 0,
+        .tid = hook_tid(t, s),
+    };
+}
+
+/* Puts sampled address @p in the set free() watches, before its record is written (no
+ * other thread can free @p before the hook returns it). False when the set could not
+ * take it (every level full, or no memory for the next): the sample is then dropped and
+ * counted, so that no free of it can go unrecorded. */
+static bool hook_watch_free(struct client_session *s, void *p)
+{
+    if (HP_LIKELY(client_freeset_insert(&s->freeset, (uint64_t)(uintptr_t)p) == 0))
+        return true;
+    atomic_fetch_add_explicit(&client_stat_freeset_overflows, 1, memory_order_relaxed);
+    ring_count_freeset_full(s->ring);
+    return false;
+}
+
+/* The record of @p was not written: nothing to watch. */
+static void hook_unwatch_free(struct client_session *s, void *p, int r)
+{
+    (void)client_freeset_remove(&s->freeset, (uint64_t)(uintptr_t)p);
+    if (r == -EAGAIN)
+        hook_poke_full(s);
+}
+
+/* Reserves a sampled allocation's record of @type and @len payload bytes and fills its
+ * head; @p is watched already. False when the ring refused it (then @p is not watched). */
+static bool hook_begin_sample(struct client_tls *t, struct client_session *s, uint16_t type,
+                              size_t len, void *p, size_t size, uint64_t sample_size,
+                              struct ring_wspan *ret_w, struct wire_alloc_head *ret_head)
+{
+    int r = ring_try_begin_write(s->ring, type, len, ret_w);
+    if (r < 0) {
+        hook_unwatch_free(s, p, r);
+        return false;
+    }
+    hook_fill_head(ret_head, t, s, p, size, sample_size);
+    return true;
+}
+
+/* pcs a walk keeps on the application's stack; a deeper walk is counted, then walked on
+ * from there straight into the ring (the sampled path may run on a small fiber stack or a
+ * MINSIGSTKSZ signal stack: its frames stay small). */
+#define HOOK_WALK_PCS 32
+/* A walk past HOOK_WALK_PCS frames is walked to its end only when the stack holds more
+ * than this: a copy of a few kilobytes costs less than walking a hundred frames twice. */
+#define HOOK_WALK_DEEP_BYTES (32u << 10)
+/* Bytes copied at most from a stack that is not the thread's own (fiber, signal stack):
+ * its end is often unknown, and such a copy is only needed until walks work there. */
+#define HOOK_OTHER_STACK_MAX (64u << 10)
+
+/* Writes the @n pcs of a walk whose first min(@n, HOOK_WALK_PCS) are in @pcs and whose
+ * state after those is @rest to @dst. Returns how many it wrote: @n, or fewer when the
+ * second walk of the rest failed (the table changed in between). */
+static size_t hook_put_pcs(uint64_t *dst, const uint64_t *pcs, size_t n, struct client_walk *rest,
+                           const struct utable *table)
+{
+    size_t head = n < HOOK_WALK_PCS ? n : HOOK_WALK_PCS;
+    memcpy(dst, pcs, head * sizeof(uint64_t));
+    if (n == head)
+        return n;
+    int r = client_walk_step(rest, table, dst + head, n - head, n);
+    if (r == CLIENT_WALK_DONE && rest->n == n)
+        return n;
+    return rest->n < n ? rest->n : n - 1;
+}
+
+/* Records a sample whose stack is not the thread's own (a fiber's, a signal stack): a copy
+ * that cannot fault, of as much as is there. */
+static HP_NOINLINE void hook_record_other(struct client_tls *t, struct client_session *s, void *p,
+                                          size_t size, uint64_t sample_size, const uint64_t *regs)
+{
+    uint64_t sp = regs[WIRE_REG_RSP];
+    size_t cap = s->max_stack_bytes < HOOK_OTHER_STACK_MAX ? (size_t)s->max_stack_bytes
+                                                           : HOOK_OTHER_STACK_MAX;
+    struct client_stack_plan plan;
+    client_stack_plan_other(&t->stack, sp, cap, &plan);
+    if (!hook_watch_free(s, p))
+        return;
+    struct ring_wspan w;
+    struct wire_alloc_head head;
+    if (!hook_begin_sample(t, s, WIRE_ALLOC, wire_alloc_len(plan.len, 0), p, size, sample_size, &w,
+                           &head))
+        return;
+    struct wire_alloc *a = w.data;
+    void *stack = wire_encode_alloc(a, &head, sp, plan.len, WIRE_ALLOC_UNKNOWN_STACK, regs, 0);
+    ssize_t n = client_stack_copy(s->pid, stack, sp, plan.len);
+    if (n < 0) {
+        /* No way to read it safely (process_vm_readv refused): the rest of the page of
+         * the return address our caller pushed, which is mapped. */
+        n = (sp & 4095) ? (ssize_t)(4096 - (sp & 4095)) : 0;
+        if ((size_t)n > plan.len)
+            n = (ssize_t)plan.len;
+        hook_copy_stack(stack, (const void *)(uintptr_t)sp, (size_t)n);
+        plan.may_go_on = true;
+        plan.len = (size_t)n;
+    }
+    /* The record keeps its length; the stack is what could be read. A signal stack's
+     * frames lead to the stack the handler interrupted, which is not copied. */
+    a->stack_len = (uint32_t)n;
+    if (client_stack_copied_other(&t->stack, sp, &plan, (size_t)n) ||
+        plan.how == CLIENT_STACK_ALTSTACK)
+        a->flags |= WIRE_ALLOC_STACK_TRUNCATED;
+    if (ring_end_write(s->ring, &w))
+        hook_poke(s);
+}
+
+/* Code loaded or unloaded since the session last looked (preload/dl.c) changes what the
+ * service must know to name frames, and what the unwind table may say. Checked before
+ * every sample's walk and record, and told in the ring before them:
+ *
+ *   loaded    WIRE_MAPS_CHANGED: the service rereads the maps before the samples that
+ *             follow. In block mode the sample waits until it has (within the block
+ *             timeout, as a sample waits for room in the ring): the new code must be seen
+ *             while it is there, since it may be unloaded before the service gets to the
+ *             records of its samples;
+ *   unloaded  WIRE_MAPS_CHANGED with WIRE_MAPS_UNLOADED, and no walk with the table until
+ *             the service started its next generation (other code may come at the
+ *             addresses whose rules the table holds).
+ *
+ * The record goes before the counts the session keeps are updated: a thread that reads
+ * the new counts in between tells too, so every sample of new code follows a record that
+ * says it came. A stack sampled now holds only code loaded when the counts were read:
+ * code unloaded later is not on it (its frames would have nowhere to return to). The
+ * service keeps the mappings it saw go for the records written before
+ * (unwinder_retired_seq()), so that dlclose() never waits. Only with a service that speaks
+ * these records (it gave us an unwind table). */
+static void hook_check_code(struct client_session *s)
+{
+    uint64_t adds, subs;
+    if (!client_dl_counts(&adds, &subs))
+        return;
+    uint64_t seen_adds = atomic_load_explicit(&s->dl_adds, memory_order_relaxed);
+    uint64_t seen_subs = atomic_load_explicit(&s->dl_subs, memory_order_relaxed);
+    if (HP_LIKELY(adds == seen_adds && subs == seen_subs))
+        return;
+    /* Counts not read at the start of the session (attach): told as loaded code, so that
+     * the service rereads the maps it read at the handshake once more. */
+    bool unknown = seen_adds == CLIENT_DL_UNKNOWN;
+    bool unloaded = !unknown && subs != seen_subs, loaded = unknown || adds != seen_adds;
+    /* With the GOT route, new objects get the hooks in their slots now (what the dlopen
+     * wrapper did; preload/got.h). */
+    if (loaded)
+        client_got_after_dlopen();
+    if (unloaded)
+        atomic_store_explicit(&s->walk_hold_gen, utable_gen(&s->utable), memory_order_relaxed);
+    uint64_t ask = loaded ? ring_ask_maps_read(s->ring) : 0;
+    /* Lost (full ring): the maps are reread at least every second while samples come, and
+     * a reread that finds code gone starts a new generation, which ends the hold. */
+    struct ring_wspan w;
+    bool sent = false;
+    if (ring_try_begin_write(s->ring, WIRE_MAPS_CHANGED, sizeof(struct wire_maps_changed), &w) ==
+        0) {
+        wire_encode_maps_changed(w.data, unloaded ? WIRE_MAPS_UNLOADED : 0, (uint32_t)ask);
+        (void)ring_end_write(s->ring, &w);
+        sent = true;
+    }
+    /* Two threads may both tell: the service takes a run of these as one. */
+    atomic_store_explicit(&s->dl_adds, adds, memory_order_relaxed);
+    atomic_store_explicit(&s->dl_subs, subs, memory_order_relaxed);
+    if (sent && loaded) {
+        hook_poke(s); /* a sleeping reader would not come before the timeout */
+        /* Late, or not in block mode: the service rereads the maps when it gets to the
+         * record, or for the first pc it does not know; code unloaded by then goes
+         * unnamed (its frames end in ERROR INVALID_MAP). */
+        int late = ring_wait_maps_read(s->ring, ask);
+        (void)late;
+    }
+}
+
+/* pre: client_session_enter(s) succeeded. */
+static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_session *s, void *p,
+                                          size_t size, uint64_t sample_size, const uint64_t *regs)
+{
+    /* The service ended the session (its socket closes next; the session thread ends it). */
+    if (hook_foreign_pid(s) || ring_is_detached(s->ring))
+        return;
+    if (s->utable.hdr)
+        hook_check_code(s);
+    uint64_t sp = regs[WIRE_REG_RSP];
+    uint64_t end;
+    /* The main thread's stack ends where the program's entry found it (what lies above,
+     * argv, the environment and the aux vector, often kilobytes, holds no frame), plus a
+     * little for the entry code's own frame; other threads' at their descriptor. */
+    uint64_t main_top = (uint64_t)(uintptr_t)__libc_stack_end + HOOK_ENTRY_SLACK;
+    bool own = client_stack_lookup(&t->stack, sp, (uint64_t)(uintptr_t)__builtin_thread_pointer(),
+                                   main_top, &end) == CLIENT_STACK_OWN;
+    if (!own)
+        atomic_fetch_add_explicit(&client_stat_unknown_stacks, 1, memory_order_relaxed);
+
+    /* With the service's unwind table, walk the stack here and send its return
+     * addresses: a few hundred bytes instead of a copy of the whole stack (often
+     * kilobytes), and no unwinding in the service. Every audit_every-th walk is sent
+     * with the copy too, for the service to check. On a stack not the thread's own the
+     * walk checks each page before it reads there. */
+    uint64_t pcs[HOOK_WALK_PCS];
+    struct client_walk walk, rest;
+    size_t n_pcs = 0;
+    bool audit = false;
+    if (s->utable.hdr &&
+        utable_gen(&s->utable) != atomic_load_explicit(&s->walk_hold_gen, memory_order_relaxed)) {
+        client_walk_begin(&walk, &s->utable, regs, own ? end : sp + CLIENT_STACK_MAX_SPAN, own);
+        int wr = client_walk_step(&walk, &s->utable, pcs, HOOK_WALK_PCS, CLIENT_WALK_MAX_FRAMES);
+        rest = walk;
+        /* Many frames in a short stack: copying it is cheaper (and the stack is there). */
+        if (wr == CLIENT_WALK_MORE && own && end - sp <= HOOK_WALK_DEEP_BYTES)
+            wr = CLIENT_WALK_FAILED;
+        if (wr == CLIENT_WALK_MORE)
+            wr = client_walk_step(&walk, &s->utable, NULL, CLIENT_WALK_MAX_FRAMES,
+                                  CLIENT_WALK_MAX_FRAMES);
+        n_pcs = wr == CLIENT_WALK_DONE ? walk.n : 0;
+        audit = n_pcs > 0 && own && s->audit_every && ++t->walks % s->audit_every == 0;
+    }
+    if (!own && n_pcs == 0) {
+        hook_record_other(t, s, p, size, sample_size, regs);
+        return;
+    }
+    if (!hook_watch_free(s, p))
+        return;
+    ring_t *ring = s->ring;
+    struct ring_wspan w;
+    struct wire_alloc_head head;
+    if (n_pcs > 0 && !audit) {
+        if (!hook_begin_sample(t, s, WIRE_ALLOC_PCS, wire_alloc_pcs_len(n_pcs), p, size,
+                               sample_size, &w, &head))
+            return;
+        uint64_t *dst = wire_encode_alloc_pcs(w.data, &head, n_pcs, 0);
+        size_t put = hook_put_pcs(dst, pcs, n_pcs, &rest, &s->utable);
+        if (put != n_pcs)
+            (void)wire_encode_alloc_pcs(w.data, &head, put, WIRE_PCS_PARTIAL);
+        if (ring_end_write(ring, &w))
+            hook_poke(s);
+        return;
+    }
+
+    uint32_t flags = 0;
+    uint64_t len = end - sp;
+    if (len > s->max_stack_bytes) {
+        len = s->max_stack_bytes;
+        flags |= WIRE_ALLOC_STACK_TRUNCATED;
+    }
+    size_t n_audit = audit ? n_pcs : 0;
+    if (!hook_begin_sample(t, s, WIRE_ALLOC, wire_alloc_len(len, n_audit), p, size, sample_size, &w,
+                           &head))
+        return;
+    void *stack = wire_encode_alloc(w.data, &head, sp, len, flags, regs, n_audit);
+    hook_copy_stack(stack, (const void *)(uintptr_t)sp, (size_t)len);
+    if (n_audit &&
+        hook_put_pcs(wire_alloc_audit_pcs(stack, len), pcs, n_audit, &rest, &s->utable) != n_audit)
+        ((struct wire_alloc *)w.data)->flags &= ~WIRE_ALLOC_AUDIT; /* nothing to compare */
+    if (ring_end_write(ring, &w))
+        hook_poke(s);
+}
+
+/* Records the free of sampled address @p (already taken out of the set). Never waits:
+ * free() must not block on the service, whatever block_client says, and this may run in
+ * a signal handler that interrupted a hook of this thread, even one writing into the
+ * same ring (a reservation is one compare-and-swap; the interrupted record is published
+ * when the hook resumes). A free that finds no room is counted as lost: the block stays
+ * live in the profile (a phantom leak), and the service says so. */
+void client_record_free(struct client_session *s, void *p)
+{
+    struct client_tls *t = &client_tls;
+    int saved_errno = errno;
+    bool was_in_hook = t->in_hook, was_in_sample = t->in_sample;
+
+    t->in_hook = true;
+    t->in_sample = true;
+    if (client_session_enter(s)) {
+        if (!hook_foreign_pid(s)) {
+            ring_t *ring = s->ring;
+            struct ring_wspan w;
+            int r = ring_try_begin_write_nowait(ring, WIRE_FREE, sizeof(struct wire_free), &w);
+            if (r == 0) {
+                wire_encode_free(w.data, (uint64_t)(uintptr_t)p, 0);
+                if (ring_end_write(ring, &w))
+                    hook_poke(s);
+            } else if (r == -EAGAIN) {
+                ring_count_free_lost(ring);
+                hook_poke_full(s);
+            }
+        }
+        client_session_leave(s);
+    }
+    t->in_sample = was_in_sample;
+    t->in_hook = was_in_hook;
+    errno = saved_errno;
+}
+
+/* ---- slow path -------------------------------------------------------------------- */
+
+static void hook_seed_thread(struct client_tls *t, const struct client_session *s)
+{
+    uint64_t n = atomic_fetch_add_explicit(&client_thread_counter, 1, memory_order_relaxed);
+    client_sampler_init(&t->sampler, &s->params, client_seed ^ client_mix64(n + 1));
+    t->gen = s->gen;
+}
+
+uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint64_t *regs)
+{
+    struct client_tls *t = &client_tls;
+
+    if (t->in_hook) {
+        if (HP_UNLIKELY(t->in_sample && client_trap_reentry))
+            abort();
+        return ret;
+    }
+    t->in_hook = true;
+    int saved_errno = errno;
+
+    if (HP_UNLIKELY(atomic_load_explicit(&client_state, memory_order_acquire) == CLIENT_UNINIT))
+        client_init();
+    /* Acquire pairs with the release store publishing the session. */
+    struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
+    /* Entered before reading the session: its fields stay as they are while we are
+     * inside (a slot is reused only once no hook is in it). */
+    if (s && client_session_enter(s)) {
+        /* Reached because the size is at least the interval (the counter was not
+         * touched), the counter ran out (it was), or during a warm-up (it was not, and
+         * is still positive). */
+        uint64_t sample_size;
+        if (t->gen != s->gen) {
+            hook_seed_thread(t, s);
+            sample_size = client_sampler_step(&t->sampler, &s->params, size);
+        } else if (size >= s->params.interval) {
+            sample_size = size;
+        } else if (t->sampler.bytes_left <= 0) {
+            sample_size = client_sampler_refill(&t->sampler, &s->params);
+        } else {
+            sample_size = client_sampler_step(&t->sampler, &s->params, size);
+        }
+        if (sample_size > 0 && p != 0) {
+            /* Code loaded since the last look gets the hooks in its GOT slots too (only
+             * when the allocator comes before us; rate-limited). */
+            client_got_check();
+            t->in_sample = true;
+            hook_record_alloc(t, s, (void *)p, size, sample_size, regs);
+            t->in_sample = false;
+        }
+        client_session_leave(s);
+    }
+
+    errno = saved_errno;
+    t->in_hook = false;
+    return ret;
+}
