@@ -29,33 +29,6 @@
 
 #define MAX_CMDLINE 4096
 
-struct svc_client *svc__client_free(struct svc_client *c)
-{
-    if (!c)
-        return NULL;
-    if (c->sock >= 0)
-        (void)close(c->sock);
-    if (c->maps_fd >= 0)
-        (void)close(c->maps_fd);
-    if (c->mem_fd >= 0)
-        (void)close(c->mem_fd);
-    if (c->image_fd >= 0)
-        (void)close(c->image_fd);
-    c->unw = unwinder_process_free(c->unw);
-    c->ring = ring_unmap(c->ring);
-    free(c->cmdline);
-    free(c);
-    return NULL;
-}
-
-const char *svc__client_name(const struct svc_client *c)
-{
-    if (!c->cmdline || !c->cmdline_len || !c->cmdline[0])
-        return "?";
-    const char *slash = strrchr(c->cmdline, '/');
-    return slash && slash[1] ? slash + 1 : c->cmdline;
-}
-
 static int read_cmdline(pid_t pid, char **ret, size_t *ret_len)
 {
     char path[64];
@@ -165,11 +138,9 @@ struct svc_client *svc__handshake(struct svc *s, int sock)
     if (r < 0)
         goto reject;
 
-    c = calloc(1, sizeof(*c));
+    c = svc__client_new(cred.pid);
     if (!c)
         goto reject;
-    c->sock = c->maps_fd = c->mem_fd = c->image_fd = -1;
-    c->pid = cred.pid;
     c->maps_fd = fds[0];
     c->mem_fd = fds[1];
     fds[0] = fds[1] = -1;

@@ -257,6 +257,10 @@ struct svc_client {
  * descriptor number, whose upper half is 0). */
 #define SVC_EV_CLIENT (1ull << 63)
 
+/* service/client.c: a client of @pid with no descriptors yet (all -1), or NULL when out
+ * of memory. Freed with svc__client_free(), which accepts NULL and a half-built client
+ * and closes what it holds. */
+struct svc_client *svc__client_new(pid_t pid);
 struct svc_client *svc__client_free(struct svc_client *c);
 /* The name of @c's program (the basename of its argv[0]; "?"), for log lines. */
 const char *svc__client_name(const struct svc_client *c);
@@ -394,7 +398,7 @@ void svc__control(struct svc *s, int fd);
 /* Answers the control request on @fd (taken) with @dump(@ctx) for a dump request: the
  * same as svc__control() for a service that is not one session (service/multi.c). */
 void svc__control_answer(int fd, int (*dump)(void *ctx), void *ctx);
-/* service/session.c: the registry of pids that completed a handshake. */
+/* service/registry.c: records that @pid completed a handshake (svc_client_seen()). */
 void svc__mark_seen(struct svc *s, pid_t pid);
 
 void *svc__unwinder_main(void *arg);
@@ -416,7 +420,7 @@ enum svc_thread_state svc__thread_state(pid_t pid, pid_t tid);
 bool svc__process_alive(pid_t pid);
 void *svc__bk_main(void *arg);
 
-/* service/session.c: the memory the service uses (of the whole process: every session,
+/* service/memory.c: the memory the service uses (of the whole process: every session,
  * thread, queue, table and the clients' rings mapped here), in KiB, from /proc/self/status;
  * zeros when unknown. max_heapprofd_memory_kb holds rss + swap. */
 struct svc_memory {
@@ -436,6 +440,7 @@ bool svc__guardrail_fire(struct svc *s, const char *what, uint64_t value, uint64
  * interned table and in the tables of a process. */
 #define SVC_GUARDRAIL_CHECK_BATCHES 8
 #define SVC_GUARDRAIL_CHECK_ENTRIES (SVC_GUARDRAIL_CHECK_BATCHES * (SVC_BATCH_BYTES / 24))
+/* service/registry.c: records that @pid's clients are fully drained (svc_client_done()). */
 void svc__mark_done(struct svc *s, pid_t pid);
 
 /* ---- reading a client's ring (service/unwind_records.c) ---------------------------- */
