@@ -70,7 +70,8 @@ struct svc_summary {
 };
 
 /* Creates the socket and starts the threads. @out_fd is borrowed; the bookkeeping
- * thread writes the trace to it until svc_finish() returns. */
+ * thread writes the trace to it until svc_finish() returns. Returns 0, -EADDRINUSE when
+ * a live service answers on the socket (not logged: the caller says so), or -errno. */
 int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret) HP_WARN_UNUSED;
 /* As svc_new(), writing the TracePackets to @sink (copied; its context must outlive the
  * service) in the format of a writer of Perfetto's tracing service (bookkeeping.h). */

@@ -245,7 +245,8 @@ struct svc {
 };
 
 /* service/listener.c: creates the socket directory (unless a socket path is configured)
- * and listens. Returns 0 or -errno (logged). */
+ * and listens. Returns 0, -EADDRINUSE (a live service answers there; not logged), or
+ * -errno (logged). */
 int svc__listener_open(struct svc *s) HP_WARN_UNUSED;
 /* Stops accepting: closes the connections still in their hello and the listening socket. */
 void svc__listener_close(struct svc *s);
