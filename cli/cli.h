@@ -84,16 +84,6 @@ int cmd_attach(int argc, char **argv);
 int cmd_dump(int argc, char **argv);
 int cmd_daemon(int argc, char **argv);
 
-/* Parses a HeapprofdConfig in protobuf text format (field names as Perfetto's, e.g.
- * `sampling_interval_bytes: 4096`, `process_cmdline: "myapp"`,
- * `continuous_dump_config { dump_phase_ms: 0 dump_interval_ms: 1000 }`) into @cfg, on top
- * of what it holds. Unknown fields, bad values and syntax errors fail with -EINVAL and a
- * message "FILE:LINE: ..." in @err. */
-int svc_config_parse_text(const char *text, size_t len, const char *filename,
-                          struct svc_config *cfg, char *err, size_t err_len) HP_WARN_UNUSED;
-int svc_config_load_file(const char *path, struct svc_config *cfg, char *err,
-                         size_t err_len) HP_WARN_UNUSED;
-
 /* ---- options for configuration fields (cli/options.c) ------------------------------ */
 
 /* A configuration field a command offers as an option. @flag overrides the table's long

@@ -1,5 +1,5 @@
 /* cli/options.c: the commands' options for configuration fields, built from the service's
- * field table (service/svc.h): getopt_long's option array, applying a value with one
+ * field table (service/config.h): getopt_long's option array, applying a value with one
  * message format for every bad value, and the --help lines. */
 #include "cli/cli.h"
 

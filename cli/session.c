@@ -9,6 +9,19 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/paths.h"
+
+/* The socket @cfg has the service listen on, for a message: svc_new() does not say which
+ * one was taken, and -EADDRINUSE is ours to report. */
+static const char *socket_of(const struct svc_config *cfg, char *buf, size_t len)
+{
+    if (cfg->socket_path)
+        return cfg->socket_path;
+    if (!cfg->socket_dir)
+        return "that socket"; /* a private directory of its own: not expected */
+    snprintf(buf, len, "%s/" HP_DAEMON_SOCKET_NAME, cfg->socket_dir);
+    return buf;
+}
 
 int cli_session_run(const struct cli_session *cs, struct cli_loop_result *ret_res)
 {
@@ -27,9 +40,10 @@ int cli_session_run(const struct cli_session *cs, struct cli_loop_result *ret_re
     svc_t *s = NULL;
     int r = svc_new(cs->cfg, out_fd, &s);
     if (r < 0) {
-        fprintf(stderr, "%s: cannot start the profiling service: %s\n", cs->prog,
-                r == -EADDRINUSE ? "another heapprofd is already running on that socket"
-                                 : strerror(-r));
+        char sock[PATH_MAX];
+        fprintf(stderr, "%s: cannot start the profiling service: %s%s\n", cs->prog,
+                r == -EADDRINUSE ? "another heapprofd is already running on " : strerror(-r),
+                r == -EADDRINUSE ? socket_of(cs->cfg, sock, sizeof(sock)) : "");
         (void)close(out_fd);
         return EXIT_PROFILER;
     }

@@ -1,6 +1,6 @@
 /* service/config.c: the session configuration (Perfetto HeapprofdConfig names) and its
  * checks. */
-#include "service/svc.h"
+#include "service/config.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -3,7 +3,7 @@
  * of fields (service/config.c): each field number found there is checked and set the
  * way a flag or a config file line of the same name is. The bytes come from traced,
  * written by whoever wrote the trace config: untrusted. */
-#include "service/svc.h"
+#include "service/config.h"
 
 #include <errno.h>
 #include <stdio.h>

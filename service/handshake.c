@@ -29,33 +29,6 @@
 
 #define MAX_CMDLINE 4096
 
-struct svc_client *svc__client_free(struct svc_client *c)
-{
-    if (!c)
-        return NULL;
-    if (c->sock >= 0)
-        (void)close(c->sock);
-    if (c->maps_fd >= 0)
-        (void)close(c->maps_fd);
-    if (c->mem_fd >= 0)
-        (void)close(c->mem_fd);
-    if (c->image_fd >= 0)
-        (void)close(c->image_fd);
-    c->unw = unwinder_process_free(c->unw);
-    c->ring = ring_unmap(c->ring);
-    free(c->cmdline);
-    free(c);
-    return NULL;
-}
-
-const char *svc__client_name(const struct svc_client *c)
-{
-    if (!c->cmdline || !c->cmdline_len || !c->cmdline[0])
-        return "?";
-    const char *slash = strrchr(c->cmdline, '/');
-    return slash && slash[1] ? slash + 1 : c->cmdline;
-}
-
 static int read_cmdline(pid_t pid, char **ret, size_t *ret_len)
 {
     char path[64];
@@ -148,6 +121,165 @@ static void reject(int sock)
     (void)hp_send_fds(sock, &cfg, sizeof(cfg), NULL, 0);
 }
 
+/* A client of the peer that said @hello (pid @pid), with the descriptors in @fds (taken:
+ * set to -1), the session's settings and the process's cmdline. NULL when out of memory;
+ * @fds are then left to the caller. */
+static struct svc_client *client_from_hello(const struct svc *s, const struct wire_hello *hello,
+                                            pid_t pid, int fds[2])
+{
+    struct svc_client *c = svc__client_new(pid);
+    if (!c)
+        return NULL;
+    c->maps_fd = fds[0];
+    c->mem_fd = fds[1];
+    fds[0] = fds[1] = -1;
+    /* Not fatal: without it a connection closed by the program looks like an exit. */
+    c->image_fd = fcntl(c->maps_fd, F_DUPFD_CLOEXEC, 0);
+    c->max_stack_bytes = svc_config_max_stack(&s->cfg);
+    c->sampling_interval_bytes = s->cfg.sampling_interval_bytes;
+    c->from_startup = hello->reason == WIRE_REASON_STARTUP;
+    if (read_cmdline(c->pid, &c->cmdline, &c->cmdline_len) < 0) {
+        c->cmdline = NULL;
+        c->cmdline_len = 0;
+    }
+    return c;
+}
+
+/* True when @c is a target of the session: every client is when the session names none
+ * (heapprof record's private socket). */
+static bool is_target(const struct svc *s, const struct svc_client *c)
+{
+    if (!svc_config_has_targets(&s->cfg))
+        return true;
+    bool target = svc_config_matches(&s->cfg, c->pid, c->cmdline, c->cmdline_len);
+    if (c->from_startup && s->cfg.no_startup)
+        target = false;
+    return target;
+}
+
+/* True when @c is not profiled for a guardrail (logged): the session hit a guardrail, or
+ * this ring would take the service past its memory guardrail. In the second case the
+ * processes profiled already carry on. Every ring counts whole, touched or not: a client
+ * may fill its own at any time. */
+static bool over_guardrail(struct svc *s, const struct svc_client *c)
+{
+    bool over = atomic_load_explicit(&s->guardrail_fired, memory_order_acquire);
+    if (!over && s->cfg.max_heapprofd_memory_kb) {
+        struct svc_memory mem;
+        svc__memory(&mem);
+        uint64_t ring_kb = svc__client_mem_bytes(s) >> 10;
+        uint64_t kb = mem.rss_kb - HP_MIN(mem.shmem_kb, mem.rss_kb) + mem.swap_kb +
+                      (atomic_load_explicit(&s->client_mem_bytes, memory_order_relaxed) >> 10);
+        over = kb + ring_kb > s->cfg.max_heapprofd_memory_kb;
+        if (over)
+            hp_log_warn("pid %d (%s): not profiled: its %llu KiB buffer would take the service "
+                        "(%llu KiB) past its memory guardrail (%llu KiB)",
+                        (int)c->pid, svc__client_name(c), (unsigned long long)ring_kb,
+                        (unsigned long long)kb, (unsigned long long)s->cfg.max_heapprofd_memory_kb);
+    } else if (over) {
+        hp_log_info("pid %d: the session hit a guardrail; left unprofiled", (int)c->pid);
+    }
+    if (over && s->cfg.log_processes)
+        hp_log_note("pid %d (%s): not profiled (memory guardrail)", (int)c->pid,
+                    svc__client_name(c));
+    return over;
+}
+
+/* The unwinder's state of @c's process, which takes its maps and mem descriptors. Read
+ * now, while the client waits for our answer: a short-lived process may be gone by the
+ * time its first record is unwound. Returns 0 or -errno (logged). */
+static int start_unwinding(struct svc_client *c)
+{
+    int r = unwinder_process_new(c->pid, c->maps_fd, c->mem_fd, &c->unw);
+    c->maps_fd = c->mem_fd = -1;
+    if (r < 0) {
+        hp_log_warn("pid %d: cannot set up unwinding: %s", (int)c->pid, strerror(-r));
+        c->unw = NULL;
+    }
+    return r;
+}
+
+/* @c's ring, mapped here as its reader (idle until the first poke); the descriptor for
+ * the client in @ret_fd (owned by the caller, also on failure). Returns 0 or -errno
+ * (logged). */
+static int make_ring(const struct svc *s, struct svc_client *c, int *ret_fd)
+{
+    int r = ring_create(s->cfg.shmem_size_bytes, ret_fd);
+    if (r >= 0)
+        r = ring_map(*ret_fd, RING_ROLE_READER, &c->ring);
+    if (r < 0) {
+        hp_log_warn("pid %d: cannot create the shared buffer: %s", (int)c->pid, strerror(-r));
+        return r;
+    }
+    ring_set_reader_idle(c->ring, true);
+    return 0;
+}
+
+/* The unwind table, when the client can walk its own stack (@features: its hello's): the
+ * unwinder publishes into it, the client reads it. Returns WIRE_FEATURE_UNWIND_TABLE with
+ * the table's descriptor in @ret_fd (owned by the caller), or 0: without one (old client,
+ * or it failed) the client copies every stack. */
+static uint32_t make_table(const struct svc *s, struct svc_client *c, uint32_t features,
+                           int *ret_fd)
+{
+    if (!(features & WIRE_FEATURE_UNWIND_TABLE) || s->cfg.no_fast_unwind)
+        return 0;
+    int fd = -1;
+    int r = utable_create(UTABLE_DEFAULT_SLOTS, &fd);
+    if (r >= 0)
+        r = unwinder_process_set_table(c->unw, fd);
+    if (r >= 0) {
+        *ret_fd = fd;
+        return WIRE_FEATURE_UNWIND_TABLE;
+    }
+    hp_log_warn("pid %d: no unwind table: %s", (int)c->pid, strerror(-r));
+    if (fd >= 0)
+        (void)close(fd);
+    return 0;
+}
+
+/* Answers @hello on @sock with the client configuration, the ring (@ring_fd) and, when
+ * @table, the unwind table (@utable_fd); both borrowed. Returns 0 or -errno. */
+static int answer(const struct svc *s, int sock, const struct wire_hello *hello, uint32_t table,
+                  int ring_fd, int utable_fd)
+{
+    struct wire_client_config cfg = {
+        .magic = WIRE_CONFIG_MAGIC,
+        .status = WIRE_STATUS_PROFILE,
+        .features = hello->features & (WIRE_FEATURE_REGS_X86_64 | table |
+                                       (s->cfg.follow_fork ? WIRE_FEATURE_FOLLOW_FORK : 0)),
+        .block_client = s->cfg.block_client,
+        .sampling_interval_bytes = s->cfg.sampling_interval_bytes,
+        .max_stack_bytes = svc_config_max_stack(&s->cfg),
+        .block_client_timeout_us = s->cfg.block_client_timeout_us,
+        .audit_every = table ? s->cfg.audit_every : 0,
+    };
+    int send[2] = {ring_fd, utable_fd};
+    return hp_send_fds(sock, &cfg, sizeof(cfg), send, table ? 2 : 1);
+}
+
+/* @c is profiled from now on: it takes @sock (non-blocking from here), and its ring
+ * counts towards the service's memory. */
+static void profiled(struct svc *s, struct svc_client *c, int sock)
+{
+    int fl = fcntl(sock, F_GETFL);
+    if (fl >= 0)
+        (void)fcntl(sock, F_SETFL, fl | O_NONBLOCK);
+    c->sock = sock;
+    c->mem_bytes = svc__client_mem_bytes(s);
+    atomic_fetch_add_explicit(&s->client_mem_bytes, c->mem_bytes, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->processes, 1, memory_order_relaxed);
+    if (s->cfg.log_processes)
+        hp_log_note("pid %d (%s): profiling (%s)", (int)c->pid, svc__client_name(c),
+                    c->from_startup ? "from its start" : "attached while running");
+    else
+        hp_log_info("pid %d: profiling", (int)c->pid);
+}
+
+/* The steps, in order: the hello, the client, is it a target, the guardrails, the
+ * unwinder's state of the process, its ring, its unwind table, the answer. A refusal on
+ * the way sends "not profiled" (reject:) and counts it (drop:), unless the peer is simply
+ * not a target (drop_quietly:). */
 struct svc_client *svc__handshake(struct svc *s, int sock)
 {
     struct timeval tv = {.tv_sec = SVC_HANDSHAKE_TIMEOUT_MS / 1000,
@@ -165,58 +297,16 @@ struct svc_client *svc__handshake(struct svc *s, int sock)
     if (r < 0)
         goto reject;
 
-    c = calloc(1, sizeof(*c));
+    c = client_from_hello(s, &hello, cred.pid, fds);
     if (!c)
         goto reject;
-    c->sock = c->maps_fd = c->mem_fd = c->image_fd = -1;
-    c->pid = cred.pid;
-    c->maps_fd = fds[0];
-    c->mem_fd = fds[1];
-    fds[0] = fds[1] = -1;
-    /* Not fatal: without it a connection closed by the program looks like an exit. */
-    c->image_fd = fcntl(c->maps_fd, F_DUPFD_CLOEXEC, 0);
-    c->max_stack_bytes = svc_config_max_stack(&s->cfg);
-    c->sampling_interval_bytes = s->cfg.sampling_interval_bytes;
-    c->from_startup = hello.reason == WIRE_REASON_STARTUP;
-    if (read_cmdline(c->pid, &c->cmdline, &c->cmdline_len) < 0) {
-        c->cmdline = NULL;
-        c->cmdline_len = 0;
+    if (!is_target(s, c)) {
+        hp_log_debug("pid %d: not a target; left unprofiled", (int)c->pid);
+        reject(sock);
+        goto drop_quietly;
     }
-    if (svc_config_has_targets(&s->cfg)) {
-        bool target = svc_config_matches(&s->cfg, c->pid, c->cmdline, c->cmdline_len);
-        if (c->from_startup && s->cfg.no_startup)
-            target = false;
-        if (!target) {
-            hp_log_debug("pid %d: not a target; left unprofiled", (int)c->pid);
-            reject(sock);
-            goto drop_quietly;
-        }
-    }
-
-    /* The session hit a guardrail, or this ring would take the service past its memory
-     * guardrail: not profiled, and the trace says so (hit_guardrail). In the second case
-     * the processes profiled already carry on. Every ring counts whole, touched or not: a
-     * client may fill its own at any time. */
-    bool over = atomic_load_explicit(&s->guardrail_fired, memory_order_acquire);
-    if (!over && s->cfg.max_heapprofd_memory_kb) {
-        struct svc_memory mem;
-        svc__memory(&mem);
-        uint64_t ring_kb = svc__client_mem_bytes(s) >> 10;
-        uint64_t kb = mem.rss_kb - HP_MIN(mem.shmem_kb, mem.rss_kb) + mem.swap_kb +
-                      (atomic_load_explicit(&s->client_mem_bytes, memory_order_relaxed) >> 10);
-        over = kb + ring_kb > s->cfg.max_heapprofd_memory_kb;
-        if (over)
-            hp_log_warn("pid %d (%s): not profiled: its %llu KiB buffer would take the service "
-                        "(%llu KiB) past its memory guardrail (%llu KiB)",
-                        (int)c->pid, svc__client_name(c), (unsigned long long)ring_kb,
-                        (unsigned long long)kb, (unsigned long long)s->cfg.max_heapprofd_memory_kb);
-    } else if (over) {
-        hp_log_info("pid %d: the session hit a guardrail; left unprofiled", (int)c->pid);
-    }
-    if (over) {
-        if (s->cfg.log_processes)
-            hp_log_note("pid %d (%s): not profiled (memory guardrail)", (int)c->pid,
-                        svc__client_name(c));
+    /* Not profiled, and the trace says so (hit_guardrail). */
+    if (over_guardrail(s, c)) {
         reject(sock);
         struct svc_msg_rejected *m = svc__batch_add(&s->ctl, SVC_MSG_REJECTED, c->pid, sizeof(*m));
         if (m)
@@ -225,56 +315,10 @@ struct svc_client *svc__handshake(struct svc *s, int sock)
         goto drop;
     }
 
-    /* Read the maps now, while the client waits for our answer: a short-lived process
-     * may be gone by the time its first record is unwound. */
-    r = unwinder_process_new(c->pid, c->maps_fd, c->mem_fd, &c->unw);
-    c->maps_fd = c->mem_fd = -1;
-    if (r < 0) {
-        hp_log_warn("pid %d: cannot set up unwinding: %s", (int)c->pid, strerror(-r));
-        c->unw = NULL;
+    if (start_unwinding(c) < 0 || make_ring(s, c, &ring_fd) < 0)
         goto reject;
-    }
-
-    r = ring_create(s->cfg.shmem_size_bytes, &ring_fd);
-    if (r >= 0)
-        r = ring_map(ring_fd, RING_ROLE_READER, &c->ring);
-    if (r < 0) {
-        hp_log_warn("pid %d: cannot create the shared buffer: %s", (int)c->pid, strerror(-r));
-        goto reject;
-    }
-    ring_set_reader_idle(c->ring, true);
-
-    /* The unwind table, when the client can walk its own stack: the unwinder publishes
-     * into it, the client reads it. Without one (old client, or it failed) the client
-     * copies every stack. */
-    uint32_t table = 0;
-    if ((hello.features & WIRE_FEATURE_UNWIND_TABLE) && !s->cfg.no_fast_unwind) {
-        r = utable_create(UTABLE_DEFAULT_SLOTS, &utable_fd);
-        if (r >= 0)
-            r = unwinder_process_set_table(c->unw, utable_fd);
-        if (r >= 0) {
-            table = WIRE_FEATURE_UNWIND_TABLE;
-        } else {
-            hp_log_warn("pid %d: no unwind table: %s", (int)c->pid, strerror(-r));
-            if (utable_fd >= 0)
-                (void)close(utable_fd);
-            utable_fd = -1;
-        }
-    }
-
-    struct wire_client_config cfg = {
-        .magic = WIRE_CONFIG_MAGIC,
-        .status = WIRE_STATUS_PROFILE,
-        .features = hello.features & (WIRE_FEATURE_REGS_X86_64 | table |
-                                      (s->cfg.follow_fork ? WIRE_FEATURE_FOLLOW_FORK : 0)),
-        .block_client = s->cfg.block_client,
-        .sampling_interval_bytes = s->cfg.sampling_interval_bytes,
-        .max_stack_bytes = svc_config_max_stack(&s->cfg),
-        .block_client_timeout_us = s->cfg.block_client_timeout_us,
-        .audit_every = table ? s->cfg.audit_every : 0,
-    };
-    int send[2] = {ring_fd, utable_fd};
-    r = hp_send_fds(sock, &cfg, sizeof(cfg), send, table ? 2 : 1);
+    uint32_t table = make_table(s, c, hello.features, &utable_fd);
+    r = answer(s, sock, &hello, table, ring_fd, utable_fd);
     (void)close(ring_fd);
     ring_fd = -1;
     if (utable_fd >= 0)
@@ -284,18 +328,7 @@ struct svc_client *svc__handshake(struct svc *s, int sock)
         hp_log_warn("pid %d: handshake: cannot answer: %s", (int)c->pid, strerror(-r));
         goto drop;
     }
-    int fl = fcntl(sock, F_GETFL);
-    if (fl >= 0)
-        (void)fcntl(sock, F_SETFL, fl | O_NONBLOCK);
-    c->sock = sock;
-    c->mem_bytes = svc__client_mem_bytes(s);
-    atomic_fetch_add_explicit(&s->client_mem_bytes, c->mem_bytes, memory_order_relaxed);
-    atomic_fetch_add_explicit(&s->processes, 1, memory_order_relaxed);
-    if (s->cfg.log_processes)
-        hp_log_note("pid %d (%s): profiling (%s)", (int)c->pid, svc__client_name(c),
-                    c->from_startup ? "from its start" : "attached while running");
-    else
-        hp_log_info("pid %d: profiling", (int)c->pid);
+    profiled(s, c, sock);
     return c;
 
 reject:

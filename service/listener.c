@@ -134,9 +134,8 @@ int svc__listener_open(struct svc *s)
     if (r == 0 && s->cfg.allow_other_users)
         warn_unreachable(s->sock_path);
     if (r < 0) {
-        if (r == -EADDRINUSE)
-            hp_log_error("another heapprof service is already listening on %s", s->sock_path);
-        else
+        /* -EADDRINUSE is the caller's to tell: it knows the socket it asked for. */
+        if (r != -EADDRINUSE)
             hp_log_error("cannot listen on %s: %s", s->sock_path, strerror(-r));
         return r;
     }

@@ -15,6 +15,8 @@
  *
  * Main thread only, but for the end callbacks (see svc_multi_stop()).
  */
+#include "service/multi.h"
+
 #include "service/svc_internal.h"
 
 #include <errno.h>

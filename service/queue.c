@@ -1,6 +1,6 @@
 /* service/queue.c: batches of messages from the unwinder threads to the bookkeeping
- * thread, bounded with back-pressure (svc_internal.h, struct svc_bkq). */
-#include "service/svc_internal.h"
+ * thread, bounded with back-pressure (service/queue.h, struct svc_bkq). */
+#include "service/queue.h"
 
 #include <stdlib.h>
 #include <string.h>

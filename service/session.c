@@ -1,5 +1,5 @@
-/* service/session.c: the session as a whole: starting and stopping the threads, the
- * registry of the pids seen and done, status, dumps on demand, guardrails. */
+/* service/session.c: the session as a whole: starting and stopping the threads, status,
+ * dumps on demand, detaching every process. */
 #include "service/svc_internal.h"
 
 #include <errno.h>
@@ -27,46 +27,6 @@
 #include "shmem_ring/wire.h"
 
 #define MAX_UNWINDERS 8
-
-/* A set of pids (the registry's seen and done sets). Caller holds done_lock. A pid that
- * finds no room is not recorded: its waiter then waits out its own timeout. */
-static void pids_add_locked(struct hp_map *set, pid_t pid)
-{
-    void *v;
-    (void)!hp_map_put(set, (uint64_t)(uint32_t)pid, &v);
-}
-
-static bool pids_has(struct svc *s, const struct hp_map *set, pid_t pid)
-{
-    pthread_mutex_lock(&s->done_lock);
-    bool found = hp_map_get(set, (uint64_t)(uint32_t)pid) != NULL;
-    pthread_mutex_unlock(&s->done_lock);
-    return found;
-}
-
-void svc__mark_done(struct svc *s, pid_t pid)
-{
-    pthread_mutex_lock(&s->done_lock);
-    pids_add_locked(&s->done, pid);
-    pthread_mutex_unlock(&s->done_lock);
-}
-
-bool svc_client_done(svc_t *s, pid_t pid)
-{
-    return pids_has(s, &s->done, pid);
-}
-
-void svc__mark_seen(struct svc *s, pid_t pid)
-{
-    pthread_mutex_lock(&s->done_lock);
-    pids_add_locked(&s->seen, pid);
-    pthread_mutex_unlock(&s->done_lock);
-}
-
-bool svc_client_seen(svc_t *s, pid_t pid)
-{
-    return pids_has(s, &s->seen, pid);
-}
 
 void svc_get_status(svc_t *s, struct svc_status *ret)
 {
@@ -110,70 +70,6 @@ void svc_detach_all(svc_t *s, uint32_t flags)
         pthread_mutex_unlock(&u->lock);
         svc__unwinder_wake(u);
     }
-}
-
-void svc__memory(struct svc_memory *ret)
-{
-    /* A few microseconds: the kernel keeps these counters. */
-    memset(ret, 0, sizeof(*ret));
-    char buf[4096];
-    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    (void)close(fd);
-    if (n <= 0)
-        return;
-    buf[n] = '\0';
-    const struct {
-        const char *key;
-        uint64_t *v;
-    } keys[] = {
-        {"\nVmRSS:", &ret->rss_kb}, {"\nRssShmem:", &ret->shmem_kb}, {"\nVmSwap:", &ret->swap_kb}};
-    for (size_t i = 0; i < HP_ARRAY_SIZE(keys); i++) {
-        const char *p = strstr(buf, keys[i].key);
-        if (p)
-            *keys[i].v = strtoull(p + strlen(keys[i].key), NULL, 10);
-    }
-}
-
-uint64_t svc__client_mem_bytes(const struct svc *s)
-{
-    return s->cfg.shmem_size_bytes + 4096 + (UTABLE_DEFAULT_SLOTS + 4) * 16;
-}
-
-bool svc__guardrail_fire(struct svc *s, const char *what, uint64_t value, uint64_t limit)
-{
-    bool expected = false;
-    if (!atomic_compare_exchange_strong_explicit(&s->guardrail_fired, &expected, true,
-                                                 memory_order_acq_rel, memory_order_acquire))
-        return false;
-    hp_log_warn("guardrail hit: service %s %llu > limit %llu; profiling stopped, data dumped", what,
-                (unsigned long long)value, (unsigned long long)limit);
-    svc_detach_all(s, BK_FLAG_HIT_GUARDRAIL);
-    return true;
-}
-
-bool svc_check_guardrails(svc_t *s)
-{
-    if (atomic_load_explicit(&s->guardrail_fired, memory_order_acquire))
-        return false;
-    if (s->cfg.max_heapprofd_memory_kb) {
-        struct svc_memory m;
-        svc__memory(&m);
-        uint64_t kb = m.rss_kb + m.swap_kb;
-        if (kb > s->cfg.max_heapprofd_memory_kb)
-            return svc__guardrail_fire(s, "memory (KiB)", kb, s->cfg.max_heapprofd_memory_kb);
-    }
-    if (s->cfg.max_heapprofd_cpu_secs) {
-        struct rusage ru;
-        if (getrusage(RUSAGE_SELF, &ru) == 0) {
-            uint64_t secs = (uint64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec);
-            if (secs >= s->cfg.max_heapprofd_cpu_secs)
-                return svc__guardrail_fire(s, "CPU time (s)", secs, s->cfg.max_heapprofd_cpu_secs);
-        }
-    }
-    return false;
 }
 
 unsigned svc_live_clients(svc_t *s)

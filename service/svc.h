@@ -13,6 +13,10 @@
  *     s = svc_free(s);
  *
  * Not thread-safe: the owner thread calls everything.
+ *
+ * The public API of the service is this header and the three it includes: the
+ * configuration (service/config.h), several sessions behind one socket
+ * (service/multi.h) and the discovery and signalling of targets (service/targets.h).
  */
 #ifndef HP_SERVICE_SVC_H
 #define HP_SERVICE_SVC_H
@@ -24,151 +28,11 @@
 #include <sys/types.h>
 
 #include "common/macros.h"
+#include "service/config.h"
+#include "service/multi.h"
+#include "service/targets.h"
 
 struct bk_sink;
-
-#define SVC_MAX_TARGETS 64
-
-/* Field names follow Perfetto's HeapprofdConfig. */
-struct svc_config {
-    uint64_t sampling_interval_bytes; /* >= 1; default 4096 */
-    uint64_t shmem_size_bytes;        /* power of two; default 8 MiB */
-    uint64_t max_stack_bytes;         /* cap of a stack copy; 0: svc_config_max_stack() */
-    bool block_client;
-    uint32_t block_client_timeout_us;
-    bool dump_at_max;
-    unsigned unwinder_threads; /* 0: number of CPUs, capped */
-    const char *socket_dir;    /* NULL: private dir under $XDG_RUNTIME_DIR or /tmp */
-    const char *socket_path;   /* NULL: <socket_dir>/heapprofd.sock */
-
-    /* Targets (daemon and attach). With none and !all, every client that connects is
-     * profiled (heapprof record's private socket). */
-    int32_t pid[SVC_MAX_TARGETS];
-    size_t n_pid;
-    char *process_cmdline[SVC_MAX_TARGETS]; /* exact, basename or glob; owned */
-    size_t n_process_cmdline;
-    bool all;
-    bool no_startup; /* do not profile processes that connect at startup */
-    bool no_running; /* do not signal running processes */
-    /* continuous_dump_config */
-    uint32_t dump_phase_ms;
-    uint32_t dump_interval_ms; /* 0: no continuous dumps */
-    /* guardrails: 0 = none */
-    uint64_t max_heapprofd_memory_kb;
-    uint64_t max_heapprofd_cpu_secs;
-    bool disable_fork_teardown;
-    /* Not in HeapprofdConfig: a service running as root also profiles other users'
-     * processes (by default only its own uid's). */
-    bool allow_other_users;
-    /* Children of fork() handshake again and are profiled as processes of their own. */
-    bool follow_fork;
-    /* No source files and lines in the trace (faster dumps). */
-    bool no_source_lines;
-    /* No unwind tables: clients copy every sampled stack (WIRE_FEATURE_UNWIND_TABLE
-     * off). */
-    bool no_fast_unwind;
-    /* With unwind tables: every audit_every-th stack a client thread walks itself comes
-     * with its copy, which the service unwinds to check the walk (0: never; default
-     * 1024). */
-    uint32_t audit_every;
-    /* Not a configuration field: one line on stderr per process connected, ended or
-     * dropped (the daemon's log). */
-    bool log_processes;
-};
-
-/* One table of the configuration's fields: the config-file parser, every command's flags
- * and their --help come from it (cli/), so a field has one name, one range and one
- * meaning everywhere. Fields of Perfetto's HeapprofdConfig keep its names and field
- * numbers (proto_id); heapprof's own have proto_id 0.
- *
- *     const struct svc_config_field *f = svc_config_field_find("sampling_interval_bytes");
- *     if (svc_config_set_text(&cfg, f, "512k", err, sizeof(err)) < 0) ...;
- */
-enum svc_field_type {
-    SVC_FIELD_BOOL,     /* bool at offset */
-    SVC_FIELD_UINT,     /* uint32_t or uint64_t at offset (width), min..max */
-    SVC_FIELD_BYTES,    /* like UINT; as a flag it takes k, M, G suffixes */
-    SVC_FIELD_PIDS,     /* repeated: appends to pid[] */
-    SVC_FIELD_CMDLINES, /* repeated string: appends to process_cmdline[] */
-    SVC_FIELD_HEAPS,    /* repeated string: only the malloc heap exists */
-    SVC_FIELD_ACCEPTED, /* a bool that is accepted and has no effect (all_heaps) */
-};
-#define SVC_FIELD_POW2 (1u << 0)        /* the value must be a power of two */
-#define SVC_FIELD_NONZERO (1u << 1)     /* 0 is refused (as a flag: "must be at least 1") */
-#define SVC_FIELD_NESTED_DUMP (1u << 2) /* inside continuous_dump_config */
-
-struct svc_config_field {
-    const char *name;  /* HeapprofdConfig field name (or heapprof's own) */
-    uint32_t proto_id; /* field number in HeapprofdConfig (in ContinuousDumpConfig when
-                          SVC_FIELD_NESTED_DUMP); 0: not a HeapprofdConfig field */
-    enum svc_field_type type;
-    uint32_t flags; /* SVC_FIELD_* */
-    size_t offset;  /* in struct svc_config */
-    uint8_t width;  /* bytes of the integer at offset */
-    uint64_t min, max;
-    const char *flag;     /* long option of the commands (NULL: config file only) */
-    char short_flag;      /* 0: none */
-    const char *no_flag;  /* BOOL: long option that clears it (NULL: none) */
-    const char *what;     /* for messages: "sampling interval" */
-    const char *arg_help; /* "N", "PID", ... (NULL for a bool) */
-    const char *help;     /* one line for --help */
-};
-
-extern const struct svc_config_field svc_config_fields[];
-extern const size_t svc_n_config_fields;
-
-/* The field named @name (HeapprofdConfig name, or "continuous_dump_config.dump_phase_ms"
- * for the nested ones), or NULL. */
-const struct svc_config_field *svc_config_field_find(const char *name);
-
-/* Sets an integer field (UINT, BYTES, PIDS) after checking it against the field's range
- * and flags; -EINVAL with a message "<name> must be ..." in @err. */
-int svc_config_set_uint(struct svc_config *cfg, const struct svc_config_field *f, uint64_t v,
-                        char *err, size_t err_len) HP_WARN_UNUSED;
-/* Sets a BOOL (or ACCEPTED) field. */
-void svc_config_set_bool(struct svc_config *cfg, const struct svc_config_field *f, bool v);
-/* Sets a string field (CMDLINES appends a copy; HEAPS checks the name). -EINVAL or
- * -ENOMEM with a message in @err. */
-int svc_config_set_string(struct svc_config *cfg, const struct svc_config_field *f, const char *v,
-                          char *err, size_t err_len) HP_WARN_UNUSED;
-/* Sets a field from a command-line value: numbers in decimal (BYTES also with a k, M or
- * G suffix, optionally followed by "iB"/"B"), strings as given. A BOOL field is set to
- * true. -EINVAL with a message in @err. */
-int svc_config_set_text(struct svc_config *cfg, const struct svc_config_field *f, const char *text,
-                        char *err, size_t err_len) HP_WARN_UNUSED;
-
-/* The one parser of unsigned numbers from text: decimal digits only (no sign, no
- * spaces), with @suffixes also "4k", "8M", "1G", "64KiB", "2GB"; rejects overflow.
- * Returns 0 or -EINVAL. */
-int svc_parse_uint(const char *s, bool suffixes, uint64_t *ret) HP_WARN_UNUSED;
-
-void svc_config_init(struct svc_config *cfg);
-/* Frees the strings the configuration owns (process_cmdline). */
-void svc_config_done(struct svc_config *cfg);
-
-/* True when a process with @pid and @cmdline (NUL-separated, @len bytes) is a target:
- * its pid is listed, its argv[0] equals a process_cmdline entry, or its basename does,
- * or matches it as a glob; or `all`. */
-bool svc_config_matches(const struct svc_config *cfg, int32_t pid, const char *cmdline, size_t len);
-/* True when the configuration names targets (pid, process_cmdline or all). */
-bool svc_config_has_targets(const struct svc_config *cfg);
-
-/* The cap of a stack copy when max_stack_bytes is not set: what fits a quarter of the
- * ring, at most this. */
-#define SVC_DEFAULT_MAX_STACK_BYTES (512u << 10)
-/* The cap of a stack copy the clients get: max_stack_bytes, or the default for the ring. */
-uint64_t svc_config_max_stack(const struct svc_config *cfg);
-
-/* Applies a serialized HeapprofdConfig (as Perfetto's tracing service hands it to the
- * data source android.heapprofd) on top of @cfg, field by field through the table:
- * fields are checked as their flags are. Returns 0, with in @err (else "") a note
- * naming the field numbers heapprof does not implement and ignored; or -EINVAL
- * (malformed bytes, a value out of range) or -ENOMEM with the reason in @err. */
-int svc_config_from_proto(const void *buf, size_t len, struct svc_config *cfg, char *err,
-                          size_t err_len) HP_WARN_UNUSED;
-
-/* Checks a configuration; on error returns -EINVAL and a message in @err. */
-int svc_config_check(const struct svc_config *cfg, char *err, size_t err_len) HP_WARN_UNUSED;
 
 typedef struct svc svc_t;
 
@@ -206,7 +70,8 @@ struct svc_summary {
 };
 
 /* Creates the socket and starts the threads. @out_fd is borrowed; the bookkeeping
- * thread writes the trace to it until svc_finish() returns. */
+ * thread writes the trace to it until svc_finish() returns. Returns 0, -EADDRINUSE when
+ * a live service answers on the socket (not logged: the caller says so), or -errno. */
 int svc_new(const struct svc_config *cfg, int out_fd, svc_t **ret) HP_WARN_UNUSED;
 /* As svc_new(), writing the TracePackets to @sink (copied; its context must outlive the
  * service) in the format of a writer of Perfetto's tracing service (bookkeeping.h). */
@@ -269,74 +134,6 @@ bool svc_check_guardrails(svc_t *s);
 int svc_finish(svc_t *s, struct svc_summary *ret_summary) HP_WARN_UNUSED;
 /* Removes the socket and its directory, frees everything; accepts NULL. */
 svc_t *svc_free(svc_t *s);
-
-/* ---- several sessions behind the daemon socket (service/multi.c) ------------------ *
- *
- * heapprofd --producer runs one session per data source instance of Perfetto's tracing
- * service, at the same time, behind its one socket: each connection goes to one session
- * (the one that signalled the process, else the oldest whose targets match); the other
- * matching sessions record the process as rejected_concurrent, as Perfetto's heapprofd.
- *
- *     svc_multi_t *m;
- *     svc_multi_new(path, &m);
- *     svc_multi_start(m, id, &cfg, &sink);         // signals running targets
- *     loop: poll(svc_multi_pollfds(), svc_multi_timeout_ms()); svc_multi_dispatch(m);
- *     svc_multi_stop(m, id, done, ctx);           // final dumps on a thread, then done()
- *
- * Main thread only (done() runs on the session's stop thread). */
-typedef struct svc_multi svc_multi_t;
-
-/* Listens on @socket_path. Returns 0, -EADDRINUSE (a live service answers there), -errno. */
-int svc_multi_new(const char *socket_path, svc_multi_t **ret) HP_WARN_UNUSED;
-/* Starts session @id with @cfg (checked; its process_cmdline strings are taken, @cfg
- * keeps none) writing to @sink (copied; its context must live until done()). Unless
- * no_running, signals the running targets that have the library. */
-int svc_multi_start(svc_multi_t *m, uint64_t id, struct svc_config *cfg,
-                    const struct bk_sink *sink) HP_WARN_UNUSED;
-/* Ends session @id on a thread of its own: its clients are drained and detached, their
- * final dumps written, its threads joined; then @done(@ctx, @id) runs on that thread
- * (no packet of the session is written after it). Returns 0 or -ENOENT. */
-int svc_multi_stop(svc_multi_t *m, uint64_t id, void (*done)(void *ctx, uint64_t id), void *ctx);
-/* The descriptors to poll (the daemon socket, each session's): returns their count. */
-size_t svc_multi_pollfds(svc_multi_t *m, struct pollfd *fds, size_t max);
-/* Milliseconds until the next continuous dump or check, or -1. */
-int svc_multi_timeout_ms(svc_multi_t *m);
-/* Accepts and routes connections, serves handshakes, continuous dumps, guardrails, and
- * forgets the sessions that have ended. Never blocks for long. */
-void svc_multi_dispatch(svc_multi_t *m);
-/* Dumps every live session now (SIGUSR1). */
-void svc_multi_dump_now(svc_multi_t *m);
-/* Sessions started and not yet forgotten (those ending included). */
-size_t svc_multi_sessions(const svc_multi_t *m);
-/* Ends the sessions still live (without callbacks), waits for every stop thread, removes
- * the socket. Accepts NULL. */
-svc_multi_t *svc_multi_free(svc_multi_t *m);
-
-/* Target discovery for attach. A process is attachable once its client installed the
- * attach handler: the client then maps a memfd named "heapprof-attach-<signo>" (see
- * preload/attach.c), so we signal only processes that show it, with that signal, and only
- * while the signal is caught. */
-struct svc_proc {
-    pid_t pid;
-    char name[64];  /* basename of argv[0] */
-    bool preloaded; /* libheapprof.so mapped */
-    bool same_user;
-    int attach_signo;    /* the signal its attach handler was installed for; 0: none yet */
-    bool attach_ready;   /* attach_signo advertised, and caught (SigCgt) */
-    uint64_t start_time; /* /proc/PID/stat starttime: the process's identity with its pid */
-};
-/* Reads /proc/@pid: 0, -ENOENT (gone), -errno. */
-int svc_proc_inspect(pid_t pid, struct svc_proc *ret);
-/* Calls @fn for every running process but ours that matches @cfg's targets and has
- * libheapprof.so mapped (ready to attach or not). */
-void svc_proc_scan_targets(const struct svc_config *cfg,
-                           void (*fn)(void *ctx, const struct svc_proc *p), void *ctx);
-/* Sends the process @p describes its advertised attach signal, carrying @attacher (0:
- * the daemon) with SI_QUEUE, through a pidfd, after checking that the pid still names
- * the process inspected (its start time) and that the handler is still there. Returns 0,
- * -EAGAIN (no handler installed: still starting, disabled, or another handler), -ESRCH
- * (gone, or its pid now names another process), or -errno. */
-int svc_proc_signal_attach(const struct svc_proc *p, pid_t attacher);
 
 /* `heapprof dump`: asks the service listening on @socket_path (and, if @want > 0, only if
  * that is process @want) to dump every profiled process now: a control request on its

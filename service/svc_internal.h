@@ -1,7 +1,8 @@
-/* service/svc_internal.h: types shared by the service's threads. Threads exchange
- * messages only: a client object moves from the main thread to one unwinder thread
- * (which then owns it), and unwinder threads post batches of records to the bookkeeping
- * thread. */
+/* service/svc_internal.h: the state of a session and of its threads: budgets, the client
+ * object, the unwinder threads, struct svc, and the prototypes the service's files share.
+ * Threads exchange messages only (service/queue.h): a client object moves from the main
+ * thread to one unwinder thread (which then owns it), and unwinder threads post batches
+ * of records to the bookkeeping thread. */
 #ifndef HP_SERVICE_SVC_INTERNAL_H
 #define HP_SERVICE_SVC_INTERNAL_H
 
@@ -15,149 +16,11 @@
 #include "bookkeeping/bookkeeping.h"
 #include "common/containers.h"
 #include "common/frame.h"
+#include "service/queue.h"
 #include "service/svc.h"
 #include "shmem_ring/ring.h"
 #include "shmem_ring/wire.h"
 #include "unwinder/unwinder.h"
-
-/* ---- Messages to the bookkeeping thread ---------------------------------------- */
-
-enum svc_msg_type {
-    SVC_MSG_PROC_START = 1,
-    SVC_MSG_ALLOC = 2,
-    SVC_MSG_FREE = 3,
-    SVC_MSG_PROC_END = 4,
-    SVC_MSG_DUMP_ALL = 5,
-    /* From an unwinder thread: it has drained every ring after @n dump requests
-     * (svc_dump_now); the dump happens once every unwinder has answered. */
-    SVC_MSG_DUMP_BARRIER = 6,
-    /* The process is not profiled: another session profiles it (svc_reject_concurrent),
-     * or its ring would have taken the service past its memory guardrail. */
-    SVC_MSG_REJECTED = 7,
-    /* The process's statistics and flags as of now, for the dump that follows. */
-    SVC_MSG_PROC_STATS = 8,
-};
-
-/* Messages are 8-byte aligned and packed in a batch one after another. Each starts with
- * this head; the type says which struct it is. */
-struct svc_msg {
-    uint32_t type; /* enum svc_msg_type */
-    uint32_t len;  /* bytes of the whole message, aligned to 8 */
-    int32_t pid;
-    uint32_t reserved;
-};
-
-/* A process's session started; followed by its cmdline (cmdline_len bytes). */
-struct svc_msg_proc_start {
-    struct svc_msg h;
-    uint64_t sampling_interval_bytes;
-    uint32_t cmdline_len;
-    bool from_startup;
-};
-
-/* A sampled allocation, unwound; followed by its frames (n_frames, leaf first). */
-struct svc_msg_alloc {
-    struct svc_msg h;
-    uint32_t heap_id; /* the client's heap id (untrusted) */
-    uint32_t n_frames;
-    uint64_t seq, addr, size, sample_size;
-};
-
-/* The free of a sampled allocation. */
-struct svc_msg_free {
-    struct svc_msg h;
-    uint32_t heap_id;
-    uint32_t reserved;
-    uint64_t seq, addr;
-};
-
-/* The session ended: final dump with @flags (BK_FLAG_*) and the process's statistics.
- * SVC_MSG_PROC_STATS has the same layout: the statistics and flags so far. */
-struct svc_msg_proc_end {
-    struct svc_msg h;
-    uint32_t flags;
-    uint32_t reserved;
-    struct bk_process_stats stats;
-};
-
-/* SVC_MSG_REJECTED: why. */
-struct svc_msg_rejected {
-    struct svc_msg h;
-    uint32_t flags; /* BK_FLAG_HIT_GUARDRAIL, or 0: another session profiles it */
-    uint32_t reserved;
-};
-
-/* SVC_MSG_DUMP_BARRIER: see enum svc_msg_type. */
-struct svc_msg_dump_barrier {
-    struct svc_msg h;
-    uint32_t unwinder;
-    uint32_t n;
-};
-
-#define SVC_BATCH_BYTES (256u << 10)
-
-struct svc_batch {
-    struct svc_batch *next;
-    size_t used;
-    uint8_t data[SVC_BATCH_BYTES];
-};
-
-/* Multi-producer queue of batches for the bookkeeping thread. Thread-safe.
- *
- * Bounded with back-pressure: once SVC_BKQ_MAX_BATCHES wait, svc__bkq_full() says so
- * and the unwinder threads stop reading rings (so the rings fill up, and the clients
- * drop and count what finds no room, where the dumps show it) until the bookkeeping
- * thread has taken the queue below half of that; then it calls @on_room. Posting itself
- * never fails or waits: a producer finishes the message it is writing, and the few
- * control messages (a process's start, end, statistics, dump barriers) still go through,
- * so the queue holds at most SVC_BKQ_MAX_BATCHES plus one batch per producer. */
-struct svc_bkq {
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    struct svc_batch *head, *tail;
-    bool quit;
-    /* Applied batches kept for reuse (their pages stay mapped and touched). */
-    struct svc_batch *pool;
-    unsigned n_pool;
-    /* Batches waiting; written under the lock, read without it by svc__bkq_full(). */
-    _Atomic unsigned n_queued;
-    unsigned max_queued;    /* the bound (tests set a smaller one) */
-    bool producers_waiting; /* svc__bkq_full() said yes since the last @on_room */
-    void (*on_room)(void *ctx);
-    void *on_room_ctx;
-    _Atomic uint64_t full_events; /* times the queue filled up */
-};
-
-#define SVC_BATCH_POOL_MAX 8
-/* 8 MiB of messages: a few hundred ms of the bookkeeping thread's work. */
-#define SVC_BKQ_MAX_BATCHES 32
-
-void svc__bkq_init(struct svc_bkq *q);
-void svc__bkq_done(struct svc_bkq *q);
-/* Takes ownership of @b. */
-void svc__bkq_post(struct svc_bkq *q, struct svc_batch *b);
-/* True when the queue is full: producers stop taking new records until @on_room. */
-bool svc__bkq_full(struct svc_bkq *q);
-void svc__bkq_quit(struct svc_bkq *q);
-/* Blocks until a batch or quit; returns NULL on quit with an empty queue. */
-struct svc_batch *svc__bkq_take(struct svc_bkq *q);
-/* Takes ownership of an applied batch: kept for svc__batch_add() or freed. */
-void svc__bkq_recycle(struct svc_bkq *q, struct svc_batch *b);
-
-/* A producer's current batch. Not thread-safe; one per unwinder thread. */
-struct svc_batcher {
-    struct svc_bkq *q;
-    struct svc_batch *cur;
-};
-/* Reserves a message of @type for @pid of @len bytes (aligned to 8) in the current
- * batch, posting it first when full; zeroed but for its head. Returns NULL on allocation
- * failure. */
-void *svc__batch_add(struct svc_batcher *b, uint32_t type, pid_t pid, size_t len);
-/* Posts the current batch, unless the queue is full and the batch still has room (it is
- * posted by a later flush, or when full). */
-void svc__batch_flush(struct svc_batcher *b);
-/* Posts the current batch whatever the queue holds. */
-void svc__batch_post(struct svc_batcher *b);
 
 /* ---- Budgets of time ------------------------------------------------------------ */
 
@@ -218,10 +81,10 @@ struct svc_client {
     uint64_t frees_unread;       /* frees among stats.records_unread */
     uint64_t frees_lost_service; /* frees the service could not pass on */
     /* WIRE_MAPS_CHANGED read but not acted on yet: SVC_MAPS_CHANGED | WIRE_MAPS_UNLOADED
-     * (drain_upto() in service/unwind_thread.c). */
+     * (svc__drain_upto() in service/unwind_records.c). */
     uint32_t maps_changed;
-    /* The time the rereads those records ask for may take (service/unwind_thread.c), and
-     * whether a sample waits for it. */
+    /* The time the rereads those records ask for may take (apply_maps_changed() in
+     * service/unwind_records.c), and whether a sample waits for it. */
     struct svc_budget reread;
     bool throttled;
     /* Ending (begin_end() in service/unwind_thread.c): the writers were told to stop, the
@@ -236,7 +99,7 @@ struct svc_client {
     uint64_t audit_mismatches; /* audited walks that disagreed with our unwind */
     /* Mappings the unwinder keeps after they went (unwinder_retired_seq()): the count
      * last seen, and up to which count they may go once the ring is read up to where it
-     * ended when that count was seen (track_retired() in service/unwind_thread.c). */
+     * ended when that count was seen (track_retired() in service/unwind_records.c). */
     uint64_t retired_seen;
     uint32_t maps_ask; /* of the WIRE_MAPS_CHANGED records not acted on yet (0: none) */
     struct {
@@ -257,6 +120,10 @@ struct svc_client {
  * descriptor number, whose upper half is 0). */
 #define SVC_EV_CLIENT (1ull << 63)
 
+/* service/client.c: a client of @pid with no descriptors yet (all -1), or NULL when out
+ * of memory. Freed with svc__client_free(), which accepts NULL and a half-built client
+ * and closes what it holds. */
+struct svc_client *svc__client_new(pid_t pid);
 struct svc_client *svc__client_free(struct svc_client *c);
 /* The name of @c's program (the basename of its argv[0]; "?"), for log lines. */
 const char *svc__client_name(const struct svc_client *c);
@@ -378,7 +245,8 @@ struct svc {
 };
 
 /* service/listener.c: creates the socket directory (unless a socket path is configured)
- * and listens. Returns 0 or -errno (logged). */
+ * and listens. Returns 0, -EADDRINUSE (a live service answers there; not logged), or
+ * -errno (logged). */
 int svc__listener_open(struct svc *s) HP_WARN_UNUSED;
 /* Stops accepting: closes the connections still in their hello and the listening socket. */
 void svc__listener_close(struct svc *s);
@@ -394,7 +262,7 @@ void svc__control(struct svc *s, int fd);
 /* Answers the control request on @fd (taken) with @dump(@ctx) for a dump request: the
  * same as svc__control() for a service that is not one session (service/multi.c). */
 void svc__control_answer(int fd, int (*dump)(void *ctx), void *ctx);
-/* service/session.c: the registry of pids that completed a handshake. */
+/* service/registry.c: records that @pid completed a handshake (svc_client_seen()). */
 void svc__mark_seen(struct svc *s, pid_t pid);
 
 void *svc__unwinder_main(void *arg);
@@ -418,7 +286,7 @@ bool svc__process_alive(pid_t pid);
 bool svc__stat_alive(const char *stat);
 void *svc__bk_main(void *arg);
 
-/* service/session.c: the memory the service uses (of the whole process: every session,
+/* service/memory.c: the memory the service uses (of the whole process: every session,
  * thread, queue, table and the clients' rings mapped here), in KiB, from /proc/self/status;
  * zeros when unknown. max_heapprofd_memory_kb holds rss + swap. */
 struct svc_memory {
@@ -438,6 +306,7 @@ bool svc__guardrail_fire(struct svc *s, const char *what, uint64_t value, uint64
  * interned table and in the tables of a process. */
 #define SVC_GUARDRAIL_CHECK_BATCHES 8
 #define SVC_GUARDRAIL_CHECK_ENTRIES (SVC_GUARDRAIL_CHECK_BATCHES * (SVC_BATCH_BYTES / 24))
+/* service/registry.c: records that @pid's clients are fully drained (svc_client_done()). */
 void svc__mark_done(struct svc *s, pid_t pid);
 
 /* ---- reading a client's ring (service/unwind_records.c) ---------------------------- */

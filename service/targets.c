@@ -7,7 +7,7 @@
  * the signal is caught (SigCgt), with the signal it advertises (not ours: it may have been
  * started with another HEAPPROF_ATTACH_SIGNAL), through a pidfd opened before the process
  * is checked again (same start time), so that a pid reused meanwhile is never hit. */
-#include "service/svc.h"
+#include "service/targets.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -10,6 +10,7 @@
  * rings beyond the first SVC_WAITV_MAX - 1, the rings are polled every POLL_MS. */
 #include "service/svc_internal.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -427,7 +428,7 @@ static void complete_ends(struct svc_unwinder *u)
 
 /* Reads each ring up to where it ended when the dump was asked for (an ending one: up to
  * its end), then posts every client's statistics and the barrier that lets the dump go. */
-static void answer_dumps(struct svc_unwinder *u, uint32_t dump_requests)
+static void drain_for_dump(struct svc_unwinder *u, uint32_t dump_requests)
 {
     /* Only what was written before the request: a process that keeps its ring full would
      * otherwise hold the dump (and every other client) back for as long as it can refill
@@ -449,6 +450,214 @@ static void answer_dumps(struct svc_unwinder *u, uint32_t dump_requests)
     }
 }
 
+/* ---- The thread's loop ------------------------------------------------------------- *
+ *
+ * One pass:
+ *
+ *     take_requests()      new clients, hang-ups, stop, detach, dumps (under u->lock)
+ *     begin_ends()         sessions over or asked to end begin their end
+ *     drain_clients()      a budget of records per client; each one's next step
+ *     answer_dumps()       or put them back until the queue has room
+ *     complete_ends()      ends whose records are read (or whose time is up)
+ *     sleep_until_work()   unless a ring may hold more
+ *     look_again()         rings polled every POLL_MS; every ring and socket once a second
+ *
+ * Invariant, after each pass: every client is draining (has_work: read next pass),
+ * polling (polling: read again within POLL_MS) or announced idle (its ring's reader is
+ * idle, so the next record a writer publishes wakes us through the ring's word). A client
+ * in none of the three would hold its records until the once-a-second scan. after_drain()
+ * is the one place that picks among them. */
+
+/* What the owner of the thread asked for that the rest of the pass acts on. */
+struct requests {
+    bool detach; /* end every client, with detach_flags */
+    uint32_t detach_flags;
+    uint32_t dump_requests;
+};
+
+/* Stopping (svc_finish()): every client ends by the stop deadline, the ones already
+ * ending included. */
+static void begin_stop(struct svc_unwinder *u)
+{
+    u->stopping = true;
+    u->stop_deadline_ns = hp_clock_ns(CLOCK_MONOTONIC) + STOP_BUDGET_NS;
+    for (struct svc_client *c = u->clients; c; c = c->next)
+        if (c->ending && c->end_deadline_ns > u->stop_deadline_ns)
+            c->end_deadline_ns = u->stop_deadline_ns;
+}
+
+/* Takes what was asked of the thread since the last pass, under its lock, and acts on what
+ * concerns the clients themselves: the stop, new clients (adopted), hang-ups (marked). The
+ * detach and the dump requests go to @ret for the steps that follow. */
+static void take_requests(struct svc_unwinder *u, struct requests *ret)
+{
+    pthread_mutex_lock(&u->lock);
+    struct svc_client *in = u->incoming;
+    u->incoming = NULL;
+    bool stop = u->stop;
+    ret->detach = u->detach;
+    ret->detach_flags = u->detach_flags;
+    ret->dump_requests = u->dump_requests;
+    u->dump_requests = 0;
+    u->detach = false;
+    u->detach_flags = 0;
+    uint64_t *hangups = u->hangups;
+    size_t n_hangups = u->n_hangups;
+    u->hangups = NULL;
+    u->n_hangups = u->cap_hangups = 0;
+    pthread_mutex_unlock(&u->lock);
+    if (stop && !u->stopping)
+        begin_stop(u);
+    while (in) {
+        struct svc_client *next = in->next;
+        adopt(u, in);
+        in = next;
+    }
+    for (size_t i = 0; i < n_hangups; i++)
+        for (struct svc_client *c = u->clients; c; c = c->next)
+            if (c->id == hangups[i])
+                c->hung_up = true;
+    free(hangups);
+}
+
+/* What a pass over the rings found. */
+struct pass {
+    bool busy;       /* a ring may hold more: no sleep before the next pass */
+    bool polling;    /* a ring is polled: sleep at most POLL_MS */
+    bool queue_full; /* the queue to the bookkeeping thread is full: no more draining */
+};
+
+/* @c's ring stayed empty for QUIET_POLLS polls: its reader announces that it sleeps (from
+ * now on writers poke), then looks once more, since a record published before the
+ * announcement poked nobody. Returns true when the client is left asleep. */
+static bool go_idle(struct svc_unwinder *u, struct svc_client *c, struct pass *p)
+{
+    c->polling = false;
+    ring_set_reader_idle(c->ring, true);
+    /* Re-check after announcing idleness so no wakeup is lost. */
+    enum svc_drain_result dr = svc__drain_upto(u, c, DRAIN_BUDGET, NULL);
+    c->has_work = dr == SVC_DRAIN_MORE;
+    if (dr == SVC_DRAIN_DONE)
+        return true;
+    ring_set_reader_idle(c->ring, false);
+    p->busy |= c->has_work;
+    c->polling = p->polling = dr == SVC_DRAIN_HELD;
+    return false;
+}
+
+/* Picks @c's next step after a drain that left @dr (@before: c->records before it):
+ * draining on, polling, or asleep until a writer pokes. Returns true when asleep. */
+static bool after_drain(struct svc_unwinder *u, struct svc_client *c, enum svc_drain_result dr,
+                        uint64_t before, struct pass *p)
+{
+    switch (dr) {
+    case SVC_DRAIN_MORE:
+        /* The budget ran out: the others have their turn, then this one again. */
+        p->busy = true;
+        c->polling = false;
+        return false;
+    case SVC_DRAIN_HELD:
+        /* A reread held back, or the queue filled up: look again soon. */
+        p->queue_full = svc__bkq_full(u->batcher.q);
+        c->has_work = false;
+        c->polling = p->polling = true;
+        return false;
+    case SVC_DRAIN_DONE:
+        break;
+    }
+    c->has_work = false;
+    if (c->ending) {
+        /* At the mark it ends below; else a record is still being written: look again
+         * soon, until the deadline. */
+        c->polling = p->polling = true;
+        return false;
+    }
+    if (c->records != before)
+        c->quiet_polls = 0;
+    else
+        c->quiet_polls++;
+    if (c->quiet_polls < QUIET_POLLS) {
+        /* Records came in lately: look again in POLL_MS. */
+        if (!c->polling)
+            ring_set_reader_polling(c->ring, 0);
+        c->polling = true;
+        p->polling = true;
+        return false;
+    }
+    return go_idle(u, c, p);
+}
+
+/* Drains the rings that have work, a bounded amount per client; none while the queue to
+ * the bookkeeping thread is full (their rings fill up instead, and their writers count
+ * what they drop). */
+static struct pass drain_clients(struct svc_unwinder *u)
+{
+    struct pass p = {.queue_full = svc__bkq_full(u->batcher.q)};
+    uint64_t now_ns = hp_clock_ns(CLOCK_MONOTONIC);
+    for (struct svc_client *c = u->clients; c && !p.queue_full; c = c->next) {
+        if (!c->has_work) {
+            p.polling |= c->polling;
+            continue;
+        }
+        if (c->ending && now_ns >= c->end_deadline_ns)
+            continue; /* its time is up: the rest is counted below */
+        uint64_t before = c->records;
+        enum svc_drain_result dr =
+            svc__drain_upto(u, c, DRAIN_BUDGET, c->ending ? &c->end_mark : NULL);
+        bool asleep = after_drain(u, c, dr, before, &p);
+        assert(c->has_work || c->polling || asleep); /* the loop's invariant, above */
+        (void)asleep;
+    }
+    return p;
+}
+
+/* Answers the dump requests taken this pass; while the queue is full they wait for room
+ * (put back under the lock), and the requests that come meanwhile make one dump: the
+ * bookkeeping thread is behind anyway. */
+static void answer_dumps(struct svc_unwinder *u, uint32_t dump_requests)
+{
+    if (dump_requests > 0 && svc__bkq_full(u->batcher.q)) {
+        pthread_mutex_lock(&u->lock);
+        u->dump_requests += dump_requests;
+        pthread_mutex_unlock(&u->lock);
+    } else if (dump_requests > 0) {
+        drain_for_dump(u, dump_requests);
+    }
+}
+
+/* Sleeps unless a ring may hold more: at most POLL_MS while a ring is polled, the thread
+ * stops or the queue is full (woken when the bookkeeping thread made room,
+ * svc_bkq.on_room), else up to a second. @wake_seen: the wake word before the pass took
+ * its requests. */
+static void sleep_until_work(struct svc_unwinder *u, uint32_t wake_seen, const struct pass *p)
+{
+    if (p->queue_full)
+        wait_for_work(u, wake_seen, POLL_MS);
+    else if (!p->busy)
+        wait_for_work(u, wake_seen, p->polling || u->stopping ? POLL_MS : 1000);
+}
+
+/* Gives the polled rings work every POLL_MS, even when writers of other rings keep waking
+ * us up; and every second every ring, so a record left unpublished by a stalled or dead
+ * writer is found, and every socket, for a hang-up the main thread could not tell us
+ * about. @last_poll_ns, @last_scan_ns: CLOCK_MONOTONIC_COARSE, the thread's. */
+static void look_again(struct svc_unwinder *u, bool polling, uint64_t *last_poll_ns,
+                       uint64_t *last_scan_ns)
+{
+    uint64_t now = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
+    if (polling && now - *last_poll_ns >= (uint64_t)POLL_MS * 1000000u) {
+        *last_poll_ns = now;
+        for (struct svc_client *c = u->clients; c; c = c->next)
+            c->has_work |= c->polling;
+    }
+    if (now - *last_scan_ns >= 1000000000u) {
+        *last_scan_ns = now;
+        for (struct svc_client *c = u->clients; c; c = c->next)
+            c->has_work = true;
+        poll_hangups(u);
+    }
+}
+
 void *svc__unwinder_main(void *arg)
 {
     struct svc_unwinder *u = arg;
@@ -465,141 +674,19 @@ void *svc__unwinder_main(void *arg)
     for (;;) {
         /* Before the requests: a wake after this load makes the wait below return. */
         uint32_t wake_seen = atomic_load_explicit(&u->wake_word, memory_order_acquire);
-        /* Take over new clients. */
-        pthread_mutex_lock(&u->lock);
-        struct svc_client *in = u->incoming;
-        u->incoming = NULL;
-        bool stop = u->stop;
-        bool detach = u->detach;
-        uint32_t detach_flags = u->detach_flags;
-        uint32_t dump_requests = u->dump_requests;
-        u->dump_requests = 0;
-        u->detach = false;
-        u->detach_flags = 0;
-        uint64_t *hangups = u->hangups;
-        size_t n_hangups = u->n_hangups;
-        u->hangups = NULL;
-        u->n_hangups = u->cap_hangups = 0;
-        pthread_mutex_unlock(&u->lock);
-        if (stop && !u->stopping) {
-            u->stopping = true;
-            u->stop_deadline_ns = hp_clock_ns(CLOCK_MONOTONIC) + STOP_BUDGET_NS;
-            for (struct svc_client *c = u->clients; c; c = c->next)
-                if (c->ending && c->end_deadline_ns > u->stop_deadline_ns)
-                    c->end_deadline_ns = u->stop_deadline_ns;
-        }
-        while (in) {
-            struct svc_client *next = in->next;
-            adopt(u, in);
-            in = next;
-        }
-        for (size_t i = 0; i < n_hangups; i++)
-            for (struct svc_client *c = u->clients; c; c = c->next)
-                if (c->id == hangups[i])
-                    c->hung_up = true;
-        free(hangups);
-
+        struct requests rq;
+        take_requests(u, &rq);
         /* Sessions over (corrupt, cut off, hung up, ended by the client) or asked to end
          * (detach, stop) begin their end: read below like the others, with a deadline. */
-        begin_ends(u, detach, detach_flags);
-
-        /* Drain rings, a bounded amount per client; none while the queue to the
-         * bookkeeping thread is full (its rings fill up instead, and their writers count
-         * what they drop). */
-        bool busy = false, polling = false;
-        bool queue_full = svc__bkq_full(u->batcher.q);
-        uint64_t now_ns = hp_clock_ns(CLOCK_MONOTONIC);
-        for (struct svc_client *c = u->clients; c && !queue_full; c = c->next) {
-            if (!c->has_work) {
-                polling |= c->polling;
-                continue;
-            }
-            if (c->ending && now_ns >= c->end_deadline_ns)
-                continue; /* its time is up: the rest is counted below */
-            uint64_t before = c->records;
-            enum svc_drain_result dr =
-                svc__drain_upto(u, c, DRAIN_BUDGET, c->ending ? &c->end_mark : NULL);
-            if (dr == SVC_DRAIN_MORE) {
-                busy = true;
-                c->polling = false;
-                continue;
-            }
-            if (dr == SVC_DRAIN_HELD) {
-                /* A reread held back, or the queue filled up: look again soon. */
-                queue_full = svc__bkq_full(u->batcher.q);
-                c->has_work = false;
-                c->polling = polling = true;
-                continue;
-            }
-            if (c->ending) {
-                /* At the mark it ends below; else a record is still being written:
-                 * look again soon, until the deadline. */
-                c->has_work = false;
-                c->polling = polling = true;
-                continue;
-            }
-            c->has_work = false;
-            if (c->records != before)
-                c->quiet_polls = 0;
-            else
-                c->quiet_polls++;
-            if (c->quiet_polls < QUIET_POLLS) {
-                /* Records came in lately: look again in POLL_MS. */
-                if (!c->polling)
-                    ring_set_reader_polling(c->ring, 0);
-                c->polling = true;
-                polling = true;
-                continue;
-            }
-            c->polling = false;
-            ring_set_reader_idle(c->ring, true);
-            /* Re-check after announcing idleness so no wakeup is lost. */
-            dr = svc__drain_upto(u, c, DRAIN_BUDGET, NULL);
-            c->has_work = dr == SVC_DRAIN_MORE;
-            if (dr != SVC_DRAIN_DONE) {
-                ring_set_reader_idle(c->ring, false);
-                busy |= c->has_work;
-                c->polling = polling = dr == SVC_DRAIN_HELD;
-            }
-        }
-        if (dump_requests > 0 && svc__bkq_full(u->batcher.q)) {
-            /* Answered once there is room: requests that came meanwhile make one dump
-             * (the bookkeeping thread is behind anyway). */
-            pthread_mutex_lock(&u->lock);
-            u->dump_requests += dump_requests;
-            pthread_mutex_unlock(&u->lock);
-        } else if (dump_requests > 0) {
-            answer_dumps(u, dump_requests);
-        }
+        begin_ends(u, rq.detach, rq.detach_flags);
+        struct pass p = drain_clients(u);
+        answer_dumps(u, rq.dump_requests);
         svc__batch_flush(&u->batcher);
-
-        /* Ends whose records are read (or whose time is up). */
         complete_ends(u);
         if (u->stopping && !u->clients && !u->deferred)
             break;
-
-        if (queue_full) {
-            /* Woken when the bookkeeping thread made room (svc_bkq.on_room). */
-            wait_for_work(u, wake_seen, POLL_MS);
-        } else if (!busy) {
-            wait_for_work(u, wake_seen, polling || u->stopping ? POLL_MS : 1000);
-        }
-        uint64_t now = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
-        if (polling && now - last_poll_ns >= (uint64_t)POLL_MS * 1000000u) {
-            /* Even when writers of other rings keep waking us up. */
-            last_poll_ns = now;
-            for (struct svc_client *c = u->clients; c; c = c->next)
-                c->has_work |= c->polling;
-        }
-        if (now - last_scan_ns >= 1000000000u) {
-            /* Every second: look at every ring once more, so a record left unpublished
-             * by a stalled or dead writer is found; and at every socket, for a hang-up
-             * the main thread could not tell us about. */
-            last_scan_ns = now;
-            for (struct svc_client *c = u->clients; c; c = c->next)
-                c->has_work = true;
-            poll_hangups(u);
-        }
+        sleep_until_work(u, wake_seen, &p);
+        look_again(u, p.polling, &last_poll_ns, &last_scan_ns);
     }
     svc__batch_post(&u->batcher);
     return NULL;

@@ -1,16 +1,15 @@
-/* cli/config_text.c: HeapprofdConfig in protobuf text format, and target matching.
+/* service/config_text.c: HeapprofdConfig in protobuf text format (service/config.h).
  *
  * The accepted language is the subset of protobuf text format a HeapprofdConfig needs:
  *   field: value          scalars (integers, true/false, "quoted strings")
  *   field { ... }         nested messages (also `field: { ... }`)
  *   # comment             to the end of the line
  * Separators `,` and `;` after a field are allowed. Repeated fields repeat the field. */
-#include "cli/cli.h"
+#include "service/config.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <fnmatch.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "cli/cli.h"
+#include "service/config.h"
 
 /* A byte count as the options take it: the one number parser with suffixes, and the
  * sampling interval's rule that 0 is no count of bytes. */
