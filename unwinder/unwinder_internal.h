@@ -1,7 +1,8 @@
 /* unwinder/unwinder_internal.h: what the files of unwinder/ share with each other
  * (internal to unwinder/; other components use unwinder/unwinder.h only).
  *
- *     global.c            interned strings and mappings; unwinder_global_init/done/bytes
+ *     intern.c            interned strings and mappings, the byte count (a leaf)
+ *     global.c            unwinder_global_init/done/bytes: set up and release the rest
  *     elf_cache.c         the cache of ELF files (elf_cache.h), SIGBUS-safe reads of them
  *     files.c             opening the files clients name (no symlink, FIFO or hang)
  *     elf_symbols.c       a cached file's symbol index, separate debug files
@@ -44,7 +45,7 @@
 #include "unwinder/maps.h"
 #include "unwinder/unwinder.h"
 
-/* ---- global.c: state shared by all processes and threads --------------------- */
+/* ---- intern.c: state shared by all processes and threads --------------------- */
 
 /* Interned copy of @s[0..len). On allocation failure returns the interned "" (never
  * NULL), so callers can always store the result in a frame. */
@@ -59,6 +60,14 @@ const struct hp_mapping *unwinder__mapping_intern(const struct hp_mapping *tmpl)
 
 /* Adds @delta to the heap bytes reported by unwinder_global_bytes(). */
 void unwinder__account(ssize_t delta);
+
+/* The interning part of unwinder_global_init()/done() (global.c, under its lock):
+ * 0 or -ENOMEM; done also frees the mappings and zeroes the byte count. */
+int unwinder__intern_init(void) HP_WARN_UNUSED;
+void unwinder__intern_done(void);
+
+/* unwinder_global_bytes(): the byte count plus the string table's size. */
+size_t unwinder__intern_bytes(void);
 
 /* ---- files.c: opening the files clients name --------------------------------- */
 
