@@ -8,7 +8,7 @@
  *     elf_symbols.c       a cached file's symbol index, separate debug files
  *     cfi.c               utable rules from a file's .eh_frame
  *     srcline.c           source file and line of a frame, debuginfod
- *     maps.c              the /proc/PID/maps parser (maps.h)
+ *     maps.c              the /proc/PID/maps parser, the loader's path (maps.h)
  *     sigmask.c           libunwind's signal-mask syscalls skipped (sigmask.h)
  *     process.c           struct unwinder_process: its maps, their facts, when to reread
  *     frames.c            a pc's frame: mapping, rel_pc, function name; cached per process
@@ -222,9 +222,6 @@ const struct hp_mapping *unwinder__pmap_mapping(struct unwinder_process *p, size
 void unwinder__table_publish(struct unwinder_process *p);
 
 /* ---- frames.c ---------------------------------------------------------------- */
-
-/* True for the path of the dynamic loader. */
-bool unwinder__is_loader_path(const char *path);
 
 /* True for a frame in the dynamic loader, where stacks without CFI end. */
 bool unwinder__is_loader_frame(const struct hp_frame *f);
