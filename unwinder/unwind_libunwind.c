@@ -2,9 +2,10 @@
  * with libunwind, and the accessors it reads the target through.
  *
  * libunwind's remote API asks us, through unw_accessors_t, for registers (from the
- * client's capture), memory (the stack copy first, then the mmap'd ELF file behind a
- * read-only file mapping, then /proc/PID/mem) and unwind tables (the .eh_frame_hdr of the
- * ELF behind the pc, described to libunwind at its address in the target).
+ * client's capture), memory (unwinder__read_word() in process.c: the stack copy first,
+ * then the mmap'd ELF file behind a read-only file mapping, then /proc/PID/mem) and unwind
+ * tables (the .eh_frame_hdr of the ELF behind the pc, described to libunwind at its
+ * address in the target).
  *
  * Each step's frame is named by frames.c (which says why later frames use pc - 1). Code
  * whose CFI is only in .debug_frame hands the stack over to unwind_dwfl.c; a stack that
@@ -12,11 +13,9 @@
  */
 #include "unwinder/unwinder_internal.h"
 
-#include <elf.h>
 #include <errno.h>
 #include <libunwind.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "unwinder/sigmask.h"
 
@@ -33,16 +32,6 @@ _Static_assert(WIRE_REG_R15 == UNW_X86_64_R15, "register numbering");
 
 /* preads on /proc/PID/mem per unwind: bounds the time hostile stacks can cost. */
 #define MEM_READ_BUDGET 2048
-
-/* What went wrong inside the accessors during one unw_step(). */
-enum {
-    FAIL_NO_MAP = 1u << 0,      /* a pc in no executable mapping */
-    FAIL_ELF = 1u << 1,         /* a pc in a file mapping whose ELF we cannot use */
-    FAIL_NO_INFO = 1u << 2,     /* no unwind table, or no entry for the pc */
-    FAIL_MEM = 1u << 3,         /* a memory read found nothing */
-    FAIL_DEBUG_FRAME = 1u << 4, /* FAIL_NO_INFO in a file that has .debug_frame */
-    FAIL_TRUNCATED = 1u << 5,   /* memory past a partial copy (unwinder_unwind_copy()) */
-};
 
 /* ---- libunwind accessors ----------------------------------------------------- */
 
@@ -109,83 +98,18 @@ static int acc_get_dyn_info_list_addr(unw_addr_space_t as, unw_word_t *dilap, vo
     return -UNW_ENOINFO;
 }
 
-/* Reads a word at @addr from the file behind the mapping that holds it: from read-only
- * segments only, or, with @writable, from data segments too. 0, or -1 when no usable file
- * backs @addr. */
-static int file_read(struct unwinder_process *p, uint64_t addr, unw_word_t *valp, bool writable)
-{
-    const size_t w = sizeof(*valp);
-    ssize_t i = unwinder__maps_find(&p->maps, addr);
-    if (i < 0)
-        return -1;
-    const struct unwinder__map *m = &p->maps.v[i];
-    if ((!writable && (m->perms & UNWINDER_PERM_WRITE)) || m->end - addr < w)
-        return -1;
-    const struct unwinder__elf *e = unwinder__pmap_elf(p, (size_t)i);
-    const struct unwinder__segment *seg = p->pm[i].seg;
-    if (!e || !seg || (!writable && (seg->flags & PF_W)))
-        return -1;
-    uint64_t off = addr - m->start + m->pgoff;
-    if (off < m->pgoff)
-        return -1;
-    /* Past the segment's file bytes lies its zero-filled part (.bss). */
-    if (off + w > seg->offset + seg->filesz) {
-        if (!writable || off < seg->offset)
-            return unwinder__elf_read(e, off, valp, w) == 0 ? 0 : -1;
-        *valp = 0;
-        return 0;
-    }
-    return unwinder__elf_read(e, off, valp, w) == 0 ? 0 : -1;
-}
-
-int unwinder__acc_access_mem(unw_addr_space_t as, unw_word_t addr, unw_word_t *valp, int write,
-                             void *arg)
+/* The memory accessor: the word reader shared with the fallback unwinder. */
+static int acc_access_mem(unw_addr_space_t as, unw_word_t addr, unw_word_t *valp, int write,
+                          void *arg)
 {
     (void)as;
-    struct unwinder_process *p = arg;
     if (write)
         return -UNW_EINVAL;
-    const size_t w = sizeof(*valp);
-
-    uint64_t rel = addr - p->stack_ptr;
-    if (addr >= p->stack_ptr && rel < p->stack_len && p->stack_len - rel >= w) {
-        memcpy(valp, p->stack + rel, w);
-        return 0;
-    }
-
-    /* Read-only file mappings show the file's bytes: serve them from the cached image
-     * (unwind tables, code for signal-frame checks) without a syscall. Writable segments
-     * (data, relocated RELRO) differ from the file and go to the target's memory. */
-    if (file_read(p, addr, valp, false) == 0)
-        return 0;
-
-    /* Past a copy of a foreign stack, or of one cut short: the rest, or the stack a signal
-     * handler interrupted, is in the process, but no longer as it was. Only a file's data
-     * segment (a GOT slot) is worth reading there. */
-    if (p->copy != UNWINDER_COPY_THREAD) {
-        ssize_t i = unwinder__maps_find(&p->maps, addr);
-        if (i < 0 || p->maps.v[i].path[0] != '/') {
-            p->fail |= FAIL_TRUNCATED;
-            return -UNW_EINVAL;
-        }
-    }
-
-    if (p->mem_fd >= 0 && p->mem_budget > 0 && addr <= (uint64_t)INT64_MAX - w) {
-        p->mem_budget--;
-        if (pread(p->mem_fd, valp, w, (off_t)addr) == (ssize_t)w)
-            return 0;
-    }
-
-    /* The target's memory is gone (it exec'd or exited before this record was unwound)
-     * or out of reach: a writable file segment still shows the file's bytes, unrelocated.
-     * What unwinding reads there is the personality routine's address of a CIE
-     * (DW_EH_PE_indirect, a GOT-like slot), which libunwind decodes but we never use;
-     * failing the read would end the stack at every function with a cleanup handler,
-     * such as libc's stdio (puts, fopen), instead. */
-    if (file_read(p, addr, valp, true) == 0)
-        return 0;
-    p->fail |= FAIL_MEM;
-    return -UNW_EINVAL;
+    uint64_t v;
+    if (unwinder__read_word(arg, addr, &v) < 0)
+        return -UNW_EINVAL;
+    *valp = v;
+    return 0;
 }
 
 static int acc_access_reg(unw_addr_space_t as, unw_regnum_t reg, unw_word_t *valp, int write,
@@ -244,7 +168,7 @@ unw_addr_space_t unwinder__addr_space_new(void)
         .find_proc_info = acc_find_proc_info,
         .put_unwind_info = acc_put_unwind_info,
         .get_dyn_info_list_addr = acc_get_dyn_info_list_addr,
-        .access_mem = unwinder__acc_access_mem,
+        .access_mem = acc_access_mem,
         .access_reg = acc_access_reg,
         .access_fpreg = acc_access_fpreg,
         .resume = acc_resume,
