@@ -106,18 +106,7 @@ static inline bool enc_reserve(bk_t *bk, struct enc *e, size_t n)
 /* pre: room reserved. */
 static inline void put_varint(struct enc *e, uint64_t v)
 {
-    uint8_t *q = e->p + e->len;
-    if (HP_LIKELY(v < 0x80)) {
-        *q = (uint8_t)v;
-        e->len++;
-        return;
-    }
-    while (v >= 0x80) {
-        *q++ = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    *q++ = (uint8_t)v;
-    e->len = (size_t)(q - e->p);
+    e->len += hp_pb_put_varint(e->p + e->len, v);
 }
 
 static inline void put_tag(struct enc *e, uint32_t field, uint32_t wt)
@@ -148,11 +137,7 @@ static inline void close4(struct enc *e, size_t at)
     size_t n = e->len - at - LEN4;
     if (e->ext && at < e->ext_at)
         n += e->ext_len; /* it holds the callstacks written in place */
-    uint8_t *q = e->p + at;
-    q[0] = (uint8_t)(n | 0x80);
-    q[1] = (uint8_t)(n >> 7 | 0x80);
-    q[2] = (uint8_t)(n >> 14 | 0x80);
-    q[3] = (uint8_t)(n >> 21);
+    hp_pb_put_varint4(e->p + at, (uint32_t)n);
 }
 
 /* Opens a small submessage with a 1-byte length. */
