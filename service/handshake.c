@@ -145,7 +145,8 @@ static void reject(int sock)
 {
     struct wire_client_config cfg = {.magic = WIRE_CONFIG_MAGIC,
                                      .status = WIRE_STATUS_NOT_PROFILED};
-    (void)hp_send_fds(sock, &cfg, sizeof(cfg), NULL, 0);
+    /* Best effort: the client is dropped either way. */
+    (void)!hp_send_fds(sock, &cfg, sizeof(cfg), NULL, 0);
 }
 
 struct svc_client *svc__handshake(struct svc *s, int sock)
