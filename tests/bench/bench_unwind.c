@@ -24,9 +24,9 @@
 #include <unistd.h>
 
 #include "common/clock.h"
-#include "common/regs.h"
 #include "shmem_ring/ring.h"
 #include "shmem_ring/wire.h"
+#include "tests/support/regs.h"
 #include "unwinder/sigmask.h"
 #include "unwinder/unwinder.h"
 
