@@ -106,18 +106,7 @@ static inline bool enc_reserve(bk_t *bk, struct enc *e, size_t n)
 /* pre: room reserved. */
 static inline void put_varint(struct enc *e, uint64_t v)
 {
-    uint8_t *q = e->p + e->len;
-    if (HP_LIKELY(v < 0x80)) {
-        *q = (uint8_t)v;
-        e->len++;
-        return;
-    }
-    while (v >= 0x80) {
-        *q++ = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    *q++ = (uint8_t)v;
-    e->len = (size_t)(q - e->p);
+    e->len += hp_pb_put_varint(e->p + e->len, v);
 }
 
 static inline void put_tag(struct enc *e, uint32_t field, uint32_t wt)
@@ -148,11 +137,7 @@ static inline void close4(struct enc *e, size_t at)
     size_t n = e->len - at - LEN4;
     if (e->ext && at < e->ext_at)
         n += e->ext_len; /* it holds the callstacks written in place */
-    uint8_t *q = e->p + at;
-    q[0] = (uint8_t)(n | 0x80);
-    q[1] = (uint8_t)(n >> 7 | 0x80);
-    q[2] = (uint8_t)(n >> 14 | 0x80);
-    q[3] = (uint8_t)(n >> 21);
+    hp_pb_put_varint4(e->p + at, (uint32_t)n);
 }
 
 /* Opens a small submessage with a 1-byte length. */
@@ -414,6 +399,220 @@ static void put_flags_stats(struct enc *e, const struct bk_proc *p)
     put_stats(e, p);
 }
 
+/* ---- one heap's dump, packet by packet ---- */
+
+/* One heap's dump in progress: what is left of each source, and what every packet of
+ * the dump repeats. */
+struct dump_run {
+    struct bk_proc *p;
+    struct bk_heap *heap;
+    /* Items [begin, limit) of each source are left to go out. */
+    size_t begin[SRC_COUNT], limit[SRC_COUNT];
+    size_t cs_off; /* byte offset of callstack begin[SRC_CALLSTACKS] in bk->in.emit */
+    int src;       /* the first source with items left */
+    uint64_t ts_boot, ts_coarse;
+    char heap_name[64];
+    size_t heap_name_len;
+    /* Bytes of a packet outside its items (headers, the ProcessHeapSamples fields, flags
+     * and stats, with room to spare), and the budget of its items. */
+    size_t fixed, budget;
+};
+
+/* With a sink, before anything is encoded: a restart it asks for, or one pending,
+ * re-emits every interned entry. */
+static int sink_restart(bk_t *bk)
+{
+    if (bk->sink.take_clear_request && bk->sink.take_clear_request(bk->sink.ctx))
+        bk->needs_reset = true;
+    return bk->needs_reset ? bk__write_start(bk) : 0;
+}
+
+/* Starts @d: the entries interned since the last dump and all the heap's samples, the
+ * timestamps and heap name of its packets, and their budget. */
+static void dump_begin(bk_t *bk, struct dump_run *d, struct bk_proc *p, struct bk_heap *heap)
+{
+    const struct bk_intern *in = &bk->in;
+    d->p = p;
+    d->heap = heap;
+    d->src = 0;
+    for (int s = SRC_FUNCTION_NAMES; s <= SRC_BUILD_IDS; s++) {
+        d->begin[s] = bk->emitted_str[src_str_kind[s]];
+        d->limit[s] = in->str[src_str_kind[s]].n;
+    }
+    d->begin[SRC_MAPPINGS] = HP_MAX(bk->emitted_mappings, (size_t)1);
+    d->limit[SRC_MAPPINGS] = in->n_mappings;
+    d->begin[SRC_FRAMES] = HP_MAX(bk->emitted_frames, (size_t)1);
+    d->limit[SRC_FRAMES] = in->n_frames;
+    d->begin[SRC_CALLSTACKS] = bk->emitted_callstacks;
+    d->limit[SRC_CALLSTACKS] = in->emit.n;
+    d->cs_off = bk->emitted_callstacks_off;
+    d->begin[SRC_SAMPLES] = 0;
+    d->limit[SRC_SAMPLES] = heap->n_sites;
+
+    d->ts_boot = hp_clock_ns(CLOCK_BOOTTIME);
+    /* The coarse clock ticks every few ms: keep each heap's dump timestamps strictly
+     * increasing so every dump is its own slice. */
+    d->ts_coarse = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
+    if (d->ts_coarse <= heap->last_dump_ts)
+        d->ts_coarse = heap->last_dump_ts + 1;
+    heap->last_dump_ts = d->ts_coarse;
+    bk__heap_name(heap->heap_id, d->heap_name, sizeof(d->heap_name));
+    d->heap_name_len = strlen(d->heap_name);
+    d->fixed = BK_FRAME_HEADROOM + 128 + d->heap_name_len + FLAGS_STATS_BOUND;
+    d->budget = bk->max_packet_bytes > d->fixed ? bk->max_packet_bytes - d->fixed : 0;
+}
+
+/* The TracePacket's own fields, at the start of an empty buffer. False when out of
+ * memory. */
+static bool put_header(bk_t *bk, struct enc *e, const struct dump_run *d)
+{
+    if (!enc_reserve(bk, e, d->fixed + 64))
+        return false;
+    put_uint(e, PF_PACKET(timestamp), d->ts_boot);
+    if (!bk->has_sink)
+        put_uint(e, PF_PACKET(trusted_packet_sequence_id), bk->sequence_id);
+    put_uint(e, PF_PACKET(sequence_flags), PF_SEQ_NEEDS_INCREMENTAL_STATE);
+    return true;
+}
+
+/* Opens the packet's InternedData at *@interned, unless it is open already. */
+static bool open_interned(bk_t *bk, struct enc *e, size_t *interned)
+{
+    if (*interned != SIZE_MAX)
+        return true;
+    if (!enc_reserve(bk, e, 16))
+        return false;
+    *interned = open4(e, PF_PACKET(interned_data));
+    return true;
+}
+
+/* Adds the items left of interned source d->src while they fit (@used of the budget so
+ * far; the first item of the packet regardless, then @any is set). 1 when all went in,
+ * 0 when the packet is full, -ENOMEM. */
+static int put_source(bk_t *bk, struct enc *e, struct dump_run *d, size_t *interned, size_t *used,
+                      bool *any)
+{
+    const int src = d->src;
+    if (src == SRC_CALLSTACKS && d->begin[src] < d->limit[src]) {
+        if (!open_interned(bk, e, interned))
+            return -ENOMEM;
+        put_callstacks(bk, e, &d->begin[src], &d->cs_off, used, d->budget, any);
+        return d->begin[src] >= d->limit[src];
+    }
+    for (; d->begin[src] < d->limit[src]; d->begin[src]++) {
+        size_t bound = item_bound(bk, (enum src)src, d->begin[src]);
+        if (*any && *used + bound > d->budget)
+            return 0;
+        if (!open_interned(bk, e, interned))
+            return -ENOMEM;
+        if (!enc_reserve(bk, e, bound + HP_PB_VARINT_MAX))
+            return -ENOMEM;
+        size_t before = e->len;
+        put_item(bk, e, (enum src)src, d->begin[src], d->heap);
+        *used += e->len - before;
+        *any = true;
+    }
+    return 1;
+}
+
+/* The packet's InternedData: the new strings, mappings, frames and callstacks, in that
+ * order, while they fit. 0, or -ENOMEM. */
+static int put_interned(bk_t *bk, struct enc *e, struct dump_run *d, size_t *used, bool *any)
+{
+    size_t interned = SIZE_MAX;
+    for (; d->src < SRC_SAMPLES; d->src++) {
+        int r = put_source(bk, e, d, &interned, used, any);
+        if (r < 0)
+            return r;
+        if (r == 0)
+            break;
+    }
+    if (interned != SIZE_MAX)
+        close4(e, interned);
+    return 0;
+}
+
+/* The ProcessHeapSamples fields every packet of the dump repeats. pre: room reserved. */
+static void put_dump_fields(struct enc *e, const struct dump_run *d)
+{
+    const struct bk_proc *p = d->p;
+    put_uint(e, PF_DUMP(pid), (uint64_t)(uint32_t)p->pid);
+    put_uint(e, PF_DUMP(from_startup), p->from_startup);
+    put_uint(e, PF_DUMP(timestamp), d->ts_coarse);
+    put_tag(e, PF_DUMP(heap_name), HP_PB_LEN);
+    put_varint(e, d->heap_name_len);
+    memcpy(e->p + e->len, d->heap_name, d->heap_name_len);
+    e->len += d->heap_name_len;
+    put_uint(e, PF_DUMP(sampling_interval_bytes), p->sampling_interval_bytes);
+    /* Equal to the interval: it was not adjusted. Perfetto's trace processor also
+     * reads this as "self_max_count is trustworthy". */
+    put_uint(e, PF_DUMP(orig_sampling_interval_bytes), p->sampling_interval_bytes);
+}
+
+/* The packet's ProfilePacket: the dump's fields, the samples that fit once the interned
+ * data is out, and in the last packet of the dump (*@ret_last) the flags and stats.
+ * 0, or -ENOMEM. */
+static int put_profile(bk_t *bk, struct enc *e, struct dump_run *d, size_t *used, bool *any,
+                       bool *ret_last)
+{
+    if (!enc_reserve(bk, e, 64 + d->heap_name_len))
+        return -ENOMEM;
+    size_t pp = open4(e, PF_PACKET(profile_packet));
+    size_t hs = open4(e, PF_PROFILE(process_dumps));
+    put_dump_fields(e, d);
+    if (d->src == SRC_SAMPLES && !put_samples(bk, e, d->heap, &d->begin[SRC_SAMPLES],
+                                              d->limit[SRC_SAMPLES], used, d->budget, any))
+        return -ENOMEM;
+    bool last = d->src == SRC_SAMPLES && d->begin[SRC_SAMPLES] == d->limit[SRC_SAMPLES];
+    if (!enc_reserve(bk, e, FLAGS_STATS_BOUND + 32))
+        return -ENOMEM;
+    if (last)
+        put_flags_stats(e, d->p);
+    close4(e, hs);
+    put_uint(e, PF_PROFILE(continued), !last);
+    put_uint(e, PF_PROFILE(index), bk->next_packet_index);
+    close4(e, pp);
+    *ret_last = last;
+    return 0;
+}
+
+/* What a written packet carried counts as emitted; callstacks all written are released
+ * from the emit buffer. */
+static void mark_emitted(bk_t *bk, struct dump_run *d)
+{
+    for (int s = SRC_FUNCTION_NAMES; s <= SRC_BUILD_IDS; s++)
+        bk->emitted_str[src_str_kind[s]] = d->begin[s];
+    bk->emitted_mappings = d->begin[SRC_MAPPINGS];
+    bk->emitted_frames = d->begin[SRC_FRAMES];
+    bk->emitted_callstacks = d->begin[SRC_CALLSTACKS];
+    bk->emitted_callstacks_off = d->cs_off;
+    if (bk->emitted_callstacks == bk->in.emit.n) {
+        bk__intern_emit_written(&bk->in, bk->emitted_callstacks, d->cs_off);
+        bk->emitted_callstacks = bk->emitted_callstacks_off = d->cs_off = 0;
+        d->begin[SRC_CALLSTACKS] = d->limit[SRC_CALLSTACKS] = 0;
+    }
+}
+
+/* Writes the packet encoded in @e (from @start on, after its header) with its Trace
+ * framing, the callstacks it holds in place included, and counts it. */
+static int write_packet(bk_t *bk, struct dump_run *d, const struct enc *e, size_t start)
+{
+    if (e->len + e->ext_len - start > MAX_LEN4)
+        return -E2BIG; /* cannot happen: items are bounded and so is the budget */
+    struct iovec iov[4] = {{0},
+                           {e->p, e->ext ? e->ext_at : e->len},
+                           {(void *)e->ext, e->ext_len},
+                           {e->p + e->ext_at, e->ext ? e->len - e->ext_at : 0}};
+    int r = bk__write_framed(bk, iov, 4, e->len + e->ext_len);
+    if (r == -ENOBUFS)
+        bk->next_packet_index++; /* the gap tells readers a packet is missing */
+    if (r < 0)
+        return r;
+    bk->next_packet_index++;
+    mark_emitted(bk, d);
+    return 0;
+}
+
 /* Encodes and writes one heap's dump: packets filled with, in order, the new strings,
  * mappings, frames and callstacks, then the heap's samples, each packet closed when the
  * next item would pass the size bound (an item bigger than a whole packet goes alone).
@@ -421,141 +620,27 @@ static void put_flags_stats(struct enc *e, const struct bk_proc *p)
  * the last packet only, so readers that add them up per packet count each once. */
 static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
 {
-    const struct bk_intern *in = &bk->in;
     if (bk->has_sink) {
-        /* Before anything is encoded: a restart re-emits every interned entry. */
-        if (bk->sink.take_clear_request && bk->sink.take_clear_request(bk->sink.ctx))
-            bk->needs_reset = true;
-        int r = bk->needs_reset ? bk__write_start(bk) : 0;
+        int r = sink_restart(bk);
         if (r < 0)
             return r;
     }
-    size_t begin[SRC_COUNT], limit[SRC_COUNT];
-    for (int s = SRC_FUNCTION_NAMES; s <= SRC_BUILD_IDS; s++) {
-        begin[s] = bk->emitted_str[src_str_kind[s]];
-        limit[s] = in->str[src_str_kind[s]].n;
-    }
-    begin[SRC_MAPPINGS] = HP_MAX(bk->emitted_mappings, (size_t)1);
-    limit[SRC_MAPPINGS] = in->n_mappings;
-    begin[SRC_FRAMES] = HP_MAX(bk->emitted_frames, (size_t)1);
-    limit[SRC_FRAMES] = in->n_frames;
-    begin[SRC_CALLSTACKS] = bk->emitted_callstacks;
-    limit[SRC_CALLSTACKS] = in->emit.n;
-    size_t cs_off = bk->emitted_callstacks_off;
-    begin[SRC_SAMPLES] = 0;
-    limit[SRC_SAMPLES] = heap->n_sites;
-
-    uint64_t ts_boot = hp_clock_ns(CLOCK_BOOTTIME);
-    /* The coarse clock ticks every few ms: keep each heap's dump timestamps strictly
-     * increasing so every dump is its own slice. */
-    uint64_t ts_coarse = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
-    if (ts_coarse <= heap->last_dump_ts)
-        ts_coarse = heap->last_dump_ts + 1;
-    heap->last_dump_ts = ts_coarse;
-    char heap_name[64];
-    bk__heap_name(heap->heap_id, heap_name, sizeof(heap_name));
-    size_t heap_name_len = strlen(heap_name);
-    /* Headers, the ProcessHeapSamples fields, flags and stats, with room to spare. */
-    const size_t fixed = BK_FRAME_HEADROOM + 128 + heap_name_len + FLAGS_STATS_BOUND;
-    const size_t budget = bk->max_packet_bytes > fixed ? bk->max_packet_bytes - fixed : 0;
-
-    int src = 0;
+    struct dump_run d;
+    dump_begin(bk, &d, p, heap);
     for (;;) {
         struct enc e = {.p = bk->buf.p};
-        if (!enc_reserve(bk, &e, fixed + 64))
+        if (!put_header(bk, &e, &d))
             return -ENOMEM;
-        put_uint(&e, PF_PACKET(timestamp), ts_boot);
-        if (!bk->has_sink)
-            put_uint(&e, PF_PACKET(trusted_packet_sequence_id), bk->sequence_id);
-        put_uint(&e, PF_PACKET(sequence_flags), PF_SEQ_NEEDS_INCREMENTAL_STATE);
         const size_t start = e.len;
         size_t used = 0;
-        bool any = false;
-
-        /* Interned data, then the samples, while they fit. */
-        size_t interned = SIZE_MAX;
-        for (; src < SRC_SAMPLES; src++) {
-            if (src == SRC_CALLSTACKS && begin[src] < limit[src]) {
-                if (interned == SIZE_MAX) {
-                    if (!enc_reserve(bk, &e, 16))
-                        return -ENOMEM;
-                    interned = open4(&e, PF_PACKET(interned_data));
-                }
-                put_callstacks(bk, &e, &begin[src], &cs_off, &used, budget, &any);
-                if (begin[src] < limit[src])
-                    goto interned_done;
-                continue;
-            }
-            for (; begin[src] < limit[src]; begin[src]++) {
-                size_t bound = item_bound(bk, (enum src)src, begin[src]);
-                if (any && used + bound > budget)
-                    goto interned_done;
-                if (interned == SIZE_MAX) {
-                    if (!enc_reserve(bk, &e, 16))
-                        return -ENOMEM;
-                    interned = open4(&e, PF_PACKET(interned_data));
-                }
-                if (!enc_reserve(bk, &e, bound + HP_PB_VARINT_MAX))
-                    return -ENOMEM;
-                size_t before = e.len;
-                put_item(bk, &e, (enum src)src, begin[src], heap);
-                used += e.len - before;
-                any = true;
-            }
-        }
-    interned_done:
-        if (interned != SIZE_MAX)
-            close4(&e, interned);
-        if (!enc_reserve(bk, &e, 64 + heap_name_len))
-            return -ENOMEM;
-        size_t pp = open4(&e, PF_PACKET(profile_packet));
-        size_t hs = open4(&e, PF_PROFILE(process_dumps));
-        put_uint(&e, PF_DUMP(pid), (uint64_t)(uint32_t)p->pid);
-        put_uint(&e, PF_DUMP(from_startup), p->from_startup);
-        put_uint(&e, PF_DUMP(timestamp), ts_coarse);
-        put_tag(&e, PF_DUMP(heap_name), HP_PB_LEN);
-        put_varint(&e, heap_name_len);
-        memcpy(e.p + e.len, heap_name, heap_name_len);
-        e.len += heap_name_len;
-        put_uint(&e, PF_DUMP(sampling_interval_bytes), p->sampling_interval_bytes);
-        /* Equal to the interval: it was not adjusted. Perfetto's trace processor also
-         * reads this as "self_max_count is trustworthy". */
-        put_uint(&e, PF_DUMP(orig_sampling_interval_bytes), p->sampling_interval_bytes);
-        if (src == SRC_SAMPLES &&
-            !put_samples(bk, &e, heap, &begin[src], limit[src], &used, budget, &any))
-            return -ENOMEM;
-        bool last = src == SRC_SAMPLES && begin[src] == limit[src];
-        if (!enc_reserve(bk, &e, FLAGS_STATS_BOUND + 32))
-            return -ENOMEM;
-        if (last)
-            put_flags_stats(&e, p);
-        close4(&e, hs);
-        put_uint(&e, PF_PROFILE(continued), !last);
-        put_uint(&e, PF_PROFILE(index), bk->next_packet_index);
-        close4(&e, pp);
-        if (e.len + e.ext_len - start > MAX_LEN4)
-            return -E2BIG; /* cannot happen: items are bounded and so is the budget */
-        struct iovec iov[4] = {{0},
-                               {e.p, e.ext ? e.ext_at : e.len},
-                               {(void *)e.ext, e.ext_len},
-                               {e.p + e.ext_at, e.ext ? e.len - e.ext_at : 0}};
-        int r = bk__write_framed(bk, iov, 4, e.len + e.ext_len);
-        if (r == -ENOBUFS)
-            bk->next_packet_index++; /* the gap tells readers a packet is missing */
+        bool any = false, last = false;
+        int r = put_interned(bk, &e, &d, &used, &any);
+        if (r == 0)
+            r = put_profile(bk, &e, &d, &used, &any, &last);
+        if (r == 0)
+            r = write_packet(bk, &d, &e, start);
         if (r < 0)
             return r;
-        bk->next_packet_index++;
-        for (int s = SRC_FUNCTION_NAMES; s <= SRC_BUILD_IDS; s++)
-            bk->emitted_str[src_str_kind[s]] = begin[s];
-        bk->emitted_mappings = begin[SRC_MAPPINGS];
-        bk->emitted_frames = begin[SRC_FRAMES];
-        bk->emitted_callstacks = begin[SRC_CALLSTACKS];
-        bk->emitted_callstacks_off = cs_off;
-        if (bk->emitted_callstacks == in->emit.n) {
-            bk__intern_emit_written(&bk->in, bk->emitted_callstacks, cs_off);
-            bk->emitted_callstacks = bk->emitted_callstacks_off = cs_off = 0;
-            begin[SRC_CALLSTACKS] = limit[SRC_CALLSTACKS] = 0;
-        }
         if (last)
             return 0;
     }

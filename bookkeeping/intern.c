@@ -363,16 +363,6 @@ static uint64_t stack_hash(uint64_t seed, const struct hp_frame *frames, size_t 
     return hp_hash_u64(h0 ^ (h1 << 16 | h1 >> 48) ^ (h2 << 32 | h2 >> 32) ^ (h3 << 48 | h3 >> 16));
 }
 
-static uint8_t *emit_varint(uint8_t *q, uint64_t v)
-{
-    while (v >= 0x80) {
-        *q++ = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    *q++ = (uint8_t)v;
-    return q;
-}
-
 /* Appends callstack @cs with its @n frame ids (root first) to the emit buffer. */
 static int emit_callstack(struct bk_intern *in, uint32_t cs, const uint32_t *fids, size_t n)
 {
@@ -389,15 +379,15 @@ static int emit_callstack(struct bk_intern *in, uint32_t cs, const uint32_t *fid
     /* The body first, after room for the longest length; then moved in place. */
     uint8_t *start = em->p + em->len, *body = start + 4, *q = body;
     *q++ = PF_CALLSTACK(iid) << 3 | HP_PB_VARINT;
-    q = emit_varint(q, cs);
+    q += hp_pb_put_varint(q, cs);
     for (size_t i = 0; i < n; i++) {
         *q++ = PF_CALLSTACK(frame_ids) << 3 | HP_PB_VARINT;
-        q = emit_varint(q, fids[i]);
+        q += hp_pb_put_varint(q, fids[i]);
     }
     size_t body_len = (size_t)(q - body);
     uint8_t hdr[4];
     hdr[0] = PF_INTERNED(callstacks) << 3 | HP_PB_LEN;
-    size_t hlen = (size_t)(emit_varint(hdr + 1, body_len) - hdr);
+    size_t hlen = 1 + hp_pb_put_varint(hdr + 1, body_len);
     memmove(start + hlen, body, body_len);
     memcpy(start, hdr, hlen);
     em->len += hlen + body_len;

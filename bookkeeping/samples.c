@@ -38,17 +38,6 @@ _Static_assert(BK_SAMPLE_MAX_BYTES - 2 < 0x80, "a sample's length fits one byte"
 
 /* ---- scalar ---- */
 
-/* pre: HP_PB_VARINT_MAX bytes of room. */
-static inline uint8_t *vput(uint8_t *q, uint64_t v)
-{
-    while (v >= 0x80) {
-        *q++ = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    *q++ = (uint8_t)v;
-    return q;
-}
-
 /* Tag byte @tag and varint @v. Values below 2^21 take one unaligned store of the tag and
  * their bytes (which may write past them). pre: HP_PB_VARINT_MAX + 2 bytes of room. */
 static inline uint8_t *tput(uint8_t *q, uint8_t tag, uint64_t v)
@@ -69,8 +58,8 @@ static inline uint8_t *tput(uint8_t *q, uint8_t tag, uint64_t v)
         memcpy(q, &w, sizeof(w));
         return q + 4;
     }
-    *q = tag;
-    return vput(q + 1, v);
+    *q++ = tag;
+    return q + hp_pb_put_varint(q, v);
 }
 
 /* One sample; the bytes put_item in bookkeeping/dump.c would write. */

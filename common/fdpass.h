@@ -11,16 +11,19 @@
 
 #include <stddef.h>
 
+#include "common/macros.h"
+
 #define HP_MAX_PASSED_FDS 4
 
 /* Sends exactly @len bytes of @buf with @nfds descriptors attached to the first byte.
  * Returns 0 or -errno (-EPIPE when the peer is gone). Never raises SIGPIPE. */
-int hp_send_fds(int sock, const void *buf, size_t len, const int *fds, size_t nfds);
+int hp_send_fds(int sock, const void *buf, size_t len, const int *fds, size_t nfds) HP_WARN_UNUSED;
 
 /* Receives exactly @len bytes into @buf and up to @max_fds descriptors (close-on-exec).
  * Descriptors beyond @max_fds, or attached to a short message, are closed. Writes the
  * received count to @ret_nfds. Returns 0, -ECONNRESET on EOF, -EBADMSG on a short or
  * truncated message, or -errno. */
-int hp_recv_fds(int sock, void *buf, size_t len, int *fds, size_t max_fds, size_t *ret_nfds);
+int hp_recv_fds(int sock, void *buf, size_t len, int *fds, size_t max_fds,
+                size_t *ret_nfds) HP_WARN_UNUSED;
 
 #endif

@@ -17,20 +17,23 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "common/macros.h"
+
 #define HP_PATH_MAX 108 /* sizeof(sockaddr_un.sun_path) */
 #define HP_DAEMON_SOCKET_NAME "heapprofd.sock"
 
 /* Writes the runtime directory. Returns 0, or -ENAMETOOLONG. */
-int hp_runtime_dir(const char *xdg_runtime_dir, uid_t uid, char *buf, size_t len);
+int hp_runtime_dir(const char *xdg_runtime_dir, uid_t uid, char *buf, size_t len) HP_WARN_UNUSED;
 /* Writes "<dir>/heapprofd.sock" (@attach_pid <= 0) or "<dir>/attach-<pid>.sock". */
-int hp_socket_path(const char *xdg_runtime_dir, uid_t uid, pid_t attach_pid, char *buf, size_t len);
+int hp_socket_path(const char *xdg_runtime_dir, uid_t uid, pid_t attach_pid, char *buf,
+                   size_t len) HP_WARN_UNUSED;
 
 /* Service side only (common/rundir.c; not hook-safe). */
 
 /* Creates the runtime directory if needed and checks it: a directory (not a symlink)
  * owned by us with mode 0700. Writes its path to @buf. Returns 0 or -errno with a
  * message in @err. */
-int hp_runtime_dir_prepare(char *buf, size_t len, char *err, size_t err_len);
+int hp_runtime_dir_prepare(char *buf, size_t len, char *err, size_t err_len) HP_WARN_UNUSED;
 /* The directory of the socket of a daemon that other users' processes may connect to
  * (--allow-other-users): root's, writable by nobody else, searchable by everyone. */
 #define HP_SHARED_SOCKET_DIR "/run/heapprof"
@@ -38,10 +41,10 @@ int hp_runtime_dir_prepare(char *buf, size_t len, char *err, size_t err_len);
  * by us (root) and not writable by group or others; makes it mode 0755 when it was
  * tighter (others must reach the socket in it). Writes its path to @buf. Returns 0 or
  * -errno with a message in @err. */
-int hp_shared_dir_prepare(char *buf, size_t len, char *err, size_t err_len);
+int hp_shared_dir_prepare(char *buf, size_t len, char *err, size_t err_len) HP_WARN_UNUSED;
 /* Creates a new private directory (mode 0700) "heapprof-XXXXXX" under $XDG_RUNTIME_DIR
  * when that is a usable directory, else under /tmp, for the socket of one session.
  * Writes its path to @buf. Returns 0 or -errno. */
-int hp_private_dir_new(char *buf, size_t len);
+int hp_private_dir_new(char *buf, size_t len) HP_WARN_UNUSED;
 
 #endif

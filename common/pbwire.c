@@ -16,17 +16,6 @@ size_t hp_pb_varint_size(uint64_t v)
     return n;
 }
 
-size_t hp_pb_put_varint(uint8_t *buf, uint64_t v)
-{
-    size_t n = 0;
-    while (v >= 0x80) {
-        buf[n++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    buf[n++] = (uint8_t)v;
-    return n;
-}
-
 int hp_pb_get_varint(const uint8_t **p, const uint8_t *end, uint64_t *ret)
 {
     const uint8_t *q = *p;

@@ -32,8 +32,30 @@
 #define HP_PB_TRACE_PACKET_TAG 0x0a
 
 size_t hp_pb_varint_size(uint64_t v);
-/* Writes @v at @buf (room for HP_PB_VARINT_MAX bytes); returns the bytes written. */
-size_t hp_pb_put_varint(uint8_t *buf, uint64_t v);
+
+/* Writes @v at @buf (room for HP_PB_VARINT_MAX bytes); returns the bytes written. The one
+ * varint writer of the project; inline, because the dump encoders call it per field. */
+static inline size_t hp_pb_put_varint(uint8_t *buf, uint64_t v)
+{
+    size_t n = 0;
+    while (v >= 0x80) {
+        buf[n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    buf[n++] = (uint8_t)v;
+    return n;
+}
+
+/* Writes @v (< 2^28) at @buf as a varint of exactly 4 bytes, the first three with the
+ * continuation bit even where a shorter form exists (decoders accept it): a length
+ * written after its message, in the room left before it. */
+static inline void hp_pb_put_varint4(uint8_t *buf, uint32_t v)
+{
+    buf[0] = (uint8_t)(v | 0x80);
+    buf[1] = (uint8_t)(v >> 7 | 0x80);
+    buf[2] = (uint8_t)(v >> 14 | 0x80);
+    buf[3] = (uint8_t)(v >> 21);
+}
 /* Reads a varint from [*p, end); advances *p. Returns 0, -EAGAIN when the input ends
  * inside the varint, -EBADMSG when it is longer than 10 bytes. */
 int hp_pb_get_varint(const uint8_t **p, const uint8_t *end, uint64_t *ret);

@@ -32,6 +32,7 @@
 
 #include "common/clock.h"
 #include "common/macros.h"
+#include "common/pbwire.h"
 #include "protos/trace_packet.pb.h"
 
 /* previous_packet_dropped = DATA_LOSS_PRESENT | DATA_LOSS_SMB_FULL (1 | 256), appended
@@ -186,14 +187,6 @@ static int acquire_chunk(prod_writer_t *w, uint16_t flags, uint64_t *deadline_ns
     return 0;
 }
 
-static void put_redundant_varint4(uint8_t *q, uint32_t v)
-{
-    q[0] = (uint8_t)(v | 0x80);
-    q[1] = (uint8_t)(v >> 7 | 0x80);
-    q[2] = (uint8_t)(v >> 14 | 0x80);
-    q[3] = (uint8_t)(v >> 21);
-}
-
 /* A packet was cut after a fragment that continues: the next chunk of the sequence
  * starts with a continuation whose size is the drop sentinel, alone in its chunk (traced
  * ignores whatever follows the sentinel). pre: lock held, no chunk held. */
@@ -202,7 +195,7 @@ static int close_orphan(prod_writer_t *w, uint64_t *deadline_ns)
     int r = acquire_chunk(w, PROD_CHUNK_CONT_FROM_PREV, deadline_ns);
     if (r < 0)
         return r;
-    put_redundant_varint4(w->chunk + w->pos, PROD_DROP_SENTINEL);
+    hp_pb_put_varint4(w->chunk + w->pos, PROD_DROP_SENTINEL);
     w->pos += 4;
     w->count = 1;
     complete_chunk(w);
@@ -287,7 +280,7 @@ static int write_locked(prod_writer_t *w, const struct iovec *iov, int n, size_t
             w->pos += 1;
         } else {
             frag = HP_MIN(left, room - 4);
-            put_redundant_varint4(q, (uint32_t)frag);
+            hp_pb_put_varint4(q, (uint32_t)frag);
             w->pos += 4;
         }
         w->count++;

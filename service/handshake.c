@@ -118,7 +118,8 @@ static void reject(int sock)
 {
     struct wire_client_config cfg = {.magic = WIRE_CONFIG_MAGIC,
                                      .status = WIRE_STATUS_NOT_PROFILED};
-    (void)hp_send_fds(sock, &cfg, sizeof(cfg), NULL, 0);
+    /* Best effort: the client is dropped either way. */
+    (void)!hp_send_fds(sock, &cfg, sizeof(cfg), NULL, 0);
 }
 
 /* A client of the peer that said @hello (pid @pid), with the descriptors in @fds (taken:

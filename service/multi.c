@@ -340,7 +340,7 @@ static void accept_all(svc_multi_t *m)
                                         .status = WIRE_STATUS_NOT_PROFILED};
         struct timeval tv = {0, 100000};
         (void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-        (void)hp_send_fds(fd, &no, sizeof(no), NULL, 0);
+        (void)!hp_send_fds(fd, &no, sizeof(no), NULL, 0); /* best effort: dropped anyway */
         (void)close(fd);
     }
 }

@@ -26,6 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/macros.h"
 #include "common/regs.h"
 
 /* ---- Handshake ------------------------------------------------------------------- */
@@ -291,14 +292,15 @@ static inline void wire_encode_maps_changed(void *dst, uint32_t flags, uint32_t 
  * in @ret_n_pcs (else 0). Returns 0 or -EBADMSG. */
 int wire_decode_alloc(const uint8_t *data, size_t len, uint64_t max_stack_bytes,
                       struct wire_alloc *ret, const uint8_t **ret_stack, uint64_t *ret_pcs,
-                      size_t *ret_n_pcs);
+                      size_t *ret_n_pcs) HP_WARN_UNUSED;
 /* Copies a WIRE_ALLOC_PCS payload: the fixed part into @ret, its 1..WIRE_MAX_PCS pcs into
  * @ret_pcs (room for WIRE_MAX_PCS). Returns 0 or -EBADMSG. */
 int wire_decode_alloc_pcs(const uint8_t *data, size_t len, struct wire_alloc_pcs *ret,
-                          uint64_t *ret_pcs);
+                          uint64_t *ret_pcs) HP_WARN_UNUSED;
 /* Copies a WIRE_FREE payload into @ret. Returns 0 or -EBADMSG when too short. */
-int wire_decode_free(const uint8_t *data, size_t len, struct wire_free *ret);
+int wire_decode_free(const uint8_t *data, size_t len, struct wire_free *ret) HP_WARN_UNUSED;
 /* Copies a WIRE_MAPS_CHANGED payload into @ret. Returns 0 or -EBADMSG when too short. */
-int wire_decode_maps_changed(const uint8_t *data, size_t len, struct wire_maps_changed *ret);
+int wire_decode_maps_changed(const uint8_t *data, size_t len,
+                             struct wire_maps_changed *ret) HP_WARN_UNUSED;
 
 #endif

@@ -20,14 +20,6 @@
 #include <errno.h>
 #include <string.h>
 
-/* True for the path of the dynamic loader. */
-bool unwinder__is_loader_path(const char *path)
-{
-    const char *base = strrchr(path, '/');
-    base = base ? base + 1 : path;
-    return strncmp(base, "ld-linux", 8) == 0 || strncmp(base, "ld.so", 5) == 0;
-}
-
 /* True for a frame in the dynamic loader. Its entry code (_start, _dl_start_user, which
  * run shared libraries' constructors through _dl_init) has no CFI: reaching it is the
  * end of the stack, not an unwinding error. */

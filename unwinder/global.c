@@ -1,141 +1,25 @@
-/* unwinder/global.c: the state of unwinder/ shared by all processes and threads: the
- * string table that interns paths and function names, the table of interned, immutable
- * struct hp_mapping objects, the byte count of the caches, and unwinder_global_init(),
- * unwinder_global_done() and unwinder_global_bytes(). Thread-safe.
+/* unwinder/global.c: the lifetime of the state of unwinder/ shared by all processes and
+ * threads: unwinder_global_init() and unwinder_global_done(), reference-counted, which
+ * set up and release the interning tables (intern.c), the ELF cache, the source-line
+ * cache and the signal-mask override, and unwinder_global_bytes(). Thread-safe.
  */
 #include "unwinder/unwinder_internal.h"
 
-#include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
+#include <stddef.h>
 
-#include "common/containers.h"
-#include "common/strtab.h"
 #include "unwinder/sigmask.h"
 #include "unwinder/unwinder.h"
 
-/* Guards the reference count and the mapping table. The string table has its own lock. */
+/* Guards the reference count, and so the setup and release of the global state. */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned g_refs;
-static hp_strtab_t *g_strs;
-static const char *g_empty;
-
-/* Open addressing, linear probing, power-of-two size, at most half full. Keyed by
- * g_maps_seed: the mappings' addresses, offsets and paths are the clients' choice. */
-static const struct hp_mapping **g_maps;
-static size_t g_maps_cap, g_maps_n;
-static uint64_t g_maps_seed;
-
-/* Heap bytes of the ELF cache and the mapping table (the string table counts itself).
- * Relaxed: a statistic, no memory is published through it. */
-static atomic_size_t g_bytes;
-
-void unwinder__account(ssize_t delta)
-{
-    if (delta >= 0)
-        atomic_fetch_add_explicit(&g_bytes, (size_t)delta, memory_order_relaxed);
-    else
-        atomic_fetch_sub_explicit(&g_bytes, (size_t)-delta, memory_order_relaxed);
-}
-
-const char *unwinder__empty(void)
-{
-    return g_empty;
-}
-
-const char *unwinder__intern(const char *s, size_t len)
-{
-    const char *r = hp_strtab_intern(g_strs, s, len);
-    return r ? r : g_empty;
-}
-
-static uint64_t mapping_hash(const struct hp_mapping *m)
-{
-    uint64_t h = hp_hash_keyed(g_maps_seed, (uint64_t)(uintptr_t)m->path);
-    h = hp_hash_keyed2(h, m->start, m->end);
-    h = hp_hash_keyed2(h, m->exact_offset, m->start_offset);
-    h = hp_hash_keyed2(h, m->load_bias, m->build_id_len);
-    uint32_t n = HP_MIN(m->build_id_len, (uint32_t)HP_BUILD_ID_MAX);
-    return hp_hash_bytes(m->build_id, n, h);
-}
-
-static bool mapping_eq(const struct hp_mapping *a, const struct hp_mapping *b)
-{
-    return a->start == b->start && a->end == b->end && a->exact_offset == b->exact_offset &&
-           a->start_offset == b->start_offset && a->load_bias == b->load_bias &&
-           a->path == b->path && a->build_id_len == b->build_id_len &&
-           memcmp(a->build_id, b->build_id, a->build_id_len) == 0;
-}
-
-static int maps_grow_locked(void)
-{
-    size_t ncap = g_maps_cap ? g_maps_cap * 2 : 256;
-    const struct hp_mapping **nv = calloc(ncap, sizeof(*nv));
-    if (!nv)
-        return -ENOMEM;
-    for (size_t i = 0; i < g_maps_cap; i++) {
-        if (!g_maps[i])
-            continue;
-        size_t j = mapping_hash(g_maps[i]) & (ncap - 1);
-        while (nv[j])
-            j = (j + 1) & (ncap - 1);
-        nv[j] = g_maps[i];
-    }
-    unwinder__account((ssize_t)((ncap - g_maps_cap) * sizeof(*nv)));
-    free(g_maps);
-    g_maps = nv;
-    g_maps_cap = ncap;
-    return 0;
-}
-
-const struct hp_mapping *unwinder__mapping_intern(const struct hp_mapping *tmpl)
-{
-    struct hp_mapping key = *tmpl;
-    if (key.build_id_len > HP_BUILD_ID_MAX)
-        key.build_id_len = HP_BUILD_ID_MAX;
-    memset(key.build_id + key.build_id_len, 0, HP_BUILD_ID_MAX - key.build_id_len);
-    uint64_t h = mapping_hash(&key);
-
-    const struct hp_mapping *res = NULL;
-    pthread_mutex_lock(&g_lock);
-    if ((g_maps_n + 1) * 2 > g_maps_cap && maps_grow_locked() < 0)
-        goto out;
-    size_t i = h & (g_maps_cap - 1);
-    while (g_maps[i]) {
-        if (mapping_eq(g_maps[i], &key)) {
-            res = g_maps[i];
-            goto out;
-        }
-        i = (i + 1) & (g_maps_cap - 1);
-    }
-    struct hp_mapping *m = malloc(sizeof(*m));
-    if (!m)
-        goto out;
-    *m = key;
-    g_maps[i] = m;
-    g_maps_n++;
-    unwinder__account(sizeof(*m));
-    res = m;
-out:
-    pthread_mutex_unlock(&g_lock);
-    return res;
-}
 
 static void free_all_locked(void)
 {
     unwinder__srcline_done();
     unwinder__elf_cache_done();
-    for (size_t i = 0; i < g_maps_cap; i++)
-        free((void *)g_maps[i]);
-    free(g_maps);
-    g_maps = NULL;
-    g_maps_cap = g_maps_n = 0;
-    g_strs = hp_strtab_free(g_strs);
-    g_empty = NULL;
-    atomic_store_explicit(&g_bytes, 0, memory_order_relaxed);
+    unwinder__intern_done();
 }
 
 int unwinder_global_init(void)
@@ -144,13 +28,9 @@ int unwinder_global_init(void)
     pthread_mutex_lock(&g_lock);
     if (g_refs++ > 0)
         goto out;
-    g_maps_seed = hp_hash_seed();
-    g_strs = hp_strtab_new();
-    g_empty = g_strs ? hp_strtab_intern(g_strs, "", 0) : NULL;
-    if (!g_empty) {
-        r = -ENOMEM;
+    r = unwinder__intern_init();
+    if (r < 0)
         goto fail;
-    }
     r = unwinder__elf_cache_init();
     if (r < 0)
         goto fail;
@@ -174,10 +54,5 @@ void unwinder_global_done(void)
 
 size_t unwinder_global_bytes(void)
 {
-    size_t b = atomic_load_explicit(&g_bytes, memory_order_relaxed);
-    pthread_mutex_lock(&g_lock);
-    if (g_strs)
-        b += hp_strtab_bytes(g_strs);
-    pthread_mutex_unlock(&g_lock);
-    return b;
+    return unwinder__intern_bytes();
 }

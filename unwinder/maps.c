@@ -1,4 +1,4 @@
-/* unwinder/maps.c: the /proc/PID/maps parser (maps.h). */
+/* unwinder/maps.c: the /proc/PID/maps parser (maps.h), and the test for the loader's path. */
 #include "unwinder/maps.h"
 
 #include <errno.h>
@@ -261,4 +261,11 @@ ssize_t unwinder__maps_find(const struct unwinder__maps *m, uint64_t addr)
         return -1;
     const struct unwinder__map *e = &m->v[lo - 1];
     return addr < e->end ? (ssize_t)(lo - 1) : -1;
+}
+
+bool unwinder__is_loader_path(const char *path)
+{
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    return strncmp(base, "ld-linux", 8) == 0 || strncmp(base, "ld.so", 5) == 0;
 }

@@ -21,6 +21,7 @@
 #ifndef HP_UNWINDER_MAPS_H
 #define HP_UNWINDER_MAPS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -67,5 +68,8 @@ void unwinder__maps_done(struct unwinder__maps *m);
 
 /* Index of the mapping that holds @addr, or -1. */
 ssize_t unwinder__maps_find(const struct unwinder__maps *m, uint64_t addr);
+
+/* True for the path of the dynamic loader (by its file name). */
+bool unwinder__is_loader_path(const char *path);
 
 #endif

@@ -308,6 +308,86 @@ const struct hp_mapping *unwinder__pmap_mapping(struct unwinder_process *p, size
     return pm->hm;
 }
 
+/* ---- memory ------------------------------------------------------------------ */
+
+/* Reads a word at @addr from the file behind the mapping that holds it: from read-only
+ * segments only, or, with @writable, from data segments too. 0, or -1 when no usable file
+ * backs @addr. */
+static int file_read(struct unwinder_process *p, uint64_t addr, uint64_t *valp, bool writable)
+{
+    const size_t w = sizeof(*valp);
+    ssize_t i = unwinder__maps_find(&p->maps, addr);
+    if (i < 0)
+        return -1;
+    const struct unwinder__map *m = &p->maps.v[i];
+    if ((!writable && (m->perms & UNWINDER_PERM_WRITE)) || m->end - addr < w)
+        return -1;
+    const struct unwinder__elf *e = unwinder__pmap_elf(p, (size_t)i);
+    const struct unwinder__segment *seg = p->pm[i].seg;
+    if (!e || !seg || (!writable && (seg->flags & PF_W)))
+        return -1;
+    uint64_t off = addr - m->start + m->pgoff;
+    if (off < m->pgoff)
+        return -1;
+    /* Past the segment's file bytes lies its zero-filled part (.bss). */
+    if (off + w > seg->offset + seg->filesz) {
+        if (!writable || off < seg->offset)
+            return unwinder__elf_read(e, off, valp, w) == 0 ? 0 : -1;
+        *valp = 0;
+        return 0;
+    }
+    return unwinder__elf_read(e, off, valp, w) == 0 ? 0 : -1;
+}
+
+int unwinder__read_word(struct unwinder_process *p, uint64_t addr, uint64_t *ret_word)
+{
+    uint64_t v;
+    const size_t w = sizeof(v);
+
+    uint64_t rel = addr - p->stack_ptr;
+    if (addr >= p->stack_ptr && rel < p->stack_len && p->stack_len - rel >= w) {
+        memcpy(&v, p->stack + rel, w);
+        goto found;
+    }
+
+    /* Read-only file mappings show the file's bytes: serve them from the cached image
+     * (unwind tables, code for signal-frame checks) without a syscall. Writable segments
+     * (data, relocated RELRO) differ from the file and go to the target's memory. */
+    if (file_read(p, addr, &v, false) == 0)
+        goto found;
+
+    /* Past a copy of a foreign stack, or of one cut short: the rest, or the stack a signal
+     * handler interrupted, is in the process, but no longer as it was. Only a file's data
+     * segment (a GOT slot) is worth reading there. */
+    if (p->copy != UNWINDER_COPY_THREAD) {
+        ssize_t i = unwinder__maps_find(&p->maps, addr);
+        if (i < 0 || p->maps.v[i].path[0] != '/') {
+            p->fail |= FAIL_TRUNCATED;
+            return -EFAULT;
+        }
+    }
+
+    if (p->mem_fd >= 0 && p->mem_budget > 0 && addr <= (uint64_t)INT64_MAX - w) {
+        p->mem_budget--;
+        if (pread(p->mem_fd, &v, w, (off_t)addr) == (ssize_t)w)
+            goto found;
+    }
+
+    /* The target's memory is gone (it exec'd or exited before this record was unwound)
+     * or out of reach: a writable file segment still shows the file's bytes, unrelocated.
+     * What unwinding reads there is the personality routine's address of a CIE
+     * (DW_EH_PE_indirect, a GOT-like slot), which libunwind decodes but we never use;
+     * failing the read would end the stack at every function with a cleanup handler,
+     * such as libc's stdio (puts, fopen), instead. */
+    if (file_read(p, addr, &v, true) == 0)
+        goto found;
+    p->fail |= FAIL_MEM;
+    return -EFAULT;
+found:
+    *ret_word = v;
+    return 0;
+}
+
 /* ---- processes --------------------------------------------------------------- */
 
 int unwinder_process_new(pid_t pid, int maps_fd, int mem_fd, unwinder_process_t **ret)

@@ -1,8 +1,9 @@
 /* unwinder/unwind_dwfl.c: the fallback unwinder, elfutils' (libdwfl), for code whose
  * CFI is only in .debug_frame, which libunwind does not read. A Dwfl per process, made
  * when first needed and again after the maps changed, reports every usable executable
- * ELF mapping at its load address; memory is read through the libunwind accessor
- * (unwinder__acc_access_mem()) and registers come from the client's capture.
+ * ELF mapping at its load address; memory is read through unwinder__read_word()
+ * (process.c), as libunwind's accessor does, and registers come from the client's
+ * capture.
  *
  * elfutils never opens a file here: each module's ELF is the ELF cache's mapped image of
  * it (elf_memory), held while the Dwfl lives, and no separate debug file is looked for.
@@ -16,7 +17,6 @@
 
 #include <elfutils/libdwfl.h>
 #include <errno.h>
-#include <libunwind.h>
 #include <stdlib.h>
 
 #include "common/containers.h"
@@ -34,8 +34,8 @@ static pid_t dw_next_thread(Dwfl *dwfl, void *dwfl_arg, void **thread_argp)
 static bool dw_memory_read(Dwfl *dwfl, Dwarf_Addr addr, Dwarf_Word *result, void *dwfl_arg)
 {
     (void)dwfl;
-    unw_word_t v;
-    if (unwinder__acc_access_mem(NULL, addr, &v, 0, dwfl_arg) < 0)
+    uint64_t v;
+    if (unwinder__read_word(dwfl_arg, addr, &v) < 0)
         return false;
     *result = v;
     return true;

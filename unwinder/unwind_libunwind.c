@@ -2,9 +2,14 @@
  * with libunwind, and the accessors it reads the target through.
  *
  * libunwind's remote API asks us, through unw_accessors_t, for registers (from the
- * client's capture), memory (the stack copy first, then the mmap'd ELF file behind a
- * read-only file mapping, then /proc/PID/mem) and unwind tables (the .eh_frame_hdr of the
- * ELF behind the pc, described to libunwind at its address in the target).
+ * client's capture), memory (unwinder__read_word() in process.c: the stack copy first,
+ * then the mmap'd ELF file behind a read-only file mapping, then /proc/PID/mem) and unwind
+ * tables (the .eh_frame_hdr of the ELF behind the pc, described to libunwind at its
+ * address in the target).
+ *
+ * unwinder_unwind_copy() runs in steps: unwind_begin() takes the input, unwind_walk()
+ * steps with libunwind (unwind_steps(), deciding after each step in step_ends()) and
+ * hands over to the fallback, unwind_finish() ends the stack with its reason.
  *
  * Each step's frame is named by frames.c (which says why later frames use pc - 1). Code
  * whose CFI is only in .debug_frame hands the stack over to unwind_dwfl.c; a stack that
@@ -12,11 +17,9 @@
  */
 #include "unwinder/unwinder_internal.h"
 
-#include <elf.h>
 #include <errno.h>
 #include <libunwind.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "unwinder/sigmask.h"
 
@@ -33,16 +36,6 @@ _Static_assert(WIRE_REG_R15 == UNW_X86_64_R15, "register numbering");
 
 /* preads on /proc/PID/mem per unwind: bounds the time hostile stacks can cost. */
 #define MEM_READ_BUDGET 2048
-
-/* What went wrong inside the accessors during one unw_step(). */
-enum {
-    FAIL_NO_MAP = 1u << 0,      /* a pc in no executable mapping */
-    FAIL_ELF = 1u << 1,         /* a pc in a file mapping whose ELF we cannot use */
-    FAIL_NO_INFO = 1u << 2,     /* no unwind table, or no entry for the pc */
-    FAIL_MEM = 1u << 3,         /* a memory read found nothing */
-    FAIL_DEBUG_FRAME = 1u << 4, /* FAIL_NO_INFO in a file that has .debug_frame */
-    FAIL_TRUNCATED = 1u << 5,   /* memory past a partial copy (unwinder_unwind_copy()) */
-};
 
 /* ---- libunwind accessors ----------------------------------------------------- */
 
@@ -109,83 +102,18 @@ static int acc_get_dyn_info_list_addr(unw_addr_space_t as, unw_word_t *dilap, vo
     return -UNW_ENOINFO;
 }
 
-/* Reads a word at @addr from the file behind the mapping that holds it: from read-only
- * segments only, or, with @writable, from data segments too. 0, or -1 when no usable file
- * backs @addr. */
-static int file_read(struct unwinder_process *p, uint64_t addr, unw_word_t *valp, bool writable)
-{
-    const size_t w = sizeof(*valp);
-    ssize_t i = unwinder__maps_find(&p->maps, addr);
-    if (i < 0)
-        return -1;
-    const struct unwinder__map *m = &p->maps.v[i];
-    if ((!writable && (m->perms & UNWINDER_PERM_WRITE)) || m->end - addr < w)
-        return -1;
-    const struct unwinder__elf *e = unwinder__pmap_elf(p, (size_t)i);
-    const struct unwinder__segment *seg = p->pm[i].seg;
-    if (!e || !seg || (!writable && (seg->flags & PF_W)))
-        return -1;
-    uint64_t off = addr - m->start + m->pgoff;
-    if (off < m->pgoff)
-        return -1;
-    /* Past the segment's file bytes lies its zero-filled part (.bss). */
-    if (off + w > seg->offset + seg->filesz) {
-        if (!writable || off < seg->offset)
-            return unwinder__elf_read(e, off, valp, w) == 0 ? 0 : -1;
-        *valp = 0;
-        return 0;
-    }
-    return unwinder__elf_read(e, off, valp, w) == 0 ? 0 : -1;
-}
-
-int unwinder__acc_access_mem(unw_addr_space_t as, unw_word_t addr, unw_word_t *valp, int write,
-                             void *arg)
+/* The memory accessor: the word reader shared with the fallback unwinder. */
+static int acc_access_mem(unw_addr_space_t as, unw_word_t addr, unw_word_t *valp, int write,
+                          void *arg)
 {
     (void)as;
-    struct unwinder_process *p = arg;
     if (write)
         return -UNW_EINVAL;
-    const size_t w = sizeof(*valp);
-
-    uint64_t rel = addr - p->stack_ptr;
-    if (addr >= p->stack_ptr && rel < p->stack_len && p->stack_len - rel >= w) {
-        memcpy(valp, p->stack + rel, w);
-        return 0;
-    }
-
-    /* Read-only file mappings show the file's bytes: serve them from the cached image
-     * (unwind tables, code for signal-frame checks) without a syscall. Writable segments
-     * (data, relocated RELRO) differ from the file and go to the target's memory. */
-    if (file_read(p, addr, valp, false) == 0)
-        return 0;
-
-    /* Past a copy of a foreign stack, or of one cut short: the rest, or the stack a signal
-     * handler interrupted, is in the process, but no longer as it was. Only a file's data
-     * segment (a GOT slot) is worth reading there. */
-    if (p->copy != UNWINDER_COPY_THREAD) {
-        ssize_t i = unwinder__maps_find(&p->maps, addr);
-        if (i < 0 || p->maps.v[i].path[0] != '/') {
-            p->fail |= FAIL_TRUNCATED;
-            return -UNW_EINVAL;
-        }
-    }
-
-    if (p->mem_fd >= 0 && p->mem_budget > 0 && addr <= (uint64_t)INT64_MAX - w) {
-        p->mem_budget--;
-        if (pread(p->mem_fd, valp, w, (off_t)addr) == (ssize_t)w)
-            return 0;
-    }
-
-    /* The target's memory is gone (it exec'd or exited before this record was unwound)
-     * or out of reach: a writable file segment still shows the file's bytes, unrelocated.
-     * What unwinding reads there is the personality routine's address of a CIE
-     * (DW_EH_PE_indirect, a GOT-like slot), which libunwind decodes but we never use;
-     * failing the read would end the stack at every function with a cleanup handler,
-     * such as libc's stdio (puts, fopen), instead. */
-    if (file_read(p, addr, valp, true) == 0)
-        return 0;
-    p->fail |= FAIL_MEM;
-    return -UNW_EINVAL;
+    uint64_t v;
+    if (unwinder__read_word(arg, addr, &v) < 0)
+        return -UNW_EINVAL;
+    *valp = v;
+    return 0;
 }
 
 static int acc_access_reg(unw_addr_space_t as, unw_regnum_t reg, unw_word_t *valp, int write,
@@ -244,7 +172,7 @@ unw_addr_space_t unwinder__addr_space_new(void)
         .find_proc_info = acc_find_proc_info,
         .put_unwind_info = acc_put_unwind_info,
         .get_dyn_info_list_addr = acc_get_dyn_info_list_addr,
-        .access_mem = unwinder__acc_access_mem,
+        .access_mem = acc_access_mem,
         .access_reg = acc_access_reg,
         .access_fpreg = acc_access_fpreg,
         .resume = acc_resume,
@@ -297,18 +225,30 @@ int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint
                                 max_frames, ret_n, ret_res);
 }
 
-int unwinder_unwind_copy(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint64_t stack_ptr,
-                         const uint8_t *stack, size_t stack_len, enum unwinder_copy copy,
-                         struct hp_frame *frames, size_t max_frames, size_t *ret_n,
-                         struct unwinder_result *ret_res)
-{
-    if (!p || !regs || !frames || !ret_n || !ret_res || max_frames == 0 || (!stack && stack_len))
-        return -EINVAL;
-    size_t max = HP_MIN(max_frames, (size_t)UNWINDER_MAX_FRAMES);
-    struct unwinder_result res = {0};
-    const char *err = NULL;
-    size_t n = 0;
+/* One unwind in progress, from unwind_begin() to unwind_finish(). */
+struct unwind_run {
+    struct unwinder_process *p;
+    struct hp_frame *frames; /* the caller's, n of at most max filled */
+    size_t n, max;
+    struct unwinder_result res;
+    /* Why the stack ends early: an "ERROR <reason>" frame, or truncated_reason. NULL: it
+     * ended where the stack does. */
+    const char *err;
+    bool lookups_ok; /* p->lookups hold this stack's, for the unwind table */
+    bool fallback;   /* libunwind met code described only by .debug_frame */
+    size_t steps;    /* the frames libunwind stepped from, when fallback */
+};
 
+/* Takes the input of an unwind into @p (borrowed until unwind_finish()) and starts @u. */
+static void unwind_begin(struct unwind_run *u, struct unwinder_process *p, const uint64_t *regs,
+                         uint64_t stack_ptr, const uint8_t *stack, size_t stack_len,
+                         enum unwinder_copy copy, struct hp_frame *frames, size_t max_frames)
+{
+    *u = (struct unwind_run){
+        .p = p,
+        .frames = frames,
+        .max = HP_MIN(max_frames, (size_t)UNWINDER_MAX_FRAMES),
+    };
     p->regs = regs;
     p->stack_ptr = stack_ptr;
     p->stack = stack;
@@ -319,35 +259,95 @@ int unwinder_unwind_copy(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS],
     p->reparsed = false;
     p->fail = 0;
     p->n_lookups = 0;
-    bool lookups_ok = p->table.hdr != NULL;
+    u->lookups_ok = p->table.hdr != NULL;
     unwinder__maps_refresh(p);
+}
 
-    unwinder__sigmask_skip = true;
-    unw_cursor_t c;
-    int r = unw_init_remote(&c, p->as, p);
-    if (r < 0) {
-        err = fail_reason(p->fail, r);
-        goto out;
+/* Adds the frame of @pc (already adjusted for return addresses) unless it is one of the
+ * leading libheapprof frames (counted in @skipped); @ret_added says whether it was added.
+ * False when @u is full: the stack ends there, cut. */
+static bool add_frame(struct unwind_run *u, uint64_t pc, size_t *skipped, bool *ret_added)
+{
+    struct hp_frame f;
+    bool skip;
+    unwinder__resolve_frame(u->p, pc, &f, &skip);
+    *ret_added = false;
+    if (skip && u->n == 0 && *skipped < SKIP_MAX) {
+        (*skipped)++;
+        return true;
     }
+    if (u->n == u->max) {
+        u->res.truncated = true;
+        u->err = "ERROR MAX_FRAMES_EXCEEDED";
+        return false;
+    }
+    u->frames[u->n++] = f;
+    *ret_added = true;
+    return true;
+}
+
+/* unw_step() returned @r from the frame at @ip, the @step-th (@interrupted: above a
+ * signal frame; @added: in u->frames, last). True when the stack ends there: at its end,
+ * or with u->err, and with u->fallback and u->steps when elfutils is to take over. */
+static bool step_ends(struct unwind_run *u, size_t step, uint64_t ip, bool interrupted, bool added,
+                      int r)
+{
+    struct unwinder_process *p = u->p;
+    /* The entry trampoline of a fiber (makecontext's __start_context), pushed as the
+     * return address of its entry function: no CFI covers the byte before it, and
+     * nothing lies beyond its frame but the end of the fiber's stack. Named by where
+     * it starts, it ends the stack. */
+    if (step > 0 && !interrupted && added && (p->fail & FAIL_NO_INFO) &&
+        !(p->fail & (FAIL_NO_MAP | FAIL_ELF)) && unwinder__entry_return(p, ip)) {
+        bool ignored;
+        unwinder__resolve_frame(p, ip, &u->frames[u->n - 1], &ignored);
+        p->ended_at_entry = true;
+        return true;
+    }
+    /* A pc in a file whose CFI is only in .debug_frame: libunwind found no unwind info
+     * and guessed (frame pointer, or the end), so whatever it stepped to is not to be
+     * trusted; elfutils, which reads .debug_frame, takes over from the start. */
+    if (p->fail & FAIL_DEBUG_FRAME) {
+        u->err = fail_reason(p->fail, r < 0 ? r : -UNW_ENOINFO);
+        u->fallback = true;
+        u->steps = step + 1;
+        return true;
+    }
+    /* libunwind ends a chain it cannot follow (no unwind info, frame-pointer guess
+     * rejected) with 0, like a real end; our accessors know better. */
+    if (r == 0 && (p->fail & FAIL_NO_INFO) && !(p->fail & (FAIL_NO_MAP | FAIL_ELF)) && added &&
+        unwinder__is_loader_frame(&u->frames[u->n - 1]))
+        return true;
+    if (r < 0 || (r == 0 && (p->fail & (FAIL_NO_MAP | FAIL_ELF | FAIL_NO_INFO | FAIL_TRUNCATED)))) {
+        u->err = fail_reason(p->fail, r);
+        u->fallback = (p->fail & FAIL_DEBUG_FRAME) != 0;
+        u->steps = step + 1;
+        return true;
+    }
+    return r == 0;
+}
+
+/* The step loop: names each frame libunwind steps to, from @c, until the stack ends. */
+static void unwind_steps(struct unwind_run *u, unw_cursor_t *c)
+{
+    struct unwinder_process *p = u->p;
     uint64_t prev_ip = 0, prev_sp = 0;
     bool prev_added = false; /* frames[n - 1] is the previous step's frame */
-    bool fallback = false;   /* libunwind met code described only by .debug_frame */
-    size_t steps = 0;
     size_t skipped = 0;
     for (size_t step = 0;; step++) {
         unw_word_t ip, sp;
-        if (unw_get_reg(&c, UNW_REG_IP, &ip) < 0 || unw_get_reg(&c, UNW_REG_SP, &sp) < 0) {
-            err = "ERROR MEMORY_INVALID";
-            break;
+        if (unw_get_reg(c, UNW_REG_IP, &ip) < 0 || unw_get_reg(c, UNW_REG_SP, &sp) < 0) {
+            u->err = "ERROR MEMORY_INVALID";
+            return;
         }
         if (ip == 0) {
             if (step == 0)
-                err = "ERROR INVALID_MAP";
-            break;
+                u->err = "ERROR INVALID_MAP";
+            return;
         }
         if (step > 0 && ip == prev_ip && sp == prev_sp) {
-            err = "ERROR REPEATED_FRAME";
-            break;
+            u->err = "ERROR REPEATED_FRAME";
+            return;
         }
         uint64_t trampoline_ip = prev_ip;
         prev_ip = ip;
@@ -356,99 +356,89 @@ int unwinder_unwind_copy(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS],
         /* libunwind flags the frame whose registers came from a signal frame: this one
          * was interrupted (its pc is exact), and the previous one is the trampoline,
          * whose pc is where the handler returned to, its first instruction. */
-        bool interrupted = step > 0 && unw_is_signal_frame(&c) > 0;
+        bool interrupted = step > 0 && unw_is_signal_frame(c) > 0;
         /* Where this frame's CFI row is looked up, for the unwind table: the frames past
          * a signal frame are not for a client's walk (the trampoline has no simple rule,
          * so a walk never gets there). */
         if (interrupted)
-            lookups_ok = false;
-        if (lookups_ok && p->n_lookups < HP_ARRAY_SIZE(p->lookups))
+            u->lookups_ok = false;
+        if (u->lookups_ok && p->n_lookups < HP_ARRAY_SIZE(p->lookups))
             p->lookups[p->n_lookups++] = step == 0 ? ip : ip - 1;
         if (interrupted && prev_added) {
             bool ignored;
-            unwinder__resolve_frame(p, trampoline_ip, &frames[n - 1], &ignored);
+            unwinder__resolve_frame(p, trampoline_ip, &u->frames[u->n - 1], &ignored);
         }
-        struct hp_frame f;
-        bool skip;
-        unwinder__resolve_frame(p, interrupted ? ip : ip - 1, &f, &skip);
-        prev_added = false;
-        if (skip && n == 0 && skipped < SKIP_MAX) {
-            skipped++;
-        } else {
-            if (n == max) {
-                res.truncated = true;
-                err = "ERROR MAX_FRAMES_EXCEEDED";
-                break;
-            }
-            frames[n++] = f;
-            prev_added = true;
-        }
+        if (!add_frame(u, interrupted ? ip : ip - 1, &skipped, &prev_added))
+            return;
 
         p->fail = 0;
-        r = unw_step(&c);
-        /* The entry trampoline of a fiber (makecontext's __start_context), pushed as the
-         * return address of its entry function: no CFI covers the byte before it, and
-         * nothing lies beyond its frame but the end of the fiber's stack. Named by where
-         * it starts, it ends the stack. */
-        if (step > 0 && !interrupted && prev_added && (p->fail & FAIL_NO_INFO) &&
-            !(p->fail & (FAIL_NO_MAP | FAIL_ELF)) && unwinder__entry_return(p, ip)) {
-            bool ignored;
-            unwinder__resolve_frame(p, ip, &frames[n - 1], &ignored);
-            p->ended_at_entry = true;
-            break;
-        }
-        /* A pc in a file whose CFI is only in .debug_frame: libunwind found no unwind info
-         * and guessed (frame pointer, or the end), so whatever it stepped to is not to be
-         * trusted; elfutils, which reads .debug_frame, takes over from the start. */
-        if (p->fail & FAIL_DEBUG_FRAME) {
-            err = fail_reason(p->fail, r < 0 ? r : -UNW_ENOINFO);
-            fallback = true;
-            steps = step + 1;
-            break;
-        }
-        /* libunwind ends a chain it cannot follow (no unwind info, frame-pointer guess
-         * rejected) with 0, like a real end; our accessors know better. */
-        if (r == 0 && (p->fail & FAIL_NO_INFO) && !(p->fail & (FAIL_NO_MAP | FAIL_ELF)) &&
-            prev_added && unwinder__is_loader_frame(&frames[n - 1]))
-            break;
-        if (r < 0 ||
-            (r == 0 && (p->fail & (FAIL_NO_MAP | FAIL_ELF | FAIL_NO_INFO | FAIL_TRUNCATED)))) {
-            err = fail_reason(p->fail, r);
-            fallback = (p->fail & FAIL_DEBUG_FRAME) != 0;
-            steps = step + 1;
-            break;
-        }
-        if (r == 0)
-            break;
+        int r = unw_step(c);
+        if (step_ends(u, step, ip, interrupted, prev_added, r))
+            return;
     }
+}
 
-    if (fallback) {
+/* Unwinds with libunwind, then with elfutils where libunwind met code described only by
+ * .debug_frame, and offers the rules of a stack that ended without error to the unwind
+ * table. */
+static void unwind_walk(struct unwind_run *u)
+{
+    struct unwinder_process *p = u->p;
+    unw_cursor_t c;
+    int r = unw_init_remote(&c, p->as, p);
+    if (r < 0) {
+        u->err = fail_reason(p->fail, r);
+        return;
+    }
+    unwind_steps(u, &c);
+    if (u->fallback) {
         p->fail = 0;
-        unwinder__fallback_unwind(p, steps, frames, max, &n, &err, &res);
-        if (!err && (p->fail & FAIL_TRUNCATED))
-            err = truncated_reason;
+        unwinder__fallback_unwind(p, u->steps, u->frames, u->max, &u->n, &u->err, &u->res);
+        if (!u->err && (p->fail & FAIL_TRUNCATED))
+            u->err = truncated_reason;
     }
     /* Past a copy that holds all of a foreign stack: the chain left the stack, whose
      * memory ends there (a fiber's entry frame, which has no caller). */
-    if (err == truncated_reason && p->copy == UNWINDER_COPY_ENDS)
-        err = NULL;
-    if (!fallback && (!err || err == truncated_reason) && lookups_ok)
+    if (u->err == truncated_reason && p->copy == UNWINDER_COPY_ENDS)
+        u->err = NULL;
+    if (!u->fallback && (!u->err || u->err == truncated_reason) && u->lookups_ok)
         unwinder__table_publish(p);
-out:
-    unwinder__sigmask_skip = false;
+}
+
+/* Ends the stack with the frame that says why it ended early, if it did, hands the
+ * result over and drops the input borrowed in unwind_begin(). */
+static void unwind_finish(struct unwind_run *u, size_t *ret_n, struct unwinder_result *ret_res)
+{
+    struct unwinder_process *p = u->p;
     /* Only hook frames and then the end: nothing a profile could use. */
-    if (n == 0 && !err)
-        err = "ERROR UNWIND_INFO_INVALID";
-    if (err == truncated_reason)
-        unwinder_mark_truncated(frames, &n, max, &res);
-    else if (err)
-        unwinder__append_error(frames, &n, max, err, &res);
-    res.reparsed_maps = p->reparsed;
+    if (u->n == 0 && !u->err)
+        u->err = "ERROR UNWIND_INFO_INVALID";
+    if (u->err == truncated_reason)
+        unwinder_mark_truncated(u->frames, &u->n, u->max, &u->res);
+    else if (u->err)
+        unwinder__append_error(u->frames, &u->n, u->max, u->err, &u->res);
+    u->res.reparsed_maps = p->reparsed;
     p->regs = NULL;
     p->stack = NULL;
     p->stack_len = 0;
     p->copy = UNWINDER_COPY_THREAD;
-    *ret_n = n;
-    *ret_res = res;
+    *ret_n = u->n;
+    *ret_res = u->res;
+}
+
+int unwinder_unwind_copy(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint64_t stack_ptr,
+                         const uint8_t *stack, size_t stack_len, enum unwinder_copy copy,
+                         struct hp_frame *frames, size_t max_frames, size_t *ret_n,
+                         struct unwinder_result *ret_res)
+{
+    if (!p || !regs || !frames || !ret_n || !ret_res || max_frames == 0 || (!stack && stack_len))
+        return -EINVAL;
+    struct unwind_run u;
+    unwind_begin(&u, p, regs, stack_ptr, stack, stack_len, copy, frames, max_frames);
+    /* libunwind's signal-mask syscalls are skipped while it runs (sigmask.h). */
+    unwinder__sigmask_skip = true;
+    unwind_walk(&u);
+    unwinder__sigmask_skip = false;
+    unwind_finish(&u, ret_n, ret_res);
     return 0;
 }

@@ -66,7 +66,8 @@ unwinder_process_t *unwinder_process_free(unwinder_process_t *p);
  * 0; -errno only for programmer errors. Never crashes or hangs on hostile input. */
 int unwinder_unwind(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint64_t stack_ptr,
                     const uint8_t *stack, size_t stack_len, struct hp_frame *frames,
-                    size_t max_frames, size_t *ret_n, struct unwinder_result *ret_res);
+                    size_t max_frames, size_t *ret_n,
+                    struct unwinder_result *ret_res) HP_WARN_UNUSED;
 
 /* What a stack copy holds, and so what the unwind of it may read outside it. */
 enum unwinder_copy {
@@ -98,7 +99,7 @@ static inline enum unwinder_copy unwinder_copy_of(uint32_t flags)
 int unwinder_unwind_copy(unwinder_process_t *p, const uint64_t regs[WIRE_NREGS], uint64_t stack_ptr,
                          const uint8_t *stack, size_t stack_len, enum unwinder_copy copy,
                          struct hp_frame *frames, size_t max_frames, size_t *ret_n,
-                         struct unwinder_result *ret_res);
+                         struct unwinder_result *ret_res) HP_WARN_UNUSED;
 
 /* Ends @frames (@n of at most @max, updated) with an UNWINDER_TRUNCATED_FRAME: a walk the
  * client sent that stops before the end of the stack (WIRE_PCS_PARTIAL). */
@@ -147,7 +148,7 @@ void unwinder_table_stats(const unwinder_process_t *p, struct unwinder_table_sta
  * Never crashes on hostile input. */
 int unwinder_resolve_pcs(unwinder_process_t *p, const uint64_t *pcs, size_t n_pcs,
                          struct hp_frame *frames, size_t max_frames, size_t *ret_n,
-                         struct unwinder_result *ret_res);
+                         struct unwinder_result *ret_res) HP_WARN_UNUSED;
 
 /* Functions of one inline chain unwinder_source_lines() gives at most: deeper chains
  * keep their innermost functions and the outermost one. */
@@ -164,11 +165,11 @@ int unwinder_resolve_pcs(unwinder_process_t *p, const uint64_t *pcs, size_t n_pc
  * returns 0; -ENOENT when the pc's line is unknown, -ECANCELED when switched off,
  * -ENOSPC past the cache's cap of (file, pc) pairs. Thread-safe. */
 int unwinder_source_lines(const struct hp_mapping *m, uint64_t rel_pc,
-                          const struct hp_source_line **ret_lines, size_t *ret_n);
+                          const struct hp_source_line **ret_lines, size_t *ret_n) HP_WARN_UNUSED;
 
 /* The first of unwinder_source_lines(): the file and line of the code at the pc. */
 int unwinder_source_line(const struct hp_mapping *m, uint64_t rel_pc, const char **ret_file,
-                         uint32_t *ret_line);
+                         uint32_t *ret_line) HP_WARN_UNUSED;
 
 /* Opens the debug info of @m's file in a low-priority background thread, so that the
  * first unwinder_source_line() in that file does not wait for it. Cheap when the file was

@@ -1,15 +1,17 @@
 /* unwinder/unwinder_internal.h: what the files of unwinder/ share with each other
  * (internal to unwinder/; other components use unwinder/unwinder.h only).
  *
- *     global.c            interned strings and mappings; unwinder_global_init/done/bytes
+ *     intern.c            interned strings and mappings, the byte count (a leaf)
+ *     global.c            unwinder_global_init/done/bytes: set up and release the rest
  *     elf_cache.c         the cache of ELF files (elf_cache.h), SIGBUS-safe reads of them
  *     files.c             opening the files clients name (no symlink, FIFO or hang)
  *     elf_symbols.c       a cached file's symbol index, separate debug files
  *     cfi.c               utable rules from a file's .eh_frame
  *     srcline.c           source file and line of a frame, debuginfod
- *     maps.c              the /proc/PID/maps parser (maps.h)
+ *     maps.c              the /proc/PID/maps parser, the loader's path (maps.h)
  *     sigmask.c           libunwind's signal-mask syscalls skipped (sigmask.h)
- *     process.c           struct unwinder_process: its maps, their facts, when to reread
+ *     process.c           struct unwinder_process: its maps, their facts, when to reread,
+ *                         reading a word of its memory (both backends)
  *     frames.c            a pc's frame: mapping, rel_pc, function name; cached per process
  *     table.c             rules published into the client's unwind table
  *     unwind_libunwind.c  unwinder_unwind() with libunwind's remote API
@@ -44,7 +46,7 @@
 #include "unwinder/maps.h"
 #include "unwinder/unwinder.h"
 
-/* ---- global.c: state shared by all processes and threads --------------------- */
+/* ---- intern.c: state shared by all processes and threads --------------------- */
 
 /* Interned copy of @s[0..len). On allocation failure returns the interned "" (never
  * NULL), so callers can always store the result in a frame. */
@@ -59,6 +61,14 @@ const struct hp_mapping *unwinder__mapping_intern(const struct hp_mapping *tmpl)
 
 /* Adds @delta to the heap bytes reported by unwinder_global_bytes(). */
 void unwinder__account(ssize_t delta);
+
+/* The interning part of unwinder_global_init()/done() (global.c, under its lock):
+ * 0 or -ENOMEM; done also frees the mappings and zeroes the byte count. */
+int unwinder__intern_init(void) HP_WARN_UNUSED;
+void unwinder__intern_done(void);
+
+/* unwinder_global_bytes(): the byte count plus the string table's size. */
+size_t unwinder__intern_bytes(void);
 
 /* ---- files.c: opening the files clients name --------------------------------- */
 
@@ -144,6 +154,17 @@ struct pc_slot {
     struct hp_frame f;
 };
 
+/* What went wrong during one step of an unwind (struct unwinder_process's fail): set by
+ * libunwind's accessors (unwind_libunwind.c) and by unwinder__read_word(). */
+enum {
+    FAIL_NO_MAP = 1u << 0,      /* a pc in no executable mapping */
+    FAIL_ELF = 1u << 1,         /* a pc in a file mapping whose ELF we cannot use */
+    FAIL_NO_INFO = 1u << 2,     /* no unwind table, or no entry for the pc */
+    FAIL_MEM = 1u << 3,         /* a memory read found nothing */
+    FAIL_DEBUG_FRAME = 1u << 4, /* FAIL_NO_INFO in a file that has .debug_frame */
+    FAIL_TRUNCATED = 1u << 5,   /* memory past a partial copy (unwinder_unwind_copy()) */
+};
+
 /* The state of one target process (unwinder_process_t), made in process.c. Not
  * thread-safe; caller serialises: one unwinder thread uses a process at a time. */
 struct unwinder_process {
@@ -180,7 +201,7 @@ struct unwinder_process {
     const uint8_t *stack;
     size_t stack_len;
     enum unwinder_copy copy; /* THREAD: memory outside the copy is read from the process */
-    unsigned fail;           /* FAIL_* (unwind_libunwind.c) during the current step */
+    unsigned fail;           /* FAIL_* during the current step */
     unsigned mem_budget;     /* preads left */
     bool reparsed;
     bool ended_at_entry; /* the current unwind ended at an entry return (frames.c) */
@@ -207,15 +228,20 @@ const struct unwinder__elf *unwinder__pmap_elf(struct unwinder_process *p, size_
 /* The interned hp_mapping of p->maps.v[@i]; NULL on ENOMEM (tried again next time). */
 const struct hp_mapping *unwinder__pmap_mapping(struct unwinder_process *p, size_t i);
 
+/* Reads the word at @addr of the current unwind's target into @ret_word: from the stack
+ * copy, else from the cached image of a read-only file mapping, else (within the copy's
+ * bounds, see enum unwinder_copy, and p->mem_budget) from /proc/PID/mem, else from the
+ * file behind a writable file mapping. 0, or -EFAULT with FAIL_TRUNCATED or FAIL_MEM set
+ * in p->fail. The memory reader of both backends. */
+int unwinder__read_word(struct unwinder_process *p, uint64_t addr,
+                        uint64_t *ret_word) HP_WARN_UNUSED;
+
 /* ---- table.c ----------------------------------------------------------------- */
 
 /* Offers p->lookups (the stack just unwound without error) to the unwind table. */
 void unwinder__table_publish(struct unwinder_process *p);
 
 /* ---- frames.c ---------------------------------------------------------------- */
-
-/* True for the path of the dynamic loader. */
-bool unwinder__is_loader_path(const char *path);
 
 /* True for a frame in the dynamic loader, where stacks without CFI end. */
 bool unwinder__is_loader_frame(const struct hp_frame *f);
@@ -242,11 +268,6 @@ void unwinder__append_error(struct hp_frame *frames, size_t *n, size_t max, cons
  * passed as the argument of unw_init_remote(), with the caching policy of the service.
  * NULL on ENOMEM. The caller destroys it with unw_destroy_addr_space(). */
 unw_addr_space_t unwinder__addr_space_new(void);
-
-/* The libunwind memory accessor; @arg is the struct unwinder_process being unwound. The
- * fallback unwinder reads memory through it too. */
-int unwinder__acc_access_mem(unw_addr_space_t as, unw_word_t addr, unw_word_t *valp, int write,
-                             void *arg);
 
 /* ---- unwind_dwfl.c ----------------------------------------------------------- */
 

@@ -133,8 +133,9 @@ static int read_one(struct session *s)
         memcpy(&a, rs.data, sizeof(a));
         size_t n;
         struct unwinder_result res;
+        /* Unwound only for the rules it publishes; a failed unwind publishes none. */
         if (a.stack_len <= rs.len - sizeof(a))
-            (void)unwinder_unwind_copy(
+            (void)!unwinder_unwind_copy(
                 s->unw, a.regs, a.stack_ptr, (const uint8_t *)rs.data + sizeof(a), a.stack_len,
                 unwinder_copy_of(a.flags), reader_frames, UNWINDER_MAX_FRAMES, &n, &res);
     }

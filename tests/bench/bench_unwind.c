@@ -24,9 +24,9 @@
 #include <unistd.h>
 
 #include "common/clock.h"
-#include "common/regs.h"
 #include "shmem_ring/ring.h"
 #include "shmem_ring/wire.h"
+#include "tests/support/regs.h"
 #include "unwinder/sigmask.h"
 #include "unwinder/unwinder.h"
 
@@ -88,7 +88,9 @@ static bool unwind_once(unwinder_process_t *p)
 {
     size_t n = 0;
     struct unwinder_result res;
-    (void)unwinder_unwind(p, g_regs, g_sp, g_stack, g_len, g_frames, UNWINDER_MAX_FRAMES, &n, &res);
+    if (unwinder_unwind(p, g_regs, g_sp, g_stack, g_len, g_frames, UNWINDER_MAX_FRAMES, &n, &res) <
+        0)
+        return false;
     return n == WANT_FRAMES && !res.error;
 }
 
@@ -175,8 +177,9 @@ static double samples_per_s(unwinder_process_t *p, long iters)
             size_t n = 0;
             struct unwinder_result res;
             uint64_t u0 = hp_clock_ns(CLOCK_MONOTONIC);
-            (void)unwinder_unwind(p, a.regs, a.stack_ptr, (const uint8_t *)rd.data + sizeof(a),
-                                  (size_t)stack_len, g_frames, UNWINDER_MAX_FRAMES, &n, &res);
+            if (unwinder_unwind(p, a.regs, a.stack_ptr, (const uint8_t *)rd.data + sizeof(a),
+                                (size_t)stack_len, g_frames, UNWINDER_MAX_FRAMES, &n, &res) < 0)
+                n = 0; /* -EINVAL: the record is posted without frames */
             unwind_us += (hp_clock_ns(CLOCK_MONOTONIC) - u0) / 1000; /* ProcessStats */
             post[0].rel_pc = a.addr;
             memcpy(post + 1, g_frames, n * sizeof(*g_frames));
@@ -231,8 +234,12 @@ int main(int argc, char **argv)
     if (!unwind_once(p)) {
         size_t n = 0;
         struct unwinder_result res;
-        (void)unwinder_unwind(p, g_regs, g_sp, g_stack, g_len, g_frames, UNWINDER_MAX_FRAMES, &n,
-                              &res);
+        int r = unwinder_unwind(p, g_regs, g_sp, g_stack, g_len, g_frames, UNWINDER_MAX_FRAMES, &n,
+                                &res);
+        if (r < 0) {
+            fprintf(stderr, "bench_unwind: unwinder_unwind: %s\n", strerror(-r));
+            return 1;
+        }
         fprintf(stderr, "bench_unwind: expected %d frames without error, got %zu (error %d)\n",
                 WANT_FRAMES, n, res.error);
         for (size_t i = 0; i < n; i++)

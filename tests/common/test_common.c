@@ -16,8 +16,8 @@
 
 #include "common/fdpass.h"
 #include "common/paths.h"
-#include "common/regs.h"
 #include "common/strtab.h"
+#include "tests/support/regs.h"
 
 static void test_fdpass_roundtrip(void **state)
 {

@@ -127,7 +127,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (len) {
         size_t first = split ? split : len;
         if (nsend)
-            (void)hp_send_fds(sv[1], msg, first, send_fds, nsend);
+            (void)!hp_send_fds(sv[1], msg, first, send_fds, nsend); /* as send() below */
         else
             (void)!send(sv[1], msg, first, MSG_NOSIGNAL);
         if (first < len)

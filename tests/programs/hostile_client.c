@@ -63,11 +63,11 @@
 #include <unistd.h>
 
 #include "common/fdpass.h"
-#include "common/regs.h"
 #include "shmem_ring/ring.h"
 #include "shmem_ring/ring_layout.h"
 #include "shmem_ring/wire.h"
 #include "tests/programs/unhash.h"
+#include "tests/support/regs.h"
 
 static uint64_t rng_state;
 static unsigned long g_count = 200000; /* records of hashflood and randflood */

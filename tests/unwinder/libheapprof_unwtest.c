@@ -1,6 +1,6 @@
 /* tests/unwinder/libheapprof_unwtest.c: stands in for libheapprof.so's hook frames; the
  * unwinder skips leading frames in files whose name starts with "libheapprof". */
-#include "common/regs.h"
+#include "tests/support/regs.h"
 #include "tests/unwinder/unwtest.h"
 
 static UNWTEST_NOINLINE void hpskiptest_inner(uint64_t *regs, void (*after)(void *), void *arg)

@@ -28,8 +28,8 @@
 #include <unistd.h>
 
 #include "common/clock.h"
-#include "common/regs.h"
 #include "shmem_ring/utable.h"
+#include "tests/support/regs.h"
 #include "tests/unwinder/unwtest.h"
 #include "unwinder/elf_cache.h"
 #include "unwinder/maps.h"

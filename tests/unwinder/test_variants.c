@@ -32,9 +32,9 @@
 #include <ucontext.h>
 #include <unistd.h>
 
-#include "common/regs.h"
 #include "preload/walk.h"
 #include "shmem_ring/utable.h"
+#include "tests/support/regs.h"
 #include "tests/unwinder/unwtest.h"
 #include "unwinder/maps.h"
 #include "unwinder/unwinder.h"

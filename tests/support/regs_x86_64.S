@@ -1,4 +1,4 @@
-/* hp_capture_regs(uint64_t regs[17]): see common/regs.h. */
+/* hp_capture_regs(uint64_t regs[17]): see tests/support/regs.h. */
     .text
     .globl hp_capture_regs
     .hidden hp_capture_regs
