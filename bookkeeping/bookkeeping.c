@@ -122,6 +122,7 @@ bk_t *bk_free(bk_t *bk)
     bk__intern_done(&bk->in);
     free(bk->buf.p);
     free(bk->frame_offered);
+    free(bk->frames_later);
     free(bk);
     return NULL;
 }
@@ -546,7 +547,7 @@ int bk_dump_process(bk_t *bk, int32_t pid)
     int r = bk__write_clock_snapshot(bk);
     if (r < 0)
         return r;
-    return bk__dump_proc(bk, p);
+    return bk__dump_proc(bk, p, false);
 }
 
 int bk_dump_all(bk_t *bk)
@@ -554,7 +555,7 @@ int bk_dump_all(bk_t *bk)
     int r = bk__write_clock_snapshot(bk);
     for (size_t i = 0; i < bk->n_procs && r >= 0; i++) {
         bk__flush_pending(bk, bk->procs[i]);
-        r = bk__dump_proc(bk, bk->procs[i]);
+        r = bk__dump_proc(bk, bk->procs[i], false);
         /* A full sink dropped that dump: the next process's starts the sequence over. */
         if (r == -ENOBUFS && i + 1 < bk->n_procs)
             r = 0;
@@ -571,7 +572,7 @@ int bk_process_end(bk_t *bk, int32_t pid, const struct bk_process_stats *stats, 
     bk__flush_pending(bk, p);
     int r = bk__write_clock_snapshot(bk);
     if (r >= 0)
-        r = bk__dump_proc(bk, p);
+        r = bk__dump_proc(bk, p, true);
     proc_forget(bk, p);
     return r;
 }

@@ -60,8 +60,10 @@ struct bk_config {
      * at the pc, the last one the function the code belongs to (see hp_source_line).
      * Called lazily, once per unique frame, by the dump that first writes the frame.
      * Returns 0 with *ret_lines (*ret_n >= 1 of them, borrowed until the call returns)
-     * set, or < 0 when unknown. NULL: no source lines. */
-    int (*source_lines)(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
+     * set, or < 0 when unknown. Without @wait it may return -EAGAIN (the lines are being
+     * read): the frame is offered again at the next dump, with @wait at a process's
+     * final one. NULL: no source lines. */
+    int (*source_lines)(void *ctx, const struct hp_mapping *m, uint64_t rel_pc, bool wait,
                         const struct hp_source_line **ret_lines, size_t *ret_n);
     void *source_lines_ctx;
 };

@@ -646,7 +646,7 @@ static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
     }
 }
 
-int bk__dump_proc(bk_t *bk, struct bk_proc *p)
+int bk__dump_proc(bk_t *bk, struct bk_proc *p, bool final)
 {
     if (bk->out_broken)
         return bk->counters.last_write_error;
@@ -656,5 +656,5 @@ int bk__dump_proc(bk_t *bk, struct bk_proc *p)
             return r;
     }
     bk->counters.dumps++;
-    return bk__write_source_lines(bk, p);
+    return bk__write_source_lines(bk, p, final);
 }

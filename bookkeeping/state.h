@@ -18,7 +18,7 @@
  *
  *     struct bk_proc *p = bk__find_proc(bk, pid);
  *     bk__flush_pending(bk, p);      // apply what waits (reorder heap, ready queue)
- *     int r = bk__dump_proc(bk, p);  // then write its dump
+ *     int r = bk__dump_proc(bk, p, false);  // then write its dump
  *
  * Bookkeeping thread only.
  */
@@ -179,8 +179,11 @@ struct bk {
     /* Per frame id: 1 once offered to source_lines (bookkeeping/symbols.c). */
     uint8_t *frame_offered;
     size_t cap_frame_offered;
-    int (*source_lines)(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
+    int (*source_lines)(void *ctx, const struct hp_mapping *m, uint64_t rel_pc, bool wait,
                         const struct hp_source_line **ret_lines, size_t *ret_n);
+    /* Frame ids offered whose lines were not ready (-EAGAIN): offered again next dump. */
+    uint32_t *frames_later;
+    size_t n_frames_later, cap_frames_later;
     void *source_lines_ctx;
     uint64_t next_packet_index; /* ProfilePacket.index */
 
@@ -239,7 +242,7 @@ int bk__write_framed(bk_t *bk, struct iovec *iov, int n, size_t len) HP_WARN_UNU
 /* Writes @body, a complete encoded TracePacket, as one packet. */
 int bk__write_raw_packet(bk_t *bk, const uint8_t *body, size_t len) HP_WARN_UNUSED;
 /* bookkeeping/symbols.c: ModuleSymbols for the frames @p's dump just used. */
-int bk__write_source_lines(bk_t *bk, struct bk_proc *p) HP_WARN_UNUSED;
+int bk__write_source_lines(bk_t *bk, struct bk_proc *p, bool final) HP_WARN_UNUSED;
 /* The first packet: clock snapshot, SEQ_INCREMENTAL_STATE_CLEARED, iid 0 = "". With a
  * sink it also restarts the interned data (every entry is written again by the next
  * dump) and is written whenever needs_reset is set. */
@@ -247,8 +250,9 @@ int bk__write_start(bk_t *bk) HP_WARN_UNUSED;
 int bk__write_clock_snapshot(bk_t *bk) HP_WARN_UNUSED;
 int bk__write_process_tree(bk_t *bk, const struct bk_proc *p) HP_WARN_UNUSED;
 /* Writes one dump of @p, one ProfilePacket chain per heap (pending records must have
- * been flushed). */
-int bk__dump_proc(bk_t *bk, struct bk_proc *p) HP_WARN_UNUSED;
+ * been flushed), then the source lines of its new frames; @final: @p's last dump, which
+ * waits for every source line still being read. */
+int bk__dump_proc(bk_t *bk, struct bk_proc *p, bool final) HP_WARN_UNUSED;
 
 /* For tests: split dumps into packets of at most @n bytes (items permitting). */
 void bk__set_max_packet_bytes(bk_t *bk, size_t n);

@@ -120,10 +120,27 @@ static void put_address(const struct bk_intern *in, const struct bk_frame *f,
     }
 }
 
-/* Offers the frames @p's dump just used (and no dump used before) to the source_lines
- * callback, and writes what it knows as ModuleSymbols packets, one or more per mapping,
- * each below the packet size bound (unless one address alone is above it). */
-int bk__write_source_lines(bk_t *bk, struct bk_proc *p)
+/* Appends to @v the frames whose lines an earlier dump was told to ask again for, and
+ * forgets them. */
+static int take_frames_later(bk_t *bk, uint32_t **v, size_t *n)
+{
+    if (bk->n_frames_later == 0)
+        return 0;
+    size_t cap = *n;
+    if (hp_grow((void **)v, &cap, *n + bk->n_frames_later, sizeof(**v)) < 0)
+        return -ENOMEM;
+    memcpy(*v + *n, bk->frames_later, bk->n_frames_later * sizeof(**v));
+    *n += bk->n_frames_later;
+    bk->n_frames_later = 0;
+    return 0;
+}
+
+/* Offers the frames @p's dump just used (and no dump used before) and those not ready
+ * at an earlier dump to the source_lines callback, and writes what it knows as
+ * ModuleSymbols packets, one or more per mapping, each below the packet size bound
+ * (unless one address alone is above it). Only @final waits for lines being read: a
+ * dump on schedule never waits for a low-priority reader on a busy machine. */
+int bk__write_source_lines(bk_t *bk, struct bk_proc *p, bool final)
 {
     struct bk_intern *in = &bk->in;
     if (!bk->source_lines)
@@ -131,6 +148,8 @@ int bk__write_source_lines(bk_t *bk, struct bk_proc *p)
     uint32_t *frames;
     size_t n_frames;
     int r = used_frames(bk, p, &frames, &n_frames);
+    if (r == 0 && (r = take_frames_later(bk, &frames, &n_frames)) < 0)
+        free(frames);
     if (r < 0)
         return r;
     struct module_syms *mods = NULL;
@@ -142,9 +161,18 @@ int bk__write_source_lines(bk_t *bk, struct bk_proc *p)
         const struct bk_frame *f = &in->frames[frames[i]];
         const struct hp_source_line *lines = NULL;
         size_t n_lines = 0;
-        if (!f->src_map ||
-            bk->source_lines(bk->source_lines_ctx, f->src_map, f->rel_pc, &lines, &n_lines) < 0 ||
-            !lines || n_lines == 0)
+        if (!f->src_map)
+            continue;
+        int got =
+            bk->source_lines(bk->source_lines_ctx, f->src_map, f->rel_pc, final, &lines, &n_lines);
+        if (got == -EAGAIN && !final) {
+            r = hp_grow((void **)&bk->frames_later, &bk->cap_frames_later, bk->n_frames_later + 1,
+                        sizeof(uint32_t));
+            if (r == 0)
+                bk->frames_later[bk->n_frames_later++] = frames[i];
+            continue;
+        }
+        if (got < 0 || !lines || n_lines == 0)
             continue;
         put_address(in, f, lines, n_lines, &sym, &line);
 

@@ -101,10 +101,12 @@ static int start_unwinder(struct svc *s, struct svc_unwinder *u)
 
 /* Source lines of a frame, inlined functions included, for the dump's ModuleSymbols
  * (bookkeeping thread). */
-static int source_lines(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
+static int source_lines(void *ctx, const struct hp_mapping *m, uint64_t rel_pc, bool wait,
                         const struct hp_source_line **ret_lines, size_t *ret_n)
 {
     (void)ctx;
+    if (!wait)
+        return unwinder_source_lines_nowait(m, rel_pc, ret_lines, ret_n);
     return unwinder_source_lines(m, rel_pc, ret_lines, ret_n);
 }
 

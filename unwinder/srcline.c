@@ -215,26 +215,13 @@ static void file_faulted(struct src_file *f)
     f->fd = -1;
 }
 
-static struct src_file *file_locked(const struct hp_mapping *m)
+/* Opens the debug information of @m: the file itself, then its build id under the debug
+ * root, then debuginfod. Takes no lock: the slow part (libdw reads and inflates the
+ * headers) never holds s_lock. */
+static Dwarf *open_file(const struct hp_mapping *m, int *ret_fd)
 {
-    for (size_t i = 0; i < s_nfiles; i++)
-        if (s_files[i].path == m->path)
-            return &s_files[i];
-    if (s_nfiles == SRC_MAX_FILES)
-        return NULL;
-    if (s_nfiles == s_files_cap) {
-        size_t ncap = s_files_cap ? s_files_cap * 2 : 16;
-        struct src_file *nv = realloc(s_files, ncap * sizeof(*nv));
-        if (!nv)
-            return NULL;
-        unwinder__account((ssize_t)((ncap - s_files_cap) * sizeof(*nv)));
-        s_files = nv;
-        s_files_cap = ncap;
-    }
-    struct src_file *f = &s_files[s_nfiles++];
-    *f = (struct src_file){.path = m->path, .dw = NULL, .fd = -1};
-    f->dw = open_dwarf(m->path, false, &f->fd);
-    if (!f->dw && m->build_id_len >= 2) {
+    Dwarf *dw = open_dwarf(m->path, false, ret_fd);
+    if (!dw && m->build_id_len >= 2) {
         char buf[4096];
         int k =
             snprintf(buf, sizeof(buf), "%s/.build-id/%02x/", unwinder__debug_root, m->build_id[0]);
@@ -242,18 +229,64 @@ static struct src_file *file_locked(const struct hp_mapping *m)
             k += snprintf(buf + k, sizeof(buf) - (size_t)k, "%02x", m->build_id[i]);
         if (k > 0 && (size_t)k + 7 < sizeof(buf)) {
             memcpy(buf + k, ".debug", 7);
-            f->dw = open_dwarf(buf, true, &f->fd);
+            dw = open_dwarf(buf, true, ret_fd);
         }
     }
-    if (!f->dw && m->build_id_len > 0 && dbgd_enabled()) {
+    if (!dw && m->build_id_len > 0 && dbgd_enabled()) {
         atomic_fetch_add_explicit(&s_dbgd_tries, 1, memory_order_relaxed);
         char *path = NULL;
         if (unwinder__debuginfod_fetch(m->build_id, m->build_id_len, &path) == 0) {
-            f->dw = open_dwarf(path, true, &f->fd);
+            dw = open_dwarf(path, true, ret_fd);
             free(path);
         }
     }
+    return dw;
+}
+
+/* pre: s_lock held. */
+static struct src_file *find_file_locked(const char *path)
+{
+    for (size_t i = 0; i < s_nfiles; i++)
+        if (s_files[i].path == path)
+            return &s_files[i];
+    return NULL;
+}
+
+/* Keeps @dw and @fd (either may be absent) as @m's file, or closes them when the table
+ * is full. pre: s_lock held, @m's file not in the table. */
+static struct src_file *add_file_locked(const struct hp_mapping *m, Dwarf *dw, int fd)
+{
+    if (s_nfiles == SRC_MAX_FILES)
+        goto drop;
+    if (s_nfiles == s_files_cap) {
+        size_t ncap = s_files_cap ? s_files_cap * 2 : 16;
+        struct src_file *nv = realloc(s_files, ncap * sizeof(*nv));
+        if (!nv)
+            goto drop;
+        unwinder__account((ssize_t)((ncap - s_files_cap) * sizeof(*nv)));
+        s_files = nv;
+        s_files_cap = ncap;
+    }
+    struct src_file *f = &s_files[s_nfiles++];
+    *f = (struct src_file){.path = m->path, .dw = dw, .fd = fd};
     return f;
+drop:
+    if (dw)
+        dwarf_end(dw);
+    if (fd >= 0)
+        (void)close(fd);
+    return NULL;
+}
+
+/* @m's file, opened now when it was not before. pre: s_lock held. */
+static struct src_file *file_locked(const struct hp_mapping *m)
+{
+    struct src_file *f = find_file_locked(m->path);
+    if (f || s_nfiles == SRC_MAX_FILES)
+        return f;
+    int fd = -1;
+    Dwarf *dw = open_file(m, &fd);
+    return add_file_locked(m, dw, fd);
 }
 
 static uint64_t entry_hash(const char *path, uint64_t pc)
@@ -490,6 +523,35 @@ static size_t s_pf_seen_n;                            /* protected by s_pf_lock 
 static bool s_pf_started, s_pf_stop;                  /* protected by s_pf_lock */
 static pthread_t s_pf_thread;
 
+/* Opens @m's file and reads its address ranges (the first lookup needs them) without
+ * s_lock: at nice 19 on a busy machine this takes seconds, and a dump that needs the
+ * table must not wait for it. A lookup that opened the file meanwhile wins. */
+static void pf_open(const struct hp_mapping *m)
+{
+    pthread_mutex_lock(&s_lock);
+    bool known = find_file_locked(m->path) != NULL;
+    pthread_mutex_unlock(&s_lock);
+    if (known)
+        return;
+    int fd = -1;
+    Dwarf *dw = open_file(m, &fd);
+    if (dw && unwinder__bus_guarded(get_aranges, dw, NULL) < 0) {
+        dw = NULL; /* abandoned, as file_faulted() does */
+        (void)close(fd);
+        fd = -1;
+    }
+    pthread_mutex_lock(&s_lock);
+    if (!find_file_locked(m->path)) {
+        (void)add_file_locked(m, dw, fd);
+    } else {
+        if (dw)
+            dwarf_end(dw);
+        if (fd >= 0)
+            (void)close(fd);
+    }
+    pthread_mutex_unlock(&s_lock);
+}
+
 static void *pf_main(void *arg)
 {
     (void)arg;
@@ -506,12 +568,7 @@ static void *pf_main(void *arg)
         s_pf_n--;
         pthread_mutex_unlock(&s_pf_lock);
 
-        pthread_mutex_lock(&s_lock);
-        struct src_file *f = file_locked(m);
-        /* The address ranges too: the first lookup needs them. */
-        if (f && f->dw && unwinder__bus_guarded(get_aranges, f->dw, NULL) < 0)
-            file_faulted(f);
-        pthread_mutex_unlock(&s_lock);
+        pf_open(m);
 
         pthread_mutex_lock(&s_pf_lock);
     }
@@ -535,21 +592,40 @@ static bool pf_mark_locked(const char *path)
     return true;
 }
 
+/* pre: s_pf_lock held. True when @path was asked for before. */
+static bool pf_seen_locked(const char *path)
+{
+    size_t i = ((uintptr_t)path >> 4) * 0x9e3779b97f4a7c15ull % PF_SEEN_CAP;
+    for (; s_pf_seen[i]; i = (i + 1) % PF_SEEN_CAP)
+        if (s_pf_seen[i] == path)
+            return true;
+    return false;
+}
+
+/* True when the background thread opens (or opened) @m's file: queued now or before. */
+static bool prefetch(const struct hp_mapping *m)
+{
+    pthread_mutex_lock(&s_pf_lock);
+    bool queued = pf_seen_locked(m->path);
+    if (!queued && !s_pf_stop && s_pf_n < PF_QUEUE) {
+        if (!s_pf_started)
+            s_pf_started = pthread_create(&s_pf_thread, NULL, pf_main, NULL) == 0;
+        if (s_pf_started && pf_mark_locked(m->path)) {
+            s_pf_queue[(s_pf_head + s_pf_n) % PF_QUEUE] = m;
+            s_pf_n++;
+            pthread_cond_signal(&s_pf_cond);
+            queued = true;
+        }
+    }
+    pthread_mutex_unlock(&s_pf_lock);
+    return queued;
+}
+
 void unwinder_source_prefetch(const struct hp_mapping *m)
 {
     if (!m || !m->path || !m->path[0] || !atomic_load_explicit(&s_enabled, memory_order_relaxed))
         return;
-    pthread_mutex_lock(&s_pf_lock);
-    if (!s_pf_stop && s_pf_n < PF_QUEUE && pf_mark_locked(m->path)) {
-        if (!s_pf_started)
-            s_pf_started = pthread_create(&s_pf_thread, NULL, pf_main, NULL) == 0;
-        if (s_pf_started) {
-            s_pf_queue[(s_pf_head + s_pf_n) % PF_QUEUE] = m;
-            s_pf_n++;
-            pthread_cond_signal(&s_pf_cond);
-        }
-    }
-    pthread_mutex_unlock(&s_pf_lock);
+    (void)prefetch(m);
 }
 
 static void pf_stop(void)
@@ -591,8 +667,10 @@ static struct hp_source_line *keep_found_locked(size_t n)
     return v;
 }
 
-int unwinder_source_lines(const struct hp_mapping *m, uint64_t rel_pc,
-                          const struct hp_source_line **ret_lines, size_t *ret_n)
+/* unwinder_source_lines(); with !@wait, -EAGAIN instead of opening a file the
+ * background thread opens. */
+static int source_lines(const struct hp_mapping *m, uint64_t rel_pc, bool wait,
+                        const struct hp_source_line **ret_lines, size_t *ret_n)
 {
     if (!m || !ret_lines || !ret_n)
         return -EINVAL;
@@ -617,7 +695,13 @@ int unwinder_source_lines(const struct hp_mapping *m, uint64_t rel_pc,
         r = -ENOSPC; /* what a lookup finds is kept in the table, which is full */
         goto out;
     }
-    struct src_file *f = file_locked(m);
+    struct src_file *f = find_file_locked(m->path);
+    if (!f && !wait && s_nfiles < SRC_MAX_FILES && prefetch(m)) {
+        r = -EAGAIN; /* not cached: asked again once the file is open */
+        goto out;
+    }
+    if (!f)
+        f = file_locked(m);
     if (f && f->dw) {
         struct lookup_args a = {.dw = f->dw, .pc = rel_pc, .n = 0};
         if (unwinder__bus_guarded(lookup, &a, NULL) < 0) {
@@ -642,6 +726,18 @@ out:
     *ret_lines = lines;
     *ret_n = n;
     return 0;
+}
+
+int unwinder_source_lines(const struct hp_mapping *m, uint64_t rel_pc,
+                          const struct hp_source_line **ret_lines, size_t *ret_n)
+{
+    return source_lines(m, rel_pc, true, ret_lines, ret_n);
+}
+
+int unwinder_source_lines_nowait(const struct hp_mapping *m, uint64_t rel_pc,
+                                 const struct hp_source_line **ret_lines, size_t *ret_n)
+{
+    return source_lines(m, rel_pc, false, ret_lines, ret_n);
 }
 
 int unwinder_source_line(const struct hp_mapping *m, uint64_t rel_pc, const char **ret_file,

@@ -167,6 +167,14 @@ int unwinder_resolve_pcs(unwinder_process_t *p, const uint64_t *pcs, size_t n_pc
 int unwinder_source_lines(const struct hp_mapping *m, uint64_t rel_pc,
                           const struct hp_source_line **ret_lines, size_t *ret_n) HP_WARN_UNUSED;
 
+/* unwinder_source_lines() that never opens a file itself while the background thread
+ * (unwinder_source_prefetch()) has it to open: -EAGAIN then, and the file is opened
+ * without holding what lookups need, so a later call finds it. For dumps, which must
+ * not wait for a nice-19 thread on a busy machine. */
+int unwinder_source_lines_nowait(const struct hp_mapping *m, uint64_t rel_pc,
+                                 const struct hp_source_line **ret_lines,
+                                 size_t *ret_n) HP_WARN_UNUSED;
+
 /* The first of unwinder_source_lines(): the file and line of the code at the pc. */
 int unwinder_source_line(const struct hp_mapping *m, uint64_t rel_pc, const char **ret_file,
                          uint32_t *ret_line) HP_WARN_UNUSED;

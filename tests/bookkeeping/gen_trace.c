@@ -13,9 +13,10 @@
 #include "bookkeeping/state.h"
 
 /* Source lines for libc frames only, as debug info would give for one library. */
-static int source_lines(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
+static int source_lines(void *ctx, const struct hp_mapping *m, uint64_t rel_pc, bool wait,
                         const struct hp_source_line **ret_lines, size_t *ret_n)
 {
+    (void)wait;
     static struct hp_source_line l;
     (void)ctx;
     if (strcmp(m->path, "/usr/lib/x86_64-linux-gnu/libc.so.6") != 0)

@@ -911,9 +911,10 @@ static void test_dump_report_text(void **state)
 }
 
 /* Source lines for every frame: "x.c", line rel_pc. */
-static int every_line(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
+static int every_line(void *ctx, const struct hp_mapping *m, uint64_t rel_pc, bool wait,
                       const struct hp_source_line **ret_lines, size_t *ret_n)
 {
+    (void)wait;
     static struct hp_source_line l;
     (void)ctx;
     (void)m;
@@ -957,6 +958,79 @@ static bool has_address(const uint64_t *v, size_t n, uint64_t addr)
         if (v[i] == addr)
             return true;
     return false;
+}
+
+/* Lines of every frame, but "still being read" (-EAGAIN) for the pc @ctx names while
+ * the caller does not wait; counts the calls that waited. */
+struct later_lines {
+    uint64_t not_ready_pc;
+    int waited;
+};
+
+static int later_lines(void *ctx, const struct hp_mapping *m, uint64_t rel_pc, bool wait,
+                       const struct hp_source_line **ret_lines, size_t *ret_n)
+{
+    struct later_lines *c = ctx;
+    if (wait)
+        c->waited++;
+    else if (rel_pc == c->not_ready_pc)
+        return -EAGAIN;
+    return every_line(NULL, m, rel_pc, wait, ret_lines, ret_n);
+}
+
+static size_t addresses_written(int fd, uint64_t *addrs, size_t max)
+{
+    size_t len;
+    uint8_t *buf = read_all(fd, &len);
+    size_t n = symbol_addresses(buf, len, addrs, max);
+    free(buf);
+    return n;
+}
+
+/* A dump on schedule does not wait for lines still being read (a dump waited seconds for
+ * a nice-19 reader on a busy machine): the frame is offered again at the next dump, and
+ * a process's final dump waits for it. */
+static void test_dump_lines_not_ready_offered_again(void **state)
+{
+    (void)state;
+    struct written w;
+    assert_int_equal(memfd_path(&w), 0);
+    struct later_lines c = {.not_ready_pc = 0x111};
+    bk_t *bk;
+    assert_int_equal(bk_new(&(struct bk_config){.out_fd = w.fd,
+                                                .sequence_id = 1,
+                                                .source_lines = later_lines,
+                                                .source_lines_ctx = &c},
+                            &bk),
+                     0);
+    assert_int_equal(bk_process_start(bk, PID_A, "a", 1, true, 4096), 0);
+    struct hp_frame fa[2] = {{&libs[0], "a_leaf", 0x111}, {&libs[2], "main", 0x10}};
+    bk_record_alloc(bk, PID_A, 0, 1, 0x1000, 64, 64, fa, 2);
+    assert_int_equal(bk_dump_process(bk, PID_A), 0);
+    uint64_t addrs[16];
+    size_t n = addresses_written(w.fd, addrs, 16);
+    assert_true(has_address(addrs, n, 0x10));
+    assert_false(has_address(addrs, n, 0x111));
+
+    c.not_ready_pc = 0; /* read now */
+    assert_int_equal(bk_dump_process(bk, PID_A), 0);
+    n = addresses_written(w.fd, addrs, 16);
+    assert_true(has_address(addrs, n, 0x111));
+    assert_int_equal(n, 2); /* each once */
+    assert_int_equal(c.waited, 0);
+
+    /* Never ready before the process ends: its final dump waits. */
+    c.not_ready_pc = 0x222;
+    struct hp_frame fb[2] = {{&libs[1], "b_leaf", 0x222}, {&libs[2], "main", 0x10}};
+    bk_record_alloc(bk, PID_A, 0, 2, 0x2000, 64, 64, fb, 2);
+    struct bk_process_stats st = {0};
+    assert_int_equal(bk_process_end(bk, PID_A, &st, 0), 0);
+    n = addresses_written(w.fd, addrs, 16);
+    assert_true(has_address(addrs, n, 0x222));
+    assert_int_equal(n, 3);
+    assert_int_equal(c.waited, 1);
+    bk = bk_free(bk);
+    close(w.fd);
 }
 
 /* Two processes' allocations come in interleaved and A ends first: A's dump writes the
@@ -1004,9 +1078,10 @@ static void test_dump_bug_symbols_of_frames_no_dump_used(void **state)
 }
 
 /* Lines of a pc in inlined code: innermost first, as Perfetto's AddressSymbols.lines. */
-static int inlined_lines(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
+static int inlined_lines(void *ctx, const struct hp_mapping *m, uint64_t rel_pc, bool wait,
                          const struct hp_source_line **ret_lines, size_t *ret_n)
 {
+    (void)wait;
     static const struct hp_source_line chain[3] = {
         {"vec_grow", "vec.h", 10}, {"vec_push", "vec.h", 20}, {"dwarf_name", "app.c", 30}};
     static const struct hp_source_line unnamed[2] = {{"inl", "u.h", 5}, {"u_outer", "u.c", 6}};
@@ -1196,6 +1271,7 @@ int main(void)
         cmocka_unit_test(test_dump_report_text),
         cmocka_unit_test(test_dump_varint_and_framing),
         cmocka_unit_test(test_dump_bug_symbols_of_frames_no_dump_used),
+        cmocka_unit_test(test_dump_lines_not_ready_offered_again),
         cmocka_unit_test(test_dump_inlined_lines),
         cmocka_unit_test(test_dump_bug_disconnected_on_normal_exit),
     };

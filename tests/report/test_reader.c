@@ -353,9 +353,10 @@ struct calls {
     uint64_t pcs[64];
 };
 
-static int count_source_line(void *ctx, const struct hp_mapping *m, uint64_t rel_pc,
+static int count_source_line(void *ctx, const struct hp_mapping *m, uint64_t rel_pc, bool wait,
                              const struct hp_source_line **ret_lines, size_t *ret_n)
 {
+    (void)wait;
     static struct hp_source_line l;
     struct calls *c = ctx;
     assert_ptr_equal(m, &lib);
