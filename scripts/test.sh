@@ -77,13 +77,28 @@ if [ $quick -eq 0 ]; then
         echo "=== fuzz (libFuzzer, 11 s per target)"
         if CC=clang CXX=clang++ setup build-fuzz -Dfuzzing=true -Db_sanitize=address,undefined \
             -Db_lundef=false && ninja -C build-fuzz -j2 >build-fuzz/ninja.log 2>&1; then
-            for fz in build-fuzz/tests/fuzz/fuzz_*; do
-                [ -x "$fz" ] && [ -f "$fz" ] || continue
-                name=${fz##*/fuzz_}
+            # Two targets at a time, one per core: 11 targets took 2 min one by one.
+            fuzz_one() { # target binary; writes build-fuzz/fuzz_NAME.{log,rc}
+                local fz="$1" name=${1##*/fuzz_} scratch
                 scratch=$(mktemp -d)
-                if UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "$fz" -max_total_time=11 \
+                UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "$fz" -max_total_time=11 \
                     -timeout=10 -rss_limit_mb=2048 -artifact_prefix=build-fuzz/ "$scratch" \
-                    "tests/fuzz/corpus/$name" >"build-fuzz/fuzz_$name.log" 2>&1; then
+                    "tests/fuzz/corpus/$name" >"build-fuzz/fuzz_$name.log" 2>&1
+                echo $? >"build-fuzz/fuzz_$name.rc"
+                rm -rf "$scratch"
+            }
+            targets=()
+            for fz in build-fuzz/tests/fuzz/fuzz_*; do
+                [ -x "$fz" ] && [ -f "$fz" ] && targets+=("$fz")
+            done
+            for ((i = 0; i < ${#targets[@]}; i += 2)); do
+                fuzz_one "${targets[i]}" &
+                [ $((i + 1)) -lt ${#targets[@]} ] && fuzz_one "${targets[i + 1]}" &
+                wait
+            done
+            for fz in "${targets[@]}"; do
+                name=${fz##*/fuzz_}
+                if [ "$(cat "build-fuzz/fuzz_$name.rc" 2>/dev/null)" = 0 ]; then
                     echo "fuzz_$name: $(grep -E '^Done' "build-fuzz/fuzz_$name.log")"
                     passed=$((passed + 1))
                 else
@@ -92,7 +107,6 @@ if [ $quick -eq 0 ]; then
                     failed=$((failed + 1))
                     failures+=("fuzz: $name")
                 fi
-                rm -rf "$scratch"
             done
         else
             [ -f build-fuzz/ninja.log ] && tail -50 build-fuzz/ninja.log
