@@ -447,7 +447,7 @@ static void test_attach_bug_kills_process_in_constructors(void **state)
     assert_non_null(strstr(o, "done"));
     free(o);
     assert_int_equal(run.status, 0);
-    assert_non_null(strstr(run.err, "no attach handler yet"));
+    assert_non_null(strstr(run.err, "has not advertised its wake entry yet"));
     struct rp_trace *t = NULL;
     assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &t), 0);
     const struct rp_trace_process *p = find_pid(t, pid);
