@@ -697,10 +697,25 @@ static int wake_cand_cmp(const void *a, const void *b)
     return rank[x->look] - rank[y->look];
 }
 
+/* A look at thread @tid of @pid (SVC_WAKE_SKIP when it is gone). */
+static enum svc_wake_look wake_look_tid(pid_t pid, pid_t tid)
+{
+    char path[96], text[512];
+    snprintf(path, sizeof(path), "/proc/%d/task/%d/stat", (int)pid, (int)tid);
+    if (wake_read(path, text, sizeof(text)) < 0)
+        return SVC_WAKE_SKIP;
+    const char *p = strrchr(text, ')');
+    char state = p && p[1] == ' ' ? p[2] : '?';
+    snprintf(path, sizeof(path), "/proc/%d/task/%d/syscall", (int)pid, (int)tid);
+    if (wake_read(path, text, sizeof(text)) < 0)
+        return SVC_WAKE_SKIP;
+    return svc_wake_look(state, text);
+}
+
 /* Looks at every thread of @pid: up to @cap in @ret, best first. Returns the count. */
 static size_t wake_candidates(pid_t pid, struct wake_cand *ret, size_t cap)
 {
-    char path[96], text[512];
+    char path[64];
     snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
     DIR *d = opendir(path);
     if (!d)
@@ -711,21 +726,33 @@ static size_t wake_candidates(pid_t pid, struct wake_cand *ret, size_t cap)
         if (e->d_name[0] == '.')
             continue;
         pid_t tid = (pid_t)atoi(e->d_name);
-        snprintf(path, sizeof(path), "/proc/%d/task/%d/stat", (int)pid, (int)tid);
-        if (wake_read(path, text, sizeof(text)) < 0)
-            continue;
-        const char *p = strrchr(text, ')');
-        char state = p && p[1] == ' ' ? p[2] : '?';
-        snprintf(path, sizeof(path), "/proc/%d/task/%d/syscall", (int)pid, (int)tid);
-        if (wake_read(path, text, sizeof(text)) < 0)
-            continue;
-        enum svc_wake_look look = svc_wake_look(state, text);
+        enum svc_wake_look look = wake_look_tid(pid, tid);
         if (look != SVC_WAKE_SKIP)
             ret[n++] = (struct wake_cand){tid, look};
     }
     closedir(d);
     qsort(ret, n, sizeof(*ret), wake_cand_cmp);
     return n;
+}
+
+/* Every thread waits with a timeout a stop would cut short: watches them closely for
+ * @ns (they run for microseconds between two waits) and takes the first seen running
+ * or in another call. Returns as wake_thread(), or -EAGAIN when none was seen. */
+static int wake_watch_later(struct wake_ctx *c, const struct wake_cand *cands, size_t n,
+                            uint64_t ns)
+{
+    uint64_t end = hp_clock_ns(CLOCK_MONOTONIC) + ns;
+    while (hp_clock_ns(CLOCK_MONOTONIC) < end) {
+        for (size_t i = 0; i < n; i++) {
+            enum svc_wake_look l = wake_look_tid(c->pid, cands[i].tid);
+            if (l == SVC_WAKE_SKIP || l == SVC_WAKE_LATER)
+                continue;
+            int r = wake_thread(c, cands[i].tid);
+            if (r != -EAGAIN && r != -ESRCH)
+                return r;
+        }
+    }
+    return -EAGAIN;
 }
 
 /* The advertisement page of @p, checked: its addresses lie in executable mappings of
@@ -802,15 +829,17 @@ int svc_proc_wake(const struct svc_proc *p, pid_t attacher, char *why, size_t wh
             break;
         }
         r = -EAGAIN;
-        for (size_t i = 0; i < n && (r == -EAGAIN || r == -ESRCH); i++) {
-            if (cands[i].look == SVC_WAKE_LATER) {
-                saw_later = true;
-                continue;
-            }
+        size_t i = 0;
+        for (; i < n && cands[i].look != SVC_WAKE_LATER && (r == -EAGAIN || r == -ESRCH); i++)
             r = wake_thread(&c, cands[i].tid);
-        }
         if (r != -EAGAIN && r != -ESRCH)
             break;
+        if (i < n && cands[i].look == SVC_WAKE_LATER) {
+            saw_later = true;
+            r = wake_watch_later(&c, cands + i, n - i, 50000000u);
+            if (r != -EAGAIN && r != -ESRCH)
+                break;
+        }
         if (hp_clock_ns(CLOCK_MONOTONIC) >= end) {
             r = wake_why(why, why_len, -ETIMEDOUT,
                          "no thread could be taken safely within %llu s (%s)",
