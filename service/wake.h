@@ -1,5 +1,5 @@
 /* service/wake.h: the thread choice and the restart rule of the wake (service/wake.c),
- * as pure functions, for the unit test. svc_proc_wake() itself is in service/svc.h.
+ * as pure functions, for the unit test. svc_proc_wake() itself is in service/targets.h.
  *
  *     enum svc_wake_look l = svc_wake_look('S', "232 0x3 0x7ffc 0x1 0xffffffff 0 0 0x7f 0x7f");
  *     // SVC_WAKE_IDLE_EINTR: epoll_wait(-1), restarted exactly after the call
