@@ -1,6 +1,6 @@
 /* cli/cmd_attach.c: `heapprof attach` (profile running processes that have
- * libheapprof.so preloaded, woken by the attach signal they advertise) and `heapprof
- * dump` (ask the daemon for a dump now, over its socket). */
+ * libheapprof.so preloaded, woken through the entry they advertise, service/wake.c) and
+ * `heapprof dump` (ask the daemon for a dump now, over its socket). */
 #include "cli/cli.h"
 
 #include <dirent.h>
@@ -87,6 +87,7 @@ struct attach_state {
     uint64_t signalled_ns[MAX_SIGNALLED];
     bool warned[MAX_SIGNALLED];
     size_t n_signalled;
+    size_t n_woken; /* of those, woken (the others could not be: said once) */
     bool have_names;
     bool verbose;
     uint64_t next_scan_ns;
@@ -106,21 +107,26 @@ static bool already_signalled(struct attach_state *st, pid_t pid)
 
 static int signal_target(struct attach_state *st, const struct svc_proc *p, bool verbose)
 {
-    int r = svc_proc_signal_attach(p, st->self);
+    char why[512];
+    int r = svc_proc_wake(p, st->self, why, sizeof(why));
     if (r == -EAGAIN)
-        return r; /* no handler (yet): the caller waits or moves on */
+        return r; /* not advertised (yet): the caller waits or moves on */
     if (r < 0) {
         if (verbose || r != -ESRCH)
-            fprintf(stderr, "heapprof attach: cannot signal pid %d (%s): %s\n", (int)p->pid,
-                    p->name, r == -EPERM ? "it belongs to another user" : strerror(-r));
-        return r;
+            fprintf(stderr, "heapprof attach: cannot attach pid %d (%s): %s\n", (int)p->pid,
+                    p->name, why[0] ? why : strerror(-r));
+        st->gave_up = true;
     }
+    /* Remembered either way: a process that could not be woken is not tried again. */
     if (st->n_signalled < MAX_SIGNALLED) {
         st->signalled[st->n_signalled] = p->pid;
         st->signalled_ns[st->n_signalled] = hp_clock_ns(CLOCK_MONOTONIC);
-        st->warned[st->n_signalled] = false;
+        st->warned[st->n_signalled] = r < 0;
         st->n_signalled++;
     }
+    if (r < 0)
+        return r;
+    st->n_woken++;
     if (verbose)
         fprintf(stderr, "heapprof attach: attaching to pid %d (%s)\n", (int)p->pid, p->name);
     return 0;
@@ -144,8 +150,8 @@ static void signal_pid(struct attach_state *st, size_t i, uint64_t now)
     st->n_waiting++;
     if (st->verbose)
         fprintf(stderr,
-                "heapprof attach: pid %d (%s) has libheapprof.so but no attach handler yet "
-                "(still starting?); waiting for it\n",
+                "heapprof attach: pid %d (%s) has libheapprof.so but has not advertised its "
+                "wake entry yet (still starting?); waiting for it\n",
                 (int)p->pid, p->name);
 }
 
@@ -162,8 +168,8 @@ static void check_waiting(struct attach_state *st, uint64_t now)
         else if (q.attach_ready)
             why = signal_target(st, &q, st->verbose) == -EAGAIN ? NULL : "";
         else if (now - st->waiting_since_ns[i] >= READY_WAIT_NS)
-            why = "never installed its attach handler (started with HEAPPROF_ATTACH_SIGNAL=0, "
-                  "or the program has a handler of its own for the signal)";
+            why = "never advertised its wake entry (started with HEAPPROF_ATTACH_SIGNAL=0, "
+                  "which turns attaching off)";
         if (!why)
             continue;
         st->waiting_since_ns[i] = 0;
@@ -191,10 +197,10 @@ static bool attach_tick(void *ctx, svc_t *s)
     uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
     if (st->n_waiting) {
         check_waiting(st, now);
-        /* Nothing attached and nothing left to wait for. */
-        if (!st->n_waiting && !st->n_signalled && !st->have_names)
-            return true;
     }
+    /* Nothing attached and nothing left to wait for. */
+    if (!st->n_waiting && !st->n_woken && !st->have_names)
+        return true;
     if (st->have_names && now >= st->next_scan_ns) {
         scan_names(st);
         st->next_scan_ns = now + 500000000u;
@@ -204,8 +210,8 @@ static bool attach_tick(void *ctx, svc_t *s)
             continue;
         if (!svc_client_seen(s, st->signalled[i]) && kill(st->signalled[i], 0) == 0)
             fprintf(stderr,
-                    "heapprof attach: pid %d did not answer the attach signal within 2 s "
-                    "(its libheapprof.so may have the signal disabled, or another handler)\n",
+                    "heapprof attach: pid %d was woken but did not connect within 2 s (its "
+                    "profiling session could not start, or attaches elsewhere)\n",
                     (int)st->signalled[i]);
         st->warned[i] = true;
     }

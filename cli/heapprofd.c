@@ -106,16 +106,17 @@ static void usage(FILE *f, const struct cli_opts *o)
 static void signal_running(void *ctx, const struct svc_proc *p)
 {
     (void)ctx;
-    int r = svc_proc_signal_attach(p, 0);
+    char why[512];
+    int r = svc_proc_wake(p, 0, why, sizeof(why));
     if (r == -EAGAIN)
-        hp_log_info("pid %d (%s): no attach handler installed (still starting, or attaching "
-                    "disabled); not signalled",
+        hp_log_info("pid %d (%s): no wake entry advertised (still starting, or attaching "
+                    "disabled); not attached",
                     (int)p->pid, p->name);
     else if (r < 0)
-        hp_log_warn("pid %d (%s): cannot send the attach signal: %s", (int)p->pid, p->name,
-                    strerror(-r));
+        hp_log_warn("pid %d (%s): cannot attach: %s", (int)p->pid, p->name,
+                    why[0] ? why : strerror(-r));
     else
-        hp_log_info("pid %d (%s): attach signal sent", (int)p->pid, p->name);
+        hp_log_info("pid %d (%s): woken to attach", (int)p->pid, p->name);
 }
 
 /* The name of a HeapprofdConfig field @cfg sets to other than its default, or NULL: in

@@ -1,20 +1,28 @@
-/* preload/attach.c: the attach signal's handler, how the client advertises it, and the
- * session thread, which handshakes when the signal came and watches a session until it
- * ends.
+/* preload/attach.c: the session thread, which handshakes when an attacher woke the
+ * client and watches a session until it ends.
  *
  * Dormant means free: while no session runs the process has no thread of ours, so a
  * single-threaded program stays single-threaded (glibc keeps its single-thread fast
  * paths: stdio without locks, malloc without atomic operations; unshare(CLONE_NEWUSER)
  * works). A session needs a thread: the handshake must happen promptly also in a process
- * blocked in read(2) that never allocates, outside the signal handler (it blocks on the
- * service, and the handler may have interrupted any code of the program), and someone
- * must notice when the service goes away. Alternatives weighed: the handshake inside the
- * handler (blocking I/O in whatever thread the signal lands on, possibly on a small
- * sigaltstack, and still no watcher afterwards); the next allocation doing it (never
- * comes in a blocked process); a pthread created from the handler (pthread_create is not
- * async-signal-safe, and a thread glibc knows turns the fast paths off while it lives).
+ * blocked in read(2) that never allocates, outside the code that woke us (it blocks on
+ * the service, and the wake may have stopped any code of the program), and someone must
+ * notice when the service goes away. Alternatives weighed: the handshake inside the wake
+ * call (blocking I/O on whatever thread the attacher stopped, and still no watcher
+ * afterwards); the next allocation doing it (never comes in a blocked process); a pthread
+ * created from the wake call (pthread_create is not async-signal-safe, and a thread glibc
+ * knows turns the fast paths off while it lives).
  *
- * So the handler starts a raw clone(2) thread, the session thread: CLONE_VM | CLONE_FS |
+ * The way in (preload/wake.c, service/wake.c): the attacher stops one thread with ptrace
+ * and makes it call client_wake_entry(), whose address the client advertises in a
+ * read-only memfd page; the entry only starts the session thread, then the attacher puts
+ * the thread back as it was, its interrupted system call included. An attach signal
+ * (SIGRTMIN+4, until this) did the same from a handler, but a signal is the program's
+ * business: it made epoll_wait and sigtimedwait fail with EINTR, reached programs that
+ * sigwait() or read a signalfd, fired a handler of the program's own for that signal,
+ * and stayed pending across exec when blocked. No signal is involved any more.
+ *
+ * So the wake starts a raw clone(2) thread, the session thread: CLONE_VM | CLONE_FS |
  * CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD | CLONE_SYSVSEM, every signal blocked, its
  * own mmap'd stack, and CLONE_SETTLS to a small private thread control block. glibc never
  * learns of it and still takes the process for single-threaded; that is correct only
@@ -30,7 +38,7 @@
  * What a raw thread must mind:
  *   fork      the child has no session thread (client__sthread_forget() in the atfork
  *             handler); its copy of the stack is free to reuse.
- *   vfork     the child shares our memory: the handler ignores a signal there (pid check).
+ *   vfork     the child shares our memory: the wake entry ignores a call there (pid check).
  *   exec      kills every thread; the new image starts from scratch.
  *   setuid    glibc changes the ids of the threads it knows (its setxid broadcast), not
  *             ours: the session thread compares its ids with the process's every round
@@ -44,10 +52,11 @@
  * polls it for a hang-up. When the program closed or reused it, the client says so in the
  * ring (RING_END_CONN_TAKEN) and the session ends, visibly.
  *
- * Advertising: attachers must signal only a process whose handler is in place (the
- * default action of a real-time signal kills). Once sigaction() succeeded, the client
- * maps a one-page memfd named "heapprof-attach-<signo>": /proc/PID/maps then shows
- * "/memfd:heapprof-attach-<signo> (deleted)", which service/targets.c reads.
+ * Advertising: the page (common/wake.h) is mapped once the client is initialised and
+ * the direct slots are set up; /proc/PID/maps then shows
+ * "/memfd:heapprof-attach-wake (deleted)", which service/targets.c looks for. Attachers
+ * read the entry's address there (it is not exported: the library exports allocator
+ * entry points only).
  */
 #include "preload/client.h"
 
@@ -160,7 +169,7 @@ static bool client_ids_changed(void)
     return proc.st_uid != self.st_uid || proc.st_gid != self.st_gid;
 }
 
-/* Handshakes after an attach signal that carried @attacher. Returns 0 when profiling. */
+/* Handshakes after a wake from @attacher (0: the daemon). Returns 0 when profiling. */
 static int client_attach(int attacher)
 {
     char path[HP_PATH_MAX];
@@ -232,7 +241,7 @@ static void client_watch(void)
 static void client_serve_attach(void)
 {
     int attacher = atomic_exchange_explicit(&client_sthread_attacher, 0, memory_order_acquire);
-    /* A signal while profiling is ignored. */
+    /* A request while profiling is ignored. */
     if (!atomic_load_explicit(&client_current, memory_order_relaxed) &&
         atomic_load_explicit(&client_state, memory_order_relaxed) == CLIENT_DORMANT &&
         client_attach(attacher) == 0)
@@ -361,81 +370,4 @@ void client__sthread_forget(void)
     atomic_store_explicit(&client_sthread_state, STHREAD_NONE, memory_order_relaxed);
     for (unsigned i = 0; i < HP_ARRAY_SIZE(client_sthread_slots); i++)
         atomic_store_explicit(&client_sthread_slots[i].word, 0, memory_order_relaxed);
-}
-
-/* ---- the attach signal ------------------------------------------------------------- */
-
-/* True when the service has hung up on @s (or its descriptor is no longer valid): the
- * session thread is about to end it. Polling takes nothing from the socket. */
-static bool client_session_hung_up(const struct client_session *s)
-{
-    struct pollfd pf = {.fd = s->sock, .events = POLLRDHUP};
-    struct timespec zero = {0, 0};
-    return hp_sys6(SYS_ppoll, (long)&pf, 1, (long)&zero, 0, 0, 0) > 0;
-}
-
-/* Async-signal-safe: raw system calls only, errno untouched. */
-static void client_attach_handler(int sig, siginfo_t *si, void *uc)
-{
-    (void)sig;
-    (void)uc;
-    /* In a vfork child (our memory, another process) the state is the parent's. */
-    if (hp_sys0(SYS_getpid) != atomic_load_explicit(&client__owner_pid, memory_order_relaxed))
-        return;
-    /* A signal while profiling is ignored; one that comes as the service hangs up is
-     * served once the session thread has ended that session. */
-    struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
-    if (s ? !client_session_hung_up(s)
-          : atomic_load_explicit(&client_state, memory_order_relaxed) != CLIENT_DORMANT)
-        return;
-    int pid = si && si->si_code == SI_QUEUE ? si->si_value.sival_int : 0;
-    (void)client__sthread_start(CLIENT_STHREAD_ATTACH, pid);
-}
-
-/* Maps a page of a memfd named after the signal, for attachers to find in our maps. */
-static void client_advertise(int signo)
-{
-    char name[32] = "heapprof-attach-";
-    size_t n = strlen(name);
-    char digits[12];
-    size_t k = 0;
-    for (unsigned v = (unsigned)signo; k == 0 || v; v /= 10)
-        digits[k++] = (char)('0' + v % 10);
-    while (k)
-        name[n++] = digits[--k];
-    name[n] = '\0';
-    long fd = hp_sys2(SYS_memfd_create, (long)name, MFD_CLOEXEC);
-    if (fd < 0)
-        return;
-    if (hp_sys2(SYS_ftruncate, fd, 4096) == 0) {
-        void *p = hp_sys_mmap(NULL, 4096, PROT_READ, MAP_SHARED, (int)fd, 0);
-        (void)p; /* kept for the life of the image; inherited by forked children */
-    }
-    (void)hp_sys_close((int)fd);
-}
-
-/* Installs the attach handler unless the application has its own. */
-void client__attach_install(void)
-{
-    struct sigaction old, sa;
-
-    if (client__attach_signo <= 0 || client__attach_installed)
-        return;
-    if (sigaction(client__attach_signo, NULL, &old) < 0)
-        return;
-    if ((old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) {
-        atomic_fetch_add_explicit(&client_stat_attach_unavailable, 1, memory_order_relaxed);
-        if (client__attach_signo_explicit)
-            client__say("heapprof: the attach signal has a handler already; attaching to this "
-                        "process is disabled",
-                        NULL);
-        return;
-    }
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_sigaction = client_attach_handler;
-    sa.sa_flags = SA_SIGINFO | SA_RESTART;
-    (void)sigfillset(&sa.sa_mask);
-    client__attach_installed = sigaction(client__attach_signo, &sa, NULL) == 0;
-    if (client__attach_installed)
-        client_advertise(client__attach_signo);
 }

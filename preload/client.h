@@ -236,9 +236,9 @@ extern uint32_t client__timeout_ms;
 extern int client__attach_signo; /* 0: no attach support */
 extern bool client__attach_signo_explicit;
 /* Attach machinery (preload/attach.c). */
-extern bool client__attach_installed;
-/* The process the client state belongs to (set at init and in a forked child): the attach
- * handler ignores signals in a vfork child, which shares our memory. */
+extern bool client__attach_installed; /* the wake entry is advertised */
+/* The process the client state belongs to (set at init and in a forked child): the wake
+ * entry ignores calls in a vfork child, which shares our memory. */
 extern _Atomic int client__owner_pid;
 extern _Atomic uint64_t client_stat_attach_unavailable;
 extern _Atomic uint64_t client_stat_sthread_failures;
@@ -256,8 +256,7 @@ void client__session_close(struct client_session *s, bool close_sock);
 /* True while @s->sock is still the connection the handshake made (fstat: same device
  * and inode). Async-signal-safe, no errno. */
 bool client__sock_ours(const struct client_session *s);
-/* Installs the attach handler unless the application has its own, and then advertises
- * it (see preload/attach.c). */
+/* Advertises the wake entry for attachers, unless attaching is off (preload/wake.c). */
 void client__attach_install(void);
 
 /* The session thread (preload/attach.c): what it does first. */
@@ -266,8 +265,8 @@ enum client_sthread_mode {
     CLIENT_STHREAD_WATCH,  /* watch the session in client_current */
 };
 /* Starts the session thread: a clone(2) thread that never enters glibc. @attacher: the
- * pid the attach signal carried (0: none). Returns 0, -EBUSY when one runs already, or
- * -errno. Async-signal-safe; hook-safe. */
+ * pid of the attacher that woke us (0: none, the daemon socket). Returns 0, -EBUSY when one runs
+ * already, or -errno. Async-signal-safe; hook-safe. */
 int client__sthread_start(enum client_sthread_mode mode, int attacher);
 /* In a forked child (atfork): no session thread exists there. */
 void client__sthread_forget(void);

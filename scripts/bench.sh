@@ -6,6 +6,7 @@
 #
 #   scripts/bench.sh                 # everything
 #   scripts/bench.sh ring client     # bench_ring*, bench_client*
+#   scripts/bench.sh attach          # wake latency, idle and busy; 100 attach cycles
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

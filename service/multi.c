@@ -173,12 +173,13 @@ static void signal_running(void *ctx, const struct svc_proc *p)
         return;
     }
     route_add(c->m, p->pid, c->ms->id);
-    int r = svc_proc_signal_attach(p, 0);
+    char why[512];
+    int r = svc_proc_wake(p, 0, why, sizeof(why));
     if (r < 0)
-        hp_log_warn("pid %d (%s): cannot send the attach signal: %s", (int)p->pid, p->name,
-                    strerror(-r));
+        hp_log_warn("pid %d (%s): cannot attach: %s", (int)p->pid, p->name,
+                    why[0] ? why : strerror(-r));
     else
-        hp_log_info("pid %d (%s): attach signal sent for session %llu", (int)p->pid, p->name,
+        hp_log_info("pid %d (%s): woken to attach for session %llu", (int)p->pid, p->name,
                     (unsigned long long)c->ms->id);
 }
 

@@ -1,29 +1,22 @@
-/* service/targets.c: finding and signalling the processes an attach session or the
- * daemon profiles.
+/* service/targets.c: finding the processes an attach session or the daemon profiles.
  *
- * Our tools never kill: the default action of a real-time signal ends the process, so a
- * process is signalled only when its client advertises an installed handler (a memfd
- * named "heapprof-attach-<signo>" in its maps, created after sigaction() succeeded) and
- * the signal is caught (SigCgt), with the signal it advertises (not ours: it may have been
- * started with another HEAPPROF_ATTACH_SIGNAL), through a pidfd opened before the process
- * is checked again (same start time), so that a pid reused meanwhile is never hit. */
+ * A process is attachable when its client advertises its wake entry (a memfd page named
+ * "heapprof-attach-wake" in its maps, common/wake.h); service/wake.c wakes it with a
+ * remote call, after checking through a pidfd that the pid still names the process
+ * inspected (same start time), so that a pid reused meanwhile is never touched. */
 #include "service/targets.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "common/macros.h"
 #include "common/paths.h"
-
-#define ATTACH_MEMFD "/memfd:heapprof-attach-"
 
 static int read_small(const char *path, char *buf, size_t len, size_t *ret_n)
 {
@@ -84,79 +77,15 @@ int svc_proc_inspect(pid_t pid, struct svc_proc *ret)
             ret->start_time = strtoull(p + 1, NULL, 10);
     }
 
-    /* libheapprof.so mapped, its handler advertised? Read /proc/PID/maps in chunks,
-     * keeping a line's tail. */
-    snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
-    HP_CLEANUP_CLOSE int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    /* libheapprof.so mapped, its wake entry advertised? */
+    HP_CLEANUP_FREE char *maps = svc__proc_maps(pid);
+    if (!maps)
         return errno == ENOENT ? -ENOENT : 0; /* no permission: not preloaded as far as
                                                  we can tell */
-    size_t keep = 0;
-    for (;;) {
-        ssize_t k = read(fd, buf + keep, sizeof(buf) - 1 - keep);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            break;
-        size_t total = keep + (size_t)k;
-        buf[total] = '\0';
-        if (strstr(buf, "/libheapprof.so"))
-            ret->preloaded = true;
-        const char *ad = strstr(buf, ATTACH_MEMFD);
-        if (ad && strchr(ad, ' ')) {
-            char *end;
-            long v = strtol(ad + strlen(ATTACH_MEMFD), &end, 10);
-            if (*end == ' ' && v > 0 && v < NSIG)
-                ret->attach_signo = (int)v;
-        }
-        if (ret->preloaded && ret->attach_signo)
-            break;
-        keep = total < 64 ? total : 64;
-        memmove(buf, buf + total - keep, keep);
-    }
-
-    /* Caught now (the program may have reset it to SIG_DFL since)? */
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    if (ret->attach_signo && read_small(path, buf, sizeof(buf) - 1, &n) == 0) {
-        buf[n] = '\0';
-        const char *c = strstr(buf, "\nSigCgt:");
-        if (c) {
-            unsigned long long mask = strtoull(c + 8, NULL, 16);
-            ret->attach_ready = (mask >> (ret->attach_signo - 1)) & 1;
-        }
-    }
+    ret->preloaded = strstr(maps, "/libheapprof.so") != NULL;
+    ret->wake_page = svc__wake_page_addr(maps);
+    ret->attach_ready = ret->wake_page != 0;
     return 0;
-}
-
-int svc_proc_signal_attach(const struct svc_proc *p, pid_t attacher)
-{
-    if (!p->attach_ready)
-        return -EAGAIN;
-    /* The pidfd pins the process we check next: if it dies and its pid is reused, the
-     * check sees another start time, or the signal fails with ESRCH. */
-    HP_CLEANUP_CLOSE int pidfd = (int)syscall(SYS_pidfd_open, p->pid, 0);
-    if (pidfd < 0 && errno != ENOSYS)
-        return -errno;
-    struct svc_proc now;
-    int r = svc_proc_inspect(p->pid, &now);
-    if (r < 0)
-        return r == -ENOENT ? -ESRCH : r;
-    if (now.start_time != p->start_time)
-        return -ESRCH;
-    if (!now.attach_ready || now.attach_signo != p->attach_signo)
-        return -EAGAIN;
-    siginfo_t info;
-    memset(&info, 0, sizeof(info));
-    info.si_signo = p->attach_signo;
-    info.si_code = SI_QUEUE;
-    info.si_pid = getpid();
-    info.si_uid = getuid();
-    info.si_value.sival_int = (int)attacher;
-    if (pidfd >= 0)
-        r = (int)syscall(SYS_pidfd_send_signal, pidfd, p->attach_signo, &info, 0);
-    else /* Linux < 5.3: checked as well as we can without a pidfd */
-        r = (int)syscall(SYS_rt_sigqueueinfo, p->pid, p->attach_signo, &info);
-    return r < 0 ? -errno : 0;
 }
 
 void svc_proc_scan_targets(const struct svc_config *cfg,

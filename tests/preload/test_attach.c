@@ -1,6 +1,7 @@
 /* tests/preload/test_attach.c: the client's lifecycle against a fake service: startup
- * decisions from the environment, attach on the signal, detach back to dormant and
- * attach again, forks with and without WIRE_FEATURE_FOLLOW_FORK, vfork.
+ * decisions from the environment, attach when woken (service/wake.c: a ptrace remote
+ * call, no signal), detach back to dormant and attach again, forks with and without
+ * WIRE_FEATURE_FOLLOW_FORK, vfork.
  *
  * The test plays the service and the attacher: it listens on the daemon socket or on
  * its own attach-<pid>.sock in a temporary XDG_RUNTIME_DIR, drives
@@ -34,6 +35,7 @@
 #include "common/clock.h"
 #include "common/fdpass.h"
 #include "common/paths.h"
+#include "service/svc.h"
 #include "shmem_ring/ring.h"
 #include "shmem_ring/wire.h"
 
@@ -264,10 +266,23 @@ static void conn_close(struct conn *c)
     c->ring = ring_unmap(c->ring);
 }
 
-static void attach_signal(pid_t pid, int value)
+/* Wakes the program as `heapprof attach` does, telling it to connect to @attacher's
+ * socket (0: the daemon's). */
+static void attach_wake(pid_t pid, pid_t attacher)
 {
-    union sigval v = {.sival_int = value};
-    assert_int_equal(sigqueue(pid, SIGRTMIN + 4, v), 0);
+    struct svc_proc p;
+    for (int i = 0; i < 500; i++) {
+        assert_int_equal(svc_proc_inspect(pid, &p), 0);
+        if (p.attach_ready)
+            break;
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    char why[512];
+    int r = svc_proc_wake(&p, attacher, why, sizeof(why));
+    if (r != 0)
+        print_message("  wake: %d %s\n", r, why);
+    assert_int_equal(r, 0);
 }
 
 /* ---- fixture ------------------------------------------------------------------------ */
@@ -330,7 +345,7 @@ static void test_attach_idle_then_detach_then_again(void **state)
     for (int round = 0; round < 2; round++) {
         /* The program is idle, blocked in read(2): the helper thread attaches. */
         uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
-        attach_signal(f->prog.pid, getpid());
+        attach_wake(f->prog.pid, getpid());
         assert_true(accept_conn(lsock, 5000, 0, &c));
         uint64_t ms = (c.connected_ns - t0) / 1000000;
         printf("# round %d: attached in %llu ms\n", round, (unsigned long long)ms);
@@ -340,7 +355,7 @@ static void test_attach_idle_then_detach_then_again(void **state)
         assert_int_equal(c.hello.pid, f->prog.pid);
 
         /* A second signal while profiling is ignored. */
-        attach_signal(f->prog.pid, getpid());
+        attach_wake(f->prog.pid, getpid());
         struct conn extra;
         assert_false(accept_conn(lsock, 200, 0, &extra));
         /* The session has its thread. */
@@ -395,7 +410,7 @@ static void test_attach_busy_process(void **state)
     uint64_t best_ms = UINT64_MAX;
     for (int round = 0; round < 3; round++) {
         uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
-        attach_signal(f->prog.pid, getpid());
+        attach_wake(f->prog.pid, getpid());
         assert_true(accept_conn(lsock, 5000, 0, &c));
         uint64_t ms = (c.connected_ns - t0) / 1000000;
         printf("# busy round %d: attached in %llu ms\n", round, (unsigned long long)ms);
@@ -420,7 +435,7 @@ static void test_attach_busy_process(void **state)
     (void)close(lsock);
 }
 
-static void test_attach_signal_without_pid_uses_daemon_socket(void **state)
+static void test_attach_wake_without_pid_uses_daemon_socket(void **state)
 {
     struct fixture *f = *state;
     char path[HP_PATH_MAX], line[128];
@@ -433,8 +448,8 @@ static void test_attach_signal_without_pid_uses_daemon_socket(void **state)
     prog_start(f, env);
     prog_line(f, line, sizeof(line));
     assert_false(accept_conn(lsock, 200, 0, &c));
-    /* kill(2): si_code is SI_USER, no pid: the daemon socket. */
-    assert_int_equal(kill(f->prog.pid, SIGRTMIN + 4), 0);
+    /* No attacher pid: the daemon socket. */
+    attach_wake(f->prog.pid, 0);
     assert_true(accept_conn(lsock, 5000, 0, &c));
     assert_int_equal(c.hello.reason, WIRE_REASON_ATTACH);
     prog_cmd(f, 'a', line, sizeof(line));
@@ -466,7 +481,10 @@ static void test_attach_startup_when_daemon_socket_exists(void **state)
     (void)close(lsock);
 }
 
-static void test_attach_signal_number_from_env(void **state)
+/* HEAPPROF_ATTACH_SIGNAL named the attach signal; there is none any more: the program
+ * is woken all the same, and no handler of ours is installed for any signal (it used to
+ * be: SigCgt showed it). */
+static void test_attach_signal_env_no_handler(void **state)
 {
     struct fixture *f = *state;
     char path[HP_PATH_MAX], line[128], sig[64];
@@ -478,8 +496,19 @@ static void test_attach_signal_number_from_env(void **state)
     const char *env[] = {sig, NULL};
     prog_start(f, env);
     prog_line(f, line, sizeof(line));
-    union sigval v = {.sival_int = getpid()};
-    assert_int_equal(sigqueue(f->prog.pid, SIGRTMIN + 5, v), 0);
+    char status_path[64], status[8192] = "";
+    snprintf(status_path, sizeof(status_path), "/proc/%d/status", (int)f->prog.pid);
+    FILE *sf = fopen(status_path, "r");
+    assert_non_null(sf);
+    size_t n = fread(status, 1, sizeof(status) - 1, sf);
+    status[n] = '\0';
+    fclose(sf);
+    const char *cgt = strstr(status, "\nSigCgt:");
+    assert_non_null(cgt);
+    unsigned long long caught = strtoull(cgt + 8, NULL, 16);
+    assert_false((caught >> (SIGRTMIN + 4 - 1)) & 1);
+    assert_false((caught >> (SIGRTMIN + 5 - 1)) & 1);
+    attach_wake(f->prog.pid, getpid());
     assert_true(accept_conn(lsock, 5000, 0, &c));
     prog_cmd(f, 'a', line, sizeof(line));
     prog_quit(f);
@@ -489,6 +518,8 @@ static void test_attach_signal_number_from_env(void **state)
     (void)close(lsock);
 }
 
+/* HEAPPROF_ATTACH_SIGNAL=0 turns attaching off: nothing advertised, the wake refused,
+ * the program unharmed. */
 static void test_attach_signal_zero_disables(void **state)
 {
     struct fixture *f = *state;
@@ -497,13 +528,14 @@ static void test_attach_signal_zero_disables(void **state)
     const char *env[] = {"HEAPPROF_ATTACH_SIGNAL=0", NULL};
     prog_start(f, env);
     prog_line(f, line, sizeof(line));
-    /* No handler: the signal keeps its default action, which ends the program. */
-    assert_int_equal(kill(f->prog.pid, SIGRTMIN + 4), 0);
-    int st;
-    assert_int_equal(waitpid(f->prog.pid, &st, 0), f->prog.pid);
-    assert_true(WIFSIGNALED(st));
-    assert_int_equal(WTERMSIG(st), SIGRTMIN + 4);
-    f->prog.pid = 0;
+    struct svc_proc p;
+    assert_int_equal(svc_proc_inspect(f->prog.pid, &p), 0);
+    assert_true(p.preloaded);
+    assert_false(p.attach_ready);
+    char why[256];
+    assert_int_equal(svc_proc_wake(&p, getpid(), why, sizeof(why)), -EAGAIN);
+    prog_cmd(f, 'a', line, sizeof(line));
+    prog_quit(f);
 }
 
 static void run_fork(struct fixture *f, bool follow)
@@ -644,7 +676,7 @@ static int start_attached(struct fixture *f, struct conn *c)
     prog_start(f, NULL);
     prog_line(f, line, sizeof(line));
     assert_string_equal(line, "ready");
-    attach_signal(f->prog.pid, getpid());
+    attach_wake(f->prog.pid, getpid());
     assert_true(accept_conn(lsock, 5000, 0, c));
     /* The helper maps the ring after our answer; on a loaded machine that may take a
      * while: allocate until records show up, then start counting afresh. */
@@ -685,7 +717,7 @@ static void test_attach_torture_64_threads_attach_detach(void **state)
     assert_string_equal(line, "B");
     for (int round = 0; round < 8; round++) {
         if (round > 0) {
-            attach_signal(f->prog.pid, getpid());
+            attach_wake(f->prog.pid, getpid());
             assert_true(accept_conn(lsock, 5000, 0, &c));
         }
         /* Read for 100 ms once records flow (5 s at most for the first). */
@@ -814,11 +846,11 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_attach_idle_then_detach_then_again, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attach_busy_process, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_attach_signal_without_pid_uses_daemon_socket, setup,
+        cmocka_unit_test_setup_teardown(test_attach_wake_without_pid_uses_daemon_socket, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_attach_startup_when_daemon_socket_exists, setup,
                                         teardown),
-        cmocka_unit_test_setup_teardown(test_attach_signal_number_from_env, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_attach_signal_env_no_handler, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attach_signal_zero_disables, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attach_fork_not_followed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attach_fork_followed, setup, teardown),

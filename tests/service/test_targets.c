@@ -1,7 +1,6 @@
-/* tests/service/test_targets.c: the attacher signals only a process whose attach handler
- * is installed, with the signal it advertises, and never a pid that now names another
- * process (issue 15, case 9). Real processes: a dormant worker (HEAPPROF_LIB, WORKER)
- * and sleep(1). */
+/* tests/service/test_targets.c: the attacher wakes only a process that advertises its
+ * wake entry, and never a pid that now names another process (issue 15, case 9). Real
+ * processes: a dormant worker (HEAPPROF_LIB, WORKER) and sleep(1). */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -30,7 +29,7 @@ static void sleep_ms(long ms)
         ;
 }
 
-/* A dormant worker idling for @ms, with its attach handler installed (advertised). */
+/* A dormant worker idling for @ms, its wake entry advertised. */
 static pid_t start_worker(const char *ms, struct svc_proc *ret)
 {
     pid_t pid = fork();
@@ -50,7 +49,7 @@ static pid_t start_worker(const char *ms, struct svc_proc *ret)
             return pid;
         sleep_ms(10);
     }
-    fail_msg("worker %d never advertised its handler", (int)pid);
+    fail_msg("worker %d never advertised its wake entry", (int)pid);
     return -1;
 }
 
@@ -77,7 +76,7 @@ static void reap(pid_t pid)
     waitpid(pid, NULL, 0);
 }
 
-/* A process without the handler is refused, and keeps running. */
+/* A process without the library is refused, and keeps running. */
 static void test_targets_no_handler_refused(void **state)
 {
     (void)state;
@@ -86,15 +85,17 @@ static void test_targets_no_handler_refused(void **state)
     struct svc_proc p;
     assert_int_equal(svc_proc_inspect(s, &p), 0);
     assert_false(p.attach_ready);
-    assert_int_equal(p.attach_signo, 0);
-    assert_int_equal(svc_proc_signal_attach(&p, 0), -EAGAIN);
+    assert_int_equal(p.wake_page, 0);
+    char why[256];
+    assert_int_equal(svc_proc_wake(&p, 0, why, sizeof(why)), -EAGAIN);
     sleep_ms(50);
     assert_true(alive(s));
     reap(s);
 }
 
-/* The signal is the one the process advertises, not the attacher's default. */
-static void test_targets_advertised_signal(void **state)
+/* A worker is woken whatever HEAPPROF_ATTACH_SIGNAL says (no signal is involved any
+ * more), and is left running; HEAPPROF_ATTACH_SIGNAL=0 still turns attaching off. */
+static void test_targets_wake_advertised(void **state)
 {
     (void)state;
     char sig[16];
@@ -104,17 +105,46 @@ static void test_targets_advertised_signal(void **state)
     pid_t w = start_worker("2000", &p);
     unsetenv("HEAPPROF_ATTACH_SIGNAL");
     assert_true(p.preloaded);
-    assert_int_equal(p.attach_signo, SIGRTMIN + 7);
-    /* The signal reaches the handler (no service to attach to: nothing else happens). */
-    assert_int_equal(svc_proc_signal_attach(&p, getpid()), 0);
+    assert_true(p.wake_page != 0);
+    /* Woken (no service to attach to: nothing else happens). */
+    char why[256];
+    int r = svc_proc_wake(&p, getpid(), why, sizeof(why));
+    print_message("  wake: %d %s\n", r, why);
+    assert_int_equal(r, 0);
     sleep_ms(100);
     assert_true(alive(w));
     reap(w);
+
+    setenv("HEAPPROF_ATTACH_SIGNAL", "0", 1);
+    pid_t off = fork();
+    assert_true(off >= 0);
+    if (off == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        setenv("LD_PRELOAD", getenv("HEAPPROF_LIB"), 1);
+        setenv("HEAPPROF_STARTUP", "0", 1);
+        execl(getenv("WORKER"), "worker", "idle", "2000", (char *)NULL);
+        _exit(127);
+    }
+    unsetenv("HEAPPROF_ATTACH_SIGNAL");
+    bool preloaded = false;
+    for (int i = 0; i < 500 && !preloaded; i++) {
+        sleep_ms(10);
+        assert_int_equal(svc_proc_inspect(off, &p), 0);
+        preloaded = p.preloaded;
+    }
+    sleep_ms(200);
+    assert_int_equal(svc_proc_inspect(off, &p), 0);
+    assert_true(p.preloaded);
+    assert_false(p.attach_ready);
+    assert_int_equal(svc_proc_wake(&p, 0, why, sizeof(why)), -EAGAIN);
+    assert_true(alive(off));
+    reap(off);
 }
 
 /* The pid of an inspected process that died names another process now: it is not
  * signalled. The reuse is made real by choosing the next pid (ns_last_pid, root only). */
-static void test_targets_bug_reused_pid_signalled(void **state)
+static void test_targets_bug_reused_pid_woken(void **state)
 {
     (void)state;
     struct svc_proc p;
@@ -122,7 +152,8 @@ static void test_targets_bug_reused_pid_signalled(void **state)
     /* Same process, start time not the one inspected: refused, not signalled. */
     struct svc_proc stale = p;
     stale.start_time++;
-    assert_int_equal(svc_proc_signal_attach(&stale, 0), -ESRCH);
+    char why[256];
+    assert_int_equal(svc_proc_wake(&stale, 0, why, sizeof(why)), -ESRCH);
     reap(w);
 
     int fd = open("/proc/sys/kernel/ns_last_pid", O_WRONLY | O_CLOEXEC);
@@ -148,7 +179,7 @@ static void test_targets_bug_reused_pid_signalled(void **state)
     }
     sleep_ms(50);
     print_message("  pid %d: worker, then sleep\n", (int)p.pid);
-    assert_int_equal(svc_proc_signal_attach(&p, 0), -ESRCH);
+    assert_int_equal(svc_proc_wake(&p, 0, why, sizeof(why)), -ESRCH);
     sleep_ms(50);
     assert_true(alive(s));
     reap(s);
@@ -162,8 +193,8 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_targets_no_handler_refused),
-        cmocka_unit_test(test_targets_advertised_signal),
-        cmocka_unit_test(test_targets_bug_reused_pid_signalled),
+        cmocka_unit_test(test_targets_wake_advertised),
+        cmocka_unit_test(test_targets_bug_reused_pid_woken),
     };
     return cmocka_run_group_tests_name("targets", tests, NULL, NULL);
 }

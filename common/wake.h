@@ -1,0 +1,42 @@
+/* common/wake.h: the advertisement page of a dormant client, which an attacher reads to
+ * wake it with a remote call (preload/wake.c writes it, service/wake.c reads it).
+ *
+ * A dormant process maps one read-only page of a memfd named HP_WAKE_MEMFD_NAME; its
+ * first bytes are a struct hp_wake_page. The attacher finds the mapping in
+ * /proc/PID/maps, reads the page (process_vm_readv, the same permission as ptrace), and
+ * checks the magic and the version before it trusts the two addresses:
+ *
+ *     struct hp_wake_page pg;          // read from the mapping's start
+ *     if (pg.magic == HP_WAKE_MAGIC && pg.version == HP_WAKE_VERSION)
+ *         remote call pg.entry(attacher pid), returning to pg.trap
+ *
+ * The page is written by the target itself: it is trusted only as far as the target is
+ * (the attacher may trace it anyway); the addresses are checked against the target's
+ * executable mappings of libheapprof.so before use. Fixed-width little-endian fields. */
+#ifndef HP_COMMON_WAKE_H
+#define HP_COMMON_WAKE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* /proc/PID/maps shows "/memfd:heapprof-attach-wake (deleted)". No digits after the
+ * prefix: attachers of the signal era read a number there (the signal to send) and
+ * treat this page as "no handler", so they never signal a process that has none. */
+#define HP_WAKE_MEMFD_NAME "heapprof-attach-wake"
+#define HP_WAKE_MAGIC 0x656b6177706168ull /* "hapwake\0" */
+#define HP_WAKE_VERSION 1u
+
+struct hp_wake_page {
+    uint64_t magic;   /* HP_WAKE_MAGIC */
+    uint32_t version; /* HP_WAKE_VERSION */
+    uint32_t size;    /* sizeof(struct hp_wake_page) */
+    /* void client_wake_entry(int attacher_pid): async-signal-safe, returns normally. */
+    uint64_t entry;
+    /* An int3: the remote call returns here, the tracer sees SIGTRAP with rip = trap + 1. */
+    uint64_t trap;
+};
+_Static_assert(sizeof(struct hp_wake_page) == 32, "hp_wake_page ABI");
+_Static_assert(offsetof(struct hp_wake_page, entry) == 16, "hp_wake_page ABI");
+_Static_assert(offsetof(struct hp_wake_page, trap) == 24, "hp_wake_page ABI");
+
+#endif

@@ -1,0 +1,94 @@
+/* preload/wake.c: how an attacher wakes a dormant client: the entry it calls remotely,
+ * and the page that tells it where that entry is.
+ *
+ * The attacher (service/wake.c) stops one thread of ours with ptrace, makes it call
+ * client_wake_entry(attacher pid) with every signal but SIGTRAP blocked, catches the
+ * return at client_wake_trap (preload/wake_x86_64.S) and puts the thread back exactly
+ * as it was, its system call included. No signal is sent: a program that waits for
+ * signals (sigwaitinfo, signalfd), handles the old attach signal itself, or treats EINTR
+ * as fatal sees nothing. The entry runs on whatever thread was stopped, at whatever
+ * point it was (not inside an rseq critical section, with stack to spare): it obeys the
+ * rules of a signal handler (raw system calls, no lock, no allocation, errno kept), and
+ * only starts the session thread (preload/attach.c), which does the handshake.
+ *
+ * The advertisement: one read-only page of a memfd named HP_WAKE_MEMFD_NAME, written
+ * with pwrite before it is mapped (common/wake.h). HEAPPROF_ATTACH_SIGNAL=0 still means
+ * "never attachable": no page. */
+#include "preload/client.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+
+#include "common/sys.h"
+#include "common/wake.h"
+
+/* The remote call's entry (preload/wake.c) and its return trap (wake_x86_64.S). Not
+ * exported: the attacher finds both through the advertisement page. */
+void client_wake_entry(int attacher_pid);
+void client_wake_trap(void);
+
+/* True when the service has hung up on @s (or its descriptor is no longer valid): the
+ * session thread is about to end it. Polling takes nothing from the socket. */
+static bool client_session_hung_up(const struct client_session *s)
+{
+    struct pollfd pf = {.fd = s->sock, .events = POLLRDHUP};
+    struct timespec zero = {0, 0};
+    return hp_sys6(SYS_ppoll, (long)&pf, 1, (long)&zero, 0, 0, 0) > 0;
+}
+
+/* A request to attach from process @attacher_pid (0: the daemon socket). Called by the
+ * attacher on a thread it stopped, with signals blocked. Async-signal-safe: raw system
+ * calls only, errno kept. */
+void client_wake_entry(int attacher_pid)
+{
+    int saved_errno = errno;
+    /* In a vfork child (our memory, another process) the state is the parent's. */
+    if (hp_sys0(SYS_getpid) != atomic_load_explicit(&client__owner_pid, memory_order_relaxed))
+        goto out;
+    /* A request while profiling is ignored; one that comes as the service hangs up is
+     * served once the session thread has ended that session. */
+    struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
+    if (s ? !client_session_hung_up(s)
+          : atomic_load_explicit(&client_state, memory_order_relaxed) != CLIENT_DORMANT)
+        goto out;
+    (void)client__sthread_start(CLIENT_STHREAD_ATTACH, attacher_pid > 0 ? attacher_pid : 0);
+out:
+    errno = saved_errno;
+}
+
+/* Maps the advertisement page, for attachers to find in our maps. */
+static void client_advertise(void)
+{
+    long fd = hp_sys2(SYS_memfd_create, (long)HP_WAKE_MEMFD_NAME, MFD_CLOEXEC);
+    if (fd < 0)
+        return;
+    struct hp_wake_page pg = {
+        .magic = HP_WAKE_MAGIC,
+        .version = HP_WAKE_VERSION,
+        .size = sizeof(pg),
+        .entry = (uint64_t)(uintptr_t)client_wake_entry,
+        .trap = (uint64_t)(uintptr_t)client_wake_trap,
+    };
+    if (hp_sys2(SYS_ftruncate, fd, 4096) == 0 &&
+        hp_sys4(SYS_pwrite64, fd, (long)&pg, sizeof(pg), 0) == (long)sizeof(pg)) {
+        void *p = hp_sys_mmap(NULL, 4096, PROT_READ, MAP_SHARED, (int)fd, 0);
+        /* kept for the life of the image; inherited by forked children, whose entry
+         * checks the pid */
+        client__attach_installed = !hp_sys_failed((long)p);
+    }
+    (void)hp_sys_close((int)fd);
+}
+
+/* Advertises the wake entry, unless HEAPPROF_ATTACH_SIGNAL=0 turned attaching off. No
+ * signal handler: none is needed, and the program keeps its signals to itself. */
+void client__attach_install(void)
+{
+    if (client__attach_signo <= 0 || client__attach_installed)
+        return;
+    client_advertise();
+}

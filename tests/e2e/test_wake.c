@@ -1,0 +1,435 @@
+/* tests/e2e/test_wake.c: `heapprof attach` wakes a dormant process without a signal and
+ * without changing the result of any of its system calls (the attach signal made
+ * epoll_wait and sigtimedwait fail with EINTR, cut timed waits short, reached programs
+ * that sigwait() or read a signalfd, fired the program's own handler for it, and killed
+ * programs under seccomp). Real programs: tests/programs/wake_target.c, wake_refused.c,
+ * tail -f. Each attach cycle checks the session sampled the program. */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tests/e2e/e2e_util.h"
+
+static char runtime_dir[128];
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(runtime_dir, sizeof(runtime_dir), "/tmp/heapprof-e2e-wake-XXXXXX");
+    if (!mkdtemp(runtime_dir))
+        return -1;
+    setenv("XDG_RUNTIME_DIR", runtime_dir, 1);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", runtime_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static char *read_all(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char *buf = calloc(1, 65536);
+    if (f) {
+        size_t n = fread(buf, 1, 65535, f);
+        buf[n] = '\0';
+        fclose(f);
+    }
+    return buf;
+}
+
+/* A program started by start(): its pid, the write end of its stdin, its output file. */
+struct target {
+    pid_t pid;
+    int in;
+    char out[256];
+};
+
+/* Starts @argv (argv[0] a path), the library preloaded and dormant unless !@preload, stdin
+ * a pipe, stdout and stderr to a file; returns once it printed @ready_text (10 s at
+ * most; NULL: does not wait). */
+static void start(struct target *t, char *const argv[], bool preload, const char *ready_text)
+{
+    static int seq;
+    snprintf(t->out, sizeof(t->out), "%s/out-%d.txt", runtime_dir, seq++);
+    int in[2];
+    assert_int_equal(pipe2(in, O_CLOEXEC), 0);
+    t->pid = fork();
+    assert_true(t->pid >= 0);
+    if (t->pid == 0) {
+        int fd = open(t->out, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        dup2(in[0], 0);
+        if (preload) {
+            setenv("LD_PRELOAD", e2e_env("HEAPPROF_LIB"), 1);
+            setenv("HEAPPROF_STARTUP", "0", 1);
+        }
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(in[0]);
+    t->in = in[1];
+    for (int i = 0; ready_text && i < 1000; i++) {
+        char *o = read_all(t->out);
+        bool ready = strstr(o, ready_text) != NULL;
+        free(o);
+        if (ready)
+            break;
+        sleep_ms(10);
+    }
+}
+
+static bool alive(pid_t pid)
+{
+    int st;
+    return waitpid(pid, &st, WNOHANG) == 0;
+}
+
+/* Ends @t (EOF on its stdin, or @sig), returns its exit status (128 + signal). */
+static int finish(struct target *t, int sig)
+{
+    if (sig)
+        kill(t->pid, sig);
+    close(t->in);
+    int st;
+    assert_int_equal(waitpid(t->pid, &st, 0), t->pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* `heapprof attach -p PID --duration @dur -i 1 -q -o TRACE`: returns its exit status,
+ * its stderr in @err (malloc'd, or NULL), and the samples of @fn in the trace (-1: no
+ * trace). */
+static int attach(pid_t pid, const char *dur, const char *fn, char **err, long long *ret_samples)
+{
+    char trace[256], pidbuf[16];
+    snprintf(trace, sizeof(trace), "%s/wake.pftrace", runtime_dir);
+    snprintf(pidbuf, sizeof(pidbuf), "%d", (int)pid);
+    unlink(trace);
+    char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"),
+                    "attach",
+                    "-p",
+                    pidbuf,
+                    "--duration",
+                    (char *)dur,
+                    "-i",
+                    "1",
+                    "-q",
+                    "-o",
+                    trace,
+                    NULL};
+    struct e2e_run run;
+    assert_int_equal(e2e_run(argv, NULL, &run), 0);
+    *ret_samples = -1;
+    struct rp_trace *t = NULL;
+    if (run.status == 0 && access(trace, F_OK) == 0 &&
+        rp_trace_load(trace, &(struct rp_trace_options){0}, &t) == 0) {
+        for (size_t i = 0; i < t->n_processes; i++) {
+            if (t->processes[i].pid != pid)
+                continue;
+            struct e2e_sums s;
+            e2e_sum_function(&t->processes[i], fn, &s);
+            *ret_samples = (long long)s.alloc_count;
+        }
+        rp_trace_free(t);
+    }
+    int status = run.status;
+    if (err)
+        *err = run.err, run.err = NULL;
+    e2e_run_free(&run);
+    return status;
+}
+
+/* @cycles attach + detach of @t, each sampling @fn; the program stays alive. */
+static void attach_cycles(struct target *t, int cycles, const char *dur, const char *fn)
+{
+    for (int i = 0; i < cycles; i++) {
+        char *err = NULL;
+        long long samples;
+        int status = attach(t->pid, dur, fn, &err, &samples);
+        if (status != 0 || samples <= 0 || !alive(t->pid)) {
+            char *o = read_all(t->out);
+            print_message("  cycle %d: status %d, %lld samples of %s, stderr: %s\n  program: %s\n",
+                          i, status, samples, fn, err, o);
+            free(o);
+        }
+        free(err);
+        assert_int_equal(status, 0);
+        assert_true(samples > 0);
+        assert_true(alive(t->pid));
+    }
+}
+
+/* The program's output after @finish: "ready ... done", no FATAL line. */
+static void assert_clean(struct target *t, int status)
+{
+    char *o = read_all(t->out);
+    if (status != 0 || strstr(o, "FATAL"))
+        print_message("  status %d, output: %s\n", status, o);
+    assert_int_equal(status, 0);
+    assert_null(strstr(o, "FATAL"));
+    assert_non_null(strstr(o, "ready\n"));
+    assert_non_null(strstr(o, "done\n"));
+    free(o);
+}
+
+/* (a) Its only thread waits in epoll_wait(-1) and treats EINTR as fatal: 20 attaches,
+ * and its output and exit status are those of a run without the profiler. */
+static void test_wake_bug_epoll_wait_eintr_fatal(void **state)
+{
+    (void)state;
+    char *argv[] = {(char *)e2e_env("WAKE_TARGET"), "epoll_inf", NULL};
+    struct target plain, t;
+    start(&plain, argv, false, "ready\n");
+    sleep_ms(100);
+    int plain_status = finish(&plain, 0);
+    char *plain_out = read_all(plain.out);
+
+    start(&t, argv, true, "ready\n");
+    attach_cycles(&t, 20, "0.2", "wake_target_alloc");
+    int status = finish(&t, 0);
+    char *out = read_all(t.out);
+    print_message("  unprofiled: %d \"%s\", attached 20 times: %d \"%s\"\n", plain_status,
+                  plain_out, status, out);
+    assert_int_equal(status, plain_status);
+    assert_string_equal(out, plain_out);
+    assert_string_equal(out, "ready\ndone\n");
+    free(out);
+    free(plain_out);
+}
+
+/* (b) Timed waits are never cut short nor fail with EINTR: epoll_wait(100 ms) and
+ * clock_nanosleep(100 ms) in loops, each checking the time it waited. */
+static void timed(const char *mode)
+{
+    char *argv[] = {(char *)e2e_env("WAKE_TARGET"), (char *)mode, NULL};
+    struct target t;
+    start(&t, argv, true, "ready\n");
+    attach_cycles(&t, 20, "0.3", "wake_target_alloc");
+    assert_clean(&t, finish(&t, 0));
+}
+
+static void test_wake_bug_epoll_timed_cut_short(void **state)
+{
+    (void)state;
+    timed("epoll_timed");
+}
+
+static void test_wake_bug_nanosleep_cut_short(void **state)
+{
+    (void)state;
+    timed("nanosleep");
+}
+
+/* (c) `tail -f` exited with "Interrupted system call" at the first attach. Attached 20
+ * times while lines are appended: it never exits and prints every line. */
+static void test_wake_bug_tail_f_exits(void **state)
+{
+    (void)state;
+    char file[256];
+    snprintf(file, sizeof(file), "%s/tailed.txt", runtime_dir);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs("line start\n", f);
+    fflush(f);
+    char *argv[] = {"/usr/bin/tail", "-f", file, NULL};
+    struct target t;
+    start(&t, argv, true, "line start\n");
+    for (int i = 0; i < 20; i++) {
+        fprintf(f, "line %d\n", i);
+        fflush(f);
+        char *err = NULL;
+        long long samples;
+        int status = attach(t.pid, "0.2", "main", &err, &samples);
+        if (status != 0)
+            print_message("  cycle %d: status %d, stderr: %s\n", i, status, err);
+        free(err);
+        /* tail may allocate nothing while attached: the session may be empty. */
+        assert_true(status == 0 || status == 1);
+        assert_true(alive(t.pid));
+    }
+    fputs("line end\n", f);
+    fclose(f);
+    sleep_ms(1500); /* tail -f looks again at least every second */
+    assert_true(alive(t.pid));
+    char *o = read_all(t.out);
+    print_message("  tail -f printed: %zu bytes\n", strlen(o));
+    assert_non_null(strstr(o, "line start\n"));
+    for (int i = 0; i < 20; i++) {
+        char line[32];
+        snprintf(line, sizeof(line), "line %d\n", i);
+        assert_non_null(strstr(o, line));
+    }
+    assert_non_null(strstr(o, "line end\n"));
+    assert_null(strstr(o, "Interrupted"));
+    free(o);
+    assert_int_equal(finish(&t, SIGTERM), 128 + SIGTERM);
+}
+
+/* (d) Programs that block every signal and take them with sigwaitinfo() or a signalfd
+ * (any signal but their timer's is fatal): attached, sampled, and they see no signal. */
+static void sigtaker(const char *mode)
+{
+    char *argv[] = {(char *)e2e_env("WAKE_TARGET"), (char *)mode, NULL};
+    struct target t;
+    start(&t, argv, true, "ready\n");
+    attach_cycles(&t, 5, "0.2", "wake_target_alloc");
+    assert_clean(&t, finish(&t, SIGTERM));
+}
+
+static void test_wake_bug_sigwait_sees_signal(void **state)
+{
+    (void)state;
+    sigtaker("sigwait");
+}
+
+static void test_wake_bug_signalfd_sees_signal(void **state)
+{
+    (void)state;
+    sigtaker("signalfd");
+}
+
+/* (e) A program with its own SIGRTMIN+4 handler (installed in main()): attached, and its
+ * handler never runs. */
+static void test_wake_bug_own_handler_fired(void **state)
+{
+    (void)state;
+    char *argv[] = {(char *)e2e_env("WAKE_TARGET"), "rtsig", NULL};
+    struct target t;
+    start(&t, argv, true, "ready\n");
+    attach_cycles(&t, 5, "0.2", "wake_target_alloc");
+    assert_clean(&t, finish(&t, 0));
+    char *o = read_all(t.out);
+    assert_non_null(strstr(o, "handler ran 0 times\n"));
+    free(o);
+}
+
+/* `heapprof attach -p` of @pid is refused: exit status 1, a message with @why and the
+ * pid. */
+static void assert_refused(pid_t pid, const char *why)
+{
+    char *err = NULL;
+    long long samples;
+    int status = attach(pid, "0.5", "main", &err, &samples);
+    print_message("  refused: status %d, stderr: %s", status, err);
+    char pidbuf[32];
+    snprintf(pidbuf, sizeof(pidbuf), "pid %d ", (int)pid);
+    assert_int_equal(status, 1);
+    assert_non_null(strstr(err, pidbuf));
+    assert_non_null(strstr(err, why));
+    free(err);
+}
+
+/* (f) Stopped and traced processes are refused, and left as they were. */
+static void test_wake_refuses_stopped_and_traced(void **state)
+{
+    (void)state;
+    char *argv[] = {(char *)e2e_env("WAKE_TARGET"), "nanosleep", NULL};
+    struct target t;
+    start(&t, argv, true, "ready\n");
+    kill(t.pid, SIGSTOP);
+    char path[64], st[4096];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)t.pid);
+    for (int i = 0; i < 200; i++) {
+        char *s = read_all(path);
+        bool stopped = strstr(s, ") T ") != NULL;
+        free(s);
+        if (stopped)
+            break;
+        sleep_ms(5);
+    }
+    assert_refused(t.pid, "is stopped");
+    char *s = read_all(path);
+    assert_non_null(strstr(s, ") T ")); /* still stopped */
+    free(s);
+    kill(t.pid, SIGCONT);
+    attach_cycles(&t, 1, "0.3", "wake_target_alloc");
+    assert_clean(&t, finish(&t, 0));
+
+    /* Traced by its parent. */
+    char *traced[] = {(char *)e2e_env("WAKE_REFUSED"), "tracer", (char *)e2e_env("WAKE_TARGET"),
+                      "nanosleep", NULL};
+    start(&t, traced, true, "ready\n");
+    char *o = read_all(t.out);
+    int child = 0;
+    const char *c = strstr(o, "child ");
+    assert_non_null(c);
+    child = atoi(c + 6);
+    free(o);
+    (void)st;
+    assert_refused(child, "is being traced by pid");
+    assert_true(alive(t.pid));
+    assert_clean(&t, finish(&t, 0));
+}
+
+/* (g) Seccomp: a filter may kill the process for a call the session makes (it did:
+ * SIGSYS with RET_TRAP and KILL_PROCESS). Refused; the program runs on unharmed. */
+static void seccomp(const char *how)
+{
+    char *argv[] = {(char *)e2e_env("WAKE_REFUSED"), "seccomp", (char *)how, NULL};
+    struct target t;
+    start(&t, argv, true, "ready\n");
+    assert_refused(t.pid, "seccomp");
+    sleep_ms(100);
+    assert_true(alive(t.pid));
+    assert_clean(&t, finish(&t, 0));
+}
+
+static void test_wake_bug_seccomp_trap_killed(void **state)
+{
+    (void)state;
+    seccomp("trap");
+}
+
+static void test_wake_bug_seccomp_kill_killed(void **state)
+{
+    (void)state;
+    seccomp("kill");
+}
+
+static void test_wake_refuses_seccomp_errno(void **state)
+{
+    (void)state;
+    seccomp("errno");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_wake_bug_epoll_wait_eintr_fatal),
+        cmocka_unit_test(test_wake_bug_epoll_timed_cut_short),
+        cmocka_unit_test(test_wake_bug_nanosleep_cut_short),
+        cmocka_unit_test(test_wake_bug_tail_f_exits),
+        cmocka_unit_test(test_wake_bug_sigwait_sees_signal),
+        cmocka_unit_test(test_wake_bug_signalfd_sees_signal),
+        cmocka_unit_test(test_wake_bug_own_handler_fired),
+        cmocka_unit_test(test_wake_refuses_stopped_and_traced),
+        cmocka_unit_test(test_wake_bug_seccomp_trap_killed),
+        cmocka_unit_test(test_wake_bug_seccomp_kill_killed),
+        cmocka_unit_test(test_wake_refuses_seccomp_errno),
+    };
+    return cmocka_run_group_tests_name("e2e_wake", tests, setup, teardown);
+}
