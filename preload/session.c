@@ -271,6 +271,36 @@ static void client_slot_configure(struct client_session *s, const struct wire_cl
     memcpy(s->path, path, plen + 1 <= sizeof(s->path) ? plen + 1 : 0);
 }
 
+/* Maps the ring and the unwind table (@utable_fd -1: none) a service sent, and closes
+ * both descriptors. Returns 0, -EPROTO (not what a service sends: the wrong size, header
+ * or seals) or -errno. */
+static int client_map_files(int ring_fd, int utable_fd, ring_t **ret_ring, struct utable *ret_table)
+{
+    ring_t *ring = NULL;
+    struct utable table = {0};
+    int r = ring_map(ring_fd, RING_ROLE_WRITER, &ring);
+    (void)hp_sys_close(ring_fd);
+    if (r >= 0 && utable_fd >= 0) {
+        /* Without a usable table the session still works: every sample copies its
+         * stack. Not with one the peer could shrink under our walks, inside malloc: no
+         * service sends that. */
+        int t = utable_map(utable_fd, false, &table);
+        if (t == -EPERM) {
+            ring = ring_unmap(ring);
+            r = t;
+        } else if (t < 0) {
+            table = (struct utable){0};
+        }
+    }
+    if (utable_fd >= 0)
+        (void)hp_sys_close(utable_fd);
+    if (r < 0)
+        return r == -EBADMSG || r == -EPERM ? -EPROTO : r;
+    *ret_ring = ring;
+    *ret_table = table;
+    return 0;
+}
+
 /* Handshakes on @path and, when the service profiles us, publishes the new session and
  * makes the client ACTIVE. Returns 0 (ACTIVE), 1 (NOT_PROFILED) or -errno. */
 int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms, bool warm_up)
@@ -288,17 +318,8 @@ int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms,
     if (r != 0)
         return r;
     ring_t *ring = NULL;
-    r = ring_map(ring_fd, RING_ROLE_WRITER, &ring);
-    (void)hp_sys_close(ring_fd);
     struct utable table = {0};
-    if (r >= 0 && utable_fd >= 0) {
-        /* Without a usable table the session still works: every sample copies its
-         * stack. */
-        if (utable_map(utable_fd, false, &table) < 0)
-            table = (struct utable){0};
-    }
-    if (utable_fd >= 0)
-        (void)hp_sys_close(utable_fd);
+    r = client_map_files(ring_fd, utable_fd, &ring, &table);
     struct stat st = {0};
     if (r >= 0) {
         sock = client_sock_move_high(sock);
@@ -310,8 +331,9 @@ int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms,
         }
     }
     if (r < 0) {
+        /* Closing tells the peer we refused. */
         (void)hp_sys_close(sock);
-        return r == -EBADMSG ? -EPROTO : r;
+        return r;
     }
     /* Capped (RING_MAX_BLOCK_TIMEOUT_US) by the ring, whatever the service asks; the first
      * wait that runs out ends blocking for the session. */
