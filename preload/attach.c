@@ -186,7 +186,8 @@ static int client_attach(int attacher)
     if (r < 0)
         return r;
     /* Failures are silent: the attacher reports them. */
-    r = client__session_open(path, WIRE_REASON_ATTACH, client__timeout_ms, true);
+    r = client__session_open(path, WIRE_REASON_ATTACH, attacher > 0 ? attacher : 0,
+                             client__timeout_ms, true);
     if (r != 0)
         return r < 0 ? r : -EPERM;
     /* Threads that allocate during the warm-up reseed for this session (see

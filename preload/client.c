@@ -207,6 +207,7 @@ static void client_atfork_child(void)
     struct client_session *cur = atomic_load_explicit(&client_current, memory_order_relaxed);
     bool follow = cur && (cur->features & WIRE_FEATURE_FOLLOW_FORK);
     char path[HP_PATH_MAX] = "";
+    pid_t peer_pid = follow ? cur->peer_pid : 0;
 
     t->in_hook = true;
     atomic_store_explicit(&client__owner_pid, (int)hp_sys0(SYS_getpid), memory_order_relaxed);
@@ -246,7 +247,8 @@ static void client_atfork_child(void)
     if (state == CLIENT_ACTIVE)
         atomic_store_explicit(&client_state, CLIENT_DORMANT, memory_order_release);
 
-    if (follow && client__session_open(path, WIRE_REASON_STARTUP, client__timeout_ms, false) == 0 &&
+    if (follow &&
+        client__session_open(path, WIRE_REASON_STARTUP, peer_pid, client__timeout_ms, false) == 0 &&
         client__sthread_start(CLIENT_STHREAD_WATCH, 0) < 0) {
         /* Nobody would notice the end of the session: better none. */
         client__session_close(atomic_load_explicit(&client_current, memory_order_relaxed), true);
@@ -328,9 +330,9 @@ static void client_startup_session(bool required)
     }
     struct stat st;
     if (required)
-        r = client__session_open(path, WIRE_REASON_STARTUP, client__timeout_ms, false);
+        r = client__session_open(path, WIRE_REASON_STARTUP, 0, client__timeout_ms, false);
     else if (stat(path, &st) == 0 && S_ISSOCK(st.st_mode))
-        r = client__session_open(path, WIRE_REASON_STARTUP,
+        r = client__session_open(path, WIRE_REASON_STARTUP, 0,
                                  HP_MIN(client__timeout_ms, CLIENT_OPTIONAL_TIMEOUT_MS), false);
     if (r < 0 && required)
         client_unreachable(path, -r);

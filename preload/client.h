@@ -132,6 +132,7 @@ struct client_session {
      * memory, the records are as valid as the parent's. NULL: use getpid(). */
     _Atomic uint64_t *fork_token;
     char path[HP_PATH_MAX]; /* socket of the session (follow forks) */
+    pid_t peer_pid;         /* the service's pid (SO_PEERCRED): a followed fork's only peer */
 };
 
 extern struct client_session client_sessions[CLIENT_MAX_SESSIONS];
@@ -248,8 +249,11 @@ void client__say(const char *first, ...);
 /* A constant description of @err (no locale, no allocation). */
 const char *client__strerror(int err);
 /* Handshakes on @path and, when the service profiles us, publishes the new session and
- * makes the client ACTIVE. Returns 0 (ACTIVE), 1 (NOT_PROFILED) or -errno. Owner only. */
-int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms, bool warm_up);
+ * makes the client ACTIVE. @peer_pid > 0: only that process may answer (the attacher that
+ * woke us, a followed fork's service); who else may, preload/peer.h. Returns 0 (ACTIVE),
+ * 1 (NOT_PROFILED) or -errno. Owner only. */
+int client__session_open(const char *path, uint32_t reason, pid_t peer_pid, uint32_t timeout_ms,
+                         bool warm_up);
 /* Ends @s: the client goes DORMANT, the ring is unmapped once no hook is inside; the
  * socket is closed when @close_sock and it is still ours. */
 void client__session_close(struct client_session *s, bool close_sock);
