@@ -241,6 +241,9 @@ extern bool client__attach_installed; /* the wake entry is advertised */
 /* The process the client state belongs to (set at init and in a forked child): the wake
  * entry ignores calls in a vfork child, which shares our memory. */
 extern _Atomic int client__owner_pid;
+/* A child of fork adopted at a wake (preload/wake.c): its session thread calls
+ * client__forget_parent() before anything else. */
+extern _Atomic bool client__adopt_pending;
 extern _Atomic uint64_t client_stat_attach_unavailable;
 extern _Atomic uint64_t client_stat_sthread_failures;
 
@@ -274,6 +277,17 @@ enum client_sthread_mode {
 int client__sthread_start(enum client_sthread_mode mode, int attacher);
 /* In a forked child (atfork): no session thread exists there. */
 void client__sthread_forget(void);
+/* Writes our pid into the page that tells children of fork from us (preload/wake.c): at
+ * advertising, and in a child our atfork handler saw. */
+void client__fork_owner_arm(void);
+/* In a child of fork: ends what it inherited of its parent's sessions (the slots, the
+ * current session, the direct slots' lock) and makes the client DORMANT. @alone: the
+ * caller is the only thread (the atfork handler); @keep_rings: a hook of ours was
+ * interrupted by the fork (fork() called from a signal handler): the rings stay mapped.
+ * Not @alone (a child adopted at a wake, on its session thread): other threads may be
+ * inside our hooks, and a slot one of them is in is kept, for good. Owner of the
+ * sessions only. */
+void client__forget_parent(bool alone, bool keep_rings);
 
 #pragma GCC visibility pop
 
