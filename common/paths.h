@@ -6,7 +6,8 @@
  * owned by the uid with mode 0700. In it:
  *   heapprofd.sock       the daemon's socket
  *   attach-<pid>.sock    the socket of a `heapprof attach` session run by process <pid>;
- *                        the attach signal carries <pid> in si_value (sigqueue)
+ *                        the wake call passes <pid> to the client (common/wake.h), which
+ *                        answers there only process <pid> itself (preload/peer.h)
  *
  *     char dir[HP_PATH_MAX];
  *     hp_runtime_dir(getenv("XDG_RUNTIME_DIR"), getuid(), dir, sizeof(dir));

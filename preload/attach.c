@@ -37,7 +37,8 @@
  *
  * What a raw thread must mind:
  *   fork      the child has no session thread (client__sthread_forget() in the atfork
- *             handler); its copy of the stack is free to reuse.
+ *             handler); its copy of the stack is free to reuse. A child made without
+ *             the handler (_Fork, raw clone) does the same when first woken (wake.c).
  *   vfork     the child shares our memory: the wake entry ignores a call there (pid check).
  *   exec      kills every thread; the new image starts from scratch.
  *   setuid    glibc changes the ids of the threads it knows (its setxid broadcast), not
@@ -186,7 +187,8 @@ static int client_attach(int attacher)
     if (r < 0)
         return r;
     /* Failures are silent: the attacher reports them. */
-    r = client__session_open(path, WIRE_REASON_ATTACH, client__timeout_ms, true);
+    r = client__session_open(path, WIRE_REASON_ATTACH, attacher > 0 ? attacher : 0,
+                             client__timeout_ms, true);
     if (r != 0)
         return r < 0 ? r : -EPERM;
     /* Threads that allocate during the warm-up reseed for this session (see
@@ -241,6 +243,9 @@ static void client_watch(void)
 static void client_serve_attach(void)
 {
     int attacher = atomic_exchange_explicit(&client_sthread_attacher, 0, memory_order_acquire);
+    /* A child of fork the wake adopted (preload/wake.c): its sessions are its parent's. */
+    if (atomic_exchange_explicit(&client__adopt_pending, false, memory_order_acquire))
+        client__forget_parent(false, false);
     /* A request while profiling is ignored. */
     if (!atomic_load_explicit(&client_current, memory_order_relaxed) &&
         atomic_load_explicit(&client_state, memory_order_relaxed) == CLIENT_DORMANT &&

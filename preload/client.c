@@ -91,6 +91,7 @@ bool client__attach_signo_explicit;
 /* Attach machinery. */
 bool client__attach_installed; /* our handler is in place */
 _Atomic int client__owner_pid;
+_Atomic bool client__adopt_pending;
 _Atomic uint64_t client_stat_attach_unavailable = 0;
 
 /* The variables the client reads, removed from environ by HEAPPROF_FOLLOW_EXEC=0. */
@@ -200,6 +201,52 @@ static uint64_t client_random_seed(void)
 
 /* ---- fork ------------------------------------------------------------------------- */
 
+/* Ends slot @s, which a child of fork inherited with a ring: the socket is closed if it
+ * is still ours, the ring and the table are unmapped when nobody is inside (@in_use), or
+ * the slot is kept as it is for good. The ring's own pages were not copied
+ * (shmem_ring/ring_layout.h): only the table is really unmapped. */
+static void client_forget_slot(struct client_session *s, bool in_use)
+{
+    if (client__sock_ours(s))
+        (void)hp_sys_close(s->sock);
+    s->sock = -1;
+    if (in_use) {
+        s->stuck = true;
+        return;
+    }
+    s->ring = ring_unmap(s->ring);
+    utable_unmap(&s->utable);
+    s->stuck = false;
+}
+
+void client__forget_parent(bool alone, bool keep_rings)
+{
+    /* The child must never write into the parent's ring nor keep its connection open. */
+    atomic_store_explicit(&client_fast_interval, CLIENT_FAST_OFF, memory_order_relaxed);
+    atomic_store_explicit(&client_current, NULL, memory_order_seq_cst);
+    /* Whoever held the lock of the direct slots at the fork was a thread of the parent;
+     * here the sessions' owner is the caller, the only one to take it. */
+    client_direct_atfork_child();
+    for (unsigned i = 0; i < CLIENT_MAX_SESSIONS; i++) {
+        struct client_session *s = &client_sessions[i];
+        /* Alone, nobody is inside a ring unless fork() was called by a signal handler
+         * that interrupted one of our hooks. Not alone, a thread inside shows in the
+         * counts (seq_cst: see client_session_enter()), and so does one of the parent's
+         * that the fork copied inside, whose count never drops: kept either way. */
+        bool in_use = keep_rings || (!alone && client_session_busy(s));
+        if (s->ring)
+            client_forget_slot(s, in_use);
+        if (alone || !in_use) {
+            client_session_writers_reset(s);
+            if (s->freeset.lv[0].slots)
+                client_freeset_clear(&s->freeset);
+        }
+    }
+    int state = atomic_load_explicit(&client_state, memory_order_relaxed);
+    if (state == CLIENT_ACTIVE)
+        atomic_store_explicit(&client_state, CLIENT_DORMANT, memory_order_release);
+}
+
 static void client_atfork_child(void)
 {
     struct client_tls *t = &client_tls;
@@ -207,46 +254,22 @@ static void client_atfork_child(void)
     struct client_session *cur = atomic_load_explicit(&client_current, memory_order_relaxed);
     bool follow = cur && (cur->features & WIRE_FEATURE_FOLLOW_FORK);
     char path[HP_PATH_MAX] = "";
+    pid_t peer_pid = follow ? cur->peer_pid : 0;
 
     t->in_hook = true;
     atomic_store_explicit(&client__owner_pid, (int)hp_sys0(SYS_getpid), memory_order_relaxed);
+    client__fork_owner_arm();
     /* The parent's session thread was not copied. */
     client__sthread_forget();
     if (follow)
         memcpy(path, cur->path, sizeof(path));
-    /* The child must never write into the parent's ring nor keep its connection open. */
-    atomic_store_explicit(&client_fast_interval, CLIENT_FAST_OFF, memory_order_relaxed);
-    atomic_store_explicit(&client_current, NULL, memory_order_seq_cst);
-    client_direct_atfork_child();
-    for (unsigned i = 0; i < CLIENT_MAX_SESSIONS; i++) {
-        struct client_session *s = &client_sessions[i];
-        if (s->ring) {
-            if (client__sock_ours(s))
-                (void)hp_sys_close(s->sock);
-            s->sock = -1;
-            /* Only this thread exists; unless fork() was called by a signal handler
-             * that interrupted one of our hooks, nobody is inside the ring. */
-            if (!was_in_hook) {
-                s->ring = ring_unmap(s->ring);
-                utable_unmap(&s->utable);
-                s->stuck = false;
-            } else {
-                s->stuck = true;
-            }
-        }
-        client_session_writers_reset(s);
-        if (s->freeset.lv[0].slots)
-            client_freeset_clear(&s->freeset);
-    }
+    client__forget_parent(true, was_in_hook);
     t->tid = 0;
     t->gen = 0;
     t->sampler.bytes_left = 0;
 
-    int state = atomic_load_explicit(&client_state, memory_order_relaxed);
-    if (state == CLIENT_ACTIVE)
-        atomic_store_explicit(&client_state, CLIENT_DORMANT, memory_order_release);
-
-    if (follow && client__session_open(path, WIRE_REASON_STARTUP, client__timeout_ms, false) == 0 &&
+    if (follow &&
+        client__session_open(path, WIRE_REASON_STARTUP, peer_pid, client__timeout_ms, false) == 0 &&
         client__sthread_start(CLIENT_STHREAD_WATCH, 0) < 0) {
         /* Nobody would notice the end of the session: better none. */
         client__session_close(atomic_load_explicit(&client_current, memory_order_relaxed), true);
@@ -328,9 +351,9 @@ static void client_startup_session(bool required)
     }
     struct stat st;
     if (required)
-        r = client__session_open(path, WIRE_REASON_STARTUP, client__timeout_ms, false);
+        r = client__session_open(path, WIRE_REASON_STARTUP, 0, client__timeout_ms, false);
     else if (stat(path, &st) == 0 && S_ISSOCK(st.st_mode))
-        r = client__session_open(path, WIRE_REASON_STARTUP,
+        r = client__session_open(path, WIRE_REASON_STARTUP, 0,
                                  HP_MIN(client__timeout_ms, CLIENT_OPTIONAL_TIMEOUT_MS), false);
     if (r < 0 && required)
         client_unreachable(path, -r);

@@ -132,6 +132,7 @@ struct client_session {
      * memory, the records are as valid as the parent's. NULL: use getpid(). */
     _Atomic uint64_t *fork_token;
     char path[HP_PATH_MAX]; /* socket of the session (follow forks) */
+    pid_t peer_pid;         /* the service's pid (SO_PEERCRED): a followed fork's only peer */
 };
 
 extern struct client_session client_sessions[CLIENT_MAX_SESSIONS];
@@ -240,6 +241,9 @@ extern bool client__attach_installed; /* the wake entry is advertised */
 /* The process the client state belongs to (set at init and in a forked child): the wake
  * entry ignores calls in a vfork child, which shares our memory. */
 extern _Atomic int client__owner_pid;
+/* A child of fork adopted at a wake (preload/wake.c): its session thread calls
+ * client__forget_parent() before anything else. */
+extern _Atomic bool client__adopt_pending;
 extern _Atomic uint64_t client_stat_attach_unavailable;
 extern _Atomic uint64_t client_stat_sthread_failures;
 
@@ -248,8 +252,11 @@ void client__say(const char *first, ...);
 /* A constant description of @err (no locale, no allocation). */
 const char *client__strerror(int err);
 /* Handshakes on @path and, when the service profiles us, publishes the new session and
- * makes the client ACTIVE. Returns 0 (ACTIVE), 1 (NOT_PROFILED) or -errno. Owner only. */
-int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms, bool warm_up);
+ * makes the client ACTIVE. @peer_pid > 0: only that process may answer (the attacher that
+ * woke us, a followed fork's service); who else may, preload/peer.h. Returns 0 (ACTIVE),
+ * 1 (NOT_PROFILED) or -errno. Owner only. */
+int client__session_open(const char *path, uint32_t reason, pid_t peer_pid, uint32_t timeout_ms,
+                         bool warm_up);
 /* Ends @s: the client goes DORMANT, the ring is unmapped once no hook is inside; the
  * socket is closed when @close_sock and it is still ours. */
 void client__session_close(struct client_session *s, bool close_sock);
@@ -270,6 +277,17 @@ enum client_sthread_mode {
 int client__sthread_start(enum client_sthread_mode mode, int attacher);
 /* In a forked child (atfork): no session thread exists there. */
 void client__sthread_forget(void);
+/* Writes our pid into the page that tells children of fork from us (preload/wake.c): at
+ * advertising, and in a child our atfork handler saw. */
+void client__fork_owner_arm(void);
+/* In a child of fork: ends what it inherited of its parent's sessions (the slots, the
+ * current session, the direct slots' lock) and makes the client DORMANT. @alone: the
+ * caller is the only thread (the atfork handler); @keep_rings: a hook of ours was
+ * interrupted by the fork (fork() called from a signal handler): the rings stay mapped.
+ * Not @alone (a child adopted at a wake, on its session thread): other threads may be
+ * inside our hooks, and a slot one of them is in is kept, for good. Owner of the
+ * sessions only. */
+void client__forget_parent(bool alone, bool keep_rings);
 
 #pragma GCC visibility pop
 

@@ -54,9 +54,10 @@ void client_direct_hold(void);
  * slots become direct again. Same conditions as client_direct_hold(). */
 void client_direct_release(void);
 
-/* In a forked child, the only thread: another thread of the parent may have been switching
- * the slots; forgets its lock and writes every slot again (direct: the child is dormant
- * until it opens a session of its own). */
+/* In a forked child, by the owner of the sessions (the atfork handler, or the session
+ * thread of a child adopted at a wake, preload/wake.c): another thread of the parent may
+ * have been switching the slots; forgets its lock and writes every slot again (direct:
+ * the child is dormant until it opens a session of its own). */
 void client_direct_atfork_child(void);
 
 /* HEAPPROF_DORMANT_DIRECT=0 (read by client_init()). */

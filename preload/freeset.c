@@ -45,6 +45,9 @@ int client_freeset_init(struct client_freeset *s, unsigned log2_slots)
 void client_freeset_clear(struct client_freeset *s)
 {
     atomic_store_explicit(&s->nlevels, 1, memory_order_release);
+    /* No insert runs now (freeset.h): a flag left set by a thread of the parent
+     * that a fork copied mid-growth would keep the set from growing for good. */
+    atomic_store_explicit(&s->growing, false, memory_order_relaxed);
     for (unsigned i = 0; i < CLIENT_FREESET_MAX_LEVELS; i++)
         if (s->lv[i].slots) {
             atomic_store_explicit(&s->counted[i].n, 0, memory_order_relaxed);

@@ -405,6 +405,9 @@ static void hook_seed_thread(struct client_tls *t, const struct client_session *
     uint64_t n = atomic_fetch_add_explicit(&client_thread_counter, 1, memory_order_relaxed);
     client_sampler_init(&t->sampler, &s->params, client_seed ^ client_mix64(n + 1));
     t->gen = s->gen;
+    /* Looked up again for each session: a child of _Fork or clone (no atfork handler
+     * reset it) that was attached would name its parent's thread otherwise. */
+    t->tid = 0;
 }
 
 uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint64_t *regs)

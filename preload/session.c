@@ -30,6 +30,7 @@
 #include "common/sys.h"
 #include "preload/direct.h"
 #include "preload/env.h"
+#include "preload/peer.h"
 #include "shmem_ring/wire.h"
 
 /* The session's socket is moved to a number at least this high (or half the descriptor
@@ -71,9 +72,11 @@ static long client_connect(const char *path, uint32_t timeout_ms)
     return sock;
 }
 
-/* Our /proc fds let the peer read all our memory: only to our own uid or root. Returns 0,
- * -EPERM (another user) or -errno. */
-static long client_check_peer(long sock)
+/* Our /proc fds let the peer read all our memory: only to a peer preload/peer.h allows,
+ * for a handshake of @reason that only @want_pid (> 0) may answer. Returns 0 with the
+ * peer's pid in *@ret_pid, -EPERM (another user), -EACCES (not the process that woke us,
+ * or not one Yama would let trace us) or -errno. */
+static long client_check_peer(long sock, uint32_t reason, pid_t want_pid, pid_t *ret_pid)
 {
     struct ucred cred;
     socklen_t cred_len = sizeof(cred);
@@ -81,8 +84,27 @@ static long client_check_peer(long sock)
         hp_sys6(SYS_getsockopt, sock, SOL_SOCKET, SO_PEERCRED, (long)&cred, (long)&cred_len, 0);
     if (r < 0)
         return r;
-    if (cred_len != sizeof(cred) || (cred.uid != (uid_t)hp_sys0(SYS_getuid) && cred.uid != 0))
+    if (cred_len != sizeof(cred))
         return -EPERM;
+    struct client_peer p = {
+        .self_uid = (uid_t)hp_sys0(SYS_getuid),
+        .uid = cred.uid,
+        .pid = cred.pid,
+        .want_pid = want_pid,
+        .woken = reason == WIRE_REASON_ATTACH,
+        .yama_scope = -1,
+    };
+    if (p.uid != p.self_uid && p.uid != 0)
+        return -EPERM;
+    if (p.woken && want_pid <= 0)
+        p.yama_scope = client_peer_yama_scope();
+    if (client_peer_needs_ptrace_facts(&p)) {
+        p.cap_ptrace = client_peer_has_cap_ptrace(p.pid);
+        p.ancestor = !p.cap_ptrace && client_peer_is_ancestor(p.pid);
+    }
+    if (!client_peer_trusted(&p))
+        return -EACCES;
+    *ret_pid = cred.pid;
     return 0;
 }
 
@@ -125,22 +147,24 @@ static bool client_config_usable(const struct wire_client_config *cfg, int ring_
            (cfg->features & ~(uint32_t)CLIENT_FEATURES) == 0 && with_table == (utable_fd >= 0);
 }
 
-/* Returns 0 with a ring fd, an unwind table fd (-1 when the service sends none) and the
- * socket (PROFILE), 1 when the service answered NOT_PROFILED, or -errno (-EPERM: the peer
- * is neither our uid nor root). */
-static int client_handshake(const char *path, uint32_t reason, uint32_t timeout_ms,
+/* The handshake on @path for @reason, with process @want_pid only when > 0. Returns 0
+ * with a ring fd, an unwind table fd (-1 when the service sends none), the socket and the
+ * peer's pid (PROFILE), 1 when the service answered NOT_PROFILED, or -errno (-EPERM: the
+ * peer is neither our uid nor root; -EACCES: not the peer the session is for). */
+static int client_handshake(const char *path, uint32_t reason, pid_t want_pid, uint32_t timeout_ms,
                             struct wire_client_config *ret_cfg, int *ret_sock, int *ret_ring_fd,
-                            int *ret_utable_fd)
+                            int *ret_utable_fd, pid_t *ret_peer_pid)
 {
     struct wire_client_config cfg;
     int rx[2] = {-1, -1};
     int ring_fd = -1, utable_fd = -1;
     size_t nfds = 0;
+    pid_t peer_pid = 0;
 
     long sock = client_connect(path, timeout_ms);
     if (sock < 0)
         return (int)sock;
-    long r = client_check_peer(sock);
+    long r = client_check_peer(sock, reason, want_pid, &peer_pid);
     if (r < 0)
         goto fail;
     r = client_send_hello(sock, reason);
@@ -170,6 +194,7 @@ static int client_handshake(const char *path, uint32_t reason, uint32_t timeout_
     *ret_sock = (int)sock;
     *ret_ring_fd = ring_fd;
     *ret_utable_fd = utable_fd;
+    *ret_peer_pid = peer_pid;
     return 0;
 
 fail:
@@ -271,9 +296,40 @@ static void client_slot_configure(struct client_session *s, const struct wire_cl
     memcpy(s->path, path, plen + 1 <= sizeof(s->path) ? plen + 1 : 0);
 }
 
+/* Maps the ring and the unwind table (@utable_fd -1: none) a service sent, and closes
+ * both descriptors. Returns 0, -EPROTO (not what a service sends: the wrong size, header
+ * or seals) or -errno. */
+static int client_map_files(int ring_fd, int utable_fd, ring_t **ret_ring, struct utable *ret_table)
+{
+    ring_t *ring = NULL;
+    struct utable table = {0};
+    int r = ring_map(ring_fd, RING_ROLE_WRITER, &ring);
+    (void)hp_sys_close(ring_fd);
+    if (r >= 0 && utable_fd >= 0) {
+        /* Without a usable table the session still works: every sample copies its
+         * stack. Not with one the peer could shrink under our walks, inside malloc: no
+         * service sends that. */
+        int t = utable_map(utable_fd, false, &table);
+        if (t == -EPERM) {
+            ring = ring_unmap(ring);
+            r = t;
+        } else if (t < 0) {
+            table = (struct utable){0};
+        }
+    }
+    if (utable_fd >= 0)
+        (void)hp_sys_close(utable_fd);
+    if (r < 0)
+        return r == -EBADMSG || r == -EPERM ? -EPROTO : r;
+    *ret_ring = ring;
+    *ret_table = table;
+    return 0;
+}
+
 /* Handshakes on @path and, when the service profiles us, publishes the new session and
  * makes the client ACTIVE. Returns 0 (ACTIVE), 1 (NOT_PROFILED) or -errno. */
-int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms, bool warm_up)
+int client__session_open(const char *path, uint32_t reason, pid_t peer_pid, uint32_t timeout_ms,
+                         bool warm_up)
 {
     struct wire_client_config cfg = {0};
     int sock = -1, ring_fd = -1, utable_fd = -1;
@@ -284,21 +340,13 @@ int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms,
     int r = client_slot_prepare(s);
     if (r < 0)
         return r;
-    r = client_handshake(path, reason, timeout_ms, &cfg, &sock, &ring_fd, &utable_fd);
+    r = client_handshake(path, reason, peer_pid, timeout_ms, &cfg, &sock, &ring_fd, &utable_fd,
+                         &peer_pid);
     if (r != 0)
         return r;
     ring_t *ring = NULL;
-    r = ring_map(ring_fd, RING_ROLE_WRITER, &ring);
-    (void)hp_sys_close(ring_fd);
     struct utable table = {0};
-    if (r >= 0 && utable_fd >= 0) {
-        /* Without a usable table the session still works: every sample copies its
-         * stack. */
-        if (utable_map(utable_fd, false, &table) < 0)
-            table = (struct utable){0};
-    }
-    if (utable_fd >= 0)
-        (void)hp_sys_close(utable_fd);
+    r = client_map_files(ring_fd, utable_fd, &ring, &table);
     struct stat st = {0};
     if (r >= 0) {
         sock = client_sock_move_high(sock);
@@ -310,8 +358,9 @@ int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms,
         }
     }
     if (r < 0) {
+        /* Closing tells the peer we refused. */
         (void)hp_sys_close(sock);
-        return r == -EBADMSG ? -EPROTO : r;
+        return r;
     }
     /* Capped (RING_MAX_BLOCK_TIMEOUT_US) by the ring, whatever the service asks; the first
      * wait that runs out ends blocking for the session. */
@@ -323,6 +372,7 @@ int client__session_open(const char *path, uint32_t reason, uint32_t timeout_ms,
     s->sock_ino = (uint64_t)st.st_ino;
     s->ring = ring;
     s->utable = table;
+    s->peer_pid = peer_pid;
     client_slot_configure(s, &cfg, path, reason);
 
     /* The program's calls reach the hooks again before the session is there to see them

@@ -41,20 +41,83 @@ static bool client_session_hung_up(const struct client_session *s)
     return hp_sys6(SYS_ppoll, (long)&pf, 1, (long)&zero, 0, 0, 0) > 0;
 }
 
+/* The pid of the process our client state belongs to, in a page the kernel zeroes in a
+ * child of fork (MADV_WIPEONFORK) but not in a child that runs on our memory (vfork,
+ * clone with CLONE_VM). A child made without our atfork handler (_Fork, clone or
+ * syscall(SYS_fork) without CLONE_VM) inherits client__owner_pid, and with it state that
+ * names its parent: a session thread that is not there (client_sthread_state), a session
+ * whose ring it does not have, a lock a thread of the parent may have held at the fork
+ * (preload/direct.c). Its wake entry tells it by the zero here, and adopts that state
+ * (client_wake_adopt()). NULL: no MADV_WIPEONFORK (Linux before 4.14); such children stay
+ * unattachable, and harmless. */
+static _Atomic int *client_fork_owner;
+
+void client__fork_owner_arm(void)
+{
+    if (client_fork_owner)
+        atomic_store_explicit(client_fork_owner, (int)hp_sys0(SYS_getpid), memory_order_relaxed);
+}
+
+/* Maps and arms the page of client_fork_owner. */
+static void client_fork_owner_init(void)
+{
+    void *p = hp_sys_mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (hp_sys_failed((long)p))
+        return;
+    if (hp_sys3(SYS_madvise, (long)p, 4096, MADV_WIPEONFORK) < 0) {
+        (void)hp_sys_munmap(p, 4096);
+        return;
+    }
+    client_fork_owner = p;
+    client__fork_owner_arm();
+}
+
+/* In process @pid, not the owner of the client state: true when this is a child of fork
+ * with a copy of our memory that no atfork handler of ours saw, which now owns that copy;
+ * its session thread forgets the parent's sessions first (client__forget_parent()). False
+ * in a child that runs on another process's memory (vfork): nothing there is ours to
+ * change. One of two threads woken at once adopts; the other's request is dropped (its
+ * attacher times out). A vfork child of a child not adopted yet adopts memory that is
+ * not its own: at worst that child is left unattachable, as all were before. */
+static bool client_wake_adopt(int pid)
+{
+    int zero = 0;
+    if (!client_fork_owner ||
+        !atomic_compare_exchange_strong_explicit(client_fork_owner, &zero, pid,
+                                                 memory_order_acq_rel, memory_order_relaxed))
+        return false;
+    /* No thread of ours was copied: the parent's session thread is not here. */
+    client__sthread_forget();
+    atomic_store_explicit(&client__adopt_pending, true, memory_order_relaxed);
+    /* Release pairs with the acquire load of a wake on another thread: it sees the
+     * forgotten thread state once it sees itself as the owner. */
+    atomic_store_explicit(&client__owner_pid, pid, memory_order_release);
+    return true;
+}
+
 /* A request to attach from process @attacher_pid (0: the daemon socket). Called by the
  * attacher on a thread it stopped, with signals blocked. Async-signal-safe: raw system
  * calls only, errno kept. */
 void client_wake_entry(int attacher_pid)
 {
     int saved_errno = errno;
-    /* In a vfork child (our memory, another process) the state is the parent's. */
-    if (hp_sys0(SYS_getpid) != atomic_load_explicit(&client__owner_pid, memory_order_relaxed))
-        goto out;
+    int pid = (int)hp_sys0(SYS_getpid);
+    bool adopted = false;
+    if (pid != atomic_load_explicit(&client__owner_pid, memory_order_acquire)) {
+        adopted = client_wake_adopt(pid);
+        if (!adopted)
+            goto out;
+    }
     /* A request while profiling is ignored; one that comes as the service hangs up is
-     * served once the session thread has ended that session. */
+     * served once the session thread has ended that session. An adopted child's session
+     * is its parent's: the session thread forgets it first (also when the first thread
+     * could not be started). */
+    if (atomic_load_explicit(&client__adopt_pending, memory_order_relaxed))
+        adopted = true;
     struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
-    if (s ? !client_session_hung_up(s)
-          : atomic_load_explicit(&client_state, memory_order_relaxed) != CLIENT_DORMANT)
+    if (!adopted &&
+        (s ? !client_session_hung_up(s)
+           : atomic_load_explicit(&client_state, memory_order_relaxed) != CLIENT_DORMANT))
         goto out;
     (void)client__sthread_start(CLIENT_STHREAD_ATTACH, attacher_pid > 0 ? attacher_pid : 0);
 out:
@@ -90,5 +153,6 @@ void client__attach_install(void)
 {
     if (client__attach_signo <= 0 || client__attach_installed)
         return;
+    client_fork_owner_init();
     client_advertise();
 }

@@ -19,6 +19,15 @@
 /* Source of struct ring.map_id. */
 static _Atomic uint64_t ring_map_ids;
 
+/* The seals ring__memfd_new() puts on every file it makes. */
+#define RING_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+
+bool ring__sealed(int fd)
+{
+    long seals = hp_sys2(SYS_fcntl, fd, F_GET_SEALS);
+    return seals >= 0 && (seals & RING_SEALS) == RING_SEALS;
+}
+
 static bool ring_size_valid(uint64_t n)
 {
     return n >= RING_MIN_SIZE && n <= RING_MAX_SIZE && (n & (n - 1)) == 0;
@@ -43,7 +52,7 @@ int ring__memfd_new(const char *name, size_t len, size_t hdr_len,
     init(p, arg);
     (void)munmap(p, hdr_len);
     /* A peer shrinking the file would make every access past the new end SIGBUS. */
-    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+    if (fcntl(fd, F_ADD_SEALS, RING_SEALS) < 0) {
         r = -errno;
         goto fail;
     }
@@ -70,10 +79,10 @@ int ring_create(size_t data_size_bytes, int *ret_fd)
                            ring_init_header, &data_size_bytes, ret_fd);
 }
 
-/* Checks that @fd holds a ring @role may map; its data size in *@ret_size. Returns 0,
- * -EBADMSG (not a ring), -EPERM (a reader's ring the client could still resize) or
- * -errno. */
-static int ring_check_fd(int fd, enum ring_role role, uint64_t *ret_size)
+/* Checks that @fd holds a ring either role may map; its data size in *@ret_size. Returns
+ * 0, -EBADMSG (not a ring's size), -EPERM (not sealed as ring_create() seals: the writer,
+ * in the program, needs that as much as the reader) or -errno. */
+static int ring_check_fd(int fd, uint64_t *ret_size)
 {
     struct stat st;
     long e = hp_sys2(SYS_fstat, fd, (long)&st);
@@ -84,15 +93,8 @@ static int ring_check_fd(int fd, enum ring_role role, uint64_t *ret_size)
     uint64_t n = (uint64_t)st.st_size - RING_HEADER_SIZE;
     if (!ring_size_valid(n))
         return -EBADMSG;
-    if (role == RING_ROLE_READER) {
-        /* The reader maps memory a client can write to: it must not be able to shrink the
-         * file under the reader's feet. */
-        long seals = hp_sys2(SYS_fcntl, fd, F_GET_SEALS);
-        if (seals < 0)
-            return (int)seals;
-        if ((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
-            return -EPERM;
-    }
+    if (!ring__sealed(fd))
+        return -EPERM;
     *ret_size = n;
     return 0;
 }
@@ -163,7 +165,7 @@ int ring_map(int fd, enum ring_role role, ring_t **ret)
 
     if (role != RING_ROLE_READER && role != RING_ROLE_WRITER)
         return -EINVAL;
-    int r = ring_check_fd(fd, role, &n);
+    int r = ring_check_fd(fd, &n);
     if (r < 0)
         return r;
     size_t map_len = RING_PRIVATE_SIZE + RING_HEADER_SIZE + 2 * n;

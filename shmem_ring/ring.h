@@ -101,7 +101,8 @@ struct ring_stats {
 int ring_create(size_t data_size_bytes, int *ret_fd) HP_WARN_UNUSED;
 
 /* Both sides: maps the ring in @fd (borrowed; may be closed afterwards). Validates the
- * size from fstat (and, for the writer, the header written by ring_create). */
+ * seals ring_create() puts on (-EPERM without them: a file that could shrink under us),
+ * the size from fstat and the header written by ring_create (-EBADMSG). */
 int ring_map(int fd, enum ring_role role, ring_t **ret) HP_WARN_UNUSED;
 /* Unmaps; accepts NULL; returns NULL. */
 ring_t *ring_unmap(ring_t *r);

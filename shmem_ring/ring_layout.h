@@ -171,4 +171,11 @@ static inline uint64_t ring__record_total(size_t payload_len)
 int ring__memfd_new(const char *name, size_t len, size_t hdr_len,
                     void (*init)(void *hdr, void *arg), void *arg, int *ret_fd) HP_WARN_UNUSED;
 
+/* True when @fd carries every seal ring__memfd_new() puts on: its size cannot change, nor
+ * its seals. Both sides require it before they map a ring or a table (either role): the
+ * peer that sent the file could otherwise shrink it and make every access past the new
+ * end SIGBUS, inside the program's malloc on the client's side. A real service's files
+ * always pass, so a file that does not comes from someone else. Raw system call. */
+bool ring__sealed(int fd);
+
 #endif

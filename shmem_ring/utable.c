@@ -53,14 +53,10 @@ int utable_map(int fd, bool writable, struct utable *ret)
     uint64_t n = ((uint64_t)st.st_size - sizeof(struct utable_header)) / sizeof(struct utable_slot);
     if (!utable_slots_valid(n) || utable_bytes(n) != (uint64_t)st.st_size)
         return -EBADMSG;
-    /* The writer maps a file its client can write to: it must not shrink under us. */
-    if (writable) {
-        long seals = hp_sys2(SYS_fcntl, fd, F_GET_SEALS);
-        if (seals < 0)
-            return (int)seals;
-        if (!(seals & F_SEAL_SHRINK))
-            return -EBADMSG;
-    }
+    /* Either side maps a file its peer can write to: it must not shrink under us (the
+     * client reads the table inside malloc). */
+    if (!ring__sealed(fd))
+        return -EPERM;
     size_t len = utable_bytes(n);
     void *p =
         hp_sys_mmap(NULL, len, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);

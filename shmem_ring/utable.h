@@ -108,7 +108,8 @@ struct utable {
  * UTABLE_MAX_SLOTS; else -EINVAL) in a sealed memfd; returns the fd in @ret_fd. */
 int utable_create(size_t n_slots, int *ret_fd) HP_WARN_UNUSED;
 /* Maps the table in @fd (borrowed), read-only unless @writable, after checking its size
- * and header. Hook-safe (no allocation). */
+ * (-EBADMSG), its seals (those of utable_create(), whichever side: -EPERM) and header
+ * (-EBADMSG). Hook-safe (no allocation). */
 int utable_map(int fd, bool writable, struct utable *ret) HP_WARN_UNUSED;
 void utable_unmap(struct utable *t);
 

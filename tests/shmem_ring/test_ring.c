@@ -1,5 +1,6 @@
 /* tests/shmem_ring/test_ring.c: unit tests of the shared-memory ring. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -139,7 +140,7 @@ static void test_ring_map_rejects_foreign_fds(void **state)
     assert_true(fd >= 0);
     assert_int_equal(ftruncate(fd, RING_HEADER_SIZE + SMALL), 0);
     assert_int_equal(ring_map(fd, RING_ROLE_READER, &r), -EPERM);
-    assert_int_equal(ring_map(fd, RING_ROLE_WRITER, &r), -EBADMSG);
+    assert_int_equal(ring_map(fd, RING_ROLE_WRITER, &r), -EPERM);
     /* Wrong size. */
     assert_int_equal(ftruncate(fd, RING_HEADER_SIZE + SMALL + 8), 0);
     assert_int_equal(ring_map(fd, RING_ROLE_WRITER, &r), -EBADMSG);
@@ -152,6 +153,47 @@ static void test_ring_map_rejects_foreign_fds(void **state)
     assert_int_equal(ring_create(SMALL, &fd), 0);
     assert_int_equal(ftruncate(fd, 4096), -1);
     assert_int_equal(errno, EPERM);
+    (void)close(fd);
+}
+
+/* A memfd of a ring's size with a valid header, sealed with @seals (0: none), as a peer
+ * posing as the service could send it. */
+static int ring_fake_fd(unsigned seals)
+{
+    int fd = memfd_create("fake-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, RING_HEADER_SIZE + SMALL), 0);
+    struct ring_shared *h = mmap(NULL, RING_HEADER_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(h != MAP_FAILED);
+    h->magic = RING_HEADER_MAGIC;
+    h->data_size = SMALL;
+    assert_int_equal(munmap(h, RING_HEADER_SIZE), 0);
+    if (seals)
+        assert_int_equal(fcntl(fd, F_ADD_SEALS, seals), 0);
+    return fd;
+}
+
+/* The writer, in the program, maps only what the service seals (shrink, grow and the seals
+ * themselves): a peer that kept the right to truncate the file would make the program's
+ * malloc die of SIGBUS. Both roles, whatever subset is missing. */
+static void test_ring_bug_writer_maps_unsealed(void **state)
+{
+    (void)state;
+    static const unsigned partial[] = {0, F_SEAL_SHRINK, F_SEAL_SHRINK | F_SEAL_GROW,
+                                       F_SEAL_GROW | F_SEAL_SEAL};
+    for (size_t i = 0; i < sizeof(partial) / sizeof(partial[0]); i++) {
+        ring_t *r = NULL;
+        int fd = ring_fake_fd(partial[i]);
+        assert_int_equal(ring_map(fd, RING_ROLE_WRITER, &r), -EPERM);
+        assert_int_equal(ring_map(fd, RING_ROLE_READER, &r), -EPERM);
+        assert_null(r);
+        (void)close(fd);
+    }
+    /* Sealed as ring_create() seals: mapped. */
+    ring_t *r = NULL;
+    int fd = ring_fake_fd(F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    assert_int_equal(ring_map(fd, RING_ROLE_WRITER, &r), 0);
+    r = ring_unmap(r);
     (void)close(fd);
 }
 
@@ -1354,6 +1396,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ring_create_rejects_bad_sizes),
         cmocka_unit_test(test_ring_map_rejects_foreign_fds),
+        cmocka_unit_test(test_ring_bug_writer_maps_unsealed),
         cmocka_unit_test_setup_teardown(test_ring_empty_and_full, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_discard_counts_what_is_left, setup_small,
                                         teardown),

@@ -87,9 +87,53 @@ static void test_utable_map_rejects_foreign_files(void **state)
     assert_int_equal(ftruncate(fd, (off_t)(sizeof(struct utable_header) +
                                            UTABLE_MIN_SLOTS * sizeof(struct utable_slot))),
                      0);
-    assert_int_equal(utable_map(fd, false, &t), -EBADMSG);
+    assert_int_equal(utable_map(fd, false, &t), -EPERM);
     /* Not sealed: the writer will not map what a client could shrink. */
-    assert_int_equal(utable_map(fd, true, &t), -EBADMSG);
+    assert_int_equal(utable_map(fd, true, &t), -EPERM);
+    close(fd);
+    /* Sealed, but zeros: no magic. */
+    fd = memfd_create("x", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)(sizeof(struct utable_header) +
+                                           UTABLE_MIN_SLOTS * sizeof(struct utable_slot))),
+                     0);
+    assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
+    assert_int_equal(utable_map(fd, false, &t), -EBADMSG);
+    close(fd);
+}
+
+/* A table with a valid header, sealed with @seals (0: none), as a peer posing as the
+ * service could send it. */
+static int utable_fake_fd(unsigned seals)
+{
+    size_t len = sizeof(struct utable_header) + UTABLE_MIN_SLOTS * sizeof(struct utable_slot);
+    int fd = memfd_create("fake-utable", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)len), 0);
+    struct utable_header h = {.magic = UTABLE_MAGIC, .n_slots = UTABLE_MIN_SLOTS};
+    atomic_init(&h.gen, 1);
+    assert_int_equal(pwrite(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+    if (seals)
+        assert_int_equal(fcntl(fd, F_ADD_SEALS, seals), 0);
+    return fd;
+}
+
+/* The client reads the table inside malloc: it maps only a file sealed as utable_create()
+ * seals it, which its peer can no longer shrink (SIGBUS in the program). */
+static void test_utable_bug_client_maps_unsealed(void **state)
+{
+    (void)state;
+    static const unsigned partial[] = {0, F_SEAL_SHRINK, F_SEAL_SHRINK | F_SEAL_GROW};
+    struct utable t = {0};
+    for (size_t i = 0; i < sizeof(partial) / sizeof(partial[0]); i++) {
+        int fd = utable_fake_fd(partial[i]);
+        assert_int_equal(utable_map(fd, false, &t), -EPERM);
+        assert_int_equal(utable_map(fd, true, &t), -EPERM);
+        close(fd);
+    }
+    int fd = utable_fake_fd(F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    assert_int_equal(utable_map(fd, false, &t), 0);
+    utable_unmap(&t);
     close(fd);
 }
 
@@ -258,6 +302,7 @@ int main(void)
         cmocka_unit_test(test_utable_rule_fields_round_trip),
         cmocka_unit_test(test_utable_create_rejects_bad_sizes),
         cmocka_unit_test(test_utable_map_rejects_foreign_files),
+        cmocka_unit_test(test_utable_bug_client_maps_unsealed),
         cmocka_unit_test(test_utable_insert_and_lookup),
         cmocka_unit_test(test_utable_overfull_never_mixes_rules),
         cmocka_unit_test(test_utable_flush_and_generation_wrap),
