@@ -5,7 +5,9 @@
  *     log mutex in the callback, while another thread allocates under that mutex. A
  *     sample that waited for the loader's lock (dl_iterate_phdr() before each sample)
  *     deadlocked it for good at the first attach. Attached and detached many times, it
- *     must keep running during and after each session, and end as an unprofiled run does.
+ *     must keep running during and after each session, and end as an unprofiled run does;
+ *     also with a malloc preloaded before the library (tests/programs/dliter_alloc.c),
+ *     where the hooks sit in GOT slots and the client looks for objects to patch.
  * (b) tests/programs/dlloop.c loads and unloads two libraries in turn, often at the same
  *     addresses: attached, every sample is named, and each library's allocations are its
  *     own (the client tells the service of loaded and unloaded code before the samples
@@ -27,8 +29,8 @@
 
 #include "tests/e2e/e2e_util.h"
 
-/* Sessions of test (a): short, and as many as stay cheap (about 0.25 s each). */
-#define DL_CYCLES 12
+/* Sessions of test (a): short, and as many as stay cheap (about 0.2 s each). */
+#define DL_CYCLES 10
 /* How long a program may show no progress before it counts as stuck. Far above any
  * scheduling delay of a busy machine; a deadlock never ends. */
 #define STUCK_MS 5000
@@ -86,9 +88,10 @@ struct target {
     char out[256];
 };
 
-/* Starts @argv, the library preloaded and dormant when @preload, stdin a pipe, stdout and
- * stderr to a file; returns once it printed @ready_text (10 s at most; NULL: no wait). */
-static void start(struct target *t, char *const argv[], bool preload, const char *ready_text)
+/* Starts @argv with LD_PRELOAD=@preload (NULL: none; the library dormant), stdin a pipe,
+ * stdout and stderr to a file; returns once it printed @ready_text (10 s at most; NULL:
+ * no wait). */
+static void start(struct target *t, char *const argv[], const char *preload, const char *ready_text)
 {
     static int seq;
     snprintf(t->out, sizeof(t->out), "%s/out-%d.txt", runtime_dir, seq++);
@@ -102,7 +105,7 @@ static void start(struct target *t, char *const argv[], bool preload, const char
         dup2(fd, 2);
         dup2(in[0], 0);
         if (preload) {
-            setenv("LD_PRELOAD", e2e_env("HEAPPROF_LIB"), 1);
+            setenv("LD_PRELOAD", preload, 1);
             setenv("HEAPPROF_STARTUP", "0", 1);
         }
         execv(argv[0], argv);
@@ -220,20 +223,20 @@ static struct progress rate(const char *path, long ms)
     return (struct progress){b.listed - a.listed, b.logged - a.logged};
 }
 
-static void test_attach_dl_iterate_callback_lock(void **state)
+/* dliter_lock with LD_PRELOAD=@preload, attached DL_CYCLES times. */
+static void dliter_cycles(const char *preload)
 {
-    (void)state;
     char progress[256];
     snprintf(progress, sizeof(progress), "%s/progress", runtime_dir);
     char *argv[] = {(char *)e2e_env("DLITER_LOCK"), progress, NULL};
 
     struct target plain, t;
-    start(&plain, argv, false, "ready\n");
+    start(&plain, argv, NULL, "ready\n");
     sleep_ms(100);
     int plain_status = finish(&plain);
     char *plain_out = read_all(plain.out);
 
-    start(&t, argv, true, "ready\n");
+    start(&t, argv, preload, "ready\n");
     struct progress before = rate(progress, 200);
     print_message("  before: listed %lu logged %lu in 200 ms\n", before.listed, before.logged);
     assert_true(before.listed > 0 && before.logged > 0);
@@ -276,6 +279,23 @@ static void test_attach_dl_iterate_callback_lock(void **state)
     free(plain_out);
 }
 
+static void test_attach_dl_iterate_callback_lock(void **state)
+{
+    (void)state;
+    dliter_cycles(e2e_env("HEAPPROF_LIB"));
+}
+
+/* The same with an allocator preloaded before the library: the hooks are in GOT slots,
+ * and the client looks for new objects to patch every 100 ms on the sampled path (that
+ * look waited for the loader's lock too). */
+static void test_attach_dl_iterate_callback_lock_got(void **state)
+{
+    (void)state;
+    char preload[1024];
+    snprintf(preload, sizeof(preload), "%s:%s", e2e_env("DLITER_ALLOC"), e2e_env("HEAPPROF_LIB"));
+    dliter_cycles(preload);
+}
+
 /* ---- (b) code loaded and unloaded during a session ---------------------------------- */
 
 /* dlloop alternates libraries a and b, 200 allocations of 1000 bytes per round (with a
@@ -289,7 +309,7 @@ static void test_attach_dlopen_named(void **state)
     char *argv[] = {(char *)e2e_env("DLLOOP"), (char *)e2e_env("DLLOOP_LIB_A"),
                     (char *)e2e_env("DLLOOP_LIB_B"), "14", NULL};
     struct target t;
-    start(&t, argv, true, NULL);
+    start(&t, argv, e2e_env("HEAPPROF_LIB"), NULL);
     sleep_ms(150);
     struct rp_trace *tr;
     int status = attach(t.pid, "1", "1", "--block-client", &tr);
@@ -319,6 +339,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_attach_dl_iterate_callback_lock, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_attach_dl_iterate_callback_lock_got, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attach_dlopen_named, setup, teardown),
     };
     /* HEAPPROF_TEST_FILTER=pattern runs the matching tests only. */
