@@ -245,7 +245,8 @@ static void dliter_cycles(const char *preload)
         struct progress p0 = read_progress(progress);
         struct rp_trace *tr;
         int status = attach(t.pid, "0.1", "1M", NULL, &tr);
-        /* Progress during the session (the attach returns after it), and after it. */
+        /* Progress since the session began (the attach returns after it ended), then
+         * after it: a deadlock in the session lasts for good. */
         char when[64];
         snprintf(when, sizeof(when), "in or after session %d", i);
         struct progress p1 = await_progress(progress, p0, when);
