@@ -379,6 +379,7 @@ void client_init(void)
     }
 
     client_read_env();
+    client_dl_init();
     atomic_store_explicit(&client__owner_pid, (int)hp_sys0(SYS_getpid), memory_order_relaxed);
     /* HEAPPROF_STARTUP: "1" required, "0" never, unset: if the socket exists. */
     const char *startup = client_getenv("HEAPPROF_STARTUP");

@@ -220,9 +220,20 @@ void *client_sample_tramp(void *p, size_t size, void *ret);
 int client_sample_tramp_int(void *p, size_t size, int ret);
 void client_record_free(struct client_session *s, void *p);
 
-/* glibc's counts of objects added to and removed from the link maps so far (preload/dl.c;
- * hook-safe but for the loader's lock, see there). False when unknown. */
-bool client_dl_counts(uint64_t *ret_adds, uint64_t *ret_subs);
+/* Finds the loader's lock (preload/dl.c). Once, at initialisation, from a thread glibc
+ * knows; not hook-safe (it waits for the lock). */
+void client_dl_init(void);
+/* What client_dl_counts() found. */
+enum { CLIENT_DL_OK, CLIENT_DL_BUSY, CLIENT_DL_NONE };
+/* glibc's counts of objects added to and removed from the link maps so far
+ * (preload/dl.c). Hook-safe: never waits for the loader's lock. CLIENT_DL_BUSY: another
+ * thread holds it (loading, unloading, or listing objects); CLIENT_DL_NONE: unknown
+ * here. */
+int client_dl_counts(uint64_t *ret_adds, uint64_t *ret_subs);
+/* Takes the loader's lock when no other thread holds it (true), never waiting; false
+ * also when it was not found. client_dl_unlock() gives it back. Hook-safe. */
+bool client_dl_lock_try(void);
+void client_dl_unlock(void);
 /* client_session.dl_adds and dl_subs before they were read. */
 #define CLIENT_DL_UNKNOWN UINT64_MAX
 

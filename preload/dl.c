@@ -17,22 +17,43 @@
  * program's, preload/alloc.h) do not make it wrap dlopen: new objects get them at the
  * next sample instead (preload/got.h), their calls meanwhile going to the same allocator.
  *
- * Hook path, with one exception to the rules: dl_iterate_phdr() takes the loader's
- * recursive dl_load_write_lock for the duration of the call (a few nanoseconds here:
- * the callback reads the first object and stops). No allocation. A thread that holds the
- * lock (the loader adding or removing an object, or another dl_iterate_phdr() caller
- * inside its callback) is waited for; the same thread may hold it already (a malloc from
- * inside the loader or from a callback), which the recursive lock allows. The only way
- * to a deadlock is a callback of the application's that blocks on a lock another thread
- * holds while it allocates: the callback's author would be waiting for a malloc, which
- * the allocator never promised not to take (the loader's own allocations hold it too). */
+ * Hook path: the counts come from dl_iterate_phdr(), which takes the loader's recursive
+ * dl_load_write_lock for the duration of the call (a few nanoseconds here: the callback
+ * reads the first object and stops). Waiting for that lock inside malloc would add a
+ * malloc -> loader lock edge to the program's lock order: a program whose
+ * dl_iterate_phdr() callback takes a mutex that another thread holds while it allocates
+ * (a logger, a crash reporter's module list) is correct with any malloc, and would
+ * deadlock for good. So the hooks never wait for it: they take it only when it is free
+ * (pthread_mutex_trylock(), glibc's own mutex and protocol), then call dl_iterate_phdr(),
+ * which takes it again recursively without waiting; when another thread holds it, the
+ * sample goes without the counts (preload/record.c: its stack is copied, not walked, and
+ * the next sample looks again). The same thread may hold it already (a malloc from inside
+ * the loader or from a callback): the trylock of a recursive mutex succeeds then. No
+ * allocation.
+ *
+ * Where the lock is: glibc does not export it. client_dl_init() finds it once, at
+ * initialisation (a thread glibc knows, before any session): inside a dl_iterate_phdr()
+ * callback it looks in the loader's writable segment (AT_BASE) for the recursive
+ * mutexes this thread owns, and keeps the one whose count went down by one when
+ * dl_iterate_phdr() returned. Nothing found, or more than one: the counts are unknown
+ * (CLIENT_DL_NONE) for the life of the process, and samples copy their stacks, with no
+ * walk by the client's table, which could describe code since unloaded. The session
+ * thread cannot take part: it has no glibc thread state, and glibc, taking the process
+ * for single-threaded, would lock with plain stores (preload/attach.c).
+ */
 #include "preload/client.h"
 
 #include <dlfcn.h>
 #include <link.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/auxv.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "common/macros.h"
 
 #include "preload/alloc.h"
 #include "preload/got.h"
@@ -90,12 +111,101 @@ static int dl_counts_cb(struct dl_phdr_info *info, size_t size, void *data)
     return 1;
 }
 
-bool client_dl_counts(uint64_t *ret_adds, uint64_t *ret_subs)
+/* ---- the loader's lock, taken only when free ---------------------------------------- */
+
+/* glibc's dl_load_write_lock, which dl_iterate_phdr() takes; NULL: not found (every
+ * client_dl_counts() then answers CLIENT_DL_NONE). Set once by client_dl_init(). */
+static pthread_mutex_t *dl_write_lock;
+
+#define DL_FIND_MAX 4
+struct dl_find {
+    pid_t tid;
+    pthread_mutex_t *cand[DL_FIND_MAX];
+    unsigned count_in[DL_FIND_MAX];
+    unsigned n;
+    bool scanned;
+};
+
+/* Recursive mutexes in [@lo, @hi) that @f->tid holds. */
+static void dl_find_scan(struct dl_find *f, uintptr_t lo, uintptr_t hi)
 {
+    for (uintptr_t a = HP_ALIGN_UP(lo, (uintptr_t)8); a + sizeof(pthread_mutex_t) <= hi; a += 8) {
+        pthread_mutex_t *m = (pthread_mutex_t *)a;
+        if (m->__data.__owner != f->tid || m->__data.__kind != PTHREAD_MUTEX_RECURSIVE_NP ||
+            m->__data.__count == 0)
+            continue;
+        if (f->n == DL_FIND_MAX) {
+            f->n++; /* too many: none is taken */
+            return;
+        }
+        f->cand[f->n] = m;
+        f->count_in[f->n++] = m->__data.__count;
+    }
+}
+
+/* Inside dl_iterate_phdr(), with the lock held: the writable segment of the loader
+ * (AT_BASE), where its globals are. */
+static int dl_find_cb(struct dl_phdr_info *info, size_t size, void *data)
+{
+    struct dl_find *f = data;
+    (void)size;
+    uintptr_t base = (uintptr_t)getauxval(AT_BASE);
+    if (!base || info->dlpi_addr != base)
+        return 0;
+    for (size_t i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type == PT_LOAD && (ph->p_flags & PF_W))
+            dl_find_scan(f, base + ph->p_vaddr, base + ph->p_vaddr + ph->p_memsz);
+    }
+    f->scanned = true;
+    return 1;
+}
+
+void client_dl_init(void)
+{
+    struct dl_find f = {.tid = (pid_t)syscall(SYS_gettid)};
+    (void)dl_iterate_phdr(dl_find_cb, &f);
+    if (!f.scanned || f.n > DL_FIND_MAX)
+        return;
+    /* The one whose count went down by one when dl_iterate_phdr() returned (the loader
+     * may hold others of its locks in this thread, around an allocation of its own). */
+    pthread_mutex_t *found = NULL;
+    for (unsigned i = 0; i < f.n; i++) {
+        unsigned now = f.cand[i]->__data.__count;
+        bool released =
+            f.count_in[i] == 1 ? f.cand[i]->__data.__owner != f.tid : now == f.count_in[i] - 1;
+        if (!released)
+            continue;
+        if (found)
+            return; /* two: none is taken */
+        found = f.cand[i];
+    }
+    dl_write_lock = found;
+}
+
+bool client_dl_lock_try(void)
+{
+    return dl_write_lock && pthread_mutex_trylock(dl_write_lock) == 0;
+}
+
+void client_dl_unlock(void)
+{
+    (void)pthread_mutex_unlock(dl_write_lock);
+}
+
+int client_dl_counts(uint64_t *ret_adds, uint64_t *ret_subs)
+{
+    if (!dl_write_lock)
+        return CLIENT_DL_NONE;
+    if (!client_dl_lock_try())
+        return CLIENT_DL_BUSY;
+    /* Takes the lock again, recursively: it does not wait. */
     struct dl_counts c;
-    if (dl_iterate_phdr(dl_counts_cb, &c) != 1)
-        return false;
+    int r = dl_iterate_phdr(dl_counts_cb, &c);
+    client_dl_unlock();
+    if (r != 1)
+        return CLIENT_DL_NONE;
     *ret_adds = c.adds;
     *ret_subs = c.subs;
-    return true;
+    return CLIENT_DL_OK;
 }

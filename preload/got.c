@@ -14,6 +14,7 @@
 #include "common/clock.h"
 #include "common/macros.h"
 #include "preload/alloc.h"
+#include "preload/client.h"
 #include "preload/elfobj.h"
 
 _Atomic uint64_t client_stat_got_slots;
@@ -243,18 +244,23 @@ void client_got_patch_loaded(void)
     atomic_store_explicit(&got_busy, false, memory_order_release);
 }
 
-static int got_adds_cb(struct dl_phdr_info *info, size_t size, void *arg)
-{
-    uint64_t *adds = arg;
-    if (size >= offsetof(struct dl_phdr_info, dlpi_adds) + sizeof(info->dlpi_adds))
-        *adds = info->dlpi_adds;
-    return 1; /* the first object tells */
-}
-
 void client_got_after_dlopen(void)
 {
     if (client_got_active())
         client_got_patch_loaded();
+}
+
+void client_got_after_load(void)
+{
+    if (!client_got_active())
+        return;
+    /* Held by another thread: the next check patches (got_seen_adds stays behind). */
+    if (!client_dl_lock_try()) {
+        atomic_store_explicit(&got_seen_adds, 0, memory_order_relaxed);
+        return;
+    }
+    client_got_patch_loaded(); /* takes the lock again, recursively: no wait */
+    client_dl_unlock();
 }
 
 void client_got_check(void)
@@ -268,9 +274,9 @@ void client_got_check(void)
                                                  memory_order_relaxed, memory_order_relaxed))
         return;
     int saved_errno = errno;
-    uint64_t adds = 0;
-    (void)dl_iterate_phdr(got_adds_cb, &adds);
-    if (adds != atomic_load_explicit(&got_seen_adds, memory_order_relaxed))
-        client_got_patch_loaded();
+    uint64_t adds, subs;
+    if (client_dl_counts(&adds, &subs) == CLIENT_DL_OK &&
+        adds != atomic_load_explicit(&got_seen_adds, memory_order_relaxed))
+        client_got_after_load();
     errno = saved_errno;
 }

@@ -19,7 +19,8 @@
  * such sample), and by client_got_check() on the sampled path, which compares the
  * loader's count of loaded objects with the last one seen, at most every
  * CLIENT_GOT_CHECK_NS (for code loaded otherwise: by a library's own DT_NEEDED dlopen,
- * say).
+ * say). The sampled path never waits for the loader's lock (preload/dl.c): while another
+ * thread holds it, the patching waits for a later sample.
  *
  * C++'s operator new and delete go the same way, whatever the route, when the program's
  * operator new is the allocator's own (client_alloc_cxx, preload/alloc.h: jemalloc,
@@ -55,14 +56,20 @@ bool client_got_active(void);
  * loader's lock (dl_iterate_phdr) and calls mprotect. */
 void client_got_patch_loaded(void);
 
-/* On the sampled path: with the GOT route, patches objects loaded since the last look.
- * Takes the loader's lock at most every CLIENT_GOT_CHECK_NS. */
+/* On the sampled path: with the GOT route, patches objects loaded since the last look,
+ * at most every CLIENT_GOT_CHECK_NS, and only when the loader's lock is free (it never
+ * waits for it: client_got_after_load()). */
 void client_got_check(void);
 
-/* Objects were loaded (dlopen returned, or the loader's count grew): with the GOT route,
- * patches them now. Takes the loader's lock (dl_iterate_phdr) and calls mprotect, as
- * client_got_check() does; from the dlopen wrapper or the sampled path. */
+/* dlopen returned: with the GOT route, patches the new objects now. Takes the loader's
+ * lock (dl_iterate_phdr), waiting for it as dlopen itself did, and calls mprotect. From
+ * the dlopen wrapper only. */
 void client_got_after_dlopen(void);
+
+/* The loader's count grew: client_got_after_dlopen() on the sampled path, when the
+ * loader's lock is free; when another thread holds it, nothing now, and the next
+ * client_got_check() tries again. Never waits for the lock. */
+void client_got_after_load(void);
 
 /* True when the page holding @addr is mapped read-only (/proc/self/maps): the loader has
  * relocated its object and protected the RELRO pages. Raw system calls, no allocation. */

@@ -7,8 +7,9 @@
  * the sampled path (a FUTEX_WAKE when the service sleeps; checks of stack pages, once per
  * thread for its own stack, and on every sample on a stack not the thread's own, with
  * copies of such stacks) and never ones that are cancellation points. One lock of
- * glibc's: the loader's, for a few nanoseconds per sample (preload/dl.c says why that is
- * safe). errno is preserved around everything we do besides the real call.
+ * glibc's, the loader's, taken for a few nanoseconds per sample but only when free: a
+ * sample never waits for it (preload/dl.c). errno is preserved around everything we do
+ * besides the real call.
  */
 #include "preload/client.h"
 
@@ -235,16 +236,22 @@ static HP_NOINLINE void hook_record_other(struct client_tls *t, struct client_se
  * code unloaded later is not on it (its frames would have nowhere to return to). The
  * service keeps the mappings it saw go for the records written before
  * (unwinder_retired_seq()), so that dlclose() never waits. Only with a service that speaks
- * these records (it gave us an unwind table). */
-static void hook_check_code(struct client_session *s)
+ * these records (it gave us an unwind table).
+ *
+ * The counts come only when the loader's lock is free (preload/dl.c). When another thread
+ * holds it, code may be coming or going right now: false, and this sample copies its
+ * stack instead of walking it (the service unwinds the copy, and rereads the maps for a
+ * pc it does not know); the next sample looks again. False also when the lock is unknown
+ * here, for every sample. */
+static bool hook_check_code(struct client_session *s)
 {
     uint64_t adds, subs;
-    if (!client_dl_counts(&adds, &subs))
-        return;
+    if (client_dl_counts(&adds, &subs) != CLIENT_DL_OK)
+        return false;
     uint64_t seen_adds = atomic_load_explicit(&s->dl_adds, memory_order_relaxed);
     uint64_t seen_subs = atomic_load_explicit(&s->dl_subs, memory_order_relaxed);
     if (HP_LIKELY(adds == seen_adds && subs == seen_subs))
-        return;
+        return true;
     /* Counts not read at the start of the session (attach): told as loaded code, so that
      * the service rereads the maps it read at the handshake once more. */
     bool unknown = seen_adds == CLIENT_DL_UNKNOWN;
@@ -252,7 +259,7 @@ static void hook_check_code(struct client_session *s)
     /* With the GOT route, new objects get the hooks in their slots now (what the dlopen
      * wrapper did; preload/got.h). */
     if (loaded)
-        client_got_after_dlopen();
+        client_got_after_load();
     if (unloaded)
         atomic_store_explicit(&s->walk_hold_gen, utable_gen(&s->utable), memory_order_relaxed);
     uint64_t ask = loaded ? ring_ask_maps_read(s->ring) : 0;
@@ -277,6 +284,7 @@ static void hook_check_code(struct client_session *s)
         int late = ring_wait_maps_read(s->ring, ask);
         (void)late;
     }
+    return true;
 }
 
 /* pre: client_session_enter(s) succeeded. */
@@ -286,8 +294,9 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
     /* The service ended the session (its socket closes next; the session thread ends it). */
     if (hook_foreign_pid(s) || ring_is_detached(s->ring))
         return;
-    if (s->utable.hdr)
-        hook_check_code(s);
+    /* Without the loader's counts (its lock was taken: code may be coming or going), no
+     * walk with the table: the stack is copied, for the service to unwind. */
+    bool may_walk = s->utable.hdr && hook_check_code(s);
     uint64_t sp = regs[WIRE_REG_RSP];
     uint64_t end;
     /* The main thread's stack ends where the program's entry found it (what lies above,
@@ -308,7 +317,7 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
     struct client_walk walk, rest;
     size_t n_pcs = 0;
     bool audit = false;
-    if (s->utable.hdr &&
+    if (may_walk &&
         utable_gen(&s->utable) != atomic_load_explicit(&s->walk_hold_gen, memory_order_relaxed)) {
         client_walk_begin(&walk, &s->utable, regs, own ? end : sp + CLIENT_STACK_MAX_SPAN, own);
         int wr = client_walk_step(&walk, &s->utable, pcs, HOOK_WALK_PCS, CLIENT_WALK_MAX_FRAMES);
