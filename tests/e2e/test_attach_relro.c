@@ -24,8 +24,8 @@
 
 #include "tests/e2e/e2e_util.h"
 
-/* Cycles per program, of SESSION_S seconds each: the three tests take about 5 s. */
-#define CYCLES 20
+/* Cycles per program, of SESSION_S seconds each: 15 keep the file near 6 s. */
+#define CYCLES 15
 #define SESSION_S "0.1"
 
 static char runtime_dir[128];
@@ -74,9 +74,10 @@ struct target {
     char out[256];
 };
 
-/* Starts relro_patch @mode, the library preloaded and dormant unless !@preload, stdin a
- * pipe, stdout and stderr to a file; returns once it printed "ready" (10 s at most). */
-static void start(struct target *t, const char *mode, bool preload)
+/* Starts @argv (argv[0] a path), the library preloaded and dormant unless !@preload, stdin
+ * a pipe, stdout and stderr to a file; returns once it printed @ready_text (10 s at
+ * most). */
+static void start_prog(struct target *t, char *const argv[], bool preload, const char *ready_text)
 {
     static int seq;
     snprintf(t->out, sizeof(t->out), "%s/out-%d.txt", runtime_dir, seq++);
@@ -93,7 +94,6 @@ static void start(struct target *t, const char *mode, bool preload)
             setenv("LD_PRELOAD", e2e_env("HEAPPROF_LIB"), 1);
             setenv("HEAPPROF_STARTUP", "0", 1);
         }
-        char *argv[] = {(char *)e2e_env("RELRO_PATCH"), (char *)mode, NULL};
         execv(argv[0], argv);
         _exit(127);
     }
@@ -101,12 +101,19 @@ static void start(struct target *t, const char *mode, bool preload)
     t->in = in[1];
     for (int i = 0; i < 1000; i++) {
         char *o = read_all(t->out);
-        bool ready = strstr(o, "ready\n") != NULL;
+        bool ready = strstr(o, ready_text) != NULL;
         free(o);
         if (ready)
             break;
         sleep_ms(10);
     }
+}
+
+/* Starts relro_patch @mode as start_prog() does; returns once it printed "ready". */
+static void start(struct target *t, const char *mode, bool preload)
+{
+    char *argv[] = {(char *)e2e_env("RELRO_PATCH"), (char *)mode, NULL};
+    start_prog(t, argv, preload, "ready\n");
 }
 
 static bool alive(pid_t pid)
@@ -265,6 +272,53 @@ static void test_attach_relro_bug_unswitched_slots_silent(void **state)
     same_as_unprofiled("sandbox_mem", 0, attach_unseen);
 }
 
+/* (e) Forks of a full-RELRO program: each child writes its own slots (direct) through a
+ * /proc/self/mem of its own; the parent's descriptor reaches the parent's memory, and the
+ * parent stays hooked for the whole session. tests/programs/slotwatch.c built with
+ * -z relro -z now, a fork every 300 ms, one 0.6 s session. */
+static void test_attach_relro_fork_children_switch_their_own(void **state)
+{
+    (void)state;
+    char *argv[] = {(char *)e2e_env("SLOTWATCH_NOW"), "1500", NULL};
+    struct target t;
+    start_prog(&t, argv, true, "\n");
+    char pidbuf[16], trace[256];
+    snprintf(pidbuf, sizeof(pidbuf), "%d", (int)t.pid);
+    snprintf(trace, sizeof(trace), "%s/slotwatch.pftrace", runtime_dir);
+    char *args[] = {(char *)e2e_env("HEAPPROF_BIN"),
+                    "attach",
+                    "-p",
+                    pidbuf,
+                    "--duration",
+                    "0.6",
+                    "-q",
+                    "-o",
+                    trace,
+                    NULL};
+    struct e2e_run run;
+    assert_int_equal(e2e_run(args, NULL, &run), 0);
+    int status = finish(&t);
+    char *o = read_all(t.out);
+    print_message("  attach %d, program %d: %s", run.status, status, o);
+    assert_int_equal(run.status, 0);
+    assert_int_equal(status, 0);
+    /* direct, hooked during the session (children forked meanwhile direct), direct. */
+    assert_true(strncmp(o, "direct\n", 7) == 0);
+    char *hooked = strstr(o, "\nhooked\n");
+    assert_non_null(hooked);
+    char *again = strstr(hooked, "\ndirect\n");
+    assert_non_null(again);
+    char *child = strstr(hooked, "\nchild direct\n");
+    assert_true(child && child < again);
+    assert_null(strstr(o, "child hooked"));
+    assert_null(strstr(o, "other"));
+    assert_null(strstr(o, "failed"));
+    assert_null(strstr(again + 1, "hooked"));
+    assert_non_null(strstr(again, "\ndone\n"));
+    free(o);
+    e2e_run_free(&run);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -272,6 +326,7 @@ int main(void)
         cmocka_unit_test(test_attach_relro_bug_reprotected),
         cmocka_unit_test(test_attach_relro_bug_mprotect_refused_no_samples),
         cmocka_unit_test(test_attach_relro_bug_unswitched_slots_silent),
+        cmocka_unit_test(test_attach_relro_fork_children_switch_their_own),
     };
     return cmocka_run_group_tests_name("e2e_attach_relro", tests, setup, teardown);
 }
