@@ -98,6 +98,7 @@ static int direct_mem_fd_locked(void)
     long fd = hp_sys4(SYS_openat, AT_FDCWD, (long)"/proc/self/mem", O_RDWR | O_CLOEXEC, 0);
     if (fd < 0)
         return -1;
+    fd = client__fd_move_high((int)fd);
     struct stat st;
     if (hp_sys2(SYS_fstat, fd, (long)&st) < 0) {
         (void)hp_sys_close((int)fd);
