@@ -240,7 +240,8 @@ static void test_attach_relro_bug_reprotected(void **state)
 }
 
 /* (c) A sandbox that makes mprotect fail with EPERM once the session's thread appears
- * (before the slots are switched): the session recorded 0 samples and reported no loss.
+ * (the program looks every 100 us; the handshake that comes before the slots are switched
+ * takes milliseconds): the session recorded 0 samples and reported no loss.
  * The calls are seen now: the slots are written without mprotect. One cycle: a process
  * under seccomp is not attached again (service/wake.c refuses it, saying why). */
 static void test_attach_relro_bug_mprotect_refused_no_samples(void **state)
