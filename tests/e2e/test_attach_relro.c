@@ -231,8 +231,9 @@ static void test_attach_relro_bug_kept_writable(void **state)
     same_as_unprofiled("keep", CYCLES, NULL);
 }
 
-/* (b) mprotect RW, patch, mprotect R in a loop: the switch's RW->R window raced the
- * program's own (SIGSEGV on either side) and closed pages it had opened. */
+/* (b) mprotect RW, two patches 50 us apart, mprotect R, in a loop: the switch closed the
+ * page between the program's patches, or the program closed it under the switch's write
+ * (SIGSEGV either way, within 1-11 cycles). */
 static void test_attach_relro_bug_reprotected(void **state)
 {
     (void)state;

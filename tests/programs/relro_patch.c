@@ -1,11 +1,11 @@
 /* tests/programs/relro_patch.c: a full-RELRO PIE (-z relro -z now) that patches its own
  * read-only relocated data at run time, as GOT/PLT hooking libraries and hot patchers do,
  * for tests/e2e/test_attach_relro.c. Every 100 us it allocates (relro_patch_alloc, through
- * its own malloc slot, which lies in the RELRO pages) and every millisecond it re-points
- * `op`, a function pointer in .data.rel.ro, and calls through it.
+ * its own malloc slot, which lies in the RELRO pages); it re-points `op`, a function
+ * pointer in .data.rel.ro, and calls through it, every millisecond (or more often).
  *
  *   keep         makes the page of `op` writable once and keeps it so
- *   restore      mprotect RW, patch, mprotect R, for each patch
+ *   restore      every 100 us: mprotect RW, patch, sleep 50 us, patch, mprotect R
  *   sandbox      no patching; once a second thread appears (a profiling session's),
  *                installs a seccomp filter on every thread that makes mprotect fail with
  *                EPERM (a sandbox that tightens after start-up, W^X style)
@@ -143,21 +143,21 @@ static int sandbox(bool writes)
     return 0;
 }
 
-/* Round @n of @mode (every 100 us; a patch every 10th): returns 0, or 1 after printing a
- * FATAL line. */
+/* Round @n of @mode (every 100 us): returns 0, or 1 after printing a FATAL line. */
 static int round_of(const char *mode, unsigned n, bool *sandboxed)
 {
     int r = 0;
-    bool sandbox_mode = strncmp(mode, "sandbox", 7) == 0;
-    if (!sandbox_mode && n % 10 != 0)
-        return 0;
-    n /= 10;
     if (strcmp(mode, "keep") == 0) {
-        r = patch(n);
+        r = n % 10 == 0 ? patch(n / 10) : 0;
     } else if (strcmp(mode, "restore") == 0) {
+        /* A batch of patches between the two mprotect calls: the page is writable for
+         * a while, a third of the time. */
         if (mprotect((void *)page, page_size, PROT_READ | PROT_WRITE) < 0)
             return fatal("mprotect RW");
-        r = patch(n);
+        r = patch(2 * n);
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+        r = r ? r : patch(2 * n + 1);
         if (mprotect((void *)page, page_size, PROT_READ) < 0)
             return fatal("mprotect R");
     } else if (!*sandboxed && threads() > 1) {
