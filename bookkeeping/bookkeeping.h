@@ -107,6 +107,7 @@ struct bk_process_stats {
     uint64_t stacks_truncated;        /* samples whose stack copy stopped at max_stack_bytes */
     uint64_t unknown_stacks;          /* samples taken on a stack not the thread's own */
     uint64_t map_reparses_deferred;   /* times samples waited for the rate limit of rereads */
+    uint64_t unseen_call_slots;       /* the client's slots left unswitched: calls not seen */
     /* unwinding time histogram, bucket upper bounds in us: BK_UNWIND_HIST_BOUNDS */
     uint64_t unwinding_time_hist[8];
 };

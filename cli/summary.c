@@ -56,6 +56,12 @@ void cli_print_summary(const char *out_path, const struct svc_summary *sum, int 
                 "heapprof: %llu frees of sampled allocations could not be recorded; their bytes "
                 "show as unreleased\n",
                 (unsigned long long)sum->frees_lost);
+    if (sum->unseen_call_slots)
+        fprintf(stderr,
+                "heapprof: %llu call slot%s of the allocator in the program could not be "
+                "switched to the profiler (unseen_call_slots): the calls through them are "
+                "missing from the profile\n",
+                (unsigned long long)sum->unseen_call_slots, sum->unseen_call_slots == 1 ? "" : "s");
     if (sum->conn_closed)
         fprintf(stderr,
                 "heapprof: %llu process%s closed the profiler's connection while running "

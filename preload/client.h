@@ -271,6 +271,9 @@ int client__session_open(const char *path, uint32_t reason, pid_t peer_pid, uint
 /* Ends @s: the client goes DORMANT, the ring is unmapped once no hook is inside; the
  * socket is closed when @close_sock and it is still ours. */
 void client__session_close(struct client_session *s, bool close_sock);
+/* Moves @fd (taken) to a high number (F_DUPFD_CLOEXEC); returns the descriptor to use:
+ * @fd itself when it cannot be moved. Raw system calls. */
+int client__fd_move_high(int fd);
 /* True while @s->sock is still the connection the handshake made (fstat: same device
  * and inode). Async-signal-safe, no errno. */
 bool client__sock_ours(const struct client_session *s);

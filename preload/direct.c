@@ -2,10 +2,12 @@
 #include "preload/direct.h"
 
 #include <elf.h>
+#include <fcntl.h>
 #include <link.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 
@@ -19,27 +21,23 @@
 bool client__direct_disabled;
 _Atomic uint32_t client_stat_direct_slots;
 _Atomic bool client_stat_direct_on;
+_Atomic uint32_t client_stat_direct_unseen;
+_Atomic uint64_t client_stat_direct_failures;
 
 /* A recorded slot: which function, what it held when recorded (kept only when it pointed
- * into its object's PLT: lazy binding), and the RELRO range it lies in (direct_n_relro:
- * none, the slot's page is writable). */
+ * into its object's PLT: lazy binding), and whether it lies in its object's RELRO pages
+ * (written through direct_mem, never by a store). */
 struct direct_slot {
     _Atomic uintptr_t *slot;
     uintptr_t lazy;
     uint16_t fn;
-    uint16_t relro;
+    bool relro;
 };
-
-#define DIRECT_MAX_RELRO 64u
 
 /* Written by client_direct_init() before direct_ready is set (release), read-only after;
  * the switching functions read them after an acquire load of direct_ready. */
 static struct direct_slot direct_slots[CLIENT_DIRECT_MAX_SLOTS];
 static uint32_t direct_n;
-static struct {
-    uintptr_t lo, hi;
-} direct_relro[DIRECT_MAX_RELRO];
-static uint32_t direct_n_relro;
 static _Atomic bool direct_ready;
 
 /* Serialises the switches (the constructor against a startup session's thread); held only
@@ -47,6 +45,23 @@ static _Atomic bool direct_ready;
  * is open or being opened (under the lock). */
 static _Atomic bool direct_lock;
 static bool direct_held;
+
+/* /proc/self/mem, open for writing, under direct_lock. RELRO pages are the program's: it
+ * may have made them writable for good, or open and close them around its own patches
+ * (plthook-style hooks, hot patchers), at any time and under no lock of ours. Changing
+ * their protection to write a slot (mprotect RW, write, mprotect R) closed pages the
+ * program had opened and raced with its own mprotect calls: either side's write could
+ * fault. The kernel writes through a read-only private mapping for a write to
+ * /proc/PID/mem (FOLL_FORCE) without changing the mapping, so no protection ever changes.
+ * Opened in the constructor, where a later sandbox or PR_SET_DUMPABLE cannot stop it yet;
+ * reopened when the program closed or reused the descriptor (st_dev/st_ino differ) and in
+ * a forked child (@pid differs: the file is bound to the memory of the process that
+ * opened it, the parent's). */
+static struct {
+    int fd;
+    int pid;
+    uint64_t dev, ino;
+} direct_mem = {.fd = -1};
 
 static void direct_lock_take(void)
 {
@@ -62,37 +77,102 @@ static void direct_lock_drop(void)
     atomic_store_explicit(&direct_lock, false, memory_order_release);
 }
 
-/* Writes @want into @s when it holds @from or its lazy value; leaves anything else. */
-static void direct_write_slot(const struct direct_slot *s, bool direct)
+static bool direct_mem_ours_locked(void)
+{
+    struct stat st;
+    return direct_mem.fd >= 0 && hp_sys2(SYS_fstat, direct_mem.fd, (long)&st) == 0 &&
+           (uint64_t)st.st_dev == direct_mem.dev && (uint64_t)st.st_ino == direct_mem.ino;
+}
+
+/* The descriptor of this process's memory, opened now if need be; -1 when that fails (no
+ * /proc, a non-dumpable process, a sandbox). */
+static int direct_mem_fd_locked(void)
+{
+    int pid = (int)hp_sys0(SYS_getpid);
+    bool ours = direct_mem_ours_locked();
+    if (ours && direct_mem.pid == pid)
+        return direct_mem.fd;
+    if (ours)
+        (void)hp_sys_close(direct_mem.fd); /* the parent's memory */
+    direct_mem.fd = -1;
+    long fd = hp_sys4(SYS_openat, AT_FDCWD, (long)"/proc/self/mem", O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    fd = client__fd_move_high((int)fd);
+    struct stat st;
+    if (hp_sys2(SYS_fstat, fd, (long)&st) < 0) {
+        (void)hp_sys_close((int)fd);
+        return -1;
+    }
+    direct_mem.fd = (int)fd;
+    direct_mem.pid = pid;
+    direct_mem.dev = (uint64_t)st.st_dev;
+    direct_mem.ino = (uint64_t)st.st_ino;
+    return direct_mem.fd;
+}
+
+/* Writes @want over @cur into the RELRO slot @s through @fd. The slot is read through @fd
+ * first: it must hold @cur, which proves @fd reaches this memory and that the program did
+ * not re-point the slot since it was loaded (the compare of the compare-and-swap; the
+ * program could still write between the two calls, but a slot of the malloc family in a
+ * read-only page is not one it rewrites). The kernel copies the 8 aligned bytes with one
+ * memcpy, which other threads calling through the slot meanwhile have not been seen to
+ * read half-written (x86_64, with fast short rep movsb too). */
+static void direct_mem_write(int fd, const struct direct_slot *s, uintptr_t cur, uintptr_t want)
+{
+    uintptr_t seen = 0;
+    if (fd < 0 ||
+        hp_sys4(SYS_pread64, fd, (long)&seen, sizeof(seen), (long)s->slot) != sizeof(seen) ||
+        seen != cur)
+        return;
+    (void)hp_sys4(SYS_pwrite64, fd, (long)&want, sizeof(want), (long)s->slot);
+}
+
+/* Writes @want into @s when it holds @from or its lazy value; leaves anything else.
+ * Returns false when the slot still holds @from or its lazy value: it could not be
+ * written. */
+static bool direct_write_slot(const struct direct_slot *s, bool direct, int mem_fd)
 {
     uintptr_t hook = (uintptr_t)client_hook_fns[s->fn];
     uintptr_t own = (uintptr_t)client_alloc_own[s->fn];
     uintptr_t want = direct ? own : hook, from = direct ? hook : own;
     uintptr_t cur = atomic_load_explicit(s->slot, memory_order_relaxed);
     if (cur == want || (cur != from && (s->lazy == 0 || cur != s->lazy)))
-        return;
-    (void)atomic_compare_exchange_strong_explicit(s->slot, &cur, want, memory_order_relaxed,
-                                                  memory_order_relaxed);
+        return true;
+    if (s->relro)
+        direct_mem_write(mem_fd, s, cur, want);
+    else
+        (void)atomic_compare_exchange_strong_explicit(s->slot, &cur, want, memory_order_relaxed,
+                                                      memory_order_relaxed);
+    cur = atomic_load_explicit(s->slot, memory_order_relaxed);
+    return cur != from && (s->lazy == 0 || cur != s->lazy);
 }
 
-/* One pass over every recorded slot. Each RELRO range is made writable, written and made
- * read-only again before the next: a range whose mprotect fails is left as it is. */
+/* One pass over every recorded slot; no protection changes. A slot that cannot be written
+ * keeps what it holds: towards direct, the hook (the calls are seen, at the hook's cost);
+ * towards the hooks, the allocator's own function, whose calls the session does not see:
+ * counted in client_stat_direct_unseen. */
 static void direct_apply_locked(bool direct)
 {
-    for (uint32_t r = 0; r <= direct_n_relro; r++) {
-        bool relro = r < direct_n_relro;
-        if (relro &&
-            hp_sys3(SYS_mprotect, (long)direct_relro[r].lo,
-                    (long)(direct_relro[r].hi - direct_relro[r].lo), PROT_READ | PROT_WRITE) < 0)
-            continue;
-        for (uint32_t i = 0; i < direct_n; i++)
-            if (direct_slots[i].relro == r)
-                direct_write_slot(&direct_slots[i], direct);
-        if (relro)
-            (void)hp_sys3(SYS_mprotect, (long)direct_relro[r].lo,
-                          (long)(direct_relro[r].hi - direct_relro[r].lo), PROT_READ);
+    int mem_fd = -1;
+    bool mem_tried = false;
+    uint32_t failed = 0, now_direct = 0;
+    for (uint32_t i = 0; i < direct_n; i++) {
+        const struct direct_slot *s = &direct_slots[i];
+        if (s->relro && !mem_tried) {
+            mem_fd = direct_mem_fd_locked();
+            mem_tried = true;
+        }
+        if (!direct_write_slot(s, direct, mem_fd))
+            failed++;
+        uintptr_t cur = atomic_load_explicit(s->slot, memory_order_relaxed);
+        if (cur == (uintptr_t)client_alloc_own[s->fn])
+            now_direct++;
     }
-    atomic_store_explicit(&client_stat_direct_on, direct, memory_order_relaxed);
+    atomic_fetch_add_explicit(&client_stat_direct_failures, failed, memory_order_relaxed);
+    atomic_store_explicit(&client_stat_direct_unseen, direct ? 0 : now_direct,
+                          memory_order_relaxed);
+    atomic_store_explicit(&client_stat_direct_on, now_direct > 0, memory_order_relaxed);
 }
 
 void client_direct_hold(void)
@@ -116,7 +196,7 @@ void client_direct_release(void)
 void client_direct_atfork_child(void)
 {
     /* The lock's holder, if any, was another thread of the parent: it does not exist
-     * here, and may have left a RELRO range writable; the pass below closes it again. */
+     * here. The pass below opens the child's own /proc/self/mem. */
     atomic_store_explicit(&direct_lock, false, memory_order_relaxed);
     client_direct_release();
 }
@@ -283,14 +363,15 @@ static bool direct_is_lazy(const struct client_elfobj *o, uintptr_t cur, size_t 
     return c[0] == 0x68 && imm == (uint32_t)index;
 }
 
-/* Records the JUMP_SLOT slots of object @d to switch. */
-static void direct_record_obj(const struct direct_obj *d)
+/* Records the JUMP_SLOT slots of object @d to switch; those in its RELRO pages only when
+ * @mem (/proc/self/mem opened: without it they keep the hooks, and their calls cost what
+ * a session's do). */
+static void direct_record_obj(const struct direct_obj *d, bool mem)
 {
     struct client_elfobj o;
     if (client_elfobj_init(&o, &d->info) < 0)
         return;
-    int relro_ok = -1; /* unknown until a slot lies in the RELRO pages */
-    uint32_t relro = UINT32_MAX;
+    int relro_ok = mem ? -1 : 0; /* unknown until a slot lies in the RELRO pages */
     for (size_t i = 0; i < o.n_jmprel && direct_n < CLIENT_DIRECT_MAX_SLOTS; i++) {
         const Elf64_Rela *r = &o.jmprel[i];
         if (ELF64_R_TYPE(r->r_info) != R_X86_64_JUMP_SLOT)
@@ -314,20 +395,12 @@ static void direct_record_obj(const struct direct_obj *d)
         if (in_relro && relro_ok < 0)
             relro_ok = client__page_readonly(o.relro_lo);
         if (in_relro && !relro_ok)
-            continue; /* not protected (yet?): left alone */
-        if (in_relro && relro == UINT32_MAX) {
-            if (direct_n_relro == DIRECT_MAX_RELRO)
-                return;
-            relro = direct_n_relro;
-            direct_relro[relro].lo = o.relro_lo;
-            direct_relro[relro].hi = o.relro_hi;
-            direct_n_relro++;
-        }
+            continue; /* not protected (yet?), or no way to write it: left alone */
         direct_slots[direct_n++] = (struct direct_slot){
             .slot = slot,
             .lazy = lazy,
             .fn = (uint16_t)fn,
-            .relro = (uint16_t)(in_relro ? relro : UINT16_MAX),
+            .relro = in_relro,
         };
     }
 }
@@ -347,18 +420,17 @@ void client_direct_init(void)
     sc.objs = hp_sys_mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (hp_sys_failed((long)sc.objs))
         return;
+    direct_lock_take();
+    bool mem = direct_mem_fd_locked() >= 0;
+    direct_lock_drop();
     (void)dl_iterate_phdr(direct_scan_cb, &sc);
     if (!sc.overflow) {
         direct_mark_initial(&sc);
         for (uint32_t k = 0; k < sc.n; k++)
             if (sc.objs[k].initial && !sc.objs[k].self)
-                direct_record_obj(&sc.objs[k]);
+                direct_record_obj(&sc.objs[k], mem);
     }
     (void)hp_sys_munmap(sc.objs, bytes);
-    /* Slots not in RELRO first got the index UINT16_MAX: "none" is direct_n_relro. */
-    for (uint32_t i = 0; i < direct_n; i++)
-        if (direct_slots[i].relro == UINT16_MAX)
-            direct_slots[i].relro = (uint16_t)direct_n_relro;
     atomic_store_explicit(&client_stat_direct_slots, direct_n, memory_order_relaxed);
     if (direct_n == 0)
         return;

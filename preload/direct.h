@@ -15,9 +15,16 @@
  * Objects loaded later, slots beyond CLIENT_DIRECT_MAX_SLOTS and GLOB_DAT slots keep the
  * hooks: correct, only not free. Both values of a slot are complete functions of the same
  * allocator (the hooks forward to it), so a thread calling through a slot while it is
- * written gets either; each slot is written with one aligned 8-byte compare-and-swap from
- * the value we left there, so a slot someone else rewrote (another GOT patcher) is left
- * alone, and a lazy binding that writes our hook meanwhile is as good.
+ * written gets either; each slot is written only while it holds the value we left there,
+ * so a slot someone else rewrote (another GOT patcher) is left alone, and a lazy binding
+ * that writes our hook meanwhile is as good: a writable slot with one aligned 8-byte
+ * compare-and-swap, a slot in RELRO pages (read-only: full RELRO, -z now) through
+ * /proc/self/mem, read first, then written. No protection of the program's is ever changed
+ * (it may patch its own GOT and keep the pages writable, or open and close them around
+ * each patch). Where /proc/self/mem cannot be opened at startup (no /proc, a non-dumpable
+ * process) or does not write through read-only pages (proc_mem.force_override=never), the
+ * RELRO slots keep the hooks: calls are seen, at the hooks' cost. A slot that could be made
+ * direct but not switched back for a session is counted (client_stat_direct_unseen).
  *
  * Which objects count as loaded at startup: the executable, and every object a DT_NEEDED
  * entry of one of those names unambiguously (one loaded object has that name or soname).
@@ -41,8 +48,8 @@
 #define CLIENT_DIRECT_MAX_SLOTS 512u
 
 /* Records the slots and, when no session is on, makes them direct. Once, from the
- * constructor (a normal thread: takes the loader's lock, reads /proc/self/maps, calls
- * mprotect). */
+ * constructor (a normal thread: takes the loader's lock, reads /proc/self/maps, opens
+ * /proc/self/mem and keeps it open, O_CLOEXEC). */
 void client_direct_init(void);
 
 /* A session is about to be published: the hooks go back into every recorded slot. Owner
@@ -57,15 +64,21 @@ void client_direct_release(void);
 /* In a forked child, by the owner of the sessions (the atfork handler, or the session
  * thread of a child adopted at a wake, preload/wake.c): another thread of the parent may
  * have been switching the slots; forgets its lock and writes every slot again (direct:
- * the child is dormant until it opens a session of its own). */
+ * the child is dormant until it opens a session of its own), through a /proc/self/mem of
+ * its own. */
 void client_direct_atfork_child(void);
 
 /* HEAPPROF_DORMANT_DIRECT=0 (read by client_init()). */
 extern bool client__direct_disabled;
 
-/* Slots recorded, and whether they are direct now (tests and statistics). */
+/* Slots recorded, and whether any is direct now (tests and statistics). */
 extern _Atomic uint32_t client_stat_direct_slots;
 extern _Atomic bool client_stat_direct_on;
+/* Slots left direct by the last client_direct_hold(): the session does not see their
+ * calls (0 after client_direct_release()). */
+extern _Atomic uint32_t client_stat_direct_unseen;
+/* Slots a pass could not switch (either way), since startup. */
+extern _Atomic uint64_t client_stat_direct_failures;
 
 #pragma GCC visibility pop
 

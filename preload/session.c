@@ -33,8 +33,9 @@
 #include "preload/peer.h"
 #include "shmem_ring/wire.h"
 
-/* The session's socket is moved to a number at least this high (or half the descriptor
- * limit, if lower), away from the numbers programs open, dup2 onto or close in loops. */
+/* Descriptors the client keeps (the session's socket, preload/direct.c's /proc/self/mem)
+ * are moved to a number at least this high (or half the descriptor limit, if lower), away
+ * from the numbers programs open, dup2 onto or close in loops. */
 #define CLIENT_SOCK_FLOOR 1024
 
 static uint64_t client_session_gen; /* owner only */
@@ -206,19 +207,18 @@ fail:
     return (int)r;
 }
 
-/* Moves @sock (taken) to a high number; returns the descriptor to use. */
-static int client_sock_move_high(int sock)
+int client__fd_move_high(int fd)
 {
     struct rlimit rl;
     if (hp_sys4(SYS_prlimit64, 0, RLIMIT_NOFILE, 0, (long)&rl) < 0)
-        return sock;
+        return fd;
     uint64_t floor = HP_MIN((uint64_t)rl.rlim_cur / 2, (uint64_t)CLIENT_SOCK_FLOOR);
-    if (floor <= (uint64_t)sock)
-        return sock;
-    long hi = hp_sys3(SYS_fcntl, sock, F_DUPFD_CLOEXEC, (long)floor);
+    if (floor <= (uint64_t)fd)
+        return fd;
+    long hi = hp_sys3(SYS_fcntl, fd, F_DUPFD_CLOEXEC, (long)floor);
     if (hi < 0)
-        return sock;
-    (void)hp_sys_close(sock);
+        return fd;
+    (void)hp_sys_close(fd);
     return (int)hi;
 }
 
@@ -349,7 +349,7 @@ int client__session_open(const char *path, uint32_t reason, pid_t peer_pid, uint
     r = client_map_files(ring_fd, utable_fd, &ring, &table);
     struct stat st = {0};
     if (r >= 0) {
-        sock = client_sock_move_high(sock);
+        sock = client__fd_move_high(sock);
         long e = hp_sys2(SYS_fstat, sock, (long)&st);
         if (e < 0) {
             ring = ring_unmap(ring);
@@ -378,6 +378,9 @@ int client__session_open(const char *path, uint32_t reason, pid_t peer_pid, uint
     /* The program's calls reach the hooks again before the session is there to see them
      * (preload/direct.h). */
     client_direct_hold();
+    /* Slots left direct: the service shows their calls as missing. */
+    ring_set_unseen_slots(ring,
+                          atomic_load_explicit(&client_stat_direct_unseen, memory_order_relaxed));
     /* Release pairs with the acquire loads of client_current in the hooks: the session
      * and its set are in place before anyone uses them. */
     atomic_store_explicit(&client_current, s, memory_order_release);

@@ -56,6 +56,7 @@ static int parse_stats(struct rd_header *h, const uint8_t *buf, size_t len)
         LOSS(stacks_truncated, stacks_truncated),
         LOSS(unknown_stacks, unknown_stacks),
         LOSS(map_reparses_deferred, map_reparses_deferred),
+        LOSS(unseen_call_slots, unseen_call_slots),
 #undef LOSS
     };
     h->unwinding_errors = h->heap_samples = h->map_reparses = 0;

@@ -306,12 +306,16 @@ static void print_losses(FILE *out, const struct rp_trace_process *p)
         "for want of memory in the service",
         "refused by the bookkeeping (caps, memory)"};
     print_counts(out, "  Records lost: ", lost, lost_what, HP_ARRAY_SIZE(lost));
-    const uint64_t other[] = {l->stacks_truncated, l->unknown_stacks, l->unknown_frees, l->seq_gaps,
-                              l->map_reparses_deferred};
+    const uint64_t other[] = {l->stacks_truncated, l->unknown_stacks,        l->unknown_frees,
+                              l->seq_gaps,         l->map_reparses_deferred, l->unseen_call_slots};
     static const char *const other_what[] = {
         "stacks cut at the copy size (outer frames missing)",
-        "samples on stacks not the thread's own", "frees of addresses not live",
-        "gaps in the record sequence", "waits for the rate limit of maps rereads"};
+        "samples on stacks not the thread's own",
+        "frees of addresses not live",
+        "gaps in the record sequence",
+        "waits for the rate limit of maps rereads",
+        "allocator call slots of the program not switched to the profiler (their calls are "
+        "missing)"};
     print_counts(out, "  Also: ", other, other_what, HP_ARRAY_SIZE(other));
 }
 

@@ -95,6 +95,7 @@ struct rp_trace_losses {
     uint64_t stacks_truncated; /* copies stopped at max_stack_bytes */
     uint64_t unknown_stacks;   /* samples on stacks not the thread's own */
     uint64_t map_reparses_deferred;
+    uint64_t unseen_call_slots; /* the program's allocator call slots left unswitched */
 };
 
 struct rp_trace_process {

@@ -260,6 +260,7 @@ int svc_finish(svc_t *s, struct svc_summary *ret_summary)
         ret_summary->audit_mismatches = atomic_load(&s->audit_mismatches);
         ret_summary->truncated_stacks = atomic_load(&s->truncated_stacks);
         ret_summary->frees_lost = atomic_load(&s->frees_lost);
+        ret_summary->unseen_call_slots = atomic_load(&s->unseen_call_slots);
         ret_summary->clients_timed_out = atomic_load(&s->timed_out);
         ret_summary->conn_closed = atomic_load(&s->conn_closed);
         ret_summary->stall_waits = atomic_load(&s->stall_waits);

@@ -45,10 +45,13 @@ struct svc_summary {
     uint64_t unwinding_errors;
     uint64_t handshakes_rejected;
     uint64_t corrupt_clients;
-    uint64_t walked_samples;    /* samples whose stack the app walked itself (unwind table) */
-    uint64_t audits;            /* such walks checked against an unwind of a stack copy */
-    uint64_t audit_mismatches;  /* ... that differed (the table was reset each time) */
-    uint64_t frees_lost;        /* frees of sampled blocks the clients could not record */
+    uint64_t walked_samples;   /* samples whose stack the app walked itself (unwind table) */
+    uint64_t audits;           /* such walks checked against an unwind of a stack copy */
+    uint64_t audit_mismatches; /* ... that differed (the table was reset each time) */
+    uint64_t frees_lost;       /* frees of sampled blocks the clients could not record */
+    /* the programs' call slots of the allocator the clients could not switch to their
+     * hooks: the calls through them are missing */
+    uint64_t unseen_call_slots;
     uint64_t clients_timed_out; /* clients that stopped waiting for a stalled service */
     uint64_t conn_closed;       /* processes that closed the profiler's connection, running */
     uint64_t stall_waits;       /* times a stopped writer held a ring (waited for) */

@@ -237,6 +237,7 @@ struct svc {
     _Atomic uint64_t frees_lost, timed_out; /* clients that stopped blocking */
     _Atomic uint64_t conn_closed, stall_waits, stall_skips, stall_cutoffs;
     _Atomic uint64_t reserve_failures, records_unread, records_lost_service;
+    _Atomic uint64_t unseen_call_slots;
     _Atomic unsigned ending_clients; /* clients whose end is under way */
     /* Bytes of the rings and unwind tables of the clients profiled now (each may be
      * touched whole at any time: counted whole for the guardrail). */

@@ -64,6 +64,7 @@ static void client_stats(const struct svc_client *c, struct bk_process_stats *re
     ret->records_dropped = rs.records_dropped;
     ret->reserve_failures = rs.reserve_failures;
     ret->freeset_full = rs.freeset_full;
+    ret->unseen_call_slots = rs.unseen_slots;
     ret->frees_lost = rs.frees_lost + c->frees_unread + c->frees_lost_service;
     uint32_t flags = c->flags;
     /* Records lost on their way, whatever the cause (each is counted by cause). */
@@ -156,6 +157,7 @@ static void complete_end(struct svc_unwinder *u, struct svc_client *c)
     }
     atomic_fetch_add_explicit(&s->drops, st.records_dropped, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->frees_lost, st.frees_lost, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->unseen_call_slots, st.unseen_call_slots, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->reserve_failures, st.reserve_failures, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->records_unread, st.records_unread, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->records_lost_service, st.records_lost_service,

@@ -215,4 +215,5 @@ void ring_get_stats(ring_t *r, struct ring_stats *ret)
     ret->size_bytes = r->size;
     ret->records_skipped = r->records_skipped;
     ret->freeset_full = atomic_load_explicit(&h->stats.freeset_full, memory_order_relaxed);
+    ret->unseen_slots = atomic_load_explicit(&h->stats.unseen_slots, memory_order_relaxed);
 }

@@ -94,6 +94,8 @@ struct ring_stats {
     uint64_t records_skipped; /* reader side: records of writers gone mid-record */
     uint64_t freeset_full;    /* of records_dropped, samples whose address the client could
                                  not watch for its free (its set was full) */
+    uint64_t unseen_slots;    /* the program's call slots of the allocator the client left
+                                 pointing at it: calls through them are not recorded */
 };
 
 /* Service: creates a ring memfd with a data area of @data_size_bytes (power of two,
@@ -129,6 +131,9 @@ void ring_count_drop(ring_t *r);
 /* Writer, hook-safe: counts a sample dropped because the client could not watch its
  * address for the free (in records_dropped and freeset_full). */
 void ring_count_freeset_full(ring_t *r);
+/* Writer: @n call slots of the program were left pointing at the allocator for this
+ * session (their calls are not recorded). */
+void ring_set_unseen_slots(ring_t *r, uint64_t n);
 /* Writer, hook-safe: the process is exiting normally; the end of its connection that
  * follows is not a loss (ring_client_exiting()). Wakes nobody. */
 void ring_set_client_exiting(ring_t *r);

@@ -92,7 +92,10 @@ struct ring_shared {
      * block_client wait, if any) or the record too big; reserve_failures counts records
      * given up after RING_MAX_CAS_RETRIES lost races (not included in records_dropped). */
     _Alignas(RING_CACHE_LINE) struct {
-        _Atomic uint64_t unused[1];
+        /* The program's call slots of the allocator the client could not switch to its
+         * hooks for this session (preload/direct.h): their calls are not seen. Set once,
+         * before the first record. */
+        _Atomic uint64_t unseen_slots;
         /* Samples dropped because the client's set of watched addresses was full (also
          * counted in records_dropped): a full set, not a full ring. */
         _Atomic uint64_t freeset_full;

@@ -217,6 +217,12 @@ void ring_count_freeset_full(ring_t *r)
     }
 }
 
+void ring_set_unseen_slots(ring_t *r, uint64_t n)
+{
+    if (r->hdr)
+        atomic_store_explicit(&r->hdr->stats.unseen_slots, n, memory_order_relaxed);
+}
+
 void ring_set_client_exiting(ring_t *r)
 {
     /* Relaxed: the reader reads it once the connection ended, long after. */

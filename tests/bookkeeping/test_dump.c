@@ -339,7 +339,8 @@ static void test_dump_losses_in_every_dump(void **state)
                                   .records_lost_service = 26,
                                   .stacks_truncated = 27,
                                   .unknown_stacks = 28,
-                                  .map_reparses_deferred = 29};
+                                  .map_reparses_deferred = 29,
+                                  .unseen_call_slots = 30};
     bk_process_update(bk, PID_A, &st, BK_FLAG_BUFFER_OVERRAN);
     assert_int_equal(bk_dump_all(bk), 0);
     /* A later dump: the statistics of its own moment. */
@@ -375,6 +376,7 @@ static void test_dump_losses_in_every_dump(void **state)
     assert_int_equal(l->stacks_truncated, 27);
     assert_int_equal(l->unknown_stacks, 28);
     assert_int_equal(l->map_reparses_deferred, 29);
+    assert_int_equal(l->unseen_call_slots, 30);
     assert_int_equal(l->records_refused, 6);
     assert_int_equal(l->unknown_frees, 1);
     assert_true(l->seq_gaps >= 1);

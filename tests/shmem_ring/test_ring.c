@@ -1314,8 +1314,8 @@ static void test_ring_discard_hostile(void **state)
     assert_int_equal(n, 1);
 }
 
-/* The client's word that its process exits, and the samples it dropped because it could
- * not watch their addresses, reach the reader. */
+/* The client's word that its process exits, the samples it dropped because it could not
+ * watch their addresses, and the call slots it could not switch reach the reader. */
 static void test_ring_exit_and_freeset_counted(void **state)
 {
     struct fixture *f = *state;
@@ -1329,6 +1329,10 @@ static void test_ring_exit_and_freeset_counted(void **state)
     ring_get_stats(f->reader, &st);
     assert_int_equal(st.freeset_full, 2);
     assert_int_equal(st.records_dropped, 3);
+    assert_int_equal(st.unseen_slots, 0);
+    ring_set_unseen_slots(f->writer, 4);
+    ring_get_stats(f->reader, &st);
+    assert_int_equal(st.unseen_slots, 4);
 }
 
 static void *detach_later(void *arg)

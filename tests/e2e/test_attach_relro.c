@@ -1,0 +1,334 @@
+/* tests/e2e/test_attach_relro.c: the program's memory protections are the program's
+ * (issue 24 case 4). Switching the PLT slots between the allocator and the hooks made the
+ * whole RELRO range writable, wrote and made it read-only again, at every attach and
+ * detach: a program that patches its own .data.rel.ro died of SIGSEGV at the first attach
+ * (it kept the page writable) or the first cycle (it opened and closed it per patch), and
+ * when mprotect was refused (a sandbox that tightened after start-up) the session recorded
+ * nothing, silently. Real program: tests/programs/relro_patch.c, a full-RELRO PIE. Each
+ * attach cycle checks the session sampled the program; output and exit status are those
+ * of the unprofiled run. */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tests/e2e/e2e_util.h"
+
+/* Cycles per program, of SESSION_S seconds each: 15 keep the file near 6 s. */
+#define CYCLES 15
+#define SESSION_S "0.1"
+
+static char runtime_dir[128];
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(runtime_dir, sizeof(runtime_dir), "/tmp/heapprof-e2e-relro-XXXXXX");
+    if (!mkdtemp(runtime_dir))
+        return -1;
+    setenv("XDG_RUNTIME_DIR", runtime_dir, 1);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", runtime_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static char *read_all(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char *buf = calloc(1, 65536);
+    if (f) {
+        size_t n = fread(buf, 1, 65535, f);
+        buf[n] = '\0';
+        fclose(f);
+    }
+    return buf;
+}
+
+/* A program started by start(): its pid, the write end of its stdin, its output file. */
+struct target {
+    pid_t pid;
+    int in;
+    char out[256];
+};
+
+/* Starts @argv (argv[0] a path), the library preloaded and dormant unless !@preload, stdin
+ * a pipe, stdout and stderr to a file; returns once it printed @ready_text (10 s at
+ * most). */
+static void start_prog(struct target *t, char *const argv[], bool preload, const char *ready_text)
+{
+    static int seq;
+    snprintf(t->out, sizeof(t->out), "%s/out-%d.txt", runtime_dir, seq++);
+    int in[2];
+    assert_int_equal(pipe2(in, O_CLOEXEC), 0);
+    t->pid = fork();
+    assert_true(t->pid >= 0);
+    if (t->pid == 0) {
+        int fd = open(t->out, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        dup2(in[0], 0);
+        if (preload) {
+            setenv("LD_PRELOAD", e2e_env("HEAPPROF_LIB"), 1);
+            setenv("HEAPPROF_STARTUP", "0", 1);
+        }
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(in[0]);
+    t->in = in[1];
+    for (int i = 0; i < 1000; i++) {
+        char *o = read_all(t->out);
+        bool ready = strstr(o, ready_text) != NULL;
+        free(o);
+        if (ready)
+            break;
+        sleep_ms(10);
+    }
+}
+
+/* Starts relro_patch @mode as start_prog() does; returns once it printed "ready". */
+static void start(struct target *t, const char *mode, bool preload)
+{
+    char *argv[] = {(char *)e2e_env("RELRO_PATCH"), (char *)mode, NULL};
+    start_prog(t, argv, preload, "ready\n");
+}
+
+static bool alive(pid_t pid)
+{
+    int st;
+    return waitpid(pid, &st, WNOHANG) == 0;
+}
+
+/* Ends @t (EOF on its stdin), returns its exit status (128 + signal). */
+static int finish(struct target *t)
+{
+    close(t->in);
+    int st;
+    assert_int_equal(waitpid(t->pid, &st, 0), t->pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* `heapprof attach -p PID --duration SESSION_S -i 1 -q -o TRACE` (without -q unless
+ * @quiet): returns its exit status, its stderr in @err (malloc'd), and the samples of
+ * relro_patch_alloc in the trace (-1: no trace). */
+static int attach(pid_t pid, bool quiet, char **err, long long *ret_samples)
+{
+    char trace[256], pidbuf[16];
+    snprintf(trace, sizeof(trace), "%s/relro.pftrace", runtime_dir);
+    snprintf(pidbuf, sizeof(pidbuf), "%d", (int)pid);
+    unlink(trace);
+    char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"),
+                    "attach",
+                    "-p",
+                    pidbuf,
+                    "--duration",
+                    SESSION_S,
+                    "-i",
+                    "1",
+                    "-o",
+                    trace,
+                    quiet ? "-q" : NULL,
+                    NULL};
+    struct e2e_run run;
+    assert_int_equal(e2e_run(argv, NULL, &run), 0);
+    *ret_samples = -1;
+    struct rp_trace *t = NULL;
+    if (run.status == 0 && access(trace, F_OK) == 0 &&
+        rp_trace_load(trace, &(struct rp_trace_options){0}, &t) == 0) {
+        for (size_t i = 0; i < t->n_processes; i++) {
+            if (t->processes[i].pid != pid)
+                continue;
+            struct e2e_sums s;
+            e2e_sum_function(&t->processes[i], "relro_patch_alloc", &s);
+            *ret_samples = (long long)s.alloc_count;
+        }
+        rp_trace_free(t);
+    }
+    int status = run.status;
+    *err = run.err, run.err = NULL;
+    e2e_run_free(&run);
+    return status;
+}
+
+/* @cycles attach + detach of @t, each sampling relro_patch_alloc; the program stays
+ * alive. */
+static void attach_cycles(struct target *t, int cycles)
+{
+    for (int i = 0; i < cycles; i++) {
+        char *err = NULL;
+        long long samples;
+        int status = attach(t->pid, true, &err, &samples);
+        if (status != 0 || samples <= 0 || !alive(t->pid)) {
+            char *o = read_all(t->out);
+            print_message("  cycle %d: status %d, %lld samples, stderr: %s\n  program: %s\n", i,
+                          status, samples, err, o);
+            free(o);
+        }
+        free(err);
+        assert_int_equal(status, 0);
+        assert_true(samples > 0);
+        assert_true(alive(t->pid));
+    }
+}
+
+/* relro_patch @mode unprofiled, then dormant under the library and attached @cycles
+ * times (or, when !@cycles, once by @attach_once): same output, same exit status. */
+static void same_as_unprofiled(const char *mode, int cycles, void (*attach_once)(pid_t))
+{
+    struct target plain, t;
+    start(&plain, mode, false);
+    sleep_ms(100);
+    int plain_status = finish(&plain);
+    char *plain_out = read_all(plain.out);
+
+    start(&t, mode, true);
+    sleep_ms(20); /* a few patches while dormant */
+    if (cycles)
+        attach_cycles(&t, cycles);
+    else
+        attach_once(t.pid);
+    assert_true(alive(t.pid));
+    sleep_ms(20); /* and after the last detach */
+    int status = finish(&t);
+    char *out = read_all(t.out);
+    print_message("  %s: unprofiled %d \"%s\", attached %d times: %d \"%s\"\n", mode, plain_status,
+                  plain_out, cycles, status, out);
+    assert_int_equal(status, plain_status);
+    assert_string_equal(out, plain_out);
+    assert_string_equal(out, "ready\ndone\n");
+    free(out);
+    free(plain_out);
+}
+
+/* (a) The page of a .data.rel.ro function pointer made writable once and patched every
+ * millisecond: the first attach made it read-only again (SIGSEGV in the program). */
+static void test_attach_relro_bug_kept_writable(void **state)
+{
+    (void)state;
+    same_as_unprofiled("keep", CYCLES, NULL);
+}
+
+/* (b) mprotect RW, two patches 50 us apart, mprotect R, in a loop: the switch closed the
+ * page between the program's patches, or the program closed it under the switch's write
+ * (SIGSEGV either way, within 1-11 cycles). */
+static void test_attach_relro_bug_reprotected(void **state)
+{
+    (void)state;
+    same_as_unprofiled("restore", CYCLES, NULL);
+}
+
+/* (c) A sandbox that makes mprotect fail with EPERM once the session's thread appears
+ * (the program looks every 100 us; the handshake that comes before the slots are switched
+ * takes milliseconds): the session recorded 0 samples and reported no loss.
+ * The calls are seen now: the slots are written without mprotect. One cycle: a process
+ * under seccomp is not attached again (service/wake.c refuses it, saying why). */
+static void test_attach_relro_bug_mprotect_refused_no_samples(void **state)
+{
+    (void)state;
+    same_as_unprofiled("sandbox", 1, NULL);
+}
+
+/* Attached once, not quietly: the summary says the calls through the slots that could not
+ * be switched are missing. */
+static void attach_unseen(pid_t pid)
+{
+    char *err = NULL;
+    long long samples;
+    int status = attach(pid, false, &err, &samples);
+    print_message("  status %d, %lld samples of relro_patch_alloc, stderr: %s\n", status, samples,
+                  err);
+    assert_int_equal(status, 0);
+    assert_non_null(strstr(err, "could not be switched to the profiler (unseen_call_slots)"));
+    free(err);
+}
+
+/* (d) The sandbox also denies the writes that switch the slots without mprotect
+ * (pwrite64 and the like): the slots stay direct, and the session says the calls through
+ * them are missing (it said nothing, and showed 0 samples and 0 drops). */
+static void test_attach_relro_bug_unswitched_slots_silent(void **state)
+{
+    (void)state;
+    same_as_unprofiled("sandbox_mem", 0, attach_unseen);
+}
+
+/* (e) Forks of a full-RELRO program: each child writes its own slots (direct) through a
+ * /proc/self/mem of its own; the parent's descriptor reaches the parent's memory, and the
+ * parent stays hooked for the whole session. tests/programs/slotwatch.c built with
+ * -z relro -z now, a fork every 300 ms, one 0.6 s session. */
+static void test_attach_relro_fork_children_switch_their_own(void **state)
+{
+    (void)state;
+    char *argv[] = {(char *)e2e_env("SLOTWATCH_NOW"), "1500", NULL};
+    struct target t;
+    start_prog(&t, argv, true, "\n");
+    char pidbuf[16], trace[256];
+    snprintf(pidbuf, sizeof(pidbuf), "%d", (int)t.pid);
+    snprintf(trace, sizeof(trace), "%s/slotwatch.pftrace", runtime_dir);
+    char *args[] = {(char *)e2e_env("HEAPPROF_BIN"),
+                    "attach",
+                    "-p",
+                    pidbuf,
+                    "--duration",
+                    "0.6",
+                    "-q",
+                    "-o",
+                    trace,
+                    NULL};
+    struct e2e_run run;
+    assert_int_equal(e2e_run(args, NULL, &run), 0);
+    int status = finish(&t);
+    char *o = read_all(t.out);
+    print_message("  attach %d, program %d: %s", run.status, status, o);
+    assert_int_equal(run.status, 0);
+    assert_int_equal(status, 0);
+    /* direct, hooked during the session (children forked meanwhile direct), direct. */
+    assert_true(strncmp(o, "direct\n", 7) == 0);
+    char *hooked = strstr(o, "\nhooked\n");
+    assert_non_null(hooked);
+    char *again = strstr(hooked, "\ndirect\n");
+    assert_non_null(again);
+    char *child = strstr(hooked, "\nchild direct\n");
+    assert_true(child && child < again);
+    assert_null(strstr(o, "child hooked"));
+    assert_null(strstr(o, "other"));
+    assert_null(strstr(o, "failed"));
+    assert_null(strstr(again + 1, "hooked"));
+    assert_non_null(strstr(again, "\ndone\n"));
+    free(o);
+    e2e_run_free(&run);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_attach_relro_bug_kept_writable),
+        cmocka_unit_test(test_attach_relro_bug_reprotected),
+        cmocka_unit_test(test_attach_relro_bug_mprotect_refused_no_samples),
+        cmocka_unit_test(test_attach_relro_bug_unswitched_slots_silent),
+        cmocka_unit_test(test_attach_relro_fork_children_switch_their_own),
+    };
+    return cmocka_run_group_tests_name("e2e_attach_relro", tests, setup, teardown);
+}
