@@ -251,6 +251,8 @@ static void test_attach_relro_bug_mprotect_refused_no_samples(void **state)
     same_as_unprofiled("sandbox", 1, NULL);
 }
 
+static bool g_said_unseen;
+
 /* Attached once, not quietly: the summary says the calls through the slots that could not
  * be switched are missing. */
 static void attach_unseen(pid_t pid)
@@ -261,7 +263,7 @@ static void attach_unseen(pid_t pid)
     print_message("  status %d, %lld samples of relro_patch_alloc, stderr: %s\n", status, samples,
                   err);
     assert_int_equal(status, 0);
-    assert_non_null(strstr(err, "could not be switched to the profiler (unseen_call_slots)"));
+    g_said_unseen = strstr(err, "could not be switched to the profiler (unseen_call_slots)");
     free(err);
 }
 
@@ -271,7 +273,16 @@ static void attach_unseen(pid_t pid)
 static void test_attach_relro_bug_unswitched_slots_silent(void **state)
 {
     (void)state;
-    same_as_unprofiled("sandbox_mem", 0, attach_unseen);
+    /* The filter comes when the program sees the session's thread, which a busy machine
+     * can delay past the switch (the slots are then switched, and nothing is unseen):
+     * up to 5 programs, one must see its filter in time. The old code never said it. */
+    for (int i = 0; i < 5; i++) {
+        g_said_unseen = false;
+        same_as_unprofiled("sandbox_mem", 0, attach_unseen);
+        if (g_said_unseen)
+            return;
+    }
+    fail_msg("no session said its unswitched call slots were unseen");
 }
 
 /* (e) Forks of a full-RELRO program: each child writes its own slots (direct) through a

@@ -610,10 +610,10 @@ static void test_producer_traced_restart(void **state)
     fake_start(&pe, NULL);
     assert_string_equal(fake_cmd(&pe, "wait-producer 10000"), "producer ok");
     /* The old session has ended: the program is dormant again, and the new session
-     * wakes it with the attach signal. */
+     * wakes it (a ptrace call of its wake entry). */
     wait_lines(&pe, "session 1 ended", "", 1);
     int s = start_session(&pe, &c, trace2);
-    wait_lines(&pe, "attach signal sent", "", 1);
+    wait_lines(&pe, "woken to attach", "", 1);
     wait_lines(&pe, "pid ", ": profiling", 2);
     assert_int_equal(e2e_wait_status(pid), 0);
     stop_session(&pe, s);
