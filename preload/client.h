@@ -240,6 +240,8 @@ extern bool client__attach_installed; /* the wake entry is advertised */
 /* The process the client state belongs to (set at init and in a forked child): the wake
  * entry ignores calls in a vfork child, which shares our memory. */
 extern _Atomic int client__owner_pid;
+/* The session thread is handshaking after a wake (the wake entry answers "busy"). */
+extern _Atomic bool client__attaching;
 extern _Atomic uint64_t client_stat_attach_unavailable;
 extern _Atomic uint64_t client_stat_sthread_failures;
 
