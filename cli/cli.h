@@ -40,6 +40,7 @@ struct cli_session {
     /* After the loop, before the final dumps. */
     void (*stopping)(void *ctx, const struct cli_loop_result *res);
     void *ctx;
+    uint64_t *ret_processes; /* NULL, or where to store how many processes were profiled */
 };
 
 /* Opens the output, starts the service, runs the loop, finishes (final dumps), closes the

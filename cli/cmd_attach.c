@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,8 +22,10 @@
 #include "common/macros.h"
 #include "common/paths.h"
 
-#define MAX_SIGNALLED 4096
+#define MAX_TRIED 4096
 #define CONNECT_GRACE_NS 2000000000ull
+/* A woken process that has not connected by then is given up (the session may end). */
+#define CONNECT_GIVE_UP_NS 10000000000ull
 /* A process named with -p that maps the library but has no attach handler yet (still in
  * its constructors) is looked at again every tick, this long at most. */
 #define READY_WAIT_NS 5000000000ull
@@ -55,10 +58,16 @@ static void usage_attach(FILE *f, const struct cli_opts *o)
     fputs("usage: heapprof attach (-p PID | -n NAME)... [options]\n"
           "\n"
           "Profiles running processes that were started with libheapprof.so preloaded\n"
-          "(LD_PRELOAD=.../libheapprof.so): sends them the attach signal, profiles them until\n"
-          "--duration ends, Ctrl-C, or they all exit, then dumps and detaches (they go back\n"
-          "to dormant passthrough and can be attached again). With -n, processes that start\n"
-          "later and match are picked up too.\n"
+          "(LD_PRELOAD=.../libheapprof.so): wakes them (a ptrace call, no signal), profiles\n"
+          "them until --duration ends, Ctrl-C, or they all exit, then dumps and detaches\n"
+          "(they go back to dormant passthrough and can be attached again). With -n,\n"
+          "processes that start later and match are picked up too.\n"
+          "\n"
+          "-n NAME matches what pgrep shows: NAME, exact or a glob, is compared with the\n"
+          "process name (/proc/PID/comm, what `pgrep NAME` matches), argv[0] and its\n"
+          "basename, and the title (the command line as ps and `pgrep -f` show it): -n nginx\n"
+          "finds 'nginx: master process /usr/sbin/nginx', -n 'postgres: *' every retitled\n"
+          "postgres child.\n"
           "\n"
           "options:\n",
           f);
@@ -75,76 +84,111 @@ static void usage_attach(FILE *f, const struct cli_opts *o)
           "  heapprof attach -p $! --duration 30\n"
           "  heapprof attach -n 'worker-*' --continuous-dump 1000 -o workers.pftrace\n"
           "\n"
-          "exit status: 0 done; 1 a target cannot be profiled; 2 usage error; 3 profiler\n"
-          "failure.\n",
+          "exit status: 0 at least one process was profiled; 1 none was (each process that\n"
+          "could not be is named with the reason: another user's, not dumpable, already\n"
+          "profiled, no libheapprof.so, stopped, traced, seccomp...); 2 usage error; 3\n"
+          "profiler failure.\n",
           f);
 }
+
+/* A process we tried to attach: tried (and reported) once. */
+struct attach_tried {
+    pid_t pid;
+    char name[64];
+    uint64_t woken_ns; /* 0: not woken (refused, said why) */
+    bool warned;       /* said it has not connected yet */
+    bool settled;      /* woken, and connected, gone, or given up */
+};
 
 struct attach_state {
     struct svc_config *cfg;
     pid_t self;
-    pid_t signalled[MAX_SIGNALLED];
-    uint64_t signalled_ns[MAX_SIGNALLED];
-    bool warned[MAX_SIGNALLED];
-    size_t n_signalled;
-    size_t n_woken; /* of those, woken (the others could not be: said once) */
+    struct attach_tried tried[MAX_TRIED];
+    size_t n_tried;
+    size_t n_pending;   /* woken, neither connected nor said not to yet */
+    size_t n_connected; /* of those woken, connected */
     bool have_names;
     bool verbose;
     uint64_t next_scan_ns;
     struct svc_proc procs[SVC_MAX_TARGETS];     /* of the pids given */
+    bool refused[SVC_MAX_TARGETS];              /* said why already: not tried */
     uint64_t waiting_since_ns[SVC_MAX_TARGETS]; /* not attachable yet; 0: not waiting */
     size_t n_waiting;
-    bool gave_up; /* a pid given never became attachable: exit status 1 */
 };
 
-static bool already_signalled(struct attach_state *st, pid_t pid)
+static bool already_tried(struct attach_state *st, pid_t pid)
 {
-    for (size_t i = 0; i < st->n_signalled; i++)
-        if (st->signalled[i] == pid)
+    for (size_t i = 0; i < st->n_tried; i++)
+        if (st->tried[i].pid == pid)
             return true;
     return false;
 }
 
-static int signal_target(struct attach_state *st, const struct svc_proc *p, bool verbose)
+static void remember(struct attach_state *st, const struct svc_proc *p, bool woken)
 {
-    char why[512];
-    int r = svc_proc_wake(p, st->self, why, sizeof(why));
-    if (r == -EAGAIN)
-        return r; /* not advertised (yet): the caller waits or moves on */
-    if (r < 0) {
-        if (verbose || r != -ESRCH)
-            fprintf(stderr, "heapprof attach: cannot attach pid %d (%s): %s\n", (int)p->pid,
-                    p->name, why[0] ? why : strerror(-r));
-        st->gave_up = true;
-    }
-    /* Remembered either way: a process that could not be woken is not tried again. */
-    if (st->n_signalled < MAX_SIGNALLED) {
-        st->signalled[st->n_signalled] = p->pid;
-        st->signalled_ns[st->n_signalled] = hp_clock_ns(CLOCK_MONOTONIC);
-        st->warned[st->n_signalled] = r < 0;
-        st->n_signalled++;
-    }
-    if (r < 0)
-        return r;
-    st->n_woken++;
-    if (verbose)
-        fprintf(stderr, "heapprof attach: attaching to pid %d (%s)\n", (int)p->pid, p->name);
-    return 0;
+    if (st->n_tried >= MAX_TRIED)
+        return;
+    struct attach_tried *t = &st->tried[st->n_tried++];
+    t->pid = p->pid;
+    snprintf(t->name, sizeof(t->name), "%s", p->name);
+    t->woken_ns = woken ? hp_clock_ns(CLOCK_MONOTONIC) : 0;
+    t->settled = t->warned = false;
+    if (woken)
+        st->n_pending++;
 }
 
-static void signal_new_target(void *ctx, const struct svc_proc *p)
+/* Why @p cannot be attached before a wake, with what to do, in @why; 0 when it can. */
+static int check_target(const struct svc_proc *p, char *why, size_t len)
+{
+    int r = svc_proc_check(p, false, why, len);
+    struct passwd pw, *res = NULL;
+    char tmp[1024];
+    size_t n = strlen(why);
+    if (r == -EACCES && getpwuid_r(p->uid, &pw, tmp, sizeof(tmp), &res) == 0 && res)
+        snprintf(why + n, len - n,
+                 "; run heapprof attach as that user (sudo -u %s heapprof attach -p %d)",
+                 res->pw_name, (int)p->pid);
+    else if (r == -EACCES)
+        snprintf(why + n, len - n, "; run heapprof attach as that user");
+    return r;
+}
+
+/* Attaches @p: checks it can be, then wakes it. Returns 0 (woken), -EAGAIN (not
+ * advertised yet: the caller waits or moves on), or < 0 after saying why (unless it is
+ * gone and not @verbose). */
+static int attach_target(struct attach_state *st, const struct svc_proc *p, bool verbose)
+{
+    char why[768];
+    why[0] = '\0';
+    int r = check_target(p, why, sizeof(why));
+    if (r == 0) {
+        r = svc_proc_wake(p, st->self, why, sizeof(why));
+        if (r == -EAGAIN)
+            return r;
+    }
+    if (r < 0 && (verbose || r != -ESRCH))
+        fprintf(stderr, "heapprof attach: pid %d (%s) %s\n", (int)p->pid, p->name,
+                why[0] ? why : strerror(-r));
+    remember(st, p, r == 0);
+    if (r == 0 && verbose)
+        fprintf(stderr, "heapprof attach: attaching to pid %d (%s)\n", (int)p->pid, p->name);
+    return r;
+}
+
+static void attach_new_target(void *ctx, const struct svc_proc *p)
 {
     struct attach_state *st = ctx;
-    /* Not ready (still starting): not signalled, found again by the next scan. */
-    if (p->same_user && p->attach_ready && !already_signalled(st, p->pid))
-        (void)signal_target(st, p, true);
+    /* Not ready (still starting): left for the next scan. One without the library, or
+     * that we may not read, is tried once, to say why it cannot be attached. */
+    if (!already_tried(st, p->pid) && (p->attach_ready || !p->preloaded))
+        (void)attach_target(st, p, true);
 }
 
-/* Signals pid target @i, or starts waiting until its handler is installed. */
-static void signal_pid(struct attach_state *st, size_t i, uint64_t now)
+/* Attaches pid target @i, or starts waiting until it advertises its wake entry. */
+static void attach_pid(struct attach_state *st, size_t i, uint64_t now)
 {
     struct svc_proc *p = &st->procs[i];
-    if (signal_target(st, p, st->verbose) != -EAGAIN)
+    if (st->refused[i] || attach_target(st, p, st->verbose) != -EAGAIN)
         return;
     st->waiting_since_ns[i] = now;
     st->n_waiting++;
@@ -166,7 +210,7 @@ static void check_waiting(struct attach_state *st, uint64_t now)
         if (svc_proc_inspect(p->pid, &q) < 0 || q.start_time != p->start_time)
             why = "exited before it could be attached";
         else if (q.attach_ready)
-            why = signal_target(st, &q, st->verbose) == -EAGAIN ? NULL : "";
+            why = attach_target(st, &q, st->verbose) == -EAGAIN ? NULL : "";
         else if (now - st->waiting_since_ns[i] >= READY_WAIT_NS)
             why = "never advertised its wake entry (started with HEAPPROF_ATTACH_SIGNAL=0, "
                   "which turns attaching off)";
@@ -174,48 +218,62 @@ static void check_waiting(struct attach_state *st, uint64_t now)
             continue;
         st->waiting_since_ns[i] = 0;
         st->n_waiting--;
-        if (*why) {
+        if (*why)
             fprintf(stderr, "heapprof attach: pid %d (%s) %s; not attached\n", (int)p->pid, p->name,
                     why);
-            st->gave_up = true;
-        }
     }
 }
 
-/* Signals running processes that match a name target and were not signalled yet. */
+/* Attaches running processes that match a name target and were not tried yet. */
 static void scan_names(struct attach_state *st)
 {
-    struct svc_config names = *st->cfg; /* names only: pids were signalled at start */
+    struct svc_config names = *st->cfg; /* names only: pids were tried at start */
     names.n_pid = 0;
     names.all = false;
-    svc_proc_scan_targets(&names, signal_new_target, st);
+    svc_proc_scan_targets(&names, attach_new_target, st);
+}
+
+/* Settles the woken processes: connected, gone, or given up after CONNECT_GIVE_UP_NS;
+ * says once when one has not connected after CONNECT_GRACE_NS. */
+static void check_woken(struct attach_state *st, svc_t *s)
+{
+    uint64_t now = hp_clock_ns(CLOCK_MONOTONIC); /* after the wakes of this tick */
+    for (size_t i = 0; i < st->n_tried && st->n_pending; i++) {
+        struct attach_tried *t = &st->tried[i];
+        if (!t->woken_ns || t->settled)
+            continue;
+        bool seen = svc_client_seen(s, t->pid);
+        if (!seen && !t->warned && now - t->woken_ns >= CONNECT_GRACE_NS && kill(t->pid, 0) == 0) {
+            fprintf(stderr,
+                    "heapprof attach: pid %d (%s) was woken but has not connected within 2 s "
+                    "(still starting? it looks for this session's socket in its own runtime "
+                    "directory, $XDG_RUNTIME_DIR/heapprof else /tmp/heapprof-UID: was it "
+                    "started with another XDG_RUNTIME_DIR?)\n",
+                    (int)t->pid, t->name);
+            t->warned = true;
+        }
+        if (!seen && kill(t->pid, 0) == 0 && now - t->woken_ns < CONNECT_GIVE_UP_NS)
+            continue;
+        st->n_connected += seen;
+        t->settled = true;
+        st->n_pending--;
+    }
 }
 
 static bool attach_tick(void *ctx, svc_t *s)
 {
     struct attach_state *st = ctx;
     uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
-    if (st->n_waiting) {
+    if (st->n_waiting)
         check_waiting(st, now);
-    }
-    /* Nothing attached and nothing left to wait for. */
-    if (!st->n_waiting && !st->n_woken && !st->have_names)
-        return true;
     if (st->have_names && now >= st->next_scan_ns) {
         scan_names(st);
         st->next_scan_ns = now + 500000000u;
     }
-    for (size_t i = 0; i < st->n_signalled; i++) {
-        if (st->warned[i] || now - st->signalled_ns[i] < CONNECT_GRACE_NS)
-            continue;
-        if (!svc_client_seen(s, st->signalled[i]) && kill(st->signalled[i], 0) == 0)
-            fprintf(stderr,
-                    "heapprof attach: pid %d was woken but did not connect within 2 s (its "
-                    "profiling session could not start, or attaches elsewhere)\n",
-                    (int)st->signalled[i]);
-        st->warned[i] = true;
-    }
-    return false;
+    check_woken(st, s);
+    /* Nothing attached and nothing left to wait for (once attached, the loop ends when
+     * the last process has gone). */
+    return !st->n_waiting && !st->n_pending && !st->have_names && !st->n_connected;
 }
 
 /* The -n names, quoted and joined, for messages. */
@@ -238,12 +296,12 @@ static int attach_started(void *ctx, svc_t *s)
     struct attach_state *st = ctx;
     uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
     for (size_t i = 0; i < st->cfg->n_pid; i++)
-        signal_pid(st, i, now);
+        attach_pid(st, i, now);
     if (st->have_names) {
         scan_names(st);
         st->next_scan_ns = hp_clock_ns(CLOCK_MONOTONIC) + 500000000u;
         char names[512];
-        if (st->n_signalled == 0 && st->verbose)
+        if (st->n_tried == 0 && st->verbose)
             fprintf(stderr,
                     "heapprof attach: no running process matches %s yet; waiting for one to "
                     "start\n",
@@ -316,13 +374,16 @@ static int attach_parse_args(int argc, char **argv, const struct cli_opts *opts,
 }
 
 /* Looks at every pid given before anything is started: clear errors, no half sessions.
- * Returns 0, or 1 after a message for each pid that cannot be attached. */
+ * Returns 0, or 1 after a message for a pid that does not exist or for every pid when
+ * none can be attached (and no name is given). */
 static int inspect_pids(struct attach_state *st)
 {
     const struct svc_config *cfg = st->cfg;
     int rc = 0;
+    size_t n_refused = 0;
     for (size_t i = 0; i < cfg->n_pid; i++) {
         struct svc_proc *p = &st->procs[i];
+        char why[768];
         int r = svc_proc_inspect(cfg->pid[i], p);
         if (r == -ENOENT) {
             fprintf(stderr, "heapprof attach: no process with pid %d\n", (int)cfg->pid[i]);
@@ -331,20 +392,14 @@ static int inspect_pids(struct attach_state *st)
             fprintf(stderr, "heapprof attach: cannot inspect pid %d: %s\n", (int)cfg->pid[i],
                     strerror(-r));
             rc = 1;
-        } else if (!p->same_user && geteuid() != 0) {
-            fprintf(stderr,
-                    "heapprof attach: pid %d (%s) belongs to another user; run heapprof as "
-                    "that user (or as root)\n",
-                    (int)cfg->pid[i], p->name);
-            rc = 1;
-        } else if (!p->preloaded) {
-            fprintf(stderr,
-                    "heapprof attach: pid %d (%s) does not have libheapprof.so loaded; start it "
-                    "with LD_PRELOAD=/path/to/libheapprof.so to make it attachable\n",
-                    (int)cfg->pid[i], p->name);
-            rc = 1;
+        } else if (check_target(p, why, sizeof(why)) < 0) {
+            fprintf(stderr, "heapprof attach: pid %d (%s) %s\n", (int)p->pid, p->name, why);
+            st->refused[i] = true;
+            n_refused++;
         }
     }
+    if (n_refused == cfg->n_pid && !st->have_names)
+        rc = 1;
     return rc;
 }
 
@@ -387,9 +442,10 @@ static int attach_run(struct attach_args *a)
 
     const char *output = a->common.output;
     char out_buf[PATH_MAX];
+    uint64_t processes = 0;
     if (!output) {
         if (cfg->n_pid == 1)
-            snprintf(out_buf, sizeof(out_buf), "heapprof-%s-%d.pftrace", st->procs[0].name,
+            snprintf(out_buf, sizeof(out_buf), "heapprof-%s-%d.pftrace", st->procs[0].prog,
                      (int)cfg->pid[0]);
         else
             snprintf(out_buf, sizeof(out_buf), "heapprof-attach-%d.pftrace", (int)getpid());
@@ -414,16 +470,17 @@ static int attach_run(struct attach_args *a)
         .started = attach_started,
         .stopping = attach_stopping,
         .ctx = st,
+        .ret_processes = &processes,
     };
     struct cli_loop_result res;
     rc = cli_session_run(&cs, &res);
-    if (rc == 0 && st->have_names && cfg->n_pid == 0 && st->n_signalled == 0) {
+    if (rc == 0 && st->have_names && cfg->n_pid == 0 && st->n_tried == 0) {
         char names[512];
         fprintf(stderr, "heapprof attach: no process matched %s: nothing was profiled\n",
                 names_of(cfg, names, sizeof(names)));
-        rc = 1;
     }
-    if (rc == 0 && st->gave_up)
+    /* Each process that could not be attached was named with the reason. */
+    if (rc == 0 && processes == 0)
         rc = 1;
     return rc;
 }

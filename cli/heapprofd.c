@@ -105,15 +105,16 @@ static void usage(FILE *f, const struct cli_opts *o)
 
 static void signal_running(void *ctx, const struct svc_proc *p)
 {
-    (void)ctx;
-    char why[512];
-    int r = svc_proc_wake(p, 0, why, sizeof(why));
+    const struct svc_config *cfg = ctx;
+    char why[768];
+    why[0] = '\0';
+    int r = svc_proc_attach_daemon(p, cfg->allow_other_users, why, sizeof(why));
     if (r == -EAGAIN)
         hp_log_info("pid %d (%s): no wake entry advertised (still starting, or attaching "
                     "disabled); not attached",
                     (int)p->pid, p->name);
     else if (r < 0)
-        hp_log_warn("pid %d (%s): cannot attach: %s", (int)p->pid, p->name,
+        hp_log_warn("pid %d (%s) %s; not attached", (int)p->pid, p->name,
                     why[0] ? why : strerror(-r));
     else
         hp_log_info("pid %d (%s): woken to attach", (int)p->pid, p->name);
@@ -160,7 +161,7 @@ static int daemon_started(void *ctx, svc_t *s)
     else
         fprintf(stderr, "heapprofd: listening on %s, writing %s\n", d->socket_path, d->output);
     if (!d->cfg->no_running && svc_config_has_targets(d->cfg))
-        svc_proc_scan_targets(d->cfg, signal_running, NULL);
+        svc_proc_scan_targets(d->cfg, signal_running, (void *)d->cfg);
     return 0;
 }
 

@@ -69,6 +69,8 @@ int cli_session_run(const struct cli_session *cs, struct cli_loop_result *ret_re
         fprintf(stderr, "%s: writing '%s' failed: %s\n", cs->prog, output, strerror(-r));
         return EXIT_PROFILER;
     }
+    if (cs->ret_processes)
+        *cs->ret_processes = sum.processes;
     if (cs->drop_if_empty && sum.processes == 0 && sum.handshakes_rejected == 0) {
         /* Nothing but a header: no file to mistake for a profile. */
         (void)unlink(output);

@@ -30,11 +30,20 @@ struct hp_wake_page {
     uint64_t magic;   /* HP_WAKE_MAGIC */
     uint32_t version; /* HP_WAKE_VERSION */
     uint32_t size;    /* sizeof(struct hp_wake_page) */
-    /* void client_wake_entry(int attacher_pid): async-signal-safe, returns normally. */
+    /* int client_wake_entry(int attacher_pid): async-signal-safe, returns normally, with
+     * one of the HP_WAKE_* answers below (rax at the trap). */
     uint64_t entry;
     /* An int3: the remote call returns here, the tracer sees SIGTRAP with rip = trap + 1. */
     uint64_t trap;
 };
+/* The entry's answer: what the attacher tells its user. */
+#define HP_WAKE_STARTED 0      /* the session thread is on its way to the attacher */
+#define HP_WAKE_FAILED (-1)    /* the session thread could not be started */
+#define HP_WAKE_BUSY (-2)      /* another attach request is being served: try again */
+#define HP_WAKE_PROFILED (-3)  /* in a session already, its service unknown */
+#define HP_WAKE_NOT_OWNER (-4) /* a vfork child of the program (its memory, not its state) */
+/* > 0: in a session already, with the service of that pid (the peer of its socket). */
+
 _Static_assert(sizeof(struct hp_wake_page) == 32, "hp_wake_page ABI");
 _Static_assert(offsetof(struct hp_wake_page, entry) == 16, "hp_wake_page ABI");
 _Static_assert(offsetof(struct hp_wake_page, trap) == 24, "hp_wake_page ABI");

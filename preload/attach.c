@@ -106,6 +106,7 @@ _Atomic uint64_t client_stat_sthread_failures = 0;
 #define STHREAD_PENDING 2
 static _Atomic int client_sthread_state;
 static _Atomic int client_sthread_attacher; /* pid of the latest request (0: none) */
+_Atomic bool client__attaching;
 static _Atomic int client_sthread_mode_arg; /* the first order of a new thread */
 
 /* Two stacks: a thread that just gave up its role may still be on its way out of its own
@@ -239,6 +240,16 @@ static void client_watch(void)
     }
 }
 
+/* client_attach(), flagged for client_wake_entry(): a request that comes meanwhile is
+ * answered "busy", not queued behind this one (which it would find profiling). */
+static int client_serve_handshake(int attacher)
+{
+    atomic_store_explicit(&client__attaching, true, memory_order_release);
+    int r = client_attach(attacher);
+    atomic_store_explicit(&client__attaching, false, memory_order_release);
+    return r;
+}
+
 /* A request to attach: handshake (unless profiling already) and watch the session. */
 static void client_serve_attach(void)
 {
@@ -249,7 +260,7 @@ static void client_serve_attach(void)
     /* A request while profiling is ignored. */
     if (!atomic_load_explicit(&client_current, memory_order_relaxed) &&
         atomic_load_explicit(&client_state, memory_order_relaxed) == CLIENT_DORMANT &&
-        client_attach(attacher) == 0)
+        client_serve_handshake(attacher) == 0)
         client_watch();
 }
 

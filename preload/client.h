@@ -255,6 +255,8 @@ extern _Atomic int client__owner_pid;
 /* A child of fork adopted at a wake (preload/wake.c): its session thread calls
  * client__forget_parent() before anything else. */
 extern _Atomic bool client__adopt_pending;
+/* The session thread is handshaking after a wake (the wake entry answers "busy"). */
+extern _Atomic bool client__attaching;
 extern _Atomic uint64_t client_stat_attach_unavailable;
 extern _Atomic uint64_t client_stat_sthread_failures;
 

@@ -21,6 +21,7 @@
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
 
@@ -29,7 +30,7 @@
 
 /* The remote call's entry (preload/wake.c) and its return trap (wake_x86_64.S). Not
  * exported: the attacher finds both through the advertisement page. */
-void client_wake_entry(int attacher_pid);
+int client_wake_entry(int attacher_pid);
 void client_wake_trap(void);
 
 /* True when the service has hung up on @s (or its descriptor is no longer valid): the
@@ -95,33 +96,57 @@ static bool client_wake_adopt(int pid)
     return true;
 }
 
+/* The pid of the service at the other end of @s's socket, or HP_WAKE_PROFILED when it
+ * cannot be told (the program reused the descriptor's number). */
+static int client_session_peer(const struct client_session *s)
+{
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+    if (!client__sock_ours(s) ||
+        hp_sys6(SYS_getsockopt, s->sock, SOL_SOCKET, SO_PEERCRED, (long)&cred, (long)&len, 0) < 0 ||
+        cred.pid <= 0)
+        return HP_WAKE_PROFILED;
+    return (int)cred.pid;
+}
+
 /* A request to attach from process @attacher_pid (0: the daemon socket). Called by the
  * attacher on a thread it stopped, with signals blocked. Async-signal-safe: raw system
- * calls only, errno kept. */
-void client_wake_entry(int attacher_pid)
+ * calls only, errno kept. Returns an HP_WAKE_* answer, which the attacher reports: a
+ * request while profiling is refused with the service's pid. */
+int client_wake_entry(int attacher_pid)
 {
     int saved_errno = errno;
+    int r = HP_WAKE_NOT_OWNER;
     int pid = (int)hp_sys0(SYS_getpid);
     bool adopted = false;
+    /* In a vfork child (our memory, another process) the state is the parent's. */
     if (pid != atomic_load_explicit(&client__owner_pid, memory_order_acquire)) {
         adopted = client_wake_adopt(pid);
         if (!adopted)
             goto out;
     }
-    /* A request while profiling is ignored; one that comes as the service hangs up is
-     * served once the session thread has ended that session. An adopted child's session
-     * is its parent's: the session thread forgets it first (also when the first thread
-     * could not be started). */
+    /* An adopted child's session is its parent's: the session thread forgets it first
+     * (also when the first thread could not be started). */
     if (atomic_load_explicit(&client__adopt_pending, memory_order_relaxed))
         adopted = true;
     struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
-    if (!adopted &&
-        (s ? !client_session_hung_up(s)
-           : atomic_load_explicit(&client_state, memory_order_relaxed) != CLIENT_DORMANT))
-        goto out;
-    (void)client__sthread_start(CLIENT_STHREAD_ATTACH, attacher_pid > 0 ? attacher_pid : 0);
+    if (!adopted) {
+        /* A request while profiling is refused with the service's pid; one that comes as
+         * the service hangs up is served once the session thread has ended that session. */
+        if (s && !client_session_hung_up(s)) {
+            r = client_session_peer(s);
+            goto out;
+        }
+        r = HP_WAKE_BUSY; /* a session is being set up (for another attacher) or taken down */
+        if (!s && (atomic_load_explicit(&client_state, memory_order_relaxed) != CLIENT_DORMANT ||
+                   atomic_load_explicit(&client__attaching, memory_order_acquire)))
+            goto out;
+    }
+    int st = client__sthread_start(CLIENT_STHREAD_ATTACH, attacher_pid > 0 ? attacher_pid : 0);
+    r = st == 0 ? HP_WAKE_STARTED : st == -EBUSY ? HP_WAKE_BUSY : HP_WAKE_FAILED;
 out:
     errno = saved_errno;
+    return r;
 }
 
 /* Maps the advertisement page, for attachers to find in our maps. */

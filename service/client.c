@@ -41,6 +41,8 @@ const char *svc__client_name(const struct svc_client *c)
 {
     if (!c->cmdline || !c->cmdline_len || !c->cmdline[0])
         return "?";
+    if (c->title[0])
+        return c->title;
     const char *slash = strrchr(c->cmdline, '/');
     return slash && slash[1] ? slash + 1 : c->cmdline;
 }

@@ -31,6 +31,9 @@ void svc_config_done(struct svc_config *cfg)
 
 /* ---- the field table ---------------------------------------------------------------- */
 
+/* The longest command line matched as a title (pgrep -f reads as much). */
+#define MAX_TITLE 4096
+
 #define FIELD(member) offsetof(struct svc_config, member), sizeof(((struct svc_config *)0)->member)
 
 const struct svc_config_field svc_config_fields[] = {
@@ -41,7 +44,8 @@ const struct svc_config_field svc_config_fields[] = {
      "G accepted"},
     {"process_cmdline", 2, SVC_FIELD_CMDLINES, 0, 0, 0, 0, 0, "process-cmdline", 'n', NULL,
      "process name", "NAME",
-     "processes whose argv[0], its basename, or a glob of either matches (repeatable)"},
+     "processes whose name (comm), argv[0], its basename or title (as pgrep -f sees it) "
+     "equals NAME or matches it as a glob (repeatable)"},
     {"pid", 4, SVC_FIELD_PIDS, SVC_FIELD_NONZERO, 0, 0, 1, INT32_MAX, "pid", 'p', NULL, "pid",
      "PID", "profile this process (repeatable)"},
     {"all", 5, SVC_FIELD_BOOL, 0, FIELD(all), 0, 1, "all", 0, NULL, "all", NULL,
@@ -314,26 +318,50 @@ bool svc_config_has_targets(const struct svc_config *cfg)
     return cfg->all || cfg->n_pid > 0 || cfg->n_process_cmdline > 0;
 }
 
-bool svc_config_matches(const struct svc_config *cfg, int32_t pid, const char *cmdline, size_t len)
+size_t svc_cmdline_title(const char *cmdline, size_t len, char *buf, size_t buf_len)
+{
+    if (buf_len == 0)
+        return 0;
+    while (len > 0 && (cmdline[len - 1] == '\0' || cmdline[len - 1] == ' '))
+        len--; /* the padding of a retitled process (NULs for nginx, spaces for redis) */
+    size_t n = len < buf_len - 1 ? len : buf_len - 1;
+    for (size_t i = 0; i < n; i++)
+        buf[i] = cmdline[i] ? cmdline[i] : ' ';
+    buf[n] = '\0';
+    return n;
+}
+
+/* True when @name equals @t or matches it as a glob. */
+static bool name_matches(const char *t, const char *name)
+{
+    return name[0] && (!strcmp(t, name) || fnmatch(t, name, 0) == 0);
+}
+
+bool svc_config_matches(const struct svc_config *cfg, int32_t pid, const char *comm,
+                        const char *cmdline, size_t len)
 {
     if (cfg->all)
         return true;
     for (size_t i = 0; i < cfg->n_pid; i++)
         if (cfg->pid[i] == pid)
             return true;
-    if (!cmdline || len == 0)
-        return false;
     /* argv[0], NUL-terminated within @len */
-    size_t a0 = strnlen(cmdline, len);
-    if (a0 == len || a0 == 0)
+    size_t a0 = cmdline && len ? strnlen(cmdline, len) : len;
+    bool have_cmdline = a0 < len && a0 > 0;
+    if (!have_cmdline && !(comm && comm[0]))
         return false;
-    const char *base = strrchr(cmdline, '/');
-    base = base ? base + 1 : cmdline;
+    const char *base = have_cmdline ? strrchr(cmdline, '/') : NULL;
+    base = base ? base + 1 : have_cmdline ? cmdline : "";
+    char title[MAX_TITLE];
+    if (have_cmdline)
+        svc_cmdline_title(cmdline, len, title, sizeof(title));
+    else
+        title[0] = '\0';
     for (size_t i = 0; i < cfg->n_process_cmdline; i++) {
         const char *t = cfg->process_cmdline[i];
-        if (!strcmp(t, cmdline) || !strcmp(t, base))
-            return true;
-        if (fnmatch(t, cmdline, 0) == 0 || fnmatch(t, base, 0) == 0)
+        if ((comm && name_matches(t, comm)) ||
+            (have_cmdline &&
+             (name_matches(t, cmdline) || name_matches(t, base) || name_matches(t, title))))
             return true;
     }
     return false;

@@ -143,10 +143,19 @@ void svc_config_init(struct svc_config *cfg);
 /* Frees the strings the configuration owns (process_cmdline). */
 void svc_config_done(struct svc_config *cfg);
 
-/* True when a process with @pid and @cmdline (NUL-separated, @len bytes) is a target:
- * its pid is listed, its argv[0] equals a process_cmdline entry, or its basename does,
- * or matches it as a glob; or `all`. */
-bool svc_config_matches(const struct svc_config *cfg, int32_t pid, const char *cmdline, size_t len);
+/* True when a process with @pid, name @comm (/proc/PID/comm; NULL: unknown) and
+ * @cmdline (NUL-separated, @len bytes) is a target: `all`, its pid is listed, or a
+ * process_cmdline entry equals, or matches as a glob, one of: its comm, its argv[0], the
+ * basename of its argv[0], or its title (the command line as `ps` and `pgrep -f` show
+ * it, svc_cmdline_title()). So `nginx` finds a master retitled "nginx: master process
+ * /usr/sbin/nginx" by its comm, as `pgrep nginx` does, and 'postgres: *' finds every
+ * retitled postgres child by its title. */
+bool svc_config_matches(const struct svc_config *cfg, int32_t pid, const char *comm,
+                        const char *cmdline, size_t len);
+/* The title of a process from its @cmdline (@len bytes of /proc/PID/cmdline): the
+ * arguments joined by spaces, without the padding a retitled process leaves (trailing
+ * NULs or spaces). Writes at most @buf_len - 1 characters and a NUL; returns the count. */
+size_t svc_cmdline_title(const char *cmdline, size_t len, char *buf, size_t buf_len);
 /* True when the configuration names targets (pid, process_cmdline or all). */
 bool svc_config_has_targets(const struct svc_config *cfg);
 

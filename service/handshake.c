@@ -24,6 +24,7 @@
 #include "common/log.h"
 #include "common/paths.h"
 #include "service/svc.h"
+#include "service/targets.h"
 #include "shmem_ring/utable.h"
 #include "shmem_ring/wire.h"
 
@@ -143,6 +144,10 @@ static struct svc_client *client_from_hello(const struct svc *s, const struct wi
         c->cmdline = NULL;
         c->cmdline_len = 0;
     }
+    /* Spaces in argv[0]: a title, not a path (its basename would be a word of it). */
+    size_t a0 = c->cmdline ? strnlen(c->cmdline, c->cmdline_len) : 0;
+    if (a0 && memchr(c->cmdline, ' ', a0))
+        (void)svc_cmdline_title(c->cmdline, c->cmdline_len, c->title, sizeof(c->title));
     return c;
 }
 
@@ -152,7 +157,9 @@ static bool is_target(const struct svc *s, const struct svc_client *c)
 {
     if (!svc_config_has_targets(&s->cfg))
         return true;
-    bool target = svc_config_matches(&s->cfg, c->pid, c->cmdline, c->cmdline_len);
+    char comm[SVC_COMM_LEN];
+    bool target = svc_config_matches(&s->cfg, c->pid, svc_proc_comm(c->pid, comm, sizeof(comm)),
+                                     c->cmdline, c->cmdline_len);
     if (c->from_startup && s->cfg.no_startup)
         target = false;
     return target;

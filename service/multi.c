@@ -173,10 +173,11 @@ static void signal_running(void *ctx, const struct svc_proc *p)
         return;
     }
     route_add(c->m, p->pid, c->ms->id);
-    char why[512];
-    int r = svc_proc_wake(p, 0, why, sizeof(why));
+    char why[768];
+    why[0] = '\0';
+    int r = svc_proc_attach_daemon(p, c->ms->cfg.allow_other_users, why, sizeof(why));
     if (r < 0)
-        hp_log_warn("pid %d (%s): cannot attach: %s", (int)p->pid, p->name,
+        hp_log_warn("pid %d (%s) %s; not attached", (int)p->pid, p->name,
                     why[0] ? why : strerror(-r));
     else
         hp_log_info("pid %d (%s): woken to attach for session %llu", (int)p->pid, p->name,
@@ -282,6 +283,8 @@ static struct multi_session *route(svc_multi_t *m, pid_t pid)
             len += (size_t)n;
         (void)close(fd);
     }
+    char comm_buf[SVC_COMM_LEN];
+    const char *comm = svc_proc_comm(pid, comm_buf, sizeof(comm_buf));
     struct multi_session *to = profiled_by(m, pid, NULL);
     uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
     for (size_t i = 0; i < m->n_routes && !to; i++) {
@@ -294,7 +297,7 @@ static struct multi_session *route(svc_multi_t *m, pid_t pid)
     }
     for (size_t i = 0; i < m->n_sessions; i++) {
         struct multi_session *ms = m->sessions[i];
-        if (ms->stopping || !svc_config_matches(&ms->cfg, pid, cmd, len))
+        if (ms->stopping || !svc_config_matches(&ms->cfg, pid, comm, cmd, len))
             continue;
         if (!to)
             to = ms;

@@ -76,6 +76,7 @@ struct svc_client {
     uint32_t flags; /* BK_FLAG_* */
     char *cmdline;
     size_t cmdline_len;
+    char title[64]; /* a retitled process's title ("nginx: master process ..."), or "" */
     struct bk_process_stats stats;
     uint64_t frees;
     uint64_t frees_unread;       /* frees among stats.records_unread */

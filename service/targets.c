@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,68 @@ static int read_small(const char *path, char *buf, size_t len, size_t *ret_n)
     return 0;
 }
 
+const char *svc_proc_comm(pid_t pid, char *buf, size_t len)
+{
+    char path[64];
+    size_t n = 0;
+    snprintf(path, sizeof(path), "/proc/%d/comm", (int)pid);
+    if (len == 0 || read_small(path, buf, len - 1, &n) < 0)
+        return NULL;
+    buf[n] = '\0';
+    buf[strcspn(buf, "\n")] = '\0';
+    return buf;
+}
+
+/* @p's name, prog and comm, from its command line (@cmd, @n bytes) and comm. */
+static void proc_names(struct svc_proc *p, const char *cmd, size_t n)
+{
+    (void)svc_proc_comm(p->pid, p->comm, sizeof(p->comm));
+    char title[512]; /* argv[0] may be a long path before a short name */
+    size_t a0 = strnlen(cmd, n);
+    if (n == 0 || a0 == 0 || svc_cmdline_title(cmd, n, title, sizeof(title)) == 0) {
+        snprintf(p->name, sizeof(p->name), "%s", p->comm); /* a kernel thread, a zombie */
+        snprintf(p->prog, sizeof(p->prog), "%s", p->comm);
+        return;
+    }
+    /* A title (spaces in argv[0]: "nginx: master process ...") is shown whole; a path
+     * as its basename, the arguments after it. */
+    bool retitled = memchr(cmd, ' ', a0) != NULL;
+    const char *slash = retitled ? NULL : memrchr(cmd, '/', a0);
+    const char *shown = slash ? title + (slash + 1 - cmd) : title;
+    size_t len = strlen(shown);
+    if (len >= sizeof(p->name))
+        snprintf(p->name, sizeof(p->name), "%.*s...", (int)sizeof(p->name) - 4, shown);
+    else
+        memcpy(p->name, shown, len + 1);
+    size_t prog_len = HP_MIN(a0 - (size_t)(shown - title), sizeof(p->prog) - 1);
+    if (retitled)
+        snprintf(p->prog, sizeof(p->prog), "%s", p->comm);
+    else
+        snprintf(p->prog, sizeof(p->prog), "%.*s", (int)prog_len, shown);
+}
+
+/* @p's effective uid (/proc/PID/status) and whether it is dumpable: the kernel gives a
+ * process's /proc files to root when it is not (its directory keeps its owner). */
+static void proc_owner(struct svc_proc *p)
+{
+    char path[64], buf[4096];
+    size_t n = 0;
+    struct stat st;
+    p->uid = (uid_t)-1;
+    p->dumpable = true;
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)p->pid);
+    if (read_small(path, buf, sizeof(buf) - 1, &n) == 0) {
+        buf[n] = '\0';
+        const char *u = strstr(buf, "\nUid:");
+        unsigned ruid, euid;
+        if (u && sscanf(u + 5, "%u %u", &ruid, &euid) == 2)
+            p->uid = (uid_t)euid;
+    }
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)p->pid);
+    if (p->uid != 0 && p->uid != (uid_t)-1 && stat(path, &st) == 0 && st.st_uid == 0)
+        p->dumpable = false;
+}
+
 int svc_proc_inspect(pid_t pid, struct svc_proc *ret)
 {
     char path[64], buf[4096];
@@ -49,21 +112,16 @@ int svc_proc_inspect(pid_t pid, struct svc_proc *ret)
     snprintf(path, sizeof(path), "/proc/%d", (int)pid);
     if (stat(path, &st) < 0)
         return -errno;
-    ret->same_user = st.st_uid == geteuid();
+    proc_owner(ret);
+    if (ret->uid == (uid_t)-1)
+        ret->uid = st.st_uid;
+    ret->same_user = ret->uid == geteuid();
 
     snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
-    if (read_small(path, buf, sizeof(buf) - 1, &n) == 0 && n > 0) {
-        buf[n] = '\0';
-        const char *base = strrchr(buf, '/');
-        snprintf(ret->name, sizeof(ret->name), "%.63s", base ? base + 1 : buf);
-    } else {
-        snprintf(path, sizeof(path), "/proc/%d/comm", (int)pid);
-        if (read_small(path, buf, sizeof(buf) - 1, &n) == 0) {
-            buf[n] = '\0';
-            buf[strcspn(buf, "\n")] = '\0';
-            snprintf(ret->name, sizeof(ret->name), "%.63s", buf);
-        }
-    }
+    if (read_small(path, buf, sizeof(buf) - 1, &n) < 0)
+        n = 0;
+    buf[n] = '\0';
+    proc_names(ret, buf, n);
 
     /* Who it is: the start time, which a reused pid does not share. */
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
@@ -79,13 +137,78 @@ int svc_proc_inspect(pid_t pid, struct svc_proc *ret)
 
     /* libheapprof.so mapped, its wake entry advertised? */
     HP_CLEANUP_FREE char *maps = svc__proc_maps(pid);
-    if (!maps)
-        return errno == ENOENT ? -ENOENT : 0; /* no permission: not preloaded as far as
-                                                 we can tell */
+    if (!maps) {
+        if (errno == ENOENT || errno == ESRCH)
+            return -ENOENT;
+        ret->maps_err = errno ? errno : EIO; /* svc_proc_check() says what that means */
+        return 0;
+    }
     ret->preloaded = strstr(maps, "/libheapprof.so") != NULL;
     ret->wake_page = svc__wake_page_addr(maps);
     ret->attach_ready = ret->wake_page != 0;
     return 0;
+}
+
+/* "www-data (uid 33)" for @uid in @buf. */
+static const char *user_of(uid_t uid, char *buf, size_t len)
+{
+    struct passwd pw, *res = NULL;
+    char tmp[1024];
+    if (getpwuid_r(uid, &pw, tmp, sizeof(tmp), &res) == 0 && res)
+        snprintf(buf, len, "%s (uid %u)", res->pw_name, (unsigned)uid);
+    else
+        snprintf(buf, len, "uid %u", (unsigned)uid);
+    return buf;
+}
+
+int svc_proc_check(const struct svc_proc *p, bool other_users, char *why, size_t len)
+{
+    uid_t me = geteuid();
+    char them[160], us[160];
+    bool other = p->uid != me && !(me == 0 && other_users);
+    /* Said first: for it, running as another user does not help. */
+    if (!p->dumpable && (me != 0 || other)) {
+        snprintf(why, len,
+                 "is not dumpable (it called prctl(PR_SET_DUMPABLE, 0), as ssh-agent and "
+                 "gpg-agent do, or changed its user ids): only root may read its memory and "
+                 "wake it, %s",
+                 p->uid == 0 ? "so attach as root"
+                             : "and root cannot attach another user's process; profile it from "
+                               "its start instead (heapprof record -- COMMAND)");
+        return -EPERM;
+    }
+    if (other) {
+        snprintf(why, len,
+                 "runs as user %s, not as %s: a process connects only to a session of its "
+                 "own user",
+                 user_of(p->uid, them, sizeof(them)), user_of(me, us, sizeof(us)));
+        return -EACCES;
+    }
+    if (p->maps_err == EACCES || p->maps_err == EPERM)
+        return svc__wake_no_permission(p->maps_err, why, len);
+    if (p->maps_err) {
+        snprintf(why, len, "cannot be read: %s", strerror(p->maps_err));
+        return -EPERM;
+    }
+    if (!p->preloaded) {
+        snprintf(why, len,
+                 "does not have libheapprof.so loaded; start it with "
+                 "LD_PRELOAD=/path/to/libheapprof.so to make it attachable");
+        return -ENOPKG;
+    }
+    return 0;
+}
+
+int svc_proc_attach_daemon(const struct svc_proc *p, bool other_users, char *why, size_t len)
+{
+    int r = svc_proc_check(p, other_users, why, len);
+    if (r == -EACCES) {
+        size_t n = strlen(why);
+        snprintf(why + n, len - n,
+                 "; heapprofd takes other users' processes when it runs as "
+                 "root with --allow-other-users");
+    }
+    return r < 0 ? r : svc_proc_wake(p, 0, why, len);
 }
 
 void svc_proc_scan_targets(const struct svc_config *cfg,
@@ -101,14 +224,16 @@ void svc_proc_scan_targets(const struct svc_config *cfg,
         long pid = strtol(e->d_name, &end, 10);
         if (*end || pid <= 0 || pid == self)
             continue;
-        char path[64], cmd[4096];
+        char path[64], cmd[4096], comm[SVC_COMM_LEN];
         size_t n = 0;
         snprintf(path, sizeof(path), "/proc/%ld/cmdline", pid);
-        if (read_small(path, cmd, sizeof(cmd), &n) < 0 || n == 0 ||
-            !svc_config_matches(cfg, (int32_t)pid, cmd, n))
+        if (read_small(path, cmd, sizeof(cmd), &n) < 0)
+            continue;
+        if (!svc_config_matches(cfg, (int32_t)pid, svc_proc_comm((pid_t)pid, comm, sizeof(comm)),
+                                cmd, n))
             continue;
         struct svc_proc p;
-        if (svc_proc_inspect((pid_t)pid, &p) < 0 || !p.preloaded)
+        if (svc_proc_inspect((pid_t)pid, &p) < 0 || (!p.preloaded && cfg->all))
             continue;
         fn(ctx, &p);
     }

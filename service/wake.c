@@ -334,7 +334,7 @@ static int wake_why(char *why, size_t len, int r, const char *fmt, ...)
 }
 
 /* What tracing @pid needs, after PTRACE_SEIZE or process_vm_readv said @err. */
-static int wake_no_permission(int err, char *why, size_t len)
+int svc__wake_no_permission(int err, char *why, size_t len)
 {
     char scope[16] = "";
     char yama[160] = "";
@@ -347,8 +347,8 @@ static int wake_no_permission(int err, char *why, size_t len)
                               : "nobody may trace until reboot");
     }
     return wake_why(why, len, -EPERM,
-                    "not allowed to trace it (%s): attaching needs the same user and a dumpable "
-                    "process, or CAP_SYS_PTRACE (root)%s",
+                    "may not be traced by this process (%s): attaching needs the same user and a "
+                    "dumpable process, or CAP_SYS_PTRACE (root)%s",
                     strerror(err), yama);
 }
 
@@ -389,7 +389,7 @@ static int wake_preflight(pid_t pid, char *why, size_t len)
             r = wake_why(why, len, -EOPNOTSUPP,
                          "runs under seccomp (thread %d, Seccomp: %s): a filter may deny or kill "
                          "the process for a call the profiling session makes (clone, socket, "
-                         "mmap...); not attached",
+                         "mmap...)",
                          tid, v);
     }
     closedir(d);
@@ -401,6 +401,7 @@ static int wake_preflight(pid_t pid, char *why, size_t len)
 struct wake_ctx {
     pid_t pid;
     pid_t woken_tid; /* the thread that made the call */
+    int answer;      /* the entry's return value, an HP_WAKE_* answer */
     pid_t attacher;
     struct hp_wake_page page;
     siginfo_t kept[WAKE_MAX_KEPT]; /* signals that reached the thread while we held it */
@@ -626,6 +627,7 @@ static int wake_call(struct wake_ctx *c, pid_t tid)
         if (sig == SIGTRAP && now.rip == c->page.trap + 1 && si.si_code > 0) {
             in_signal_stop = true;
             c->woken_tid = tid;
+            c->answer = (int)now.rax;
             r = 0;
             break;
         }
@@ -665,7 +667,7 @@ static int wake_thread(struct wake_ctx *c, pid_t tid)
             if (wake_read(path, st, sizeof(st)) > 0 &&
                 wake_status_field(st, "TracerPid:", v, sizeof(v)) && atoi(v) != 0)
                 return wake_why(c->why, c->why_len, -EBUSY, "is being traced by pid %s", v);
-            return wake_no_permission(e, c->why, c->why_len);
+            return svc__wake_no_permission(e, c->why, c->why_len);
         }
         return wake_why(c->why, c->why_len, -e, "cannot trace thread %d: %s", (int)tid,
                         strerror(e));
@@ -766,7 +768,7 @@ static int wake_read_page(const struct svc_proc *p, struct hp_wake_page *ret, ch
     struct iovec local = {&pg, sizeof(pg)}, remote = {(void *)(uintptr_t)p->wake_page, sizeof(pg)};
     ssize_t n = process_vm_readv(p->pid, &local, 1, &remote, 1, 0);
     if (n < 0 && (errno == EPERM || errno == EACCES))
-        return wake_no_permission(errno, why, len);
+        return svc__wake_no_permission(errno, why, len);
     if (n < 0)
         return errno == ESRCH
                    ? -ESRCH
@@ -785,6 +787,37 @@ static int wake_read_page(const struct svc_proc *p, struct hp_wake_page *ret, ch
                         "its wake page does not point into libheapprof.so's code");
     *ret = pg;
     return 0;
+}
+
+/* What the entry answered (@answer, HP_WAKE_*): 0 when its session thread is on its way,
+ * else the refusal with its reason. */
+static int wake_answer(int answer, char *why, size_t len)
+{
+    struct svc_proc by;
+    switch (answer) {
+    case HP_WAKE_STARTED:
+        return 0;
+    case HP_WAKE_PROFILED:
+        return wake_why(why, len, -EALREADY,
+                        "is already being profiled (by heapprof record, another heapprof attach "
+                        "or heapprofd); a process is in one session at a time");
+    case HP_WAKE_BUSY:
+        return wake_why(why, len, -EALREADY,
+                        "is being attached by another session right now; try again once it is "
+                        "over");
+    case HP_WAKE_NOT_OWNER:
+        return wake_why(why, len, -EIO, "is a vfork child of a profiled program, about to exec");
+    default:
+        if (answer <= 0)
+            return wake_why(why, len, -EIO,
+                            "could not start its profiling session (no thread: out of memory?)");
+        if (answer == getpid())
+            return wake_why(why, len, -EALREADY, "is already being profiled by this session");
+        return wake_why(why, len, -EALREADY,
+                        "is already being profiled by pid %d (%s); a process is in one session "
+                        "at a time: end that one first",
+                        answer, svc_proc_inspect(answer, &by) == 0 ? by.name : "gone since");
+    }
 }
 
 int svc_proc_wake(const struct svc_proc *p, pid_t attacher, char *why, size_t why_len)
@@ -854,6 +887,8 @@ int svc_proc_wake(const struct svc_proc *p, pid_t attacher, char *why, size_t wh
         wake_sleep_us(1000);
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (r == 0)
+        r = wake_answer(c.answer, why, why_len);
     if (r == 0) /* the start time is what scripts/bench.sh's attach group measures from */
         hp_log_debug("pid %d: woken on thread %d in %.3f ms (started at %llu ns monotonic)",
                      (int)p->pid, (int)c.woken_tid,

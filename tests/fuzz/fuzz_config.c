@@ -14,7 +14,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (svc_config_parse_text((const char *)data, size, "fuzz", &cfg, err, sizeof(err)) == 0) {
         int r = svc_config_check(&cfg, err, sizeof(err));
         (void)r;
-        (void)svc_config_matches(&cfg, 1, (const char *)data, size);
+        (void)svc_config_matches(&cfg, 1, NULL, (const char *)data, size);
     }
     svc_config_done(&cfg);
     return 0;

@@ -15,7 +15,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (svc_config_from_proto(data, size, &cfg, err, sizeof(err)) == 0) {
         int r = svc_config_check(&cfg, err, sizeof(err));
         (void)r;
-        (void)svc_config_matches(&cfg, 1, "a\0b\0", 4);
+        (void)svc_config_matches(&cfg, 1, "a", "a\0b\0", 4);
     }
     svc_config_done(&cfg);
     return 0;

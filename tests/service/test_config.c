@@ -148,13 +148,44 @@ static void test_config_text_full(void **state)
     assert_int_equal(svc_config_check(&c, err, sizeof(err)), 0);
 
     /* matching: pid, exact argv[0], basename, glob */
-    assert_true(svc_config_matches(&c, 99, "x\0", 2));
-    assert_true(svc_config_matches(&c, 5, "/usr/bin/myapp\0--flag\0", 22));
-    assert_true(svc_config_matches(&c, 5, "myapp\0", 6));
-    assert_true(svc_config_matches(&c, 5, "/opt/worker-7\0", 14));
-    assert_false(svc_config_matches(&c, 5, "/usr/bin/other\0", 15));
-    assert_false(svc_config_matches(&c, 5, "myapp", 5)); /* not NUL-terminated */
-    assert_false(svc_config_matches(&c, 5, NULL, 0));
+    assert_true(svc_config_matches(&c, 99, NULL, "x\0", 2));
+    assert_true(svc_config_matches(&c, 5, NULL, "/usr/bin/myapp\0--flag\0", 22));
+    assert_true(svc_config_matches(&c, 5, NULL, "myapp\0", 6));
+    assert_true(svc_config_matches(&c, 5, NULL, "/opt/worker-7\0", 14));
+    assert_false(svc_config_matches(&c, 5, NULL, "/usr/bin/other\0", 15));
+    assert_false(svc_config_matches(&c, 5, NULL, "myapp", 5)); /* not NUL-terminated */
+    assert_false(svc_config_matches(&c, 5, NULL, NULL, 0));
+    svc_config_done(&c);
+}
+
+/* -n matched argv[0] only: a retitled process ("nginx: master process ...", whose
+ * basename is "nginx.conf") or one renamed with PR_SET_NAME was never found, though
+ * pgrep finds it. Now: the comm, argv[0], its basename, and the title. */
+static void test_config_bug_matches_retitled(void **state)
+{
+    (void)state;
+    struct svc_config c;
+    svc_config_init(&c);
+    c.process_cmdline[c.n_process_cmdline++] = strdup("nginx");
+    c.process_cmdline[c.n_process_cmdline++] = strdup("postgres: *");
+    static const char nginx[] = "nginx: master process nginx -c /etc/nginx/nginx.conf\0\0\0";
+    static const char pg[] = "postgres: checkpointer \0\0";
+    static const char other[] = "/usr/bin/other\0-c\0nginx\0";
+    assert_true(svc_config_matches(&c, 5, "nginx", nginx, sizeof(nginx) - 1));
+    assert_false(svc_config_matches(&c, 5, NULL, nginx, sizeof(nginx) - 1));
+    assert_true(svc_config_matches(&c, 6, "postgres", pg, sizeof(pg) - 1)); /* the title */
+    assert_true(svc_config_matches(&c, 6, NULL, pg, sizeof(pg) - 1));
+    assert_false(svc_config_matches(&c, 7, "other", other, sizeof(other) - 1));
+    assert_true(svc_config_matches(&c, 7, "nginx", NULL, 0)); /* comm alone */
+    assert_false(svc_config_matches(&c, 7, "", NULL, 0));
+
+    char title[64];
+    assert_int_equal(svc_cmdline_title(pg, sizeof(pg) - 1, title, sizeof(title)), 22);
+    assert_string_equal(title, "postgres: checkpointer");
+    assert_int_equal(svc_cmdline_title(other, sizeof(other) - 1, title, 10), 9);
+    assert_string_equal(title, "/usr/bin/");
+    assert_int_equal(svc_cmdline_title("a\0b\0", 4, title, sizeof(title)), 3);
+    assert_string_equal(title, "a b");
     svc_config_done(&c);
 }
 
@@ -210,7 +241,7 @@ static void test_config_load_file(void **state)
     assert_int_equal(c.sampling_interval_bytes, 100);
     assert_true(c.all);
     assert_true(svc_config_has_targets(&c));
-    assert_true(svc_config_matches(&c, 1, NULL, 0));
+    assert_true(svc_config_matches(&c, 1, NULL, NULL, 0));
     unlink(path);
     svc_config_done(&c);
 }
@@ -350,9 +381,13 @@ static void test_config_proto_errors(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_config_parse_bytes),  cmocka_unit_test(test_config_check),
-        cmocka_unit_test(test_config_text_full),    cmocka_unit_test(test_config_text_errors),
-        cmocka_unit_test(test_config_load_file),    cmocka_unit_test(test_config_proto_equals_text),
+        cmocka_unit_test(test_config_parse_bytes),
+        cmocka_unit_test(test_config_check),
+        cmocka_unit_test(test_config_text_full),
+        cmocka_unit_test(test_config_bug_matches_retitled),
+        cmocka_unit_test(test_config_text_errors),
+        cmocka_unit_test(test_config_load_file),
+        cmocka_unit_test(test_config_proto_equals_text),
         cmocka_unit_test(test_config_proto_errors),
     };
     return cmocka_run_group_tests_name("service_config", tests, NULL, NULL);
