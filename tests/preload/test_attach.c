@@ -268,7 +268,19 @@ static void conn_close(struct conn *c)
 
 /* Wakes the program as `heapprof attach` does, telling it to connect to @attacher's
  * socket (0: the daemon's). */
+static int attach_wake_r(pid_t pid, pid_t attacher, char *why, size_t why_len);
+
 static void attach_wake(pid_t pid, pid_t attacher)
+{
+    char why[512];
+    int r = attach_wake_r(pid, attacher, why, sizeof(why));
+    if (r != 0)
+        print_message("  wake: %d %s\n", r, why);
+    assert_int_equal(r, 0);
+}
+
+/* The wake's return and reason. */
+static int attach_wake_r(pid_t pid, pid_t attacher, char *why, size_t why_len)
 {
     struct svc_proc p;
     for (int i = 0; i < 500; i++) {
@@ -278,11 +290,7 @@ static void attach_wake(pid_t pid, pid_t attacher)
         struct timespec ts = {0, 10000000};
         nanosleep(&ts, NULL);
     }
-    char why[512];
-    int r = svc_proc_wake(&p, attacher, why, sizeof(why));
-    if (r != 0)
-        print_message("  wake: %d %s\n", r, why);
-    assert_int_equal(r, 0);
+    return svc_proc_wake(&p, attacher, why, why_len);
 }
 
 /* ---- fixture ------------------------------------------------------------------------ */
@@ -354,8 +362,10 @@ static void test_attach_idle_then_detach_then_again(void **state)
         assert_int_equal(c.hello.reason, WIRE_REASON_ATTACH);
         assert_int_equal(c.hello.pid, f->prog.pid);
 
-        /* A second signal while profiling is ignored. */
-        attach_wake(f->prog.pid, getpid());
+        /* A second wake while profiling is refused, naming the service. */
+        char why[512];
+        assert_int_equal(attach_wake_r(f->prog.pid, getpid(), why, sizeof(why)), -EALREADY);
+        assert_non_null(strstr(why, "already being profiled"));
         struct conn extra;
         assert_false(accept_conn(lsock, 200, 0, &extra));
         /* The session has its thread. */
