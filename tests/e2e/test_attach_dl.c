@@ -257,10 +257,12 @@ static void dliter_cycles(const char *preload)
         assert_non_null(proc);
         struct e2e_sums s;
         e2e_sum_function(proc, "dliter_log_line", &s);
-        assert_true(s.alloc_count > 0);
         samples += (long long)s.alloc_count;
         rp_trace_free(tr);
     }
+    /* A 0.1 s session at 1 MiB takes a sample per ~128 log lines: under a sanitizer one
+     * session may see none, the sessions together always do. */
+    assert_true(samples > 0);
     struct progress after = rate(progress, 200);
     print_message("  after %d sessions (%lld samples of the logger): listed %lu logged %lu in "
                   "200 ms\n",

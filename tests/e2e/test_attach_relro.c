@@ -25,7 +25,7 @@
 #include "tests/e2e/e2e_util.h"
 
 /* Cycles per program, of SESSION_S seconds each: 15 keep the file near 6 s. */
-#define CYCLES 15
+#define CYCLES 20
 #define SESSION_S "0.1"
 
 static char runtime_dir[128];
