@@ -16,12 +16,6 @@ struct e2e_daemon {
     char log[300];
 };
 
-void e2e_sleep_ms(long ms);
-/* waitpid: exit code, or 128 + signal. */
-int e2e_wait_status(pid_t pid);
-/* The file's contents (at most 1 MiB), "" if missing. Caller frees. */
-char *e2e_read_file(const char *path);
-
 /* A temp dir named after @tag with the paths of the daemon's socket, trace and log. */
 void e2e_daemon_prepare(struct e2e_daemon *d, const char *tag);
 /* Starts heapprofd with @args (NULL-terminated) plus --socket/--output in @d's dir, its

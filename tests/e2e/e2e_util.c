@@ -4,10 +4,13 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pty.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -250,4 +253,107 @@ long long e2e_number_before(const char *text, const char *what)
     while (num > text && num[-1] >= '0' && num[-1] <= '9')
         num--;
     return num == at ? -1 : strtoll(num, NULL, 10);
+}
+
+void e2e_sleep_ms(long ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+int e2e_wait_status(pid_t pid)
+{
+    int st;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+bool e2e_alive(pid_t pid)
+{
+    int st;
+    return waitpid(pid, &st, WNOHANG) == 0;
+}
+
+char *e2e_read_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return strdup("");
+    char *buf = calloc(1, 1 << 20);
+    size_t n = fread(buf, 1, (1 << 20) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+int e2e_runtime_dir_make(char *buf, size_t size, const char *tag)
+{
+    int n = snprintf(buf, size, "/tmp/heapprof-e2e-%s-XXXXXX", tag);
+    if (n < 0 || (size_t)n >= size || !mkdtemp(buf))
+        return -1;
+    return setenv("XDG_RUNTIME_DIR", buf, 1);
+}
+
+int e2e_runtime_dir_remove(const char *dir)
+{
+    char cmd[512];
+    int n = snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    if (n < 0 || (size_t)n >= sizeof(cmd))
+        return -1;
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int e2e_target_start(struct e2e_target *t, const char *dir, char *const argv[], const char *preload,
+                     const char *ready_text)
+{
+    static int seq;
+    snprintf(t->out, sizeof(t->out), "%s/out-%d.txt", dir, seq++);
+    int in[2];
+    if (pipe2(in, O_CLOEXEC) < 0)
+        return -1;
+    t->pid = fork();
+    if (t->pid < 0) {
+        close(in[0]);
+        close(in[1]);
+        return -1;
+    }
+    if (t->pid == 0) {
+        int fd = open(t->out, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        dup2(in[0], 0);
+        if (preload) {
+            setenv("LD_PRELOAD", preload, 1);
+            setenv("HEAPPROF_STARTUP", "0", 1);
+        }
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(in[0]);
+    t->in = in[1];
+    for (int i = 0; ready_text && i < 1000; i++) {
+        char *o = e2e_read_file(t->out);
+        bool ready = strstr(o, ready_text) != NULL;
+        free(o);
+        if (ready)
+            break;
+        e2e_sleep_ms(10);
+    }
+    return 0;
+}
+
+int e2e_target_finish(struct e2e_target *t, int sig)
+{
+    if (sig)
+        kill(t->pid, sig);
+    close(t->in);
+    int st;
+    pid_t r;
+    while ((r = waitpid(t->pid, &st, 0)) < 0 && errno == EINTR)
+        ;
+    if (r != t->pid)
+        return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "report/report.h"
 
@@ -60,5 +61,36 @@ char *e2e_tmp_path(const char *suffix);
 
 /* Path from the environment variable @var, failing the test when unset. */
 const char *e2e_env(const char *var);
+
+/* Sleeps @ms, EINTR or not. */
+void e2e_sleep_ms(long ms);
+/* waitpid: exit code, or 128 + signal. */
+int e2e_wait_status(pid_t pid);
+/* True while @pid (a child) has not exited; reaps it when it has. */
+bool e2e_alive(pid_t pid);
+/* The file's contents (at most 1 MiB), "" if missing. Caller frees. */
+char *e2e_read_file(const char *path);
+/* Makes a fresh runtime directory /tmp/heapprof-e2e-@tag-XXXXXX into @buf and points
+ * XDG_RUNTIME_DIR at it: attachers and targets find the session sockets there. Returns
+ * 0 or -1. */
+int e2e_runtime_dir_make(char *buf, size_t size, const char *tag);
+/* Removes it with everything inside: 0 or -1. */
+int e2e_runtime_dir_remove(const char *dir);
+
+/* A program started by e2e_target_start(): its pid, the write end of its stdin, the file
+ * of its stdout and stderr. */
+struct e2e_target {
+    pid_t pid;
+    int in;
+    char out[256];
+};
+/* Starts @argv (argv[0] a path), stdin a pipe, stdout and stderr to a new file in @dir;
+ * with @preload, LD_PRELOAD=@preload and HEAPPROF_STARTUP=0 (the library dormant). Waits
+ * up to 10 s for @ready_text in its output (NULL: does not wait). Returns 0 or -1. */
+int e2e_target_start(struct e2e_target *t, const char *dir, char *const argv[], const char *preload,
+                     const char *ready_text);
+/* Ends @t: signal @sig (0: none), EOF on its stdin; returns its exit status (128 +
+ * signal), or -1. */
+int e2e_target_finish(struct e2e_target *t, int sig);
 
 #endif

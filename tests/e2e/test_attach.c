@@ -31,30 +31,19 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
-
 static int setup(void **state)
 {
     (void)state;
-    snprintf(runtime_dir, sizeof(runtime_dir), "/tmp/heapprof-e2e-attach-XXXXXX");
-    if (!mkdtemp(runtime_dir))
+    if (e2e_runtime_dir_make(runtime_dir, sizeof(runtime_dir), "attach") < 0)
         return -1;
     /* Both the attacher and the targets find the session sockets here. */
-    setenv("XDG_RUNTIME_DIR", runtime_dir, 1);
     return 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", runtime_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return e2e_runtime_dir_remove(runtime_dir);
 }
 
 /* Starts @argv (e2e_env() names its program, @argv[0]) dormant: the library preloaded, no
@@ -83,7 +72,7 @@ static pid_t start_dormant(const char *prog_env, char *const argv[], const char 
         struct stat st;
         if (stat(out, &st) == 0 && st.st_size > 0)
             break;
-        sleep_ms(10);
+        e2e_sleep_ms(10);
     }
     return pid;
 }
@@ -115,18 +104,6 @@ static int wait_status(pid_t pid)
     int st;
     waitpid(pid, &st, 0);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static char *read_all(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    char *buf = calloc(1, 65536);
-    if (f) {
-        size_t n = fread(buf, 1, 65535, f);
-        buf[n] = '\0';
-        fclose(f);
-    }
-    return buf;
 }
 
 /* The command line `heapprof attach ARGS -o TRACE [-q]` in @argv. */
@@ -196,7 +173,7 @@ static void test_attach_idle_detach_reattach(void **state)
     }
     /* Detached twice, the worker carries on and ends normally. */
     assert_int_equal(wait_status(w), 0);
-    char *o = read_all(out);
+    char *o = e2e_read_file(out);
     assert_non_null(strstr(o, "done"));
     free(o);
 }
@@ -220,7 +197,7 @@ static void attach_busy(const char *prog_env)
     rp_trace_free(t);
     e2e_run_free(&run);
     assert_int_equal(wait_status(w), 0);
-    char *o = read_all(out);
+    char *o = e2e_read_file(out);
     assert_non_null(strstr(o, "done"));
     free(o);
 }
@@ -254,7 +231,7 @@ static void test_attach_name_started_later(void **state)
               "-i", "1", "-q", "-o", trace, (char *)NULL);
         _exit(127);
     }
-    sleep_ms(300);
+    e2e_sleep_ms(300);
     pid_t w = start_worker("idle", "1200", out);
     assert_int_equal(wait_status(w), 0);
     assert_int_equal(wait_status(a), 0);
@@ -288,7 +265,7 @@ static bool has_ring(pid_t pid)
 {
     char path[64];
     snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
-    char *m = read_all(path);
+    char *m = e2e_read_file(path);
     bool r = strstr(m, "heapprof-ring") != NULL;
     free(m);
     return r;
@@ -300,7 +277,7 @@ static bool back_to_dormant(pid_t pid, long ms)
     for (long t = 0; t < ms; t += 10) {
         if (threads_of(pid) == 1 && !has_ring(pid))
             return true;
-        sleep_ms(10);
+        e2e_sleep_ms(10);
     }
     return false;
 }
@@ -349,14 +326,14 @@ static void test_attach_bug_dormant_thread_blocked_reader(void **state)
     for (int i = 0; i < 500; i++) {
         char path[64];
         snprintf(path, sizeof(path), "/proc/%d/maps", (int)cat);
-        char *m = read_all(path);
+        char *m = e2e_read_file(path);
         bool ready = strstr(m, "heapprof-attach-") != NULL;
         free(m);
         if (ready)
             break;
-        sleep_ms(10);
+        e2e_sleep_ms(10);
     }
-    sleep_ms(50);
+    e2e_sleep_ms(50);
     print_message("  dormant cat: %d thread(s)\n", threads_of(cat));
     assert_int_equal(threads_of(cat), 1);
 
@@ -367,7 +344,7 @@ static void test_attach_bug_dormant_thread_blocked_reader(void **state)
     pid_t a = attach_bg(args, trace, err);
     uint64_t ms = 0;
     while (!has_ring(cat) && (ms = now_ms() - t0) < 5000)
-        sleep_ms(1);
+        e2e_sleep_ms(1);
     print_message("  ring mapped %llu ms after heapprof attach started\n", (unsigned long long)ms);
     assert_true(ms < 1000); /* the service's own start included; the signal to the
                                handshake is timed by the preload unit test (< 100 ms) */
@@ -393,7 +370,7 @@ static void test_attach_bug_service_killed_thread_stays(void **state)
     char *args[] = {"-p", pidbuf, "--duration", "20", NULL};
     pid_t a = attach_bg(args, trace, err);
     for (int i = 0; i < 500 && !has_ring(w); i++)
-        sleep_ms(10);
+        e2e_sleep_ms(10);
     assert_true(has_ring(w));
     kill(a, SIGKILL);
     assert_int_equal(wait_status(a), 128 + SIGKILL);
@@ -425,12 +402,12 @@ static void test_attach_bug_kills_process_in_constructors(void **state)
     snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
     bool mapped = false;
     for (int i = 0; i < 200 && !mapped; i++) {
-        char *m = read_all(path);
+        char *m = e2e_read_file(path);
         mapped = strstr(m, "libheapprof.so") != NULL;
         assert_null(strstr(m, "heapprof-attach-"));
         free(m);
         if (!mapped)
-            sleep_ms(5);
+            e2e_sleep_ms(5);
     }
     assert_true(mapped);
     char pidbuf[16];
@@ -443,7 +420,7 @@ static void test_attach_bug_kills_process_in_constructors(void **state)
     print_message("  attach: status %d, stderr: %.300s\n", run.status, run.err);
     /* The program survives, and was attached once ready. */
     assert_int_equal(wait_status(pid), 0);
-    char *o = read_all(out);
+    char *o = e2e_read_file(out);
     assert_non_null(strstr(o, "done"));
     free(o);
     assert_int_equal(run.status, 0);
@@ -495,7 +472,7 @@ static void test_attach_user_errors(void **state)
         execl("/bin/sleep", "sleep", "5", (char *)NULL);
         _exit(127);
     }
-    sleep_ms(50);
+    e2e_sleep_ms(50);
     char pidbuf[16];
     snprintf(pidbuf, sizeof(pidbuf), "%d", (int)plain);
     char *args[] = {"-p", pidbuf, NULL};
@@ -617,8 +594,8 @@ static void test_attach_bug_dormant_calls_through_library(void **state)
     snprintf(trace, sizeof(trace), "%s/slotwatch.pftrace", runtime_dir);
 
     pid_t w = start_slotwatch("4000", out, NULL);
-    sleep_ms(200);
-    char *o = read_all(out);
+    e2e_sleep_ms(200);
+    char *o = e2e_read_file(out);
     print_message("  dormant: %s", o);
     assert_true(strncmp(o, "direct\n", 7) == 0);
     free(o);
@@ -638,7 +615,7 @@ static void test_attach_bug_dormant_calls_through_library(void **state)
     assert_true(back_to_dormant(w, 2000));
 
     assert_int_equal(wait_status(w), 0);
-    o = read_all(out);
+    o = e2e_read_file(out);
     print_message("  lines: %s", o);
     /* direct, hooked during the session, direct again; the forked children likewise. */
     char *hooked = strstr(o, "\nhooked\n");
@@ -654,7 +631,7 @@ static void test_attach_bug_dormant_calls_through_library(void **state)
 
     w = start_slotwatch("100", out, "0");
     assert_int_equal(wait_status(w), 0);
-    o = read_all(out);
+    o = e2e_read_file(out);
     print_message("  HEAPPROF_DORMANT_DIRECT=0: %s", o);
     assert_true(strncmp(o, "hooked\n", 7) == 0);
     assert_null(strstr(o, "direct"));

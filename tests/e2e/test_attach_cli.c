@@ -36,12 +36,10 @@ static char nobody_runtime[192];
 static int setup(void **state)
 {
     (void)state;
-    snprintf(runtime_dir, sizeof(runtime_dir), "/tmp/heapprof-e2e-acli-XXXXXX");
-    if (!mkdtemp(runtime_dir))
+    if (e2e_runtime_dir_make(runtime_dir, sizeof(runtime_dir), "acli") < 0)
         return -1;
     /* Searchable by nobody, whose runtime directory lies inside. */
     (void)chmod(runtime_dir, 0711);
-    setenv("XDG_RUNTIME_DIR", runtime_dir, 1);
     snprintf(nobody_runtime, sizeof(nobody_runtime), "%s/nobody", runtime_dir);
     if (geteuid() == 0 &&
         (mkdir(nobody_runtime, 0700) < 0 || chown(nobody_runtime, NOBODY, NOBODY) < 0))
@@ -52,9 +50,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", runtime_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return e2e_runtime_dir_remove(runtime_dir);
 }
 
 /* A program started by start(): its pid, the write end of its stdin, its output file. */
@@ -109,11 +105,6 @@ static void become(const struct as *a)
     }
 }
 
-static void sleep_ms(long ms)
-{
-    e2e_sleep_ms(ms);
-}
-
 /* Starts @argv (argv[0] a path) as @a says, stdin a pipe, stdout and stderr to a file;
  * returns once it printed "ready" (10 s at most). */
 static void start(struct target *t, char *const argv[], const struct as *a)
@@ -141,7 +132,7 @@ static void start(struct target *t, char *const argv[], const struct as *a)
         free(o);
         if (ready)
             break;
-        sleep_ms(10);
+        e2e_sleep_ms(10);
     }
 }
 
@@ -226,7 +217,7 @@ static bool in_session(pid_t pid)
 static void wait_in_session(pid_t pid)
 {
     for (int i = 0; i < 500 && !in_session(pid); i++)
-        sleep_ms(10);
+        e2e_sleep_ms(10);
     assert_true(in_session(pid));
 }
 
@@ -296,7 +287,7 @@ static void test_attach_cli_bug_already_profiled_rc0(void **state)
     char *first[] = {"-p", pidbuf, "--duration", "2", NULL};
     pid_t a = attach_start(first, trace1, &(struct as){0}, err1, sizeof(err1));
     wait_in_session(t.pid);
-    sleep_ms(200); /* its handshake done: "busy" otherwise (another attach under way) */
+    e2e_sleep_ms(200); /* its handshake done: "busy" otherwise (another attach under way) */
     char *second[] = {"-p", pidbuf, "--duration", "1", NULL};
     int status = attach_run(second, trace2, &(struct as){0}, &err);
     char by[64];
@@ -327,11 +318,11 @@ static void test_attach_cli_bug_already_profiled_rc0(void **state)
         if (f)
             pclose(f);
         if (!child)
-            sleep_ms(10);
+            e2e_sleep_ms(10);
     }
     assert_true(child > 0);
     wait_in_session(child);
-    sleep_ms(200);
+    e2e_sleep_ms(200);
     snprintf(pidbuf, sizeof(pidbuf), "%d", (int)child);
     char *under[] = {"-p", pidbuf, "--duration", "1", NULL};
     status = attach_run(under, trace2, &(struct as){0}, &err);
@@ -466,8 +457,8 @@ static void test_attach_cli_bug_daemon_misses_retitled(void **state)
     const char *args[] = {"-n", "hpcli", "-i", "1", NULL};
     e2e_daemon_launch(&d, args);
     for (int i = 0; i < 300 && !in_session(a.pid); i++)
-        sleep_ms(10);
-    sleep_ms(200);
+        e2e_sleep_ms(10);
+    e2e_sleep_ms(200);
     assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
     char *log = e2e_read_file(d.log);
     print_message("  heapprofd log:\n%s", log);

@@ -40,20 +40,11 @@
 static char runtime_dir[128];
 static pid_t target_pid; /* killed by teardown when a test failed with it running */
 
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
-
 static int setup(void **state)
 {
     (void)state;
-    snprintf(runtime_dir, sizeof(runtime_dir), "/tmp/heapprof-e2e-attach-dl-XXXXXX");
-    if (!mkdtemp(runtime_dir))
+    if (e2e_runtime_dir_make(runtime_dir, sizeof(runtime_dir), "attach-dl") < 0)
         return -1;
-    setenv("XDG_RUNTIME_DIR", runtime_dir, 1);
     return 0;
 }
 
@@ -65,73 +56,26 @@ static int teardown(void **state)
         (void)waitpid(target_pid, NULL, 0);
         target_pid = 0;
     }
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", runtime_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return e2e_runtime_dir_remove(runtime_dir);
 }
-
-static char *read_all(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    char *buf = calloc(1, 65536);
-    if (f) {
-        size_t n = fread(buf, 1, 65535, f);
-        buf[n] = '\0';
-        fclose(f);
-    }
-    return buf;
-}
-
-struct target {
-    pid_t pid;
-    int in;
-    char out[256];
-};
 
 /* Starts @argv with LD_PRELOAD=@preload (NULL: none; the library dormant), stdin a pipe,
  * stdout and stderr to a file; returns once it printed @ready_text (10 s at most; NULL:
  * no wait). */
-static void start(struct target *t, char *const argv[], const char *preload, const char *ready_text)
+static void start(struct e2e_target *t, char *const argv[], const char *preload,
+                  const char *ready_text)
 {
-    static int seq;
-    snprintf(t->out, sizeof(t->out), "%s/out-%d.txt", runtime_dir, seq++);
-    int in[2];
-    assert_int_equal(pipe2(in, O_CLOEXEC), 0);
-    t->pid = fork();
-    assert_true(t->pid >= 0);
-    if (t->pid == 0) {
-        int fd = open(t->out, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        dup2(in[0], 0);
-        if (preload) {
-            setenv("LD_PRELOAD", preload, 1);
-            setenv("HEAPPROF_STARTUP", "0", 1);
-        }
-        execv(argv[0], argv);
-        _exit(127);
-    }
+    assert_int_equal(e2e_target_start(t, runtime_dir, argv, preload, ready_text), 0);
     target_pid = t->pid;
-    close(in[0]);
-    t->in = in[1];
-    for (int i = 0; ready_text && i < 1000; i++) {
-        char *o = read_all(t->out);
-        bool ready = strstr(o, ready_text) != NULL;
-        free(o);
-        if (ready)
-            break;
-        sleep_ms(10);
-    }
 }
 
 /* Ends @t (EOF on its stdin), returns its exit status (128 + signal). */
-static int finish(struct target *t)
+static int finish(struct e2e_target *t)
 {
-    close(t->in);
-    int st;
-    assert_int_equal(waitpid(t->pid, &st, 0), t->pid);
+    int status = e2e_target_finish(t, 0);
+    assert_true(status >= 0);
     target_pid = 0;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return status;
 }
 
 /* `heapprof attach -p PID --duration @dur -i @interval -q -o TRACE` and @extra (NULL or
@@ -191,7 +135,7 @@ struct progress {
 static struct progress read_progress(const char *path)
 {
     struct progress p = {0, 0};
-    char *s = read_all(path);
+    char *s = e2e_read_file(path);
     (void)sscanf(s, "listed %lu logged %lu", &p.listed, &p.logged);
     free(s);
     return p;
@@ -206,7 +150,7 @@ static struct progress await_progress(const char *path, struct progress from, co
         p = read_progress(path);
         if (p.listed > from.listed && p.logged > from.logged)
             return p;
-        sleep_ms(10);
+        e2e_sleep_ms(10);
     }
     print_message("  stuck %s: listed %lu -> %lu, logged %lu -> %lu in %d ms\n", when, from.listed,
                   p.listed, from.logged, p.logged, STUCK_MS);
@@ -218,7 +162,7 @@ static struct progress await_progress(const char *path, struct progress from, co
 static struct progress rate(const char *path, long ms)
 {
     struct progress a = read_progress(path);
-    sleep_ms(ms);
+    e2e_sleep_ms(ms);
     struct progress b = read_progress(path);
     return (struct progress){b.listed - a.listed, b.logged - a.logged};
 }
@@ -230,11 +174,11 @@ static void dliter_cycles(const char *preload)
     snprintf(progress, sizeof(progress), "%s/progress", runtime_dir);
     char *argv[] = {(char *)e2e_env("DLITER_LOCK"), progress, NULL};
 
-    struct target plain, t;
+    struct e2e_target plain, t;
     start(&plain, argv, NULL, "ready\n");
-    sleep_ms(100);
+    e2e_sleep_ms(100);
     int plain_status = finish(&plain);
-    char *plain_out = read_all(plain.out);
+    char *plain_out = e2e_read_file(plain.out);
 
     start(&t, argv, preload, "ready\n");
     struct progress before = rate(progress, 200);
@@ -274,7 +218,7 @@ static void dliter_cycles(const char *preload)
     assert_true(after.logged * 100 >= before.logged);
 
     int status = finish(&t);
-    char *out = read_all(t.out);
+    char *out = e2e_read_file(t.out);
     assert_int_equal(status, plain_status);
     assert_string_equal(out, plain_out);
     assert_string_equal(out, "ready\ndone\n");
@@ -311,9 +255,9 @@ static void test_attach_dlopen_named(void **state)
     (void)state;
     char *argv[] = {(char *)e2e_env("DLLOOP"), (char *)e2e_env("DLLOOP_LIB_A"),
                     (char *)e2e_env("DLLOOP_LIB_B"), "14", NULL};
-    struct target t;
+    struct e2e_target t;
     start(&t, argv, e2e_env("HEAPPROF_LIB"), NULL);
-    sleep_ms(150);
+    e2e_sleep_ms(150);
     struct rp_trace *tr;
     int status = attach(t.pid, "1", "1", "--block-client", &tr);
     int exit_status = finish(&t);

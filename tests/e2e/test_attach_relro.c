@@ -30,105 +30,43 @@
 
 static char runtime_dir[128];
 
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
-
 static int setup(void **state)
 {
     (void)state;
-    snprintf(runtime_dir, sizeof(runtime_dir), "/tmp/heapprof-e2e-relro-XXXXXX");
-    if (!mkdtemp(runtime_dir))
+    if (e2e_runtime_dir_make(runtime_dir, sizeof(runtime_dir), "relro") < 0)
         return -1;
-    setenv("XDG_RUNTIME_DIR", runtime_dir, 1);
     return 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", runtime_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return e2e_runtime_dir_remove(runtime_dir);
 }
-
-static char *read_all(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    char *buf = calloc(1, 65536);
-    if (f) {
-        size_t n = fread(buf, 1, 65535, f);
-        buf[n] = '\0';
-        fclose(f);
-    }
-    return buf;
-}
-
-/* A program started by start(): its pid, the write end of its stdin, its output file. */
-struct target {
-    pid_t pid;
-    int in;
-    char out[256];
-};
 
 /* Starts @argv (argv[0] a path), the library preloaded and dormant unless !@preload, stdin
  * a pipe, stdout and stderr to a file; returns once it printed @ready_text (10 s at
  * most). */
-static void start_prog(struct target *t, char *const argv[], bool preload, const char *ready_text)
+static void start_prog(struct e2e_target *t, char *const argv[], bool preload,
+                       const char *ready_text)
 {
-    static int seq;
-    snprintf(t->out, sizeof(t->out), "%s/out-%d.txt", runtime_dir, seq++);
-    int in[2];
-    assert_int_equal(pipe2(in, O_CLOEXEC), 0);
-    t->pid = fork();
-    assert_true(t->pid >= 0);
-    if (t->pid == 0) {
-        int fd = open(t->out, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        dup2(in[0], 0);
-        if (preload) {
-            setenv("LD_PRELOAD", e2e_env("HEAPPROF_LIB"), 1);
-            setenv("HEAPPROF_STARTUP", "0", 1);
-        }
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    close(in[0]);
-    t->in = in[1];
-    for (int i = 0; i < 1000; i++) {
-        char *o = read_all(t->out);
-        bool ready = strstr(o, ready_text) != NULL;
-        free(o);
-        if (ready)
-            break;
-        sleep_ms(10);
-    }
+    const char *lib = preload ? e2e_env("HEAPPROF_LIB") : NULL;
+    assert_int_equal(e2e_target_start(t, runtime_dir, argv, lib, ready_text), 0);
 }
 
 /* Starts relro_patch @mode as start_prog() does; returns once it printed "ready". */
-static void start(struct target *t, const char *mode, bool preload)
+static void start(struct e2e_target *t, const char *mode, bool preload)
 {
     char *argv[] = {(char *)e2e_env("RELRO_PATCH"), (char *)mode, NULL};
     start_prog(t, argv, preload, "ready\n");
 }
 
-static bool alive(pid_t pid)
-{
-    int st;
-    return waitpid(pid, &st, WNOHANG) == 0;
-}
-
 /* Ends @t (EOF on its stdin), returns its exit status (128 + signal). */
-static int finish(struct target *t)
+static int finish(struct e2e_target *t)
 {
-    close(t->in);
-    int st;
-    assert_int_equal(waitpid(t->pid, &st, 0), t->pid);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    int status = e2e_target_finish(t, 0);
+    assert_true(status >= 0);
+    return status;
 }
 
 /* `heapprof attach -p PID --duration SESSION_S -i 1 -q -o TRACE` (without -q unless
@@ -175,14 +113,14 @@ static int attach(pid_t pid, bool quiet, char **err, long long *ret_samples)
 
 /* @cycles attach + detach of @t, each sampling relro_patch_alloc; the program stays
  * alive. */
-static void attach_cycles(struct target *t, int cycles)
+static void attach_cycles(struct e2e_target *t, int cycles)
 {
     for (int i = 0; i < cycles; i++) {
         char *err = NULL;
         long long samples;
         int status = attach(t->pid, true, &err, &samples);
-        if (status != 0 || samples <= 0 || !alive(t->pid)) {
-            char *o = read_all(t->out);
+        if (status != 0 || samples <= 0 || !e2e_alive(t->pid)) {
+            char *o = e2e_read_file(t->out);
             print_message("  cycle %d: status %d, %lld samples, stderr: %s\n  program: %s\n", i,
                           status, samples, err, o);
             free(o);
@@ -190,7 +128,7 @@ static void attach_cycles(struct target *t, int cycles)
         free(err);
         assert_int_equal(status, 0);
         assert_true(samples > 0);
-        assert_true(alive(t->pid));
+        assert_true(e2e_alive(t->pid));
     }
 }
 
@@ -198,22 +136,22 @@ static void attach_cycles(struct target *t, int cycles)
  * times (or, when !@cycles, once by @attach_once): same output, same exit status. */
 static void same_as_unprofiled(const char *mode, int cycles, void (*attach_once)(pid_t))
 {
-    struct target plain, t;
+    struct e2e_target plain, t;
     start(&plain, mode, false);
-    sleep_ms(100);
+    e2e_sleep_ms(100);
     int plain_status = finish(&plain);
-    char *plain_out = read_all(plain.out);
+    char *plain_out = e2e_read_file(plain.out);
 
     start(&t, mode, true);
-    sleep_ms(20); /* a few patches while dormant */
+    e2e_sleep_ms(20); /* a few patches while dormant */
     if (cycles)
         attach_cycles(&t, cycles);
     else
         attach_once(t.pid);
-    assert_true(alive(t.pid));
-    sleep_ms(20); /* and after the last detach */
+    assert_true(e2e_alive(t.pid));
+    e2e_sleep_ms(20); /* and after the last detach */
     int status = finish(&t);
-    char *out = read_all(t.out);
+    char *out = e2e_read_file(t.out);
     print_message("  %s: unprofiled %d \"%s\", attached %d times: %d \"%s\"\n", mode, plain_status,
                   plain_out, cycles, status, out);
     assert_int_equal(status, plain_status);
@@ -293,7 +231,7 @@ static void test_attach_relro_fork_children_switch_their_own(void **state)
 {
     (void)state;
     char *argv[] = {(char *)e2e_env("SLOTWATCH_NOW"), "1500", NULL};
-    struct target t;
+    struct e2e_target t;
     start_prog(&t, argv, true, "\n");
     char pidbuf[16], trace[256];
     snprintf(pidbuf, sizeof(pidbuf), "%d", (int)t.pid);
@@ -311,7 +249,7 @@ static void test_attach_relro_fork_children_switch_their_own(void **state)
     struct e2e_run run;
     assert_int_equal(e2e_run(args, NULL, &run), 0);
     int status = finish(&t);
-    char *o = read_all(t.out);
+    char *o = e2e_read_file(t.out);
     print_message("  attach %d, program %d: %s", run.status, status, o);
     assert_int_equal(run.status, 0);
     assert_int_equal(status, 0);

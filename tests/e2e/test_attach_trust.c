@@ -39,20 +39,11 @@ extern char **environ;
 
 static char runtime_dir[128];
 
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
-
 static int setup(void **state)
 {
     (void)state;
-    snprintf(runtime_dir, sizeof(runtime_dir), "/tmp/heapprof-e2e-trust-XXXXXX");
-    if (!mkdtemp(runtime_dir))
+    if (e2e_runtime_dir_make(runtime_dir, sizeof(runtime_dir), "trust") < 0)
         return -1;
-    setenv("XDG_RUNTIME_DIR", runtime_dir, 1);
     char dir[HP_PATH_MAX];
     if (hp_runtime_dir(runtime_dir, getuid(), dir, sizeof(dir)) < 0 || mkdir(dir, 0700) < 0)
         return -1;
@@ -62,21 +53,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", runtime_dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-static char *read_all(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    char *buf = calloc(1, 65536);
-    if (f) {
-        size_t n = fread(buf, 1, 65535, f);
-        buf[n] = '\0';
-        fclose(f);
-    }
-    return buf;
+    return e2e_runtime_dir_remove(runtime_dir);
 }
 
 /* A program started by start(): its pid, the write end of its stdin, its output files. */
@@ -90,12 +67,12 @@ struct target {
 static bool wait_for_text(const char *path, const char *text)
 {
     for (int i = 0; i < 1000; i++) {
-        char *o = read_all(path);
+        char *o = e2e_read_file(path);
         bool found = strstr(o, text) != NULL;
         free(o);
         if (found)
             return true;
-        sleep_ms(10);
+        e2e_sleep_ms(10);
     }
     return false;
 }
@@ -206,12 +183,12 @@ static int run_plain(char *const argv[], long ms, const char *line, char **ret_o
 {
     struct target t;
     start(&t, argv, false, NULL, "ready\n");
-    sleep_ms(ms / 2);
+    e2e_sleep_ms(ms / 2);
     if (line)
         assert_true(write(t.in, line, strlen(line)) == (ssize_t)strlen(line));
-    sleep_ms(ms / 2);
+    e2e_sleep_ms(ms / 2);
     int status = finish(&t);
-    *ret_out = read_all(t.out);
+    *ret_out = e2e_read_file(t.out);
     return status;
 }
 
@@ -237,11 +214,11 @@ static void test_trust_bug_unsealed_files_sigbus(void **state)
     char *env[] = {sock_env, NULL};
     struct target t;
     start(&t, argv, true, env, "ready\n");
-    sleep_ms(500); /* the peer truncates 300 ms after its answer */
+    e2e_sleep_ms(500); /* the peer truncates 300 ms after its answer */
     int status = finish(&t);
-    char *out = read_all(t.out);
+    char *out = e2e_read_file(t.out);
     int fake_status = finish(&fake);
-    char *fake_out = read_all(fake.out);
+    char *fake_out = e2e_read_file(fake.out);
     print_message("  unprofiled: %d, with the fake service: %d; the fake said: %s", plain_status,
                   status, fake_out);
     assert_int_equal(fake_status, 0);
@@ -261,7 +238,7 @@ static void wake_as_attacher(pid_t pid)
         assert_int_equal(svc_proc_inspect(pid, &p), 0);
         if (p.attach_ready)
             break;
-        sleep_ms(10);
+        e2e_sleep_ms(10);
     }
     char why[512];
     int r = svc_proc_wake(&p, getpid(), why, sizeof(why));
@@ -291,7 +268,7 @@ static void test_trust_bug_squatted_attach_socket(void **state)
     start(&squat, squat_argv, false, NULL, "listening\n");
     wake_as_attacher(t.pid);
     int squat_status = finish(&squat);
-    char *squat_out = read_all(squat.out);
+    char *squat_out = e2e_read_file(squat.out);
     print_message("  the squatter said: %s", squat_out);
     assert_int_equal(squat_status, 0);
     assert_non_null(strstr(squat_out, "got nothing"));
@@ -299,7 +276,7 @@ static void test_trust_bug_squatted_attach_socket(void **state)
 
     attach_ok(t.pid, "0.2", "trust_target_alloc");
     int status = finish(&t);
-    char *out = read_all(t.out);
+    char *out = e2e_read_file(t.out);
     assert_int_equal(status, plain_status);
     assert_string_equal(out, plain_out);
     free(out);
@@ -352,7 +329,7 @@ static void test_trust_bug_raw_fork_children(void **state)
     assert_int_equal(waitpid(bg, &st, 0), bg);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 
-    char *err = read_all(t.err);
+    char *err = e2e_read_file(t.err);
     pid_t kept[2] = {kept_pid(err, "_Fork"), kept_pid(err, "clone")};
     free(err);
     for (int i = 0; i < 2; i++) {
@@ -361,7 +338,7 @@ static void test_trust_bug_raw_fork_children(void **state)
         attach_ok(kept[i], "0.2", "trust_child_alloc");
     }
     int status = finish(&t);
-    char *out = read_all(t.out);
+    char *out = e2e_read_file(t.out);
     print_message("  unprofiled: %d \"%s\", attached: %d \"%s\"\n", plain_status, plain_out, status,
                   out);
     assert_int_equal(status, plain_status);

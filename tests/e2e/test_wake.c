@@ -24,100 +24,35 @@
 
 static char runtime_dir[128];
 
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
-
 static int setup(void **state)
 {
     (void)state;
-    snprintf(runtime_dir, sizeof(runtime_dir), "/tmp/heapprof-e2e-wake-XXXXXX");
-    if (!mkdtemp(runtime_dir))
+    if (e2e_runtime_dir_make(runtime_dir, sizeof(runtime_dir), "wake") < 0)
         return -1;
-    setenv("XDG_RUNTIME_DIR", runtime_dir, 1);
     return 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", runtime_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return e2e_runtime_dir_remove(runtime_dir);
 }
-
-static char *read_all(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    char *buf = calloc(1, 65536);
-    if (f) {
-        size_t n = fread(buf, 1, 65535, f);
-        buf[n] = '\0';
-        fclose(f);
-    }
-    return buf;
-}
-
-/* A program started by start(): its pid, the write end of its stdin, its output file. */
-struct target {
-    pid_t pid;
-    int in;
-    char out[256];
-};
 
 /* Starts @argv (argv[0] a path), the library preloaded and dormant unless !@preload, stdin
  * a pipe, stdout and stderr to a file; returns once it printed @ready_text (10 s at
  * most; NULL: does not wait). */
-static void start(struct target *t, char *const argv[], bool preload, const char *ready_text)
+static void start(struct e2e_target *t, char *const argv[], bool preload, const char *ready_text)
 {
-    static int seq;
-    snprintf(t->out, sizeof(t->out), "%s/out-%d.txt", runtime_dir, seq++);
-    int in[2];
-    assert_int_equal(pipe2(in, O_CLOEXEC), 0);
-    t->pid = fork();
-    assert_true(t->pid >= 0);
-    if (t->pid == 0) {
-        int fd = open(t->out, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        dup2(in[0], 0);
-        if (preload) {
-            setenv("LD_PRELOAD", e2e_env("HEAPPROF_LIB"), 1);
-            setenv("HEAPPROF_STARTUP", "0", 1);
-        }
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    close(in[0]);
-    t->in = in[1];
-    for (int i = 0; ready_text && i < 1000; i++) {
-        char *o = read_all(t->out);
-        bool ready = strstr(o, ready_text) != NULL;
-        free(o);
-        if (ready)
-            break;
-        sleep_ms(10);
-    }
-}
-
-static bool alive(pid_t pid)
-{
-    int st;
-    return waitpid(pid, &st, WNOHANG) == 0;
+    const char *lib = preload ? e2e_env("HEAPPROF_LIB") : NULL;
+    assert_int_equal(e2e_target_start(t, runtime_dir, argv, lib, ready_text), 0);
 }
 
 /* Ends @t (EOF on its stdin, or @sig), returns its exit status (128 + signal). */
-static int finish(struct target *t, int sig)
+static int finish(struct e2e_target *t, int sig)
 {
-    if (sig)
-        kill(t->pid, sig);
-    close(t->in);
-    int st;
-    assert_int_equal(waitpid(t->pid, &st, 0), t->pid);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    int status = e2e_target_finish(t, sig);
+    assert_true(status >= 0);
+    return status;
 }
 
 /* `heapprof attach -p PID --duration @dur -i 1 -q -o TRACE`: returns its exit status,
@@ -164,14 +99,14 @@ static int attach(pid_t pid, const char *dur, const char *fn, char **err, long l
 }
 
 /* @cycles attach + detach of @t, each sampling @fn; the program stays alive. */
-static void attach_cycles(struct target *t, int cycles, const char *dur, const char *fn)
+static void attach_cycles(struct e2e_target *t, int cycles, const char *dur, const char *fn)
 {
     for (int i = 0; i < cycles; i++) {
         char *err = NULL;
         long long samples;
         int status = attach(t->pid, dur, fn, &err, &samples);
-        if (status != 0 || samples <= 0 || !alive(t->pid)) {
-            char *o = read_all(t->out);
+        if (status != 0 || samples <= 0 || !e2e_alive(t->pid)) {
+            char *o = e2e_read_file(t->out);
             print_message("  cycle %d: status %d, %lld samples of %s, stderr: %s\n  program: %s\n",
                           i, status, samples, fn, err, o);
             free(o);
@@ -179,14 +114,14 @@ static void attach_cycles(struct target *t, int cycles, const char *dur, const c
         free(err);
         assert_int_equal(status, 0);
         assert_true(samples > 0);
-        assert_true(alive(t->pid));
+        assert_true(e2e_alive(t->pid));
     }
 }
 
 /* The program's output after @finish: "ready ... done", no FATAL line. */
-static void assert_clean(struct target *t, int status)
+static void assert_clean(struct e2e_target *t, int status)
 {
-    char *o = read_all(t->out);
+    char *o = e2e_read_file(t->out);
     if (status != 0 || strstr(o, "FATAL"))
         print_message("  status %d, output: %s\n", status, o);
     assert_int_equal(status, 0);
@@ -202,16 +137,16 @@ static void test_wake_bug_epoll_wait_eintr_fatal(void **state)
 {
     (void)state;
     char *argv[] = {(char *)e2e_env("WAKE_TARGET"), "epoll_inf", NULL};
-    struct target plain, t;
+    struct e2e_target plain, t;
     start(&plain, argv, false, "ready\n");
-    sleep_ms(100);
+    e2e_sleep_ms(100);
     int plain_status = finish(&plain, 0);
-    char *plain_out = read_all(plain.out);
+    char *plain_out = e2e_read_file(plain.out);
 
     start(&t, argv, true, "ready\n");
     attach_cycles(&t, 20, "0.2", "wake_target_alloc");
     int status = finish(&t, 0);
-    char *out = read_all(t.out);
+    char *out = e2e_read_file(t.out);
     print_message("  unprofiled: %d \"%s\", attached 20 times: %d \"%s\"\n", plain_status,
                   plain_out, status, out);
     assert_int_equal(status, plain_status);
@@ -226,7 +161,7 @@ static void test_wake_bug_epoll_wait_eintr_fatal(void **state)
 static void timed(const char *mode)
 {
     char *argv[] = {(char *)e2e_env("WAKE_TARGET"), (char *)mode, NULL};
-    struct target t;
+    struct e2e_target t;
     start(&t, argv, true, "ready\n");
     attach_cycles(&t, 20, "0.3", "wake_target_alloc");
     assert_clean(&t, finish(&t, 0));
@@ -256,7 +191,7 @@ static void test_wake_bug_tail_f_exits(void **state)
     fputs("line start\n", f);
     fflush(f);
     char *argv[] = {"/usr/bin/tail", "-f", file, NULL};
-    struct target t;
+    struct e2e_target t;
     start(&t, argv, true, "line start\n");
     for (int i = 0; i < 20; i++) {
         fprintf(f, "line %d\n", i);
@@ -269,13 +204,13 @@ static void test_wake_bug_tail_f_exits(void **state)
         free(err);
         /* tail may allocate nothing while attached: the session may be empty. */
         assert_true(status == 0 || status == 1);
-        assert_true(alive(t.pid));
+        assert_true(e2e_alive(t.pid));
     }
     fputs("line end\n", f);
     fclose(f);
-    sleep_ms(1500); /* tail -f looks again at least every second */
-    assert_true(alive(t.pid));
-    char *o = read_all(t.out);
+    e2e_sleep_ms(1500); /* tail -f looks again at least every second */
+    assert_true(e2e_alive(t.pid));
+    char *o = e2e_read_file(t.out);
     print_message("  tail -f printed: %zu bytes\n", strlen(o));
     assert_non_null(strstr(o, "line start\n"));
     for (int i = 0; i < 20; i++) {
@@ -294,7 +229,7 @@ static void test_wake_bug_tail_f_exits(void **state)
 static void sigtaker(const char *mode)
 {
     char *argv[] = {(char *)e2e_env("WAKE_TARGET"), (char *)mode, NULL};
-    struct target t;
+    struct e2e_target t;
     start(&t, argv, true, "ready\n");
     attach_cycles(&t, 5, "0.2", "wake_target_alloc");
     assert_clean(&t, finish(&t, SIGTERM));
@@ -318,11 +253,11 @@ static void test_wake_bug_own_handler_fired(void **state)
 {
     (void)state;
     char *argv[] = {(char *)e2e_env("WAKE_TARGET"), "rtsig", NULL};
-    struct target t;
+    struct e2e_target t;
     start(&t, argv, true, "ready\n");
     attach_cycles(&t, 5, "0.2", "wake_target_alloc");
     assert_clean(&t, finish(&t, 0));
-    char *o = read_all(t.out);
+    char *o = e2e_read_file(t.out);
     assert_non_null(strstr(o, "handler ran 0 times\n"));
     free(o);
 }
@@ -348,21 +283,21 @@ static void test_wake_refuses_stopped_and_traced(void **state)
 {
     (void)state;
     char *argv[] = {(char *)e2e_env("WAKE_TARGET"), "nanosleep", NULL};
-    struct target t;
+    struct e2e_target t;
     start(&t, argv, true, "ready\n");
     kill(t.pid, SIGSTOP);
     char path[64], st[4096];
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)t.pid);
     for (int i = 0; i < 200; i++) {
-        char *s = read_all(path);
+        char *s = e2e_read_file(path);
         bool stopped = strstr(s, ") T ") != NULL;
         free(s);
         if (stopped)
             break;
-        sleep_ms(5);
+        e2e_sleep_ms(5);
     }
     assert_refused(t.pid, "is stopped");
-    char *s = read_all(path);
+    char *s = e2e_read_file(path);
     assert_non_null(strstr(s, ") T ")); /* still stopped */
     free(s);
     kill(t.pid, SIGCONT);
@@ -373,7 +308,7 @@ static void test_wake_refuses_stopped_and_traced(void **state)
     char *traced[] = {(char *)e2e_env("WAKE_REFUSED"), "tracer", (char *)e2e_env("WAKE_TARGET"),
                       "nanosleep", NULL};
     start(&t, traced, true, "ready\n");
-    char *o = read_all(t.out);
+    char *o = e2e_read_file(t.out);
     int child = 0;
     const char *c = strstr(o, "child ");
     assert_non_null(c);
@@ -381,7 +316,7 @@ static void test_wake_refuses_stopped_and_traced(void **state)
     free(o);
     (void)st;
     assert_refused(child, "is being traced by pid");
-    assert_true(alive(t.pid));
+    assert_true(e2e_alive(t.pid));
     assert_clean(&t, finish(&t, 0));
 }
 
@@ -390,11 +325,11 @@ static void test_wake_refuses_stopped_and_traced(void **state)
 static void seccomp(const char *how)
 {
     char *argv[] = {(char *)e2e_env("WAKE_REFUSED"), "seccomp", (char *)how, NULL};
-    struct target t;
+    struct e2e_target t;
     start(&t, argv, true, "ready\n");
     assert_refused(t.pid, "seccomp");
-    sleep_ms(100);
-    assert_true(alive(t.pid));
+    e2e_sleep_ms(100);
+    assert_true(e2e_alive(t.pid));
     assert_clean(&t, finish(&t, 0));
 }
 
