@@ -99,8 +99,12 @@ static int attach(pid_t pid, const char *dur, const char *fn, char **err, long l
 }
 
 /* @cycles attach + detach of @t, each sampling @fn; the program stays alive. */
+/* @cycles attach sessions of @dur seconds: each must end well with the program alive,
+ * and together they must sample @fn. The programs allocate every 100 ms: one short
+ * session on a loaded machine may see no allocation. */
 static void attach_cycles(struct e2e_target *t, int cycles, const char *dur, const char *fn)
 {
+    long long total = 0;
     for (int i = 0; i < cycles; i++) {
         char *err = NULL;
         long long samples;
@@ -113,9 +117,10 @@ static void attach_cycles(struct e2e_target *t, int cycles, const char *dur, con
         }
         free(err);
         assert_int_equal(status, 0);
-        assert_true(samples > 0);
         assert_true(e2e_alive(t->pid));
+        total += samples > 0 ? samples : 0;
     }
+    assert_true(total > 0);
 }
 
 /* The program's output after @finish: "ready ... done", no FATAL line. */
