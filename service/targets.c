@@ -19,7 +19,7 @@
 #include "common/macros.h"
 #include "common/paths.h"
 
-static int read_small(const char *path, char *buf, size_t len, size_t *ret_n)
+int svc__read_small(const char *path, char *buf, size_t len, size_t *ret_n)
 {
     HP_CLEANUP_CLOSE int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -44,7 +44,7 @@ const char *svc_proc_comm(pid_t pid, char *buf, size_t len)
     char path[64];
     size_t n = 0;
     snprintf(path, sizeof(path), "/proc/%d/comm", (int)pid);
-    if (len == 0 || read_small(path, buf, len - 1, &n) < 0)
+    if (len == 0 || svc__read_small(path, buf, len - 1, &n) < 0)
         return NULL;
     buf[n] = '\0';
     buf[strcspn(buf, "\n")] = '\0';
@@ -89,7 +89,7 @@ static void proc_owner(struct svc_proc *p)
     p->uid = (uid_t)-1;
     p->dumpable = true;
     snprintf(path, sizeof(path), "/proc/%d/status", (int)p->pid);
-    if (read_small(path, buf, sizeof(buf) - 1, &n) == 0) {
+    if (svc__read_small(path, buf, sizeof(buf) - 1, &n) == 0) {
         buf[n] = '\0';
         const char *u = strstr(buf, "\nUid:");
         unsigned ruid, euid;
@@ -118,14 +118,14 @@ int svc_proc_inspect(pid_t pid, struct svc_proc *ret)
     ret->same_user = ret->uid == geteuid();
 
     snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
-    if (read_small(path, buf, sizeof(buf) - 1, &n) < 0)
+    if (svc__read_small(path, buf, sizeof(buf) - 1, &n) < 0)
         n = 0;
     buf[n] = '\0';
     proc_names(ret, buf, n);
 
     /* Who it is: the start time, which a reused pid does not share. */
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    if (read_small(path, buf, sizeof(buf) - 1, &n) == 0) {
+    if (svc__read_small(path, buf, sizeof(buf) - 1, &n) == 0) {
         buf[n] = '\0';
         const char *p = strrchr(buf, ')');
         /* after the name: state is field 3, starttime field 22 */
@@ -227,7 +227,7 @@ void svc_proc_scan_targets(const struct svc_config *cfg,
         char path[64], cmd[4096], comm[SVC_COMM_LEN];
         size_t n = 0;
         snprintf(path, sizeof(path), "/proc/%ld/cmdline", pid);
-        if (read_small(path, cmd, sizeof(cmd), &n) < 0)
+        if (svc__read_small(path, cmd, sizeof(cmd), &n) < 0)
             continue;
         if (!svc_config_matches(cfg, (int32_t)pid, svc_proc_comm((pid_t)pid, comm, sizeof(comm)),
                                 cmd, n))

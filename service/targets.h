@@ -75,4 +75,8 @@ uint64_t svc__wake_page_addr(const char *maps);
 /* The text of /proc/@pid/maps (malloc'd; the caller frees), or NULL with errno set. */
 char *svc__proc_maps(pid_t pid);
 
+/* Reads up to @len bytes of the file at @path (a /proc file: read until EOF) into @buf,
+ * not terminated; sets *@ret_n. Returns 0 or -errno. */
+int svc__read_small(const char *path, char *buf, size_t len, size_t *ret_n);
+
 #endif

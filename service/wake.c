@@ -173,20 +173,10 @@ bool svc_wake_restart(long long orig_rax, long long rax, bool signal_pending)
 /* Reads @path into @buf (NUL-terminated). Returns the length or -errno. */
 static ssize_t wake_read(const char *path, char *buf, size_t cap)
 {
-    HP_CLEANUP_CLOSE int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    size_t n = 0;
-    while (n + 1 < cap) {
-        ssize_t k = read(fd, buf + n, cap - 1 - n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0)
-            return -errno;
-        if (k == 0)
-            break;
-        n += (size_t)k;
-    }
+    size_t n;
+    int r = svc__read_small(path, buf, cap - 1, &n);
+    if (r < 0)
+        return r;
     buf[n] = '\0';
     return (ssize_t)n;
 }
