@@ -68,6 +68,7 @@
 #include "common/macros.h"
 #include "common/wake.h"
 #include "service/svc.h"
+#include "service/rcall.h"
 #include "service/targets.h"
 
 #ifndef PTRACE_GET_RSEQ_CONFIGURATION
@@ -394,10 +395,19 @@ struct wake_ctx {
     int answer;      /* the entry's return value, an HP_WAKE_* answer */
     pid_t attacher;
     struct hp_wake_page page;
-    siginfo_t kept[WAKE_MAX_KEPT]; /* signals that reached the thread while we held it */
+    const struct svc_rcall_plan *plan; /* what to do on the thread taken */
+    siginfo_t kept[WAKE_MAX_KEPT];     /* signals that reached the thread while we held it */
     int n_kept;
     char *why;
     size_t why_len;
+    /* While a thread is taken: its registers at the stop, the lowest address the calls'
+     * data reached (frames go below), whether it sits in a signal-delivery-stop (after a
+     * call returned to the trap) and when its stop began. */
+    pid_t tid;
+    struct user_regs_struct base;
+    uint64_t scratch;
+    bool in_signal_stop;
+    uint64_t stop_start_ns, stop_ns;
 };
 
 static void wake_sleep_us(long us)
@@ -501,8 +511,8 @@ static bool wake_in_rseq(pid_t tid, uint64_t rip)
     return rip >= (uint64_t)start && rip - (uint64_t)start < (uint64_t)post;
 }
 
-/* True when @tid has WAKE_HEADROOM of stack below @rsp. */
-static bool wake_stack_ok(pid_t pid, uint64_t rsp)
+/* True when @tid has @headroom bytes of stack below @rsp. */
+static bool wake_stack_ok(pid_t pid, uint64_t rsp, uint32_t headroom)
 {
     HP_CLEANUP_FREE char *maps = svc__proc_maps(pid);
     struct wake_map m;
@@ -510,7 +520,7 @@ static bool wake_stack_ok(pid_t pid, uint64_t rsp)
         return false;
     if (m.path_len >= 7 && strncmp(m.path, "[stack]", 7) == 0)
         return true; /* grows on demand */
-    return rsp - m.start >= WAKE_HEADROOM + WAKE_RED_ZONE;
+    return rsp - m.start >= (uint64_t)headroom + WAKE_RED_ZONE;
 }
 
 /* Puts @regs back in stopped @tid (its call restarted when @restart) and detaches. */
@@ -526,12 +536,132 @@ static void wake_release(struct wake_ctx *c, pid_t tid, struct user_regs_struct 
     wake_detach(c, tid, in_signal_stop);
 }
 
-/* The call on stopped @tid. Returns 0 (woken, detached), -EAGAIN (not at a safe point:
- * released, try later), -ESRCH (gone), or -EIO (the call failed: released unharmed,
- * reason in c->why). */
+/* One call of @fn(@a0, @a1, @a2) on the taken thread, returning to the plan's trap: its
+ * result in @ret. The frame lies below c->scratch. Returns 0, -ESRCH (the process ended),
+ * or -EIO (the call faulted or hung: the thread is stopped again, reason in c->why). */
+static int wake_remote_call(struct wake_ctx *c, uint64_t fn, uint64_t a0, uint64_t a1, uint64_t a2,
+                            uint64_t *ret)
+{
+    pid_t tid = c->tid;
+    uint64_t trap = c->plan->trap;
+    /* Below the data, 16-byte aligned, the trap as the return address (so rsp is 8 mod 16
+     * at the entry, as after a call). */
+    uint64_t sp = (c->scratch & ~15ull) - 8;
+    struct user_regs_struct call = c->base;
+    call.rsp = sp;
+    call.rip = fn;
+    call.rdi = a0;
+    call.rsi = a1;
+    call.rdx = a2;
+    call.rax = 0;
+    call.orig_rax = (unsigned long long)-1; /* no restart logic on our registers */
+    call.eflags &= ~X86_DF;
+    if (ptrace(PTRACE_POKEDATA, tid, sp, (void *)trap) < 0 ||
+        ptrace(PTRACE_SETREGS, tid, 0, &call) < 0 || ptrace(PTRACE_CONT, tid, 0, 0) < 0)
+        return wake_why(c->why, c->why_len, -EIO, "cannot set up the call on thread %d: %s",
+                        (int)tid, strerror(errno));
+
+    for (;;) {
+        int st;
+        int w = wake_wait(tid, WAKE_CALL_NS, &st);
+        if (w < 0 || (w > 0 && !WIFSTOPPED(st)))
+            return -ESRCH; /* the process ended (not by our call: it blocks no exit) */
+        if (w == 0) {
+            /* The call hangs: take the thread back wherever it is. */
+            (void)ptrace(PTRACE_INTERRUPT, tid, 0, 0);
+            if (wake_wait_interrupt(c, tid) == -ESRCH)
+                return -ESRCH;
+            c->in_signal_stop = false;
+            return wake_why(c->why, c->why_len, -EIO,
+                            "the call on thread %d did not return within %llu s", (int)tid,
+                            (unsigned long long)(WAKE_CALL_NS / 1000000000u));
+        }
+        int event = st >> 16, sig = WSTOPSIG(st);
+        if (event != 0) { /* a group stop or another event: the call goes on */
+            if (ptrace(PTRACE_CONT, tid, 0, 0) < 0)
+                return -ESRCH;
+            continue;
+        }
+        struct user_regs_struct now;
+        siginfo_t si;
+        memset(&si, 0, sizeof(si));
+        if (ptrace(PTRACE_GETREGS, tid, 0, &now) < 0 || ptrace(PTRACE_GETSIGINFO, tid, 0, &si) < 0)
+            return -ESRCH;
+        if (sig == SIGTRAP && now.rip == trap + 1 && si.si_code > 0) {
+            c->in_signal_stop = true;
+            *ret = now.rax;
+            return 0;
+        }
+        bool fault = si.si_code > 0 && (sig == SIGSEGV || sig == SIGBUS || sig == SIGILL ||
+                                        sig == SIGFPE || sig == SIGSYS || sig == SIGTRAP);
+        if (fault) {
+            /* Ours: suppressed, the thread put back. */
+            c->in_signal_stop = true;
+            return wake_why(c->why, c->why_len, -EIO,
+                            "the call faulted on thread %d (signal %d at %#llx); the thread "
+                            "was put back",
+                            (int)tid, sig, (unsigned long long)now.rip);
+        }
+        wake_keep_signal(c, tid, sig);
+        if (ptrace(PTRACE_CONT, tid, 0, 0) < 0)
+            return -ESRCH;
+    }
+}
+
+int svc__rcall_call(struct svc_rcall *t, uint64_t fn, uint64_t a0, uint64_t a1, uint64_t a2,
+                    uint64_t *ret)
+{
+    return wake_remote_call((struct wake_ctx *)t, fn, a0, a1, a2, ret);
+}
+
+int svc__rcall_put(struct svc_rcall *t, const void *data, size_t len, uint64_t *addr)
+{
+    struct wake_ctx *c = (struct wake_ctx *)t;
+    uint64_t at = (c->scratch - len) & ~15ull;
+    if (c->base.rsp - at + 256 > c->plan->headroom)
+        return wake_why(c->why, c->why_len, -ENOSPC, "no stack left for the call's data");
+    struct iovec local = {(void *)data, len}, remote = {(void *)(uintptr_t)at, len};
+    if (process_vm_writev(c->pid, &local, 1, &remote, 1, 0) != (ssize_t)len)
+        return wake_why(c->why, c->why_len, -EIO, "cannot write to thread %d's stack: %s",
+                        (int)c->tid, strerror(errno));
+    c->scratch = at;
+    *addr = at;
+    return 0;
+}
+
+int svc__rcall_read(struct svc_rcall *t, uint64_t addr, void *buf, size_t len)
+{
+    struct wake_ctx *c = (struct wake_ctx *)t;
+    struct iovec local = {buf, len}, remote = {(void *)(uintptr_t)addr, len};
+    return process_vm_readv(c->pid, &local, 1, &remote, 1, 0) == (ssize_t)len ? 0 : -EIO;
+}
+
+int svc__rcall_write(struct svc_rcall *t, uint64_t addr, const void *buf, size_t len)
+{
+    struct wake_ctx *c = (struct wake_ctx *)t;
+    struct iovec local = {(void *)buf, len}, remote = {(void *)(uintptr_t)addr, len};
+    return process_vm_writev(c->pid, &local, 1, &remote, 1, 0) == (ssize_t)len ? 0 : -EIO;
+}
+
+/* The wake's work: the entry, with our pid. */
+static int wake_act_entry(struct svc_rcall *t, void *arg)
+{
+    struct wake_ctx *c = (struct wake_ctx *)t;
+    (void)arg;
+    uint64_t rax = 0;
+    int r = wake_remote_call(c, c->page.entry, (uint64_t)c->attacher, 0, 0, &rax);
+    if (r == 0)
+        c->answer = (int)rax;
+    return r;
+}
+
+/* The plan's work on stopped @tid, between a save and an exact restore of its state.
+ * Returns 0 (done, detached), -EAGAIN (not at a safe point: released, try later), -ESRCH
+ * (gone), or another negative errno (the work failed: released unharmed, reason in
+ * c->why). */
 static int wake_call(struct wake_ctx *c, pid_t tid)
 {
-    struct user_regs_struct regs, call;
+    struct user_regs_struct regs;
     if (ptrace(PTRACE_GETREGS, tid, 0, &regs) < 0)
         return -ESRCH;
     /* Did our stop end its call with EINTR? Then it is restarted exactly when we let it
@@ -548,7 +678,8 @@ static int wake_call(struct wake_ctx *c, pid_t tid)
         wake_release(c, tid, regs, restart, false);
         return -EAGAIN;
     }
-    if (!wake_stack_ok(c->pid, regs.rsp)) {
+    if (!wake_stack_ok(c->pid, regs.rsp, c->plan->headroom) ||
+        (c->plan->safe && !c->plan->safe(c->plan->arg, tid, regs.rip, regs.rsp))) {
         wake_release(c, tid, regs, restart, false);
         return -EAGAIN;
     }
@@ -562,85 +693,27 @@ static int wake_call(struct wake_ctx *c, pid_t tid)
                         (int)tid, strerror(errno ? errno : ENOMEM));
     }
 
-    /* The frame: below the red zone, 16-byte aligned, the trap as the return address
-     * (so rsp is 8 mod 16 at the entry, as after a call). */
-    uint64_t sp = ((regs.rsp - WAKE_RED_ZONE) & ~15ull) - 8;
     uint64_t all_but_trap = ~0ull & ~(1ull << (SIGTRAP - 1));
-    call = regs;
-    call.rsp = sp;
-    call.rip = c->page.entry;
-    call.rdi = (uint64_t)c->attacher;
-    call.rax = 0;
-    call.orig_rax = (unsigned long long)-1; /* no restart logic on our registers */
-    call.eflags &= ~X86_DF;
-    int r = -EIO;
-    bool in_signal_stop = false;
-    if (ptrace(PTRACE_POKEDATA, tid, sp, (void *)c->page.trap) < 0 ||
-        ptrace(PTRACE_SETSIGMASK, tid, sizeof(all_but_trap), &all_but_trap) < 0 ||
-        ptrace(PTRACE_SETREGS, tid, 0, &call) < 0 || ptrace(PTRACE_CONT, tid, 0, 0) < 0) {
+    c->tid = tid;
+    c->base = regs;
+    c->scratch = regs.rsp - WAKE_RED_ZONE;
+    c->in_signal_stop = false;
+    int r;
+    if (ptrace(PTRACE_SETSIGMASK, tid, sizeof(all_but_trap), &all_but_trap) < 0)
         r = wake_why(c->why, c->why_len, -EIO, "cannot set up the call on thread %d: %s", (int)tid,
                      strerror(errno));
-        goto restore;
-    }
+    else
+        r = c->plan->act((struct svc_rcall *)c, c->plan->arg);
+    if (r == -ESRCH)
+        return -ESRCH;
+    if (r == -EAGAIN)
+        r = -EIO; /* the work began: never retried on another thread */
 
-    for (;;) {
-        int st;
-        int w = wake_wait(tid, WAKE_CALL_NS, &st);
-        if (w < 0 || (w > 0 && !WIFSTOPPED(st)))
-            return -ESRCH; /* the process ended (not by our call: it blocks no exit) */
-        if (w == 0) {
-            /* The call hangs: take the thread back wherever it is. */
-            (void)ptrace(PTRACE_INTERRUPT, tid, 0, 0);
-            if (wake_wait_interrupt(c, tid) == -ESRCH)
-                return -ESRCH;
-            r = wake_why(c->why, c->why_len, -EIO,
-                         "the wake call on thread %d did not return within %llu s", (int)tid,
-                         (unsigned long long)(WAKE_CALL_NS / 1000000000u));
-            goto restore;
-        }
-        int event = st >> 16, sig = WSTOPSIG(st);
-        if (event == PTRACE_EVENT_STOP) { /* a group stop: the call goes on */
-            if (ptrace(PTRACE_CONT, tid, 0, 0) < 0)
-                return -ESRCH;
-            continue;
-        }
-        if (event != 0) {
-            if (ptrace(PTRACE_CONT, tid, 0, 0) < 0)
-                return -ESRCH;
-            continue;
-        }
-        struct user_regs_struct now;
-        siginfo_t si;
-        memset(&si, 0, sizeof(si));
-        if (ptrace(PTRACE_GETREGS, tid, 0, &now) < 0 || ptrace(PTRACE_GETSIGINFO, tid, 0, &si) < 0)
-            return -ESRCH;
-        if (sig == SIGTRAP && now.rip == c->page.trap + 1 && si.si_code > 0) {
-            in_signal_stop = true;
-            c->woken_tid = tid;
-            c->answer = (int)now.rax;
-            r = 0;
-            break;
-        }
-        bool fault = si.si_code > 0 && (sig == SIGSEGV || sig == SIGBUS || sig == SIGILL ||
-                                        sig == SIGFPE || sig == SIGSYS || sig == SIGTRAP);
-        if (fault) {
-            /* Ours: suppressed, the thread put back. */
-            in_signal_stop = true;
-            r = wake_why(c->why, c->why_len, -EIO,
-                         "the wake call faulted on thread %d (signal %d at %#llx); the thread "
-                         "was put back",
-                         (int)tid, sig, (unsigned long long)now.rip);
-            break;
-        }
-        wake_keep_signal(c, tid, sig);
-        if (ptrace(PTRACE_CONT, tid, 0, 0) < 0)
-            return -ESRCH;
-    }
-
-restore:
     (void)ptrace(PTRACE_SETREGSET, tid, NT_X86_XSTATE, &xv);
     (void)ptrace(PTRACE_SETSIGMASK, tid, sizeof(mask), &mask);
-    wake_release(c, tid, regs, restart, in_signal_stop);
+    if (r == 0)
+        c->woken_tid = tid;
+    wake_release(c, tid, regs, restart, c->in_signal_stop);
     return r;
 }
 
@@ -662,6 +735,7 @@ static int wake_thread(struct wake_ctx *c, pid_t tid)
         return wake_why(c->why, c->why_len, -e, "cannot trace thread %d: %s", (int)tid,
                         strerror(e));
     }
+    c->stop_start_ns = hp_clock_ns(CLOCK_MONOTONIC);
     if (ptrace(PTRACE_INTERRUPT, tid, 0, 0) < 0)
         return -ESRCH;
     int r = wake_wait_interrupt(c, tid);
@@ -671,7 +745,10 @@ static int wake_thread(struct wake_ctx *c, pid_t tid)
     }
     if (r < 0)
         return r;
-    return wake_call(c, tid);
+    r = wake_call(c, tid);
+    if (r == 0)
+        c->stop_ns = hp_clock_ns(CLOCK_MONOTONIC) - c->stop_start_ns;
+    return r;
 }
 
 /* ---- the process ---------------------------------------------------------------------- */
@@ -810,6 +887,78 @@ static int wake_answer(int answer, char *why, size_t len)
     }
 }
 
+/* Takes one thread of c->pid after another, best first, until the plan's work was done
+ * on one (0), failed (its error), or no thread could be taken within @choose_ns. */
+static int wake_choose(struct wake_ctx *c, uint64_t choose_ns)
+{
+    /* A tracer that dies during a call leaves the thread to run into the trap. */
+    sigset_t stop, old;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGHUP);
+    sigaddset(&stop, SIGQUIT);
+    pthread_sigmask(SIG_BLOCK, &stop, &old);
+
+    uint64_t end = hp_clock_ns(CLOCK_MONOTONIC) + choose_ns;
+    struct wake_cand cands[256];
+    int r = -EAGAIN;
+    bool saw_later = false;
+    long nap = 1000;
+    while (r == -EAGAIN || r == -ESRCH) {
+        size_t n = wake_candidates(c->pid, cands, HP_ARRAY_SIZE(cands));
+        if (n == 0 && kill(c->pid, 0) < 0 && errno == ESRCH) {
+            r = wake_why(c->why, c->why_len, -ESRCH, "exited");
+            break;
+        }
+        r = -EAGAIN;
+        size_t i = 0;
+        for (; i < n && cands[i].look != SVC_WAKE_LATER && (r == -EAGAIN || r == -ESRCH); i++)
+            r = wake_thread(c, cands[i].tid);
+        if (r != -EAGAIN && r != -ESRCH)
+            break;
+        if (i < n && cands[i].look == SVC_WAKE_LATER) {
+            saw_later = true;
+            r = wake_watch_later(c, cands + i, n - i, 50000000u);
+            if (r != -EAGAIN && r != -ESRCH)
+                break;
+        }
+        if (hp_clock_ns(CLOCK_MONOTONIC) >= end) {
+            r = wake_why(c->why, c->why_len, -ETIMEDOUT,
+                         "no thread could be taken safely within %llu s (%s)",
+                         (unsigned long long)(choose_ns / 1000000000u),
+                         saw_later   ? "they wait with a timeout that a stop would cut short"
+                         : c->plan->safe ? "each was in D state, inside an rseq section, short of "
+                                           "stack, or inside the allocator, the loader, fork or exit"
+                                         : "in D state, inside an rseq section, or short of stack");
+            break;
+        }
+        /* Threads found unsafe are often busy allocating: look again soon, then less often. */
+        wake_sleep_us(nap);
+        nap = HP_MIN(nap * 2, 20000);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return r;
+}
+
+int svc__rcall_preflight(pid_t pid, char *why, size_t len)
+{
+    return wake_preflight(pid, why, len);
+}
+
+int svc__rcall_run(pid_t pid, const struct svc_rcall_plan *plan, char *why, size_t why_len,
+                   struct svc_rcall_stats *stats)
+{
+    struct wake_ctx c = {.pid = pid, .plan = plan, .why = why, .why_len = why_len};
+    uint64_t start = hp_clock_ns(CLOCK_MONOTONIC);
+    int r = wake_choose(&c, plan->choose_ns);
+    if (stats)
+        *stats = (struct svc_rcall_stats){.tid = c.woken_tid,
+                                          .stop_ns = r == 0 ? c.stop_ns : 0,
+                                          .total_ns = hp_clock_ns(CLOCK_MONOTONIC) - start};
+    return r;
+}
+
 int svc_proc_wake(const struct svc_proc *p, pid_t attacher, char *why, size_t why_len)
 {
     if (why && why_len)
@@ -834,49 +983,12 @@ int svc_proc_wake(const struct svc_proc *p, pid_t attacher, char *why, size_t wh
     r = wake_read_page(&now, &c.page, why, why_len);
     if (r < 0)
         return r;
+    struct svc_rcall_plan plan = {
+        .trap = c.page.trap, .headroom = WAKE_HEADROOM, .act = wake_act_entry};
+    c.plan = &plan;
 
-    /* A tracer that dies during the call leaves the thread to run into the int3. */
-    sigset_t stop, old;
-    sigemptyset(&stop);
-    sigaddset(&stop, SIGINT);
-    sigaddset(&stop, SIGTERM);
-    sigaddset(&stop, SIGHUP);
-    sigaddset(&stop, SIGQUIT);
-    pthread_sigmask(SIG_BLOCK, &stop, &old);
-
-    uint64_t start = hp_clock_ns(CLOCK_MONOTONIC), end = start + WAKE_CHOOSE_NS;
-    struct wake_cand cands[256];
-    r = -EAGAIN;
-    bool saw_later = false;
-    while (r == -EAGAIN || r == -ESRCH) {
-        size_t n = wake_candidates(p->pid, cands, HP_ARRAY_SIZE(cands));
-        if (n == 0 && kill(p->pid, 0) < 0 && errno == ESRCH) {
-            r = wake_why(why, why_len, -ESRCH, "exited");
-            break;
-        }
-        r = -EAGAIN;
-        size_t i = 0;
-        for (; i < n && cands[i].look != SVC_WAKE_LATER && (r == -EAGAIN || r == -ESRCH); i++)
-            r = wake_thread(&c, cands[i].tid);
-        if (r != -EAGAIN && r != -ESRCH)
-            break;
-        if (i < n && cands[i].look == SVC_WAKE_LATER) {
-            saw_later = true;
-            r = wake_watch_later(&c, cands + i, n - i, 50000000u);
-            if (r != -EAGAIN && r != -ESRCH)
-                break;
-        }
-        if (hp_clock_ns(CLOCK_MONOTONIC) >= end) {
-            r = wake_why(why, why_len, -ETIMEDOUT,
-                         "no thread could be taken safely within %llu s (%s)",
-                         (unsigned long long)(WAKE_CHOOSE_NS / 1000000000u),
-                         saw_later ? "they wait with a timeout that a stop would cut short"
-                                   : "in D state, inside an rseq section, or short of stack");
-            break;
-        }
-        wake_sleep_us(1000);
-    }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    uint64_t start = hp_clock_ns(CLOCK_MONOTONIC);
+    r = wake_choose(&c, WAKE_CHOOSE_NS);
     if (r == 0)
         r = wake_answer(c.answer, why, why_len);
     if (r == 0) /* the start time is what scripts/bench.sh's attach group measures from */
