@@ -79,6 +79,12 @@ struct cli_producer_opts {
 int cli_producer_run(const struct cli_producer_opts *o);
 
 int cmd_record(int argc, char **argv);
+/* libheapprof.so: HEAPPROF_LIB when set, else next to this binary (the build tree's
+ * ../preload/, or installed); malloc'd, or NULL when none is readable. */
+char *cli_find_library(void);
+/* Tells the service which library to load into processes started without it
+ * (service/inject.h): attach and heapprofd call it before attaching anything. */
+void cli_set_inject_library(void);
 int cmd_report(int argc, char **argv);
 int cmd_pprof(int argc, char **argv);
 int cmd_attach(int argc, char **argv);

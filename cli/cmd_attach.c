@@ -162,9 +162,16 @@ static int attach_target(struct attach_state *st, const struct svc_proc *p, bool
     why[0] = '\0';
     int r = check_target(p, why, sizeof(why));
     if (r == 0) {
-        r = svc_proc_wake(p, st->self, why, sizeof(why));
+        struct svc_rcall_stats inj;
+        r = svc_proc_attach(p, st->self, why, sizeof(why), &inj);
         if (r == -EAGAIN)
             return r;
+        if (inj.tid)
+            fprintf(stderr,
+                    "heapprof attach: pid %d (%s): libheapprof.so loaded (thread %d stopped "
+                    "%.2f ms, %.1f ms in all)\n",
+                    (int)p->pid, p->name, (int)inj.tid, (double)inj.stop_ns / 1e6,
+                    (double)inj.total_ns / 1e6);
     }
     if (r < 0 && (verbose || r != -ESRCH))
         fprintf(stderr, "heapprof attach: pid %d (%s) %s\n", (int)p->pid, p->name,
@@ -494,6 +501,8 @@ int cmd_attach(int argc, char **argv)
         return EXIT_PROFILER;
     int r = attach_parse_args(argc, argv, &opts, &a);
     cli_opts_done(&opts);
+    if (r > 0)
+        cli_set_inject_library();
     int rc = r < 0 ? EXIT_USAGE : r == 0 ? 0 : attach_run(&a);
     svc_config_done(&a.cfg);
     return rc;

@@ -17,6 +17,7 @@
 
 #include "common/macros.h"
 #include "common/paths.h"
+#include "service/inject.h"
 
 #ifndef HP_LIBDIR_FROM_BINDIR
 #define HP_LIBDIR_FROM_BINDIR "../lib"
@@ -157,8 +158,7 @@ out:
     return res;
 }
 
-/* libheapprof.so next to this binary: in the build tree (../preload/) or installed. */
-static char *find_library(void)
+char *cli_find_library(void)
 {
     const char *env = getenv("HEAPPROF_LIB");
     if (env && *env)
@@ -184,6 +184,12 @@ static char *find_library(void)
         free(real);
     }
     return NULL;
+}
+
+void cli_set_inject_library(void)
+{
+    HP_CLEANUP_FREE char *lib = cli_find_library();
+    svc_inject_set_library(lib);
 }
 
 static const char *base_name(const char *p)
@@ -495,7 +501,7 @@ static int record_run(struct record_args *a)
     int rc = find_runnable(a->child_argv[0], &prog);
     if (rc)
         return rc;
-    HP_CLEANUP_FREE char *lib = find_library();
+    HP_CLEANUP_FREE char *lib = cli_find_library();
     if (!lib) {
         fprintf(stderr, "heapprof record: cannot find libheapprof.so next to the heapprof "
                         "binary (set HEAPPROF_LIB to its path)\n");

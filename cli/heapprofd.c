@@ -379,6 +379,8 @@ int cmd_daemon(int argc, char **argv)
         return EXIT_PROFILER;
     int r = daemon_parse_args(argc, argv, &opts, &a);
     cli_opts_done(&opts);
+    if (r > 0)
+        cli_set_inject_library();
     int rc = r < 0 ? EXIT_USAGE : r == 0 ? 0 : daemon_run(&a);
     svc_config_done(&a.cfg);
     return rc;

@@ -63,7 +63,8 @@ int svc__rcall_run(pid_t pid, const struct svc_rcall_plan *plan, char *why, size
 int svc__rcall_preflight(pid_t pid, char *why, size_t len) HP_WARN_UNUSED;
 
 /* Inside act(): copies @len bytes below the frames to come; their address in @addr. */
-int svc__rcall_put(struct svc_rcall *t, const void *data, size_t len, uint64_t *addr) HP_WARN_UNUSED;
+int svc__rcall_put(struct svc_rcall *t, const void *data, size_t len,
+                   uint64_t *addr) HP_WARN_UNUSED;
 
 /* Inside act(): calls @fn(@a0, @a1, @a2); its rax in @ret. Returns 0, -ESRCH or -EIO. */
 int svc__rcall_call(struct svc_rcall *t, uint64_t fn, uint64_t a0, uint64_t a1, uint64_t a2,
@@ -71,6 +72,7 @@ int svc__rcall_call(struct svc_rcall *t, uint64_t fn, uint64_t a0, uint64_t a1, 
 
 /* Inside act(): reads or writes the target's memory. 0 or -EIO. */
 int svc__rcall_read(struct svc_rcall *t, uint64_t addr, void *buf, size_t len) HP_WARN_UNUSED;
-int svc__rcall_write(struct svc_rcall *t, uint64_t addr, const void *buf, size_t len) HP_WARN_UNUSED;
+int svc__rcall_write(struct svc_rcall *t, uint64_t addr, const void *buf,
+                     size_t len) HP_WARN_UNUSED;
 
 #endif

@@ -18,6 +18,7 @@
 
 #include "common/macros.h"
 #include "common/paths.h"
+#include "service/inject.h"
 
 int svc__read_small(const char *path, char *buf, size_t len, size_t *ret_n)
 {
@@ -190,7 +191,7 @@ int svc_proc_check(const struct svc_proc *p, bool other_users, char *why, size_t
         snprintf(why, len, "cannot be read: %s", strerror(p->maps_err));
         return -EPERM;
     }
-    if (!p->preloaded) {
+    if (!p->preloaded && !svc_inject_library()) {
         snprintf(why, len,
                  "does not have libheapprof.so loaded; start it with "
                  "LD_PRELOAD=/path/to/libheapprof.so to make it attachable");
@@ -208,7 +209,31 @@ int svc_proc_attach_daemon(const struct svc_proc *p, bool other_users, char *why
                  "; heapprofd takes other users' processes when it runs as "
                  "root with --allow-other-users");
     }
-    return r < 0 ? r : svc_proc_wake(p, 0, why, len);
+    return r < 0 ? r : svc_proc_attach(p, 0, why, len, NULL);
+}
+
+int svc_proc_attach(const struct svc_proc *p, pid_t attacher, char *why, size_t len,
+                    struct svc_rcall_stats *stats)
+{
+    if (stats)
+        *stats = (struct svc_rcall_stats){0};
+    if (p->preloaded)
+        return svc_proc_wake(p, attacher, why, len);
+    int r = svc_proc_inject(p, why, len, stats);
+    if (r < 0)
+        return r;
+    /* The constructor advertised the wake entry inside the dlopen. */
+    struct svc_proc now;
+    r = svc_proc_inspect(p->pid, &now);
+    if (r < 0 || now.start_time != p->start_time) {
+        snprintf(why, len, "exited");
+        return -ESRCH;
+    }
+    if (!now.attach_ready) {
+        snprintf(why, len, "loaded libheapprof.so but advertises no wake entry");
+        return -EPROTO;
+    }
+    return svc_proc_wake(&now, attacher, why, len);
 }
 
 void svc_proc_scan_targets(const struct svc_config *cfg,

@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include "service/config.h"
+#include "service/rcall.h"
 
 /* /proc/PID/comm's size, its NUL included. */
 #define SVC_COMM_LEN 16
@@ -41,7 +42,8 @@ const char *svc_proc_comm(pid_t pid, char *buf, size_t len);
  * nothing stands in the way, else a one-line reason that follows "pid N (name) " in
  * @why, with -EACCES (it runs as another user, and @other_users does not let a root
  * service take it: the caller adds what to do), -EPERM (not dumpable, or its maps not
- * readable: what is needed), -ENOPKG (no libheapprof.so mapped). */
+ * readable: what is needed), -ENOPKG (no libheapprof.so mapped, and none to load: see
+ * svc_inject_set_library()). */
 int svc_proc_check(const struct svc_proc *p, bool other_users, char *why, size_t len);
 /* What a daemon does with a running target @p it found: svc_proc_check() (other users'
  * processes when @other_users, heapprofd --allow-other-users), then svc_proc_wake() for
@@ -67,6 +69,11 @@ void svc_proc_scan_targets(const struct svc_config *cfg,
  * Blocks up to a few seconds. Blocks SIGINT, SIGTERM, SIGHUP and SIGQUIT in the calling
  * thread meanwhile. */
 int svc_proc_wake(const struct svc_proc *p, pid_t attacher, char *why, size_t why_len);
+/* Attaches @p whether or not it was started with the library: svc_proc_wake() when it has
+ * libheapprof.so, else svc_proc_inject() (service/inject.h) and then the wake. Returns as
+ * those; @stats (may be NULL): the injection's thread and stop time (zero without one). */
+int svc_proc_attach(const struct svc_proc *p, pid_t attacher, char *why, size_t len,
+                    struct svc_rcall_stats *stats);
 /* The reason tracing a process needs, after ptrace or a read of its memory said @err:
  * -EPERM, the reason in @why (service/wake.c). */
 int svc__wake_no_permission(int err, char *why, size_t len);

@@ -67,8 +67,8 @@
 #include "common/log.h"
 #include "common/macros.h"
 #include "common/wake.h"
-#include "service/svc.h"
 #include "service/rcall.h"
+#include "service/svc.h"
 #include "service/targets.h"
 
 #ifndef PTRACE_GET_RSEQ_CONFIGURATION
@@ -927,10 +927,11 @@ static int wake_choose(struct wake_ctx *c, uint64_t choose_ns)
             r = wake_why(c->why, c->why_len, -ETIMEDOUT,
                          "no thread could be taken safely within %llu s (%s)",
                          (unsigned long long)(choose_ns / 1000000000u),
-                         saw_later   ? "they wait with a timeout that a stop would cut short"
-                         : c->plan->safe ? "each was in D state, inside an rseq section, short of "
-                                           "stack, or inside the allocator, the loader, fork or exit"
-                                         : "in D state, inside an rseq section, or short of stack");
+                         saw_later ? "they wait with a timeout that a stop would cut short"
+                         : c->plan->safe
+                             ? "each was in D state, inside an rseq section, short of "
+                               "stack, or inside the allocator, the loader, fork or exit"
+                             : "in D state, inside an rseq section, or short of stack");
             break;
         }
         /* Threads found unsafe are often busy allocating: look again soon, then less often. */

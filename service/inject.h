@@ -1,0 +1,38 @@
+/* service/inject.h: loading libheapprof.so into a running process started without it
+ * (service/inject.c), after which svc_proc_wake() attaches it as a preloaded one.
+ *
+ *     svc_inject_set_library("/usr/lib/x86_64-linux-gnu/libheapprof.so"); // once, at start
+ *     if (!p->preloaded) r = svc_proc_inject(p, why, sizeof(why), &stats);
+ *     // then svc_proc_inspect() again (the wake page is there) and svc_proc_wake()
+ */
+#ifndef HP_SERVICE_INJECT_H
+#define HP_SERVICE_INJECT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/macros.h"
+#include "service/rcall.h"
+
+struct svc_proc;
+
+/* The library to load (an absolute path; NULL or "" forgets it). */
+void svc_inject_set_library(const char *path);
+const char *svc_inject_library(void);
+
+/* Loads the library into @p (inspected, not preloaded) on one thread taken at a safe
+ * point. Returns 0, or a negative errno with the reason in @why: -ESRCH (exited), -EBUSY
+ * (stopped, traced, a vfork child), -EOPNOTSUPP (seccomp), -EPERM (no permission to
+ * trace), -ENOEXEC (static, no glibc, or the dlopen failed: its message), -EXDEV (another
+ * mount namespace), -ETIMEDOUT (no thread at a safe point within 10 s), -EPROTO (a
+ * libheapprof.so without a wake entry is mapped), -ENOPKG (no library known). @stats:
+ * the thread taken and how long it was stopped. */
+int svc_proc_inject(const struct svc_proc *p, char *why, size_t why_len,
+                    struct svc_rcall_stats *stats) HP_WARN_UNUSED;
+
+/* For the unit test: whether @a lies in one of @n sorted, disjoint ranges. */
+struct inject_range;
+bool svc__inject_in_ranges(const struct inject_range *v, size_t n, uint64_t a);
+
+#endif
