@@ -323,6 +323,18 @@ static void attach_stopping(void *ctx, const struct cli_loop_result *res)
     if (st->verbose && res->signo)
         fprintf(stderr, "\nheapprof attach: stopping (signal %d); dumping and detaching\n",
                 res->signo);
+    /* Woken but not connected yet: the session ends without it, and says so (a busy
+     * machine can take longer than a short --duration to run its session thread). */
+    uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
+    for (size_t i = 0; i < st->n_tried; i++) {
+        const struct attach_tried *t = &st->tried[i];
+        if (t->woken_ns && !t->settled && kill(t->pid, 0) == 0)
+            fprintf(stderr,
+                    "heapprof attach: pid %d (%s) was woken %.1f s ago but had not connected "
+                    "when the session ended; it is not in the profile (a longer --duration "
+                    "gives it time on a busy machine)\n",
+                    (int)t->pid, t->name, (double)(now - t->woken_ns) / 1e9);
+    }
 }
 
 /* What the command line asks for. */

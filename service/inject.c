@@ -85,10 +85,6 @@ const char *svc_inject_library(void)
 
 /* ---- ranges ------------------------------------------------------------------------- */
 
-struct inject_range {
-    uint64_t lo, hi;
-};
-
 struct inject_ranges {
     struct inject_range *v;
     size_t n, cap;
@@ -541,6 +537,8 @@ struct inject_plan {
     char *why;
     size_t why_len;
     char unsafe_seen[96]; /* why the last thread looked at was not taken (debug) */
+    bool anywhere;        /* HEAPPROF_TEST_INJECT_ANYWHERE=1: no safe-point check (the
+                             negative control of tests/e2e/test_inject_safe.c) */
 };
 
 struct libc_syms {
@@ -592,6 +590,8 @@ static uint64_t inject_find_trap(const struct inject_elf *f)
 static bool inject_safe(void *arg, pid_t tid, uint64_t rip, uint64_t rsp)
 {
     struct inject_plan *pl = arg;
+    if (pl->anywhere)
+        return true;
     const struct inject_range *v = pl->unsafe.v;
     size_t n = pl->unsafe.n;
     if (svc__inject_in_ranges(v, n, rip)) {
@@ -737,6 +737,30 @@ static int inject_unsafe(pid_t pid, const struct inject_map *m, struct inject_ra
     return 0;
 }
 
+int svc__inject_unsafe_of(pid_t pid, struct inject_range **ret, size_t *n, uint64_t *trap)
+{
+    struct inject_map m = {0};
+    struct inject_ranges rs = {0};
+    int r = inject_read_maps(pid, &m);
+    if (r == 0 && (m.libc < 0 || m.ld < 0))
+        r = -ENOEXEC;
+    if (r == 0)
+        r = inject_unsafe(pid, &m, &rs);
+    if (r == 0 && trap) {
+        struct inject_elf libc = {.fd = -1};
+        *trap = inject_elf_open(pid, &m.objs[m.libc], &libc) == 0 ? inject_find_trap(&libc) : 0;
+        inject_elf_close(&libc);
+    }
+    free(m.objs);
+    if (r < 0) {
+        free(rs.v);
+        return r;
+    }
+    *ret = rs.v;
+    *n = rs.n;
+    return 0;
+}
+
 int svc_proc_inject(const struct svc_proc *p, char *why, size_t why_len,
                     struct svc_rcall_stats *stats)
 {
@@ -769,7 +793,12 @@ int svc_proc_inject(const struct svc_proc *p, char *why, size_t why_len,
         return r == -EACCES || r == -EPERM ? svc__wake_no_permission(-r, why, why_len)
                                            : inject_why(why, why_len, r, "exited");
     }
-    struct inject_plan pl = {.pid = p->pid, .lib = lib, .why = why, .why_len = why_len};
+    const char *anywhere = getenv("HEAPPROF_TEST_INJECT_ANYWHERE");
+    struct inject_plan pl = {.pid = p->pid,
+                             .lib = lib,
+                             .why = why,
+                             .why_len = why_len,
+                             .anywhere = anywhere && strcmp(anywhere, "1") == 0};
     struct inject_elf libc = {.fd = -1};
     struct libc_syms syms = {0};
     struct svc_rcall_plan plan = {.headroom = INJECT_HEADROOM,

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "common/macros.h"
 #include "service/rcall.h"
@@ -31,8 +32,13 @@ const char *svc_inject_library(void);
 int svc_proc_inject(const struct svc_proc *p, char *why, size_t why_len,
                     struct svc_rcall_stats *stats) HP_WARN_UNUSED;
 
-/* For the unit test: whether @a lies in one of @n sorted, disjoint ranges. */
-struct inject_range;
+/* For the unit test: a range [lo, hi) of addresses; whether @a lies in one of @n sorted,
+ * disjoint ranges; the ranges a thread of @pid must not be in to be taken (malloc'd, in
+ * @ret), and the int3 the calls return to, in @trap. */
+struct inject_range {
+    uint64_t lo, hi;
+};
 bool svc__inject_in_ranges(const struct inject_range *v, size_t n, uint64_t a);
+int svc__inject_unsafe_of(pid_t pid, struct inject_range **ret, size_t *n, uint64_t *trap);
 
 #endif
