@@ -8,8 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bookkeeping/state.h"
+#include "common/clock.h"
 
 int bk_new(const struct bk_config *cfg, bk_t **ret)
 {
@@ -150,6 +152,7 @@ int bk_process_start(bk_t *bk, int32_t pid, const char *cmdline, size_t cmdline_
         return -ENOMEM;
     p->pid = pid;
     p->from_startup = from_startup;
+    p->start_ts = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
     p->sampling_interval_bytes = sampling_interval_bytes;
     p->log_keep = sampling_interval_bytes > 1 ? log1p(-1.0 / (double)sampling_interval_bytes) : 0;
     p->next_seq = 1;

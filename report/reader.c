@@ -344,6 +344,7 @@ static int finish(struct rd *rd)
             .client_spinlock_blocked_us = h->client_spinlock_blocked_us,
             .frees_lost = h->frees_lost,
             .writer_stalls = h->writer_stalls,
+            .profile_start_ts = h->profile_start_ts,
             .stalled_records_skipped = h->stalled_records_skipped,
             .losses = h->losses,
             .n_callsites = p->n_callsites,

@@ -356,6 +356,10 @@ static void print_process(FILE *out, const struct rp_trace_process *p,
             p->heap_name[0] ? p->heap_name : "(unnamed)", p->sampling_interval_bytes, p->n_dumps,
             p->n_dumps == 1 ? "" : "s",
             p->from_startup ? "profiled from startup" : "attached while running");
+    /* Allocations made before an attach are not in the profile: say from when it is. */
+    if (!p->from_startup && p->profile_start_ts && p->timestamp >= p->profile_start_ts)
+        fprintf(out, " (profiled from %.1f s before this dump; earlier allocations are not seen)",
+                (double)(p->timestamp - p->profile_start_ts) / 1e9);
     /* Not for a process that exited while profiled (Perfetto's disconnected): only when
      * the profiler lost it, and the more precise flag below does not say why. */
     if (p->connection_lost && !p->connection_closed_by_program)

@@ -90,6 +90,7 @@ struct rd_header {
     bool writer_stalled, connection_closed_by_program, connection_lost;
     uint64_t unwinding_errors, heap_samples, map_reparses, total_unwinding_time_us,
         client_spinlock_blocked_us, frees_lost, writer_stalls, stalled_records_skipped;
+    uint64_t profile_start_ts;
     struct rp_trace_losses losses;
 };
 
