@@ -57,11 +57,12 @@ static void usage_attach(FILE *f, const struct cli_opts *o)
 {
     fputs("usage: heapprof attach (-p PID | -n NAME)... [options]\n"
           "\n"
-          "Profiles running processes that were started with libheapprof.so preloaded\n"
-          "(LD_PRELOAD=.../libheapprof.so): wakes them (a ptrace call, no signal), profiles\n"
-          "them until --duration ends, Ctrl-C, or they all exit, then dumps and detaches\n"
-          "(they go back to dormant passthrough and can be attached again). With -n,\n"
-          "processes that start later and match are picked up too.\n"
+          "Profiles running processes: wakes the ones started with libheapprof.so preloaded\n"
+          "(LD_PRELOAD=.../libheapprof.so; a ptrace call, no signal) and loads the library\n"
+          "into the others (dlopen on one thread taken at a safe point; the other threads\n"
+          "keep running), profiles them until --duration ends, Ctrl-C, or they all exit,\n"
+          "then dumps and detaches (they go back to dormant and can be attached again).\n"
+          "With -n, processes that start later and match are picked up too.\n"
           "\n"
           "-n NAME matches what pgrep shows: NAME, exact or a glob, is compared with the\n"
           "process name (/proc/PID/comm, what `pgrep NAME` matches), argv[0] and its\n"
@@ -80,13 +81,12 @@ static void usage_attach(FILE *f, const struct cli_opts *o)
           "  -h, --help                   this help\n"
           "\n"
           "examples:\n"
-          "  LD_PRELOAD=build/preload/libheapprof.so ./server &\n"
-          "  heapprof attach -p $! --duration 30\n"
+          "  ./server & heapprof attach -p $! --duration 30\n"
           "  heapprof attach -n 'worker-*' --continuous-dump 1000 -o workers.pftrace\n"
           "\n"
           "exit status: 0 at least one process was profiled; 1 none was (each process that\n"
           "could not be is named with the reason: another user's, not dumpable, already\n"
-          "profiled, no libheapprof.so, stopped, traced, seccomp...); 2 usage error; 3\n"
+          "profiled, static binary, stopped, traced, seccomp...); 2 usage error; 3\n"
           "profiler failure.\n",
           f);
 }

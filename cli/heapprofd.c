@@ -1,7 +1,7 @@
 /* cli/heapprofd.c: the heapprof daemon. Processes started with libheapprof.so
  * preloaded connect to its socket at startup; those matching the targets are profiled
- * from startup and dumped when they exit; running targets are woken by the attach
- * signal. */
+ * from startup and dumped when they exit; running targets are attached (woken, or the
+ * library loaded into them: service/inject.h). */
 #include "cli/cli.h"
 
 #include <dirent.h>
@@ -67,10 +67,11 @@ static void usage(FILE *f, const struct cli_opts *o)
           "Runs the heapprof service in the foreground (logs on stderr). Processes started\n"
           "with LD_PRELOAD=.../libheapprof.so connect to it at startup; those matching the\n"
           "targets are profiled from their first allocation and dumped when they exit.\n"
-          "Running targets that have the library are attached with a signal (unless\n"
-          "--no-running). Stop with Ctrl-C or SIGTERM: every process is dumped and the\n"
-          "trace completed; a second Ctrl-C exits at once. 'heapprof dump' (a request on\n"
-          "the socket) or SIGUSR1 dumps now.\n"
+          "Running targets are attached (unless --no-running): woken by a ptrace call when\n"
+          "they have the library, the library loaded into them when not (with -p and -n;\n"
+          "--all takes only processes that have it). Stop with Ctrl-C or SIGTERM: every\n"
+          "process is dumped and the trace completed; a second Ctrl-C exits at once.\n"
+          "'heapprof dump' (a request on the socket) or SIGUSR1 dumps now.\n"
           "\n"
           "options (each configuration option is also a field of the config file, named as\n"
           "in Perfetto's HeapprofdConfig):\n"
@@ -103,7 +104,7 @@ static void usage(FILE *f, const struct cli_opts *o)
           f);
 }
 
-static void signal_running(void *ctx, const struct svc_proc *p)
+static void attach_running(void *ctx, const struct svc_proc *p)
 {
     const struct svc_config *cfg = ctx;
     char why[768];
@@ -161,7 +162,7 @@ static int daemon_started(void *ctx, svc_t *s)
     else
         fprintf(stderr, "heapprofd: listening on %s, writing %s\n", d->socket_path, d->output);
     if (!d->cfg->no_running && svc_config_has_targets(d->cfg))
-        svc_proc_scan_targets(d->cfg, signal_running, (void *)d->cfg);
+        svc_proc_scan_targets(d->cfg, attach_running, (void *)d->cfg);
     return 0;
 }
 

@@ -66,7 +66,7 @@ const struct svc_config_field svc_config_fields[] = {
     {"no_startup", 10, SVC_FIELD_BOOL, 0, FIELD(no_startup), 0, 1, "no-startup", 0, NULL,
      "no_startup", NULL, "ignore processes connecting at startup"},
     {"no_running", 11, SVC_FIELD_BOOL, 0, FIELD(no_running), 0, 1, "no-running", 0, NULL,
-     "no_running", NULL, "do not signal running processes"},
+     "no_running", NULL, "do not attach running processes"},
     {"dump_at_max", 13, SVC_FIELD_BOOL, 0, FIELD(dump_at_max), 0, 1, "dump-at-max", 0, NULL,
      "dump_at_max", NULL, "report live memory at its peak, not at the end"},
     {"block_client_timeout_us", 14, SVC_FIELD_UINT, 0, FIELD(block_client_timeout_us), 0, 60000000,

@@ -46,7 +46,7 @@ struct svc_config {
     size_t n_process_cmdline;
     bool all;
     bool no_startup; /* do not profile processes that connect at startup */
-    bool no_running; /* do not signal running processes */
+    bool no_running; /* do not attach running processes */
     /* continuous_dump_config */
     uint32_t dump_phase_ms;
     uint32_t dump_interval_ms; /* 0: no continuous dumps */
