@@ -343,7 +343,10 @@ static const char *const inject_unsafe_names[] = {
     "fork", "_Fork", "vfork", "__fork", "__vfork", "posix_spawn", "posix_spawnp", "system", "popen",
     "pclose", "pthread_create", "pthread_atfork", "__register_atfork", "exit", "quick_exit",
     "atexit", "on_exit", "__cxa_atexit", "__cxa_finalize", "__cxa_thread_atexit_impl",
-    "__call_tls_dtors", "__libc_start_main"};
+    "__call_tls_dtors"};
+/* Not __libc_start_main: every main thread's stack holds a return address into what it
+ * calls (__libc_start_call_main), which would make every main thread unsafe; exit() is
+ * caught by its own name. */
 
 static bool inject_unsafe_name(const char *name)
 {

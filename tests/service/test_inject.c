@@ -3,7 +3,8 @@
  * exit functions and ld.so are in them; system call wrappers a thread idles in and the
  * program's own code are not. With glibc's debug symbols installed (libc6-dbg), the
  * unexported allocator internals that no exported frame shows on a stack are checked
- * too: they come from the call closure, not from names. */
+ * too (they come from the call closure, not from names), and the bottom frames of every
+ * thread must not be avoided. */
 #include <dlfcn.h>
 #include <elf.h>
 #include <fcntl.h>
@@ -189,6 +190,9 @@ static void test_allocator_internals_unsafe(void **state)
     const char *want[] = {"_mid_memalign", "_int_malloc", "_int_free",
                           "_int_memalign", "sysmalloc",   "malloc_consolidate"};
     bool found[sizeof(want) / sizeof(want[0])] = {0};
+    /* The bottom frames of every main thread and every other thread: a return address
+     * into them is on each stack, so they must stay takeable. */
+    const char *never[] = {"__libc_start_call_main", "start_thread"};
     for (Elf_Scn *s = elf_nextscn(e, NULL); s; s = elf_nextscn(e, s)) {
         GElf_Shdr sh;
         if (!gelf_getshdr(s, &sh) || sh.sh_type != SHT_SYMTAB)
@@ -200,6 +204,10 @@ static void test_allocator_internals_unsafe(void **state)
                 !sym.st_value)
                 continue;
             const char *name = elf_strptr(e, sh.sh_link, sym.st_name);
+            for (size_t k = 0; name && k < sizeof(never) / sizeof(never[0]); k++)
+                if (strcmp(name, never[k]) == 0 &&
+                    unsafe((const void *)(bias + sym.st_value + sym.st_size / 2)))
+                    fail_msg("%s is avoided: no thread could ever be taken", name);
             for (size_t k = 0; name && k < sizeof(want) / sizeof(want[0]); k++) {
                 if (strcmp(name, want[k]) != 0)
                     continue;
