@@ -35,6 +35,7 @@ static const struct cli_field record_fields[] = {
     {"dump_at_max", NULL, 0},
     {"continuous_dump_config", NULL, 0},
     {"follow_fork", NULL, 0},
+    {"no_source_lines", NULL, 0},
     {"no_fast_unwind", NULL, 0},
     {"audit_every", NULL, 0},
     {NULL, NULL, 0},

@@ -93,6 +93,10 @@ const struct svc_config_field svc_config_fields[] = {
     {"follow_fork", 0, SVC_FIELD_BOOL, 0, FIELD(follow_fork), 0, 1, "follow-fork", 0,
      "no-follow-fork", "follow_fork", NULL,
      "also profile children of fork() until they exec, each as its own process"},
+    {"no_source_lines", 0, SVC_FIELD_BOOL, 0, FIELD(no_source_lines), 0, 1, "no-source-lines", 0,
+     NULL, "no_source_lines", NULL,
+     "leave source files and lines out of the trace (no debug information is read: faster "
+     "dumps, function names only)"},
     {"no_fast_unwind", 0, SVC_FIELD_BOOL, 0, FIELD(no_fast_unwind), 0, 1, "no-fast-unwind", 0, NULL,
      "no_fast_unwind", NULL,
      "copy every sampled stack for the service to unwind (by default the app walks its own "

@@ -44,6 +44,7 @@
 #include "service/inject.h"
 
 #include <elf.h>
+#include <elfutils/libdwfl.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <gelf.h>
@@ -542,7 +543,54 @@ struct inject_plan {
     char unsafe_seen[96]; /* why the last thread looked at was not taken (debug) */
     bool anywhere;        /* HEAPPROF_TEST_INJECT_ANYWHERE=1: no safe-point check (the
                              negative control of tests/e2e/test_inject_safe.c) */
+    Dwfl *dwfl;           /* the process's modules, to unwind a stopped thread; NULL: none */
 };
+
+/* ---- the stack of a stopped thread ---------------------------------------------------- */
+
+static const Dwfl_Callbacks inject_dwfl_callbacks = {
+    .find_elf = dwfl_linux_proc_find_elf,
+    .find_debuginfo = dwfl_standard_find_debuginfo,
+};
+
+/* The modules of @pid, for unwinding its threads once we stop them (we are their tracer:
+ * libdw reads their registers and memory through ptrace), or NULL. */
+static Dwfl *inject_dwfl_open(pid_t pid)
+{
+    Dwfl *d = dwfl_begin(&inject_dwfl_callbacks);
+    if (!d)
+        return NULL;
+    dwfl_report_begin(d);
+    if (dwfl_linux_proc_report(d, pid) != 0 || dwfl_report_end(d, NULL, NULL) != 0 ||
+        dwfl_linux_proc_attach(d, pid, true) != 0) {
+        dwfl_end(d);
+        return NULL;
+    }
+    return d;
+}
+
+struct inject_walk {
+    const struct inject_plan *pl;
+    uint64_t bad; /* the first frame's pc found unsafe */
+    unsigned frames;
+};
+
+static int inject_frame_cb(Dwfl_Frame *f, void *arg)
+{
+    struct inject_walk *w = arg;
+    Dwarf_Addr pc;
+    bool activation;
+    if (!dwfl_frame_pc(f, &pc, &activation))
+        return -1; /* cannot tell: the caller falls back to the word scan */
+    /* A return address points after its call: the caller's call is the byte before. */
+    uint64_t at = activation ? pc : pc - 1;
+    w->frames++;
+    if (svc__inject_in_ranges(w->pl->unsafe.v, w->pl->unsafe.n, at)) {
+        w->bad = at;
+        return DWARF_CB_ABORT;
+    }
+    return w->frames > 4096 ? -1 : DWARF_CB_OK;
+}
 
 struct libc_syms {
     uint64_t errno_loc, dlopen, dlopen_mode, dlerror;
@@ -602,7 +650,22 @@ static bool inject_safe(void *arg, pid_t tid, uint64_t rip, uint64_t rsp)
                  (unsigned long long)rip);
         return false;
     }
-    /* The stack: from sp up to the end of its mapping, 1 MiB at most. */
+    /* Its frames, unwound by their CFI (every caller's return address, and the pc
+     * interrupted by a signal handler): exact, where every frame has CFI. */
+    if (pl->dwfl) {
+        struct inject_walk w = {.pl = pl};
+        int r = dwfl_getthread_frames(pl->dwfl, tid, inject_frame_cb, &w);
+        if (r == 0)
+            return true;
+        if (r == DWARF_CB_ABORT) {
+            snprintf(pl->unsafe_seen, sizeof(pl->unsafe_seen), "thread %d: frame %u at %#llx",
+                     (int)tid, w.frames, (unsigned long long)w.bad);
+            return false;
+        }
+        /* A frame without CFI (JIT code, hand-written assembly): every word, below. */
+    }
+    /* The stack: from sp up to the end of its mapping, 1 MiB at most. A stale word that
+     * points into unsafe code only makes the thread look busy. */
     HP_CLEANUP_FREE char *maps = svc__proc_maps(pl->pid);
     uint64_t top = rsp + INJECT_STACK_SCAN;
     for (const char *l = maps; l && *l;) {
@@ -853,6 +916,7 @@ int svc_proc_inject(const struct svc_proc *p, char *why, size_t why_len,
     r = inject_unsafe(p->pid, &m, &pl.unsafe);
     if (r < 0)
         goto out;
+    pl.dwfl = inject_dwfl_open(p->pid);
     r = svc__rcall_run(p->pid, &plan, why, why_len, stats);
     if (r == -ETIMEDOUT && pl.unsafe_seen[0])
         hp_log_debug("pid %d: last thread not taken: %s", (int)p->pid, pl.unsafe_seen);
@@ -862,6 +926,8 @@ int svc_proc_inject(const struct svc_proc *p, char *why, size_t why_len,
                      (int)p->pid, (int)stats->tid, (double)stats->stop_ns / 1e6,
                      (double)stats->total_ns / 1e6);
 out:
+    if (pl.dwfl)
+        dwfl_end(pl.dwfl);
     inject_elf_close(&libc);
     free(pl.unsafe.v);
     free(m.objs);

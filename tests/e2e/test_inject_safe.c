@@ -55,6 +55,7 @@ static void attach_once(pid_t pid, bool anywhere, struct e2e_run *ret)
                     "0.2",
                     "--no-status",
                     "-q",
+                    "--no-source-lines",
                     "-o",
                     trace,
                     NULL};
