@@ -279,6 +279,39 @@ static int count_of(const char *text, const char *what)
     return n;
 }
 
+/* --no-source-lines: the same program, its functions named, no file or line anywhere in
+ * the report (no debug information was read). */
+static void test_report_cli_no_source_lines(void **state)
+{
+    (void)state;
+    char *trace = e2e_tmp_path(".pftrace");
+    char *rec[] = {(char *)e2e_env("HEAPPROF_BIN"),
+                   "record",
+                   "-q",
+                   "-i",
+                   "1",
+                   "--no-source-lines",
+                   "-o",
+                   trace,
+                   "--",
+                   (char *)e2e_env("INLINE_SITES"),
+                   "500",
+                   NULL};
+    struct e2e_run r;
+    assert_int_equal(e2e_run(rec, NULL, &r), 0);
+    assert_int_equal(r.status, 0);
+    e2e_run_free(&r);
+    assert_int_equal(e2e_check_rules(trace), 0);
+    r = report(trace, NULL, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "build_table"));
+    assert_null(strstr(r.out, "inline_sites.c:"));
+    assert_null(strstr(r.out, ".c:"));
+    e2e_run_free(&r);
+    unlink(trace);
+    free(trace);
+}
+
 /* Issue 18: a pc in inlined code had one Line, under the caller's name at a line of the
  * inlined function. inline_sites (-O2 -g) allocates in grow_buffer(), inlined into
  * make_record(), inlined into build_table(); at interval 1 every allocation is recorded.
@@ -476,6 +509,7 @@ int main(void)
         cmocka_unit_test(test_report_cli_bug_estimated_counts),
         cmocka_unit_test(test_report_cli_pprof_agrees_with_go_tool),
         cmocka_unit_test(test_report_cli_inlined_frames),
+        cmocka_unit_test(test_report_cli_no_source_lines),
         cmocka_unit_test(test_report_cli_growth_ranks_the_leak),
     };
     return cmocka_run_group_tests_name("report_cli", tests, setup, teardown);
