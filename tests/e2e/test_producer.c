@@ -632,6 +632,49 @@ static void test_producer_traced_restart(void **state)
     pe_remove(&pe);
 }
 
+/* A program started without the library, already running when the session starts: the
+ * data source loads libheapprof.so into it (service/inject.c), and profiles it from then
+ * on, as heapprofd does its running targets. */
+static void test_producer_injects_running_target(void **state)
+{
+    (void)state;
+    struct pe pe;
+    pe_start(&pe, "prod-inject", NULL);
+    char *trace = trace_path(&pe, "inject");
+    struct hcfg c = cfg_patient(1, "worker");
+    char *prog[] = {(char *)e2e_env("WORKER"), "idle", "3000", NULL};
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open("/dev/null", O_WRONLY);
+        dup2(fd, 1);
+        unsetenv("LD_PRELOAD");
+        /* Where the loaded client finds the daemon (its environment is read when the
+         * library is loaded). */
+        setenv("HEAPPROF_SOCKET", pe.d.sock, 1);
+        execv(prog[0], prog);
+        _exit(127);
+    }
+    e2e_sleep_ms(200);
+    int s = start_session(&pe, &c, trace);
+    wait_lines(&pe, "pid ", ": profiling", 1);
+    assert_int_equal(e2e_wait_status(pid), 0);
+    stop_session(&pe, s);
+    fake_clean(&pe);
+    pe_stop(&pe);
+    check_protoc(trace);
+    struct rp_trace *t = load(trace);
+    const struct rp_trace_process *p = e2e_find_pid(t, pid);
+    assert_non_null(p);
+    assert_false(p->from_startup);
+    struct e2e_sums sums;
+    e2e_sum_function(p, "worker_leak", &sums);
+    assert_true(sums.alloc_count > 0);
+    rp_trace_free(t);
+    free(trace);
+    pe_remove(&pe);
+}
+
 /* A session stopped while its program runs: acknowledged at once (final dump included),
  * and the program goes on unprofiled to a normal end. */
 static void test_producer_stopped_early(void **state)
@@ -815,6 +858,7 @@ int main(void)
         cmocka_unit_test_teardown(test_producer_python_continuous, kill_leftovers),
         cmocka_unit_test_teardown(test_producer_tiny_smb, kill_leftovers),
         cmocka_unit_test_teardown(test_producer_traced_restart, kill_leftovers),
+        cmocka_unit_test_teardown(test_producer_injects_running_target, kill_leftovers),
         cmocka_unit_test_teardown(test_producer_stopped_early, kill_leftovers),
         cmocka_unit_test_teardown(test_producer_two_sessions, kill_leftovers),
         cmocka_unit_test_teardown(test_producer_full_smb_never_blocks, kill_leftovers),
