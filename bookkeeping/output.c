@@ -75,6 +75,7 @@ static int write_sink(bk_t *bk, const struct iovec *iov, int n, size_t len)
     if (r == -ENOBUFS) {
         bk->counters.packets_dropped++;
         bk->needs_reset = true;
+        bk->index_gap = true;
         return r;
     }
     if (r < 0) {
@@ -182,6 +183,9 @@ int bk__write_start(bk_t *bk)
             return r;
         bk->emitted_mappings = bk->emitted_frames = 0;
         bk->emitted_callstacks = bk->emitted_callstacks_off = 0;
+        if (!bk->index_gap)
+            bk->next_packet_index = 0;
+        bk->index_gap = false;
         for (int k = 0; k < BK_STR_KINDS; k++)
             bk->emitted_str[k] = 0;
     } else {

@@ -187,6 +187,11 @@ struct bk {
     size_t n_frames_later, cap_frames_later;
     void *source_lines_ctx;
     uint64_t next_packet_index; /* ProfilePacket.index */
+    /* A packet was dropped since the sequence last restarted: the restart keeps counting
+     * (Perfetto's reader sees a first index that is not 0 and counts a missing packet);
+     * a restart without a loss (traced asked to clear the incremental state) counts from
+     * 0 again, as that reader expects of every new generation of the sequence. */
+    bool index_gap;
 
     size_t max_packet_bytes;
     bool out_broken; /* a write failed: later packets are not written */

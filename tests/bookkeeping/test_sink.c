@@ -116,6 +116,34 @@ static void check_sites(const struct test_sink *s, unsigned rounds)
     rp_trace_free(t);
 }
 
+/* The ProfilePacket.index of the first profile packet after each restart of the
+ * sequence (sequence_flags 1), in order; returns how many restarts were seen. */
+static size_t indices_after_restarts(const struct test_sink *s, uint64_t *ret, size_t cap)
+{
+    struct hp_pb_iter it, pi, pp;
+    struct hp_pb_field f, pf, ppf;
+    size_t n = 0;
+    bool want = false;
+    hp_pb_iter_init(&it, s->out.p, s->out.len);
+    while (hp_pb_next(&it, &f)) {
+        hp_pb_iter_init(&pi, f.ptr, f.len);
+        while (hp_pb_next(&pi, &pf)) {
+            if (pf.num == 13 && pf.varint == 1)
+                want = true;
+            if (pf.num == 37 && want && n < cap) {
+                hp_pb_iter_init(&pp, pf.ptr, pf.len);
+                uint64_t index = 0;
+                while (hp_pb_next(&pp, &ppf))
+                    if (ppf.num == 7)
+                        index = ppf.varint;
+                ret[n++] = index;
+                want = false;
+            }
+        }
+    }
+    return n;
+}
+
 static void test_sink_packet_format(void **state)
 {
     (void)state;
@@ -165,6 +193,12 @@ static void test_sink_drop_restarts_interning(void **state)
     assert_int_equal(c.packets_dropped, 1);
     assert_int_equal(c.sequence_resets, 1);
     assert_int_equal(s.first_flags, 1);
+    /* After the loss the indices go on (with their gap): Perfetto's reader counts the
+     * missing packet from the restarted sequence's first index. */
+    uint64_t idx[4];
+    assert_int_equal(indices_after_restarts(&s, idx, 4), 2);
+    assert_int_equal(idx[0], 0);
+    assert_true(idx[1] >= 2);
     check_sites(&s, 2);
     bk_free(bk);
     free(s.out.p);
@@ -186,6 +220,12 @@ static void test_sink_clear_request(void **state)
     struct bk_counters c;
     bk_get_counters(bk, &c);
     assert_int_equal(c.sequence_resets, 1);
+    /* Nothing was lost: the new generation counts from 0, as Perfetto's reader expects
+     * (it counted a missing packet for every cleared sequence before). */
+    uint64_t idx[4];
+    assert_int_equal(indices_after_restarts(&s, idx, 4), 2);
+    assert_int_equal(idx[0], 0);
+    assert_int_equal(idx[1], 0);
     struct test_sink second = s;
     second.out.p = s.out.p + first_dump;
     second.out.len = s.out.len - first_dump;

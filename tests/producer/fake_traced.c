@@ -1002,9 +1002,10 @@ static void write_trace(ft_t *ft, struct session *s)
     uint64_t boot = hp_clock_ns(CLOCK_BOOTTIME);
     uint64_t coarse = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
     uint64_t mono = hp_clock_ns(CLOCK_MONOTONIC);
-    /* traced's own sequence 1: a clock snapshot (BOOTTIME, MONOTONIC_COARSE, MONOTONIC). */
+    /* traced's own sequence 1: a clock snapshot, with Perfetto's BuiltinClock ids: BOOTTIME
+     * (6), MONOTONIC_COARSE (4), MONOTONIC (3). */
     struct hp_pbw pkt = {0}, cs = {0}, clk = {0};
-    const uint64_t clocks[3][2] = {{6, boot}, {2, coarse}, {3, mono}};
+    const uint64_t clocks[3][2] = {{6, boot}, {4, coarse}, {3, mono}};
     for (int i = 0; i < 3; i++) {
         hp_pbw_uint_always(&clk, 1, clocks[i][0]);
         hp_pbw_uint_always(&clk, 2, clocks[i][1]);

@@ -9,7 +9,8 @@
  *   - an interned entry is defined once, and every id a packet refers to (build ids and
  *     path components of mappings, names and mappings of frames, frames of callstacks,
  *     callstacks of samples) is defined in that packet or before it;
- *   - ProfilePacket.index counts 0, 1, 2, ... without gaps; a dump ends with
+ *   - ProfilePacket.index counts 0, 1, 2, ... without gaps, from 0 again after each
+ *     SEQ_INCREMENTAL_STATE_CLEARED (as the trace processor does); a dump ends with
  *     continued = false, and the file does not end inside one;
  *   - per (pid, heap, callstack), the cumulative self_allocated, self_freed,
  *     alloc_count and free_count never decrease from one dump to the next, and freed
@@ -350,6 +351,9 @@ static bool check_packet(struct checker *c, const uint8_t *p, size_t len)
             hp_map_done(&s->defined[k]);
             hp_map_init(&s->defined[k], sizeof(struct entry));
         }
+        /* A new generation of the sequence: the trace processor keeps the indices per
+         * generation, and expects the first one to be 0 again. */
+        s->next_index = 0;
     }
     struct hp_pb_iter it;
     struct hp_pb_field f;
