@@ -169,7 +169,7 @@ static int attach_target(struct attach_state *st, const struct svc_proc *p, bool
             return r;
         if (inj.tid)
             fprintf(stderr,
-                    "heapprof attach: pid %d (%s): libheapprof.so loaded (thread %d stopped "
+                    "heapprof attach: pid %d (%s) now has libheapprof.so loaded (thread %d stopped "
                     "%.2f ms, %.1f ms in all)\n",
                     (int)p->pid, p->name, (int)inj.tid, (double)inj.stop_ns / 1e6,
                     (double)inj.total_ns / 1e6);

@@ -193,8 +193,9 @@ int svc_proc_check(const struct svc_proc *p, bool other_users, char *why, size_t
     }
     if (!p->preloaded && !svc_inject_library()) {
         snprintf(why, len,
-                 "does not have libheapprof.so loaded; start it with "
-                 "LD_PRELOAD=/path/to/libheapprof.so to make it attachable");
+                 "does not have libheapprof.so loaded, and no readable libheapprof.so was "
+                 "found to load into it (set HEAPPROF_LIB to its path), or start it with "
+                 "LD_PRELOAD=/path/to/libheapprof.so");
         return -ENOPKG;
     }
     return 0;

@@ -46,7 +46,9 @@ void e2e_sum_function(const struct rp_trace_process *p, const char *fn, struct e
 const struct rp_trace_process *e2e_find_process(const struct rp_trace *t, const char *needle);
 
 /* Runs the trace-processor import rule checker (tests/report/check_trace.c, path in
- * CHECK_TRACE) on @trace; returns its exit status (0: every rule holds). */
+ * CHECK_TRACE) on @trace, then Perfetto's trace_processor_shell where present
+ * (TRACE_PROCESSOR): returns 0 when every rule holds and Perfetto's processor reports no
+ * error stat. */
 int e2e_check_rules(const char *trace);
 
 /* Decodes @trace with `protoc --decode=perfetto.protos.Trace` against protos/ (PROTOC,

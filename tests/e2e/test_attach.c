@@ -466,7 +466,8 @@ static void test_attach_user_errors(void **state)
     char trace[256];
     snprintf(trace, sizeof(trace), "%s/err.pftrace", runtime_dir);
     struct e2e_run run;
-    /* A process without the library. */
+    /* A process without the library, and no library to load into it (HEAPPROF_LIB
+     * names a missing file): refused, saying what to do. */
     pid_t plain = fork();
     if (plain == 0) {
         execl("/bin/sleep", "sleep", "5", (char *)NULL);
@@ -476,8 +477,13 @@ static void test_attach_user_errors(void **state)
     char pidbuf[16];
     snprintf(pidbuf, sizeof(pidbuf), "%d", (int)plain);
     char *args[] = {"-p", pidbuf, NULL};
-    attach(args, trace, 1, &run);
+    char *argv[32];
+    attach_argv(args, trace, true, argv);
+    char *no_lib[] = {"HEAPPROF_LIB=/nonexistent/libheapprof.so", NULL};
+    assert_int_equal(e2e_run(argv, no_lib, &run), 0);
+    assert_int_equal(run.status, 1);
     assert_non_null(strstr(run.err, "does not have libheapprof.so loaded"));
+    assert_non_null(strstr(run.err, "HEAPPROF_LIB"));
     assert_non_null(strstr(run.err, "LD_PRELOAD"));
     e2e_run_free(&run);
     kill(plain, SIGKILL);
