@@ -6,7 +6,8 @@
 #
 #   scripts/bench.sh                 # everything
 #   scripts/bench.sh ring client     # bench_ring*, bench_client*
-#   scripts/bench.sh attach          # wake latency, idle and busy; 100 attach cycles
+#   scripts/bench.sh attach          # wake latency, idle and busy; 100 attach cycles;
+#                                    # the same for injected attaches, and their stop times
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

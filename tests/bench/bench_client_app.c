@@ -10,10 +10,17 @@
  *
  * app_churn2t_ratio_dormant: the same program with libheapprof.so preloaded but no
  * session (the price of interposing malloc at all: the floor under the other ratios).
+ *
+ * app_churn2t_ratio_4k_injected: the program started without the library and attached
+ * (`heapprof attach -p PID -i 4096`, which loads it: service/inject.c): the time of its
+ * threads' work under the session (churn times it itself once the session's ring is
+ * mapped, CHURN_WAIT_SESSION=1) against the same work unprofiled; comparable with
+ * app_churn2t_ratio_4k, the preloaded path.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <spawn.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,11 +117,93 @@ static int ratio(const char *interval, const char *name)
     return 0;
 }
 
+/* Runs churn with CHURN_WAIT_SESSION=1; with @attach, attaches `heapprof attach -i 4096`
+ * to it once it waits. Returns its work_ms, < 0 on error. */
+static double run_timed(const char *churn, const char *heapprof, bool attach)
+{
+    int out[2], err[2];
+    if (pipe(out) < 0 || pipe(err) < 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        dup2(out[1], 1);
+        dup2(err[1], 2);
+        close(out[0]);
+        close(err[0]);
+        setenv("CHURN_WAIT_SESSION", attach ? "1" : "0", 1);
+        unsetenv("LD_PRELOAD");
+        execl(churn, "churn", ITERATIONS, (char *)NULL);
+        _exit(127);
+    }
+    close(out[1]);
+    close(err[1]);
+    char line[256];
+    FILE *o = fdopen(out[0], "r");
+    pid_t ap = -1;
+    if (attach && fgets(line, sizeof(line), o) && strcmp(line, "waiting\n") == 0) {
+        char pidbuf[16], trace[] = "/tmp/heapprof-bench-XXXXXX";
+        int fd = mkstemp(trace);
+        if (fd >= 0)
+            (void)close(fd);
+        snprintf(pidbuf, sizeof(pidbuf), "%d", (int)pid);
+        ap = fork();
+        if (ap == 0) {
+            int null = open("/dev/null", O_WRONLY);
+            dup2(null, 2);
+            execl(heapprof, "heapprof", "attach", "-p", pidbuf, "-i", "4096", "-q", "-o", trace,
+                  (char *)NULL);
+            _exit(127);
+        }
+        int st;
+        (void)waitpid(pid, &st, 0);
+        (void)waitpid(ap, &st, 0);
+        (void)unlink(trace);
+    }
+    while (fgets(line, sizeof(line), o))
+        ;
+    fclose(o);
+    FILE *e = fdopen(err[0], "r");
+    double ms = -1;
+    while (fgets(line, sizeof(line), e))
+        if (sscanf(line, "churn: work_ms %lf", &ms) == 1)
+            break;
+    fclose(e);
+    int st;
+    (void)waitpid(pid, &st, 0);
+    return ms;
+}
+
+static int ratio_injected(void)
+{
+    char churn[8192], heapprof[8192];
+    snprintf(churn, sizeof(churn), "%s/tests/bench/churn", build);
+    snprintf(heapprof, sizeof(heapprof), "%s/cli/heapprof", build);
+    double plain[RUNS], prof[RUNS];
+    for (int i = 0; i < RUNS; i++) {
+        plain[i] = run_timed(churn, heapprof, false);
+        prof[i] = run_timed(churn, heapprof, true);
+        if (plain[i] <= 0 || prof[i] <= 0) {
+            fprintf(stderr, "bench_client_app: injected run failed\n");
+            return 1;
+        }
+    }
+    qsort(plain, RUNS, sizeof(double), cmp_double);
+    qsort(prof, RUNS, sizeof(double), cmp_double);
+    printf("bench: app_churn2t_ratio_4k_injected %.3f ratio\n", prof[0] / plain[0]);
+    fprintf(stderr,
+            "# injected: unprofiled best %.1f median %.1f ms, attached best %.1f median %.1f ms\n",
+            plain[0], plain[RUNS / 2], prof[0], prof[RUNS / 2]);
+    return 0;
+}
+
 int main(void)
 {
     if (bench_build_dir(build, sizeof(build)) < 0)
         return 1;
     int r = ratio("4096", "app_churn2t_ratio_4k");
     r |= ratio("524288", "app_churn2t_ratio_512k");
-    return r | ratio(NULL, "app_churn2t_ratio_dormant");
+    r |= ratio(NULL, "app_churn2t_ratio_dormant");
+    return r | ratio_injected();
 }
