@@ -189,8 +189,10 @@ char *cli_find_library(void)
 
 void cli_set_inject_library(void)
 {
+    /* Absolute: the process that loads it resolves the path in its own directory. */
     HP_CLEANUP_FREE char *lib = cli_find_library();
-    svc_inject_set_library(lib);
+    HP_CLEANUP_FREE char *abs = lib ? realpath(lib, NULL) : NULL;
+    svc_inject_set_library(abs);
 }
 
 static const char *base_name(const char *p)

@@ -39,6 +39,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <link.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -61,6 +62,7 @@
 #include "common/sys.h"
 #include "preload/alloc.h"
 #include "preload/direct.h"
+#include "preload/elfobj.h"
 #include "preload/env.h"
 #include "shmem_ring/wire.h"
 
@@ -366,6 +368,38 @@ static void client_startup_session(bool required)
     }
 }
 
+bool client__late;
+
+struct late_scan {
+    unsigned index, self, libc;
+};
+
+static int late_cb(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    (void)size;
+    struct late_scan *ls = arg;
+    unsigned index = ls->index++;
+    const char *name = info->dlpi_name ? info->dlpi_name : "";
+    const char *base = strrchr(name, '/');
+    base = base ? base + 1 : name;
+    struct client_elfobj o;
+    if (client_elfobj_init(&o, info) == 0 && client_elfobj_contains(&o, (uintptr_t)&client_init))
+        ls->self = index;
+    else if (strcmp(base, "libc.so.6") == 0)
+        ls->libc = index;
+    return 0;
+}
+
+/* Loaded after the C library: by a dlopen of the running program (heapprof attach loads
+ * the library so: service/inject.c), not preloaded or linked (those come before it in
+ * the loader's order). */
+static bool client_loaded_late(void)
+{
+    struct late_scan ls = {0, ~0u, ~0u};
+    (void)dl_iterate_phdr(late_cb, &ls);
+    return ls.self != ~0u && ls.libc != ~0u && ls.self > ls.libc;
+}
+
 void client_init(void)
 {
     int expected = CLIENT_UNINIT;
@@ -379,12 +413,15 @@ void client_init(void)
     }
 
     client_read_env();
+    client__late = client_loaded_late();
     client_dl_init();
     atomic_store_explicit(&client__owner_pid, (int)hp_sys0(SYS_getpid), memory_order_relaxed);
     /* HEAPPROF_STARTUP: "1" required, "0" never, unset: if the socket exists. */
     const char *startup = client_getenv("HEAPPROF_STARTUP");
     bool required = startup && strcmp(startup, "1") == 0;
-    bool never = startup && strcmp(startup, "0") == 0;
+    /* Loaded into a running program: it is being attached, and the constructor runs
+     * inside the dlopen of a thread taken for it, which must not wait for a socket. */
+    bool never = (startup && strcmp(startup, "0") == 0) || client__late;
 
     /* HEAPPROF_FOLLOW_EXEC=0: the programs we execute start without the profiler. Done
      * now, before the handshake, so that it holds whatever happens to the session. Every

@@ -245,6 +245,9 @@ extern bool client__env_socket_too_long;
 extern char client__env_xdg[HP_PATH_MAX]; /* XDG_RUNTIME_DIR (longer: unusable anyway) */
 extern bool client__env_xdg_set;
 extern uint32_t client__timeout_ms;
+/* Loaded into a running program (dlopen'ed after the C library: heapprof attach loads it
+ * so, service/inject.c), not preloaded: no startup handshake. Set by client_init(). */
+extern bool client__late;
 extern int client__attach_signo; /* 0: no attach support */
 extern bool client__attach_signo_explicit;
 /* Attach machinery (preload/attach.c). */

@@ -9,6 +9,7 @@
  * 13 of 20 loads hung on a 2-core machine, so the chance that 30 all pass by luck is
  * below 1e-13 at that rate; the control stops at the first hang. */
 #include <errno.h>
+#include <fcntl.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -22,6 +23,7 @@
 
 #include <cmocka.h>
 
+#include "tests/e2e/e2e_daemon.h"
 #include "tests/e2e/e2e_util.h"
 
 #define INJECT_LOADS 15
@@ -105,11 +107,83 @@ static void test_inject_bug_no_safe_point_deadlocks(void **state)
     assert_int_equal(hung, 1);
 }
 
+/* The library's constructor runs inside the injected dlopen, on a thread taken for it: it
+ * must not make the startup handshake a preloaded library makes when a daemon's socket
+ * exists (a wait of up to a second in that thread, with the loader's lock held). Before,
+ * a heapprofd --all took the process as one starting up (from_startup), and the attach
+ * that had loaded the library was refused as "already being profiled". */
+static void test_inject_bug_startup_handshake_in_dlopen(void **state)
+{
+    (void)state;
+    struct e2e_daemon d;
+    e2e_daemon_prepare(&d, "inject-startup");
+    const char *args[] = {"--all", "--no-status", NULL};
+    e2e_daemon_launch(&d, args);
+    int in[2];
+    assert_int_equal(pipe(in), 0); /* inject_busy ends at EOF on its stdin */
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        dup2(in[0], 0);
+        close(in[1]);
+        unsetenv("LD_PRELOAD");
+        setenv("HEAPPROF_SOCKET", d.sock, 1); /* what a preloaded client would use */
+        execl(e2e_env("INJECT_BUSY"), "inject_busy", "1", (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    e2e_sleep_ms(200);
+    struct e2e_run r;
+    char pids[16];
+    snprintf(pids, sizeof(pids), "%d", (int)pid);
+    char *trace = e2e_tmp_path(".pftrace");
+    char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"),
+                    "attach",
+                    "-p",
+                    pids,
+                    "--duration",
+                    "0.3",
+                    "--no-status",
+                    "--no-source-lines",
+                    "-q",
+                    "-o",
+                    trace,
+                    NULL};
+    assert_int_equal(e2e_run(argv, NULL, &r), 0);
+    if (r.status != 0)
+        print_message("attach: %s\n", r.err);
+    assert_int_equal(r.status, 0);
+    e2e_run_free(&r);
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &t), 0);
+    const struct rp_trace_process *p = e2e_find_pid(t, pid);
+    assert_non_null(p);
+    assert_false(p->from_startup);
+    assert_true(p->heap_samples > 0);
+    rp_trace_free(t);
+    close(in[1]);
+    assert_int_equal(e2e_wait_status(pid), 0);
+    assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
+    char *log = e2e_read_file(d.log);
+    char mention[32];
+    snprintf(mention, sizeof(mention), "pid %d ", (int)pid);
+    if (strstr(log, mention))
+        print_message("heapprofd's log:\n%s\n", log);
+    assert_null(strstr(log, mention));
+    free(log);
+    e2e_daemon_remove_files(&d);
+    unlink(trace);
+    free(trace);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_inject_first_load_busy_process),
         cmocka_unit_test(test_inject_bug_no_safe_point_deadlocks),
+        cmocka_unit_test(test_inject_bug_startup_handshake_in_dlopen),
     };
     return cmocka_run_group_tests_name("e2e_inject_safe", tests, setup, teardown);
 }
