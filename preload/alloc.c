@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "common/macros.h"
+#include "preload/client.h"
 #include "preload/elfobj.h"
 #include "preload/got.h"
 
@@ -511,7 +512,9 @@ void client_alloc_resolve(void)
         atomic_store_explicit(&client_alloc_route, got ? CLIENT_ROUTE_GOT : CLIENT_ROUTE_EXPORTS,
                               memory_order_release);
         atomic_store_explicit(&alloc_state, 2, memory_order_release);
-        if (got || cxx)
+        /* Loaded late (an attach loaded us): the hooks go in when a session starts
+         * (preload/direct.c), and come out when it ends. */
+        if ((got || cxx) && !client__late)
             client_got_patch_loaded();
     }
     /* Bootstrap blocks exist (a hook ran while resolving): from now on the frees and

@@ -400,6 +400,15 @@ static bool client_loaded_late(void)
     return ls.self != ~0u && ls.libc != ~0u && ls.self > ls.libc;
 }
 
+void client__late_init(void)
+{
+    static bool done;
+    if (done)
+        return;
+    done = true;
+    client__late = client_loaded_late();
+}
+
 void client_init(void)
 {
     int expected = CLIENT_UNINIT;
@@ -413,7 +422,7 @@ void client_init(void)
     }
 
     client_read_env();
-    client__late = client_loaded_late();
+    client__late_init();
     client_dl_init();
     atomic_store_explicit(&client__owner_pid, (int)hp_sys0(SYS_getpid), memory_order_relaxed);
     /* HEAPPROF_STARTUP: "1" required, "0" never, unset: if the socket exists. */
@@ -452,6 +461,8 @@ __attribute__((constructor)) static void client_ctor(void)
     int saved_errno = errno;
 
     t->in_hook = true;
+    /* Before resolving: a library loaded late installs no hook until a session starts. */
+    client__late_init();
     /* With an allocator loaded before us no hook may have run yet: resolving now also
      * installs the hooks in the GOT slots (preload/alloc.h). */
     client_alloc_resolve();

@@ -248,6 +248,8 @@ extern uint32_t client__timeout_ms;
 /* Loaded into a running program (dlopen'ed after the C library: heapprof attach loads it
  * so, service/inject.c), not preloaded: no startup handshake. Set by client_init(). */
 extern bool client__late;
+/* Sets client__late, once (the constructor, first thing; client_init()). */
+void client__late_init(void);
 extern int client__attach_signo; /* 0: no attach support */
 extern bool client__attach_signo_explicit;
 /* Attach machinery (preload/attach.c). */

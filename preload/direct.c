@@ -39,6 +39,10 @@ struct direct_slot {
 static struct direct_slot direct_slots[CLIENT_DIRECT_MAX_SLOTS];
 static uint32_t direct_n;
 static _Atomic bool direct_ready;
+/* Loaded into a running program (client__late): the slots hold the allocator's functions
+ * at rest and the hooks only while a session holds them; slots of objects loaded later
+ * are added by the GOT patcher (client__direct_add_late()), under direct_lock. */
+static bool direct_late;
 
 /* Serialises the switches (the constructor against a startup session's thread); held only
  * around a pass over the slots, never while taking another lock. direct_held: a session
@@ -128,6 +132,22 @@ static void direct_mem_write(int fd, const struct direct_slot *s, uintptr_t cur,
     (void)hp_sys4(SYS_pwrite64, fd, (long)&want, sizeof(want), (long)s->slot);
 }
 
+bool client__direct_mem_cas(uintptr_t addr, uintptr_t cur, uintptr_t want)
+{
+    direct_lock_take();
+    int fd = direct_mem_fd_locked();
+    uintptr_t seen = 0;
+    bool ok = false;
+    if (fd >= 0 &&
+        hp_sys4(SYS_pread64, fd, (long)&seen, sizeof(seen), (long)addr) == sizeof(seen) &&
+        seen == cur &&
+        hp_sys4(SYS_pwrite64, fd, (long)&want, sizeof(want), (long)addr) == sizeof(want))
+        ok = hp_sys4(SYS_pread64, fd, (long)&seen, sizeof(seen), (long)addr) == sizeof(seen) &&
+             seen == want;
+    direct_lock_drop();
+    return ok;
+}
+
 /* Writes @want into @s when it holds @from or its lazy value; leaves anything else.
  * Returns false when the slot still holds @from or its lazy value: it could not be
  * written. */
@@ -136,15 +156,27 @@ static bool direct_write_slot(const struct direct_slot *s, bool direct, int mem_
     uintptr_t hook = (uintptr_t)client_hook_fns[s->fn];
     uintptr_t own = (uintptr_t)client_alloc_own[s->fn];
     uintptr_t want = direct ? own : hook, from = direct ? hook : own;
-    uintptr_t cur = atomic_load_explicit(s->slot, memory_order_relaxed);
+    uintptr_t cur = 0;
+    if (direct_late) {
+        /* The object may have been unloaded since: read through /proc/self/mem, which
+         * says so (EIO) where a load would fault. */
+        if (mem_fd < 0 ||
+            hp_sys4(SYS_pread64, mem_fd, (long)&cur, sizeof(cur), (long)s->slot) != sizeof(cur))
+            return true; /* gone: nothing to give back */
+    } else {
+        cur = atomic_load_explicit(s->slot, memory_order_relaxed);
+    }
     if (cur == want || (cur != from && (s->lazy == 0 || cur != s->lazy)))
         return true;
-    if (s->relro)
+    if (s->relro) {
         direct_mem_write(mem_fd, s, cur, want);
-    else
+        if (hp_sys4(SYS_pread64, mem_fd, (long)&cur, sizeof(cur), (long)s->slot) != sizeof(cur))
+            return true;
+    } else {
         (void)atomic_compare_exchange_strong_explicit(s->slot, &cur, want, memory_order_relaxed,
                                                       memory_order_relaxed);
-    cur = atomic_load_explicit(s->slot, memory_order_relaxed);
+        cur = atomic_load_explicit(s->slot, memory_order_relaxed);
+    }
     return cur != from && (s->lazy == 0 || cur != s->lazy);
 }
 
@@ -159,13 +191,17 @@ static void direct_apply_locked(bool direct)
     uint32_t failed = 0, now_direct = 0;
     for (uint32_t i = 0; i < direct_n; i++) {
         const struct direct_slot *s = &direct_slots[i];
-        if (s->relro && !mem_tried) {
+        if ((s->relro || direct_late) && !mem_tried) {
             mem_fd = direct_mem_fd_locked();
             mem_tried = true;
         }
         if (!direct_write_slot(s, direct, mem_fd))
             failed++;
-        uintptr_t cur = atomic_load_explicit(s->slot, memory_order_relaxed);
+        uintptr_t cur = 0;
+        if (direct_late)
+            (void)hp_sys4(SYS_pread64, mem_fd, (long)&cur, sizeof(cur), (long)s->slot);
+        else
+            cur = atomic_load_explicit(s->slot, memory_order_relaxed);
         if (cur == (uintptr_t)client_alloc_own[s->fn])
             now_direct++;
     }
@@ -405,12 +441,121 @@ static void direct_record_obj(const struct direct_obj *d, bool mem)
     }
 }
 
+/* The function of the slot of @name in late mode: the malloc family, and the C++
+ * operators when the allocator defines them (as the GOT route hooks them), or -1. */
+static int direct_late_fn_of(const char *name)
+{
+    if (!name)
+        return -1;
+    int from = 0, to = CLIENT_FN_CXX_NEW;
+    if (name[0] == '_') {
+        if (!client_alloc_cxx || name[1] != 'Z')
+            return -1;
+        from = CLIENT_FN_CXX_NEW;
+        to = CLIENT_N_FN;
+    } else if (!strchr("acfmprv", name[0])) {
+        return -1;
+    }
+    for (int i = from; i < to; i++)
+        if (strcmp(name, client_fn_names[i]) == 0)
+            return client_alloc_own[i] && client_hook_fns[i] ? i : -1;
+    return -1;
+}
+
+/* Records the JUMP_SLOT and GLOB_DAT slots of @info that hold the allocator's function
+ * (or, lazily bound, point into the object's PLT); every one is written through
+ * /proc/self/mem (an object can be unloaded between two sessions). */
+static int direct_late_cb(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    (void)size;
+    (void)arg;
+    const char *name = info->dlpi_name ? info->dlpi_name : "";
+    const char *base = direct_basename(name);
+    /* Not the loader (its allocations go through its own pointers), not the vDSO. */
+    if (strncmp(base, "ld-linux", 8) == 0 || strncmp(base, "linux-vdso", 10) == 0)
+        return 0;
+    struct client_elfobj o;
+    if (client_elfobj_init(&o, info) < 0 ||
+        client_elfobj_contains(&o, (uintptr_t)&client_direct_init))
+        return 0;
+    /* The allocator's own calls to itself stay its own, unless it is glibc's C library,
+     * whose calls from strdup, fopen... LD_PRELOAD would have seen. */
+    if (client_elfobj_contains(&o, (uintptr_t)client_alloc_own[CLIENT_FN_MALLOC]) &&
+        !client_elfobj_lookup(&o, "__libc_malloc"))
+        return 0;
+    for (int pass = 0; pass < 2; pass++) {
+        const Elf64_Rela *rel = pass == 0 ? o.jmprel : o.rela;
+        size_t n = pass == 0 ? o.n_jmprel : o.n_rela;
+        for (size_t i = 0; i < n && direct_n < CLIENT_DIRECT_MAX_SLOTS; i++) {
+            const Elf64_Rela *r = &rel[i];
+            unsigned type = ELF64_R_TYPE(r->r_info);
+            if (type != R_X86_64_JUMP_SLOT && type != R_X86_64_GLOB_DAT)
+                continue;
+            int fn = direct_late_fn_of(client_elfobj_reloc_name(&o, r));
+            if (fn < 0)
+                continue;
+            uintptr_t addr = o.bias + r->r_offset;
+            if (addr < o.lo || addr + sizeof(uintptr_t) > o.hi || addr % sizeof(uintptr_t) != 0)
+                continue;
+            _Atomic uintptr_t *slot = (_Atomic uintptr_t *)addr;
+            uintptr_t cur = atomic_load_explicit(slot, memory_order_relaxed);
+            uintptr_t lazy = 0;
+            if (cur != (uintptr_t)client_alloc_own[fn]) {
+                /* Someone else's (another interposer), or a weak undefined 0: left. */
+                if (type != R_X86_64_JUMP_SLOT || !direct_is_lazy(&o, cur, i))
+                    continue;
+                lazy = cur;
+            }
+            direct_slots[direct_n++] =
+                (struct direct_slot){.slot = slot, .lazy = lazy, .fn = (uint16_t)fn, .relro = true};
+        }
+    }
+    return 0;
+}
+
+bool client__direct_add_late(uintptr_t addr, int fn, uintptr_t was)
+{
+    if (!direct_late)
+        return false;
+    bool added = false;
+    direct_lock_take();
+    if (direct_n < CLIENT_DIRECT_MAX_SLOTS) {
+        uintptr_t own = (uintptr_t)client_alloc_own[fn];
+        direct_slots[direct_n++] = (struct direct_slot){.slot = (_Atomic uintptr_t *)addr,
+                                                        .lazy = was == own ? 0 : was,
+                                                        .fn = (uint16_t)fn,
+                                                        .relro = true};
+        added = true;
+        atomic_store_explicit(&client_stat_direct_slots, direct_n, memory_order_relaxed);
+    }
+    direct_lock_drop();
+    return added;
+}
+
+/* Late mode: every slot of every loaded object, left as it is (dormant: the allocator's). */
+static void direct_init_late(void)
+{
+    direct_lock_take();
+    bool mem = direct_mem_fd_locked() >= 0;
+    direct_lock_drop();
+    if (!mem)
+        return; /* no way to write them safely: the sessions see nothing (counted) */
+    direct_late = true;
+    (void)dl_iterate_phdr(direct_late_cb, NULL);
+    atomic_store_explicit(&client_stat_direct_slots, direct_n, memory_order_relaxed);
+    atomic_store_explicit(&direct_ready, true, memory_order_release);
+}
+
 void client_direct_init(void)
 {
     static bool once;
     if (once || client__direct_disabled)
         return;
     once = true;
+    if (client__late) {
+        direct_init_late();
+        return;
+    }
     /* Acquire pairs with the release store of the route: client_alloc_own is complete. */
     if (atomic_load_explicit(&client_alloc_route, memory_order_acquire) != CLIENT_ROUTE_EXPORTS ||
         client_alloc_cxx)

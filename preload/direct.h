@@ -36,6 +36,19 @@
  *     client_direct_release();     after a session ended
  *
  * HEAPPROF_DORMANT_DIRECT=0 turns this off (every call then goes through the hooks).
+ *
+ * Loaded late (client__late: heapprof attach loaded the library into a running program,
+ * service/inject.c), the same switch serves the GOT route the other way round: at rest
+ * the slots hold the allocator's functions, as the program bound them. The constructor
+ * records the JUMP_SLOT and GLOB_DAT slots of the malloc family (and of the C++ operators
+ * the allocator defines) that hold them in every loaded object but ours, ld.so's and the
+ * vDSO's (the C library's own too: strdup's, fopen's), all written through
+ * /proc/self/mem, which, where an object has been unloaded since, fails instead of
+ * faulting; a session writes the hooks in and its end writes the recorded value back,
+ * only into slots that still hold the hook. The GOT patcher adds the slots of objects
+ * loaded during a session (client__direct_add_late()). While a session is on, `&malloc`
+ * read through a GLOB_DAT slot is the hook: a pointer to malloc kept from before the
+ * attach compares unequal to one taken during the session.
  */
 #ifndef HP_PRELOAD_DIRECT_H
 #define HP_PRELOAD_DIRECT_H
@@ -45,7 +58,7 @@
 
 #pragma GCC visibility push(hidden)
 
-#define CLIENT_DIRECT_MAX_SLOTS 512u
+#define CLIENT_DIRECT_MAX_SLOTS 2048u
 
 /* Records the slots and, when no session is on, makes them direct. Once, from the
  * constructor (a normal thread: takes the loader's lock, reads /proc/self/maps, opens
@@ -67,6 +80,16 @@ void client_direct_release(void);
  * the child is dormant until it opens a session of its own), through a /proc/self/mem of
  * its own. */
 void client_direct_atfork_child(void);
+
+/* Writes @want over @cur into the word at @addr through /proc/self/mem (read first: only
+ * when it holds @cur); true when it holds @want after. For slots in read-only pages:
+ * no protection changes. Takes the switching lock; raw system calls. */
+bool client__direct_mem_cas(uintptr_t addr, uintptr_t cur, uintptr_t want);
+
+/* Late mode (client__late): the GOT patcher wrote the hook of @fn over @was into the slot
+ * at @addr of an object loaded after the library; recorded, so that the end of the
+ * session gives the slot back. False when not in late mode or the table is full. */
+bool client__direct_add_late(uintptr_t addr, int fn, uintptr_t was);
 
 /* HEAPPROF_DORMANT_DIRECT=0 (read by client_init()). */
 extern bool client__direct_disabled;

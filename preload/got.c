@@ -7,7 +7,6 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -15,6 +14,7 @@
 #include "common/macros.h"
 #include "preload/alloc.h"
 #include "preload/client.h"
+#include "preload/direct.h"
 #include "preload/elfobj.h"
 
 _Atomic uint64_t client_stat_got_slots;
@@ -72,7 +72,10 @@ bool client_got_active(void)
     /* Acquire pairs with the release store of the route: client_alloc_own and
      * client_alloc_cxx are complete. */
     int route = atomic_load_explicit(&client_alloc_route, memory_order_acquire);
-    return route == CLIENT_ROUTE_GOT || (route != CLIENT_ROUTE_UNRESOLVED && client_alloc_cxx);
+    if (route != CLIENT_ROUTE_GOT && (route == CLIENT_ROUTE_UNRESOLVED || !client_alloc_cxx))
+        return false;
+    /* Loaded late: hooks only while a session is on (its end gives the slots back). */
+    return !client__late || atomic_load_explicit(&client_current, memory_order_acquire) != NULL;
 }
 
 /* An object was skipped (still being relocated): look again at the next check. */
@@ -153,9 +156,10 @@ struct got_obj {
     int route;          /* client_alloc_route */
     bool is_alloc;      /* the allocator's object: its calls to itself (got_own_fn_of) */
     bool relro_checked; /* client__page_readonly() was asked */
-    bool relro_open;    /* the RELRO pages are writable now (by us) */
-    bool relro_failed;  /* not settled yet, or mprotect failed: RELRO slots left */
+    bool relro_failed;  /* not settled yet (still being relocated): RELRO slots left */
 };
+
+_Atomic uint64_t client_stat_got_failures;
 
 static void got_patch_slot(struct got_obj *g, const Elf64_Rela *r)
 {
@@ -184,7 +188,8 @@ static void got_patch_slot(struct got_obj *g, const Elf64_Rela *r)
         /* Not bound to the allocator, nor (lazy binding) into the object's PLT. */
         return;
     }
-    if (addr >= o->relro_lo && addr < o->relro_hi && !g->relro_open) {
+    bool ok;
+    if (addr >= o->relro_lo && addr < o->relro_hi) {
         if (!g->relro_checked) {
             g->relro_checked = true;
             if (!client__page_readonly(o->relro_lo)) {
@@ -192,15 +197,23 @@ static void got_patch_slot(struct got_obj *g, const Elf64_Rela *r)
                 atomic_store_explicit(&got_retry, true, memory_order_relaxed);
             }
         }
-        if (g->relro_failed ||
-            mprotect((void *)o->relro_lo, o->relro_hi - o->relro_lo, PROT_READ | PROT_WRITE) < 0) {
-            g->relro_failed = true;
+        if (g->relro_failed)
             return;
-        }
-        g->relro_open = true;
+        /* Read-only: written through /proc/self/mem, the protection left as the program
+         * has it (it may change it itself at any time: preload/direct.c). */
+        ok = client__direct_mem_cas(addr, cur, want);
+    } else {
+        ok = atomic_compare_exchange_strong_explicit(slot, &cur, want, memory_order_relaxed,
+                                                     memory_order_relaxed);
     }
-    atomic_store_explicit(slot, want, memory_order_relaxed);
+    if (!ok) {
+        atomic_fetch_add_explicit(&client_stat_got_failures, 1, memory_order_relaxed);
+        return;
+    }
     atomic_fetch_add_explicit(&client_stat_got_slots, 1, memory_order_relaxed);
+    /* Loaded late: given back when the session ends. */
+    if (client__late && !g->is_alloc)
+        (void)client__direct_add_late(addr, fn, cur);
 }
 
 static int got_patch_cb(struct dl_phdr_info *info, size_t size, void *arg)
@@ -221,12 +234,15 @@ static int got_patch_cb(struct dl_phdr_info *info, size_t size, void *arg)
     };
     if (g.is_alloc && (g.route != CLIENT_ROUTE_EXPORTS || !client_alloc_cxx))
         return 0;
+    /* Loaded late: not the loader, whose slots the preloaded library never sees either. */
+    const char *name = info->dlpi_name ? info->dlpi_name : "";
+    const char *base = strrchr(name, '/');
+    if (client__late && strncmp(base ? base + 1 : name, "ld-linux", 8) == 0)
+        return 0;
     for (size_t i = 0; i < o.n_jmprel; i++)
         got_patch_slot(&g, &o.jmprel[i]);
     for (size_t i = 0; i < o.n_rela; i++)
         got_patch_slot(&g, &o.rela[i]);
-    if (g.relro_open)
-        (void)mprotect((void *)o.relro_lo, o.relro_hi - o.relro_lo, PROT_READ);
     return 0;
 }
 

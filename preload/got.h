@@ -6,12 +6,20 @@
  * of a malloc-family function that holds the allocator's function (or, with lazy
  * binding, still points into the object's own PLT) gets the hook instead. The hooks
  * forward to that same allocator, so a pointer allocated before the switch and freed
- * after it (or the reverse) still meets one allocator. Slots in the RELRO pages are made
- * writable for the write and read-only again (mprotect), but only once those pages are
- * read-only (/proc/self/maps says so): until then a dlopen in another thread may still
- * be relocating the object, and the object is looked at again later. Slots bound to
- * anything else (another interposer) are left alone. Each slot is written with one aligned 8-byte
- * store: a thread calling through it meanwhile gets either function.
+ * after it (or the reverse) still meets one allocator. Slots in the RELRO pages are
+ * written through /proc/self/mem (client__direct_mem_cas(): no protection of the
+ * program's ever changes), but only once those pages are read-only (/proc/self/maps says
+ * so): until then a dlopen in another thread may still be relocating the object, and the
+ * object is looked at again later. Slots bound to anything else (another interposer) are
+ * left alone; a slot that could not be written is counted (client_stat_got_failures).
+ * Each slot is written with one aligned 8-byte compare-and-swap (or the kernel's 8-byte
+ * copy): a thread calling through it meanwhile gets either function.
+ *
+ * Loaded late (client__late: heapprof attach loaded the library into a running program),
+ * the route is the same but the hooks are in only while a session is: the constructor
+ * installs nothing, preload/direct.c records every slot and switches them around each
+ * session, and the objects this patcher reaches during a session (loaded since) are
+ * recorded there too, so that the session's end gives every slot its value back.
  *
  * Objects loaded later are patched when noticed: when dlopen returns (the exported
  * dlopen's wrapper for this route, preload/dl.c), at the first sample after a load in a
@@ -53,7 +61,7 @@
 bool client_got_active(void);
 
 /* Patches every loaded object (once per object; concurrent callers skip). Takes the
- * loader's lock (dl_iterate_phdr) and calls mprotect. */
+ * loader's lock (dl_iterate_phdr). */
 void client_got_patch_loaded(void);
 
 /* On the sampled path: with the GOT route, patches objects loaded since the last look,
@@ -62,8 +70,8 @@ void client_got_patch_loaded(void);
 void client_got_check(void);
 
 /* dlopen returned: with the GOT route, patches the new objects now. Takes the loader's
- * lock (dl_iterate_phdr), waiting for it as dlopen itself did, and calls mprotect. From
- * the dlopen wrapper only. */
+ * lock (dl_iterate_phdr), waiting for it as dlopen itself did. From the dlopen wrapper
+ * only. */
 void client_got_after_dlopen(void);
 
 /* The loader's count grew: client_got_after_dlopen() on the sampled path, when the
@@ -75,8 +83,9 @@ void client_got_after_load(void);
  * relocated its object and protected the RELRO pages. Raw system calls, no allocation. */
 bool client__page_readonly(uintptr_t addr);
 
-/* Slots written so far (tests and statistics). */
+/* Slots written so far, and slots that could not be written (tests and statistics). */
 extern _Atomic uint64_t client_stat_got_slots;
+extern _Atomic uint64_t client_stat_got_failures;
 
 #pragma GCC visibility pop
 

@@ -646,6 +646,60 @@ static void test_attach_bug_dormant_calls_through_library(void **state)
     unlink(trace);
 }
 
+/* A program started without the library (issue 25): the first attach loads it; during
+ * each session the slot leads to the hook, and after each detach straight to libc again
+ * (before, the slots kept the hooks for good once loaded). */
+static void test_attach_injected_slots_given_back(void **state)
+{
+    (void)state;
+    char out[256], trace[256], pidbuf[16];
+    snprintf(out, sizeof(out), "%s/slotwatch-inj.txt", runtime_dir);
+    snprintf(trace, sizeof(trace), "%s/slotwatch-inj.pftrace", runtime_dir);
+    unlink(out);
+    pid_t w = fork();
+    assert_true(w >= 0);
+    if (w == 0) {
+        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
+        dup2(fd, 1);
+        unsetenv("LD_PRELOAD");
+        execl(e2e_env("SLOTWATCH"), "slotwatch", "3000", (char *)NULL);
+        _exit(127);
+    }
+    e2e_sleep_ms(200);
+    snprintf(pidbuf, sizeof(pidbuf), "%d", (int)w);
+    for (int i = 0; i < 2; i++) {
+        struct e2e_run run;
+        char *args[] = {"-p", pidbuf, "--duration", "0.5", "-i", "4096", NULL};
+        struct rp_trace *t = attach(args, trace, 0, &run);
+        const struct rp_trace_process *p = find_pid(t, w);
+        assert_non_null(p);
+        struct e2e_sums s;
+        e2e_sum_function(p, "slotwatch_alloc", &s);
+        print_message("  session %d: slotwatch_alloc %llu samples\n", i,
+                      (unsigned long long)s.alloc_count);
+        assert_true(s.alloc_count >= 10);
+        rp_trace_free(t);
+        e2e_run_free(&run);
+        e2e_sleep_ms(300);
+    }
+    assert_int_equal(wait_status(w), 0);
+    char *o = e2e_read_file(out);
+    print_message("  lines: %s", o);
+    /* The program's own lines (not its children's): direct, hooked, direct, hooked,
+     * direct, done. */
+    char seq[256] = "";
+    for (char *l = strtok(o, "\n"); l; l = strtok(NULL, "\n"))
+        if (strncmp(l, "child", 5) != 0 && strlen(seq) + strlen(l) + 2 < sizeof(seq)) {
+            strcat(seq, l);
+            strcat(seq, " ");
+        }
+    print_message("  program: %s\n", seq);
+    assert_string_equal(seq, "direct hooked direct hooked direct done ");
+    free(o);
+    unlink(out);
+    unlink(trace);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -661,6 +715,7 @@ int main(void)
         cmocka_unit_test(test_attach_bug_kills_process_in_constructors),
         cmocka_unit_test(test_attach_bug_other_attach_signal_killed),
         cmocka_unit_test(test_attach_bug_dormant_calls_through_library),
+        cmocka_unit_test(test_attach_injected_slots_given_back),
     };
     return cmocka_run_group_tests_name("e2e_attach", tests, setup, teardown);
 }

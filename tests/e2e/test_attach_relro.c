@@ -26,6 +26,7 @@
 
 /* Cycles per program, of SESSION_S seconds each: 15 keep the file near 6 s. */
 #define CYCLES 20
+#define INJECT_CYCLES 10
 #define SESSION_S "0.1"
 
 static char runtime_dir[128];
@@ -134,7 +135,8 @@ static void attach_cycles(struct e2e_target *t, int cycles)
 
 /* relro_patch @mode unprofiled, then dormant under the library and attached @cycles
  * times (or, when !@cycles, once by @attach_once): same output, same exit status. */
-static void same_as_unprofiled(const char *mode, int cycles, void (*attach_once)(pid_t))
+static void same_as_unprofiled_as(const char *mode, int cycles, void (*attach_once)(pid_t),
+                                  bool preload)
 {
     struct e2e_target plain, t;
     start(&plain, mode, false);
@@ -142,7 +144,7 @@ static void same_as_unprofiled(const char *mode, int cycles, void (*attach_once)
     int plain_status = finish(&plain);
     char *plain_out = e2e_read_file(plain.out);
 
-    start(&t, mode, true);
+    start(&t, mode, preload);
     e2e_sleep_ms(20); /* a few patches while dormant */
     if (cycles)
         attach_cycles(&t, cycles);
@@ -159,6 +161,11 @@ static void same_as_unprofiled(const char *mode, int cycles, void (*attach_once)
     assert_string_equal(out, "ready\ndone\n");
     free(out);
     free(plain_out);
+}
+
+static void same_as_unprofiled(const char *mode, int cycles, void (*attach_once)(pid_t))
+{
+    same_as_unprofiled_as(mode, cycles, attach_once, true);
 }
 
 /* (a) The page of a .data.rel.ro function pointer made writable once and patched every
@@ -227,6 +234,23 @@ static void test_attach_relro_bug_unswitched_slots_silent(void **state)
  * /proc/self/mem of its own; the parent's descriptor reaches the parent's memory, and the
  * parent stays hooked for the whole session. tests/programs/slotwatch.c built with
  * -z relro -z now, a fork every 300 ms, one 0.6 s session. */
+/* (a) and (b) for a program started without the library, which the first attach loads
+ * (service/inject.c): its hooks go into every object's slots, libc's too, and out again
+ * at each detach, all through /proc/self/mem. Before, the library's constructor put them
+ * in at once with mprotect RW and R around the writes, closing the page the program kept
+ * open (SIGSEGV at the first attach). */
+static void test_attach_relro_injected_kept_writable(void **state)
+{
+    (void)state;
+    same_as_unprofiled_as("keep", INJECT_CYCLES, NULL, false);
+}
+
+static void test_attach_relro_injected_reprotected(void **state)
+{
+    (void)state;
+    same_as_unprofiled_as("restore", INJECT_CYCLES, NULL, false);
+}
+
 static void test_attach_relro_fork_children_switch_their_own(void **state)
 {
     (void)state;
@@ -277,6 +301,8 @@ int main(void)
         cmocka_unit_test(test_attach_relro_bug_reprotected),
         cmocka_unit_test(test_attach_relro_bug_mprotect_refused_no_samples),
         cmocka_unit_test(test_attach_relro_bug_unswitched_slots_silent),
+        cmocka_unit_test(test_attach_relro_injected_kept_writable),
+        cmocka_unit_test(test_attach_relro_injected_reprotected),
         cmocka_unit_test(test_attach_relro_fork_children_switch_their_own),
     };
     return cmocka_run_group_tests_name("e2e_attach_relro", tests, setup, teardown);
