@@ -30,6 +30,7 @@
 #include "common/sys.h"
 #include "preload/direct.h"
 #include "preload/env.h"
+#include "preload/got.h"
 #include "preload/peer.h"
 #include "shmem_ring/wire.h"
 
@@ -378,9 +379,11 @@ int client__session_open(const char *path, uint32_t reason, pid_t peer_pid, uint
     /* The program's calls reach the hooks again before the session is there to see them
      * (preload/direct.h). */
     client_direct_hold();
-    /* Slots left direct: the service shows their calls as missing. */
-    ring_set_unseen_slots(ring,
-                          atomic_load_explicit(&client_stat_direct_unseen, memory_order_relaxed));
+    /* Slots left direct, and slots the GOT patcher could not write: the service shows
+     * their calls as missing. */
+    ring_set_unseen_slots(
+        ring, atomic_load_explicit(&client_stat_direct_unseen, memory_order_relaxed) +
+                  (uint32_t)atomic_load_explicit(&client_stat_got_failures, memory_order_relaxed));
     /* Release pairs with the acquire loads of client_current in the hooks: the session
      * and its set are in place before anyone uses them. */
     atomic_store_explicit(&client_current, s, memory_order_release);
