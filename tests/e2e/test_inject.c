@@ -1,0 +1,419 @@
+/* tests/e2e/test_inject.c: heapprof attach on programs started without libheapprof.so
+ * (issue 25): the first attach loads the library (service/inject.c), every later one
+ * wakes it; the programs keep their behaviour and their blocks.
+ *
+ *   - tests/programs/inject_threads (4 threads, each in a site of its own, filling and
+ *     checking every block): INJECT_CYCLES attach/detach cycles, each with samples from
+ *     every thread's site; the same program linked with jemalloc (when installed);
+ *   - exact counts at interval 1 for allocations made after the attach;
+ *   - real programs: python3, sqlite3, a C++ STL program: attached while running, same
+ *     output as unprofiled;
+ *   - the EINTR-fatal event loop (epoll_wait(-1)) of tests/e2e/test_wake.c, attached
+ *     this way INJECT_EINTR_CYCLES times;
+ *   - refusals, each with rc 1, its reason, and the process unharmed: static, stopped,
+ *     traced, seccomp, a vfork child.
+ * Every trace also goes through the rule checker and Perfetto's trace processor
+ * (e2e_check_rules). */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tests/e2e/e2e_util.h"
+
+#define INJECT_CYCLES 50
+#define REAL_CYCLES 5
+#define INJECT_EINTR_CYCLES 20
+
+static char runtime_dir[256];
+
+static int setup(void **state)
+{
+    (void)state;
+    return e2e_runtime_dir_make(runtime_dir, sizeof(runtime_dir), "inject");
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return e2e_runtime_dir_remove(runtime_dir);
+}
+
+/* `heapprof attach -p PID --duration DUR -i INTERVAL --no-source-lines -q -o TRACE`: its
+ * status, its stderr in @err (malloc'd, may be NULL), the trace loaded in @ret (NULL
+ * unless status 0). */
+static int attach(pid_t pid, const char *dur, const char *interval, struct rp_trace **ret,
+                  char **err)
+{
+    char pids[16], trace[300];
+    snprintf(pids, sizeof(pids), "%d", (int)pid);
+    snprintf(trace, sizeof(trace), "%s/inject.pftrace", runtime_dir);
+    unlink(trace);
+    char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"),
+                    "attach",
+                    "-p",
+                    pids,
+                    "--duration",
+                    (char *)dur,
+                    "-i",
+                    (char *)interval,
+                    "--no-source-lines",
+                    "--no-status",
+                    "-q",
+                    "-o",
+                    trace,
+                    NULL};
+    struct e2e_run run;
+    assert_int_equal(e2e_run(argv, NULL, &run), 0);
+    *ret = NULL;
+    if (run.status == 0) {
+        assert_int_equal(e2e_check_rules(trace), 0);
+        assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, ret), 0);
+    }
+    int status = run.status;
+    if (err)
+        *err = run.err, run.err = NULL;
+    e2e_run_free(&run);
+    return status;
+}
+
+static const struct rp_trace_process *proc_of(const struct rp_trace *t, pid_t pid)
+{
+    for (size_t i = 0; t && i < t->n_processes; i++)
+        if (t->processes[i].pid == pid)
+            return &t->processes[i];
+    return NULL;
+}
+
+/* Waits up to 5 s for @text in @t's output. */
+static bool wait_for(const struct e2e_target *t, const char *text)
+{
+    for (int i = 0; i < 500; i++) {
+        char *o = e2e_read_file(t->out);
+        bool found = strstr(o, text) != NULL;
+        free(o);
+        if (found)
+            return true;
+        e2e_sleep_ms(10);
+    }
+    return false;
+}
+
+/* True while @pid runs (not yet a zombie; the child is not reaped, so that its exit
+ * status is still there for e2e_target_finish()). */
+static bool running(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    char *st = e2e_read_file(path);
+    const char *p = strrchr(st, ')');
+    bool r = p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
+    free(st);
+    return r;
+}
+
+static void start(struct e2e_target *t, char *const argv[], const char *ready)
+{
+    assert_int_equal(e2e_target_start(t, runtime_dir, argv, NULL, ready), 0);
+}
+
+/* @cycles attaches of inject_threads build @prog_env, each sampling all four sites. */
+static void threads_cycles(const char *prog_env, int cycles)
+{
+    char *argv[] = {(char *)e2e_env(prog_env), NULL};
+    struct e2e_target t;
+    start(&t, argv, "ready");
+    for (int i = 0; i < cycles; i++) {
+        struct rp_trace *tr;
+        char *err = NULL;
+        int st = attach(t.pid, "0.1", "4096", &tr, &err);
+        if (st != 0)
+            print_message("  cycle %d: status %d: %s\n", i, st, err);
+        assert_int_equal(st, 0);
+        const struct rp_trace_process *p = proc_of(tr, t.pid);
+        assert_non_null(p);
+        assert_false(p->from_startup);
+        for (int k = 0; k < 4; k++) {
+            char site[16];
+            snprintf(site, sizeof(site), "site_t%d", k);
+            struct e2e_sums s;
+            e2e_sum_function(p, site, &s);
+            if (s.alloc_count == 0)
+                print_message("  cycle %d: no sample of %s\n", i, site);
+            assert_true(s.alloc_count > 0);
+        }
+        rp_trace_free(tr);
+        free(err);
+        assert_true(e2e_alive(t.pid));
+    }
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+    char *o = e2e_read_file(t.out);
+    assert_null(strstr(o, "FATAL"));
+    assert_non_null(strstr(o, "done"));
+    free(o);
+}
+
+static void test_inject_cycles_four_threads(void **state)
+{
+    (void)state;
+    threads_cycles("INJECT_THREADS", INJECT_CYCLES);
+}
+
+static void test_inject_cycles_jemalloc(void **state)
+{
+    (void)state;
+    if (!getenv("INJECT_THREADS_JEMALLOC")) {
+        print_message("  libjemalloc2 is not installed: skipped\n");
+        skip();
+    }
+    threads_cycles("INJECT_THREADS_JEMALLOC", REAL_CYCLES * 2);
+}
+
+/* Interval 1 after an attach: the BURST allocations of exact_site(), made once the
+ * session is on, are counted exactly. */
+static void test_inject_exact_after_attach(void **state)
+{
+    (void)state;
+    char *argv[] = {(char *)e2e_env("INJECT_THREADS"), NULL};
+    struct e2e_target t;
+    start(&t, argv, "ready");
+    char pids[16], trace[300];
+    snprintf(pids, sizeof(pids), "%d", (int)t.pid);
+    snprintf(trace, sizeof(trace), "%s/exact.pftrace", runtime_dir);
+    char *aargv[] = {(char *)e2e_env("HEAPPROF_BIN"),
+                     "attach",
+                     "-p",
+                     pids,
+                     "--duration",
+                     "2",
+                     "-i",
+                     "1",
+                     "--no-source-lines",
+                     "--no-status",
+                     "-q",
+                     "-o",
+                     trace,
+                     NULL};
+    pid_t a = fork();
+    assert_true(a >= 0);
+    if (a == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 2);
+        execv(aargv[0], aargv);
+        _exit(127);
+    }
+    assert_true(wait_for(&t, "attached"));
+    assert_int_equal(write(t.in, "burst\n", 6), 6);
+    assert_true(wait_for(&t, "burst done"));
+    assert_int_equal(e2e_wait_status(a), 0);
+    assert_int_equal(e2e_check_rules(trace), 0);
+    struct rp_trace *tr = NULL;
+    assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &tr), 0);
+    const struct rp_trace_process *p = proc_of(tr, t.pid);
+    assert_non_null(p);
+    struct e2e_sums s;
+    e2e_sum_function(p, "exact_site", &s);
+    print_message("  exact_site: %llu allocations, %llu bytes, %llu frees\n",
+                  (unsigned long long)s.alloc_count, (unsigned long long)s.alloc_bytes,
+                  (unsigned long long)s.free_count);
+    assert_int_equal(s.alloc_count, 1000);
+    assert_int_equal(s.alloc_bytes, 48000);
+    assert_int_equal(s.free_count, 1000);
+    rp_trace_free(tr);
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+}
+
+/* @argv run unprofiled, then again attached REAL_CYCLES times while it runs: the same
+ * output and status, samples in every session. */
+static void real_program(char *const argv[], const char *fn)
+{
+    struct e2e_run plain;
+    assert_int_equal(e2e_run(argv, NULL, &plain), 0);
+    assert_int_equal(plain.status, 0);
+
+    struct e2e_target t;
+    start(&t, argv, NULL);
+    e2e_sleep_ms(300);
+    int cycles = 0;
+    for (; cycles < REAL_CYCLES && running(t.pid); cycles++) {
+        struct rp_trace *tr;
+        char *err = NULL;
+        int st = attach(t.pid, "0.2", "4096", &tr, &err);
+        if (st != 0 && !running(t.pid))
+            break; /* it ended meanwhile */
+        if (st != 0)
+            print_message("  %s: cycle %d: status %d: %s\n", argv[0], cycles, st, err);
+        assert_int_equal(st, 0);
+        const struct rp_trace_process *p = proc_of(tr, t.pid);
+        assert_non_null(p);
+        struct e2e_sums s;
+        e2e_sum_function(p, fn, &s);
+        assert_true(p->heap_samples > 0);
+        assert_true(s.alloc_count > 0);
+        rp_trace_free(tr);
+        free(err);
+    }
+    print_message("  %s: attached %d times while it ran\n", argv[0], cycles);
+    assert_true(cycles >= 2);
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+    char *o = e2e_read_file(t.out);
+    assert_string_equal(o, plain.out);
+    free(o);
+    e2e_run_free(&plain);
+}
+
+static void test_inject_python(void **state)
+{
+    (void)state;
+    char *argv[] = {"/usr/bin/python3", "-c",
+                    "import time\n"
+                    "t = time.time(); d = {}; i = 0\n"
+                    "while time.time() - t < 3:\n"
+                    "    d[i % 3000] = bytearray(2000 + i % 900); i += 1\n"
+                    "print(len(d))\n",
+                    NULL};
+    real_program(argv, "PyByteArray");
+}
+
+static void test_inject_sqlite3(void **state)
+{
+    (void)state;
+    if (access("/usr/bin/sqlite3", X_OK) != 0) {
+        print_message("  sqlite3 is not installed: skipped\n");
+        skip();
+    }
+    char *argv[] = {"/usr/bin/sqlite3", ":memory:",
+                    "create table t(a, b);"
+                    "with recursive c(x) as (select 1 union all select x + 1 from c "
+                    "where x < 1500000) insert into t select x, randomblob(40) from c;"
+                    "create index i on t(b); select count(*) from t;",
+                    NULL};
+    real_program(argv, "sqlite3");
+}
+
+static void test_inject_cxx(void **state)
+{
+    (void)state;
+    char *argv[] = {(char *)e2e_env("STL_CHURN"), "60", NULL};
+    real_program(argv, "operator new");
+}
+
+/* The event loop that treats EINTR as fatal (tests/programs/wake_target.c epoll_inf),
+ * started without the library: the first attach loads it, every cycle leaves its
+ * epoll_wait(-1) running as before. */
+static void test_inject_eintr_fatal_loop(void **state)
+{
+    (void)state;
+    char *argv[] = {(char *)e2e_env("WAKE_TARGET"), "epoll_inf", NULL};
+    struct e2e_target t;
+    start(&t, argv, "ready");
+    for (int i = 0; i < INJECT_EINTR_CYCLES; i++) {
+        struct rp_trace *tr;
+        char *err = NULL;
+        int st = attach(t.pid, "0.1", "4096", &tr, &err);
+        if (st != 0)
+            print_message("  cycle %d: status %d: %s\n", i, st, err);
+        assert_int_equal(st, 0);
+        rp_trace_free(tr);
+        free(err);
+        assert_true(e2e_alive(t.pid));
+    }
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+    char *o = e2e_read_file(t.out);
+    print_message("  program: %s", o);
+    assert_string_equal(o, "ready\ndone\n");
+    free(o);
+}
+
+/* Attaching @pid fails with rc 1 and @why in the message. */
+static void refused(pid_t pid, const char *why)
+{
+    struct rp_trace *tr;
+    char *err = NULL;
+    int st = attach(pid, "0.2", "4096", &tr, &err);
+    print_message("  pid %d: status %d: %s", (int)pid, st, err);
+    assert_int_equal(st, 1);
+    assert_non_null(strstr(err, why));
+    free(err);
+}
+
+static void test_inject_refusals(void **state)
+{
+    (void)state;
+    struct e2e_target t;
+    /* Static. */
+    char *st_argv[] = {(char *)e2e_env("STATIC_PROG"), "wait", NULL};
+    start(&t, st_argv, "static");
+    refused(t.pid, "statically linked");
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+
+    /* Stopped: refused, and still stopped afterwards (a SIGCONT lets it end). */
+    char *th_argv[] = {(char *)e2e_env("INJECT_THREADS"), NULL};
+    start(&t, th_argv, "ready");
+    kill(t.pid, SIGSTOP);
+    e2e_sleep_ms(100);
+    refused(t.pid, "is stopped");
+    char path[64], *status;
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)t.pid);
+    status = e2e_read_file(path);
+    assert_non_null(strstr(status, "State:\tT"));
+    free(status);
+    kill(t.pid, SIGCONT);
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+
+    /* Traced (by tests/programs/wake_refused's tracer mode). */
+    char *tr_argv[] = {(char *)e2e_env("WAKE_REFUSED"), "tracer", (char *)e2e_env("INJECT_THREADS"),
+                       NULL};
+    start(&t, tr_argv, "ready");
+    char *o = e2e_read_file(t.out);
+    const char *c = strstr(o, "child ");
+    assert_non_null(c);
+    pid_t child = (pid_t)atoi(c + 6);
+    free(o);
+    refused(child, "traced");
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+
+    /* A seccomp filter. */
+    char *sc_argv[] = {(char *)e2e_env("WAKE_REFUSED"), "seccomp", "errno", NULL};
+    start(&t, sc_argv, "ready");
+    refused(t.pid, "seccomp");
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+
+    /* A vfork child: refused, and it still ends as it would (its parent then too). */
+    char *vf_argv[] = {(char *)e2e_env("INJECT_THREADS"), "vfork", NULL};
+    start(&t, vf_argv, "child ");
+    o = e2e_read_file(t.out);
+    c = strstr(o, "child ");
+    assert_non_null(c);
+    child = (pid_t)atoi(c + 6);
+    free(o);
+    refused(child, "vfork child");
+    kill(child, SIGKILL);
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_inject_cycles_four_threads),
+        cmocka_unit_test(test_inject_cycles_jemalloc),
+        cmocka_unit_test(test_inject_exact_after_attach),
+        cmocka_unit_test(test_inject_python),
+        cmocka_unit_test(test_inject_sqlite3),
+        cmocka_unit_test(test_inject_cxx),
+        cmocka_unit_test(test_inject_eintr_fatal_loop),
+        cmocka_unit_test(test_inject_refusals),
+    };
+    return cmocka_run_group_tests_name("e2e_inject", tests, setup, teardown);
+}
