@@ -16,6 +16,7 @@
  * (e2e_check_rules). */
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -25,11 +26,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
+#include "tests/e2e/e2e_daemon.h"
 #include "tests/e2e/e2e_util.h"
 
 #define INJECT_CYCLES 50
@@ -403,6 +406,84 @@ static void test_inject_refusals(void **state)
     assert_int_equal(e2e_target_finish(&t, 0), 0);
 }
 
+/* A process that cannot read the library (another user's, attached by a root heapprofd
+ * with --allow-other-users; the library in a directory only root may enter): the dlopen
+ * fails inside the process, which is left running without it, and the daemon says why
+ * (the loader's message and what the process needs). Root only. */
+static void test_inject_unreadable_library(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) {
+        print_message("  not root: skipped\n");
+        skip();
+    }
+    char dir[300], lib[340], cmd[2048];
+    snprintf(dir, sizeof(dir), "%s/priv", runtime_dir);
+    snprintf(lib, sizeof(lib), "%s/libheapprof.so", dir);
+    snprintf(cmd, sizeof(cmd), "mkdir -p '%s' && cp '%s' '%s' && chmod 700 '%s'", dir,
+             e2e_env("HEAPPROF_LIB"), lib, dir);
+    assert_int_equal(system(cmd), 0);
+    /* Others may enter the runtime directory (the target's output file is there). */
+    assert_int_equal(chmod(runtime_dir, 0755), 0);
+
+    int in[2];
+    assert_int_equal(pipe(in), 0);
+    char out[320];
+    snprintf(out, sizeof(out), "%s/nobody.out", runtime_dir);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+        dup2(fd, 1);
+        dup2(in[0], 0);
+        close(in[1]);
+        if (setgroups(0, NULL) < 0 || setgid(65534) < 0 || setuid(65534) < 0)
+            _exit(126);
+        execl(e2e_env("INJECT_THREADS"), "inject_threads", (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    e2e_sleep_ms(200);
+
+    struct e2e_daemon d;
+    e2e_daemon_prepare(&d, "inject-unreadable");
+    char pids[16];
+    snprintf(pids, sizeof(pids), "%d", (int)pid);
+    const char *args[] = {"--allow-other-users", "-p", pids, "--no-status", NULL};
+    char *old = getenv("HEAPPROF_LIB") ? strdup(getenv("HEAPPROF_LIB")) : NULL;
+    setenv("HEAPPROF_LIB", lib, 1);
+    e2e_daemon_launch(&d, args);
+    if (old)
+        setenv("HEAPPROF_LIB", old, 1);
+    free(old);
+    char *log = NULL;
+    for (int i = 0; i < 500; i++) {
+        free(log);
+        log = e2e_read_file(d.log);
+        if (strstr(log, "could not load"))
+            break;
+        e2e_sleep_ms(10);
+    }
+    print_message("  heapprofd: %s", log);
+    assert_non_null(strstr(log, "could not load"));
+    assert_non_null(strstr(log, "Permission denied"));
+    free(log);
+    assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
+    e2e_daemon_remove_files(&d);
+    /* Unharmed, and without the library. */
+    assert_true(running(pid));
+    char maps[64];
+    snprintf(maps, sizeof(maps), "/proc/%d/maps", (int)pid);
+    char *m = e2e_read_file(maps);
+    assert_null(strstr(m, "libheapprof"));
+    free(m);
+    close(in[1]);
+    assert_int_equal(e2e_wait_status(pid), 0);
+    char *o = e2e_read_file(out);
+    assert_string_equal(o, "ready\ndone\n");
+    free(o);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -414,6 +495,7 @@ int main(void)
         cmocka_unit_test(test_inject_cxx),
         cmocka_unit_test(test_inject_eintr_fatal_loop),
         cmocka_unit_test(test_inject_refusals),
+        cmocka_unit_test(test_inject_unreadable_library),
     };
     return cmocka_run_group_tests_name("e2e_inject", tests, setup, teardown);
 }
