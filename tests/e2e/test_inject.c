@@ -160,6 +160,15 @@ static void threads_cycles(const char *prog_env, int cycles)
         free(err);
         assert_true(e2e_alive(t.pid));
     }
+    /* One copy of the library, loaded by the first attach only. */
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/maps", (int)t.pid);
+    char *maps = e2e_read_file(path);
+    int code = 0;
+    for (char *l = strtok(maps, "\n"); l; l = strtok(NULL, "\n"))
+        code += strstr(l, "libheapprof.so") && strstr(l, " r-xp ");
+    free(maps);
+    assert_int_equal(code, 1);
     assert_int_equal(e2e_target_finish(&t, 0), 0);
     char *o = e2e_read_file(t.out);
     assert_null(strstr(o, "FATAL"));
@@ -235,6 +244,66 @@ static void test_inject_exact_after_attach(void **state)
     assert_int_equal(s.free_count, 1000);
     rp_trace_free(tr);
     assert_int_equal(e2e_target_finish(&t, 0), 0);
+}
+
+/* A plugin dlopened during a session (after the library was loaded): its calls reach the
+ * hooks too (the GOT patcher finds it at the next sample), and its slot is given back at
+ * the detach like the others. */
+static void test_inject_plugin_loaded_during_session(void **state)
+{
+    (void)state;
+    char *argv[] = {(char *)e2e_env("INJECT_THREADS"), NULL};
+    struct e2e_target t;
+    start(&t, argv, "ready");
+    char pids[16], trace[300];
+    snprintf(pids, sizeof(pids), "%d", (int)t.pid);
+    snprintf(trace, sizeof(trace), "%s/plugin.pftrace", runtime_dir);
+    char *aargv[] = {(char *)e2e_env("HEAPPROF_BIN"),
+                     "attach",
+                     "-p",
+                     pids,
+                     "--duration",
+                     "2",
+                     "--no-source-lines",
+                     "--no-status",
+                     "-q",
+                     "-o",
+                     trace,
+                     NULL};
+    pid_t a = fork();
+    assert_true(a >= 0);
+    if (a == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 2);
+        execv(aargv[0], aargv);
+        _exit(127);
+    }
+    assert_true(wait_for(&t, "attached"));
+    char cmd[600];
+    int n = snprintf(cmd, sizeof(cmd), "load %s\n", e2e_env("HARM_PLUGIN"));
+    assert_int_equal(write(t.in, cmd, (size_t)n), n);
+    assert_true(wait_for(&t, "loaded "));
+    /* Twice more: the first samples of the plugin's code patch its slots. */
+    for (int i = 0; i < 2; i++) {
+        e2e_sleep_ms(150);
+        assert_int_equal(write(t.in, "run\n", 4), 4);
+    }
+    assert_int_equal(e2e_wait_status(a), 0);
+    assert_int_equal(e2e_check_rules(trace), 0);
+    struct rp_trace *tr = NULL;
+    assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &tr), 0);
+    const struct rp_trace_process *p = proc_of(tr, t.pid);
+    assert_non_null(p);
+    struct e2e_sums s;
+    e2e_sum_function(p, "harm_plugin_alloc", &s);
+    print_message("  harm_plugin_alloc: %llu samples\n", (unsigned long long)s.alloc_count);
+    assert_true(s.alloc_count > 0);
+    rp_trace_free(tr);
+    assert_true(wait_for(&t, "detached"));
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+    char *o = e2e_read_file(t.out);
+    assert_null(strstr(o, "FATAL"));
+    free(o);
 }
 
 /* @argv run unprofiled, then again attached REAL_CYCLES times while it runs: the same
@@ -490,6 +559,7 @@ int main(void)
         cmocka_unit_test(test_inject_cycles_four_threads),
         cmocka_unit_test(test_inject_cycles_jemalloc),
         cmocka_unit_test(test_inject_exact_after_attach),
+        cmocka_unit_test(test_inject_plugin_loaded_during_session),
         cmocka_unit_test(test_inject_python),
         cmocka_unit_test(test_inject_sqlite3),
         cmocka_unit_test(test_inject_cxx),

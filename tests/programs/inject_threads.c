@@ -7,12 +7,16 @@
  *                             mismatch), and sleep 1 ms between batches. The main thread
  *                             reads commands on stdin: "burst" makes exactly BURST
  *                             allocations of BURST_SIZE bytes in exact_site() (and frees
- *                             them), then prints "burst done". It prints "attached" and
+ *                             them), then prints "burst done"; "load PATH" dlopens the
+ *                             plugin PATH (tests/programs/harm/plugin.c) and runs its
+ *                             harm_plugin_run(20000), then prints "loaded SUM"; "run" runs
+ *                             it again ("ran SUM"). It prints "attached" and
  *                             "detached" as a profiling session's ring appears in and
  *                             leaves its maps. At EOF: "done", exit 0.
  *     inject_threads vfork    vfork()s; the child writes "child PID" and sleeps 10 s in
  *                             the vfork state (its parent suspended), then _exits.
  */
+#include <dlfcn.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -160,6 +164,19 @@ int main(int argc, char **argv)
         if (n <= 0)
             break;
         line[n] = '\0';
+        char *nl = strchr(line, '\n');
+        if (nl)
+            *nl = '\0';
+        static long (*plugin_run)(int);
+        if (strncmp(line, "load ", 5) == 0) {
+            void *h = dlopen(line + 5, RTLD_NOW);
+            plugin_run = h ? (long (*)(int))dlsym(h, "harm_plugin_run") : NULL;
+            if (!plugin_run)
+                fail("the plugin did not load");
+            printf("loaded %ld\n", plugin_run(20000));
+        } else if (strcmp(line, "run") == 0 && plugin_run) {
+            printf("ran %ld\n", plugin_run(20000));
+        }
         if (strncmp(line, "burst", 5) == 0) {
             exact_site(keep);
             for (int i = 0; i < BURST; i++)
