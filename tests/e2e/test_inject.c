@@ -473,6 +473,21 @@ static void test_inject_refusals(void **state)
     refused(child, "vfork child");
     kill(child, SIGKILL);
     assert_int_equal(e2e_target_finish(&t, 0), 0);
+
+    /* Another mount namespace where the library's path names another file (a container
+     * with its own /usr): refused, not loaded from there. Root only (unshare -m). */
+    if (geteuid() != 0 || access("/usr/bin/unshare", X_OK) != 0) {
+        print_message("  mount namespace case: not root or no unshare: skipped\n");
+        return;
+    }
+    char other[300], script[1200];
+    snprintf(other, sizeof(other), "%s/other.so", runtime_dir);
+    snprintf(script, sizeof(script), "cp /bin/true '%s' && mount --bind '%s' '%s' && exec '%s'",
+             other, other, e2e_env("HEAPPROF_LIB"), e2e_env("INJECT_THREADS"));
+    char *ns_argv[] = {"/usr/bin/unshare", "-m", "/bin/sh", "-c", script, NULL};
+    start(&t, ns_argv, "ready");
+    refused(t.pid, "another mount namespace");
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
 }
 
 /* A process that cannot read the library (another user's, attached by a root heapprofd
