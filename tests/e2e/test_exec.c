@@ -42,6 +42,11 @@ static char *record(bool follow_exec, char *const prog[], char *const env[], str
     argv[k++] = "1";
     argv[k++] = "--seed";
     argv[k++] = "1";
+    /* Exact counts: the program waits for ring space rather than drop a record, however
+     * slow a busy machine makes the service (the default 100 ms wait ran out under TSan
+     * beside other test runs, and the child's counts came up short). */
+    argv[k++] = "--block-timeout-us";
+    argv[k++] = "10000000";
     argv[k++] = follow_exec ? "--follow-exec" : "--no-follow-exec";
     argv[k++] = "--";
     for (size_t i = 0; prog[i] && k < 63; i++)
