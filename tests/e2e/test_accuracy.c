@@ -432,6 +432,13 @@ static void real_program(const char *needle, char *const prog[], char *const env
             (unsigned long long)tot[k].freed, (unsigned long long)(tot[k].allocated - tot[k].freed),
             (unsigned long long)p->heap_samples, (unsigned long long)tot[k].unwinding_errors,
             (unsigned long long)tot[k].callsites, p->buffer_overran ? ", samples dropped" : "");
+        if (p->buffer_overran)
+            print_message("%s: dropped %llu (freeset full %llu), reserve failures %llu, "
+                          "unread %llu, client error %d\n",
+                          needle, (unsigned long long)p->losses.records_dropped,
+                          (unsigned long long)p->losses.freeset_full,
+                          (unsigned long long)p->losses.reserve_failures,
+                          (unsigned long long)p->losses.records_unread, (int)p->client_error);
         assert_false(p->buffer_overran);
         check_plausible(p);
         rp_trace_free(t);
