@@ -50,7 +50,6 @@
 #include <gelf.h>
 #include <libelf.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -610,19 +609,6 @@ static void libc_syms_cb(void *ctx, const char *name, uint64_t value, uint64_t s
         s->dlerror = value;
 }
 
-static int inject_why(char *why, size_t len, int r, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int inject_why(char *why, size_t len, int r, const char *fmt, ...)
-{
-    if (why && len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, len, fmt, ap);
-        va_end(ap);
-    }
-    return r;
-}
-
 /* An int3 byte in @f's code, as a target address, or 0. */
 static uint64_t inject_find_trap(const struct inject_elf *f)
 {
@@ -721,10 +707,10 @@ static int inject_act(struct svc_rcall *t, void *arg)
             }
             msg[sizeof(msg) - 1] = '\0';
         }
-        r = inject_why(pl->why, pl->why_len, -ENOEXEC,
-                       "could not load %s: %s (the process must be able to read the library and "
-                       "its directories as its own user)",
-                       pl->lib, msg[0] ? msg : "dlopen failed");
+        r = svc__why(pl->why, pl->why_len, -ENOEXEC,
+                     "could not load %s: %s (the process must be able to read the library and "
+                     "its directories as its own user)",
+                     pl->lib, msg[0] ? msg : "dlopen failed");
     }
     if (errno_at && r != -ESRCH &&
         svc__rcall_write(t, errno_at, &saved_errno, sizeof(saved_errno)) < 0)
@@ -755,13 +741,13 @@ static int inject_same_file(pid_t pid, const char *lib, char *why, size_t len)
     struct stat ours, theirs;
     char path[PATH_MAX + 64];
     if (stat(lib, &ours) < 0)
-        return inject_why(why, len, -ENOENT, "cannot be given %s: %s", lib, strerror(errno));
+        return svc__why(why, len, -ENOENT, "cannot be given %s: %s", lib, strerror(errno));
     snprintf(path, sizeof(path), "/proc/%d/root%s", (int)pid, lib);
     if (stat(path, &theirs) < 0 || theirs.st_dev != ours.st_dev || theirs.st_ino != ours.st_ino)
-        return inject_why(why, len, -EXDEV,
-                          "does not see %s as this heapprof does (another mount namespace: a "
-                          "container?); install heapprof inside it and attach from there",
-                          lib);
+        return svc__why(why, len, -EXDEV,
+                        "does not see %s as this heapprof does (another mount namespace: a "
+                        "container?); install heapprof inside it and attach from there",
+                        lib);
     return 0;
 }
 
@@ -834,30 +820,30 @@ int svc_proc_inject(const struct svc_proc *p, char *why, size_t why_len,
         why[0] = '\0';
     const char *lib = svc_inject_library();
     if (!lib)
-        return inject_why(why, why_len, -ENOPKG,
-                          "does not have libheapprof.so loaded, and this heapprof cannot find its "
-                          "own libheapprof.so to load (set HEAPPROF_LIB)");
+        return svc__why(why, why_len, -ENOPKG,
+                        "does not have libheapprof.so loaded, and this heapprof cannot find its "
+                        "own libheapprof.so to load (set HEAPPROF_LIB)");
     HP_CLEANUP_CLOSE int pidfd = (int)syscall(SYS_pidfd_open, p->pid, 0);
     if (pidfd < 0 && errno != ENOSYS)
-        return errno == ESRCH ? inject_why(why, why_len, -ESRCH, "exited") : -errno;
+        return errno == ESRCH ? svc__why(why, why_len, -ESRCH, "exited") : -errno;
     struct svc_proc now;
     int r = svc_proc_inspect(p->pid, &now);
     if (r < 0 || now.start_time != p->start_time)
-        return inject_why(why, why_len, -ESRCH, "exited");
+        return svc__why(why, why_len, -ESRCH, "exited");
     r = svc__rcall_preflight(p->pid, why, why_len);
     if (r < 0)
         return r;
     if (inject_vfork_child(p->pid))
-        return inject_why(why, why_len, -EBUSY,
-                          "is a vfork child (it shares its parent's memory until it execs or "
-                          "exits): attach once it has exec'd");
+        return svc__why(why, why_len, -EBUSY,
+                        "is a vfork child (it shares its parent's memory until it execs or "
+                        "exits): attach once it has exec'd");
 
     struct inject_map m = {0};
     r = inject_read_maps(p->pid, &m);
     if (r < 0) {
         free(m.objs);
         return r == -EACCES || r == -EPERM ? svc__wake_no_permission(-r, why, why_len)
-                                           : inject_why(why, why_len, r, "exited");
+                                           : svc__why(why, why_len, r, "exited");
     }
     const char *anywhere = getenv("HEAPPROF_TEST_INJECT_ANYWHERE");
     struct inject_plan pl = {.pid = p->pid,
@@ -873,16 +859,16 @@ int svc_proc_inject(const struct svc_proc *p, char *why, size_t why_len,
                                   .act = inject_act,
                                   .arg = &pl};
     if (m.has_lib) {
-        r = inject_why(why, why_len, -EPROTO,
-                       "has a libheapprof.so mapped that advertises no wake entry (another "
-                       "version, or one started with HEAPPROF_ATTACH_SIGNAL set)");
+        r = svc__why(why, why_len, -EPROTO,
+                     "has a libheapprof.so mapped that advertises no wake entry (another "
+                     "version, or one started with HEAPPROF_ATTACH_SIGNAL set)");
         goto out;
     }
     if (m.libc < 0 || m.ld < 0 || !m.objs[m.libc].have_base) {
-        r = inject_why(why, why_len, -ENOEXEC,
-                       "is statically linked or does not use glibc (no libc.so.6 and ld.so in "
-                       "its maps): a library cannot be loaded into it; profile it from its "
-                       "start with heapprof record if it is dynamically linked");
+        r = svc__why(why, why_len, -ENOEXEC,
+                     "is statically linked or does not use glibc (no libc.so.6 and ld.so in "
+                     "its maps): a library cannot be loaded into it; profile it from its "
+                     "start with heapprof record if it is dynamically linked");
         goto out;
     }
     r = inject_same_file(p->pid, lib, why, why_len);
@@ -890,8 +876,8 @@ int svc_proc_inject(const struct svc_proc *p, char *why, size_t why_len,
         goto out;
     r = inject_elf_open(p->pid, &m.objs[m.libc], &libc);
     if (r < 0) {
-        r = inject_why(why, why_len, r, "cannot read its C library %s: %s", m.objs[m.libc].path,
-                       strerror(-r));
+        r = svc__why(why, why_len, r, "cannot read its C library %s: %s", m.objs[m.libc].path,
+                     strerror(-r));
         goto out;
     }
     inject_each_dynsym(&libc, libc_syms_cb, &syms);
@@ -905,12 +891,12 @@ int svc_proc_inject(const struct svc_proc *p, char *why, size_t why_len,
     }
     plan.trap = inject_find_trap(&libc);
     if (!pl.fn_errno || !pl.fn_dlopen || !plan.trap) {
-        r = inject_why(why, why_len, -ENOEXEC,
-                       "has a C library (%s) without %s: heapprof cannot load a library into it",
-                       m.objs[m.libc].path,
-                       !pl.fn_errno    ? "__errno_location"
-                       : !pl.fn_dlopen ? "dlopen"
-                                       : "an int3");
+        r = svc__why(why, why_len, -ENOEXEC,
+                     "has a C library (%s) without %s: heapprof cannot load a library into it",
+                     m.objs[m.libc].path,
+                     !pl.fn_errno    ? "__errno_location"
+                     : !pl.fn_dlopen ? "dlopen"
+                                     : "an int3");
         goto out;
     }
     r = inject_unsafe(p->pid, &m, &pl.unsafe);

@@ -58,6 +58,10 @@ struct svc_rcall_stats {
 int svc__rcall_run(pid_t pid, const struct svc_rcall_plan *plan, char *why, size_t why_len,
                    struct svc_rcall_stats *stats) HP_WARN_UNUSED;
 
+/* Writes the reason @fmt into @why (when not NULL and @len > 0); returns @r. */
+int svc__why(char *why, size_t len, int r, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* Refuses (negative errno, reason in @why) a process that is stopped, traced, ignores
  * SIGTRAP, or runs a thread under seccomp. */
 int svc__rcall_preflight(pid_t pid, char *why, size_t len) HP_WARN_UNUSED;

@@ -311,9 +311,7 @@ static bool wake_signal_pending(pid_t pid, pid_t tid)
 
 /* ---- refusals --------------------------------------------------------------------- */
 
-static int wake_why(char *why, size_t len, int r, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int wake_why(char *why, size_t len, int r, const char *fmt, ...)
+int svc__why(char *why, size_t len, int r, const char *fmt, ...)
 {
     if (why && len) {
         va_list ap;
@@ -337,7 +335,7 @@ int svc__wake_no_permission(int err, char *why, size_t len)
                      : s == 2 ? "only CAP_SYS_PTRACE may trace"
                               : "nobody may trace until reboot");
     }
-    return wake_why(why, len, -EPERM,
+    return svc__why(why, len, -EPERM,
                     "may not be traced by this process (%s): attaching needs the same user and a "
                     "dumpable process, or CAP_SYS_PTRACE (root)%s",
                     strerror(err), yama);
@@ -349,24 +347,24 @@ static int wake_preflight(pid_t pid, char *why, size_t len)
     char path[96], st[8192], v[64];
     snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
     if (wake_read(path, st, sizeof(st)) < 0)
-        return wake_why(why, len, -ESRCH, "exited");
+        return svc__why(why, len, -ESRCH, "exited");
     if (wake_status_field(st, "State:", v, sizeof(v)) && (v[0] == 'T' || v[0] == 't'))
-        return wake_why(why, len, -EBUSY,
+        return svc__why(why, len, -EBUSY,
                         "is stopped (State: %s); resume it (kill -CONT %d) and attach again", v,
                         (int)pid);
     if (wake_status_field(st, "TracerPid:", v, sizeof(v)) && atoi(v) != 0)
-        return wake_why(why, len, -EBUSY,
+        return svc__why(why, len, -EBUSY,
                         "is being traced by pid %s (a debugger or strace); a process has one "
                         "tracer at a time",
                         v);
     if (wake_status_hex(st, "SigIgn:") & (1ull << (SIGTRAP - 1)))
-        return wake_why(why, len, -EOPNOTSUPP,
+        return svc__why(why, len, -EOPNOTSUPP,
                         "ignores SIGTRAP, which the wake call's return needs");
 
     snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
     DIR *d = opendir(path);
     if (!d)
-        return wake_why(why, len, -ESRCH, "exited");
+        return svc__why(why, len, -ESRCH, "exited");
     int r = 0;
     struct dirent *e;
     while (r == 0 && (e = readdir(d)) != NULL) {
@@ -377,7 +375,7 @@ static int wake_preflight(pid_t pid, char *why, size_t len)
         if (wake_read(path, st, sizeof(st)) < 0)
             continue; /* exited meanwhile */
         if (wake_status_field(st, "Seccomp:", v, sizeof(v)) && atoi(v) != 0)
-            r = wake_why(why, len, -EOPNOTSUPP,
+            r = svc__why(why, len, -EOPNOTSUPP,
                          "runs under seccomp (thread %d, Seccomp: %s): a filter may deny or kill "
                          "the process for a call the profiling session makes (clone, socket, "
                          "mmap...)",
@@ -558,7 +556,7 @@ static int wake_remote_call(struct wake_ctx *c, uint64_t fn, uint64_t a0, uint64
     call.eflags &= ~X86_DF;
     if (ptrace(PTRACE_POKEDATA, tid, sp, (void *)trap) < 0 ||
         ptrace(PTRACE_SETREGS, tid, 0, &call) < 0 || ptrace(PTRACE_CONT, tid, 0, 0) < 0)
-        return wake_why(c->why, c->why_len, -EIO, "cannot set up the call on thread %d: %s",
+        return svc__why(c->why, c->why_len, -EIO, "cannot set up the call on thread %d: %s",
                         (int)tid, strerror(errno));
 
     for (;;) {
@@ -572,7 +570,7 @@ static int wake_remote_call(struct wake_ctx *c, uint64_t fn, uint64_t a0, uint64
             if (wake_wait_interrupt(c, tid) == -ESRCH)
                 return -ESRCH;
             c->in_signal_stop = false;
-            return wake_why(c->why, c->why_len, -EIO,
+            return svc__why(c->why, c->why_len, -EIO,
                             "the call on thread %d did not return within %llu s", (int)tid,
                             (unsigned long long)(WAKE_CALL_NS / 1000000000u));
         }
@@ -597,7 +595,7 @@ static int wake_remote_call(struct wake_ctx *c, uint64_t fn, uint64_t a0, uint64
         if (fault) {
             /* Ours: suppressed, the thread put back. */
             c->in_signal_stop = true;
-            return wake_why(c->why, c->why_len, -EIO,
+            return svc__why(c->why, c->why_len, -EIO,
                             "the call faulted on thread %d (signal %d at %#llx); the thread "
                             "was put back",
                             (int)tid, sig, (unsigned long long)now.rip);
@@ -619,10 +617,10 @@ int svc__rcall_put(struct svc_rcall *t, const void *data, size_t len, uint64_t *
     struct wake_ctx *c = (struct wake_ctx *)t;
     uint64_t at = (c->scratch - len) & ~15ull;
     if (c->base.rsp - at + 256 > c->plan->headroom)
-        return wake_why(c->why, c->why_len, -ENOSPC, "no stack left for the call's data");
+        return svc__why(c->why, c->why_len, -ENOSPC, "no stack left for the call's data");
     struct iovec local = {(void *)data, len}, remote = {(void *)(uintptr_t)at, len};
     if (process_vm_writev(c->pid, &local, 1, &remote, 1, 0) != (ssize_t)len)
-        return wake_why(c->why, c->why_len, -EIO, "cannot write to thread %d's stack: %s",
+        return svc__why(c->why, c->why_len, -EIO, "cannot write to thread %d's stack: %s",
                         (int)c->tid, strerror(errno));
     c->scratch = at;
     *addr = at;
@@ -689,7 +687,7 @@ static int wake_call(struct wake_ctx *c, pid_t tid)
     if (!xstate || ptrace(PTRACE_GETREGSET, tid, NT_X86_XSTATE, &xv) < 0 ||
         ptrace(PTRACE_GETSIGMASK, tid, sizeof(mask), &mask) < 0) {
         wake_release(c, tid, regs, restart, false);
-        return wake_why(c->why, c->why_len, -EIO, "cannot read the state of thread %d: %s",
+        return svc__why(c->why, c->why_len, -EIO, "cannot read the state of thread %d: %s",
                         (int)tid, strerror(errno ? errno : ENOMEM));
     }
 
@@ -700,7 +698,7 @@ static int wake_call(struct wake_ctx *c, pid_t tid)
     c->in_signal_stop = false;
     int r;
     if (ptrace(PTRACE_SETSIGMASK, tid, sizeof(all_but_trap), &all_but_trap) < 0)
-        r = wake_why(c->why, c->why_len, -EIO, "cannot set up the call on thread %d: %s", (int)tid,
+        r = svc__why(c->why, c->why_len, -EIO, "cannot set up the call on thread %d: %s", (int)tid,
                      strerror(errno));
     else
         r = c->plan->act((struct svc_rcall *)c, c->plan->arg);
@@ -729,10 +727,10 @@ static int wake_thread(struct wake_ctx *c, pid_t tid)
             snprintf(path, sizeof(path), "/proc/%d/status", (int)c->pid);
             if (wake_read(path, st, sizeof(st)) > 0 &&
                 wake_status_field(st, "TracerPid:", v, sizeof(v)) && atoi(v) != 0)
-                return wake_why(c->why, c->why_len, -EBUSY, "is being traced by pid %s", v);
+                return svc__why(c->why, c->why_len, -EBUSY, "is being traced by pid %s", v);
             return svc__wake_no_permission(e, c->why, c->why_len);
         }
-        return wake_why(c->why, c->why_len, -e, "cannot trace thread %d: %s", (int)tid,
+        return svc__why(c->why, c->why_len, -e, "cannot trace thread %d: %s", (int)tid,
                         strerror(e));
     }
     c->stop_start_ns = hp_clock_ns(CLOCK_MONOTONIC);
@@ -741,7 +739,7 @@ static int wake_thread(struct wake_ctx *c, pid_t tid)
     int r = wake_wait_interrupt(c, tid);
     if (r == -EBUSY) {
         wake_detach(c, tid, false);
-        return wake_why(c->why, c->why_len, -EBUSY, "was stopped (by a signal) meanwhile");
+        return svc__why(c->why, c->why_len, -EBUSY, "was stopped (by a signal) meanwhile");
     }
     if (r < 0)
         return r;
@@ -839,10 +837,10 @@ static int wake_read_page(const struct svc_proc *p, struct hp_wake_page *ret, ch
     if (n < 0)
         return errno == ESRCH
                    ? -ESRCH
-                   : wake_why(why, len, -errno, "cannot read its wake page: %s", strerror(errno));
+                   : svc__why(why, len, -errno, "cannot read its wake page: %s", strerror(errno));
     if (n != (ssize_t)sizeof(pg) || pg.magic != HP_WAKE_MAGIC || pg.version != HP_WAKE_VERSION ||
         pg.size < sizeof(pg))
-        return wake_why(why, len, -EPROTO,
+        return svc__why(why, len, -EPROTO,
                         "its libheapprof.so advertises no wake entry this heapprof knows "
                         "(another version?)");
     HP_CLEANUP_FREE char *maps = svc__proc_maps(p->pid);
@@ -850,7 +848,7 @@ static int wake_read_page(const struct svc_proc *p, struct hp_wake_page *ret, ch
     if (!maps || !wake_map_of(maps, pg.entry, &e) || !wake_map_of(maps, pg.trap, &t) ||
         e.perms[2] != 'x' || t.perms[2] != 'x' || !wake_map_path_ends(&e, "/libheapprof.so") ||
         !wake_map_path_ends(&t, "/libheapprof.so"))
-        return wake_why(why, len, -EPROTO,
+        return svc__why(why, len, -EPROTO,
                         "its wake page does not point into libheapprof.so's code");
     *ret = pg;
     return 0;
@@ -865,22 +863,22 @@ static int wake_answer(int answer, char *why, size_t len)
     case HP_WAKE_STARTED:
         return 0;
     case HP_WAKE_PROFILED:
-        return wake_why(why, len, -EALREADY,
+        return svc__why(why, len, -EALREADY,
                         "is already being profiled (by heapprof record, another heapprof attach "
                         "or heapprofd); a process is in one session at a time");
     case HP_WAKE_BUSY:
-        return wake_why(why, len, -EALREADY,
+        return svc__why(why, len, -EALREADY,
                         "is being attached by another session right now; try again once it is "
                         "over");
     case HP_WAKE_NOT_OWNER:
-        return wake_why(why, len, -EIO, "is a vfork child of a profiled program, about to exec");
+        return svc__why(why, len, -EIO, "is a vfork child of a profiled program, about to exec");
     default:
         if (answer <= 0)
-            return wake_why(why, len, -EIO,
+            return svc__why(why, len, -EIO,
                             "could not start its profiling session (no thread: out of memory?)");
         if (answer == getpid())
-            return wake_why(why, len, -EALREADY, "is already being profiled by this session");
-        return wake_why(why, len, -EALREADY,
+            return svc__why(why, len, -EALREADY, "is already being profiled by this session");
+        return svc__why(why, len, -EALREADY,
                         "is already being profiled by pid %d (%s); a process is in one session "
                         "at a time: end that one first",
                         answer, svc_proc_inspect(answer, &by) == 0 ? by.name : "gone since");
@@ -908,7 +906,7 @@ static int wake_choose(struct wake_ctx *c, uint64_t choose_ns)
     while (r == -EAGAIN || r == -ESRCH) {
         size_t n = wake_candidates(c->pid, cands, HP_ARRAY_SIZE(cands));
         if (n == 0 && kill(c->pid, 0) < 0 && errno == ESRCH) {
-            r = wake_why(c->why, c->why_len, -ESRCH, "exited");
+            r = svc__why(c->why, c->why_len, -ESRCH, "exited");
             break;
         }
         r = -EAGAIN;
@@ -924,7 +922,7 @@ static int wake_choose(struct wake_ctx *c, uint64_t choose_ns)
                 break;
         }
         if (hp_clock_ns(CLOCK_MONOTONIC) >= end) {
-            r = wake_why(c->why, c->why_len, -ETIMEDOUT,
+            r = svc__why(c->why, c->why_len, -ETIMEDOUT,
                          "no thread could be taken safely within %llu s (%s)",
                          (unsigned long long)(choose_ns / 1000000000u),
                          saw_later ? "they wait with a timeout that a stop would cut short"
@@ -970,11 +968,11 @@ int svc_proc_wake(const struct svc_proc *p, pid_t attacher, char *why, size_t wh
      * check sees another start time (ptrace and /proc then fail on the old one). */
     HP_CLEANUP_CLOSE int pidfd = (int)syscall(SYS_pidfd_open, p->pid, 0);
     if (pidfd < 0 && errno != ENOSYS)
-        return errno == ESRCH ? wake_why(why, why_len, -ESRCH, "exited") : -errno;
+        return errno == ESRCH ? svc__why(why, why_len, -ESRCH, "exited") : -errno;
     struct svc_proc now;
     int r = svc_proc_inspect(p->pid, &now);
     if (r < 0 || now.start_time != p->start_time)
-        return wake_why(why, why_len, -ESRCH, "exited");
+        return svc__why(why, why_len, -ESRCH, "exited");
     if (!now.attach_ready)
         return -EAGAIN;
     r = wake_preflight(p->pid, why, why_len);

@@ -192,6 +192,37 @@ static void test_inject_cycles_jemalloc(void **state)
     threads_cycles("INJECT_THREADS_JEMALLOC", REAL_CYCLES * 2);
 }
 
+/* `heapprof attach -p PID --duration 2 -i INTERVAL -o TRACE` started in the background
+ * (its stderr to /dev/null); returns its pid. */
+static pid_t attach_in_background(pid_t pid, const char *interval, const char *trace)
+{
+    char pids[16];
+    snprintf(pids, sizeof(pids), "%d", (int)pid);
+    char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"),
+                    "attach",
+                    "-p",
+                    pids,
+                    "--duration",
+                    "2",
+                    "-i",
+                    (char *)interval,
+                    "--no-source-lines",
+                    "--no-status",
+                    "-q",
+                    "-o",
+                    (char *)trace,
+                    NULL};
+    pid_t a = fork();
+    assert_true(a >= 0);
+    if (a == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 2);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return a;
+}
+
 /* Interval 1 after an attach: the BURST allocations of exact_site(), made once the
  * session is on, are counted exactly. */
 static void test_inject_exact_after_attach(void **state)
@@ -200,31 +231,9 @@ static void test_inject_exact_after_attach(void **state)
     char *argv[] = {(char *)e2e_env("INJECT_THREADS"), NULL};
     struct e2e_target t;
     start(&t, argv, "ready");
-    char pids[16], trace[300];
-    snprintf(pids, sizeof(pids), "%d", (int)t.pid);
+    char trace[300];
     snprintf(trace, sizeof(trace), "%s/exact.pftrace", runtime_dir);
-    char *aargv[] = {(char *)e2e_env("HEAPPROF_BIN"),
-                     "attach",
-                     "-p",
-                     pids,
-                     "--duration",
-                     "2",
-                     "-i",
-                     "1",
-                     "--no-source-lines",
-                     "--no-status",
-                     "-q",
-                     "-o",
-                     trace,
-                     NULL};
-    pid_t a = fork();
-    assert_true(a >= 0);
-    if (a == 0) {
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, 2);
-        execv(aargv[0], aargv);
-        _exit(127);
-    }
+    pid_t a = attach_in_background(t.pid, "1", trace);
     assert_true(wait_for(&t, "attached"));
     assert_int_equal(write(t.in, "burst\n", 6), 6);
     assert_true(wait_for(&t, "burst done"));
@@ -255,29 +264,9 @@ static void test_inject_plugin_loaded_during_session(void **state)
     char *argv[] = {(char *)e2e_env("INJECT_THREADS"), NULL};
     struct e2e_target t;
     start(&t, argv, "ready");
-    char pids[16], trace[300];
-    snprintf(pids, sizeof(pids), "%d", (int)t.pid);
+    char trace[300];
     snprintf(trace, sizeof(trace), "%s/plugin.pftrace", runtime_dir);
-    char *aargv[] = {(char *)e2e_env("HEAPPROF_BIN"),
-                     "attach",
-                     "-p",
-                     pids,
-                     "--duration",
-                     "2",
-                     "--no-source-lines",
-                     "--no-status",
-                     "-q",
-                     "-o",
-                     trace,
-                     NULL};
-    pid_t a = fork();
-    assert_true(a >= 0);
-    if (a == 0) {
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, 2);
-        execv(aargv[0], aargv);
-        _exit(127);
-    }
+    pid_t a = attach_in_background(t.pid, "4096", trace);
     assert_true(wait_for(&t, "attached"));
     char cmd[600];
     int n = snprintf(cmd, sizeof(cmd), "load %s\n", e2e_env("HARM_PLUGIN"));
