@@ -17,6 +17,7 @@
  *                             the vfork state (its parent suspended), then _exits.
  */
 #include <dlfcn.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -159,7 +160,7 @@ int main(int argc, char **argv)
         ring = now;
         if (r <= 0)
             continue;
-        char line[64];
+        char line[PATH_MAX + 16]; /* "load PATH" */
         ssize_t n = read(0, line, sizeof(line) - 1);
         if (n <= 0)
             break;
