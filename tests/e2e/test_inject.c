@@ -10,8 +10,9 @@
  *     output as unprofiled;
  *   - the EINTR-fatal event loop (epoll_wait(-1)) of tests/e2e/test_wake.c, attached
  *     this way INJECT_EINTR_CYCLES times;
- *   - refusals, each with rc 1, its reason, and the process unharmed: static, stopped,
- *     traced, seccomp, a vfork child.
+ *   - refusals, each with rc 1, its reason, and the process unharmed and without the
+ *     library: static, stopped, traced, seccomp (a filter, one that kills, a thread in
+ *     strict mode), a vfork child;
  * Every trace also goes through the rule checker and Perfetto's trace processor
  * (e2e_check_rules). */
 #include <errno.h>
@@ -28,6 +29,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -136,6 +138,8 @@ static void threads_cycles(const char *prog_env, int cycles)
 {
     char *argv[] = {(char *)e2e_env(prog_env), NULL};
     struct e2e_target t;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     start(&t, argv, "ready");
     for (int i = 0; i < cycles; i++) {
         struct rp_trace *tr;
@@ -170,6 +174,9 @@ static void threads_cycles(const char *prog_env, int cycles)
     free(maps);
     assert_int_equal(code, 1);
     assert_int_equal(e2e_target_finish(&t, 0), 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    print_message("  %d cycles in %.1f s\n", cycles,
+                  (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
     char *o = e2e_read_file(t.out);
     assert_null(strstr(o, "FATAL"));
     assert_non_null(strstr(o, "done"));
@@ -320,6 +327,10 @@ static void real_program(char *const argv[], const char *fn)
         assert_non_null(p);
         struct e2e_sums s;
         e2e_sum_function(p, fn, &s);
+        if (p->heap_samples == 0 || s.alloc_count == 0)
+            print_message("  %s: cycle %d: %llu samples, %llu of them in %s\n", argv[0], cycles,
+                          (unsigned long long)p->heap_samples, (unsigned long long)s.alloc_count,
+                          fn);
         assert_true(p->heap_samples > 0);
         assert_true(s.alloc_count > 0);
         rp_trace_free(tr);
@@ -397,7 +408,18 @@ static void test_inject_eintr_fatal_loop(void **state)
     free(o);
 }
 
-/* Attaching @pid fails with rc 1 and @why in the message. */
+/* True when libheapprof.so is mapped in @pid. */
+static bool has_library(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+    char *maps = e2e_read_file(path);
+    bool r = strstr(maps, "libheapprof") != NULL;
+    free(maps);
+    return r;
+}
+
+/* Attaching @pid fails with rc 1 and @why in the message, and the library was not loaded. */
 static void refused(pid_t pid, const char *why)
 {
     struct rp_trace *tr;
@@ -407,6 +429,7 @@ static void refused(pid_t pid, const char *why)
     assert_int_equal(st, 1);
     assert_non_null(strstr(err, why));
     free(err);
+    assert_false(has_library(pid));
 }
 
 static void test_inject_refusals(void **state)
@@ -557,6 +580,41 @@ static void test_inject_unreadable_library(void **state)
     free(o);
 }
 
+/* A process with one thread in strict seccomp mode (any call but read, write and exit
+ * kills the whole process, as a hook running on that thread would make): refused, and
+ * it runs on and ends as unprofiled. */
+static void test_inject_refuses_strict_seccomp_thread(void **state)
+{
+    (void)state;
+    char *argv[] = {(char *)e2e_env("INJECT_THREADS"), "strict", NULL};
+    struct e2e_target t;
+    start(&t, argv, "ready");
+    refused(t.pid, "seccomp");
+    e2e_sleep_ms(100);
+    assert_true(running(t.pid));
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+    char *o = e2e_read_file(t.out);
+    assert_string_equal(o, "ready\ndone\n");
+    free(o);
+}
+
+/* A seccomp filter that kills the process at socket(2), which a session makes: refused,
+ * and the process lives on and ends as unprofiled. */
+static void test_inject_refuses_seccomp_kill_filter(void **state)
+{
+    (void)state;
+    char *argv[] = {(char *)e2e_env("WAKE_REFUSED"), "seccomp", "kill", NULL};
+    struct e2e_target t;
+    start(&t, argv, "ready");
+    refused(t.pid, "seccomp");
+    e2e_sleep_ms(100);
+    assert_true(running(t.pid));
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+    char *o = e2e_read_file(t.out);
+    assert_string_equal(o, "ready\ndone\n");
+    free(o);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -570,6 +628,12 @@ int main(void)
         cmocka_unit_test(test_inject_eintr_fatal_loop),
         cmocka_unit_test(test_inject_refusals),
         cmocka_unit_test(test_inject_unreadable_library),
+        cmocka_unit_test(test_inject_refuses_strict_seccomp_thread),
+        cmocka_unit_test(test_inject_refuses_seccomp_kill_filter),
     };
+    /* HEAPPROF_TEST_FILTER=pattern runs the matching tests only. */
+    const char *filter = getenv("HEAPPROF_TEST_FILTER");
+    if (filter)
+        cmocka_set_test_filter(filter);
     return cmocka_run_group_tests_name("e2e_inject", tests, setup, teardown);
 }
