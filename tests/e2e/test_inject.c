@@ -13,6 +13,8 @@
  *   - refusals, each with rc 1, its reason, and the process unharmed and without the
  *     library: static, stopped, traced, seccomp (a filter, one that kills, a thread in
  *     strict mode), a vfork child;
+ *   - a process that cannot read the library: heapprof attach says so (rc 1), and a
+ *     library it can read loads afterwards.
  * Every trace also goes through the rule checker and Perfetto's trace processor
  * (e2e_check_rules). */
 #include <errno.h>
@@ -615,6 +617,64 @@ static void test_inject_refuses_seccomp_kill_filter(void **state)
     free(o);
 }
 
+/* heapprof attach on a process that cannot read the library: a root process without
+ * capabilities (no CAP_DAC_OVERRIDE, as hardened services run), the library in a
+ * directory only its owner, nobody, may enter. rc 1 saying the process cannot read it;
+ * the process runs on without the library, and a later attach with a library it can
+ * read loads it and profiles. Root only (setpriv). */
+static void test_inject_attach_unreadable_library(void **state)
+{
+    (void)state;
+    if (geteuid() != 0 || access("/usr/bin/setpriv", X_OK) != 0) {
+        print_message("  not root or no setpriv: skipped\n");
+        skip();
+    }
+    char dir[300], lib[340], cmd[2048];
+    snprintf(dir, sizeof(dir), "%s/nobodys", runtime_dir);
+    snprintf(lib, sizeof(lib), "%s/libheapprof.so", dir);
+    snprintf(cmd, sizeof(cmd),
+             "mkdir -p '%s' && cp '%s' '%s' && chown -R 65534 '%s' && chmod 700 '%s'", dir,
+             e2e_env("HEAPPROF_LIB"), lib, dir, dir);
+    assert_int_equal(system(cmd), 0);
+
+    char *argv[] = {"/usr/bin/setpriv", "--bounding-set=-all", "--inh-caps=-all",
+                    (char *)e2e_env("INJECT_THREADS"), NULL};
+    struct e2e_target t;
+    start(&t, argv, "ready");
+    char *own = strdup(e2e_env("HEAPPROF_LIB"));
+    setenv("HEAPPROF_LIB", lib, 1);
+    struct rp_trace *tr;
+    char *err = NULL;
+    int st = attach(t.pid, "0.2", "4096", &tr, &err);
+    setenv("HEAPPROF_LIB", own, 1);
+    free(own);
+    print_message("  status %d: %s", st, err);
+    assert_int_equal(st, 1);
+    assert_non_null(strstr(err, "Permission denied"));
+    assert_non_null(strstr(err, "read the library"));
+    free(err);
+    assert_false(has_library(t.pid));
+    e2e_sleep_ms(100);
+    assert_true(running(t.pid));
+
+    /* Nothing left half-done: the library it can read loads, and profiles. */
+    st = attach(t.pid, "0.2", "4096", &tr, &err);
+    if (st != 0)
+        print_message("  readable library: status %d: %s", st, err);
+    assert_int_equal(st, 0);
+    const struct rp_trace_process *p = proc_of(tr, t.pid);
+    assert_non_null(p);
+    assert_true(p->heap_samples > 0);
+    rp_trace_free(tr);
+    free(err);
+    assert_true(has_library(t.pid));
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+    char *o = e2e_read_file(t.out);
+    assert_null(strstr(o, "FATAL"));
+    assert_non_null(strstr(o, "done"));
+    free(o);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -630,6 +690,7 @@ int main(void)
         cmocka_unit_test(test_inject_unreadable_library),
         cmocka_unit_test(test_inject_refuses_strict_seccomp_thread),
         cmocka_unit_test(test_inject_refuses_seccomp_kill_filter),
+        cmocka_unit_test(test_inject_attach_unreadable_library),
     };
     /* HEAPPROF_TEST_FILTER=pattern runs the matching tests only. */
     const char *filter = getenv("HEAPPROF_TEST_FILTER");
