@@ -8,10 +8,15 @@
  *   - exact counts at interval 1 for allocations made after the attach;
  *   - real programs: python3, sqlite3, a C++ STL program: attached while running, same
  *     output as unprofiled;
- *   - the EINTR-fatal event loop (epoll_wait(-1)) of tests/e2e/test_wake.c, attached
- *     this way INJECT_EINTR_CYCLES times;
- *   - refusals, each with rc 1, its reason, and the process unharmed: static, stopped,
- *     traced, seccomp, a vfork child.
+ *   - the EINTR-fatal event loop (epoll_wait(-1)) of tests/e2e/test_wake.c, and tail -f,
+ *     attached this way INJECT_EINTR_CYCLES times;
+ *   - refusals, each with rc 1, its reason, and the process unharmed and without the
+ *     library: static, stopped, traced, seccomp (a filter, one that kills, a thread in
+ *     strict mode), a vfork child;
+ *   - a process that cannot read the library: heapprof attach says so (rc 1), and a
+ *     library it can read loads afterwards;
+ *   - each detach gives the program's GOT slot of malloc back to libc (slotwatch, also
+ *     full RELRO).
  * Every trace also goes through the rule checker and Perfetto's trace processor
  * (e2e_check_rules). */
 #include <errno.h>
@@ -28,6 +33,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -131,11 +137,26 @@ static void start(struct e2e_target *t, char *const argv[], const char *ready)
     assert_int_equal(e2e_target_start(t, runtime_dir, argv, NULL, ready), 0);
 }
 
+/* How many copies of libheapprof.so's code @pid has mapped. */
+static int library_copies(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+    char *maps = e2e_read_file(path);
+    int n = 0;
+    for (char *l = strtok(maps, "\n"); l; l = strtok(NULL, "\n"))
+        n += strstr(l, "libheapprof.so") && strstr(l, " r-xp ");
+    free(maps);
+    return n;
+}
+
 /* @cycles attaches of inject_threads build @prog_env, each sampling all four sites. */
 static void threads_cycles(const char *prog_env, int cycles)
 {
     char *argv[] = {(char *)e2e_env(prog_env), NULL};
     struct e2e_target t;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     start(&t, argv, "ready");
     for (int i = 0; i < cycles; i++) {
         struct rp_trace *tr;
@@ -159,17 +180,13 @@ static void threads_cycles(const char *prog_env, int cycles)
         rp_trace_free(tr);
         free(err);
         assert_true(e2e_alive(t.pid));
+        /* One copy of the library, loaded by the first attach only. */
+        assert_int_equal(library_copies(t.pid), 1);
     }
-    /* One copy of the library, loaded by the first attach only. */
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/maps", (int)t.pid);
-    char *maps = e2e_read_file(path);
-    int code = 0;
-    for (char *l = strtok(maps, "\n"); l; l = strtok(NULL, "\n"))
-        code += strstr(l, "libheapprof.so") && strstr(l, " r-xp ");
-    free(maps);
-    assert_int_equal(code, 1);
     assert_int_equal(e2e_target_finish(&t, 0), 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    print_message("  %d cycles in %.1f s\n", cycles,
+                  (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
     char *o = e2e_read_file(t.out);
     assert_null(strstr(o, "FATAL"));
     assert_non_null(strstr(o, "done"));
@@ -311,8 +328,12 @@ static void real_program(char *const argv[], const char *fn)
         struct rp_trace *tr;
         char *err = NULL;
         int st = attach(t.pid, "0.2", "4096", &tr, &err);
-        if (st != 0 && !running(t.pid))
-            break; /* it ended meanwhile */
+        if (!running(t.pid)) {
+            /* It ended meanwhile: the session may hold only its exit (a stdio buffer). */
+            rp_trace_free(tr);
+            free(err);
+            break;
+        }
         if (st != 0)
             print_message("  %s: cycle %d: status %d: %s\n", argv[0], cycles, st, err);
         assert_int_equal(st, 0);
@@ -320,6 +341,10 @@ static void real_program(char *const argv[], const char *fn)
         assert_non_null(p);
         struct e2e_sums s;
         e2e_sum_function(p, fn, &s);
+        if (p->heap_samples == 0 || s.alloc_count == 0)
+            print_message("  %s: cycle %d: %llu samples, %llu of them in %s\n", argv[0], cycles,
+                          (unsigned long long)p->heap_samples, (unsigned long long)s.alloc_count,
+                          fn);
         assert_true(p->heap_samples > 0);
         assert_true(s.alloc_count > 0);
         rp_trace_free(tr);
@@ -397,7 +422,18 @@ static void test_inject_eintr_fatal_loop(void **state)
     free(o);
 }
 
-/* Attaching @pid fails with rc 1 and @why in the message. */
+/* True when libheapprof.so is mapped in @pid. */
+static bool has_library(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+    char *maps = e2e_read_file(path);
+    bool r = strstr(maps, "libheapprof") != NULL;
+    free(maps);
+    return r;
+}
+
+/* Attaching @pid fails with rc 1 and @why in the message, and the library was not loaded. */
 static void refused(pid_t pid, const char *why)
 {
     struct rp_trace *tr;
@@ -405,8 +441,15 @@ static void refused(pid_t pid, const char *why)
     int st = attach(pid, "0.2", "4096", &tr, &err);
     print_message("  pid %d: status %d: %s", (int)pid, st, err);
     assert_int_equal(st, 1);
+    /* The reason, not the process's title ("pid N (wake_refused seccomp kill) ..."). */
+    char tag[32];
+    snprintf(tag, sizeof(tag), "pid %d (", (int)pid);
+    char *title = strstr(err, tag), *end = title ? strstr(title, ") ") : NULL;
+    if (end)
+        memmove(title, end + 1, strlen(end + 1) + 1);
     assert_non_null(strstr(err, why));
     free(err);
+    assert_false(has_library(pid));
 }
 
 static void test_inject_refusals(void **state)
@@ -499,8 +542,8 @@ static void test_inject_unreadable_library(void **state)
     /* Others may enter the runtime directory (the target's output file is there). */
     assert_int_equal(chmod(runtime_dir, 0755), 0);
 
-    int in[2];
-    assert_int_equal(pipe(in), 0);
+    int in[2]; /* close-on-exec: the daemon must not keep the target's stdin open */
+    assert_int_equal(pipe2(in, O_CLOEXEC), 0);
     char out[320];
     snprintf(out, sizeof(out), "%s/nobody.out", runtime_dir);
     pid_t pid = fork();
@@ -538,11 +581,13 @@ static void test_inject_unreadable_library(void **state)
         e2e_sleep_ms(10);
     }
     print_message("  heapprofd: %s", log);
+    /* Stopped before any check: a failed check must not leave it running. */
+    int stopped = e2e_daemon_stop(&d, SIGINT);
+    e2e_daemon_remove_files(&d);
     assert_non_null(strstr(log, "could not load"));
     assert_non_null(strstr(log, "Permission denied"));
     free(log);
-    assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
-    e2e_daemon_remove_files(&d);
+    assert_int_equal(stopped, 0);
     /* Unharmed, and without the library. */
     assert_true(running(pid));
     char maps[64];
@@ -555,6 +600,195 @@ static void test_inject_unreadable_library(void **state)
     char *o = e2e_read_file(out);
     assert_string_equal(o, "ready\ndone\n");
     free(o);
+}
+
+/* A process with one thread in strict seccomp mode (any call but read, write and exit
+ * kills the whole process, as a hook running on that thread would make): refused, and
+ * it runs on and ends as unprofiled. */
+static void test_inject_refuses_strict_seccomp_thread(void **state)
+{
+    (void)state;
+    char *argv[] = {(char *)e2e_env("INJECT_THREADS"), "strict", NULL};
+    struct e2e_target t;
+    start(&t, argv, "ready");
+    refused(t.pid, "seccomp");
+    e2e_sleep_ms(100);
+    assert_true(running(t.pid));
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+    char *o = e2e_read_file(t.out);
+    assert_string_equal(o, "ready\ndone\n");
+    free(o);
+}
+
+/* A seccomp filter that kills the process at socket(2), which a session makes: refused,
+ * and the process lives on and ends as unprofiled. */
+static void test_inject_refuses_seccomp_kill_filter(void **state)
+{
+    (void)state;
+    char *argv[] = {(char *)e2e_env("WAKE_REFUSED"), "seccomp", "kill", NULL};
+    struct e2e_target t;
+    start(&t, argv, "ready");
+    refused(t.pid, "seccomp");
+    e2e_sleep_ms(100);
+    assert_true(running(t.pid));
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+    char *o = e2e_read_file(t.out);
+    assert_string_equal(o, "ready\ndone\n");
+    free(o);
+}
+
+/* heapprof attach on a process that cannot read the library: a root process without
+ * capabilities (no CAP_DAC_OVERRIDE, as hardened services run), the library in a
+ * directory only its owner, nobody, may enter. rc 1 saying the process cannot read it;
+ * the process runs on without the library, and a later attach with a library it can
+ * read loads it and profiles. Root only (setpriv). */
+static void test_inject_attach_unreadable_library(void **state)
+{
+    (void)state;
+    if (geteuid() != 0 || access("/usr/bin/setpriv", X_OK) != 0) {
+        print_message("  not root or no setpriv: skipped\n");
+        skip();
+    }
+    char dir[300], lib[340], cmd[2048];
+    snprintf(dir, sizeof(dir), "%s/nobodys", runtime_dir);
+    snprintf(lib, sizeof(lib), "%s/libheapprof.so", dir);
+    snprintf(cmd, sizeof(cmd),
+             "mkdir -p '%s' && cp '%s' '%s' && chown -R 65534 '%s' && chmod 700 '%s'", dir,
+             e2e_env("HEAPPROF_LIB"), lib, dir, dir);
+    assert_int_equal(system(cmd), 0);
+
+    char *argv[] = {"/usr/bin/setpriv", "--bounding-set=-all", "--inh-caps=-all",
+                    (char *)e2e_env("INJECT_THREADS"), NULL};
+    struct e2e_target t;
+    start(&t, argv, "ready");
+    char *own = strdup(e2e_env("HEAPPROF_LIB"));
+    setenv("HEAPPROF_LIB", lib, 1);
+    struct rp_trace *tr;
+    char *err = NULL;
+    int st = attach(t.pid, "0.2", "4096", &tr, &err);
+    setenv("HEAPPROF_LIB", own, 1);
+    free(own);
+    print_message("  status %d: %s", st, err);
+    assert_int_equal(st, 1);
+    assert_non_null(strstr(err, "Permission denied"));
+    assert_non_null(strstr(err, "read the library"));
+    free(err);
+    assert_false(has_library(t.pid));
+    e2e_sleep_ms(100);
+    assert_true(running(t.pid));
+
+    /* Nothing left half-done: the library it can read loads, and profiles. */
+    st = attach(t.pid, "0.2", "4096", &tr, &err);
+    if (st != 0)
+        print_message("  readable library: status %d: %s", st, err);
+    assert_int_equal(st, 0);
+    const struct rp_trace_process *p = proc_of(tr, t.pid);
+    assert_non_null(p);
+    assert_true(p->heap_samples > 0);
+    rp_trace_free(tr);
+    free(err);
+    assert_true(has_library(t.pid));
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+    char *o = e2e_read_file(t.out);
+    assert_null(strstr(o, "FATAL"));
+    assert_non_null(strstr(o, "done"));
+    free(o);
+}
+
+/* tail -f (coreutils), started without the library (at a wake it used to exit with
+ * "Interrupted system call": tests/e2e/test_wake.c), attached INJECT_EINTR_CYCLES times
+ * while lines are appended: the first attach loads the library, one copy stays; tail
+ * never exits and prints every line. */
+static void test_inject_tail_f(void **state)
+{
+    (void)state;
+    char file[300];
+    snprintf(file, sizeof(file), "%s/tailed.txt", runtime_dir);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs("line start\n", f);
+    fflush(f);
+    char *argv[] = {"/usr/bin/tail", "-f", file, NULL};
+    struct e2e_target t;
+    start(&t, argv, "line start\n");
+    int profiled = 0;
+    for (int i = 0; i < INJECT_EINTR_CYCLES; i++) {
+        fprintf(f, "line %d\n", i);
+        fflush(f);
+        struct rp_trace *tr;
+        char *err = NULL;
+        int st = attach(t.pid, "0.2", "4096", &tr, &err);
+        /* tail may allocate nothing in a session: then nothing was profiled (rc 1). */
+        if (st != 0)
+            print_message("  cycle %d: status %d: %s\n", i, st, err ? err : "");
+        assert_true(st == 0 || (st == 1 && err && strstr(err, "no process was profiled")));
+        profiled += st == 0;
+        rp_trace_free(tr);
+        free(err);
+        assert_true(e2e_alive(t.pid));
+        assert_int_equal(library_copies(t.pid), 1);
+    }
+    print_message("  %d of %d sessions profiled\n", profiled, INJECT_EINTR_CYCLES);
+    assert_true(profiled > 0);
+    fputs("line end\n", f);
+    fclose(f);
+    e2e_sleep_ms(1500); /* tail -f looks again at least every second */
+    assert_true(e2e_alive(t.pid));
+    char *o = e2e_read_file(t.out);
+    assert_non_null(strstr(o, "line start\n"));
+    for (int i = 0; i < INJECT_EINTR_CYCLES; i++) {
+        char line[32];
+        snprintf(line, sizeof(line), "line %d\n", i);
+        assert_non_null(strstr(o, line));
+    }
+    assert_non_null(strstr(o, "line end\n"));
+    assert_null(strstr(o, "Interrupted"));
+    free(o);
+    assert_int_equal(e2e_target_finish(&t, SIGTERM), 128 + SIGTERM);
+}
+
+/* tests/programs/slotwatch (build @prog_env), started without the library, reports where
+ * its GOT slot of malloc leads every millisecond: two injected sessions each hook it, and
+ * each detach gives it back to libc ("direct") with the library still loaded. */
+static void slot_restored(const char *prog_env)
+{
+    char *argv[] = {(char *)e2e_env(prog_env), "2500", NULL};
+    struct e2e_target t;
+    start(&t, argv, "direct\n");
+    for (int i = 0; i < 2; i++) {
+        struct rp_trace *tr;
+        char *err = NULL;
+        int st = attach(t.pid, "0.3", "4096", &tr, &err);
+        if (st != 0)
+            print_message("  session %d: status %d: %s\n", i, st, err);
+        assert_int_equal(st, 0);
+        rp_trace_free(tr);
+        free(err);
+        e2e_sleep_ms(100);
+    }
+    assert_int_equal(library_copies(t.pid), 1);
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+    /* Its own slot's states in order (its forked children's lines left out). */
+    char *o = e2e_read_file(t.out), states[256] = "";
+    for (char *l = strtok(o, "\n"); l; l = strtok(NULL, "\n"))
+        if (strncmp(l, "child ", 6) != 0 && strlen(states) + strlen(l) + 2 < sizeof(states))
+            strcat(strcat(states, l), " ");
+    free(o);
+    print_message("  slot: %s\n", states);
+    assert_string_equal(states, "direct hooked direct hooked direct done ");
+}
+
+static void test_inject_slot_restored_after_detach(void **state)
+{
+    (void)state;
+    slot_restored("SLOTWATCH");
+}
+
+/* The same as a full-RELRO PIE (-z now -z relro): its slots are read-only. */
+static void test_inject_slot_restored_full_relro(void **state)
+{
+    (void)state;
+    slot_restored("SLOTWATCH_NOW");
 }
 
 int main(void)
@@ -570,6 +804,16 @@ int main(void)
         cmocka_unit_test(test_inject_eintr_fatal_loop),
         cmocka_unit_test(test_inject_refusals),
         cmocka_unit_test(test_inject_unreadable_library),
+        cmocka_unit_test(test_inject_refuses_strict_seccomp_thread),
+        cmocka_unit_test(test_inject_refuses_seccomp_kill_filter),
+        cmocka_unit_test(test_inject_attach_unreadable_library),
+        cmocka_unit_test(test_inject_tail_f),
+        cmocka_unit_test(test_inject_slot_restored_after_detach),
+        cmocka_unit_test(test_inject_slot_restored_full_relro),
     };
+    /* HEAPPROF_TEST_FILTER=pattern runs the matching tests only. */
+    const char *filter = getenv("HEAPPROF_TEST_FILTER");
+    if (filter)
+        cmocka_set_test_filter(filter);
     return cmocka_run_group_tests_name("e2e_inject", tests, setup, teardown);
 }

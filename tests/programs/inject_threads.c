@@ -15,8 +15,11 @@
  *                             leaves its maps. At EOF: "done", exit 0.
  *     inject_threads vfork    vfork()s; the child writes "child PID" and sleeps 10 s in
  *                             the vfork state (its parent suspended), then _exits.
+ *     inject_threads strict   as the first, with a fifth thread in strict seccomp mode
+ *                             (read, write, exit only) blocked in read(2) on a pipe.
  */
 #include <dlfcn.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -25,9 +28,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <linux/seccomp.h>
 
 #define THREADS 4
 #define BATCH 32
@@ -114,6 +120,20 @@ static bool has_ring(void)
     return r;
 }
 
+/* Strict seccomp: any system call but read, write, exit and sigreturn kills the process,
+ * so the thread enters it only to block in a raw read(2) that never returns. */
+static void *strict_thread(void *arg)
+{
+    const int *fds = arg; /* two pipes: fds[0] read, fds[3] written */
+    char c = 's';
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_STRICT, 0, 0, 0) != 0)
+        fail("strict seccomp");
+    (void)syscall(SYS_write, fds[3], &c, 1);
+    for (;;)
+        (void)syscall(SYS_read, fds[0], &c, 1);
+    return NULL;
+}
+
 static int vfork_mode(void)
 {
     pid_t p = vfork();
@@ -143,6 +163,16 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc > 1 && strcmp(argv[1], "vfork") == 0)
         return vfork_mode();
+    if (argc > 1 && strcmp(argv[1], "strict") == 0) {
+        /* fds[0]: the thread blocks there; fds[2..3]: it says it is in strict mode
+         * (write(2) is allowed there), so that "ready" comes after. */
+        static int fds[4];
+        pthread_t st;
+        char c;
+        if (pipe(fds) != 0 || pipe(fds + 2) != 0 ||
+            pthread_create(&st, NULL, strict_thread, fds) != 0 || read(fds[2], &c, 1) != 1)
+            return 2;
+    }
     pthread_t t[THREADS];
     for (unsigned i = 0; i < THREADS; i++)
         if (pthread_create(&t[i], NULL, worker, (void *)(uintptr_t)i) != 0)
@@ -159,7 +189,7 @@ int main(int argc, char **argv)
         ring = now;
         if (r <= 0)
             continue;
-        char line[64];
+        char line[PATH_MAX + 16]; /* "load PATH" */
         ssize_t n = read(0, line, sizeof(line) - 1);
         if (n <= 0)
             break;
