@@ -39,6 +39,7 @@ static const struct cli_field attach_fields[] = {
     {"dump_at_max", NULL, 0},
     {"shmem_size_bytes", NULL, 0},
     {"block_client", NULL, 0},
+    {"block_client_timeout_us", NULL, 0},
     {"no_source_lines", NULL, 0},
     {NULL, NULL, 0},
 };
