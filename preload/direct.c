@@ -532,14 +532,13 @@ bool client__direct_add_late(uintptr_t addr, int fn, uintptr_t was)
     return added;
 }
 
-/* Late mode: every slot of every loaded object, left as it is (dormant: the allocator's). */
+/* Late mode: every slot of every loaded object, left as it is (dormant: the allocator's).
+ * /proc/self/mem is opened by the first session, not here: this runs inside the dlopen of
+ * a thread heapprof attach has stopped, and moving a descriptor to 1024 and up in a
+ * process with several threads waits for an RCU grace period (7-13 ms of that stop). A
+ * session that cannot open it sees none of these calls (counted as unseen). */
 static void direct_init_late(void)
 {
-    direct_lock_take();
-    bool mem = direct_mem_fd_locked() >= 0;
-    direct_lock_drop();
-    if (!mem)
-        return; /* no way to write them safely: the sessions see nothing (counted) */
     direct_late = true;
     (void)dl_iterate_phdr(direct_late_cb, NULL);
     atomic_store_explicit(&client_stat_direct_slots, direct_n, memory_order_relaxed);

@@ -419,18 +419,19 @@ static void wake_sleep_us(long us)
  * on timeout, -ESRCH when it is gone. */
 static int wake_wait(pid_t tid, uint64_t ns, int *ret_st)
 {
-    uint64_t end = hp_clock_ns(CLOCK_MONOTONIC) + ns;
-    long nap = 20;
+    uint64_t start = hp_clock_ns(CLOCK_MONOTONIC), end = start + ns;
     for (;;) {
         pid_t w = waitpid(tid, ret_st, __WALL | WNOHANG);
         if (w == tid)
             return 1;
         if (w < 0 && errno != EINTR)
             return -ESRCH;
-        if (hp_clock_ns(CLOCK_MONOTONIC) >= end)
+        uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
+        if (now >= end)
             return 0;
-        wake_sleep_us(nap);
-        nap = HP_MIN(nap * 2, 1000);
+        /* The thread is stopped meanwhile (the program sees a pause): look every 20 us
+         * for the first 20 ms, which the calls take, then every millisecond. */
+        wake_sleep_us(now - start < 20000000u ? 20 : 1000);
     }
 }
 

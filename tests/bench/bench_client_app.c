@@ -166,9 +166,13 @@ static double run_timed(const char *churn, const char *heapprof, bool attach)
     fclose(o);
     FILE *e = fdopen(err[0], "r");
     double ms = -1;
+    int session = 0;
     while (fgets(line, sizeof(line), e))
-        if (sscanf(line, "churn: work_ms %lf", &ms) == 1)
+        if (sscanf(line, "churn: work_ms %lf session %d", &ms, &session) == 2)
             break;
+    /* Attached: only a run that was profiled to its end counts. */
+    if (attach && !session)
+        ms = 0;
     fclose(e);
     int st;
     (void)waitpid(pid, &st, 0);
@@ -181,20 +185,27 @@ static int ratio_injected(void)
     snprintf(churn, sizeof(churn), "%s/tests/bench/churn", build);
     snprintf(heapprof, sizeof(heapprof), "%s/cli/heapprof", build);
     double plain[RUNS], prof[RUNS];
+    int n = 0;
     for (int i = 0; i < RUNS; i++) {
-        plain[i] = run_timed(churn, heapprof, false);
-        prof[i] = run_timed(churn, heapprof, true);
-        if (plain[i] <= 0 || prof[i] <= 0) {
-            fprintf(stderr, "bench_client_app: injected run failed\n");
-            return 1;
+        double a = run_timed(churn, heapprof, false), b = run_timed(churn, heapprof, true);
+        if (a > 0 && b > 0) {
+            plain[n] = a;
+            prof[n++] = b;
+        } else {
+            fprintf(stderr, "# injected run %d failed or was not profiled to its end\n", i);
         }
     }
-    qsort(plain, RUNS, sizeof(double), cmp_double);
-    qsort(prof, RUNS, sizeof(double), cmp_double);
+    if (n < 3) {
+        fprintf(stderr, "bench_client_app: %d of %d injected runs profiled\n", n, RUNS);
+        return 1;
+    }
+    qsort(plain, (size_t)n, sizeof(double), cmp_double);
+    qsort(prof, (size_t)n, sizeof(double), cmp_double);
     printf("bench: app_churn2t_ratio_4k_injected %.3f ratio\n", prof[0] / plain[0]);
     fprintf(stderr,
-            "# injected: unprofiled best %.1f median %.1f ms, attached best %.1f median %.1f ms\n",
-            plain[0], plain[RUNS / 2], prof[0], prof[RUNS / 2]);
+            "# injected (%d runs): unprofiled best %.1f median %.1f ms, attached best %.1f "
+            "median %.1f ms\n",
+            n, plain[0], plain[n / 2], prof[0], prof[n / 2]);
     return 0;
 }
 

@@ -9,7 +9,8 @@
  * CHURN_WAIT_SESSION=1: first waits (30 s at most) until a profiling session's ring is
  * mapped (an attach, which loads the library into a program started without it), then
  * says on stderr how long the threads' work took ("churn: work_ms MS"), so that the
- * benchmark times only what runs under the session; =0: the same timing, no wait.
+ * benchmark times only what runs under the session, and whether the session was still on
+ * at the end ("session 1"); =0: the same timing, no wait.
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -100,7 +101,7 @@ int main(int argc, char **argv)
         sum += (uintptr_t)ret;
     }
     if (timed)
-        fprintf(stderr, "churn: work_ms %.1f\n", now_ms() - t0);
+        fprintf(stderr, "churn: work_ms %.1f session %d\n", now_ms() - t0, has_ring() ? 1 : 0);
     printf("checksum %llu\n", (unsigned long long)sum);
     return 0;
 }
