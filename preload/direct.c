@@ -479,9 +479,10 @@ static int direct_late_cb(struct dl_phdr_info *info, size_t size, void *arg)
         client_elfobj_contains(&o, (uintptr_t)&client_direct_init))
         return 0;
     /* The allocator's own calls to itself stay its own, unless it is glibc's C library,
-     * whose calls from strdup, fopen... LD_PRELOAD would have seen. */
+     * whose calls from strdup, fopen... LD_PRELOAD would have seen (by its name:
+     * tcmalloc defines __libc_malloc too). */
     if (client_elfobj_contains(&o, (uintptr_t)client_alloc_own[CLIENT_FN_MALLOC]) &&
-        !client_elfobj_lookup(&o, "__libc_malloc"))
+        strcmp(base, "libc.so.6") != 0)
         return 0;
     for (int pass = 0; pass < 2; pass++) {
         const Elf64_Rela *rel = pass == 0 ? o.jmprel : o.rela;

@@ -257,6 +257,9 @@ static void test_inject_exact_after_attach(void **state)
     snprintf(trace, sizeof(trace), "%s/exact.pftrace", runtime_dir);
     pid_t a = attach_in_background(t.pid, "1", trace);
     assert_true(wait_for(&t, "attached"));
+    /* The ring is mapped before the session's thread has put the hooks into the slots
+     * (it opens /proc/self/mem for that first): give it that moment. */
+    e2e_sleep_ms(500);
     assert_int_equal(write(t.in, "burst\n", 6), 6);
     assert_true(wait_for(&t, "burst done"));
     assert_int_equal(e2e_wait_status(a), 0);
