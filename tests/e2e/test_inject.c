@@ -321,7 +321,7 @@ static void test_inject_plugin_loaded_during_session(void **state)
 }
 
 /* @argv run unprofiled, then again attached REAL_CYCLES times while it runs: the same
- * output and status, samples in every session. */
+ * output and status, samples of @fn in most sessions. */
 static void real_program(char *const argv[], const char *fn)
 {
     struct e2e_run plain;
@@ -331,7 +331,7 @@ static void real_program(char *const argv[], const char *fn)
     struct e2e_target t;
     start(&t, argv, NULL);
     e2e_sleep_ms(300);
-    int cycles = 0;
+    int cycles = 0, sampled = 0;
     for (; cycles < REAL_CYCLES && running(t.pid); cycles++) {
         struct rp_trace *tr;
         char *err = NULL;
@@ -353,13 +353,16 @@ static void real_program(char *const argv[], const char *fn)
             print_message("  %s: cycle %d: %llu samples, %llu of them in %s\n", argv[0], cycles,
                           (unsigned long long)p->heap_samples, (unsigned long long)s.alloc_count,
                           fn);
-        assert_true(p->heap_samples > 0);
-        assert_true(s.alloc_count > 0);
+        /* A 0.2 s window can fall in a phase without allocations (the C++ program's
+         * sorts): most sessions, not each, must see the function. */
+        sampled += p->heap_samples > 0 && s.alloc_count > 0;
         rp_trace_free(tr);
         free(err);
     }
-    print_message("  %s: attached %d times while it ran\n", argv[0], cycles);
+    print_message("  %s: attached %d times while it ran, %d with samples of %s\n", argv[0], cycles,
+                  sampled, fn);
     assert_true(cycles >= 2);
+    assert_true(sampled >= 2 && sampled * 2 >= cycles);
     assert_int_equal(e2e_target_finish(&t, 0), 0);
     char *o = e2e_read_file(t.out);
     assert_string_equal(o, plain.out);
