@@ -613,16 +613,13 @@ static void test_inject_unreadable_library(void **state)
     free(o);
 }
 
-/* A process with one thread in strict seccomp mode (any call but read, write and exit
- * kills the whole process, as a hook running on that thread would make): refused, and
- * it runs on and ends as unprofiled. */
-static void test_inject_refuses_strict_seccomp_thread(void **state)
+/* @argv (prints "ready", ends with "done" at EOF) refused with @why; it runs on and ends
+ * as unprofiled. */
+static void refused_unharmed(char *const argv[], const char *why)
 {
-    (void)state;
-    char *argv[] = {(char *)e2e_env("INJECT_THREADS"), "strict", NULL};
     struct e2e_target t;
     start(&t, argv, "ready");
-    refused(t.pid, "seccomp");
+    refused(t.pid, why);
     e2e_sleep_ms(100);
     assert_true(running(t.pid));
     assert_int_equal(e2e_target_finish(&t, 0), 0);
@@ -631,21 +628,23 @@ static void test_inject_refuses_strict_seccomp_thread(void **state)
     free(o);
 }
 
+/* A process with one thread in strict seccomp mode (any call but read, write and exit
+ * kills the whole process, as a hook running on that thread would make): refused, and
+ * it runs on and ends as unprofiled. */
+static void test_inject_refuses_strict_seccomp_thread(void **state)
+{
+    (void)state;
+    char *argv[] = {(char *)e2e_env("INJECT_THREADS"), "strict", NULL};
+    refused_unharmed(argv, "seccomp");
+}
+
 /* A seccomp filter that kills the process at socket(2), which a session makes: refused,
  * and the process lives on and ends as unprofiled. */
 static void test_inject_refuses_seccomp_kill_filter(void **state)
 {
     (void)state;
     char *argv[] = {(char *)e2e_env("WAKE_REFUSED"), "seccomp", "kill", NULL};
-    struct e2e_target t;
-    start(&t, argv, "ready");
-    refused(t.pid, "seccomp");
-    e2e_sleep_ms(100);
-    assert_true(running(t.pid));
-    assert_int_equal(e2e_target_finish(&t, 0), 0);
-    char *o = e2e_read_file(t.out);
-    assert_string_equal(o, "ready\ndone\n");
-    free(o);
+    refused_unharmed(argv, "seccomp");
 }
 
 /* heapprof attach on a process that cannot read the library: a root process without
