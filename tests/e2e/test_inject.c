@@ -4,7 +4,8 @@
  *
  *   - tests/programs/inject_threads (4 threads, each in a site of its own, filling and
  *     checking every block): INJECT_CYCLES attach/detach cycles, each with samples from
- *     every thread's site; the same program linked with jemalloc (when installed);
+ *     every thread's site; the same program linked with jemalloc, tcmalloc or
+ *     mimalloc (each when installed);
  *   - exact counts at interval 1 for allocations made after the attach;
  *   - real programs: python3, sqlite3, a C++ STL program: attached while running, same
  *     output as unprofiled;
@@ -199,14 +200,33 @@ static void test_inject_cycles_four_threads(void **state)
     threads_cycles("INJECT_THREADS", INJECT_CYCLES);
 }
 
+/* The program linked with another allocator (its variant's variable unset when the
+ * allocator is not installed). */
+static void other_allocator_cycles(const char *var, const char *package)
+{
+    if (!getenv(var)) {
+        print_message("  %s is not installed: skipped\n", package);
+        skip();
+    }
+    threads_cycles(var, REAL_CYCLES * 2);
+}
+
 static void test_inject_cycles_jemalloc(void **state)
 {
     (void)state;
-    if (!getenv("INJECT_THREADS_JEMALLOC")) {
-        print_message("  libjemalloc2 is not installed: skipped\n");
-        skip();
-    }
-    threads_cycles("INJECT_THREADS_JEMALLOC", REAL_CYCLES * 2);
+    other_allocator_cycles("INJECT_THREADS_JEMALLOC", "libjemalloc2");
+}
+
+static void test_inject_cycles_tcmalloc(void **state)
+{
+    (void)state;
+    other_allocator_cycles("INJECT_THREADS_TCMALLOC", "libtcmalloc-minimal4");
+}
+
+static void test_inject_cycles_mimalloc(void **state)
+{
+    (void)state;
+    other_allocator_cycles("INJECT_THREADS_MIMALLOC", "libmimalloc2.0");
 }
 
 /* `heapprof attach -p PID --duration 2 -i INTERVAL -o TRACE` started in the background
@@ -806,6 +826,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_inject_cycles_four_threads),
         cmocka_unit_test(test_inject_cycles_jemalloc),
+        cmocka_unit_test(test_inject_cycles_tcmalloc),
+        cmocka_unit_test(test_inject_cycles_mimalloc),
         cmocka_unit_test(test_inject_exact_after_attach),
         cmocka_unit_test(test_inject_plugin_loaded_during_session),
         cmocka_unit_test(test_inject_python),
