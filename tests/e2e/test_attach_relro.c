@@ -6,7 +6,9 @@
  * when mprotect was refused (a sandbox that tightened after start-up) the session recorded
  * nothing, silently. Real program: tests/programs/relro_patch.c, a full-RELRO PIE. Each
  * attach cycle checks the session sampled the program; output and exit status are those
- * of the unprofiled run. */
+ * of the unprofiled run. The patchers themselves ("keep", "restore"), attached 20 times
+ * preloaded and injected, are cases of tests/e2e/test_attach_matrix.c; here are the
+ * sandboxes that refuse mprotect and the children of fork. */
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -25,8 +27,6 @@
 #include "tests/e2e/e2e_util.h"
 
 /* Cycles per program, of SESSION_S seconds each: 15 keep the file near 6 s. */
-#define CYCLES 20
-#define INJECT_CYCLES 10
 #define SESSION_S "0.1"
 
 static char runtime_dir[128];
@@ -168,23 +168,6 @@ static void same_as_unprofiled(const char *mode, int cycles, void (*attach_once)
     same_as_unprofiled_as(mode, cycles, attach_once, true);
 }
 
-/* (a) The page of a .data.rel.ro function pointer made writable once and patched every
- * millisecond: the first attach made it read-only again (SIGSEGV in the program). */
-static void test_attach_relro_bug_kept_writable(void **state)
-{
-    (void)state;
-    same_as_unprofiled("keep", CYCLES, NULL);
-}
-
-/* (b) mprotect RW, two patches 50 us apart, mprotect R, in a loop: the switch closed the
- * page between the program's patches, or the program closed it under the switch's write
- * (SIGSEGV either way, within 1-11 cycles). */
-static void test_attach_relro_bug_reprotected(void **state)
-{
-    (void)state;
-    same_as_unprofiled("restore", CYCLES, NULL);
-}
-
 /* (c) A sandbox that makes mprotect fail with EPERM once the session's thread appears
  * (the program looks every 100 us; the handshake that comes before the slots are switched
  * takes milliseconds): the session recorded 0 samples and reported no loss.
@@ -228,27 +211,6 @@ static void test_attach_relro_bug_unswitched_slots_silent(void **state)
             return;
     }
     fail_msg("no session said its unswitched call slots were unseen");
-}
-
-/* (e) Forks of a full-RELRO program: each child writes its own slots (direct) through a
- * /proc/self/mem of its own; the parent's descriptor reaches the parent's memory, and the
- * parent stays hooked for the whole session. tests/programs/slotwatch.c built with
- * -z relro -z now, a fork every 300 ms, one 0.6 s session. */
-/* (a) and (b) for a program started without the library, which the first attach loads
- * (service/inject.c): its hooks go into every object's slots, libc's too, and out again
- * at each detach, all through /proc/self/mem. Before, the library's constructor put them
- * in at once with mprotect RW and R around the writes, closing the page the program kept
- * open (SIGSEGV at the first attach). */
-static void test_attach_relro_injected_kept_writable(void **state)
-{
-    (void)state;
-    same_as_unprofiled_as("keep", INJECT_CYCLES, NULL, false);
-}
-
-static void test_attach_relro_injected_reprotected(void **state)
-{
-    (void)state;
-    same_as_unprofiled_as("restore", INJECT_CYCLES, NULL, false);
 }
 
 static void test_attach_relro_fork_children_switch_their_own(void **state)
@@ -297,12 +259,8 @@ static void test_attach_relro_fork_children_switch_their_own(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_attach_relro_bug_kept_writable),
-        cmocka_unit_test(test_attach_relro_bug_reprotected),
         cmocka_unit_test(test_attach_relro_bug_mprotect_refused_no_samples),
         cmocka_unit_test(test_attach_relro_bug_unswitched_slots_silent),
-        cmocka_unit_test(test_attach_relro_injected_kept_writable),
-        cmocka_unit_test(test_attach_relro_injected_reprotected),
         cmocka_unit_test(test_attach_relro_fork_children_switch_their_own),
     };
     return cmocka_run_group_tests_name("e2e_attach_relro", tests, setup, teardown);

@@ -3,7 +3,8 @@
  * with libheapprof.so preloaded and dormant, and under `heapprof record`; the stdout and
  * the exit status of every run must equal the reference's, and a recorded trace must
  * pass the trace-processor import rules. A case may add a check of its own (e.g. that
- * its allocations were profiled).
+ * its allocations were profiled). The attach column (programs attached and detached
+ * while they run, preloaded or not) is tests/e2e/test_attach_matrix.c.
  *
  * Add a case: a program in tests/programs/harm/ (built by its meson.build, its path
  * given to the tests in an environment variable), and an entry in harm_cases below.

@@ -9,8 +9,8 @@
  *   - exact counts at interval 1 for allocations made after the attach;
  *   - real programs: python3, sqlite3, a C++ STL program: attached while running, same
  *     output as unprofiled;
- *   - the EINTR-fatal event loop (epoll_wait(-1)) of tests/e2e/test_wake.c, and tail -f,
- *     attached this way INJECT_EINTR_CYCLES times;
+ *   - (the EINTR-fatal event loop, tail -f and the other programs an attach used to
+ *     harm are attached this way by tests/e2e/test_attach_matrix.c, "injected" column);
  *   - refusals, each with rc 1, its reason, and the process unharmed and without the
  *     library: static, stopped, traced, seccomp (a filter, one that kills, a thread in
  *     strict mode), a vfork child;
@@ -44,7 +44,6 @@
 
 #define INJECT_CYCLES 50
 #define REAL_CYCLES 5
-#define INJECT_EINTR_CYCLES 20
 
 static char runtime_dir[256];
 
@@ -426,33 +425,6 @@ static void test_inject_cxx(void **state)
     real_program(argv, "operator new");
 }
 
-/* The event loop that treats EINTR as fatal (tests/programs/wake_target.c epoll_inf),
- * started without the library: the first attach loads it, every cycle leaves its
- * epoll_wait(-1) running as before. */
-static void test_inject_eintr_fatal_loop(void **state)
-{
-    (void)state;
-    char *argv[] = {(char *)e2e_env("WAKE_TARGET"), "epoll_inf", NULL};
-    struct e2e_target t;
-    start(&t, argv, "ready");
-    for (int i = 0; i < INJECT_EINTR_CYCLES; i++) {
-        struct rp_trace *tr;
-        char *err = NULL;
-        int st = attach(t.pid, "0.1", "4096", &tr, &err);
-        if (st != 0)
-            print_message("  cycle %d: status %d: %s\n", i, st, err);
-        assert_int_equal(st, 0);
-        rp_trace_free(tr);
-        free(err);
-        assert_true(e2e_alive(t.pid));
-    }
-    assert_int_equal(e2e_target_finish(&t, 0), 0);
-    char *o = e2e_read_file(t.out);
-    print_message("  program: %s", o);
-    assert_string_equal(o, "ready\ndone\n");
-    free(o);
-}
-
 /* True when libheapprof.so is mapped in @pid. */
 static bool has_library(pid_t pid)
 {
@@ -725,58 +697,6 @@ static void test_inject_attach_unreadable_library(void **state)
     free(o);
 }
 
-/* tail -f (coreutils), started without the library (at a wake it used to exit with
- * "Interrupted system call": tests/e2e/test_wake.c), attached INJECT_EINTR_CYCLES times
- * while lines are appended: the first attach loads the library, one copy stays; tail
- * never exits and prints every line. */
-static void test_inject_tail_f(void **state)
-{
-    (void)state;
-    char file[300];
-    snprintf(file, sizeof(file), "%s/tailed.txt", runtime_dir);
-    FILE *f = fopen(file, "w");
-    assert_non_null(f);
-    fputs("line start\n", f);
-    fflush(f);
-    char *argv[] = {"/usr/bin/tail", "-f", file, NULL};
-    struct e2e_target t;
-    start(&t, argv, "line start\n");
-    int profiled = 0;
-    for (int i = 0; i < INJECT_EINTR_CYCLES; i++) {
-        fprintf(f, "line %d\n", i);
-        fflush(f);
-        struct rp_trace *tr;
-        char *err = NULL;
-        int st = attach(t.pid, "0.2", "4096", &tr, &err);
-        /* tail may allocate nothing in a session: then nothing was profiled (rc 1). */
-        if (st != 0)
-            print_message("  cycle %d: status %d: %s\n", i, st, err ? err : "");
-        assert_true(st == 0 || (st == 1 && err && strstr(err, "no process was profiled")));
-        profiled += st == 0;
-        rp_trace_free(tr);
-        free(err);
-        assert_true(e2e_alive(t.pid));
-        assert_int_equal(library_copies(t.pid), 1);
-    }
-    print_message("  %d of %d sessions profiled\n", profiled, INJECT_EINTR_CYCLES);
-    assert_true(profiled > 0);
-    fputs("line end\n", f);
-    fclose(f);
-    e2e_sleep_ms(1500); /* tail -f looks again at least every second */
-    assert_true(e2e_alive(t.pid));
-    char *o = e2e_read_file(t.out);
-    assert_non_null(strstr(o, "line start\n"));
-    for (int i = 0; i < INJECT_EINTR_CYCLES; i++) {
-        char line[32];
-        snprintf(line, sizeof(line), "line %d\n", i);
-        assert_non_null(strstr(o, line));
-    }
-    assert_non_null(strstr(o, "line end\n"));
-    assert_null(strstr(o, "Interrupted"));
-    free(o);
-    assert_int_equal(e2e_target_finish(&t, SIGTERM), 128 + SIGTERM);
-}
-
 /* tests/programs/slotwatch (build @prog_env), started without the library, reports where
  * its GOT slot of malloc leads every millisecond: two injected sessions each hook it, and
  * each detach gives it back to libc ("direct") with the library still loaded. */
@@ -833,13 +753,11 @@ int main(void)
         cmocka_unit_test(test_inject_python),
         cmocka_unit_test(test_inject_sqlite3),
         cmocka_unit_test(test_inject_cxx),
-        cmocka_unit_test(test_inject_eintr_fatal_loop),
         cmocka_unit_test(test_inject_refusals),
         cmocka_unit_test(test_inject_unreadable_library),
         cmocka_unit_test(test_inject_refuses_strict_seccomp_thread),
         cmocka_unit_test(test_inject_refuses_seccomp_kill_filter),
         cmocka_unit_test(test_inject_attach_unreadable_library),
-        cmocka_unit_test(test_inject_tail_f),
         cmocka_unit_test(test_inject_slot_restored_after_detach),
         cmocka_unit_test(test_inject_slot_restored_full_relro),
     };

@@ -2,8 +2,9 @@
  * without changing the result of any of its system calls (the attach signal made
  * epoll_wait and sigtimedwait fail with EINTR, cut timed waits short, reached programs
  * that sigwait() or read a signalfd, fired the program's own handler for it, and killed
- * programs under seccomp). Real programs: tests/programs/wake_target.c, wake_refused.c,
- * tail -f. Each attach cycle checks the session sampled the program. */
+ * programs under seccomp). Those programs, attached 20 times each, are the cases of
+ * tests/e2e/test_attach_matrix.c; here: stopped and traced processes are refused and
+ * left as they were. Real programs: tests/programs/wake_target.c, wake_refused.c. */
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -136,137 +137,6 @@ static void assert_clean(struct e2e_target *t, int status)
     free(o);
 }
 
-/* (a) Its only thread waits in epoll_wait(-1) and treats EINTR as fatal: 20 attaches,
- * and its output and exit status are those of a run without the profiler. */
-static void test_wake_bug_epoll_wait_eintr_fatal(void **state)
-{
-    (void)state;
-    char *argv[] = {(char *)e2e_env("WAKE_TARGET"), "epoll_inf", NULL};
-    struct e2e_target plain, t;
-    start(&plain, argv, false, "ready\n");
-    e2e_sleep_ms(100);
-    int plain_status = finish(&plain, 0);
-    char *plain_out = e2e_read_file(plain.out);
-
-    start(&t, argv, true, "ready\n");
-    attach_cycles(&t, 20, "0.2", "wake_target_alloc");
-    int status = finish(&t, 0);
-    char *out = e2e_read_file(t.out);
-    print_message("  unprofiled: %d \"%s\", attached 20 times: %d \"%s\"\n", plain_status,
-                  plain_out, status, out);
-    assert_int_equal(status, plain_status);
-    assert_string_equal(out, plain_out);
-    assert_string_equal(out, "ready\ndone\n");
-    free(out);
-    free(plain_out);
-}
-
-/* (b) Timed waits are never cut short nor fail with EINTR: epoll_wait(100 ms) and
- * clock_nanosleep(100 ms) in loops, each checking the time it waited. */
-static void timed(const char *mode)
-{
-    char *argv[] = {(char *)e2e_env("WAKE_TARGET"), (char *)mode, NULL};
-    struct e2e_target t;
-    start(&t, argv, true, "ready\n");
-    attach_cycles(&t, 20, "0.3", "wake_target_alloc");
-    assert_clean(&t, finish(&t, 0));
-}
-
-static void test_wake_bug_epoll_timed_cut_short(void **state)
-{
-    (void)state;
-    timed("epoll_timed");
-}
-
-static void test_wake_bug_nanosleep_cut_short(void **state)
-{
-    (void)state;
-    timed("nanosleep");
-}
-
-/* (c) `tail -f` exited with "Interrupted system call" at the first attach. Attached 20
- * times while lines are appended: it never exits and prints every line. */
-static void test_wake_bug_tail_f_exits(void **state)
-{
-    (void)state;
-    char file[256];
-    snprintf(file, sizeof(file), "%s/tailed.txt", runtime_dir);
-    FILE *f = fopen(file, "w");
-    assert_non_null(f);
-    fputs("line start\n", f);
-    fflush(f);
-    char *argv[] = {"/usr/bin/tail", "-f", file, NULL};
-    struct e2e_target t;
-    start(&t, argv, true, "line start\n");
-    for (int i = 0; i < 20; i++) {
-        fprintf(f, "line %d\n", i);
-        fflush(f);
-        char *err = NULL;
-        long long samples;
-        int status = attach(t.pid, "0.2", "main", &err, &samples);
-        if (status != 0)
-            print_message("  cycle %d: status %d, stderr: %s\n", i, status, err);
-        free(err);
-        /* tail may allocate nothing while attached: the session may be empty. */
-        assert_true(status == 0 || status == 1);
-        assert_true(e2e_alive(t.pid));
-    }
-    fputs("line end\n", f);
-    fclose(f);
-    e2e_sleep_ms(1500); /* tail -f looks again at least every second */
-    assert_true(e2e_alive(t.pid));
-    char *o = e2e_read_file(t.out);
-    print_message("  tail -f printed: %zu bytes\n", strlen(o));
-    assert_non_null(strstr(o, "line start\n"));
-    for (int i = 0; i < 20; i++) {
-        char line[32];
-        snprintf(line, sizeof(line), "line %d\n", i);
-        assert_non_null(strstr(o, line));
-    }
-    assert_non_null(strstr(o, "line end\n"));
-    assert_null(strstr(o, "Interrupted"));
-    free(o);
-    assert_int_equal(finish(&t, SIGTERM), 128 + SIGTERM);
-}
-
-/* (d) Programs that block every signal and take them with sigwaitinfo() or a signalfd
- * (any signal but their timer's is fatal): attached, sampled, and they see no signal. */
-static void sigtaker(const char *mode)
-{
-    char *argv[] = {(char *)e2e_env("WAKE_TARGET"), (char *)mode, NULL};
-    struct e2e_target t;
-    start(&t, argv, true, "ready\n");
-    attach_cycles(&t, 5, "0.2", "wake_target_alloc");
-    assert_clean(&t, finish(&t, SIGTERM));
-}
-
-static void test_wake_bug_sigwait_sees_signal(void **state)
-{
-    (void)state;
-    sigtaker("sigwait");
-}
-
-static void test_wake_bug_signalfd_sees_signal(void **state)
-{
-    (void)state;
-    sigtaker("signalfd");
-}
-
-/* (e) A program with its own SIGRTMIN+4 handler (installed in main()): attached, and its
- * handler never runs. */
-static void test_wake_bug_own_handler_fired(void **state)
-{
-    (void)state;
-    char *argv[] = {(char *)e2e_env("WAKE_TARGET"), "rtsig", NULL};
-    struct e2e_target t;
-    start(&t, argv, true, "ready\n");
-    attach_cycles(&t, 5, "0.2", "wake_target_alloc");
-    assert_clean(&t, finish(&t, 0));
-    char *o = e2e_read_file(t.out);
-    assert_non_null(strstr(o, "handler ran 0 times\n"));
-    free(o);
-}
-
 /* `heapprof attach -p` of @pid is refused: exit status 1, a message with @why and the
  * pid. */
 static void assert_refused(pid_t pid, const char *why)
@@ -325,51 +195,10 @@ static void test_wake_refuses_stopped_and_traced(void **state)
     assert_clean(&t, finish(&t, 0));
 }
 
-/* (g) Seccomp: a filter may kill the process for a call the session makes (it did:
- * SIGSYS with RET_TRAP and KILL_PROCESS). Refused; the program runs on unharmed. */
-static void seccomp(const char *how)
-{
-    char *argv[] = {(char *)e2e_env("WAKE_REFUSED"), "seccomp", (char *)how, NULL};
-    struct e2e_target t;
-    start(&t, argv, true, "ready\n");
-    assert_refused(t.pid, "seccomp");
-    e2e_sleep_ms(100);
-    assert_true(e2e_alive(t.pid));
-    assert_clean(&t, finish(&t, 0));
-}
-
-static void test_wake_bug_seccomp_trap_killed(void **state)
-{
-    (void)state;
-    seccomp("trap");
-}
-
-static void test_wake_bug_seccomp_kill_killed(void **state)
-{
-    (void)state;
-    seccomp("kill");
-}
-
-static void test_wake_refuses_seccomp_errno(void **state)
-{
-    (void)state;
-    seccomp("errno");
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_wake_bug_epoll_wait_eintr_fatal),
-        cmocka_unit_test(test_wake_bug_epoll_timed_cut_short),
-        cmocka_unit_test(test_wake_bug_nanosleep_cut_short),
-        cmocka_unit_test(test_wake_bug_tail_f_exits),
-        cmocka_unit_test(test_wake_bug_sigwait_sees_signal),
-        cmocka_unit_test(test_wake_bug_signalfd_sees_signal),
-        cmocka_unit_test(test_wake_bug_own_handler_fired),
         cmocka_unit_test(test_wake_refuses_stopped_and_traced),
-        cmocka_unit_test(test_wake_bug_seccomp_trap_killed),
-        cmocka_unit_test(test_wake_bug_seccomp_kill_killed),
-        cmocka_unit_test(test_wake_refuses_seccomp_errno),
     };
     return cmocka_run_group_tests_name("e2e_wake", tests, setup, teardown);
 }

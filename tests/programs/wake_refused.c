@@ -1,5 +1,5 @@
 /* tests/programs/wake_refused.c: processes an attach must refuse, unharmed
- * (tests/e2e/test_wake.c).
+ * (tests/e2e/test_attach_matrix.c, tests/e2e/test_wake.c).
  *
  *   seccomp trap|kill|errno   installs a seccomp filter that denies socket(2) with
  *                             SECCOMP_RET_TRAP (a SIGSYS handler makes it fail with EPERM),

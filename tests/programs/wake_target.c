@@ -1,4 +1,5 @@
-/* tests/programs/wake_target.c: programs an attach must leave alone (tests/e2e/test_wake.c).
+/* tests/programs/wake_target.c: programs an attach must leave alone
+ * (tests/e2e/test_attach_matrix.c).
  * Each prints "ready", allocates now and then through wake_target_alloc() (for the
  * session to sample), treats any surprise as fatal (a message on stdout, exit 1), and
  * ends cleanly with "done":
