@@ -221,7 +221,7 @@ static void check_waiting(struct attach_state *st, uint64_t now)
         else if (q.attach_ready)
             why = attach_target(st, &q, st->verbose) == -EAGAIN ? NULL : "";
         else if (now - st->waiting_since_ns[i] >= READY_WAIT_NS)
-            why = "never advertised its wake entry (started with HEAPPROF_ATTACH_SIGNAL=0, "
+            why = "never advertised its wake entry (started with HEAPPROF_ATTACH=0, "
                   "which turns attaching off)";
         if (!why)
             continue;

@@ -87,8 +87,7 @@ bool client__env_socket_too_long;
 char client__env_xdg[HP_PATH_MAX]; /* XDG_RUNTIME_DIR (longer: unusable anyway) */
 bool client__env_xdg_set;
 uint32_t client__timeout_ms = CLIENT_DEFAULT_INIT_TIMEOUT_MS;
-int client__attach_signo; /* 0: no attach support */
-bool client__attach_signo_explicit;
+bool client__attach_enabled;
 
 /* Attach machinery. */
 bool client__attach_installed; /* our handler is in place */
@@ -98,9 +97,11 @@ _Atomic uint64_t client_stat_attach_unavailable = 0;
 
 /* The variables the client reads, removed from environ by HEAPPROF_FOLLOW_EXEC=0. */
 static const char *const client_env_names[] = {
-    "HEAPPROF_SOCKET",          "HEAPPROF_STARTUP",        "HEAPPROF_SEED",
-    "HEAPPROF_INIT_TIMEOUT_MS", "HEAPPROF_ATTACH_SIGNAL",  "HEAPPROF_TRAP_REENTRY",
-    "HEAPPROF_FOLLOW_EXEC",     "HEAPPROF_DORMANT_DIRECT", NULL,
+    "HEAPPROF_SOCKET",         "HEAPPROF_STARTUP",
+    "HEAPPROF_SEED",           "HEAPPROF_INIT_TIMEOUT_MS",
+    "HEAPPROF_ATTACH",         "HEAPPROF_ATTACH_SIGNAL",
+    "HEAPPROF_TRAP_REENTRY",   "HEAPPROF_FOLLOW_EXEC",
+    "HEAPPROF_DORMANT_DIRECT", NULL,
 };
 
 /* ---- small helpers (no allocation, no stdio) ------------------------------------- */
@@ -322,13 +323,13 @@ static void client_read_env(void)
     if (client_parse_u64(client_getenv("HEAPPROF_INIT_TIMEOUT_MS"), &v) && v > 0 &&
         v <= 3600u * 1000u)
         client__timeout_ms = (uint32_t)v;
-    client__attach_signo = SIGRTMIN + 4;
-    const char *sig = client_getenv("HEAPPROF_ATTACH_SIGNAL");
-    if (sig) {
-        client__attach_signo_explicit = true;
-        if (client_parse_u64(sig, &v) && v <= (uint64_t)SIGRTMAX && v != SIGKILL && v != SIGSTOP)
-            client__attach_signo = (int)v;
-    }
+    /* HEAPPROF_ATTACH_SIGNAL is the name from when a signal woke the client: only its 0
+     * still means something. */
+    client__attach_enabled = true;
+    const char *const off[] = {"HEAPPROF_ATTACH", "HEAPPROF_ATTACH_SIGNAL"};
+    for (size_t i = 0; i < sizeof(off) / sizeof(off[0]); i++)
+        if (client_parse_u64(client_getenv(off[i]), &v) && v == 0)
+            client__attach_enabled = false;
 }
 
 /* The startup handshake: on the socket HEAPPROF_SOCKET names, or else the default one.

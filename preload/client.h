@@ -250,8 +250,8 @@ extern uint32_t client__timeout_ms;
 extern bool client__late;
 /* Sets client__late, once (the constructor, first thing; client_init()). */
 void client__late_init(void);
-extern int client__attach_signo; /* 0: no attach support */
-extern bool client__attach_signo_explicit;
+/* HEAPPROF_ATTACH=0 (or its older name HEAPPROF_ATTACH_SIGNAL=0) turns attaching off. */
+extern bool client__attach_enabled;
 /* Attach machinery (preload/attach.c). */
 extern bool client__attach_installed; /* the wake entry is advertised */
 /* The process the client state belongs to (set at init and in a forked child): the wake

@@ -12,8 +12,8 @@
  * only starts the session thread (preload/attach.c), which does the handshake.
  *
  * The advertisement: one read-only page of a memfd named HP_WAKE_MEMFD_NAME, written
- * with pwrite before it is mapped (common/wake.h). HEAPPROF_ATTACH_SIGNAL=0 still means
- * "never attachable": no page. */
+ * with pwrite before it is mapped (common/wake.h). HEAPPROF_ATTACH=0 means "never
+ * attachable": no page. */
 #include "preload/client.h"
 
 #include <errno.h>
@@ -172,11 +172,11 @@ static void client_advertise(void)
     (void)hp_sys_close((int)fd);
 }
 
-/* Advertises the wake entry, unless HEAPPROF_ATTACH_SIGNAL=0 turned attaching off. No
+/* Advertises the wake entry, unless HEAPPROF_ATTACH=0 turned attaching off. No
  * signal handler: none is needed, and the program keeps its signals to itself. */
 void client__attach_install(void)
 {
-    if (client__attach_signo <= 0 || client__attach_installed)
+    if (!client__attach_enabled || client__attach_installed)
         return;
     client_fork_owner_init();
     client_advertise();

@@ -877,7 +877,7 @@ int svc_proc_inject(const struct svc_proc *p, char *why, size_t why_len,
     if (m.has_lib) {
         r = svc__why(why, why_len, -EPROTO,
                      "has a libheapprof.so mapped that advertises no wake entry (another "
-                     "version, or one started with HEAPPROF_ATTACH_SIGNAL set)");
+                     "version, or one started with HEAPPROF_ATTACH=0)");
         goto out;
     }
     if (m.libc < 0 || m.ld < 0 || !m.objs[m.libc].have_base) {

@@ -528,24 +528,27 @@ static void test_attach_signal_env_no_handler(void **state)
     (void)close(lsock);
 }
 
-/* HEAPPROF_ATTACH_SIGNAL=0 turns attaching off: nothing advertised, the wake refused,
- * the program unharmed. */
+/* HEAPPROF_ATTACH=0, and HEAPPROF_ATTACH_SIGNAL=0 (its older name), turn attaching off:
+ * nothing advertised, the wake refused, the program unharmed. */
 static void test_attach_signal_zero_disables(void **state)
 {
     struct fixture *f = *state;
     char line[128];
 
-    const char *env[] = {"HEAPPROF_ATTACH_SIGNAL=0", NULL};
-    prog_start(f, env);
-    prog_line(f, line, sizeof(line));
-    struct svc_proc p;
-    assert_int_equal(svc_proc_inspect(f->prog.pid, &p), 0);
-    assert_true(p.preloaded);
-    assert_false(p.attach_ready);
-    char why[256];
-    assert_int_equal(svc_proc_wake(&p, getpid(), why, sizeof(why)), -EAGAIN);
-    prog_cmd(f, 'a', line, sizeof(line));
-    prog_quit(f);
+    const char *const names[] = {"HEAPPROF_ATTACH=0", "HEAPPROF_ATTACH_SIGNAL=0"};
+    for (size_t i = 0; i < 2; i++) {
+        const char *env[] = {names[i], NULL};
+        prog_start(f, env);
+        prog_line(f, line, sizeof(line));
+        struct svc_proc p;
+        assert_int_equal(svc_proc_inspect(f->prog.pid, &p), 0);
+        assert_true(p.preloaded);
+        assert_false(p.attach_ready);
+        char why[256];
+        assert_int_equal(svc_proc_wake(&p, getpid(), why, sizeof(why)), -EAGAIN);
+        prog_cmd(f, 'a', line, sizeof(line));
+        prog_quit(f);
+    }
 }
 
 static void run_fork(struct fixture *f, bool follow)
