@@ -17,6 +17,7 @@
 #include "preload/client.h"
 #include "preload/elfobj.h"
 #include "preload/got.h"
+#include "preload/slotuse.h"
 
 bool client__direct_disabled;
 _Atomic uint32_t client_stat_direct_slots;
@@ -24,14 +25,33 @@ _Atomic bool client_stat_direct_on;
 _Atomic uint32_t client_stat_direct_unseen;
 _Atomic uint64_t client_stat_direct_failures;
 
+/* What a session does with a slot. Late mode records an object's GLOB_DAT slots as
+ * DIRECT_USE_UNKNOWN and the first session reads its code to tell (preload/slotuse.h):
+ * only a slot used for calls alone is switched; one whose address the code also takes
+ * keeps the allocator's, so that `&malloc` keeps one value (its calls are counted as
+ * unseen); one used only for its address is not a call path at all. glibc's C library is
+ * the exception: its own PLT entries of malloc and free jump through these slots (strdup,
+ * fopen... call through them), and the addresses it loads from them it stores to call
+ * later (memory streams, callbacks freeing its caches), never to compare: its slots are
+ * switched, as LD_PRELOAD would have bound them. */
+enum direct_use {
+    DIRECT_USE_CALLS,   /* switched (every JUMP_SLOT slot) */
+    DIRECT_USE_UNKNOWN, /* a GLOB_DAT slot whose code was not read yet */
+    DIRECT_USE_MIXED,   /* calls and address: left, its calls unseen */
+    DIRECT_USE_ADDRESS, /* address only (or its object is gone): left */
+};
+
 /* A recorded slot: which function, what it held when recorded (kept only when it pointed
- * into its object's PLT: lazy binding), and whether it lies in its object's RELRO pages
- * (written through direct_mem, never by a store). */
+ * into its object's PLT: lazy binding), whether it lies in its object's RELRO pages
+ * (written through direct_mem, never by a store), its use, and (DIRECT_USE_UNKNOWN) the
+ * extent of its object's code. */
 struct direct_slot {
     _Atomic uintptr_t *slot;
     uintptr_t lazy;
     uint16_t fn;
     bool relro;
+    uint8_t use;
+    uintptr_t code_lo, code_hi;
 };
 
 /* Written by client_direct_init() before direct_ready is set (release), read-only after;
@@ -180,6 +200,20 @@ static bool direct_write_slot(const struct direct_slot *s, bool direct, int mem_
     return cur != from && (s->lazy == 0 || cur != s->lazy);
 }
 
+/* Reads the code of @s's object (through @mem_fd: it may have been unloaded) to tell how
+ * it uses the GLOB_DAT slot @s. */
+static void direct_classify(struct direct_slot *s, int mem_fd)
+{
+    struct slotuse u = {0};
+    uintptr_t slot = (uintptr_t)s->slot;
+    if (mem_fd < 0 || !client_slotuse_of_range(s->code_lo, s->code_hi, mem_fd, &slot, 1, &u))
+        s->use = DIRECT_USE_ADDRESS; /* gone, or unreadable: nothing to switch */
+    else if (u.others > 0)
+        s->use = u.calls > 0 ? DIRECT_USE_MIXED : DIRECT_USE_ADDRESS;
+    else
+        s->use = u.calls > 0 ? DIRECT_USE_CALLS : DIRECT_USE_ADDRESS;
+}
+
 /* One pass over every recorded slot; no protection changes. A slot that cannot be written
  * keeps what it holds: towards direct, the hook (the calls are seen, at the hook's cost);
  * towards the hooks, the allocator's own function, whose calls the session does not see:
@@ -190,12 +224,16 @@ static void direct_apply_locked(bool direct)
     bool mem_tried = false;
     uint32_t failed = 0, now_direct = 0;
     for (uint32_t i = 0; i < direct_n; i++) {
-        const struct direct_slot *s = &direct_slots[i];
+        struct direct_slot *s = &direct_slots[i];
         if ((s->relro || direct_late) && !mem_tried) {
             mem_fd = direct_mem_fd_locked();
             mem_tried = true;
         }
-        if (!direct_write_slot(s, direct, mem_fd))
+        if (s->use == DIRECT_USE_UNKNOWN)
+            direct_classify(s, mem_fd);
+        if (s->use == DIRECT_USE_ADDRESS)
+            continue;
+        if (s->use == DIRECT_USE_CALLS && !direct_write_slot(s, direct, mem_fd))
             failed++;
         uintptr_t cur = 0;
         if (direct_late)
@@ -464,7 +502,9 @@ static int direct_late_fn_of(const char *name)
 
 /* Records the JUMP_SLOT and GLOB_DAT slots of @info that hold the allocator's function
  * (or, lazily bound, point into the object's PLT); every one is written through
- * /proc/self/mem (an object can be unloaded between two sessions). */
+ * /proc/self/mem (an object can be unloaded between two sessions). Which GLOB_DAT slots
+ * are switched the first session decides (direct_classify): reading the code here would
+ * lengthen the stop of the thread that loads the library. */
 static int direct_late_cb(struct dl_phdr_info *info, size_t size, void *arg)
 {
     (void)size;
@@ -481,8 +521,8 @@ static int direct_late_cb(struct dl_phdr_info *info, size_t size, void *arg)
     /* The allocator's own calls to itself stay its own, unless it is glibc's C library,
      * whose calls from strdup, fopen... LD_PRELOAD would have seen (by its name:
      * tcmalloc defines __libc_malloc too). */
-    if (client_elfobj_contains(&o, (uintptr_t)client_alloc_own[CLIENT_FN_MALLOC]) &&
-        strcmp(base, "libc.so.6") != 0)
+    bool libc = strcmp(base, "libc.so.6") == 0;
+    if (client_elfobj_contains(&o, (uintptr_t)client_alloc_own[CLIENT_FN_MALLOC]) && !libc)
         return 0;
     for (int pass = 0; pass < 2; pass++) {
         const Elf64_Rela *rel = pass == 0 ? o.jmprel : o.rela;
@@ -507,8 +547,15 @@ static int direct_late_cb(struct dl_phdr_info *info, size_t size, void *arg)
                     continue;
                 lazy = cur;
             }
-            direct_slots[direct_n++] =
-                (struct direct_slot){.slot = slot, .lazy = lazy, .fn = (uint16_t)fn, .relro = true};
+            direct_slots[direct_n++] = (struct direct_slot){
+                .slot = slot,
+                .lazy = lazy,
+                .fn = (uint16_t)fn,
+                .relro = true,
+                .use = type == R_X86_64_GLOB_DAT && !libc ? DIRECT_USE_UNKNOWN : DIRECT_USE_CALLS,
+                .code_lo = o.exec_lo,
+                .code_hi = o.exec_hi,
+            };
         }
     }
     return 0;

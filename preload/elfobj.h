@@ -25,8 +25,9 @@
 #pragma GCC visibility push(hidden)
 
 struct client_elfobj {
-    uintptr_t bias;   /* load bias (dlpi_addr) */
-    uintptr_t lo, hi; /* extent of the PT_LOAD segments */
+    uintptr_t bias;             /* load bias (dlpi_addr) */
+    uintptr_t lo, hi;           /* extent of the PT_LOAD segments */
+    uintptr_t exec_lo, exec_hi; /* extent of the executable ones (lo == hi: none) */
     const Elf64_Sym *symtab;
     const char *strtab;
     size_t strsz;

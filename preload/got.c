@@ -16,6 +16,7 @@
 #include "preload/client.h"
 #include "preload/direct.h"
 #include "preload/elfobj.h"
+#include "preload/slotuse.h"
 
 _Atomic uint64_t client_stat_got_slots;
 
@@ -174,6 +175,19 @@ static void got_patch_slot(struct got_obj *g, const Elf64_Rela *r)
     uintptr_t addr = o->bias + r->r_offset;
     if (addr < o->lo || addr + sizeof(uintptr_t) > o->hi || addr % sizeof(uintptr_t) != 0)
         return;
+    /* Loaded late, as the slots the library found when it was loaded (preload/direct.c):
+     * a GLOB_DAT slot whose address the code takes keeps the allocator's, so `&malloc`
+     * keeps one value; its calls, if any, are not seen (counted). The object is mapped:
+     * its code is read directly. */
+    if (client__late && type == R_X86_64_GLOB_DAT && !g->is_alloc) {
+        struct slotuse u = {0};
+        (void)client_slotuse_of_range(o->exec_lo, o->exec_hi, -1, &addr, 1, &u);
+        if (u.others > 0 || u.calls == 0) {
+            if (u.others > 0 && u.calls > 0)
+                atomic_fetch_add_explicit(&client_stat_got_failures, 1, memory_order_relaxed);
+            return;
+        }
+    }
     _Atomic uintptr_t *slot = (_Atomic uintptr_t *)addr;
     uintptr_t cur = atomic_load_explicit(slot, memory_order_relaxed);
     uintptr_t hook = (uintptr_t)client_hook_fns[fn];

@@ -341,12 +341,16 @@ int svc__wake_no_permission(int err, char *why, size_t len)
                     strerror(err), yama);
 }
 
-/* Refuses a process that is stopped, traced, or under seccomp (any thread). */
+/* Refuses a process that exited (a zombie), is stopped, traced, or under seccomp (any
+ * thread). */
 static int wake_preflight(pid_t pid, char *why, size_t len)
 {
     char path[96], st[8192], v[64];
     snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
     if (wake_read(path, st, sizeof(st)) < 0)
+        return svc__why(why, len, -ESRCH, "exited");
+    /* A zombie keeps its pid until reaped, with nothing mapped: it has exited. */
+    if (wake_status_field(st, "State:", v, sizeof(v)) && (v[0] == 'Z' || v[0] == 'X'))
         return svc__why(why, len, -ESRCH, "exited");
     if (wake_status_field(st, "State:", v, sizeof(v)) && (v[0] == 'T' || v[0] == 't'))
         return svc__why(why, len, -EBUSY,

@@ -697,6 +697,67 @@ static void test_inject_attach_unreadable_library(void **state)
     free(o);
 }
 
+/* fnoplt (build @prog_env, -fno-plt: it calls malloc through its GLOB_DAT slot) started
+ * without the library, attached 3 times for 0.3 s at 4 KiB. Returns the samples of
+ * fnoplt_alloc and the unseen call slots the sessions counted, in all; asserts the program
+ * ran as unprofiled. */
+static void fnoplt_sessions(const char *prog_env, long long *samples, uint64_t *unseen)
+{
+    char *argv[] = {(char *)e2e_env(prog_env), NULL};
+    struct e2e_target t;
+    start(&t, argv, "ready");
+    *samples = 0;
+    *unseen = 0;
+    for (int i = 0; i < 3; i++) {
+        struct rp_trace *tr;
+        char *err = NULL;
+        int st = attach(t.pid, "0.3", "4096", &tr, &err);
+        if (st != 0)
+            print_message("  session %d: status %d: %s\n", i, st, err);
+        assert_int_equal(st, 0);
+        const struct rp_trace_process *p = proc_of(tr, t.pid);
+        assert_non_null(p);
+        struct e2e_sums s;
+        e2e_sum_function(p, "fnoplt_alloc", &s);
+        *samples += (long long)s.alloc_count;
+        *unseen += p->losses.unseen_call_slots;
+        rp_trace_free(tr);
+        free(err);
+    }
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+    char *o = e2e_read_file(t.out);
+    print_message("  %s: %lld samples of fnoplt_alloc, %llu unseen call slots; program: %s",
+                  prog_env, *samples, (unsigned long long)*unseen, o);
+    assert_string_equal(o, "ready\ndone\n");
+    free(o);
+}
+
+/* A -fno-plt program's calls through its GLOB_DAT slot of malloc are seen: the slot is
+ * used for calls only, and the session switches it. */
+static void test_inject_fnoplt_calls_seen(void **state)
+{
+    (void)state;
+    long long samples;
+    uint64_t unseen;
+    fnoplt_sessions("FNOPLT_CALLS", &samples, &unseen);
+    assert_true(samples > 0);
+    assert_int_equal(unseen, 0);
+}
+
+/* A program that compares &malloc with the address it took at its start: the sessions
+ * switched the GLOB_DAT slot the code loads it from, and the two differed (the program
+ * said FATAL and exited 1). The slot now keeps the allocator's (&malloc keeps one value);
+ * the calls through it are not seen, and every session counts it as unseen. */
+static void test_inject_bug_address_of_malloc_changed(void **state)
+{
+    (void)state;
+    long long samples;
+    uint64_t unseen;
+    fnoplt_sessions("FNOPLT_COMPARE", &samples, &unseen);
+    assert_int_equal(samples, 0);
+    assert_true(unseen >= 3);
+}
+
 /* tests/programs/slotwatch (build @prog_env), started without the library, reports where
  * its GOT slot of malloc leads every millisecond: two injected sessions each hook it, and
  * each detach gives it back to libc ("direct") with the library still loaded. */
@@ -758,6 +819,8 @@ int main(void)
         cmocka_unit_test(test_inject_refuses_strict_seccomp_thread),
         cmocka_unit_test(test_inject_refuses_seccomp_kill_filter),
         cmocka_unit_test(test_inject_attach_unreadable_library),
+        cmocka_unit_test(test_inject_fnoplt_calls_seen),
+        cmocka_unit_test(test_inject_bug_address_of_malloc_changed),
         cmocka_unit_test(test_inject_slot_restored_after_detach),
         cmocka_unit_test(test_inject_slot_restored_full_relro),
     };

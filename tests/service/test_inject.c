@@ -6,6 +6,7 @@
  * too (they come from the call closure, not from names), and the bottom frames of every
  * thread must not be avoided. */
 #include <dlfcn.h>
+#include <errno.h>
 #include <elf.h>
 #include <fcntl.h>
 #include <gelf.h>
@@ -18,11 +19,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "service/inject.h"
+#include "service/targets.h"
 
 static struct inject_range *ranges;
 static size_t n_ranges;
@@ -227,6 +230,41 @@ static void test_allocator_internals_unsafe(void **state)
     free(dbg);
 }
 
+/* A process that exited but is not reaped yet (a zombie: its maps are empty) is refused
+ * as exited; it was called "statically linked or does not use glibc". */
+static void test_zombie_exited(void **state)
+{
+    (void)state;
+    svc_inject_set_library("/nonexistent/libheapprof.so");
+    pid_t z = fork();
+    assert_true(z >= 0);
+    if (z == 0)
+        _exit(0);
+    struct svc_proc p;
+    int r = -1;
+    for (int i = 0; i < 500; i++) {
+        char path[64], st[512] = "";
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)z);
+        FILE *f = fopen(path, "r");
+        if (f) {
+            (void)!fgets(st, sizeof(st), f);
+            fclose(f);
+        }
+        const char *e = strrchr(st, ')');
+        if (e && e[2] == 'Z')
+            break;
+        usleep(1000);
+    }
+    r = svc_proc_inspect(z, &p);
+    char why[512] = "";
+    if (r == 0)
+        r = svc_proc_inject(&p, why, sizeof(why), NULL);
+    print_message("  zombie: %d %s\n", r, why);
+    assert_int_equal(r, -ESRCH);
+    assert_null(strstr(why, "statically"));
+    assert_int_equal(waitpid(z, NULL, 0), z);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -236,6 +274,7 @@ int main(void)
         cmocka_unit_test(test_ld_so_unsafe),
         cmocka_unit_test(test_trap_is_int3_in_libc),
         cmocka_unit_test(test_allocator_internals_unsafe),
+        cmocka_unit_test(test_zombie_exited),
     };
     return cmocka_run_group_tests_name("service_inject", tests, setup, teardown);
 }
