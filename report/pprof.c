@@ -88,6 +88,15 @@ static uint64_t str_id(struct pp *pp, const char *s)
     return *v;
 }
 
+/* A new string @s (copied now), not interned: for strings made on the fly. */
+static uint64_t str_new(struct pp *pp, const char *s)
+{
+    if (!s || !*s)
+        return 0;
+    hp_pbw_len(&pp->strings, PP_PROFILE(string_table), s, strlen(s));
+    return pp->n_strings++;
+}
+
 /* Finds @key (by @hash and @eq) or adds it with @add; returns its 1-based id. */
 static uint64_t dedup(struct hp_map *index, uint64_t hash,
                       bool (*eq)(struct pp *, uint64_t, const void *),
@@ -151,10 +160,15 @@ static uint64_t fn_add(struct pp *pp, const void *key)
     pp->fns[pp->n_fns++] = *fn;
     uint64_t id = pp->n_fns;
     struct hp_pbw *t = &pp->tmp;
-    uint64_t name = str_id(pp, fn->name);
+    /* name demangled (C++, Rust), system_name as the binary has it; each function is
+     * added once, so its demangled name gets a string of its own. */
+    uint64_t system_name = str_id(pp, fn->name);
+    char buf[1024];
+    const char *d = rp_demangle(fn->name, buf, sizeof(buf));
+    uint64_t name = d == fn->name ? system_name : str_new(pp, d);
     hp_pbw_uint(t, PP_FUNCTION(id), id);
     hp_pbw_uint(t, PP_FUNCTION(name), name);
-    hp_pbw_uint(t, PP_FUNCTION(system_name), name);
+    hp_pbw_uint(t, PP_FUNCTION(system_name), system_name);
     hp_pbw_uint(t, PP_FUNCTION(filename), str_id(pp, fn->file));
     hp_pbw_msg(&pp->functions, PP_PROFILE(function), t);
     return id;

@@ -9,24 +9,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <libiberty/demangle.h>
+
 #include "common/containers.h"
 #include "common/format.h"
 #include "report/report_internal.h"
 
-/* libstdc++'s demangler (the Itanium C++ ABI entry point); declared here so that the C
- * code needs no C++ header. Returns a malloc()ed string or NULL, status 0 on success. */
-char *__cxa_demangle(const char *mangled, char *buf, size_t *len, int *status);
-
 const char *rp_demangle(const char *name, char *buf, size_t buf_len)
 {
-    if (!name || strncmp(name, "_Z", 2) != 0 || buf_len == 0)
+    /* C++ (Itanium ABI) and Rust's legacy symbols start with _Z, Rust's v0 ones with _R.
+     * libiberty's demangler tells C++ from legacy Rust (its h<hash> last segment) and, as
+     * rustfilt does, drops that hash and a ".llvm.N" suffix. */
+    if (!name || buf_len == 0 || name[0] != '_' || (name[1] != 'Z' && name[1] != 'R'))
         return name;
-    int status = -1;
-    char *d = __cxa_demangle(name, NULL, NULL, &status);
-    if (!d || status != 0) {
-        free(d);
+    char *d = cplus_demangle(name, DMGL_PARAMS | DMGL_ANSI | DMGL_AUTO);
+    if (!d)
         return name;
-    }
     size_t n = strlen(d);
     if (n >= buf_len)
         n = buf_len - 1;

@@ -159,7 +159,7 @@ struct rp_trace *rp_trace_free(struct rp_trace *t);
 
 struct rp_report_options {
     int top_n;            /* sites per table; 0 means 10 */
-    bool demangle;        /* demangle C++ names (default on in the CLI) */
+    bool demangle;        /* demangle C++ and Rust names (default on in the CLI) */
     bool no_stacks;       /* one line per site instead of full stacks */
     bool unreleased_only; /* only the table of sites by unreleased bytes */
     bool no_lines;        /* frames as module+offset, without source lines */
@@ -211,7 +211,8 @@ int rp_pprof_write_dump(const struct rp_trace_process *p, const struct rp_trace_
 int rp_pprof_export(const char *trace_path, const char *out, int dump_index, int32_t pid, FILE *log,
                     bool *ret_truncated) HP_WARN_UNUSED;
 
-/* Demangles @name into @buf (truncating); returns @buf, or @name if it is not mangled. */
+/* Demangles @name (C++, Rust legacy or v0) into @buf (truncating); returns @buf, or @name
+ * if it is not mangled. */
 const char *rp_demangle(const char *name, char *buf, size_t buf_len);
 
 #endif

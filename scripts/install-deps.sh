@@ -11,6 +11,7 @@ PKGS=(
     protobuf-compiler python3
     clang llvm libclang-rt-dev clang-format
     sqlite3 libc6-dbg golang-go
+    libiberty-dev rustc
     heaptrack time jq
     # other allocators, for the tests of programs that use them (linked and preloaded)
     libjemalloc2 libjemalloc-dev libtcmalloc-minimal4 libmimalloc2.0

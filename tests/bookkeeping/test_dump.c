@@ -909,6 +909,15 @@ static void test_dump_report_text(void **state)
     assert_string_equal(rp_demangle("main", buf, sizeof(buf)), "main");
     assert_string_equal(rp_demangle("_Znot a name", buf, sizeof(buf)), "_Znot a name");
     assert_string_equal(rp_demangle("_ZN3foo3barEv", buf, 5), "foo:");
+    /* Rust: legacy (escapes, hash, LLVM suffix dropped) and v0. */
+    assert_string_equal(
+        rp_demangle("_ZN5alloc7raw_vec19RawVec$LT$T$C$A$GT$4grow17h4c4a0e3b71bf1b0aE"
+                    ".llvm.1234567890",
+                    buf, sizeof(buf)),
+        "alloc::raw_vec::RawVec<T,A>::grow");
+    assert_string_equal(rp_demangle("_RNvCs1234abcd_7mycrate4main", buf, sizeof(buf)),
+                        "mycrate::main");
+    assert_string_equal(rp_demangle("_Rnot a name", buf, sizeof(buf)), "_Rnot a name");
     assert_int_equal(rp_trace_load("/nonexistent/trace", NULL, &t), -ENOENT);
 }
 
