@@ -177,6 +177,31 @@ int bk_process_start(bk_t *bk, int32_t pid, const char *cmdline, size_t cmdline_
     return bk__write_process_tree(bk, p);
 }
 
+int bk_process_rename(bk_t *bk, int32_t pid, const char *cmdline, size_t cmdline_len)
+{
+    struct bk_proc *p = bk__find_proc(bk, pid);
+    if (!p)
+        return -ESRCH;
+    if (cmdline_len == p->cmdline_len && memcmp(cmdline, p->cmdline, cmdline_len) == 0)
+        return 0;
+    char *c = malloc(cmdline_len + 1);
+    if (!c)
+        return -ENOMEM;
+    memcpy(c, cmdline, cmdline_len);
+    c[cmdline_len] = '\0';
+    free(p->cmdline);
+    p->cmdline = c;
+    p->cmdline_len = cmdline_len;
+    return bk__write_process_tree(bk, p);
+}
+
+void bk_process_set_start_time(bk_t *bk, int32_t pid, uint64_t start_ts)
+{
+    struct bk_proc *p = bk__find_proc(bk, pid);
+    if (p)
+        p->process_start_ts = start_ts;
+}
+
 static void proc_forget(bk_t *bk, struct bk_proc *p)
 {
     bk->last_proc = NULL;

@@ -125,6 +125,17 @@ bk_t *bk_free(bk_t *bk);
 int bk_process_start(bk_t *bk, int32_t pid, const char *cmdline, size_t cmdline_len,
                      bool from_startup, uint64_t sampling_interval_bytes) HP_WARN_UNUSED;
 
+/* The process retitled itself (setproctitle, a forked child naming its role): its
+ * @cmdline now (as bk_process_start() takes it). Writes a process_tree packet with it when
+ * it differs, so that the process is named by its latest title from here on (readers
+ * tell a rename from an exec by the exec's final dump of the old program before it). */
+int bk_process_rename(bk_t *bk, int32_t pid, const char *cmdline, size_t cmdline_len) HP_WARN_UNUSED;
+
+/* When the process started, on the clock of the dumps' timestamps (CLOCK_MONOTONIC_COARSE):
+ * written in every dump (ProcessStats.process_start_timestamp) so that the report can say
+ * how long after its start the profile began. 0: unknown. */
+void bk_process_set_start_time(bk_t *bk, int32_t pid, uint64_t start_ts);
+
 /* A sampled allocation in heap @heap_id (wire heap_id; 0 = "libc.malloc", others are
  * written as "heap_<id>"): @frames leaf first (as the unwinder returns them; copied). */
 void bk_record_alloc(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint64_t addr,

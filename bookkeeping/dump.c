@@ -362,6 +362,7 @@ static void put_stats(struct enc *e, const struct bk_proc *p)
         {PF_STATS(map_reparses_deferred), s->map_reparses_deferred},
         {PF_STATS(unseen_call_slots), s->unseen_call_slots},
         {PF_STATS(profile_start_timestamp), p->start_ts},
+        {PF_STATS(process_start_timestamp), p->process_start_ts},
         {PF_STATS(writer_stalls), s->writer_stalls},
         {PF_STATS(stalled_records_skipped), s->stalled_records_skipped},
     };

@@ -44,6 +44,7 @@ static int parse_stats(struct rd_header *h, const uint8_t *buf, size_t len)
         {PF_STATS(frees_lost), RD_U64(struct rd_header, frees_lost)},
         {PF_STATS(writer_stalls), RD_U64(struct rd_header, writer_stalls)},
         {PF_STATS(profile_start_timestamp), RD_U64(struct rd_header, profile_start_ts)},
+        {PF_STATS(process_start_timestamp), RD_U64(struct rd_header, process_start_ts)},
         {PF_STATS(stalled_records_skipped), RD_U64(struct rd_header, stalled_records_skipped)},
 #define LOSS(f, member) {PF_STATS(f), RD_U64(struct rd_header, losses.member)}
         LOSS(records_dropped, records_dropped),
@@ -63,6 +64,7 @@ static int parse_stats(struct rd_header *h, const uint8_t *buf, size_t len)
     h->unwinding_errors = h->heap_samples = h->map_reparses = 0;
     h->total_unwinding_time_us = h->client_spinlock_blocked_us = h->frees_lost = 0;
     h->writer_stalls = h->stalled_records_skipped = h->profile_start_ts = 0;
+    h->process_start_ts = 0;
     h->losses = (struct rp_trace_losses){0};
     return rp__parse_varints(buf, len, fields, HP_ARRAY_SIZE(fields), h);
 }
@@ -293,6 +295,7 @@ static int chain_commit(struct rd *rd, struct rd_seq *seq)
             break;
         r = 0;
         pi->dumped = true;
+        pi->ended = d->hdr.disconnected;
         if (rd->opt->pid && pid != rd->opt->pid)
             continue;
         struct rd_proc *p = rp__proc_get(rd, pid, pi->exec_index, d->heap_name);

@@ -120,11 +120,14 @@ static int parse_process_tree(struct rd *rd, const uint8_t *buf, size_t len)
         int put = s ? hp_map_put(&rd->pids, (uint64_t)(uint32_t)pid, (void **)&pi) : -ENOMEM;
         if (put < 0)
             return -ENOMEM;
-        if (put == 0 && pi->dumped && pi->cmdline != s) {
+        if (put == 0 && pi->dumped && pi->ended && pi->cmdline != s) {
             /* The pid runs another program now (exec): a new process. */
             pi->exec_index++;
-            pi->dumped = false;
+            pi->dumped = pi->ended = false;
         }
+        /* Else the first name, or a new title of the process while it runs (heapprof
+         * writes one when the program retitles itself: setproctitle, a forked child):
+         * the process is named by its latest. */
         pi->cmdline = s;
     }
     return it.error ? -EBADMSG : 0;
@@ -345,6 +348,7 @@ static int finish(struct rd *rd)
             .frees_lost = h->frees_lost,
             .writer_stalls = h->writer_stalls,
             .profile_start_ts = h->profile_start_ts,
+            .process_start_ts = h->process_start_ts,
             .stalled_records_skipped = h->stalled_records_skipped,
             .losses = h->losses,
             .n_callsites = p->n_callsites,

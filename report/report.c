@@ -340,6 +340,23 @@ static struct totals totals_of(const struct rp_trace_callsite *cs, size_t n)
     return t;
 }
 
+/* For a process attached while it ran: when its profile began, after its start (when the
+ * trace says) and before its selected dump, in @buf. False when it was profiled from its
+ * start or the trace does not say. */
+static bool attached_when(const struct rp_trace_process *p, char *buf, size_t len)
+{
+    if (p->from_startup || !p->profile_start_ts || p->timestamp < p->profile_start_ts)
+        return false;
+    double before = (double)(p->timestamp - p->profile_start_ts) / 1e9;
+    if (p->process_start_ts && p->process_start_ts <= p->profile_start_ts)
+        snprintf(buf, len,
+                 "profiled from %.1f s after the process started, %.1f s before this dump",
+                 (double)(p->profile_start_ts - p->process_start_ts) / 1e9, before);
+    else
+        snprintf(buf, len, "profiled from %.1f s before this dump", before);
+    return true;
+}
+
 static void print_process(FILE *out, const struct rp_trace_process *p,
                           const struct rp_report_options *opt)
 {
@@ -355,9 +372,9 @@ static void print_process(FILE *out, const struct rp_trace_process *p,
             p->n_dumps == 1 ? "" : "s",
             p->from_startup ? "profiled from startup" : "attached while running");
     /* Allocations made before an attach are not in the profile: say from when it is. */
-    if (!p->from_startup && p->profile_start_ts && p->timestamp >= p->profile_start_ts)
-        fprintf(out, " (profiled from %.1f s before this dump; earlier allocations are not seen)",
-                (double)(p->timestamp - p->profile_start_ts) / 1e9);
+    char when[128];
+    if (attached_when(p, when, sizeof(when)))
+        fprintf(out, " (%s; earlier allocations are not seen)", when);
     /* Not for a process that exited while profiled (Perfetto's disconnected): only when
      * the profiler lost it, and the more precise flag below does not say why. */
     if (p->connection_lost && !p->connection_closed_by_program)
@@ -475,6 +492,14 @@ void rp_report_print_summary(FILE *out, const struct rp_trace *t,
     }
     if (rows > max_rows)
         fprintf(out, "%8s ... and %zu more\n", "", rows - max_rows);
+    /* Attached while running: their earlier allocations are not in the table. */
+    for (size_t i = 0, shown = 0; i < t->n_processes && shown < max_rows; i++) {
+        char when[128];
+        if (t->processes[i].selected && attached_when(&t->processes[i], when, sizeof(when))) {
+            fprintf(out, "%8" PRId32 "  attached while running: %s\n", t->processes[i].pid, when);
+            shown++;
+        }
+    }
     if (!order)
         return;
     qsort(order, n, sizeof(*order), cmp_unreleased_desc);

@@ -116,8 +116,9 @@ struct rp_trace_process {
     uint64_t unwinding_errors, heap_samples, map_reparses, total_unwinding_time_us,
         client_spinlock_blocked_us, writer_stalls, stalled_records_skipped;
     uint64_t frees_lost; /* frees lost on the way: their bytes show as unreleased */
-    /* When the profile began, on the clock of timestamp; 0: not in the trace. */
-    uint64_t profile_start_ts;
+    /* When the profile began, and when the process started, on the clock of timestamp;
+     * 0: not in the trace. */
+    uint64_t profile_start_ts, process_start_ts;
     struct rp_trace_losses losses;
     size_t n_callsites;
     struct rp_trace_callsite *callsites;

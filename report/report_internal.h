@@ -91,6 +91,7 @@ struct rd_header {
     uint64_t unwinding_errors, heap_samples, map_reparses, total_unwinding_time_us,
         client_spinlock_blocked_us, frees_lost, writer_stalls, stalled_records_skipped;
     uint64_t profile_start_ts;
+    uint64_t process_start_ts;
     struct rp_trace_losses losses;
 };
 
@@ -126,6 +127,7 @@ struct rd_seq {
 struct rd_pid {
     uint32_t exec_index;
     bool dumped;
+    bool ended; /* its latest dump was its last (disconnected): it exited or exec'd */
     const char *cmdline; /* strtab */
 };
 

@@ -3,6 +3,7 @@
 #include "service/svc_internal.h"
 
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 
 #include "common/log.h"
@@ -37,6 +38,15 @@ static void apply(struct svc *s, const struct svc_msg *m)
                              ps->from_startup, ps->sampling_interval_bytes);
         if (r < 0)
             hp_log_warn("pid %d: cannot start bookkeeping: %s", m->pid, strerror(-r));
+        else
+            bk_process_set_start_time(s->bk, m->pid, ps->process_start_ts);
+        break;
+    }
+    case SVC_MSG_PROC_RENAME: {
+        const struct svc_msg_proc_rename *rn = (const void *)m;
+        r = bk_process_rename(s->bk, m->pid, (const char *)(rn + 1), rn->cmdline_len);
+        if (r < 0 && r != -ESRCH)
+            hp_log_warn("pid %d: cannot write its new name: %s", m->pid, strerror(-r));
         break;
     }
     case SVC_MSG_ALLOC: {

@@ -4,6 +4,9 @@
  * free or name a client do not call into the handshake's file. */
 #include "service/svc_internal.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -35,6 +38,71 @@ struct svc_client *svc__client_free(struct svc_client *c)
     free(c->cmdline);
     free(c);
     return NULL;
+}
+
+#define MAX_CMDLINE 4096
+
+int svc__read_cmdline(pid_t pid, char **ret, size_t *ret_len)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+    HP_CLEANUP_CLOSE int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    char *buf = malloc(MAX_CMDLINE);
+    if (!buf)
+        return -ENOMEM;
+    size_t len = 0;
+    while (len < MAX_CMDLINE) {
+        ssize_t n = read(fd, buf + len, MAX_CMDLINE - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+    }
+    /* A retitled process pads its title to the length of its old argv area with NULs or
+     * spaces (postgres, nginx): not part of its name. */
+    while (len > 0 && (buf[len - 1] == '\0' || buf[len - 1] == ' '))
+        len--;
+    if (len > 0 && len < MAX_CMDLINE)
+        buf[len++] = '\0';
+    *ret = buf;
+    *ret_len = len;
+    return 0;
+}
+
+void svc__client_set_title(struct svc_client *c)
+{
+    c->title[0] = '\0';
+    /* Spaces in argv[0]: a title, not a path (its basename would be a word of it). */
+    size_t a0 = c->cmdline ? strnlen(c->cmdline, c->cmdline_len) : 0;
+    if (a0 && memchr(c->cmdline, ' ', a0))
+        (void)svc_cmdline_title(c->cmdline, c->cmdline_len, c->title, sizeof(c->title));
+}
+
+void svc__client_retitle(struct svc_unwinder *u, struct svc_client *c)
+{
+    char *cmdline;
+    size_t len;
+    /* An ending or exited process reads empty: it keeps the name it had. */
+    if (c->ending || svc__read_cmdline(c->pid, &cmdline, &len) < 0)
+        return;
+    if (len == 0 || (len == c->cmdline_len && memcmp(cmdline, c->cmdline, len) == 0)) {
+        free(cmdline);
+        return;
+    }
+    struct svc_msg_proc_rename *m = svc__post(u, c, SVC_MSG_PROC_RENAME, sizeof(*m) + len);
+    if (!m) {
+        free(cmdline); /* the queue is out of memory: the next look tries again */
+        return;
+    }
+    m->cmdline_len = (uint32_t)len;
+    memcpy(m + 1, cmdline, len);
+    free(c->cmdline);
+    c->cmdline = cmdline;
+    c->cmdline_len = len;
+    svc__client_set_title(c);
 }
 
 const char *svc__client_name(const struct svc_client *c)

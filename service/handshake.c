@@ -28,32 +28,6 @@
 #include "shmem_ring/utable.h"
 #include "shmem_ring/wire.h"
 
-#define MAX_CMDLINE 4096
-
-static int read_cmdline(pid_t pid, char **ret, size_t *ret_len)
-{
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
-    HP_CLEANUP_CLOSE int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    char *buf = malloc(MAX_CMDLINE);
-    if (!buf)
-        return -ENOMEM;
-    size_t len = 0;
-    while (len < MAX_CMDLINE) {
-        ssize_t n = read(fd, buf + len, MAX_CMDLINE - len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        len += (size_t)n;
-    }
-    *ret = buf;
-    *ret_len = len;
-    return 0;
-}
-
 /* True when @fd (received from a client) is /proc/@pid/@what. The client opened
  * /proc/self/@what, which the kernel resolves to the pid's own directory. */
 static bool fd_is_proc_file(int fd, pid_t pid, const char *what)
@@ -140,14 +114,12 @@ static struct svc_client *client_from_hello(const struct svc *s, const struct wi
     c->max_stack_bytes = svc_config_max_stack(&s->cfg);
     c->sampling_interval_bytes = s->cfg.sampling_interval_bytes;
     c->from_startup = hello->reason == WIRE_REASON_STARTUP;
-    if (read_cmdline(c->pid, &c->cmdline, &c->cmdline_len) < 0) {
+    if (svc__read_cmdline(c->pid, &c->cmdline, &c->cmdline_len) < 0) {
         c->cmdline = NULL;
         c->cmdline_len = 0;
     }
-    /* Spaces in argv[0]: a title, not a path (its basename would be a word of it). */
-    size_t a0 = c->cmdline ? strnlen(c->cmdline, c->cmdline_len) : 0;
-    if (a0 && memchr(c->cmdline, ' ', a0))
-        (void)svc_cmdline_title(c->cmdline, c->cmdline_len, c->title, sizeof(c->title));
+    svc__client_set_title(c);
+    c->process_start_ts = svc__process_start_ts(c->pid);
     return c;
 }
 

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/macros.h"
 
 /* Reads up to @len - 1 bytes of @path into @buf, NUL-terminated. Returns the length or
@@ -116,6 +117,28 @@ bool svc__stat_alive(const char *stat)
         return true;
     unsigned long flags = strtoul(p, NULL, 10);
     return !(flags & PROC_PF_EXITING);
+}
+
+uint64_t svc__process_start_ts(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    ssize_t n = read_text(path, buf, sizeof(buf));
+    if (n <= 0)
+        return 0;
+    const char *p = strrchr(buf, ')');
+    /* after the name: state is field 3, starttime field 22 */
+    for (int field = 2; p && field < 22; field++)
+        p = strchr(p + 1, ' ');
+    long tck = sysconf(_SC_CLK_TCK);
+    if (!p || tck <= 0)
+        return 0;
+    /* starttime counts from boot (CLOCK_BOOTTIME, suspend included): its age now, taken
+     * back from the dumps' clock. */
+    uint64_t start_boot = strtoull(p + 1, NULL, 10) * (1000000000ull / (uint64_t)tck);
+    uint64_t boot = hp_clock_ns(CLOCK_BOOTTIME), coarse = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
+    uint64_t age = boot > start_boot ? boot - start_boot : 0;
+    return coarse > age ? coarse - age : 0;
 }
 
 bool svc__process_alive(pid_t pid)

@@ -36,6 +36,8 @@ enum svc_msg_type {
     SVC_MSG_REJECTED = 7,
     /* The process's statistics and flags as of now, for the dump that follows. */
     SVC_MSG_PROC_STATS = 8,
+    /* The process retitled itself: its command line now. */
+    SVC_MSG_PROC_RENAME = 9,
 };
 
 /* Messages are 8-byte aligned and packed in a batch one after another. Each starts with
@@ -47,12 +49,21 @@ struct svc_msg {
     uint32_t reserved;
 };
 
-/* A process's session started; followed by its cmdline (cmdline_len bytes). */
+/* A process's session started; followed by its cmdline (cmdline_len bytes).
+ * process_start_ts: when the process started (the dumps' clock; 0: unknown). */
 struct svc_msg_proc_start {
     struct svc_msg h;
     uint64_t sampling_interval_bytes;
+    uint64_t process_start_ts;
     uint32_t cmdline_len;
     bool from_startup;
+};
+
+/* SVC_MSG_PROC_RENAME: followed by the new cmdline (cmdline_len bytes). */
+struct svc_msg_proc_rename {
+    struct svc_msg h;
+    uint32_t cmdline_len;
+    uint32_t reserved;
 };
 
 /* A sampled allocation, unwound; followed by its frames (n_frames, leaf first). */

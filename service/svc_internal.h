@@ -77,6 +77,7 @@ struct svc_client {
     char *cmdline;
     size_t cmdline_len;
     char title[64]; /* a retitled process's title ("nginx: master process ..."), or "" */
+    uint64_t process_start_ts; /* svc__process_start_ts() at the handshake */
     struct bk_process_stats stats;
     uint64_t frees;
     uint64_t frees_unread;       /* frees among stats.records_unread */
@@ -286,6 +287,20 @@ enum svc_thread_state svc__thread_state(pid_t pid, pid_t tid);
 bool svc__process_alive(pid_t pid);
 /* The same, of the text of a /proc/PID/stat file. */
 bool svc__stat_alive(const char *stat);
+/* When process @pid started, on CLOCK_MONOTONIC_COARSE (the dumps' clock; from its
+ * starttime in /proc, clock ticks since boot); 0 when unknown. */
+uint64_t svc__process_start_ts(pid_t pid);
+/* The command line of @pid (/proc/PID/cmdline, at most 4 KiB), without the padding a
+ * retitled process leaves after its title (trailing NULs and spaces; one NUL ends it).
+ * Returns 0 with *@ret malloc'd (*@ret_len may be 0), or -errno. */
+int svc__read_cmdline(pid_t pid, char **ret, size_t *ret_len);
+/* c->title from c->cmdline: the title of a process that retitled itself (spaces in
+ * argv[0]), else "". */
+void svc__client_set_title(struct svc_client *c);
+/* Reads @c's command line again (a program retitles itself: setproctitle, a forked child
+ * naming its role): when it changed, takes it (c->cmdline, c->title) and tells the
+ * bookkeeping thread (SVC_MSG_PROC_RENAME) so the trace names the process by it. */
+void svc__client_retitle(struct svc_unwinder *u, struct svc_client *c);
 void *svc__bk_main(void *arg);
 
 /* service/memory.c: the memory the service uses (of the whole process: every session,

@@ -22,6 +22,7 @@ bool svc__post_start(struct svc_unwinder *u, struct svc_client *c)
     m->cmdline_len = (uint32_t)c->cmdline_len;
     m->sampling_interval_bytes = c->sampling_interval_bytes;
     m->from_startup = c->from_startup;
+    m->process_start_ts = c->process_start_ts;
     if (c->cmdline_len)
         memcpy(m + 1, c->cmdline, c->cmdline_len);
     c->started = true;

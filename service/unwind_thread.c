@@ -219,10 +219,12 @@ static void adopt(struct svc_unwinder *u, struct svc_client *c)
     /* A new session of a pid we still serve: the process exec'd (or died and its number
      * was reused), so nothing writes into the old ring any more. The old session ends
      * first: its last records and its end reach the bookkeeping thread before the new
-     * start (the main thread hands every session of a pid to the same thread). */
+     * start (the main thread hands every session of a pid to the same thread). Its final
+     * dump is marked disconnected, as every end of a process's session is (readers tell
+     * an exec from a retitle by it). */
     for (struct svc_client *old = u->clients; old; old = old->next)
         if (old->pid == c->pid)
-            begin_end(u, old, 0, "exec'd");
+            begin_end(u, old, BK_FLAG_DISCONNECTED, "exec'd");
     if (pid_served(u, c->pid)) {
         c->next = u->deferred;
         u->deferred = c;
@@ -442,8 +444,11 @@ static void drain_for_dump(struct svc_unwinder *u, uint32_t dump_requests)
              i++)
             ;
     }
-    for (struct svc_client *c = u->clients; c; c = c->next)
+    /* Each process is named in each dump by its title at the time. */
+    for (struct svc_client *c = u->clients; c; c = c->next) {
+        svc__client_retitle(u, c);
         post_stats(u, c);
+    }
     struct svc_msg_dump_barrier *m =
         svc__batch_add(&u->batcher, SVC_MSG_DUMP_BARRIER, 0, sizeof(*m));
     if (m) {
@@ -654,8 +659,13 @@ static void look_again(struct svc_unwinder *u, bool polling, uint64_t *last_poll
     }
     if (now - *last_scan_ns >= 1000000000u) {
         *last_scan_ns = now;
-        for (struct svc_client *c = u->clients; c; c = c->next)
+        for (struct svc_client *c = u->clients; c; c = c->next) {
             c->has_work = true;
+            /* Titles set after the start (a forked child naming its role) reach the log
+             * and the final dump even without a dump in between. */
+            if (c->started)
+                svc__client_retitle(u, c);
+        }
         poll_hangups(u);
     }
 }

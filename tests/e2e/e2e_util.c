@@ -231,6 +231,27 @@ int e2e_check_protoc(const char *trace)
     return system(cmd);
 }
 
+char *e2e_trace_processor_query(const char *trace, const char *sql)
+{
+    const char *tp = getenv("TRACE_PROCESSOR");
+    if (!tp || !*tp || access(tp, X_OK) != 0)
+        return NULL;
+    char *argv[] = {(char *)tp, "-Q", (char *)sql, (char *)trace, NULL};
+    struct e2e_run run;
+    if (e2e_run(argv, NULL, &run) < 0)
+        return strdup("(trace_processor_shell did not run)");
+    if (run.status != 0) {
+        fprintf(stderr, "trace_processor_shell: status %d: %s\n", run.status,
+                run.err ? run.err : "");
+        e2e_run_free(&run);
+        return strdup("(trace_processor_shell failed)");
+    }
+    char *out = run.out ? run.out : strdup("");
+    run.out = NULL;
+    e2e_run_free(&run);
+    return out;
+}
+
 /* Perfetto's own trace processor, where present (TRACE_PROCESSOR, set by the build when
  * the project's sibling directory shared/perfetto has it): 0 when it reads @trace with
  * no error stat, 1 after printing the ones it has, 0 with a note when it is absent.

@@ -50,6 +50,10 @@ const struct rp_trace_process *e2e_find_process(const struct rp_trace *t, const 
  * (TRACE_PROCESSOR): returns 0 when every rule holds and Perfetto's processor reports no
  * error stat. */
 int e2e_check_rules(const char *trace);
+/* The answer of Perfetto's trace processor (TRACE_PROCESSOR, where present) to @sql on
+ * @trace, as CSV lines with a header (malloc'd; a line in parentheses when it failed);
+ * NULL when it is absent. */
+char *e2e_trace_processor_query(const char *trace, const char *sql);
 
 /* Decodes @trace with `protoc --decode=perfetto.protos.Trace` against protos/ (PROTOC,
  * PROTOS_DIR, TRACE_PROTO); returns system()'s status (0 also when protoc is absent). */

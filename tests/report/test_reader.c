@@ -460,8 +460,8 @@ static void packet_head(struct hp_pbw *pkt, bool clear)
 }
 
 /* One complete dump (index @index) of one sample of callstack @cs for @pid. */
-static void put_dump(struct hp_pbw *trace, uint64_t index, uint64_t pid, uint64_t cs,
-                     uint64_t bytes)
+static void put_dump_as(struct hp_pbw *trace, uint64_t index, uint64_t pid, uint64_t cs,
+                        uint64_t bytes, bool disconnected)
 {
     struct hp_pbw pkt = {0}, prof = {0}, dump = {0}, sample = {0};
     packet_head(&pkt, false);
@@ -471,6 +471,7 @@ static void put_dump(struct hp_pbw *trace, uint64_t index, uint64_t pid, uint64_
     hp_pbw_uint(&dump, PF_DUMP(pid), pid);
     hp_pbw_msg(&dump, PF_DUMP(samples), &sample);
     hp_pbw_uint(&dump, PF_DUMP(sampling_interval_bytes), 4096);
+    hp_pbw_uint(&dump, PF_DUMP(disconnected), disconnected);
     hp_pbw_msg(&prof, PF_PROFILE(process_dumps), &dump);
     hp_pbw_uint_always(&prof, PF_PROFILE(index), index);
     hp_pbw_msg(&pkt, PF_PACKET(profile_packet), &prof);
@@ -479,6 +480,12 @@ static void put_dump(struct hp_pbw *trace, uint64_t index, uint64_t pid, uint64_
     free(prof.p);
     free(dump.p);
     free(sample.p);
+}
+
+static void put_dump(struct hp_pbw *trace, uint64_t index, uint64_t pid, uint64_t cs,
+                     uint64_t bytes)
+{
+    put_dump_as(trace, index, pid, cs, bytes, false);
 }
 
 /* Interned frame 1 ("leaf" in /bin/app at rel_pc 0x40) and callstack 1 of @n_frames
@@ -520,7 +527,8 @@ static void put_process_tree(struct hp_pbw *trace, uint64_t pid, const char *arg
     packet_head(&pkt, false);
     hp_pbw_uint(&proc, PF_PROCESS(pid), pid);
     hp_pbw_len(&proc, PF_PROCESS(cmdline), arg0, strlen(arg0));
-    hp_pbw_len(&proc, PF_PROCESS(cmdline), arg1, strlen(arg1));
+    if (arg1)
+        hp_pbw_len(&proc, PF_PROCESS(cmdline), arg1, strlen(arg1));
     hp_pbw_msg(&tree, PF_TREE(processes), &proc);
     hp_pbw_msg(&pkt, PF_PACKET(process_tree), &tree);
     put_packet(trace, &pkt);
@@ -560,6 +568,28 @@ static void test_reader_bug_shared_callstack_memory(void **state)
     free(trace.p);
 }
 
+/* A process that retitles itself while it runs (a forked child naming its role, as
+ * postgres and nginx do) is one process, named by its latest title: a new process tree
+ * between two of its dumps that are not its last is a rename, not an exec. */
+static void test_reader_retitle_is_one_process(void **state)
+{
+    (void)state;
+    struct hp_pbw trace = {0};
+    put_interned(&trace, 3);
+    put_process_tree(&trace, 77, "postgres", "-D /data");
+    put_dump(&trace, 0, 77, 1, 100);
+    put_process_tree(&trace, 77, "postgres: checkpointer", NULL);
+    put_dump(&trace, 1, 77, 1, 300);
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load_buffer(trace.p, trace.len, NULL, &t), 0);
+    assert_int_equal(t->n_processes, 1);
+    assert_string_equal(t->processes[0].cmdline, "postgres: checkpointer");
+    assert_int_equal(t->processes[0].n_dumps, 2);
+    assert_int_equal(t->processes[0].callsites[0].self_allocated, 300);
+    rp_trace_free(t);
+    free(trace.p);
+}
+
 /* A shell shim that execs python is two programs in one pid: each is a process of its
  * own, named by its own command line, with its own samples (they were merged under the
  * last command line). */
@@ -569,7 +599,7 @@ static void test_reader_bug_exec_in_one_pid(void **state)
     struct hp_pbw trace = {0};
     put_interned(&trace, 3);
     put_process_tree(&trace, 77, "/bin/sh", "shim");
-    put_dump(&trace, 0, 77, 1, 100);
+    put_dump_as(&trace, 0, 77, 1, 100, true); /* its last: the session ended at the exec */
     put_process_tree(&trace, 77, "python3", "x.py");
     put_dump(&trace, 1, 77, 1, 5000);
     put_dump(&trace, 2, 77, 1, 6000);
@@ -748,6 +778,7 @@ int main(void)
         cmocka_unit_test(test_reader_big_items_roundtrip),
         cmocka_unit_test(test_reader_bug_shared_callstack_memory),
         cmocka_unit_test(test_reader_bug_exec_in_one_pid),
+        cmocka_unit_test(test_reader_retitle_is_one_process),
         cmocka_unit_test(test_reader_bug_truncation_flagged),
         cmocka_unit_test(test_reader_bug_directory),
         cmocka_unit_test(test_reader_module_symbols_inlined),

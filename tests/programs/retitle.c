@@ -1,0 +1,74 @@
+/* tests/programs/retitle.c: a server that names its processes by their roles, as nginx
+ * and postgres do (tests/e2e/test_names.c). The parent forks a worker; each overwrites
+ * its argv area with a title, the worker padding it with NULs, the parent with spaces
+ * (setproctitle's two habits), and allocates in a function of its own. Both live
+ * @ms milliseconds after retitling, then the parent reaps the worker and prints "done".
+ *
+ *     retitle MS PADDING...   (PADDING: any arguments, room for the titles)
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static void *volatile sink;
+
+void retitle_worker_alloc(void);
+__attribute__((noinline)) void retitle_worker_alloc(void)
+{
+    for (int i = 0; i < 100; i++)
+        sink = malloc(1000); /* kept */
+}
+
+void retitle_master_alloc(void);
+__attribute__((noinline)) void retitle_master_alloc(void)
+{
+    for (int i = 0; i < 50; i++)
+        sink = malloc(3000); /* kept */
+}
+
+/* Writes @title over the argv area [@area, @area + @len), padded with @pad and ended by
+ * a NUL. */
+static void set_title(char *area, size_t len, const char *title, char pad)
+{
+    memset(area, pad, len - 1);
+    area[len - 1] = '\0';
+    memcpy(area, title, strlen(title) < len - 1 ? strlen(title) : len - 1);
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3)
+        return 2;
+    setvbuf(stdout, NULL, _IONBF, 0);
+    long ms = atol(argv[1]);
+    char *area = argv[0];
+    size_t len = (size_t)(argv[argc - 1] + strlen(argv[argc - 1]) + 1 - area);
+    pid_t w = fork();
+    if (w < 0)
+        return 1;
+    if (w == 0) {
+        set_title(area, len, "retitle: worker process", '\0');
+        prctl(PR_SET_NAME, "retitle-worker");
+        retitle_worker_alloc();
+        sleep_ms(ms);
+        _exit(0);
+    }
+    set_title(area, len, "retitle: master process", ' ');
+    retitle_master_alloc();
+    sleep_ms(ms);
+    int st;
+    if (waitpid(w, &st, 0) != w || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        return 1;
+    printf("done\n");
+    return 0;
+}
