@@ -211,6 +211,77 @@ int rp_pprof_write_dump(const struct rp_trace_process *p, const struct rp_trace_
 int rp_pprof_export(const char *trace_path, const char *out, int dump_index, int32_t pid, FILE *log,
                     bool *ret_truncated) HP_WARN_UNUSED;
 
+/* ---- stack filters (report/filter.c): what every view shows of a stack ---------------
+ *
+ * Four rules, applied to a callsite's frames in this order:
+ * - focus (--focus RE): the stack is dropped unless one of its frames matches;
+ * - entry (unless full_stacks): frames on the root side of the outermost `main` are
+ *   cut, or, without `main`, the thread and process entry frames at the root
+ *   (`_start`, `__libc_start_main`, `start_thread`, `clone3`, ...);
+ * - hide (--hide RE): matching frames are removed, the stack merging into the caller;
+ * - fold (unless no_fold): allocator wrappers (`operator new`, `malloc`, `alloc::`,
+ *   `std::allocator`, `g_malloc`, ... and fold[]) at the leaf end are folded into their
+ *   callers, so the site is the first frame that is not a wrapper; a stack of nothing
+ *   but wrappers keeps its outermost one.
+ * Patterns are POSIX extended regular expressions, unanchored (use ^ and $), matched
+ * against the demangled function name ("<unknown>" for a frame without one) of each
+ * frame and of each function inlined into it: an inlined function that matches hide is
+ * removed from the frame's inlined list, and wrappers inlined at the leaf end are
+ * trimmed as frames are.
+ *
+ *     char err[256];
+ *     rp_filter_t *f = rp_filter_new(&(struct rp_filter_options){.hide = res, .n_hide = 1},
+ *                                    err, sizeof(err));
+ *     if (!f) { fprintf(stderr, "%s\n", err); return 1; }
+ *     struct rp_trace_frame *kept = malloc(c->n_frames * sizeof(*kept));
+ *     size_t n;
+ *     if (rp_filter_stack(f, c->frames, c->n_frames, kept, &n)) ...;  // kept[0..n)
+ *     f = rp_filter_free(f);
+ */
+struct rp_filter_options {
+    const char *const *hide; /* patterns of frames to remove */
+    size_t n_hide;
+    const char *const *focus; /* keep only stacks with a frame matching one of these */
+    size_t n_focus;
+    const char *const *fold; /* more allocator wrappers, beside the default ones */
+    size_t n_fold;
+    bool no_fold;     /* keep the default wrappers' frames (fold[] still applies) */
+    bool full_stacks; /* keep the frames below main and thread entry points */
+};
+
+typedef struct rp_filter rp_filter_t;
+
+/* A filter for @opt (NULL: the defaults: wrappers folded, entry frames cut). Returns
+ * NULL and a one-line reason in @err (e.g. "bad --hide pattern 'a(': Missing ')'")
+ * for a pattern that does not compile or out of memory. Caller frees with
+ * rp_filter_free(). The patterns are copied. */
+rp_filter_t *rp_filter_new(const struct rp_filter_options *opt, char *err, size_t errlen);
+rp_filter_t *rp_filter_free(rp_filter_t *f);
+
+/* Copies the frames @f keeps of @frames[0..@n) (root first) to @ret_frames (room for
+ * @n), root first, their inlined lists possibly shortened (pointing into @frames' own or
+ * into memory of @f), and their number to *@ret_n (0 when every frame was hidden).
+ * Returns false, writing nothing, when focus drops the stack. Matches are cached by
+ * the address of each function name (a loaded trace's names are interned), so a name's
+ * string must not change while @f lives; inlined lists the filter shortened live in
+ * @f until rp_filter_free(). Not thread-safe (the cache); one filter per thread. */
+bool rp_filter_stack(rp_filter_t *f, const struct rp_trace_frame *frames, size_t n,
+                     struct rp_trace_frame *ret_frames, size_t *ret_n);
+
+/* Whether @function_name (as stored; demangled here) is an allocator wrapper that @f
+ * folds, for views that show wrappers collapsed rather than cut. */
+bool rp_filter_is_wrapper(rp_filter_t *f, const char *function_name);
+
+/* The default wrapper patterns, NULL-terminated (for help texts and other views). */
+extern const char *const rp_filter_default_wrappers[];
+
+/* Rewrites every process of @t (each dump too) to what @f keeps: each callsite's frames
+ * filtered, callsites dropped by focus removed, and callsites that end up with equal
+ * frames merged (their values added). Equal filtered stacks share one frame array
+ * within a process, as the reader's stacks do. Returns 0 or -ENOMEM (@t is then
+ * unchanged, or changed for some processes only: still valid). */
+int rp_trace_filter(struct rp_trace *t, rp_filter_t *f) HP_WARN_UNUSED;
+
 /* Demangles @name into @buf (truncating); returns @buf, or @name if it is not mangled. */
 const char *rp_demangle(const char *name, char *buf, size_t buf_len);
 
