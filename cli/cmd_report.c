@@ -58,17 +58,16 @@ static void program_of(const struct rp_trace *t, char *buf, size_t len)
 }
 
 static const struct option report_opts[] = {
-    {"top", required_argument, NULL, 'n'},
-    {"dump", required_argument, NULL, 'd'},
-    {"no-demangle", no_argument, NULL, 'D'},
-    {"no-stacks", no_argument, NULL, 'S'},
-    {"help", no_argument, NULL, 'h'},
-    {"process", required_argument, NULL, 'p'},
-    {"diff", required_argument, NULL, 'B'},
-    {"base-dump", required_argument, NULL, 'b'},
-    {"growth", no_argument, NULL, 'G'},
-    {"no-lines", no_argument, NULL, 'L'},
-    {0},
+    {"top", required_argument, NULL, 'n'},     {"dump", required_argument, NULL, 'd'},
+    {"no-demangle", no_argument, NULL, 'D'},   {"no-stacks", no_argument, NULL, 'S'},
+    {"help", no_argument, NULL, 'h'},          {"process", required_argument, NULL, 'p'},
+    {"diff", required_argument, NULL, 'B'},    {"base-dump", required_argument, NULL, 'b'},
+    {"growth", no_argument, NULL, 'G'},        {"no-lines", no_argument, NULL, 'L'},
+    {"pid", required_argument, NULL, 'p'},     {"hide", required_argument, NULL, 'H'},
+    {"focus", required_argument, NULL, 'F'},   {"fold", required_argument, NULL, 'W'},
+    {"no-fold", no_argument, NULL, 'w'},       {"full-stacks", no_argument, NULL, 'U'},
+    {"all-processes", no_argument, NULL, 'A'}, {"folded", no_argument, NULL, 'f'},
+    {"value", required_argument, NULL, 'v'},   {0},
 };
 
 static void usage_report(FILE *f)
@@ -137,12 +136,19 @@ static void usage_pprof(FILE *f)
           f);
 }
 
+/* Processes whose sites are shown in detail, unless --all-processes or --process. */
+#define REPORT_DETAIL_PROCESSES 3
+
 /* What `heapprof report`'s command line asks for. */
 struct report_args {
     struct rp_report_options ro;
     struct rp_trace_options to, base_to; /* the trace's selection, the base's */
     const char *path, *base_path;        /* base_path: NULL without --diff */
-    bool growth;
+    bool growth, all_processes, folded;
+    enum rp_folded_value value;
+    /* --hide, --focus, --fold: point into argv, room for argc each */
+    struct rp_filter_options fo;
+    const char **hide, **focus, **fold;
 };
 
 /* Fills @a from the command line and checks it. Returns < 0 after a usage error (message
@@ -197,6 +203,36 @@ static int report_parse_args(int argc, char **argv, struct report_args *a)
         case 'L':
             a->ro.no_lines = true;
             break;
+        case 'H':
+            a->hide[a->fo.n_hide++] = optarg;
+            break;
+        case 'F':
+            a->focus[a->fo.n_focus++] = optarg;
+            break;
+        case 'W':
+            a->fold[a->fo.n_fold++] = optarg;
+            break;
+        case 'w':
+            a->fo.no_fold = true;
+            break;
+        case 'U':
+            a->fo.full_stacks = true;
+            break;
+        case 'A':
+            a->all_processes = true;
+            break;
+        case 'f':
+            a->folded = true;
+            break;
+        case 'v':
+            if (rp_folded_value_parse(optarg, &a->value) < 0) {
+                fprintf(stderr,
+                        "heapprof report: --value wants unreleased, allocated, "
+                        "unreleased-count or allocated-count, not '%s'\n",
+                        optarg);
+                return -EINVAL;
+            }
+            break;
         case 'h':
             usage_report(stdout);
             return 0;
@@ -216,7 +252,18 @@ static int report_parse_args(int argc, char **argv, struct report_args *a)
                         "--diff nor --dump\n");
         return -EINVAL;
     }
+    if (a->folded && (a->growth || a->base_path)) {
+        fprintf(stderr, "heapprof report: --folded prints one dump; it goes with neither "
+                        "--growth nor --diff\n");
+        return -EINVAL;
+    }
     a->to.all_dumps = a->growth;
+    a->fo.hide = a->hide;
+    a->fo.focus = a->focus;
+    a->fo.fold = a->fold;
+    a->ro.focused = a->fo.n_focus > 0;
+    if (!a->all_processes && !a->to.pid)
+        a->ro.max_processes = REPORT_DETAIL_PROCESSES;
     return 1;
 }
 
@@ -251,7 +298,7 @@ static bool has_selection(const char *path, const struct rp_trace *t,
 /* Prints the growth per site from the base trace to @t. Returns < 0 when nothing was
  * printed (the base cannot be read or lacks the dump asked for; message given), else 1
  * when the base is truncated (message given) and 0 when not. */
-static int report_diff(const struct report_args *a, const struct rp_trace *t)
+static int report_diff(const struct report_args *a, const struct rp_trace *t, rp_filter_t *f)
 {
     struct rp_trace_options base_to = a->base_to;
     struct rp_trace *base;
@@ -263,6 +310,8 @@ static int report_diff(const struct report_args *a, const struct rp_trace *t)
         base_to.pid = 0;
         r = rp_trace_load(a->base_path, &base_to, &base);
     }
+    if (r == 0 && (r = rp_trace_filter(base, f)) < 0)
+        base = rp_trace_free(base);
     if (r < 0) {
         load_error("heapprof report", a->base_path, r);
         return r;
@@ -294,11 +343,13 @@ static int report_diff(const struct report_args *a, const struct rp_trace *t)
     return rc;
 }
 
-/* Prints the report the arguments ask for. Returns the exit status. */
-static int report_run(const struct report_args *a)
+/* Prints the report the arguments ask for with filter @f. Returns the exit status. */
+static int report_run_filtered(const struct report_args *a, rp_filter_t *f)
 {
     struct rp_trace *t;
     int r = rp_trace_load(a->path, &a->to, &t);
+    if (r == 0 && (r = rp_trace_filter(t, f)) < 0)
+        t = rp_trace_free(t);
     if (r < 0) {
         load_error("heapprof report", a->path, r);
         return 1;
@@ -307,10 +358,15 @@ static int report_run(const struct report_args *a)
     if (!has_selection(a->path, t, &a->to)) {
         rc = 1;
     } else if (a->base_path) {
-        rc = report_diff(a, t);
+        rc = report_diff(a, t, f);
         if (rc < 0) {
             rp_trace_free(t);
             return 1;
+        }
+    } else if (a->folded) {
+        if (rp_report_print_folded(stdout, t, a->value, &a->ro) < 0) {
+            fprintf(stderr, "heapprof report: out of memory\n");
+            rc = 1;
         }
     } else if (a->growth) {
         rp_report_print_growth(stdout, t, &a->ro);
@@ -326,11 +382,36 @@ static int report_run(const struct report_args *a)
     return rc;
 }
 
+/* Prints the report the arguments ask for. Returns the exit status. */
+static int report_run(const struct report_args *a)
+{
+    char err[512];
+    rp_filter_t *f = rp_filter_new(&a->fo, err, sizeof(err));
+    if (!f) {
+        fprintf(stderr, "heapprof report: %s\n", err);
+        return 1;
+    }
+    int rc = report_run_filtered(a, f);
+    rp_filter_free(f);
+    return rc;
+}
+
 int cmd_report(int argc, char **argv)
 {
-    struct report_args a = {.ro = {.top_n = 10, .demangle = true}};
+    struct report_args a = {.ro = {.top_n = 10, .demangle = true, .summary = true}};
+    /* Each of --hide, --focus and --fold has room for every argument. */
+    const char **pats = calloc(3 * (size_t)argc + 3, sizeof(*pats));
+    if (!pats) {
+        fprintf(stderr, "heapprof report: out of memory\n");
+        return 1;
+    }
+    a.hide = pats;
+    a.focus = pats + argc + 1;
+    a.fold = pats + 2 * (size_t)argc + 2;
     int r = report_parse_args(argc, argv, &a);
-    return r < 0 ? EXIT_USAGE : r == 0 ? 0 : report_run(&a);
+    r = r < 0 ? EXIT_USAGE : r == 0 ? 0 : report_run(&a);
+    free(pats);
+    return r;
 }
 
 /* What `heapprof pprof`'s command line asks for. */

@@ -98,6 +98,12 @@ struct rp_trace_losses {
     uint64_t unseen_call_slots; /* the program's allocator call slots left unswitched */
 };
 
+/* A complete dump's totals over all its callsites, kept for every dump. */
+struct rp_trace_dump_total {
+    uint64_t timestamp;
+    uint64_t unreleased_bytes, allocated_bytes;
+};
+
 struct rp_trace_process {
     int32_t pid;
     /* Programs run in this pid before this one (exec): 0 for the first. */
@@ -123,6 +129,9 @@ struct rp_trace_process {
     struct rp_trace_callsite *callsites;
     /* With rp_trace_options.all_dumps: every complete dump, in order (n_dumps of them). */
     const struct rp_trace_dump *dumps;
+    /* Every complete dump's totals, in order (n_dumps of them; with or without
+     * all_dumps): the heap over time at little cost. */
+    const struct rp_trace_dump_total *dump_totals;
 };
 
 struct rp_trace {
@@ -163,6 +172,13 @@ struct rp_report_options {
     bool no_stacks;       /* one line per site instead of full stacks */
     bool unreleased_only; /* only the table of sites by unreleased bytes */
     bool no_lines;        /* frames as module+offset, without source lines */
+    /* rp_report_print(): first a header (peak, totals), the table of processes and the
+     * top functions, flat and cumulative. */
+    bool summary;
+    /* rp_report_print(): the per-site detail only for this many processes, those with
+     * the most unreleased bytes (the others counted); 0: every process. */
+    size_t max_processes;
+    bool focused; /* a --focus dropped stacks: the peak is said to be the whole heap's */
 };
 
 /* Prints, per process: top sites by unreleased bytes, top sites by allocated bytes, with
@@ -175,6 +191,26 @@ void rp_report_print(FILE *out, const struct rp_trace *t, const struct rp_report
  * with the most unreleased bytes. */
 void rp_report_print_summary(FILE *out, const struct rp_trace *t,
                              const struct rp_report_options *opt, size_t n_largest);
+
+/* What a folded stack's value is: bytes, or allocations (estimated as the report
+ * estimates them, rp_callsite_count_scale()), unreleased at the dump or allocated. */
+enum rp_folded_value {
+    RP_FOLDED_UNRELEASED,
+    RP_FOLDED_ALLOCATED,
+    RP_FOLDED_UNRELEASED_COUNT,
+    RP_FOLDED_ALLOCATED_COUNT,
+};
+/* "unreleased", "allocated", "unreleased-count", "allocated-count": 0 or -EINVAL. */
+int rp_folded_value_parse(const char *s, enum rp_folded_value *ret) HP_WARN_UNUSED;
+/* Callsite @c's value of kind @v. */
+uint64_t rp_folded_value_of(const struct rp_trace_callsite *c, enum rp_folded_value v);
+
+/* Prints the selected dump of every process of @t as folded stacks ("root;...;leaf
+ * VALUE", one line per distinct stack with a value, as flamegraph.pl, inferno and
+ * speedscope read them; report/folded.c says how names are written). With several
+ * processes each stack starts with a frame "PROGRAM (PID)". Returns 0 or -ENOMEM. */
+int rp_report_print_folded(FILE *out, const struct rp_trace *t, enum rp_folded_value v,
+                           const struct rp_report_options *opt) HP_WARN_UNUSED;
 
 /* Prints, per process of @t (loaded with all_dumps), its unreleased bytes at each dump
  * as a text chart, and the call sites ranked by how steadily their unreleased bytes
