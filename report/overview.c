@@ -112,7 +112,7 @@ void rp__print_header(FILE *out, const struct rp_trace *t, const struct rp_repor
     else
         fprintf(out, "peak %s at the dump (heap between dumps unknown)",
                 hp_format_bytes(unrel, a, sizeof(a)));
-    if (opt->focused && (pk.found || self_peak))
+    if (opt->focused && pk.found)
         fprintf(out, " of the whole heap");
     fprintf(
         out, "; unreleased at the end %s, allocated %s, %" PRIu64 " samples, %" PRIu64 " drops\n",
