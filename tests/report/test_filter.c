@@ -1,6 +1,7 @@
 /* tests/report/test_filter.c: the stack filter (report/filter.c): entry frames cut,
  * allocator wrappers folded (inlined ones too), --hide, --focus, bad patterns, and a
- * trace rewritten with equal filtered stacks merged. */
+ * trace rewritten with equal filtered stacks merged; the summary's peak over dumps of
+ * several processes (report/overview.c), which the filter must not change. */
 /* cmocka.h needs these first. */
 // clang-format off
 #include <setjmp.h>
@@ -229,6 +230,49 @@ static void test_filter_trace_merges_equal_stacks(void **state)
     close(fd);
 }
 
+/* Two processes dumped together twice: 1000 bytes in pid 1 at the first dump, freed by
+ * the second, when pid 2 holds 300. The peak is the first dump's sum, not the end's. */
+static void test_filter_summary_peak_over_dumps(void **state)
+{
+    (void)state;
+    static const struct hp_mapping lib = {.start = 0x1000, .end = 0x9000, .path = "/bin/app"};
+    int fd = memfd_create("trace", MFD_CLOEXEC);
+    assert_true(fd >= 0);
+    bk_t *bk;
+    assert_int_equal(bk_new(&(struct bk_config){.out_fd = fd}, &bk), 0);
+    assert_int_equal(bk_process_start(bk, 1, "one", 3, true, 1), 0);
+    assert_int_equal(bk_process_start(bk, 2, "two", 3, true, 1), 0);
+    struct hp_frame a[] = {{&lib, "a", 0x10}, {&lib, "main", 0x30}};
+    bk_record_alloc(bk, 1, 0, 1, 0x100, 1000, 1000, a, 2);
+    assert_int_equal(bk_dump_all(bk), 0);
+    bk_record_free(bk, 1, 0, 2, 0x100);
+    bk_record_alloc(bk, 2, 0, 1, 0x100, 300, 300, a, 2);
+    assert_int_equal(bk_dump_all(bk), 0);
+    bk_free(bk);
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load(path, NULL, &t), 0);
+    assert_int_equal(t->n_processes, 2);
+    assert_int_equal(t->processes[0].n_dumps, 2);
+    assert_int_equal(t->processes[0].dump_totals[0].unreleased_bytes, 1000);
+    assert_int_equal(t->processes[0].dump_totals[1].unreleased_bytes, 0);
+    rp_filter_t *f = new_filter(NULL);
+    assert_int_equal(rp_trace_filter(t, f), 0);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&text, &len);
+    rp_report_print(out, t, &(struct rp_report_options){.top_n = 3, .summary = true});
+    fclose(out);
+    assert_non_null(strstr(text, "Total over 2 processes: peak 1000 B at a dump "));
+    assert_non_null(strstr(text, "; unreleased at the end 300 B, allocated 1.3 KiB, 2 samples, "
+                                 "0 drops\n"));
+    free(text);
+    rp_filter_free(f);
+    rp_trace_free(t);
+    close(fd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -239,6 +283,7 @@ int main(void)
         cmocka_unit_test(test_filter_inlined_functions),
         cmocka_unit_test(test_filter_bad_pattern_is_one_line),
         cmocka_unit_test(test_filter_trace_merges_equal_stacks),
+        cmocka_unit_test(test_filter_summary_peak_over_dumps),
     };
     return cmocka_run_group_tests_name("report_filter", tests, NULL, NULL);
 }
