@@ -3,9 +3,10 @@
  * are in report/report.h), and a trace rewritten to what a filter keeps.
  *
  * Matching demangles a name and runs a few regexec() calls: too slow to repeat for each
- * of the million frames of a big trace, so the result is cached per name and per frame,
- * keyed by address (a trace's strings are interned and its frames shared by every
- * callsite that has them, so each is matched once).
+ * of the million frames of a big trace, so the result is cached per name, keyed by its
+ * address (a trace's strings are interned: each name is matched once), and the hidden
+ * and folded parts of each list of inlined functions per list (the reader shares the
+ * list of an address). Frames themselves are copied per callstack: not cached.
  */
 #include "report/report.h"
 
@@ -52,16 +53,20 @@ enum {
     M_FOCUS_ANY = 1 << 5, /* frames: the function or one inlined into it */
 };
 
-/* What a frame is to the filter, computed once per frame. */
+/* What a frame is to the filter. */
 struct frame_info {
-    /* The frame the entry was made for: an address reused for another frame misses. */
-    const char *function_name;
-    const struct rp_trace_line *orig_inlined;
-    uint32_t orig_n_inlined;
     const struct rp_trace_line *inlined; /* without the hidden ones */
     uint32_t n_inlined;
     uint32_t n_inlined_fold; /* innermost entries of inlined that are wrappers */
     uint32_t flags;
+};
+
+/* What an inlined list is to the filter, computed once per list (the reader shares the
+ * list of an address between the frames that have it). */
+struct inlined_info {
+    const struct rp_trace_line *orig; /* the list the entry was made for ... */
+    uint32_t orig_n;                  /* ... and its length: a reused address misses */
+    struct frame_info fi;             /* its part: kept list, folded count, M_FOCUS_ANY */
 };
 
 struct re_set {
@@ -72,8 +77,8 @@ struct re_set {
 struct rp_filter {
     struct re_set hide, focus, fold, entry;
     bool full_stacks;
-    struct hp_map names;  /* name address -> match flags + 1 */
-    struct hp_map frames; /* frame address -> struct frame_info */
+    struct hp_map names;   /* name address -> match flags + 1 */
+    struct hp_map inlined; /* inlined list address -> struct inlined_info */
     struct hp_arena arena;
     struct frame_info *scratch;
     size_t cap_scratch;
@@ -135,7 +140,7 @@ rp_filter_t *rp_filter_new(const struct rp_filter_options *opt, char *err, size_
         return NULL;
     }
     hp_map_init(&f->names, sizeof(uint32_t));
-    hp_map_init(&f->frames, sizeof(struct frame_info));
+    hp_map_init(&f->inlined, sizeof(struct inlined_info));
     f->full_stacks = opt->full_stacks;
     size_t n_wrappers = 0;
     while (rp_filter_default_wrappers[n_wrappers])
@@ -155,9 +160,9 @@ rp_filter_t *rp_filter_new(const struct rp_filter_options *opt, char *err, size_
 static void forget(struct rp_filter *f)
 {
     hp_map_done(&f->names);
-    hp_map_done(&f->frames);
+    hp_map_done(&f->inlined);
     hp_map_init(&f->names, sizeof(uint32_t));
-    hp_map_init(&f->frames, sizeof(struct frame_info));
+    hp_map_init(&f->inlined, sizeof(struct inlined_info));
     hp_arena_done(&f->arena);
 }
 
@@ -170,7 +175,7 @@ rp_filter_t *rp_filter_free(rp_filter_t *f)
     re_set_done(&f->fold);
     re_set_done(&f->entry);
     hp_map_done(&f->names);
-    hp_map_done(&f->frames);
+    hp_map_done(&f->inlined);
     hp_arena_done(&f->arena);
     free(f->scratch);
     free(f->idx);
@@ -203,23 +208,17 @@ static uint32_t match_name(struct rp_filter *f, const char *name)
     return m;
 }
 
-/* The frame's info, from the cache or computed; false when out of memory. */
-static bool frame_info(struct rp_filter *f, const struct rp_trace_frame *fr, struct frame_info *ret)
+/* The part of @fr's info that its inlined functions make, from the cache or computed;
+ * false when out of memory. */
+static bool inlined_info(struct rp_filter *f, const struct rp_trace_frame *fr,
+                         struct frame_info *ret)
 {
-    struct frame_info *c = hp_map_get(&f->frames, (uintptr_t)fr);
-    if (c && c->function_name == fr->function_name && c->orig_inlined == fr->inlined &&
-        c->orig_n_inlined == fr->n_inlined) {
-        *ret = *c;
+    struct inlined_info *c = hp_map_get(&f->inlined, (uintptr_t)fr->inlined);
+    if (c && c->orig == fr->inlined && c->orig_n == fr->n_inlined) {
+        *ret = c->fi;
         return true;
     }
-    struct frame_info fi = {.function_name = fr->function_name,
-                            .orig_inlined = fr->inlined,
-                            .orig_n_inlined = fr->n_inlined,
-                            .inlined = fr->inlined,
-                            .n_inlined = fr->n_inlined};
-    fi.flags = match_name(f, fr->function_name);
-    if (fi.flags & M_FOCUS)
-        fi.flags |= M_FOCUS_ANY;
+    struct frame_info fi = {.inlined = fr->inlined, .n_inlined = fr->n_inlined};
     uint32_t hidden = 0;
     for (uint32_t k = 0; k < fr->n_inlined; k++) {
         uint32_t m = match_name(f, fr->inlined[k].function_name);
@@ -243,8 +242,21 @@ static bool frame_info(struct rp_filter *f, const struct rp_trace_frame *fr, str
     while (fi.n_inlined_fold < fi.n_inlined &&
            (match_name(f, fi.inlined[fi.n_inlined_fold].function_name) & M_FOLD))
         fi.n_inlined_fold++;
-    if (hp_map_put(&f->frames, (uintptr_t)fr, (void **)&c) >= 0)
-        *c = fi;
+    if (hp_map_put(&f->inlined, (uintptr_t)fr->inlined, (void **)&c) >= 0)
+        *c = (struct inlined_info){.orig = fr->inlined, .orig_n = fr->n_inlined, .fi = fi};
+    *ret = fi;
+    return true;
+}
+
+/* What @fr is to the filter; false when out of memory. */
+static bool frame_info(struct rp_filter *f, const struct rp_trace_frame *fr, struct frame_info *ret)
+{
+    struct frame_info fi = {.inlined = fr->inlined};
+    if (fr->n_inlined && !inlined_info(f, fr, &fi))
+        return false;
+    fi.flags |= match_name(f, fr->function_name);
+    if (fi.flags & M_FOCUS)
+        fi.flags |= M_FOCUS_ANY;
     *ret = fi;
     return true;
 }
@@ -381,9 +393,9 @@ static const struct rp_trace_frame *keep_frames(struct trace_filter *tf,
     const size_t *idx = tf->f->idx;
     bool same = true;
     for (size_t i = 0; i < n && same; i++)
-        same = idx[i] == i && same_frame(&tf->buf[i], &orig[i]);
+        same = idx[i] == idx[0] + i && same_frame(&tf->buf[i], &orig[idx[i]]);
     if (same)
-        return orig; /* nothing cut: share the reader's frames */
+        return orig + idx[0]; /* cut at the ends only: share the reader's frames */
     struct rp_trace_frame *fr = hp_arena_alloc(tf->arena, n * sizeof(*fr));
     if (!fr)
         return NULL;
