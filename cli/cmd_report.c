@@ -170,12 +170,53 @@ struct report_args {
     const char **hide, **focus, **fold;
 };
 
+/* Takes option @c (argument in optarg) of the stack filters and the folded view into
+ * @a. Returns 1, 0 for an option it does not know, < 0 after a message. */
+static int report_parse_view(int c, struct report_args *a)
+{
+    switch (c) {
+    case 'H':
+        a->hide[a->fo.n_hide++] = optarg;
+        break;
+    case 'F':
+        a->focus[a->fo.n_focus++] = optarg;
+        break;
+    case 'W':
+        a->fold[a->fo.n_fold++] = optarg;
+        break;
+    case 'w':
+        a->fo.no_fold = true;
+        break;
+    case 'U':
+        a->fo.full_stacks = true;
+        break;
+    case 'A':
+        a->all_processes = true;
+        break;
+    case 'f':
+        a->folded = true;
+        break;
+    case 'v':
+        if (rp_folded_value_parse(optarg, &a->value) < 0) {
+            fprintf(stderr,
+                    "heapprof report: --value wants unreleased, allocated, "
+                    "unreleased-count or allocated-count, not '%s'\n",
+                    optarg);
+            return -EINVAL;
+        }
+        break;
+    default:
+        return 0;
+    }
+    return 1;
+}
+
 /* Fills @a from the command line and checks it. Returns < 0 after a usage error (message
  * printed), 0 after --help, > 0 to go on. */
 static int report_parse_args(int argc, char **argv, struct report_args *a)
 {
     uint64_t v;
-    int c;
+    int c, r;
     while ((c = getopt_long(argc, argv, "n:h", report_opts, NULL)) != -1) {
         switch (c) {
         case 'n':
@@ -222,42 +263,16 @@ static int report_parse_args(int argc, char **argv, struct report_args *a)
         case 'L':
             a->ro.no_lines = true;
             break;
-        case 'H':
-            a->hide[a->fo.n_hide++] = optarg;
-            break;
-        case 'F':
-            a->focus[a->fo.n_focus++] = optarg;
-            break;
-        case 'W':
-            a->fold[a->fo.n_fold++] = optarg;
-            break;
-        case 'w':
-            a->fo.no_fold = true;
-            break;
-        case 'U':
-            a->fo.full_stacks = true;
-            break;
-        case 'A':
-            a->all_processes = true;
-            break;
-        case 'f':
-            a->folded = true;
-            break;
-        case 'v':
-            if (rp_folded_value_parse(optarg, &a->value) < 0) {
-                fprintf(stderr,
-                        "heapprof report: --value wants unreleased, allocated, "
-                        "unreleased-count or allocated-count, not '%s'\n",
-                        optarg);
-                return -EINVAL;
-            }
-            break;
         case 'h':
             usage_report(stdout);
             return 0;
         default:
-            usage_report(stderr);
-            return -EINVAL;
+            r = report_parse_view(c, a);
+            if (r <= 0) {
+                if (r == 0)
+                    usage_report(stderr);
+                return -EINVAL;
+            }
         }
     }
     if (optind != argc - 1) {
