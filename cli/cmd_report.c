@@ -127,11 +127,10 @@ static void usage_report(FILE *f)
 }
 
 static const struct option pprof_opts[] = {
-    {"output", required_argument, NULL, 'o'},
-    {"dump", required_argument, NULL, 'd'},
-    {"process", required_argument, NULL, 'p'},
-    {"help", no_argument, NULL, 'h'},
-    {0},
+    {"output", required_argument, NULL, 'o'},  {"dump", required_argument, NULL, 'd'},
+    {"process", required_argument, NULL, 'p'}, {"help", no_argument, NULL, 'h'},
+    {"hide", required_argument, NULL, 'H'},    {"focus", required_argument, NULL, 'F'},
+    {"fold", required_argument, NULL, 'W'},    {0},
 };
 
 static void usage_pprof(FILE *f)
@@ -147,6 +146,11 @@ static void usage_pprof(FILE *f)
           "  -o, --output OUT   output name or prefix (default: FILE without .pftrace)\n"
           "      --dump N       only the Nth dump of each process\n"
           "      --process PID  only this process\n"
+          "      --hide RE      remove matching frames (as in 'heapprof report')\n"
+          "      --focus RE     keep only stacks with a matching frame\n"
+          "      --fold RE      fold matching frames at the leaf into their callers\n"
+          "                     (the profiles keep every frame otherwise: no wrapper is\n"
+          "                     folded and nothing is cut below main)\n"
           "  -h, --help         this help\n"
           "\n"
           "example:\n"
@@ -453,6 +457,9 @@ struct pprof_args {
     const char *path, *out; /* out: NULL for the trace's name without .pftrace */
     int dump;               /* 0: every dump */
     int32_t pid;            /* 0: every process */
+    /* --hide, --focus, --fold: point into argv, room for argc each */
+    struct rp_filter_options fo;
+    const char **hide, **focus, **fold;
 };
 
 /* Fills @a from the command line. Returns < 0 after a usage error (message printed), 0
@@ -480,6 +487,15 @@ static int pprof_parse_args(int argc, char **argv, struct pprof_args *a)
             }
             a->pid = (int32_t)v;
             break;
+        case 'H':
+            a->hide[a->fo.n_hide++] = optarg;
+            break;
+        case 'F':
+            a->focus[a->fo.n_focus++] = optarg;
+            break;
+        case 'W':
+            a->fold[a->fo.n_fold++] = optarg;
+            break;
         case 'h':
             usage_pprof(stdout);
             return 0;
@@ -497,13 +513,10 @@ static int pprof_parse_args(int argc, char **argv, struct pprof_args *a)
     return 1;
 }
 
-int cmd_pprof(int argc, char **argv)
+/* Exports what @a asks for with filter @f (NULL: none). Returns the exit status. */
+static int pprof_run(const struct pprof_args *a, rp_filter_t *f)
 {
-    struct pprof_args a = {0};
-    int r = pprof_parse_args(argc, argv, &a);
-    if (r <= 0)
-        return r < 0 ? EXIT_USAGE : 0;
-    const char *path = a.path, *out = a.out;
+    const char *path = a->path, *out = a->out;
     char prefix[PATH_MAX];
     if (!out) {
         size_t n = strlen(path);
@@ -513,10 +526,10 @@ int cmd_pprof(int argc, char **argv)
         out = prefix;
     }
     bool truncated = false;
-    r = rp_pprof_export(path, out, a.dump, a.pid, stdout, &truncated);
+    int r = rp_pprof_export_filtered(path, out, a->dump, a->pid, f, stdout, &truncated);
     if (r == -ENODATA) {
         fprintf(stderr, "heapprof pprof: %s: no dump matches%s\n", path,
-                a.pid ? " (check --process and --dump with 'heapprof report')" : "");
+                a->pid ? " (check --process and --dump with 'heapprof report')" : "");
         return 1;
     }
     if (r < 0) {
@@ -529,4 +542,40 @@ int cmd_pprof(int argc, char **argv)
         return 1;
     }
     return 0;
+}
+
+int cmd_pprof(int argc, char **argv)
+{
+    /* A profile keeps its stacks whole unless asked: pprof has its own views. */
+    struct pprof_args a = {.fo = {.no_fold = true, .full_stacks = true}};
+    const char **pats = calloc(3 * (size_t)argc + 3, sizeof(*pats));
+    if (!pats) {
+        fprintf(stderr, "heapprof pprof: out of memory\n");
+        return 1;
+    }
+    a.hide = pats;
+    a.focus = pats + argc + 1;
+    a.fold = pats + 2 * (size_t)argc + 2;
+    a.fo.hide = a.hide;
+    a.fo.focus = a.focus;
+    a.fo.fold = a.fold;
+    int r = pprof_parse_args(argc, argv, &a);
+    if (r <= 0) {
+        free(pats);
+        return r < 0 ? EXIT_USAGE : 0;
+    }
+    rp_filter_t *f = NULL;
+    if (a.fo.n_hide || a.fo.n_focus || a.fo.n_fold) {
+        char err[512];
+        f = rp_filter_new(&a.fo, err, sizeof(err));
+        if (!f) {
+            fprintf(stderr, "heapprof pprof: %s\n", err);
+            free(pats);
+            return 1;
+        }
+    }
+    r = pprof_run(&a, f);
+    rp_filter_free(f);
+    free(pats);
+    return r;
 }

@@ -318,6 +318,10 @@ extern const char *const rp_filter_default_wrappers[];
  * unchanged, or changed for some processes only: still valid). */
 int rp_trace_filter(struct rp_trace *t, rp_filter_t *f) HP_WARN_UNUSED;
 
+/* rp_pprof_export() of the stacks @f keeps (NULL: all, as they are). */
+int rp_pprof_export_filtered(const char *trace_path, const char *out, int dump_index, int32_t pid,
+                             rp_filter_t *f, FILE *log, bool *ret_truncated) HP_WARN_UNUSED;
+
 /* Demangles @name into @buf (truncating); returns @buf, or @name if it is not mangled. */
 const char *rp_demangle(const char *name, char *buf, size_t buf_len);
 

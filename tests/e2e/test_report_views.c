@@ -2,9 +2,9 @@
  * it, on real traces: the header and the function top against the per-site numbers and
  * the program's exact counts (cpp_sites recorded with -i 1), --folded totals against the
  * report's per value kind, allocator wrappers folded (operator new) and entry frames cut,
- * --hide and --focus, a bad pattern, --diff's units, and a trace of 21 processes (forker
- * 20, sampled at 4096 with --seed 3) that stays short at --top 3. No statistics: every
- * comparison is exact. */
+ * --hide and --focus (in `heapprof pprof` too), a bad pattern, --diff's units, and a
+ * trace of 21 processes (forker 20, sampled at 4096 with --seed 3) that stays short at
+ * --top 3. No statistics: every comparison is exact. */
 #include <regex.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -374,6 +374,33 @@ static void test_views_diff_units(void **state)
     e2e_run_free(&r);
 }
 
+/* `heapprof pprof --focus`: the profile holds only the stacks kept (its string table
+ * names no other function); a bad pattern is refused. */
+static void test_views_pprof_focus(void **state)
+{
+    (void)state;
+    char *pp = e2e_tmp_path(".pb.gz");
+    char *argv[] = {
+        (char *)e2e_env("HEAPPROF_BIN"), "pprof", "--focus", "make_strings", "-o", pp, g_cpp, NULL};
+    struct e2e_run r;
+    assert_int_equal(e2e_run(argv, NULL, &r), 0);
+    assert_int_equal(r.status, 0);
+    e2e_run_free(&r);
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd), "gzip -dc '%s' | grep -qa make_strings", pp);
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof(cmd), "gzip -dc '%s' | grep -qa make_widgets", pp);
+    assert_int_not_equal(system(cmd), 0);
+    argv[2] = "--hide";
+    argv[3] = "a(";
+    assert_int_equal(e2e_run(argv, NULL, &r), 0);
+    assert_int_equal(r.status, 1);
+    assert_non_null(strstr(r.err, "bad --hide pattern 'a('"));
+    e2e_run_free(&r);
+    unlink(pp);
+    free(pp);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -383,6 +410,7 @@ int main(void)
         cmocka_unit_test(test_views_wrappers_hide_focus),
         cmocka_unit_test(test_views_many_processes_stay_short),
         cmocka_unit_test(test_views_diff_units),
+        cmocka_unit_test(test_views_pprof_focus),
     };
     return cmocka_run_group_tests_name("report_views", tests, setup, teardown);
 }
