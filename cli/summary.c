@@ -76,8 +76,11 @@ void cli_print_summary(const char *out_path, const struct svc_summary *sum, int 
                 (unsigned long long)sum->stall_skips, sum->stall_skips == 1 ? "" : "s",
                 (unsigned long long)sum->stall_cutoffs, sum->stall_cutoffs == 1 ? "" : "es");
     if (top > 0) {
-        struct rp_trace *t;
-        if (rp_trace_load(out_path, &(struct rp_trace_options){0}, &t) == 0) {
+        struct rp_trace *t = NULL;
+        /* As `heapprof report` shows them: wrappers folded, no frames below main. */
+        rp_filter_t *f = rp_filter_new(NULL, NULL, 0);
+        if (rp_trace_load(out_path, &(struct rp_trace_options){0}, &t) == 0 &&
+            (!f || rp_trace_filter(t, f) == 0)) {
             struct rp_report_options ro = {
                 .top_n = top, .demangle = true, .unreleased_only = true, .no_stacks = false};
             size_t dumped = 0;
@@ -89,8 +92,9 @@ void cli_print_summary(const char *out_path, const struct svc_summary *sum, int 
                 rp_report_print_summary(stderr, t, &ro, SUMMARY_LARGEST);
             else
                 rp_report_print(stderr, t, &ro);
-            rp_trace_free(t);
         }
+        rp_trace_free(t);
+        rp_filter_free(f);
     }
     fprintf(stderr,
             "heapprof: trace written to %s (%s); view it with 'heapprof report %s' or at "

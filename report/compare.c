@@ -121,6 +121,20 @@ static int64_t sdiff(uint64_t a, uint64_t b)
     return (int64_t)(a - b);
 }
 
+/* "+1.2 MiB (+1258291 bytes)", "-300.0 KiB (-307200 bytes)", "0 B (0 bytes)": a change
+ * written as the report writes amounts, with its sign. */
+static const char *fmt_change(int64_t d, char *buf, size_t len)
+{
+    char b[32];
+    uint64_t mag = d < 0 ? -(uint64_t)d : (uint64_t)d;
+    snprintf(buf, len, "%s%s (%+" PRId64 " bytes)",
+             d > 0   ? "+"
+             : d < 0 ? "-"
+                     : "",
+             hp_format_bytes(mag, b, sizeof(b)), d);
+    return buf;
+}
+
 static void diff_process(FILE *out, const struct rp_trace_process *bp,
                          const struct rp_trace_process *p, const struct rp_report_options *opt)
 {
@@ -152,8 +166,9 @@ static void diff_process(FILE *out, const struct rp_trace_process *bp,
     fprintf(out, "\nProcess %d (%s) heap %s: growth since the base%s\n", (int)p->pid,
             p->cmdline && p->cmdline[0] ? p->cmdline : "?", p->heap_name,
             bp ? "" : " (no matching process in the base: all of it)");
-    fprintf(out, "  unreleased %+" PRId64 " bytes, allocated %+" PRId64 " bytes\n", tot_unrel,
-            tot_alloc);
+    char c1[64], c2[64];
+    fprintf(out, "  unreleased %s, allocated %s\n", fmt_change(tot_unrel, c1, sizeof(c1)),
+            fmt_change(tot_alloc, c2, sizeof(c2)));
     size_t top = opt->top_n > 0 ? (size_t)opt->top_n : 10;
     fprintf(out, "\n  Top %zu sites by unreleased growth:\n", top);
     size_t shown = 0;
@@ -162,10 +177,9 @@ static void diff_process(FILE *out, const struct rp_trace_process *bp,
         if (d->d_unreleased <= 0 && d->d_allocated <= 0)
             continue;
         shown++;
-        fprintf(out,
-                "  #%zu  unreleased %+" PRId64 " bytes, allocated %+" PRId64 " bytes in %+" PRId64
-                " allocations\n",
-                shown, d->d_unreleased, d->d_allocated, d->d_alloc_count);
+        fprintf(out, "  #%zu  unreleased %s, allocated %s in %+" PRId64 " allocations\n", shown,
+                fmt_change(d->d_unreleased, c1, sizeof(c1)),
+                fmt_change(d->d_allocated, c2, sizeof(c2)), d->d_alloc_count);
         rp__print_stack(out, d->c, opt);
     }
     if (!shown)

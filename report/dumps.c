@@ -282,6 +282,23 @@ static int resolve_dump(struct rd *rd, struct rd_seq *seq, const struct rd_pdump
     return 0;
 }
 
+/* Adds the totals of @d, a complete dump, to @p's list. */
+static int add_total(struct rd *rd, struct rd_proc *p, const struct rd_pdump *d)
+{
+    if (hp_grow((void **)&p->totals, &p->cap_totals, p->n_dumps, sizeof(*p->totals)) < 0 ||
+        rp__keep(rd, sizeof(*p->totals)) < 0)
+        return -ENOMEM;
+    struct rp_trace_dump_total *t = &p->totals[p->n_dumps - 1];
+    *t = (struct rp_trace_dump_total){.timestamp = d->hdr.timestamp};
+    for (size_t i = 0; i < d->n_samples; i++) {
+        const struct rd_sample *s = &d->samples[i];
+        t->allocated_bytes += s->self_allocated;
+        if (s->self_allocated > s->self_freed)
+            t->unreleased_bytes += s->self_allocated - s->self_freed;
+    }
+    return 0;
+}
+
 /* The dump in progress on @seq is complete. */
 static int chain_commit(struct rd *rd, struct rd_seq *seq)
 {
@@ -306,6 +323,9 @@ static int chain_commit(struct rd *rd, struct rd_seq *seq)
         if (pi->cmdline)
             p->cmdline = pi->cmdline;
         p->n_dumps++;
+        r = add_total(rd, p, d);
+        if (r < 0)
+            break;
         int want = rd->opt->dump_index;
         if (!rd->opt->all_dumps && want > 0 && p->n_dumps != (uint32_t)want)
             continue;

@@ -474,11 +474,19 @@ static int export_one(const struct rp_trace_process *p, const struct rp_trace_du
 int rp_pprof_export(const char *trace_path, const char *out, int dump_index, int32_t pid, FILE *log,
                     bool *ret_truncated)
 {
+    return rp_pprof_export_filtered(trace_path, out, dump_index, pid, NULL, log, ret_truncated);
+}
+
+int rp_pprof_export_filtered(const char *trace_path, const char *out, int dump_index, int32_t pid,
+                             rp_filter_t *f, FILE *log, bool *ret_truncated)
+{
     /* One pass keeps every dump: memory stays proportional to the trace (the reader's
      * budget), and the source lines that follow each dump are attached to all. */
     struct rp_trace *t;
     int r =
         rp_trace_load(trace_path, &(struct rp_trace_options){.pid = pid, .all_dumps = true}, &t);
+    if (r == 0 && f && (r = rp_trace_filter(t, f)) < 0)
+        t = rp_trace_free(t);
     if (r < 0)
         return r;
     if (ret_truncated)

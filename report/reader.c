@@ -354,8 +354,10 @@ static int finish(struct rd *rd)
             .n_callsites = p->n_callsites,
             .callsites = p->callsites,
             .dumps = p->dumps,
+            .dump_totals = p->totals,
         };
         /* The trace owns them now. */
+        p->totals = NULL;
         p->callsites = NULL;
         p->dumps = NULL;
         p->cap_dumps = 0;
@@ -386,8 +388,10 @@ static void rd_done(struct rd *rd)
         free(rd->seqs[i]);
     }
     free(rd->seqs);
-    for (size_t i = 0; i < rd->n_procs; i++)
+    for (size_t i = 0; i < rd->n_procs; i++) {
         proc_arrays_free(rd->procs[i].callsites, rd->procs[i].dumps, rd->procs[i].n_dumps);
+        free(rd->procs[i].totals);
+    }
     free(rd->procs);
     hp_idtab_done(&rd->proc_index);
     hp_map_done(&rd->pids);
@@ -465,6 +469,7 @@ struct rp_trace *rp_trace_free(struct rp_trace *t)
     for (size_t i = 0; i < t->n_processes; i++) {
         struct rp_trace_process *p = &t->processes[i];
         proc_arrays_free(p->callsites, (struct rp_trace_dump *)p->dumps, p->n_dumps);
+        free((void *)p->dump_totals);
     }
     free(t->processes);
     hp_strtab_free(tp->strings);

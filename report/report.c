@@ -441,21 +441,7 @@ static void print_process(FILE *out, const struct rp_trace_process *p,
     fprintf(out, "\n");
 }
 
-void rp_report_print(FILE *out, const struct rp_trace *t, const struct rp_report_options *opt)
-{
-    static const struct rp_report_options defaults = {.demangle = true};
-    if (!opt)
-        opt = &defaults;
-    if (t->n_processes == 0)
-        fprintf(out, "No heap profiles in this trace (%" PRIu64 " packets).\n", t->n_packets);
-    for (size_t i = 0; i < t->n_processes; i++) {
-        const struct rp_trace_process *p = &t->processes[i];
-        if (p->n_dumps == 0 || p->selected)
-            print_process(out, p, opt);
-    }
-}
-
-/* ---- summary of many processes ---- */
+/* ---- many processes ---- */
 
 struct proc_item {
     uint64_t key;
@@ -468,23 +454,39 @@ static int cmp_unreleased_desc(const void *a, const void *b)
     return x->key != y->key ? (x->key < y->key ? 1 : -1) : 0;
 }
 
-void rp_report_print_summary(FILE *out, const struct rp_trace *t,
-                             const struct rp_report_options *opt, size_t n_largest)
+/* The selected processes of @t by unreleased bytes, most first (*@ret_n of them); NULL
+ * when there are none or out of memory. */
+static struct proc_item *by_unreleased(const struct rp_trace *t, size_t *ret_n)
+{
+    struct proc_item *order = t->n_processes ? calloc(t->n_processes, sizeof(*order)) : NULL;
+    size_t n = 0;
+    for (size_t i = 0; order && i < t->n_processes; i++) {
+        const struct rp_trace_process *p = &t->processes[i];
+        if (!p->selected)
+            continue;
+        struct totals tt = totals_of(p->callsites, p->n_callsites);
+        order[n++] =
+            (struct proc_item){.key = tt.alloc > tt.freed ? tt.alloc - tt.freed : 0, .p = p};
+    }
+    if (n)
+        qsort(order, n, sizeof(*order), cmp_unreleased_desc);
+    *ret_n = n;
+    return order;
+}
+
+void rp__print_process_table(FILE *out, const struct rp_trace *t)
 {
     const size_t max_rows = 40;
     char a[32], u[32];
-    struct proc_item *order = t->n_processes ? calloc(t->n_processes, sizeof(*order)) : NULL;
     fprintf(out, "\n%8s %10s %10s %10s  %s\n", "pid", "samples", "allocated", "unreleased",
             "program");
-    size_t n = 0, rows = 0;
+    size_t rows = 0;
     for (size_t i = 0; i < t->n_processes; i++) {
         const struct rp_trace_process *p = &t->processes[i];
         if (!p->selected)
             continue;
         struct totals tt = totals_of(p->callsites, p->n_callsites);
         uint64_t un = tt.alloc > tt.freed ? tt.alloc - tt.freed : 0;
-        if (order)
-            order[n++] = (struct proc_item){.key = un, .p = p};
         if (rows++ < max_rows)
             fprintf(out, "%8" PRId32 " %10" PRIu64 " %10s %10s  %s%s\n", p->pid, tt.nalloc,
                     hp_format_bytes(tt.alloc, a, sizeof(a)), hp_format_bytes(un, u, sizeof(u)),
@@ -500,9 +502,16 @@ void rp_report_print_summary(FILE *out, const struct rp_trace *t,
             shown++;
         }
     }
+}
+
+void rp_report_print_summary(FILE *out, const struct rp_trace *t,
+                             const struct rp_report_options *opt, size_t n_largest)
+{
+    rp__print_process_table(out, t);
+    size_t n;
+    struct proc_item *order = by_unreleased(t, &n);
     if (!order)
         return;
-    qsort(order, n, sizeof(*order), cmp_unreleased_desc);
     if (n > n_largest)
         n = n_largest;
     if (n)
@@ -511,4 +520,55 @@ void rp_report_print_summary(FILE *out, const struct rp_trace *t,
     for (size_t i = 0; i < n; i++)
         print_process(out, order[i].p, opt);
     free(order);
+}
+
+/* The per-site detail of the @opt->max_processes processes with the most unreleased
+ * bytes, and how to see the others. */
+static void print_largest(FILE *out, const struct rp_trace *t, const struct rp_report_options *opt)
+{
+    size_t n;
+    struct proc_item *order = by_unreleased(t, &n);
+    if (!order) {
+        fprintf(out, "(out of memory)\n");
+        return;
+    }
+    size_t shown = HP_MIN(n, opt->max_processes);
+    fprintf(out, "Sites of the %zu process%s with the most unreleased bytes (of %zu):\n\n", shown,
+            shown == 1 ? "" : "es", n);
+    for (size_t i = 0; i < shown; i++)
+        print_process(out, order[i].p, opt);
+    fprintf(out,
+            "%zu more process%s not shown in detail: see one with --process PID, or all with "
+            "--all-processes.\n",
+            n - shown, n - shown == 1 ? "" : "es");
+    free(order);
+}
+
+void rp_report_print(FILE *out, const struct rp_trace *t, const struct rp_report_options *opt)
+{
+    static const struct rp_report_options defaults = {.demangle = true};
+    if (!opt)
+        opt = &defaults;
+    if (t->n_processes == 0) {
+        fprintf(out, "No heap profiles in this trace (%" PRIu64 " packets).\n", t->n_packets);
+        return;
+    }
+    size_t selected = 0;
+    for (size_t i = 0; i < t->n_processes; i++)
+        selected += t->processes[i].selected;
+    if (opt->summary && selected) {
+        rp__print_header(out, t, opt);
+        rp__print_process_table(out, t);
+        rp__print_functions(out, t, opt);
+        fprintf(out, "\n");
+    }
+    if (opt->max_processes && selected > opt->max_processes) {
+        print_largest(out, t, opt);
+        return;
+    }
+    for (size_t i = 0; i < t->n_processes; i++) {
+        const struct rp_trace_process *p = &t->processes[i];
+        if (p->n_dumps == 0 || p->selected)
+            print_process(out, p, opt);
+    }
 }

@@ -98,6 +98,12 @@ struct rp_trace_losses {
     uint64_t unseen_call_slots; /* the program's allocator call slots left unswitched */
 };
 
+/* A complete dump's totals over all its callsites, kept for every dump. */
+struct rp_trace_dump_total {
+    uint64_t timestamp;
+    uint64_t unreleased_bytes, allocated_bytes;
+};
+
 struct rp_trace_process {
     int32_t pid;
     /* Programs run in this pid before this one (exec): 0 for the first. */
@@ -124,6 +130,9 @@ struct rp_trace_process {
     struct rp_trace_callsite *callsites;
     /* With rp_trace_options.all_dumps: every complete dump, in order (n_dumps of them). */
     const struct rp_trace_dump *dumps;
+    /* Every complete dump's totals, in order (n_dumps of them; with or without
+     * all_dumps): the heap over time at little cost. */
+    const struct rp_trace_dump_total *dump_totals;
 };
 
 struct rp_trace {
@@ -164,6 +173,13 @@ struct rp_report_options {
     bool no_stacks;       /* one line per site instead of full stacks */
     bool unreleased_only; /* only the table of sites by unreleased bytes */
     bool no_lines;        /* frames as module+offset, without source lines */
+    /* rp_report_print(): first a header (peak, totals), the table of processes and the
+     * top functions, flat and cumulative. */
+    bool summary;
+    /* rp_report_print(): the per-site detail only for this many processes, those with
+     * the most unreleased bytes (the others counted); 0: every process. */
+    size_t max_processes;
+    bool focused; /* a --focus dropped stacks: the peak is said to be the whole heap's */
 };
 
 /* Prints, per process: top sites by unreleased bytes, top sites by allocated bytes, with
@@ -176,6 +192,26 @@ void rp_report_print(FILE *out, const struct rp_trace *t, const struct rp_report
  * with the most unreleased bytes. */
 void rp_report_print_summary(FILE *out, const struct rp_trace *t,
                              const struct rp_report_options *opt, size_t n_largest);
+
+/* What a folded stack's value is: bytes, or allocations (estimated as the report
+ * estimates them, rp_callsite_count_scale()), unreleased at the dump or allocated. */
+enum rp_folded_value {
+    RP_FOLDED_UNRELEASED,
+    RP_FOLDED_ALLOCATED,
+    RP_FOLDED_UNRELEASED_COUNT,
+    RP_FOLDED_ALLOCATED_COUNT,
+};
+/* "unreleased", "allocated", "unreleased-count", "allocated-count": 0 or -EINVAL. */
+int rp_folded_value_parse(const char *s, enum rp_folded_value *ret) HP_WARN_UNUSED;
+/* Callsite @c's value of kind @v. */
+uint64_t rp_folded_value_of(const struct rp_trace_callsite *c, enum rp_folded_value v);
+
+/* Prints the selected dump of every process of @t as folded stacks ("root;...;leaf
+ * VALUE", one line per distinct stack with a value, as flamegraph.pl, inferno and
+ * speedscope read them; report/folded.c says how names are written). With several
+ * processes each stack starts with a frame "PROGRAM (PID)". Returns 0 or -ENOMEM. */
+int rp_report_print_folded(FILE *out, const struct rp_trace *t, enum rp_folded_value v,
+                           const struct rp_report_options *opt) HP_WARN_UNUSED;
 
 /* Prints, per process of @t (loaded with all_dumps), its unreleased bytes at each dump
  * as a text chart, and the call sites ranked by how steadily their unreleased bytes
@@ -211,6 +247,81 @@ int rp_pprof_write_dump(const struct rp_trace_process *p, const struct rp_trace_
  * trace is exported as far as it goes and flagged in *@ret_truncated (may be NULL). */
 int rp_pprof_export(const char *trace_path, const char *out, int dump_index, int32_t pid, FILE *log,
                     bool *ret_truncated) HP_WARN_UNUSED;
+
+/* ---- stack filters (report/filter.c): what every view shows of a stack ---------------
+ *
+ * Four rules, applied to a callsite's frames in this order:
+ * - focus (--focus RE): the stack is dropped unless one of its frames matches;
+ * - entry (unless full_stacks): frames on the root side of the outermost `main` are
+ *   cut, or, without `main`, the thread and process entry frames at the root
+ *   (`_start`, `__libc_start_main`, `start_thread`, `clone3`, ...);
+ * - hide (--hide RE): matching frames are removed, the stack merging into the caller;
+ * - fold (unless no_fold): allocator wrappers (`operator new`, `malloc`, `alloc::`,
+ *   `std::allocator`, `g_malloc`, ... and fold[]) at the leaf end are folded into their
+ *   callers, so the site is the first frame that is not a wrapper; a stack of nothing
+ *   but wrappers keeps its outermost one.
+ * Patterns are POSIX extended regular expressions, unanchored (use ^ and $), matched
+ * against the demangled function name ("<unknown>" for a frame without one) of each
+ * frame and of each function inlined into it: an inlined function that matches hide is
+ * removed from the frame's inlined list, and wrappers inlined at the leaf end are
+ * trimmed as frames are.
+ *
+ *     char err[256];
+ *     rp_filter_t *f = rp_filter_new(&(struct rp_filter_options){.hide = res, .n_hide = 1},
+ *                                    err, sizeof(err));
+ *     if (!f) { fprintf(stderr, "%s\n", err); return 1; }
+ *     struct rp_trace_frame *kept = malloc(c->n_frames * sizeof(*kept));
+ *     size_t n;
+ *     if (rp_filter_stack(f, c->frames, c->n_frames, kept, &n)) ...;  // kept[0..n)
+ *     f = rp_filter_free(f);
+ */
+struct rp_filter_options {
+    const char *const *hide; /* patterns of frames to remove */
+    size_t n_hide;
+    const char *const *focus; /* keep only stacks with a frame matching one of these */
+    size_t n_focus;
+    const char *const *fold; /* more allocator wrappers, beside the default ones */
+    size_t n_fold;
+    bool no_fold;     /* keep the default wrappers' frames (fold[] still applies) */
+    bool full_stacks; /* keep the frames below main and thread entry points */
+};
+
+typedef struct rp_filter rp_filter_t;
+
+/* A filter for @opt (NULL: the defaults: wrappers folded, entry frames cut). Returns
+ * NULL and a one-line reason in @err (e.g. "bad --hide pattern 'a(': Missing ')'")
+ * for a pattern that does not compile or out of memory. Caller frees with
+ * rp_filter_free(). The patterns are copied. */
+rp_filter_t *rp_filter_new(const struct rp_filter_options *opt, char *err, size_t errlen);
+rp_filter_t *rp_filter_free(rp_filter_t *f);
+
+/* Copies the frames @f keeps of @frames[0..@n) (root first) to @ret_frames (room for
+ * @n), root first, their inlined lists possibly shortened (pointing into @frames' own or
+ * into memory of @f), and their number to *@ret_n (0 when every frame was hidden).
+ * Returns false, writing nothing, when focus drops the stack. Matches are cached by
+ * the address of each function name (a loaded trace's names are interned), so a name's
+ * string must not change while @f lives; inlined lists the filter shortened live in
+ * @f until rp_filter_free(). Not thread-safe (the cache); one filter per thread. */
+bool rp_filter_stack(rp_filter_t *f, const struct rp_trace_frame *frames, size_t n,
+                     struct rp_trace_frame *ret_frames, size_t *ret_n);
+
+/* Whether @function_name (as stored; demangled here) is an allocator wrapper that @f
+ * folds, for views that show wrappers collapsed rather than cut. */
+bool rp_filter_is_wrapper(rp_filter_t *f, const char *function_name);
+
+/* The default wrapper patterns, NULL-terminated (for help texts and other views). */
+extern const char *const rp_filter_default_wrappers[];
+
+/* Rewrites every process of @t (each dump too) to what @f keeps: each callsite's frames
+ * filtered, callsites dropped by focus removed, and callsites that end up with equal
+ * frames merged (their values added). Equal filtered stacks share one frame array
+ * within a process, as the reader's stacks do. Returns 0 or -ENOMEM (@t is then
+ * unchanged, or changed for some processes only: still valid). */
+int rp_trace_filter(struct rp_trace *t, rp_filter_t *f) HP_WARN_UNUSED;
+
+/* rp_pprof_export() of the stacks @f keeps (NULL: all, as they are). */
+int rp_pprof_export_filtered(const char *trace_path, const char *out, int dump_index, int32_t pid,
+                             rp_filter_t *f, FILE *log, bool *ret_truncated) HP_WARN_UNUSED;
 
 /* Demangles @name (C++, Rust legacy or v0) into @buf (truncating); returns @buf, or @name
  * if it is not mangled. */

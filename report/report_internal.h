@@ -143,6 +143,8 @@ struct rd_proc {
     size_t n_callsites;
     struct rp_trace_dump *dumps; /* all_dumps: every complete dump (malloc'd) */
     size_t cap_dumps;
+    struct rp_trace_dump_total *totals; /* every complete dump (malloc'd) */
+    size_t cap_totals;
 };
 
 /* Source lines of an address of a module (ModuleSymbols). */
@@ -249,6 +251,15 @@ double rp__sd_bytes(uint64_t bytes, uint64_t interval);
 /* A site's frames, a line each, as the report prints them. */
 void rp__print_stack(FILE *out, const struct rp_trace_callsite *c,
                      const struct rp_report_options *opt);
+/* The table of processes: pid, samples, allocated, unreleased, program. */
+void rp__print_process_table(FILE *out, const struct rp_trace *t);
+
+/* overview.c: the header line of totals over the selected processes of @t. */
+void rp__print_header(FILE *out, const struct rp_trace *t, const struct rp_report_options *opt);
+/* The top functions of the selected processes of @t by unreleased (and allocated)
+ * bytes, flat and cumulative. */
+void rp__print_functions(FILE *out, const struct rp_trace *t, const struct rp_report_options *opt);
+
 /* "Process PID: name" and, for an exec'd program, which one. */
 void rp__print_process_header(FILE *out, const struct rp_trace_process *p);
 

@@ -1,6 +1,7 @@
 /* tests/fuzz/fuzz_trace_reader.c: the streaming trace reader on arbitrary bytes, then
- * the report, the diff and the pprof encoder on whatever it accepted. Any input must end
- * in a clean error or a consistent trace; sanitizers catch the rest. */
+ * the report (its summary too), the diff, the folded stacks and the pprof encoder on
+ * whatever it accepted, before and after the stack filter. Any input must end in a
+ * clean error or a consistent trace; sanitizers catch the rest. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
@@ -29,6 +30,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         rp_report_print_summary(devnull, t, &(struct rp_report_options){.top_n = 2}, 2);
         if (all)
             rp_report_print_growth(devnull, t, &(struct rp_report_options){.top_n = 3});
+        /* As `heapprof report` runs: filtered (bit 3 of the first byte: with --hide,
+         * --focus and --no-fold too), then the summary first and the folded stacks. */
+        const char *hide[] = {"^m"}, *focus[] = {"a|^$|unknown"};
+        bool pats = size && (data[0] & 8);
+        rp_filter_t *f = rp_filter_new(
+            &(struct rp_filter_options){
+                .hide = hide, .n_hide = pats, .focus = focus, .n_focus = pats, .no_fold = pats},
+            NULL, 0);
+        if (f && rp_trace_filter(t, f) == 0) {
+            rp_report_print(devnull, t,
+                            &(struct rp_report_options){
+                                .top_n = 3, .demangle = true, .summary = true, .max_processes = 2});
+            for (int v = RP_FOLDED_UNRELEASED; v <= RP_FOLDED_ALLOCATED_COUNT; v++) {
+                int r = rp_report_print_folded(devnull, t, (enum rp_folded_value)v, NULL);
+                if (r < 0 && r != -ENOMEM)
+                    __builtin_trap(); /* it fails only for lack of memory */
+            }
+        }
+        rp_filter_free(f);
         fclose(devnull);
     }
     int fd = open("/dev/null", O_WRONLY | O_CLOEXEC);

@@ -288,11 +288,11 @@ static void test_reader_diff_matches_sites_by_frames(void **state)
     FILE *out = open_memstream(&text, &len);
     rp_report_print_diff(out, ta, tb, &(struct rp_report_options){.top_n = 10, .no_stacks = true});
     fclose(out);
-    assert_non_null(strstr(text, "unreleased +750 bytes, allocated +750 bytes"));
-    const char *first = strstr(text, "#1  unreleased +1000 bytes");
+    assert_non_null(strstr(text, "unreleased +750 B (+750 bytes), allocated +750 B (+750 bytes)"));
+    const char *first = strstr(text, "#1  unreleased +1000 B (+1000 bytes)");
     assert_non_null(first);
     assert_non_null(strstr(first, "s2"));
-    const char *second = strstr(text, "#2  unreleased +50 bytes");
+    const char *second = strstr(text, "#2  unreleased +50 B (+50 bytes)");
     assert_non_null(second);
     assert_non_null(strstr(second, "s5"));
     assert_null(strstr(text, "#3")); /* site 1 did not grow, site 3 shrank */
