@@ -129,7 +129,8 @@ int bk_process_start(bk_t *bk, int32_t pid, const char *cmdline, size_t cmdline_
  * @cmdline now (as bk_process_start() takes it). Writes a process_tree packet with it when
  * it differs, so that the process is named by its latest title from here on (readers
  * tell a rename from an exec by the exec's final dump of the old program before it). */
-int bk_process_rename(bk_t *bk, int32_t pid, const char *cmdline, size_t cmdline_len) HP_WARN_UNUSED;
+int bk_process_rename(bk_t *bk, int32_t pid, const char *cmdline,
+                      size_t cmdline_len) HP_WARN_UNUSED;
 
 /* When the process started, on the clock of the dumps' timestamps (CLOCK_MONOTONIC_COARSE):
  * written in every dump (ProcessStats.process_start_timestamp) so that the report can say

@@ -122,7 +122,7 @@ struct bk_heap {
 struct bk_proc {
     int32_t pid;
     bool from_startup;
-    uint64_t start_ts; /* CLOCK_MONOTONIC_COARSE at bk_process_start(): the profile began */
+    uint64_t start_ts;         /* CLOCK_MONOTONIC_COARSE at bk_process_start(): the profile began */
     uint64_t process_start_ts; /* the same clock: the process started (0: unknown) */
     uint64_t sampling_interval_bytes;
     double log_keep; /* log(1 - 1 / interval): P(a byte is not picked), for the weights */

@@ -127,7 +127,7 @@ struct rd_seq {
 struct rd_pid {
     uint32_t exec_index;
     bool dumped;
-    bool ended; /* its latest dump was its last (disconnected): it exited or exec'd */
+    bool ended;          /* its latest dump was its last (disconnected): it exited or exec'd */
     const char *cmdline; /* strtab */
 };
 

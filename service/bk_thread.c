@@ -2,8 +2,8 @@
  * applies the batches the unwinder threads post, in the order each thread posted them. */
 #include "service/svc_internal.h"
 
-#include <stdlib.h>
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"

@@ -76,7 +76,7 @@ struct svc_client {
     uint32_t flags; /* BK_FLAG_* */
     char *cmdline;
     size_t cmdline_len;
-    char title[64]; /* a retitled process's title ("nginx: master process ..."), or "" */
+    char title[64];            /* a retitled process's title ("nginx: master process ..."), or "" */
     uint64_t process_start_ts; /* svc__process_start_ts() at the handshake */
     struct bk_process_stats stats;
     uint64_t frees;

@@ -6,8 +6,8 @@
  * too (they come from the call closure, not from names), and the bottom frames of every
  * thread must not be avoided. */
 #include <dlfcn.h>
-#include <errno.h>
 #include <elf.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <gelf.h>
 #include <libelf.h>
