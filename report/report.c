@@ -257,14 +257,24 @@ static void print_table(FILE *out, const struct rp_trace_process *p, enum order 
         print_site(out, i + 1, items[i].c, o, p->sampling_interval_bytes, opt);
 }
 
-static const char *process_name(const struct rp_trace_process *p)
+/* @p's command line on one line, in @buf: control characters (the newlines of a
+ * `python3 -c` script) as spaces, cut with "..." past @len - 1 bytes. */
+static const char *process_name(const struct rp_trace_process *p, char *buf, size_t len)
 {
-    return p->cmdline && p->cmdline[0] ? p->cmdline : "(unknown)";
+    const char *s = p->cmdline && p->cmdline[0] ? p->cmdline : "(unknown)";
+    size_t n = 0;
+    for (; s[n] && n + 1 < len; n++)
+        buf[n] = (unsigned char)s[n] < 0x20 || s[n] == 0x7f ? ' ' : s[n];
+    buf[n] = '\0';
+    if (s[n] && len > 4)
+        memcpy(buf + len - 4, "...", 4);
+    return buf;
 }
 
 void rp__print_process_header(FILE *out, const struct rp_trace_process *p)
 {
-    fprintf(out, "Process %" PRId32 ": %s\n", p->pid, process_name(p));
+    char name[1024];
+    fprintf(out, "Process %" PRId32 ": %s\n", p->pid, process_name(p, name, sizeof(name)));
     if (p->exec_index)
         fprintf(out, "  program %" PRIu32 " of pid %" PRId32 " (exec'd by the one before)\n",
                 p->exec_index + 1, p->pid);
@@ -477,7 +487,7 @@ static struct proc_item *by_unreleased(const struct rp_trace *t, size_t *ret_n)
 void rp__print_process_table(FILE *out, const struct rp_trace *t)
 {
     const size_t max_rows = 40;
-    char a[32], u[32];
+    char a[32], u[32], name[120];
     fprintf(out, "\n%8s %10s %10s %10s  %s\n", "pid", "samples", "allocated", "unreleased",
             "program");
     size_t rows = 0;
@@ -490,7 +500,7 @@ void rp__print_process_table(FILE *out, const struct rp_trace *t)
         if (rows++ < max_rows)
             fprintf(out, "%8" PRId32 " %10" PRIu64 " %10s %10s  %s%s\n", p->pid, tt.nalloc,
                     hp_format_bytes(tt.alloc, a, sizeof(a)), hp_format_bytes(un, u, sizeof(u)),
-                    p->exec_index ? "(exec) " : "", process_name(p));
+                    p->exec_index ? "(exec) " : "", process_name(p, name, sizeof(name)));
     }
     if (rows > max_rows)
         fprintf(out, "%8s ... and %zu more\n", "", rows - max_rows);

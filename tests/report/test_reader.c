@@ -590,6 +590,31 @@ static void test_reader_retitle_is_one_process(void **state)
     free(trace.p);
 }
 
+/* A command line with newlines (`python3 -c` with a script) is printed on one line, in
+ * the process's header and in the table (it broke the table into pieces). */
+static void test_reader_bug_cmdline_newlines_one_line(void **state)
+{
+    (void)state;
+    struct hp_pbw trace = {0};
+    put_interned(&trace, 3);
+    put_process_tree(&trace, 77, "python3", "import x\nx.run()");
+    put_dump(&trace, 0, 77, 1, 100);
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load_buffer(trace.p, trace.len, NULL, &t), 0);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    rp_report_print(f, t, &(struct rp_report_options){.top_n = 3});
+    rp_report_print_summary(f, t, &(struct rp_report_options){.top_n = 3}, 1);
+    fclose(f);
+    assert_non_null(strstr(text, "Process 77: python3 import x x.run()\n"));
+    assert_non_null(strstr(text, "  python3 import x x.run()\n"));
+    assert_null(strstr(text, "x\nx"));
+    free(text);
+    rp_trace_free(t);
+    free(trace.p);
+}
+
 /* A shell shim that execs python is two programs in one pid: each is a process of its
  * own, named by its own command line, with its own samples (they were merged under the
  * last command line). */
@@ -779,6 +804,7 @@ int main(void)
         cmocka_unit_test(test_reader_bug_shared_callstack_memory),
         cmocka_unit_test(test_reader_bug_exec_in_one_pid),
         cmocka_unit_test(test_reader_retitle_is_one_process),
+        cmocka_unit_test(test_reader_bug_cmdline_newlines_one_line),
         cmocka_unit_test(test_reader_bug_truncation_flagged),
         cmocka_unit_test(test_reader_bug_directory),
         cmocka_unit_test(test_reader_module_symbols_inlined),
