@@ -258,6 +258,22 @@ int rp_pprof_write_dump(const struct rp_trace_process *p, const struct rp_trace_
 int rp_pprof_export(const char *trace_path, const char *out, int dump_index, int32_t pid, FILE *log,
                     bool *ret_truncated) HP_WARN_UNUSED;
 
+struct rp_html_options {
+    bool demangle;          /* demangle C++ and Rust names */
+    int dump_index;         /* the dump shown first (1-based); 0: the last */
+    const char *title;      /* the trace's name, shown in the page */
+    const char *base_title; /* the base's name (with a base) */
+};
+
+/* Writes @t (loaded with all_dumps for the views over time; else its selected dumps) to
+ * @out as one self-contained HTML page: a summary per process, a flame graph per process
+ * and dump, the heap over time and the sites by growth (continuous dumps), and with
+ * @base (may be NULL; its selected dumps) the growth from @base per site, matched as
+ * rp_report_print_diff() matches them. Returns the number of distinct stacks in the page,
+ * or -ENOMEM, -EIO (@out failed). */
+int rp_html_write(FILE *out, const struct rp_trace *t, const struct rp_trace *base,
+                  const struct rp_html_options *opt) HP_WARN_UNUSED;
+
 /* Demangles @name (C++, Rust legacy or v0) into @buf (truncating); returns @buf, or @name
  * if it is not mangled. */
 const char *rp_demangle(const char *name, char *buf, size_t buf_len);
