@@ -55,6 +55,16 @@ struct hnode {
     uint32_t parent, frame;
 };
 
+/* What makes two trace frames show the same: the trace's strings are interned, so
+ * equal pointers are equal strings (of one trace; frames of two traces never share). */
+struct fkey {
+    const char *name, *module, *file;
+    const struct rp_trace_line *inlined;
+    uint64_t pc;
+    uint32_t line, n_inlined;
+    uint32_t first, n; /* the span in fseq */
+};
+
 /* What is written for one process of the trace. */
 struct hproc {
     const struct rp_trace_process *p;
@@ -79,7 +89,10 @@ struct html {
     struct hframe *frames;
     size_t n_frames, cap_frames;
     struct hp_idtab frame_tab;
-    struct hp_map frame_cache; /* (uintptr) rp_trace_frame -> first << 8 | count in fseq */
+    /* Trace frames already expanded: their identity, and where their frames are in fseq. */
+    struct fkey *fkeys;
+    size_t n_fkeys, cap_fkeys;
+    struct hp_idtab fkey_tab;
     uint32_t *fseq;
     size_t n_fseq, cap_fseq;
     struct hnode *nodes;
@@ -87,6 +100,12 @@ struct html {
     struct hp_idtab node_tab;
     struct hp_map stack_cache; /* (uintptr) frame array of a callsite -> leaf node */
     size_t n_stacks;           /* entries of stack_cache */
+    /* The last stack walked and the node after each of its frames: the next one shares
+     * most of its path (a dump lists callstacks in the order they were interned). */
+    const struct rp_trace_frame *prev;
+    size_t prev_n;
+    uint32_t *prev_nodes;
+    size_t cap_prev_nodes;
     struct hproc *procs;
     size_t n_procs;
 };
@@ -136,7 +155,7 @@ void rp__html_json_str(FILE *o, const char *str, size_t len)
                 i++;
             } else if (n == 3 && c == 0xe2 && s[i + 1] == 0x80 && (s[i + 2] & 0xfe) == 0xa8) {
                 /* U+2028, U+2029: line ends to older JavaScript parsers. */
-                fprintf(o, "\\u%04x", 0x2000u | s[i + 2]);
+                fprintf(o, "\\u%04x", 0x2028u + (s[i + 2] - 0xa8u));
                 i += 3;
             } else {
                 fwrite(s + i, 1, n, o);
@@ -290,18 +309,34 @@ static int frame_push(struct html *h, const struct hframe *f)
     return 0;
 }
 
-/* The page's frames of trace frame @f, root first: its own function, then the ones
- * inlined at its pc, outermost first. Sets *@ret_first and *@ret_n (indices in fseq). */
-static int frame_span(struct html *h, const struct rp_trace_frame *f, size_t *ret_first,
-                      size_t *ret_n)
+static struct fkey fkey_of(const struct rp_trace_frame *f)
 {
-    uint64_t *v = hp_map_get(&h->frame_cache, (uintptr_t)f);
-    if (v) {
-        *ret_first = (size_t)(*v >> 8);
-        *ret_n = (size_t)(*v & 0xff);
-        return 0;
-    }
-    size_t first = h->n_fseq;
+    return (struct fkey){.name = f->function_name,
+                         .module = f->mapping_path,
+                         .file = f->file,
+                         .inlined = f->n_inlined ? f->inlined : NULL,
+                         .pc = f->rel_pc,
+                         .line = f->line,
+                         .n_inlined = f->n_inlined};
+}
+
+static bool fkey_same(const struct fkey *a, const struct fkey *b)
+{
+    return a->name == b->name && a->module == b->module && a->file == b->file &&
+           a->inlined == b->inlined && a->pc == b->pc && a->line == b->line &&
+           a->n_inlined == b->n_inlined;
+}
+
+static bool fkey_eq(const void *ctx, uint32_t id, const void *key)
+{
+    const struct html *h = ctx;
+    return fkey_same(&h->fkeys[id], key);
+}
+
+/* Appends the page's frames of trace frame @f to fseq, root first: its own function,
+ * then the ones inlined at its pc, outermost first. */
+static int frame_expand(struct html *h, const struct rp_trace_frame *f)
+{
     int64_t module = raw_id(h, f->mapping_path);
     int64_t name = name_id(h, f->function_name, f->mapping_path, f->rel_pc);
     int64_t file = raw_id(h, f->file);
@@ -310,9 +345,7 @@ static int frame_span(struct html *h, const struct rp_trace_frame *f, size_t *re
     struct hframe hf = {(uint32_t)name, (uint32_t)file, f->line, (uint32_t)module, 0, f->rel_pc};
     if (frame_push(h, &hf) < 0)
         return -ENOMEM;
-    /* The reader keeps at most READ_MAX_LINES lines per address: the count fits 8 bits. */
-    uint32_t n_inl = HP_MIN(f->n_inlined, 254u);
-    for (uint32_t k = n_inl; k-- > 0;) {
+    for (uint32_t k = f->n_inlined; k-- > 0;) {
         const struct rp_trace_line *l = &f->inlined[k];
         name = name_id(h, l->function_name, f->mapping_path, f->rel_pc);
         file = raw_id(h, l->file);
@@ -323,11 +356,32 @@ static int frame_span(struct html *h, const struct rp_trace_frame *f, size_t *re
         if (frame_push(h, &hf) < 0)
             return -ENOMEM;
     }
-    if (hp_map_put(&h->frame_cache, (uintptr_t)f, (void **)&v) < 0)
-        return -ENOMEM;
-    *v = (uint64_t)first << 8 | (n_inl + 1);
-    *ret_first = first;
-    *ret_n = n_inl + 1;
+    return 0;
+}
+
+/* The page's frames of trace frame @f (indices [first, first + n) in fseq), expanded
+ * once per distinct frame. */
+static int frame_span(struct html *h, const struct rp_trace_frame *f, size_t *ret_first,
+                      size_t *ret_n)
+{
+    struct fkey k = fkey_of(f);
+    uint64_t hash = hp_hash_keyed2(h->seed, (uintptr_t)k.name ^ k.pc, (uintptr_t)k.inlined);
+    hash = hp_hash_combine(hash, (uintptr_t)k.module ^ (uintptr_t)k.file ^ k.line);
+    int64_t id = hp_idtab_find(&h->fkey_tab, hash, fkey_eq, h, &k);
+    if (id < 0) {
+        k.first = (uint32_t)h->n_fseq;
+        if (h->n_fseq >= UINT32_MAX / 2 || frame_expand(h, f) < 0)
+            return -ENOMEM;
+        k.n = (uint32_t)(h->n_fseq - k.first);
+        if (h->n_fkeys >= UINT32_MAX - 1 ||
+            hp_grow((void **)&h->fkeys, &h->cap_fkeys, h->n_fkeys + 1, sizeof(*h->fkeys)) < 0 ||
+            hp_idtab_add(&h->fkey_tab, hash, (uint32_t)h->n_fkeys) < 0)
+            return -ENOMEM;
+        h->fkeys[h->n_fkeys] = k;
+        id = (int64_t)h->n_fkeys++;
+    }
+    *ret_first = h->fkeys[id].first;
+    *ret_n = h->fkeys[id].n;
     return 0;
 }
 
@@ -354,6 +408,19 @@ static int64_t node_get(struct html *h, uint32_t parent, uint32_t frame)
     return (int64_t)h->n_nodes++;
 }
 
+/* How many frames from the root @a[0..@n) shares with the last stack walked. */
+static size_t shared_prefix(const struct html *h, const struct rp_trace_frame *a, size_t n)
+{
+    size_t k = 0, max = HP_MIN(n, h->prev_n);
+    while (k < max) {
+        struct fkey x = fkey_of(&a[k]), y = fkey_of(&h->prev[k]);
+        if (!fkey_same(&x, &y))
+            break;
+        k++;
+    }
+    return k;
+}
+
 /* The leaf node of the stack of @c, interned on first use. */
 static int64_t stack_leaf(struct html *h, const struct rp_trace_callsite *c)
 {
@@ -362,16 +429,25 @@ static int64_t stack_leaf(struct html *h, const struct rp_trace_callsite *c)
     uint64_t *v = hp_map_get(&h->stack_cache, (uintptr_t)c->frames);
     if (v)
         return (int64_t)*v;
-    int64_t node = 0;
-    for (size_t i = 0; i < c->n_frames; i++) {
+    if (hp_grow((void **)&h->prev_nodes, &h->cap_prev_nodes, c->n_frames, sizeof(*h->prev_nodes)) <
+        0)
+        return -ENOMEM;
+    size_t k = shared_prefix(h, c->frames, c->n_frames);
+    int64_t node = k ? h->prev_nodes[k - 1] : 0;
+    /* What is walked now is the last stack, up to where it is written. */
+    h->prev = c->frames;
+    h->prev_n = k;
+    for (size_t i = k; i < c->n_frames; i++) {
         size_t first, n;
         if (frame_span(h, &c->frames[i], &first, &n) < 0)
             return -ENOMEM;
-        for (size_t k = 0; k < n; k++) {
-            node = node_get(h, (uint32_t)node, h->fseq[first + k]);
+        for (size_t j = 0; j < n; j++) {
+            node = node_get(h, (uint32_t)node, h->fseq[first + j]);
             if (node < 0)
                 return node;
         }
+        h->prev_nodes[i] = (uint32_t)node;
+        h->prev_n = i + 1;
     }
     if (hp_map_put(&h->stack_cache, (uintptr_t)c->frames, (void **)&v) < 0)
         return -ENOMEM;
@@ -736,13 +812,15 @@ static void html_done(struct html *h)
     free(h->strs);
     free(h->frames);
     free(h->fseq);
+    free(h->fkeys);
+    free(h->prev_nodes);
+    hp_idtab_done(&h->fkey_tab);
     free(h->nodes);
     hp_idtab_done(&h->str_tab);
     hp_idtab_done(&h->frame_tab);
     hp_idtab_done(&h->node_tab);
     hp_map_done(&h->raw_cache);
     hp_map_done(&h->name_cache);
-    hp_map_done(&h->frame_cache);
     hp_map_done(&h->stack_cache);
     hp_arena_done(&h->arena);
 }
@@ -755,7 +833,7 @@ static void html_init(struct html *h, FILE *out, const struct rp_html_options *o
     hp_idtab_init(&h->node_tab);
     hp_map_init(&h->raw_cache, sizeof(uint64_t));
     hp_map_init(&h->name_cache, sizeof(uint64_t));
-    hp_map_init(&h->frame_cache, sizeof(uint64_t));
+    hp_idtab_init(&h->fkey_tab);
     hp_map_init(&h->stack_cache, sizeof(uint64_t));
 }
 

@@ -22,6 +22,7 @@
   const ROW_PX = 18;
   const MIN_BOX_PX = 1;
   const MAX_BOXES = 40000;
+  const MIN_TEXT_PX = 12;
   const FRAME_FIELDS = 6; /* name, file, line, module, pc, flags */
   /* Allocator entry points and wrappers, folded into their callers by default. */
   const WRAPPERS = new RegExp(
@@ -48,7 +49,10 @@
 
   /* ---- data ---- */
 
+  const times = { start: performance.now() };
+  window.heapprofTimes = times;
   const data = JSON.parse(document.getElementById('hp-data').textContent);
+  times.parsed = performance.now();
   const S = data.strings;
   const F = data.frames;
   const nFrames = F.length / FRAME_FIELDS;
@@ -276,65 +280,99 @@
 
   /* ---- the call tree ---- */
 
-  /* Builds the call tree of @sv ({s: leaves, v: values}) under the filters of st. */
+  /* A growable column of the call tree. */
+  function grow(a, n) {
+    if (n < a.length) return a;
+    const b = new a.constructor(Math.max(1024, a.length * 2));
+    b.set(a);
+    return b;
+  }
+
+  /* Builds the call tree of @sv ({s: leaves, v: values}) under the filters of st. The
+   * children of a node are a linked list (first child, next sibling), searched in line;
+   * a node with many children gets a Map. */
   function buildTree(sv) {
     const hideF = framesMatching(st.hide);
     const focusF = framesMatching(st.focus);
     const wrapF = isWrapperFrame();
-    const keySpace = 2 * S.length + 2;
-    const t = {
-      parent: [-1], name: [-1], inl: [0], self: [0], locs: [[]], n: 1, children: new Map()
-    };
+    let parent = new Int32Array(1024);
+    let key = new Int32Array(1024);
+    let first = new Int32Array(1024);
+    let next = new Int32Array(1024);
+    let nkids = new Int32Array(1024);
+    let self = new Float64Array(1024);
+    let frame = new Int32Array(1024);
+    const big = new Map();
+    let n = 1;
+    parent[0] = -1;
+    key[0] = -1;
+    first[0] = -1;
+    frame[0] = -1;
     const dmap = new Int32Array(nNodes).fill(-1);
     dmap[0] = 0;
     const focusMemo = focusF ? new Int8Array(nNodes) : null;
 
     function child(d, f) {
-      const inl = fInlined(f) ? 1 : 0;
-      const key = d * keySpace + fName(f) * 2 + inl;
-      let c = t.children.get(key);
-      if (c === undefined) {
-        c = t.n++;
-        t.children.set(key, c);
-        t.parent.push(d);
-        t.name.push(fName(f));
-        t.inl.push(inl);
-        t.self.push(0);
-        t.locs.push([]);
+      const k = fName(f) * 2 + (fInlined(f) ? 1 : 0);
+      let c;
+      if (nkids[d] > 8) {
+        c = big.get(d).get(k);
+        if (c !== undefined) return c;
+      } else {
+        for (c = first[d]; c >= 0; c = next[c]) if (key[c] === k) return c;
       }
-      const locs = t.locs[c];
-      if (locs.length < 8 && locs.indexOf(f) < 0) locs.push(f);
+      c = n++;
+      if (c >= parent.length) {
+        parent = grow(parent, c);
+        key = grow(key, c);
+        first = grow(first, c);
+        next = grow(next, c);
+        nkids = grow(nkids, c);
+        self = grow(self, c);
+        frame = grow(frame, c);
+      }
+      parent[c] = d;
+      key[c] = k;
+      frame[c] = f;
+      first[c] = -1;
+      next[c] = first[d];
+      first[d] = c;
+      nkids[d]++;
+      if (nkids[d] === 9) {
+        const m = new Map();
+        for (let x = first[d]; x >= 0; x = next[x]) m.set(key[x], x);
+        big.set(d, m);
+      } else if (nkids[d] > 9) big.get(d).set(k, c);
       return c;
     }
-    function disp(n) {
-      if (dmap[n] >= 0) return dmap[n];
+    function disp(m) {
+      if (dmap[m] >= 0) return dmap[m];
       const path = [];
-      while (dmap[n] < 0) {
-        path.push(n);
-        n = NP[n];
+      while (dmap[m] < 0) {
+        path.push(m);
+        m = NP[m];
       }
-      let d = dmap[n];
+      let d = dmap[m];
       for (let k = path.length - 1; k >= 0; k--) {
-        const m = path[k];
-        if (!hideF || !hideF[NF[m]]) d = child(d, NF[m]);
-        dmap[m] = d;
+        const x = path[k];
+        if (!hideF || !hideF[NF[x]]) d = child(d, NF[x]);
+        dmap[x] = d;
       }
       return d;
     }
-    function throughFocus(n) {
+    function throughFocus(m) {
       const path = [];
       let hit = 0;
-      while (n > 0 && focusMemo[n] === 0) {
-        if (focusF[NF[n]]) {
-          path.push(n);
+      while (m > 0 && focusMemo[m] === 0) {
+        path.push(m);
+        if (focusF[NF[m]]) {
           hit = 2;
           break;
         }
-        path.push(n);
-        n = NP[n];
+        m = NP[m];
       }
-      if (!hit) hit = n > 0 ? focusMemo[n] : 1;
-      for (const m of path) focusMemo[m] = hit;
+      if (!hit) hit = m > 0 ? focusMemo[m] : 1;
+      for (const x of path) focusMemo[x] = hit;
       return hit === 2;
     }
 
@@ -346,21 +384,39 @@
       if (focusF && !throughFocus(leaf)) continue;
       let e = leaf;
       if (st.fold) while (e > 0 && wrapF[NF[e]]) e = NP[e];
-      t.self[disp(e)] += v;
+      self[disp(e)] += v;
     }
-    t.total = Float64Array.from(t.self);
-    for (let i = t.n - 1; i > 0; i--) t.total[t.parent[i]] += t.total[i];
+    const t = {
+      n: n, parent: parent, name: new Int32Array(n), inl: new Uint8Array(n), frame: frame,
+      self: self, dmap: dmap
+    };
+    for (let i = 1; i < n; i++) {
+      t.name[i] = key[i] >> 1;
+      t.inl[i] = key[i] & 1;
+    }
+    t.name[0] = -1;
+    t.total = Float64Array.from(self.subarray(0, n));
+    for (let i = n - 1; i > 0; i--) t.total[parent[i]] += t.total[i];
     /* Children lists (compressed rows), sorted when first drawn. */
-    const count = new Int32Array(t.n + 1);
-    for (let i = 1; i < t.n; i++) count[t.parent[i] + 1]++;
-    for (let i = 0; i < t.n; i++) count[i + 1] += count[i];
+    const count = new Int32Array(n + 1);
+    for (let i = 1; i < n; i++) count[parent[i] + 1]++;
+    for (let i = 0; i < n; i++) count[i + 1] += count[i];
     t.childStart = count;
-    t.childList = new Int32Array(Math.max(t.n - 1, 0));
+    t.childList = new Int32Array(Math.max(n - 1, 0));
     const fill = Int32Array.from(count);
-    for (let i = 1; i < t.n; i++) t.childList[fill[t.parent[i]]++] = i;
-    t.sorted = new Uint8Array(t.n);
-    t.children = null;
+    for (let i = 1; i < n; i++) t.childList[fill[parent[i]]++] = i;
+    t.sorted = new Uint8Array(n);
     return t;
+  }
+
+  /* The frames (distinct file:line) that make up tree node @n, at most @max. */
+  function locationsOf(t, n, max) {
+    const out = [t.frame[n]];
+    for (let m = 1; m < nNodes && out.length < max; m++)
+      if (t.dmap[m] === n && out.indexOf(NF[m]) < 0 && !fInlined(NF[m]) === !t.inl[n] &&
+        fName(NF[m]) === t.name[n])
+        out.push(NF[m]);
+    return out;
   }
 
   function childrenOf(t, n) {
@@ -402,28 +458,32 @@
 
   /* ---- the flame graph ---- */
 
-  function hue(s) {
-    let h = 0;
-    for (let i = 0; i < s.length; i++) h = (h * 31 + s.charCodeAt(i)) | 0;
-    return Math.abs(h);
+  /* A warm colour per function name, lighter for inlined frames (cached per name). */
+  const colours = new Map();
+  function colourOf(t, n) {
+    const k = t.name[n] * 2 + t.inl[n];
+    let c = colours.get(k);
+    if (c === undefined) {
+      const s = S[t.name[n]];
+      let h = 0;
+      for (let i = 0; i < s.length; i++) h = (h * 31 + s.charCodeAt(i)) | 0;
+      h = Math.abs(h);
+      c = 'hsl(' + (h % 50) + ',' + (65 + (h >> 8) % 25) + '%,' + (t.inl[n] ? 80 : 62 + (h >> 4) % 12) + '%)';
+      colours.set(k, c);
+    }
+    return c;
   }
 
   function addBox(frag, t, n, x, w, row, cls, found) {
     const e = document.createElement('div');
-    const name = nodeName(t, n);
-    e.className = 'f' + (cls ? ' ' + cls : '') + (t.inl[n] ? ' inl' : '') +
-      (found && found.match[n] ? ' match' : '');
-    e.style.left = x + 'px';
-    e.style.top = row * ROW_PX + 'px';
-    e.style.width = Math.max(w, 1) + 'px';
-    if (n !== 0 && !(found && found.match[n])) {
-      const h = hue(name);
-      e.style.background = 'hsl(' + (h % 50) + ',' + (65 + (h >> 8) % 25) + '%,' +
-        (t.inl[n] ? 78 : 62 + (h >> 4) % 12) + '%)';
-    }
+    const hit = found && found.match[n];
+    e.className = 'f' + (cls ? ' ' + cls : '') + (t.inl[n] ? ' inl' : '') + (hit ? ' match' : '');
+    e.style.cssText = 'left:' + x + 'px;top:' + row * ROW_PX + 'px;width:' + Math.max(w, 1) + 'px' +
+      (n !== 0 && !hit && !cls ? ';background:' + colourOf(t, n) : '');
     e.dataset.n = n;
     e.dataset.v = t.total[n];
-    e.textContent = name;
+    /* Text only where it can be read: a narrow box gets its name in the tooltip. */
+    if (w >= MIN_TEXT_PX) e.textContent = nodeName(t, n);
     frag.appendChild(e);
   }
 
@@ -485,9 +545,12 @@
   }
 
   function rebuild() {
+    const t0 = performance.now();
     tree = buildTree(currentValues());
+    times.build = performance.now() - t0;
     st.zoom = 0;
     renderFlame();
+    times.render = performance.now() - t0 - times.build;
   }
 
   /* ---- tooltip ---- */
@@ -503,8 +566,13 @@
     const n = +box.dataset.n;
     tip.textContent = '';
     tip.appendChild(el('div', { cls: 'tname' }, nodeName(t, n) + (t.inl[n] ? ' (inlined)' : '')));
-    for (const f of t.locs[n] || []) tip.appendChild(el('div', { cls: 'tloc' }, fWhere(f)));
-    const locs = t.locs[n] || [];
+    if (!t.locCache) t.locCache = new Map();
+    let locs = t.locCache.get(n);
+    if (!locs) {
+      locs = n ? locationsOf(t, n, 8) : [];
+      t.locCache.set(n, locs);
+    }
+    for (const f of locs) tip.appendChild(el('div', { cls: 'tloc' }, fWhere(f)));
     if (locs.length && fFile(locs[0])) tip.appendChild(el('div', { cls: 'tloc' }, fModule(locs[0])));
     const m = st.metric;
     tip.appendChild(el('div', null, fmtValue(t.total[n], m) + ', ' + pct(t.total[n], t.total[0]) +
