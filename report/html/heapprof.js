@@ -214,7 +214,7 @@
     }
     if (f.connection_lost && !f.connection_closed_by_program)
       out.push(['DISCONNECTED (not profiled after that)', true]);
-    else if (f.disconnected) out.push(['disconnected: the process ended before the session', false]);
+    else if (f.disconnected) out.push(['disconnected: the process ended before the session did', false]);
     if (f.buffer_overran) out.push(['BUFFER OVERRAN (samples were dropped)', true]);
     if (f.buffer_corrupted) out.push(['BUFFER CORRUPTED', true]);
     if (f.hit_guardrail) out.push(['HIT GUARDRAIL', true]);
@@ -386,6 +386,12 @@
       if (st.fold) while (e > 0 && wrapF[NF[e]]) e = NP[e];
       self[disp(e)] += v;
     }
+    return finishTree(n, parent, key, frame, self, dmap);
+  }
+
+  /* The call tree of the @n nodes built: names, totals, children lists (compressed
+   * rows, each sorted when first drawn). */
+  function finishTree(n, parent, key, frame, self, dmap) {
     const t = {
       n: n, parent: parent, name: new Int32Array(n), inl: new Uint8Array(n), frame: frame,
       self: self, dmap: dmap
@@ -397,7 +403,6 @@
     t.name[0] = -1;
     t.total = Float64Array.from(self.subarray(0, n));
     for (let i = n - 1; i > 0; i--) t.total[parent[i]] += t.total[i];
-    /* Children lists (compressed rows), sorted when first drawn. */
     const count = new Int32Array(n + 1);
     for (let i = 1; i < n; i++) count[parent[i] + 1]++;
     for (let i = 0; i < n; i++) count[i + 1] += count[i];
@@ -530,10 +535,11 @@
     const m = st.metric;
     let what;
     if (st.view === 'diff') what = DIFF_METRICS[m] + ' since ' + data.baseTitle;
+    else if (!p.dumps.length) what = 'no complete dump in this trace';
     else {
       const d = p.dumps[st.dump];
       what = METRICS[m] + ' at dump ' + (st.dump + 1) + ' of ' + p.dumps.length +
-        (d && d.t !== null ? ' (' + fmtSeconds(d.t) + ')' : '');
+        (d.t !== null ? ' (' + fmtSeconds(d.t) + ')' : '');
     }
     ui.flameTitle.textContent = 'Process ' + p.pid + ': ' + what + ': ' + fmtValue(t.total[0], m);
     ui.matchInfo.textContent = '';

@@ -230,13 +230,17 @@ static void test_html_sites_and_zoom(void **state)
     assert_int_equal((uint64_t)num(out, "a_leaked"), lk->alloc_bytes);
     assert_int_equal((uint64_t)num(out, "a_half"), hf->alloc_bytes);
     assert_int_equal((uint64_t)num(out, "a_freed"), fr->alloc_bytes);
+    /* Above main: its callers, from the root, one row each. */
     char chain[256];
     str(out, "z_root", chain, sizeof(chain));
-    assert_string_equal(chain, "all>_start>__libc_start_main>__libc_start_call_main");
+    assert_true(!strncmp(chain, "all>_start>", 11));
+    size_t callers = 1;
+    for (const char *c = chain; (c = strchr(c, '>')); c++)
+        callers++;
+    assert_true(num(out, "z_main_top") == 18.0 * (double)callers && num(out, "z_all_top") == 0);
     assert_true(fabs(num(out, "z_main_share") - 1.0) < 0.01);
     double share = (double)lk->alloc_bytes / num(out, "a_main");
     assert_true(fabs(num(out, "z_leaked_share") - share) < 0.01);
-    assert_true(num(out, "z_main_top") == 4 * 18 && num(out, "z_all_top") == 0);
     assert_int_equal((int)num(out, "u_anc"), 0);
     /* Zoomed out: main is most but not all of the heap (printf's buffer is not in it). */
     assert_true(num(out, "u_main_share") <= 1.0);
