@@ -23,6 +23,7 @@
  */
 #include "report/report.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -98,6 +99,7 @@ struct html {
     struct hnode *nodes;
     size_t n_nodes, cap_nodes;
     struct hp_idtab node_tab;
+    bool written;              /* the tables are out: every stack written must be interned before */
     struct hp_map stack_cache; /* (uintptr) frame array of a callsite -> leaf node */
     size_t n_stacks;           /* entries of stack_cache */
     /* The last stack walked and the node after each of its frames: the next one shares
@@ -400,6 +402,7 @@ static int64_t node_get(struct html *h, uint32_t parent, uint32_t frame)
     int64_t id = hp_idtab_find(&h->node_tab, hash, node_eq, h, &k);
     if (id >= 0)
         return id;
+    assert(!h->written);
     if (h->n_nodes >= UINT32_MAX - 1 ||
         hp_grow((void **)&h->nodes, &h->cap_nodes, h->n_nodes + 1, sizeof(*h->nodes)) < 0 ||
         hp_idtab_add(&h->node_tab, hash, (uint32_t)h->n_nodes) < 0)
@@ -466,6 +469,19 @@ static int intern_sites(struct html *h, const struct rp_trace_callsite *cs, size
 
 /* ---- what each process shows ---- */
 
+/* The next growth site of @g the page lists at or after *@k (those that grow, the first
+ * HTML_MAX_GROWTH_SITES), or NULL; *@shown counts them. */
+static const struct rp_growth_site *growth_next(const struct rp_growth *g, size_t *k, size_t *shown)
+{
+    for (; *k < g->n_sites && *shown < HTML_MAX_GROWTH_SITES; (*k)++) {
+        if (g->sites[*k].slope > 0) {
+            (*shown)++;
+            return &g->sites[(*k)++];
+        }
+    }
+    return NULL;
+}
+
 static const struct rp_trace_callsite *dump_sites(const struct rp_trace_process *p, size_t d,
                                                   size_t *ret_n)
 {
@@ -520,8 +536,9 @@ static int prepare_process(struct html *h, struct hproc *hp, size_t *budget)
         if (r < 0)
             return r;
         hp->has_growth = true;
-        for (size_t k = 0; k < hp->growth.n_sites && k < HTML_MAX_GROWTH_SITES; k++)
-            if (stack_leaf(h, hp->growth.sites[k].c) < 0)
+        size_t k = 0, shown = 0;
+        for (const struct rp_growth_site *g; (g = growth_next(&hp->growth, &k, &shown));)
+            if (stack_leaf(h, g->c) < 0)
                 return -ENOMEM;
     }
     for (size_t k = 0; hp->diff && k < hp->n_diff && k < HTML_MAX_DIFF_SITES; k++)
@@ -616,12 +633,9 @@ static void write_growth(struct html *h, const struct hproc *hp)
     for (size_t i = 0; i < g->n_dumps; i++)
         fprintf(o, "%s%.0f", i ? "," : "", g->total[i]);
     fputs("],\"sites\":[", o);
-    size_t shown = 0;
-    for (size_t k = 0; k < g->n_sites && shown < HTML_MAX_GROWTH_SITES; k++) {
-        const struct rp_growth_site *s = &g->sites[k];
-        if (!(s->slope > 0))
-            continue;
-        fprintf(o, "%s{\"s\":%" PRId64 ",\"slope\":", shown++ ? "," : "", stack_leaf(h, s->c));
+    size_t k = 0, shown = 0;
+    for (const struct rp_growth_site *s; (s = growth_next(g, &k, &shown));) {
+        fprintf(o, "%s{\"s\":%" PRId64 ",\"slope\":", shown > 1 ? "," : "", stack_leaf(h, s->c));
         json_num(o, s->slope);
         fputs(",\"z\":", o);
         json_num(o, isinf(s->z) ? 999.9 : s->z);
@@ -751,6 +765,7 @@ static void write_tables(struct html *h)
     for (size_t i = 1; i < h->n_nodes; i++)
         fprintf(o, ",%" PRIu32, h->nodes[i].frame);
     fputc(']', o);
+    h->written = true;
 }
 
 static void write_data(struct html *h, const struct rp_trace *t, const struct rp_trace *base)
