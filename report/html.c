@@ -723,9 +723,13 @@ static void write_process(struct html *h, const struct hproc *hp)
     json_cstr(o, p->heap_name);
     fprintf(o, ",\"interval\":%" PRIu64 ",\"nDumps\":%" PRIu32 ",\"startedBefore\":",
             p->sampling_interval_bytes, p->n_dumps);
-    /* Seconds the profile had run at the selected dump (attached while running). */
-    json_num(o, p->profile_start_ts && p->timestamp >= p->profile_start_ts
-                    ? (double)(p->timestamp - p->profile_start_ts) / 1e9
+    /* Attached while running: seconds the profile had run at the selected dump, and from
+     * how long after the process started. */
+    bool started = p->profile_start_ts && p->timestamp >= p->profile_start_ts;
+    json_num(o, started ? (double)(p->timestamp - p->profile_start_ts) / 1e9 : NAN);
+    fputs(",\"startedAfter\":", o);
+    json_num(o, started && p->process_start_ts && p->process_start_ts <= p->profile_start_ts
+                    ? (double)(p->profile_start_ts - p->process_start_ts) / 1e9
                     : NAN);
     write_flags(o, p);
     fprintf(o,

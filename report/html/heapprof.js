@@ -208,7 +208,8 @@
     else {
       let t = 'attached while running';
       if (p.startedBefore !== null)
-        t += ' (profiled from ' + p.startedBefore.toFixed(1) +
+        t += ' (profiled from ' + (p.startedAfter !== null ? p.startedAfter.toFixed(1) +
+          ' s after the process started, ' : '') + p.startedBefore.toFixed(1) +
           ' s before the dump shown; earlier allocations are not seen)';
       out.push([t, false]);
     }
