@@ -90,6 +90,7 @@ int cmd_pprof(int argc, char **argv);
 int cmd_attach(int argc, char **argv);
 int cmd_dump(int argc, char **argv);
 int cmd_daemon(int argc, char **argv);
+int cmd_html(int argc, char **argv);
 
 /* ---- options for configuration fields (cli/options.c) ------------------------------ */
 

@@ -5,6 +5,7 @@
  *     heapprof dump                                ask heapprofd to dump now
  *     heapprof report FILE [--top N]               print the top allocation sites
  *     heapprof pprof FILE [-o OUT]                 export the dumps as gzipped pprof
+ *     heapprof html FILE [-o OUT]                  the trace as a self-contained HTML page
  */
 #include "cli/cli.h"
 
@@ -22,6 +23,7 @@ static void usage_main(FILE *f)
           "                                     libheapprof.so preloaded\n"
           "  dump [DAEMON_PID]                  ask the running heapprofd to dump now\n"
           "  pprof FILE [options]               export the dumps of a trace as pprof files\n"
+          "  html FILE [options]                write a trace as one HTML page (flame graphs)\n"
           "\n"
           "Run 'heapprof COMMAND --help' for the options of a command.\n",
           f);
@@ -52,6 +54,8 @@ int main(int argc, char **argv)
         return cmd_dump(argc - 1, argv + 1);
     if (!strcmp(cmd, "pprof"))
         return cmd_pprof(argc - 1, argv + 1);
+    if (!strcmp(cmd, "html"))
+        return cmd_html(argc - 1, argv + 1);
     fprintf(stderr, "heapprof: unknown command '%s'\n", cmd);
     usage_main(stderr);
     return EXIT_USAGE;

@@ -51,16 +51,9 @@ static bool same_site(const struct rp_trace_callsite *a, const struct rp_trace_c
     return true;
 }
 
-/* The sites of both sides with equal frames, added up per side. */
-struct diff_item {
-    const struct rp_trace_callsite *c; /* one of them, for its frames */
-    uint64_t unrel[2], alloc[2], count[2];
-    int64_t d_unreleased, d_allocated, d_alloc_count;
-};
-
 struct diff_index {
     struct hp_idtab tab;
-    struct diff_item *items;
+    struct rp_diff_site *items;
     size_t n;
 };
 
@@ -81,19 +74,19 @@ static int diff_add(struct diff_index *di, uint64_t seed, const struct rp_trace_
         id = (int64_t)di->n;
         if (hp_idtab_add(&di->tab, h, (uint32_t)id) < 0)
             return -ENOMEM;
-        di->items[di->n++] = (struct diff_item){.c = c};
+        di->items[di->n++] = (struct rp_diff_site){.c = c};
     }
-    struct diff_item *d = &di->items[id];
+    struct rp_diff_site *d = &di->items[id];
     double scale = rp_callsite_count_scale(c);
-    d->unrel[side] += rp__unreleased(c);
-    d->alloc[side] += c->self_allocated;
-    d->count[side] += rp__est_count(c->alloc_count, scale);
+    d->unreleased[side] += rp__unreleased(c);
+    d->allocated[side] += c->self_allocated;
+    d->alloc_count[side] += rp__est_count(c->alloc_count, scale);
     return 0;
 }
 
 static int cmp_diff(const void *a, const void *b)
 {
-    const struct diff_item *x = a, *y = b;
+    const struct rp_diff_site *x = a, *y = b;
     if (x->d_unreleased != y->d_unreleased)
         return x->d_unreleased < y->d_unreleased ? 1 : -1;
     if (x->d_allocated != y->d_allocated)
@@ -101,7 +94,7 @@ static int cmp_diff(const void *a, const void *b)
     return 0;
 }
 
-static const struct rp_trace_process *match_process(const struct rp_trace *base,
+const struct rp_trace_process *rp_diff_base_process(const struct rp_trace *base,
                                                     const struct rp_trace_process *p, size_t idx)
 {
     for (size_t i = 0; i < base->n_processes; i++)
@@ -135,34 +128,53 @@ static const char *fmt_change(int64_t d, char *buf, size_t len)
     return buf;
 }
 
-static void diff_process(FILE *out, const struct rp_trace_process *bp,
-                         const struct rp_trace_process *p, const struct rp_report_options *opt)
+int rp_diff_sites(const struct rp_trace_process *bp, const struct rp_trace_process *p,
+                  struct rp_diff_site **ret, size_t *ret_n)
 {
     size_t nb = bp ? bp->n_callsites : 0;
     uint64_t seed = hp_hash_u64((uintptr_t)p ^ (uintptr_t)&seed);
     struct diff_index di = {.items = calloc(p->n_callsites + nb + 1, sizeof(*di.items))};
     hp_idtab_init(&di.tab);
-    if (!di.items) {
-        fprintf(out, "  (out of memory)\n");
-        goto out;
-    }
+    if (!di.items)
+        goto oom;
     for (size_t i = 0; i < nb; i++)
         if (diff_add(&di, seed, &bp->callsites[i], 0) < 0)
             goto oom;
     for (size_t i = 0; i < p->n_callsites; i++)
         if (diff_add(&di, seed, &p->callsites[i], 1) < 0)
             goto oom;
-    int64_t tot_unrel = 0, tot_alloc = 0;
     for (size_t i = 0; i < di.n; i++) {
-        struct diff_item *d = &di.items[i];
-        d->d_unreleased = sdiff(d->unrel[1], d->unrel[0]);
-        d->d_allocated = sdiff(d->alloc[1], d->alloc[0]);
-        d->d_alloc_count = sdiff(d->count[1], d->count[0]);
-        tot_unrel += d->d_unreleased;
-        tot_alloc += d->d_allocated;
+        struct rp_diff_site *d = &di.items[i];
+        d->d_unreleased = sdiff(d->unreleased[1], d->unreleased[0]);
+        d->d_allocated = sdiff(d->allocated[1], d->allocated[0]);
+        d->d_alloc_count = sdiff(d->alloc_count[1], d->alloc_count[0]);
     }
     if (di.n)
         qsort(di.items, di.n, sizeof(*di.items), cmp_diff);
+    hp_idtab_done(&di.tab);
+    *ret = di.items;
+    *ret_n = di.n;
+    return 0;
+oom:
+    hp_idtab_done(&di.tab);
+    free(di.items);
+    return -ENOMEM;
+}
+
+static void diff_process(FILE *out, const struct rp_trace_process *bp,
+                         const struct rp_trace_process *p, const struct rp_report_options *opt)
+{
+    struct rp_diff_site *items;
+    size_t n;
+    if (rp_diff_sites(bp, p, &items, &n) < 0) {
+        fprintf(out, "  (out of memory)\n");
+        return;
+    }
+    int64_t tot_unrel = 0, tot_alloc = 0;
+    for (size_t i = 0; i < n; i++) {
+        tot_unrel += items[i].d_unreleased;
+        tot_alloc += items[i].d_allocated;
+    }
     fprintf(out, "\nProcess %d (%s) heap %s: growth since the base%s\n", (int)p->pid,
             p->cmdline && p->cmdline[0] ? p->cmdline : "?", p->heap_name,
             bp ? "" : " (no matching process in the base: all of it)");
@@ -172,8 +184,8 @@ static void diff_process(FILE *out, const struct rp_trace_process *bp,
     size_t top = opt->top_n > 0 ? (size_t)opt->top_n : 10;
     fprintf(out, "\n  Top %zu sites by unreleased growth:\n", top);
     size_t shown = 0;
-    for (size_t i = 0; i < di.n && shown < top; i++) {
-        const struct diff_item *d = &di.items[i];
+    for (size_t i = 0; i < n && shown < top; i++) {
+        const struct rp_diff_site *d = &items[i];
         if (d->d_unreleased <= 0 && d->d_allocated <= 0)
             continue;
         shown++;
@@ -184,12 +196,7 @@ static void diff_process(FILE *out, const struct rp_trace_process *bp,
     }
     if (!shown)
         fprintf(out, "    (none grew)\n");
-    goto out;
-oom:
-    fprintf(out, "  (out of memory)\n");
-out:
-    hp_idtab_done(&di.tab);
-    free(di.items);
+    free(items);
 }
 
 void rp_report_print_diff(FILE *out, const struct rp_trace *base, const struct rp_trace *t,
@@ -199,22 +206,15 @@ void rp_report_print_diff(FILE *out, const struct rp_trace *base, const struct r
         const struct rp_trace_process *p = &t->processes[i];
         if (!p->selected)
             continue;
-        diff_process(out, match_process(base, p, i), p, opt);
+        diff_process(out, rp_diff_base_process(base, p, i), p, opt);
     }
 }
 
 /* ---- growth over the dumps of a process ---- */
 
-/* A site followed across dumps: its unreleased bytes at each one. */
-struct growth_site {
-    const struct rp_trace_callsite *c; /* its latest occurrence, for frames and counts */
-    double *y;                         /* per dump, bytes */
-    double slope, z, last;
-};
-
 struct growth_index {
     struct hp_idtab tab;
-    struct growth_site *sites;
+    struct rp_growth_site *sites;
     size_t n;
 };
 
@@ -228,7 +228,7 @@ static bool growth_eq(const void *ctx, uint32_t id, const void *key)
 
 static int cmp_growth(const void *a, const void *b)
 {
-    const struct growth_site *x = a, *y = b;
+    const struct rp_growth_site *x = a, *y = b;
     if (x->z != y->z)
         return x->z < y->z ? 1 : -1;
     return x->slope < y->slope ? 1 : x->slope > y->slope ? -1 : 0;
@@ -263,15 +263,16 @@ static void fit(const double *x, const double *y, size_t n, double var_floor, do
     *ret_se = sxx > 0 ? sqrt(var / sxx) : INFINITY;
 }
 
-static void growth_chart(FILE *out, const struct rp_trace_process *p, const double *x,
-                         const double *tot, bool timed)
+static void growth_chart(FILE *out, const struct rp_growth *g)
 {
+    const double *x = g->x, *tot = g->total;
+    bool timed = g->timed;
     const size_t max_rows = 30, width = 40;
     double mx = 1;
-    for (size_t i = 0; i < p->n_dumps; i++)
+    for (size_t i = 0; i < g->n_dumps; i++)
         mx = tot[i] > mx ? tot[i] : mx;
     fprintf(out, "  Unreleased bytes per dump:\n");
-    size_t n = p->n_dumps, step = n > max_rows ? (n + max_rows - 1) / max_rows : 1;
+    size_t n = g->n_dumps, step = n > max_rows ? (n + max_rows - 1) / max_rows : 1;
     for (size_t i = 0; i < n; i += step) {
         if (i + step >= n && i != n - 1)
             i = n - 1; /* always the last one */
@@ -288,6 +289,94 @@ static void growth_chart(FILE *out, const struct rp_trace_process *p, const doub
     }
 }
 
+/* Adds the unreleased bytes of dump @i of @p to the sites of @gi and to @tot[i]. */
+static int growth_collect(struct growth_index *gi, size_t *cap, const struct rp_trace_process *p,
+                          size_t i, double *tot)
+{
+    uint64_t seed = hp_hash_u64((uintptr_t)p);
+    const struct rp_trace_dump *d = &p->dumps[i];
+    for (size_t k = 0; k < d->n_callsites; k++) {
+        const struct rp_trace_callsite *c = &d->callsites[k];
+        uint64_t h = hp_hash_combine(seed, (uintptr_t)c->frames ^ c->callstack_id);
+        int64_t id = hp_idtab_find(&gi->tab, h, growth_eq, gi, c);
+        if (id < 0) {
+            if (hp_grow((void **)&gi->sites, cap, gi->n + 1, sizeof(*gi->sites)) < 0)
+                return -ENOMEM;
+            double *y = calloc(p->n_dumps, sizeof(*y));
+            if (!y || hp_idtab_add(&gi->tab, h, (uint32_t)gi->n) < 0) {
+                free(y);
+                return -ENOMEM;
+            }
+            id = (int64_t)gi->n;
+            gi->sites[gi->n++] = (struct rp_growth_site){.y = y};
+        }
+        struct rp_growth_site *g = &gi->sites[id];
+        g->c = c;
+        g->y[i] += (double)rp__unreleased(c);
+        tot[i] += (double)rp__unreleased(c);
+    }
+    return 0;
+}
+
+int rp_growth_compute(const struct rp_trace_process *p, struct rp_growth *ret)
+{
+    size_t n = p->n_dumps;
+    if (n == 0 || !p->dumps)
+        return -ENODATA;
+    struct rp_growth g = {.n_dumps = n};
+    struct growth_index gi = {0};
+    hp_idtab_init(&gi.tab);
+    size_t cap = 0;
+    g.x = calloc(n, sizeof(*g.x));
+    g.total = calloc(n, sizeof(*g.total));
+    if (!g.x || !g.total)
+        goto oom;
+    /* Seconds since the first dump; dump numbers when the trace has no times. */
+    g.timed = p->dumps[n - 1].timestamp > p->dumps[0].timestamp;
+    for (size_t i = 0; i < n; i++)
+        g.x[i] =
+            g.timed ? (double)(p->dumps[i].timestamp - p->dumps[0].timestamp) / 1e9 : (double)i;
+    for (size_t i = 0; i < n; i++)
+        if (growth_collect(&gi, &cap, p, i, g.total) < 0)
+            goto oom;
+    uint64_t interval = p->sampling_interval_bytes;
+    for (size_t k = 0; k < gi.n; k++) {
+        struct rp_growth_site *s = &gi.sites[k];
+        double mean = 0;
+        for (size_t i = 0; i < n; i++)
+            mean += s->y[i];
+        mean /= (double)n;
+        double se;
+        /* Each point's sampling variance is at most interval * bytes (rp__sd_bytes()). */
+        fit(g.x, s->y, n, interval > 1 ? (double)interval * mean : 0, &s->slope, &se);
+        s->z = se > 0 ? s->slope / se : (s->slope > 0 ? INFINITY : 0);
+        s->last = s->y[n - 1];
+    }
+    if (gi.n)
+        qsort(gi.sites, gi.n, sizeof(*gi.sites), cmp_growth);
+    hp_idtab_done(&gi.tab);
+    g.sites = gi.sites;
+    g.n_sites = gi.n;
+    *ret = g;
+    return 0;
+oom:
+    hp_idtab_done(&gi.tab);
+    g.sites = gi.sites;
+    g.n_sites = gi.n;
+    rp_growth_done(&g);
+    return -ENOMEM;
+}
+
+void rp_growth_done(struct rp_growth *g)
+{
+    for (size_t k = 0; k < g->n_sites; k++)
+        free(g->sites[k].y);
+    free(g->sites);
+    free(g->x);
+    free(g->total);
+    *g = (struct rp_growth){0};
+}
+
 static void growth_process(FILE *out, const struct rp_trace_process *p,
                            const struct rp_report_options *opt)
 {
@@ -300,90 +389,37 @@ static void growth_process(FILE *out, const struct rp_trace_process *p,
                 n, n == 1 ? "" : "s");
         return;
     }
-    double *x = calloc(n, sizeof(*x)), *tot = calloc(n, sizeof(*tot));
-    struct growth_index gi = {0};
-    hp_idtab_init(&gi.tab);
-    size_t cap = 0;
-    if (!x || !tot)
-        goto oom;
-    /* Seconds since the first dump; dump numbers when the trace has no times. */
-    bool timed = p->dumps[n - 1].timestamp > p->dumps[0].timestamp;
-    for (size_t i = 0; i < n; i++)
-        x[i] = timed ? (double)(p->dumps[i].timestamp - p->dumps[0].timestamp) / 1e9 : (double)i;
-    uint64_t seed = hp_hash_u64((uintptr_t)p);
-    for (size_t i = 0; i < n; i++) {
-        const struct rp_trace_dump *d = &p->dumps[i];
-        for (size_t k = 0; k < d->n_callsites; k++) {
-            const struct rp_trace_callsite *c = &d->callsites[k];
-            uint64_t h = hp_hash_combine(seed, (uintptr_t)c->frames ^ c->callstack_id);
-            int64_t id = hp_idtab_find(&gi.tab, h, growth_eq, &gi, c);
-            if (id < 0) {
-                if (hp_grow((void **)&gi.sites, &cap, gi.n + 1, sizeof(*gi.sites)) < 0)
-                    goto oom;
-                double *y = calloc(n, sizeof(*y));
-                if (!y || hp_idtab_add(&gi.tab, h, (uint32_t)gi.n) < 0) {
-                    free(y);
-                    goto oom;
-                }
-                id = (int64_t)gi.n;
-                gi.sites[gi.n++] = (struct growth_site){.y = y};
-            }
-            struct growth_site *g = &gi.sites[id];
-            g->c = c;
-            g->y[i] += (double)rp__unreleased(c);
-            tot[i] += (double)rp__unreleased(c);
-        }
+    struct rp_growth g;
+    if (rp_growth_compute(p, &g) < 0) {
+        fprintf(out, "  (out of memory)\n\n");
+        return;
     }
     char b[32];
-    double span = x[n - 1] - x[0];
+    double span = g.x[n - 1] - g.x[0];
     fprintf(out, "  heap %s, %zu dumps over %.1f %s, sampling interval %" PRIu64 " bytes\n",
-            p->heap_name[0] ? p->heap_name : "(unnamed)", n, span, timed ? "s" : "dumps",
+            p->heap_name[0] ? p->heap_name : "(unnamed)", n, span, g.timed ? "s" : "dumps",
             p->sampling_interval_bytes);
-    growth_chart(out, p, x, tot, timed);
-
-    uint64_t interval = p->sampling_interval_bytes;
-    for (size_t k = 0; k < gi.n; k++) {
-        struct growth_site *g = &gi.sites[k];
-        double mean = 0;
-        for (size_t i = 0; i < n; i++)
-            mean += g->y[i];
-        mean /= (double)n;
-        double se;
-        /* Each point's sampling variance is at most interval * bytes (rp__sd_bytes()). */
-        fit(x, g->y, n, interval > 1 ? (double)interval * mean : 0, &g->slope, &se);
-        g->z = se > 0 ? g->slope / se : (g->slope > 0 ? INFINITY : 0);
-        g->last = g->y[n - 1];
-    }
-    qsort(gi.sites, gi.n, sizeof(*gi.sites), cmp_growth);
+    growth_chart(out, &g);
     size_t top = opt->top_n > 0 ? (size_t)opt->top_n : 10, shown = 0;
     fprintf(out, "\n  Sites by steady growth of unreleased bytes (least-squares slope; z = slope / "
                  "its standard error, with the sampling noise as a floor: z >= 3 is growth beyond "
                  "noise):\n");
-    for (size_t k = 0; k < gi.n && shown < top; k++) {
-        const struct growth_site *g = &gi.sites[k];
-        if (!(g->slope > 0))
+    for (size_t k = 0; k < g.n_sites && shown < top; k++) {
+        const struct rp_growth_site *s = &g.sites[k];
+        if (!(s->slope > 0))
             continue;
         shown++;
         char rate[32];
-        hp_format_bytes((uint64_t)(g->slope + 0.5), rate, sizeof(rate));
+        hp_format_bytes((uint64_t)(s->slope + 0.5), rate, sizeof(rate));
         fprintf(out, "  #%zu  +%s/%s, z %.1f%s; %s unreleased at the last dump\n", shown, rate,
-                timed ? "s" : "dump", isinf(g->z) ? 999.9 : g->z, g->z >= 3 ? "" : " (noise?)",
-                hp_format_bytes((uint64_t)g->last, b, sizeof(b)));
-        rp__print_stack(out, g->c, opt);
+                g.timed ? "s" : "dump", isinf(s->z) ? 999.9 : s->z, s->z >= 3 ? "" : " (noise?)",
+                hp_format_bytes((uint64_t)s->last, b, sizeof(b)));
+        rp__print_stack(out, s->c, opt);
     }
     if (!shown)
         fprintf(out, "    (no site grew)\n");
     fprintf(out, "\n");
-    goto out;
-oom:
-    fprintf(out, "  (out of memory)\n\n");
-out:
-    for (size_t k = 0; k < gi.n; k++)
-        free(gi.sites[k].y);
-    free(gi.sites);
-    hp_idtab_done(&gi.tab);
-    free(x);
-    free(tot);
+    rp_growth_done(&g);
 }
 
 void rp_report_print_growth(FILE *out, const struct rp_trace *t,

@@ -226,6 +226,52 @@ void rp_report_print_growth(FILE *out, const struct rp_trace *t,
 void rp_report_print_diff(FILE *out, const struct rp_trace *base, const struct rp_trace *t,
                           const struct rp_report_options *opt);
 
+/* A site's change from a base process to a process: the sites of both with equal frames
+ * (function names, mapping paths and rel_pcs; callstack ids differ between traces),
+ * added up per side ([0] the base, [1] the process; counts estimated). */
+struct rp_diff_site {
+    const struct rp_trace_callsite *c; /* one of them, for its frames */
+    uint64_t unreleased[2], allocated[2], alloc_count[2];
+    int64_t d_unreleased, d_allocated, d_alloc_count;
+};
+
+/* The process of @base that process @p (the @idx-th of its trace) is compared with: the
+ * same pid, program and heap, else the same command line and heap, else the @idx-th;
+ * NULL when none. */
+const struct rp_trace_process *rp_diff_base_process(const struct rp_trace *base,
+                                                    const struct rp_trace_process *p, size_t idx);
+
+/* The sites of @base (may be NULL: all of @p is growth) and @p matched as
+ * rp_report_print_diff() matches them, by unreleased growth then allocated growth,
+ * descending, in *@ret (caller frees; frames borrowed from the traces). Returns 0 or
+ * -ENOMEM. */
+int rp_diff_sites(const struct rp_trace_process *base, const struct rp_trace_process *p,
+                  struct rp_diff_site **ret, size_t *ret_n) HP_WARN_UNUSED;
+
+/* A site followed over the dumps of a process, as rp_report_print_growth() ranks it. */
+struct rp_growth_site {
+    const struct rp_trace_callsite *c; /* its latest occurrence, for frames and counts */
+    double *y;                         /* unreleased bytes at each dump */
+    double slope;                      /* least squares, bytes per x unit */
+    double z;                          /* slope / its standard error (INFINITY: exact) */
+    double last;                       /* unreleased bytes at the last dump */
+};
+
+struct rp_growth {
+    size_t n_dumps;
+    bool timed;    /* x in seconds since the first dump; else dump numbers from 0 */
+    double *x;     /* per dump */
+    double *total; /* per dump: the process's unreleased bytes */
+    size_t n_sites;
+    struct rp_growth_site *sites; /* by z, then slope, descending */
+};
+
+/* The growth of every site of @p (loaded with all_dumps) over its dumps: least-squares
+ * slope of its unreleased bytes and the slope's z score, with the sampling variance as
+ * the floor of each point's. Returns 0, -ENODATA when @p has no dumps kept, -ENOMEM. */
+int rp_growth_compute(const struct rp_trace_process *p, struct rp_growth *ret) HP_WARN_UNUSED;
+void rp_growth_done(struct rp_growth *g);
+
 /* Writes process @p's selected dump of @t to @fd as a gzipped pprof Profile
  * (perftools.profiles) with sample types alloc_objects/count, alloc_space/bytes,
  * inuse_objects/count, inuse_space/bytes (counts estimated as rp_callsite_count_scale()
@@ -322,6 +368,22 @@ int rp_trace_filter(struct rp_trace *t, rp_filter_t *f) HP_WARN_UNUSED;
 /* rp_pprof_export() of the stacks @f keeps (NULL: all, as they are). */
 int rp_pprof_export_filtered(const char *trace_path, const char *out, int dump_index, int32_t pid,
                              rp_filter_t *f, FILE *log, bool *ret_truncated) HP_WARN_UNUSED;
+
+struct rp_html_options {
+    bool demangle;          /* demangle C++ and Rust names */
+    int dump_index;         /* the dump shown first (1-based); 0: the last */
+    const char *title;      /* the trace's name, shown in the page */
+    const char *base_title; /* the base's name (with a base) */
+};
+
+/* Writes @t (loaded with all_dumps for the views over time; else its selected dumps) to
+ * @out as one self-contained HTML page: a summary per process, a flame graph per process
+ * and dump, the heap over time and the sites by growth (continuous dumps), and with
+ * @base (may be NULL; its selected dumps) the growth from @base per site, matched as
+ * rp_report_print_diff() matches them. Returns the number of distinct stacks in the page,
+ * or -ENOMEM, -EIO (@out failed). */
+int rp_html_write(FILE *out, const struct rp_trace *t, const struct rp_trace *base,
+                  const struct rp_html_options *opt) HP_WARN_UNUSED;
 
 /* Demangles @name (C++, Rust legacy or v0) into @buf (truncating); returns @buf, or @name
  * if it is not mangled. */

@@ -263,4 +263,10 @@ void rp__print_functions(FILE *out, const struct rp_trace *t, const struct rp_re
 /* "Process PID: name" and, for an exec'd program, which one. */
 void rp__print_process_header(FILE *out, const struct rp_trace_process *p);
 
+/* ---- the HTML page (html.c) -------------------------------------------------------- */
+
+/* Writes @s[0..@len) as a JSON string safe inside an HTML <script> element: '<', '>'
+ * and '&' escaped, invalid UTF-8 replaced by U+FFFD. */
+void rp__html_json_str(FILE *o, const char *s, size_t len);
+
 #endif

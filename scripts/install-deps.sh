@@ -17,6 +17,12 @@ PKGS=(
     libjemalloc2 libjemalloc-dev libtcmalloc-minimal4 libmimalloc2.0
 )
 
+# A headless browser for the tests and benchmark of `heapprof html`: any chromium on the
+# PATH will do.
+if ! command -v chromium >/dev/null 2>&1; then
+    PKGS+=(chromium)
+fi
+
 missing=()
 for p in "${PKGS[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

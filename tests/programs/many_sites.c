@@ -1,6 +1,6 @@
 /* tests/programs/many_sites.c: one allocation at each of 2^BITS distinct call stacks, for
- * dumps of many call sites (tests/e2e/test_producer.c).
- *   many_sites BITS
+ * dumps of many call sites (tests/e2e/test_producer.c, scripts/bench/bench_html.sh).
+ *   many_sites BITS [COUNT]   (COUNT: only the first COUNT sites; default all)
  * The stacks are the paths of a binary recursion BITS deep through two functions
  * (left/right, chosen by the bits of the site's number); each site allocates 100 bytes
  * and every other one is freed. Prints "sites N". */
@@ -53,8 +53,11 @@ int main(int argc, char **argv)
     unsigned bits = argc > 1 ? (unsigned)atoi(argv[1]) : 10;
     if (bits > 24)
         bits = 24;
-    for (unsigned n = 0; n < 1u << bits; n++)
+    unsigned count = argc > 2 ? (unsigned)atoi(argv[2]) : 1u << bits;
+    if (count > 1u << bits)
+        count = 1u << bits;
+    for (unsigned n = 0; n < count; n++)
         step(n, bits);
-    printf("sites %u\n", 1u << bits);
+    printf("sites %u\n", count);
     return 0;
 }
