@@ -244,6 +244,7 @@ struct svc {
      * touched whole at any time: counted whole for the guardrail). */
     _Atomic uint64_t client_mem_bytes;
     struct bk_counters bk_counters; /* written by the bk thread before it exits */
+    _Atomic unsigned queries;       /* svc_query()s posted and not answered */
 };
 
 /* service/listener.c: creates the socket directory (unless a socket path is configured)
@@ -287,6 +288,8 @@ bool svc__process_alive(pid_t pid);
 /* The same, of the text of a /proc/PID/stat file. */
 bool svc__stat_alive(const char *stat);
 void *svc__bk_main(void *arg);
+/* service/query.c: answers a SVC_MSG_QUERY (bookkeeping thread). */
+void svc__answer_query(struct svc *s, const struct svc_msg_query *q);
 
 /* service/memory.c: the memory the service uses (of the whole process: every session,
  * thread, queue, table and the clients' rings mapped here), in KiB, from /proc/self/status;
