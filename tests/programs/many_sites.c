@@ -1,11 +1,14 @@
 /* tests/programs/many_sites.c: one allocation at each of 2^BITS distinct call stacks, for
  * dumps of many call sites (tests/e2e/test_producer.c).
- *   many_sites BITS
+ *   many_sites BITS [hold]
  * The stacks are the paths of a binary recursion BITS deep through two functions
  * (left/right, chosen by the bits of the site's number); each site allocates 100 bytes
- * and every other one is freed. Prints "sites N". */
+ * and every other one is freed. Prints "sites N"; with "hold", then waits for a signal,
+ * its allocations still live. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #define NOINLINE __attribute__((noinline))
 #define BARRIER() __asm__ volatile("" ::: "memory")
@@ -56,5 +59,9 @@ int main(int argc, char **argv)
     for (unsigned n = 0; n < 1u << bits; n++)
         step(n, bits);
     printf("sites %u\n", 1u << bits);
+    fflush(stdout);
+    if (argc > 2 && strcmp(argv[2], "hold") == 0)
+        for (;;)
+            pause();
     return 0;
 }
