@@ -163,6 +163,30 @@ int bk_process_end(bk_t *bk, int32_t pid, const struct bk_process_stats *stats,
  * its memory guardrail (hit_guardrail, no samples). */
 int bk_process_rejected(bk_t *bk, int32_t pid, uint32_t flags) HP_WARN_UNUSED;
 
+/* Writes to @fd (borrowed) a trace of its own holding process @pid's profile as it
+ * stands: the first packet, its process tree and one dump of each of its heaps, with the
+ * interned data they use (every string, mapping and frame of the session, the callstacks
+ * of the process), framed as a trace file is, without source lines. The session's own
+ * output sees nothing of it: the next dump continues the session's trace as if the
+ * snapshot had not been taken (bookkeeping/snapshot.c). Pending records of @pid are
+ * applied first. Returns 0, -ESRCH when @pid is not profiled, -ENOMEM or the -errno of
+ * a write. */
+int bk_snapshot_process(bk_t *bk, int32_t pid, int fd) HP_WARN_UNUSED;
+
+/* What a list of the profiled processes shows of one. */
+struct bk_proc_summary {
+    int32_t pid;
+    const char *cmdline; /* NUL-separated arguments; borrowed until bk changes */
+    size_t cmdline_len;
+    uint64_t samples;         /* sampled allocations, every heap */
+    uint64_t allocated_bytes; /* sampled bytes allocated, every heap */
+    uint64_t live_bytes;      /* sampled bytes not freed, every heap */
+};
+/* Number of processes profiled now. */
+size_t bk_n_processes(const bk_t *bk);
+/* Process @i (< bk_n_processes()) as it stands, its pending records applied first. */
+void bk_process_summary(bk_t *bk, size_t i, struct bk_proc_summary *ret);
+
 /* Counters for summaries and tests. */
 struct bk_counters {
     uint64_t records_applied;

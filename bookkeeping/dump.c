@@ -621,7 +621,7 @@ static int write_packet(bk_t *bk, struct dump_run *d, const struct enc *e, size_
  * next item would pass the size bound (an item bigger than a whole packet goes alone).
  * Everything a packet refers to is defined in it or before it; flags and stats go in
  * the last packet only, so readers that add them up per packet count each once. */
-static int dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
+int bk__dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap)
 {
     if (bk->has_sink) {
         int r = sink_restart(bk);
@@ -654,7 +654,7 @@ int bk__dump_proc(bk_t *bk, struct bk_proc *p, bool final)
     if (bk->out_broken)
         return bk->counters.last_write_error;
     for (size_t i = 0; i < p->n_heaps; i++) {
-        int r = dump_heap(bk, p, p->heaps[i]);
+        int r = bk__dump_heap(bk, p, p->heaps[i]);
         if (r < 0)
             return r;
     }

@@ -363,10 +363,9 @@ static uint64_t stack_hash(uint64_t seed, const struct hp_frame *frames, size_t 
     return hp_hash_u64(h0 ^ (h1 << 16 | h1 >> 48) ^ (h2 << 32 | h2 >> 32) ^ (h3 << 48 | h3 >> 16));
 }
 
-/* Appends callstack @cs with its @n frame ids (root first) to the emit buffer. */
-static int emit_callstack(struct bk_intern *in, uint32_t cs, const uint32_t *fids, size_t n)
+/* Appends callstack @cs with its @n frame ids (root first) to @em. */
+static int emit_callstack(struct bk_emit *em, uint32_t cs, const uint32_t *fids, size_t n)
 {
-    struct bk_emit *em = &in->emit;
     /* Tag, a length of at most 3 bytes, iid and frame ids of at most 6 bytes each. */
     size_t bound = 4 + 6 * (n + 1);
     if (hp_grow((void **)&em->p, &em->cap, em->len + bound, 1) < 0)
@@ -421,11 +420,18 @@ int bk__intern_emit_all(struct bk_intern *in)
         if (!in->nodes[node].queued)
             continue;
         size_t k = bk__intern_callstack_frames(in, (uint32_t)node, fids);
-        int r = emit_callstack(in, (uint32_t)node, fids, k);
+        int r = emit_callstack(em, (uint32_t)node, fids, k);
         if (r < 0)
             return r;
     }
     return 0;
+}
+
+int bk__intern_emit_into(const struct bk_intern *in, struct bk_emit *em, uint32_t cs)
+{
+    uint32_t fids[BK_MAX_FRAMES];
+    size_t k = bk__intern_callstack_frames(in, cs, fids);
+    return emit_callstack(em, cs, fids, k);
 }
 
 /* Walks @frames (leaf first) through frame interning and the trie. */
@@ -444,7 +450,7 @@ static int intern_walk(struct bk_intern *in, const struct hp_frame *frames, size
         k++;
     }
     if (!in->nodes[node].queued) {
-        int r = emit_callstack(in, node, fids, k);
+        int r = emit_callstack(&in->emit, node, fids, k);
         if (r < 0)
             return r;
         in->nodes[node].queued = true;

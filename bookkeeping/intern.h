@@ -198,6 +198,11 @@ void bk__intern_emit_written(struct bk_intern *in, size_t n, size_t off);
  * new packet sequence state). Returns 0 or -ENOMEM. */
 int bk__intern_emit_all(struct bk_intern *in) HP_WARN_UNUSED;
 
+/* Appends callstack @cs to @em (not the session's emit buffer: e.g. one of a snapshot,
+ * bookkeeping/snapshot.c), as the interning queues it. Returns 0 or -ENOMEM. */
+int bk__intern_emit_into(const struct bk_intern *in, struct bk_emit *em,
+                         uint32_t cs) HP_WARN_UNUSED;
+
 /* Writes the frame ids of callstack @cs root first into @buf (BK_MAX_FRAMES entries);
  * returns their number. */
 size_t bk__intern_callstack_frames(const struct bk_intern *in, uint32_t cs, uint32_t *buf);

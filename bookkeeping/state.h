@@ -260,6 +260,8 @@ int bk__write_process_tree(bk_t *bk, const struct bk_proc *p) HP_WARN_UNUSED;
  * been flushed), then the source lines of its new frames; @final: @p's last dump, which
  * waits for every source line still being read. */
 int bk__dump_proc(bk_t *bk, struct bk_proc *p, bool final) HP_WARN_UNUSED;
+/* Writes the dump of one heap of @p (its ProfilePackets, no source lines). */
+int bk__dump_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *heap) HP_WARN_UNUSED;
 
 /* For tests: split dumps into packets of at most @n bytes (items permitting). */
 void bk__set_max_packet_bytes(bk_t *bk, size_t n);

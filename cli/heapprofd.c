@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "common/macros.h"
 #include "common/paths.h"
+#include "http/http.h"
 
 /* The daemon offers every configuration field as an option. */
 static struct cli_field daemon_fields[64];
@@ -45,6 +46,8 @@ enum {
     OPT_PRODUCER,
     OPT_PRODUCER_SOCKET,
     OPT_DATA_SOURCE,
+    OPT_HTTP,
+    OPT_HTTP_ALLOW_REMOTE,
 };
 
 static const struct option daemon_own_opts[] = {
@@ -56,6 +59,8 @@ static const struct option daemon_own_opts[] = {
     {"producer", no_argument, NULL, OPT_PRODUCER},
     {"producer-socket", required_argument, NULL, OPT_PRODUCER_SOCKET},
     {"data-source", required_argument, NULL, OPT_DATA_SOURCE},
+    {"http", required_argument, NULL, OPT_HTTP},
+    {"http-allow-remote", no_argument, NULL, OPT_HTTP_ALLOW_REMOTE},
     {"help", no_argument, NULL, 'h'},
     {0},
 };
@@ -93,6 +98,14 @@ static void usage(FILE *f, const struct cli_opts *o)
           "                               /run/perfetto/traced-producer.sock or\n"
           "                               /tmp/perfetto-producer)\n"
           "      --data-source NAME       data source name (default android.heapprofd)\n"
+          "      --http [ADDR:]PORT       serve each profiled process's profile as it stands,\n"
+          "                               in pprof's format: /debug/pprof/heap?pid=N (or\n"
+          "                               ?name=NAME), /debug/pprof/allocs?pid=N, and the\n"
+          "                               processes at /; ADDR defaults to 127.0.0.1, PORT 0\n"
+          "                               takes a free one (the log says which)\n"
+          "      --http-allow-remote      let --http listen on an address that is not\n"
+          "                               loopback (no authentication: anyone who reaches it\n"
+          "                               reads the profiles)\n"
           "      --no-status              no live status line (shown on a terminal)\n"
           "  -h, --help                   this help\n"
           "\n"
@@ -145,6 +158,9 @@ struct daemon_run {
     const struct svc_config *cfg;
     const char *socket_path;
     char output[PATH_MAX]; /* the trace file opened */
+    int http_fd;           /* --http: listening, until the endpoint takes it; else -1 */
+    char http_url[128];
+    http_endpoint_t *http;
 };
 
 /* No pid file: `heapprof dump` asks the daemon over its socket (svc_control_dump()), so
@@ -161,6 +177,16 @@ static int daemon_started(void *ctx, svc_t *s)
                 d->socket_path, d->socket_path, d->output);
     else
         fprintf(stderr, "heapprofd: listening on %s, writing %s\n", d->socket_path, d->output);
+    if (d->http_fd >= 0) {
+        int r = http_endpoint_start(d->http_fd, s, &d->http);
+        d->http_fd = -1;
+        if (r < 0) {
+            fprintf(stderr, "heapprofd: cannot serve --http: %s\n", strerror(-r));
+            return r;
+        }
+        /* Tests and scripts read the port taken for --http :0 from this line. */
+        fprintf(stderr, "heapprofd: serving pprof on %s\n", d->http_url);
+    }
     if (!d->cfg->no_running && svc_config_has_targets(d->cfg))
         svc_proc_scan_targets(d->cfg, attach_running, (void *)d->cfg);
     return 0;
@@ -168,7 +194,9 @@ static int daemon_started(void *ctx, svc_t *s)
 
 static void daemon_stopping(void *ctx, const struct cli_loop_result *res)
 {
-    (void)ctx;
+    struct daemon_run *d = ctx;
+    /* Before the final dumps: the endpoint's queries need the bookkeeping thread. */
+    d->http = http_endpoint_stop(d->http);
     fprintf(stderr, "heapprofd: stopping (signal %d): dumping every process\n", res->signo);
 }
 
@@ -179,6 +207,8 @@ struct daemon_args {
     const char *socket_path;       /* NULL: the runtime dir's */
     bool producer;
     const char *producer_socket, *data_source; /* with --producer */
+    const char *http;                          /* --http ADDR:PORT, or NULL */
+    bool http_allow_remote;
 };
 
 /* --config FILE, wherever it is on the command line, under the flags. Returns 0, or
@@ -254,6 +284,12 @@ static int daemon_parse_args(int argc, char **argv, const struct cli_opts *opts,
         case OPT_SOCKET:
             a->socket_path = optarg;
             break;
+        case OPT_HTTP:
+            a->http = optarg;
+            break;
+        case OPT_HTTP_ALLOW_REMOTE:
+            a->http_allow_remote = true;
+            break;
         case 'h':
             usage(stdout, opts);
             return 0;
@@ -272,6 +308,15 @@ static int daemon_parse_args(int argc, char **argv, const struct cli_opts *opts,
     }
     if (a->producer && check_producer_args(a, config_file) < 0)
         return -EINVAL;
+    if (a->producer && a->http) {
+        fprintf(stderr, "heapprofd: --http serves the daemon's own profiles: not with "
+                        "--producer (traced's sessions own theirs)\n");
+        return -EINVAL;
+    }
+    if (a->http_allow_remote && !a->http) {
+        fprintf(stderr, "heapprofd: --http-allow-remote needs --http\n");
+        return -EINVAL;
+    }
     if (svc_config_check(&a->cfg, err, sizeof(err)) < 0) {
         fprintf(stderr, "heapprofd: %s\n", err);
         return -EINVAL;
@@ -353,7 +398,16 @@ static int daemon_run(struct daemon_args *a)
     char out_buf[PATH_MAX];
     bool made_up;
     const char *output = output_name(a->common.output, out_buf, sizeof(out_buf), &made_up);
-    struct daemon_run d = {.cfg = cfg, .socket_path = socket_path};
+    struct daemon_run d = {.cfg = cfg, .socket_path = socket_path, .http_fd = -1};
+    if (a->http) {
+        char err[512];
+        int r = http_listen(a->http, a->http_allow_remote, &d.http_fd, d.http_url,
+                            sizeof(d.http_url), err, sizeof(err));
+        if (r < 0) {
+            fprintf(stderr, "heapprofd: --http %s\n", err);
+            return r == -EPERM || r == -EINVAL ? EXIT_USAGE : EXIT_PROFILER;
+        }
+    }
     struct cli_session cs = {
         .prog = "heapprofd",
         .cfg = cfg,
@@ -367,7 +421,11 @@ static int daemon_run(struct daemon_args *a)
         .ctx = &d,
     };
     struct cli_loop_result res;
-    return cli_session_run(&cs, &res);
+    int rc = cli_session_run(&cs, &res);
+    d.http = http_endpoint_stop(d.http);
+    if (d.http_fd >= 0)
+        (void)close(d.http_fd);
+    return rc;
 }
 
 int cmd_daemon(int argc, char **argv)

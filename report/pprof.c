@@ -378,6 +378,27 @@ int rp_pprof_write(const struct rp_trace *t, const struct rp_trace_process *p, i
 
 int rp_pprof_write_dump(const struct rp_trace_process *p, const struct rp_trace_dump *d, int fd)
 {
+    return rp_pprof_write_dump_as(p, d, "inuse_space", fd);
+}
+
+/* The sample types, each value of a sample in this order. */
+static const char *const sample_types[][2] = {
+    {"alloc_objects", "count"},
+    {"alloc_space", "bytes"},
+    {"inuse_objects", "count"},
+    {"inuse_space", "bytes"},
+};
+
+int rp_pprof_write_dump_as(const struct rp_trace_process *p, const struct rp_trace_dump *d,
+                           const char *default_sample_type, int fd)
+{
+    /* Strings are keyed by pointer (str_id()): the default is named by the table's. */
+    const char *dflt = NULL;
+    for (size_t i = 0; i < HP_ARRAY_SIZE(sample_types); i++)
+        if (strcmp(default_sample_type, sample_types[i][0]) == 0)
+            dflt = sample_types[i][0];
+    if (!dflt)
+        return -EINVAL;
     struct pp pp = {.n_strings = 1, .names = hp_strtab_new()};
     if (!pp.names)
         return -ENOMEM;
@@ -390,14 +411,12 @@ int rp_pprof_write_dump(const struct rp_trace_process *p, const struct rp_trace_
     hp_pbw_len(&pp.strings, PP_PROFILE(string_table), "", 0); /* string_table[0] must be "" */
 
     struct hp_pbw head = {0};
-    value_type(&pp, &head, PP_PROFILE(sample_type), "alloc_objects", "count");
-    value_type(&pp, &head, PP_PROFILE(sample_type), "alloc_space", "bytes");
-    value_type(&pp, &head, PP_PROFILE(sample_type), "inuse_objects", "count");
-    value_type(&pp, &head, PP_PROFILE(sample_type), "inuse_space", "bytes");
+    for (size_t i = 0; i < HP_ARRAY_SIZE(sample_types); i++)
+        value_type(&pp, &head, PP_PROFILE(sample_type), sample_types[i][0], sample_types[i][1]);
     value_type(&pp, &head, PP_PROFILE(period_type), "space", "bytes");
     hp_pbw_uint(&head, PP_PROFILE(period), d->sampling_interval_bytes);
     /* A string table index, not a position in sample_type. */
-    hp_pbw_uint(&head, PP_PROFILE(default_sample_type), str_id(&pp, "inuse_space"));
+    hp_pbw_uint(&head, PP_PROFILE(default_sample_type), str_id(&pp, dflt));
 
     const struct rp_trace_frame *exe = main_frame(p, d->callsites, d->n_callsites);
     if (exe)

@@ -283,6 +283,10 @@ int rp_pprof_write(const struct rp_trace *t, const struct rp_trace_process *p,
 /* The same for dump @d of @p. */
 int rp_pprof_write_dump(const struct rp_trace_process *p, const struct rp_trace_dump *d,
                         int fd) HP_WARN_UNUSED;
+/* The same with another default sample type, one of the four (Go's heap and allocs
+ * profiles carry the same values and differ in it: "inuse_space", "alloc_space"). */
+int rp_pprof_write_dump_as(const struct rp_trace_process *p, const struct rp_trace_dump *d,
+                           const char *default_sample_type, int fd) HP_WARN_UNUSED;
 
 /* Exports every dump (or dump @dump_index when > 0) of every process (or of @pid when
  * non-zero) of the trace at @trace_path, read once, one gzipped pprof file per (dump,

@@ -85,6 +85,9 @@ static void apply(struct svc *s, const struct svc_msg *m)
             hp_log_warn("pid %d: cannot write that it is not profiled: %s", m->pid, strerror(-r));
         break;
     }
+    case SVC_MSG_QUERY:
+        svc__answer_query(s, (const struct svc_msg_query *)m);
+        break;
     case SVC_MSG_DUMP_BARRIER: {
         const struct svc_msg_dump_barrier *d = (const void *)m;
         if (d->unwinder < s->n_dump_barriers && s->dump_barriers)

@@ -38,6 +38,8 @@ enum svc_msg_type {
     SVC_MSG_PROC_STATS = 8,
     /* The process retitled itself: its command line now. */
     SVC_MSG_PROC_RENAME = 9,
+    /* A question of another thread about the profiles (svc_query()), answered in turn. */
+    SVC_MSG_QUERY = 10,
 };
 
 /* Messages are 8-byte aligned and packed in a batch one after another. Each starts with
@@ -103,6 +105,17 @@ struct svc_msg_dump_barrier {
     struct svc_msg h;
     uint32_t unwinder;
     uint32_t n;
+};
+
+/* SVC_MSG_QUERY: the descriptors are the message's own (duplicates the bookkeeping
+ * thread closes once it has answered), so the thread that asked may give up and close
+ * its own at any time. */
+struct svc_msg_query {
+    struct svc_msg h;
+    uint32_t kind; /* enum svc_query_kind */
+    int32_t out_fd;
+    int32_t done_fd;
+    uint32_t reserved;
 };
 
 #define SVC_BATCH_BYTES (256u << 10)

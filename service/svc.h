@@ -133,6 +133,42 @@ bool svc_client_seen(svc_t *s, pid_t pid);
  * hit_guardrail. Returns true when a guardrail fired (once per session). */
 bool svc_check_guardrails(svc_t *s);
 
+/* Questions other threads (the daemon's HTTP endpoint) ask about the profiles. The
+ * bookkeeping thread answers them in turn, from the records it has applied: a record a
+ * process wrote a moment ago may still be in its ring. */
+enum svc_query_kind {
+    /* A trace of its own (TracePackets as in a trace file) holding the profile of one
+     * process as it stands (bk_snapshot_process()); ESRCH: the pid is not profiled. */
+    SVC_QUERY_PROFILE = 1,
+    /* The processes profiled now: an array of struct svc_proc_info. */
+    SVC_QUERY_PROCESSES = 2,
+};
+
+/* One process of SVC_QUERY_PROCESSES. */
+struct svc_proc_info {
+    int32_t pid;
+    uint32_t cmdline_len; /* bytes of cmdline used */
+    uint64_t samples;     /* sampled allocations */
+    uint64_t allocated_bytes;
+    uint64_t live_bytes; /* sampled bytes not freed: unreleased */
+    char cmdline[496];   /* NUL-separated arguments, cut at a whole one when long */
+};
+
+/* At most this many queries wait for their answer (those whose askers gave up included):
+ * more get -EBUSY. */
+#define SVC_MAX_QUERIES 8
+
+/* Asks the bookkeeping thread @kind (about @pid for SVC_QUERY_PROFILE). The answer is
+ * written to @out_fd from its current offset (a memfd, say); then @done_fd, an eventfd,
+ * is written 1 + the errno of the outcome (1: answered). Both are duplicated: the caller
+ * keeps its own and may close them at any time. Never blocks. Thread-safe. Returns 0, or
+ * -EBUSY (SVC_MAX_QUERIES wait), -ENOMEM, -errno (nothing asked). */
+int svc_query(svc_t *s, enum svc_query_kind kind, pid_t pid, int out_fd,
+              int done_fd) HP_WARN_UNUSED;
+/* The outcome of a query from its @done_fd (non-blocking): 0 answered, -EAGAIN not yet,
+ * else the -errno of the answer. */
+int svc_query_result(int done_fd) HP_WARN_UNUSED;
+
 /* Stops accepting, drains every ring, writes the final dumps, joins the threads. */
 int svc_finish(svc_t *s, struct svc_summary *ret_summary) HP_WARN_UNUSED;
 /* Removes the socket and its directory, frees everything; accepts NULL. */

@@ -245,6 +245,7 @@ struct svc {
      * touched whole at any time: counted whole for the guardrail). */
     _Atomic uint64_t client_mem_bytes;
     struct bk_counters bk_counters; /* written by the bk thread before it exits */
+    _Atomic unsigned queries;       /* svc_query()s posted and not answered */
 };
 
 /* service/listener.c: creates the socket directory (unless a socket path is configured)
@@ -302,6 +303,8 @@ void svc__client_set_title(struct svc_client *c);
  * bookkeeping thread (SVC_MSG_PROC_RENAME) so the trace names the process by it. */
 void svc__client_retitle(struct svc_unwinder *u, struct svc_client *c);
 void *svc__bk_main(void *arg);
+/* service/query.c: answers a SVC_MSG_QUERY (bookkeeping thread). */
+void svc__answer_query(struct svc *s, const struct svc_msg_query *q);
 
 /* service/memory.c: the memory the service uses (of the whole process: every session,
  * thread, queue, table and the clients' rings mapped here), in KiB, from /proc/self/status;

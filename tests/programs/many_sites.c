@@ -1,11 +1,17 @@
 /* tests/programs/many_sites.c: one allocation at each of 2^BITS distinct call stacks, for
- * dumps of many call sites (tests/e2e/test_producer.c, scripts/bench/bench_html.sh).
- *   many_sites BITS [COUNT]   (COUNT: only the first COUNT sites; default all)
+ * dumps of many call sites (tests/e2e/test_producer.c, scripts/bench/bench_html.sh,
+ * scripts/bench/bench_http.sh).
+ *   many_sites BITS [COUNT] [hold]   (COUNT: only the first COUNT sites; default all;
+ *                                     hold: keep the blocks and wait to be killed)
  * The stacks are the paths of a binary recursion BITS deep through two functions
  * (left/right, chosen by the bits of the site's number); each site allocates 100 bytes
- * and every other one is freed. Prints "sites N". */
+ * and every other one is freed. Prints "sites N"; with "hold", then waits for a signal,
+ * its allocations still live. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #define NOINLINE __attribute__((noinline))
 #define BARRIER() __asm__ volatile("" ::: "memory")
@@ -53,11 +59,18 @@ int main(int argc, char **argv)
     unsigned bits = argc > 1 ? (unsigned)atoi(argv[1]) : 10;
     if (bits > 24)
         bits = 24;
-    unsigned count = argc > 2 ? (unsigned)atoi(argv[2]) : 1u << bits;
+    int a = 2;
+    unsigned count =
+        argc > a && strcmp(argv[a], "hold") != 0 ? (unsigned)atoi(argv[a++]) : 1u << bits;
+    bool hold = argc > a && strcmp(argv[a], "hold") == 0;
     if (count > 1u << bits)
         count = 1u << bits;
     for (unsigned n = 0; n < count; n++)
         step(n, bits);
     printf("sites %u\n", count);
+    fflush(stdout);
+    if (hold)
+        for (;;)
+            pause();
     return 0;
 }

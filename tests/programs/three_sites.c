@@ -1,10 +1,13 @@
 /* tests/programs/three_sites.c: three distinct allocation paths with known totals.
  * Prints its ground truth as lines "truth <function> <alloc_bytes> <alloc_count>
  * <free_bytes> <free_count>" so tests compare the profile with it.
- * Usage: three_sites [scale] [exit_code] */
+ * Usage: three_sites [scale] [exit_code] [hold]
+ * With "hold" it waits for a signal after printing, its allocations still live (for
+ * tests that look at a running process's profile). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define NOINLINE __attribute__((noinline))
 #define BARRIER() __asm__ volatile("" ::: "memory")
@@ -86,5 +89,8 @@ int main(int argc, char **argv)
         printf("truth %s %llu %llu %llu %llu\n", t[i].name, t[i].alloc_bytes, t[i].alloc_count,
                t[i].free_bytes, t[i].free_count);
     fflush(stdout);
+    if (argc > 3 && strcmp(argv[3], "hold") == 0)
+        for (;;)
+            pause();
     return code;
 }
