@@ -36,7 +36,8 @@ enum job_kind {
 
 struct job {
     enum job_kind kind;
-    const char *sample_type; /* the pprof default: "inuse_space" or "alloc_space" */
+    /* the pprof default: "inuse_space" or "alloc_space"; HTML_VIEW: the page instead */
+    const char *sample_type;
     pid_t pid;
     char name[256];
     int out_fd;  /* memfd the answer is written to */
@@ -148,6 +149,36 @@ static void respond_pprof(const struct job *j, const void *trace, size_t len,
     rp_trace_free(t);
 }
 
+/* /html?pid=N: `heapprof html` of the process's profile now (the snapshot has its
+ * latest state as one dump). */
+static const char HTML_VIEW[] = "html";
+
+static void respond_html(const struct job *j, const void *trace, size_t len,
+                         struct http_response *resp)
+{
+    struct rp_trace *t = NULL;
+    int r = rp_trace_load_buffer(trace, len, &(struct rp_trace_options){.pid = j->pid}, &t);
+    char *body = NULL;
+    size_t n = 0;
+    FILE *f = r == 0 ? open_memstream(&body, &n) : NULL;
+    char title[64];
+    snprintf(title, sizeof(title), "pid %d, live from heapprofd", (int)j->pid);
+    if (f) {
+        r = rp_html_write(f, t, NULL, &(struct rp_html_options){.demangle = true, .title = title});
+        if (fclose(f) != 0 && r >= 0)
+            r = -EIO;
+    }
+    if (r >= 0 && body) {
+        *resp = (struct http_response){
+            .status = 200, .content_type = "text/html; charset=utf-8", .body = body, .body_len = n};
+    } else {
+        free(body);
+        http__respond_text(resp, 500, "cannot make the page of pid %d: %s", (int)j->pid,
+                           strerror(r < 0 ? -r : ENOMEM));
+    }
+    rp_trace_free(t);
+}
+
 /* ---- the processes ---- */
 
 /* The processes answered in @j's memfd: mapped, *@ret_n of them (munmap *@ret_bytes). */
@@ -235,11 +266,6 @@ static const char page_head[] =
     "td,th{padding:.2em .8em;text-align:left}td.n{text-align:right}"
     "tr:nth-child(even){background:#f3f3f3}</style></head><body>\n";
 
-/* HOOK (html): the live HTML view of a process, `heapprof html` served at /html?pid=N.
- * Set to true, and route /html in app_start(), once the renderer (report/html.c) is
- * built in. */
-static const bool html_view_built = false;
-
 static void put_process_row(FILE *f, const struct svc_proc_info *p)
 {
     char title[512], live[32], alloc[32];
@@ -252,8 +278,7 @@ static void put_process_row(FILE *f, const struct svc_proc_info *p)
             "<a href=\"/debug/pprof/allocs?pid=%d\">allocs</a>",
             (unsigned long long)p->samples, hp_format_bytes(p->live_bytes, live, sizeof(live)),
             hp_format_bytes(p->allocated_bytes, alloc, sizeof(alloc)), (int)p->pid, (int)p->pid);
-    if (html_view_built)
-        fprintf(f, " <a href=\"/html?pid=%d\">html</a>", (int)p->pid);
+    fprintf(f, " <a href=\"/html?pid=%d\">html</a>", (int)p->pid);
     fputs("</td></tr>\n", f);
 }
 
@@ -431,10 +456,8 @@ static int app_start(void *ctx, const struct http_request *req, struct http_resp
         j->kind = JOB_PROCESSES;
         return begin_job(h, j, resp, ret_job, ret_fd);
     }
-    if (http_path_is(req, "/html")) { /* HOOK (html): see html_view_built */
-        http__respond_text(resp, 404, "the HTML view is not built into this heapprofd");
-        return 0;
-    }
+    if (http_path_is(req, "/html"))
+        return start_profile(h, req, HTML_VIEW, resp, ret_job, ret_fd);
     http__respond_text(resp, 404, "no such page: %.*s (the processes: /)",
                        (int)HP_MIN(req->path_len, (size_t)200), req->path);
     return 0;
@@ -463,7 +486,10 @@ static int app_step(void *ctx, void *job, struct http_response *resp, int *ret_f
     } else {
         size_t n;
         void *m = map_answer(j->out_fd, &n);
-        respond_pprof(j, m, n, resp);
+        if (j->sample_type == HTML_VIEW)
+            respond_html(j, m, n, resp);
+        else
+            respond_pprof(j, m, n, resp);
         if (m)
             munmap(m, n);
     }

@@ -236,6 +236,12 @@ static void test_http_answers(void **state)
     snprintf(req, sizeof(req), "%d", pid);
     expect(port, "GET / HTTP/1.1\r\n\r\n", 200, req);
     expect(port, "GET /debug/pprof/ HTTP/1.1\r\n\r\n", 200, "allocs");
+    /* The live HTML view: `heapprof html` of the profile now, its sites in the page's data. */
+    snprintf(req, sizeof(req), "GET /html?pid=%d HTTP/1.1\r\n\r\n", pid);
+    expect(port, req, 200, "<!DOCTYPE html>");
+    expect(port, req, 200, "alloc_leaked");
+    snprintf(req, sizeof(req), "/html?pid=%d", pid);
+    expect(port, "GET / HTTP/1.1\r\n\r\n", 200, req);
 
     /* Unknown pids and names, bad queries, paths and methods. */
     expect(port, "GET /debug/pprof/heap?pid=1 HTTP/1.1\r\n\r\n", 404, "pid 1 is not profiled");
@@ -247,7 +253,7 @@ static void test_http_answers(void **state)
     expect(port, "GET /debug/pprof/heap?pid=%zz HTTP/1.1\r\n\r\n", 400, "malformed");
     expect(port, "GET /debug/pprof/heap?pid=1&seconds=30 HTTP/1.1\r\n\r\n", 400, "delta");
     expect(port, "GET /debug/pprof/goroutine HTTP/1.1\r\n\r\n", 404, "no such page");
-    expect(port, "GET /html?pid=1 HTTP/1.1\r\n\r\n", 404, "not built");
+    expect(port, "GET /html?pid=1 HTTP/1.1\r\n\r\n", 404, "pid 1 is not profiled");
     expect(port, "POST /debug/pprof/heap?pid=1 HTTP/1.1\r\nContent-Length: 4\r\n\r\nbody", 405,
            "GET and HEAD");
     expect(port, "garbage\r\n\r\n", 400, NULL);
