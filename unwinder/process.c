@@ -84,12 +84,34 @@ static bool overlaps(const struct unwinder__maps *m, uint64_t start, uint64_t en
     return lo > 0 && m->v[lo - 1].end > start;
 }
 
-/* True when an executable mapping that p->maps shows of the process is not in @now. */
+static bool is_anon_code(const struct unwinder__map *m)
+{
+    return (m->perms & UNWINDER_PERM_EXEC) &&
+           (m->path[0] == '\0' || strncmp(m->path, "[anon:", 6) == 0);
+}
+
+/* True when anonymous executable mappings of @m cover all of [start, end). */
+static bool anon_code_covers(const struct unwinder__maps *m, uint64_t start, uint64_t end)
+{
+    while (start < end) {
+        ssize_t j = unwinder__maps_find(m, start);
+        if (j < 0 || !is_anon_code(&m->v[j]))
+            return false;
+        start = m->v[j].end;
+    }
+    return true;
+}
+
+/* True when an executable mapping that p->maps shows of the process is not in @now. JIT
+ * code memory that grew, or was split by a change of protection elsewhere, is still
+ * there: the frame-pointer rules published for its pages (table.c) hold for any code
+ * the same JIT puts there. */
 static bool exec_mapping_gone(const struct unwinder_process *p, const struct unwinder__maps *now)
 {
     for (size_t i = 0; i < p->maps.n; i++) {
         const struct unwinder__map *x = &p->maps.v[i];
-        if ((x->perms & UNWINDER_PERM_EXEC) && !p->pm[i].retired && !in_maps(now, x))
+        if ((x->perms & UNWINDER_PERM_EXEC) && !p->pm[i].retired && !in_maps(now, x) &&
+            !(is_anon_code(x) && anon_code_covers(now, x->start, x->end)))
             return true;
     }
     return false;

@@ -120,7 +120,8 @@ int unwinder__elf_load_symbols(Elf *elf, struct unwinder__elf *e);
 /* The step from a frame to its caller at ELF virtual address @vaddr (where the frame's
  * CFI row is looked up: its pc if innermost, its return address - 1 otherwise) as a
  * utable rule (shmem_ring/utable.h), from the file's .eh_frame through libdw. -ENOENT
- * when the CFI there is not of the simple form a utable rule holds (or there is none).
+ * when the CFI there is not of the simple form a utable rule holds (or the file cannot
+ * be read), -ESRCH when no CFI covers @vaddr (code made without it: V8's builtins).
  * Thread-safe. */
 int unwinder__cfi_rule(const struct unwinder__elf *e, uint64_t vaddr,
                        uint64_t *ret_rule) HP_WARN_UNUSED;
