@@ -84,10 +84,11 @@ static bool overlaps(const struct unwinder__maps *m, uint64_t start, uint64_t en
     return lo > 0 && m->v[lo - 1].end > start;
 }
 
-static bool is_anon_code(const struct unwinder__map *m)
+bool unwinder__is_jit_map(const struct unwinder__map *m)
 {
     return (m->perms & UNWINDER_PERM_EXEC) &&
-           (m->path[0] == '\0' || strncmp(m->path, "[anon:", 6) == 0);
+           (m->path[0] == '\0' || strncmp(m->path, "[anon:", 6) == 0 ||
+            strncmp(m->path, "/memfd:", 7) == 0);
 }
 
 /* True when anonymous executable mappings of @m cover all of [start, end). */
@@ -95,7 +96,7 @@ static bool anon_code_covers(const struct unwinder__maps *m, uint64_t start, uin
 {
     while (start < end) {
         ssize_t j = unwinder__maps_find(m, start);
-        if (j < 0 || !is_anon_code(&m->v[j]))
+        if (j < 0 || !unwinder__is_jit_map(&m->v[j]))
             return false;
         start = m->v[j].end;
     }
@@ -111,7 +112,7 @@ static bool exec_mapping_gone(const struct unwinder_process *p, const struct unw
     for (size_t i = 0; i < p->maps.n; i++) {
         const struct unwinder__map *x = &p->maps.v[i];
         if ((x->perms & UNWINDER_PERM_EXEC) && !p->pm[i].retired && !in_maps(now, x) &&
-            !(is_anon_code(x) && anon_code_covers(now, x->start, x->end)))
+            !(unwinder__is_jit_map(x) && anon_code_covers(now, x->start, x->end)))
             return true;
     }
     return false;
@@ -321,6 +322,9 @@ const struct hp_mapping *unwinder__pmap_mapping(struct unwinder_process *p, size
         .load_bias = e ? e->load_bias : 0,
         .path = unwinder__intern(m->path, m->path_len),
     };
+    /* JIT code: named so in traces and reports, its functions from the perf map. */
+    if (unwinder__is_jit_map(m))
+        t.path = unwinder__intern(UNWINDER_JIT_PATH, sizeof(UNWINDER_JIT_PATH) - 1);
     if (e) {
         t.build_id_len = e->build_id_len;
         memcpy(t.build_id, e->build_id, e->build_id_len);
@@ -495,6 +499,7 @@ unwinder_process_t *unwinder_process_free(unwinder_process_t *p)
     pmaps_free(p->pm, p->maps.n);
     unwinder__maps_done(&p->maps);
     free(p->pcs);
+    p->perfmap = unwinder__perfmap_free(p->perfmap);
     if (p->maps_fd >= 0)
         (void)close(p->maps_fd);
     if (p->mem_fd >= 0)

@@ -58,15 +58,6 @@ void unwinder_table_stats(const unwinder_process_t *p, struct unwinder_table_sta
     *ret = p->tstats;
 }
 
-/* True for executable memory that no ELF file backs, where JIT compilers put their code:
- * anonymous (named by prctl or not) or a memfd (double-mapped JIT code). */
-static bool is_jit_map(const struct unwinder__map *m)
-{
-    return (m->perms & UNWINDER_PERM_EXEC) &&
-           (m->path[0] == '\0' || strncmp(m->path, "[anon:", 6) == 0 ||
-            strncmp(m->path, "/memfd:", 7) == 0);
-}
-
 /* The rule of the frame at p->lookups[@k] (in p->maps.v[@i], an executable mapping, @e
  * its file or NULL) for the table, or false. */
 static bool lookup_rule(struct unwinder_process *p, size_t k, ssize_t i,
@@ -89,7 +80,7 @@ static bool lookup_rule(struct unwinder_process *p, size_t k, ssize_t i,
             *ret_rule = utable_rule_frame_ptr();
             return true;
         }
-    } else if (i >= 0 && fp_ok && is_jit_map(&p->maps.v[i])) {
+    } else if (i >= 0 && fp_ok && unwinder__is_jit_map(&p->maps.v[i])) {
         /* JIT code: the whole page, where the compiler put more code of its own. */
         *ret_rule = utable_rule_frame_ptr();
         *ret_key = utable_page_key(addr);
