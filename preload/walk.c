@@ -27,6 +27,15 @@ static inline bool walk_read(uint64_t addr, uint64_t lo, uint64_t end, uint64_t 
     return true;
 }
 
+/* The rule for lookup address @addr: its own, else that of its page (JIT code, which
+ * keeps the frame-pointer chain: utable.h). */
+static inline bool walk_rule(const struct utable *t, uint64_t gen, uint64_t addr, uint64_t *ret)
+{
+    if (HP_LIKELY(utable_lookup(t, gen, addr, ret)))
+        return true;
+    return addr < UTABLE_PAGE_BIT && utable_lookup(t, gen, utable_page_key(addr), ret);
+}
+
 void client_walk_begin(struct client_walk *w, const struct utable *t, const uint64_t *regs,
                        uint64_t stack_end, bool checked)
 {
@@ -70,7 +79,7 @@ int client_walk_step(struct client_walk *w, const struct utable *t, uint64_t *pc
         /* The innermost frame's row is at its pc; a caller's at its return address - 1
          * (inside the call: after a call to a noreturn function the return address may
          * already belong to the next function). */
-        if (!utable_lookup(t, gen, n == 0 ? pc : pc - 1, &rule)) {
+        if (!walk_rule(t, gen, n == 0 ? pc : pc - 1, &rule)) {
             r = CLIENT_WALK_FAILED;
             break;
         }
@@ -81,8 +90,10 @@ int client_walk_step(struct client_walk *w, const struct utable *t, uint64_t *pc
         }
         uint64_t cfa =
             ((rule & UTABLE_RULE_CFA_RBP) ? bp : sp) + (uint64_t)(int64_t)utable_rule_cfa_off(rule);
-        /* The caller's frame lies above ours: the CFA moves up, within the stack. */
-        if (cfa <= sp || cfa > end) {
+        /* The caller's frame lies above ours: the CFA moves up, within the stack. A
+         * frame-pointer chain must also point into this frame, not far above it. */
+        if (cfa <= sp || cfa > end ||
+            ((rule & UTABLE_RULE_FRAME_PTR) && (bp < sp || bp - sp > UTABLE_FRAME_PTR_MAX_FRAME))) {
             r = CLIENT_WALK_FAILED;
             break;
         }

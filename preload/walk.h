@@ -5,7 +5,10 @@
  * A walk succeeds only when every frame from the allocation's call site to the outermost
  * one has a rule, and every address a rule makes it read lies in the stack; otherwise the
  * caller copies the stack as before, and the service, unwinding that copy, publishes the
- * rules the walk missed.
+ * rules the walk missed. A frame in JIT code has the rule of its page, the frame-pointer
+ * rule, whose chain must also stay within UTABLE_FRAME_PTR_MAX_FRAME of the frame's stack
+ * pointer (utable.h); the caller's return address must then have a rule of its own or
+ * be in JIT code the service knows, like any other frame's.
  *
  * The stack is either the thread's own, [sp, end) known readable (preload/stack.h), or a
  * stack we know nothing of (a fiber's, a signal stack): then each page is checked readable

@@ -15,8 +15,17 @@
  *     CFA = rsp + off | rbp + off;  return address at CFA - 8;
  *     rbp unchanged | saved at CFA + rbp_off;   or: no caller (the outermost frame)
  *
- * Frames whose CFI is anything else (expressions, signal frames, no CFI) never get a
- * slot, so a walk that meets them gives up and the client copies the stack as before.
+ * Frames whose CFI is anything else (expressions, signal frames) never get a slot, so a
+ * walk that meets them gives up and the client copies the stack as before.
+ *
+ * Code without CFI that keeps a frame-pointer chain (JIT-compiled code: V8's, and the
+ * builtins node embeds in its binary without CFI) gets the frame-pointer rule, flagged
+ * UTABLE_RULE_FRAME_PTR (CFA = rbp + 16, rbp saved at CFA - 16), once the service has
+ * unwound a stack through it that way without error: per lookup address in a file, and
+ * per 4 KiB page (a key made by utable_page_key()) in anonymous executable memory, where
+ * the JIT places code the service has not seen yet. A walker looks the page up when the
+ * address itself has no slot. User-space addresses lie below 2^47, so page keys (bit 47
+ * set) never equal a lookup address.
  *
  * Slots are open addressing (linear probing, UTABLE_PROBES at most). The key word holds
  * the address and, in its top 16 bits, the table's generation: the service bumps the
@@ -61,6 +70,16 @@
 #define UTABLE_RULE_CFA_RBP (UINT64_C(1) << 32)   /* CFA = rbp + off (else rsp + off) */
 #define UTABLE_RULE_RBP_SAVED (UINT64_C(1) << 33) /* rbp saved at CFA + rbp_off */
 #define UTABLE_RULE_OUTERMOST (UINT64_C(1) << 34) /* no caller: the stack ends here */
+/* The frame-pointer rule of code without CFI: the walker checks the chain harder
+ * (rbp within UTABLE_FRAME_PTR_MAX_FRAME above the frame's stack pointer). */
+#define UTABLE_RULE_FRAME_PTR (UINT64_C(1) << 35)
+/* Largest frame a frame-pointer step accepts, the bound libunwind puts on its own
+ * frame-pointer steps: the walk and the service's unwind of a copy agree (the audit). */
+#define UTABLE_FRAME_PTR_MAX_FRAME 0x4000u
+
+/* Page keys: lookup addresses at or above UTABLE_PAGE_BIT are never published. */
+#define UTABLE_PAGE_BIT (UINT64_C(1) << 47)
+#define UTABLE_PAGE_SHIFT 12
 
 static inline uint64_t utable_rule_make(bool cfa_rbp, int32_t cfa_off, bool rbp_saved,
                                         int16_t rbp_off, bool outermost)
@@ -78,6 +97,20 @@ static inline int32_t utable_rule_cfa_off(uint64_t rule)
 static inline int16_t utable_rule_rbp_off(uint64_t rule)
 {
     return (int16_t)(uint16_t)(rule >> 48);
+}
+
+/* The rule of a frame in code without CFI that keeps the frame-pointer chain: push rbp;
+ * mov rbp, rsp at its entry, so the return address is at rbp + 8 and the caller's rbp at
+ * rbp. */
+static inline uint64_t utable_rule_frame_ptr(void)
+{
+    return utable_rule_make(true, 16, true, -16, false) | UTABLE_RULE_FRAME_PTR;
+}
+
+/* The key of the page holding lookup address @addr (< UTABLE_PAGE_BIT). */
+static inline uint64_t utable_page_key(uint64_t addr)
+{
+    return UTABLE_PAGE_BIT | addr >> UTABLE_PAGE_SHIFT;
 }
 
 struct utable_header {

@@ -151,7 +151,7 @@ static int rule_lookup(void *arg)
     struct rule_args *a = arg;
     struct unwinder__cfi *c = cfi_of(a->e);
     Dwarf_Frame *frame = NULL;
-    int r = -ENOENT;
+    int r = c ? -ESRCH : -ENOENT; /* -ESRCH: no CFI covers the address */
     if (c && dwarf_cfi_addrframe(c->cfi, a->vaddr, &frame) == 0)
         r = frame_rule(frame, &a->rule);
     free(frame);

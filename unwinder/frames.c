@@ -57,6 +57,13 @@ static void resolve_frame_slow(struct unwinder_process *p, uint64_t pc, struct h
         const char *name = unwinder__elf_symbol(e, f->rel_pc);
         if (name)
             f->function_name = name;
+    } else if (unwinder__is_jit_map(m)) {
+        bool read;
+        const char *name = unwinder__perfmap_name(p, pc, &read);
+        if (read && ++p->jit_gen == 0)
+            p->jit_gen = 1;
+        if (name)
+            f->function_name = name;
     }
 }
 
@@ -72,16 +79,22 @@ void unwinder__resolve_frame(struct unwinder_process *p, uint64_t pc, struct hp_
     struct pc_slot *set =
         &p->pcs[((h >> 40) & (PC_CACHE_SLOTS / PC_CACHE_WAYS - 1)) * PC_CACHE_WAYS];
     for (size_t w = 0; w < PC_CACHE_WAYS; w++) {
-        if (set[w].pc == pc && set[w].gen == p->maps_gen) {
+        if (set[w].pc == pc && set[w].gen == p->maps_gen &&
+            (!set[w].jit || set[w].jit_gen == p->jit_gen)) {
             *f = set[w].f;
             *ret_skip = set[w].skip;
             return;
         }
     }
     resolve_frame_slow(p, pc, f, ret_skip);
-    /* Only frames in a known mapping: an unknown pc may be found after a reread. */
+    /* Only frames in a known mapping: an unknown pc may be found after a reread. A JIT
+     * frame's name holds until the perf map gets new lines, which may give its code
+     * another name; one without a name is not kept. */
     if (!f->map)
         return;
+    bool jit = strcmp(f->map->path, UNWINDER_JIT_PATH) == 0;
+    if (jit && !f->function_name[0])
+        return; /* looked up again (the perf map is read again, within its rate) */
     struct pc_slot *s = NULL;
     for (size_t w = 0; w < PC_CACHE_WAYS && !s; w++)
         if (set[w].gen != p->maps_gen)
@@ -91,6 +104,8 @@ void unwinder__resolve_frame(struct unwinder_process *p, uint64_t pc, struct hp_
     s->pc = pc;
     s->gen = p->maps_gen;
     s->skip = *ret_skip;
+    s->jit = jit;
+    s->jit_gen = p->jit_gen;
     s->f = *f;
 }
 

@@ -84,12 +84,35 @@ static bool overlaps(const struct unwinder__maps *m, uint64_t start, uint64_t en
     return lo > 0 && m->v[lo - 1].end > start;
 }
 
-/* True when an executable mapping that p->maps shows of the process is not in @now. */
+bool unwinder__is_jit_map(const struct unwinder__map *m)
+{
+    return (m->perms & UNWINDER_PERM_EXEC) &&
+           (m->path[0] == '\0' || strncmp(m->path, "[anon:", 6) == 0 ||
+            strncmp(m->path, "/memfd:", 7) == 0);
+}
+
+/* True when anonymous executable mappings of @m cover all of [start, end). */
+static bool anon_code_covers(const struct unwinder__maps *m, uint64_t start, uint64_t end)
+{
+    while (start < end) {
+        ssize_t j = unwinder__maps_find(m, start);
+        if (j < 0 || !unwinder__is_jit_map(&m->v[j]))
+            return false;
+        start = m->v[j].end;
+    }
+    return true;
+}
+
+/* True when an executable mapping that p->maps shows of the process is not in @now. JIT
+ * code memory that grew, or was split by a change of protection elsewhere, is still
+ * there: the frame-pointer rules published for its pages (table.c) hold for any code
+ * the same JIT puts there. */
 static bool exec_mapping_gone(const struct unwinder_process *p, const struct unwinder__maps *now)
 {
     for (size_t i = 0; i < p->maps.n; i++) {
         const struct unwinder__map *x = &p->maps.v[i];
-        if ((x->perms & UNWINDER_PERM_EXEC) && !p->pm[i].retired && !in_maps(now, x))
+        if ((x->perms & UNWINDER_PERM_EXEC) && !p->pm[i].retired && !in_maps(now, x) &&
+            !(unwinder__is_jit_map(x) && anon_code_covers(now, x->start, x->end)))
             return true;
     }
     return false;
@@ -299,6 +322,9 @@ const struct hp_mapping *unwinder__pmap_mapping(struct unwinder_process *p, size
         .load_bias = e ? e->load_bias : 0,
         .path = unwinder__intern(m->path, m->path_len),
     };
+    /* JIT code: named so in traces and reports, its functions from the perf map. */
+    if (unwinder__is_jit_map(m))
+        t.path = unwinder__intern(UNWINDER_JIT_PATH, sizeof(UNWINDER_JIT_PATH) - 1);
     if (e) {
         t.build_id_len = e->build_id_len;
         memcpy(t.build_id, e->build_id, e->build_id_len);
@@ -473,6 +499,7 @@ unwinder_process_t *unwinder_process_free(unwinder_process_t *p)
     pmaps_free(p->pm, p->maps.n);
     unwinder__maps_done(&p->maps);
     free(p->pcs);
+    p->perfmap = unwinder__perfmap_free(p->perfmap);
     if (p->maps_fd >= 0)
         (void)close(p->maps_fd);
     if (p->mem_fd >= 0)

@@ -73,6 +73,17 @@ static int acc_find_proc_info(unw_addr_space_t as, unw_word_t ip, unw_proc_info_
     }
     di.u.rti.name_ptr = 0;
     di.u.rti.segbase = base + e->eh_hdr_vaddr;
+    /* The table lies where the file maps it with the same base. Code mapped a second
+     * time on its own (node maps V8's builtins again next to its JIT code) has no table
+     * there: libunwind would search whatever memory lies at that address, through
+     * /proc/PID/mem, a read per probe. Such code goes without (a frame-pointer step). */
+    ssize_t h = unwinder__maps_find(&p->maps, di.u.rti.segbase);
+    if (h < 0 || p->maps.v[h].inode != m->inode || p->maps.v[h].dev_major != m->dev_major ||
+        p->maps.v[h].dev_minor != m->dev_minor ||
+        p->maps.v[h].start - p->maps.v[h].pgoff != m->start - m->pgoff) {
+        p->fail |= FAIL_NO_INFO;
+        return -UNW_ENOINFO;
+    }
     di.u.rti.table_data = di.u.rti.segbase + e->eh_table_off;
     di.u.rti.table_len = e->eh_fde_count * 8 / sizeof(unw_word_t);
     int r = _Ux86_64_dwarf_search_unwind_table(as, ip, &di, pi, need_unwind_info, arg);

@@ -137,6 +137,7 @@ struct unwinder_table_stats {
     uint64_t published; /* rules written */
     uint64_t no_rule;   /* frames whose CFI has no simple rule */
     uint64_t flushes;   /* the maps changed */
+    uint64_t frame_ptr; /* of the rules written, frame-pointer rules (code without CFI) */
 };
 void unwinder_table_stats(const unwinder_process_t *p, struct unwinder_table_stats *ret);
 

@@ -14,6 +14,7 @@
  *                         reading a word of its memory (both backends)
  *     frames.c            a pc's frame: mapping, rel_pc, function name; cached per process
  *     table.c             rules published into the client's unwind table
+ *     perfmap.c           names of JIT code from the runtime's /tmp/perf-PID.map
  *     unwind_libunwind.c  unwinder_unwind() with libunwind's remote API
  *     unwind_dwfl.c       elfutils' unwinder, for code described only by .debug_frame
  *
@@ -120,12 +121,46 @@ int unwinder__elf_load_symbols(Elf *elf, struct unwinder__elf *e);
 /* The step from a frame to its caller at ELF virtual address @vaddr (where the frame's
  * CFI row is looked up: its pc if innermost, its return address - 1 otherwise) as a
  * utable rule (shmem_ring/utable.h), from the file's .eh_frame through libdw. -ENOENT
- * when the CFI there is not of the simple form a utable rule holds (or there is none).
+ * when the CFI there is not of the simple form a utable rule holds (or the file cannot
+ * be read), -ESRCH when no CFI covers @vaddr (code made without it: V8's builtins).
  * Thread-safe. */
 int unwinder__cfi_rule(const struct unwinder__elf *e, uint64_t vaddr,
                        uint64_t *ret_rule) HP_WARN_UNUSED;
 /* Frees what unwinder__cfi_rule() built for @e (from entry_free()). */
 void unwinder__cfi_free(struct unwinder__elf *e);
+
+/* ---- perfmap.c: names of JIT code from /tmp/perf-PID.map ---------------------- */
+
+/* Longest name kept from a perf map line (longer ones are cut). */
+#define UNWINDER_PERFMAP_MAX_NAME 1024
+
+struct unwinder__perfmap;
+struct unwinder_process;
+
+/* Parses one perf map line (@len bytes, without its newline): "START SIZE name" with
+ * START and SIZE in hex. 0 with the range and where the name lies in @line (cut to
+ * UNWINDER_PERFMAP_MAX_NAME), or -EINVAL (not such a line, an empty or wrapping range,
+ * a NUL in the name). Never reads past @len. */
+int unwinder__perfmap_parse_line(const char *line, size_t len, uint64_t *ret_start,
+                                 uint64_t *ret_size, size_t *ret_name_off,
+                                 size_t *ret_name_len) HP_WARN_UNUSED;
+/* A perf map read from @fd (taken; -1: none yet). NULL on ENOMEM. */
+struct unwinder__perfmap *unwinder__perfmap_new(int fd);
+struct unwinder__perfmap *unwinder__perfmap_free(struct unwinder__perfmap *pm);
+/* Reads the complete lines added to the file since the last read (bounded: see
+ * perfmap.c). True when some were taken. */
+bool unwinder__perfmap_read(struct unwinder__perfmap *pm);
+/* The name of the function holding @pc (not NUL-terminated, @ret_len bytes; borrowed
+ * until the next read), the latest line's where lines overlap; NULL if none. */
+const char *unwinder__perfmap_lookup(const struct unwinder__perfmap *pm, uint64_t pc,
+                                     size_t *ret_len);
+/* The invariants a perf map keeps whatever the file held (sorted, disjoint, bounded):
+ * for tests. */
+bool unwinder__perfmap_valid(const struct unwinder__perfmap *pm);
+/* The interned name of the JIT function at @pc in @p's perf map, reading the lines
+ * added since the last read first when it has none (rate-limited); @ret_read says
+ * whether new lines were read (names of other pcs may have changed). NULL if none. */
+const char *unwinder__perfmap_name(struct unwinder_process *p, uint64_t pc, bool *ret_read);
 
 /* ---- per-process state: process.c, frames.c, table.c, unwind_*.c ------------- */
 
@@ -151,6 +186,8 @@ struct pc_slot {
     uint64_t pc;  /* the looked-up pc (already adjusted for return addresses) */
     uint32_t gen; /* p->maps_gen when filled; 0: empty */
     bool skip;    /* in libheapprof */
+    bool jit;     /* in JIT code: valid while jit_gen is p->jit_gen */
+    uint32_t jit_gen;
     struct hp_frame f;
 };
 
@@ -179,10 +216,14 @@ struct unwinder_process {
     uint64_t lookups[UNWINDER_MAX_FRAMES + SKIP_MAX + 1];
     size_t n_lookups;
     struct unwinder__maps maps;
-    struct pmap *pm;          /* maps.n entries */
-    uint32_t maps_gen;        /* bumped when the maps are reread; never 0 */
-    uint64_t retired_seq;     /* rereads that retired mappings (unwinder_retired_seq()) */
-    struct pc_slot *pcs;      /* PC_CACHE_SLOTS entries */
+    struct pmap *pm;      /* maps.n entries */
+    uint32_t maps_gen;    /* bumped when the maps are reread; never 0 */
+    uint64_t retired_seq; /* rereads that retired mappings (unwinder_retired_seq()) */
+    struct pc_slot *pcs;  /* PC_CACHE_SLOTS entries */
+    /* The runtime's perf map (perfmap.c), NULL until a JIT frame is named; jit_gen is
+     * bumped when it read new lines (names of JIT frames cached before may change). */
+    struct unwinder__perfmap *perfmap;
+    uint32_t jit_gen;
     unsigned pc_victim;       /* round-robin replacement in a full set of pcs */
     uint64_t last_reparse_ns; /* last reread for an unknown pc */
     uint64_t parsed_ns;       /* last read of the maps, for any reason (coarse clock) */
@@ -216,6 +257,13 @@ extern uint64_t unwinder__maps_refresh_ns;
 /* Rereads @p's maps when they are older than unwinder__maps_refresh_ns; called before
  * each unwind. */
 void unwinder__maps_refresh(struct unwinder_process *p);
+
+/* The mapping name JIT code gets in frames (Perfetto's Mapping, the report). */
+#define UNWINDER_JIT_PATH "[jit]"
+
+/* True for executable memory that no ELF file backs, where JIT compilers put their code:
+ * anonymous (named by prctl or not) or a memfd (double-mapped JIT code). */
+bool unwinder__is_jit_map(const struct unwinder__map *m);
 
 /* Index of the executable mapping holding @pc, rereading the maps (at most every 100 ms)
  * when none does; -1 if none. Invalidates pointers into p->maps and p->pm. */

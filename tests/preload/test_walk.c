@@ -15,6 +15,7 @@
 #include <cmocka.h>
 // clang-format on
 
+#include "common/macros.h"
 #include "preload/walk.h"
 #include "shmem_ring/utable.h"
 #include "shmem_ring/wire.h"
@@ -145,6 +146,81 @@ static void test_walk_rbp_frames(void **state)
     assert_int_equal(walk(f, end_of(f)), 0);
 }
 
+/* A C frame (rule at its address) called from JIT code the table knows only by page
+ * (utable_page_key()), which is called by C code that ends the stack:
+ *
+ *   frame 0 (pc 0x1000)        CFA = sp + 16 -> ra 0x7f0000012345 at word 101
+ *   frame 1 (JIT, ra 0x7f...)  its page's frame-pointer rule: rbp = word 120, ra at
+ *                              word 121, caller's rbp at word 120 (word 200)
+ *   frame 2 (ra 0x3009)        outermost */
+static void lay_out_jit(struct fixture *f)
+{
+    f->regs[WIRE_REG_RIP] = 0x1000;
+    f->regs[WIRE_REG_RSP] = addr_of(f, 100);
+    f->regs[WIRE_REG_RBP] = addr_of(f, 120);
+    f->stack[101] = 0x7f0000012345;
+    f->stack[120] = addr_of(f, 200);
+    f->stack[121] = 0x3009;
+    utable_insert(&f->w, 0x1000, rsp_rule(16));
+    utable_insert(&f->w, utable_page_key(0x7f0000012344), utable_rule_frame_ptr());
+    utable_insert(&f->w, 0x3008, outermost);
+}
+
+static void test_walk_jit_page_frame_pointer(void **state)
+{
+    struct fixture *f = *state;
+    lay_out_jit(f);
+    assert_int_equal(walk(f, end_of(f)), 3);
+    assert_int_equal(f->pcs[1], 0x7f0000012345);
+    assert_int_equal(f->pcs[2], 0x3009);
+    /* Another page of the same JIT code has no rule: the walk gives up. */
+    f->stack[101] = 0x7f0000013345;
+    assert_int_equal(walk(f, end_of(f)), 0);
+}
+
+/* A frame-pointer step checks the chain: rbp below the frame's stack pointer, or further
+ * above it than UTABLE_FRAME_PTR_MAX_FRAME, is not a frame of this code. */
+static void test_walk_jit_bad_chain_gives_up(void **state)
+{
+    struct fixture *f = *state;
+    lay_out_jit(f);
+    f->regs[WIRE_REG_RBP] = addr_of(f, 90); /* below frame 1's sp (word 102) */
+    f->stack[90] = addr_of(f, 200);
+    f->stack[91] = 0x3009;
+    assert_int_equal(walk(f, end_of(f)), 0);
+    /* The same chain without the frame-pointer flag would be taken: the flag is what
+     * makes the walker check it. */
+    utable_insert(&f->w, utable_page_key(0x7f0000012344),
+                  utable_rule_frame_ptr() & ~UTABLE_RULE_FRAME_PTR);
+    f->regs[WIRE_REG_RBP] = addr_of(f, 120);
+    assert_int_equal(walk(f, end_of(f)), 3);
+}
+
+static void test_walk_jit_frame_too_large_gives_up(void **state)
+{
+    /* A stack big enough for a frame larger than the bound. */
+    static uint64_t big[UTABLE_FRAME_PTR_MAX_FRAME / 8 + 64];
+    struct fixture *f = *state;
+    size_t top = HP_ARRAY_SIZE(big);
+    uint64_t end = (uint64_t)(uintptr_t)&big[top];
+    memset(big, 0, sizeof(big));
+    f->regs[WIRE_REG_RIP] = 0x1000;
+    f->regs[WIRE_REG_RSP] = (uint64_t)(uintptr_t)&big[0];
+    big[1] = 0x7f0000012345; /* frame 1's sp: word 2 */
+    utable_insert(&f->w, 0x1000, rsp_rule(16));
+    utable_insert(&f->w, utable_page_key(0x7f0000012344), utable_rule_frame_ptr());
+    utable_insert(&f->w, 0x3008, outermost);
+    size_t rbp = top - 4;
+    big[rbp + 1] = 0x3009;
+    f->regs[WIRE_REG_RBP] = (uint64_t)(uintptr_t)&big[rbp];
+    assert_true((rbp - 2) * 8 > UTABLE_FRAME_PTR_MAX_FRAME);
+    assert_int_equal(client_walk(&f->r, f->regs, end, f->pcs, CLIENT_WALK_MAX_FRAMES), 0);
+    rbp = 2 + UTABLE_FRAME_PTR_MAX_FRAME / 8;
+    big[rbp + 1] = 0x3009;
+    f->regs[WIRE_REG_RBP] = (uint64_t)(uintptr_t)&big[rbp];
+    assert_int_equal(client_walk(&f->r, f->regs, end, f->pcs, CLIENT_WALK_MAX_FRAMES), 3);
+}
+
 /* Rules that point outside [sp, end) or do not move up the stack are refused. */
 static void test_walk_out_of_bounds_gives_up(void **state)
 {
@@ -213,6 +289,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_walk_out_of_bounds_gives_up, setup, teardown),
         cmocka_unit_test_setup_teardown(test_walk_zero_return_address_ends, setup, teardown),
         cmocka_unit_test_setup_teardown(test_walk_too_deep_gives_up, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_walk_jit_page_frame_pointer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_walk_jit_bad_chain_gives_up, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_walk_jit_frame_too_large_gives_up, setup, teardown),
     };
     return cmocka_run_group_tests_name("walk", tests, NULL, NULL);
 }

@@ -1,0 +1,116 @@
+/* tests/e2e/test_jit.c: `heapprof record` on node, whose stacks cross V8's JIT code:
+ * frames there are walked in the program by their frame-pointer chain and named from
+ * node's perf map (--perf-basic-prof), so a JavaScript leak is found by its function.
+ *
+ * tests/programs/leak.js keeps 2048 Buffers of 4 KiB (8 MiB) from heapprofJsLeak() and
+ * churns 512 MiB more through churn(). Sampling at 4 KiB, the leak's estimate has a
+ * standard deviation of sqrt(4096 * 8 MiB) ~ 185 KiB; the check allows 5 of them plus an
+ * interval (the run's seed is fixed). Most of the program's unreleased memory must be on
+ * the leak's stacks, and at least 90% of the samples must be walked in the program (the
+ * rest are the first stacks of new code, copied for the service to unwind). */
+#include <inttypes.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tests/e2e/e2e_util.h"
+
+#define NODE "/usr/bin/node"
+#define LEAK_BYTES (2048ull * 4096)
+#define INTERVAL 4096.0
+
+/* "N samples (M walked in the app" from record's summary: M / N, or -1. */
+static double walked_share(const char *err)
+{
+    const char *s = strstr(err, "heapprof: 1 process, ");
+    unsigned long long n, walked;
+    if (!s || sscanf(s, "heapprof: 1 process, %llu samples (%llu walked", &n, &walked) != 2 ||
+        n == 0)
+        return -1;
+    return (double)walked / (double)n;
+}
+
+static void test_jit_node_leak_named_and_walked(void **state)
+{
+    (void)state;
+    if (access(NODE, X_OK) != 0)
+        skip();
+    char *trace = e2e_tmp_path(".pftrace");
+    /* The block timeout keeps the client waiting for the service rather than dropping
+     * samples while it unwinds the first stacks of node's start (checked below: none
+     * dropped). --logfile keeps V8's log, which --perf-basic-prof turns on, out of the
+     * working directory. */
+    char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"),
+                    "record",
+                    "-o",
+                    trace,
+                    "--seed",
+                    "7",
+                    "--block-timeout-us",
+                    "5000000",
+                    "--",
+                    NODE,
+                    "--perf-basic-prof",
+                    "--logfile=/dev/null",
+                    (char *)e2e_env("LEAK_JS"),
+                    NULL};
+    struct e2e_run run;
+    assert_int_equal(e2e_run(argv, NULL, &run), 0);
+    print_message("%s", run.err);
+    assert_int_equal(run.status, 0);
+    assert_string_equal(run.out, "kept 2048 bytes 8388608 churned 131072\n");
+    assert_non_null(strstr(run.err, " 0 samples dropped"));
+
+    double share = walked_share(run.err);
+    print_message("  walked in the program: %.3f of the samples\n", share);
+    assert_true(share >= 0.9);
+
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &t), 0);
+    assert_int_equal(t->n_processes, 1);
+    const struct rp_trace_process *p = &t->processes[0];
+    struct e2e_sums leak, all;
+    e2e_sum_function(p, "heapprofJsLeak", &leak);
+    e2e_sum_function(p, "", &all);
+    uint64_t leak_unreleased = leak.alloc_bytes - leak.free_bytes;
+    uint64_t all_unreleased = all.alloc_bytes - all.free_bytes;
+    double tol = 5 * sqrt(INTERVAL * (double)LEAK_BYTES) + INTERVAL;
+    print_message("  heapprofJsLeak: %" PRIu64 " bytes unreleased (truth %llu, tolerance %.0f) "
+                  "of %" PRIu64 " in all\n",
+                  leak_unreleased, LEAK_BYTES, tol, all_unreleased);
+    assert_true(fabs((double)leak_unreleased - (double)LEAK_BYTES) <= tol);
+    assert_true(leak_unreleased * 2 > all_unreleased);
+
+    /* JIT frames carry the JavaScript name, in the JIT mapping. */
+    bool named = false;
+    for (size_t i = 0; i < p->n_callsites && !named; i++)
+        for (size_t j = 0; j < p->callsites[i].n_frames && !named; j++) {
+            const struct rp_trace_frame *f = &p->callsites[i].frames[j];
+            named = strstr(f->function_name, "heapprofJsLeak") &&
+                    strstr(f->function_name, "leak.js:") && strstr(f->mapping_path, "[jit]");
+        }
+    assert_true(named);
+
+    char map[64];
+    snprintf(map, sizeof(map), "/tmp/perf-%d.map", (int)p->pid);
+    (void)unlink(map);
+    rp_trace_free(t);
+    e2e_run_free(&run);
+    (void)unlink(trace);
+    free(trace);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_jit_node_leak_named_and_walked),
+    };
+    return cmocka_run_group_tests_name("e2e_jit", tests, NULL, NULL);
+}
