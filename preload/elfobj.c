@@ -26,9 +26,11 @@ int client_elfobj_init(struct client_elfobj *o, const struct dl_phdr_info *info)
         if (ph->p_type == PT_LOAD) {
             o->lo = HP_MIN(o->lo, start);
             o->hi = HP_MAX(o->hi, end);
-            if (ph->p_flags & PF_X) {
-                o->exec_lo = o->exec_hi == 0 ? start : HP_MIN(o->exec_lo, start);
-                o->exec_hi = HP_MAX(o->exec_hi, end);
+            /* The first executable segment (the only one, as linkers lay objects out):
+             * one range read directly has no unmapped hole in it. */
+            if ((ph->p_flags & PF_X) && o->exec_hi == 0) {
+                o->exec_lo = start;
+                o->exec_hi = end;
             }
         } else if (ph->p_type == PT_DYNAMIC) {
             dyn = (const Elf64_Dyn *)start;

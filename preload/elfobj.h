@@ -27,7 +27,7 @@
 struct client_elfobj {
     uintptr_t bias;             /* load bias (dlpi_addr) */
     uintptr_t lo, hi;           /* extent of the PT_LOAD segments */
-    uintptr_t exec_lo, exec_hi; /* extent of the executable ones (lo == hi: none) */
+    uintptr_t exec_lo, exec_hi; /* the first executable one (lo == hi: none) */
     const Elf64_Sym *symtab;
     const char *strtab;
     size_t strsz;

@@ -15,7 +15,9 @@
 #include "common/macros.h"
 #include "shmem_ring/wire.h"
 
-#define CONTROL_TIMEOUT_MS 2000
+/* How long a control request waits for the daemon: generous, as a loaded machine (or a
+ * sanitizer build) can keep its main thread from the socket for seconds. */
+#define CONTROL_TIMEOUT_MS 10000
 
 static void set_timeouts(int fd)
 {

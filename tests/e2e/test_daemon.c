@@ -164,6 +164,8 @@ static void test_daemon_dump_includes_recent_records(void **state)
             assert_int_equal(e2e_run(argv, NULL, &run), 0);
             char want[64];
             snprintf(want, sizeof(want), "asked heapprofd (pid %d) to dump", (int)d.pid);
+            if (run.status != 0)
+                print_message("  heapprof dump: status %d: %s", run.status, run.err);
             assert_int_equal(run.status, 0);
             assert_non_null(strstr(run.err, want));
             e2e_run_free(&run);

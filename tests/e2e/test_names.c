@@ -112,7 +112,7 @@ static void test_names_own_titles(void **state)
 static void test_names_attach_says_when(void **state)
 {
     (void)state;
-    char *argv[] = {(char *)e2e_env("RETITLE"), "3000", "padding-padding", NULL};
+    char *argv[] = {(char *)e2e_env("RETITLE"), "20000", "padding-padding", NULL};
     struct e2e_target tg;
     assert_int_equal(e2e_target_start(&tg, runtime_dir, argv, NULL, NULL), 0);
     e2e_sleep_ms(1000);
@@ -124,7 +124,7 @@ static void test_names_attach_says_when(void **state)
                    "-p",
                    pid,
                    "--duration",
-                   "0.3",
+                   "1",
                    "--no-source-lines",
                    "-q",
                    "-o",
@@ -139,6 +139,8 @@ static void test_names_attach_says_when(void **state)
     assert_int_equal(e2e_run(rep, NULL, &run), 0);
     const char *p = run.out ? strstr(run.out, "profiled from ") : NULL;
     print_message("  report: %.*s\n", p ? 90 : 0, p ? p : "");
+    if (!p)
+        print_message("  the whole report:\n%s\n%s", run.out, run.err);
     assert_non_null(p);
     double after = atof(p + strlen("profiled from "));
     assert_non_null(strstr(p, " s after the process started"));
