@@ -473,6 +473,7 @@ unwinder_process_t *unwinder_process_free(unwinder_process_t *p)
     pmaps_free(p->pm, p->maps.n);
     unwinder__maps_done(&p->maps);
     free(p->pcs);
+    unwinder__py_free(p->py);
     if (p->maps_fd >= 0)
         (void)close(p->maps_fd);
     if (p->mem_fd >= 0)
