@@ -140,28 +140,53 @@ static bool py_read(pid_t pid, void *dst, uint64_t src, size_t len)
     return n == (long)len;
 }
 
-/* Types checked in one read at most. */
-#define PY_CHECK_BATCH 16
+/* Code objects checked in one read at most. */
+#define PY_CHECK_BATCH 8
 
-/* How many of @frames[0..n) from the first on have a code object of the code type. */
-static size_t py_check_codes(pid_t pid, const struct wire_py_frame *frames, size_t n)
+/* What is read of each code object: its type, and from its first line to its qualified
+ * name (co_firstlineno at 72, co_filename at 112, co_qualname at 128). */
+#define PY311_CODE_FIRSTLINENO 72
+#define PY311_CODE_FILENAME 112
+#define PY311_CODE_QUALNAME 128
+struct py_code_head {
+    uint64_t type;
+    uint8_t from_line[PY311_CODE_QUALNAME + 8 - PY311_CODE_FIRSTLINENO];
+};
+
+/* How many of @frames[0..n) from the first on have a code object of the code type; adds
+ * each one's wire_py_check() to its flags. */
+static size_t py_check_codes(pid_t pid, struct wire_py_frame *frames, size_t n)
 {
-    struct iovec local[PY_CHECK_BATCH], remote[PY_CHECK_BATCH];
-    uint64_t types[PY_CHECK_BATCH];
+    struct iovec local[2 * PY_CHECK_BATCH], remote[2 * PY_CHECK_BATCH];
+    struct py_code_head h[PY_CHECK_BATCH];
     for (size_t at = 0; at < n; at += PY_CHECK_BATCH) {
         size_t k = n - at < PY_CHECK_BATCH ? n - at : PY_CHECK_BATCH;
         for (size_t i = 0; i < k; i++) {
-            local[i] = (struct iovec){.iov_base = &types[i], .iov_len = sizeof(types[i])};
-            remote[i] =
-                (struct iovec){.iov_base = (void *)(uintptr_t)(frames[at + i].code + PY_OB_TYPE),
-                               .iov_len = sizeof(types[i])};
+            uint64_t code = frames[at + i].code;
+            local[2 * i] = (struct iovec){.iov_base = &h[i].type, .iov_len = sizeof(h[i].type)};
+            remote[2 * i] = (struct iovec){.iov_base = (void *)(uintptr_t)(code + PY_OB_TYPE),
+                                           .iov_len = sizeof(h[i].type)};
+            local[2 * i + 1] =
+                (struct iovec){.iov_base = h[i].from_line, .iov_len = sizeof(h[i].from_line)};
+            remote[2 * i + 1] =
+                (struct iovec){.iov_base = (void *)(uintptr_t)(code + PY311_CODE_FIRSTLINENO),
+                               .iov_len = sizeof(h[i].from_line)};
         }
-        long got =
-            hp_sys6(SYS_process_vm_readv, pid, (long)local, (long)k, (long)remote, (long)k, 0);
-        size_t ok = got > 0 ? (size_t)got / sizeof(uint64_t) : 0;
-        for (size_t i = 0; i < ok; i++)
-            if (types[i] != py_code_type)
+        long got = hp_sys6(SYS_process_vm_readv, pid, (long)local, (long)(2 * k), (long)remote,
+                           (long)(2 * k), 0);
+        size_t ok = got > 0 ? (size_t)got / sizeof(h[0]) : 0;
+        for (size_t i = 0; i < ok; i++) {
+            if (h[i].type != py_code_type)
                 return at + i;
+            int32_t first;
+            uint64_t file, qual;
+            memcpy(&first, h[i].from_line, sizeof(first));
+            memcpy(&file, h[i].from_line + PY311_CODE_FILENAME - PY311_CODE_FIRSTLINENO,
+                   sizeof(file));
+            memcpy(&qual, h[i].from_line + PY311_CODE_QUALNAME - PY311_CODE_FIRSTLINENO,
+                   sizeof(qual));
+            frames[at + i].flags |= wire_py_check(file, qual, first) << WIRE_PYF_CHECK_SHIFT;
+        }
         if (ok < k)
             return at + ok;
     }

@@ -15,6 +15,8 @@ PKGS=(
     heaptrack time jq
     # other allocators, for the tests of programs that use them (linked and preloaded)
     libjemalloc2 libjemalloc-dev libtcmalloc-minimal4 libmimalloc2.0
+    # a C extension between Python frames, for the tests of Python stacks
+    python3-numpy
 )
 
 # A headless browser for the tests and benchmark of `heapprof html`: any chromium on the

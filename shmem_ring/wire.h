@@ -246,13 +246,27 @@ struct wire_py_runtime {
 _Static_assert(sizeof(struct wire_py_runtime) == 16, "wire_py_runtime ABI");
 
 /* One Python frame the thread was running: its code object and the instruction it ran
- * (code units from the start of the code's bytecode; -1 before the first). */
+ * (code units from the start of the code's bytecode; -1 before the first). The code
+ * object may be freed, and its address reused by another, before the service reads it:
+ * the flags' upper bits carry wire_py_check() of the object as the client saw it, which
+ * the service compares with what it reads (or with the name it kept for the address). */
 #define WIRE_PYF_ENTRY (1u << 0) /* the first frame of one run of the evaluation loop */
+#define WIRE_PYF_CHECK_SHIFT 8
 struct wire_py_frame {
     uint64_t code;
     int32_t instr;
-    uint32_t flags; /* WIRE_PYF_* */
+    uint32_t flags; /* WIRE_PYF_*, check << WIRE_PYF_CHECK_SHIFT */
 };
+
+/* 24 bits that tell code objects apart: from the addresses of its file and qualified name
+ * and its first line. */
+static inline uint32_t wire_py_check(uint64_t filename, uint64_t qualname, int32_t firstlineno)
+{
+    uint64_t x = filename * 0x9e3779b97f4a7c15ull ^ qualname;
+    x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull ^ (uint32_t)firstlineno;
+    x = (x ^ (x >> 29)) * 0x94d049bb133111ebull;
+    return (uint32_t)(x >> 40);
+}
 _Static_assert(sizeof(struct wire_py_frame) == 16, "wire_py_frame ABI");
 
 /* The last bytes of a record with WIRE_ALLOC_PY / WIRE_PCS_PY: n_frames struct

@@ -54,7 +54,8 @@ struct py_code {
     uint64_t addr; /* 0: empty */
     uint64_t filename, qualname, linetable;
     int32_t firstlineno;
-    uint32_t gen; /* names cached for this fill */
+    uint32_t check; /* wire_py_check() of the object */
+    uint32_t gen;   /* names cached for this fill */
     const char *qualname_s, *base;
     const struct hp_mapping *map;
     uint8_t *table;
@@ -106,13 +107,6 @@ static bool py_read(const unwinder_process_t *p, void *dst, uint64_t addr, size_
     if (p->mem_fd < 0 || addr > (uint64_t)INT64_MAX - len)
         return false;
     return pread(p->mem_fd, dst, len, (off_t)addr) == (ssize_t)len;
-}
-
-/* The process's memory can no longer be read: it exited (or exec'd). */
-static bool py_gone(const unwinder_process_t *p)
-{
-    uint8_t b;
-    return p->mem_fd >= 0 && pread(p->mem_fd, &b, 1, (off_t)p->py->rt.code_type) != 1;
 }
 
 static uint64_t get64(const uint8_t *b, size_t off)
@@ -288,28 +282,30 @@ static bool py_fill(unwinder_process_t *p, struct py_code *c, uint64_t addr, con
     return true;
 }
 
-/* The cache entry of the code object at @addr as it is now, or NULL (not a code object
- * any more, or unreadable). */
-static struct py_code *py_code(unwinder_process_t *p, uint64_t addr)
+/* The cache entry of the code object the client saw at @addr (its wire_py_check()
+ * @check): the object there now when it is still that one (the entry refreshed from it),
+ * else the name kept for it, if any (it was freed, or the process is gone); NULL when
+ * neither. */
+static struct py_code *py_code(unwinder_process_t *p, uint64_t addr, uint32_t check)
 {
     uint8_t h[PY_CODE_HEAD];
     struct py_code *c = &p->py->codes[(hp_hash_u64(addr) >> 7) & (PY_CODE_SLOTS - 1)];
-    if (!py_read(p, h, addr, sizeof(h))) {
-        /* The process is gone (records are read after its exit): the name the address
-         * had when last read is the best there is. */
-        return c->addr == addr && py_gone(p) ? c : NULL;
-    }
-    if (get64(h, PY_OB_TYPE) != p->py->rt.code_type)
-        return NULL;
+    bool kept = c->addr == addr && c->check == check;
+    if (!py_read(p, h, addr, sizeof(h)) || get64(h, PY_OB_TYPE) != p->py->rt.code_type)
+        return kept ? c : NULL;
     int32_t first;
     memcpy(&first, h + PY_CODE_FIRSTLINENO, sizeof(first));
-    if (c->addr == addr && c->firstlineno == first && c->filename == get64(h, PY_CODE_FILENAME) &&
-        c->qualname == get64(h, PY_CODE_QUALNAME) && c->linetable == get64(h, PY_CODE_LINETABLE))
+    uint64_t file = get64(h, PY_CODE_FILENAME), qual = get64(h, PY_CODE_QUALNAME);
+    if (wire_py_check(file, qual, first) != check)
+        return kept ? c : NULL; /* another code object at the address now */
+    if (c->addr == addr && c->firstlineno == first && c->filename == file && c->qualname == qual &&
+        c->linetable == get64(h, PY_CODE_LINETABLE))
         return c;
     if (!py_fill(p, c, addr, h)) {
         c->addr = 0;
         return NULL;
     }
+    c->check = check;
     return c;
 }
 
@@ -317,7 +313,7 @@ static struct py_code *py_code(unwinder_process_t *p, uint64_t addr)
 static const char *py_name(unwinder_process_t *p, const struct wire_py_frame *f,
                            const struct hp_mapping **ret_map, int *ret_line)
 {
-    struct py_code *c = py_code(p, f->code);
+    struct py_code *c = py_code(p, f->code, f->flags >> WIRE_PYF_CHECK_SHIFT);
     if (!c)
         return NULL;
     struct py_name *e =
