@@ -51,6 +51,12 @@ void cli_print_summary(const char *out_path, const struct svc_summary *sum, int 
                 "and stopped waiting: samples dropped since (CLIENT_ERROR_HIT_TIMEOUT)\n",
                 (unsigned long long)sum->clients_timed_out,
                 sum->clients_timed_out == 1 ? "" : "es");
+    if (sum->python_frames || sum->python_unnamed || sum->python_mismatches)
+        fprintf(stderr,
+                "heapprof: %llu Python frames named, %llu unnamed (<python frame>); %llu stacks "
+                "kept without their Python frames (they did not pair with the interpreter's)\n",
+                (unsigned long long)sum->python_frames, (unsigned long long)sum->python_unnamed,
+                (unsigned long long)sum->python_mismatches);
     if (sum->frees_lost)
         fprintf(stderr,
                 "heapprof: %llu frees of sampled allocations could not be recorded; their bytes "

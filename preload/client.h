@@ -131,6 +131,8 @@ struct client_session {
      * (vfork, CLONE_VM) see the token and write into the ring: that is their parent's
      * memory, the records are as valid as the parent's. NULL: use getpid(). */
     _Atomic uint64_t *fork_token;
+    /* WIRE_PY_RUNTIME written in this session's ring (preload/record.c). */
+    _Atomic bool py_told;
     char path[HP_PATH_MAX]; /* socket of the session (follow forks) */
     pid_t peer_pid;         /* the service's pid (SO_PEERCRED): a followed fork's only peer */
 };

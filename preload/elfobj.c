@@ -121,15 +121,17 @@ static uint32_t elfobj_sysv_hash(const char *name)
     return h;
 }
 
-/* Symbol @i matches @name and is a definition of a function with the default version. */
-static void *elfobj_match(const struct client_elfobj *o, uint32_t i, const char *name)
+/* Symbol @i matches @name and is a definition of a function (@data: of a data object)
+ * with the default version. */
+static void *elfobj_match(const struct client_elfobj *o, uint32_t i, const char *name, bool data)
 {
     const Elf64_Sym *s = &o->symtab[i];
     if (s->st_shndx == SHN_UNDEF || s->st_name >= o->strsz ||
         strcmp(o->strtab + s->st_name, name) != 0)
         return NULL;
     unsigned type = ELF64_ST_TYPE(s->st_info), bind = ELF64_ST_BIND(s->st_info);
-    if ((type != STT_FUNC && type != STT_GNU_IFUNC) || (bind != STB_GLOBAL && bind != STB_WEAK))
+    bool kind = data ? type == STT_OBJECT : (type == STT_FUNC || type == STT_GNU_IFUNC);
+    if (!kind || (bind != STB_GLOBAL && bind != STB_WEAK))
         return NULL;
     /* 0: local; the hidden bit: an old version (e.g. glibc's cfree@GLIBC_2.2.5), which no
      * new reference binds to. */
@@ -141,7 +143,7 @@ static void *elfobj_match(const struct client_elfobj *o, uint32_t i, const char 
     return addr;
 }
 
-void *client_elfobj_lookup(const struct client_elfobj *o, const char *name)
+static void *elfobj_lookup(const struct client_elfobj *o, const char *name, bool data)
 {
     if (o->gnu_hash) {
         const uint32_t *h = o->gnu_hash;
@@ -157,7 +159,7 @@ void *client_elfobj_lookup(const struct client_elfobj *o, const char *name)
         for (;; i++) {
             uint32_t c = chain[i - symoffset];
             if ((c | 1) == (hash | 1)) {
-                void *f = elfobj_match(o, i, name);
+                void *f = elfobj_match(o, i, name, data);
                 if (f)
                     return f;
             }
@@ -172,12 +174,22 @@ void *client_elfobj_lookup(const struct client_elfobj *o, const char *name)
         const uint32_t *bucket = o->sysv_hash + 2, *chain = bucket + nbucket;
         for (uint32_t i = bucket[elfobj_sysv_hash(name) % nbucket], n = 0;
              i != STN_UNDEF && i < nchain && n < nchain; i = chain[i], n++) {
-            void *f = elfobj_match(o, i, name);
+            void *f = elfobj_match(o, i, name, data);
             if (f)
                 return f;
         }
     }
     return NULL;
+}
+
+void *client_elfobj_lookup(const struct client_elfobj *o, const char *name)
+{
+    return elfobj_lookup(o, name, false);
+}
+
+void *client_elfobj_lookup_data(const struct client_elfobj *o, const char *name)
+{
+    return elfobj_lookup(o, name, true);
 }
 
 const char *client_elfobj_reloc_name(const struct client_elfobj *o, const Elf64_Rela *r)

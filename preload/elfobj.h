@@ -58,6 +58,10 @@ static inline bool client_elfobj_contains(const struct client_elfobj *o, uintptr
  * version; an IFUNC is resolved), or NULL when the object does not define it. */
 void *client_elfobj_lookup(const struct client_elfobj *o, const char *name);
 
+/* The address of data object @name as the object defines it (global or weak, default
+ * version), or NULL. */
+void *client_elfobj_lookup_data(const struct client_elfobj *o, const char *name);
+
 /* The name of the symbol relocation @r refers to, or NULL (none, or out of bounds). */
 const char *client_elfobj_reloc_name(const struct client_elfobj *o, const Elf64_Rela *r);
 

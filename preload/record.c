@@ -24,6 +24,7 @@
 #include "common/clock.h"
 #include "common/macros.h"
 #include "preload/got.h"
+#include "preload/python.h"
 #include "preload/stack.h"
 #include "preload/walk.h"
 #include "shmem_ring/wire.h"
@@ -161,6 +162,29 @@ static bool hook_begin_sample(struct client_tls *t, struct client_session *s, ui
  * its end is often unknown, and such a copy is only needed until walks work there. */
 #define HOOK_OTHER_STACK_MAX (64u << 10)
 
+/* The Python frames of a sample (preload/python.h), written at the end of its record. */
+struct hook_py {
+    size_t n;
+    uint32_t flags; /* WIRE_PYT_* */
+    struct wire_py_frame frames[WIRE_MAX_PY_FRAMES];
+};
+
+/* Bytes @py adds to a record of @len bytes: 0 without frames, or when the record would
+ * grow past what the ring takes (the sample goes without them). */
+static size_t hook_py_len(const struct hook_py *py, size_t len)
+{
+    if (!py || len + wire_py_len(py->n) > RING_MAX_PAYLOAD)
+        return 0;
+    return wire_py_len(py->n);
+}
+
+/* Writes @py at the end of the record @w of @len bytes (@py_len from hook_py_len()). */
+static void hook_put_py(struct ring_wspan *w, size_t len, const struct hook_py *py, size_t py_len)
+{
+    if (py_len)
+        wire_encode_py((uint8_t *)w->data + len + py_len, py->frames, py->n, py->flags);
+}
+
 /* Writes the @n pcs of a walk whose first min(@n, HOOK_WALK_PCS) are in @pcs and whose
  * state after those is @rest to @dst. Returns how many it wrote: @n, or fewer when the
  * second walk of the rest failed (the table changed in between). */
@@ -180,7 +204,8 @@ static size_t hook_put_pcs(uint64_t *dst, const uint64_t *pcs, size_t n, struct 
 /* Records a sample whose stack is not the thread's own (a fiber's, a signal stack): a copy
  * that cannot fault, of as much as is there. */
 static HP_NOINLINE void hook_record_other(struct client_tls *t, struct client_session *s, void *p,
-                                          size_t size, uint64_t sample_size, const uint64_t *regs)
+                                          size_t size, uint64_t sample_size, const uint64_t *regs,
+                                          const struct hook_py *py)
 {
     uint64_t sp = regs[WIRE_REG_RSP];
     size_t cap = s->max_stack_bytes < HOOK_OTHER_STACK_MAX ? (size_t)s->max_stack_bytes
@@ -191,11 +216,12 @@ static HP_NOINLINE void hook_record_other(struct client_tls *t, struct client_se
         return;
     struct ring_wspan w;
     struct wire_alloc_head head;
-    if (!hook_begin_sample(t, s, WIRE_ALLOC, wire_alloc_len(plan.len, 0), p, size, sample_size, &w,
-                           &head))
+    size_t len = wire_alloc_len(plan.len, 0), py_len = hook_py_len(py, len);
+    if (!hook_begin_sample(t, s, WIRE_ALLOC, len + py_len, p, size, sample_size, &w, &head))
         return;
     struct wire_alloc *a = w.data;
-    void *stack = wire_encode_alloc(a, &head, sp, plan.len, WIRE_ALLOC_UNKNOWN_STACK, regs, 0);
+    void *stack = wire_encode_alloc(
+        a, &head, sp, plan.len, WIRE_ALLOC_UNKNOWN_STACK | (py_len ? WIRE_ALLOC_PY : 0), regs, 0);
     ssize_t n = client_stack_copy(s->pid, stack, sp, plan.len);
     if (n < 0) {
         /* No way to read it safely (process_vm_readv refused): the rest of the page of
@@ -213,6 +239,7 @@ static HP_NOINLINE void hook_record_other(struct client_tls *t, struct client_se
     if (client_stack_copied_other(&t->stack, sp, &plan, (size_t)n) ||
         plan.how == CLIENT_STACK_ALTSTACK)
         a->flags |= WIRE_ALLOC_STACK_TRUNCATED;
+    hook_put_py(&w, len, py, py_len);
     if (ring_end_write(s->ring, &w))
         hook_poke(s);
 }
@@ -260,6 +287,12 @@ static bool hook_check_code(struct client_session *s)
      * wrapper did; preload/got.h). */
     if (loaded)
         client_got_after_load();
+    /* A program that loads CPython later (an embedding plugin). */
+    if (loaded && (s->features & WIRE_FEATURE_PYFRAMES) && client_py_state() == CLIENT_PY_NONE &&
+        client_dl_lock_try()) {
+        client_py_detect(1);
+        client_dl_unlock();
+    }
     if (unloaded)
         atomic_store_explicit(&s->walk_hold_gen, utable_gen(&s->utable), memory_order_relaxed);
     uint64_t ask = loaded ? ring_ask_maps_read(s->ring) : 0;
@@ -289,7 +322,8 @@ static bool hook_check_code(struct client_session *s)
 
 /* pre: client_session_enter(s) succeeded. */
 static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_session *s, void *p,
-                                          size_t size, uint64_t sample_size, const uint64_t *regs)
+                                          size_t size, uint64_t sample_size, const uint64_t *regs,
+                                          const struct hook_py *py)
 {
     /* The service ended the session (its socket closes next; the session thread ends it). */
     if (hook_foreign_pid(s) || ring_is_detached(s->ring))
@@ -332,7 +366,7 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
         audit = n_pcs > 0 && own && s->audit_every && ++t->walks % s->audit_every == 0;
     }
     if (!own && n_pcs == 0) {
-        hook_record_other(t, s, p, size, sample_size, regs);
+        hook_record_other(t, s, p, size, sample_size, regs, py);
         return;
     }
     if (!hook_watch_free(s, p))
@@ -341,13 +375,15 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
     struct ring_wspan w;
     struct wire_alloc_head head;
     if (n_pcs > 0 && !audit) {
-        if (!hook_begin_sample(t, s, WIRE_ALLOC_PCS, wire_alloc_pcs_len(n_pcs), p, size,
-                               sample_size, &w, &head))
+        size_t len = wire_alloc_pcs_len(n_pcs), py_len = hook_py_len(py, len);
+        uint32_t pcs_flags = py_len ? WIRE_PCS_PY : 0;
+        if (!hook_begin_sample(t, s, WIRE_ALLOC_PCS, len + py_len, p, size, sample_size, &w, &head))
             return;
-        uint64_t *dst = wire_encode_alloc_pcs(w.data, &head, n_pcs, 0);
+        uint64_t *dst = wire_encode_alloc_pcs(w.data, &head, n_pcs, pcs_flags);
         size_t put = hook_put_pcs(dst, pcs, n_pcs, &rest, &s->utable);
         if (put != n_pcs)
-            (void)wire_encode_alloc_pcs(w.data, &head, put, WIRE_PCS_PARTIAL);
+            (void)wire_encode_alloc_pcs(w.data, &head, put, pcs_flags | WIRE_PCS_PARTIAL);
+        hook_put_py(&w, len, py, py_len);
         if (ring_end_write(ring, &w))
             hook_poke(s);
         return;
@@ -360,16 +396,78 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
         flags |= WIRE_ALLOC_STACK_TRUNCATED;
     }
     size_t n_audit = audit ? n_pcs : 0;
-    if (!hook_begin_sample(t, s, WIRE_ALLOC, wire_alloc_len(len, n_audit), p, size, sample_size, &w,
-                           &head))
+    size_t rec_len = wire_alloc_len(len, n_audit), py_len = hook_py_len(py, rec_len);
+    if (py_len)
+        flags |= WIRE_ALLOC_PY;
+    if (!hook_begin_sample(t, s, WIRE_ALLOC, rec_len + py_len, p, size, sample_size, &w, &head))
         return;
     void *stack = wire_encode_alloc(w.data, &head, sp, len, flags, regs, n_audit);
     hook_copy_stack(stack, (const void *)(uintptr_t)sp, (size_t)len);
     if (n_audit &&
         hook_put_pcs(wire_alloc_audit_pcs(stack, len), pcs, n_audit, &rest, &s->utable) != n_audit)
         ((struct wire_alloc *)w.data)->flags &= ~WIRE_ALLOC_AUDIT; /* nothing to compare */
+    hook_put_py(&w, rec_len, py, py_len);
     if (ring_end_write(ring, &w))
         hook_poke(s);
+}
+
+/* Tells the service what CPython the process runs (WIRE_PY_RUNTIME), once per session.
+ * False when it could not (full ring): the sample goes without Python frames, whose code
+ * objects the service could not check. Two threads may both tell: the service keeps the
+ * last. */
+static bool hook_py_tell(struct client_session *s)
+{
+    if (atomic_load_explicit(&s->py_told, memory_order_relaxed))
+        return true;
+    struct ring_wspan w;
+    if (ring_try_begin_write(s->ring, WIRE_PY_RUNTIME, sizeof(struct wire_py_runtime), &w) != 0)
+        return false;
+    struct wire_py_runtime rt;
+    client_py_runtime(&rt);
+    memcpy(w.data, &rt, sizeof(rt));
+    if (ring_end_write(s->ring, &w))
+        hook_poke(s);
+    atomic_store_explicit(&s->py_told, true, memory_order_relaxed);
+    return true;
+}
+
+/* Whether samples of @s look at Python frames: CLIENT_PY_READY, or UNSUPPORTED and not
+ * told yet; CPython is looked for at the first sample of an attached session (the session
+ * thread cannot), and again after code was loaded into a process without it. */
+static bool hook_py_wanted(struct client_session *s)
+{
+    if (!(s->features & WIRE_FEATURE_PYFRAMES))
+        return false;
+    int st = client_py_state();
+    if (HP_UNLIKELY(st == CLIENT_PY_UNKNOWN) && client_dl_lock_try()) {
+        client_py_detect(0); /* takes the lock again, recursively: no wait */
+        client_dl_unlock();
+        st = client_py_state();
+    }
+    return st == CLIENT_PY_READY || (st == CLIENT_PY_UNSUPPORTED &&
+                                     !atomic_load_explicit(&s->py_told, memory_order_relaxed));
+}
+
+/* hook_record_alloc() with the thread's Python frames. Their kilobyte goes on the stack
+ * only when it is the thread's own (a signal stack may be small). */
+static HP_NOINLINE void hook_record_alloc_py(struct client_tls *t, struct client_session *s,
+                                             void *p, size_t size, uint64_t sample_size,
+                                             const uint64_t *regs)
+{
+    if (hook_foreign_pid(s) || ring_is_detached(s->ring))
+        return;
+    uint64_t end, main_top = (uint64_t)(uintptr_t)__libc_stack_end + HOOK_ENTRY_SLACK;
+    bool told = hook_py_tell(s);
+    if (client_py_state() != CLIENT_PY_READY || !told ||
+        client_stack_lookup(&t->stack, regs[WIRE_REG_RSP],
+                            (uint64_t)(uintptr_t)__builtin_thread_pointer(), main_top,
+                            &end) != CLIENT_STACK_OWN) {
+        hook_record_alloc(t, s, p, size, sample_size, regs, NULL);
+        return;
+    }
+    struct hook_py py;
+    py.n = client_py_capture(s->pid, py.frames, WIRE_MAX_PY_FRAMES, &py.flags);
+    hook_record_alloc(t, s, p, size, sample_size, regs, py.n || py.flags ? &py : NULL);
 }
 
 /* Records the free of sampled address @p (already taken out of the set). Never waits:
@@ -457,7 +555,10 @@ uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint6
              * when the allocator comes before us; rate-limited). */
             client_got_check();
             t->in_sample = true;
-            hook_record_alloc(t, s, (void *)p, size, sample_size, regs);
+            if (hook_py_wanted(s))
+                hook_record_alloc_py(t, s, (void *)p, size, sample_size, regs);
+            else
+                hook_record_alloc(t, s, (void *)p, size, sample_size, regs, NULL);
             t->in_sample = false;
         }
         client_session_leave(s);

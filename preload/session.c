@@ -32,6 +32,7 @@
 #include "preload/env.h"
 #include "preload/got.h"
 #include "preload/peer.h"
+#include "preload/python.h"
 #include "shmem_ring/wire.h"
 
 /* Descriptors the client keeps (the session's socket, preload/direct.c's /proc/self/mem)
@@ -44,7 +45,8 @@ static unsigned client_next_slot;   /* owner only */
 
 /* Features this client speaks. */
 #define CLIENT_FEATURES                                                                            \
-    (WIRE_FEATURE_REGS_X86_64 | WIRE_FEATURE_FOLLOW_FORK | WIRE_FEATURE_UNWIND_TABLE)
+    (WIRE_FEATURE_REGS_X86_64 | WIRE_FEATURE_FOLLOW_FORK | WIRE_FEATURE_UNWIND_TABLE |             \
+     WIRE_FEATURE_PYFRAMES)
 
 /* ---- handshake ------------------------------------------------------------------- */
 
@@ -281,6 +283,11 @@ static void client_slot_configure(struct client_session *s, const struct wire_cl
     uint64_t adds = CLIENT_DL_UNKNOWN, subs = CLIENT_DL_UNKNOWN;
     if (reason != WIRE_REASON_ATTACH)
         (void)client_dl_counts(&adds, &subs);
+    /* CPython is looked for here too, for the same reason not on attach (the first
+     * sample looks then, preload/record.c). */
+    if (reason != WIRE_REASON_ATTACH && (cfg->features & WIRE_FEATURE_PYFRAMES))
+        client_py_detect(0);
+    atomic_store_explicit(&s->py_told, false, memory_order_relaxed);
     atomic_store_explicit(&s->dl_adds, adds, memory_order_relaxed);
     atomic_store_explicit(&s->dl_subs, subs, memory_order_relaxed);
     s->pid = (pid_t)hp_sys0(SYS_getpid);

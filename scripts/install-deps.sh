@@ -17,6 +17,8 @@ PKGS=(
     libjemalloc2 libjemalloc-dev libtcmalloc-minimal4 libmimalloc2.0
     # node, whose JIT code the JIT tests and benchmarks walk and name
     nodejs
+    # a C extension between Python frames, for the tests of Python stacks
+    python3-numpy
 )
 
 # A headless browser for the tests and benchmark of `heapprof html`: any chromium on the

@@ -226,7 +226,7 @@ static int answer(const struct svc *s, int sock, const struct wire_hello *hello,
     struct wire_client_config cfg = {
         .magic = WIRE_CONFIG_MAGIC,
         .status = WIRE_STATUS_PROFILE,
-        .features = hello->features & (WIRE_FEATURE_REGS_X86_64 | table |
+        .features = hello->features & (WIRE_FEATURE_REGS_X86_64 | table | WIRE_FEATURE_PYFRAMES |
                                        (s->cfg.follow_fork ? WIRE_FEATURE_FOLLOW_FORK : 0)),
         .block_client = s->cfg.block_client,
         .sampling_interval_bytes = s->cfg.sampling_interval_bytes,
@@ -298,6 +298,7 @@ struct svc_client *svc__handshake(struct svc *s, int sock)
     if (start_unwinding(c) < 0 || make_ring(s, c, &ring_fd) < 0)
         goto reject;
     uint32_t table = make_table(s, c, hello.features, &utable_fd);
+    c->features = hello.features & WIRE_FEATURE_PYFRAMES; /* as answer() accepts them */
     r = answer(s, sock, &hello, table, ring_fd, utable_fd);
     (void)close(ring_fd);
     ring_fd = -1;

@@ -61,6 +61,9 @@ struct svc_summary {
      * max_stack_bytes, foreign stack of unknown end); their stacks end in a
      * "ERROR STACK_TRUNCATED" frame; not counted as unwinding errors */
     uint64_t truncated_stacks;
+    /* Python frames put into stacks (CPython 3.11): named, unnamed ("<python frame>"),
+     * and stacks whose Python frames did not pair with the interpreter's (kept native) */
+    uint64_t python_frames, python_unnamed, python_mismatches;
     /* Records lost on the way, beyond records_dropped (the clients' full rings): */
     uint64_t reserve_failures;     /* given up by the clients after lost reservation races */
     uint64_t records_unread;       /* left in rings when sessions ended (time budget) */

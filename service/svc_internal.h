@@ -62,6 +62,7 @@ struct svc_client {
     unwinder_process_t *unw;
     uint64_t max_stack_bytes;
     uint64_t sampling_interval_bytes;
+    uint32_t features; /* WIRE_FEATURE_* accepted that change what records hold */
     bool from_startup;
     bool started;          /* PROC_START posted */
     bool has_work;         /* ring not known to be empty */
@@ -236,6 +237,7 @@ struct svc {
     /* summary counters, atomics updated by the threads */
     _Atomic uint64_t processes, samples, frees, drops, unwind_errors, rejected, corrupt;
     _Atomic uint64_t walked, audits, audit_mismatches, truncated_stacks;
+    _Atomic uint64_t python_frames, python_unnamed, python_mismatches;
     _Atomic uint64_t frees_lost, timed_out; /* clients that stopped blocking */
     _Atomic uint64_t conn_closed, stall_waits, stall_skips, stall_cutoffs;
     _Atomic uint64_t reserve_failures, records_unread, records_lost_service;

@@ -157,6 +157,59 @@ static void count_stack_flags(struct svc_client *c, uint32_t flags)
         c->stats.unknown_stacks++;
 }
 
+/* The Python frames at the end of a record whose flags say it has them (@with): split
+ * off into @py, @ret_tail, the record's length without them into @len. False: corrupt. */
+static bool take_py(struct svc_client *c, const uint8_t *data, size_t *len, bool with,
+                    struct wire_py_frame *py, struct wire_py_tail *ret_tail)
+{
+    *ret_tail = (struct wire_py_tail){0};
+    if (!with)
+        return true;
+    if (!(c->features & WIRE_FEATURE_PYFRAMES) ||
+        wire_decode_py(data, *len, ret_tail, py, len) < 0) {
+        c->flags |= BK_FLAG_BUFFER_CORRUPTED;
+        return false;
+    }
+    return true;
+}
+
+/* Puts the record's Python frames into the native ones (u->frames, *@n). */
+static void merge_py(struct svc_unwinder *u, struct svc_client *c, size_t *n,
+                     const struct wire_py_frame *py, const struct wire_py_tail *tail)
+{
+    if (!c->unw || (tail->n_frames == 0 && tail->flags == 0))
+        return;
+    struct unwinder_py_result pr;
+    (void)unwinder_py_merge(c->unw, u->frames, n, UNWINDER_MAX_FRAMES, py, tail->n_frames,
+                            tail->flags, &pr);
+    if (pr.named)
+        atomic_fetch_add_explicit(&u->svc->python_frames, pr.named, memory_order_relaxed);
+    if (pr.unnamed)
+        atomic_fetch_add_explicit(&u->svc->python_unnamed, pr.unnamed, memory_order_relaxed);
+    if (pr.mismatch)
+        atomic_fetch_add_explicit(&u->svc->python_mismatches, 1, memory_order_relaxed);
+}
+
+/* WIRE_PY_RUNTIME: the CPython the client found, named once per process. */
+static void handle_py_runtime(struct svc_client *c, const uint8_t *data, size_t len)
+{
+    struct wire_py_runtime rt;
+    if (!(c->features & WIRE_FEATURE_PYFRAMES) || wire_decode_py_runtime(data, len, &rt) < 0) {
+        c->flags |= BK_FLAG_BUFFER_CORRUPTED;
+        return;
+    }
+    if (!c->unw || unwinder_py_runtime(c->unw, &rt) != 1)
+        return;
+    static const char *const why[] = {"", "a version other than 3.11", "a debug build",
+                                      "a layout other than 3.11's"};
+    unsigned v = rt.hexversion;
+    if (rt.status != WIRE_PY_OK)
+        hp_log_info("pid %d: Python %u.%u.%u is %s: its frames are not shown (only 3.11 "
+                    "release builds are read)",
+                    c->pid, v >> 24, v >> 16 & 0xff, v >> 8 & 0xff,
+                    rt.status < HP_ARRAY_SIZE(why) ? why[rt.status] : "not supported");
+}
+
 static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uint8_t *data,
                          size_t len)
 {
@@ -164,7 +217,17 @@ static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uin
     const uint8_t *stack;
     uint64_t pcs[WIRE_MAX_PCS];
     size_t n_pcs = 0;
-    if (wire_decode_alloc(data, len, c->max_stack_bytes, &a, &stack, pcs, &n_pcs) < 0) {
+    struct wire_py_frame py[WIRE_MAX_PY_FRAMES];
+    struct wire_py_tail tail;
+    /* The flags are read from the record's fixed part before it is copied: the copy
+     * below checks them again. */
+    uint32_t flags = 0;
+    if (len >= sizeof(a))
+        memcpy(&flags, data + offsetof(struct wire_alloc, flags), sizeof(flags));
+    if (!take_py(c, data, &len, (flags & WIRE_ALLOC_PY) != 0, py, &tail))
+        return;
+    if (wire_decode_alloc(data, len, c->max_stack_bytes, &a, &stack, pcs, &n_pcs) < 0 ||
+        (a.flags & WIRE_ALLOC_PY) != (flags & WIRE_ALLOC_PY)) {
         c->flags |= BK_FLAG_BUFFER_CORRUPTED;
         return;
     }
@@ -182,6 +245,8 @@ static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uin
                                  &res);
     if (n_pcs > 0 && r >= 0)
         audit_walk(u, c, pcs, n_pcs, n, &res);
+    if (r >= 0)
+        merge_py(u, c, &n, py, &tail);
     /* struct wire_alloc starts with the fields of a struct wire_alloc_head (wire.h). */
     struct wire_alloc_head h;
     memcpy(&h, &a, sizeof(h));
@@ -194,7 +259,15 @@ static void handle_alloc_pcs(struct svc_unwinder *u, struct svc_client *c, const
 {
     struct wire_alloc_pcs a;
     uint64_t pcs[WIRE_MAX_PCS];
-    if (wire_decode_alloc_pcs(data, len, &a, pcs) < 0) {
+    struct wire_py_frame py[WIRE_MAX_PY_FRAMES];
+    struct wire_py_tail tail;
+    uint32_t flags = 0;
+    if (len >= sizeof(a))
+        memcpy(&flags, data + offsetof(struct wire_alloc_pcs, flags), sizeof(flags));
+    if (!take_py(c, data, &len, (flags & WIRE_PCS_PY) != 0, py, &tail))
+        return;
+    if (wire_decode_alloc_pcs(data, len, &a, pcs) < 0 ||
+        (a.flags & WIRE_PCS_PY) != (flags & WIRE_PCS_PY)) {
         c->flags |= BK_FLAG_BUFFER_CORRUPTED;
         return;
     }
@@ -206,6 +279,8 @@ static void handle_alloc_pcs(struct svc_unwinder *u, struct svc_client *c, const
         /* The walk stopped before the end (the table changed under it): say so. */
         if (r >= 0 && (a.flags & WIRE_PCS_PARTIAL) && !res.error)
             unwinder_mark_truncated(u->frames, &n, UNWINDER_MAX_FRAMES, &res);
+        if (r >= 0)
+            merge_py(u, c, &n, py, &tail);
     }
     post_sample(u, c, r, n, &res, &a.head, true);
 }
@@ -387,6 +462,9 @@ static enum svc_drain_result drain(struct svc_unwinder *u, struct svc_client *c,
         }
         case WIRE_SYNC:
             sync = true;
+            break;
+        case WIRE_PY_RUNTIME:
+            handle_py_runtime(c, rd.data, rd.len);
             break;
         default:
             c->flags |= BK_FLAG_BUFFER_CORRUPTED;

@@ -65,3 +65,27 @@ int wire_decode_maps_changed(const uint8_t *data, size_t len, struct wire_maps_c
     memcpy(ret, data, sizeof(*ret));
     return 0;
 }
+
+int wire_decode_py(const uint8_t *data, size_t len, struct wire_py_tail *ret_tail,
+                   struct wire_py_frame *ret_frames, size_t *ret_len)
+{
+    struct wire_py_tail t;
+    if (len < sizeof(t))
+        return -EBADMSG;
+    memcpy(&t, data + len - sizeof(t), sizeof(t));
+    if (t.n_frames > WIRE_MAX_PY_FRAMES || len < wire_py_len(t.n_frames))
+        return -EBADMSG;
+    size_t rest = len - wire_py_len(t.n_frames);
+    memcpy(ret_frames, data + rest, t.n_frames * sizeof(*ret_frames));
+    *ret_tail = t;
+    *ret_len = rest;
+    return 0;
+}
+
+int wire_decode_py_runtime(const uint8_t *data, size_t len, struct wire_py_runtime *ret)
+{
+    if (len < sizeof(*ret))
+        return -EBADMSG;
+    memcpy(ret, data, sizeof(*ret));
+    return 0;
+}

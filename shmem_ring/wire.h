@@ -44,6 +44,11 @@
  * (shmem_ring/utable.h), and the client may send WIRE_ALLOC_PCS records (and audited
  * WIRE_ALLOC records, WIRE_ALLOC_AUDIT), WIRE_MAPS_CHANGED and WIRE_SYNC. */
 #define WIRE_FEATURE_UNWIND_TABLE (1u << 2)
+/* Python frames: the client tells the CPython runtime it found in the process
+ * (WIRE_PY_RUNTIME, once per session) and may end a sampled allocation record with the
+ * Python frames its thread was running (WIRE_ALLOC_PY, WIRE_PCS_PY: a struct
+ * wire_py_tail after struct wire_py_frame entries). */
+#define WIRE_FEATURE_PYFRAMES (1u << 4)
 
 /* Why the client connects (wire_hello.reason). */
 #define WIRE_REASON_STARTUP 1u /* profiling asked for by the environment at startup */
@@ -111,6 +116,9 @@ enum wire_type {
      * dlclose, which must not wait: the service keeps the mappings it saw go instead,
      * unwinder_retired_seq().) */
     WIRE_SYNC = 5,
+    /* struct wire_py_runtime (WIRE_FEATURE_PYFRAMES): what the client found of CPython,
+     * before its first record with Python frames. */
+    WIRE_PY_RUNTIME = 6,
 };
 
 #define WIRE_MAPS_UNLOADED (1u << 0)
@@ -145,6 +153,8 @@ _Static_assert(WIRE_NREGS == HP_NREGS, "register layout");
 /* The client also walked this stack with its unwind table: after the stack come a
  * uint64_t count and that many pcs, which the service checks against its own unwind. */
 #define WIRE_ALLOC_AUDIT (1u << 2)
+/* The record ends with the thread's Python frames (struct wire_py_tail). */
+#define WIRE_ALLOC_PY (1u << 3)
 /* Most pcs an audit or a WIRE_ALLOC_PCS record carries: as deep as the service unwinds
  * (UNWINDER_MAX_FRAMES), so that deep stacks are walked rather than copied. */
 #define WIRE_MAX_PCS 500
@@ -203,6 +213,8 @@ _Static_assert(sizeof(struct wire_alloc_pcs) == 56, "wire_alloc_pcs ABI");
  * table changed while the client was walking a stack deeper than it keeps pcs of on its
  * own stack): the stack goes on past the last pc. The record may be longer than its pcs. */
 #define WIRE_PCS_PARTIAL (1u << 0)
+/* The record ends with the thread's Python frames (struct wire_py_tail). */
+#define WIRE_PCS_PY (1u << 1)
 _Static_assert(offsetof(struct wire_alloc_pcs, n_pcs) == 48, "wire_alloc_pcs ABI");
 
 /* A free of an address the client sampled (or of any address once the client's filter
@@ -214,6 +226,74 @@ struct wire_free {
     uint32_t reserved;
 };
 _Static_assert(sizeof(struct wire_free) == 24, "wire_free ABI");
+
+/* ---- Python frames (WIRE_FEATURE_PYFRAMES) ------------------------------------------ */
+
+/* wire_py_runtime.status */
+#define WIRE_PY_OK 0u          /* frames follow in records */
+#define WIRE_PY_VERSION 1u     /* a CPython whose frames the client cannot read */
+#define WIRE_PY_DEBUG_BUILD 2u /* a debug build (another object layout) */
+#define WIRE_PY_LAYOUT 3u      /* the interpreter's types do not have the expected sizes */
+
+/* Told once per session, before the first record with Python frames, or alone when the
+ * runtime is not supported. Untrusted like all else: the service only reads memory of the
+ * client with it. */
+struct wire_py_runtime {
+    uint32_t hexversion; /* Py_Version (PY_VERSION_HEX) */
+    uint32_t status;     /* WIRE_PY_* */
+    uint64_t code_type;  /* address of PyCode_Type (WIRE_PY_OK), else 0 */
+};
+_Static_assert(sizeof(struct wire_py_runtime) == 16, "wire_py_runtime ABI");
+
+/* One Python frame the thread was running: its code object and the instruction it ran
+ * (code units from the start of the code's bytecode; -1 before the first). The code
+ * object may be freed, and its address reused by another, before the service reads it:
+ * the flags' upper bits carry wire_py_check() of the object as the client saw it, which
+ * the service compares with what it reads (or with the name it kept for the address). */
+#define WIRE_PYF_ENTRY (1u << 0) /* the first frame of one run of the evaluation loop */
+#define WIRE_PYF_CHECK_SHIFT 8
+struct wire_py_frame {
+    uint64_t code;
+    int32_t instr;
+    uint32_t flags; /* WIRE_PYF_*, check << WIRE_PYF_CHECK_SHIFT */
+};
+
+/* 24 bits that tell code objects apart: from the addresses of its file and qualified name
+ * and its first line. */
+static inline uint32_t wire_py_check(uint64_t filename, uint64_t qualname, int32_t firstlineno)
+{
+    uint64_t x = filename * 0x9e3779b97f4a7c15ull ^ qualname;
+    x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull ^ (uint32_t)firstlineno;
+    x = (x ^ (x >> 29)) * 0x94d049bb133111ebull;
+    return (uint32_t)(x >> 40);
+}
+_Static_assert(sizeof(struct wire_py_frame) == 16, "wire_py_frame ABI");
+
+/* The last bytes of a record with WIRE_ALLOC_PY / WIRE_PCS_PY: n_frames struct
+ * wire_py_frame come right before it, innermost first. */
+#define WIRE_PYT_TRUNCATED (1u << 0) /* more frames than sent: the outermost are missing */
+#define WIRE_PYT_BROKEN (1u << 1)    /* a frame could not be read: the walk stopped there */
+struct wire_py_tail {
+    uint32_t n_frames; /* 0..WIRE_MAX_PY_FRAMES */
+    uint32_t flags;    /* WIRE_PYT_* */
+};
+_Static_assert(sizeof(struct wire_py_tail) == 8, "wire_py_tail ABI");
+#define WIRE_MAX_PY_FRAMES 64
+
+/* Bytes the Python frames add to a record: @n frames and the tail. */
+static inline size_t wire_py_len(size_t n)
+{
+    return n * sizeof(struct wire_py_frame) + sizeof(struct wire_py_tail);
+}
+
+/* Writes @n @frames and their tail so that they end at @end (one past the record). */
+static inline void wire_encode_py(uint8_t *end, const struct wire_py_frame *frames, size_t n,
+                                  uint32_t flags)
+{
+    struct wire_py_tail t = {.n_frames = (uint32_t)n, .flags = flags};
+    __builtin_memcpy(end - sizeof(t), &t, sizeof(t));
+    __builtin_memcpy(end - wire_py_len(n), frames, n * sizeof(*frames));
+}
 
 /* ---- Encoders (client side; hook-safe: no calls but memcpy) ------------------------ */
 
@@ -297,6 +377,15 @@ int wire_decode_alloc(const uint8_t *data, size_t len, uint64_t max_stack_bytes,
  * @ret_pcs (room for WIRE_MAX_PCS). Returns 0 or -EBADMSG. */
 int wire_decode_alloc_pcs(const uint8_t *data, size_t len, struct wire_alloc_pcs *ret,
                           uint64_t *ret_pcs) HP_WARN_UNUSED;
+/* Splits the Python frames off the end of a record of @len bytes at @data (one whose
+ * flags say it has them): copies them to @ret_frames (room for WIRE_MAX_PY_FRAMES),
+ * their tail to @ret_tail, and sets @ret_len to the length of the record without them.
+ * Returns 0 or -EBADMSG. */
+int wire_decode_py(const uint8_t *data, size_t len, struct wire_py_tail *ret_tail,
+                   struct wire_py_frame *ret_frames, size_t *ret_len) HP_WARN_UNUSED;
+/* Copies a WIRE_PY_RUNTIME payload into @ret. Returns 0 or -EBADMSG when too short. */
+int wire_decode_py_runtime(const uint8_t *data, size_t len,
+                           struct wire_py_runtime *ret) HP_WARN_UNUSED;
 /* Copies a WIRE_FREE payload into @ret. Returns 0 or -EBADMSG when too short. */
 int wire_decode_free(const uint8_t *data, size_t len, struct wire_free *ret) HP_WARN_UNUSED;
 /* Copies a WIRE_MAPS_CHANGED payload into @ret. Returns 0 or -EBADMSG when too short. */

@@ -500,6 +500,7 @@ unwinder_process_t *unwinder_process_free(unwinder_process_t *p)
     unwinder__maps_done(&p->maps);
     free(p->pcs);
     p->perfmap = unwinder__perfmap_free(p->perfmap);
+    unwinder__py_free(p->py);
     if (p->maps_fd >= 0)
         (void)close(p->maps_fd);
     if (p->mem_fd >= 0)

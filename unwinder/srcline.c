@@ -623,7 +623,8 @@ static bool prefetch(const struct hp_mapping *m)
 
 void unwinder_source_prefetch(const struct hp_mapping *m)
 {
-    if (!m || !m->path || !m->path[0] || !atomic_load_explicit(&s_enabled, memory_order_relaxed))
+    if (!m || !m->path || !m->path[0] || unwinder_is_py_mapping(m) ||
+        !atomic_load_explicit(&s_enabled, memory_order_relaxed))
         return;
     (void)prefetch(m);
 }
@@ -676,8 +677,8 @@ static int source_lines(const struct hp_mapping *m, uint64_t rel_pc, bool wait,
         return -EINVAL;
     if (!atomic_load_explicit(&s_enabled, memory_order_relaxed))
         return -ECANCELED;
-    if (!m->path || !m->path[0])
-        return -ENOENT;
+    if (!m->path || !m->path[0] || unwinder_is_py_mapping(m))
+        return -ENOENT; /* no ELF file: a Python frame's source (unwinder/python.c) */
     const struct hp_source_line *lines = NULL;
     uint32_t n = 0;
     int r = 0;

@@ -189,6 +189,52 @@ void unwinder_source_prefetch(const struct hp_mapping *m);
 /* The off switch of unwinder_source_lines() (on by default). Thread-safe. */
 void unwinder_set_source_lines(bool enabled);
 
+/* ---- Python frames (unwinder/python.c) ---- */
+
+/* The name of a Python frame whose code object could not be read. */
+#define UNWINDER_PY_UNNAMED "<python frame>"
+
+/* What unwinder_py_merge() did with one stack. */
+struct unwinder_py_result {
+    uint32_t named;   /* Python frames put in, named "qualname (file.py:line)" */
+    uint32_t unnamed; /* Python frames put in as UNWINDER_PY_UNNAMED */
+    /* The runs of CPython's evaluation loop in the native stack and the Python frames did
+     * not pair up: the stack was left as it was. */
+    bool mismatch;
+};
+
+/* The CPython runtime process @p told (WIRE_PY_RUNTIME). Returns 1 the first time, 0
+ * after, -ENOMEM. */
+int unwinder_py_runtime(unwinder_process_t *p, const struct wire_py_runtime *rt) HP_WARN_UNUSED;
+
+/* Puts the Python frames @py (@n_py of them, innermost first, with the tail's
+ * @tail_flags) into @frames (*@n native frames, leaf first; room for @max, at most
+ * UNWINDER_MAX_FRAMES + 1) in place of the frames of CPython's evaluation loop
+ * (_PyEval_EvalFrameDefault): each run of the loop takes the Python frames up to and
+ * including its entry frame. Python frames are named from the process's memory as it is
+ * now; their mappings are named after the source file and have no address range
+ * (unwinder_is_py_mapping()). Returns 0; @ret says what happened. Never crashes on
+ * hostile input. */
+int unwinder_py_merge(unwinder_process_t *p, struct hp_frame *frames, size_t *n, size_t max,
+                      const struct wire_py_frame *py, size_t n_py, uint32_t tail_flags,
+                      struct unwinder_py_result *ret);
+
+/* The line of the instruction @instr (code units; -1: before the first) of a code object
+ * whose location table (CPython 3.11's format) is @table (@len bytes) and whose first line
+ * is @first; 0 when it has none. */
+int unwinder_py_line(const uint8_t *table, size_t len, int32_t first, int32_t instr);
+
+/* The start and end of the mapping of a Python frame (a source file, no address range):
+ * a mark no real mapping has (a mapping made up without a range, as tests and fuzz
+ * targets make for their ELF files, is 0 to 0). */
+#define UNWINDER_PY_MAPPING_MARK 1u
+
+/* True for the mapping of a Python frame. */
+static inline bool unwinder_is_py_mapping(const struct hp_mapping *m)
+{
+    return m && m->start == UNWINDER_PY_MAPPING_MARK && m->end == UNWINDER_PY_MAPPING_MARK;
+}
+
 /* Bytes of memory held by the global caches. */
 size_t unwinder_global_bytes(void);
 

@@ -245,8 +245,14 @@ struct unwinder_process {
     unsigned fail;           /* FAIL_* during the current step */
     unsigned mem_budget;     /* preads left */
     bool reparsed;
-    bool ended_at_entry; /* the current unwind ended at an entry return (frames.c) */
+    bool ended_at_entry;     /* the current unwind ended at an entry return (frames.c) */
+    struct unwinder__py *py; /* Python frames' state (python.c); NULL until told */
 };
+
+/* ---- python.c ---------------------------------------------------------------- */
+
+struct unwinder__py;
+void unwinder__py_free(struct unwinder__py *py);
 
 /* ---- process.c --------------------------------------------------------------- */
 

@@ -1,0 +1,239 @@
+/* preload/python.c: see python.h. The offsets below are those of CPython 3.11's release
+ * builds (Include/internal/pycore_frame.h, Include/cpython/pystate.h,
+ * Include/cpython/code.h), the same in every 3.11.x; a debug build adds fields and is
+ * refused. The sizes of the code type are checked on the live interpreter before any
+ * frame is read. */
+#include "preload/python.h"
+
+#include <errno.h>
+#include <link.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+
+#include "common/macros.h"
+#include "common/sys.h"
+#include "preload/elfobj.h"
+
+/* PyThreadState */
+#define PY311_TSTATE_CFRAME 56
+/* _PyCFrame */
+#define PY311_CFRAME_CURRENT 8
+/* _PyInterpreterFrame: f_code, previous, prev_instr, is_entry; read from f_code on. */
+#define PY311_FRAME_CODE 32
+#define PY311_FRAME_PREVIOUS 48
+#define PY311_FRAME_PREV_INSTR 56
+#define PY311_FRAME_IS_ENTRY 68
+#define PY311_FRAME_READ (PY311_FRAME_IS_ENTRY + 1 - PY311_FRAME_CODE)
+/* PyObject.ob_type; PyTypeObject.tp_basicsize, tp_itemsize */
+#define PY_OB_TYPE 8
+#define PY_TP_BASICSIZE 32
+#define PY_TP_ITEMSIZE 40
+/* PyCodeObject: where its bytecode (co_code_adaptive) starts, which is the code type's
+ * tp_basicsize. */
+#define PY311_CODE_ADAPTIVE 184
+#define PY_CODEUNIT 2
+
+typedef void *(*py_tstate_fn)(void);
+
+static _Atomic int py_state;
+static _Atomic bool py_busy; /* one detection at a time */
+static py_tstate_fn py_get_tstate;
+static uint64_t py_code_type;
+static uint32_t py_hexversion, py_status;
+/* process_vm_readv(2) refused for good (seccomp, an old kernel): no capture. */
+static _Atomic bool py_no_read;
+
+int client_py_state(void)
+{
+    return atomic_load_explicit(&py_state, memory_order_acquire);
+}
+
+void client_py_runtime(struct wire_py_runtime *ret)
+{
+    *ret = (struct wire_py_runtime){
+        .hexversion = py_hexversion,
+        .status = py_status,
+        .code_type = py_status == WIRE_PY_OK ? py_code_type : 0,
+    };
+}
+
+struct py_found {
+    const unsigned long *version;
+    void *tstate_fn;
+    const uint8_t *code_type;
+    bool debug;
+};
+
+/* The first object that defines both the code type and the thread state getter: the
+ * runtime (the executable with a static libpython, or libpython). */
+static int py_detect_cb(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    (void)size;
+    struct py_found *f = arg;
+    struct client_elfobj o;
+    if (client_elfobj_init(&o, info) < 0)
+        return 0;
+    void *code_type = client_elfobj_lookup_data(&o, "PyCode_Type");
+    void *fn = client_elfobj_lookup(&o, "PyGILState_GetThisThreadState");
+    if (!code_type || !fn)
+        return 0;
+    f->code_type = code_type;
+    f->tstate_fn = fn;
+    f->version = client_elfobj_lookup_data(&o, "Py_Version");
+    /* Py_REF_DEBUG (every debug build) keeps a total of references. */
+    f->debug = client_elfobj_lookup_data(&o, "_Py_RefTotal") != NULL;
+    return 1;
+}
+
+/* The state the runtime in @f gets. */
+static int py_judge(const struct py_found *f)
+{
+    /* Py_Version came with 3.11: an older runtime has none. */
+    py_hexversion = f->version ? (uint32_t)*f->version : 0;
+    if ((py_hexversion >> 16) != 0x030b) {
+        py_status = WIRE_PY_VERSION;
+        return CLIENT_PY_UNSUPPORTED;
+    }
+    if (f->debug) {
+        py_status = WIRE_PY_DEBUG_BUILD;
+        return CLIENT_PY_UNSUPPORTED;
+    }
+    int64_t basic, item;
+    memcpy(&basic, f->code_type + PY_TP_BASICSIZE, sizeof(basic));
+    memcpy(&item, f->code_type + PY_TP_ITEMSIZE, sizeof(item));
+    if (basic != PY311_CODE_ADAPTIVE || item != PY_CODEUNIT) {
+        py_status = WIRE_PY_LAYOUT;
+        return CLIENT_PY_UNSUPPORTED;
+    }
+    py_status = WIRE_PY_OK;
+    py_code_type = (uint64_t)(uintptr_t)f->code_type;
+    py_get_tstate = (py_tstate_fn)f->tstate_fn;
+    return CLIENT_PY_READY;
+}
+
+void client_py_detect(int again)
+{
+    int st = atomic_load_explicit(&py_state, memory_order_acquire);
+    if (st != CLIENT_PY_UNKNOWN && !(again && st == CLIENT_PY_NONE))
+        return;
+    if (atomic_exchange_explicit(&py_busy, true, memory_order_acquire))
+        return;
+    struct py_found f = {0};
+    (void)dl_iterate_phdr(py_detect_cb, &f);
+    st = f.code_type ? py_judge(&f) : CLIENT_PY_NONE;
+    /* Release: the runtime's addresses before the state that lets samples use them. */
+    atomic_store_explicit(&py_state, st, memory_order_release);
+    atomic_store_explicit(&py_busy, false, memory_order_release);
+}
+
+/* Reads @len bytes at @src into @dst without faulting; false when not all could be. */
+static bool py_read(pid_t pid, void *dst, uint64_t src, size_t len)
+{
+    struct iovec local = {.iov_base = dst, .iov_len = len};
+    struct iovec remote = {.iov_base = (void *)(uintptr_t)src, .iov_len = len};
+    long n = hp_sys6(SYS_process_vm_readv, pid, (long)&local, 1, (long)&remote, 1, 0);
+    if (n == -EPERM || n == -ENOSYS)
+        atomic_store_explicit(&py_no_read, true, memory_order_relaxed);
+    return n == (long)len;
+}
+
+/* Code objects checked in one read at most. */
+#define PY_CHECK_BATCH 8
+
+/* What is read of each code object: its type, and from its first line to its qualified
+ * name (co_firstlineno at 72, co_filename at 112, co_qualname at 128). */
+#define PY311_CODE_FIRSTLINENO 72
+#define PY311_CODE_FILENAME 112
+#define PY311_CODE_QUALNAME 128
+struct py_code_head {
+    uint64_t type;
+    uint8_t from_line[PY311_CODE_QUALNAME + 8 - PY311_CODE_FIRSTLINENO];
+};
+
+/* How many of @frames[0..n) from the first on have a code object of the code type; adds
+ * each one's wire_py_check() to its flags. */
+static size_t py_check_codes(pid_t pid, struct wire_py_frame *frames, size_t n)
+{
+    struct iovec local[2 * PY_CHECK_BATCH], remote[2 * PY_CHECK_BATCH];
+    struct py_code_head h[PY_CHECK_BATCH];
+    for (size_t at = 0; at < n; at += PY_CHECK_BATCH) {
+        size_t k = n - at < PY_CHECK_BATCH ? n - at : PY_CHECK_BATCH;
+        for (size_t i = 0; i < k; i++) {
+            uint64_t code = frames[at + i].code;
+            local[2 * i] = (struct iovec){.iov_base = &h[i].type, .iov_len = sizeof(h[i].type)};
+            remote[2 * i] = (struct iovec){.iov_base = (void *)(uintptr_t)(code + PY_OB_TYPE),
+                                           .iov_len = sizeof(h[i].type)};
+            local[2 * i + 1] =
+                (struct iovec){.iov_base = h[i].from_line, .iov_len = sizeof(h[i].from_line)};
+            remote[2 * i + 1] =
+                (struct iovec){.iov_base = (void *)(uintptr_t)(code + PY311_CODE_FIRSTLINENO),
+                               .iov_len = sizeof(h[i].from_line)};
+        }
+        long got = hp_sys6(SYS_process_vm_readv, pid, (long)local, (long)(2 * k), (long)remote,
+                           (long)(2 * k), 0);
+        size_t ok = got > 0 ? (size_t)got / sizeof(h[0]) : 0;
+        for (size_t i = 0; i < ok; i++) {
+            if (h[i].type != py_code_type)
+                return at + i;
+            int32_t first;
+            uint64_t file, qual;
+            memcpy(&first, h[i].from_line, sizeof(first));
+            memcpy(&file, h[i].from_line + PY311_CODE_FILENAME - PY311_CODE_FIRSTLINENO,
+                   sizeof(file));
+            memcpy(&qual, h[i].from_line + PY311_CODE_QUALNAME - PY311_CODE_FIRSTLINENO,
+                   sizeof(qual));
+            frames[at + i].flags |= wire_py_check(file, qual, first) << WIRE_PYF_CHECK_SHIFT;
+        }
+        if (ok < k)
+            return at + ok;
+    }
+    return n;
+}
+
+size_t client_py_capture(pid_t pid, struct wire_py_frame *frames, size_t max, uint32_t *ret_flags)
+{
+    *ret_flags = 0;
+    if (atomic_load_explicit(&py_no_read, memory_order_relaxed))
+        return 0;
+    uint64_t tstate = (uint64_t)(uintptr_t)py_get_tstate();
+    uint64_t cframe, frame;
+    if (tstate == 0 || !py_read(pid, &cframe, tstate + PY311_TSTATE_CFRAME, sizeof(cframe)) ||
+        cframe == 0 || !py_read(pid, &frame, cframe + PY311_CFRAME_CURRENT, sizeof(frame)))
+        return 0;
+    size_t n = 0;
+    uint32_t flags = 0;
+    for (; frame != 0; n++) {
+        if (n == max) {
+            flags |= WIRE_PYT_TRUNCATED;
+            break;
+        }
+        uint8_t b[PY311_FRAME_READ];
+        if (!py_read(pid, b, frame + PY311_FRAME_CODE, sizeof(b))) {
+            flags |= WIRE_PYT_BROKEN;
+            break;
+        }
+        uint64_t code, prev, instr;
+        memcpy(&code, b, sizeof(code));
+        memcpy(&prev, b + PY311_FRAME_PREVIOUS - PY311_FRAME_CODE, sizeof(prev));
+        memcpy(&instr, b + PY311_FRAME_PREV_INSTR - PY311_FRAME_CODE, sizeof(instr));
+        int64_t units = ((int64_t)(instr - code) - PY311_CODE_ADAPTIVE) / PY_CODEUNIT;
+        if (units < -1 || units > INT32_MAX)
+            units = -1;
+        frames[n] = (struct wire_py_frame){
+            .code = code,
+            .instr = (int32_t)units,
+            .flags = b[PY311_FRAME_IS_ENTRY - PY311_FRAME_CODE] ? WIRE_PYF_ENTRY : 0,
+        };
+        frame = prev;
+    }
+    size_t ok = py_check_codes(pid, frames, n);
+    if (ok < n) {
+        n = ok;
+        flags = (flags & ~(uint32_t)WIRE_PYT_TRUNCATED) | WIRE_PYT_BROKEN;
+    }
+    *ret_flags = flags;
+    return n;
+}

@@ -1,0 +1,62 @@
+/* preload/python.h: the Python frames a thread of a CPython 3.11 program runs when it
+ * allocates, so that the service can put them in the sample's stack in place of the
+ * interpreter's evaluation loop.
+ *
+ * Finding the runtime: the objects the loader mapped are searched once for CPython's
+ * exported symbols (Py_Version, PyGILState_GetThisThreadState, PyCode_Type), in the
+ * executable (a static libpython) or in libpython3.11.so. Only a release build of 3.11
+ * is read: its object layouts are the same in every 3.11.x (a debug build's are not).
+ * Other versions are named to the service as unsupported, once per session, and left
+ * alone.
+ *
+ * Capture, on the sampled path only: the thread's PyThreadState (a pthread key read,
+ * through PyGILState_GetThisThreadState(): no allocation, no lock), then its chain of
+ * evaluation frames, cframe->current_frame -> previous, innermost first, each as its
+ * code object and the instruction it runs, with the bit that says where one run of the
+ * evaluation loop began. Every load goes through process_vm_readv(2) on ourselves, so a
+ * bad pointer costs a failed read, never a fault; the code objects' types are checked in
+ * one batched read.
+ *
+ *     if (client_py_state() == CLIENT_PY_READY)
+ *         n = client_py_capture(pid, frames, WIRE_MAX_PY_FRAMES, &flags);
+ *
+ * Hook-safe: raw system calls, no allocation; detection calls dl_iterate_phdr() (the
+ * caller holds the loader's lock or may wait for it).
+ */
+#ifndef HP_PRELOAD_PYTHON_H
+#define HP_PRELOAD_PYTHON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "shmem_ring/wire.h"
+
+#pragma GCC visibility push(hidden)
+
+enum {
+    CLIENT_PY_UNKNOWN = 0,     /* not looked for yet */
+    CLIENT_PY_NONE = 1,        /* no CPython in the process */
+    CLIENT_PY_READY = 2,       /* CPython 3.11: frames are captured */
+    CLIENT_PY_UNSUPPORTED = 3, /* another version or build: told, never read */
+};
+
+/* CLIENT_PY_*. Relaxed load; the runtime's addresses are published before READY. */
+int client_py_state(void);
+
+/* Looks for CPython in the loaded objects when not done yet (state UNKNOWN, or NONE
+ * and @again: code was loaded since). Calls dl_iterate_phdr(). */
+void client_py_detect(int again);
+
+/* What to tell the service (WIRE_PY_RUNTIME) in a READY or UNSUPPORTED state. */
+void client_py_runtime(struct wire_py_runtime *ret);
+
+/* The calling thread's Python frames, innermost first, at most @max (<=
+ * WIRE_MAX_PY_FRAMES) of them, into @frames; @ret_flags gets WIRE_PYT_*. Returns the
+ * count (0: the thread runs no Python code, or has no Python thread state). pre: READY.
+ * @pid: ours. */
+size_t client_py_capture(pid_t pid, struct wire_py_frame *frames, size_t max, uint32_t *ret_flags);
+
+#pragma GCC visibility pop
+
+#endif
