@@ -2,8 +2,8 @@
  * applies the batches the unwinder threads post, in the order each thread posted them. */
 #include "service/svc_internal.h"
 
-#include <stdlib.h>
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
@@ -58,6 +58,13 @@ static void apply(struct svc *s, const struct svc_msg *m)
     case SVC_MSG_FREE: {
         const struct svc_msg_free *f = (const void *)m;
         bk_record_free(s->bk, m->pid, f->heap_id, f->seq, f->addr);
+        break;
+    }
+    case SVC_MSG_HEAP_NAME: {
+        const struct svc_msg_heap_name *hn = (const void *)m;
+        r = bk_heap_name(s->bk, m->pid, hn->heap_id, hn->name);
+        if (r < 0 && r != -ESRCH)
+            hp_log_info("pid %d: heap %u not named: %s", m->pid, hn->heap_id, strerror(-r));
         break;
     }
     case SVC_MSG_PROC_END: {
