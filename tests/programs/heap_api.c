@@ -15,7 +15,8 @@
  *
  * The calls are found through weak symbols (the library preloaded, or absent), or with
  * `dynamic` at run time (heapprof_api_load(): also a library injected by heapprof attach),
- * looked for again before each round while not found. With `serve` it prints "ready",
+ * looked for again before each round while not found. With `serve` it registers the heaps
+ * first when it can, prints "ready",
  * does a round for each line on stdin ("round done" after it), says "attached" when a
  * session's ring appears in its maps, and exits at EOF. */
 #define HEAPPROF_WEAK
@@ -157,6 +158,11 @@ int main(int argc, char **argv)
     if (!serve) {
         round_of_work(dynamic);
         return 0;
+    }
+    /* Heaps registered before any session, when the library is there already. */
+    if (resolve(dynamic)) {
+        small_heap = api.register_heap("arena.small");
+        big_heap = api.register_heap("arena.big");
     }
     printf("ready\n");
     fflush(stdout);
