@@ -163,7 +163,26 @@ static void test_heap_api_all_heaps(void **state)
     assert_non_null(strstr(out, "heap arena.small,"));
     assert_non_null(strstr(out, "heap arena.big,"));
     assert_non_null(strstr(out, "heap libc.malloc,"));
+    /* The process table names the heaps beside malloc's; the process is counted once. */
+    assert_non_null(strstr(out, "[heap arena.small] "));
+    assert_non_null(strstr(out, "[heap arena.big] "));
+    assert_non_null(strstr(out, "Total over 1 process:"));
     free(out);
+    /* pprof: a profile per heap. */
+    char prefix[300];
+    snprintf(prefix, sizeof(prefix), "%s/prof", runtime_dir);
+    char *pargv[] = {(char *)e2e_env("HEAPPROF_BIN"), "pprof", trace, "-o", prefix, NULL};
+    struct e2e_run run;
+    assert_int_equal(e2e_run(pargv, NULL, &run), 0);
+    assert_int_equal(run.status, 0);
+    for (int i = 0; i < 3; i++) {
+        const char *heap[] = {"libc.malloc", "arena.small", "arena.big"};
+        const char *want = strstr(run.out, heap[i]);
+        if (!want)
+            print_message("  pprof said: %s\n", run.out);
+        assert_non_null(want);
+    }
+    e2e_run_free(&run);
     /* Perfetto's own reading of the heap names, where its trace processor is present. */
     char *q = e2e_trace_processor_query(
         trace, "select distinct heap_name from heap_profile_allocation order by heap_name");
