@@ -21,6 +21,7 @@ int bk_new(const struct bk_config *cfg, bk_t **ret)
     bk->out_fd = cfg->out_fd;
     bk->sequence_id = cfg->sequence_id ? cfg->sequence_id : 1;
     bk->dump_at_max = cfg->dump_at_max;
+    bk->no_malloc_heap = cfg->no_malloc_heap;
     bk->source_lines = cfg->source_lines;
     bk->source_lines_ctx = cfg->source_lines_ctx;
     bk->max_packet_bytes = BK_MAX_PACKET_BYTES;
@@ -70,6 +71,7 @@ static struct bk_proc *proc_free(struct bk_proc *p)
     for (size_t i = 0; i < p->n_heaps; i++)
         heap_free(p->heaps[i]);
     free(p->heaps);
+    free(p->labels);
     free(p);
     return NULL;
 }
@@ -105,12 +107,48 @@ static struct bk_heap *heap_get(const bk_t *bk, struct bk_proc *p, uint32_t heap
     return h;
 }
 
-void bk__heap_name(uint32_t heap_id, char *buf, size_t len)
+static struct bk_heap_label *label_find(const struct bk_proc *p, uint32_t heap_id)
 {
+    for (size_t i = 0; i < p->n_labels; i++)
+        if (p->labels[i].heap_id == heap_id)
+            return &p->labels[i];
+    return NULL;
+}
+
+void bk__heap_name(const struct bk_proc *p, uint32_t heap_id, char *buf, size_t len)
+{
+    const struct bk_heap_label *l = heap_id && p ? label_find(p, heap_id) : NULL;
     if (heap_id == 0)
         snprintf(buf, len, "%s", BK_HEAP_NAME);
+    else if (l)
+        snprintf(buf, len, "%s", l->name);
     else
         snprintf(buf, len, "heap_%" PRIu32, heap_id);
+}
+
+int bk_heap_name(bk_t *bk, int32_t pid, uint32_t heap_id, const char *name)
+{
+    if (heap_id == 0 || !name[0])
+        return -EINVAL;
+    struct bk_proc *p = bk__find_proc(bk, pid);
+    if (!p)
+        return -ESRCH;
+    struct bk_heap_label *l = label_find(p, heap_id);
+    if (!l) {
+        if (p->n_labels >= BK_MAX_HEAPS)
+            return -ENOSPC;
+        if (hp_grow((void **)&p->labels, &p->cap_labels, p->n_labels + 1, sizeof(*p->labels)) < 0)
+            return -ENOMEM;
+        l = &p->labels[p->n_labels++];
+        l->heap_id = heap_id;
+    }
+    size_t n = strnlen(name, sizeof(l->name) - 1);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)name[i];
+        l->name[i] = c > ' ' && c < 0x7f ? (char)c : '_';
+    }
+    l->name[n] = '\0';
+    return 0;
 }
 
 bk_t *bk_free(bk_t *bk)

@@ -55,6 +55,9 @@ struct bk_config {
     const struct bk_sink *sink; /* non-NULL: packets go there, not to out_fd (copied) */
     uint32_t sequence_id;       /* trusted_packet_sequence_id, non-zero; 0 means 1 */
     bool dump_at_max;           /* dumps show self_max/self_max_count at the peak */
+    /* The session leaves the malloc heap out (its selection of heaps does not name it): a
+     * process's heap 0 is not dumped while it holds no samples and another heap does. */
+    bool no_malloc_heap;
     /* Source positions of the code at @rel_pc in @m, for Perfetto ModuleSymbols packets
      * (the UI shows them with the frames): innermost first, one per function inlined
      * at the pc, the last one the function the code belongs to (see hp_source_line).
@@ -138,10 +141,17 @@ int bk_process_rename(bk_t *bk, int32_t pid, const char *cmdline,
 void bk_process_set_start_time(bk_t *bk, int32_t pid, uint64_t start_ts);
 
 /* A sampled allocation in heap @heap_id (wire heap_id; 0 = "libc.malloc", others are
- * written as "heap_<id>"): @frames leaf first (as the unwinder returns them; copied). */
+ * written under the name bk_heap_name() gave them, else "heap_<id>"): @frames leaf first
+ * (as the unwinder returns them; copied). */
 void bk_record_alloc(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint64_t addr,
                      uint64_t size, uint64_t sample_size, const struct hp_frame *frames,
                      size_t n_frames);
+/* Names heap @heap_id (> 0) of process @pid @name (NUL-terminated, untrusted: cut to
+ * BK_HEAP_NAME_MAX - 1 bytes, bytes that are not printable ASCII or are spaces become
+ * '_'), before or after its first record; a later name replaces an earlier one. Returns 0,
+ * -ESRCH (no such process), -EINVAL (heap 0 or an empty name), -ENOSPC (too many names)
+ * or -ENOMEM. */
+int bk_heap_name(bk_t *bk, int32_t pid, uint32_t heap_id, const char *name);
 /* A free in heap @heap_id. Unknown addresses are ignored and counted. */
 void bk_record_free(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint64_t addr);
 

@@ -459,7 +459,7 @@ static void dump_begin(bk_t *bk, struct dump_run *d, struct bk_proc *p, struct b
     if (d->ts_coarse <= heap->last_dump_ts)
         d->ts_coarse = heap->last_dump_ts + 1;
     heap->last_dump_ts = d->ts_coarse;
-    bk__heap_name(heap->heap_id, d->heap_name, sizeof(d->heap_name));
+    bk__heap_name(p, heap->heap_id, d->heap_name, sizeof(d->heap_name));
     d->heap_name_len = strlen(d->heap_name);
     d->fixed = BK_FRAME_HEADROOM + 128 + d->heap_name_len + FLAGS_STATS_BOUND;
     d->budget = bk->max_packet_bytes > d->fixed ? bk->max_packet_bytes - d->fixed : 0;
@@ -654,6 +654,10 @@ int bk__dump_proc(bk_t *bk, struct bk_proc *p, bool final)
     if (bk->out_broken)
         return bk->counters.last_write_error;
     for (size_t i = 0; i < p->n_heaps; i++) {
+        /* A heap the session does not record, kept only because it is heaps[0]. */
+        if (bk->no_malloc_heap && p->heaps[i]->heap_id == 0 && p->heaps[i]->n_sites == 0 &&
+            p->n_heaps > 1)
+            continue;
         int r = bk__dump_heap(bk, p, p->heaps[i]);
         if (r < 0)
             return r;

@@ -41,6 +41,14 @@
 /* Dumps are split so that no TracePacket exceeds this many bytes. */
 #define BK_MAX_PACKET_BYTES (400 * 1000)
 #define BK_HEAP_NAME "libc.malloc"
+/* Longest heap name, with its NUL (the client's WIRE_HEAP_NAME_MAX). */
+#define BK_HEAP_NAME_MAX 64
+
+/* The name a process gave one of its heaps (bk_heap_name()). */
+struct bk_heap_label {
+    uint32_t heap_id;
+    char name[BK_HEAP_NAME_MAX];
+};
 
 enum bk_rec_kind { BK_REC_ALLOC = 1, BK_REC_FREE = 2 };
 
@@ -148,6 +156,10 @@ struct bk_proc {
     /* Heaps in order of first use; heaps[0] exists from the start (heap id 0). */
     struct bk_heap **heaps;
     size_t n_heaps, cap_heaps;
+    /* Names of heaps other than 0, as the process registered them (any order; at most
+     * BK_MAX_HEAPS). */
+    struct bk_heap_label *labels;
+    size_t n_labels, cap_labels;
 };
 
 struct bk_buf {
@@ -165,6 +177,7 @@ struct bk {
     bool needs_reset;      /* write the interned data again before the next use of it */
     bool in_reset;
     bool dump_at_max;
+    bool no_malloc_heap; /* bk_config.no_malloc_heap */
 
     struct bk_intern in;
     struct bk_counters counters;
@@ -230,8 +243,9 @@ static inline int64_t bk__site_find(const struct bk_heap *h, uint32_t cs)
 struct bk_proc *bk__find_proc(bk_t *bk, int32_t pid);
 /* The heap @heap_id of @p, or NULL when it has none. */
 struct bk_heap *bk__find_heap(const struct bk_proc *p, uint32_t heap_id);
-/* The name a heap id is written under: 0 is "libc.malloc". Writes at most @len bytes. */
-void bk__heap_name(uint32_t heap_id, char *buf, size_t len);
+/* The name heap @heap_id of @p is written under: 0 is "libc.malloc", others are as the
+ * process named them (bk_heap_name()), else "heap_<id>". Writes at most @len bytes. */
+void bk__heap_name(const struct bk_proc *p, uint32_t heap_id, char *buf, size_t len);
 /* Applies every pending record of @p in seq order. */
 void bk__flush_pending(bk_t *bk, struct bk_proc *p);
 /* Applies the records in order that wait in @p's ready queue (not the reorder heap). */

@@ -41,6 +41,8 @@ static const struct cli_field attach_fields[] = {
     {"block_client", NULL, 0},
     {"block_client_timeout_us", NULL, 0},
     {"no_source_lines", NULL, 0},
+    {"heaps", NULL, 0},
+    {"all_heaps", NULL, 0},
     {NULL, NULL, 0},
 };
 

@@ -38,6 +38,8 @@ static const struct cli_field record_fields[] = {
     {"no_source_lines", NULL, 0},
     {"no_fast_unwind", NULL, 0},
     {"audit_every", NULL, 0},
+    {"heaps", NULL, 0},
+    {"all_heaps", NULL, 0},
     {NULL, NULL, 0},
 };
 

@@ -243,8 +243,10 @@ void client__forget_parent(bool alone, bool keep_rings)
             client_session_writers_reset(s);
             if (s->freeset.lv[0].slots)
                 client_freeset_clear(&s->freeset);
+            client__heap_sets_clear(s);
         }
     }
+    client__heaps_close();
     int state = atomic_load_explicit(&client_state, memory_order_relaxed);
     if (state == CLIENT_ACTIVE)
         atomic_store_explicit(&client_state, CLIENT_DORMANT, memory_order_release);

@@ -38,6 +38,7 @@
 #include "preload/stack.h"
 #include "shmem_ring/ring.h"
 #include "shmem_ring/utable.h"
+#include "shmem_ring/wire.h"
 
 #pragma GCC visibility push(hidden)
 
@@ -68,6 +69,12 @@ enum client_state {
 #define CLIENT_MAX_SESSIONS 4
 /* A detach waits this long for in-flight writers before giving the slot up for good. */
 #define CLIENT_DETACH_WAIT_MS 5000u
+
+/* Heaps of the program's own (include/heapprof.h, preload/heapapi.c): ids 1..this. */
+#define CLIENT_MAX_HEAPS 32
+/* First level of such a heap's sampled-block set: smaller than malloc's (2^16 slots, half
+ * a MiB of address space), mapped on the heap's first sample in a slot. */
+#define CLIENT_HEAP_FREESET_LOG2 16
 
 /* Per-thread state; initial-exec TLS, keep it small (DESIGN.md: under 1 KiB in all). */
 struct client_tls {
@@ -117,6 +124,16 @@ struct client_session {
      * path last told the service (or at the handshake). */
     _Atomic uint64_t dl_adds, dl_subs; /* CLIENT_DL_UNKNOWN: not read yet (attach) */
     struct client_freeset freeset;     /* mapped once per slot, cleared on reuse */
+    /* The heaps the session records (WIRE_FEATURE_HEAPS; without it, malloc only):
+     * malloc_on for the malloc family; bit h of heaps_on for the program's heap h (set
+     * when the heap is registered, before or during the session: preload/heapapi.c). */
+    bool malloc_on;
+    _Atomic uint64_t heaps_on;
+    struct wire_heaps heap_select;    /* the service's selection, for heaps registered later */
+    _Atomic uint32_t heap_names_sent; /* heaps whose name is in the ring (ids 1..this) */
+    /* Per heap of the program's own: its sampled blocks, mapped on its first sample
+     * (client_heap_set_ready()), cleared on reuse like freeset. */
+    struct client_freeset heap_sets[CLIENT_MAX_HEAPS];
     /* Hooks inside client_session_enter/leave. Written twice by every record: each
      * thread counts on a line of its own (client_tls.writer_shard; threads beyond
      * CLIENT_WRITER_SHARDS share), so that threads recording at once do not take one
@@ -220,7 +237,48 @@ uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint6
  * the application's frame and call client_alloc_slow(). Both return @ret. */
 void *client_sample_tramp(void *p, size_t size, void *ret);
 int client_sample_tramp_int(void *p, size_t size, int ret);
-void client_record_free(struct client_session *s, void *p);
+/* Records the free of sampled block @addr of @heap (taken out of its set already). */
+void client_record_free(struct client_session *s, uint32_t heap, uint64_t addr);
+/* The heap API's slow path (preload/record.c), reached through client_heap_tramp with
+ * the caller's registers in @regs: samples (@sample_size 0: with the thread's sampler) and
+ * records a block of the program's heap @heap. True when recorded. */
+bool client_heap_slow(uint32_t heap, uint64_t id, uint64_t size, uint64_t sample_size,
+                      const uint64_t *regs);
+bool client_heap_tramp(uint32_t heap, uint64_t id, uint64_t size, uint64_t sample_size);
+
+/* ---- the program's own heaps (preload/heapapi.c) ---- */
+
+/* Bit h: heap h may be recorded (some session selected it). The heap API's fast path
+ * reads it after client_fast_interval; the slow path asks client_heap_selected(). A bit
+ * may stay set after its session (a registration racing the end): it costs the slow path,
+ * never a record. */
+extern _Atomic uint64_t client_heaps_fast;
+/* True when @s records @heap (1..CLIENT_MAX_HEAPS). Hook-safe. */
+static inline bool client_heap_selected(struct client_session *s, uint32_t heap)
+{
+    return heap >= 1 && heap <= CLIENT_MAX_HEAPS &&
+           ((atomic_load_explicit(&s->heaps_on, memory_order_relaxed) >> heap) & 1);
+}
+/* Maps @heap's set of sampled blocks in @s on its first sample; false when it cannot be
+ * used now (another thread is mapping it, or the mapping failed: the sample is dropped
+ * and counted). Hook-safe. */
+bool client_heap_set_ready(struct client_session *s, uint32_t heap);
+/* Heaps registered so far (ids 1..this). */
+extern _Atomic uint32_t client_heap_count;
+/* A new session @s: which heaps it records (@sel: the service's selection; NULL: malloc
+ * only, an older service). Owner only, before @s is published. */
+void client__heaps_open(struct client_session *s, const struct wire_heaps *sel);
+/* After @s is published: the heaps registered so far are recorded when @s selects them.
+ * Owner only; also on the raw session thread (atomics only). */
+void client__heaps_announce(struct client_session *s);
+/* Writes the names of the heaps registered since the last call into @s's ring. Sampled
+ * path, inside @s, before a sample. */
+void client__heap_names_flush(struct client_session *s);
+/* The session ends: no heap is recorded. */
+void client__heaps_close(void);
+/* Empties the heap sets of @s mapped so far, for the slot's next session (as
+ * client_freeset_clear()). Owner only, no hook inside @s. */
+void client__heap_sets_clear(struct client_session *s);
 
 /* Finds the loader's lock (preload/dl.c). Once, at initialisation, from a thread glibc
  * knows; not hook-safe (it waits for the lock). */

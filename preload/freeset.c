@@ -42,6 +42,29 @@ int client_freeset_init(struct client_freeset *s, unsigned log2_slots)
     return 0;
 }
 
+int client_freeset_init_once(struct client_freeset *s, unsigned log2_slots)
+{
+    /* Acquire pairs with the release store of nlevels below. */
+    if (HP_LIKELY(atomic_load_explicit(&s->nlevels, memory_order_acquire) != 0))
+        return 0;
+    /* growing guards the first mapping as it guards the next ones: its holder is the only
+     * thread that writes lv[] until it lets go. */
+    bool expected = false;
+    if (!atomic_compare_exchange_strong_explicit(&s->growing, &expected, true, memory_order_acquire,
+                                                 memory_order_relaxed))
+        return -EBUSY;
+    int r = 0;
+    if (atomic_load_explicit(&s->nlevels, memory_order_acquire) == 0) {
+        r = freeset_map_level(&s->lv[0], log2_slots);
+        if (r == 0) {
+            s->log2_slots = log2_slots;
+            atomic_store_explicit(&s->nlevels, 1, memory_order_release);
+        }
+    }
+    atomic_store_explicit(&s->growing, false, memory_order_release);
+    return r;
+}
+
 void client_freeset_clear(struct client_freeset *s)
 {
     atomic_store_explicit(&s->nlevels, 1, memory_order_release);

@@ -91,6 +91,10 @@ struct client_freeset {
 /* Maps the first level (pre: log2_slots >= CLIENT_FREESET_LINE_LOG2); returns 0 or
  * -errno. */
 int client_freeset_init(struct client_freeset *s, unsigned log2_slots) HP_WARN_UNUSED;
+/* client_freeset_init() for a set that starts zeroed and may be first used by any of
+ * several threads at once (hook-safe): 0 when the set is ready (now or before), -EBUSY
+ * while another thread maps it, or -errno. */
+int client_freeset_init_once(struct client_freeset *s, unsigned log2_slots) HP_WARN_UNUSED;
 /* Empties the set for a new session, back to one level: every mapped level's pages are
  * dropped (zero again). Owner only, with no insert running; a late free() probing it
  * meanwhile finds nothing. */

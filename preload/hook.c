@@ -70,7 +70,7 @@ static HP_ALWAYS_INLINE bool hook_off(void)
 static HP_ALWAYS_INLINE void hook_free_watched(struct client_session *s, void *p)
 {
     if (client_freeset_remove(&s->freeset, (uint64_t)(uintptr_t)p))
-        client_record_free(s, p);
+        client_record_free(s, 0, (uint64_t)(uintptr_t)p);
 }
 
 static HP_ALWAYS_INLINE void hook_before_free(void *p)

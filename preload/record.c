@@ -100,17 +100,31 @@ __attribute__((no_sanitize("address"))) static void hook_copy_stack(void *dst, c
 #endif
 }
 
+/* What a sample records: the block (its address, or the identity a heap of the
+ * program's own gave it), its size, the bytes the sampler attributes to it and its heap. */
+struct hook_sample {
+    uint64_t addr;
+    uint64_t size;
+    uint64_t sample_size;
+    uint32_t heap; /* 0: the malloc family */
+};
+
+/* The set of @s that watches the frees of @heap's sampled blocks. */
+static struct client_freeset *hook_set(struct client_session *s, uint32_t heap)
+{
+    return heap == 0 ? &s->freeset : &s->heap_sets[heap - 1];
+}
+
 /* The head of a sampled allocation record. */
 static void hook_fill_head(struct wire_alloc_head *ret, struct client_tls *t,
-                           const struct client_session *s, void *p, size_t size,
-                           uint64_t sample_size)
+                           const struct client_session *s, const struct hook_sample *smp)
 {
     *ret = (struct wire_alloc_head){
-        .addr = (uint64_t)(uintptr_t)p,
-        .size = size,
-        .sample_size = sample_size,
+        .addr = smp->addr,
+        .size = smp->size,
+        .sample_size = smp->sample_size,
         .ts_ns = hp_clock_ns(CLOCK_MONOTONIC_COARSE),
-        .heap_id = 0,
+        .heap_id = smp->heap,
         .tid = hook_tid(t, s),
     };
 }
@@ -119,9 +133,9 @@ static void hook_fill_head(struct wire_alloc_head *ret, struct client_tls *t,
  * other thread can free @p before the hook returns it). False when the set could not
  * take it (every level full, or no memory for the next): the sample is then dropped and
  * counted, so that no free of it can go unrecorded. */
-static bool hook_watch_free(struct client_session *s, void *p)
+static bool hook_watch_free(struct client_session *s, const struct hook_sample *smp)
 {
-    if (HP_LIKELY(client_freeset_insert(&s->freeset, (uint64_t)(uintptr_t)p) == 0))
+    if (HP_LIKELY(client_freeset_insert(hook_set(s, smp->heap), smp->addr) == 0))
         return true;
     atomic_fetch_add_explicit(&client_stat_freeset_overflows, 1, memory_order_relaxed);
     ring_count_freeset_full(s->ring);
@@ -129,9 +143,9 @@ static bool hook_watch_free(struct client_session *s, void *p)
 }
 
 /* The record of @p was not written: nothing to watch. */
-static void hook_unwatch_free(struct client_session *s, void *p, int r)
+static void hook_unwatch_free(struct client_session *s, const struct hook_sample *smp, int r)
 {
-    (void)client_freeset_remove(&s->freeset, (uint64_t)(uintptr_t)p);
+    (void)client_freeset_remove(hook_set(s, smp->heap), smp->addr);
     if (r == -EAGAIN)
         hook_poke_full(s);
 }
@@ -139,15 +153,15 @@ static void hook_unwatch_free(struct client_session *s, void *p, int r)
 /* Reserves a sampled allocation's record of @type and @len payload bytes and fills its
  * head; @p is watched already. False when the ring refused it (then @p is not watched). */
 static bool hook_begin_sample(struct client_tls *t, struct client_session *s, uint16_t type,
-                              size_t len, void *p, size_t size, uint64_t sample_size,
-                              struct ring_wspan *ret_w, struct wire_alloc_head *ret_head)
+                              size_t len, const struct hook_sample *smp, struct ring_wspan *ret_w,
+                              struct wire_alloc_head *ret_head)
 {
     int r = ring_try_begin_write(s->ring, type, len, ret_w);
     if (r < 0) {
-        hook_unwatch_free(s, p, r);
+        hook_unwatch_free(s, smp, r);
         return false;
     }
-    hook_fill_head(ret_head, t, s, p, size, sample_size);
+    hook_fill_head(ret_head, t, s, smp);
     return true;
 }
 
@@ -203,8 +217,8 @@ static size_t hook_put_pcs(uint64_t *dst, const uint64_t *pcs, size_t n, struct 
 
 /* Records a sample whose stack is not the thread's own (a fiber's, a signal stack): a copy
  * that cannot fault, of as much as is there. */
-static HP_NOINLINE void hook_record_other(struct client_tls *t, struct client_session *s, void *p,
-                                          size_t size, uint64_t sample_size, const uint64_t *regs,
+static HP_NOINLINE void hook_record_other(struct client_tls *t, struct client_session *s,
+                                          const struct hook_sample *smp, const uint64_t *regs,
                                           const struct hook_py *py)
 {
     uint64_t sp = regs[WIRE_REG_RSP];
@@ -212,12 +226,12 @@ static HP_NOINLINE void hook_record_other(struct client_tls *t, struct client_se
                                                            : HOOK_OTHER_STACK_MAX;
     struct client_stack_plan plan;
     client_stack_plan_other(&t->stack, sp, cap, &plan);
-    if (!hook_watch_free(s, p))
+    if (!hook_watch_free(s, smp))
         return;
     struct ring_wspan w;
     struct wire_alloc_head head;
     size_t len = wire_alloc_len(plan.len, 0), py_len = hook_py_len(py, len);
-    if (!hook_begin_sample(t, s, WIRE_ALLOC, len + py_len, p, size, sample_size, &w, &head))
+    if (!hook_begin_sample(t, s, WIRE_ALLOC, len + py_len, smp, &w, &head))
         return;
     struct wire_alloc *a = w.data;
     void *stack = wire_encode_alloc(
@@ -321,13 +335,17 @@ static bool hook_check_code(struct client_session *s)
 }
 
 /* pre: client_session_enter(s) succeeded. */
-static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_session *s, void *p,
-                                          size_t size, uint64_t sample_size, const uint64_t *regs,
+static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_session *s,
+                                          const struct hook_sample *smp, const uint64_t *regs,
                                           const struct hook_py *py)
 {
     /* The service ended the session (its socket closes next; the session thread ends it). */
     if (hook_foreign_pid(s) || ring_is_detached(s->ring))
         return;
+    /* Heaps registered since the last sample: their names before their samples. */
+    if (HP_UNLIKELY(atomic_load_explicit(&s->heap_names_sent, memory_order_relaxed) !=
+                    atomic_load_explicit(&client_heap_count, memory_order_relaxed)))
+        client__heap_names_flush(s);
     /* Without the loader's counts (its lock was taken: code may be coming or going), no
      * walk with the table: the stack is copied, for the service to unwind. */
     bool may_walk = s->utable.hdr && hook_check_code(s);
@@ -366,10 +384,10 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
         audit = n_pcs > 0 && own && s->audit_every && ++t->walks % s->audit_every == 0;
     }
     if (!own && n_pcs == 0) {
-        hook_record_other(t, s, p, size, sample_size, regs, py);
+        hook_record_other(t, s, smp, regs, py);
         return;
     }
-    if (!hook_watch_free(s, p))
+    if (!hook_watch_free(s, smp))
         return;
     ring_t *ring = s->ring;
     struct ring_wspan w;
@@ -377,7 +395,7 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
     if (n_pcs > 0 && !audit) {
         size_t len = wire_alloc_pcs_len(n_pcs), py_len = hook_py_len(py, len);
         uint32_t pcs_flags = py_len ? WIRE_PCS_PY : 0;
-        if (!hook_begin_sample(t, s, WIRE_ALLOC_PCS, len + py_len, p, size, sample_size, &w, &head))
+        if (!hook_begin_sample(t, s, WIRE_ALLOC_PCS, len + py_len, smp, &w, &head))
             return;
         uint64_t *dst = wire_encode_alloc_pcs(w.data, &head, n_pcs, pcs_flags);
         size_t put = hook_put_pcs(dst, pcs, n_pcs, &rest, &s->utable);
@@ -399,7 +417,7 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
     size_t rec_len = wire_alloc_len(len, n_audit), py_len = hook_py_len(py, rec_len);
     if (py_len)
         flags |= WIRE_ALLOC_PY;
-    if (!hook_begin_sample(t, s, WIRE_ALLOC, rec_len + py_len, p, size, sample_size, &w, &head))
+    if (!hook_begin_sample(t, s, WIRE_ALLOC, rec_len + py_len, smp, &w, &head))
         return;
     void *stack = wire_encode_alloc(w.data, &head, sp, len, flags, regs, n_audit);
     hook_copy_stack(stack, (const void *)(uintptr_t)sp, (size_t)len);
@@ -451,8 +469,7 @@ static bool hook_py_wanted(struct client_session *s)
 /* hook_record_alloc() with the thread's Python frames. Their kilobyte goes on the stack
  * only when it is the thread's own (a signal stack may be small). */
 static HP_NOINLINE void hook_record_alloc_py(struct client_tls *t, struct client_session *s,
-                                             void *p, size_t size, uint64_t sample_size,
-                                             const uint64_t *regs)
+                                             const struct hook_sample *smp, const uint64_t *regs)
 {
     if (hook_foreign_pid(s) || ring_is_detached(s->ring))
         return;
@@ -462,21 +479,21 @@ static HP_NOINLINE void hook_record_alloc_py(struct client_tls *t, struct client
         client_stack_lookup(&t->stack, regs[WIRE_REG_RSP],
                             (uint64_t)(uintptr_t)__builtin_thread_pointer(), main_top,
                             &end) != CLIENT_STACK_OWN) {
-        hook_record_alloc(t, s, p, size, sample_size, regs, NULL);
+        hook_record_alloc(t, s, smp, regs, NULL);
         return;
     }
     struct hook_py py;
     py.n = client_py_capture(s->pid, py.frames, WIRE_MAX_PY_FRAMES, &py.flags);
-    hook_record_alloc(t, s, p, size, sample_size, regs, py.n || py.flags ? &py : NULL);
+    hook_record_alloc(t, s, smp, regs, py.n || py.flags ? &py : NULL);
 }
 
-/* Records the free of sampled address @p (already taken out of the set). Never waits:
- * free() must not block on the service, whatever block_client says, and this may run in
- * a signal handler that interrupted a hook of this thread, even one writing into the
- * same ring (a reservation is one compare-and-swap; the interrupted record is published
- * when the hook resumes). A free that finds no room is counted as lost: the block stays
- * live in the profile (a phantom leak), and the service says so. */
-void client_record_free(struct client_session *s, void *p)
+/* Records the free of sampled block @addr of @heap (already taken out of its set). Never
+ * waits: free() must not block on the service, whatever block_client says, and this may
+ * run in a signal handler that interrupted a hook of this thread, even one writing into
+ * the same ring (a reservation is one compare-and-swap; the interrupted record is
+ * published when the hook resumes). A free that finds no room is counted as lost: the
+ * block stays live in the profile (a phantom leak), and the service says so. */
+void client_record_free(struct client_session *s, uint32_t heap, uint64_t addr)
 {
     struct client_tls *t = &client_tls;
     int saved_errno = errno;
@@ -490,7 +507,7 @@ void client_record_free(struct client_session *s, void *p)
             struct ring_wspan w;
             int r = ring_try_begin_write_nowait(ring, WIRE_FREE, sizeof(struct wire_free), &w);
             if (r == 0) {
-                wire_encode_free(w.data, (uint64_t)(uintptr_t)p, 0);
+                wire_encode_free(w.data, addr, heap);
                 if (ring_end_write(ring, &w))
                     hook_poke(s);
             } else if (r == -EAGAIN) {
@@ -517,6 +534,39 @@ static void hook_seed_thread(struct client_tls *t, const struct client_session *
     t->tid = 0;
 }
 
+/* The bytes the sampler attributes to an allocation of @size that reached the slow path:
+ * because the size is at least the interval (the counter was not touched), the counter
+ * ran out (it was), or during a warm-up (it was not, and is still positive). 0: not
+ * sampled. */
+static uint64_t hook_sample_size(struct client_tls *t, const struct client_session *s,
+                                 uint64_t size)
+{
+    if (t->gen != s->gen) {
+        hook_seed_thread(t, s);
+        return client_sampler_step(&t->sampler, &s->params, size);
+    }
+    if (size >= s->params.interval)
+        return size;
+    if (t->sampler.bytes_left <= 0)
+        return client_sampler_refill(&t->sampler, &s->params);
+    return client_sampler_step(&t->sampler, &s->params, size);
+}
+
+/* Records @smp in @s, flagged as recording (an allocation now would be a bug). */
+static void hook_record(struct client_tls *t, struct client_session *s,
+                        const struct hook_sample *smp, const uint64_t *regs)
+{
+    /* Code loaded since the last look gets the hooks in its GOT slots too (only when the
+     * allocator comes before us; rate-limited). */
+    client_got_check();
+    t->in_sample = true;
+    if (hook_py_wanted(s))
+        hook_record_alloc_py(t, s, smp, regs);
+    else
+        hook_record_alloc(t, s, smp, regs, NULL);
+    t->in_sample = false;
+}
+
 uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint64_t *regs)
 {
     struct client_tls *t = &client_tls;
@@ -536,35 +586,46 @@ uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint6
     /* Entered before reading the session: its fields stay as they are while we are
      * inside (a slot is reused only once no hook is in it). */
     if (s && client_session_enter(s)) {
-        /* Reached because the size is at least the interval (the counter was not
-         * touched), the counter ran out (it was), or during a warm-up (it was not, and
-         * is still positive). */
-        uint64_t sample_size;
-        if (t->gen != s->gen) {
-            hook_seed_thread(t, s);
-            sample_size = client_sampler_step(&t->sampler, &s->params, size);
-        } else if (size >= s->params.interval) {
-            sample_size = size;
-        } else if (t->sampler.bytes_left <= 0) {
-            sample_size = client_sampler_refill(&t->sampler, &s->params);
-        } else {
-            sample_size = client_sampler_step(&t->sampler, &s->params, size);
-        }
-        if (sample_size > 0 && p != 0) {
-            /* Code loaded since the last look gets the hooks in its GOT slots too (only
-             * when the allocator comes before us; rate-limited). */
-            client_got_check();
-            t->in_sample = true;
-            if (hook_py_wanted(s))
-                hook_record_alloc_py(t, s, (void *)p, size, sample_size, regs);
-            else
-                hook_record_alloc(t, s, (void *)p, size, sample_size, regs, NULL);
-            t->in_sample = false;
-        }
+        struct hook_sample smp = {.addr = p, .size = size, .heap = 0};
+        smp.sample_size = hook_sample_size(t, s, size);
+        /* A session that leaves the malloc heap out still counts its bytes: the sampler
+         * is the thread's, shared with the program's heaps. */
+        if (smp.sample_size > 0 && p != 0 && s->malloc_on)
+            hook_record(t, s, &smp, regs);
         client_session_leave(s);
     }
 
     errno = saved_errno;
     t->in_hook = false;
     return ret;
+}
+
+bool client_heap_slow(uint32_t heap, uint64_t id, uint64_t size, uint64_t sample_size,
+                      const uint64_t *regs)
+{
+    struct client_tls *t = &client_tls;
+    if (t->in_hook)
+        return false;
+    t->in_hook = true;
+    int saved_errno = errno;
+    bool sampled = false;
+
+    struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
+    if (s && client_session_enter(s)) {
+        /* Ids 0 and 1 cannot be watched (preload/freeset.h): never sampled. */
+        if (client_heap_selected(s, heap) && id > 1) {
+            struct hook_sample smp = {.addr = id, .size = size, .heap = heap};
+            /* A heap that samples itself: its weight as it says, the sampler untouched. */
+            smp.sample_size = sample_size ? sample_size : hook_sample_size(t, s, size);
+            if (smp.sample_size > 0 && client_heap_set_ready(s, heap)) {
+                hook_record(t, s, &smp, regs);
+                sampled = true;
+            }
+        }
+        client_session_leave(s);
+    }
+
+    errno = saved_errno;
+    t->in_hook = false;
+    return sampled;
 }

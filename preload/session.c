@@ -46,7 +46,7 @@ static unsigned client_next_slot;   /* owner only */
 /* Features this client speaks. */
 #define CLIENT_FEATURES                                                                            \
     (WIRE_FEATURE_REGS_X86_64 | WIRE_FEATURE_FOLLOW_FORK | WIRE_FEATURE_UNWIND_TABLE |             \
-     WIRE_FEATURE_PYFRAMES)
+     WIRE_FEATURE_PYFRAMES | WIRE_FEATURE_HEAPS)
 
 /* ---- handshake ------------------------------------------------------------------- */
 
@@ -151,13 +151,25 @@ static bool client_config_usable(const struct wire_client_config *cfg, int ring_
            (cfg->features & ~(uint32_t)CLIENT_FEATURES) == 0 && with_table == (utable_fd >= 0);
 }
 
+/* With WIRE_FEATURE_HEAPS, the selection of heaps that follows the config on @sock. */
+static long client_recv_heaps(long sock, struct wire_heaps *ret)
+{
+    int none[1];
+    size_t nfds = 0;
+    long r = hp_recv_fds((int)sock, ret, sizeof(*ret), none, 0, &nfds);
+    if (r < 0)
+        return r;
+    return ret->n <= WIRE_MAX_HEAP_SELECT ? 0 : -EPROTO;
+}
+
 /* The handshake on @path for @reason, with process @want_pid only when > 0. Returns 0
- * with a ring fd, an unwind table fd (-1 when the service sends none), the socket and the
- * peer's pid (PROFILE), 1 when the service answered NOT_PROFILED, or -errno (-EPERM: the
+ * with a ring fd, an unwind table fd (-1 when the service sends none), the socket, the
+ * peer's pid and, when the config says WIRE_FEATURE_HEAPS, the selection of heaps in
+ * @ret_heaps (PROFILE), 1 when the service answered NOT_PROFILED, or -errno (-EPERM: the
  * peer is neither our uid nor root; -EACCES: not the peer the session is for). */
 static int client_handshake(const char *path, uint32_t reason, pid_t want_pid, uint32_t timeout_ms,
                             struct wire_client_config *ret_cfg, int *ret_sock, int *ret_ring_fd,
-                            int *ret_utable_fd, pid_t *ret_peer_pid)
+                            int *ret_utable_fd, pid_t *ret_peer_pid, struct wire_heaps *ret_heaps)
 {
     struct wire_client_config cfg;
     int rx[2] = {-1, -1};
@@ -192,6 +204,8 @@ static int client_handshake(const char *path, uint32_t reason, pid_t want_pid, u
         return 1;
     }
     if (!client_config_usable(&cfg, ring_fd, utable_fd))
+        goto fail;
+    if ((cfg.features & WIRE_FEATURE_HEAPS) && (r = client_recv_heaps(sock, ret_heaps)) < 0)
         goto fail;
 
     *ret_cfg = cfg;
@@ -340,6 +354,7 @@ int client__session_open(const char *path, uint32_t reason, pid_t peer_pid, uint
                          bool warm_up)
 {
     struct wire_client_config cfg = {0};
+    struct wire_heaps heaps;
     int sock = -1, ring_fd = -1, utable_fd = -1;
 
     struct client_session *s = client_free_slot();
@@ -349,7 +364,7 @@ int client__session_open(const char *path, uint32_t reason, pid_t peer_pid, uint
     if (r < 0)
         return r;
     r = client_handshake(path, reason, peer_pid, timeout_ms, &cfg, &sock, &ring_fd, &utable_fd,
-                         &peer_pid);
+                         &peer_pid, &heaps);
     if (r != 0)
         return r;
     ring_t *ring = NULL;
@@ -382,6 +397,7 @@ int client__session_open(const char *path, uint32_t reason, pid_t peer_pid, uint
     s->utable = table;
     s->peer_pid = peer_pid;
     client_slot_configure(s, &cfg, path, reason);
+    client__heaps_open(s, (cfg.features & WIRE_FEATURE_HEAPS) ? &heaps : NULL);
 
     /* The program's calls reach the hooks again before the session is there to see them
      * (preload/direct.h). */
@@ -394,6 +410,7 @@ int client__session_open(const char *path, uint32_t reason, pid_t peer_pid, uint
     /* Release pairs with the acquire loads of client_current in the hooks: the session
      * and its set are in place before anyone uses them. */
     atomic_store_explicit(&client_current, s, memory_order_release);
+    client__heaps_announce(s);
     atomic_store_explicit(&client_fast_interval,
                           warm_up ? CLIENT_FAST_WARM_UP : cfg.sampling_interval_bytes,
                           memory_order_relaxed);
@@ -407,6 +424,7 @@ int client__session_open(const char *path, uint32_t reason, pid_t peer_pid, uint
 void client__session_close(struct client_session *s, bool close_sock)
 {
     atomic_store_explicit(&client_fast_interval, CLIENT_FAST_OFF, memory_order_relaxed);
+    client__heaps_close();
     /* seq_cst: see client_session_enter(). */
     atomic_store_explicit(&client_current, NULL, memory_order_seq_cst);
     atomic_store_explicit(&client_state, CLIENT_DORMANT, memory_order_release);
@@ -432,4 +450,5 @@ void client__session_close(struct client_session *s, bool close_sock)
     /* A hook that loaded @s before the detach may still probe the set: it stays mapped;
      * zero pages make it empty for the slot's next session. */
     client_freeset_clear(&s->freeset);
+    client__heap_sets_clear(s);
 }

@@ -86,8 +86,11 @@ void rp__print_header(FILE *out, const struct rp_trace *t, const struct rp_repor
         max_dumps = HP_MAX(max_dumps, p->n_dumps);
         if (!p->selected)
             continue;
-        shown++;
-        drops += lost_records(p);
+        /* The process's statistics, once (each of its heaps carries them). */
+        if (rp__first_of_process(t, i)) {
+            shown++;
+            drops += lost_records(p);
+        }
         for (size_t k = 0; k < p->n_callsites; k++) {
             const struct rp_trace_callsite *c = &p->callsites[k];
             alloc += c->self_allocated;

@@ -257,6 +257,22 @@ static void print_table(FILE *out, const struct rp_trace_process *p, enum order 
         print_site(out, i + 1, items[i].c, o, p->sampling_interval_bytes, opt);
 }
 
+bool rp__first_of_process(const struct rp_trace *t, size_t i)
+{
+    const struct rp_trace_process *p = &t->processes[i];
+    for (size_t j = 0; j < i; j++) {
+        const struct rp_trace_process *q = &t->processes[j];
+        if (q->selected && q->pid == p->pid && q->exec_index == p->exec_index)
+            return false;
+    }
+    return true;
+}
+
+bool rp__heap_named(const struct rp_trace_process *p)
+{
+    return p->heap_name && p->heap_name[0] && strcmp(p->heap_name, "libc.malloc") != 0;
+}
+
 /* @p's command line on one line, in @buf: control characters (the newlines of a
  * `python3 -c` script) as spaces, cut with "..." past @len - 1 bytes. */
 static const char *process_name(const struct rp_trace_process *p, char *buf, size_t len)
@@ -498,16 +514,19 @@ void rp__print_process_table(FILE *out, const struct rp_trace *t)
         struct totals tt = totals_of(p->callsites, p->n_callsites);
         uint64_t un = tt.alloc > tt.freed ? tt.alloc - tt.freed : 0;
         if (rows++ < max_rows)
-            fprintf(out, "%8" PRId32 " %10" PRIu64 " %10s %10s  %s%s\n", p->pid, tt.nalloc,
+            fprintf(out, "%8" PRId32 " %10" PRIu64 " %10s %10s  %s%s%s%s%s\n", p->pid, tt.nalloc,
                     hp_format_bytes(tt.alloc, a, sizeof(a)), hp_format_bytes(un, u, sizeof(u)),
-                    p->exec_index ? "(exec) " : "", process_name(p, name, sizeof(name)));
+                    p->exec_index ? "(exec) " : "", rp__heap_named(p) ? "[heap " : "",
+                    rp__heap_named(p) ? p->heap_name : "", rp__heap_named(p) ? "] " : "",
+                    process_name(p, name, sizeof(name)));
     }
     if (rows > max_rows)
         fprintf(out, "%8s ... and %zu more\n", "", rows - max_rows);
     /* Attached while running: their earlier allocations are not in the table. */
     for (size_t i = 0, shown = 0; i < t->n_processes && shown < max_rows; i++) {
         char when[128];
-        if (t->processes[i].selected && attached_when(&t->processes[i], when, sizeof(when))) {
+        if (t->processes[i].selected && rp__first_of_process(t, i) &&
+            attached_when(&t->processes[i], when, sizeof(when))) {
             fprintf(out, "%8" PRId32 "  attached while running: %s\n", t->processes[i].pid, when);
             shown++;
         }

@@ -244,6 +244,13 @@ uint64_t rp__hash(const struct rd *rd, const uint64_t *words, size_t n);
 
 /* A site's bytes allocated and not freed (0 when more were freed). */
 uint64_t rp__unreleased(const struct rp_trace_callsite *c);
+/* True when processes[@i] of @t is the first selected entry of its process (pid and
+ * exec_index): a process with several heaps has an entry per heap, each with the
+ * process's statistics. */
+bool rp__first_of_process(const struct rp_trace *t, size_t i);
+/* True when the heap of @p is named beside its program (the process table): any heap but
+ * malloc's, so that a trace of malloc alone reads as before. */
+bool rp__heap_named(const struct rp_trace_process *p);
 /* @samples scaled by @scale (rp_callsite_count_scale()), rounded. */
 uint64_t rp__est_count(uint64_t samples, double scale);
 /* One standard deviation of @bytes estimated at sampling interval @interval. */

@@ -60,6 +60,13 @@ static void apply(struct svc *s, const struct svc_msg *m)
         bk_record_free(s->bk, m->pid, f->heap_id, f->seq, f->addr);
         break;
     }
+    case SVC_MSG_HEAP_NAME: {
+        const struct svc_msg_heap_name *hn = (const void *)m;
+        r = bk_heap_name(s->bk, m->pid, hn->heap_id, hn->name);
+        if (r < 0 && r != -ESRCH)
+            hp_log_info("pid %d: heap %u not named: %s", m->pid, hn->heap_id, strerror(-r));
+        break;
+    }
     case SVC_MSG_PROC_END: {
         const struct svc_msg_proc_end *e = (const void *)m;
         r = bk_process_end(s->bk, m->pid, &e->stats, e->flags);

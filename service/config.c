@@ -82,10 +82,11 @@ const struct svc_config_field svc_config_fields[] = {
      "guardrail: stop profiling when the service used more CPU (seconds; 0: none)"},
     {"disable_fork_teardown", 18, SVC_FIELD_BOOL, 0, FIELD(disable_fork_teardown), 0, 1,
      "disable-fork-teardown", 0, NULL, "disable_fork_teardown", NULL, "disable_fork_teardown"},
-    {"heaps", 20, SVC_FIELD_HEAPS, 0, 0, 0, 0, 0, NULL, 0, NULL, "heap", "NAME",
-     "heaps to profile (only \"libc.malloc\")"},
-    {"all_heaps", 21, SVC_FIELD_ACCEPTED, 0, 0, 0, 0, 1, NULL, 0, NULL, "all_heaps", NULL,
-     "profile every heap (there is one)"},
+    {"heaps", 20, SVC_FIELD_HEAPS, 0, 0, 0, 0, 0, "heaps", 0, NULL, "heap", "NAME,...",
+     "record these heaps (repeatable): \"libc.malloc\" (the malloc family, the default) and "
+     "the program's own, as it registered them (heapprof.h)"},
+    {"all_heaps", 21, SVC_FIELD_BOOL, 0, FIELD(all_heaps), 0, 1, "all-heaps", 0, NULL, "all_heaps",
+     NULL, "record every heap: malloc's and all the program registers"},
     /* heapprof's own fields */
     {"max_stack_bytes", 0, SVC_FIELD_BYTES, 0, FIELD(max_stack_bytes), 1024, 1u << 19, "max-stack",
      0, NULL, "stack copy size", "N",
@@ -172,6 +173,48 @@ void svc_config_set_bool(struct svc_config *cfg, const struct svc_config_field *
         *(bool *)field_ptr(cfg, f) = v;
 }
 
+/* Adds the comma-separated heap names in @v to cfg->heaps ("malloc" is "libc.malloc"). */
+static int set_heaps(struct svc_config *cfg, const char *v, char *err, size_t err_len)
+{
+    for (const char *p = v;; p++) {
+        size_t len = strcspn(p, ",");
+        char name[SVC_HEAP_NAME_MAX];
+        if (len == 0 || len >= sizeof(name)) {
+            snprintf(err, err_len, "a heap name has 1 to %d characters", SVC_HEAP_NAME_MAX - 1);
+            return -EINVAL;
+        }
+        memcpy(name, p, len);
+        name[len] = '\0';
+        if (!strcmp(name, "malloc"))
+            snprintf(name, sizeof(name), "libc.malloc");
+        bool seen = false;
+        for (size_t i = 0; i < cfg->n_heaps && !seen; i++)
+            seen = !strcmp(cfg->heaps[i], name);
+        if (!seen) {
+            if (cfg->n_heaps >= SVC_MAX_HEAPS) {
+                snprintf(err, err_len, "more than %d heaps", SVC_MAX_HEAPS);
+                return -EINVAL;
+            }
+            memcpy(cfg->heaps[cfg->n_heaps++], name, strlen(name) + 1);
+        }
+        p += len;
+        if (!*p)
+            return 0;
+    }
+}
+
+bool svc_config_records_heap(const struct svc_config *cfg, const char *name)
+{
+    if (cfg->all_heaps)
+        return true;
+    if (cfg->n_heaps == 0)
+        return !strcmp(name, "libc.malloc");
+    for (size_t i = 0; i < cfg->n_heaps; i++)
+        if (!strcmp(cfg->heaps[i], name))
+            return true;
+    return false;
+}
+
 int svc_config_set_string(struct svc_config *cfg, const struct svc_config_field *f, const char *v,
                           char *err, size_t err_len)
 {
@@ -179,13 +222,8 @@ int svc_config_set_string(struct svc_config *cfg, const struct svc_config_field 
         snprintf(err, err_len, "%s must not be empty", f->name);
         return -EINVAL;
     }
-    if (f->type == SVC_FIELD_HEAPS) {
-        if (strcmp(v, "libc.malloc") != 0 && strcmp(v, "malloc") != 0) {
-            snprintf(err, err_len, "only the heap \"libc.malloc\" is supported");
-            return -EINVAL;
-        }
-        return 0;
-    }
+    if (f->type == SVC_FIELD_HEAPS)
+        return set_heaps(cfg, v, err, err_len);
     if (f->type != SVC_FIELD_CMDLINES) {
         snprintf(err, err_len, "%s is not a string", f->name);
         return -EINVAL;

@@ -25,6 +25,10 @@
 #include "common/macros.h"
 
 #define SVC_MAX_TARGETS 64
+/* Heaps a session may name (heaps), and their longest name with its NUL: as the client
+ * takes them (shmem_ring/wire.h, WIRE_MAX_HEAP_SELECT and WIRE_HEAP_NAME_MAX). */
+#define SVC_MAX_HEAPS 32
+#define SVC_HEAP_NAME_MAX 64
 
 /* Field names follow Perfetto's HeapprofdConfig. */
 struct svc_config {
@@ -45,6 +49,11 @@ struct svc_config {
     char *process_cmdline[SVC_MAX_TARGETS]; /* exact, basename or glob; owned */
     size_t n_process_cmdline;
     bool all;
+    /* Heaps recorded: every one (all_heaps), the ones named, or with none named only
+     * "libc.malloc" (the malloc family; heapprofd's default). */
+    char heaps[SVC_MAX_HEAPS][SVC_HEAP_NAME_MAX];
+    size_t n_heaps;
+    bool all_heaps;
     bool no_startup; /* do not profile processes that connect at startup */
     bool no_running; /* do not attach running processes */
     /* continuous_dump_config */
@@ -87,8 +96,8 @@ enum svc_field_type {
     SVC_FIELD_BYTES,    /* like UINT; as a flag it takes k, M, G suffixes */
     SVC_FIELD_PIDS,     /* repeated: appends to pid[] */
     SVC_FIELD_CMDLINES, /* repeated string: appends to process_cmdline[] */
-    SVC_FIELD_HEAPS,    /* repeated string: only the malloc heap exists */
-    SVC_FIELD_ACCEPTED, /* a bool that is accepted and has no effect (all_heaps) */
+    SVC_FIELD_HEAPS,    /* repeated string: appends to heaps[] (a flag's value: a list) */
+    SVC_FIELD_ACCEPTED, /* a bool that is accepted and has no effect */
 };
 #define SVC_FIELD_POW2 (1u << 0)        /* the value must be a power of two */
 #define SVC_FIELD_NONZERO (1u << 1)     /* 0 is refused (as a flag: "must be at least 1") */
@@ -156,6 +165,9 @@ bool svc_config_matches(const struct svc_config *cfg, int32_t pid, const char *c
  * arguments joined by spaces, without the padding a retitled process leaves (trailing
  * NULs or spaces). Writes at most @buf_len - 1 characters and a NUL; returns the count. */
 size_t svc_cmdline_title(const char *cmdline, size_t len, char *buf, size_t buf_len);
+/* True when the session records heap @name: all_heaps, named in heaps, or "libc.malloc"
+ * when none is named. */
+bool svc_config_records_heap(const struct svc_config *cfg, const char *name);
 /* True when the configuration names targets (pid, process_cmdline or all). */
 bool svc_config_has_targets(const struct svc_config *cfg);
 

@@ -218,16 +218,35 @@ static uint32_t make_table(const struct svc *s, struct svc_client *c, uint32_t f
     return 0;
 }
 
+/* The session's selection of heaps, for a client that speaks WIRE_FEATURE_HEAPS. */
+static void heaps_selection(const struct svc_config *cfg, struct wire_heaps *ret)
+{
+    _Static_assert(SVC_MAX_HEAPS == WIRE_MAX_HEAP_SELECT && SVC_HEAP_NAME_MAX == WIRE_HEAP_NAME_MAX,
+                   "heap selections as the client takes them");
+    memset(ret, 0, sizeof(*ret));
+    ret->flags = cfg->all_heaps ? WIRE_HEAPS_ALL : 0;
+    if (cfg->n_heaps == 0) {
+        ret->n = 1;
+        memcpy(ret->names[0], WIRE_HEAP_MALLOC_NAME, sizeof(WIRE_HEAP_MALLOC_NAME));
+        return;
+    }
+    ret->n = (uint32_t)cfg->n_heaps;
+    for (size_t i = 0; i < cfg->n_heaps; i++)
+        memcpy(ret->names[i], cfg->heaps[i], sizeof(ret->names[i]));
+}
+
 /* Answers @hello on @sock with the client configuration, the ring (@ring_fd) and, when
- * @table, the unwind table (@utable_fd); both borrowed. Returns 0 or -errno. */
+ * @table, the unwind table (@utable_fd); both borrowed; then, to a client that speaks
+ * WIRE_FEATURE_HEAPS, the heaps to record. Returns 0 or -errno. */
 static int answer(const struct svc *s, int sock, const struct wire_hello *hello, uint32_t table,
                   int ring_fd, int utable_fd)
 {
     struct wire_client_config cfg = {
         .magic = WIRE_CONFIG_MAGIC,
         .status = WIRE_STATUS_PROFILE,
-        .features = hello->features & (WIRE_FEATURE_REGS_X86_64 | table | WIRE_FEATURE_PYFRAMES |
-                                       (s->cfg.follow_fork ? WIRE_FEATURE_FOLLOW_FORK : 0)),
+        .features = hello->features &
+                    (WIRE_FEATURE_REGS_X86_64 | table | WIRE_FEATURE_PYFRAMES | WIRE_FEATURE_HEAPS |
+                     (s->cfg.follow_fork ? WIRE_FEATURE_FOLLOW_FORK : 0)),
         .block_client = s->cfg.block_client,
         .sampling_interval_bytes = s->cfg.sampling_interval_bytes,
         .max_stack_bytes = svc_config_max_stack(&s->cfg),
@@ -235,7 +254,12 @@ static int answer(const struct svc *s, int sock, const struct wire_hello *hello,
         .audit_every = table ? s->cfg.audit_every : 0,
     };
     int send[2] = {ring_fd, utable_fd};
-    return hp_send_fds(sock, &cfg, sizeof(cfg), send, table ? 2 : 1);
+    int r = hp_send_fds(sock, &cfg, sizeof(cfg), send, table ? 2 : 1);
+    if (r < 0 || !(cfg.features & WIRE_FEATURE_HEAPS))
+        return r;
+    struct wire_heaps heaps;
+    heaps_selection(&s->cfg, &heaps);
+    return hp_send_fds(sock, &heaps, sizeof(heaps), NULL, 0);
 }
 
 /* @c is profiled from now on: it takes @sock (non-blocking from here), and its ring

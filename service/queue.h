@@ -40,6 +40,8 @@ enum svc_msg_type {
     SVC_MSG_PROC_RENAME = 9,
     /* A question of another thread about the profiles (svc_query()), answered in turn. */
     SVC_MSG_QUERY = 10,
+    /* The process named one of its heaps (WIRE_HEAP_NAME). */
+    SVC_MSG_HEAP_NAME = 11,
 };
 
 /* Messages are 8-byte aligned and packed in a batch one after another. Each starts with
@@ -74,6 +76,14 @@ struct svc_msg_alloc {
     uint32_t heap_id; /* the client's heap id (untrusted) */
     uint32_t n_frames;
     uint64_t seq, addr, size, sample_size;
+};
+
+/* SVC_MSG_HEAP_NAME: heap @heap_id (> 0) is called @name (NUL-terminated). */
+struct svc_msg_heap_name {
+    struct svc_msg h;
+    uint32_t heap_id;
+    char name[64];
+    uint32_t reserved;
 };
 
 /* The free of a sampled allocation. */

@@ -147,6 +147,7 @@ static int create(const struct svc_config *cfg, int out_fd, const struct bk_sink
                                    .sink = sink,
                                    .sequence_id = 1,
                                    .dump_at_max = cfg->dump_at_max,
+                                   .no_malloc_heap = !svc_config_records_heap(cfg, "libc.malloc"),
                                    .source_lines = source_lines},
                &s->bk);
     if (r < 0)

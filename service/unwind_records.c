@@ -305,6 +305,23 @@ static void handle_free(struct svc_unwinder *u, struct svc_client *c, const uint
     c->frees++;
 }
 
+/* A heap's name: for the bookkeeping thread, which names the heap's dumps by it. */
+static void handle_heap_name(struct svc_unwinder *u, struct svc_client *c, const uint8_t *data,
+                             size_t len)
+{
+    struct wire_heap_name h;
+    if (wire_decode_heap_name(data, len, &h) < 0) {
+        c->flags |= BK_FLAG_BUFFER_CORRUPTED;
+        return;
+    }
+    struct svc_msg_heap_name *m = svc__post(u, c, SVC_MSG_HEAP_NAME, sizeof(*m));
+    if (!m)
+        return;
+    _Static_assert(sizeof(m->name) == sizeof(h.name), "heap name sizes");
+    m->heap_id = h.heap_id;
+    memcpy(m->name, h.name, sizeof(m->name));
+}
+
 /* Acts on the WIRE_MAPS_CHANGED records read since the last sample: one reread of the
  * maps for a run of them, within the client's budget for rereads (REREAD_SHARE). Returns
  * false when the budget holds the reread back: the sample waits (c->throttled). An
@@ -465,6 +482,9 @@ static enum svc_drain_result drain(struct svc_unwinder *u, struct svc_client *c,
             break;
         case WIRE_PY_RUNTIME:
             handle_py_runtime(c, rd.data, rd.len);
+            break;
+        case WIRE_HEAP_NAME:
+            handle_heap_name(u, c, rd.data, rd.len);
             break;
         default:
             c->flags |= BK_FLAG_BUFFER_CORRUPTED;

@@ -58,6 +58,21 @@ int wire_decode_free(const uint8_t *data, size_t len, struct wire_free *ret)
     return 0;
 }
 
+int wire_decode_heap_name(const uint8_t *data, size_t len, struct wire_heap_name *ret)
+{
+    struct wire_heap_name h;
+    if (len < sizeof(h))
+        return -EBADMSG;
+    memcpy(&h, data, sizeof(h));
+    if (h.heap_id == 0 || h.len == 0 || h.len >= WIRE_HEAP_NAME_MAX)
+        return -EBADMSG;
+    h.name[h.len] = '\0';
+    if (strlen(h.name) != h.len)
+        return -EBADMSG;
+    *ret = h;
+    return 0;
+}
+
 int wire_decode_maps_changed(const uint8_t *data, size_t len, struct wire_maps_changed *ret)
 {
     if (len < sizeof(*ret))

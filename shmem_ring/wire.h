@@ -49,6 +49,10 @@
  * Python frames its thread was running (WIRE_ALLOC_PY, WIRE_PCS_PY: a struct
  * wire_py_tail after struct wire_py_frame entries). */
 #define WIRE_FEATURE_PYFRAMES (1u << 4)
+/* Heaps of the program's own (the heapprof_* calls, include/heapprof.h): the config is
+ * followed by a struct wire_heaps (the session's selection of heaps), and the client may
+ * send WIRE_HEAP_NAME records and samples of heaps other than 0. */
+#define WIRE_FEATURE_HEAPS (1u << 3)
 
 /* Why the client connects (wire_hello.reason). */
 #define WIRE_REASON_STARTUP 1u /* profiling asked for by the environment at startup */
@@ -97,6 +101,25 @@ struct wire_client_config {
 };
 _Static_assert(sizeof(struct wire_client_config) == 40, "wire_client_config ABI");
 
+/* Longest heap name, with its NUL; heaps a selection names at most. */
+#define WIRE_HEAP_NAME_MAX 64
+#define WIRE_MAX_HEAP_SELECT 32
+/* wire_heaps.flags: every heap is selected (all_heaps), the names do not matter. */
+#define WIRE_HEAPS_ALL (1u << 0)
+/* The heap malloc and its family report to: always heap id 0. */
+#define WIRE_HEAP_MALLOC_NAME "libc.malloc"
+
+/* Service -> client, after the wire_client_config when the features include
+ * WIRE_FEATURE_HEAPS: the heaps the session records, by name ("libc.malloc" for the
+ * malloc family). A heap not selected is not sampled. Names are NUL-terminated within
+ * their WIRE_HEAP_NAME_MAX bytes; the client ignores one that is not. */
+struct wire_heaps {
+    uint32_t flags; /* WIRE_HEAPS_* */
+    uint32_t n;     /* names used, <= WIRE_MAX_HEAP_SELECT */
+    char names[WIRE_MAX_HEAP_SELECT][WIRE_HEAP_NAME_MAX];
+};
+_Static_assert(sizeof(struct wire_heaps) == 8 + 32 * 64, "wire_heaps ABI");
+
 /* ---- Ring records ---------------------------------------------------------------- */
 
 /* Record types (the ring's record header carries them). */
@@ -119,7 +142,18 @@ enum wire_type {
     /* struct wire_py_runtime (WIRE_FEATURE_PYFRAMES): what the client found of CPython,
      * before its first record with Python frames. */
     WIRE_PY_RUNTIME = 6,
+    /* The name of a heap the program registered (WIRE_FEATURE_HEAPS): struct
+     * wire_heap_name. Sent once per heap and session, before or after its first samples;
+     * the dumps name the heap by it (else "heap_<id>"). */
+    WIRE_HEAP_NAME = 7,
 };
+
+struct wire_heap_name {
+    uint32_t heap_id; /* 1.. (0 is always WIRE_HEAP_MALLOC_NAME) */
+    uint32_t len;     /* bytes of name used, < WIRE_HEAP_NAME_MAX */
+    char name[WIRE_HEAP_NAME_MAX];
+};
+_Static_assert(sizeof(struct wire_heap_name) == 72, "wire_heap_name ABI");
 
 #define WIRE_MAPS_UNLOADED (1u << 0)
 struct wire_maps_changed {
@@ -356,6 +390,15 @@ static inline void wire_encode_free(void *dst, uint64_t addr, uint32_t heap_id)
     __builtin_memcpy(dst, &f, sizeof(f));
 }
 
+/* Writes a WIRE_HEAP_NAME payload at @dst: @len bytes of @name (pre: len <
+ * WIRE_HEAP_NAME_MAX), the rest zero. */
+static inline void wire_encode_heap_name(void *dst, uint32_t heap_id, const char *name, size_t len)
+{
+    struct wire_heap_name h = {.heap_id = heap_id, .len = (uint32_t)len};
+    __builtin_memcpy(h.name, name, len);
+    __builtin_memcpy(dst, &h, sizeof(h));
+}
+
 /* Writes a WIRE_MAPS_CHANGED payload at @dst. */
 static inline void wire_encode_maps_changed(void *dst, uint32_t flags, uint32_t ask)
 {
@@ -388,6 +431,10 @@ int wire_decode_py_runtime(const uint8_t *data, size_t len,
                            struct wire_py_runtime *ret) HP_WARN_UNUSED;
 /* Copies a WIRE_FREE payload into @ret. Returns 0 or -EBADMSG when too short. */
 int wire_decode_free(const uint8_t *data, size_t len, struct wire_free *ret) HP_WARN_UNUSED;
+/* Copies a WIRE_HEAP_NAME payload into @ret and checks it: a heap id above 0, a name of
+ * 1..WIRE_HEAP_NAME_MAX - 1 bytes, NUL-terminated in @ret. Returns 0 or -EBADMSG. */
+int wire_decode_heap_name(const uint8_t *data, size_t len,
+                          struct wire_heap_name *ret) HP_WARN_UNUSED;
 /* Copies a WIRE_MAPS_CHANGED payload into @ret. Returns 0 or -EBADMSG when too short. */
 int wire_decode_maps_changed(const uint8_t *data, size_t len,
                              struct wire_maps_changed *ret) HP_WARN_UNUSED;

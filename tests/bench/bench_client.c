@@ -4,6 +4,9 @@
  * beside this build) with no session, so the client starts DORMANT. It then measures:
  *   glibc_pair_ns                  malloc(64)+free through __libc_malloc/__libc_free
  *   client_dormant_pair_extra_ns   the hooked pair while dormant, minus glibc's
+ *   client_heap_api_dormant_ns     one heapprof_report_allocation() (64 bytes) while dormant
+ *   client_heap_api_ns             the same while a session records the heap, unsampled
+ *                                  (the interval of the pair below): the sampler's countdown
  *   client_unsampled_pair_extra_ns the hooked pair while a session is active with an
  *                                  interval no 64-byte allocation reaches, minus glibc's
  *   client_sampled_d{20,200}_{median,p99}_ns
@@ -30,6 +33,7 @@
  * Pair loops alternate baseline and hooked rounds and compare the best of each; sampled
  * figures are percentiles of individually timed calls.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -212,8 +216,8 @@ static int attach_session(uint64_t interval, bool walk, struct session *s)
     struct wire_client_config cfg = {
         .magic = WIRE_CONFIG_MAGIC,
         .status = WIRE_STATUS_PROFILE,
-        .features =
-            hello.features & (WIRE_FEATURE_REGS_X86_64 | (walk ? WIRE_FEATURE_UNWIND_TABLE : 0)),
+        .features = hello.features & (WIRE_FEATURE_REGS_X86_64 | WIRE_FEATURE_HEAPS |
+                                      (walk ? WIRE_FEATURE_UNWIND_TABLE : 0)),
         .block_client = 1,
         .sampling_interval_bytes = interval,
         .max_stack_bytes = 64 << 10,
@@ -224,6 +228,11 @@ static int attach_session(uint64_t interval, bool walk, struct session *s)
         return -1;
     int send[2] = {rfd, tfd};
     if (hp_send_fds(s->sock, &cfg, sizeof(cfg), send, walk ? 2 : 1) < 0)
+        return -1;
+    /* Every heap recorded (all_heaps). */
+    struct wire_heaps heaps = {.flags = WIRE_HEAPS_ALL};
+    if ((cfg.features & WIRE_FEATURE_HEAPS) &&
+        hp_send_fds(s->sock, &heaps, sizeof(heaps), NULL, 0) < 0)
         return -1;
     (void)close(rfd);
     if (tfd >= 0)
@@ -377,6 +386,27 @@ static void sampled(int depth, const char *kind)
            (unsigned long long)(p99 > b ? p99 - b : 0));
 }
 
+/* ---- the heap API ------------------------------------------------------------------ */
+
+typedef bool (*report_fn)(uint32_t heap, uint64_t id, uint64_t size);
+#define API_CALLS 1000000
+
+/* ns per heapprof_report_allocation(@heap, id, 64): the best of 7 rounds. */
+static double heap_api_ns(report_fn report, uint32_t heap)
+{
+    double best = 1e9;
+    for (int round = 0; round < 7; round++) {
+        uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
+        for (uint64_t i = 0; i < API_CALLS; i++) {
+            bool r = report(heap, 0x10000 + 64 * i, 64);
+            __asm__ volatile("" : : "r"(r) : "memory");
+        }
+        double ns = (double)(hp_clock_ns(CLOCK_MONOTONIC) - t0) / API_CALLS;
+        best = ns < best ? ns : best;
+    }
+    return best;
+}
+
 static int measure(void)
 {
     char dir[128], path[HP_PATH_MAX];
@@ -396,11 +426,23 @@ static int measure(void)
     printf("bench: glibc_pair_ns %.2f ns\n", glibc);
     printf("bench: client_dormant_pair_extra_ns %.2f ns\n", dormant);
 
+    /* The preloaded library's exports (preload/include/heapprof.h). */
+    uint32_t (*reg)(const char *) =
+        (uint32_t(*)(const char *))dlsym(RTLD_DEFAULT, "heapprof_register_heap");
+    report_fn report = (report_fn)dlsym(RTLD_DEFAULT, "heapprof_report_allocation");
+    uint32_t heap = reg && report ? reg("bench.arena") : 0;
+    if (!heap) {
+        fprintf(stderr, "bench_client: no heap API\n");
+        return 1;
+    }
+    printf("bench: client_heap_api_dormant_ns %.2f ns\n", heap_api_ns(report, heap));
+
     struct session s;
     if (attach_session(UINT64_C(1) << 40, false, &s) < 0) {
         fprintf(stderr, "bench_client: attach failed\n");
         return 1;
     }
+    printf("bench: client_heap_api_ns %.2f ns\n", heap_api_ns(report, heap));
     printf("bench: client_unsampled_pair_extra_ns %.2f ns\n", extra_pair_ns(NULL));
     detach_session(&s);
 

@@ -535,10 +535,26 @@ static void test_bookkeeping_heaps_are_separate(void **state)
     bk_record_free(bk, PID, 0, 5, 0x1000);
     assert_int_equal(heap_now(bk, PID, 0)->live_total, 0);
     char buf[64];
-    bk__heap_name(0, buf, sizeof(buf));
+    struct bk_proc *p = bk__find_proc(bk, PID);
+    bk__heap_name(p, 0, buf, sizeof(buf));
     assert_string_equal(buf, "libc.malloc");
-    bk__heap_name(7, buf, sizeof(buf));
+    bk__heap_name(p, 7, buf, sizeof(buf));
     assert_string_equal(buf, "heap_7");
+    /* Named by the process: cut, and cleaned of what is not printable. */
+    assert_int_equal(bk_heap_name(bk, PID, 7, "arena small\x01"), 0);
+    bk__heap_name(p, 7, buf, sizeof(buf));
+    assert_string_equal(buf, "arena_small_");
+    assert_int_equal(bk_heap_name(bk, PID, 7, "arena.big"), 0);
+    bk__heap_name(p, 7, buf, sizeof(buf));
+    assert_string_equal(buf, "arena.big");
+    char longname[100];
+    memset(longname, 'x', sizeof(longname) - 1);
+    longname[sizeof(longname) - 1] = '\0';
+    assert_int_equal(bk_heap_name(bk, PID, 8, longname), 0);
+    bk__heap_name(p, 8, buf, sizeof(buf));
+    assert_int_equal(strlen(buf), 63);
+    assert_int_equal(bk_heap_name(bk, PID, 0, "x"), -EINVAL);
+    assert_int_equal(bk_heap_name(bk, PID + 1000, 7, "x"), -ESRCH);
 }
 
 /* bk_grow_ahead(): nothing while no entry comes; more with more entries; and a record

@@ -1,5 +1,6 @@
 /* tests/fuzz/fuzz_record_decoder.c: the service's validation of ring records
- * (wire_decode_alloc, wire_decode_alloc_pcs, wire_decode_free) on arbitrary payloads,
+ * (wire_decode_alloc, wire_decode_alloc_pcs, wire_decode_free, wire_decode_heap_name) on
+ * arbitrary payloads,
  * and the unwinding of every accepted WIRE_ALLOC (and the naming of every accepted
  * WIRE_ALLOC_PCS and audit walk) against a synthetic process (this process's own maps
  * and memory, with an unwind table to publish into), as the unwinder thread does it. A
@@ -9,7 +10,7 @@
  *
  * Input layout:
  *   byte 0       record type (low 3 bits: 1 WIRE_ALLOC, 2 WIRE_FREE, 3 WIRE_ALLOC_PCS,
- *                4 WIRE_MAPS_CHANGED, others unknown)
+ *                4 WIRE_MAPS_CHANGED, 7 WIRE_HEAP_NAME, others unknown)
  *   byte 1       the max_stack_bytes cap, in KiB (0..255)
  *   the rest     the payload, copied to a buffer of exactly its size
  */
@@ -135,6 +136,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         if (r == 0)
             unwinder_maps_changed(g_p, (mc.flags & WIRE_MAPS_UNLOADED) != 0);
+    } else if (type == WIRE_HEAP_NAME) {
+        /* Accepted: heap > 0 and a NUL-free name of 1..63 bytes, NUL-terminated. */
+        struct wire_heap_name h;
+        int r = wire_decode_heap_name(payload, len, &h);
+        if (r == 0 && (len < sizeof(h) || h.heap_id == 0 || h.len == 0 ||
+                       h.len >= WIRE_HEAP_NAME_MAX || strlen(h.name) != h.len))
+            abort();
     } else if (type == WIRE_FREE) {
         struct wire_free f;
         int r = wire_decode_free(payload, len, &f);

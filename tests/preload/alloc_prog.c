@@ -12,8 +12,12 @@
  * "sigfree", it allocates SIG_POOL blocks of 48 bytes (listed), then churns malloc(64)
  * while a SIGALRM handler frees one pool block per signal (every 100 us), until all are
  * freed; the pool frees are listed at the end, then "signals=N" (run it with an
- * async-signal-safe allocator: tests/preload/bump_alloc.c).
+ * async-signal-safe allocator: tests/preload/bump_alloc.c). With "heaps", it only uses
+ * the heap API (preload/include/heapprof.h, weak symbols): see run_heaps().
  */
+#define HEAPPROF_WEAK
+#include "heapprof.h"
+
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
@@ -162,6 +166,49 @@ static int run_threads(void)
     return write(1, msg, sizeof(msg) - 1) == sizeof(msg) - 1 ? 0 : 5;
 }
 
+/* "heaps": registers arena.a and arena.b; reports HEAPS_A_N blocks of 32 bytes on arena.a
+ * (ids 0x100000 + 32 i), frees the first HEAPS_A_FREED; one self-sampled block on
+ * arena.a (id 0x200000, 100 bytes standing for 777); 5 blocks on arena.b (ids 0x300000
+ * + 64 i), all freed; then registers arena.c and reports 7 blocks of 16 bytes on it (ids
+ * 0x400000 + 16 i). Prints "heaps=A,B,C sampled=N". */
+#define HEAPS_A_N 50
+#define HEAPS_A_FREED 10
+static int run_heaps(void)
+{
+    if (!heapprof_register_heap)
+        return 6;
+    uint32_t a = heapprof_register_heap("arena.a"), b = heapprof_register_heap("arena.b");
+    uint64_t sampled = 0;
+    for (uint64_t i = 0; i < HEAPS_A_N; i++)
+        sampled += heapprof_report_allocation(a, 0x100000 + 32 * i, 32);
+    for (uint64_t i = 0; i < HEAPS_A_FREED; i++)
+        heapprof_report_free(a, 0x100000 + 32 * i);
+    sampled += heapprof_report_sample(a, 0x200000, 100, 777);
+    for (uint64_t i = 0; i < 5; i++)
+        sampled += heapprof_report_allocation(b, 0x300000 + 64 * i, 64);
+    for (uint64_t i = 0; i < 5; i++)
+        heapprof_report_free(b, 0x300000 + 64 * i);
+    uint32_t c = heapprof_register_heap("arena.c");
+    for (uint64_t i = 0; i < 7; i++)
+        sampled += heapprof_report_allocation(c, 0x400000 + 16 * i, 16);
+    /* Not heaps: refused, and reports to them record nothing. */
+    if (heapprof_register_heap("libc.malloc") != 0 || heapprof_register_heap("") != 0 ||
+        heapprof_register_heap("arena.a") != a)
+        return 7;
+    sampled += heapprof_report_allocation(0, 0x500000, 16);
+    sampled += heapprof_report_allocation(99, 0x500000, 16);
+    put("heaps=");
+    put_u64(a, 10);
+    put(",");
+    put_u64(b, 10);
+    put(",");
+    put_u64(c, 10);
+    put(" sampled=");
+    put_u64(sampled, 10);
+    put("\n");
+    return write(1, out, out_len) == (ssize_t)out_len ? 0 : 5;
+}
+
 int main(int argc, char **argv)
 {
     static void *blocks[100];
@@ -170,6 +217,8 @@ int main(int argc, char **argv)
     show_addrs = argc > 1 && strcmp(argv[1], "addrs") == 0;
     if (argc > 1 && strcmp(argv[1], "threads") == 0)
         return run_threads();
+    if (argc > 1 && strcmp(argv[1], "heaps") == 0)
+        return run_heaps();
     if (argc > 1 && strcmp(argv[1], "sigfree") == 0) {
         int r = run_sigfree();
         if (r != 0)

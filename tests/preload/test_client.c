@@ -49,8 +49,9 @@ enum serve_mode {
 
 struct record {
     uint16_t type;
-    struct wire_alloc a; /* WIRE_ALLOC */
-    struct wire_free f;  /* WIRE_FREE */
+    struct wire_alloc a;     /* WIRE_ALLOC */
+    struct wire_free f;      /* WIRE_FREE */
+    struct wire_heap_name h; /* WIRE_HEAP_NAME */
     size_t payload_len;
 };
 
@@ -148,6 +149,8 @@ static void drain(ring_t *r, struct run *run)
         if (rs.type == WIRE_ALLOC) {
             assert_true(rs.len >= sizeof(rec.a));
             memcpy(&rec.a, rs.data, sizeof(rec.a));
+        } else if (rs.type == WIRE_HEAP_NAME) {
+            assert_int_equal(wire_decode_heap_name(rs.data, rs.len, &rec.h), 0);
         } else {
             assert_int_equal(rs.type, WIRE_FREE);
             assert_int_equal(rs.len, sizeof(rec.f));
@@ -171,6 +174,9 @@ static void check_proc_fd(int fd, pid_t pid, const char *what)
 }
 
 static const char *served_prog;
+/* The selection of heaps the fake service sends a client that speaks WIRE_FEATURE_HEAPS
+ * (NULL: it does not accept the feature, as an older service). */
+static const struct wire_heaps *serve_heaps;
 
 static void read_exe_mappings(int maps_fd, struct run *run)
 {
@@ -225,7 +231,8 @@ static void serve(int lsock, pid_t child, enum serve_mode mode, uint64_t interva
     struct wire_client_config cfg = {
         .magic = WIRE_CONFIG_MAGIC,
         .status = WIRE_STATUS_PROFILE,
-        .features = run->hello.features & WIRE_FEATURE_REGS_X86_64,
+        .features = run->hello.features &
+                    (WIRE_FEATURE_REGS_X86_64 | (serve_heaps ? WIRE_FEATURE_HEAPS : 0)),
         .block_client = mode == SERVE_PROFILE,
         .sampling_interval_bytes = interval,
         .max_stack_bytes = 64 << 10,
@@ -242,6 +249,8 @@ static void serve(int lsock, pid_t child, enum serve_mode mode, uint64_t interva
     assert_int_equal(ring_create(8u << 20, &rfd), 0);
     assert_int_equal(ring_map(rfd, RING_ROLE_READER, &r), 0);
     assert_int_equal(hp_send_fds(s, &cfg, sizeof(cfg), &rfd, 1), 0);
+    if (cfg.features & WIRE_FEATURE_HEAPS)
+        assert_int_equal(hp_send_fds(s, serve_heaps, sizeof(*serve_heaps), NULL, 0), 0);
     (void)close(rfd);
     if (mode == SERVE_HANG_UP) {
         (void)close(s);
@@ -490,6 +499,59 @@ static void test_client_bug_sized_frees_unrecorded(void **state)
     }
 }
 
+/* The heap API against a service that selects arena.a and arena.c (registered during the
+ * session), not arena.b nor malloc: exactly the selected heaps' reports are recorded, at
+ * interval 1 every one, with their heap ids, sizes and weights; frees of sampled blocks
+ * are recorded on their heap; each heap's name comes once. */
+static void test_client_heaps(void **state)
+{
+    struct fixture *f = *state;
+    struct run *run = fresh_run(f);
+    struct env_opts o = {.preload = true, .socket_path = f->sock_path, .startup = true};
+    struct wire_heaps sel = {.n = 2};
+    strcpy(sel.names[0], "arena.a");
+    strcpy(sel.names[1], "arena.c");
+    serve_heaps = &sel;
+    run_prog(alloc_prog, "heaps", &o, SERVE_PROFILE, 1, f->lsock, run);
+    serve_heaps = NULL;
+    print_message("  %s%s", run->out, run->err);
+    assert_true(exited_ok(run));
+    assert_non_null(strstr(run->out, "heaps=1,2,3 sampled=58\n"));
+    unsigned allocs[4] = {0}, frees[4] = {0}, names[4] = {0};
+    for (size_t i = 0; i < run->nrecs; i++) {
+        const struct record *r = &run->recs[i];
+        if (r->type == WIRE_HEAP_NAME) {
+            assert_true(r->h.heap_id <= 3);
+            names[r->h.heap_id]++;
+            const char *want[] = {"", "arena.a", "arena.b", "arena.c"};
+            assert_string_equal(r->h.name, want[r->h.heap_id]);
+        } else if (r->type == WIRE_ALLOC) {
+            uint32_t h = r->a.heap_id;
+            assert_true(h == 1 || h == 3); /* not arena.b, not malloc */
+            allocs[h]++;
+            if (r->a.addr == 0x200000) {
+                assert_int_equal(r->a.size, 100);
+                assert_int_equal(r->a.sample_size, 777);
+            } else {
+                uint64_t base = h == 1 ? 0x100000 : 0x400000, size = h == 1 ? 32 : 16;
+                assert_int_equal((r->a.addr - base) % size, 0);
+                assert_int_equal(r->a.size, size);
+                assert_int_equal(r->a.sample_size, size);
+            }
+        } else if (r->type == WIRE_FREE) {
+            assert_int_equal(r->f.heap_id, 1);
+            assert_true(r->f.addr >= 0x100000 && r->f.addr < 0x100000 + 32 * 10);
+            frees[1]++;
+        }
+    }
+    assert_int_equal(allocs[1], 51);
+    assert_int_equal(allocs[3], 7);
+    assert_int_equal(frees[1], 10);
+    assert_int_equal(names[1], 1);
+    assert_int_equal(names[2], 1);
+    assert_int_equal(names[3], 1);
+}
+
 /* The bug: a free() from a signal handler that interrupted one of our hooks (here the
  * sampled path of malloc, at interval 1) took the address out of the sampled set and then
  * recorded nothing, silently: the block stayed live in the profile. Now each such free is
@@ -703,6 +765,7 @@ int main(void)
 
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_client_records_allocations, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_client_heaps, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_passthrough_when_service_missing, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_client_not_profiled_answer, setup, teardown),

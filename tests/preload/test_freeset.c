@@ -195,6 +195,54 @@ static void test_freeset_concurrent_growth(void **state)
     assert_true(atomic_load(&shared_set.nlevels) > 1);
 }
 
+/* client_freeset_init_once(): a zeroed set is mapped by one thread, once, while others
+ * hear -EBUSY (and drop their sample) or find it ready; afterwards it takes entries. */
+static _Atomic int init_ready, init_busy;
+static void *init_once(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < 1000; i++) {
+        int r = client_freeset_init_once(&shared_set, 10);
+        if (r == 0)
+            atomic_fetch_add(&init_ready, 1);
+        else if (r == -EBUSY)
+            atomic_fetch_add(&init_busy, 1);
+        else
+            return (void *)1;
+    }
+    return NULL;
+}
+
+static void test_freeset_init_once(void **state)
+{
+    (void)state;
+    pthread_t th[THREADS];
+    memset(&shared_set, 0, sizeof(shared_set));
+    assert_int_equal(atomic_load(&shared_set.nlevels), 0);
+    for (uintptr_t i = 0; i < THREADS; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, init_once, NULL), 0);
+    for (int i = 0; i < THREADS; i++) {
+        void *ret;
+        assert_int_equal(pthread_join(th[i], &ret), 0);
+        assert_int_equal((uintptr_t)ret, 0);
+    }
+    assert_int_equal(atomic_load(&init_ready) + atomic_load(&init_busy), THREADS * 1000);
+    assert_true(atomic_load(&init_ready) > 0);
+    assert_int_equal(atomic_load(&shared_set.nlevels), 1);
+    assert_int_equal(shared_set.log2_slots, 10);
+    assert_false(atomic_load(&shared_set.growing));
+    void *first = (void *)shared_set.lv[0].slots;
+    assert_int_equal(client_freeset_init_once(&shared_set, 10), 0);
+    assert_ptr_equal((void *)shared_set.lv[0].slots, first); /* not mapped again */
+    assert_int_equal(client_freeset_insert(&shared_set, 0x123450), 0);
+    assert_true(client_freeset_maybe(&shared_set, 0x123450));
+    assert_true(client_freeset_remove(&shared_set, 0x123450));
+    /* Cleared for a new session, it stays mapped and ready. */
+    client_freeset_clear(&shared_set);
+    assert_int_equal(client_freeset_init_once(&shared_set, 10), 0);
+    assert_ptr_equal((void *)shared_set.lv[0].slots, first);
+}
+
 static void test_freeset_concurrent_churn(void **state)
 {
     (void)state;
@@ -219,6 +267,7 @@ int main(void)
         cmocka_unit_test(test_freeset_bug_overflow_saturates),
         cmocka_unit_test(test_freeset_levels_and_clear),
         cmocka_unit_test(test_freeset_concurrent_growth),
+        cmocka_unit_test(test_freeset_init_once),
         cmocka_unit_test(test_freeset_concurrent_churn),
     };
     return cmocka_run_group_tests_name("freeset", tests, NULL, NULL);

@@ -145,6 +145,9 @@ static void test_config_text_full(void **state)
     assert_int_equal(c.max_heapprofd_memory_kb, 65536);
     assert_int_equal(c.max_heapprofd_cpu_secs, 30);
     assert_true(c.disable_fork_teardown);
+    assert_int_equal(c.n_heaps, 1);
+    assert_string_equal(c.heaps[0], "libc.malloc");
+    assert_false(c.all_heaps);
     assert_int_equal(svc_config_check(&c, err, sizeof(err)), 0);
 
     /* matching: pid, exact argv[0], basename, glob */
@@ -189,6 +192,56 @@ static void test_config_bug_matches_retitled(void **state)
     svc_config_done(&c);
 }
 
+#define HEAP_NAME_64 "0123456789012345678901234567890123456789012345678901234567890123"
+
+/* heaps / all_heaps: the selection the clients get (service/handshake.c). */
+static void test_config_heaps(void **state)
+{
+    (void)state;
+    struct svc_config c;
+    char err[256];
+    svc_config_init(&c);
+    /* None named: only the malloc heap, heapprofd's default. */
+    assert_true(svc_config_records_heap(&c, "libc.malloc"));
+    assert_false(svc_config_records_heap(&c, "arena.small"));
+    const struct svc_config_field *f = svc_config_field_find("heaps");
+    assert_non_null(f);
+    assert_string_equal(f->flag, "heaps");
+    assert_int_equal(svc_config_set_text(&c, f, "arena.small,malloc", err, sizeof(err)), 0);
+    assert_int_equal(svc_config_set_text(&c, f, "arena.small", err, sizeof(err)), 0);
+    assert_int_equal(c.n_heaps, 2); /* once each; "malloc" is "libc.malloc" */
+    assert_string_equal(c.heaps[0], "arena.small");
+    assert_string_equal(c.heaps[1], "libc.malloc");
+    assert_true(svc_config_records_heap(&c, "arena.small"));
+    assert_true(svc_config_records_heap(&c, "libc.malloc"));
+    assert_false(svc_config_records_heap(&c, "arena.big"));
+    assert_int_equal(svc_config_set_text(&c, f, "x,", err, sizeof(err)), -EINVAL);
+    svc_config_done(&c);
+
+    svc_config_init(&c);
+    assert_int_equal(svc_config_set_text(&c, f, "arena.small", err, sizeof(err)), 0);
+    assert_false(svc_config_records_heap(&c, "libc.malloc"));
+    svc_config_set_bool(&c, svc_config_field_find("all_heaps"), true);
+    assert_true(svc_config_records_heap(&c, "arena.big"));
+    assert_true(svc_config_records_heap(&c, "libc.malloc"));
+    svc_config_done(&c);
+
+    svc_config_init(&c);
+    char many[40 * 3];
+    size_t k = 0;
+    for (int i = 0; i < 33; i++)
+        k += (size_t)snprintf(many + k, sizeof(many) - k, "%s%c", i ? "," : "", 'a' + i % 26);
+    /* 26 distinct letters and 7 repeats: within the cap. */
+    assert_int_equal(svc_config_set_text(&c, f, many, err, sizeof(err)), 0);
+    assert_int_equal(c.n_heaps, 26);
+    for (int i = 0; i < 7; i++) {
+        char two[3] = {'A' + (char)i, 'B', 0};
+        assert_int_equal(svc_config_set_text(&c, f, two, err, sizeof(err)), i < 6 ? 0 : -EINVAL);
+    }
+    assert_non_null(strstr(err, "more than 32 heaps"));
+    svc_config_done(&c);
+}
+
 static void expect_error(const char *text, const char *msg)
 {
     struct svc_config c;
@@ -216,7 +269,8 @@ static void test_config_text_errors(void **state)
     expect_error("continuous_dump_config { bogus: 5 }\n", "unknown field 'bogus'");
     expect_error("}\n", "unexpected '}'");
     expect_error("shmem_size_bytes: 1000\n", "power of two");
-    expect_error("heaps: \"libart\"\n", "only the heap");
+    expect_error("heaps: \"" HEAP_NAME_64 "\"\n", "a heap name has 1 to 63 characters");
+    expect_error("heaps: \"a,,b\"\n", "a heap name has 1 to 63 characters");
     expect_error("pid: 0\n", "pid must be positive");
     expect_error("sampling_interval_bytes: 99999999999999999999999\n", "invalid value");
     expect_error("@\n", "unexpected character '@'");
@@ -358,8 +412,8 @@ static void test_config_proto_errors(void **state)
     pb_uint(&p, 8, 3000000);
     expect_proto_error(&p, -EINVAL, "shmem_size_bytes must be a power of two");
     p.n = 0;
-    pb_bytes(&p, 20, "com.android.art", 15);
-    expect_proto_error(&p, -EINVAL, "only the heap");
+    pb_bytes(&p, 20, HEAP_NAME_64, 64);
+    expect_proto_error(&p, -EINVAL, "a heap name has 1 to 63 characters");
     p.n = 0;
     pb_bytes(&p, 1, "xx", 2);
     expect_proto_error(&p, -EINVAL, "sampling_interval_bytes: not a varint");
@@ -386,6 +440,7 @@ int main(void)
         cmocka_unit_test(test_config_text_full),
         cmocka_unit_test(test_config_bug_matches_retitled),
         cmocka_unit_test(test_config_text_errors),
+        cmocka_unit_test(test_config_heaps),
         cmocka_unit_test(test_config_load_file),
         cmocka_unit_test(test_config_proto_equals_text),
         cmocka_unit_test(test_config_proto_errors),
