@@ -36,6 +36,9 @@ enum svc_msg_type {
     SVC_MSG_REJECTED = 7,
     /* The process's statistics and flags as of now, for the dump that follows. */
     SVC_MSG_PROC_STATS = 8,
+    /* Frees of the process's sampled blocks were lost: every allocation posted so far may
+     * have been freed (bk_mark_possibly_freed()). No body. */
+    SVC_MSG_POSSIBLY_FREED = 9,
 };
 
 /* Messages are 8-byte aligned and packed in a batch one after another. Each starts with
