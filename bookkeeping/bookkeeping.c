@@ -12,6 +12,7 @@
 
 #include "bookkeeping/state.h"
 #include "common/clock.h"
+#include "protos/fields.h"
 
 int bk_new(const struct bk_config *cfg, bk_t **ret)
 {
@@ -120,6 +121,8 @@ void bk__heap_name(const struct bk_proc *p, uint32_t heap_id, char *buf, size_t 
     const struct bk_heap_label *l = heap_id && p ? label_find(p, heap_id) : NULL;
     if (heap_id == 0)
         snprintf(buf, len, "%s", BK_HEAP_NAME);
+    else if (heap_id == BK_HEAP_POSSIBLY_FREED)
+        snprintf(buf, len, "%s", PF_HEAP_POSSIBLY_FREED);
     else if (l)
         snprintf(buf, len, "%s", l->name);
     else
@@ -405,10 +408,27 @@ static void apply_alloc(bk_t *bk, struct bk_proc *p, struct bk_heap *h, const st
         heap_new_peak(h);
 }
 
+/* A free of @addr (record @seq), or an allocation at it, ends the allocation there that
+ * was marked possibly freed before, if any: it was freed. Returns whether there was one. */
+static bool pf_take(struct bk_proc *p, uint64_t addr, uint64_t seq)
+{
+    struct bk_heap *pf = p->pf_heap;
+    if (HP_LIKELY(!pf || pf->live.count == 0))
+        return false;
+    struct bk_live *live = hp_map_get(&pf->live, addr);
+    if (!live || live->seq > seq)
+        return false;
+    site_free(pf, live->site, live_size(pf, addr, live));
+    live_remove(pf, addr, live);
+    return true;
+}
+
 static void apply_free(bk_t *bk, struct bk_proc *p, struct bk_heap *h, const struct bk_pending *r)
 {
     struct bk_live *live = hp_map_get(&h->live, r->addr);
     if (!live || live->seq > r->seq) {
+        if (pf_take(p, r->addr, r->seq))
+            return;
         /* Never sampled, or a free older than the allocation now at the address. */
         bk->counters.unknown_frees++;
         p->unknown_frees++;
@@ -421,15 +441,18 @@ static void apply_free(bk_t *bk, struct bk_proc *p, struct bk_heap *h, const str
 static void apply_now(bk_t *bk, struct bk_proc *p, const struct bk_pending *r)
 {
     bk->counters.records_applied++;
-    struct bk_heap *h = heap_get(bk, p, r->heap_id);
+    struct bk_heap *h = r->heap_id != BK_HEAP_POSSIBLY_FREED ? heap_get(bk, p, r->heap_id) : NULL;
     if (!h) {
         refuse(bk, p);
         return;
     }
-    if (r->kind == BK_REC_ALLOC)
+    if (r->kind == BK_REC_ALLOC) {
+        /* The address is in use again: the allocation marked there was freed. */
+        (void)pf_take(p, r->addr, r->seq);
         apply_alloc(bk, p, h, r);
-    else
+    } else {
         apply_free(bk, p, h, r);
+    }
 }
 
 /* Applies @r after the BK_READY records in order that follow it (see bk_proc.ready). */
@@ -592,6 +615,48 @@ void bk_record_free(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint6
     }
     struct bk_pending r = {.seq = seq, .addr = addr, .heap_id = heap_id, .kind = BK_REC_FREE};
     submit(bk, p, &r);
+}
+
+/* Moves every live allocation of @h to @pf (p->pf_heap): freed in @h, live in @pf. */
+static void pf_move_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *h, struct bk_heap *pf)
+{
+    size_t pos = 0;
+    uint64_t addr;
+    void *val;
+    while (hp_map_next(&h->live, &pos, &addr, &val)) {
+        const struct bk_live *l = val;
+        uint64_t size = live_size(h, addr, l);
+        struct bk_pending r = {.seq = l->seq,
+                               .addr = addr,
+                               .size = size,
+                               .callstack = h->sites[l->site].callstack_id,
+                               .heap_id = BK_HEAP_POSSIBLY_FREED,
+                               .kind = BK_REC_ALLOC};
+        /* No weight: the estimate of allocations made stays with @h. */
+        apply_alloc(bk, p, pf, &r);
+        site_free(h, l->site, size);
+    }
+    /* Emptied as a whole: removing entries while iterating would move later ones. */
+    hp_map_done(&h->live);
+    hp_map_done(&h->big_sizes);
+    hp_map_init(&h->live, sizeof(struct bk_live));
+    hp_map_init(&h->big_sizes, sizeof(uint64_t));
+}
+
+void bk_mark_possibly_freed(bk_t *bk, int32_t pid)
+{
+    struct bk_proc *p = bk__find_proc(bk, pid);
+    if (!p)
+        return;
+    bk__flush_pending(bk, p);
+    if (!p->pf_heap)
+        p->pf_heap = heap_get(bk, p, BK_HEAP_POSSIBLY_FREED);
+    struct bk_heap *pf = p->pf_heap;
+    if (!pf)
+        return; /* no memory, or the cap of heaps: they stay where they are */
+    for (size_t i = 0; i < p->n_heaps; i++)
+        if (p->heaps[i] != pf)
+            pf_move_heap(bk, p, p->heaps[i], pf);
 }
 
 void bk_process_update(bk_t *bk, int32_t pid, const struct bk_process_stats *stats, uint32_t flags)

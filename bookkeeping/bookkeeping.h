@@ -155,6 +155,12 @@ int bk_heap_name(bk_t *bk, int32_t pid, uint32_t heap_id, const char *name);
 /* A free in heap @heap_id. Unknown addresses are ignored and counted. */
 void bk_record_free(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint64_t addr);
 
+/* Frees of the process's sampled blocks were lost (the client could not record them):
+ * every allocation it holds live now, after the pending records, may have been freed.
+ * They move to the heap PF_HEAP_POSSIBLY_FREED (protos/fields.h), counted as freed where
+ * they were, so no report ranks them as unreleased; a free of one seen later (delivered
+ * late, or the address allocated again) takes it out of there. */
+void bk_mark_possibly_freed(bk_t *bk, int32_t pid);
 /* Replaces the process's stats and ORs @flags into its ProcessHeapSamples flags. */
 void bk_process_update(bk_t *bk, int32_t pid, const struct bk_process_stats *stats, uint32_t flags);
 

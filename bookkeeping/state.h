@@ -50,6 +50,10 @@ struct bk_heap_label {
     char name[BK_HEAP_NAME_MAX];
 };
 
+/* The heap of allocations whose free may have been lost (bk_mark_possibly_freed()),
+ * written as PF_HEAP_POSSIBLY_FREED; records of clients never name it. */
+#define BK_HEAP_POSSIBLY_FREED UINT32_MAX
+
 enum bk_rec_kind { BK_REC_ALLOC = 1, BK_REC_FREE = 2 };
 
 struct bk_pending {
@@ -153,6 +157,8 @@ struct bk_proc {
     struct bk_pending ready[BK_READY];
     uint32_t ready_head, n_ready;
 
+    /* The BK_HEAP_POSSIBLY_FREED heap, once made (also in heaps), or NULL. */
+    struct bk_heap *pf_heap;
     /* Heaps in order of first use; heaps[0] exists from the start (heap id 0). */
     struct bk_heap **heaps;
     size_t n_heaps, cap_heaps;

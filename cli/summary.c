@@ -48,7 +48,8 @@ void cli_print_summary(const char *out_path, const struct svc_summary *sum, int 
     if (sum->clients_timed_out)
         fprintf(stderr,
                 "heapprof: %llu process%s waited longer than the block timeout for the service "
-                "and stopped waiting: samples dropped since (CLIENT_ERROR_HIT_TIMEOUT)\n",
+                "and stopped waiting until it caught up (or for good, when it stayed stopped): "
+                "samples dropped meanwhile (CLIENT_ERROR_HIT_TIMEOUT)\n",
                 (unsigned long long)sum->clients_timed_out,
                 sum->clients_timed_out == 1 ? "" : "es");
     if (sum->python_frames || sum->python_unnamed || sum->python_mismatches)
@@ -59,8 +60,8 @@ void cli_print_summary(const char *out_path, const struct svc_summary *sum, int 
                 (unsigned long long)sum->python_mismatches);
     if (sum->frees_lost)
         fprintf(stderr,
-                "heapprof: %llu frees of sampled allocations could not be recorded; their bytes "
-                "show as unreleased\n",
+                "heapprof: %llu frees of sampled allocations could not be recorded; the "
+                "allocations live then are shown as possibly freed, not as unreleased\n",
                 (unsigned long long)sum->frees_lost);
     if (sum->unseen_call_slots)
         fprintf(stderr,

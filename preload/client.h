@@ -33,6 +33,7 @@
 #include <sys/types.h>
 
 #include "common/paths.h"
+#include "preload/blockstate.h"
 #include "preload/freeset.h"
 #include "preload/sample.h"
 #include "preload/stack.h"
@@ -140,6 +141,10 @@ struct client_session {
      * line from each other, and away from the fields every free() reads. */
     struct client_writers writers[CLIENT_WRITER_SHARDS];
     bool stuck; /* writers never drained: slot kept mapped for good */
+    /* Block mode after a wait ran out: when to wait again (preload/blockstate.h), and
+     * the wait the service asked for. */
+    struct client_block block;
+    uint32_t block_timeout_us;
     /* CLOCK_MONOTONIC_COARSE of the last poke for a full ring (preload/record.c). */
     _Atomic uint64_t full_poke_ns;
     /* A page the kernel zeroes in a child of fork (MADV_WIPEONFORK): while *fork_token

@@ -60,6 +60,46 @@ static void hook_poke_full(struct client_session *s)
     hook_poke(s);
 }
 
+/* In block mode, after a wait for room ran out: looks at how far the service has read
+ * and turns blocking on again once it caught up, or gives up on it for good (see
+ * preload/blockstate.h). Costs a sample one relaxed load (two in block mode) until a
+ * wait runs out; then a coarse clock read per sample, and a look at the ring at most
+ * every CLIENT_BLOCK_CHECK_NS, by one thread at a time (a try-lock: nobody waits). */
+static void hook_block_poll(struct client_session *s)
+{
+    struct client_block *b = &s->block;
+    uint32_t m = atomic_load_explicit(&b->mode, memory_order_relaxed);
+    if (HP_LIKELY(m == CLIENT_BLOCK_OFF || m == CLIENT_BLOCK_GIVEN_UP))
+        return;
+    if (HP_LIKELY(m == CLIENT_BLOCK_ON && ring_is_blocking(s->ring)))
+        return;
+    uint64_t now = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
+    if (m == CLIENT_BLOCK_PAUSED &&
+        now < atomic_load_explicit(&b->next_check_ns, memory_order_relaxed))
+        return;
+    if (atomic_exchange_explicit(&b->busy, true, memory_order_acquire))
+        return;
+    atomic_store_explicit(&b->next_check_ns, now + CLIENT_BLOCK_CHECK_NS, memory_order_relaxed);
+    struct client_block_view v = {
+        .now_ns = now,
+        .size = ring_size(s->ring),
+        .ring_blocking = ring_is_blocking(s->ring),
+    };
+    ring_writer_progress(s->ring, &v.read_pos, &v.fill);
+    switch (client_block_step(b, &v)) {
+    case CLIENT_BLOCK_RESUME:
+        ring_set_blocking(s->ring, true, s->block_timeout_us);
+        ring_count_block_resume(s->ring);
+        break;
+    case CLIENT_BLOCK_GIVE_UP:
+        ring_set_block_given_up(s->ring);
+        break;
+    case CLIENT_BLOCK_NONE:
+        break;
+    }
+    atomic_store_explicit(&b->busy, false, memory_order_release);
+}
+
 /* True in a child made without our atfork handler (_Fork, clone): it must not write
  * into the parent's ring, nor change the shared state. */
 static bool hook_foreign_pid(const struct client_session *s)
@@ -342,6 +382,7 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
     /* The service ended the session (its socket closes next; the session thread ends it). */
     if (hook_foreign_pid(s) || ring_is_detached(s->ring))
         return;
+    hook_block_poll(s);
     /* Heaps registered since the last sample: their names before their samples. */
     if (HP_UNLIKELY(atomic_load_explicit(&s->heap_names_sent, memory_order_relaxed) !=
                     atomic_load_explicit(&client_heap_count, memory_order_relaxed)))

@@ -385,9 +385,11 @@ int client__session_open(const char *path, uint32_t reason, pid_t peer_pid, uint
         (void)hp_sys_close(sock);
         return r;
     }
-    /* Capped (RING_MAX_BLOCK_TIMEOUT_US) by the ring, whatever the service asks; the first
-     * wait that runs out ends blocking for the session. */
+    /* Capped (RING_MAX_BLOCK_TIMEOUT_US) by the ring, whatever the service asks; a wait
+     * that runs out ends blocking until the service caught up (preload/blockstate.h). */
     ring_set_blocking(ring, cfg.block_client != 0, cfg.block_client_timeout_us);
+    s->block_timeout_us = cfg.block_client_timeout_us;
+    client_block_init(&s->block, cfg.block_client != 0);
 
     /* The socket first: a fork now (atfork handler) closes it only if it is ours. */
     s->sock = sock;
@@ -431,7 +433,10 @@ void client__session_close(struct client_session *s, bool close_sock)
     /* Back to the dormant cost: the program's calls skip the hooks. */
     client_direct_release();
     /* Writers waiting for space (block_client) would wait for a reader that is gone: the
-     * flag is atomic and read on every round of their wait. */
+     * flag is atomic and read on every round of their wait. A hook that turns it on again
+     * meanwhile (hook_block_poll(), preload/record.c) finds the mode off first, or waits
+     * on a ring that refuses it once the reader detached. */
+    atomic_store_explicit(&s->block.mode, CLIENT_BLOCK_OFF, memory_order_relaxed);
     ring_set_blocking(s->ring, false, 0);
     if (close_sock && client__sock_ours(s))
         (void)hp_sys_close(s->sock);

@@ -28,6 +28,13 @@
 /* ProfilePacket.ProcessHeapSamples: one process's (and heap's) dump. */
 #define PF_DUMP(f) perfetto_protos_ProfilePacket_ProcessHeapSamples_##f##_tag
 #define PF_SAMPLE(f) perfetto_protos_ProfilePacket_HeapSample_##f##_tag
+
+/* heapprof's own heap (ProcessHeapSamples.heap_name): the allocations of a process whose
+ * free may have been lost (frees could not be recorded while they were live), kept out
+ * of its "libc.malloc" heap, where they count as freed. Its samples are live
+ * allocations whose free was not seen; est_alloc_count is not written. A reader that
+ * knows it shows them apart from unreleased memory; Perfetto shows it as one more heap. */
+#define PF_HEAP_POSSIBLY_FREED "libc.malloc.possibly_freed"
 #define PF_STATS(f) perfetto_protos_ProfilePacket_ProcessStats_##f##_tag
 #define PF_HISTOGRAM(f) perfetto_protos_ProfilePacket_Histogram_##f##_tag
 #define PF_BUCKET(f) perfetto_protos_ProfilePacket_Histogram_Bucket_##f##_tag

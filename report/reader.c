@@ -284,6 +284,50 @@ static int read_file(struct rd *rd, FILE *fp)
 
 /* ---- result ---- */
 
+static void proc_arrays_free(struct rp_trace_callsite *callsites, struct rp_trace_dump *dumps,
+                             size_t n_dumps)
+{
+    if (dumps) {
+        for (size_t i = 0; i < n_dumps; i++)
+            free(dumps[i].callsites);
+        free(dumps);
+    } else {
+        free(callsites);
+    }
+}
+
+/* The heap PF_HEAP_POSSIBLY_FREED of a process holds allocations whose free may have
+ * been lost: not unreleased memory, so not a process of its own with a ranking. Its live
+ * totals go to the process's other heap (the first listed) and it leaves the list. */
+static void fold_possibly_freed(struct rp_trace *t)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < t->n_processes; i++) {
+        struct rp_trace_process *pf = &t->processes[i];
+        struct rp_trace_process *into = NULL;
+        if (strcmp(pf->heap_name, PF_HEAP_POSSIBLY_FREED) == 0)
+            for (size_t j = 0; j < t->n_processes && !into; j++) {
+                struct rp_trace_process *o = &t->processes[j];
+                if (j != i && o->pid == pf->pid && o->exec_index == pf->exec_index &&
+                    strcmp(o->heap_name, PF_HEAP_POSSIBLY_FREED) != 0)
+                    into = o;
+            }
+        if (!into) {
+            t->processes[kept++] = *pf;
+            continue;
+        }
+        for (size_t k = 0; k < pf->n_callsites; k++) {
+            const struct rp_trace_callsite *c = &pf->callsites[k];
+            into->possibly_freed_bytes +=
+                c->self_allocated > c->self_freed ? c->self_allocated - c->self_freed : 0;
+            into->possibly_freed_count +=
+                c->alloc_count > c->free_count ? c->alloc_count - c->free_count : 0;
+        }
+        proc_arrays_free(pf->callsites, (struct rp_trace_dump *)pf->dumps, pf->n_dumps);
+    }
+    t->n_processes = kept;
+}
+
 static int finish(struct rd *rd)
 {
     struct rp_trace *t = &rd->tp->pub;
@@ -363,19 +407,8 @@ static int finish(struct rd *rd)
         p->cap_dumps = 0;
     }
     t->n_processes = rd->n_procs;
+    fold_possibly_freed(t);
     return 0;
-}
-
-static void proc_arrays_free(struct rp_trace_callsite *callsites, struct rp_trace_dump *dumps,
-                             size_t n_dumps)
-{
-    if (dumps) {
-        for (size_t i = 0; i < n_dumps; i++)
-            free(dumps[i].callsites);
-        free(dumps);
-    } else {
-        free(callsites);
-    }
 }
 
 static void rd_done(struct rd *rd)

@@ -437,6 +437,14 @@ static void print_process(FILE *out, const struct rp_trace_process *p,
             hp_format_bytes(t.freed, b, sizeof(b)), t.freed, t.scaled ? "~" : "",
             t.scaled ? t.est_free : t.nfree);
     fprintf(out, ", unreleased %s (%" PRIu64 " bytes)\n", hp_format_bytes(un, b, sizeof(b)), un);
+    if (p->possibly_freed_count)
+        fprintf(out,
+                "  Possibly freed: %" PRIu64 " sampled allocations, %s (%" PRIu64
+                " bytes), not counted as unreleased: %" PRIu64
+                " frees were lost while the shared buffer was full, and each of these may be "
+                "one of them\n",
+                p->possibly_freed_count, hp_format_bytes(p->possibly_freed_bytes, b, sizeof(b)),
+                p->possibly_freed_bytes, p->frees_lost);
     if (p->sampling_interval_bytes > 1)
         fprintf(out, "  (sampled: ± is one standard deviation of the estimate, ~ marks estimated "
                      "counts)\n");
@@ -459,7 +467,9 @@ static void print_process(FILE *out, const struct rp_trace_process *p,
             p->heap_samples, p->unwinding_errors, p->map_reparses, p->total_unwinding_time_us,
             p->client_spinlock_blocked_us);
     print_losses(out, p);
-    if (p->frees_lost)
+    /* Traces of heapprof that mark them (possibly_freed) keep those bytes out of the
+     * unreleased ones; older ones did not. */
+    if (p->frees_lost && !p->possibly_freed_count)
         fprintf(out,
                 "  WARNING: %" PRIu64 " frees were lost on the way: the bytes they freed show as "
                 "unreleased, so unreleased bytes are overestimated\n",

@@ -122,6 +122,10 @@ struct rp_trace_process {
     uint64_t unwinding_errors, heap_samples, map_reparses, total_unwinding_time_us,
         client_spinlock_blocked_us, writer_stalls, stalled_records_skipped;
     uint64_t frees_lost; /* frees lost on the way: their bytes show as unreleased */
+    /* Live allocations of the selected dump whose free may have been lost (heapprof's
+     * heap PF_HEAP_POSSIBLY_FREED, folded into the process's other heap and not listed
+     * as a process of its own): sampled allocations and their bytes, not in callsites. */
+    uint64_t possibly_freed_count, possibly_freed_bytes;
     /* When the profile began, and when the process started, on the clock of timestamp;
      * 0: not in the trace. */
     uint64_t profile_start_ts, process_start_ts;

@@ -85,6 +85,9 @@ static void apply(struct svc *s, const struct svc_msg *m)
         bk_process_update(s->bk, m->pid, &e->stats, e->flags);
         break;
     }
+    case SVC_MSG_POSSIBLY_FREED:
+        bk_mark_possibly_freed(s->bk, m->pid);
+        break;
     case SVC_MSG_REJECTED: {
         const struct svc_msg_rejected *rj = (const void *)m;
         r = bk_process_rejected(s->bk, m->pid, rj->flags);

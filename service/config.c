@@ -72,8 +72,9 @@ const struct svc_config_field svc_config_fields[] = {
     {"block_client_timeout_us", 14, SVC_FIELD_UINT, 0, FIELD(block_client_timeout_us), 0, 60000000,
      "block-timeout-us", 0, NULL, "block timeout", "N",
      "longest wait for buffer space, in microseconds (default 100000; the client waits at most "
-     "10000000); a wait that runs out ends waiting for the rest of the session (samples are "
-     "dropped, counted, and the dump says CLIENT_ERROR_HIT_TIMEOUT)"},
+     "10000000); after a wait that runs out, samples are dropped (counted) until the service "
+     "caught up, or for the rest of the session when it reads nothing for 5 s (the dump says "
+     "CLIENT_ERROR_HIT_TIMEOUT)"},
     {"max_heapprofd_memory_kb", 16, SVC_FIELD_UINT, 0, FIELD(max_heapprofd_memory_kb), 0,
      UINT64_MAX / 1024, "max-memory-kb", 0, NULL, "memory guardrail", "N",
      "guardrail: stop profiling when the service uses more memory (KiB; 0: none)"},

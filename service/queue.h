@@ -42,6 +42,9 @@ enum svc_msg_type {
     SVC_MSG_QUERY = 10,
     /* The process named one of its heaps (WIRE_HEAP_NAME). */
     SVC_MSG_HEAP_NAME = 11,
+    /* Frees of the process's sampled blocks were lost: every allocation posted so far may
+     * have been freed (bk_mark_possibly_freed()). No body. */
+    SVC_MSG_POSSIBLY_FREED = 12,
 };
 
 /* Messages are 8-byte aligned and packed in a batch one after another. Each starts with

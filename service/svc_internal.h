@@ -83,6 +83,14 @@ struct svc_client {
     uint64_t frees;
     uint64_t frees_unread;       /* frees among stats.records_unread */
     uint64_t frees_lost_service; /* frees the service could not pass on */
+    /* Frees lost so far (the client's frees_lost and frees_lost_service) as last seen,
+     * and, while pf_armed, the end of the ring when more were seen: once every record
+     * before pf_mark is read, every allocation whose free may be among them has been
+     * posted, and all live ones are marked possibly freed (watch_lost_frees() in
+     * service/unwind_records.c). */
+    uint64_t frees_lost_seen;
+    uint64_t pf_mark;
+    bool pf_armed;
     /* WIRE_MAPS_CHANGED read but not acted on yet: SVC_MAPS_CHANGED | WIRE_MAPS_UNLOADED
      * (svc__drain_upto() in service/unwind_records.c). */
     uint32_t maps_changed;
@@ -356,6 +364,10 @@ bool svc__post_start(struct svc_unwinder *u, struct svc_client *c);
 void *svc__post(struct svc_unwinder *u, struct svc_client *c, uint32_t type, size_t len);
 /* Given up on: corrupt data, or a writer that kept a record while it ran. */
 bool svc__client_over(const struct svc_client *c);
+/* After a drain: frees of @c's sampled blocks lost since the last look make the
+ * bookkeeping mark its live allocations possibly freed once the records before the loss
+ * are read (SVC_MSG_POSSIBLY_FREED). */
+void svc__watch_lost_frees(struct svc_unwinder *u, struct svc_client *c);
 /* Reads up to @budget records of @c, stopping at @mark (ring_mark()) if not NULL, and
  * before the next record when the queue to the bookkeeping thread is full. */
 enum svc_drain_result svc__drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned budget,

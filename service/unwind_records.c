@@ -509,6 +509,27 @@ static enum svc_drain_result drain(struct svc_unwinder *u, struct svc_client *c,
     return applied ? SVC_DRAIN_DONE : SVC_DRAIN_HELD;
 }
 
+/* Frees of @c's sampled blocks lost (its ring was full even for frees, or we could not
+ * pass one on) leave their allocations live: phantom leaks. Their allocation records
+ * were reserved before the loss was counted, so once everything before the ring's end
+ * of that moment is read, every allocation whose free was lost is live in the
+ * bookkeeping, which then marks all live ones possibly freed (none is ranked as
+ * unreleased memory). Called after each drain: a look at the ring's counters. */
+void svc__watch_lost_frees(struct svc_unwinder *u, struct svc_client *c)
+{
+    struct ring_stats rs;
+    ring_get_stats(c->ring, &rs);
+    uint64_t lost = rs.frees_lost + c->frees_lost_service;
+    if (lost != c->frees_lost_seen) {
+        c->frees_lost_seen = lost;
+        c->pf_mark = ring_mark(c->ring);
+        c->pf_armed = true;
+    }
+    if (c->pf_armed && ring_reached(c->ring, c->pf_mark) &&
+        svc__post(u, c, SVC_MSG_POSSIBLY_FREED, sizeof(struct svc_msg)))
+        c->pf_armed = false;
+}
+
 /* Reads up to @budget records of @c, stopping at @mark (ring_mark()) if not NULL, and
  * before the next record when the queue to the bookkeeping thread is full. */
 enum svc_drain_result svc__drain_upto(struct svc_unwinder *u, struct svc_client *c, unsigned budget,
@@ -518,6 +539,7 @@ enum svc_drain_result svc__drain_upto(struct svc_unwinder *u, struct svc_client 
         return SVC_DRAIN_DONE;
     u->clock_ns = hp_clock_ns(CLOCK_MONOTONIC);
     enum svc_drain_result r = drain(u, c, budget, mark);
+    svc__watch_lost_frees(u, c);
     end_span(u, c);
     return r;
 }

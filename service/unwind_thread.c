@@ -71,9 +71,11 @@ static void client_stats(const struct svc_client *c, struct bk_process_stats *re
     if (rs.records_dropped || rs.reserve_failures || c->stats.records_unread ||
         c->stats.records_lost_service)
         flags |= BK_FLAG_BUFFER_OVERRAN;
-    /* The client stopped waiting for room (a block timed out): Perfetto's
-     * CLIENT_ERROR_HIT_TIMEOUT in the dump. */
-    if (rs.block_timeouts)
+    /* The client stopped waiting for room (a block timed out) and did not wait again
+     * since (the service has not caught up yet, or it gave up for good): Perfetto's
+     * CLIENT_ERROR_HIT_TIMEOUT in the dump. A client that waits again lost only the
+     * samples of the pause (buffer_overran, records_dropped). */
+    if (rs.block_timeouts > rs.block_resumes || rs.block_given_up)
         flags |= BK_FLAG_CLIENT_ERROR | BK_FLAG_BUFFER_OVERRAN;
     *ret_flags = flags;
 }
@@ -136,6 +138,11 @@ static void complete_end(struct svc_unwinder *u, struct svc_client *c)
                         ? "(the service hit its memory guardrail)"
                         : "(it kept writing, or they took too long to read)");
     }
+    /* Frees lost (or left unread just now): every allocation still live may have been
+     * freed, and the last dump must not rank them as unreleased. */
+    svc__watch_lost_frees(u, c);
+    if (c->pf_armed || c->frees_unread)
+        (void)svc__post(u, c, SVC_MSG_POSSIBLY_FREED, sizeof(struct svc_msg));
     if (c->flags & BK_FLAG_BUFFER_CORRUPTED) {
         atomic_fetch_add_explicit(&s->corrupt, 1, memory_order_relaxed);
         hp_log_warn("pid %d: corrupt data in the shared buffer; client disconnected", c->pid);

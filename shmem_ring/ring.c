@@ -212,6 +212,8 @@ void ring_get_stats(ring_t *r, struct ring_stats *ret)
     ret->max_fill_bytes = atomic_load_explicit(&h->stats.max_fill_bytes, memory_order_relaxed);
     ret->frees_lost = atomic_load_explicit(&h->stats.frees_lost, memory_order_relaxed);
     ret->block_timeouts = atomic_load_explicit(&h->stats.block_timeouts, memory_order_relaxed);
+    ret->block_resumes = atomic_load_explicit(&h->block_resumes, memory_order_relaxed);
+    ret->block_given_up = atomic_load_explicit(&h->block_given_up, memory_order_relaxed);
     ret->size_bytes = r->size;
     ret->records_skipped = r->records_skipped;
     ret->freeset_full = atomic_load_explicit(&h->stats.freeset_full, memory_order_relaxed);

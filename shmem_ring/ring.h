@@ -41,12 +41,14 @@ typedef struct ring ring_t;
 #define RING_MIN_SIZE (64u << 10)
 #define RING_MAX_SIZE (1u << 30)
 /* The longest block_client wait ring_set_blocking() accepts: a reader that made no room
- * for that long is stopped or hung, and the program must not pause longer for it (once:
- * the first wait that runs out ends blocking). Sanitizer builds of the service stall for
+ * for that long is stopped, hung or far behind, and the program must not pause longer
+ * for it (a wait that runs out ends blocking until the client turns it on again, see
+ * preload/blockstate.h). Sanitizer builds of the service stall for
  * more than a second now and then, which shorter caps turn into drops. */
 #define RING_MAX_BLOCK_TIMEOUT_US (10u * 1000u * 1000u)
-/* In block mode ring_try_begin_write() leaves this share of the ring (1/8: 1 MiB, 32 k
- * frees, of the default 8 MiB) to ring_try_begin_write_nowait(). */
+/* ring_try_begin_write() leaves this share of the ring (1/8: 1 MiB, 32 k frees, of the
+ * default 8 MiB) to ring_try_begin_write_nowait(), in block mode and out of it: frees
+ * find room while samples wait for it or are dropped. */
 #define RING_URGENT_RESERVE_SHIFT 3
 /* Largest payload a single record may carry (a 64 KiB stack plus the alloc header fits). */
 #define RING_MAX_PAYLOAD ((1u << 20) - 64u)
@@ -90,7 +92,9 @@ struct ring_stats {
     uint64_t max_fill_bytes;
     uint64_t size_bytes;      /* data area size */
     uint64_t frees_lost;      /* frees of sampled blocks the client could not record */
-    uint64_t block_timeouts;  /* block waits that ran out; nonzero: blocking ended */
+    uint64_t block_timeouts;  /* block waits that ran out; each ended blocking for a while */
+    uint64_t block_resumes;   /* times the client turned blocking on again after one */
+    uint64_t block_given_up;  /* 1: the client stopped waiting for good (reader stuck) */
     uint64_t records_skipped; /* reader side: records of writers gone mid-record */
     uint64_t freeset_full;    /* of records_dropped, samples whose address the client could
                                  not watch for its free (its set was full) */
@@ -163,10 +167,23 @@ uint64_t ring_ask_maps_read(ring_t *r);
  * when the reader detached. */
 int ring_wait_maps_read(ring_t *r, uint64_t ask) HP_WARN_UNUSED;
 /* Writer: make ring_try_begin_write() wait up to @timeout_us (at most
- * RING_MAX_BLOCK_TIMEOUT_US) for space. The first wait that runs out ends blocking for
- * good: the reader is stopped or hung, and every later record would wait as long; from
- * then on records are dropped (counted), and block_timeouts tells the reader. */
+ * RING_MAX_BLOCK_TIMEOUT_US) for space. A wait that runs out ends blocking: the reader is
+ * stopped, hung or far behind, and every later record would wait as long; from then on
+ * records are dropped (counted), and block_timeouts tells the reader, until the writer
+ * turns blocking on again (the client does once the reader caught up:
+ * preload/blockstate.h). Hook-safe (relaxed stores). */
 void ring_set_blocking(ring_t *r, bool block, uint32_t timeout_us);
+/* Writer, hook-safe: true in block mode (not ended by a timeout). */
+bool ring_is_blocking(ring_t *r);
+/* Writer, hook-safe: the reader's published position (it moves while the reader reads)
+ * and the bytes reserved beyond it. Untrusted hints: both change at any time. */
+void ring_writer_progress(ring_t *r, uint64_t *ret_read_pos, uint64_t *ret_fill);
+/* Either side: the data area's size. */
+uint64_t ring_size(const ring_t *r);
+/* Writer, hook-safe: counts blocking turned on again after a timeout (block_resumes). */
+void ring_count_block_resume(ring_t *r);
+/* Writer, hook-safe: the client stopped waiting for the reader for good (block_given_up). */
+void ring_set_block_given_up(ring_t *r);
 /* Writer, hook-safe: true once the reader detached (the session is over: stop writing
  * and go passthrough), or in a child forked after ring_map(). One relaxed load. */
 bool ring_is_detached(ring_t *r);

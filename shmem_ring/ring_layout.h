@@ -108,14 +108,19 @@ struct ring_shared {
          * phantom leak in the profile. Also counted in records_dropped when the ring
          * refused the record. */
         _Atomic uint64_t frees_lost;
-        /* Block waits that ran out (the reader made no room within the timeout); the
-         * first one ends blocking for the session (ring_try_begin_write()). */
+        /* Block waits that ran out (the reader made no room within the timeout); each
+         * ends blocking until the client turns it on again (ring_try_begin_write()). */
         _Atomic uint64_t block_timeouts;
     } stats;
     /* Reads of the writers' maps asked for in records (ring_ask_maps_read()): the writers
      * count the asks, the reader stores the last one it answered. */
     _Alignas(RING_CACHE_LINE) _Atomic uint64_t maps_asked;
     _Atomic uint64_t maps_read;
+    /* Written by the writers, rarely: times blocking was turned on again after a block
+     * timeout (the reader had caught up), and 1 once the client gave up waiting for good
+     * (the reader made no progress for CLIENT_BLOCK_GIVE_UP_NS; preload/blockstate.h). */
+    _Alignas(RING_CACHE_LINE) _Atomic uint64_t block_resumes;
+    _Atomic uint64_t block_given_up;
 };
 _Static_assert(sizeof(struct ring_shared) <= RING_HEADER_SIZE, "ring header fits a page");
 _Static_assert(offsetof(struct ring_shared, detached) == 16, "ring_shared layout");
@@ -126,6 +131,7 @@ _Static_assert(offsetof(struct ring_shared, read_pos) == 128, "ring_shared layou
 _Static_assert(offsetof(struct ring_shared, reader_idle) == 192, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, stats) == 256, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, maps_asked) == 320, "ring_shared layout");
+_Static_assert(offsetof(struct ring_shared, block_resumes) == 384, "ring_shared layout");
 
 /* Per-process view of a ring; lives in the private page in front of the mappings. */
 struct ring {
@@ -139,7 +145,8 @@ struct ring {
     /* Writer: unique per mapping in this process (never reused, also not by a forked
      * child's rings), so that a thread's cached id (ring_writer.c) is known to be fresh. */
     uint64_t map_id;
-    /* Writer: block mode, set once before the ring is shared between threads. */
+    /* Writer: block mode; ended by a wait that runs out, turned on again by the client
+     * (ring_set_blocking()). */
     _Atomic bool blocking;
     _Atomic uint32_t block_timeout_us;
     /* Reader: its own read position; the shared copy is only written, never trusted. */

@@ -105,10 +105,10 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool u
     /* hdr is NULL in a child forked after ring_map() (the private page is wiped). */
     if (HP_UNLIKELY(h == NULL || atomic_load_explicit(&h->detached, memory_order_relaxed)))
         return -EPIPE;
-    /* In block mode, frees (urgent) must not be crowded out by samples waiting for room:
-     * a lost free is a phantom leak, a lost sample only a smaller sample. */
+    /* Frees (urgent) must not be crowded out by samples, whether these wait for room or
+     * are dropped: a lost free is a phantom leak, a lost sample only a smaller sample. */
     uint64_t limit = r->size;
-    if (!urgent && atomic_load_explicit(&r->blocking, memory_order_relaxed))
+    if (!urgent)
         limit -= r->size >> RING_URGENT_RESERVE_SHIFT;
     if (payload_len > RING_MAX_PAYLOAD || ring__record_total(payload_len) > limit) {
         ring_count(&h->stats.records_dropped, 1);
@@ -149,10 +149,11 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool u
                                                                    memory_order_relaxed) *
                                         1000u;
             } else if (now >= deadline_ns) {
-                /* No room for the whole timeout: the reader is stopped or hung, and every
-                 * record would now wait as long. Stop blocking for the rest of the
-                 * session (every writer thread of this process sees the flag on its
-                 * next round); the reader learns it from block_timeouts. */
+                /* No room for the whole timeout: the reader is stopped, hung or far
+                 * behind, and every record would now wait as long. Stop blocking (every
+                 * writer thread of this process sees the flag on its next round) until
+                 * the client turns it on again (ring_set_blocking(), once the reader
+                 * caught up); the reader learns it from block_timeouts. */
                 atomic_store_explicit(&r->blocking, false, memory_order_relaxed);
                 ring_count(&h->stats.block_timeouts, 1);
                 err = -EAGAIN;
@@ -311,6 +312,42 @@ int ring_wait_consumed(ring_t *r, const struct ring_wspan *w, uint32_t timeout_u
     /* The reader's position only stops at record boundaries, so past the record's
      * start means past the record (whose bytes other writers may reuse by now). */
     return ring_wait_reader(h, &h->read_pos, w->pos + 1, 64, timeout_us);
+}
+
+void ring_count_block_resume(ring_t *r)
+{
+    if (r->hdr)
+        ring_count(&r->hdr->block_resumes, 1);
+}
+
+void ring_set_block_given_up(ring_t *r)
+{
+    if (r->hdr)
+        atomic_store_explicit(&r->hdr->block_given_up, 1, memory_order_relaxed);
+}
+
+bool ring_is_blocking(ring_t *r)
+{
+    return atomic_load_explicit(&r->blocking, memory_order_relaxed);
+}
+
+void ring_writer_progress(ring_t *r, uint64_t *ret_read_pos, uint64_t *ret_fill)
+{
+    struct ring_shared *h = r->hdr;
+    if (!h) {
+        *ret_read_pos = *ret_fill = 0;
+        return;
+    }
+    uint64_t rp = atomic_load_explicit(&h->read_pos, memory_order_relaxed);
+    uint64_t wp = atomic_load_explicit(&h->write_pos, memory_order_relaxed);
+    *ret_read_pos = rp;
+    /* Loaded apart: a reader that moved in between reads as an empty ring. */
+    *ret_fill = (int64_t)(wp - rp) > 0 ? wp - rp : 0;
+}
+
+uint64_t ring_size(const ring_t *r)
+{
+    return r->size;
 }
 
 bool ring_is_detached(ring_t *r)

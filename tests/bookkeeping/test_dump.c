@@ -1151,6 +1151,58 @@ static void test_dump_inlined_lines(void **state)
  * could not flag a lost connection. A process that exits is disconnected for Perfetto
  * (it ended before the session), and says nothing in the report; one the profiler lost
  * is marked. */
+/* Frees lost: the allocations live when they were marked go to the heap of possibly
+ * freed ones (counted as freed in libc.malloc), a late free or a reuse of the address
+ * takes one out of it, allocations made after the mark stay unreleased, and the report
+ * shows the possibly freed apart, never ranked as unreleased. */
+static void test_dump_possibly_freed_apart(void **state)
+{
+    (void)state;
+    struct written w;
+    assert_int_equal(memfd_path(&w), 0);
+    bk_t *bk;
+    assert_int_equal(bk_new(&(struct bk_config){.out_fd = w.fd}, &bk), 0);
+    struct hp_frame lost[1] = {{&libs[2], "phantom_site", 0x10}};
+    struct hp_frame kept[1] = {{&libs[2], "real_leak_site", 0x20}};
+    assert_int_equal(bk_process_start(bk, PID_A, "lossy", 5, true, 1), 0);
+    uint64_t seq = 0;
+    for (uint64_t i = 0; i < 10; i++)
+        bk_record_alloc(bk, PID_A, 0, ++seq, 0x1000 + i * 0x100, 1000, 1000, lost, 1);
+    bk_record_free(bk, PID_A, 0, ++seq, 0x1000); /* recorded: freed for sure */
+    bk_mark_possibly_freed(bk, PID_A);
+    bk_record_free(bk, PID_A, 0, ++seq, 0x1100);                       /* a free delivered late */
+    bk_record_alloc(bk, PID_A, 0, ++seq, 0x1200, 1000, 1000, lost, 1); /* address reused */
+    bk_record_alloc(bk, PID_A, 0, ++seq, 0x9000, 77, 77, kept, 1);
+    /* Records of a client never name the heap. */
+    bk_record_alloc(bk, PID_A, BK_HEAP_POSSIBLY_FREED, ++seq, 0xa000, 5, 5, kept, 1);
+    assert_int_equal(bk_process_end(bk, PID_A, NULL, BK_FLAG_DISCONNECTED), 0);
+    bk = bk_free(bk);
+
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load(w.path, NULL, &t), 0);
+    assert_int_equal(t->n_processes, 1); /* the heap of possibly freed is folded in */
+    const struct rp_trace_process *p = find_proc(t, PID_A);
+    assert_string_equal(p->heap_name, "libc.malloc");
+    /* 10 allocated, 1 freed, 1 freed late, 1 replaced: 7 possibly freed. */
+    assert_int_equal(p->possibly_freed_count, 7);
+    assert_int_equal(p->possibly_freed_bytes, 7000);
+    uint64_t live = 0;
+    for (size_t i = 0; i < p->n_callsites; i++)
+        live += p->callsites[i].self_allocated - p->callsites[i].self_freed;
+    assert_int_equal(live, 1000 + 77); /* the reused address and the real leak */
+    char *text = NULL;
+    size_t text_len = 0;
+    FILE *out = open_memstream(&text, &text_len);
+    assert_non_null(out);
+    rp_report_print(out, t, &(struct rp_report_options){.top_n = 5});
+    fclose(out);
+    assert_non_null(strstr(text, "Possibly freed: 7 sampled allocations"));
+    assert_non_null(strstr(text, "unreleased 1.1 KiB (1077 bytes)"));
+    free(text);
+    rp_trace_free(t);
+    close(w.fd);
+}
+
 static void test_dump_bug_disconnected_on_normal_exit(void **state)
 {
     (void)state;
@@ -1285,6 +1337,7 @@ int main(void)
         cmocka_unit_test(test_dump_lines_not_ready_offered_again),
         cmocka_unit_test(test_dump_inlined_lines),
         cmocka_unit_test(test_dump_bug_disconnected_on_normal_exit),
+        cmocka_unit_test(test_dump_possibly_freed_apart),
     };
     return cmocka_run_group_tests_name("bookkeeping_dump", tests, NULL, NULL);
 }

@@ -24,6 +24,8 @@
 #include "shmem_ring/ring_layout.h"
 
 #define SMALL RING_MIN_SIZE
+/* What records other than frees may fill of it: they leave the urgent reserve. */
+#define SMALL_SAMPLES (SMALL - (SMALL >> RING_URGENT_RESERVE_SHIFT))
 
 /* ThreadSanitizer tracks synchronisation by virtual address; tests where the reader and
  * the writers use separate mappings of the same pages (as separate processes do) are
@@ -96,10 +98,12 @@ static bool check_pattern(const void *p, size_t len, uint64_t tag)
 }
 
 /* Writes one record of @len payload bytes filled with the pattern of @tag. */
-static int write_one(ring_t *w, uint16_t type, size_t len, uint64_t tag)
+/* As write_one(), through ring_try_begin_write_nowait() when @urgent. */
+static int write_one_as(ring_t *w, uint16_t type, size_t len, uint64_t tag, bool urgent)
 {
     struct ring_wspan ws;
-    int r = ring_try_begin_write(w, type, len, &ws);
+    int r = urgent ? ring_try_begin_write_nowait(w, type, len, &ws)
+                   : ring_try_begin_write(w, type, len, &ws);
     if (r < 0)
         return r;
     assert_int_equal(ws.len, len);
@@ -107,6 +111,11 @@ static int write_one(ring_t *w, uint16_t type, size_t len, uint64_t tag)
     fill_pattern(ws.data, len, tag);
     (void)ring_end_write(w, &ws);
     return 0;
+}
+
+static int write_one(ring_t *w, uint16_t type, size_t len, uint64_t tag)
+{
+    return write_one_as(w, type, len, tag, false);
 }
 
 static void read_one_expect(ring_t *rd, uint16_t type, size_t len, uint64_t tag)
@@ -206,20 +215,26 @@ static void test_ring_empty_and_full(void **state)
     size_t n = 0;
 
     assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
+    /* Samples stop short of the reserve, in block mode or not; frees (urgent) fill the
+     * rest. */
     while (write_one(f->writer, 7, len, n) == 0)
         n++;
-    assert_int_equal(n, SMALL / 1016);
+    assert_int_equal(n, SMALL_SAMPLES / 1016);
     assert_int_equal(write_one(f->writer, 7, len, 0), -EAGAIN);
+    while (write_one_as(f->writer, 7, len, n, true) == 0)
+        n++;
+    assert_int_equal(n, SMALL / 1016);
+    assert_int_equal(write_one_as(f->writer, 7, len, 0, true), -EAGAIN);
     ring_get_stats(f->writer, &st);
     assert_int_equal(st.records_read, 0);
-    assert_int_equal(st.records_dropped, 2);
+    assert_int_equal(st.records_dropped, 4);
     assert_int_equal(st.max_fill_bytes, n * 1016);
     assert_int_equal(st.size_bytes, SMALL);
 
     /* One record read frees room for exactly one more. */
     read_one_expect(f->reader, 7, len, 0);
-    assert_int_equal(write_one(f->writer, 7, len, n), 0);
-    assert_int_equal(write_one(f->writer, 7, len, 0), -EAGAIN);
+    assert_int_equal(write_one_as(f->writer, 7, len, n, true), 0);
+    assert_int_equal(write_one_as(f->writer, 7, len, 0, true), -EAGAIN);
     for (size_t i = 1; i <= n; i++)
         read_one_expect(f->reader, 7, len, i);
     assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
@@ -321,8 +336,12 @@ static void test_ring_too_large_rejected(void **state)
     ring_get_stats(f->writer, &st);
     assert_int_equal(st.records_dropped, 4);
     assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
-    /* The largest record that fits the ring is accepted. */
-    assert_int_equal(write_one(f->writer, 1, SMALL - 16, 5), 0);
+    /* The largest record that fits the ring is accepted (as an urgent one; other
+     * records leave the reserve). */
+    assert_int_equal(write_one(f->writer, 1, SMALL_SAMPLES - 16 + 8, 5), -EMSGSIZE);
+    assert_int_equal(write_one(f->writer, 1, SMALL_SAMPLES - 16, 5), 0);
+    read_one_expect(f->reader, 1, SMALL_SAMPLES - 16, 5);
+    assert_int_equal(write_one_as(f->writer, 1, SMALL - 16, 5, true), 0);
     read_one_expect(f->reader, 1, SMALL - 16, 5);
 }
 
@@ -389,7 +408,8 @@ static void write_read_marked(ring_t *w, ring_t *rd, size_t len, uint64_t tag)
 {
     struct ring_wspan ws;
     struct ring_rspan rs;
-    assert_int_equal(ring_try_begin_write(w, 6, len, &ws), 0);
+    /* Urgent: the only records that may take the whole ring. */
+    assert_int_equal(ring_try_begin_write_nowait(w, 6, len, &ws), 0);
     if (len < 16) {
         fill_pattern(ws.data, len, tag);
     } else {
