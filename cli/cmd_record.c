@@ -571,6 +571,9 @@ int cmd_record(int argc, char **argv)
     /* A recorded program is ours to slow down: wait for buffer space rather than lose
      * samples (bounded by the timeout). */
     a.cfg.block_client = true;
+    /* Root started the program: when it drops to its own user (a server's workers), it
+     * is still the program the user asked to profile. */
+    a.cfg.follow_any_ids = geteuid() == 0;
     if (cli_opts_build(&opts, record_own_opts, "+o:qh", record_fields) < 0)
         return EXIT_PROFILER;
     int r = record_parse_args(argc, argv, &opts, &a);

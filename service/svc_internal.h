@@ -107,10 +107,20 @@ struct svc_client {
         uint64_t seq, mark;
     } retired[8];
     unsigned n_retired;
-    bool hung_up;  /* the socket reported a hang-up (svc__unwinder_hangup()) */
-    bool cut_off;  /* given up on: a writer held a record while running */
-    bool in_stall; /* a stopped writer holds the next record (counted once) */
+    bool hung_up;      /* the socket reported a hang-up (svc__unwinder_hangup()) */
+    bool cut_off;      /* given up on: a writer held a record while running */
+    bool in_stall;     /* a stopped writer holds the next record (counted once) */
+    uint32_t ids_seen; /* the ring's count of id changes last checked (service/ids.c) */
 };
+
+/* service/ids.c: whether this service profiles a process of effective uid @uid: our own
+ * uid's, any as root with @allow_other_users, and any with @follow_any (a process that
+ * changed to @uid after it connected, under a service that follows every change). */
+bool svc__uid_allowed(uid_t uid, bool allow_other_users, bool follow_any);
+/* service/ids.c, unwinder thread: @c's process changed its ids (its ring's count moved
+ * past c->ids_seen): reads the new ids from its socket and checks them. Returns true to
+ * go on profiling it; false (said why, once) to end its session, with @ret_why. */
+bool svc__ids_check(const struct svc *s, struct svc_client *c, const char **ret_why);
 
 /* Client ids: the unwinder thread's index above SVC_CLIENT_ID_SHIFT. The main thread's
  * epoll finds a client's hang-up by this id (svc_poll()), never by a pointer the unwinder

@@ -259,8 +259,9 @@ static uint32_t hangup_flags(struct svc_client *c, const char **ret_why)
         return lost | BK_FLAG_CONN_CLOSED;
     }
     if (why == RING_END_CREDENTIALS) {
-        hp_log_warn("pid %d changed its user or group ids; it is not profiled from there on",
-                    c->pid);
+        hp_log_warn("pid %d (%s) changed its user or group ids and its client could not "
+                    "take them; it is not profiled from there on",
+                    c->pid, svc__client_name(c));
         *ret_why = "(it changed its user or group ids)";
         return lost;
     }
@@ -400,6 +401,11 @@ static void begin_ends(struct svc_unwinder *u, bool detach, uint32_t detach_flag
             begin_end(u, c, BK_FLAG_DISCONNECTED | BK_FLAG_CONN_LOST,
                       c->cut_off ? "(a thread kept a record unpublished while running)"
                                  : "(corrupt data in the shared buffer)");
+        } else if (ring_ids_changes(c->ring) != c->ids_seen && !svc__ids_check(u->svc, c, &why)) {
+            /* Its new user is not ours to profile: what came before is kept. (Checked
+             * after a hang-up too: the message outlives the connection, and what the
+             * process wrote after the change must be judged before it is read.) */
+            begin_end(u, c, BK_FLAG_DISCONNECTED | BK_FLAG_CONN_LOST, why);
         } else if (c->hung_up || ring_client_ended(c->ring) != RING_END_NONE) {
             /* EOF: the process can no longer write; read the rest and end it. */
             uint32_t flags = hangup_flags(c, &why);

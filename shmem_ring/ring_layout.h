@@ -116,6 +116,14 @@ struct ring_shared {
      * count the asks, the reader stores the last one it answered. */
     _Alignas(RING_CACHE_LINE) _Atomic uint64_t maps_asked;
     _Atomic uint64_t maps_read;
+    /* Written by the client's session thread: how often the process changed its user or
+     * group ids and the thread took the new ones, each time after it told the service the
+     * new ids on the socket (ring_note_ids_changed()). The reader checks them when the
+     * count moves. */
+    _Alignas(RING_CACHE_LINE) _Atomic uint32_t ids_changes;
+    /* Written by the client: children of fork() it did not follow (the session does not
+     * follow forks), for the service's "not followed" count. */
+    _Atomic uint64_t forks_unfollowed;
 };
 _Static_assert(sizeof(struct ring_shared) <= RING_HEADER_SIZE, "ring header fits a page");
 _Static_assert(offsetof(struct ring_shared, detached) == 16, "ring_shared layout");
@@ -126,6 +134,7 @@ _Static_assert(offsetof(struct ring_shared, read_pos) == 128, "ring_shared layou
 _Static_assert(offsetof(struct ring_shared, reader_idle) == 192, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, stats) == 256, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, maps_asked) == 320, "ring_shared layout");
+_Static_assert(offsetof(struct ring_shared, ids_changes) == 384, "ring_shared layout");
 
 /* Per-process view of a ring; lives in the private page in front of the mappings. */
 struct ring {

@@ -72,6 +72,21 @@ struct wire_control {
 };
 _Static_assert(sizeof(struct wire_control) == sizeof(struct wire_hello), "control as a hello");
 
+/* Client -> service, on the session's socket after the handshake, with SCM_CREDENTIALS
+ * (checked by the kernel against the sending thread's ids): the process changed its user
+ * or group ids and the client's session thread took the new ones (preload/ids.c), so the
+ * credentials are the process's new ones. The service checks them as it checks a new
+ * client's SO_PEERCRED and ends the session when its policy refuses the new uid. The
+ * client bumps the ring's count (ring_note_ids_changed()) after sending it. */
+#define WIRE_IDS_MAGIC 0x48504944u /* "HPID" */
+struct wire_ids {
+    uint32_t magic; /* WIRE_IDS_MAGIC */
+    int32_t pid;    /* getpid() */
+    uint32_t uid;   /* effective uid, as in the credentials */
+    uint32_t gid;   /* effective gid, as in the credentials */
+};
+_Static_assert(sizeof(struct wire_ids) == 16, "wire_ids ABI");
+
 /* wire_client_config.status */
 #define WIRE_STATUS_PROFILE 0u      /* ring fd attached; start sampling */
 #define WIRE_STATUS_NOT_PROFILED 1u /* no fd; stay passthrough */
