@@ -250,6 +250,18 @@ void client__forget_parent(bool alone, bool keep_rings)
         atomic_store_explicit(&client_state, CLIENT_DORMANT, memory_order_release);
 }
 
+/* In the parent after fork(): a child the session does not follow is counted, for the
+ * service's "not followed" line (an exec'd child that connects itself is taken off by
+ * the service). */
+static void client_atfork_parent(void)
+{
+    struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
+    if (s && !(s->features & WIRE_FEATURE_FOLLOW_FORK) && client_session_enter(s)) {
+        ring_count_fork_unfollowed(s->ring);
+        client_session_leave(s);
+    }
+}
+
 static void client_atfork_child(void)
 {
     struct client_tls *t = &client_tls;
@@ -443,7 +455,7 @@ void client_init(void)
     if (follow_exec && strcmp(follow_exec, "0") == 0)
         (void)client_env_scrub(environ, client_env_names, CLIENT_LIB_NAME);
 
-    (void)pthread_atfork(NULL, NULL, client_atfork_child);
+    (void)pthread_atfork(NULL, client_atfork_parent, client_atfork_child);
 
     if (!never)
         client_startup_session(required);

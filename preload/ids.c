@@ -30,11 +30,14 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <time.h>
 
 #include "common/sys.h"
 #include "shmem_ring/wire.h"
 
 #define IDS_MAX_GROUPS 64
+/* How long a change of ids is left to complete before it is taken. */
+#define IDS_SETTLE_MS 20
 
 struct client_ids {
     uint32_t uid[3], gid[3]; /* real, effective, saved */
@@ -171,6 +174,12 @@ int client__ids_follow(struct client_session *s)
     if (!ids_of_process(&proc) || !ids_of_thread(&self))
         return 0; /* unreadable now: looked at again next round */
     if (ids_equal(&proc, &self))
+        return 0;
+    /* A program changes groups, gid and uid in several calls: let it finish, so that
+     * the service hears of the user it becomes rather than of a step on the way. */
+    struct timespec ts = {0, IDS_SETTLE_MS * 1000000L};
+    (void)hp_sys2(SYS_nanosleep, (long)&ts, 0);
+    if (!ids_of_process(&proc))
         return 0;
     long r = ids_take(&proc);
     if (r == 0)

@@ -127,6 +127,7 @@ static int create(const struct svc_config *cfg, int out_fd, const struct bk_sink
     pthread_mutex_init(&s->done_lock, NULL);
     hp_map_init(&s->done, 0);
     hp_map_init(&s->seen, 0);
+    hp_map_init(&s->exec_children, sizeof(uint64_t));
     hp_map_init(&s->routes, sizeof(uint64_t));
     svc__bkq_init(&s->bkq);
     s->bkq.on_room = queue_room;
@@ -263,6 +264,7 @@ int svc_finish(svc_t *s, struct svc_summary *ret_summary)
         ret_summary->unseen_call_slots = atomic_load(&s->unseen_call_slots);
         ret_summary->clients_timed_out = atomic_load(&s->timed_out);
         ret_summary->conn_closed = atomic_load(&s->conn_closed);
+        ret_summary->forks_unfollowed = atomic_load(&s->forks_unfollowed);
         ret_summary->stall_waits = atomic_load(&s->stall_waits);
         ret_summary->stall_skips = atomic_load(&s->stall_skips);
         ret_summary->stall_cutoffs = atomic_load(&s->stall_cutoffs);
@@ -302,6 +304,7 @@ svc_t *svc_free(svc_t *s)
     free(s->dir);
     hp_map_done(&s->done);
     hp_map_done(&s->seen);
+    hp_map_done(&s->exec_children);
     hp_map_done(&s->routes);
     free(s->ctl.cur);
     svc__bkq_done(&s->bkq);

@@ -113,6 +113,13 @@ struct svc_client {
     uint32_t ids_seen; /* the ring's count of id changes last checked (service/ids.c) */
 };
 
+/* service/registry.c: @c connected at its start: when its parent is a process we saw,
+ * it is a child that exec'd (a profiled program), not one lost to a fork. */
+void svc__note_child(struct svc *s, const struct svc_client *c);
+/* service/registry.c: of the @forks children of fork() process @pid's client did not
+ * follow, those that did not connect themselves after an exec (forgets @pid's count). */
+uint64_t svc__forks_unfollowed(struct svc *s, pid_t pid, uint64_t forks);
+
 /* service/ids.c: whether this service profiles a process of effective uid @uid: our own
  * uid's, any as root with @allow_other_users, and any with @follow_any (a process that
  * changed to @uid after it connected, under a service that follows every change). */
@@ -231,6 +238,11 @@ struct svc {
      * by done_lock */
     pthread_mutex_t done_lock;
     struct hp_map done, seen;
+    /* Per pid, the children of its that connected after an exec (service/registry.c),
+     * protected by done_lock. */
+    struct hp_map exec_children;
+    /* Children of fork() of profiled processes that were not profiled. */
+    _Atomic uint64_t forks_unfollowed;
     _Atomic unsigned live_clients;
     /* the owner thread's own producer, for control messages (dumps) */
     struct svc_batcher ctl;

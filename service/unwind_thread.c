@@ -165,13 +165,20 @@ static void complete_end(struct svc_unwinder *u, struct svc_client *c)
     if (flags & BK_FLAG_CLIENT_ERROR)
         atomic_fetch_add_explicit(&s->timed_out, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->frees, c->frees, memory_order_relaxed);
+    uint64_t unfollowed = svc__forks_unfollowed(s, c->pid, ring_forks_unfollowed(c->ring));
+    atomic_fetch_add_explicit(&s->forks_unfollowed, unfollowed, memory_order_relaxed);
     if (s->cfg.log_processes) {
         uint64_t lost =
             st.records_dropped + st.reserve_failures + st.records_unread + st.records_lost_service;
-        char extra[96] = "";
+        char extra[192] = "";
+        size_t n = 0;
         if (lost)
-            snprintf(extra, sizeof(extra), ", %llu lost (dropped or unread)",
-                     (unsigned long long)lost);
+            n = (size_t)snprintf(extra, sizeof(extra), ", %llu lost (dropped or unread)",
+                                 (unsigned long long)lost);
+        if (unfollowed && n < sizeof(extra))
+            snprintf(extra + n, sizeof(extra) - n,
+                     "; %llu child%s forked from it not followed (use --follow-fork)",
+                     (unsigned long long)unfollowed, unfollowed == 1 ? "" : "ren");
         hp_log_note("pid %d (%s): %s %s: %llu samples%s", c->pid, svc__client_name(c),
                     svc__client_over(c) || (flags & BK_FLAG_CONN_LOST) || c->end_abrupt ? "dropped"
                                                                                         : "ended",
