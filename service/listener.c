@@ -202,7 +202,6 @@ static void admit(struct svc *s, int fd)
     struct svc_client *c = svc__handshake(s, fd);
     if (!c)
         return;
-    svc__note_child(s, c);
     svc__mark_seen(s, c->pid);
     hand_over(s, c);
 }

@@ -111,23 +111,26 @@ struct svc_client {
     bool cut_off;      /* given up on: a writer held a record while running */
     bool in_stall;     /* a stopped writer holds the next record (counted once) */
     uint32_t ids_seen; /* the ring's count of id changes last checked (service/ids.c) */
+    /* Children of fork() the process did not follow, as they told us (service/ids.c):
+     * the ring's count last seen, their pids, and those beyond the room for pids. */
+    uint64_t forks_seen;
+    pid_t *forked;
+    size_t n_forked, cap_forked;
+    uint64_t forked_unlisted;
 };
-
-/* service/registry.c: @c connected at its start: when its parent is a process we saw,
- * it is a child that exec'd (a profiled program), not one lost to a fork. */
-void svc__note_child(struct svc *s, const struct svc_client *c);
-/* service/registry.c: of the @forks children of fork() process @pid's client did not
- * follow, those that did not connect themselves after an exec (forgets @pid's count). */
-uint64_t svc__forks_unfollowed(struct svc *s, pid_t pid, uint64_t forks);
 
 /* service/ids.c: whether this service profiles a process of effective uid @uid: our own
  * uid's, any as root with @allow_other_users, and any with @follow_any (a process that
  * changed to @uid after it connected, under a service that follows every change). */
 bool svc__uid_allowed(uid_t uid, bool allow_other_users, bool follow_any);
-/* service/ids.c, unwinder thread: @c's process changed its ids (its ring's count moved
- * past c->ids_seen): reads the new ids from its socket and checks them. Returns true to
- * go on profiling it; false (said why, once) to end its session, with @ret_why. */
-bool svc__ids_check(const struct svc *s, struct svc_client *c, const char **ret_why);
+/* service/ids.c, unwinder thread: reads the messages waiting on @c's socket (its ring's
+ * counts moved past c->ids_seen or c->forks_seen, or its session ends): the new ids of
+ * a process that changed them, checked (false, said why once, @ret_why set: end its
+ * session), and the children of fork() it did not follow, noted in c->forked. */
+bool svc__client_messages(const struct svc *s, struct svc_client *c, const char **ret_why);
+/* service/ids.c: how many of @c's children of fork() it did not follow never connected
+ * themselves (after an exec). */
+uint64_t svc__forks_unfollowed(struct svc *s, const struct svc_client *c);
 
 /* Client ids: the unwinder thread's index above SVC_CLIENT_ID_SHIFT. The main thread's
  * epoll finds a client's hang-up by this id (svc_poll()), never by a pointer the unwinder
@@ -238,9 +241,6 @@ struct svc {
      * by done_lock */
     pthread_mutex_t done_lock;
     struct hp_map done, seen;
-    /* Per pid, the children of its that connected after an exec (service/registry.c),
-     * protected by done_lock. */
-    struct hp_map exec_children;
     /* Children of fork() of profiled processes that were not profiled. */
     _Atomic uint64_t forks_unfollowed;
     _Atomic unsigned live_clients;

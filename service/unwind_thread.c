@@ -165,7 +165,9 @@ static void complete_end(struct svc_unwinder *u, struct svc_client *c)
     if (flags & BK_FLAG_CLIENT_ERROR)
         atomic_fetch_add_explicit(&s->timed_out, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->frees, c->frees, memory_order_relaxed);
-    uint64_t unfollowed = svc__forks_unfollowed(s, c->pid, ring_forks_unfollowed(c->ring));
+    const char *why;
+    (void)svc__client_messages(s, c, &why); /* the children's last words */
+    uint64_t unfollowed = svc__forks_unfollowed(s, c);
     atomic_fetch_add_explicit(&s->forks_unfollowed, unfollowed, memory_order_relaxed);
     if (s->cfg.log_processes) {
         uint64_t lost =
@@ -408,7 +410,9 @@ static void begin_ends(struct svc_unwinder *u, bool detach, uint32_t detach_flag
             begin_end(u, c, BK_FLAG_DISCONNECTED | BK_FLAG_CONN_LOST,
                       c->cut_off ? "(a thread kept a record unpublished while running)"
                                  : "(corrupt data in the shared buffer)");
-        } else if (ring_ids_changes(c->ring) != c->ids_seen && !svc__ids_check(u->svc, c, &why)) {
+        } else if ((ring_ids_changes(c->ring) != c->ids_seen ||
+                    ring_forks_unfollowed(c->ring) != c->forks_seen) &&
+                   !svc__client_messages(u->svc, c, &why)) {
             /* Its new user is not ours to profile: what came before is kept. (Checked
              * after a hang-up too: the message outlives the connection, and what the
              * process wrote after the change must be judged before it is read.) */

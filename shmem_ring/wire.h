@@ -87,6 +87,20 @@ struct wire_ids {
 };
 _Static_assert(sizeof(struct wire_ids) == 16, "wire_ids ABI");
 
+/* Client -> service, on the parent's session socket, from a child of fork() the session
+ * does not follow (its atfork handler, before it lets go of the parent's connection): the
+ * credentials (SCM_CREDENTIALS, which the kernel adds when the service asks for them)
+ * name the child, which the service counts as not followed unless it connects itself
+ * (after an exec). The parent bumps the ring's count (ring_count_fork_unfollowed()) so
+ * that the service reads it soon. Same size as wire_ids: one read per message. */
+#define WIRE_FORKED_MAGIC 0x48504643u /* "HPFC" */
+struct wire_forked {
+    uint32_t magic; /* WIRE_FORKED_MAGIC */
+    int32_t pid;    /* getpid() of the child */
+    uint32_t unused[2];
+};
+_Static_assert(sizeof(struct wire_forked) == sizeof(struct wire_ids), "one size of message");
+
 /* wire_client_config.status */
 #define WIRE_STATUS_PROFILE 0u      /* ring fd attached; start sampling */
 #define WIRE_STATUS_NOT_PROFILED 1u /* no fd; stay passthrough */
