@@ -178,6 +178,11 @@ static int client_attach(int attacher)
     /* Failures are silent: the attacher reports them. */
     r = client__session_open(path, WIRE_REASON_ATTACH, attacher > 0 ? attacher : 0,
                              client__timeout_ms, true);
+    /* Not there for us (another user's attacher, root with --allow-other-users, whose
+     * runtime directory we cannot enter): its abstract socket (common/paths.h). */
+    if (attacher > 0 && (r == -ENOENT || r == -EACCES || r == -ECONNREFUSED || r == -ENOTDIR) &&
+        hp_attach_abstract_name(attacher, path, sizeof(path)) == 0)
+        r = client__session_open(path, WIRE_REASON_ATTACH, attacher, client__timeout_ms, true);
     if (r != 0)
         return r < 0 ? r : -EPERM;
     /* Threads that allocate during the warm-up reseed for this session (see

@@ -295,7 +295,7 @@ svc_t *svc_free(svc_t *s)
         (void)close(s->listen_fd);
     if (s->epfd >= 0)
         (void)close(s->epfd);
-    if (s->sock_path)
+    if (s->sock_path && s->sock_path[0] != HP_ABSTRACT_PREFIX)
         (void)unlink(s->sock_path);
     if (s->dir && !s->cfg.socket_dir && !s->cfg.socket_path)
         (void)rmdir(s->dir);

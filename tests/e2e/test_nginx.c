@@ -10,6 +10,8 @@
  *             ends recording, nginx keeps serving, and record says what still runs
  *   no-follow heapprof record -- nginx: record ends with nginx and says that the fork it
  *             did not follow was not followed, and which children still run
+ *   attach    heapprof attach -p WORKER as root: refused with the reason without
+ *             --allow-other-users, profiled with it
  *
  * Each case runs nginx with its own configuration in a temporary directory (pid file,
  * error log, temp paths, document root; a random high port on 127.0.0.1), fetches a
@@ -152,6 +154,20 @@ static int teardown(void **state)
     return 0;
 }
 
+/* The effective uid of @pid. */
+static uid_t uid_of(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    char *st = e2e_read_file(path);
+    unsigned r = 0, e = (unsigned)-1;
+    const char *u = st ? strstr(st, "\nUid:") : NULL;
+    if (u)
+        (void)sscanf(u + 5, "%u %u", &r, &e);
+    free(st);
+    return (uid_t)e;
+}
+
 /* Waits for nginx's pid file and its workers. Returns the master's pid, or 0. */
 static pid_t nginx_wait_ready(const struct nginx_case *c, pid_t workers[2])
 {
@@ -164,7 +180,9 @@ static pid_t nginx_wait_ready(const struct nginx_case *c, pid_t workers[2])
             char *kids = e2e_read_file(path);
             int n = kids ? sscanf(kids, "%d %d", &workers[0], &workers[1]) : 0;
             free(kids);
-            if (n == 2)
+            /* As root: once they became www-data. */
+            uid_t want = c->as_root ? getpwnam("www-data")->pw_uid : geteuid();
+            if (n == 2 && uid_of(workers[0]) == want && uid_of(workers[1]) == want)
                 return m;
         }
         e2e_sleep_ms(10);
@@ -193,20 +211,6 @@ static void fetch_and_check(const struct nginx_case *c)
         assert_memory_equal(run.out + (size_t)i * PAGE_BYTES, page, PAGE_BYTES);
     free(page);
     e2e_run_free(&run);
-}
-
-/* The effective uid of @pid. */
-static uid_t uid_of(pid_t pid)
-{
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    char *st = e2e_read_file(path);
-    unsigned r = 0, e = (unsigned)-1;
-    const char *u = st ? strstr(st, "\nUid:") : NULL;
-    if (u)
-        (void)sscanf(u + 5, "%u %u", &r, &e);
-    free(st);
-    return (uid_t)e;
 }
 
 static uint64_t samples_of(const struct rp_trace *t, pid_t pid)
@@ -398,12 +402,74 @@ static void test_record_without_follow_fork(void **state)
     free(err);
 }
 
+/* heapprof attach -p WORKER as root: refused without --allow-other-users (rc 1, the real
+ * reason), profiled with it (the worker reaches the attach session's abstract socket). */
+static void test_attach_worker(void **state)
+{
+    struct nginx_case *c = *state;
+    if (!c || !c->as_root) {
+        print_message("attaching another user's process needs root\n");
+        skip();
+    }
+    char preload[4200];
+    snprintf(preload, sizeof(preload), "LD_PRELOAD=%s", e2e_env("HEAPPROF_LIB"));
+    char *env[] = {preload, NULL};
+    pid_t master, workers[2];
+    for (int tries = 0; nginx_start(c, env, &master, workers) < 0; tries++)
+        assert_true(tries < 3);
+    char pid_arg[16], trace[320], err_path[320];
+    snprintf(pid_arg, sizeof(pid_arg), "%d", (int)workers[0]);
+    snprintf(trace, sizeof(trace), "%s/attach.pftrace", c->dir);
+    snprintf(err_path, sizeof(err_path), "%s/attach.err", c->dir);
+
+    char *refused[] = {
+        (char *)e2e_env("HEAPPROF_BIN"), "attach", "-p", pid_arg, "-d", "1", "-o", trace, NULL};
+    struct e2e_run run;
+    assert_int_equal(e2e_run(refused, NULL, &run), 0);
+    assert_int_equal(run.status, 1);
+    if (!strstr(run.err, "runs as user www-data") || !strstr(run.err, "--allow-other-users"))
+        fail_msg("not the real reason:\n%s", run.err);
+    e2e_run_free(&run);
+
+    c->profiler = fork();
+    assert_true(c->profiler >= 0);
+    if (c->profiler == 0) {
+        int fd = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 2);
+        execl(e2e_env("HEAPPROF_BIN"), "heapprof", "attach", "--allow-other-users", "-p", pid_arg,
+              "-d", "1", "--top", "0", "-o", trace, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 200; i++) {
+        char *err = e2e_read_file(err_path);
+        bool on = err && strstr(err, "attaching to pid");
+        free(err);
+        if (on)
+            break;
+        e2e_sleep_ms(10);
+    }
+    /* Both workers share the load: enough requests reach the one attached. */
+    fetch_and_check(c);
+    fetch_and_check(c);
+    assert_int_equal(e2e_wait_status(c->profiler), 0);
+    c->profiler = 0;
+    nginx_stop(c);
+    struct rp_trace *t = NULL;
+    assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &t), 0);
+    if (samples_of(t, workers[0]) == 0) {
+        char *err = e2e_read_file(err_path);
+        fail_msg("the worker has no samples:\n%s", err);
+    }
+    rp_trace_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_daemon_profiles_workers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_record_follows_daemon, setup, teardown),
         cmocka_unit_test_setup_teardown(test_record_without_follow_fork, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_attach_worker, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
