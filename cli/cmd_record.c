@@ -68,6 +68,10 @@ static void usage_record(FILE *f, const struct cli_opts *o)
           "Runs CMD with libheapprof.so preloaded, profiles it (and, by default, the\n"
           "programs it executes) from its first allocation, writes a Perfetto trace when\n"
           "CMD exits, prints a summary on stderr and exits with CMD's exit status.\n"
+          "When CMD exits while processes it started are still profiled (a server that\n"
+          "daemonizes, with --follow-fork), recording goes on until they exit, or until\n"
+          "Ctrl-C or SIGTERM, which end recording and leave them running. As root, a\n"
+          "process that drops to another user (nginx's workers) stays profiled.\n"
           "\n"
           "options:\n"
           "  -o, --output FILE            trace file (default heapprof-<name>-<pid>.pftrace)\n",
