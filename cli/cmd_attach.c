@@ -471,6 +471,10 @@ static int attach_run(struct attach_args *a)
     if (cfg->allow_other_users && hp_attach_abstract_name(getpid(), sock, sizeof(sock)) < 0)
         return EXIT_PROFILER;
     cfg->socket_path = sock;
+    /* A session does not follow forks; a name picks up the children, dormant like their
+     * parent, as they start. */
+    cfg->fork_hint = "attach them by name with -n, which also takes the processes that "
+                     "start later";
 
     const char *output = a->common.output;
     char out_buf[PATH_MAX];

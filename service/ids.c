@@ -98,6 +98,11 @@ static void note_forked(struct svc_client *c, pid_t pid)
         c->forked_unlisted++;
 }
 
+const char *svc__fork_hint(const struct svc_config *cfg)
+{
+    return cfg->fork_hint ? cfg->fork_hint : "use --follow-fork";
+}
+
 uint64_t svc__forks_unfollowed(struct svc *s, const struct svc_client *c)
 {
     uint64_t n = c->forked_unlisted;

@@ -45,4 +45,3 @@ bool svc_client_seen(svc_t *s, pid_t pid)
 {
     return pids_has(s, &s->seen, pid);
 }
-

@@ -264,6 +264,7 @@ int svc_finish(svc_t *s, struct svc_summary *ret_summary)
         ret_summary->clients_timed_out = atomic_load(&s->timed_out);
         ret_summary->conn_closed = atomic_load(&s->conn_closed);
         ret_summary->forks_unfollowed = atomic_load(&s->forks_unfollowed);
+        ret_summary->fork_hint = svc__fork_hint(&s->cfg);
         ret_summary->stall_waits = atomic_load(&s->stall_waits);
         ret_summary->stall_skips = atomic_load(&s->stall_skips);
         ret_summary->stall_cutoffs = atomic_load(&s->stall_cutoffs);

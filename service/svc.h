@@ -57,6 +57,7 @@ struct svc_summary {
     /* children of fork() of profiled processes, not profiled (no follow_fork), less those
      * that exec'd a program that connected itself */
     uint64_t forks_unfollowed;
+    const char *fork_hint;  /* how to follow them (the configuration's, or the default) */
     uint64_t stall_waits;   /* times a stopped writer held a ring (waited for) */
     uint64_t stall_skips;   /* records of writers gone mid-record, skipped */
     uint64_t stall_cutoffs; /* clients cut off: a writer kept a record while running */

@@ -128,6 +128,9 @@ bool svc__uid_allowed(uid_t uid, bool allow_other_users, bool follow_any);
  * a process that changed them, checked (false, said why once, @ret_why set: end its
  * session), and the children of fork() it did not follow, noted in c->forked. */
 bool svc__client_messages(const struct svc *s, struct svc_client *c, const char **ret_why);
+/* service/ids.c: how to follow the children of fork() not followed ("use --follow-fork"
+ * unless @cfg says otherwise). */
+const char *svc__fork_hint(const struct svc_config *cfg);
 /* service/ids.c: how many of @c's children of fork() it did not follow never connected
  * themselves (after an exec). */
 uint64_t svc__forks_unfollowed(struct svc *s, const struct svc_client *c);

@@ -179,8 +179,9 @@ static void complete_end(struct svc_unwinder *u, struct svc_client *c)
                                  (unsigned long long)lost);
         if (unfollowed && n < sizeof(extra))
             snprintf(extra + n, sizeof(extra) - n,
-                     "; %llu child%s forked from it not followed (use --follow-fork)",
-                     (unsigned long long)unfollowed, unfollowed == 1 ? "" : "ren");
+                     "; %llu child%s forked from it not followed (%s)",
+                     (unsigned long long)unfollowed, unfollowed == 1 ? "" : "ren",
+                     svc__fork_hint(&s->cfg));
         hp_log_note("pid %d (%s): %s %s: %llu samples%s", c->pid, svc__client_name(c),
                     svc__client_over(c) || (flags & BK_FLAG_CONN_LOST) || c->end_abrupt ? "dropped"
                                                                                         : "ended",

@@ -2,7 +2,8 @@
  * named, in every mode's summary and in the daemon's end-of-process line, with the
  * option that follows them; children that exec a profiled program are not counted (they
  * are profiled on their own). tests/programs/forker forks one child that does not exec;
- * "sh -c" forks children that exec (or spawns them) and subshells that do not. */
+ * "sh -c" forks children that exec (or spawns them) and subshells that do not. The
+ * attach case wakes its target: not in the TSan build (as the other attach tests). */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -91,12 +92,51 @@ static void test_daemon_says_unfollowed_fork(void **state)
     e2e_daemon_remove_files(&d);
 }
 
+/* attach: the children forked while attached are counted, with the way to take them. */
+static void test_attach_counts_unfollowed_forks(void **state)
+{
+    (void)state;
+    pid_t sh = fork();
+    assert_true(sh >= 0);
+    if (sh == 0) {
+        setenv("LD_PRELOAD", e2e_env("HEAPPROF_LIB"), 1);
+        execl("/bin/sh", "sh", "-c", "while :; do (true); sleep 0.05; done", (char *)NULL);
+        _exit(127);
+    }
+    e2e_sleep_ms(300); /* dormant, its wake entry advertised */
+    char pid_arg[16];
+    snprintf(pid_arg, sizeof(pid_arg), "%d", (int)sh);
+    char *trace = e2e_tmp_path(".pftrace");
+    char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"),
+                    "attach",
+                    "-p",
+                    pid_arg,
+                    "-d",
+                    "0.8",
+                    "--top",
+                    "0",
+                    "-o",
+                    trace,
+                    NULL};
+    struct e2e_run run;
+    assert_int_equal(e2e_run(argv, NULL, &run), 0);
+    kill(sh, SIGKILL);
+    (void)e2e_wait_status(sh);
+    assert_int_equal(run.status, 0);
+    if (!strstr(run.err, "forked from targets were not followed (attach them by name with -n"))
+        fail_msg("no count of the forks not followed:\n%s", run.err);
+    e2e_run_free(&run);
+    unlink(trace);
+    free(trace);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_record_counts_unfollowed_fork),
         cmocka_unit_test(test_record_exec_children_not_counted),
         cmocka_unit_test(test_daemon_says_unfollowed_fork),
+        cmocka_unit_test(test_attach_counts_unfollowed_forks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
