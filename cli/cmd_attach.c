@@ -43,6 +43,7 @@ static const struct cli_field attach_fields[] = {
     {"no_source_lines", NULL, 0},
     {"heaps", NULL, 0},
     {"all_heaps", NULL, 0},
+    {"allow_other_users", NULL, 0},
     {NULL, NULL, 0},
 };
 
@@ -142,18 +143,19 @@ static void remember(struct attach_state *st, const struct svc_proc *p, bool wok
 }
 
 /* Why @p cannot be attached before a wake, with what to do, in @why; 0 when it can. */
-static int check_target(const struct svc_proc *p, char *why, size_t len)
+static int check_target(const struct svc_proc *p, bool other_users, char *why, size_t len)
 {
-    int r = svc_proc_check(p, false, why, len);
+    int r = svc_proc_check(p, other_users, why, len);
     struct passwd pw, *res = NULL;
     char tmp[1024];
     size_t n = strlen(why);
+    const char *or_root = geteuid() == 0 ? ", or give --allow-other-users" : "";
     if (r == -EACCES && getpwuid_r(p->uid, &pw, tmp, sizeof(tmp), &res) == 0 && res)
         snprintf(why + n, len - n,
-                 "; run heapprof attach as that user (sudo -u %s heapprof attach -p %d)",
-                 res->pw_name, (int)p->pid);
+                 "; run heapprof attach as that user (sudo -u %s heapprof attach -p %d)%s",
+                 res->pw_name, (int)p->pid, or_root);
     else if (r == -EACCES)
-        snprintf(why + n, len - n, "; run heapprof attach as that user");
+        snprintf(why + n, len - n, "; run heapprof attach as that user%s", or_root);
     return r;
 }
 
@@ -164,7 +166,7 @@ static int attach_target(struct attach_state *st, const struct svc_proc *p, bool
 {
     char why[768];
     why[0] = '\0';
-    int r = check_target(p, why, sizeof(why));
+    int r = check_target(p, st->cfg->allow_other_users, why, sizeof(why));
     if (r == 0) {
         struct svc_rcall_stats inj;
         r = svc_proc_attach(p, st->self, why, sizeof(why), &inj);
@@ -388,6 +390,11 @@ static int attach_parse_args(int argc, char **argv, const struct cli_opts *opts,
         usage_attach(stderr, opts);
         return -EINVAL;
     }
+    if (a->cfg.allow_other_users && geteuid() != 0) {
+        fprintf(stderr, "heapprof attach: --allow-other-users needs root (only root may profile "
+                        "another user's processes)\n");
+        return -EINVAL;
+    }
     char err[256];
     if (svc_config_check(&a->cfg, err, sizeof(err)) < 0) {
         fprintf(stderr, "heapprof attach: %s\n", err);
@@ -415,7 +422,7 @@ static int inspect_pids(struct attach_state *st)
             fprintf(stderr, "heapprof attach: cannot inspect pid %d: %s\n", (int)cfg->pid[i],
                     strerror(-r));
             rc = 1;
-        } else if (check_target(p, why, sizeof(why)) < 0) {
+        } else if (check_target(p, cfg->allow_other_users, why, sizeof(why)) < 0) {
             fprintf(stderr, "heapprof attach: pid %d (%s) %s\n", (int)p->pid, p->name, why);
             st->refused[i] = true;
             n_refused++;
@@ -461,7 +468,15 @@ static int attach_run(struct attach_args *a)
     rc = attach_socket_path(sock, sizeof(sock));
     if (rc)
         return rc;
+    /* Targets of other users cannot enter our runtime directory: an abstract socket
+     * (common/paths.h). */
+    if (cfg->allow_other_users && hp_attach_abstract_name(getpid(), sock, sizeof(sock)) < 0)
+        return EXIT_PROFILER;
     cfg->socket_path = sock;
+    /* A session does not follow forks; a name picks up the children, dormant like their
+     * parent, as they start. */
+    cfg->fork_hint = "attach them by name with -n, which also takes the processes that "
+                     "start later";
 
     const char *output = a->common.output;
     char out_buf[PATH_MAX];

@@ -2,6 +2,7 @@
  * profiles it (and, by default, what it executes) from its first allocation. */
 #include "cli/cli.h"
 
+#include <dirent.h>
 #include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -68,6 +70,10 @@ static void usage_record(FILE *f, const struct cli_opts *o)
           "Runs CMD with libheapprof.so preloaded, profiles it (and, by default, the\n"
           "programs it executes) from its first allocation, writes a Perfetto trace when\n"
           "CMD exits, prints a summary on stderr and exits with CMD's exit status.\n"
+          "When CMD exits while processes it started are still profiled (a server that\n"
+          "daemonizes, with --follow-fork), recording goes on until they exit, or until\n"
+          "Ctrl-C or SIGTERM, which end recording and leave them running. As root, a\n"
+          "process that drops to another user (nginx's workers) stays profiled.\n"
           "\n"
           "options:\n"
           "  -o, --output FILE            trace file (default heapprof-<name>-<pid>.pftrace)\n",
@@ -428,7 +434,133 @@ static int find_runnable(const char *name, char **ret_prog)
 struct record_run {
     pid_t child;
     int go_fd;
+    const char *name; /* CMD's basename, for messages */
 };
+
+/* ---- a program that daemonizes --------------------------------------------------- *
+ *
+ * A server that daemonizes (nginx, redis --daemonize yes, most init-script daemons)
+ * forks, and its foreground process exits at once while the daemon runs on. record is
+ * made a child subreaper, so the orphaned daemon becomes our child rather than init's:
+ * its descendants are ours to find (and reap). When CMD exits while processes we profile
+ * remain (its descendants: with --follow-fork, or programs they executed), recording goes
+ * on until they exit or record is stopped (Ctrl-C, SIGTERM), which dumps and ends
+ * profiling without touching them: stopping a profiler must not stop a server. Either
+ * way, descendants still running when record ends are named. */
+
+#define MAX_DESCENDANTS 16
+
+/* The living descendants of ours (CMD's, and the orphans we inherited as subreaper),
+ * at most @max in @out, in pid order; returns how many there are in all. */
+static size_t find_descendants(pid_t *out, size_t max)
+{
+    DIR *d = opendir("/proc");
+    if (!d)
+        return 0;
+    size_t cap = 0, n = 0;
+    pid_t(*pp)[2] = NULL; /* pid, parent */
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char *end, path[64], buf[512];
+        long pid = strtol(e->d_name, &end, 10);
+        if (*end || pid <= 0)
+            continue;
+        snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+        FILE *f = fopen(path, "re");
+        if (!f)
+            continue;
+        size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[len] = '\0';
+        const char *p = strrchr(buf, ')');
+        char state;
+        int ppid;
+        if (!p || sscanf(p + 1, " %c %d", &state, &ppid) != 2 || state == 'Z')
+            continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 1024;
+            void *grown = realloc(pp, cap * sizeof(*pp));
+            if (!grown)
+                break;
+            pp = grown;
+        }
+        pp[n][0] = (pid_t)pid;
+        pp[n][1] = (pid_t)ppid;
+        n++;
+    }
+    closedir(d);
+    /* Marked by their parents, to a fixed point: trees are shallow. */
+    bool *mine = calloc(n ? n : 1, sizeof(*mine));
+    size_t found = 0;
+    for (bool more = mine != NULL; more;) {
+        more = false;
+        for (size_t i = 0; i < n; i++) {
+            if (mine[i])
+                continue;
+            bool parent_mine = pp[i][1] == getpid();
+            for (size_t j = 0; j < n && !parent_mine; j++)
+                parent_mine = mine[j] && pp[j][0] == pp[i][1];
+            if (parent_mine) {
+                mine[i] = more = true;
+                if (found < max)
+                    out[found] = pp[i][0];
+                found++;
+            }
+        }
+    }
+    free(mine);
+    free(pp);
+    return found;
+}
+
+/* "1234, 1235, 1236" (and "and N more") for @pids (@n in all, at most @shown given). */
+static const char *pid_list(const pid_t *pids, size_t shown, size_t n, char *buf, size_t len)
+{
+    size_t pos = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < shown && i < n && pos < len; i++)
+        pos += (size_t)snprintf(buf + pos, len - pos, "%s%d", i ? ", " : "", (int)pids[i]);
+    if (n > shown && pos < len)
+        snprintf(buf + pos, len - pos, " and %zu more", n - shown);
+    return buf;
+}
+
+static void record_child_exited(void *ctx, unsigned live)
+{
+    struct record_run *rr = ctx;
+    pid_t pids[MAX_DESCENDANTS];
+    char list[256];
+    size_t n = find_descendants(pids, MAX_DESCENDANTS);
+    if (n)
+        fprintf(stderr, "heapprof record: %s exited; recording its descendants %s until they exit",
+                rr->name, pid_list(pids, MAX_DESCENDANTS, n, list, sizeof(list)));
+    else
+        fprintf(stderr,
+                "heapprof record: %s exited; recording the %u process%s still profiled "
+                "until they exit",
+                rr->name, live, live == 1 ? "" : "es");
+    fputs(" (Ctrl-C or SIGTERM stops recording and leaves them running)\n", stderr);
+}
+
+static void record_stopping(void *ctx, const struct cli_loop_result *res)
+{
+    struct record_run *rr = ctx;
+    pid_t pids[MAX_DESCENDANTS];
+    char list[256];
+    size_t n = find_descendants(pids, MAX_DESCENDANTS);
+    if (!n)
+        return;
+    if (res->child_exited)
+        fprintf(stderr, "heapprof record: %s exited; its children %s still run%s\n", rr->name,
+                pid_list(pids, MAX_DESCENDANTS, n, list, sizeof(list)),
+                res->signo ? " (recording stopped: no longer profiled)"
+                           : " (not profiled: they were not followed)");
+    else
+        fprintf(stderr,
+                "heapprof record: recording stopped (signal %d) while %s runs; its "
+                "descendants %s still run\n",
+                res->signo, rr->name, pid_list(pids, MAX_DESCENDANTS, n, list, sizeof(list)));
+}
 
 static int record_started(void *ctx, svc_t *s)
 {
@@ -520,8 +652,11 @@ static int record_run(struct record_args *a)
         return EXIT_PROFILER;
     }
     a->cfg.socket_dir = dir;
+    /* Orphans among CMD's descendants (a daemon) become ours (see above). */
+    (void)prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     struct record_run rr;
     rc = start_child(a, prog, lib, dir, &rr);
+    rr.name = base_name(prog);
     if (rc) {
         (void)rmdir(dir);
         return rc;
@@ -545,8 +680,12 @@ static int record_run(struct record_args *a)
                 .status_line = !a->common.quiet && isatty(STDERR_FILENO) && a->common.status_line,
                 .child = rr.child,
                 .forward_signals = true,
+                .follow_descendants = true,
+                .child_exited = record_child_exited,
+                .tick_ctx = &rr,
             },
         .started = record_started,
+        .stopping = record_stopping,
         .ctx = &rr,
     };
     struct cli_loop_result res;
@@ -573,6 +712,9 @@ int cmd_record(int argc, char **argv)
     /* A recorded program is ours to slow down: wait for buffer space rather than lose
      * samples (bounded by the timeout). */
     a.cfg.block_client = true;
+    /* Root started the program: when it drops to its own user (a server's workers), it
+     * is still the program the user asked to profile. */
+    a.cfg.follow_any_ids = geteuid() == 0;
     if (cli_opts_build(&opts, record_own_opts, "+o:qh", record_fields) < 0)
         return EXIT_PROFILER;
     int r = record_parse_args(argc, argv, &opts, &a);

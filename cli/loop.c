@@ -147,12 +147,13 @@ int cli_loop_run(svc_t *s, const struct cli_loop_opts *o, struct cli_loop_result
         o->dump_interval_ms ? start + (uint64_t)o->dump_phase_ms * 1000000u : UINT64_MAX;
     uint64_t next_tick = start, next_status = start + 1000000000u;
     uint64_t exit_ns = 0, last_samples = 0, last_status_ns = start;
-    bool had_clients = false;
+    bool had_clients = false, said_exit = false;
     int r = 0;
 
     for (;;) {
-        /* Once the child has exited, its clients' ends are checked every few ms. */
-        r = svc_poll(s, ret->child_exited ? 2 : 50);
+        /* Once the child has exited, its clients' ends are checked every few ms (unless
+         * its descendants are followed: they may run for long). */
+        r = svc_poll(s, ret->child_exited && !said_exit ? 2 : 50);
         if (r < 0)
             hp_log_warn("accepting clients: %s", strerror(-r));
         r = 0;
@@ -182,7 +183,18 @@ int cli_loop_run(svc_t *s, const struct cli_loop_opts *o, struct cli_loop_result
         had_clients |= live > 0;
         if (o->stop_when_no_clients && had_clients && live == 0)
             break;
-        if (ret->child_exited) {
+        if (ret->child_exited && o->follow_descendants) {
+            /* Its own session ended (or a moment passed): what remains is descendants. */
+            struct svc_status st;
+            svc_get_status(s, &st);
+            if (live == 0)
+                break;
+            if (!said_exit && (st.ending_processes == 0 || now - exit_ns > 500000000ull)) {
+                said_exit = true;
+                if (o->child_exited)
+                    o->child_exited(o->tick_ctx, live - st.ending_processes);
+            }
+        } else if (ret->child_exited) {
             /* Let every client that exited with the program be drained; descendants
              * still running after a grace period are dumped as they are. Sessions whose
              * last records are being read are waited for (each has a deadline). */

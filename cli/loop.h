@@ -29,6 +29,12 @@ struct cli_loop_opts {
     pid_t child;               /* >0: wait for this child; its exit ends the loop */
     bool forward_signals;      /* SIGINT/SIGTERM sent by a process go to the child */
     bool stop_when_no_clients; /* end when every client that connected has gone */
+    /* With @child: once it exited, go on while profiled processes remain (its descendants:
+     * a program that daemonizes), until they end or a stop signal, and call
+     * child_exited(tick_ctx, live) once when it exited with @live of them left. Without
+     * it the loop ends a grace period after the child's exit. */
+    bool follow_descendants;
+    void (*child_exited)(void *ctx, unsigned live);
     /* Called every ~100 ms; returning true ends the loop. */
     bool (*tick)(void *ctx, svc_t *s);
     void *tick_ctx;

@@ -74,6 +74,11 @@ void cli_print_summary(const char *out_path, const struct svc_summary *sum, int 
                 "heapprof: %llu process%s closed the profiler's connection while running "
                 "(e.g. closefrom or close_range at start): not profiled from there on\n",
                 (unsigned long long)sum->conn_closed, sum->conn_closed == 1 ? "" : "es");
+    if (sum->forks_unfollowed)
+        fprintf(stderr, "heapprof: %llu process%s forked from targets %s not followed (%s)\n",
+                (unsigned long long)sum->forks_unfollowed, sum->forks_unfollowed == 1 ? "" : "es",
+                sum->forks_unfollowed == 1 ? "was" : "were",
+                sum->fork_hint ? sum->fork_hint : "use --follow-fork");
     if (sum->stall_waits || sum->stall_skips || sum->stall_cutoffs)
         fprintf(stderr,
                 "heapprof: writers stalled in the middle of a record: %llu time%s stopped "

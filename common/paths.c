@@ -53,3 +53,13 @@ int hp_socket_path(const char *xdg, uid_t uid, pid_t attach_pid, char *buf, size
     return put(buf, len, &pos, "/attach-") ?: put_uint(buf, len, &pos, (uint64_t)attach_pid)
                ?: put(buf, len, &pos, ".sock");
 }
+
+int hp_attach_abstract_name(pid_t attach_pid, char *buf, size_t len)
+{
+    size_t pos = 0;
+    if (len == 0)
+        return -ENAMETOOLONG;
+    buf[0] = '\0';
+    return put(buf, len, &pos, "@heapprof-attach-")
+               ?: put_uint(buf, len, &pos, (uint64_t)attach_pid);
+}

@@ -9,6 +9,12 @@
  *                        the wake call passes <pid> to the client (common/wake.h), which
  *                        answers there only process <pid> itself (preload/peer.h)
  *
+ * A session of `heapprof attach --allow-other-users` (root) listens instead on the
+ * abstract socket "@heapprof-attach-<pid>" (hp_attach_abstract_name()): a target of
+ * another user cannot reach root's runtime directory, and an abstract socket has no
+ * file; every connection is checked at the handshake, and the client answers there only
+ * process <pid> (as root). The client tries it when the path is not there for it.
+ *
  *     char dir[HP_PATH_MAX];
  *     hp_runtime_dir(getenv("XDG_RUNTIME_DIR"), getuid(), dir, sizeof(dir));
  */
@@ -28,6 +34,11 @@ int hp_runtime_dir(const char *xdg_runtime_dir, uid_t uid, char *buf, size_t len
 /* Writes "<dir>/heapprofd.sock" (@attach_pid <= 0) or "<dir>/attach-<pid>.sock". */
 int hp_socket_path(const char *xdg_runtime_dir, uid_t uid, pid_t attach_pid, char *buf,
                    size_t len) HP_WARN_UNUSED;
+
+/* A socket "path" starting with this names an abstract socket (the name after it). */
+#define HP_ABSTRACT_PREFIX '@'
+/* Writes "@heapprof-attach-<pid>". */
+int hp_attach_abstract_name(pid_t attach_pid, char *buf, size_t len) HP_WARN_UNUSED;
 
 /* Service side only (common/rundir.c; not hook-safe). */
 

@@ -43,7 +43,8 @@
  *   exec      kills every thread; the new image starts from scratch.
  *   setuid    glibc changes the ids of the threads it knows (its setxid broadcast), not
  *             ours: the session thread compares its ids with the process's every round
- *             and ends the session when they differ.
+ *             and takes the new ones, for the service to check (preload/ids.c); it ends
+ *             the session when it cannot.
  *   exit      exit_group ends the thread wherever it is; the service sees the hang-up.
  *
  * Descriptors: the session's socket is moved high (F_DUPFD_CLOEXEC) and its identity
@@ -69,7 +70,6 @@
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -159,18 +159,6 @@ static void client_sleep_ms(unsigned ms)
     (void)hp_sys2(SYS_nanosleep, (long)&ts, 0);
 }
 
-/* True when the process's user or group ids are no longer ours: /proc/self's owner comes
- * from the main thread's ids, /proc/thread-self's from this thread's (after setuid(),
- * glibc changed the ids of every thread but this one). No descriptor is involved. */
-static bool client_ids_changed(void)
-{
-    struct stat proc, self;
-    if (hp_sys4(SYS_newfstatat, AT_FDCWD, (long)"/proc/self", (long)&proc, 0) < 0 ||
-        hp_sys4(SYS_newfstatat, AT_FDCWD, (long)"/proc/thread-self", (long)&self, 0) < 0)
-        return false;
-    return proc.st_uid != self.st_uid || proc.st_gid != self.st_gid;
-}
-
 /* Handshakes after a wake from @attacher (0: the daemon). Returns 0 when profiling. */
 static int client_attach(int attacher)
 {
@@ -190,6 +178,11 @@ static int client_attach(int attacher)
     /* Failures are silent: the attacher reports them. */
     r = client__session_open(path, WIRE_REASON_ATTACH, attacher > 0 ? attacher : 0,
                              client__timeout_ms, true);
+    /* Not there for us (another user's attacher, root with --allow-other-users, whose
+     * runtime directory we cannot enter): its abstract socket (common/paths.h). */
+    if (attacher > 0 && (r == -ENOENT || r == -EACCES || r == -ECONNREFUSED || r == -ENOTDIR) &&
+        hp_attach_abstract_name(attacher, path, sizeof(path)) == 0)
+        r = client__session_open(path, WIRE_REASON_ATTACH, attacher, client__timeout_ms, true);
     if (r != 0)
         return r < 0 ? r : -EPERM;
     /* Threads that allocate during the warm-up reseed for this session (see
@@ -219,7 +212,7 @@ static void client_watch(void)
             client__session_close(s, false);
             return;
         }
-        if (client_ids_changed()) {
+        if (client__ids_follow(s) < 0) {
             ring_set_client_ended(s->ring, RING_END_CREDENTIALS);
             client__session_close(s, true);
             return;

@@ -252,6 +252,28 @@ void client__forget_parent(bool alone, bool keep_rings)
         atomic_store_explicit(&client_state, CLIENT_DORMANT, memory_order_release);
 }
 
+/* In the parent after fork(): a child the session does not follow is counted, which
+ * tells the service to read the child's word on the socket (client_tell_forked()). */
+static void client_atfork_parent(void)
+{
+    struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
+    if (s && !(s->features & WIRE_FEATURE_FOLLOW_FORK) && client_session_enter(s)) {
+        ring_count_fork_unfollowed(s->ring);
+        client_session_leave(s);
+    }
+}
+
+/* In a child of fork() the session @s does not follow: says so on the parent's socket
+ * (struct wire_forked), for the service's count of children not followed. Best effort:
+ * never waits. */
+static void client_tell_forked(const struct client_session *s)
+{
+    if (!s || (s->features & WIRE_FEATURE_FOLLOW_FORK) || !client__sock_ours(s))
+        return;
+    struct wire_forked msg = {.magic = WIRE_FORKED_MAGIC, .pid = (int32_t)hp_sys0(SYS_getpid)};
+    (void)hp_sys6(SYS_sendto, s->sock, (long)&msg, sizeof(msg), MSG_NOSIGNAL | MSG_DONTWAIT, 0, 0);
+}
+
 static void client_atfork_child(void)
 {
     struct client_tls *t = &client_tls;
@@ -266,6 +288,7 @@ static void client_atfork_child(void)
     client__fork_owner_arm();
     /* The parent's session thread was not copied. */
     client__sthread_forget();
+    client_tell_forked(cur);
     if (follow)
         memcpy(path, cur->path, sizeof(path));
     client__forget_parent(true, was_in_hook);
@@ -445,7 +468,7 @@ void client_init(void)
     if (follow_exec && strcmp(follow_exec, "0") == 0)
         (void)client_env_scrub(environ, client_env_names, CLIENT_LIB_NAME);
 
-    (void)pthread_atfork(NULL, NULL, client_atfork_child);
+    (void)pthread_atfork(NULL, client_atfork_parent, client_atfork_child);
 
     if (!never)
         client_startup_session(required);

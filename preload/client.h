@@ -361,6 +361,10 @@ enum client_sthread_mode {
  * pid of the attacher that woke us (0: none, the daemon socket). Returns 0, -EBUSY when one runs
  * already, or -errno. Async-signal-safe; hook-safe. */
 int client__sthread_start(enum client_sthread_mode mode, int attacher);
+/* The session thread, each round (preload/ids.c): when the process's user or group ids
+ * are no longer the thread's, takes them and tells the service. Returns 0 (unchanged),
+ * 1 (followed) or -errno (could not follow: end the session). */
+int client__ids_follow(struct client_session *s);
 /* In a forked child (atfork): no session thread exists there. */
 void client__sthread_forget(void);
 /* Writes our pid into the page that tells children of fork from us (preload/wake.c): at

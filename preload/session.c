@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
@@ -59,6 +60,11 @@ static long client_connect(const char *path, uint32_t timeout_ms)
     if (len >= sizeof(sa.sun_path))
         return -ENAMETOOLONG;
     memcpy(sa.sun_path, path, len);
+    long sa_len = sizeof(sa);
+    if (path[0] == HP_ABSTRACT_PREFIX) {
+        sa.sun_path[0] = '\0'; /* abstract: the name is the bytes after it, exactly */
+        sa_len = (long)(offsetof(struct sockaddr_un, sun_path) + len);
+    }
 
     long sock = hp_sys3(SYS_socket, AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (sock < 0)
@@ -68,7 +74,7 @@ static long client_connect(const char *path, uint32_t timeout_ms)
     if (r == 0)
         r = hp_sys6(SYS_setsockopt, sock, SOL_SOCKET, SO_SNDTIMEO, (long)&tv, sizeof(tv), 0);
     if (r == 0)
-        r = hp_sys3(SYS_connect, sock, (long)&sa, sizeof(sa));
+        r = hp_sys3(SYS_connect, sock, (long)&sa, sa_len);
     if (r < 0) {
         (void)hp_sys_close((int)sock);
         return r;

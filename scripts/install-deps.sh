@@ -19,6 +19,9 @@ PKGS=(
     nodejs
     # a C extension between Python frames, for the tests of Python stacks
     python3-numpy
+    # a daemonizing, privilege-dropping server for the end-to-end tests (never started
+    # as a system service: see below) and its client
+    nginx-light curl
 )
 
 # A headless browser for the tests and benchmark of `heapprof html`: any chromium on the
@@ -45,4 +48,13 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
+# Packages of servers must not start them (nginx would take port 80): the tests run
+# their own instances. Debian asks policy-rc.d; one that refuses is put in place for the
+# install when the machine has none.
+POLICY=/usr/sbin/policy-rc.d
+if [ ! -e "$POLICY" ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$POLICY" >/dev/null
+    $SUDO chmod 755 "$POLICY"
+    trap '$SUDO rm -f "$POLICY"' EXIT
+fi
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -36,6 +36,7 @@ struct svc_client *svc__client_free(struct svc_client *c)
     c->unw = unwinder_process_free(c->unw);
     c->ring = ring_unmap(c->ring);
     free(c->cmdline);
+    free(c->forked);
     free(c);
     return NULL;
 }

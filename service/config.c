@@ -113,7 +113,7 @@ const struct svc_config_field svc_config_fields[] = {
      "most 8)"},
     {"allow_other_users", 0, SVC_FIELD_BOOL, 0, FIELD(allow_other_users), 0, 1, "allow-other-users",
      0, NULL, "allow_other_users", NULL,
-     "as root, also profile other users' processes (socket mode 0666)"},
+     "as root, also profile other users' processes (over a socket they can reach)"},
 };
 const size_t svc_n_config_fields = HP_ARRAY_SIZE(svc_config_fields);
 

@@ -66,6 +66,13 @@ struct svc_config {
     /* Not in HeapprofdConfig: a service running as root also profiles other users'
      * processes (by default only its own uid's). */
     bool allow_other_users;
+    /* Not a configuration field: a process that changes its user or group ids after it
+     * connected stays profiled whatever its new uid (heapprof record as root: the
+     * processes it started itself). */
+    bool follow_any_ids;
+    /* Not a configuration field: how to follow the children of fork() a session did not
+     * follow, for the messages that count them (NULL: "use --follow-fork"). */
+    const char *fork_hint;
     /* Children of fork() handshake again and are profiled as processes of their own. */
     bool follow_fork;
     /* No source files and lines in the trace (faster dumps). */

@@ -66,7 +66,7 @@ int svc__handshake_hello(int sock, bool allow_other_users, struct wire_hello *re
         goto fail;
     }
     r = -EACCES;
-    if (cred.uid != geteuid() && !(geteuid() == 0 && allow_other_users)) {
+    if (!svc__uid_allowed(cred.uid, allow_other_users, false)) {
         hp_log_warn("pid %d: handshake: client of uid %u rejected", (int)cred.pid,
                     (unsigned)cred.uid);
         goto fail;
@@ -323,6 +323,10 @@ struct svc_client *svc__handshake(struct svc *s, int sock)
         goto reject;
     uint32_t table = make_table(s, c, hello.features, &utable_fd);
     c->features = hello.features & WIRE_FEATURE_PYFRAMES; /* as answer() accepts them */
+    /* A process that changes its ids sends the new ones as credentials (service/ids.c),
+     * maybe before we get to profiled(): its ring's count starts at 0 (c->ids_seen). */
+    int on = 1;
+    (void)setsockopt(sock, SOL_SOCKET, SO_PASSCRED, &on, sizeof(on));
     r = answer(s, sock, &hello, table, ring_fd, utable_fd);
     (void)close(ring_fd);
     ring_fd = -1;

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,8 +56,32 @@ static int make_dir(const struct svc_config *cfg, char **ret)
 /* With @for_everyone the socket file is made mode 0666 (connect(2) needs write
  * permission on it): bound under umask 0111, so no chmod of a path another user could
  * swap in between. The umask is the process's: this runs before any thread of ours. */
+/* An abstract socket (@name, HP_ABSTRACT_PREFIX): no file, reachable from every user's
+ * processes in our network namespace, who are checked at the handshake like any client
+ * (heapprof attach --allow-other-users: the targets of another user cannot reach a
+ * socket in our runtime directory). */
+static int listen_abstract(const char *name, int *ret_fd)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    size_t len = strlen(name);
+    if (len >= sizeof(addr.sun_path))
+        return -ENAMETOOLONG;
+    memcpy(addr.sun_path + 1, name + 1, len - 1); /* sun_path[0] stays 0 */
+    HP_CLEANUP_CLOSE int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return -errno;
+    if (bind(fd, (struct sockaddr *)&addr,
+             (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len)) < 0 ||
+        listen(fd, 128) < 0)
+        return -errno;
+    *ret_fd = HP_TAKE_FD(fd);
+    return 0;
+}
+
 static int listen_on(const char *path, bool for_everyone, int *ret_fd)
 {
+    if (path[0] == HP_ABSTRACT_PREFIX)
+        return listen_abstract(path, ret_fd);
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof(addr.sun_path))
         return -ENAMETOOLONG;
@@ -131,7 +156,7 @@ int svc__listener_open(struct svc *s)
         return -ENOMEM;
     }
     r = listen_on(s->sock_path, s->cfg.allow_other_users, &s->listen_fd);
-    if (r == 0 && s->cfg.allow_other_users)
+    if (r == 0 && s->cfg.allow_other_users && s->sock_path[0] != HP_ABSTRACT_PREFIX)
         warn_unreachable(s->sock_path);
     if (r < 0) {
         /* -EADDRINUSE is the caller's to tell: it knows the socket it asked for. */

@@ -267,6 +267,8 @@ int svc_finish(svc_t *s, struct svc_summary *ret_summary)
         ret_summary->unseen_call_slots = atomic_load(&s->unseen_call_slots);
         ret_summary->clients_timed_out = atomic_load(&s->timed_out);
         ret_summary->conn_closed = atomic_load(&s->conn_closed);
+        ret_summary->forks_unfollowed = atomic_load(&s->forks_unfollowed);
+        ret_summary->fork_hint = svc__fork_hint(&s->cfg);
         ret_summary->stall_waits = atomic_load(&s->stall_waits);
         ret_summary->stall_skips = atomic_load(&s->stall_skips);
         ret_summary->stall_cutoffs = atomic_load(&s->stall_cutoffs);
@@ -298,7 +300,7 @@ svc_t *svc_free(svc_t *s)
         (void)close(s->listen_fd);
     if (s->epfd >= 0)
         (void)close(s->epfd);
-    if (s->sock_path)
+    if (s->sock_path && s->sock_path[0] != HP_ABSTRACT_PREFIX)
         (void)unlink(s->sock_path);
     if (s->dir && !s->cfg.socket_dir && !s->cfg.socket_path)
         (void)rmdir(s->dir);

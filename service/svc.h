@@ -54,9 +54,13 @@ struct svc_summary {
     uint64_t unseen_call_slots;
     uint64_t clients_timed_out; /* clients that stopped waiting for a stalled service */
     uint64_t conn_closed;       /* processes that closed the profiler's connection, running */
-    uint64_t stall_waits;       /* times a stopped writer held a ring (waited for) */
-    uint64_t stall_skips;       /* records of writers gone mid-record, skipped */
-    uint64_t stall_cutoffs;     /* clients cut off: a writer kept a record while running */
+    /* children of fork() of profiled processes, not profiled (no follow_fork), less those
+     * that exec'd a program that connected itself */
+    uint64_t forks_unfollowed;
+    const char *fork_hint;  /* how to follow them (the configuration's, or the default) */
+    uint64_t stall_waits;   /* times a stopped writer held a ring (waited for) */
+    uint64_t stall_skips;   /* records of writers gone mid-record, skipped */
+    uint64_t stall_cutoffs; /* clients cut off: a writer kept a record while running */
     /* samples whose stack went on past what their record held (copy cut short at
      * max_stack_bytes, foreign stack of unknown end); their stacks end in a
      * "ERROR STACK_TRUNCATED" frame; not counted as unwinding errors */

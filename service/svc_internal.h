@@ -117,10 +117,33 @@ struct svc_client {
         uint64_t seq, mark;
     } retired[8];
     unsigned n_retired;
-    bool hung_up;  /* the socket reported a hang-up (svc__unwinder_hangup()) */
-    bool cut_off;  /* given up on: a writer held a record while running */
-    bool in_stall; /* a stopped writer holds the next record (counted once) */
+    bool hung_up;      /* the socket reported a hang-up (svc__unwinder_hangup()) */
+    bool cut_off;      /* given up on: a writer held a record while running */
+    bool in_stall;     /* a stopped writer holds the next record (counted once) */
+    uint32_t ids_seen; /* the ring's count of id changes last checked (service/ids.c) */
+    /* Children of fork() the process did not follow, as they told us (service/ids.c):
+     * the ring's count last seen, their pids, and those beyond the room for pids. */
+    uint64_t forks_seen;
+    pid_t *forked;
+    size_t n_forked, cap_forked;
+    uint64_t forked_unlisted;
 };
+
+/* service/ids.c: whether this service profiles a process of effective uid @uid: our own
+ * uid's, any as root with @allow_other_users, and any with @follow_any (a process that
+ * changed to @uid after it connected, under a service that follows every change). */
+bool svc__uid_allowed(uid_t uid, bool allow_other_users, bool follow_any);
+/* service/ids.c, unwinder thread: reads the messages waiting on @c's socket (its ring's
+ * counts moved past c->ids_seen or c->forks_seen, or its session ends): the new ids of
+ * a process that changed them, checked (false, said why once, @ret_why set: end its
+ * session), and the children of fork() it did not follow, noted in c->forked. */
+bool svc__client_messages(const struct svc *s, struct svc_client *c, const char **ret_why);
+/* service/ids.c: how to follow the children of fork() not followed ("use --follow-fork"
+ * unless @cfg says otherwise). */
+const char *svc__fork_hint(const struct svc_config *cfg);
+/* service/ids.c: how many of @c's children of fork() it did not follow never connected
+ * themselves (after an exec). */
+uint64_t svc__forks_unfollowed(struct svc *s, const struct svc_client *c);
 
 /* Client ids: the unwinder thread's index above SVC_CLIENT_ID_SHIFT. The main thread's
  * epoll finds a client's hang-up by this id (svc_poll()), never by a pointer the unwinder
@@ -231,6 +254,8 @@ struct svc {
      * by done_lock */
     pthread_mutex_t done_lock;
     struct hp_map done, seen;
+    /* Children of fork() of profiled processes that were not profiled. */
+    _Atomic uint64_t forks_unfollowed;
     _Atomic unsigned live_clients;
     /* the owner thread's own producer, for control messages (dumps) */
     struct svc_batcher ctl;

@@ -172,13 +172,23 @@ static void complete_end(struct svc_unwinder *u, struct svc_client *c)
     if (flags & BK_FLAG_CLIENT_ERROR)
         atomic_fetch_add_explicit(&s->timed_out, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->frees, c->frees, memory_order_relaxed);
+    const char *why;
+    (void)svc__client_messages(s, c, &why); /* the children's last words */
+    uint64_t unfollowed = svc__forks_unfollowed(s, c);
+    atomic_fetch_add_explicit(&s->forks_unfollowed, unfollowed, memory_order_relaxed);
     if (s->cfg.log_processes) {
         uint64_t lost =
             st.records_dropped + st.reserve_failures + st.records_unread + st.records_lost_service;
-        char extra[96] = "";
+        char extra[192] = "";
+        size_t n = 0;
         if (lost)
-            snprintf(extra, sizeof(extra), ", %llu lost (dropped or unread)",
-                     (unsigned long long)lost);
+            n = (size_t)snprintf(extra, sizeof(extra), ", %llu lost (dropped or unread)",
+                                 (unsigned long long)lost);
+        if (unfollowed && n < sizeof(extra))
+            snprintf(extra + n, sizeof(extra) - n,
+                     "; %llu child%s forked from it not followed (%s)",
+                     (unsigned long long)unfollowed, unfollowed == 1 ? "" : "ren",
+                     svc__fork_hint(&s->cfg));
         hp_log_note("pid %d (%s): %s %s: %llu samples%s", c->pid, svc__client_name(c),
                     svc__client_over(c) || (flags & BK_FLAG_CONN_LOST) || c->end_abrupt ? "dropped"
                                                                                         : "ended",
@@ -268,8 +278,9 @@ static uint32_t hangup_flags(struct svc_client *c, const char **ret_why)
         return lost | BK_FLAG_CONN_CLOSED;
     }
     if (why == RING_END_CREDENTIALS) {
-        hp_log_warn("pid %d changed its user or group ids; it is not profiled from there on",
-                    c->pid);
+        hp_log_warn("pid %d (%s) changed its user or group ids and its client could not "
+                    "take them; it is not profiled from there on",
+                    c->pid, svc__client_name(c));
         *ret_why = "(it changed its user or group ids)";
         return lost;
     }
@@ -409,6 +420,13 @@ static void begin_ends(struct svc_unwinder *u, bool detach, uint32_t detach_flag
             begin_end(u, c, BK_FLAG_DISCONNECTED | BK_FLAG_CONN_LOST,
                       c->cut_off ? "(a thread kept a record unpublished while running)"
                                  : "(corrupt data in the shared buffer)");
+        } else if ((ring_ids_changes(c->ring) != c->ids_seen ||
+                    ring_forks_unfollowed(c->ring) != c->forks_seen) &&
+                   !svc__client_messages(u->svc, c, &why)) {
+            /* Its new user is not ours to profile: what came before is kept. (Checked
+             * after a hang-up too: the message outlives the connection, and what the
+             * process wrote after the change must be judged before it is read.) */
+            begin_end(u, c, BK_FLAG_DISCONNECTED | BK_FLAG_CONN_LOST, why);
         } else if (c->hung_up || ring_client_ended(c->ring) != RING_END_NONE) {
             /* EOF: the process can no longer write; read the rest and end it. */
             uint32_t flags = hangup_flags(c, &why);

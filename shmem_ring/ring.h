@@ -160,6 +160,12 @@ int ring_wait_consumed(ring_t *r, const struct ring_wspan *w, uint32_t timeout_u
  * the reader, which the writer sends in a record (WIRE_MAPS_CHANGED) and may wait for
  * with ring_wait_maps_read(). */
 uint64_t ring_ask_maps_read(ring_t *r);
+/* Writer: the process changed its user or group ids and the client took the new ones,
+ * after telling the service on the socket (struct wire_ids): counts it and wakes the
+ * reader, which then checks them (ring_ids_changes()). */
+void ring_note_ids_changed(ring_t *r);
+/* Writer, hook-safe: a child of fork() the session does not follow. */
+void ring_count_fork_unfollowed(ring_t *r);
 /* Writer: in block mode, waits until the reader read the maps for the ask @ask (or a later
  * one), at most the block timeout (sleeping in steps; a system call per step), which
  * like a wait for space that runs out ends blocking for good. Compares the low 32 bits
@@ -244,6 +250,11 @@ int ring_wait(ring_t *r, uint32_t timeout_ms);
 /* Reader: why the client ended the session itself (enum ring_end_reason; RING_END_NONE:
  * it did not say). Untrusted. */
 uint32_t ring_client_ended(ring_t *r);
+/* Reader: how often the client said its process changed ids (ring_note_ids_changed()).
+ * Untrusted: only a change tells the reader to look at the socket. */
+uint32_t ring_ids_changes(ring_t *r);
+/* Reader: children of fork() the client did not follow. Untrusted. */
+uint64_t ring_forks_unfollowed(ring_t *r);
 /* Reader: true when the client said its process was exiting normally. Untrusted. */
 bool ring_client_exiting(ring_t *r);
 /* Reader, once the session is over (ring_set_detached()): steps over every record

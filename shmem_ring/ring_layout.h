@@ -121,6 +121,14 @@ struct ring_shared {
      * (the reader made no progress for CLIENT_BLOCK_GIVE_UP_NS; preload/blockstate.h). */
     _Alignas(RING_CACHE_LINE) _Atomic uint64_t block_resumes;
     _Atomic uint64_t block_given_up;
+    /* Written by the client's session thread: how often the process changed its user or
+     * group ids and the thread took the new ones, each time after it told the service the
+     * new ids on the socket (ring_note_ids_changed()). The reader checks them when the
+     * count moves. */
+    _Alignas(RING_CACHE_LINE) _Atomic uint32_t ids_changes;
+    /* Written by the client: children of fork() it did not follow (the session does not
+     * follow forks), for the service's "not followed" count. */
+    _Atomic uint64_t forks_unfollowed;
 };
 _Static_assert(sizeof(struct ring_shared) <= RING_HEADER_SIZE, "ring header fits a page");
 _Static_assert(offsetof(struct ring_shared, detached) == 16, "ring_shared layout");
@@ -132,6 +140,7 @@ _Static_assert(offsetof(struct ring_shared, reader_idle) == 192, "ring_shared la
 _Static_assert(offsetof(struct ring_shared, stats) == 256, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, maps_asked) == 320, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, block_resumes) == 384, "ring_shared layout");
+_Static_assert(offsetof(struct ring_shared, ids_changes) == 448, "ring_shared layout");
 
 /* Per-process view of a ring; lives in the private page in front of the mappings. */
 struct ring {

@@ -227,6 +227,17 @@ int ring_wait(ring_t *r, uint32_t timeout_ms)
     return 0;
 }
 
+uint32_t ring_ids_changes(ring_t *r)
+{
+    /* Acquire pairs with the release in ring_note_ids_changed(). */
+    return atomic_load_explicit(&r->hdr->ids_changes, memory_order_acquire);
+}
+
+uint64_t ring_forks_unfollowed(ring_t *r)
+{
+    return atomic_load_explicit(&r->hdr->forks_unfollowed, memory_order_relaxed);
+}
+
 uint32_t ring_client_ended(ring_t *r)
 {
     /* Acquire pairs with the release store in ring_set_client_ended(). */

@@ -284,6 +284,24 @@ void ring_set_client_ended(ring_t *r, uint32_t reason)
     ring_futex_wake(h);
 }
 
+void ring_note_ids_changed(ring_t *r)
+{
+    struct ring_shared *h = r->hdr;
+    if (!h)
+        return;
+    /* Release: the message on the socket was sent before; the reader reads it after. */
+    atomic_fetch_add_explicit(&h->ids_changes, 1, memory_order_release);
+    atomic_store_explicit(&h->reader_idle, RING_READER_AWAKE, memory_order_seq_cst);
+    ring_futex_wake(h);
+}
+
+void ring_count_fork_unfollowed(ring_t *r)
+{
+    struct ring_shared *h = r->hdr;
+    if (h)
+        atomic_fetch_add_explicit(&h->forks_unfollowed, 1, memory_order_relaxed);
+}
+
 /* Waits until the reader's counter @at has reached @target, compared on its low @bits
  * bits (wrap-around safe), for at most @timeout_us. 0, -ETIMEDOUT, or -EPIPE when the
  * reader detached. */

@@ -81,6 +81,35 @@ struct wire_control {
 };
 _Static_assert(sizeof(struct wire_control) == sizeof(struct wire_hello), "control as a hello");
 
+/* Client -> service, on the session's socket after the handshake, with SCM_CREDENTIALS
+ * (checked by the kernel against the sending thread's ids): the process changed its user
+ * or group ids and the client's session thread took the new ones (preload/ids.c), so the
+ * credentials are the process's new ones. The service checks them as it checks a new
+ * client's SO_PEERCRED and ends the session when its policy refuses the new uid. The
+ * client bumps the ring's count (ring_note_ids_changed()) after sending it. */
+#define WIRE_IDS_MAGIC 0x48504944u /* "HPID" */
+struct wire_ids {
+    uint32_t magic; /* WIRE_IDS_MAGIC */
+    int32_t pid;    /* getpid() */
+    uint32_t uid;   /* effective uid, as in the credentials */
+    uint32_t gid;   /* effective gid, as in the credentials */
+};
+_Static_assert(sizeof(struct wire_ids) == 16, "wire_ids ABI");
+
+/* Client -> service, on the parent's session socket, from a child of fork() the session
+ * does not follow (its atfork handler, before it lets go of the parent's connection): the
+ * credentials (SCM_CREDENTIALS, which the kernel adds when the service asks for them)
+ * name the child, which the service counts as not followed unless it connects itself
+ * (after an exec). The parent bumps the ring's count (ring_count_fork_unfollowed()) so
+ * that the service reads it soon. Same size as wire_ids: one read per message. */
+#define WIRE_FORKED_MAGIC 0x48504643u /* "HPFC" */
+struct wire_forked {
+    uint32_t magic; /* WIRE_FORKED_MAGIC */
+    int32_t pid;    /* getpid() of the child */
+    uint32_t unused[2];
+};
+_Static_assert(sizeof(struct wire_forked) == sizeof(struct wire_ids), "one size of message");
+
 /* wire_client_config.status */
 #define WIRE_STATUS_PROFILE 0u      /* ring fd attached; start sampling */
 #define WIRE_STATUS_NOT_PROFILED 1u /* no fd; stay passthrough */

@@ -346,6 +346,7 @@ enum expect {
     EXPECT_DISCONNECTED,
     EXPECT_NO_HELLO,
     EXPECT_STALLED,
+    EXPECT_IDS_REFUSED,
 };
 
 static void hostile(const char *mode, enum expect expect)
@@ -427,6 +428,16 @@ static void hostile(const char *mode, enum expect expect)
         assert_null(ph);
         assert_non_null(strstr(log, "no valid hello"));
         break;
+    case EXPECT_IDS_REFUSED:
+        /* A change of ids without valid credentials ends the session, said once. */
+        assert_non_null(ph);
+        assert_true(ph->disconnected);
+        assert_true(ph->connection_lost);
+        assert_false(ph->buffer_corrupted);
+        assert_non_null(strstr(log, "sent no valid credentials"));
+        assert_null(
+            strstr(strstr(log, "sent no valid credentials") + 1, "sent no valid credentials"));
+        break;
     case EXPECT_STALLED:
         /* A writer that keeps a record while it runs is cut off, and called stalled,
          * not corrupt. */
@@ -493,6 +504,12 @@ static void test_faults_hostile_unpublished(void **state)
 {
     (void)state;
     hostile("unpublished", EXPECT_STALLED);
+}
+
+static void test_faults_hostile_ids_lie(void **state)
+{
+    (void)state;
+    hostile("idslie", EXPECT_IDS_REFUSED);
 }
 
 static void test_faults_hostile_pid_lie(void **state)
@@ -1184,6 +1201,7 @@ int main(void)
         cmocka_unit_test_teardown(test_faults_hostile_header, teardown_children),
         cmocka_unit_test_teardown(test_faults_hostile_write_pos, teardown_children),
         cmocka_unit_test_teardown(test_faults_hostile_unpublished, teardown_children),
+        cmocka_unit_test_teardown(test_faults_hostile_ids_lie, teardown_children),
         cmocka_unit_test_teardown(test_faults_hostile_pid_lie, teardown_children),
         cmocka_unit_test_teardown(test_faults_hostile_wrong_fds, teardown_children),
         cmocka_unit_test_teardown(test_faults_hostile_half_hello, teardown_children),

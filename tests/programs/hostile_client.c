@@ -545,6 +545,15 @@ static int misbehave(const char *mode, int sock, int ring_fd, const struct wire_
         return r;
     } else if (!strcmp(mode, "fifo") || !strcmp(mode, "truncate")) {
         return files_mode(mode, ring, sock, cfg);
+    } else if (!strcmp(mode, "idslie")) {
+        /* Says its ids changed, with a message that names another process: the service
+         * must end the session (no valid credentials), nothing more. */
+        fill_alloc(&a, 1);
+        (void)write_record(ring, WIRE_ALLOC, &a, sizeof(a));
+        struct wire_forked lie = {.magic = WIRE_FORKED_MAGIC, .pid = 1};
+        if (send(sock, &lie, sizeof(lie), MSG_NOSIGNAL) != (ssize_t)sizeof(lie))
+            return 3;
+        ring_note_ids_changed(ring);
     } else if (!strcmp(mode, "unpublished")) {
         struct ring_wspan w;
         if (ring_try_begin_write(ring, WIRE_FREE, sizeof(struct wire_free), &w) < 0)
