@@ -1,6 +1,8 @@
 /* tests/fuzz/fuzz_record_decoder.c: the service's validation of ring records
- * (wire_decode_alloc, wire_decode_alloc_pcs, wire_decode_free, wire_decode_heap_name) on
- * arbitrary payloads,
+ * (wire_decode_alloc, wire_decode_alloc_pcs, wire_decode_free, wire_decode_heap_name,
+ * wire_decode_py_runtime, and wire_decode_py for the Python frames that end a
+ * WIRE_ALLOC_PCS record with WIRE_PCS_PY, merged into its native frames by
+ * unwinder_py_merge) on arbitrary payloads,
  * and the unwinding of every accepted WIRE_ALLOC (and the naming of every accepted
  * WIRE_ALLOC_PCS and audit walk) against a synthetic process (this process's own maps
  * and memory, with an unwind table to publish into), as the unwinder thread does it. A
@@ -10,7 +12,8 @@
  *
  * Input layout:
  *   byte 0       record type (low 3 bits: 1 WIRE_ALLOC, 2 WIRE_FREE, 3 WIRE_ALLOC_PCS,
- *                4 WIRE_MAPS_CHANGED, 7 WIRE_HEAP_NAME, others unknown)
+ *                4 WIRE_MAPS_CHANGED, 6 WIRE_PY_RUNTIME, 7 WIRE_HEAP_NAME, others
+ *                unknown)
  *   byte 1       the max_stack_bytes cap, in KiB (0..255)
  *   the rest     the payload, copied to a buffer of exactly its size
  */
@@ -45,9 +48,9 @@ static void setup(void)
     close(table_fd);
 }
 
-/* The frames of @pcs must be between 1 and UNWINDER_MAX_FRAMES, also when the walk is
- * marked partial (WIRE_PCS_PARTIAL). */
-static void resolve(const uint64_t *pcs, size_t n_pcs, bool partial)
+/* The frames of @pcs (in g_frames; returns their number) must be between 1 and
+ * UNWINDER_MAX_FRAMES, also when the walk is marked partial (WIRE_PCS_PARTIAL). */
+static size_t resolve(const uint64_t *pcs, size_t n_pcs, bool partial)
 {
     size_t n = 0;
     struct unwinder_result res;
@@ -59,6 +62,7 @@ static void resolve(const uint64_t *pcs, size_t n_pcs, bool partial)
         if (n < 1 || n > UNWINDER_MAX_FRAMES)
             abort();
     }
+    return n;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -110,9 +114,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 (n < 1 || n > UNWINDER_MAX_FRAMES))
                 abort();
             if (n_pcs)
-                resolve(pcs, n_pcs, false);
+                (void)resolve(pcs, n_pcs, false);
         }
     } else if (type == WIRE_ALLOC_PCS) {
+        /* Python frames end the record when its flags say so: split off first, as the
+         * service does; a tail that does not fit refuses the record. */
+        struct wire_py_tail tail = {0};
+        static struct wire_py_frame py[WIRE_MAX_PY_FRAMES];
+        struct wire_alloc_pcs head;
+        bool with_py =
+            len >= sizeof(head) && (memcpy(&head, payload, sizeof(head)), head.flags & WIRE_PCS_PY);
+        if (with_py) {
+            size_t rest = len;
+            if (wire_decode_py(payload, len, &tail, py, &rest) < 0) {
+                free(payload);
+                return 0;
+            }
+            if (tail.n_frames > WIRE_MAX_PY_FRAMES || rest > len)
+                abort();
+            len = rest;
+        }
         struct wire_alloc_pcs a;
         int r = wire_decode_alloc_pcs(payload, len, &a, pcs);
         bool valid = len >= sizeof(a);
@@ -127,7 +148,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (r == 0) {
             if (memcmp(pcs, payload + sizeof(a), a.n_pcs * sizeof(uint64_t)) != 0)
                 abort();
-            resolve(pcs, a.n_pcs, (a.flags & WIRE_PCS_PARTIAL) != 0);
+            size_t n = resolve(pcs, a.n_pcs, (a.flags & WIRE_PCS_PARTIAL) != 0);
+            if (with_py) {
+                struct unwinder_py_result pr;
+                if (unwinder_py_merge(g_p, g_frames, &n, UNWINDER_MAX_FRAMES, py, tail.n_frames,
+                                      tail.flags, &pr) != 0 ||
+                    n < 1 || n > UNWINDER_MAX_FRAMES)
+                    abort();
+            }
         }
     } else if (type == WIRE_MAPS_CHANGED) {
         struct wire_maps_changed mc;
@@ -142,6 +170,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int r = wire_decode_heap_name(payload, len, &h);
         if (r == 0 && (len < sizeof(h) || h.heap_id == 0 || h.len == 0 ||
                        h.len >= WIRE_HEAP_NAME_MAX || strlen(h.name) != h.len))
+            abort();
+    } else if (type == WIRE_PY_RUNTIME) {
+        struct wire_py_runtime rt;
+        int r = wire_decode_py_runtime(payload, len, &rt);
+        if ((r == 0) != (len >= sizeof(rt)))
+            abort();
+        int told = r == 0 ? unwinder_py_runtime(g_p, &rt) : 0;
+        if (told != 0 && told != 1)
             abort();
     } else if (type == WIRE_FREE) {
         struct wire_free f;
