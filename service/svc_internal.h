@@ -79,6 +79,10 @@ struct svc_client {
     size_t cmdline_len;
     char title[64];            /* a retitled process's title ("nginx: master process ..."), or "" */
     uint64_t process_start_ts; /* svc__process_start_ts() at the handshake */
+    /* When its title is read again next, and since when it is served (CLOCK_MONOTONIC_COARSE,
+     * the unwinder thread's): often at first (a forked child names its role right away),
+     * then once a second. */
+    uint64_t retitle_due_ns, served_since_ns;
     struct bk_process_stats stats;
     uint64_t frees;
     uint64_t frees_unread;       /* frees among stats.records_unread */

@@ -42,6 +42,10 @@
 /* A dump request drains each ring up to where it ended when the request came, at most
  * this many budgets (the end of a ring is at most its size away). */
 #define DUMP_DRAIN_ROUNDS 64
+/* A client's title is read again every RETITLE_EARLY_NS for its first
+ * RETITLE_EARLY_FOR_NS (look_again()). */
+#define RETITLE_EARLY_NS (100ull * 1000 * 1000)
+#define RETITLE_EARLY_FOR_NS (3000ull * 1000 * 1000)
 /* futex_waitv(2) takes at most 128 words: ours and 127 rings. */
 #define SVC_WAITV_MAX 128
 /* An ending session (EOF, detach, a client given up on, a new session of its pid) has
@@ -96,6 +100,10 @@ static void begin_end(struct svc_unwinder *u, struct svc_client *c, uint32_t fla
 {
     if (c->ending)
         return;
+    /* Its title at the end, for its last dump and the log, while the process may still
+     * be there to read it from (a stop, a detach; an exited one keeps the last seen). */
+    if (c->started)
+        svc__client_retitle(u, c);
     ring_set_detached(c->ring);
     c->ending = true;
     c->end_flags = flags;
@@ -682,15 +690,23 @@ static void look_again(struct svc_unwinder *u, bool polling, uint64_t *last_poll
         for (struct svc_client *c = u->clients; c; c = c->next)
             c->has_work |= c->polling;
     }
+    /* Titles set after the start (a forked child naming its role) reach the log and the
+     * final dump even without a dump in between: read every RETITLE_EARLY_NS in a
+     * client's first RETITLE_EARLY_FOR_NS, then every second. */
+    for (struct svc_client *c = u->clients; c; c = c->next) {
+        if (!c->started || now < c->retitle_due_ns)
+            continue;
+        if (!c->served_since_ns)
+            c->served_since_ns = now;
+        svc__client_retitle(u, c);
+        c->retitle_due_ns =
+            now +
+            (now - c->served_since_ns < RETITLE_EARLY_FOR_NS ? RETITLE_EARLY_NS : 1000000000u);
+    }
     if (now - *last_scan_ns >= 1000000000u) {
         *last_scan_ns = now;
-        for (struct svc_client *c = u->clients; c; c = c->next) {
+        for (struct svc_client *c = u->clients; c; c = c->next)
             c->has_work = true;
-            /* Titles set after the start (a forked child naming its role) reach the log
-             * and the final dump even without a dump in between. */
-            if (c->started)
-                svc__client_retitle(u, c);
-        }
         poll_hangups(u);
     }
 }

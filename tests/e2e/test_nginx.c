@@ -4,7 +4,7 @@
  *   daemon    heapprofd --all --follow-fork --allow-other-users (as root) and
  *             LD_PRELOAD=libheapprof.so nginx: the www-data workers that serve the
  *             requests are profiled (samples in the trace from worker pids whose uid is
- *             www-data)
+ *             www-data, each named by its own title, "nginx: worker process")
  *   record    heapprof record --follow-fork -- nginx: recording goes on after the
  *             foreground process exits, the master and workers are in the trace, SIGINT
  *             ends recording, nginx keeps serving, and record says what still runs
@@ -236,8 +236,15 @@ static void check_workers(const struct nginx_case *c, const char *path, pid_t ma
             assert_int_equal(uids[i], pw->pw_uid);
         if (samples_of(t, workers[i]) == 0)
             fail_msg("worker %d has no samples in the trace", (int)workers[i]);
+        /* Named by its own title, not its master's command line (issue 26 case 3). */
+        const struct rp_trace_process *w = e2e_find_pid(t, workers[i]);
+        if (strcmp(w->cmdline, "nginx: worker process") != 0)
+            fail_msg("worker %d is named '%s'", (int)workers[i], w->cmdline);
     }
-    assert_non_null(e2e_find_pid(t, master));
+    const struct rp_trace_process *m = e2e_find_pid(t, master);
+    assert_non_null(m);
+    if (strncmp(m->cmdline, "nginx: master process ", 22) != 0)
+        fail_msg("the master %d is named '%s'", (int)master, m->cmdline);
     rp_trace_free(t);
 }
 
