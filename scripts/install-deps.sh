@@ -29,6 +29,10 @@ PKGS=(
 if ! command -v chromium >/dev/null 2>&1; then
     PKGS+=(chromium)
 fi
+# And Firefox: the page must work in both (tests/e2e/html_probe_firefox.py).
+if ! command -v firefox-esr >/dev/null 2>&1 && ! command -v firefox >/dev/null 2>&1; then
+    PKGS+=(firefox-esr)
+fi
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -109,14 +109,16 @@ static void html(const char *trace, const char *page, const char *extra1, const 
     e2e_run_free(&run);
 }
 
-/* Runs the probe on @page with @exprs (NULL-terminated "NAME=EXPR"s); its output. Skips
- * the test when Chromium is missing. */
-static char *probe(const char *page, bool screenshot, const char *const *exprs)
+/* Runs the probe @script (html_probe.py: Chromium; html_probe_firefox.py: Firefox) on
+ * @page with @exprs (NULL-terminated "NAME=EXPR"s); its output. Skips the test when the
+ * browser is missing. */
+static char *probe_in(const char *script, const char *page, bool screenshot,
+                      const char *const *exprs)
 {
     const char *argv[64];
     size_t n = 0;
     argv[n++] = "python3";
-    argv[n++] = e2e_env("HTML_PROBE");
+    argv[n++] = script;
     argv[n++] = page;
     if (screenshot)
         argv[n++] = "--screenshot";
@@ -142,6 +144,11 @@ static char *probe(const char *page, bool screenshot, const char *const *exprs)
         fail_msg("the page logged errors:\n%s", out);
     assert_non_null(strstr(out, "\ndone\n"));
     return out;
+}
+
+static char *probe(const char *page, bool screenshot, const char *const *exprs)
+{
+    return probe_in(e2e_env("HTML_PROBE"), page, screenshot, exprs);
 }
 
 /* The value printed for @name (its JSON text), as a number; fails when missing. */
@@ -249,6 +256,37 @@ static void test_html_sites_and_zoom(void **state)
     assert_non_null(shot);
     assert_int_equal(sscanf(shot, "\nscreenshot %d %d %d", &w, &h, &colors), 3);
     print_message("screenshot %dx%d, %d colours\n", w, h, colors);
+    assert_true(w > 100 && h > 100 && colors > 20);
+    free(out);
+}
+
+/* The same page in Firefox (Debian's firefox-esr, driven over Marionette): the sites'
+ * exact bytes, the metric switch, a click that zooms into main, a search's sum, a
+ * non-blank screenshot, no error. */
+static void test_html_firefox(void **state)
+{
+    (void)state;
+    const char *exprs[] = {
+        "u_leaked=T.val('alloc_leaked')",
+        "u_half=T.val('alloc_half')",
+        "metric=T.set('hp-metric', 'a')",
+        "a_freed=T.val('alloc_freed')",
+        "clicked=(T.box('main').click(), 1)",
+        "z_main_share=T.width('main') / document.getElementById('hp-flame').clientWidth",
+        NULL,
+    };
+    char *out = probe_in(e2e_env("HTML_PROBE_FIREFOX"), g_page, true, exprs);
+    const struct e2e_truth *lk = truth("alloc_leaked"), *hf = truth("alloc_half"),
+                           *fr = truth("alloc_freed");
+    assert_int_equal((uint64_t)num(out, "u_leaked"), lk->alloc_bytes - lk->free_bytes);
+    assert_int_equal((uint64_t)num(out, "u_half"), hf->alloc_bytes - hf->free_bytes);
+    assert_int_equal((uint64_t)num(out, "a_freed"), fr->alloc_bytes);
+    assert_true(fabs(num(out, "z_main_share") - 1.0) < 0.01);
+    int w, h, colors;
+    const char *shot = strstr(out, "\nscreenshot ");
+    assert_non_null(shot);
+    assert_int_equal(sscanf(shot, "\nscreenshot %d %d %d", &w, &h, &colors), 3);
+    print_message("firefox screenshot %dx%d, %d colours\n", w, h, colors);
     assert_true(w > 100 && h > 100 && colors > 20);
     free(out);
 }
@@ -466,11 +504,9 @@ static void test_html_cli_errors(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_html_cli_errors),
-        cmocka_unit_test(test_html_sites_and_zoom),
-        cmocka_unit_test(test_html_search_hide_focus),
-        cmocka_unit_test(test_html_growth_chart),
-        cmocka_unit_test(test_html_diff),
+        cmocka_unit_test(test_html_cli_errors),    cmocka_unit_test(test_html_sites_and_zoom),
+        cmocka_unit_test(test_html_firefox),       cmocka_unit_test(test_html_search_hide_focus),
+        cmocka_unit_test(test_html_growth_chart),  cmocka_unit_test(test_html_diff),
         cmocka_unit_test(test_html_hostile_names),
     };
     return cmocka_run_group_tests_name("e2e_html", tests, setup, teardown);
