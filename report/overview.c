@@ -221,7 +221,8 @@ static void print_fn_table(FILE *out, struct fn_table *ft, int kind, uint64_t to
                            const struct rp_report_options *opt)
 {
     static const char *const what[] = {"unreleased bytes", "allocated bytes"};
-    qsort_r(ft->rows, ft->n, sizeof(*ft->rows), cmp_fn, &kind);
+    if (ft->n) /* rows is NULL when no function has bytes */
+        qsort_r(ft->rows, ft->n, sizeof(*ft->rows), cmp_fn, &kind);
     fprintf(out, "\nTop %zu functions by %s (flat: allocated there; cum: there or below):\n", top,
             what[kind]);
     fprintf(out, "%10s %6s %6s %10s %6s  %s\n", "flat", "flat%", "sum%", "cum", "cum%", "function");

@@ -324,6 +324,7 @@ static void fold_possibly_freed(struct rp_trace *t)
                 c->alloc_count > c->free_count ? c->alloc_count - c->free_count : 0;
         }
         proc_arrays_free(pf->callsites, (struct rp_trace_dump *)pf->dumps, pf->n_dumps);
+        free((void *)pf->dump_totals);
     }
     t->n_processes = kept;
 }
