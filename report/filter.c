@@ -306,7 +306,9 @@ static int filter_stack(struct rp_filter *f, const struct rp_trace_frame *frames
     }
     if (k) {
         const struct frame_info *leaf = &fi[f->idx[k - 1]];
-        if (!(leaf->flags & M_FOLD) || k > 1 || leaf->n_inlined_fold < leaf->n_inlined) {
+        /* (A frame without inlined functions has a NULL list: nothing to cut.) */
+        if ((!(leaf->flags & M_FOLD) || k > 1 || leaf->n_inlined_fold < leaf->n_inlined) &&
+            leaf->n_inlined_fold) {
             out[k - 1].inlined += leaf->n_inlined_fold;
             out[k - 1].n_inlined -= leaf->n_inlined_fold;
         }
