@@ -340,6 +340,83 @@ static void test_objects_pythonmalloc(void **state)
     }
 }
 
+/* heapprof attach on a running program, without the library (loaded then) and with it
+ * preloaded, dormant: the wrapper goes in from a sampled allocation under the GIL, the
+ * objects made meanwhile are on python.objects under their Python frame, and the
+ * program's allocator is CPython's own again after the session. */
+static void check_attach(const char *python, const char *dir, const char *preload)
+{
+    char *prog = program("py_attach.py");
+    char *argv[] = {(char *)python, "-s", "-S", prog, NULL};
+    struct e2e_target target;
+    assert_int_equal(e2e_target_start(&target, dir, argv, preload, "ready\n"), 0);
+    char *trace = e2e_tmp_path(".pftrace");
+    char pid[16];
+    snprintf(pid, sizeof(pid), "%d", (int)target.pid);
+    char *att[] = {(char *)e2e_env("HEAPPROF_BIN"),
+                   "attach",
+                   "-p",
+                   pid,
+                   "-d",
+                   "1",
+                   "-q",
+                   "--no-status",
+                   "-o",
+                   trace,
+                   NULL};
+    struct e2e_run r;
+    assert_int_equal(e2e_run(att, NULL, &r), 0);
+    if (r.status != 0)
+        print_message("  %s attach: status %d, err %s\n", python, r.status, r.err);
+    assert_int_equal(r.status, 0);
+    e2e_run_free(&r);
+    e2e_sleep_ms(200); /* the program allocates meanwhile: the wrapper leaves */
+    assert_int_equal(e2e_target_finish(&target, 0), 0);
+    struct rp_trace *t = load(trace);
+    const struct rp_trace_process *m = find_heap(t, "py_attach.py", "libc.malloc");
+    struct e2e_sums all;
+    assert_non_null(m);
+    e2e_sum_function(m, "", &all);
+    if (!preload && all.alloc_count == 0) {
+        /* The wrapper goes in at a malloc sample: none when the loaded library could not
+         * take the interpreter's calls of malloc (a shared libpython's, counted as
+         * unseen_call_slots). */
+        print_message("  %s attach: no malloc sample, python.objects not tried\n", python);
+        unlink(target.out);
+        free(prog);
+        finish(trace, t);
+        return;
+    }
+    char *out = e2e_read_file(target.out);
+    if (strcmp(out, "ready\nstates pymalloc wrapped pymalloc\n") != 0)
+        print_message("  %s attach%s: out \"%s\"\n", python, preload ? " (preloaded)" : "", out);
+    assert_string_equal(out, "ready\nstates pymalloc wrapped pymalloc\n");
+    free(out);
+    unlink(target.out);
+
+    const struct rp_trace_process *p = find_heap(t, "py_attach.py", "python.objects");
+    assert_non_null(p);
+    char want[128];
+    snprintf(want, sizeof(want), "attach_work (py_attach.py:%d)", line_of(prog, "# attach site"));
+    struct e2e_sums s;
+    e2e_sum_function(p, want, &s);
+    assert_true(s.alloc_count > 0);
+    free(prog);
+    finish(trace, t);
+}
+
+static void test_objects_attach(void **state)
+{
+    (void)state;
+    char dir[128];
+    assert_int_equal(e2e_runtime_dir_make(dir, sizeof(dir), "py-attach"), 0);
+    for (size_t i = 0; i < n_pythons; i++) {
+        check_attach(pythons[i], dir, NULL);
+        check_attach(pythons[i], dir, e2e_env("HEAPPROF_LIB"));
+    }
+    assert_int_equal(e2e_runtime_dir_remove(dir), 0);
+}
+
 /* A Python frame called from C (@inner) lies below the native frames of that C code
  * (@native, when given) and above the Python frame that called it (@outer). */
 static void check_order(const char *python, bool site, const char *script, const char *want_out,
@@ -456,6 +533,7 @@ int main(void)
         cmocka_unit_test(test_objects_default),
         cmocka_unit_test(test_objects_not_selected),
         cmocka_unit_test(test_objects_pythonmalloc),
+        cmocka_unit_test(test_objects_attach),
     };
     return cmocka_run_group_tests_name("e2e_python", tests, NULL, NULL);
 }
