@@ -105,17 +105,21 @@ static int line_of(const char *path, const char *marker)
     return line;
 }
 
-/* Records @python running @script (with @opts, up to 2, before "--"; @env added to the
- * environment), checks its output is @want_out and the trace's rules; returns the trace
- * path. Unless @site, the interpreter starts without its site directories (-s -S; the
- * PYTHON* variables still apply): its start then makes a fraction of the objects, each a
- * sample at interval 1 (some builds load many modules from there). */
+/* Records @python running @script ("name.py" or "name.py ARG"; with @opts, up to 2, before "--";
+ * @env added to the environment), checks its output is @want_out and the trace's rules; returns the
+ * trace path. Unless @site, the interpreter starts without its site directories (-s -S; the PYTHON*
+ * variables still apply): its start then makes a fraction of the objects, each a sample at interval
+ * 1 (some builds load many modules from there). */
 static char *record_with(const char *python, bool site, const char *script, const char *interval,
                          const char *const opts[2], char *const env[], const char *want_out)
 {
     char *trace = e2e_tmp_path(".pftrace");
-    char *prog = program(script);
-    char *argv[14] = {
+    /* "name.py ARG": the program's one argument */
+    const char *arg = strchr(script, ' ');
+    char name[64];
+    snprintf(name, sizeof(name), "%.*s", arg ? (int)(arg - script) : (int)strlen(script), script);
+    char *prog = program(name);
+    char *argv[16] = {
         (char *)e2e_env("HEAPPROF_BIN"), "record", "-i", (char *)interval, "-o", trace, "-q"};
     size_t n = 7;
     for (size_t i = 0; i < 2; i++)
@@ -128,6 +132,8 @@ static char *record_with(const char *python, bool site, const char *script, cons
         argv[n++] = "-S";
     }
     argv[n++] = prog;
+    if (arg)
+        argv[n++] = (char *)arg + 1;
     argv[n] = NULL;
     struct e2e_run r;
     assert_int_equal(e2e_run(argv, env, &r), 0);
@@ -215,12 +221,15 @@ static void check_leak(const char *python)
     finish(trace, t);
 }
 
-/* At interval 1, the count under one Python line is the program's. */
+/* At interval 1, the count under one Python line is the program's. With the default
+ * heaps (not @malloc_only), python.objects is recorded too, and the program does not
+ * mind; with --heaps libc.malloc it is not. */
 static void check_count(const char *python, const char *script, const char *marker, const char *fn,
-                        const char *extra, const char *want_out, const char *process,
-                        uint64_t want_count, uint64_t size)
+                        bool malloc_only, const char *extra, const char *want_out,
+                        const char *process, uint64_t want_count, uint64_t size)
 {
-    char *trace = record(python, script, "1", extra, want_out);
+    const char *const opts[2] = {malloc_only ? "--heaps=libc.malloc" : NULL, extra};
+    char *trace = record_with(python, false, script, "1", opts, NULL, want_out);
     struct rp_trace *t = load(trace);
     const struct rp_trace_process *p = find_heap(t, process, "libc.malloc");
     assert_non_null(p);
@@ -234,8 +243,7 @@ static void check_count(const char *python, const char *script, const char *mark
                       (unsigned long long)s.alloc_count, want, (unsigned long long)want_count);
     assert_int_equal(s.alloc_count, want_count);
     assert_int_equal(s.alloc_bytes, want_count * size);
-    /* The objects' heap, on by default, was recorded beside: the program did not mind. */
-    assert_non_null(find_heap(t, process, "python.objects"));
+    assert_int_equal(find_heap(t, process, "python.objects") != NULL, !malloc_only);
     free(src);
     finish(trace, t);
 }
@@ -246,8 +254,8 @@ static void check_count(const char *python, const char *script, const char *mark
 #define OBJ_COUNT 500
 #define OBJ_SIZE 64
 
-/* What @heap of py_objects.py's process holds at the object site in @t (zeros when the
- * heap is not in the trace); @ret_found says whether it is. */
+/* What @heap of py_objects.py's processes (a child of fork too) holds at the object site
+ * in @t (zeros when the heap is not in the trace); @ret_found says whether it is. */
 static void object_sums(const struct rp_trace *t, const char *heap, struct e2e_sums *ret,
                         bool *ret_found)
 {
@@ -255,20 +263,29 @@ static void object_sums(const struct rp_trace *t, const char *heap, struct e2e_s
     char want[128];
     snprintf(want, sizeof(want), "make_points (py_objects.py:%d)", line_of(src, "# object site"));
     free(src);
-    const struct rp_trace_process *p = find_heap(t, "py_objects.py", heap);
     memset(ret, 0, sizeof(*ret));
-    *ret_found = p != NULL;
-    if (p)
-        e2e_sum_function(p, want, ret);
+    *ret_found = false;
+    for (size_t i = 0; i < t->n_processes; i++) {
+        const struct rp_trace_process *p = &t->processes[i];
+        if (!p->cmdline || !strstr(p->cmdline, "py_objects.py") || !p->heap_name ||
+            strcmp(p->heap_name, heap) != 0)
+            continue;
+        struct e2e_sums one;
+        e2e_sum_function(p, want, &one);
+        ret->alloc_count += one.alloc_count;
+        ret->alloc_bytes += one.alloc_bytes;
+        *ret_found = true;
+    }
 }
 
 /* Records py_objects.py at interval 1 with @opts and @env; checks the object site holds
  * @want_objects on python.objects and @want_malloc on libc.malloc, each OBJ_SIZE bytes,
  * and whether python.objects is in the trace at all (@want_heap). */
-static void check_objects(const char *python, const char *const opts[2], char *const env[],
-                          bool want_heap, uint64_t want_objects, uint64_t want_malloc)
+static void check_objects(const char *python, const char *script, const char *const opts[2],
+                          char *const env[], const char *want_out, bool want_heap,
+                          uint64_t want_objects, uint64_t want_malloc)
 {
-    char *trace = record_with(python, false, "py_objects.py", "1", opts, env, "made 500\n");
+    char *trace = record_with(python, false, script, "1", opts, env, want_out);
     struct rp_trace *t = load(trace);
     struct e2e_sums objs, mall;
     bool has_objs, has_malloc;
@@ -294,25 +311,19 @@ static void test_objects_all_heaps(void **state)
 {
     (void)state;
     for (size_t i = 0; i < n_pythons; i++)
-        check_objects(pythons[i], (const char *const[2]){"--all-heaps", NULL}, NULL, true,
+        check_objects(pythons[i], "py_objects.py", (const char *const[2]){"--all-heaps", NULL},
+                      NULL, "made 500\n", true, OBJ_COUNT, 0);
+}
+
+/* The child of fork (os.fork, as multiprocessing's fork context) makes them, with the
+ * default heaps and --follow-fork: its session puts the wrapper it inherited to use. */
+static void test_objects_fork(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < n_pythons; i++)
+        check_objects(pythons[i], "py_objects.py fork",
+                      (const char *const[2]){"--follow-fork", NULL}, NULL, "child exit 0\n", true,
                       OBJ_COUNT, 0);
-}
-
-/* The default heaps of a Python process include python.objects. */
-static void test_objects_default(void **state)
-{
-    (void)state;
-    for (size_t i = 0; i < n_pythons; i++)
-        check_objects(pythons[i], (const char *const[2]){NULL, NULL}, NULL, true, OBJ_COUNT, 0);
-}
-
-/* --heaps libc.malloc leaves it out. */
-static void test_objects_not_selected(void **state)
-{
-    (void)state;
-    for (size_t i = 0; i < n_pythons; i++)
-        check_objects(pythons[i], (const char *const[2]){"--heaps", "libc.malloc"}, NULL, false, 0,
-                      0);
 }
 
 /* PYTHONMALLOC=malloc: malloc's hooks see the objects; python.objects does not count
@@ -358,7 +369,7 @@ static void check_attach(const char *python, const char *dir, const char *preloa
                    "-p",
                    pid,
                    "-d",
-                   "1",
+                   "0.4",
                    "-q",
                    "--no-status",
                    "-o",
@@ -422,9 +433,8 @@ static void test_objects_attach(void **state)
 static void check_order(const char *python, bool site, const char *script, const char *want_out,
                         const char *inner, const char *native, const char *outer)
 {
-    /* With its site directories, malloc's heap only (the objects' would be many more
-     * samples). */
-    const char *const opts[2] = {site ? "--heaps" : NULL, site ? "libc.malloc" : NULL};
+    /* Malloc's heap only: the objects' would be many more samples. */
+    const char *const opts[2] = {"--heaps=libc.malloc", NULL};
     char *trace = record_with(python, site, script, "1", opts, NULL, want_out);
     struct rp_trace *t = load(trace);
     const struct rp_trace_process *p = find_heap(t, script, "libc.malloc");
@@ -460,23 +470,23 @@ static void test_exact_count(void **state)
 {
     (void)state;
     for (size_t i = 0; i < n_pythons; i++)
-        check_count(pythons[i], "py_exact.py", "# exact site", "exact_sites", NULL, "made 300\n",
-                    "py_exact.py", 300, 5001);
+        check_count(pythons[i], "py_exact.py", "# exact site", "exact_sites", true, NULL,
+                    "made 300\n", "py_exact.py", 300, 5001);
 }
 
 static void test_threads(void **state)
 {
     (void)state;
     for (size_t i = 0; i < n_pythons; i++)
-        check_count(pythons[i], "py_threads.py", "# thread site", "thread_work", NULL, "kept 400\n",
-                    "py_threads.py", 400, 7001);
+        check_count(pythons[i], "py_threads.py", "# thread site", "thread_work", false, NULL,
+                    "kept 400\n", "py_threads.py", 400, 7001);
 }
 
 static void test_fork(void **state)
 {
     (void)state;
     for (size_t i = 0; i < n_pythons; i++)
-        check_count(pythons[i], "py_fork.py", "# child site", "child_work", "--follow-fork",
+        check_count(pythons[i], "py_fork.py", "# child site", "child_work", true, "--follow-fork",
                     "child exit 0\n", "py_fork.py", 50, 9001);
 }
 
@@ -530,8 +540,7 @@ int main(void)
         cmocka_unit_test(test_raise),
         cmocka_unit_test(test_numpy),
         cmocka_unit_test(test_objects_all_heaps),
-        cmocka_unit_test(test_objects_default),
-        cmocka_unit_test(test_objects_not_selected),
+        cmocka_unit_test(test_objects_fork),
         cmocka_unit_test(test_objects_pythonmalloc),
         cmocka_unit_test(test_objects_attach),
     };

@@ -1,7 +1,7 @@
 # tests/programs/py_attach.py: makes small objects in attach_work until its stdin ends,
 # and says which object allocator it saw, in the order seen: pymalloc, then another
 # while heapprof attach records python.objects (its wrapper), then pymalloc again once
-# the session ended. The test attaches to it for a second.
+# the session ended. The test attaches to it for a moment.
 import sys
 import threading
 import time
