@@ -86,8 +86,13 @@ void svc__client_retitle(struct svc_unwinder *u, struct svc_client *c)
 {
     char *cmdline;
     size_t len;
-    /* An ending or exited process reads empty: it keeps the name it had. */
-    if (c->ending || svc__read_cmdline(c->pid, &cmdline, &len) < 0)
+    /* An ending or exited process reads empty: it keeps the name it had. A process that
+     * exec'd is another program, whose command line is not this session's title: the
+     * kernel let the old address space go at the exec, so the maps file the client gave
+     * us reads nothing (as hangup_flags() tells an exec from a closed connection). */
+    char b;
+    if (c->ending || (c->image_fd >= 0 && pread(c->image_fd, &b, 1, 0) != 1) ||
+        svc__read_cmdline(c->pid, &cmdline, &len) < 0)
         return;
     if (len == 0 || (len == c->cmdline_len && memcmp(cmdline, c->cmdline, len) == 0)) {
         free(cmdline);
