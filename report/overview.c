@@ -41,10 +41,14 @@ static struct peak peak_over_dumps(const struct rp_trace *t)
         uint64_t sum = 0;
         for (size_t i = 0; i < n; i++) {
             const struct rp_trace_process *p = &t->processes[i];
-            if (!p->dump_totals || !p->n_dumps || p->dump_totals[p->n_dumps - 1].timestamp < next)
-                continue; /* no dump yet or none after: not counted */
+            if (!p->dump_totals || !p->n_dumps)
+                continue;
+            /* Past every dump up to now, counted or not: the process whose dump is next
+             * moves on, so the loop ends even when a trace's dump times go backwards. */
             while (at[i] < p->n_dumps && p->dump_totals[at[i]].timestamp <= next)
                 at[i]++;
+            if (p->dump_totals[p->n_dumps - 1].timestamp < next)
+                continue; /* none after: not counted */
             if (at[i])
                 sum += p->dump_totals[at[i] - 1].unreleased_bytes;
         }
