@@ -53,4 +53,17 @@ static inline void hp__closep(const int *fd)
         hp__p_;                                                                                    \
     })
 
+/* The value of hex digit @c (either case), or -1: for the parsers of /proc/PID/maps, perf
+ * maps and URLs. */
+static inline int hp_hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
 #endif

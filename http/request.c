@@ -5,6 +5,8 @@
 
 #include <string.h>
 
+#include "common/macros.h"
+
 /* RFC 9110 token characters (methods, header names). */
 static bool is_tchar(unsigned char c)
 {
@@ -140,17 +142,6 @@ int http_parse_request(const char *buf, size_t len, struct http_request *ret)
     }
 }
 
-static int hex_digit(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Percent-decodes @s (@n bytes) into @buf (@cap bytes, NUL-terminated). Returns the
  * decoded length, or -1 (a bad escape, a NUL, too long). */
 static long decode(const char *s, size_t n, char *buf, size_t cap)
@@ -161,8 +152,8 @@ static long decode(const char *s, size_t n, char *buf, size_t cap)
         if (c == '+') {
             c = ' ';
         } else if (c == '%') {
-            int hi = i + 2 < n ? hex_digit(s[i + 1]) : -1;
-            int lo = i + 2 < n ? hex_digit(s[i + 2]) : -1;
+            int hi = i + 2 < n ? hp_hex_digit(s[i + 1]) : -1;
+            int lo = i + 2 < n ? hp_hex_digit(s[i + 2]) : -1;
             if (hi < 0 || lo < 0)
                 return -1;
             c = (char)(hi << 4 | lo);

@@ -7,22 +7,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/macros.h"
+
 /* A cursor over one line; @end is the line's end (its '\n' or the end of the text). */
 struct cur {
     const char *p;
     const char *end;
 };
-
-static int hex_digit(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
 
 /* At least one and at most 16 hex digits (no overflow possible then). */
 static bool take_hex(struct cur *c, uint64_t *ret)
@@ -30,7 +21,7 @@ static bool take_hex(struct cur *c, uint64_t *ret)
     uint64_t v = 0;
     unsigned nd = 0;
     int d;
-    while (c->p < c->end && (d = hex_digit(*c->p)) >= 0) {
+    while (c->p < c->end && (d = hp_hex_digit(*c->p)) >= 0) {
         if (nd == 16)
             return false;
         v = (v << 4) | (uint64_t)d;

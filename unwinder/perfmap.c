@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/macros.h"
 
 #define PERFMAP_MAX_ENTRIES (256u << 10)
 #define PERFMAP_MAX_NAME_BYTES (16u << 20)
@@ -62,17 +63,6 @@ struct unwinder__perfmap {
     size_t names_len, names_cap;
 };
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* A hex number at s[*i..len) (0x allowed), at most 16 digits. */
 static bool parse_hex(const char *s, size_t len, size_t *i, uint64_t *ret)
 {
@@ -81,10 +71,10 @@ static bool parse_hex(const char *s, size_t len, size_t *i, uint64_t *ret)
         k += 2;
     uint64_t v = 0;
     size_t digits = 0;
-    for (; k < len && hexval(s[k]) >= 0; k++, digits++) {
+    for (; k < len && hp_hex_digit(s[k]) >= 0; k++, digits++) {
         if (digits == 16)
             return false;
-        v = v << 4 | (uint64_t)hexval(s[k]);
+        v = v << 4 | (uint64_t)hp_hex_digit(s[k]);
     }
     if (digits == 0)
         return false;
