@@ -66,10 +66,8 @@ int e2e_daemon_stop(struct e2e_daemon *d, int sig)
 
 void e2e_daemon_remove_files(struct e2e_daemon *d)
 {
-    unlink(d->trace);
-    unlink(d->log);
-    unlink(d->sock);
-    rmdir(d->dir);
+    /* The whole directory: tests leave their targets' output and traces there too. */
+    (void)e2e_runtime_dir_remove(d->dir);
 }
 
 void e2e_daemon_wait_ended(const struct e2e_daemon *d, const pid_t *pids, int n, long timeout_ms)
