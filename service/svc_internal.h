@@ -69,6 +69,7 @@ struct svc_client {
     bool polling;          /* the ring is polled (ring_set_reader_polling), not sleeping */
     unsigned quiet_polls;  /* polls in a row that found nothing */
     uint64_t records;      /* records read */
+    uint64_t drains;       /* reads of its ring the bookkeeping queue did not hold up */
     uint64_t unwinding_ns; /* stats.total_unwinding_time_us, to the nanosecond */
     /* The sequence number of the last sample or free posted: the service numbers them in
      * ring order (wire_alloc_head.unused0 says why that order is right). Records lost on
@@ -103,13 +104,15 @@ struct svc_client {
     struct svc_budget reread;
     bool throttled;
     /* Ending (begin_end() in service/unwind_thread.c): the writers were told to stop, the
-     * records reserved before end_mark are read until end_deadline_ns (CLOCK_MONOTONIC),
-     * the rest is skipped and counted. */
+     * records reserved before end_mark are read until end_deadline_ns (CLOCK_MONOTONIC;
+     * renewed unless the ring was read since the last renewal, at end_records and
+     * end_drains, and gave nothing; up to a limit from end_begun_ns), the rest is skipped
+     * and counted. */
     bool ending;
     uint32_t end_flags; /* BK_FLAG_* of the end */
     const char *end_why;
     bool end_abrupt; /* it went away without a word (killed, crashed, _exit) */
-    uint64_t end_mark, end_deadline_ns;
+    uint64_t end_mark, end_deadline_ns, end_begun_ns, end_records, end_drains;
     uint64_t mem_bytes;        /* counted in svc.client_mem_bytes */
     uint64_t audit_mismatches; /* audited walks that disagreed with our unwind */
     /* Mappings the unwinder keeps after they went (unwinder_retired_seq()): the count

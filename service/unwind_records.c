@@ -539,6 +539,8 @@ enum svc_drain_result svc__drain_upto(struct svc_unwinder *u, struct svc_client 
         return SVC_DRAIN_DONE;
     u->clock_ns = hp_clock_ns(CLOCK_MONOTONIC);
     enum svc_drain_result r = drain(u, c, budget, mark);
+    if (r != SVC_DRAIN_HELD)
+        c->drains++;
     svc__watch_lost_frees(u, c);
     end_span(u, c);
     return r;

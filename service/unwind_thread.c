@@ -49,13 +49,26 @@
 /* futex_waitv(2) takes at most 128 words: ours and 127 rings. */
 #define SVC_WAITV_MAX 128
 /* An ending session (EOF, detach, a client given up on, a new session of its pid) has
- * its records read up to where its ring ended when the end began, for at most this long;
- * what is left then is skipped and counted. Other clients are served meanwhile: a
- * client that keeps writing into its ring holds nobody. */
+ * its records read up to where its ring ended when the end began. No writer adds any
+ * then (the ring is detached), so the work is bounded by the ring's size; it runs for
+ * END_BUDGET_NS, and again for as long while the last budget read records, up to
+ * END_MAX_NS in all, so that a machine busy enough to slow the reading (other clients
+ * ending at once, a sanitizer build, a loaded host) loses nothing; what is left then is
+ * skipped and counted. Other clients are served meanwhile: an ending one holds nobody.
+ * HEAPPROF_TEST_END_BUDGET_MS replaces END_BUDGET_NS (tests of the renewal). */
 #define END_BUDGET_NS (3000ull * 1000 * 1000)
+#define END_MAX_NS (60000ull * 1000 * 1000)
 /* svc_finish(): every client ends within this, so that the daemon stops within a second
  * of SIGINT whatever its clients do (the bookkeeping thread's final dumps come after). */
 #define STOP_BUDGET_NS (400ull * 1000 * 1000)
+/* Read at each end and renewal: rare, and nothing in the service sets the environment. */
+static uint64_t end_budget_ns(void)
+{
+    const char *e = getenv("HEAPPROF_TEST_END_BUDGET_MS");
+    long ms = e ? atol(e) : 0;
+    return ms > 0 ? (uint64_t)ms * 1000000u : END_BUDGET_NS;
+}
+
 /* A snapshot of @c's statistics and flags, the ring's counters included (the client
  * writes those: they are as untrusted as the rest, and only ever shown as its own). */
 static void client_stats(const struct svc_client *c, struct bk_process_stats *ret,
@@ -109,7 +122,10 @@ static void begin_end(struct svc_unwinder *u, struct svc_client *c, uint32_t fla
     c->end_flags = flags;
     c->end_why = why;
     c->end_mark = ring_mark(c->ring);
-    c->end_deadline_ns = hp_clock_ns(CLOCK_MONOTONIC) + END_BUDGET_NS;
+    c->end_begun_ns = hp_clock_ns(CLOCK_MONOTONIC);
+    c->end_records = c->records;
+    c->end_drains = c->drains;
+    c->end_deadline_ns = c->end_begun_ns + end_budget_ns();
     if (u->stopping && c->end_deadline_ns > u->stop_deadline_ns)
         c->end_deadline_ns = u->stop_deadline_ns;
     /* Over its memory guardrail the service keeps nothing more: what the ring holds is
@@ -122,10 +138,23 @@ static void begin_end(struct svc_unwinder *u, struct svc_client *c, uint32_t fla
 }
 
 /* True when the end of @c is complete: nothing before its mark is left to read, or its
- * time is up. */
-static bool end_due(const struct svc_client *c, uint64_t now)
+ * time is up. The time is renewed when the ring gave records since it was last renewed, or
+ * was not read since (the other clients, or the bookkeeping queue, kept us): only a ring
+ * read and found stuck ends early. Not when the service stops, nor for an end cut short
+ * (a guardrail: deadline 0). */
+static bool end_due(const struct svc_unwinder *u, struct svc_client *c, uint64_t now)
 {
-    return svc__client_over(c) || ring_reached(c->ring, c->end_mark) || now >= c->end_deadline_ns;
+    if (svc__client_over(c) || ring_reached(c->ring, c->end_mark))
+        return true;
+    if (now < c->end_deadline_ns)
+        return false;
+    if (u->stopping || !c->end_deadline_ns || now - c->end_begun_ns >= END_MAX_NS ||
+        (c->records == c->end_records && c->drains != c->end_drains))
+        return true;
+    c->end_records = c->records;
+    c->end_drains = c->drains;
+    c->end_deadline_ns = now + end_budget_ns();
+    return false;
 }
 
 /* Skips and counts what is left before the end mark, posts the end of the process with
@@ -455,7 +484,7 @@ static void complete_ends(struct svc_unwinder *u)
     uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
     for (struct svc_client *c = u->clients, *next; c; c = next) {
         next = c->next;
-        if (c->ending && end_due(c, now)) {
+        if (c->ending && end_due(u, c, now)) {
             unlink_client(u, c);
             complete_end(u, c);
         }
@@ -633,14 +662,11 @@ static bool after_drain(struct svc_unwinder *u, struct svc_client *c, enum svc_d
 static struct pass drain_clients(struct svc_unwinder *u)
 {
     struct pass p = {.queue_full = svc__bkq_full(u->batcher.q)};
-    uint64_t now_ns = hp_clock_ns(CLOCK_MONOTONIC);
     for (struct svc_client *c = u->clients; c && !p.queue_full; c = c->next) {
         if (!c->has_work) {
             p.polling |= c->polling;
             continue;
         }
-        if (c->ending && now_ns >= c->end_deadline_ns)
-            continue; /* its time is up: the rest is counted below */
         uint64_t before = c->records;
         enum svc_drain_result dr =
             svc__drain_upto(u, c, DRAIN_BUDGET, c->ending ? &c->end_mark : NULL);
