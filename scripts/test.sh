@@ -74,14 +74,14 @@ if [ $quick -eq 0 ]; then
     # Every libFuzzer target (tests/fuzz/fuzz_*.c) runs for a bounded time from its seed
     # corpus; new inputs go to a scratch directory, a crash, leak or timeout is a failure.
     if command -v clang >/dev/null && command -v clang++ >/dev/null; then
-        echo "=== fuzz (libFuzzer, 11 s per target)"
+        echo "=== fuzz (libFuzzer, 8 s per target)"
         if CC=clang CXX=clang++ setup build-fuzz -Dfuzzing=true -Db_sanitize=address,undefined \
             -Db_lundef=false && ninja -C build-fuzz -j2 >build-fuzz/ninja.log 2>&1; then
             # Two targets at a time, one per core: 11 targets took 2 min one by one.
             fuzz_one() { # target binary; writes build-fuzz/fuzz_NAME.{log,rc}
                 local fz="$1" name=${1##*/fuzz_} scratch
                 scratch=$(mktemp -d)
-                UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "$fz" -max_total_time=11 \
+                UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "$fz" -max_total_time=8 \
                     -timeout=10 -rss_limit_mb=2048 -artifact_prefix=build-fuzz/ "$scratch" \
                     "tests/fuzz/corpus/$name" >"build-fuzz/fuzz_$name.log" 2>&1
                 echo $? >"build-fuzz/fuzz_$name.rc"
