@@ -31,6 +31,10 @@ const char *svc_inject_library(void);
  * the thread taken and how long it was stopped. */
 int svc_proc_inject(const struct svc_proc *p, char *why, size_t why_len,
                     struct svc_rcall_stats *stats) HP_WARN_UNUSED;
+/* As svc_proc_inject(); when the library is not the same file inside the process's root
+ * (a container), it is handed over in a memfd if @by_memfd, else refused (-EXDEV). */
+int svc_proc_inject_ex(const struct svc_proc *p, bool by_memfd, char *why, size_t why_len,
+                       struct svc_rcall_stats *stats) HP_WARN_UNUSED;
 
 /* For the unit test: a range [lo, hi) of addresses; whether @a lies in one of @n sorted,
  * disjoint ranges; the ranges a thread of @pid must not be in to be taken (malloc'd, in
