@@ -748,8 +748,8 @@ static int inject_fill_memfd(const struct inject_plan *pl, int fd)
 
 /* Makes the memfd in the process and fills it: its descriptor in @ret_fd, the path to
  * dlopen ("/proc/self/fd/N") in @path. */
-static int inject_memfd(struct svc_rcall *t, const struct inject_plan *pl, int *ret_fd,
-                        char *path, size_t len)
+static int inject_memfd(struct svc_rcall *t, const struct inject_plan *pl, int *ret_fd, char *path,
+                        size_t len)
 {
     uint64_t name_at = 0, fd = 0;
     /* "/memfd:heapprof/libheapprof.so (deleted)" in its maps: a path that ends in

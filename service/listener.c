@@ -13,10 +13,10 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/random.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -261,8 +261,7 @@ int svc_listen_in(svc_t *s, pid_t pid, uid_t uid, char *ret_path, size_t len)
         int n = snprintf(ret_path, len, "/%s/%s", dirs[d], in.name);
         if (r == 0 && (n < 0 || (size_t)n >= len))
             r = -ENAMETOOLONG;
-        struct epoll_event ev = {.events = EPOLLIN,
-                                 .data.u64 = SVC_EV_LISTEN_IN | (uint32_t)in.fd};
+        struct epoll_event ev = {.events = EPOLLIN, .data.u64 = SVC_EV_LISTEN_IN | (uint32_t)in.fd};
         if (r == 0 && epoll_ctl(s->epfd, EPOLL_CTL_ADD, in.fd, &ev) < 0)
             r = -errno;
         if (r < 0) {

@@ -108,8 +108,8 @@ static unsigned proc_other_ns(pid_t pid)
     static const struct {
         const char *name;
         unsigned bit;
-    } kinds[] = {{"mnt", SVC_NS_MNT}, {"pid", SVC_NS_PID}, {"net", SVC_NS_NET},
-                 {"user", SVC_NS_USER}};
+    } kinds[] = {
+        {"mnt", SVC_NS_MNT}, {"pid", SVC_NS_PID}, {"net", SVC_NS_NET}, {"user", SVC_NS_USER}};
     unsigned other = 0;
     for (size_t i = 0; i < HP_ARRAY_SIZE(kinds); i++) {
         char path[64], self[64];

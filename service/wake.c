@@ -997,13 +997,16 @@ int svc_proc_wake_to(const struct svc_proc *p, pid_t attacher, const char *sock_
     r = wake_preflight(p->pid, why, why_len);
     if (r < 0)
         return r;
-    struct wake_ctx c = {
-        .pid = p->pid, .attacher = attacher, .sock_path = sock_path, .why = why, .why_len = why_len};
+    struct wake_ctx c = {.pid = p->pid,
+                         .attacher = attacher,
+                         .sock_path = sock_path,
+                         .why = why,
+                         .why_len = why_len};
     r = wake_read_page(&now, &c.page, why, why_len);
     if (r < 0)
         return r;
-    if (sock_path && (!(c.page.features & HP_WAKE_FEATURE_PATH) ||
-                      strlen(sock_path) >= HP_WAKE_PATH_MAX))
+    if (sock_path &&
+        (!(c.page.features & HP_WAKE_FEATURE_PATH) || strlen(sock_path) >= HP_WAKE_PATH_MAX))
         return svc__why(why, why_len, -EPROTO,
                         "lives in other namespaces (a container) and its libheapprof.so is of a "
                         "version that cannot be told where to connect from there: restart it "

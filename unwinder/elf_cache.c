@@ -8,10 +8,10 @@
 #include <elf.h>
 #include <elfutils/libdwelf.h>
 #include <errno.h>
-#include <limits.h>
 #include <fcntl.h>
 #include <gelf.h>
 #include <libelf.h>
+#include <limits.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>

@@ -16,9 +16,9 @@
 #include <elf.h>
 #include <errno.h>
 #include <libunwind.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <stdio.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -297,9 +297,8 @@ const struct unwinder__elf *unwinder__pmap_elf(struct unwinder_process *p, size_
     pm->elf_done = true;
     const struct unwinder__map *m = &p->maps.v[i];
     const struct unwinder__elf *e;
-    if (m->path[0] != '/' ||
-        unwinder__elf_get_in(makedev(m->dev_major, m->dev_minor), m->inode, m->path,
-                             p->root[0] ? p->root : NULL, &e) < 0)
+    if (m->path[0] != '/' || unwinder__elf_get_in(makedev(m->dev_major, m->dev_minor), m->inode,
+                                                  m->path, p->root[0] ? p->root : NULL, &e) < 0)
         return NULL;
     if (!e->ok) {
         unwinder__elf_put(e);
