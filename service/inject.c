@@ -9,6 +9,21 @@
  *                                        __libc_dlopen_mode(LIB, RTLD_NOW | __RTLD_DLOPEN)
  *     dlerror()                          only when dlopen failed: its message, for the user
  *
+ * In a container (the library's path names another file in the process's root, or none,
+ * and svc_proc_inject_ex() was allowed to), the file is handed over instead of named:
+ *
+ *     memfd_create("heapprof/libheapprof.so", MFD_CLOEXEC)   (or syscall(SYS_memfd_create))
+ *                                        filled by us through /proc/PID/fd/N, while the
+ *                                        thread is held (the library is ~0.6 MB: ~1 ms)
+ *     dlopen("/proc/self/fd/N", RTLD_NOW)
+ *     close(N)                           whatever dlopen said: no descriptor left behind
+ *
+ * Its maps then show "/memfd:heapprof/libheapprof.so (deleted)", a path that ends in
+ * /libheapprof.so as attachers (service/targets.c, wake.c) and the unwinder's frame
+ * filter look for: a second attach finds it and only wakes it. Nothing is written into
+ * the container's files. The dlopen needs its /proc mounted; the loader's message says
+ * so otherwise.
+ *
  * The library's constructor runs inside that dlopen: it sees that it was loaded late and
  * stays dormant with its wake entry advertised; its hooks go into the GOT slots only when
  * a session starts (preload/got.h). The library is never unloaded: a second attach finds
@@ -37,9 +52,12 @@
  * Refused, the process untouched: what the wake refuses (stopped, traced, seccomp, no
  * permission), a process without glibc's libc.so.6 and ld.so (static binaries), a vfork
  * child (it shares its parent's memory until it execs), a library that is not the same file
- * inside the process's root (a container: the path names another file there, or none), and
- * a libheapprof.so already mapped that advertises no wake entry. A dlopen that fails (the
- * process may not read the library) leaves nothing behind; its message is passed on.
+ * inside the process's root when no memfd may be used (the daemon's attach: its socket is
+ * out of a container's reach anyway), and a libheapprof.so already mapped that advertises
+ * no wake entry. A dlopen that fails (the process may not read the library) leaves nothing
+ * behind; its message is passed on. What else a container needs (a socket inside its root,
+ * a peer outside its pid namespace, a user namespace refused) is service/targets.c's and
+ * svc_listen_in()'s.
  */
 #include "service/inject.h"
 
