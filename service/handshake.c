@@ -100,10 +100,13 @@ int svc__handshake_hello(int sock, bool allow_other_users, struct wire_hello *re
     }
     r = -EPERM;
     /* A client in a pid namespace of its own (a container) says its pid there, and opened
-     * its /proc files in its own /proc. */
+     * its /proc files in its own /proc (or, without one mounted, in ours). */
     pid_t self_pid = hello.pid == cred.pid ? cred.pid : ns_pid_of(cred.pid);
-    if (hello.pid != self_pid || !fd_is_proc_file(fds[0], self_pid, "maps") ||
-        !fd_is_proc_file(fds[1], self_pid, "mem")) {
+    bool maps_ok = fd_is_proc_file(fds[0], self_pid, "maps") ||
+                   (self_pid != cred.pid && fd_is_proc_file(fds[0], cred.pid, "maps"));
+    bool mem_ok = fd_is_proc_file(fds[1], self_pid, "mem") ||
+                  (self_pid != cred.pid && fd_is_proc_file(fds[1], cred.pid, "mem"));
+    if (hello.pid != self_pid || !maps_ok || !mem_ok) {
         hp_log_warn("pid %d: handshake: pid or /proc descriptors do not match the peer",
                     (int)cred.pid);
         goto fail;

@@ -10,6 +10,7 @@
  *     the library (a memfd) after both; no descriptor of ours left behind but the
  *     library's own, no socket file left in the container; the program's output and exit
  *     status as without profiling;
+ *   - a program in a pid namespace alone, without a /proc of its own: attached;
  *   - a program in a user namespace of its own: refused, rc 1, the reason given, the
  *     library not loaded, the program unharmed.
  * Root only (namespaces); skipped, saying why, when not root or unshare cannot make them. */
@@ -184,7 +185,7 @@ static int library_copies(pid_t pid, bool *ret_memfd)
     return n;
 }
 
-/* Entries named heapprof-* in @pid's /tmp and /dev/shm (its root). */
+/* Sockets of ours (heapprof-*.sock) in @pid's /tmp and /dev/shm (its root). */
 static int sockets_left(pid_t pid)
 {
     int n = 0;
@@ -197,7 +198,8 @@ static int sockets_left(pid_t pid)
             continue;
         struct dirent *e;
         while ((e = readdir(d)) != NULL)
-            if (strncmp(e->d_name, "heapprof", 8) == 0) {
+            if (strncmp(e->d_name, "heapprof-", 9) == 0 && strlen(e->d_name) > 5 &&
+                strcmp(e->d_name + strlen(e->d_name) - 5, ".sock") == 0) {
                 print_message("  left in the container: /%s/%s\n", dirs[i], e->d_name);
                 n++;
             }
@@ -280,6 +282,26 @@ static void test_container_attach_twice(void **state)
     free(again);
 }
 
+/* A pid namespace alone, without a /proc of its own (unshare --pid --fork): the client
+ * says its pid there (1) but opens its /proc files in ours, under its host pid. */
+static void test_container_pid_namespace_only(void **state)
+{
+    (void)state;
+    need_namespaces();
+    char *argv[] = {"/usr/bin/unshare", "--pid", "--fork", (char *)e2e_env("INJECT_THREADS"), NULL};
+    struct e2e_target t;
+    assert_int_equal(e2e_target_start(&t, runtime_dir, argv, NULL, "ready"), 0);
+    char path[96];
+    snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)t.pid, (int)t.pid);
+    char *kids = e2e_read_file(path);
+    pid_t pid = (pid_t)atoi(kids);
+    free(kids);
+    assert_true(pid > 0);
+    attach_once(pid, 1);
+    assert_int_equal(sockets_left(pid), 0);
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+}
+
 /* A user namespace of its own: our root is nobody there. Refused before anything is
  * done to it. */
 static void test_container_user_namespace_refused(void **state)
@@ -309,6 +331,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_container_attach_twice),
+        cmocka_unit_test(test_container_pid_namespace_only),
         cmocka_unit_test(test_container_user_namespace_refused),
     };
     return cmocka_run_group_tests_name("e2e_inject_container", tests, setup, teardown);
