@@ -123,6 +123,34 @@ static unsigned proc_other_ns(pid_t pid)
     return other;
 }
 
+/* @uid (in our user namespace) as the user namespace of @pid sees it, from its uid_map
+ * text @map; -1 when it is not mapped there. */
+static long proc_uid_inside(const char *map, uid_t uid)
+{
+    for (const char *l = map; l && *l;) {
+        unsigned long in, out, count;
+        if (sscanf(l, "%lu %lu %lu", &in, &out, &count) == 3 && uid >= out && uid - out < count)
+            return (long)(in + (uid - out));
+        l = strchr(l, '\n');
+        if (l)
+            l++;
+    }
+    return -1;
+}
+
+/* In @p's user namespace (another one), is our effective uid its root or its own user? */
+static bool proc_user_mapped(const struct svc_proc *p)
+{
+    char path[64], map[4096];
+    size_t n = 0;
+    snprintf(path, sizeof(path), "/proc/%d/uid_map", (int)p->pid);
+    if (svc__read_small(path, map, sizeof(map) - 1, &n) < 0)
+        return false;
+    map[n] = '\0';
+    long us = proc_uid_inside(map, geteuid());
+    return us == 0 || (us > 0 && us == proc_uid_inside(map, p->uid));
+}
+
 bool svc_proc_in_container(const struct svc_proc *p)
 {
     return (p->other_ns & (SVC_NS_MNT | SVC_NS_PID | SVC_NS_NET)) != 0;
@@ -163,6 +191,7 @@ int svc_proc_inspect(pid_t pid, struct svc_proc *ret)
     }
 
     ret->other_ns = proc_other_ns(pid);
+    ret->user_unmapped = (ret->other_ns & SVC_NS_USER) && !proc_user_mapped(ret);
 
     /* libheapprof.so mapped, its wake entry advertised? */
     HP_CLEANUP_FREE char *maps = svc__proc_maps(pid);
@@ -219,14 +248,14 @@ int svc_proc_check(const struct svc_proc *p, bool other_users, char *why, size_t
         snprintf(why, len, "cannot be read: %s", strerror(p->maps_err));
         return -EPERM;
     }
-    if (p->other_ns & SVC_NS_USER) {
-        /* Its ids are mapped: our root is nobody there, and a session could not tell its
-         * client by its ids (nor the client us). */
+    if (p->user_unmapped) {
+        /* Its client would see us as nobody (SO_PEERCRED) and refuse us. */
         snprintf(why, len,
-                 "runs in another user namespace (a rootless container?), where this "
-                 "heapprof's user is not mapped: run heapprof inside that namespace (nsenter "
-                 "-t %d -U -m -p -n, or the container's exec) and attach from there",
-                 (int)p->pid);
+                 "runs in another user namespace (a rootless container?) where this "
+                 "heapprof's user (uid %u) is neither root nor its own user: run heapprof "
+                 "inside that namespace (nsenter -t %d -U -m -p -n, or the container's exec) "
+                 "and attach from there",
+                 (unsigned)geteuid(), (int)p->pid);
         return -EOPNOTSUPP;
     }
     if (!p->preloaded && !svc_inject_library()) {

@@ -35,6 +35,9 @@ struct svc_proc {
     uint64_t start_time;     /* /proc/PID/stat starttime: the process's identity with its pid */
     unsigned other_ns;       /* SVC_NS_* bits: the namespaces it does not share with us (0
                                 when its /proc/PID/ns cannot be read) */
+    bool user_unmapped;      /* in another user namespace, where our effective uid is
+                                neither its root nor its own user (a rootless container's
+                                host root is nobody there): its client would refuse us */
 };
 #define SVC_NS_MNT 1u
 #define SVC_NS_PID 2u

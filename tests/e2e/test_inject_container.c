@@ -11,8 +11,10 @@
  *     library's own, no socket file left in the container; the program's output and exit
  *     status as without profiling;
  *   - a program in a pid namespace alone, without a /proc of its own: attached;
- *   - a program in a user namespace of its own: refused, rc 1, the reason given, the
- *     library not loaded, the program unharmed.
+ *   - a program in a user namespace whose root is ours (made by root): attached;
+ *   - a rootless container (a user namespace made by another user, where our root is
+ *     nobody): refused, rc 1, the reason given, the library not loaded, the program
+ *     unharmed.
  * Root only (namespaces); skipped, saying why, when not root or unshare cannot make them. */
 #include <dirent.h>
 #include <errno.h>
@@ -71,20 +73,29 @@ static void need_namespaces(void)
 }
 
 /* Starts tests/programs/inject_threads in a container made by unshare with @ns_flags
- * (space-separated options): the program copied to /mnt (a tmpfs there), the directory of
- * libheapprof.so and /tmp hidden under tmpfs. Returns the program's pid on the host. */
-static pid_t start_in_container(struct e2e_target *t, const char *ns_flags)
+ * (space-separated options), run by user nobody when @as_nobody: the program copied to
+ * /mnt (a tmpfs there), the directory of libheapprof.so and /tmp hidden under tmpfs.
+ * Returns the program's pid on the host. */
+static pid_t start_in_container(struct e2e_target *t, const char *ns_flags, bool as_nobody)
 {
     char lib_dir[512];
     snprintf(lib_dir, sizeof(lib_dir), "%s", e2e_env("HEAPPROF_LIB"));
     dirname(lib_dir);
+    /* A copy anyone may read (the runtime directory opened to all), for a container made
+     * by another user. */
+    char prog[320], cmd[1024];
+    snprintf(prog, sizeof(prog), "%s/ctr_prog", runtime_dir);
+    snprintf(cmd, sizeof(cmd), "cp '%s' '%s' && chmod 755 '%s' '%s'", e2e_env("INJECT_THREADS"),
+             prog, prog, runtime_dir);
+    assert_int_equal(system(cmd), 0);
     char script[2048];
     /* The library's directory first: the build may be under /tmp. */
     snprintf(script, sizeof(script),
-             "exec /usr/bin/unshare %s --fork --mount-proc /bin/sh -c \""
+             "exec %s /usr/bin/unshare %s --fork --mount-proc /bin/sh -c \""
              "mount -t tmpfs app /mnt && cp '%s' /mnt/ctr_threads && "
              "mount -t tmpfs hide '%s' && mount -t tmpfs tmp /tmp && exec /mnt/ctr_threads\"",
-             ns_flags, e2e_env("INJECT_THREADS"), lib_dir);
+             as_nobody ? "/usr/bin/setpriv --reuid=65534 --regid=65534 --clear-groups" : "",
+             ns_flags, prog, lib_dir);
     char *argv[] = {"/bin/sh", "-c", script, NULL};
     assert_int_equal(e2e_target_start(t, runtime_dir, argv, NULL, "ready"), 0);
     char *o = e2e_read_file(t->out);
@@ -112,7 +123,7 @@ static pid_t start_in_container(struct e2e_target *t, const char *ns_flags)
 
 /* `heapprof attach -p PID --duration 1 ...`: its status, its stderr in @err (malloc'd);
  * the trace checked and loaded in @ret when the status is 0 (else NULL). */
-static int attach(pid_t pid, struct rp_trace **ret, char **err)
+static int attach(pid_t pid, const char *option, struct rp_trace **ret, char **err)
 {
     char pids[16], trace[300];
     snprintf(pids, sizeof(pids), "%d", (int)pid);
@@ -129,6 +140,7 @@ static int attach(pid_t pid, struct rp_trace **ret, char **err)
                     "-q",
                     "-o",
                     trace,
+                    (char *)option,
                     NULL};
     struct e2e_run run;
     assert_int_equal(e2e_run(argv, NULL, &run), 0);
@@ -213,7 +225,7 @@ static void attach_once(pid_t pid, int round)
 {
     struct rp_trace *tr;
     char *err = NULL;
-    int st = attach(pid, &tr, &err);
+    int st = attach(pid, NULL, &tr, &err);
     if (st != 0)
         print_message("  attach %d: status %d: %s\n", round, st, err);
     assert_int_equal(st, 0);
@@ -240,7 +252,7 @@ static void test_container_attach_twice(void **state)
     (void)state;
     need_namespaces();
     struct e2e_target t;
-    pid_t pid = start_in_container(&t, "--mount --pid --net");
+    pid_t pid = start_in_container(&t, "--mount --pid --net", false);
     char *before = fds_of(pid);
 
     attach_once(pid, 1);
@@ -302,17 +314,34 @@ static void test_container_pid_namespace_only(void **state)
     assert_int_equal(e2e_target_finish(&t, 0), 0);
 }
 
-/* A user namespace of its own: our root is nobody there. Refused before anything is
- * done to it. */
-static void test_container_user_namespace_refused(void **state)
+#define USERNS_FLAGS "--user --map-root-user --mount --pid --net"
+
+/* A user namespace made by root with its root mapped to ours (unshare --user
+ * --map-root-user as root): we are its root; attached like any container. */
+static void test_container_user_namespace_mapped(void **state)
 {
     (void)state;
     need_namespaces();
     struct e2e_target t;
-    pid_t pid = start_in_container(&t, "--user --map-root-user --mount --pid --net");
+    pid_t pid = start_in_container(&t, USERNS_FLAGS, false);
+    attach_once(pid, 1);
+    assert_int_equal(sockets_left(pid), 0);
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+}
+
+/* A rootless container: a user namespace made by another user (nobody), whose root is
+ * that user; our root is nobody there, and its client would refuse us. Refused before
+ * anything is done to it, with the reason. */
+static void test_container_rootless_refused(void **state)
+{
+    (void)state;
+    need_namespaces();
+    struct e2e_target t;
+    pid_t pid = start_in_container(&t, USERNS_FLAGS, true);
     struct rp_trace *tr;
     char *err = NULL;
-    int st = attach(pid, &tr, &err);
+    /* Another user's process: root may take it only when asked to. */
+    int st = attach(pid, "--allow-other-users", &tr, &err);
     print_message("  status %d: %s", st, err);
     assert_int_equal(st, 1);
     assert_non_null(strstr(err, "another user namespace"));
@@ -332,7 +361,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_container_attach_twice),
         cmocka_unit_test(test_container_pid_namespace_only),
-        cmocka_unit_test(test_container_user_namespace_refused),
+        cmocka_unit_test(test_container_user_namespace_mapped),
+        cmocka_unit_test(test_container_rootless_refused),
     };
     return cmocka_run_group_tests_name("e2e_inject_container", tests, setup, teardown);
 }
