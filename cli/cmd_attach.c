@@ -21,6 +21,7 @@
 #include "common/log.h"
 #include "common/macros.h"
 #include "common/paths.h"
+#include "common/wake.h"
 
 #define MAX_TRIED 4096
 #define CONNECT_GRACE_NS 2000000000ull
@@ -107,6 +108,7 @@ struct attach_tried {
 
 struct attach_state {
     struct svc_config *cfg;
+    svc_t *svc; /* once started */
     pid_t self;
     struct attach_tried tried[MAX_TRIED];
     size_t n_tried;
@@ -168,8 +170,19 @@ static int attach_target(struct attach_state *st, const struct svc_proc *p, bool
     why[0] = '\0';
     int r = check_target(p, st->cfg->allow_other_users, why, sizeof(why));
     if (r == 0) {
-        struct svc_rcall_stats inj;
-        r = svc_proc_attach(p, st->self, why, sizeof(why), &inj);
+        struct svc_rcall_stats inj = {0};
+        /* In a container our socket is out of its reach: one inside its root. */
+        char in_path[HP_WAKE_PATH_MAX];
+        bool in = svc_proc_in_container(p);
+        if (in && (r = svc_listen_in(st->svc, p->pid, p->uid, in_path, sizeof(in_path))) < 0)
+            snprintf(why, sizeof(why),
+                     "lives in a container and no socket could be made for it inside its root "
+                     "(in its /tmp or /dev/shm): %s",
+                     strerror(-r));
+        if (r == 0)
+            r = svc_proc_attach(p, st->self, in ? in_path : NULL, why, sizeof(why), &inj);
+        if (in && r < 0)
+            svc_unlisten_in(st->svc, p->pid);
         if (r == -EAGAIN)
             return r;
         if (inj.tid)
@@ -269,6 +282,7 @@ static void check_woken(struct attach_state *st, svc_t *s)
             continue;
         st->n_connected += seen;
         t->settled = true;
+        svc_unlisten_in(s, t->pid); /* given up: its socket in a container goes */
         st->n_pending--;
     }
 }
@@ -305,8 +319,8 @@ static const char *names_of(const struct svc_config *cfg, char *buf, size_t len)
 
 static int attach_started(void *ctx, svc_t *s)
 {
-    (void)s;
     struct attach_state *st = ctx;
+    st->svc = s;
     uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
     for (size_t i = 0; i < st->cfg->n_pid; i++)
         attach_pid(st, i, now);

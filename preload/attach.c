@@ -77,6 +77,8 @@
 #include "common/macros.h"
 #include "common/paths.h"
 #include "common/sys.h"
+#include "common/wake.h"
+#include "preload/peer.h"
 #include "shmem_ring/wire.h"
 
 _Atomic uint64_t client_stat_sthread_failures = 0;
@@ -105,9 +107,60 @@ _Atomic uint64_t client_stat_sthread_failures = 0;
 #define STHREAD_RUNNING 1
 #define STHREAD_PENDING 2
 static _Atomic int client_sthread_state;
-static _Atomic int client_sthread_attacher; /* pid of the latest request (0: none) */
 _Atomic bool client__attaching;
 static _Atomic int client_sthread_mode_arg; /* the first order of a new thread */
+
+static void client_sleep_ms(unsigned ms);
+
+/* The latest attach request: who woke us, and the socket it made for us (path[0] == 0:
+ * none, the attacher's own). Written by a wake entry, taken by the session thread, each
+ * holding client_request_lock, a flag taken by compare-and-swap: an entry that finds it
+ * taken answers busy and never waits; the thread waits for an entry, which holds it for
+ * the copy of a path. */
+struct client_request {
+    int attacher; /* 0: none, the daemon socket, or (with a path) outside our pid namespace */
+    char path[HP_WAKE_PATH_MAX];
+};
+static _Atomic bool client_request_lock;
+static struct client_request client_request;
+
+/* Stores a request; -EBUSY when another one is being stored or taken. Async-signal-safe. */
+static int client_request_put(int attacher, const char *path)
+{
+    bool expected = false;
+    if (!atomic_compare_exchange_strong_explicit(&client_request_lock, &expected, true,
+                                                 memory_order_acquire, memory_order_relaxed))
+        return -EBUSY;
+    size_t n = 0;
+    while (path && n < sizeof(client_request.path) && path[n])
+        n++;
+    int r = 0;
+    if (path && n == sizeof(client_request.path)) {
+        r = -ENAMETOOLONG;
+    } else {
+        client_request.attacher = attacher;
+        memcpy(client_request.path, path ? path : "", n);
+        client_request.path[n] = '\0';
+    }
+    /* Release pairs with the acquire of client_request_take(). */
+    atomic_store_explicit(&client_request_lock, false, memory_order_release);
+    return r;
+}
+
+/* Takes the latest request into @ret and clears it. Session thread only. */
+static void client_request_take(struct client_request *ret)
+{
+    for (;;) {
+        bool expected = false;
+        if (atomic_compare_exchange_strong_explicit(&client_request_lock, &expected, true,
+                                                    memory_order_acquire, memory_order_relaxed))
+            break;
+        client_sleep_ms(1);
+    }
+    *ret = client_request;
+    client_request = (struct client_request){0};
+    atomic_store_explicit(&client_request_lock, false, memory_order_release);
+}
 
 /* Two stacks: a thread that just gave up its role may still be on its way out of its own
  * when the next one starts. Each slot's word is nonzero from the start of a thread until
@@ -159,14 +212,26 @@ static void client_sleep_ms(unsigned ms)
     (void)hp_sys2(SYS_nanosleep, (long)&ts, 0);
 }
 
-/* Handshakes after a wake from @attacher (0: the daemon). Returns 0 when profiling. */
-static int client_attach(int attacher)
+/* Handshakes after a wake from @req->attacher (0: the daemon). Returns 0 when profiling. */
+static int client_attach(const struct client_request *req)
 {
     char path[HP_PATH_MAX];
     const char *xdg = client__env_xdg_set ? client__env_xdg : NULL;
     uid_t uid = (uid_t)hp_sys0(SYS_getuid);
+    int attacher = req->attacher;
     int r;
 
+    /* A socket the attacher made for us (it lives in other namespaces: a container): that
+     * one only, and its peer must be the attacher (or, outside our pid namespace, a
+     * process we cannot see: preload/peer.h). */
+    if (req->path[0]) {
+        r = client__session_open(req->path, WIRE_REASON_ATTACH,
+                                 attacher > 0 ? attacher : CLIENT_PEER_HIDDEN, client__timeout_ms,
+                                 true);
+        if (r != 0)
+            return r < 0 ? r : -EPERM;
+        goto warm_up;
+    }
     if (attacher > 0)
         r = hp_socket_path(xdg, uid, attacher, path, sizeof(path));
     else if (client__env_socket[0])
@@ -185,6 +250,7 @@ static int client_attach(int attacher)
         r = client__session_open(path, WIRE_REASON_ATTACH, attacher, client__timeout_ms, true);
     if (r != 0)
         return r < 0 ? r : -EPERM;
+warm_up:
     /* Threads that allocate during the warm-up reseed for this session (see
      * CLIENT_FAST_WARM_UP); then the fast path takes over. */
     client_sleep_ms(CLIENT_WARM_UP_MS);
@@ -235,10 +301,10 @@ static void client_watch(void)
 
 /* client_attach(), flagged for client_wake_entry(): a request that comes meanwhile is
  * answered "busy", not queued behind this one (which it would find profiling). */
-static int client_serve_handshake(int attacher)
+static int client_serve_handshake(const struct client_request *req)
 {
     atomic_store_explicit(&client__attaching, true, memory_order_release);
-    int r = client_attach(attacher);
+    int r = client_attach(req);
     atomic_store_explicit(&client__attaching, false, memory_order_release);
     return r;
 }
@@ -246,14 +312,15 @@ static int client_serve_handshake(int attacher)
 /* A request to attach: handshake (unless profiling already) and watch the session. */
 static void client_serve_attach(void)
 {
-    int attacher = atomic_exchange_explicit(&client_sthread_attacher, 0, memory_order_acquire);
+    struct client_request req;
+    client_request_take(&req);
     /* A child of fork the wake adopted (preload/wake.c): its sessions are its parent's. */
     if (atomic_exchange_explicit(&client__adopt_pending, false, memory_order_acquire))
         client__forget_parent(false, false);
     /* A request while profiling is ignored. */
     if (!atomic_load_explicit(&client_current, memory_order_relaxed) &&
         atomic_load_explicit(&client_state, memory_order_relaxed) == CLIENT_DORMANT &&
-        client_serve_handshake(attacher) == 0)
+        client_serve_handshake(&req) == 0)
         client_watch();
 }
 
@@ -346,10 +413,13 @@ fail_nomem:
     return -ENOMEM;
 }
 
-int client__sthread_start(enum client_sthread_mode mode, int attacher)
+int client__sthread_start(enum client_sthread_mode mode, int attacher, const char *sock_path)
 {
-    if (mode == CLIENT_STHREAD_ATTACH)
-        atomic_store_explicit(&client_sthread_attacher, attacher, memory_order_release);
+    if (mode == CLIENT_STHREAD_ATTACH) {
+        int r = client_request_put(attacher, sock_path);
+        if (r < 0)
+            return r;
+    }
     for (;;) {
         int st = atomic_load_explicit(&client_sthread_state, memory_order_acquire);
         if (st == STHREAD_NONE) {

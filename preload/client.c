@@ -298,7 +298,7 @@ static void client_atfork_child(void)
 
     if (follow &&
         client__session_open(path, WIRE_REASON_STARTUP, peer_pid, client__timeout_ms, false) == 0 &&
-        client__sthread_start(CLIENT_STHREAD_WATCH, 0) < 0) {
+        client__sthread_start(CLIENT_STHREAD_WATCH, 0, NULL) < 0) {
         /* Nobody would notice the end of the session: better none. */
         client__session_close(atomic_load_explicit(&client_current, memory_order_relaxed), true);
     }
@@ -387,7 +387,7 @@ static void client_startup_session(bool required)
         client_unreachable(path, -r);
     /* A session needs its thread, which watches it. */
     if (r == 0 && atomic_load_explicit(&client_current, memory_order_relaxed) &&
-        client__sthread_start(CLIENT_STHREAD_WATCH, 0) < 0) {
+        client__sthread_start(CLIENT_STHREAD_WATCH, 0, NULL) < 0) {
         client__session_close(atomic_load_explicit(&client_current, memory_order_relaxed), true);
         if (required)
             client_unreachable(path, ENOMEM);

@@ -358,9 +358,12 @@ enum client_sthread_mode {
     CLIENT_STHREAD_WATCH,  /* watch the session in client_current */
 };
 /* Starts the session thread: a clone(2) thread that never enters glibc. @attacher: the
- * pid of the attacher that woke us (0: none, the daemon socket). Returns 0, -EBUSY when one runs
- * already, or -errno. Async-signal-safe; hook-safe. */
-int client__sthread_start(enum client_sthread_mode mode, int attacher);
+ * pid of the attacher that woke us (0: none, the daemon socket); @sock_path (NULL: none;
+ * copied, at most HP_WAKE_PATH_MAX bytes with its NUL): the socket it made for us, where
+ * @attacher 0 means an attacher outside our pid namespace (common/wake.h). Returns 0,
+ * -EBUSY when one runs already (or another request is being stored), -ENAMETOOLONG, or
+ * -errno. Async-signal-safe; hook-safe. */
+int client__sthread_start(enum client_sthread_mode mode, int attacher, const char *sock_path);
 /* The session thread, each round (preload/ids.c): when the process's user or group ids
  * are no longer the thread's, takes them and tells the service. Returns 0 (unchanged),
  * 1 (followed) or -errno (could not follow: end the session). */

@@ -16,7 +16,7 @@
 
 bool client_peer_needs_ptrace_facts(const struct client_peer *p)
 {
-    return p->woken && p->want_pid <= 0 && p->yama_scope >= 1 && p->uid != 0;
+    return p->woken && p->want_pid == 0 && p->yama_scope >= 1 && p->uid != 0;
 }
 
 bool client_peer_trusted(const struct client_peer *p)
@@ -25,6 +25,8 @@ bool client_peer_trusted(const struct client_peer *p)
         return false;
     if (p->want_pid > 0)
         return p->pid == p->want_pid;
+    if (p->want_pid == CLIENT_PEER_HIDDEN)
+        return p->pid == 0;
     if (!client_peer_needs_ptrace_facts(p))
         return true;
     /* A daemon's wake under Yama: whom Yama lets trace us (see peer.h). */

@@ -10,6 +10,11 @@
  *                be that process. It had to ptrace us to wake us, so the kernel let it;
  *                another process of our uid listening on the attacher's socket path (it
  *                may unlink and bind the attacher's name) gets nothing.
+ *   wake from outside  an attacher in another pid namespace (a container's host) made a
+ *                socket for us inside our root and passed its path; it cannot be seen from
+ *                here, so the peer must be a process we cannot see either (SO_PEERCRED pid
+ *                0: it lives outside our pid namespace). A process of our container that
+ *                put its own socket at that path is visible, and gets nothing.
  *   daemon wake  a wake with no pid (the daemon's socket): under Yama's ptrace_scope 1,
  *                only root, a process with CAP_SYS_PTRACE in our user namespace or an
  *                ancestor of ours (what Yama lets trace us; a ptracer the program declared
@@ -42,12 +47,16 @@ struct client_peer {
     uid_t self_uid;
     uid_t uid;       /* SO_PEERCRED */
     pid_t pid;       /* SO_PEERCRED; 0 when it lives in a pid namespace we cannot see */
-    pid_t want_pid;  /* > 0: only this process may be the peer */
+    pid_t want_pid;  /* > 0: only this process may be the peer; CLIENT_PEER_HIDDEN: only
+                        one outside our pid namespace */
     bool woken;      /* the session was asked for by a wake (Yama's rule applies) */
     int yama_scope;  /* /proc/sys/kernel/yama/ptrace_scope; -1: no Yama */
     bool cap_ptrace; /* the peer has CAP_SYS_PTRACE, in our user namespace */
     bool ancestor;   /* the peer is an ancestor of ours */
 };
+
+/* want_pid of a wake from outside our pid namespace. */
+#define CLIENT_PEER_HIDDEN (-1)
 
 /* True when @p may have our descriptors (the rules above). Pure. */
 bool client_peer_trusted(const struct client_peer *p);

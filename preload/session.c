@@ -83,8 +83,8 @@ static long client_connect(const char *path, uint32_t timeout_ms)
 }
 
 /* Our /proc fds let the peer read all our memory: only to a peer preload/peer.h allows,
- * for a handshake of @reason that only @want_pid (> 0) may answer. Returns 0 with the
- * peer's pid in *@ret_pid, -EPERM (another user), -EACCES (not the process that woke us,
+ * for a handshake of @reason that only @want_pid (> 0, or CLIENT_PEER_HIDDEN) may answer. Returns 0
+ * with the peer's pid in *@ret_pid, -EPERM (another user), -EACCES (not the process that woke us,
  * or not one Yama would let trace us) or -errno. */
 static long client_check_peer(long sock, uint32_t reason, pid_t want_pid, pid_t *ret_pid)
 {
@@ -106,7 +106,7 @@ static long client_check_peer(long sock, uint32_t reason, pid_t want_pid, pid_t 
     };
     if (p.uid != p.self_uid && p.uid != 0)
         return -EPERM;
-    if (p.woken && want_pid <= 0)
+    if (p.woken && want_pid == 0)
         p.yama_scope = client_peer_yama_scope();
     if (client_peer_needs_ptrace_facts(&p)) {
         p.cap_ptrace = client_peer_has_cap_ptrace(p.pid);

@@ -30,7 +30,7 @@
 
 /* The remote call's entry (preload/wake.c) and its return trap (wake_x86_64.S). Not
  * exported: the attacher finds both through the advertisement page. */
-int client_wake_entry(int attacher_pid);
+int client_wake_entry(int attacher_pid, const char *sock_path);
 void client_wake_trap(void);
 
 /* True when the service has hung up on @s (or its descriptor is no longer valid): the
@@ -109,11 +109,13 @@ static int client_session_peer(const struct client_session *s)
     return (int)cred.pid;
 }
 
-/* A request to attach from process @attacher_pid (0: the daemon socket). Called by the
+/* A request to attach from process @attacher_pid (0: the daemon socket), to connect to
+ * @sock_path when not NULL (an attacher in other namespaces made it for us; then
+ * @attacher_pid 0 is one outside our pid namespace: common/wake.h). Called by the
  * attacher on a thread it stopped, with signals blocked. Async-signal-safe: raw system
  * calls only, errno kept. Returns an HP_WAKE_* answer, which the attacher reports: a
  * request while profiling is refused with the service's pid. */
-int client_wake_entry(int attacher_pid)
+int client_wake_entry(int attacher_pid, const char *sock_path)
 {
     int saved_errno = errno;
     int r = HP_WAKE_NOT_OWNER;
@@ -142,7 +144,8 @@ int client_wake_entry(int attacher_pid)
                    atomic_load_explicit(&client__attaching, memory_order_acquire)))
             goto out;
     }
-    int st = client__sthread_start(CLIENT_STHREAD_ATTACH, attacher_pid > 0 ? attacher_pid : 0);
+    int st = client__sthread_start(CLIENT_STHREAD_ATTACH, attacher_pid > 0 ? attacher_pid : 0,
+                                   sock_path);
     r = st == 0 ? HP_WAKE_STARTED : st == -EBUSY ? HP_WAKE_BUSY : HP_WAKE_FAILED;
 out:
     errno = saved_errno;
@@ -161,6 +164,7 @@ static void client_advertise(void)
         .size = sizeof(pg),
         .entry = (uint64_t)(uintptr_t)client_wake_entry,
         .trap = (uint64_t)(uintptr_t)client_wake_trap,
+        .features = HP_WAKE_FEATURE_PATH,
     };
     if (hp_sys2(SYS_ftruncate, fd, 4096) == 0 &&
         hp_sys4(SYS_pwrite64, fd, (long)&pg, sizeof(pg), 0) == (long)sizeof(pg)) {

@@ -29,7 +29,8 @@
 #include "shmem_ring/wire.h"
 
 /* True when @fd (received from a client) is /proc/@pid/@what. The client opened
- * /proc/self/@what, which the kernel resolves to the pid's own directory. */
+ * /proc/self/@what, which the kernel resolves to the pid's own directory: in a container,
+ * in its own /proc, where @pid is its pid in its pid namespace. */
 static bool fd_is_proc_file(int fd, pid_t pid, const char *what)
 {
     char link[64], target[128], want[64];
@@ -40,6 +41,32 @@ static bool fd_is_proc_file(int fd, pid_t pid, const char *what)
     target[n] = '\0';
     snprintf(want, sizeof(want), "/proc/%d/%s", (int)pid, what);
     return strcmp(target, want) == 0;
+}
+
+/* The pid of @pid in its own pid namespace (the last NSpid of /proc/@pid/status: what its
+ * getpid() returns), or @pid when that cannot be read. */
+static pid_t ns_pid_of(pid_t pid)
+{
+    char path[64], buf[4096];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    size_t n = 0;
+    if (svc__read_small(path, buf, sizeof(buf) - 1, &n) < 0)
+        return pid;
+    buf[n] = '\0';
+    const char *l = strstr(buf, "\nNSpid:");
+    if (!l)
+        return pid;
+    l += 8;
+    long last = pid;
+    for (;;) {
+        char *end;
+        long v = strtol(l, &end, 10);
+        if (end == l)
+            break;
+        last = v;
+        l = end;
+    }
+    return last > 0 ? (pid_t)last : pid;
 }
 
 int svc__handshake_hello(int sock, bool allow_other_users, struct wire_hello *ret_hello,
@@ -72,8 +99,14 @@ int svc__handshake_hello(int sock, bool allow_other_users, struct wire_hello *re
         goto fail;
     }
     r = -EPERM;
-    if (hello.pid != cred.pid || !fd_is_proc_file(fds[0], cred.pid, "maps") ||
-        !fd_is_proc_file(fds[1], cred.pid, "mem")) {
+    /* A client in a pid namespace of its own (a container) says its pid there, and opened
+     * its /proc files in its own /proc (or, without one mounted, in ours). */
+    pid_t self_pid = hello.pid == cred.pid ? cred.pid : ns_pid_of(cred.pid);
+    bool maps_ok = fd_is_proc_file(fds[0], self_pid, "maps") ||
+                   (self_pid != cred.pid && fd_is_proc_file(fds[0], cred.pid, "maps"));
+    bool mem_ok = fd_is_proc_file(fds[1], self_pid, "mem") ||
+                  (self_pid != cred.pid && fd_is_proc_file(fds[1], cred.pid, "mem"));
+    if (hello.pid != self_pid || !maps_ok || !mem_ok) {
         hp_log_warn("pid %d: handshake: pid or /proc descriptors do not match the peer",
                     (int)cred.pid);
         goto fail;

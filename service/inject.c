@@ -9,6 +9,21 @@
  *                                        __libc_dlopen_mode(LIB, RTLD_NOW | __RTLD_DLOPEN)
  *     dlerror()                          only when dlopen failed: its message, for the user
  *
+ * In a container (the library's path names another file in the process's root, or none,
+ * and svc_proc_inject_ex() was allowed to), the file is handed over instead of named:
+ *
+ *     memfd_create("heapprof/libheapprof.so", MFD_CLOEXEC)   (or syscall(SYS_memfd_create))
+ *                                        filled by us through /proc/PID/fd/N, while the
+ *                                        thread is held (the library is ~0.6 MB: ~1 ms)
+ *     dlopen("/proc/self/fd/N", RTLD_NOW)
+ *     close(N)                           whatever dlopen said: no descriptor left behind
+ *
+ * Its maps then show "/memfd:heapprof/libheapprof.so (deleted)", a path that ends in
+ * /libheapprof.so as attachers (service/targets.c, wake.c) and the unwinder's frame
+ * filter look for: a second attach finds it and only wakes it. Nothing is written into
+ * the container's files. The dlopen needs its /proc mounted; the loader's message says
+ * so otherwise.
+ *
  * The library's constructor runs inside that dlopen: it sees that it was loaded late and
  * stays dormant with its wake entry advertised; its hooks go into the GOT slots only when
  * a session starts (preload/got.h). The library is never unloaded: a second attach finds
@@ -37,9 +52,12 @@
  * Refused, the process untouched: what the wake refuses (stopped, traced, seccomp, no
  * permission), a process without glibc's libc.so.6 and ld.so (static binaries), a vfork
  * child (it shares its parent's memory until it execs), a library that is not the same file
- * inside the process's root (a container: the path names another file there, or none), and
- * a libheapprof.so already mapped that advertises no wake entry. A dlopen that fails (the
- * process may not read the library) leaves nothing behind; its message is passed on.
+ * inside the process's root when no memfd may be used (the daemon's attach: its socket is
+ * out of a container's reach anyway), and a libheapprof.so already mapped that advertises
+ * no wake entry. A dlopen that fails (the process may not read the library) leaves nothing
+ * behind; its message is passed on. What else a container needs (a socket inside its root,
+ * a peer outside its pid namespace, a user namespace refused) is service/targets.c's and
+ * svc_listen_in()'s.
  */
 #include "service/inject.h"
 
@@ -70,6 +88,7 @@
 #define INJECT_RTLD_NOW 0x2
 #define INJECT_RTLD_DLOPEN 0x80000000u
 #define INJECT_KCMP_VM 1
+#define INJECT_MFD_CLOEXEC 0x1
 
 static char inject_lib[PATH_MAX];
 
@@ -537,6 +556,13 @@ struct inject_plan {
     uint64_t fn_errno, fn_dlopen, fn_dlerror;
     bool libc_dlopen_mode; /* fn_dlopen is __libc_dlopen_mode */
     const char *lib;
+    /* The library is not the same file inside the process's root (a container): handed
+     * over in a memfd the process makes (fn_memfd: memfd_create, or syscall() with
+     * SYS_memfd_create when fn_memfd_syscall), which we fill, and dlopen'd as
+     * /proc/self/fd/N; fn_close closes it after. */
+    bool by_memfd, fn_memfd_syscall;
+    uint64_t fn_memfd, fn_close;
+    int lib_fd; /* ours, to fill the memfd from */
     char *why;
     size_t why_len;
     char unsafe_seen[96]; /* why the last thread looked at was not taken (debug) */
@@ -608,7 +634,7 @@ static int inject_frame_cb(Dwfl_Frame *f, void *arg)
 }
 
 struct libc_syms {
-    uint64_t errno_loc, dlopen, dlopen_mode, dlerror;
+    uint64_t errno_loc, dlopen, dlopen_mode, dlerror, memfd_create, syscall, close;
 };
 
 static void libc_syms_cb(void *ctx, const char *name, uint64_t value, uint64_t size)
@@ -623,6 +649,12 @@ static void libc_syms_cb(void *ctx, const char *name, uint64_t value, uint64_t s
         s->dlopen_mode = value;
     else if (strcmp(name, "dlerror") == 0)
         s->dlerror = value;
+    else if (strcmp(name, "memfd_create") == 0)
+        s->memfd_create = value;
+    else if (strcmp(name, "syscall") == 0)
+        s->syscall = value;
+    else if (strcmp(name, "close") == 0)
+        s->close = value;
 }
 
 /* An int3 byte in @f's code, as a target address, or 0. */
@@ -698,17 +730,85 @@ static bool inject_safe(void *arg, pid_t tid, uint64_t rip, uint64_t rsp)
     return true;
 }
 
+/* Copies the library (pl->lib_fd) into the process's memfd @fd through
+ * /proc/PID/fd/@fd. Returns 0 or a negative errno with the reason. */
+static int inject_fill_memfd(const struct inject_plan *pl, int fd)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)pl->pid, fd);
+    HP_CLEANUP_CLOSE int out = open(path, O_WRONLY | O_CLOEXEC);
+    if (out < 0)
+        return svc__why(pl->why, pl->why_len, -errno, "cannot open its memfd (%s): %s", path,
+                        strerror(errno));
+    char buf[65536];
+    off_t off = 0;
+    for (;;) {
+        ssize_t n = pread(pl->lib_fd, buf, sizeof(buf), off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return svc__why(pl->why, pl->why_len, -errno, "cannot read %s: %s", pl->lib,
+                            strerror(errno));
+        if (n == 0)
+            return 0;
+        for (ssize_t done = 0; done < n;) {
+            ssize_t w = pwrite(out, buf + done, (size_t)(n - done), off + done);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0)
+                return svc__why(pl->why, pl->why_len, w < 0 ? -errno : -EIO,
+                                "cannot fill its memfd: %s", w < 0 ? strerror(errno) : "short");
+            done += w;
+        }
+        off += n;
+    }
+}
+
+/* Makes the memfd in the process and fills it: its descriptor in @ret_fd, the path to
+ * dlopen ("/proc/self/fd/N") in @path. */
+static int inject_memfd(struct svc_rcall *t, const struct inject_plan *pl, int *ret_fd, char *path,
+                        size_t len)
+{
+    uint64_t name_at = 0, fd = 0;
+    /* "/memfd:heapprof/libheapprof.so (deleted)" in its maps: a path that ends in
+     * /libheapprof.so, as attachers and the unwinder look for. */
+    static const char name[] = "heapprof/libheapprof.so";
+    int r = svc__rcall_put(t, name, sizeof(name), &name_at);
+    if (r < 0)
+        return r;
+    if (pl->fn_memfd_syscall)
+        r = svc__rcall_call(t, pl->fn_memfd, SYS_memfd_create, name_at, INJECT_MFD_CLOEXEC, &fd);
+    else
+        r = svc__rcall_call(t, pl->fn_memfd, name_at, INJECT_MFD_CLOEXEC, 0, &fd);
+    if (r < 0)
+        return r;
+    if ((int)fd < 0)
+        return svc__why(pl->why, pl->why_len, -ENOEXEC,
+                        "could not make a memfd to hand it libheapprof.so (memfd_create "
+                        "failed in the process)");
+    *ret_fd = (int)fd;
+    snprintf(path, len, "/proc/self/fd/%d", (int)fd);
+    return inject_fill_memfd(pl, (int)fd);
+}
+
 static int inject_act(struct svc_rcall *t, void *arg)
 {
     struct inject_plan *pl = arg;
     uint64_t errno_at = 0, path_at = 0, handle = 0;
-    int saved_errno = 0;
+    int saved_errno = 0, memfd = -1;
+    char fd_path[64];
+    const char *lib = pl->lib;
     int r = svc__rcall_call(t, pl->fn_errno, 0, 0, 0, &errno_at);
     if (r < 0)
         return r;
     if (!errno_at || svc__rcall_read(t, errno_at, &saved_errno, sizeof(saved_errno)) < 0)
         errno_at = 0;
-    r = svc__rcall_put(t, pl->lib, strlen(pl->lib) + 1, &path_at);
+    if (pl->by_memfd) {
+        r = inject_memfd(t, pl, &memfd, fd_path, sizeof(fd_path));
+        lib = fd_path;
+    }
+    if (r == 0)
+        r = svc__rcall_put(t, lib, strlen(lib) + 1, &path_at);
     if (r == 0) {
         uint64_t flags = INJECT_RTLD_NOW | (pl->libc_dlopen_mode ? INJECT_RTLD_DLOPEN : 0);
         r = svc__rcall_call(t, pl->fn_dlopen, path_at, flags, 0, &handle);
@@ -724,10 +824,16 @@ static int inject_act(struct svc_rcall *t, void *arg)
             msg[sizeof(msg) - 1] = '\0';
         }
         r = svc__why(pl->why, pl->why_len, -ENOEXEC,
-                     "could not load %s: %s (the process must be able to read the library and "
-                     "its directories as its own user)",
+                     pl->by_memfd ? "could not load %s from a memfd: %s (its /proc must be mounted)"
+                                  : "could not load %s: %s (the process must be able to read the "
+                                    "library and its directories as its own user)",
                      pl->lib, msg[0] ? msg : "dlopen failed");
     }
+    /* The memfd is closed whatever happened: a loaded library keeps its mapping. */
+    uint64_t ignored;
+    if (memfd >= 0 && r != -ESRCH &&
+        svc__rcall_call(t, pl->fn_close, (uint64_t)memfd, 0, 0, &ignored) < 0)
+        hp_log_debug("pid %d: its memfd %d could not be closed", (int)pl->pid, memfd);
     if (errno_at && r != -ESRCH &&
         svc__rcall_write(t, errno_at, &saved_errno, sizeof(saved_errno)) < 0)
         hp_log_debug("pid %d: errno could not be put back", (int)pl->pid);
@@ -751,20 +857,14 @@ static bool inject_vfork_child(pid_t pid)
     return syscall(SYS_kcmp, pid, ppid, INJECT_KCMP_VM, 0, 0) == 0;
 }
 
-/* Is @lib the same file in @pid's root as in ours? */
-static int inject_same_file(pid_t pid, const char *lib, char *why, size_t len)
+/* Is @lib (open as @fd) the same file in @pid's root as in ours? 1 yes, 0 no. */
+static int inject_same_file(pid_t pid, const char *lib, int fd)
 {
     struct stat ours, theirs;
     char path[PATH_MAX + 64];
-    if (stat(lib, &ours) < 0)
-        return svc__why(why, len, -ENOENT, "cannot be given %s: %s", lib, strerror(errno));
     snprintf(path, sizeof(path), "/proc/%d/root%s", (int)pid, lib);
-    if (stat(path, &theirs) < 0 || theirs.st_dev != ours.st_dev || theirs.st_ino != ours.st_ino)
-        return svc__why(why, len, -EXDEV,
-                        "does not see %s as this heapprof does (another mount namespace: a "
-                        "container?); install heapprof inside it and attach from there",
-                        lib);
-    return 0;
+    return fstat(fd, &ours) == 0 && stat(path, &theirs) == 0 && theirs.st_dev == ours.st_dev &&
+           theirs.st_ino == ours.st_ino;
 }
 
 /* The unsafe ranges of the objects of @m. */
@@ -832,6 +932,12 @@ int svc__inject_unsafe_of(pid_t pid, struct inject_range **ret, size_t *n, uint6
 int svc_proc_inject(const struct svc_proc *p, char *why, size_t why_len,
                     struct svc_rcall_stats *stats)
 {
+    return svc_proc_inject_ex(p, true, why, why_len, stats);
+}
+
+int svc_proc_inject_ex(const struct svc_proc *p, bool by_memfd, char *why, size_t why_len,
+                       struct svc_rcall_stats *stats)
+{
     if (why && why_len)
         why[0] = '\0';
     const char *lib = svc_inject_library();
@@ -864,6 +970,7 @@ int svc_proc_inject(const struct svc_proc *p, char *why, size_t why_len,
     const char *anywhere = getenv("HEAPPROF_TEST_INJECT_ANYWHERE");
     struct inject_plan pl = {.pid = p->pid,
                              .lib = lib,
+                             .lib_fd = -1,
                              .why = why,
                              .why_len = why_len,
                              .anywhere = anywhere && strcmp(anywhere, "1") == 0};
@@ -887,9 +994,22 @@ int svc_proc_inject(const struct svc_proc *p, char *why, size_t why_len,
                      "start with heapprof record if it is dynamically linked");
         goto out;
     }
-    r = inject_same_file(p->pid, lib, why, why_len);
-    if (r < 0)
+    pl.lib_fd = open(lib, O_RDONLY | O_CLOEXEC);
+    if (pl.lib_fd < 0) {
+        r = svc__why(why, why_len, -ENOENT, "cannot be given %s: %s", lib, strerror(errno));
         goto out;
+    }
+    if (!inject_same_file(p->pid, lib, pl.lib_fd)) {
+        /* Another root (a container): the path names another file there, or none. */
+        if (!by_memfd) {
+            r = svc__why(why, why_len, -EXDEV,
+                         "does not see %s as this heapprof does (another mount namespace: a "
+                         "container?); heapprof attach -p %d can load it from the host",
+                         lib, (int)p->pid);
+            goto out;
+        }
+        pl.by_memfd = true;
+    }
     r = inject_elf_open(p->pid, &m.objs[m.libc], &libc);
     if (r < 0) {
         r = svc__why(why, why_len, r, "cannot read its C library %s: %s", m.objs[m.libc].path,
@@ -905,14 +1025,21 @@ int svc_proc_inject(const struct svc_proc *p, char *why, size_t why_len,
         pl.fn_dlopen = syms.dlopen_mode + libc.bias;
         pl.libc_dlopen_mode = true;
     }
+    pl.fn_memfd = syms.memfd_create ? syms.memfd_create + libc.bias
+                  : syms.syscall    ? syms.syscall + libc.bias
+                                    : 0;
+    pl.fn_memfd_syscall = !syms.memfd_create;
+    pl.fn_close = syms.close ? syms.close + libc.bias : 0;
     plan.trap = inject_find_trap(&libc);
-    if (!pl.fn_errno || !pl.fn_dlopen || !plan.trap) {
+    bool memfd_ok = !pl.by_memfd || (pl.fn_memfd && pl.fn_close);
+    if (!pl.fn_errno || !pl.fn_dlopen || !plan.trap || !memfd_ok) {
         r = svc__why(why, why_len, -ENOEXEC,
                      "has a C library (%s) without %s: heapprof cannot load a library into it",
                      m.objs[m.libc].path,
                      !pl.fn_errno    ? "__errno_location"
                      : !pl.fn_dlopen ? "dlopen"
-                                     : "an int3");
+                     : !plan.trap    ? "an int3"
+                                     : "memfd_create and close");
         goto out;
     }
     r = inject_unsafe(p->pid, &m, &pl.unsafe);
@@ -928,6 +1055,8 @@ int svc_proc_inject(const struct svc_proc *p, char *why, size_t why_len,
                      (int)p->pid, (int)stats->tid, (double)stats->stop_ns / 1e6,
                      (double)stats->total_ns / 1e6);
 out:
+    if (pl.lib_fd >= 0)
+        (void)close(pl.lib_fd);
     if (pl.dwfl)
         dwfl_end(pl.dwfl);
     inject_elf_close(&libc);

@@ -25,12 +25,16 @@ const char *svc_inject_library(void);
 /* Loads the library into @p (inspected, not preloaded) on one thread taken at a safe
  * point. Returns 0, or a negative errno with the reason in @why: -ESRCH (exited), -EBUSY
  * (stopped, traced, a vfork child), -EOPNOTSUPP (seccomp), -EPERM (no permission to
- * trace), -ENOEXEC (static, no glibc, or the dlopen failed: its message), -EXDEV (another
- * mount namespace), -ETIMEDOUT (no thread at a safe point within 10 s), -EPROTO (a
- * libheapprof.so without a wake entry is mapped), -ENOPKG (no library known). @stats:
- * the thread taken and how long it was stopped. */
+ * trace), -ENOEXEC (static, no glibc, or the dlopen failed: its message), -ETIMEDOUT (no thread at
+ * a safe point within 10 s), -EPROTO (a libheapprof.so without a wake entry is mapped), -ENOPKG (no
+ * library known). @stats: the thread taken and how long it was stopped. Where the library's path
+ * names another file inside the process's root (a container), it is handed over in a memfd. */
 int svc_proc_inject(const struct svc_proc *p, char *why, size_t why_len,
                     struct svc_rcall_stats *stats) HP_WARN_UNUSED;
+/* As svc_proc_inject(); when the library is not the same file inside the process's root
+ * (a container), it is handed over in a memfd if @by_memfd, else refused (-EXDEV). */
+int svc_proc_inject_ex(const struct svc_proc *p, bool by_memfd, char *why, size_t why_len,
+                       struct svc_rcall_stats *stats) HP_WARN_UNUSED;
 
 /* For the unit test: a range [lo, hi) of addresses; whether @a lies in one of @n sorted,
  * disjoint ranges; the ranges a thread of @pid must not be in to be taken (malloc'd, in

@@ -13,11 +13,15 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
+
+#include <linux/openat2.h>
 
 #include "common/clock.h"
 #include "common/fdpass.h"
@@ -171,6 +175,131 @@ int svc__listener_open(struct svc *s)
     if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->listen_fd, &ev) < 0)
         return -errno;
     return 0;
+}
+
+/* ---- sockets inside the roots of processes in containers ------------------------------ */
+
+static void listen_in_drop(struct svc *s, unsigned i)
+{
+    struct svc_listen_in *in = &s->ins[i];
+    if (s->epfd >= 0)
+        (void)epoll_ctl(s->epfd, EPOLL_CTL_DEL, in->fd, NULL);
+    (void)close(in->fd);
+    /* Through the directory we hold: also when the process is gone (its /proc/PID/root
+     * with it). */
+    if (unlinkat(in->dirfd, in->name, 0) < 0 && errno != ENOENT)
+        hp_log_warn("pid %d: cannot remove the socket /.../%s made inside its root: %s",
+                    (int)in->pid, in->name, strerror(errno));
+    (void)close(in->dirfd);
+    s->ins[i] = s->ins[--s->n_ins];
+}
+
+/* Opens @rel (a directory) inside @root, resolving every component inside it: a symlink
+ * of the container's never leads out. Returns an O_PATH fd or -errno. */
+static int listen_in_dir(int root, const char *rel)
+{
+    struct open_how how = {
+        .flags = O_PATH | O_DIRECTORY | O_CLOEXEC,
+        .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
+    };
+    int fd = (int)syscall(SYS_openat2, root, rel, &how, sizeof(how));
+    return fd < 0 ? -errno : fd;
+}
+
+/* Binds and listens on a fresh name in @dirfd; the name in @name (@len bytes). */
+static int listen_in_bind(int dirfd, char *name, size_t len, int *ret_fd)
+{
+    uint64_t rnd = 0;
+    if (getrandom(&rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
+        rnd = hp_clock_ns(CLOCK_MONOTONIC);
+    snprintf(name, len, "heapprof-%d-%016llx.sock", (int)getpid(), (unsigned long long)rnd);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    /* bind(2) takes no directory fd: the magic link names that very directory. */
+    int n = snprintf(addr.sun_path, sizeof(addr.sun_path), "/proc/self/fd/%d/%s", dirfd, name);
+    if (n < 0 || (size_t)n >= sizeof(addr.sun_path))
+        return -ENAMETOOLONG;
+    HP_CLEANUP_CLOSE int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return -errno;
+    if (bind(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0)
+        return -errno;
+    if (listen(fd, 8) < 0) {
+        int r = -errno;
+        (void)unlinkat(dirfd, name, 0);
+        return r;
+    }
+    *ret_fd = HP_TAKE_FD(fd);
+    return 0;
+}
+
+int svc_listen_in(svc_t *s, pid_t pid, uid_t uid, char *ret_path, size_t len)
+{
+    static const char *const dirs[] = {"tmp", "dev/shm"};
+    svc_unlisten_in(s, pid);
+    if (s->n_ins == SVC_MAX_LISTEN_IN || s->epfd < 0)
+        return -EMFILE;
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/root", (int)pid);
+    HP_CLEANUP_CLOSE int root = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (root < 0)
+        return -errno;
+    int r = -ENOENT;
+    for (size_t d = 0; d < HP_ARRAY_SIZE(dirs); d++) {
+        HP_CLEANUP_CLOSE int dirfd = listen_in_dir(root, dirs[d]);
+        if (dirfd < 0) {
+            r = dirfd;
+            continue;
+        }
+        struct svc_listen_in in = {.fd = -1, .dirfd = -1, .pid = pid};
+        r = listen_in_bind(dirfd, in.name, sizeof(in.name), &in.fd);
+        if (r < 0)
+            continue; /* read-only, full: the next one */
+        /* connect(2) needs write permission on the file: the process's user gets it. The
+         * sticky /tmp lets nobody but root (ours, or the container's) replace it. */
+        if (uid != geteuid() && fchownat(dirfd, in.name, uid, (gid_t)-1, AT_SYMLINK_NOFOLLOW) < 0)
+            r = -errno;
+        int n = snprintf(ret_path, len, "/%s/%s", dirs[d], in.name);
+        if (r == 0 && (n < 0 || (size_t)n >= len))
+            r = -ENAMETOOLONG;
+        struct epoll_event ev = {.events = EPOLLIN, .data.u64 = SVC_EV_LISTEN_IN | (uint32_t)in.fd};
+        if (r == 0 && epoll_ctl(s->epfd, EPOLL_CTL_ADD, in.fd, &ev) < 0)
+            r = -errno;
+        if (r < 0) {
+            (void)close(in.fd);
+            (void)unlinkat(dirfd, in.name, 0);
+            return r;
+        }
+        in.dirfd = HP_TAKE_FD(dirfd);
+        s->ins[s->n_ins++] = in;
+        return 0;
+    }
+    return r;
+}
+
+void svc_unlisten_in(svc_t *s, pid_t pid)
+{
+    for (unsigned i = 0; i < s->n_ins; i++)
+        if (s->ins[i].pid == pid) {
+            listen_in_drop(s, i);
+            return;
+        }
+}
+
+static void accepted(struct svc *s, int fd);
+
+/* A connection on a socket of svc_listen_in(): handshaken as any, and the socket goes. */
+static void listen_in_event(struct svc *s, int fd)
+{
+    unsigned i = 0;
+    while (i < s->n_ins && s->ins[i].fd != fd)
+        i++;
+    if (i == s->n_ins)
+        return;
+    int c = accept4(fd, NULL, NULL, SOCK_CLOEXEC);
+    if (c < 0)
+        return; /* EAGAIN, ECONNABORTED: the next event */
+    listen_in_drop(s, i);
+    accepted(s, c);
 }
 
 /* The unwinder of @pid's route, added (as @fallback) when missing; @fallback when out
@@ -341,6 +470,10 @@ int svc_poll(svc_t *s, int timeout_ms)
             svc__unwinder_hangup(s, evs[e].data.u64 & ~SVC_EV_CLIENT);
             continue;
         }
+        if (evs[e].data.u64 & SVC_EV_LISTEN_IN) {
+            listen_in_event(s, (int)(uint32_t)evs[e].data.u64);
+            continue;
+        }
         if (evs[e].data.fd != s->listen_fd) {
             pending_event(s, evs[e].data.fd, evs[e].events);
             continue;
@@ -363,6 +496,8 @@ int svc_poll(svc_t *s, int timeout_ms)
 
 void svc__listener_close(struct svc *s)
 {
+    while (s->n_ins)
+        listen_in_drop(s, 0);
     while (s->n_pending) {
         int fd = s->pending[0].fd;
         pending_remove(s, 0);

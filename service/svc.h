@@ -92,6 +92,16 @@ const char *svc_socket_path(svc_t *s);
 /* Hands a connection accepted elsewhere (a socket several sessions share) to the
  * handshake, as if it had been accepted on the service's own socket. Takes @fd. */
 void svc_adopt(svc_t *s, int fd);
+/* A socket for the client of process @pid (uid @uid) that cannot reach the service's own
+ * (it lives in another mount, network or pid namespace: a container,
+ * svc_proc_in_container()): bound inside the process's root, in its /tmp (else its
+ * /dev/shm; every path resolved inside that root), owned by @uid. svc_poll() accepts its
+ * first connection like one on the service's own socket, then closes it and removes the
+ * file; so do svc_unlisten_in() and svc_finish(). Its path as the process sees it in
+ * @ret_path (@len bytes, HP_WAKE_PATH_MAX will do). Returns 0 or -errno. */
+int svc_listen_in(svc_t *s, pid_t pid, uid_t uid, char *ret_path, size_t len) HP_WARN_UNUSED;
+/* Closes and removes @pid's socket of svc_listen_in(), if it still has one. */
+void svc_unlisten_in(svc_t *s, pid_t pid);
 /* A descriptor that is readable when svc_poll() has work (an epoll fd). */
 int svc_fd(svc_t *s);
 /* Records in the trace that @pid is not profiled because another session profiles it

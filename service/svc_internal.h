@@ -160,6 +160,8 @@ uint64_t svc__forks_unfollowed(struct svc *s, const struct svc_client *c);
 /* epoll data of a client's socket in the main thread's epoll (other entries hold a
  * descriptor number, whose upper half is 0). */
 #define SVC_EV_CLIENT (1ull << 63)
+/* epoll data of a socket made inside a process's root (svc_listen_in()), with its fd. */
+#define SVC_EV_LISTEN_IN (1ull << 62)
 
 /* service/client.c: a client of @pid with no descriptors yet (all -1), or NULL when out
  * of memory. Freed with svc__client_free(), which accepts NULL and a half-built client
@@ -230,6 +232,16 @@ struct svc_pending_hello {
 };
 
 #define SVC_MAX_PENDING_HELLOS 64
+
+/* A socket made for one process inside its root (svc_listen_in()): listening until its
+ * first connection, then closed and its file removed. */
+struct svc_listen_in {
+    int fd;
+    int dirfd; /* the directory it is in, inside the process's root (O_PATH) */
+    pid_t pid;
+    char name[64];
+};
+#define SVC_MAX_LISTEN_IN 64
 /* How long a client has to complete its hello, and the socket timeouts of the
  * handshake. */
 #define SVC_HANDSHAKE_TIMEOUT_MS 2000
@@ -241,6 +253,9 @@ struct svc {
     char *sock_path;
     int listen_fd;
     int epfd;
+    /* sockets made inside the roots of processes in containers; the main thread's */
+    struct svc_listen_in ins[SVC_MAX_LISTEN_IN];
+    unsigned n_ins;
     /* connections waiting for their hello, watched by epfd; the main thread's */
     struct svc_pending_hello pending[SVC_MAX_PENDING_HELLOS];
     unsigned n_pending;

@@ -102,6 +102,60 @@ static void proc_owner(struct svc_proc *p)
         p->dumpable = false;
 }
 
+/* The SVC_NS_* namespaces of @pid that are not ours (0 for those we may not look at). */
+static unsigned proc_other_ns(pid_t pid)
+{
+    static const struct {
+        const char *name;
+        unsigned bit;
+    } kinds[] = {
+        {"mnt", SVC_NS_MNT}, {"pid", SVC_NS_PID}, {"net", SVC_NS_NET}, {"user", SVC_NS_USER}};
+    unsigned other = 0;
+    for (size_t i = 0; i < HP_ARRAY_SIZE(kinds); i++) {
+        char path[64], self[64];
+        struct stat theirs, ours;
+        snprintf(path, sizeof(path), "/proc/%d/ns/%s", (int)pid, kinds[i].name);
+        snprintf(self, sizeof(self), "/proc/self/ns/%s", kinds[i].name);
+        if (stat(path, &theirs) == 0 && stat(self, &ours) == 0 &&
+            (theirs.st_ino != ours.st_ino || theirs.st_dev != ours.st_dev))
+            other |= kinds[i].bit;
+    }
+    return other;
+}
+
+/* @uid (in our user namespace) as the user namespace of @pid sees it, from its uid_map
+ * text @map; -1 when it is not mapped there. */
+static long proc_uid_inside(const char *map, uid_t uid)
+{
+    for (const char *l = map; l && *l;) {
+        unsigned long in, out, count;
+        if (sscanf(l, "%lu %lu %lu", &in, &out, &count) == 3 && uid >= out && uid - out < count)
+            return (long)(in + (uid - out));
+        l = strchr(l, '\n');
+        if (l)
+            l++;
+    }
+    return -1;
+}
+
+/* In @p's user namespace (another one), is our effective uid its root or its own user? */
+static bool proc_user_mapped(const struct svc_proc *p)
+{
+    char path[64], map[4096];
+    size_t n = 0;
+    snprintf(path, sizeof(path), "/proc/%d/uid_map", (int)p->pid);
+    if (svc__read_small(path, map, sizeof(map) - 1, &n) < 0)
+        return false;
+    map[n] = '\0';
+    long us = proc_uid_inside(map, geteuid());
+    return us == 0 || (us > 0 && us == proc_uid_inside(map, p->uid));
+}
+
+bool svc_proc_in_container(const struct svc_proc *p)
+{
+    return (p->other_ns & (SVC_NS_MNT | SVC_NS_PID | SVC_NS_NET)) != 0;
+}
+
 int svc_proc_inspect(pid_t pid, struct svc_proc *ret)
 {
     char path[64], buf[4096];
@@ -135,6 +189,9 @@ int svc_proc_inspect(pid_t pid, struct svc_proc *ret)
         if (p)
             ret->start_time = strtoull(p + 1, NULL, 10);
     }
+
+    ret->other_ns = proc_other_ns(pid);
+    ret->user_unmapped = (ret->other_ns & SVC_NS_USER) && !proc_user_mapped(ret);
 
     /* libheapprof.so mapped, its wake entry advertised? */
     HP_CLEANUP_FREE char *maps = svc__proc_maps(pid);
@@ -191,6 +248,16 @@ int svc_proc_check(const struct svc_proc *p, bool other_users, char *why, size_t
         snprintf(why, len, "cannot be read: %s", strerror(p->maps_err));
         return -EPERM;
     }
+    if (p->user_unmapped) {
+        /* Its client would see us as nobody (SO_PEERCRED) and refuse us. */
+        snprintf(why, len,
+                 "runs in another user namespace (a rootless container?) where this "
+                 "heapprof's user (uid %u) is neither root nor its own user: run heapprof "
+                 "inside that namespace (nsenter -t %d -U -m -p -n, or the container's exec) "
+                 "and attach from there",
+                 (unsigned)geteuid(), (int)p->pid);
+        return -EOPNOTSUPP;
+    }
     if (!p->preloaded && !svc_inject_library()) {
         snprintf(why, len,
                  "does not have libheapprof.so loaded, and no readable libheapprof.so was "
@@ -210,17 +277,21 @@ int svc_proc_attach_daemon(const struct svc_proc *p, bool other_users, char *why
                  "; heapprofd takes other users' processes when it runs as "
                  "root with --allow-other-users");
     }
-    return r < 0 ? r : svc_proc_attach(p, 0, why, len, NULL);
+    return r < 0 ? r : svc_proc_attach(p, 0, NULL, why, len, NULL);
 }
 
-int svc_proc_attach(const struct svc_proc *p, pid_t attacher, char *why, size_t len,
-                    struct svc_rcall_stats *stats)
+int svc_proc_attach(const struct svc_proc *p, pid_t attacher, const char *sock_path, char *why,
+                    size_t len, struct svc_rcall_stats *stats)
 {
     if (stats)
         *stats = (struct svc_rcall_stats){0};
+    /* In a container the client connects where it was told, to a peer it cannot see. */
+    if (sock_path && (p->other_ns & SVC_NS_PID))
+        attacher = 0;
     if (p->preloaded)
-        return svc_proc_wake(p, attacher, why, len);
-    int r = svc_proc_inject(p, why, len, stats);
+        return svc_proc_wake_to(p, attacher, sock_path, why, len);
+    /* Without a socket of its own (the daemon's wake), only where it sees our library. */
+    int r = svc_proc_inject_ex(p, sock_path != NULL, why, len, stats);
     if (r < 0)
         return r;
     /* The constructor advertised the wake entry inside the dlopen. */
@@ -234,7 +305,7 @@ int svc_proc_attach(const struct svc_proc *p, pid_t attacher, char *why, size_t 
         snprintf(why, len, "loaded libheapprof.so but advertises no wake entry");
         return -EPROTO;
     }
-    return svc_proc_wake(&now, attacher, why, len);
+    return svc_proc_wake_to(&now, attacher, sock_path, why, len);
 }
 
 void svc_proc_scan_targets(const struct svc_config *cfg,

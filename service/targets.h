@@ -33,7 +33,20 @@ struct svc_proc {
     uint64_t wake_page;      /* address of its advertisement page; 0: none (yet) */
     bool attach_ready;       /* advertised (wake_page != 0); the page is checked by the wake */
     uint64_t start_time;     /* /proc/PID/stat starttime: the process's identity with its pid */
+    unsigned other_ns;       /* SVC_NS_* bits: the namespaces it does not share with us (0
+                                when its /proc/PID/ns cannot be read) */
+    bool user_unmapped;      /* in another user namespace, where our effective uid is
+                                neither its root nor its own user (a rootless container's
+                                host root is nobody there): its client would refuse us */
 };
+#define SVC_NS_MNT 1u
+#define SVC_NS_PID 2u
+#define SVC_NS_NET 4u
+#define SVC_NS_USER 8u
+/* True when @p cannot reach the service's own socket, or the service cannot tell its
+ * client by its pid: it lives in another mount, pid or network namespace (a container).
+ * heapprof attach makes it a socket of its own inside its root (svc_listen_in()). */
+bool svc_proc_in_container(const struct svc_proc *p);
 /* Reads /proc/@pid: 0, -ENOENT (gone), -errno. */
 int svc_proc_inspect(pid_t pid, struct svc_proc *ret);
 /* /proc/@pid/comm in @buf (@len bytes), or NULL when it cannot be read. */
@@ -69,11 +82,20 @@ void svc_proc_scan_targets(const struct svc_config *cfg,
  * Blocks up to a few seconds. Blocks SIGINT, SIGTERM, SIGHUP and SIGQUIT in the calling
  * thread meanwhile. */
 int svc_proc_wake(const struct svc_proc *p, pid_t attacher, char *why, size_t why_len);
+/* As svc_proc_wake(), telling the client to connect to @sock_path (a path in its own
+ * root; NULL: @attacher's socket) with @attacher its pid as the process sees it (0:
+ * outside its pid namespace). -EPROTO also when its library cannot take a path. */
+int svc_proc_wake_to(const struct svc_proc *p, pid_t attacher, const char *sock_path, char *why,
+                     size_t why_len);
 /* Attaches @p whether or not it was started with the library: svc_proc_wake() when it has
- * libheapprof.so, else svc_proc_inject() (service/inject.h) and then the wake. Returns as
- * those; @stats (may be NULL): the injection's thread and stop time (zero without one). */
-int svc_proc_attach(const struct svc_proc *p, pid_t attacher, char *why, size_t len,
-                    struct svc_rcall_stats *stats);
+ * libheapprof.so, else svc_proc_inject() (service/inject.h) and then the wake. A process
+ * in a container (svc_proc_in_container()) is told to connect to @sock_path, a socket made
+ * for it inside its root (svc_listen_in()), and the library is handed over in a memfd
+ * where its root has another file at its path; without @sock_path (the daemon) such a
+ * process is refused (-EXDEV). Returns as those; @stats (may be NULL):
+ * the injection's thread and stop time (zero without one). */
+int svc_proc_attach(const struct svc_proc *p, pid_t attacher, const char *sock_path, char *why,
+                    size_t len, struct svc_rcall_stats *stats);
 /* The reason tracing a process needs, after ptrace or a read of its memory said @err:
  * -EPERM, the reason in @why (service/wake.c). */
 int svc__wake_no_permission(int err, char *why, size_t len);

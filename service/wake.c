@@ -396,6 +396,7 @@ struct wake_ctx {
     pid_t woken_tid; /* the thread that made the call */
     int answer;      /* the entry's return value, an HP_WAKE_* answer */
     pid_t attacher;
+    const char *sock_path; /* for the entry; NULL: the attacher's own socket */
     struct hp_wake_page page;
     const struct svc_rcall_plan *plan; /* what to do on the thread taken */
     siginfo_t kept[WAKE_MAX_KEPT];     /* signals that reached the thread while we held it */
@@ -646,13 +647,18 @@ int svc__rcall_write(struct svc_rcall *t, uint64_t addr, const void *buf, size_t
     return process_vm_writev(c->pid, &local, 1, &remote, 1, 0) == (ssize_t)len ? 0 : -EIO;
 }
 
-/* The wake's work: the entry, with our pid. */
+/* The wake's work: the entry, with our pid and the socket path (copied below the frame:
+ * the entry copies it before it returns). */
 static int wake_act_entry(struct svc_rcall *t, void *arg)
 {
     struct wake_ctx *c = (struct wake_ctx *)t;
     (void)arg;
-    uint64_t rax = 0;
-    int r = wake_remote_call(c, c->page.entry, (uint64_t)c->attacher, 0, 0, &rax);
+    uint64_t rax = 0, path_at = 0;
+    int r = 0;
+    if (c->sock_path)
+        r = svc__rcall_put(t, c->sock_path, strlen(c->sock_path) + 1, &path_at);
+    if (r == 0)
+        r = wake_remote_call(c, c->page.entry, (uint64_t)c->attacher, path_at, 0, &rax);
     if (r == 0)
         c->answer = (int)rax;
     return r;
@@ -844,7 +850,7 @@ static int wake_read_page(const struct svc_proc *p, struct hp_wake_page *ret, ch
                    ? -ESRCH
                    : svc__why(why, len, -errno, "cannot read its wake page: %s", strerror(errno));
     if (n != (ssize_t)sizeof(pg) || pg.magic != HP_WAKE_MAGIC || pg.version != HP_WAKE_VERSION ||
-        pg.size < sizeof(pg))
+        pg.size < HP_WAKE_PAGE_MIN_SIZE)
         return svc__why(why, len, -EPROTO,
                         "its libheapprof.so advertises no wake entry this heapprof knows "
                         "(another version?)");
@@ -855,6 +861,8 @@ static int wake_read_page(const struct svc_proc *p, struct hp_wake_page *ret, ch
         !wake_map_path_ends(&t, "/libheapprof.so"))
         return svc__why(why, len, -EPROTO,
                         "its wake page does not point into libheapprof.so's code");
+    if (pg.size < sizeof(pg))
+        pg.features = 0; /* an older client's page: what follows is not ours */
     *ret = pg;
     return 0;
 }
@@ -965,6 +973,12 @@ int svc__rcall_run(pid_t pid, const struct svc_rcall_plan *plan, char *why, size
 
 int svc_proc_wake(const struct svc_proc *p, pid_t attacher, char *why, size_t why_len)
 {
+    return svc_proc_wake_to(p, attacher, NULL, why, why_len);
+}
+
+int svc_proc_wake_to(const struct svc_proc *p, pid_t attacher, const char *sock_path, char *why,
+                     size_t why_len)
+{
     if (why && why_len)
         why[0] = '\0';
     if (!p->attach_ready)
@@ -983,10 +997,20 @@ int svc_proc_wake(const struct svc_proc *p, pid_t attacher, char *why, size_t wh
     r = wake_preflight(p->pid, why, why_len);
     if (r < 0)
         return r;
-    struct wake_ctx c = {.pid = p->pid, .attacher = attacher, .why = why, .why_len = why_len};
+    struct wake_ctx c = {.pid = p->pid,
+                         .attacher = attacher,
+                         .sock_path = sock_path,
+                         .why = why,
+                         .why_len = why_len};
     r = wake_read_page(&now, &c.page, why, why_len);
     if (r < 0)
         return r;
+    if (sock_path &&
+        (!(c.page.features & HP_WAKE_FEATURE_PATH) || strlen(sock_path) >= HP_WAKE_PATH_MAX))
+        return svc__why(why, why_len, -EPROTO,
+                        "lives in other namespaces (a container) and its libheapprof.so is of a "
+                        "version that cannot be told where to connect from there: restart it "
+                        "with this version's library, or attach from inside");
     struct svc_rcall_plan plan = {
         .trap = c.page.trap, .headroom = WAKE_HEADROOM, .act = wake_act_entry};
     c.plan = &plan;

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <gelf.h>
 #include <libelf.h>
+#include <limits.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -396,7 +397,7 @@ static int build(struct unwinder__elf *e)
     if (e->path[0] != '/' || has_suffix(e->path, plen, " (deleted)"))
         return 0;
     struct stat st;
-    int fd = unwinder__open_file(e->path, false, e->inode, &st);
+    int fd = unwinder__open_file(e->open_path, false, e->inode, &st);
     if (fd < 0)
         return 0;
     int r = 0;
@@ -489,9 +490,17 @@ size_t unwinder__elf_cache_count(void)
 int unwinder__elf_get(uint64_t dev, uint64_t inode, const char *path,
                       const struct unwinder__elf **ret)
 {
+    return unwinder__elf_get_in(dev, inode, path, NULL, ret);
+}
+
+int unwinder__elf_get_in(uint64_t dev, uint64_t inode, const char *path, const char *root,
+                         const struct unwinder__elf **ret)
+{
     const char *ipath = unwinder__intern(path, strlen(path));
-    if (!inode)
+    if (!inode) {
         dev = 0;
+        root = NULL; /* keyed by the path: ours only */
+    }
 
     pthread_mutex_lock(&c_lock);
     struct unwinder__elf *found = find_locked(dev, inode, ipath);
@@ -511,6 +520,13 @@ int unwinder__elf_get(uint64_t dev, uint64_t inode, const char *path,
     e->dev = dev;
     e->inode = inode;
     e->path = ipath;
+    e->open_path = ipath;
+    if (root && path[0] == '/') {
+        char full[PATH_MAX + 64];
+        int n = snprintf(full, sizeof(full), "%s%s", root, path);
+        if (n > 0 && (size_t)n < sizeof(full))
+            e->open_path = unwinder__intern(full, (size_t)n);
+    }
     int r = build(e);
     if (r < 0) {
         entry_free(e);

@@ -63,6 +63,9 @@ struct unwinder__elf {
     /* key */
     uint64_t dev, inode;
     const char *path; /* interned */
+    /* interned; where the file was opened: path, or under the root of the process that
+     * mapped it (/proc/PID/root/...) when that process lives in another mount namespace */
+    const char *open_path;
 
     bool ok; /* false: negative entry, nothing below is valid */
     const uint8_t *image;
@@ -118,6 +121,11 @@ extern size_t unwinder__elf_cache_max;
  * line. Sets @ret (possibly to a negative entry) and returns 0, or -ENOMEM. */
 int unwinder__elf_get(uint64_t dev, uint64_t inode, const char *path,
                       const struct unwinder__elf **ret) HP_WARN_UNUSED;
+/* As unwinder__elf_get(), for a process whose root is @root ("/proc/PID/root"; NULL: ours):
+ * a file not cached yet is opened at @root@path. The cache is keyed by device and inode,
+ * the same file whoever maps it. */
+int unwinder__elf_get_in(uint64_t dev, uint64_t inode, const char *path, const char *root,
+                         const struct unwinder__elf **ret) HP_WARN_UNUSED;
 
 /* Drops the reference taken by unwinder__elf_get(); @e may be freed by the time it
  * returns. Accepts NULL. */

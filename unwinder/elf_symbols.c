@@ -250,17 +250,22 @@ static Elf *find_debug_file(Elf *elf, const struct unwinder__elf *e, char *buf, 
     const char *link = dwelf_elf_gnu_debuglink(elf, &crc);
     if (!link || !link[0] || strchr(link, '/'))
         return NULL;
-    const char *slash = strrchr(e->path, '/');
+    /* Next to the file: where it was opened (inside a container's root, for one of its
+     * processes); under the debug root: ours, by the path it has there. */
+    const char *at = e->open_path ? e->open_path : e->path;
+    const char *slash = strrchr(at, '/');
+    int alen = (int)(slash - at);
+    slash = strrchr(e->path, '/');
     int dlen = (int)(slash - e->path);
     for (int i = 0; i < 3; i++) {
         int k;
         if (i == 0)
-            k = snprintf(buf, cap, "%.*s/%s", dlen, e->path, link);
+            k = snprintf(buf, cap, "%.*s/%s", alen, at, link);
         else if (i == 1)
-            k = snprintf(buf, cap, "%.*s/.debug/%s", dlen, e->path, link);
+            k = snprintf(buf, cap, "%.*s/.debug/%s", alen, at, link);
         else
             k = snprintf(buf, cap, "%s%.*s/%s", root, dlen, e->path, link);
-        if (k <= 0 || (size_t)k >= cap || strcmp(buf, e->path) == 0)
+        if (k <= 0 || (size_t)k >= cap || strcmp(buf, at) == 0)
             continue;
         /* Next to the file, the directory is the client's. */
         if ((d = open_debug_candidate(buf, i == 2, e, ret_fd)) != NULL)

@@ -16,8 +16,10 @@
 #include <elf.h>
 #include <errno.h>
 #include <libunwind.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -295,8 +297,8 @@ const struct unwinder__elf *unwinder__pmap_elf(struct unwinder_process *p, size_
     pm->elf_done = true;
     const struct unwinder__map *m = &p->maps.v[i];
     const struct unwinder__elf *e;
-    if (m->path[0] != '/' ||
-        unwinder__elf_get(makedev(m->dev_major, m->dev_minor), m->inode, m->path, &e) < 0)
+    if (m->path[0] != '/' || unwinder__elf_get_in(makedev(m->dev_major, m->dev_minor), m->inode,
+                                                  m->path, p->root[0] ? p->root : NULL, &e) < 0)
         return NULL;
     if (!e->ok) {
         unwinder__elf_put(e);
@@ -430,6 +432,13 @@ int unwinder_process_new(pid_t pid, int maps_fd, int mem_fd, unwinder_process_t 
     p->pid = pid;
     p->maps_fd = maps_fd;
     p->mem_fd = mem_fd;
+    /* In another mount namespace (a container) the paths of its maps are in its root. */
+    char their_mnt[64];
+    snprintf(their_mnt, sizeof(their_mnt), "/proc/%d/ns/mnt", (int)pid);
+    struct stat ours, theirs;
+    if (stat("/proc/self/ns/mnt", &ours) == 0 && stat(their_mnt, &theirs) == 0 &&
+        (ours.st_ino != theirs.st_ino || ours.st_dev != theirs.st_dev))
+        snprintf(p->root, sizeof(p->root), "/proc/%d/root", (int)pid);
     if (!ret) {
         r = -EINVAL;
         goto fail;

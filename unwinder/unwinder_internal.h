@@ -207,6 +207,9 @@ enum {
 struct unwinder_process {
     pid_t pid;
     int maps_fd, mem_fd;
+    /* "/proc/PID/root" when the process lives in another mount namespace (a container):
+     * the files its maps name are opened there; "" otherwise. */
+    char root[32];
     /* The client's unwind table, if it has one (unwinder_process_set_table). */
     struct utable table;
     struct known_slot *known; /* KNOWN_SLOTS entries, with the table */

@@ -13,7 +13,8 @@
  *     harm are attached this way by tests/e2e/test_attach_matrix.c, "injected" column);
  *   - refusals, each with rc 1, its reason, and the process unharmed and without the
  *     library: static, stopped, traced, seccomp (a filter, one that kills, a thread in
- *     strict mode), a vfork child;
+ *     strict mode), a vfork child; and a process in another mount namespace, where the
+ *     library's path names another file, attached with the library in a memfd;
  *   - a process that cannot read the library: heapprof attach says so (rc 1), and a
  *     library it can read loads afterwards;
  *   - each detach gives the program's GOT slot of malloc back to libc (slotwatch, also
@@ -510,7 +511,9 @@ static void test_inject_refusals(void **state)
     assert_int_equal(e2e_target_finish(&t, 0), 0);
 
     /* Another mount namespace where the library's path names another file (a container
-     * with its own /usr): refused, not loaded from there. Root only (unshare -m). */
+     * with its own /usr): that file is never loaded; the library is handed over in a
+     * memfd instead (tests/e2e/test_inject_container.c attaches a whole container). Root
+     * only (unshare -m). */
     if (geteuid() != 0 || access("/usr/bin/unshare", X_OK) != 0) {
         print_message("  mount namespace case: not root or no unshare: skipped\n");
         return;
@@ -521,7 +524,26 @@ static void test_inject_refusals(void **state)
              other, other, e2e_env("HEAPPROF_LIB"), e2e_env("INJECT_THREADS"));
     char *ns_argv[] = {"/usr/bin/unshare", "-m", "/bin/sh", "-c", script, NULL};
     start(&t, ns_argv, "ready");
-    refused(t.pid, "another mount namespace");
+    struct rp_trace *ns_tr;
+    char *ns_err = NULL;
+    int ns_st = attach(t.pid, "0.5", "4096", &ns_tr, &ns_err);
+    if (ns_st != 0)
+        print_message("  mount namespace: status %d: %s\n", ns_st, ns_err);
+    assert_int_equal(ns_st, 0);
+    const struct rp_trace_process *ns_p = proc_of(ns_tr, t.pid);
+    assert_non_null(ns_p);
+    struct e2e_sums ns_sums;
+    e2e_sum_function(ns_p, "site_t0", &ns_sums);
+    assert_true(ns_sums.alloc_count > 0);
+    rp_trace_free(ns_tr);
+    free(ns_err);
+    char ns_maps_path[64];
+    snprintf(ns_maps_path, sizeof(ns_maps_path), "/proc/%d/maps", (int)t.pid);
+    char *ns_maps = e2e_read_file(ns_maps_path);
+    assert_non_null(strstr(ns_maps, "/memfd:heapprof/libheapprof.so"));
+    assert_null(strstr(ns_maps, "other.so"));
+    free(ns_maps);
+    assert_int_equal(library_copies(t.pid), 1);
     assert_int_equal(e2e_target_finish(&t, 0), 0);
 }
 

@@ -74,6 +74,28 @@ static void test_peer_bug_not_the_attacher(void **state)
     assert_false(client_peer_trusted(&p));
 }
 
+/* A wake from outside our pid namespace (heapprof attach on a container's host), to the
+ * socket it made in our root: only a peer we cannot see (pid 0), of our uid or root; any
+ * process we can see, even of our uid, with Yama's facts or not, gets nothing. */
+static void test_peer_wake_from_outside(void **state)
+{
+    (void)state;
+    struct client_peer p = woken_by(CLIENT_PEER_HIDDEN);
+    assert_false(client_peer_needs_ptrace_facts(&p));
+    assert_false(client_peer_trusted(&p)); /* pid 4242: one of ours */
+    p.ancestor = true;
+    p.cap_ptrace = true;
+    p.yama_scope = 1;
+    assert_false(client_peer_trusted(&p));
+    p = woken_by(CLIENT_PEER_HIDDEN);
+    p.pid = 0;
+    assert_true(client_peer_trusted(&p));
+    p.uid = 0;
+    assert_true(client_peer_trusted(&p));
+    p.uid = OTHER;
+    assert_false(client_peer_trusted(&p));
+}
+
 /* A daemon's wake (no attacher pid): Yama's rule for a ptrace. */
 static void test_peer_bug_daemon_wake_under_yama(void **state)
 {
@@ -171,6 +193,7 @@ int main(void)
         cmocka_unit_test(test_peer_uid_rule),
         cmocka_unit_test(test_peer_bug_not_the_attacher),
         cmocka_unit_test(test_peer_bug_daemon_wake_under_yama),
+        cmocka_unit_test(test_peer_wake_from_outside),
         cmocka_unit_test(test_peer_startup_uid_only),
         cmocka_unit_test(test_peer_ancestors),
         cmocka_unit_test(test_peer_cap_ptrace),
