@@ -41,6 +41,9 @@ typedef void *(*py_tstate_fn)(void);
 static _Atomic int py_state;
 static _Atomic bool py_busy; /* one detection at a time */
 static py_tstate_fn py_get_tstate;
+/* The object allocator's API and the thread that holds the GIL (preload/pyheap.c). */
+static struct client_py_mem py_mem;
+static py_tstate_fn py_gil_tstate;
 static uint64_t py_code_type;
 static uint32_t py_hexversion, py_status;
 /* process_vm_readv(2) refused for good (seccomp, an old kernel): no capture. */
@@ -65,6 +68,8 @@ struct py_found {
     void *tstate_fn;
     const uint8_t *code_type;
     bool debug;
+    struct client_py_mem mem;
+    void *gil_tstate_fn;
 };
 
 /* The first object that defines both the code type and the thread state getter: the
@@ -85,6 +90,9 @@ static int py_detect_cb(struct dl_phdr_info *info, size_t size, void *arg)
     f->version = client_elfobj_lookup_data(&o, "Py_Version");
     /* Py_REF_DEBUG (every debug build) keeps a total of references. */
     f->debug = client_elfobj_lookup_data(&o, "_Py_RefTotal") != NULL;
+    f->mem.get_allocator = client_elfobj_lookup(&o, "PyMem_GetAllocator");
+    f->mem.set_allocator = client_elfobj_lookup(&o, "PyMem_SetAllocator");
+    f->gil_tstate_fn = client_elfobj_lookup(&o, "_PyThreadState_UncheckedGet");
     return 1;
 }
 
@@ -111,6 +119,10 @@ static int py_judge(const struct py_found *f)
     py_status = WIRE_PY_OK;
     py_code_type = (uint64_t)(uintptr_t)f->code_type;
     py_get_tstate = (py_tstate_fn)f->tstate_fn;
+    if (f->mem.get_allocator && f->mem.set_allocator && f->gil_tstate_fn) {
+        py_mem = f->mem;
+        py_gil_tstate = (py_tstate_fn)f->gil_tstate_fn;
+    }
     return CLIENT_PY_READY;
 }
 
@@ -127,6 +139,21 @@ void client_py_detect(int again)
     /* Release: the runtime's addresses before the state that lets samples use them. */
     atomic_store_explicit(&py_state, st, memory_order_release);
     atomic_store_explicit(&py_busy, false, memory_order_release);
+}
+
+const struct client_py_mem *client_py_mem(void)
+{
+    return py_mem.get_allocator ? &py_mem : NULL;
+}
+
+bool client_py_holds_gil(void)
+{
+    /* The runtime's current thread state is the GIL holder's (NULL when released, or
+     * before initialisation); the thread's own comes from its key, as in capture. */
+    if (!py_gil_tstate)
+        return false;
+    void *cur = py_gil_tstate();
+    return cur != NULL && cur == py_get_tstate();
 }
 
 /* Reads @len bytes at @src into @dst without faulting; false when not all could be. */

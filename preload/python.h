@@ -26,6 +26,7 @@
 #ifndef HP_PRELOAD_PYTHON_H
 #define HP_PRELOAD_PYTHON_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -56,6 +57,22 @@ void client_py_runtime(struct wire_py_runtime *ret);
  * count (0: the thread runs no Python code, or has no Python thread state). pre: READY.
  * @pid: ours. */
 size_t client_py_capture(pid_t pid, struct wire_py_frame *frames, size_t max, uint32_t *ret_flags);
+
+/* CPython's object-allocator API (Include/cpython/pymem.h), for the python.objects heap
+ * (preload/pyheap.c): void PyMem_GetAllocator(int domain, PyMemAllocatorEx *),
+ * PyMem_SetAllocator(int domain, PyMemAllocatorEx *). */
+struct client_py_mem {
+    void *get_allocator;
+    void *set_allocator;
+};
+
+/* The runtime's allocator API; NULL unless READY and the runtime exports it. */
+const struct client_py_mem *client_py_mem(void);
+
+/* True when the calling thread holds the GIL: the runtime's current thread state
+ * (_PyThreadState_UncheckedGet()) is the thread's own. No lock, no allocation. pre:
+ * READY. */
+bool client_py_holds_gil(void);
 
 #pragma GCC visibility pop
 

@@ -24,6 +24,7 @@
 #include "common/clock.h"
 #include "common/macros.h"
 #include "preload/got.h"
+#include "preload/pyheap.h"
 #include "preload/python.h"
 #include "preload/stack.h"
 #include "preload/walk.h"
@@ -514,6 +515,7 @@ static HP_NOINLINE void hook_record_alloc_py(struct client_tls *t, struct client
 {
     if (hook_foreign_pid(s) || ring_is_detached(s->ring))
         return;
+    client_pyheap_poll(s);
     uint64_t end, main_top = (uint64_t)(uintptr_t)__libc_stack_end + HOOK_ENTRY_SLACK;
     bool told = hook_py_tell(s);
     if (client_py_state() != CLIENT_PY_READY || !told ||
