@@ -72,9 +72,23 @@ static void pyheap_report(void *p, size_t size)
                                      (uint64_t)(uintptr_t)p, size);
 }
 
+/* Marks the thread as inside the object allocator for a block of @size bytes (the malloc
+ * hooks leave a block of that size to python.objects: client_tls.pyobj_size); returns
+ * the mark it replaces. CPython's raw allocator asks malloc for 1 byte where it is asked
+ * for 0 (Objects/obmalloc.c, _PyMem_RawMalloc). */
+static inline uint64_t pyheap_enter(struct client_tls *t, size_t size)
+{
+    uint64_t was = t->pyobj_size;
+    t->pyobj_size = size ? size : 1;
+    return was;
+}
+
 static void *pyheap_malloc(void *ctx, size_t size)
 {
+    struct client_tls *t = &client_tls;
+    uint64_t was = pyheap_enter(t, size);
     void *p = pyheap_old.malloc(ctx, size);
+    t->pyobj_size = was;
     if (HP_LIKELY(p != NULL))
         pyheap_report(p, size);
     return p;
@@ -82,8 +96,11 @@ static void *pyheap_malloc(void *ctx, size_t size)
 
 static void *pyheap_calloc(void *ctx, size_t nelem, size_t elsize)
 {
+    struct client_tls *t = &client_tls;
+    /* No overflow: CPython checked the product before calling. */
+    uint64_t was = pyheap_enter(t, nelem * elsize);
     void *p = pyheap_old.calloc(ctx, nelem, elsize);
-    /* No overflow: the product fit, or calloc failed. */
+    t->pyobj_size = was;
     if (HP_LIKELY(p != NULL))
         pyheap_report(p, nelem * elsize);
     return p;
@@ -96,7 +113,10 @@ static void *pyheap_realloc(void *ctx, void *ptr, size_t size)
     if (ptr)
         heapprof_report_free(atomic_load_explicit(&pyheap_id, memory_order_relaxed),
                              (uint64_t)(uintptr_t)ptr);
+    struct client_tls *t = &client_tls;
+    uint64_t was = pyheap_enter(t, size);
     void *p = pyheap_old.realloc(ctx, ptr, size);
+    t->pyobj_size = was;
     if (HP_LIKELY(p != NULL))
         pyheap_report(p, size);
     return p;

@@ -23,8 +23,18 @@
  * Not installed (client_stat_pyheap_skipped, counted once) when the object domain is
  * malloc already (PYTHONMALLOC=malloc: malloc's hooks see the objects, which must not
  * count twice) or carries a context (the debug hooks, tracemalloc, another tool's
- * wrapper). Objects above pymalloc's 512 bytes are served by malloc: they count in
- * python.objects and in libc.malloc, each heap seen whole.
+ * wrapper).
+ *
+ * Objects that pymalloc hands to malloc (above its 512 bytes, or of 0 bytes) are
+ * python.objects' alone: the heap is every block the object allocator gives out, whoever
+ * serves it, so that a line that makes objects shows them whatever their size; malloc's
+ * heap keeps the rest. The wrapper marks the thread with the block's size while it is in
+ * the allocator (client_tls.pyobj_size), and a malloc, calloc or realloc sampled meanwhile
+ * for a block of that size is not recorded: CPython 3.11's pymalloc asks malloc for the
+ * object's own size only then (0 as 1); the other calls it makes meanwhile, for its table
+ * of arenas (768 bytes and more) and its arena map (pages), are for more than the 512
+ * bytes that objects it serves itself take.
+ * Either way a block is counted once, in one heap.
  */
 #ifndef HP_PRELOAD_PYHEAP_H
 #define HP_PRELOAD_PYHEAP_H

@@ -632,8 +632,10 @@ uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint6
         struct hook_sample smp = {.addr = p, .size = size, .heap = 0};
         smp.sample_size = hook_sample_size(t, s, size);
         /* A session that leaves the malloc heap out still counts its bytes: the sampler
-         * is the thread's, shared with the program's heaps. */
-        if (smp.sample_size > 0 && p != 0 && s->malloc_on)
+         * is the thread's, shared with the program's heaps. A block that serves a Python
+         * object is python.objects' (preload/pyheap.h): not recorded here too. */
+        if (smp.sample_size > 0 && p != 0 && s->malloc_on &&
+            HP_LIKELY(size != t->pyobj_size || t->pyobj_size == 0))
             hook_record(t, s, &smp, regs);
         client_session_leave(s);
     }

@@ -190,14 +190,21 @@ static void finish(char *trace, struct rp_trace *t)
     free(trace);
 }
 
-/* The top unreleased site is leaky_append's line, on top of the allocator's native frames,
- * under outer and <module>, in the order they were called. */
+/* The top unreleased site of python.objects is leaky_append's line (the bytearrays'
+ * buffers, which pymalloc takes from malloc: python.objects' alone), on top of the
+ * allocator's native frames, under outer and <module>, in the order they were called. */
 static void check_leak(const char *python)
 {
     char *trace = record(python, "py_leak.py", "4096", NULL, "kept 200\n");
     struct rp_trace *t = load(trace);
-    const struct rp_trace_process *p = find_heap(t, "py_leak.py", "libc.malloc");
+    const struct rp_trace_process *p = find_heap(t, "py_leak.py", "python.objects");
     assert_non_null(p);
+    /* Not counted again on malloc's heap: there, only the list that keeps them grows. */
+    const struct rp_trace_process *m = find_heap(t, "py_leak.py", "libc.malloc");
+    assert_non_null(m);
+    struct e2e_sums ms;
+    e2e_sum_function(m, "leaky_append (py_leak.py:", &ms);
+    assert_true(ms.alloc_bytes < 100000);
     char *src = program("py_leak.py");
     char want[128];
     snprintf(want, sizeof(want), "leaky_append (py_leak.py:%d)", line_of(src, "# leak site"));
@@ -221,9 +228,14 @@ static void check_leak(const char *python)
     finish(trace, t);
 }
 
-/* At interval 1, the count under one Python line is the program's. With the default
- * heaps (not @malloc_only), python.objects is recorded too, and the program does not
- * mind; with --heaps libc.malloc it is not. */
+/* A bytearray object without its buffer (PyByteArrayObject, from pymalloc). */
+#define BYTEARRAY_HEAD 56
+
+/* At interval 1, the count under one Python line, where the program makes @want_count
+ * bytearrays whose buffers take @size bytes each, is the program's. With --heaps
+ * libc.malloc (@malloc_only) the buffers are malloc's (pymalloc hands them to malloc);
+ * with the default heaps they and the bytearrays are python.objects', and malloc's heap
+ * has none of them: one heap each. */
 static void check_count(const char *python, const char *script, const char *marker, const char *fn,
                         bool malloc_only, const char *extra, const char *want_out,
                         const char *process, uint64_t want_count, uint64_t size)
@@ -231,18 +243,27 @@ static void check_count(const char *python, const char *script, const char *mark
     const char *const opts[2] = {malloc_only ? "--heaps=libc.malloc" : NULL, extra};
     char *trace = record_with(python, false, script, "1", opts, NULL, want_out);
     struct rp_trace *t = load(trace);
-    const struct rp_trace_process *p = find_heap(t, process, "libc.malloc");
+    const struct rp_trace_process *p =
+        find_heap(t, process, malloc_only ? "libc.malloc" : "python.objects");
+    const struct rp_trace_process *m = find_heap(t, process, "libc.malloc");
     assert_non_null(p);
+    assert_non_null(m);
     char *src = program(script);
     char want[128];
     snprintf(want, sizeof(want), "%s (%s:%d)", fn, script, line_of(src, marker));
-    struct e2e_sums s;
+    struct e2e_sums s, ms;
     e2e_sum_function(p, want, &s);
-    if (s.alloc_count != want_count)
-        print_message("  %s %s: %llu allocations under %s, want %llu\n", python, script,
-                      (unsigned long long)s.alloc_count, want, (unsigned long long)want_count);
-    assert_int_equal(s.alloc_count, want_count);
-    assert_int_equal(s.alloc_bytes, want_count * size);
+    e2e_sum_function(m, want, &ms);
+    uint64_t n = malloc_only ? want_count : 2 * want_count;
+    uint64_t bytes = malloc_only ? want_count * size : want_count * (size + BYTEARRAY_HEAD);
+    if (s.alloc_count != n || s.alloc_bytes != bytes)
+        print_message("  %s %s: %llu allocations (%llu bytes) under %s, want %llu (%llu)\n", python,
+                      script, (unsigned long long)s.alloc_count, (unsigned long long)s.alloc_bytes,
+                      want, (unsigned long long)n, (unsigned long long)bytes);
+    assert_int_equal(s.alloc_count, n);
+    assert_int_equal(s.alloc_bytes, bytes);
+    if (!malloc_only)
+        assert_int_equal(ms.alloc_count, 0);
     assert_int_equal(find_heap(t, process, "python.objects") != NULL, !malloc_only);
     free(src);
     finish(trace, t);
