@@ -526,7 +526,8 @@ static HP_NOINLINE void hook_record_alloc_py(struct client_tls *t, struct client
         return;
     }
     struct hook_py py;
-    py.n = client_py_capture(s->pid, py.frames, WIRE_MAX_PY_FRAMES, &py.flags);
+    py.n = client_py_capture(s->pid, regs[WIRE_REG_RSP], end, py.frames, WIRE_MAX_PY_FRAMES,
+                             &py.flags);
     hook_record_alloc(t, s, smp, regs, py.n || py.flags ? &py : NULL);
 }
 
