@@ -582,6 +582,23 @@ static uint32_t alloc_weight(const struct bk_proc *p, uint64_t size)
     return w < (double)UINT32_MAX ? (uint32_t)w : UINT32_MAX;
 }
 
+/* Callstack @cs with a leaf frame naming heap @heap_id of @p (its name on the unknown
+ * mapping), in *@ret_cs. Perfetto's trace processor keeps its running totals per
+ * (process, callstack), whatever the heap: two heaps of a process must never share a
+ * callstack, and they would (a heap's block reported from where a malloc() is called,
+ * python.objects' blocks that pymalloc takes from malloc, the possibly freed heap's
+ * copies of malloc's sites, two heaps reported from one call). Readers that show heaps
+ * apart leave the frame out (report/dumps.c). The malloc heap has none: its stacks stay
+ * as they always were. */
+static int heap_mark(bk_t *bk, const struct bk_proc *p, uint32_t heap_id, uint32_t cs,
+                     uint32_t *ret_cs)
+{
+    char name[BK_HEAP_NAME_MAX];
+    bk__heap_name(p, heap_id, name, sizeof(name));
+    struct hp_frame f = {.function_name = name};
+    return bk__intern_leaf(&bk->in, cs, &f, ret_cs);
+}
+
 void bk_record_alloc(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint64_t addr,
                      uint64_t size, uint64_t sample_size, const struct hp_frame *frames,
                      size_t n_frames)
@@ -592,7 +609,8 @@ void bk_record_alloc(bk_t *bk, int32_t pid, uint32_t heap_id, uint64_t seq, uint
         return;
     }
     uint32_t cs;
-    if (bk__intern_stack(&bk->in, frames, n_frames, &cs) < 0) {
+    if (bk__intern_stack(&bk->in, frames, n_frames, &cs) < 0 ||
+        (heap_id != 0 && heap_mark(bk, p, heap_id, cs, &cs) < 0)) {
         refuse(bk, p);
         return;
     }
@@ -626,10 +644,14 @@ static void pf_move_heap(bk_t *bk, struct bk_proc *p, struct bk_heap *h, struct 
     while (hp_map_next(&h->live, &pos, &addr, &val)) {
         const struct bk_live *l = val;
         uint64_t size = live_size(h, addr, l);
+        uint32_t cs = h->sites[l->site].callstack_id;
+        /* Out of memory: the site's own stack (trace processor then rejects it). */
+        if (heap_mark(bk, p, BK_HEAP_POSSIBLY_FREED, cs, &cs) < 0)
+            cs = h->sites[l->site].callstack_id;
         struct bk_pending r = {.seq = l->seq,
                                .addr = addr,
                                .size = size,
-                               .callstack = h->sites[l->site].callstack_id,
+                               .callstack = cs,
                                .heap_id = BK_HEAP_POSSIBLY_FREED,
                                .kind = BK_REC_ALLOC};
         /* No weight: the estimate of allocations made stays with @h. */

@@ -415,7 +415,7 @@ int bk__intern_emit_all(struct bk_intern *in)
 {
     struct bk_emit *em = &in->emit;
     em->len = em->n = em->n_marks = 0;
-    uint32_t fids[BK_MAX_FRAMES];
+    uint32_t fids[BK_MAX_DEPTH];
     for (size_t node = 1; node < in->n_nodes; node++) {
         if (!in->nodes[node].queued)
             continue;
@@ -429,7 +429,7 @@ int bk__intern_emit_all(struct bk_intern *in)
 
 int bk__intern_emit_into(const struct bk_intern *in, struct bk_emit *em, uint32_t cs)
 {
-    uint32_t fids[BK_MAX_FRAMES];
+    uint32_t fids[BK_MAX_DEPTH];
     size_t k = bk__intern_callstack_frames(in, cs, fids);
     return emit_callstack(em, cs, fids, k);
 }
@@ -438,7 +438,7 @@ int bk__intern_emit_into(const struct bk_intern *in, struct bk_emit *em, uint32_
 static int intern_walk(struct bk_intern *in, const struct hp_frame *frames, size_t n,
                        uint32_t *ret_id)
 {
-    uint32_t fids[BK_MAX_FRAMES];
+    uint32_t fids[BK_MAX_DEPTH];
     uint32_t node = 0;
     size_t k = 0;
     for (size_t i = n; i-- > 0;) {
@@ -514,11 +514,32 @@ int bk__intern_stack(struct bk_intern *in, const struct hp_frame *frames, size_t
     return 0;
 }
 
+int bk__intern_leaf(struct bk_intern *in, uint32_t cs, const struct hp_frame *leaf,
+                    uint32_t *ret_id)
+{
+    uint32_t fid, node;
+    int r = bk__intern_frame(in, leaf, &fid);
+    if (r == 0)
+        r = bk__intern_node(in, cs, fid, &node);
+    if (r < 0)
+        return r;
+    if (!in->nodes[node].queued) {
+        uint32_t fids[BK_MAX_DEPTH];
+        size_t k = bk__intern_callstack_frames(in, node, fids);
+        r = emit_callstack(&in->emit, node, fids, k);
+        if (r < 0)
+            return r;
+        in->nodes[node].queued = true;
+    }
+    *ret_id = node;
+    return 0;
+}
+
 size_t bk__intern_callstack_frames(const struct bk_intern *in, uint32_t cs, uint32_t *buf)
 {
     size_t depth = cs < in->n_nodes ? in->nodes[cs].depth : 0;
-    if (depth > BK_MAX_FRAMES)
-        depth = BK_MAX_FRAMES;
+    if (depth > BK_MAX_DEPTH)
+        depth = BK_MAX_DEPTH;
     size_t i = depth;
     for (uint32_t n = cs; n && i > 0; n = in->nodes[n].parent)
         buf[--i] = in->nodes[n].frame_id;

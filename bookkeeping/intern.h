@@ -45,6 +45,9 @@
 /* Longer strings are truncated; deeper stacks keep their leaf-most frames. */
 #define BK_MAX_STRING_BYTES 4096
 #define BK_MAX_FRAMES 1024
+/* A callstack's depth at most: its frames and up to two leaf frames that name heaps
+ * (bk__intern_leaf()). */
+#define BK_MAX_DEPTH (BK_MAX_FRAMES + 2)
 #define BK_MAX_PATH_COMPONENTS 256
 
 enum bk_str_kind {
@@ -176,6 +179,10 @@ int bk__intern_node(struct bk_intern *in, uint32_t parent, uint32_t frame_id,
  * its callstack for emission when new. */
 int bk__intern_stack(struct bk_intern *in, const struct hp_frame *frames, size_t n,
                      uint32_t *ret_id) HP_WARN_UNUSED;
+/* Interns callstack @cs with @leaf below its leaf and queues it for emission when new.
+ * pre: @cs is at most BK_MAX_DEPTH - 1 deep. */
+int bk__intern_leaf(struct bk_intern *in, uint32_t cs, const struct hp_frame *leaf,
+                    uint32_t *ret_id) HP_WARN_UNUSED;
 
 /* Size of the emit buffer entry at @p (tag, length and body). pre: a whole entry. */
 static inline size_t bk__emit_entry_size(const uint8_t *p)
@@ -203,7 +210,7 @@ int bk__intern_emit_all(struct bk_intern *in) HP_WARN_UNUSED;
 int bk__intern_emit_into(const struct bk_intern *in, struct bk_emit *em,
                          uint32_t cs) HP_WARN_UNUSED;
 
-/* Writes the frame ids of callstack @cs root first into @buf (BK_MAX_FRAMES entries);
+/* Writes the frame ids of callstack @cs root first into @buf (BK_MAX_DEPTH entries);
  * returns their number. */
 size_t bk__intern_callstack_frames(const struct bk_intern *in, uint32_t cs, uint32_t *buf);
 

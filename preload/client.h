@@ -87,6 +87,10 @@ struct client_tls {
     uint8_t writer_shard; /* 1 + its line of client_session.writers; 0: none yet */
     bool in_hook;         /* reentrancy guard: inside, forward to glibc at once */
     bool in_sample;       /* recording a sample: an allocation now is a bug (see trap below) */
+    /* While the python.objects wrapper is in the object allocator (preload/pyheap.c): the
+     * size of the malloc-family block that serves the object when pymalloc does not (as
+     * CPython asks it, 0 counted as 1), whose sample python.objects owns; else 0. */
+    uint64_t pyobj_size;
 };
 extern __thread struct client_tls client_tls __attribute__((tls_model("initial-exec")));
 

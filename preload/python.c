@@ -17,8 +17,13 @@
 #include "common/sys.h"
 #include "preload/elfobj.h"
 
-/* PyThreadState */
+/* PyThreadState: cframe, datastack_chunk, root_cframe */
 #define PY311_TSTATE_CFRAME 56
+#define PY311_TSTATE_DATASTACK_CHUNK 296
+#define PY311_TSTATE_ROOT_CFRAME 336
+/* _PyStackChunk: size, then the frames from data on */
+#define PY311_CHUNK_SIZE 8
+#define PY311_CHUNK_DATA 24
 /* _PyCFrame */
 #define PY311_CFRAME_CURRENT 8
 /* _PyInterpreterFrame: f_code, previous, prev_instr, is_entry; read from f_code on. */
@@ -41,6 +46,9 @@ typedef void *(*py_tstate_fn)(void);
 static _Atomic int py_state;
 static _Atomic bool py_busy; /* one detection at a time */
 static py_tstate_fn py_get_tstate;
+/* The object allocator's API and the thread that holds the GIL (preload/pyheap.c). */
+static struct client_py_mem py_mem;
+static py_tstate_fn py_gil_tstate;
 static uint64_t py_code_type;
 static uint32_t py_hexversion, py_status;
 /* process_vm_readv(2) refused for good (seccomp, an old kernel): no capture. */
@@ -65,6 +73,8 @@ struct py_found {
     void *tstate_fn;
     const uint8_t *code_type;
     bool debug;
+    struct client_py_mem mem;
+    void *gil_tstate_fn;
 };
 
 /* The first object that defines both the code type and the thread state getter: the
@@ -85,6 +95,9 @@ static int py_detect_cb(struct dl_phdr_info *info, size_t size, void *arg)
     f->version = client_elfobj_lookup_data(&o, "Py_Version");
     /* Py_REF_DEBUG (every debug build) keeps a total of references. */
     f->debug = client_elfobj_lookup_data(&o, "_Py_RefTotal") != NULL;
+    f->mem.get_allocator = client_elfobj_lookup(&o, "PyMem_GetAllocator");
+    f->mem.set_allocator = client_elfobj_lookup(&o, "PyMem_SetAllocator");
+    f->gil_tstate_fn = client_elfobj_lookup(&o, "_PyThreadState_UncheckedGet");
     return 1;
 }
 
@@ -111,6 +124,10 @@ static int py_judge(const struct py_found *f)
     py_status = WIRE_PY_OK;
     py_code_type = (uint64_t)(uintptr_t)f->code_type;
     py_get_tstate = (py_tstate_fn)f->tstate_fn;
+    if (f->mem.get_allocator && f->mem.set_allocator && f->gil_tstate_fn) {
+        py_mem = f->mem;
+        py_gil_tstate = (py_tstate_fn)f->gil_tstate_fn;
+    }
     return CLIENT_PY_READY;
 }
 
@@ -129,6 +146,21 @@ void client_py_detect(int again)
     atomic_store_explicit(&py_busy, false, memory_order_release);
 }
 
+const struct client_py_mem *client_py_mem(void)
+{
+    return py_mem.get_allocator ? &py_mem : NULL;
+}
+
+bool client_py_holds_gil(void)
+{
+    /* The runtime's current thread state is the GIL holder's (NULL when released, or
+     * before initialisation); the thread's own comes from its key, as in capture. */
+    if (!py_gil_tstate)
+        return false;
+    void *cur = py_gil_tstate();
+    return cur != NULL && cur == py_get_tstate();
+}
+
 /* Reads @len bytes at @src into @dst without faulting; false when not all could be. */
 static bool py_read(pid_t pid, void *dst, uint64_t src, size_t len)
 {
@@ -140,68 +172,97 @@ static bool py_read(pid_t pid, void *dst, uint64_t src, size_t len)
     return n == (long)len;
 }
 
-/* Code objects checked in one read at most. */
-#define PY_CHECK_BATCH 8
-
-/* What is read of each code object: its type, and from its first line to its qualified
- * name (co_firstlineno at 72, co_filename at 112, co_qualname at 128). */
+/* What is read of each code object, in one piece: from its type to its qualified name
+ * (ob_type at 8, co_firstlineno at 72, co_filename at 112, co_qualname at 128). */
 #define PY311_CODE_FIRSTLINENO 72
 #define PY311_CODE_FILENAME 112
 #define PY311_CODE_QUALNAME 128
-struct py_code_head {
-    uint64_t type;
-    uint8_t from_line[PY311_CODE_QUALNAME + 8 - PY311_CODE_FIRSTLINENO];
-};
+#define PY_CODE_HEAD_FROM PY_OB_TYPE
+#define PY_CODE_HEAD_LEN (PY311_CODE_QUALNAME + 8 - PY_CODE_HEAD_FROM)
 
-/* How many of @frames[0..n) from the first on have a code object of the code type; adds
- * each one's wire_py_check() to its flags. */
-static size_t py_check_codes(pid_t pid, struct wire_py_frame *frames, size_t n)
+static uint64_t py_get64(const uint8_t *b, size_t off)
 {
-    struct iovec local[2 * PY_CHECK_BATCH], remote[2 * PY_CHECK_BATCH];
-    struct py_code_head h[PY_CHECK_BATCH];
-    for (size_t at = 0; at < n; at += PY_CHECK_BATCH) {
-        size_t k = n - at < PY_CHECK_BATCH ? n - at : PY_CHECK_BATCH;
-        for (size_t i = 0; i < k; i++) {
-            uint64_t code = frames[at + i].code;
-            local[2 * i] = (struct iovec){.iov_base = &h[i].type, .iov_len = sizeof(h[i].type)};
-            remote[2 * i] = (struct iovec){.iov_base = (void *)(uintptr_t)(code + PY_OB_TYPE),
-                                           .iov_len = sizeof(h[i].type)};
-            local[2 * i + 1] =
-                (struct iovec){.iov_base = h[i].from_line, .iov_len = sizeof(h[i].from_line)};
-            remote[2 * i + 1] =
-                (struct iovec){.iov_base = (void *)(uintptr_t)(code + PY311_CODE_FIRSTLINENO),
-                               .iov_len = sizeof(h[i].from_line)};
-        }
-        long got = hp_sys6(SYS_process_vm_readv, pid, (long)local, (long)(2 * k), (long)remote,
-                           (long)(2 * k), 0);
-        size_t ok = got > 0 ? (size_t)got / sizeof(h[0]) : 0;
-        for (size_t i = 0; i < ok; i++) {
-            if (h[i].type != py_code_type)
-                return at + i;
-            int32_t first;
-            uint64_t file, qual;
-            memcpy(&first, h[i].from_line, sizeof(first));
-            memcpy(&file, h[i].from_line + PY311_CODE_FILENAME - PY311_CODE_FIRSTLINENO,
-                   sizeof(file));
-            memcpy(&qual, h[i].from_line + PY311_CODE_QUALNAME - PY311_CODE_FIRSTLINENO,
-                   sizeof(qual));
-            frames[at + i].flags |= wire_py_check(file, qual, first) << WIRE_PYF_CHECK_SHIFT;
-        }
-        if (ok < k)
-            return at + ok;
-    }
-    return n;
+    uint64_t v;
+    memcpy(&v, b + off - PY_CODE_HEAD_FROM, sizeof(v));
+    return v;
 }
 
-size_t client_py_capture(pid_t pid, struct wire_py_frame *frames, size_t max, uint32_t *ret_flags)
+/* How many of @frames[0..n) (n <= WIRE_MAX_PY_FRAMES) from the first on have a code
+ * object of the code type; adds each one's wire_py_check() to its flags. One system call
+ * for all: a sample's cost is mostly its system calls (the kernel pins each page read). */
+static size_t py_check_codes(pid_t pid, struct wire_py_frame *frames, size_t n)
+{
+    struct iovec local[WIRE_MAX_PY_FRAMES], remote[WIRE_MAX_PY_FRAMES];
+    uint8_t h[WIRE_MAX_PY_FRAMES][PY_CODE_HEAD_LEN];
+    for (size_t i = 0; i < n; i++) {
+        local[i] = (struct iovec){.iov_base = h[i], .iov_len = PY_CODE_HEAD_LEN};
+        remote[i] =
+            (struct iovec){.iov_base = (void *)(uintptr_t)(frames[i].code + PY_CODE_HEAD_FROM),
+                           .iov_len = PY_CODE_HEAD_LEN};
+    }
+    long got =
+        n ? hp_sys6(SYS_process_vm_readv, pid, (long)local, (long)n, (long)remote, (long)n, 0) : 0;
+    size_t ok = got > 0 ? (size_t)got / PY_CODE_HEAD_LEN : 0;
+    for (size_t i = 0; i < ok; i++) {
+        if (py_get64(h[i], PY_OB_TYPE) != py_code_type)
+            return i;
+        int32_t first;
+        memcpy(&first, h[i] + PY311_CODE_FIRSTLINENO - PY_CODE_HEAD_FROM, sizeof(first));
+        frames[i].flags |= wire_py_check(py_get64(h[i], PY311_CODE_FILENAME),
+                                         py_get64(h[i], PY311_CODE_QUALNAME), first)
+                           << WIRE_PYF_CHECK_SHIFT;
+    }
+    return ok;
+}
+
+/* Where the thread's frames may be read with plain loads: its current chunk of the
+ * frame stack, [lo, hi). */
+struct py_direct {
+    uint64_t lo, hi;
+};
+
+/* Reads the @len bytes at @src into @dst: a plain copy when they lie in @d, else through
+ * py_read(). */
+static bool py_read_at(pid_t pid, const struct py_direct *d, void *dst, uint64_t src, size_t len)
+{
+    if (src >= d->lo && src < d->hi && d->hi - src >= len) {
+        memcpy(dst, (const void *)(uintptr_t)src, len);
+        return true;
+    }
+    return py_read(pid, dst, src, len);
+}
+
+size_t client_py_capture(pid_t pid, uint64_t stack_lo, uint64_t stack_hi,
+                         struct wire_py_frame *frames, size_t max, uint32_t *ret_flags)
 {
     *ret_flags = 0;
     if (atomic_load_explicit(&py_no_read, memory_order_relaxed))
         return 0;
     uint64_t tstate = (uint64_t)(uintptr_t)py_get_tstate();
-    uint64_t cframe, frame;
-    if (tstate == 0 || !py_read(pid, &cframe, tstate + PY311_TSTATE_CFRAME, sizeof(cframe)) ||
-        cframe == 0 || !py_read(pid, &frame, cframe + PY311_CFRAME_CURRENT, sizeof(frame)))
+    if (tstate == 0)
+        return 0;
+    /* The thread state the thread's key names is alive (CPython clears the key before it
+     * frees it) and only the thread writes the fields read: plain loads. */
+    const volatile uint64_t *ts = (const volatile uint64_t *)(uintptr_t)tstate;
+    uint64_t cframe = ts[PY311_TSTATE_CFRAME / 8];
+    uint64_t chunk = ts[PY311_TSTATE_DATASTACK_CHUNK / 8];
+    struct py_direct d = {0};
+    /* The chunk the thread pushes its frames on now, mapped while it is the thread's. */
+    if (chunk != 0 && (chunk & 7) == 0) {
+        uint64_t size = *(const volatile uint64_t *)(uintptr_t)(chunk + PY311_CHUNK_SIZE);
+        if (size > PY311_CHUNK_DATA && chunk + size > chunk)
+            d = (struct py_direct){.lo = chunk + PY311_CHUNK_DATA, .hi = chunk + size};
+    }
+    uint64_t frame;
+    if (cframe == 0)
+        return 0;
+    /* The C frame is an evaluation loop's local, on the thread's stack above the sample's
+     * (checked readable), or the thread state's root one: else read with care (a greenlet
+     * may have moved stacks). */
+    if ((cframe >= stack_lo && cframe < stack_hi && stack_hi - cframe >= 16 && (cframe & 7) == 0) ||
+        cframe == tstate + PY311_TSTATE_ROOT_CFRAME)
+        frame = *(const volatile uint64_t *)(uintptr_t)(cframe + PY311_CFRAME_CURRENT);
+    else if (!py_read(pid, &frame, cframe + PY311_CFRAME_CURRENT, sizeof(frame)))
         return 0;
     size_t n = 0;
     uint32_t flags = 0;
@@ -211,7 +272,7 @@ size_t client_py_capture(pid_t pid, struct wire_py_frame *frames, size_t max, ui
             break;
         }
         uint8_t b[PY311_FRAME_READ];
-        if (!py_read(pid, b, frame + PY311_FRAME_CODE, sizeof(b))) {
+        if (!py_read_at(pid, &d, b, frame + PY311_FRAME_CODE, sizeof(b))) {
             flags |= WIRE_PYT_BROKEN;
             break;
         }

@@ -13,12 +13,17 @@
  * through PyGILState_GetThisThreadState(): no allocation, no lock), then its chain of
  * evaluation frames, cframe->current_frame -> previous, innermost first, each as its
  * code object and the instruction it runs, with the bit that says where one run of the
- * evaluation loop began. Every load goes through process_vm_readv(2) on ourselves, so a
- * bad pointer costs a failed read, never a fault; the code objects' types are checked in
- * one batched read.
+ * evaluation loop began. Loads that cannot fault are plain: the thread state's fields
+ * (alive while the thread's key names it), the C frame when it lies on the thread's own
+ * stack or in the thread state, and frames in the chunk of the frame stack the thread
+ * pushes on now (mapped while it is the thread's). Every other load goes through
+ * process_vm_readv(2) on ourselves, so a bad pointer costs a failed read, never a fault;
+ * the code objects (which a frame being torn down may have let go) are read and checked
+ * in one such call for all frames. A sample thus costs one system call where it cost
+ * one per frame and more.
  *
  *     if (client_py_state() == CLIENT_PY_READY)
- *         n = client_py_capture(pid, frames, WIRE_MAX_PY_FRAMES, &flags);
+ *         n = client_py_capture(pid, sp, stack_end, frames, WIRE_MAX_PY_FRAMES, &flags);
  *
  * Hook-safe: raw system calls, no allocation; detection calls dl_iterate_phdr() (the
  * caller holds the loader's lock or may wait for it).
@@ -26,6 +31,7 @@
 #ifndef HP_PRELOAD_PYTHON_H
 #define HP_PRELOAD_PYTHON_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -54,8 +60,26 @@ void client_py_runtime(struct wire_py_runtime *ret);
 /* The calling thread's Python frames, innermost first, at most @max (<=
  * WIRE_MAX_PY_FRAMES) of them, into @frames; @ret_flags gets WIRE_PYT_*. Returns the
  * count (0: the thread runs no Python code, or has no Python thread state). pre: READY.
- * @pid: ours. */
-size_t client_py_capture(pid_t pid, struct wire_py_frame *frames, size_t max, uint32_t *ret_flags);
+ * @pid: ours; [@stack_lo, @stack_hi): the part of the thread's own stack from the
+ * sample's stack pointer up, checked readable (preload/stack.h). */
+size_t client_py_capture(pid_t pid, uint64_t stack_lo, uint64_t stack_hi,
+                         struct wire_py_frame *frames, size_t max, uint32_t *ret_flags);
+
+/* CPython's object-allocator API (Include/cpython/pymem.h), for the python.objects heap
+ * (preload/pyheap.c): void PyMem_GetAllocator(int domain, PyMemAllocatorEx *),
+ * PyMem_SetAllocator(int domain, PyMemAllocatorEx *). */
+struct client_py_mem {
+    void *get_allocator;
+    void *set_allocator;
+};
+
+/* The runtime's allocator API; NULL unless READY and the runtime exports it. */
+const struct client_py_mem *client_py_mem(void);
+
+/* True when the calling thread holds the GIL: the runtime's current thread state
+ * (_PyThreadState_UncheckedGet()) is the thread's own. No lock, no allocation. pre:
+ * READY. */
+bool client_py_holds_gil(void);
 
 #pragma GCC visibility pop
 

@@ -24,6 +24,7 @@
 #include "common/clock.h"
 #include "common/macros.h"
 #include "preload/got.h"
+#include "preload/pyheap.h"
 #include "preload/python.h"
 #include "preload/stack.h"
 #include "preload/walk.h"
@@ -514,6 +515,7 @@ static HP_NOINLINE void hook_record_alloc_py(struct client_tls *t, struct client
 {
     if (hook_foreign_pid(s) || ring_is_detached(s->ring))
         return;
+    client_pyheap_poll(s);
     uint64_t end, main_top = (uint64_t)(uintptr_t)__libc_stack_end + HOOK_ENTRY_SLACK;
     bool told = hook_py_tell(s);
     if (client_py_state() != CLIENT_PY_READY || !told ||
@@ -524,7 +526,8 @@ static HP_NOINLINE void hook_record_alloc_py(struct client_tls *t, struct client
         return;
     }
     struct hook_py py;
-    py.n = client_py_capture(s->pid, py.frames, WIRE_MAX_PY_FRAMES, &py.flags);
+    py.n = client_py_capture(s->pid, regs[WIRE_REG_RSP], end, py.frames, WIRE_MAX_PY_FRAMES,
+                             &py.flags);
     hook_record_alloc(t, s, smp, regs, py.n || py.flags ? &py : NULL);
 }
 
@@ -630,8 +633,10 @@ uintptr_t client_alloc_slow(uintptr_t p, size_t size, uintptr_t ret, const uint6
         struct hook_sample smp = {.addr = p, .size = size, .heap = 0};
         smp.sample_size = hook_sample_size(t, s, size);
         /* A session that leaves the malloc heap out still counts its bytes: the sampler
-         * is the thread's, shared with the program's heaps. */
-        if (smp.sample_size > 0 && p != 0 && s->malloc_on)
+         * is the thread's, shared with the program's heaps. A block that serves a Python
+         * object is python.objects' (preload/pyheap.h): not recorded here too. */
+        if (smp.sample_size > 0 && p != 0 && s->malloc_on &&
+            HP_LIKELY(size != t->pyobj_size || t->pyobj_size == 0))
             hook_record(t, s, &smp, regs);
         client_session_leave(s);
     }

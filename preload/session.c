@@ -33,6 +33,7 @@
 #include "preload/env.h"
 #include "preload/got.h"
 #include "preload/peer.h"
+#include "preload/pyheap.h"
 #include "preload/python.h"
 #include "shmem_ring/wire.h"
 
@@ -419,6 +420,8 @@ int client__session_open(const char *path, uint32_t reason, pid_t peer_pid, uint
      * and its set are in place before anyone uses them. */
     atomic_store_explicit(&client_current, s, memory_order_release);
     client__heaps_announce(s);
+    /* Only the constructor's thread, or the child of fork's, opens a startup session. */
+    client__pyheap_open(s, reason == WIRE_REASON_STARTUP);
     atomic_store_explicit(&client_fast_interval,
                           warm_up ? CLIENT_FAST_WARM_UP : cfg.sampling_interval_bytes,
                           memory_order_relaxed);

@@ -265,9 +265,16 @@ static int resolve_dump(struct rd *rd, struct rd_seq *seq, const struct rd_pdump
             free(cs);
             return r;
         }
+        /* The leaf frame that names the heap (bookkeeping/bookkeeping.c, heap_mark()):
+         * there for Perfetto's trace processor, which mixes heaps that share stacks; the
+         * views show heaps apart already. */
+        size_t n = stk->n;
+        if (n > 1 && d->heap_name[0] && !stk->frames[n - 1].mapping_path[0] &&
+            !strcmp(stk->frames[n - 1].function_name, d->heap_name))
+            n--;
         cs[i] = (struct rp_trace_callsite){
             .callstack_id = s->callstack_id,
-            .n_frames = stk->n,
+            .n_frames = n,
             .frames = stk->frames,
             .self_allocated = s->self_allocated,
             .self_freed = s->self_freed,

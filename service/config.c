@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "shmem_ring/ring.h"
+#include "shmem_ring/wire.h"
 
 void svc_config_init(struct svc_config *cfg)
 {
@@ -84,7 +85,8 @@ const struct svc_config_field svc_config_fields[] = {
     {"disable_fork_teardown", 18, SVC_FIELD_BOOL, 0, FIELD(disable_fork_teardown), 0, 1,
      "disable-fork-teardown", 0, NULL, "disable_fork_teardown", NULL, "disable_fork_teardown"},
     {"heaps", 20, SVC_FIELD_HEAPS, 0, 0, 0, 0, 0, "heaps", 0, NULL, "heap", "NAME,...",
-     "record these heaps (repeatable): \"libc.malloc\" (the malloc family, the default) and "
+     "record these heaps (repeatable): \"libc.malloc\" (the malloc family), \"python.objects\" "
+     "(CPython 3.11's objects; both by default) and "
      "the program's own, as it registered them (heapprof.h)"},
     {"all_heaps", 21, SVC_FIELD_BOOL, 0, FIELD(all_heaps), 0, 1, "all-heaps", 0, NULL, "all_heaps",
      NULL, "record every heap: malloc's and all the program registers"},
@@ -209,7 +211,7 @@ bool svc_config_records_heap(const struct svc_config *cfg, const char *name)
     if (cfg->all_heaps)
         return true;
     if (cfg->n_heaps == 0)
-        return !strcmp(name, "libc.malloc");
+        return !strcmp(name, WIRE_HEAP_MALLOC_NAME) || !strcmp(name, WIRE_HEAP_PYTHON_NAME);
     for (size_t i = 0; i < cfg->n_heaps; i++)
         if (!strcmp(cfg->heaps[i], name))
             return true;

@@ -259,8 +259,11 @@ static void heaps_selection(const struct svc_config *cfg, struct wire_heaps *ret
     memset(ret, 0, sizeof(*ret));
     ret->flags = cfg->all_heaps ? WIRE_HEAPS_ALL : 0;
     if (cfg->n_heaps == 0) {
-        ret->n = 1;
+        /* The default: malloc's, and CPython's objects (registered only in a Python
+         * process, preload/pyheap.h). */
+        ret->n = 2;
         memcpy(ret->names[0], WIRE_HEAP_MALLOC_NAME, sizeof(WIRE_HEAP_MALLOC_NAME));
+        memcpy(ret->names[1], WIRE_HEAP_PYTHON_NAME, sizeof(WIRE_HEAP_PYTHON_NAME));
         return;
     }
     ret->n = (uint32_t)cfg->n_heaps;

@@ -137,6 +137,9 @@ _Static_assert(sizeof(struct wire_client_config) == 40, "wire_client_config ABI"
 #define WIRE_HEAPS_ALL (1u << 0)
 /* The heap malloc and its family report to: always heap id 0. */
 #define WIRE_HEAP_MALLOC_NAME "libc.malloc"
+/* The heap of CPython's object allocator (PyObject_Malloc & co), recorded by default
+ * beside malloc's in a Python process. */
+#define WIRE_HEAP_PYTHON_NAME "python.objects"
 
 /* Service -> client, after the wire_client_config when the features include
  * WIRE_FEATURE_HEAPS: the heaps the session records, by name ("libc.malloc" for the

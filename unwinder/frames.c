@@ -174,10 +174,8 @@ int unwinder_resolve_pcs(unwinder_process_t *p, const uint64_t *pcs, size_t n_pc
         /* A fiber's entry trampoline: named by where it starts, as unwinder_unwind() does. */
         if (i > 0 && !f.function_name[0] && unwinder__entry_return(p, pc))
             unwinder__resolve_frame(p, pc, &f, &skip);
-        if (skip && n == 0 && skipped < SKIP_MAX) {
-            skipped++;
+        if (unwinder__skip_ours(skip, n, &skipped))
             continue;
-        }
         if (n == max) {
             res.truncated = true;
             err = "ERROR MAX_FRAMES_EXCEEDED";

@@ -5,9 +5,10 @@
  * A frame is a code object's address and an instruction. The code object is read from
  * the process's memory (its /proc/PID/mem) when the record is read: the code is still
  * alive then almost always, and where it is not, its type no longer matches and the frame
- * goes unnamed. Names are cached per code address, each hit checked against the object as
- * it is now (its type, first line and the addresses of its name, file and location table):
- * an address freed and reused by another code object gets the new name. Lines come from
+ * goes unnamed. Names are cached per code address and the check the client read there
+ * (wire_py_check(): the addresses of its name and file and its first line): an address
+ * freed and reused by another code object comes with another check, and gets the new
+ * name. Lines come from
  * the code's location table (the 3.11 format, Objects/locations.md in CPython).
  *
  * Frames are named "qualname (file.py:line)", with a mapping of their own named after the
@@ -285,21 +286,26 @@ static bool py_fill(unwinder_process_t *p, struct py_code *c, uint64_t addr, con
 }
 
 /* The cache entry of the code object the client saw at @addr (its wire_py_check()
- * @check): the object there now when it is still that one (the entry refreshed from it),
- * else the name kept for it, if any (it was freed, or the process is gone); NULL when
- * neither. */
+ * @check): the one kept for that address and check, else the object there now when it
+ * is still that one (the entry filled from it); NULL when neither. A kept entry is not
+ * read again: the client read the object at the sample (preload/python.c), and an
+ * object at the same address with the same file, name and first line (the check's 24
+ * bits) is named the same; reading it at every frame of every sample was most of the
+ * service's time for a Python program. */
 static struct py_code *py_code(unwinder_process_t *p, uint64_t addr, uint32_t check)
 {
     uint8_t h[PY_CODE_HEAD];
     struct py_code *c = &p->py->codes[(hp_hash_u64(addr) >> 7) & (PY_CODE_SLOTS - 1)];
     bool kept = c->addr == addr && c->check == check;
+    if (kept)
+        return c;
     if (!py_read(p, h, addr, sizeof(h)) || get64(h, PY_OB_TYPE) != p->py->rt.code_type)
-        return kept ? c : NULL;
+        return NULL;
     int32_t first;
     memcpy(&first, h + PY_CODE_FIRSTLINENO, sizeof(first));
     uint64_t file = get64(h, PY_CODE_FILENAME), qual = get64(h, PY_CODE_QUALNAME);
     if (wire_py_check(file, qual, first) != check)
-        return kept ? c : NULL; /* another code object at the address now */
+        return NULL; /* another code object at the address now */
     if (c->addr == addr && c->firstlineno == first && c->filename == file && c->qualname == qual &&
         c->linetable == get64(h, PY_CODE_LINETABLE))
         return c;

@@ -253,10 +253,8 @@ void unwinder__fallback_unwind(struct unwinder_process *p, size_t steps, struct 
         uint64_t pc = p->dw_pcs[i];
         /* Frame 0 too is a return address (frames.c); libdw calls it exact. */
         unwinder__resolve_frame(p, i > 0 && p->dw_exact[i] ? pc : pc - 1, &f, &skip);
-        if (skip && n == 0 && skipped < SKIP_MAX) {
-            skipped++;
+        if (unwinder__skip_ours(skip, n, &skipped))
             continue;
-        }
         if (n == max) {
             res->truncated = true;
             err = "ERROR MAX_FRAMES_EXCEEDED";

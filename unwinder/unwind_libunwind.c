@@ -274,19 +274,17 @@ static void unwind_begin(struct unwind_run *u, struct unwinder_process *p, const
     unwinder__maps_refresh(p);
 }
 
-/* Adds the frame of @pc (already adjusted for return addresses) unless it is one of the
- * leading libheapprof frames (counted in @skipped); @ret_added says whether it was added.
- * False when @u is full: the stack ends there, cut. */
+/* Adds the frame of @pc (already adjusted for return addresses) unless it is
+ * libheapprof's (unwinder__skip_ours(); the leading ones counted in @skipped); @ret_added says
+ * whether it was added. False when @u is full: the stack ends there, cut. */
 static bool add_frame(struct unwind_run *u, uint64_t pc, size_t *skipped, bool *ret_added)
 {
     struct hp_frame f;
     bool skip;
     unwinder__resolve_frame(u->p, pc, &f, &skip);
     *ret_added = false;
-    if (skip && u->n == 0 && *skipped < SKIP_MAX) {
-        (*skipped)++;
+    if (unwinder__skip_ours(skip, u->n, skipped))
         return true;
-    }
     if (u->n == u->max) {
         u->res.truncated = true;
         u->err = "ERROR MAX_FRAMES_EXCEEDED";

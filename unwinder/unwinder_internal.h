@@ -166,6 +166,22 @@ const char *unwinder__perfmap_name(struct unwinder_process *p, uint64_t pc, bool
 
 /* Leading libheapprof frames skipped at most (the hooks are a few frames deep). */
 #define SKIP_MAX 32
+
+/* Whether a frame (@ours: in libheapprof) is left out of a stack of @n frames so far:
+ * the leading ones, the hooks (@skipped counts them, SKIP_MAX at most), and any further
+ * up: the python.objects wrapper (preload/pyheap.c) between the interpreter and the
+ * malloc that pymalloc calls, not the program's code. */
+static inline bool unwinder__skip_ours(bool ours, size_t n, size_t *skipped)
+{
+    if (!ours)
+        return false;
+    if (n > 0)
+        return true;
+    if (*skipped >= SKIP_MAX)
+        return false;
+    (*skipped)++;
+    return true;
+}
 /* Slots of the per-process cache of resolved frames (power of 2). */
 #define PC_CACHE_SLOTS 2048
 #define PC_CACHE_WAYS 4

@@ -2,7 +2,9 @@
 # The cost of Python frames: tests/bench/workload_python.py under Debian's python3 (a
 # CPython 3.11, whose frames are captured at every sample) recorded at interval 4096, to
 # the same run unprofiled. Three rounds, each running both (order alternating); medians
-# of the wall times. Printed as `bench: app_python_ratio_4k <ratio> x`. Run by
+# of the wall times. Printed as `bench: app_python_ratio_4k <ratio> x` (malloc's heap
+# only) and `bench: app_python_ratio_4k_pymalloc_heap <ratio> x` (the default heaps:
+# malloc's and python.objects, the objects pymalloc serves). Run by
 # `scripts/bench.sh app_python` (HEAPPROF_BUILD: the release build).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,6 +21,9 @@ run() {
     t0=$EPOCHREALTIME
     if [ "$1" = plain ]; then
         "$py" "${work[@]}" >"$tmp/out.$1"
+    elif [ "$1" = prof ]; then
+        "$heapprof" record -q -i 4096 --heaps libc.malloc -o "$tmp/t.pftrace" -- \
+            "$py" "${work[@]}" >"$tmp/out.$1"
     else
         "$heapprof" record -q -i 4096 -o "$tmp/t.pftrace" -- "$py" "${work[@]}" >"$tmp/out.$1"
     fi
@@ -27,15 +32,16 @@ run() {
     cmp -s "$tmp/out.plain" "$tmp/out.$1" || { echo "bench_app_python: output differs" >&2; exit 1; }
 }
 
-plain=() prof=()
+plain=() prof=() pyheap=()
 for r in 1 2 3; do
     if [ $((r % 2)) -eq 1 ]; then
-        run plain; plain+=("$ms"); run prof; prof+=("$ms")
+        run plain; plain+=("$ms"); run prof; prof+=("$ms"); run pyheap; pyheap+=("$ms")
     else
-        run prof; prof+=("$ms"); run plain; plain+=("$ms")
+        run pyheap; pyheap+=("$ms"); run prof; prof+=("$ms"); run plain; plain+=("$ms")
     fi
 done
 median() { printf '%s\n' "$@" | sort -n | sed -n 2p; }
-p=$(median "${plain[@]}") q=$(median "${prof[@]}")
+p=$(median "${plain[@]}") q=$(median "${prof[@]}") h=$(median "${pyheap[@]}")
 echo "bench: app_python_plain_wall_ms $(printf '%.0f' "$p") ms"
 echo "bench: app_python_ratio_4k $(awk -v a="$q" -v b="$p" 'BEGIN { printf "%.3f", a / b }') x"
+echo "bench: app_python_ratio_4k_pymalloc_heap $(awk -v a="$h" -v b="$p" 'BEGIN { printf "%.3f", a / b }') x"

@@ -105,26 +105,38 @@ static int line_of(const char *path, const char *marker)
     return line;
 }
 
-/* Records @python running @script (with @extra options before "--"), checks its output
- * is @want_out and the trace's rules; returns the trace path. */
-static char *record(const char *python, const char *script, const char *interval, const char *extra,
-                    const char *want_out)
+/* Records @python running @script ("name.py" or "name.py ARG"; with @opts, up to 2, before "--";
+ * @env added to the environment), checks its output is @want_out and the trace's rules; returns the
+ * trace path. Unless @site, the interpreter starts without its site directories (-s -S; the PYTHON*
+ * variables still apply): its start then makes a fraction of the objects, each a sample at interval
+ * 1 (some builds load many modules from there). */
+static char *record_with(const char *python, bool site, const char *script, const char *interval,
+                         const char *const opts[2], char *const env[], const char *want_out)
 {
     char *trace = e2e_tmp_path(".pftrace");
-    char *prog = program(script);
-    char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"),
-                    "record",
-                    "-i",
-                    (char *)interval,
-                    "-o",
-                    trace,
-                    (char *)(extra ? extra : "-q"),
-                    "--",
-                    (char *)python,
-                    prog,
-                    NULL};
+    /* "name.py ARG": the program's one argument */
+    const char *arg = strchr(script, ' ');
+    char name[64];
+    snprintf(name, sizeof(name), "%.*s", arg ? (int)(arg - script) : (int)strlen(script), script);
+    char *prog = program(name);
+    char *argv[16] = {
+        (char *)e2e_env("HEAPPROF_BIN"), "record", "-i", (char *)interval, "-o", trace, "-q"};
+    size_t n = 7;
+    for (size_t i = 0; i < 2; i++)
+        if (opts[i])
+            argv[n++] = (char *)opts[i];
+    argv[n++] = "--";
+    argv[n++] = (char *)python;
+    if (!site) {
+        argv[n++] = "-s";
+        argv[n++] = "-S";
+    }
+    argv[n++] = prog;
+    if (arg)
+        argv[n++] = (char *)arg + 1;
+    argv[n] = NULL;
     struct e2e_run r;
-    assert_int_equal(e2e_run(argv, NULL, &r), 0);
+    assert_int_equal(e2e_run(argv, env, &r), 0);
     if (r.status != 0 || strcmp(r.out, want_out) != 0)
         print_message("  %s %s: status %d, out \"%s\", err %s\n", python, script, r.status, r.out,
                       r.err);
@@ -134,6 +146,25 @@ static char *record(const char *python, const char *script, const char *interval
     free(prog);
     assert_int_equal(e2e_check_rules(trace), 0);
     return trace;
+}
+
+static char *record(const char *python, const char *script, const char *interval, const char *extra,
+                    const char *want_out)
+{
+    return record_with(python, false, script, interval, (const char *const[2]){extra, NULL}, NULL,
+                       want_out);
+}
+
+/* Heap @heap of the process running @needle in @t, or NULL. */
+static const struct rp_trace_process *find_heap(const struct rp_trace *t, const char *needle,
+                                                const char *heap)
+{
+    for (size_t i = 0; i < t->n_processes; i++) {
+        const struct rp_trace_process *p = &t->processes[i];
+        if (p->cmdline && strstr(p->cmdline, needle) && p->heap_name && !strcmp(p->heap_name, heap))
+            return p;
+    }
+    return NULL;
 }
 
 static struct rp_trace *load(const char *trace)
@@ -159,14 +190,21 @@ static void finish(char *trace, struct rp_trace *t)
     free(trace);
 }
 
-/* The top unreleased site is leaky_append's line, on top of the allocator's native frames,
- * under outer and <module>, in the order they were called. */
+/* The top unreleased site of python.objects is leaky_append's line (the bytearrays'
+ * buffers, which pymalloc takes from malloc: python.objects' alone), on top of the
+ * allocator's native frames, under outer and <module>, in the order they were called. */
 static void check_leak(const char *python)
 {
     char *trace = record(python, "py_leak.py", "4096", NULL, "kept 200\n");
     struct rp_trace *t = load(trace);
-    const struct rp_trace_process *p = e2e_find_process(t, "py_leak.py");
+    const struct rp_trace_process *p = find_heap(t, "py_leak.py", "python.objects");
     assert_non_null(p);
+    /* Not counted again on malloc's heap: there, only the list that keeps them grows. */
+    const struct rp_trace_process *m = find_heap(t, "py_leak.py", "libc.malloc");
+    assert_non_null(m);
+    struct e2e_sums ms;
+    e2e_sum_function(m, "leaky_append (py_leak.py:", &ms);
+    assert_true(ms.alloc_bytes < 100000);
     char *src = program("py_leak.py");
     char want[128];
     snprintf(want, sizeof(want), "leaky_append (py_leak.py:%d)", line_of(src, "# leak site"));
@@ -190,37 +228,237 @@ static void check_leak(const char *python)
     finish(trace, t);
 }
 
-/* At interval 1, the count under one Python line is the program's. */
+/* A bytearray object without its buffer (PyByteArrayObject, from pymalloc). */
+#define BYTEARRAY_HEAD 56
+
+/* At interval 1, the count under one Python line, where the program makes @want_count
+ * bytearrays whose buffers take @size bytes each, is the program's. With --heaps
+ * libc.malloc (@malloc_only) the buffers are malloc's (pymalloc hands them to malloc);
+ * with the default heaps they and the bytearrays are python.objects', and malloc's heap
+ * has none of them: one heap each. */
 static void check_count(const char *python, const char *script, const char *marker, const char *fn,
-                        const char *extra, const char *want_out, const char *process,
-                        uint64_t want_count, uint64_t size)
+                        bool malloc_only, const char *extra, const char *want_out,
+                        const char *process, uint64_t want_count, uint64_t size)
 {
-    char *trace = record(python, script, "1", extra, want_out);
+    const char *const opts[2] = {malloc_only ? "--heaps=libc.malloc" : NULL, extra};
+    char *trace = record_with(python, false, script, "1", opts, NULL, want_out);
     struct rp_trace *t = load(trace);
-    const struct rp_trace_process *p = e2e_find_process(t, process);
+    const struct rp_trace_process *p =
+        find_heap(t, process, malloc_only ? "libc.malloc" : "python.objects");
+    const struct rp_trace_process *m = find_heap(t, process, "libc.malloc");
     assert_non_null(p);
+    assert_non_null(m);
     char *src = program(script);
     char want[128];
     snprintf(want, sizeof(want), "%s (%s:%d)", fn, script, line_of(src, marker));
-    struct e2e_sums s;
+    struct e2e_sums s, ms;
     e2e_sum_function(p, want, &s);
-    if (s.alloc_count != want_count)
-        print_message("  %s %s: %llu allocations under %s, want %llu\n", python, script,
-                      (unsigned long long)s.alloc_count, want, (unsigned long long)want_count);
-    assert_int_equal(s.alloc_count, want_count);
-    assert_int_equal(s.alloc_bytes, want_count * size);
+    e2e_sum_function(m, want, &ms);
+    uint64_t n = malloc_only ? want_count : 2 * want_count;
+    uint64_t bytes = malloc_only ? want_count * size : want_count * (size + BYTEARRAY_HEAD);
+    if (s.alloc_count != n || s.alloc_bytes != bytes)
+        print_message("  %s %s: %llu allocations (%llu bytes) under %s, want %llu (%llu)\n", python,
+                      script, (unsigned long long)s.alloc_count, (unsigned long long)s.alloc_bytes,
+                      want, (unsigned long long)n, (unsigned long long)bytes);
+    assert_int_equal(s.alloc_count, n);
+    assert_int_equal(s.alloc_bytes, bytes);
+    if (!malloc_only)
+        assert_int_equal(ms.alloc_count, 0);
+    assert_int_equal(find_heap(t, process, "python.objects") != NULL, !malloc_only);
     free(src);
     finish(trace, t);
 }
 
+/* py_objects.py's Points: 500 objects of 64 bytes each (a 48-byte basic size for four
+ * slots and the GC header's 16), which pymalloc serves; nothing else is allocated at
+ * that line (the list they go into was made before). */
+#define OBJ_COUNT 500
+#define OBJ_SIZE 64
+
+/* What @heap of py_objects.py's processes (a child of fork too) holds at the object site
+ * in @t (zeros when the heap is not in the trace); @ret_found says whether it is. */
+static void object_sums(const struct rp_trace *t, const char *heap, struct e2e_sums *ret,
+                        bool *ret_found)
+{
+    char *src = program("py_objects.py");
+    char want[128];
+    snprintf(want, sizeof(want), "make_points (py_objects.py:%d)", line_of(src, "# object site"));
+    free(src);
+    memset(ret, 0, sizeof(*ret));
+    *ret_found = false;
+    for (size_t i = 0; i < t->n_processes; i++) {
+        const struct rp_trace_process *p = &t->processes[i];
+        if (!p->cmdline || !strstr(p->cmdline, "py_objects.py") || !p->heap_name ||
+            strcmp(p->heap_name, heap) != 0)
+            continue;
+        struct e2e_sums one;
+        e2e_sum_function(p, want, &one);
+        ret->alloc_count += one.alloc_count;
+        ret->alloc_bytes += one.alloc_bytes;
+        *ret_found = true;
+    }
+}
+
+/* Records py_objects.py at interval 1 with @opts and @env; checks the object site holds
+ * @want_objects on python.objects and @want_malloc on libc.malloc, each OBJ_SIZE bytes,
+ * and whether python.objects is in the trace at all (@want_heap). */
+static void check_objects(const char *python, const char *script, const char *const opts[2],
+                          char *const env[], const char *want_out, bool want_heap,
+                          uint64_t want_objects, uint64_t want_malloc)
+{
+    char *trace = record_with(python, false, script, "1", opts, env, want_out);
+    struct rp_trace *t = load(trace);
+    struct e2e_sums objs, mall;
+    bool has_objs, has_malloc;
+    object_sums(t, "python.objects", &objs, &has_objs);
+    object_sums(t, "libc.malloc", &mall, &has_malloc);
+    if (has_objs != want_heap || objs.alloc_count != want_objects ||
+        mall.alloc_count != want_malloc)
+        print_message("  %s %s %s: python.objects %s, %llu objects; malloc %llu\n", python,
+                      opts[0] ? opts[0] : "", opts[1] ? opts[1] : "", has_objs ? "in" : "absent",
+                      (unsigned long long)objs.alloc_count, (unsigned long long)mall.alloc_count);
+    assert_true(has_malloc);
+    assert_int_equal(has_objs, want_heap);
+    assert_int_equal(objs.alloc_count, want_objects);
+    assert_int_equal(objs.alloc_bytes, want_objects * OBJ_SIZE);
+    assert_int_equal(mall.alloc_count, want_malloc);
+    assert_int_equal(mall.alloc_bytes, want_malloc * OBJ_SIZE);
+    finish(trace, t);
+}
+
+/* Every heap: the objects on python.objects under their Python frame, none on malloc
+ * (pymalloc never asked it). */
+static void test_objects_all_heaps(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < n_pythons; i++)
+        check_objects(pythons[i], "py_objects.py", (const char *const[2]){"--all-heaps", NULL},
+                      NULL, "made 500\n", true, OBJ_COUNT, 0);
+}
+
+/* The child of fork (os.fork, as multiprocessing's fork context) makes them, with the
+ * default heaps and --follow-fork: its session puts the wrapper it inherited to use. */
+static void test_objects_fork(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < n_pythons; i++)
+        check_objects(pythons[i], "py_objects.py fork",
+                      (const char *const[2]){"--follow-fork", NULL}, NULL, "child exit 0\n", true,
+                      OBJ_COUNT, 0);
+}
+
+/* PYTHONMALLOC=malloc: malloc's hooks see the objects; python.objects does not count
+ * them again (the wrapper is not installed, or the interpreter's start replaced it). */
+static void test_objects_pythonmalloc(void **state)
+{
+    (void)state;
+    char *env[] = {"PYTHONMALLOC=malloc", NULL};
+    for (size_t i = 0; i < n_pythons; i++) {
+        char *trace = record_with(pythons[i], false, "py_objects.py", "1",
+                                  (const char *const[2]){"--all-heaps", NULL}, env, "made 500\n");
+        struct rp_trace *t = load(trace);
+        struct e2e_sums objs, mall;
+        bool has_objs, has_malloc;
+        object_sums(t, "python.objects", &objs, &has_objs);
+        object_sums(t, "libc.malloc", &mall, &has_malloc);
+        if (objs.alloc_count != 0 || mall.alloc_count != OBJ_COUNT)
+            print_message("  %s PYTHONMALLOC=malloc: %llu objects, malloc %llu\n", pythons[i],
+                          (unsigned long long)objs.alloc_count,
+                          (unsigned long long)mall.alloc_count);
+        assert_int_equal(objs.alloc_count, 0);
+        assert_int_equal(mall.alloc_count, OBJ_COUNT);
+        assert_int_equal(mall.alloc_bytes, OBJ_COUNT * OBJ_SIZE);
+        finish(trace, t);
+    }
+}
+
+/* heapprof attach on a running program, without the library (loaded then) and with it
+ * preloaded, dormant: the wrapper goes in from a sampled allocation under the GIL, the
+ * objects made meanwhile are on python.objects under their Python frame, and the
+ * program's allocator is CPython's own again after the session. */
+static void check_attach(const char *python, const char *dir, const char *preload)
+{
+    char *prog = program("py_attach.py");
+    char *argv[] = {(char *)python, "-s", "-S", prog, NULL};
+    struct e2e_target target;
+    assert_int_equal(e2e_target_start(&target, dir, argv, preload, "ready\n"), 0);
+    char *trace = e2e_tmp_path(".pftrace");
+    char pid[16];
+    snprintf(pid, sizeof(pid), "%d", (int)target.pid);
+    char *att[] = {(char *)e2e_env("HEAPPROF_BIN"),
+                   "attach",
+                   "-p",
+                   pid,
+                   "-d",
+                   "0.4",
+                   "-q",
+                   "--no-status",
+                   "-o",
+                   trace,
+                   NULL};
+    struct e2e_run r;
+    assert_int_equal(e2e_run(att, NULL, &r), 0);
+    if (r.status != 0)
+        print_message("  %s attach: status %d, err %s\n", python, r.status, r.err);
+    assert_int_equal(r.status, 0);
+    e2e_run_free(&r);
+    e2e_sleep_ms(200); /* the program allocates meanwhile: the wrapper leaves */
+    assert_int_equal(e2e_target_finish(&target, 0), 0);
+    struct rp_trace *t = load(trace);
+    const struct rp_trace_process *m = find_heap(t, "py_attach.py", "libc.malloc");
+    struct e2e_sums all;
+    assert_non_null(m);
+    e2e_sum_function(m, "", &all);
+    if (!preload && all.alloc_count == 0) {
+        /* The wrapper goes in at a malloc sample: none when the loaded library could not
+         * take the interpreter's calls of malloc (a shared libpython's, counted as
+         * unseen_call_slots). */
+        print_message("  %s attach: no malloc sample, python.objects not tried\n", python);
+        unlink(target.out);
+        free(prog);
+        finish(trace, t);
+        return;
+    }
+    char *out = e2e_read_file(target.out);
+    if (strcmp(out, "ready\nstates pymalloc wrapped pymalloc\n") != 0)
+        print_message("  %s attach%s: out \"%s\"\n", python, preload ? " (preloaded)" : "", out);
+    assert_string_equal(out, "ready\nstates pymalloc wrapped pymalloc\n");
+    free(out);
+    unlink(target.out);
+
+    const struct rp_trace_process *p = find_heap(t, "py_attach.py", "python.objects");
+    assert_non_null(p);
+    char want[128];
+    snprintf(want, sizeof(want), "attach_work (py_attach.py:%d)", line_of(prog, "# attach site"));
+    struct e2e_sums s;
+    e2e_sum_function(p, want, &s);
+    assert_true(s.alloc_count > 0);
+    free(prog);
+    finish(trace, t);
+}
+
+static void test_objects_attach(void **state)
+{
+    (void)state;
+    char dir[128];
+    assert_int_equal(e2e_runtime_dir_make(dir, sizeof(dir), "py-attach"), 0);
+    for (size_t i = 0; i < n_pythons; i++) {
+        check_attach(pythons[i], dir, NULL);
+        check_attach(pythons[i], dir, e2e_env("HEAPPROF_LIB"));
+    }
+    assert_int_equal(e2e_runtime_dir_remove(dir), 0);
+}
+
 /* A Python frame called from C (@inner) lies below the native frames of that C code
  * (@native, when given) and above the Python frame that called it (@outer). */
-static void check_order(const char *python, const char *script, const char *want_out,
+static void check_order(const char *python, bool site, const char *script, const char *want_out,
                         const char *inner, const char *native, const char *outer)
 {
-    char *trace = record(python, script, "1", NULL, want_out);
+    /* Malloc's heap only: the objects' would be many more samples. */
+    const char *const opts[2] = {"--heaps=libc.malloc", NULL};
+    char *trace = record_with(python, site, script, "1", opts, NULL, want_out);
     struct rp_trace *t = load(trace);
-    const struct rp_trace_process *p = e2e_find_process(t, script);
+    const struct rp_trace_process *p = find_heap(t, script, "libc.malloc");
     assert_non_null(p);
     size_t seen = 0;
     for (size_t i = 0; i < p->n_callsites; i++) {
@@ -253,23 +491,23 @@ static void test_exact_count(void **state)
 {
     (void)state;
     for (size_t i = 0; i < n_pythons; i++)
-        check_count(pythons[i], "py_exact.py", "# exact site", "exact_sites", NULL, "made 300\n",
-                    "py_exact.py", 300, 5001);
+        check_count(pythons[i], "py_exact.py", "# exact site", "exact_sites", true, NULL,
+                    "made 300\n", "py_exact.py", 300, 5001);
 }
 
 static void test_threads(void **state)
 {
     (void)state;
     for (size_t i = 0; i < n_pythons; i++)
-        check_count(pythons[i], "py_threads.py", "# thread site", "thread_work", NULL, "kept 400\n",
-                    "py_threads.py", 400, 7001);
+        check_count(pythons[i], "py_threads.py", "# thread site", "thread_work", false, NULL,
+                    "kept 400\n", "py_threads.py", 400, 7001);
 }
 
 static void test_fork(void **state)
 {
     (void)state;
     for (size_t i = 0; i < n_pythons; i++)
-        check_count(pythons[i], "py_fork.py", "# child site", "child_work", "--follow-fork",
+        check_count(pythons[i], "py_fork.py", "# child site", "child_work", true, "--follow-fork",
                     "child exit 0\n", "py_fork.py", 50, 9001);
 }
 
@@ -279,7 +517,7 @@ static void test_raise(void **state)
 {
     (void)state;
     for (size_t i = 0; i < n_pythons; i++)
-        check_order(pythons[i], "py_raise.py", "kept 80\n", "key_alloc (py_raise.py:", NULL,
+        check_order(pythons[i], false, "py_raise.py", "kept 80\n", "key_alloc (py_raise.py:", NULL,
                     "raise_through (py_raise.py:");
 }
 
@@ -296,8 +534,8 @@ static void test_numpy(void **state)
         e2e_run_free(&r);
         if (st != 0)
             continue; /* no numpy for this one */
-        check_order(pythons[i], "py_numpy.py", "kept 30\n", "np_callback (py_numpy.py:", "numpy",
-                    "np_outer (py_numpy.py:");
+        check_order(pythons[i], true, "py_numpy.py", "kept 30\n",
+                    "np_callback (py_numpy.py:", "numpy", "np_outer (py_numpy.py:");
         ran++;
     }
     if (ran == 0) {
@@ -316,9 +554,16 @@ int main(void)
     for (size_t i = 0; i < n_pythons; i++)
         printf("e2e_python: testing with %s\n", pythons[i]);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_leak_site), cmocka_unit_test(test_exact_count),
-        cmocka_unit_test(test_threads),   cmocka_unit_test(test_fork),
-        cmocka_unit_test(test_raise),     cmocka_unit_test(test_numpy),
+        cmocka_unit_test(test_leak_site),
+        cmocka_unit_test(test_exact_count),
+        cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_fork),
+        cmocka_unit_test(test_raise),
+        cmocka_unit_test(test_numpy),
+        cmocka_unit_test(test_objects_all_heaps),
+        cmocka_unit_test(test_objects_fork),
+        cmocka_unit_test(test_objects_pythonmalloc),
+        cmocka_unit_test(test_objects_attach),
     };
     return cmocka_run_group_tests_name("e2e_python", tests, NULL, NULL);
 }

@@ -13,6 +13,13 @@
  * It prints "heaps SMALL BIG" (the ids; 0 0 without the library) and "sampled N" (the
  * reports heapprof said it recorded), then exits 0.
  *
+ *     heap_api shared
+ *
+ * Registers both heaps, then shared_site() reports SHARED_N blocks to each from one call
+ * (the same stack for both heaps: SHARED_SMALL bytes each on arena.small, SHARED_BIG on
+ * arena.big), half of them freed, prints "shared done" and stays 300 ms for the dumps of
+ * a session with --continuous-dump to see them more than once.
+ *
  * The calls are found through weak symbols (the library preloaded, or absent), or with
  * `dynamic` at run time (heapprof_api_load(): also a library injected by heapprof attach),
  * looked for again before each round while not found. With `serve` it registers the heaps
@@ -40,11 +47,15 @@
 #define SELF_WEIGHT 1000
 #define MALLOC_N 10
 #define MALLOC_SIZE 200
+#define SHARED_N 10
+#define SHARED_SMALL 32
+#define SHARED_BIG 1024
 
 void arena_small_site(void);
 void arena_big_site(void);
 void self_sampled_site(void);
 void malloc_site(void);
+void shared_site(void);
 
 static struct heapprof_api api;
 static uint32_t small_heap, big_heap;
@@ -121,6 +132,17 @@ __attribute__((noinline)) void malloc_site(void)
     }
 }
 
+/* Both heaps' blocks from one call of arena_alloc(), whose stack is thus the same. */
+__attribute__((noinline)) void shared_site(void)
+{
+    void *b[2 * SHARED_N];
+    uint32_t heaps[2] = {small_heap, big_heap};
+    for (int i = 0; i < 2 * SHARED_N; i++)
+        b[i] = arena_alloc(heaps[i % 2], i % 2 ? SHARED_BIG : SHARED_SMALL);
+    for (int i = 0; i < SHARED_N; i++)
+        arena_free(heaps[i % 2], b[i]);
+}
+
 static void round_of_work(bool dynamic)
 {
     if (!small_heap && resolve(dynamic)) {
@@ -154,6 +176,17 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         dynamic |= !strcmp(argv[i], "dynamic");
         serve |= !strcmp(argv[i], "serve");
+        if (!strcmp(argv[i], "shared")) {
+            if (resolve(false)) {
+                small_heap = api.register_heap("arena.small");
+                big_heap = api.register_heap("arena.big");
+            }
+            shared_site();
+            printf("shared done\n");
+            fflush(stdout);
+            usleep(300000);
+            return 0;
+        }
     }
     if (!serve) {
         round_of_work(dynamic);

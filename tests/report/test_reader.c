@@ -126,6 +126,13 @@ static void check_against_model(bk_t *bk, const struct model *m)
             site_stack(k, f);
             uint32_t cs;
             assert_int_equal(bk__intern_stack(&bk->in, f, 3, &cs), 0);
+            /* Heaps beside malloc's: under a leaf frame that names the heap. */
+            char name[BK_HEAP_NAME_MAX];
+            bk__heap_name(p, h, name, sizeof(name));
+            if (h != 0)
+                assert_int_equal(
+                    bk__intern_leaf(&bk->in, cs, &(struct hp_frame){.function_name = name}, &cs),
+                    0);
             int64_t idx = heap ? bk__site_find(heap, cs) : -1;
             struct bk_site s = idx >= 0 ? heap->sites[idx] : (struct bk_site){0};
             const struct model_site *ms = &m->site[h][k];

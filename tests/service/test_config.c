@@ -201,8 +201,9 @@ static void test_config_heaps(void **state)
     struct svc_config c;
     char err[256];
     svc_config_init(&c);
-    /* None named: only the malloc heap, heapprofd's default. */
+    /* None named: the malloc heap and CPython's objects (in a Python process). */
     assert_true(svc_config_records_heap(&c, "libc.malloc"));
+    assert_true(svc_config_records_heap(&c, "python.objects"));
     assert_false(svc_config_records_heap(&c, "arena.small"));
     const struct svc_config_field *f = svc_config_field_find("heaps");
     assert_non_null(f);
@@ -215,6 +216,7 @@ static void test_config_heaps(void **state)
     assert_true(svc_config_records_heap(&c, "arena.small"));
     assert_true(svc_config_records_heap(&c, "libc.malloc"));
     assert_false(svc_config_records_heap(&c, "arena.big"));
+    assert_false(svc_config_records_heap(&c, "python.objects"));
     assert_int_equal(svc_config_set_text(&c, f, "x,", err, sizeof(err)), -EINVAL);
     svc_config_done(&c);
 

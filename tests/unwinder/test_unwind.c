@@ -330,6 +330,30 @@ static void test_unwind_bug_personality_after_exit(void **state)
     assert_false(res.error);
 }
 
+void unw_test_mid_cb(void *arg);
+UNWTEST_NOINLINE void unw_test_mid_cb(void *arg)
+{
+    hp_capture_regs(((struct capture *)arg)->regs);
+    cap_copy_stack(arg);
+    UNWTEST_BARRIER();
+}
+
+/* A libheapprof frame between two of the program's is left out too. */
+static void test_unwind_skips_libheapprof_mid_frame(void **state)
+{
+    (void)state;
+    hpskiptest_call(unw_test_mid_cb, &g_cap);
+    UNWTEST_BARRIER();
+    struct unwinder_result res;
+    size_t n = unwind_capture(&g_cap, "libheapprof mid frame", UNWINDER_MAX_FRAMES, &res);
+    assert_true(n >= 3);
+    assert_exe_frame(&g_frames[0], "unw_test_mid_cb");
+    assert_exe_frame(&g_frames[1], "test_unwind_skips_libheapprof_mid_frame");
+    for (size_t i = 0; i < n; i++)
+        assert_true(!g_frames[i].map || !strstr(g_frames[i].map->path, "libheapprof"));
+    assert_false(res.error);
+}
+
 static void test_unwind_skips_libheapprof_frames(void **state)
 {
     (void)state;
@@ -1136,6 +1160,7 @@ int main(void)
         cmocka_unit_test(test_unwind_through_shared_library),
         cmocka_unit_test(test_unwind_bug_personality_after_exit),
         cmocka_unit_test(test_unwind_skips_libheapprof_frames),
+        cmocka_unit_test(test_unwind_skips_libheapprof_mid_frame),
         cmocka_unit_test(test_unwind_second_thread),
         cmocka_unit_test(test_unwind_deep_recursion),
         cmocka_unit_test(test_unwind_max_frames_truncates),

@@ -26,5 +26,6 @@ void unwtest_lib_call_cleanup(void (*cb)(void *), void *arg);
 /* Inside libheapprof_unwtest.so: captures the registers into @regs two frames deep in
  * the library, then calls @after(@arg) (which copies the stack) before returning. */
 void hpskiptest_capture(uint64_t *regs, void (*after)(void *), void *arg);
+void hpskiptest_call(void (*fn)(void *), void *arg);
 
 #endif
