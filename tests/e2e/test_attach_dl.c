@@ -181,6 +181,8 @@ static void dliter_cycles(const char *preload)
     char *plain_out = e2e_read_file(plain.out);
 
     start(&t, argv, preload, "ready\n");
+    /* Both threads under way first: on a busy machine they may not have run yet. */
+    (void)await_progress(progress, (struct progress){0, 0}, "at the start");
     struct progress before = rate(progress, 200);
     print_message("  before: listed %lu logged %lu in 200 ms\n", before.listed, before.logged);
     assert_true(before.listed > 0 && before.logged > 0);
