@@ -341,6 +341,8 @@ int svc__wake_no_permission(int err, char *why, size_t len)
                     strerror(err), yama);
 }
 
+#define WAKE_TRACE_STOP_MS 200
+
 /* Refuses a process that exited (a zombie), is stopped, traced, or under seccomp (any
  * thread). */
 static int wake_preflight(pid_t pid, char *why, size_t len)
@@ -352,6 +354,18 @@ static int wake_preflight(pid_t pid, char *why, size_t len)
     /* A zombie keeps its pid until reaped, with nothing mapped: it has exited. */
     if (wake_status_field(st, "State:", v, sizeof(v)) && (v[0] == 'Z' || v[0] == 'X'))
         return svc__why(why, len, -ESRCH, "exited");
+    /* A tracing stop may be on its way out: the tracer of a wake that just ended (the
+     * attach before this one) detaches as it goes, and on a busy machine the thread may
+     * not have run since. Looked at again for up to WAKE_TRACE_STOP_MS; a debugger's stop
+     * lasts, and is refused below. */
+    for (int waited = 0; waited < WAKE_TRACE_STOP_MS &&
+                         wake_status_field(st, "State:", v, sizeof(v)) && v[0] == 't';
+         waited += 5) {
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        (void)nanosleep(&ts, NULL);
+        if (wake_read(path, st, sizeof(st)) < 0)
+            return svc__why(why, len, -ESRCH, "exited");
+    }
     if (wake_status_field(st, "State:", v, sizeof(v)) && (v[0] == 'T' || v[0] == 't'))
         return svc__why(why, len, -EBUSY,
                         "is stopped (State: %s); resume it (kill -CONT %d) and attach again", v,
