@@ -3,8 +3,10 @@
  * first broken rule. Usable on any trace heapprof wrote (the e2e tests' real traces
  * too); here it runs on gen_trace's output.
  *
- * Rules, per trusted_packet_sequence_id:
- *   - every packet has a sequence id and a timestamp; the first packet of a sequence
+ * Rules, per trusted_packet_sequence_id, for the packets of profiles (and their interned
+ * data, symbols, processes and clocks; a trace traced wrote has others):
+ *   - every such packet has a sequence id and a timestamp (but traced's ClockSnapshot,
+ *     which holds the times itself); the first packet of a sequence
  *     sets SEQ_INCREMENTAL_STATE_CLEARED; a ClockSnapshot comes before any profile;
  *   - an interned entry is defined once, and every id a packet refers to (build ids and
  *     path components of mappings, names and mappings of frames, frames of callstacks,
@@ -322,14 +324,44 @@ static bool check_module_symbols(struct checker *c, const uint8_t *p, size_t len
     return true;
 }
 
+/* True when @p carries what these rules are about: a profile, the data it refers to,
+ * or the clock and processes it is read with. A trace written by Perfetto's traced also
+ * holds the service's own packets (its config, stats, system info, sync markers), some
+ * without a timestamp, which the trace processor reads by other rules. */
+static bool profile_related(const uint8_t *p, size_t len)
+{
+    static const uint32_t fields[] = {PF_PACKET(profile_packet), PF_PACKET(interned_data),
+                                      PF_PACKET(module_symbols), PF_PACKET(process_tree),
+                                      PF_PACKET(clock_snapshot)};
+    struct hp_pb_iter it;
+    struct hp_pb_field f;
+    hp_pb_iter_init(&it, p, len);
+    while (hp_pb_next(&it, &f))
+        for (size_t i = 0; i < HP_ARRAY_SIZE(fields); i++)
+            if (f.num == fields[i])
+                return true;
+    return false;
+}
+
 static bool check_packet(struct checker *c, const uint8_t *p, size_t len)
 {
     c->packets++;
+    if (!profile_related(p, len))
+        return true;
     uint64_t seq_id = varint_field(p, len, PF_PACKET(trusted_packet_sequence_id), 0);
     uint64_t flags = varint_field(p, len, PF_PACKET(sequence_flags), 0);
+    bool timed = varint_field(p, len, PF_PACKET(timestamp), UINT64_MAX) != UINT64_MAX;
+    /* traced's own ClockSnapshot: no timestamp (the snapshot holds the times), on the
+     * service's sequence, which carries no interned data. */
+    if (!timed && bytes_field(p, len, PF_PACKET(clock_snapshot)).p &&
+        !bytes_field(p, len, PF_PACKET(profile_packet)).p &&
+        !bytes_field(p, len, PF_PACKET(interned_data)).p) {
+        c->clock = true;
+        return true;
+    }
     if (!seq_id)
         FAIL(c, "no trusted_packet_sequence_id");
-    if (varint_field(p, len, PF_PACKET(timestamp), UINT64_MAX) == UINT64_MAX)
+    if (!timed)
         FAIL(c, "no timestamp");
     struct seq *s = NULL;
     for (size_t i = 0; i < c->n_seqs && !s; i++)
