@@ -578,8 +578,10 @@ static uint32_t alloc_weight(struct bk_proc *p, uint64_t size)
 {
     if (size >= p->sampling_interval_bytes || p->log_keep == 0 || size == 0)
         return BK_WEIGHT_ONE;
-    /* Programs allocate few sizes often: their weights are looked up, not recomputed. */
-    size_t k = (size_t)((size * 0x9e3779b97f4a7c15ull) >> 58) & (BK_WEIGHT_CACHE - 1);
+    /* Programs allocate few sizes often: their weights are looked up, not recomputed.
+     * Consecutive sizes get slots of their own (a program of 256 sizes in a row misses
+     * only when it starts). */
+    size_t k = (size_t)(size + (size >> 8)) & (BK_WEIGHT_CACHE - 1);
     if (p->weights[k].size == size)
         return p->weights[k].weight;
     double w = -1.0 / expm1((double)size * p->log_keep) * BK_WEIGHT_ONE + 0.5;

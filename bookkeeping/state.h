@@ -39,7 +39,7 @@
 /* Records in order applied this many records later (a power of two). */
 #define BK_READY 8
 /* Sizes whose allocation weight a process keeps at hand (a power of two). */
-#define BK_WEIGHT_CACHE 64
+#define BK_WEIGHT_CACHE 256
 /* Dumps are split so that no TracePacket exceeds this many bytes. */
 #define BK_MAX_PACKET_BYTES (400 * 1000)
 #define BK_HEAP_NAME "libc.malloc"
