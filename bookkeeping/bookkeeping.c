@@ -574,12 +574,23 @@ void bk__flush_pending(bk_t *bk, struct bk_proc *p)
  * 1 / P(sampled). The client picks each byte with probability 1 / interval and records
  * every allocation of at least the interval, so P = 1 - (1 - 1/interval)^size below it
  * (the Horvitz-Thompson weight; Go's runtime scales its heap profiles the same way). */
-static uint32_t alloc_weight(const struct bk_proc *p, uint64_t size)
+static uint32_t alloc_weight(struct bk_proc *p, uint64_t size)
 {
     if (size >= p->sampling_interval_bytes || p->log_keep == 0 || size == 0)
         return BK_WEIGHT_ONE;
+    /* Programs allocate few sizes often: their weights are looked up, not recomputed.
+     * Consecutive sizes get slots of their own (a program of 256 sizes in a row misses
+     * only when it starts). */
+    size_t k = (size_t)(size + (size >> 8)) & (BK_WEIGHT_CACHE - 1);
+    if (p->weights[k].size == size)
+        return p->weights[k].weight;
     double w = -1.0 / expm1((double)size * p->log_keep) * BK_WEIGHT_ONE + 0.5;
-    return w < (double)UINT32_MAX ? (uint32_t)w : UINT32_MAX;
+    uint32_t weight = w < (double)UINT32_MAX ? (uint32_t)w : UINT32_MAX;
+    if (size <= UINT32_MAX) {
+        p->weights[k].size = (uint32_t)size;
+        p->weights[k].weight = weight;
+    }
+    return weight;
 }
 
 /* Callstack @cs with a leaf frame naming heap @heap_id of @p (its name on the unknown

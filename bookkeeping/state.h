@@ -38,6 +38,8 @@
 #define BK_REORDER_WINDOW 1024
 /* Records in order applied this many records later (a power of two). */
 #define BK_READY 8
+/* Sizes whose allocation weight a process keeps at hand (a power of two). */
+#define BK_WEIGHT_CACHE 256
 /* Dumps are split so that no TracePacket exceeds this many bytes. */
 #define BK_MAX_PACKET_BYTES (400 * 1000)
 #define BK_HEAP_NAME "libc.malloc"
@@ -138,6 +140,12 @@ struct bk_proc {
     uint64_t process_start_ts; /* the same clock: the process started (0: unknown) */
     uint64_t sampling_interval_bytes;
     double log_keep; /* log(1 - 1 / interval): P(a byte is not picked), for the weights */
+    /* The weights of recent sizes below the interval (alloc_weight(): an expm1() per
+     * sample was 3% of the service's time under churn), direct-mapped by size; size 0:
+     * empty. */
+    struct {
+        uint32_t size, weight;
+    } weights[BK_WEIGHT_CACHE];
     char *cmdline;
     size_t cmdline_len;
     struct bk_process_stats stats;

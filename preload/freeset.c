@@ -83,17 +83,27 @@ static void freeset_filter_inc(struct client_freeset_level *lv, uint64_t home)
 {
     _Atomic uint8_t *c = &lv->filter[home >> CLIENT_FREESET_LINE_LOG2];
     uint8_t v = atomic_load_explicit(c, memory_order_relaxed);
-    while (v != CLIENT_FREESET_FILTER_SAT &&
+    while ((v & CLIENT_FREESET_FILTER_COUNT) != CLIENT_FREESET_FILTER_SAT &&
            !atomic_compare_exchange_weak_explicit(c, &v, (uint8_t)(v + 1), memory_order_relaxed,
                                                   memory_order_relaxed))
         ;
+}
+
+/* An entry whose home is in @home's group goes past its home slot: removals there must
+ * probe. Set before the entry is stored (relaxed, as the rest: see freeset.h). */
+static void freeset_filter_displace(struct client_freeset_level *lv, uint64_t home)
+{
+    _Atomic uint8_t *c = &lv->filter[home >> CLIENT_FREESET_LINE_LOG2];
+    if (!(atomic_load_explicit(c, memory_order_relaxed) & CLIENT_FREESET_FILTER_DISPLACED))
+        (void)atomic_fetch_or_explicit(c, CLIENT_FREESET_FILTER_DISPLACED, memory_order_relaxed);
 }
 
 static void freeset_filter_dec(struct client_freeset_level *lv, uint64_t home)
 {
     _Atomic uint8_t *c = &lv->filter[home >> CLIENT_FREESET_LINE_LOG2];
     uint8_t v = atomic_load_explicit(c, memory_order_relaxed);
-    while (v != 0 && v != CLIENT_FREESET_FILTER_SAT &&
+    while ((v & CLIENT_FREESET_FILTER_COUNT) != 0 &&
+           (v & CLIENT_FREESET_FILTER_COUNT) != CLIENT_FREESET_FILTER_SAT &&
            !atomic_compare_exchange_weak_explicit(c, &v, (uint8_t)(v - 1), memory_order_relaxed,
                                                   memory_order_relaxed))
         ;
@@ -142,6 +152,8 @@ static int freeset_level_insert(struct client_freeset *s, unsigned level, uint64
         uint64_t v = atomic_load_explicit(&lv->slots[i], memory_order_relaxed);
         if (v != CLIENT_FREESET_EMPTY && v != CLIENT_FREESET_TOMB)
             continue;
+        if (i != home)
+            freeset_filter_displace(lv, home);
         if (atomic_compare_exchange_strong_explicit(&lv->slots[i], &v, addr, memory_order_relaxed,
                                                     memory_order_relaxed)) {
             if (freeset_counted(ph))
@@ -159,10 +171,13 @@ static bool freeset_level_remove(struct client_freeset *s, unsigned level, uint6
 {
     struct client_freeset_level *lv = &s->lv[level];
     uint64_t home = client_freeset_home(lv, ph, addr);
-    if (HP_LIKELY(atomic_load_explicit(&lv->filter[home >> CLIENT_FREESET_LINE_LOG2],
-                                       memory_order_relaxed) == 0))
+    uint8_t f =
+        atomic_load_explicit(&lv->filter[home >> CLIENT_FREESET_LINE_LOG2], memory_order_relaxed);
+    if (HP_LIKELY((f & CLIENT_FREESET_FILTER_COUNT) == 0))
         return false;
-    for (uint64_t i = home; i < home + CLIENT_FREESET_PROBES; i++) {
+    /* Never displaced here: @addr is at its home, or not in this level. */
+    uint64_t probes = (f & CLIENT_FREESET_FILTER_DISPLACED) ? CLIENT_FREESET_PROBES : 1;
+    for (uint64_t i = home; i < home + probes; i++) {
         uint64_t v = atomic_load_explicit(&lv->slots[i], memory_order_relaxed);
         if (v == CLIENT_FREESET_EMPTY)
             return false;

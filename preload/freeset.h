@@ -17,12 +17,17 @@
  *     if (client_freeset_insert(&set, (uintptr_t)p) < 0) drop_sample();
  *     if (client_freeset_maybe(&set, p) && client_freeset_remove(&set, p)) record_free(p);
  *
- * In front of each level's table sits a filter of one saturating 8-bit counter per group
- * of 2^CLIENT_FREESET_LINE_LOG2 slots (the entries whose home slot lies in that group). The
- * first level's filter counts the entries of every level (by their home in the first
- * level), so a free of an unsampled address reads one counter (16 KiB of them, in cache)
- * whatever the set's size. A counter is raised before its entry is stored and lowered
- * after it is removed; at 255 it stays (the tables are then probed).
+ * In front of each level's table sits a filter of one byte per group of
+ * 2^CLIENT_FREESET_LINE_LOG2 slots: a saturating 7-bit counter of the entries whose home
+ * slot lies in that group, and a flag (CLIENT_FREESET_FILTER_DISPLACED) set for good once
+ * an entry with its home there was stored past its home slot. The first level's filter
+ * counts the entries of every level (by their home in the first level), so a free of an
+ * unsampled address reads one counter (16 KiB of them, in cache) whatever the set's size.
+ * A counter is raised before its entry is stored and lowered after it is removed; at 127
+ * it stays (the tables are then probed). A removal in a group never displaced looks at
+ * the home slot alone: an address whose home is there is at its home or not in the level.
+ * (Tombstones are never emptied, so with time a probe for an absent address that shares
+ * a group with a present one ran to CLIENT_FREESET_PROBES: 4 cache lines per such free.)
  *
  * Thread-safe and hook-safe (atomics, and mmap when growing). Addresses must be neither
  * 0 nor 1 and unique among live entries (true of live heap blocks).
@@ -53,7 +58,9 @@
 /* One filter counter per 32 slots (4 cache lines): a 16 KiB filter for the first level,
  * small enough to stay in L1 next to the application's own data. */
 #define CLIENT_FREESET_LINE_LOG2 5
-#define CLIENT_FREESET_FILTER_SAT 255u
+#define CLIENT_FREESET_FILTER_COUNT 0x7fu
+#define CLIENT_FREESET_FILTER_SAT 0x7fu
+#define CLIENT_FREESET_FILTER_DISPLACED 0x80u
 
 /* A level's table has 2^log2 + CLIENT_FREESET_SLACK slots: a home slot is below
  * 2^log2 + 255 and a probe never goes more than CLIENT_FREESET_PROBES past it, so no index
@@ -129,8 +136,9 @@ static inline bool client_freeset_maybe(const struct client_freeset *s, uint64_t
 {
     const struct client_freeset_level *lv = &s->lv[0];
     uint64_t home = client_freeset_home(lv, client_freeset_page_hash(addr), addr);
-    return atomic_load_explicit(&lv->filter[home >> CLIENT_FREESET_LINE_LOG2],
-                                memory_order_relaxed) != 0;
+    return (atomic_load_explicit(&lv->filter[home >> CLIENT_FREESET_LINE_LOG2],
+                                 memory_order_relaxed) &
+            CLIENT_FREESET_FILTER_COUNT) != 0;
 }
 
 #endif

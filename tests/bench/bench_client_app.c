@@ -1,12 +1,14 @@
-/* tests/bench/bench_client_app.c: wall time of a malloc-heavy two-thread program
- * (tests/bench/churn.c) under `heapprof record`, against the same program unprofiled.
+/* tests/bench/bench_client_app.c: wall time of a malloc-heavy program (tests/bench/churn.c)
+ * under `heapprof record`, against the same program unprofiled.
  *
  * Runs churn and `heapprof record -q -i N -o <tmp> -- churn` alternately from the same
  * build (beside this binary, or HEAPPROF_BUILD), RUNS times each, and prints the ratio
- * of the best runs as app_churn2t_ratio_4k (interval 4096) and app_churn2t_ratio_512k
- * (interval 524288): on a shared machine other load only ever adds time, so the minimum
- * is the stable estimate (the medians go to stderr). Also checks that the profiled run
- * prints the same output.
+ * of the best runs as app_churn<T>t_ratio_4k (interval 4096) for 1, 2, 4 and 8 threads
+ * (churn1t..churn8t: the same total work, CHURN_PAIRS malloc/free pairs, split among the
+ * threads; with 4 and 8 more threads than this machine kind's 2 cores), and
+ * app_churn2t_ratio_512k (interval 524288): on a shared machine other load only ever
+ * adds time, so the minimum is the stable estimate (the medians go to stderr). Also checks
+ * that the profiled run prints the same output.
  *
  * app_churn2t_ratio_dormant: the same program with libheapprof.so preloaded but no
  * session (the price of interposing malloc at all: the floor under the other ratios).
@@ -16,6 +18,13 @@
  * threads' work under the session (churn times it itself once the session's ring is
  * mapped, CHURN_WAIT_SESSION=1) against the same work unprofiled; comparable with
  * app_churn2t_ratio_4k, the preloaded path.
+ *
+ * svc_cpu_us_per_sample: the CPU time of the `heapprof record` process itself (its
+ * threads: handshake, reading the ring, unwinding, bookkeeping, the dump; not the
+ * program's) over the samples it recorded, for churn2t at 4096 (median of SVC_RUNS runs;
+ * the per-run CPU comes from libbench_peak_rss.so preloaded into heapprof, the samples
+ * from its summary). The pipeline's cost per sample, which on a machine with no idle
+ * core the program pays in wall time.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -33,7 +42,9 @@
 #include "tests/bench/bench_util.h"
 
 #define RUNS 7
-#define ITERATIONS "40000000"
+#define SVC_RUNS 5
+#define ITERATIONS "40000000" /* per thread, for churn2t */
+#define CHURN_PAIRS 80000000L
 
 extern char **environ;
 
@@ -78,25 +89,29 @@ static double run(char *const argv[], char *out, size_t cap)
     return (double)(hp_clock_ns(CLOCK_MONOTONIC) - t0) / 1e6;
 }
 
-/* @interval NULL: dormant (the library preloaded, nothing profiled). */
-static int ratio(const char *interval, const char *name)
+/* @interval NULL: dormant (the library preloaded, nothing profiled). @threads: churn's,
+ * each doing CHURN_PAIRS / @threads pairs. */
+static int ratio(const char *interval, int threads, const char *name)
 {
     char churn[8192], heapprof[8192], trace[] = "/tmp/heapprof-bench-XXXXXX";
-    char out_plain[256], out_prof[256];
+    char out_plain[256], out_prof[256], iters[32], nthreads[16];
     double plain[RUNS], prof[RUNS];
 
     snprintf(churn, sizeof(churn), "%s/tests/bench/churn", build);
     snprintf(heapprof, sizeof(heapprof), "%s/cli/heapprof", build);
+    snprintf(iters, sizeof(iters), "%ld", CHURN_PAIRS / threads);
+    snprintf(nthreads, sizeof(nthreads), "%d", threads);
     int fd = mkstemp(trace);
     if (fd < 0)
         return 1;
     (void)close(fd);
-    char *argv_plain[] = {churn, ITERATIONS, NULL};
-    char *argv_prof[] = {heapprof, "record", "-q",       "-i", (char *)interval, "-o", trace,
-                         "--",     churn,    ITERATIONS, NULL};
+    char *argv_plain[] = {churn, iters, nthreads, NULL};
+    char *argv_prof[] = {heapprof, "record", "-q",  "-i",  (char *)interval, "-o",
+                         trace,    "--",     churn, iters, nthreads,         NULL};
     char env_bin[] = "/usr/bin/env", preload[8300];
     snprintf(preload, sizeof(preload), "LD_PRELOAD=%s/preload/libheapprof.so", build);
-    char *argv_dormant[] = {env_bin, "-u", "HEAPPROF_STARTUP", preload, churn, ITERATIONS, NULL};
+    char *argv_dormant[] = {env_bin, "-u",  "HEAPPROF_STARTUP", preload,
+                            churn,   iters, nthreads,           NULL};
     char *const *argv_tool = interval ? argv_prof : argv_dormant;
     for (int i = 0; i < RUNS; i++) {
         plain[i] = run(argv_plain, out_plain, sizeof(out_plain));
@@ -112,8 +127,77 @@ static int ratio(const char *interval, const char *name)
     qsort(prof, RUNS, sizeof(double), cmp_double);
     printf("bench: %s %.3f ratio\n", name, prof[0] / plain[0]);
     fprintf(stderr,
-            "# %s: unprofiled best %.1f median %.1f ms, profiled best %.1f median %.1f ms\n", name,
-            plain[0], plain[RUNS / 2], prof[0], prof[RUNS / 2]);
+            "# %s: unprofiled best %.1f median %.1f ms, profiled best %.1f median %.1f ms "
+            "(median ratio %.3f)\n",
+            name, plain[0], plain[RUNS / 2], prof[0], prof[RUNS / 2],
+            prof[RUNS / 2] / plain[RUNS / 2]);
+    return 0;
+}
+
+/* The CPU milliseconds libbench_peak_rss.so wrote for the process named @comm into @path
+ * (the sum if several), or -1. */
+static long cpu_ms_of(const char *path, const char *comm)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    char name[64];
+    long hwm, ms, sum = -1;
+    int pid;
+    while (fscanf(f, "%d %63s %ld %ld", &pid, name, &hwm, &ms) == 4)
+        if (strcmp(name, comm) == 0 && ms >= 0)
+            sum = (sum < 0 ? 0 : sum) + ms;
+    fclose(f);
+    return sum;
+}
+
+static int svc_cpu_per_sample(void)
+{
+    char churn[8192], heapprof[8192], peak[8300], peak_file[] = "/tmp/heapprof-bench-XXXXXX";
+    char trace[] = "/tmp/heapprof-bench-XXXXXX";
+    char err[16384];
+    double us[SVC_RUNS];
+    snprintf(churn, sizeof(churn), "%s/tests/bench/churn", build);
+    snprintf(heapprof, sizeof(heapprof), "%s/cli/heapprof", build);
+    snprintf(peak, sizeof(peak), "%s/tests/bench/libbench_peak_rss.so", build);
+    int fd = mkstemp(peak_file), fd2 = mkstemp(trace);
+    if (fd < 0 || fd2 < 0)
+        return 1;
+    (void)close(fd);
+    (void)close(fd2);
+    char *argv[] = {heapprof, "record", "-i", "4096", "-o", trace, "--", churn, ITERATIONS, NULL};
+    const char *old_preload = getenv("LD_PRELOAD");
+    int rc = 0;
+    for (int i = 0; i < SVC_RUNS && rc == 0; i++) {
+        if (truncate(peak_file, 0) < 0)
+            rc = 1;
+        setenv("BENCH_PEAK_RSS_FILE", peak_file, 1);
+        setenv("LD_PRELOAD", peak, 1);
+        int st = bench_run_stderr(argv, err, sizeof(err));
+        if (old_preload)
+            setenv("LD_PRELOAD", old_preload, 1);
+        else
+            unsetenv("LD_PRELOAD");
+        unsetenv("BENCH_PEAK_RSS_FILE");
+        const char *p = strstr(err, "Stats: ");
+        unsigned long long samples = 0;
+        long ms = cpu_ms_of(peak_file, "heapprof");
+        if (st != 0 || !p || sscanf(p, "Stats: %llu samples", &samples) != 1 || samples == 0 ||
+            ms < 0) {
+            fprintf(stderr, "bench_client_app: svc run failed (status %d, %ld ms)\n", st, ms);
+            rc = 1;
+            break;
+        }
+        us[i] = (double)ms * 1000.0 / (double)samples;
+    }
+    (void)unlink(peak_file);
+    (void)unlink(trace);
+    if (rc)
+        return rc;
+    qsort(us, SVC_RUNS, sizeof(double), cmp_double);
+    printf("bench: svc_cpu_us_per_sample %.3f us\n", us[SVC_RUNS / 2]);
+    fprintf(stderr, "# svc_cpu_us_per_sample: best %.3f median %.3f worst %.3f us\n", us[0],
+            us[SVC_RUNS / 2], us[SVC_RUNS - 1]);
     return 0;
 }
 
@@ -213,8 +297,12 @@ int main(void)
 {
     if (bench_build_dir(build, sizeof(build)) < 0)
         return 1;
-    int r = ratio("4096", "app_churn2t_ratio_4k");
-    r |= ratio("524288", "app_churn2t_ratio_512k");
-    r |= ratio(NULL, "app_churn2t_ratio_dormant");
+    int r = ratio("4096", 1, "app_churn1t_ratio_4k");
+    r |= ratio("4096", 2, "app_churn2t_ratio_4k");
+    r |= ratio("4096", 4, "app_churn4t_ratio_4k");
+    r |= ratio("4096", 8, "app_churn8t_ratio_4k");
+    r |= ratio("524288", 2, "app_churn2t_ratio_512k");
+    r |= ratio(NULL, 2, "app_churn2t_ratio_dormant");
+    r |= svc_cpu_per_sample();
     return r | ratio_injected();
 }

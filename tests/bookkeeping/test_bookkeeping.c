@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -149,6 +150,30 @@ static void test_bookkeeping_alloc_free_counters(void **state)
     /* Records of processes never started are dropped, not applied. */
     bk_record_free(bk, PID + 1, 0, 1, 0x2000);
     assert_int_equal(counters(bk).records_applied, 6);
+}
+
+/* The weight of an allocation is 1 / P(sampled), in BK_WEIGHT_ONE units, whatever the
+ * sizes that came before (the weights of recent sizes are kept, by size, in a small
+ * table): 200 sizes, more than the table holds, each allocated twice at its own site,
+ * in two orders. */
+static void test_bookkeeping_weights_by_size(void **state)
+{
+    struct fixture *fx = *state;
+    bk_t *bk = fx->bk;
+    const double log_keep = log1p(-1.0 / 4096.0);
+    uint64_t seq = 1, addr = 0x100000;
+    for (int round = 0; round < 2; round++)
+        for (unsigned i = 0; i < 200; i++) {
+            unsigned k = round == 0 ? i : 199 - i;
+            alloc(bk, seq++, addr, 8 + 8 * k, 10 + k);
+            addr += 0x1000;
+        }
+    alloc(bk, seq++, addr, 8192, 300); /* at least the interval: weight one */
+    for (unsigned k = 0; k < 200; k++) {
+        double w = -1.0 / expm1((double)(8 + 8 * k) * log_keep) * BK_WEIGHT_ONE + 0.5;
+        assert_int_equal(site_of(bk, 10 + k).est_allocs, 2 * (uint64_t)w);
+    }
+    assert_int_equal(site_of(bk, 300).est_allocs, BK_WEIGHT_ONE);
 }
 
 static void test_bookkeeping_unknown_free_ignored(void **state)
@@ -593,6 +618,7 @@ static void test_bookkeeping_bug_grow_ahead_counts_records_once(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_bookkeeping_weights_by_size, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bookkeeping_alloc_free_counters, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bookkeeping_unknown_free_ignored, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bookkeeping_replace_at_live_address, setup, teardown),

@@ -5,6 +5,12 @@
  * in other threads, address reuse, calloc/posix_memalign/aligned_alloc).
  *
  * - At interval 1 every site matches exactly (bytes and counts, allocated and freed).
+ * - Frees and reuses of one address in different threads (tests/programs/reuse_threads:
+ *   8 threads swapping blocks through shared slots, so that an address freed in one
+ *   thread is allocated again in another a few hundred nanoseconds later), at interval
+ *   1: allocated and freed bytes and counts exact, no callsite with more freed than
+ *   allocated, no free of an address the profile did not hold, nothing marked possibly
+ *   freed: a reuse applied before the free that came first would show in each.
  * - At intervals 4096 and 524288, three fixed sampler seeds each (21-23, 31-33): each
  *   byte is sampled with probability 1/I and an allocation of s < I bytes holding k
  *   sampled bytes is attributed I * k, so a site's estimate of B true bytes has mean B and
@@ -216,6 +222,57 @@ static void test_accuracy_exact(void **state)
     }
     check_stacks(p);
     finish_truth(t, trace);
+}
+
+static void test_accuracy_reuse_8_threads(void **state)
+{
+    (void)state;
+    struct e2e_run run;
+    char *prog[] = {(char *)e2e_env("REUSE_THREADS"), "20000", "8", NULL};
+    char *trace = record("1", "1", g_patient, prog, NULL, &run);
+    assert_int_equal(run.status, 0);
+    struct e2e_truth truth[E2E_MAX_TRUTH];
+    assert_int_equal(e2e_parse_truth(run.out, truth, E2E_MAX_TRUTH), 2);
+    e2e_run_free(&run);
+    struct rp_trace *t = load(trace);
+    const struct rp_trace_process *p = e2e_find_process(t, "reuse_threads");
+    assert_non_null(p);
+    assert_false(p->buffer_overran);
+    assert_int_equal(p->frees_lost, 0);
+    assert_int_equal(p->losses.records_dropped, 0);
+    assert_int_equal(p->losses.unknown_frees, 0);
+    assert_int_equal(p->possibly_freed_count, 0);
+    uint64_t live = 0;
+    for (size_t i = 0; i < 2; i++) {
+        struct e2e_sums s;
+        e2e_sum_function(p, truth[i].name, &s);
+        print_message("  %-14s alloc %llu/%llu (truth %llu/%llu) freed %llu/%llu (truth "
+                      "%llu/%llu)\n",
+                      truth[i].name, (unsigned long long)s.alloc_bytes,
+                      (unsigned long long)s.alloc_count, (unsigned long long)truth[i].alloc_bytes,
+                      (unsigned long long)truth[i].alloc_count, (unsigned long long)s.free_bytes,
+                      (unsigned long long)s.free_count, (unsigned long long)truth[i].free_bytes,
+                      (unsigned long long)truth[i].free_count);
+        assert_true(s.callsites > 0);
+        assert_int_equal(s.alloc_bytes, truth[i].alloc_bytes);
+        assert_int_equal(s.alloc_count, truth[i].alloc_count);
+        assert_int_equal(s.free_bytes, truth[i].free_bytes);
+        assert_int_equal(s.free_count, truth[i].free_count);
+        live += truth[i].alloc_bytes - truth[i].free_bytes;
+    }
+    /* No phantom or negative live bytes anywhere, the program's other allocations
+     * (stdio, thread stacks' bookkeeping) included. */
+    uint64_t unreleased = 0;
+    for (size_t i = 0; i < p->n_callsites; i++) {
+        const struct rp_trace_callsite *c = &p->callsites[i];
+        assert_true(c->self_freed <= c->self_allocated);
+        assert_true(c->free_count <= c->alloc_count);
+        unreleased += c->self_allocated - c->self_freed;
+    }
+    assert_true(unreleased >= live);
+    rp_trace_free(t);
+    unlink(trace);
+    free(trace);
 }
 
 /* Checks @got against @truth at @interval when truth >= 20 * interval; returns whether
@@ -530,9 +587,13 @@ static void test_accuracy_clang_format(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_accuracy_exact),        cmocka_unit_test(test_accuracy_sampled_4k),
-        cmocka_unit_test(test_accuracy_sampled_512k), cmocka_unit_test(test_accuracy_stacks_total),
-        cmocka_unit_test(test_accuracy_python),       cmocka_unit_test(test_accuracy_sqlite),
+        cmocka_unit_test(test_accuracy_exact),
+        cmocka_unit_test(test_accuracy_reuse_8_threads),
+        cmocka_unit_test(test_accuracy_sampled_4k),
+        cmocka_unit_test(test_accuracy_sampled_512k),
+        cmocka_unit_test(test_accuracy_stacks_total),
+        cmocka_unit_test(test_accuracy_python),
+        cmocka_unit_test(test_accuracy_sqlite),
         cmocka_unit_test(test_accuracy_clang_format),
     };
     return cmocka_run_group_tests_name("e2e_accuracy", tests, NULL, NULL);
