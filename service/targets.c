@@ -318,7 +318,7 @@ int svc_proc_attach(const struct svc_proc *p, pid_t attacher, const char *sock_p
         attacher = 0;
     if (p->preloaded)
         return svc_proc_wake_to(p, attacher, sock_path, why, len);
-    /* Without a socket of its own (the daemon's wake), only where it sees our library. */
+    /* Without a socket of its own (not in a container), only where it sees our library. */
     int r = svc_proc_inject_ex(p, sock_path != NULL, why, len, stats);
     if (r < 0)
         return r;
