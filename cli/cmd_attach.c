@@ -21,7 +21,6 @@
 #include "common/log.h"
 #include "common/macros.h"
 #include "common/paths.h"
-#include "common/wake.h"
 
 #define MAX_TRIED 4096
 #define CONNECT_GRACE_NS 2000000000ull
@@ -104,6 +103,7 @@ struct attach_tried {
     uint64_t woken_ns; /* 0: not woken (refused, said why) */
     bool warned;       /* said it has not connected yet */
     bool settled;      /* woken, and connected, gone, or given up */
+    bool in_container; /* told to connect to a socket made inside its root */
 };
 
 struct attach_state {
@@ -140,6 +140,7 @@ static void remember(struct attach_state *st, const struct svc_proc *p, bool wok
     snprintf(t->name, sizeof(t->name), "%s", p->name);
     t->woken_ns = woken ? hp_clock_ns(CLOCK_MONOTONIC) : 0;
     t->settled = t->warned = false;
+    t->in_container = svc_proc_in_container(p);
     if (woken)
         st->n_pending++;
 }
@@ -171,18 +172,8 @@ static int attach_target(struct attach_state *st, const struct svc_proc *p, bool
     int r = check_target(p, st->cfg->allow_other_users, why, sizeof(why));
     if (r == 0) {
         struct svc_rcall_stats inj = {0};
-        /* In a container our socket is out of its reach: one inside its root. */
-        char in_path[HP_WAKE_PATH_MAX];
-        bool in = svc_proc_in_container(p);
-        if (in && (r = svc_listen_in(st->svc, p->pid, p->uid, in_path, sizeof(in_path))) < 0)
-            snprintf(why, sizeof(why),
-                     "lives in a container and no socket could be made for it inside its root "
-                     "(in its /tmp or /dev/shm): %s",
-                     strerror(-r));
-        if (r == 0)
-            r = svc_proc_attach(p, st->self, in ? in_path : NULL, why, sizeof(why), &inj);
-        if (in && r < 0)
-            svc_unlisten_in(st->svc, p->pid);
+        /* In a container, to a socket made for it inside its root. */
+        r = svc_proc_attach_for(st->svc, p, st->self, why, sizeof(why), &inj);
         if (r == -EAGAIN)
             return r;
         if (inj.tid)
@@ -270,12 +261,22 @@ static void check_woken(struct attach_state *st, svc_t *s)
             continue;
         bool seen = svc_client_seen(s, t->pid);
         if (!seen && !t->warned && now - t->woken_ns >= CONNECT_GRACE_NS && kill(t->pid, 0) == 0) {
-            fprintf(stderr,
-                    "heapprof attach: pid %d (%s) was woken but has not connected within 2 s "
-                    "(still starting? it looks for this session's socket in its own runtime "
-                    "directory, $XDG_RUNTIME_DIR/heapprof else /tmp/heapprof-UID: was it "
-                    "started with another XDG_RUNTIME_DIR?)\n",
-                    (int)t->pid, t->name);
+            /* A container's process was told the socket's path: no runtime directory of
+             * its own is looked at. */
+            if (t->in_container)
+                fprintf(stderr,
+                        "heapprof attach: pid %d (%s) was woken but has not connected within "
+                        "2 s to the socket made for it inside its root, in its /tmp or "
+                        "/dev/shm (a busy machine? or a security profile of its container "
+                        "that keeps it from connecting there)\n",
+                        (int)t->pid, t->name);
+            else
+                fprintf(stderr,
+                        "heapprof attach: pid %d (%s) was woken but has not connected within "
+                        "2 s (still starting? it looks for this session's socket in its own "
+                        "runtime directory, $XDG_RUNTIME_DIR/heapprof else /tmp/heapprof-UID: "
+                        "was it started with another XDG_RUNTIME_DIR?)\n",
+                        (int)t->pid, t->name);
             t->warned = true;
         }
         if (!seen && kill(t->pid, 0) == 0 && now - t->woken_ns < CONNECT_GIVE_UP_NS)

@@ -117,12 +117,22 @@ static void usage(FILE *f, const struct cli_opts *o)
           f);
 }
 
+struct daemon_run {
+    const struct svc_config *cfg;
+    const char *socket_path;
+    char output[PATH_MAX]; /* the trace file opened */
+    int http_fd;           /* --http: listening, until the endpoint takes it; else -1 */
+    char http_url[128];
+    http_endpoint_t *http;
+    svc_t *svc; /* once started */
+};
+
 static void attach_running(void *ctx, const struct svc_proc *p)
 {
-    const struct svc_config *cfg = ctx;
+    struct daemon_run *d = ctx;
     char why[768];
     why[0] = '\0';
-    int r = svc_proc_attach_daemon(p, cfg->allow_other_users, why, sizeof(why));
+    int r = svc_proc_attach_daemon(d->svc, p, d->cfg->allow_other_users, why, sizeof(why));
     if (r == -EAGAIN)
         hp_log_info("pid %d (%s): no wake entry advertised (still starting, or attaching "
                     "disabled); not attached",
@@ -154,21 +164,12 @@ static const char *session_field_given(const struct svc_config *cfg)
     return NULL;
 }
 
-struct daemon_run {
-    const struct svc_config *cfg;
-    const char *socket_path;
-    char output[PATH_MAX]; /* the trace file opened */
-    int http_fd;           /* --http: listening, until the endpoint takes it; else -1 */
-    char http_url[128];
-    http_endpoint_t *http;
-};
-
 /* No pid file: `heapprof dump` asks the daemon over its socket (svc_control_dump()), so
  * no tool of ours ever signals a pid read from a file. */
 static int daemon_started(void *ctx, svc_t *s)
 {
-    (void)s;
     struct daemon_run *d = ctx;
+    d->svc = s;
     if (d->cfg->allow_other_users)
         fprintf(stderr,
                 "heapprofd: listening on %s, mode 0666 (--allow-other-users): processes of "
@@ -188,7 +189,7 @@ static int daemon_started(void *ctx, svc_t *s)
         fprintf(stderr, "heapprofd: serving pprof on %s\n", d->http_url);
     }
     if (!d->cfg->no_running && svc_config_has_targets(d->cfg))
-        svc_proc_scan_targets(d->cfg, attach_running, (void *)d->cfg);
+        svc_proc_scan_targets(d->cfg, attach_running, d);
     return 0;
 }
 

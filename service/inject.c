@@ -52,12 +52,12 @@
  * Refused, the process untouched: what the wake refuses (stopped, traced, seccomp, no
  * permission), a process without glibc's libc.so.6 and ld.so (static binaries), a vfork
  * child (it shares its parent's memory until it execs), a library that is not the same file
- * inside the process's root when no memfd may be used (the daemon's attach: its socket is
- * out of a container's reach anyway), and a libheapprof.so already mapped that advertises
- * no wake entry. A dlopen that fails (the process may not read the library) leaves nothing
- * behind; its message is passed on. What else a container needs (a socket inside its root,
- * a peer outside its pid namespace, a user namespace refused) is service/targets.c's and
- * svc_listen_in()'s.
+ * inside the process's root when no memfd may be used (a process that shares our
+ * namespaces: a chroot, whose client may not reach our socket either), and a
+ * libheapprof.so already mapped that advertises no wake entry. A dlopen that fails (the
+ * process may not read the library) leaves nothing behind; its message is passed on. What
+ * else a container needs (a socket inside its root, a peer outside its pid namespace, a
+ * user namespace refused) is service/targets.c's and svc_listen_in()'s.
  */
 #include "service/inject.h"
 
@@ -1002,10 +1002,13 @@ int svc_proc_inject_ex(const struct svc_proc *p, bool by_memfd, char *why, size_
     if (!inject_same_file(p->pid, lib, pl.lib_fd)) {
         /* Another root (a container): the path names another file there, or none. */
         if (!by_memfd) {
+            /* Attaches give a memfd to a process in other namespaces (a container,
+             * svc_proc_attach_for()); in ours, another root is a chroot's. */
             r = svc__why(why, why_len, -EXDEV,
-                         "does not see %s as this heapprof does (another mount namespace: a "
-                         "container?); heapprof attach -p %d can load it from the host",
-                         lib, (int)p->pid);
+                         "does not see %s as this heapprof does (another root directory in "
+                         "the same namespaces: a chroot?); heapprof loads the library into "
+                         "a process of another root only when it lives in a container",
+                         lib);
             goto out;
         }
         pl.by_memfd = true;

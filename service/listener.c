@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -270,6 +271,7 @@ int svc_listen_in(svc_t *s, pid_t pid, uid_t uid, char *ret_path, size_t len)
             return r;
         }
         in.dirfd = HP_TAKE_FD(dirfd);
+        in.until_ns = hp_clock_ns(CLOCK_MONOTONIC) + (uint64_t)SVC_LISTEN_IN_TIMEOUT_MS * 1000000u;
         s->ins[s->n_ins++] = in;
         return 0;
     }
@@ -300,6 +302,28 @@ static void listen_in_event(struct svc *s, int fd)
         return; /* EAGAIN, ECONNABORTED: the next event */
     listen_in_drop(s, i);
     accepted(s, c);
+}
+
+/* Removes the sockets of processes that are gone, or that have had their time to
+ * connect (SVC_LISTEN_IN_TIMEOUT_MS), saying so: the daemon's only word on a woken
+ * process that never connected. */
+static void listen_in_expire(struct svc *s)
+{
+    uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
+    for (unsigned i = 0; i < s->n_ins;) {
+        const struct svc_listen_in *in = &s->ins[i];
+        bool gone = kill(in->pid, 0) < 0 && errno == ESRCH;
+        if (!gone && now < in->until_ns) {
+            i++;
+            continue;
+        }
+        if (!gone)
+            hp_log_warn("pid %d: woken, but it did not connect to the socket made for it "
+                        "inside its root within %d s (a busy machine? or a security profile "
+                        "of its container that keeps it from connecting there); not attached",
+                        (int)in->pid, SVC_LISTEN_IN_TIMEOUT_MS / 1000);
+        listen_in_drop(s, i);
+    }
 }
 
 /* The unwinder of @pid's route, added (as @fallback) when missing; @fallback when out
@@ -459,7 +483,7 @@ static void pending_expire(struct svc *s)
 int svc_poll(svc_t *s, int timeout_ms)
 {
     struct epoll_event evs[16];
-    if (s->n_pending && (timeout_ms < 0 || timeout_ms > 100))
+    if ((s->n_pending || s->n_ins) && (timeout_ms < 0 || timeout_ms > 100))
         timeout_ms = 100;
     int n = epoll_wait(s->epfd, evs, HP_ARRAY_SIZE(evs), timeout_ms);
     if (n < 0)
@@ -491,6 +515,8 @@ int svc_poll(svc_t *s, int timeout_ms)
         }
     }
     pending_expire(s);
+    if (s->n_ins)
+        listen_in_expire(s);
     return ret;
 }
 

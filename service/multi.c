@@ -175,7 +175,7 @@ static void signal_running(void *ctx, const struct svc_proc *p)
     route_add(c->m, p->pid, c->ms->id);
     char why[768];
     why[0] = '\0';
-    int r = svc_proc_attach_daemon(p, c->ms->cfg.allow_other_users, why, sizeof(why));
+    int r = svc_proc_attach_daemon(c->ms->s, p, c->ms->cfg.allow_other_users, why, sizeof(why));
     if (r < 0)
         hp_log_warn("pid %d (%s) %s; not attached", (int)p->pid, p->name,
                     why[0] ? why : strerror(-r));

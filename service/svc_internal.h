@@ -234,14 +234,21 @@ struct svc_pending_hello {
 #define SVC_MAX_PENDING_HELLOS 64
 
 /* A socket made for one process inside its root (svc_listen_in()): listening until its
- * first connection, then closed and its file removed. */
+ * first connection, then closed and its file removed; also when the process is gone, or
+ * has not connected by until_ns (CLOCK_MONOTONIC). */
 struct svc_listen_in {
     int fd;
     int dirfd; /* the directory it is in, inside the process's root (O_PATH) */
     pid_t pid;
     char name[64];
+    uint64_t until_ns;
 };
 #define SVC_MAX_LISTEN_IN 64
+/* How long a woken process has to connect to its socket inside its root: its session
+ * thread connects as soon as it runs, and does not try again. heapprof attach gives up
+ * sooner (10 s) with a message of its own; this ends the wait of a daemon, which has
+ * none. */
+#define SVC_LISTEN_IN_TIMEOUT_MS 15000
 /* How long a client has to complete its hello, and the socket timeouts of the
  * handshake. */
 #define SVC_HANDSHAKE_TIMEOUT_MS 2000

@@ -18,7 +18,9 @@
 
 #include "common/macros.h"
 #include "common/paths.h"
+#include "common/wake.h"
 #include "service/inject.h"
+#include "service/svc.h"
 
 int svc__read_small(const char *path, char *buf, size_t len, size_t *ret_n)
 {
@@ -268,7 +270,8 @@ int svc_proc_check(const struct svc_proc *p, bool other_users, char *why, size_t
     return 0;
 }
 
-int svc_proc_attach_daemon(const struct svc_proc *p, bool other_users, char *why, size_t len)
+int svc_proc_attach_daemon(struct svc *s, const struct svc_proc *p, bool other_users, char *why,
+                           size_t len)
 {
     int r = svc_proc_check(p, other_users, why, len);
     if (r == -EACCES) {
@@ -277,7 +280,32 @@ int svc_proc_attach_daemon(const struct svc_proc *p, bool other_users, char *why
                  "; heapprofd takes other users' processes when it runs as "
                  "root with --allow-other-users");
     }
-    return r < 0 ? r : svc_proc_attach(p, 0, NULL, why, len, NULL);
+    return r < 0 ? r : svc_proc_attach_for(s, p, 0, why, len, NULL);
+}
+
+int svc_proc_attach_for(struct svc *s, const struct svc_proc *p, pid_t attacher, char *why,
+                        size_t len, struct svc_rcall_stats *stats)
+{
+    if (stats)
+        *stats = (struct svc_rcall_stats){0};
+    if (!svc_proc_in_container(p))
+        return svc_proc_attach(p, attacher, NULL, why, len, stats);
+    /* Our socket is out of its reach: one inside its root, whose peer is this process
+     * (its pid as the process sees it, or 0 from another pid namespace: svc_proc_attach),
+     * also for the daemon, whose own socket @attacher 0 names otherwise. */
+    char in_path[HP_WAKE_PATH_MAX];
+    int r = svc_listen_in(s, p->pid, p->uid, in_path, sizeof(in_path));
+    if (r < 0) {
+        snprintf(why, len,
+                 "lives in a container and no socket could be made for it inside its root "
+                 "(in its /tmp or /dev/shm): %s",
+                 strerror(-r));
+        return r;
+    }
+    r = svc_proc_attach(p, getpid(), in_path, why, len, stats);
+    if (r < 0)
+        svc_unlisten_in(s, p->pid);
+    return r;
 }
 
 int svc_proc_attach(const struct svc_proc *p, pid_t attacher, const char *sock_path, char *why,
@@ -290,7 +318,7 @@ int svc_proc_attach(const struct svc_proc *p, pid_t attacher, const char *sock_p
         attacher = 0;
     if (p->preloaded)
         return svc_proc_wake_to(p, attacher, sock_path, why, len);
-    /* Without a socket of its own (the daemon's wake), only where it sees our library. */
+    /* Without a socket of its own (not in a container), only where it sees our library. */
     int r = svc_proc_inject_ex(p, sock_path != NULL, why, len, stats);
     if (r < 0)
         return r;

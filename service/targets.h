@@ -10,6 +10,8 @@
 #include "service/config.h"
 #include "service/rcall.h"
 
+struct svc;
+
 /* /proc/PID/comm's size, its NUL included. */
 #define SVC_COMM_LEN 16
 
@@ -45,7 +47,8 @@ struct svc_proc {
 #define SVC_NS_USER 8u
 /* True when @p cannot reach the service's own socket, or the service cannot tell its
  * client by its pid: it lives in another mount, pid or network namespace (a container).
- * heapprof attach makes it a socket of its own inside its root (svc_listen_in()). */
+ * heapprof attach and heapprofd make it a socket of its own inside its root
+ * (svc_proc_attach_for()). */
 bool svc_proc_in_container(const struct svc_proc *p);
 /* Reads /proc/@pid: 0, -ENOENT (gone), -errno. */
 int svc_proc_inspect(pid_t pid, struct svc_proc *ret);
@@ -59,9 +62,11 @@ const char *svc_proc_comm(pid_t pid, char *buf, size_t len);
  * svc_inject_set_library()). */
 int svc_proc_check(const struct svc_proc *p, bool other_users, char *why, size_t len);
 /* What a daemon does with a running target @p it found: svc_proc_check() (other users'
- * processes when @other_users, heapprofd --allow-other-users), then svc_proc_wake() for
- * the daemon socket. Returns as those, the reason in @why, with what to do for -EACCES. */
-int svc_proc_attach_daemon(const struct svc_proc *p, bool other_users, char *why, size_t len);
+ * processes when @other_users, heapprofd --allow-other-users), then svc_proc_attach_for()
+ * with @s, whose socket is the daemon's. Returns as those, the reason in @why, with what
+ * to do for -EACCES. */
+int svc_proc_attach_daemon(struct svc *s, const struct svc_proc *p, bool other_users, char *why,
+                           size_t len);
 /* Calls @fn for every running process but ours that matches @cfg's targets: with
  * libheapprof.so mapped (ready to attach or not), or, unless @cfg takes every process,
  * any (svc_proc_check() says why one without it, or that we may not read, is not
@@ -91,11 +96,18 @@ int svc_proc_wake_to(const struct svc_proc *p, pid_t attacher, const char *sock_
  * libheapprof.so, else svc_proc_inject() (service/inject.h) and then the wake. A process
  * in a container (svc_proc_in_container()) is told to connect to @sock_path, a socket made
  * for it inside its root (svc_listen_in()), and the library is handed over in a memfd
- * where its root has another file at its path; without @sock_path (the daemon) such a
- * process is refused (-EXDEV). Returns as those; @stats (may be NULL):
+ * where its root has another file at its path; without @sock_path such a process is
+ * refused (-EXDEV): svc_proc_attach_for() makes the socket. Returns as those; @stats (may be NULL):
  * the injection's thread and stop time (zero without one). */
 int svc_proc_attach(const struct svc_proc *p, pid_t attacher, const char *sock_path, char *why,
                     size_t len, struct svc_rcall_stats *stats);
+/* svc_proc_attach() for the service @s (this process's): a process in a container
+ * (svc_proc_in_container()) is told to connect to a socket @s makes for it inside its root
+ * (svc_listen_in(), removed again when the attach fails), its peer us; the others to
+ * @attacher's socket, as svc_proc_attach(). Returns as that, also when no socket could be
+ * made (the reason in @why). */
+int svc_proc_attach_for(struct svc *s, const struct svc_proc *p, pid_t attacher, char *why,
+                        size_t len, struct svc_rcall_stats *stats);
 /* The reason tracing a process needs, after ptrace or a read of its memory said @err:
  * -EPERM, the reason in @why (service/wake.c). */
 int svc__wake_no_permission(int err, char *why, size_t len);

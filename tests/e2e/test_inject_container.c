@@ -14,12 +14,17 @@
  *   - a program in a user namespace whose root is ours (made by root): attached;
  *   - a rootless container (a user namespace made by another user, where our root is
  *     nobody): refused, rc 1, the reason given, the library not loaded, the program
- *     unharmed.
+ *     unharmed;
+ *   - heapprofd -n NAME finds the program running in the container and attaches it the
+ *     same way: its trace passes both checkers, with every thread's site under the host
+ *     pid; the socket it made inside the container's /tmp is gone once the program
+ *     connected and after the daemon exits; the program's output and status unchanged.
  * Root only (namespaces); skipped, saying why, when not root or unshare cannot make them. */
 #include <dirent.h>
 #include <errno.h>
 #include <libgen.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -32,6 +37,7 @@
 
 #include <cmocka.h>
 
+#include "tests/e2e/e2e_daemon.h"
 #include "tests/e2e/e2e_util.h"
 
 static char runtime_dir[256];
@@ -356,6 +362,70 @@ static void test_container_rootless_refused(void **state)
     free(o);
 }
 
+/* heapprofd -n NAME, started after the program: it scans, finds the program in the
+ * container (no library there, another /tmp, another network) and attaches it as heapprof
+ * attach does. */
+static void test_container_daemon_attaches(void **state)
+{
+    (void)state;
+    need_namespaces();
+    struct e2e_target t;
+    pid_t pid = start_in_container(&t, "--mount --pid --net", false);
+    struct e2e_daemon d;
+    e2e_daemon_prepare(&d, "ctrd");
+    const char *args[] = {"-n", "ctr_threads", "--no-source-lines", NULL};
+    e2e_daemon_launch(&d, args);
+
+    char want[64];
+    snprintf(want, sizeof(want), "pid %d (", (int)pid);
+    char *log = NULL;
+    for (int i = 0; i < 1500; i++) { /* 15 s: a loaded machine, a sanitizer build */
+        free(log);
+        log = e2e_read_file(d.log);
+        const char *l = strstr(log, want);
+        if ((l && strstr(l, "): profiling")) || strstr(log, "not attached"))
+            break;
+        e2e_sleep_ms(10);
+    }
+    const char *l = strstr(log, want);
+    if (!l || !strstr(l, "): profiling"))
+        print_message("  heapprofd's log:\n%s\n", log);
+    assert_non_null(l);
+    assert_non_null(strstr(l, "): profiling"));
+    free(log);
+    /* Taken by its first connection. */
+    assert_int_equal(sockets_left(pid), 0);
+    e2e_sleep_ms(300); /* samples of each thread (each allocates every ms) */
+    assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
+    assert_int_equal(sockets_left(pid), 0);
+
+    assert_int_equal(e2e_check_rules(d.trace), 0);
+    struct rp_trace *tr = NULL;
+    assert_int_equal(rp_trace_load(d.trace, &(struct rp_trace_options){0}, &tr), 0);
+    const struct rp_trace_process *p = e2e_find_pid(tr, pid);
+    assert_non_null(p);
+    for (int k = 0; k < 4; k++) {
+        char site[16];
+        snprintf(site, sizeof(site), "site_t%d", k);
+        struct e2e_sums s;
+        e2e_sum_function(p, site, &s);
+        if (s.alloc_count == 0)
+            print_message("  no sample of %s\n", site);
+        assert_true(s.alloc_count > 0);
+    }
+    rp_trace_free(tr);
+    bool memfd;
+    assert_int_equal(library_copies(pid, &memfd), 1);
+    assert_true(memfd);
+
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+    char *o = e2e_read_file(t.out);
+    assert_null(strstr(o, "FATAL"));
+    assert_non_null(strstr(o, "done"));
+    free(o);
+    e2e_daemon_remove_files(&d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -363,6 +433,7 @@ int main(void)
         cmocka_unit_test(test_container_pid_namespace_only),
         cmocka_unit_test(test_container_user_namespace_mapped),
         cmocka_unit_test(test_container_rootless_refused),
+        cmocka_unit_test(test_container_daemon_attaches),
     };
     return cmocka_run_group_tests_name("e2e_inject_container", tests, setup, teardown);
 }

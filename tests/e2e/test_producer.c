@@ -14,6 +14,8 @@
  * - a 4 KiB shared memory buffer (one page) carries a dump of megabytes whole;
  * - the fake killed mid-session: heapprofd and the profiled program carry on, the
  *   producer reconnects to a new fake and a new session profiles the program again;
+ * - a running target in a container, started without the library, is attached through
+ *   a socket made inside its root (root only);
  * - a session stopped while its program runs: the stop is acknowledged, the dump is
  *   complete, the program finishes normally;
  * - two sessions at once: one profiles the process both target, the other records it
@@ -23,6 +25,7 @@
  * - an invalid HeapprofdConfig, or one without targets, is refused with a message and
  *   its stop still acknowledged; session fields given as flags are refused.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -675,6 +678,87 @@ static void test_producer_injects_running_target(void **state)
     pe_remove(&pe);
 }
 
+/* Sockets of ours (heapprof-*.sock) left in the /tmp of @pid's root. */
+static int sockets_in_root(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/root/tmp", (int)pid);
+    DIR *d = opendir(path);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        size_t len = strlen(e->d_name);
+        n += strncmp(e->d_name, "heapprof-", 9) == 0 && len > 14 &&
+             strcmp(e->d_name + len - 5, ".sock") == 0;
+    }
+    closedir(d);
+    return n;
+}
+
+/* A running target in a container (its own mount, pid and network namespaces, a /tmp of
+ * its own: the daemon's socket, the abstract ones and the library's directory out of its
+ * sight), started without the library: the session's scan injects it and it connects to a
+ * socket made for that session inside its root. Root only. */
+static void test_producer_container_target(void **state)
+{
+    (void)state;
+    if (geteuid() != 0 || access("/usr/bin/unshare", X_OK) != 0) {
+        print_message("not root, or no unshare (namespaces): skipped\n");
+        skip();
+    }
+    struct pe pe;
+    pe_start(&pe, "prod-ctr", NULL);
+    char lib_dir[512], script[2048];
+    snprintf(lib_dir, sizeof(lib_dir), "%s", e2e_env("HEAPPROF_LIB"));
+    *strrchr(lib_dir, '/') = '\0';
+    /* The library's directory first: the build may be under /tmp. */
+    snprintf(script, sizeof(script),
+             "exec /usr/bin/unshare --mount --pid --net --fork --mount-proc /bin/sh -c \""
+             "mount -t tmpfs hide '%s' && mount -t tmpfs tmp /tmp && exec '%s'\"",
+             lib_dir, e2e_env("INJECT_THREADS"));
+    char *argv[] = {"/bin/sh", "-c", script, NULL};
+    struct e2e_target t;
+    assert_int_equal(e2e_target_start(&t, pe.dir, argv, NULL, "ready"), 0);
+    char path[96];
+    snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)t.pid, (int)t.pid);
+    char *kids = e2e_read_file(path);
+    pid_t pid = (pid_t)atoi(kids); /* unshare --fork's child: the program, by its host pid */
+    free(kids);
+    assert_true(pid > 0);
+
+    char *trace = trace_path(&pe, "ctr");
+    struct hcfg c = cfg_patient(4096, "inject_threads");
+    int s = start_session(&pe, &c, trace);
+    char want[32];
+    snprintf(want, sizeof(want), "pid %d (", (int)pid);
+    wait_lines(&pe, want, "): profiling", 1);
+    assert_int_equal(sockets_in_root(pid), 0); /* taken by its connection */
+    e2e_sleep_ms(300);                         /* each thread allocates every ms */
+    stop_session(&pe, s);
+    fake_clean(&pe);
+    pe_stop(&pe);
+    assert_int_equal(sockets_in_root(pid), 0);
+    struct rp_trace *tr = load(trace);
+    const struct rp_trace_process *p = e2e_find_pid(tr, pid);
+    assert_non_null(p);
+    for (int k = 0; k < 4; k++) {
+        char site[16];
+        snprintf(site, sizeof(site), "site_t%d", k);
+        struct e2e_sums sums;
+        e2e_sum_function(p, site, &sums);
+        assert_true(sums.alloc_count > 0);
+    }
+    rp_trace_free(tr);
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+    char *o = e2e_read_file(t.out);
+    assert_null(strstr(o, "FATAL"));
+    assert_non_null(strstr(o, "done"));
+    free(o);
+    free(trace);
+    pe_remove(&pe);
+}
+
 /* A session stopped while its program runs: acknowledged at once (final dump included),
  * and the program goes on unprofiled to a normal end. */
 static void test_producer_stopped_early(void **state)
@@ -997,6 +1081,7 @@ int main(void)
         cmocka_unit_test_teardown(test_producer_tiny_smb, kill_leftovers),
         cmocka_unit_test_teardown(test_producer_traced_restart, kill_leftovers),
         cmocka_unit_test_teardown(test_producer_injects_running_target, kill_leftovers),
+        cmocka_unit_test_teardown(test_producer_container_target, kill_leftovers),
         cmocka_unit_test_teardown(test_producer_stopped_early, kill_leftovers),
         cmocka_unit_test_teardown(test_producer_two_sessions, kill_leftovers),
         cmocka_unit_test_teardown(test_producer_full_smb_never_blocks, kill_leftovers),
