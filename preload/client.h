@@ -74,7 +74,8 @@ enum client_state {
 /* Heaps of the program's own (include/heapprof.h, preload/heapapi.c): ids 1..this. */
 #define CLIENT_MAX_HEAPS 32
 /* First level of such a heap's sampled-block set: smaller than malloc's (2^16 slots, half
- * a MiB of address space), mapped on the heap's first sample in a slot. */
+ * a MiB of address space), mapped on the heap's first sample in a slot. python.objects
+ * takes malloc's size (client_heap_set_ready()). */
 #define CLIENT_HEAP_FREESET_LOG2 16
 
 /* Per-thread state; initial-exec TLS, keep it small (DESIGN.md: under 1 KiB in all). */

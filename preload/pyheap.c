@@ -197,6 +197,11 @@ void client_pyheap_poll(struct client_session *s)
         pyheap_install(m);
 }
 
+uint32_t client_pyheap_id(void)
+{
+    return atomic_load_explicit(&pyheap_id, memory_order_relaxed);
+}
+
 bool client_pyheap_installed(void)
 {
     return atomic_load_explicit(&pyheap_on, memory_order_relaxed);
