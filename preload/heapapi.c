@@ -159,17 +159,7 @@ HP_EXPORT bool heapprof_report_sample(uint32_t heap, uint64_t id, uint64_t size,
 
 HP_EXPORT void heapprof_report_free(uint32_t heap, uint64_t id)
 {
-    /* Acquire pairs with the release store publishing the session (its sets are set). */
-    struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
-    if (HP_LIKELY(s == NULL) || heap - 1 >= CLIENT_MAX_HEAPS)
-        return;
-    struct client_freeset *set = &s->heap_sets[heap - 1];
-    /* Acquire pairs with the release store of nlevels when the set was mapped. */
-    if (atomic_load_explicit(&set->nlevels, memory_order_acquire) == 0 ||
-        HP_LIKELY(!client_freeset_maybe(set, id)))
-        return;
-    if (client_freeset_remove(set, id))
-        client_record_free(s, heap, id);
+    client_heap_free(heap, id);
 }
 
 bool client_heap_set_ready(struct client_session *s, uint32_t heap)

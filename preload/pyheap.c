@@ -112,8 +112,8 @@ static void *pyheap_realloc(void *ctx, void *ptr, size_t size)
      * freed) when realloc fails, which leaves it. */
     if (ptr) {
         client_pycodes_forget(&client_py_codes, (uint64_t)(uintptr_t)ptr);
-        heapprof_report_free(atomic_load_explicit(&pyheap_id, memory_order_relaxed),
-                             (uint64_t)(uintptr_t)ptr);
+        client_heap_free(atomic_load_explicit(&pyheap_id, memory_order_relaxed),
+                         (uint64_t)(uintptr_t)ptr);
     }
     struct client_tls *t = &client_tls;
     uint64_t was = pyheap_enter(t, size);
@@ -129,8 +129,8 @@ static void pyheap_free(void *ctx, void *ptr)
     if (ptr) {
         /* A code object checked by a sample may go (preload/pycodes.h). */
         client_pycodes_forget(&client_py_codes, (uint64_t)(uintptr_t)ptr);
-        heapprof_report_free(atomic_load_explicit(&pyheap_id, memory_order_relaxed),
-                             (uint64_t)(uintptr_t)ptr);
+        client_heap_free(atomic_load_explicit(&pyheap_id, memory_order_relaxed),
+                         (uint64_t)(uintptr_t)ptr);
     }
     pyheap_old.free(ctx, ptr);
 }
