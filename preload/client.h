@@ -74,7 +74,8 @@ enum client_state {
 /* Heaps of the program's own (include/heapprof.h, preload/heapapi.c): ids 1..this. */
 #define CLIENT_MAX_HEAPS 32
 /* First level of such a heap's sampled-block set: smaller than malloc's (2^16 slots, half
- * a MiB of address space), mapped on the heap's first sample in a slot. */
+ * a MiB of address space), mapped on the heap's first sample in a slot. python.objects
+ * takes malloc's size (client_heap_set_ready()). */
 #define CLIENT_HEAP_FREESET_LOG2 16
 
 /* Per-thread state; initial-exec TLS, keep it small (DESIGN.md: under 1 KiB in all). */
@@ -267,6 +268,23 @@ static inline bool client_heap_selected(struct client_session *s, uint32_t heap)
 {
     return heap >= 1 && heap <= CLIENT_MAX_HEAPS &&
            ((atomic_load_explicit(&s->heaps_on, memory_order_relaxed) >> heap) & 1);
+}
+/* The block @id of @heap was freed: recorded when it was sampled (heapprof_report_free()).
+ * Inline for python.objects' wrapper (preload/pyheap.c), which calls it on every object
+ * free. Hook-safe. */
+static inline void client_heap_free(uint32_t heap, uint64_t id)
+{
+    /* Acquire pairs with the release store publishing the session (its sets are set). */
+    struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
+    if (HP_LIKELY(s == NULL) || heap - 1 >= CLIENT_MAX_HEAPS)
+        return;
+    struct client_freeset *set = &s->heap_sets[heap - 1];
+    /* Acquire pairs with the release store of nlevels when the set was mapped. */
+    if (atomic_load_explicit(&set->nlevels, memory_order_acquire) == 0 ||
+        HP_LIKELY(!client_freeset_maybe(set, id)))
+        return;
+    if (client_freeset_remove(set, id))
+        client_record_free(s, heap, id);
 }
 /* Maps @heap's set of sampled blocks in @s on its first sample; false when it cannot be
  * used now (another thread is mapping it, or the mapping failed: the sample is dropped

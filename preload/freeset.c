@@ -12,9 +12,10 @@
 /* How often an insert that found no room yields to a thread mapping the next level. */
 #define CLIENT_FREESET_GROW_WAIT_ROUNDS 200
 
-static int freeset_map_level(struct client_freeset_level *lv, unsigned log2_slots)
+static int freeset_map_level(struct client_freeset_level *lv, unsigned log2_slots,
+                             unsigned line_log2)
 {
-    size_t bytes = CLIENT_FREESET_MAP_BYTES(log2_slots);
+    size_t bytes = CLIENT_FREESET_MAP_BYTES(log2_slots, line_log2);
     /* Pages are touched only as slots get used. */
     void *p = hp_sys_mmap(NULL, bytes, PROT_READ | PROT_WRITE,
                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -23,6 +24,7 @@ static int freeset_map_level(struct client_freeset_level *lv, unsigned log2_slot
     lv->slots = p;
     lv->filter = (_Atomic uint8_t *)((char *)p + 8 * CLIENT_FREESET_SLOTS(log2_slots));
     lv->shift = 64 - log2_slots;
+    lv->line_log2 = line_log2;
     return 0;
 }
 
@@ -34,7 +36,8 @@ static unsigned freeset_level_log2(const struct client_freeset *s, unsigned i)
 int client_freeset_init(struct client_freeset *s, unsigned log2_slots)
 {
     s->log2_slots = log2_slots;
-    int r = freeset_map_level(&s->lv[0], log2_slots);
+    s->line_log2 = CLIENT_FREESET_LINE_LOG2;
+    int r = freeset_map_level(&s->lv[0], log2_slots, s->line_log2);
     if (r < 0)
         return r;
     atomic_store_explicit(&s->growing, false, memory_order_relaxed);
@@ -42,7 +45,7 @@ int client_freeset_init(struct client_freeset *s, unsigned log2_slots)
     return 0;
 }
 
-int client_freeset_init_once(struct client_freeset *s, unsigned log2_slots)
+int client_freeset_init_once(struct client_freeset *s, unsigned log2_slots, unsigned line_log2)
 {
     /* Acquire pairs with the release store of nlevels below. */
     if (HP_LIKELY(atomic_load_explicit(&s->nlevels, memory_order_acquire) != 0))
@@ -55,9 +58,10 @@ int client_freeset_init_once(struct client_freeset *s, unsigned log2_slots)
         return -EBUSY;
     int r = 0;
     if (atomic_load_explicit(&s->nlevels, memory_order_acquire) == 0) {
-        r = freeset_map_level(&s->lv[0], log2_slots);
+        r = freeset_map_level(&s->lv[0], log2_slots, line_log2);
         if (r == 0) {
             s->log2_slots = log2_slots;
+            s->line_log2 = line_log2;
             atomic_store_explicit(&s->nlevels, 1, memory_order_release);
         }
     }
@@ -75,13 +79,14 @@ void client_freeset_clear(struct client_freeset *s)
         if (s->lv[i].slots) {
             atomic_store_explicit(&s->counted[i].n, 0, memory_order_relaxed);
             (void)hp_sys3(SYS_madvise, (long)s->lv[i].slots,
-                          (long)CLIENT_FREESET_MAP_BYTES(freeset_level_log2(s, i)), MADV_DONTNEED);
+                          (long)CLIENT_FREESET_MAP_BYTES(freeset_level_log2(s, i), s->line_log2),
+                          MADV_DONTNEED);
         }
 }
 
 static void freeset_filter_inc(struct client_freeset_level *lv, uint64_t home)
 {
-    _Atomic uint8_t *c = &lv->filter[home >> CLIENT_FREESET_LINE_LOG2];
+    _Atomic uint8_t *c = &lv->filter[home >> lv->line_log2];
     uint8_t v = atomic_load_explicit(c, memory_order_relaxed);
     while ((v & CLIENT_FREESET_FILTER_COUNT) != CLIENT_FREESET_FILTER_SAT &&
            !atomic_compare_exchange_weak_explicit(c, &v, (uint8_t)(v + 1), memory_order_relaxed,
@@ -93,14 +98,14 @@ static void freeset_filter_inc(struct client_freeset_level *lv, uint64_t home)
  * probe. Set before the entry is stored (relaxed, as the rest: see freeset.h). */
 static void freeset_filter_displace(struct client_freeset_level *lv, uint64_t home)
 {
-    _Atomic uint8_t *c = &lv->filter[home >> CLIENT_FREESET_LINE_LOG2];
+    _Atomic uint8_t *c = &lv->filter[home >> lv->line_log2];
     if (!(atomic_load_explicit(c, memory_order_relaxed) & CLIENT_FREESET_FILTER_DISPLACED))
         (void)atomic_fetch_or_explicit(c, CLIENT_FREESET_FILTER_DISPLACED, memory_order_relaxed);
 }
 
 static void freeset_filter_dec(struct client_freeset_level *lv, uint64_t home)
 {
-    _Atomic uint8_t *c = &lv->filter[home >> CLIENT_FREESET_LINE_LOG2];
+    _Atomic uint8_t *c = &lv->filter[home >> lv->line_log2];
     uint8_t v = atomic_load_explicit(c, memory_order_relaxed);
     while ((v & CLIENT_FREESET_FILTER_COUNT) != 0 &&
            (v & CLIENT_FREESET_FILTER_COUNT) != CLIENT_FREESET_FILTER_SAT &&
@@ -171,8 +176,7 @@ static bool freeset_level_remove(struct client_freeset *s, unsigned level, uint6
 {
     struct client_freeset_level *lv = &s->lv[level];
     uint64_t home = client_freeset_home(lv, ph, addr);
-    uint8_t f =
-        atomic_load_explicit(&lv->filter[home >> CLIENT_FREESET_LINE_LOG2], memory_order_relaxed);
+    uint8_t f = atomic_load_explicit(&lv->filter[home >> lv->line_log2], memory_order_relaxed);
     if (HP_LIKELY((f & CLIENT_FREESET_FILTER_COUNT) == 0))
         return false;
     /* Never displaced here: @addr is at its home, or not in this level. */
@@ -210,7 +214,7 @@ static int freeset_grow(struct client_freeset *s, unsigned n)
     if (atomic_load_explicit(&s->nlevels, memory_order_acquire) == n) {
         /* Mapped by an earlier session of this slot: cleared at its end, reused. */
         if (!s->lv[n].slots)
-            r = freeset_map_level(&s->lv[n], freeset_level_log2(s, n));
+            r = freeset_map_level(&s->lv[n], freeset_level_log2(s, n), s->line_log2);
         if (r == 0)
             atomic_store_explicit(&s->nlevels, n + 1, memory_order_release);
     }

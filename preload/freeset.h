@@ -56,7 +56,11 @@
 #define CLIENT_FREESET_EMPTY 0u
 #define CLIENT_FREESET_TOMB 1u
 /* One filter counter per 32 slots (4 cache lines): a 16 KiB filter for the first level,
- * small enough to stay in L1 next to the application's own data. */
+ * small enough to stay in L1 next to the application's own data. A set whose frees are
+ * far more than its live entries (python.objects: millions of frees a second, 10^4 live
+ * samples) may take one per 8 (client_freeset_init_once()): at one per 32, about every
+ * fourth free of an unsampled object found its counter raised and missed the cache on
+ * the table; one in 14 at one per 8. */
 #define CLIENT_FREESET_LINE_LOG2 5
 #define CLIENT_FREESET_FILTER_COUNT 0x7fu
 #define CLIENT_FREESET_FILTER_SAT 0x7fu
@@ -69,14 +73,16 @@
 
 struct client_freeset_level {
     _Atomic uint64_t *slots;
-    _Atomic uint8_t *filter; /* one counter per 2^CLIENT_FREESET_LINE_LOG2 slots */
+    _Atomic uint8_t *filter; /* one counter per 2^line_log2 slots */
     unsigned shift;          /* 64 - log2: the page's place = page hash >> shift */
+    unsigned line_log2;      /* the set's, CLIENT_FREESET_LINE_LOG2 unless told */
 };
 
 struct client_freeset {
     /* Read by every free() while profiling, with lv[0]: on one cache line. */
     _Alignas(64) _Atomic unsigned nlevels; /* levels in use, >= 1 after init */
     unsigned log2_slots;                   /* of lv[0] */
+    unsigned line_log2;                    /* slots per filter counter, log2 */
     /* lv[0] is set by client_freeset_init(); lv[i > 0] is written by the thread that
      * maps it, before the release store of nlevels that publishes it. */
     struct client_freeset_level lv[CLIENT_FREESET_MAX_LEVELS];
@@ -91,17 +97,18 @@ struct client_freeset {
 /* Slots of a level of 2^log2_slots, and bytes of the one mapping holding them and their
  * filter. */
 #define CLIENT_FREESET_SLOTS(log2_slots) (((size_t)1 << (log2_slots)) + CLIENT_FREESET_SLACK)
-#define CLIENT_FREESET_MAP_BYTES(log2_slots)                                                       \
-    (8 * CLIENT_FREESET_SLOTS(log2_slots) +                                                        \
-     (CLIENT_FREESET_SLOTS(log2_slots) >> CLIENT_FREESET_LINE_LOG2))
+#define CLIENT_FREESET_MAP_BYTES(log2_slots, line_log2)                                            \
+    (8 * CLIENT_FREESET_SLOTS(log2_slots) + (CLIENT_FREESET_SLOTS(log2_slots) >> (line_log2)))
 
 /* Maps the first level (pre: log2_slots >= CLIENT_FREESET_LINE_LOG2); returns 0 or
  * -errno. */
 int client_freeset_init(struct client_freeset *s, unsigned log2_slots) HP_WARN_UNUSED;
 /* client_freeset_init() for a set that starts zeroed and may be first used by any of
- * several threads at once (hook-safe): 0 when the set is ready (now or before), -EBUSY
- * while another thread maps it, or -errno. */
-int client_freeset_init_once(struct client_freeset *s, unsigned log2_slots) HP_WARN_UNUSED;
+ * several threads at once (hook-safe), with one filter counter per 2^@line_log2 slots
+ * (2..CLIENT_FREESET_LINE_LOG2, <= log2_slots): 0 when the set is ready (now or before),
+ * -EBUSY while another thread maps it, or -errno. */
+int client_freeset_init_once(struct client_freeset *s, unsigned log2_slots,
+                             unsigned line_log2) HP_WARN_UNUSED;
 /* Empties the set for a new session, back to one level: every mapped level's pages are
  * dropped (zero again). Owner only, with no insert running; a late free() probing it
  * meanwhile finds nothing. */
@@ -136,8 +143,7 @@ static inline bool client_freeset_maybe(const struct client_freeset *s, uint64_t
 {
     const struct client_freeset_level *lv = &s->lv[0];
     uint64_t home = client_freeset_home(lv, client_freeset_page_hash(addr), addr);
-    return (atomic_load_explicit(&lv->filter[home >> CLIENT_FREESET_LINE_LOG2],
-                                 memory_order_relaxed) &
+    return (atomic_load_explicit(&lv->filter[home >> lv->line_log2], memory_order_relaxed) &
             CLIENT_FREESET_FILTER_COUNT) != 0;
 }
 

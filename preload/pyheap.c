@@ -110,9 +110,11 @@ static void *pyheap_realloc(void *ctx, void *ptr, size_t size)
 {
     /* Before the call: the block may be reused by then. Lost (the block counts as
      * freed) when realloc fails, which leaves it. */
-    if (ptr)
-        heapprof_report_free(atomic_load_explicit(&pyheap_id, memory_order_relaxed),
-                             (uint64_t)(uintptr_t)ptr);
+    if (ptr) {
+        client_pycodes_forget(&client_py_codes, (uint64_t)(uintptr_t)ptr);
+        client_heap_free(atomic_load_explicit(&pyheap_id, memory_order_relaxed),
+                         (uint64_t)(uintptr_t)ptr);
+    }
     struct client_tls *t = &client_tls;
     uint64_t was = pyheap_enter(t, size);
     void *p = pyheap_old.realloc(ctx, ptr, size);
@@ -124,9 +126,12 @@ static void *pyheap_realloc(void *ctx, void *ptr, size_t size)
 
 static void pyheap_free(void *ctx, void *ptr)
 {
-    if (ptr)
-        heapprof_report_free(atomic_load_explicit(&pyheap_id, memory_order_relaxed),
-                             (uint64_t)(uintptr_t)ptr);
+    if (ptr) {
+        /* A code object checked by a sample may go (preload/pycodes.h). */
+        client_pycodes_forget(&client_py_codes, (uint64_t)(uintptr_t)ptr);
+        client_heap_free(atomic_load_explicit(&pyheap_id, memory_order_relaxed),
+                         (uint64_t)(uintptr_t)ptr);
+    }
     pyheap_old.free(ctx, ptr);
 }
 
@@ -158,6 +163,8 @@ static void pyheap_install(const struct client_py_mem *m)
         .realloc = pyheap_realloc,
         .free = pyheap_free,
     };
+    /* Frees made while it was not in place went unseen: code objects are checked anew. */
+    client_pycodes_clear(&client_py_codes);
     atomic_store_explicit(&pyheap_on, true, memory_order_relaxed);
     ((py_allocator_fn)m->set_allocator)(PY_DOMAIN_OBJ, &w);
 }
@@ -188,6 +195,11 @@ void client_pyheap_poll(struct client_session *s)
      * its own allocator in place of ours since. */
     if (m && client_py_holds_gil())
         pyheap_install(m);
+}
+
+uint32_t client_pyheap_id(void)
+{
+    return atomic_load_explicit(&pyheap_id, memory_order_relaxed);
 }
 
 bool client_pyheap_installed(void)

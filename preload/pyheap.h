@@ -64,6 +64,10 @@ void client__pyheap_open(struct client_session *s, bool single_threaded);
  * selects python.objects, it is not in place and the thread holds the GIL. Hook-safe. */
 void client_pyheap_poll(struct client_session *s);
 
+/* The heap's id once registered (at the first session in a CPython 3.11 process), else
+ * 0. */
+uint32_t client_pyheap_id(void);
+
 /* True while the wrapper is the object domain's allocator (as last written by us). */
 bool client_pyheap_installed(void);
 

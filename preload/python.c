@@ -187,32 +187,49 @@ static uint64_t py_get64(const uint8_t *b, size_t off)
     return v;
 }
 
+struct client_pycodes client_py_codes;
+
 /* How many of @frames[0..n) (n <= WIRE_MAX_PY_FRAMES) from the first on have a code
- * object of the code type; adds each one's wire_py_check() to its flags. One system call
- * for all: a sample's cost is mostly its system calls (the kernel pins each page read). */
-static size_t py_check_codes(pid_t pid, struct wire_py_frame *frames, size_t n)
+ * object of the code type; adds each one's wire_py_check() to its flags. With @known,
+ * those in client_py_codes are taken from there, and the others kept there once read
+ * when the thread holds the GIL (pycodes.h). One system call for all the others: a
+ * sample's cost is mostly its system calls (the kernel pins each page read). */
+static size_t py_check_codes(pid_t pid, struct wire_py_frame *frames, size_t n, bool known)
 {
     struct iovec local[WIRE_MAX_PY_FRAMES], remote[WIRE_MAX_PY_FRAMES];
     uint8_t h[WIRE_MAX_PY_FRAMES][PY_CODE_HEAD_LEN];
+    uint8_t at[WIRE_MAX_PY_FRAMES]; /* the frame of each read */
+    size_t m = 0;
     for (size_t i = 0; i < n; i++) {
-        local[i] = (struct iovec){.iov_base = h[i], .iov_len = PY_CODE_HEAD_LEN};
-        remote[i] =
+        uint32_t check;
+        if (known && client_pycodes_lookup(&client_py_codes, frames[i].code, &check)) {
+            frames[i].flags |= check << WIRE_PYF_CHECK_SHIFT;
+            continue;
+        }
+        local[m] = (struct iovec){.iov_base = h[m], .iov_len = PY_CODE_HEAD_LEN};
+        remote[m] =
             (struct iovec){.iov_base = (void *)(uintptr_t)(frames[i].code + PY_CODE_HEAD_FROM),
                            .iov_len = PY_CODE_HEAD_LEN};
+        at[m++] = (uint8_t)i;
     }
-    long got =
-        n ? hp_sys6(SYS_process_vm_readv, pid, (long)local, (long)n, (long)remote, (long)n, 0) : 0;
+    if (m == 0)
+        return n;
+    long got = hp_sys6(SYS_process_vm_readv, pid, (long)local, (long)m, (long)remote, (long)m, 0);
     size_t ok = got > 0 ? (size_t)got / PY_CODE_HEAD_LEN : 0;
-    for (size_t i = 0; i < ok; i++) {
-        if (py_get64(h[i], PY_OB_TYPE) != py_code_type)
-            return i;
+    /* Kept only by the GIL's holder: all frees are made under it (pycodes.h). */
+    bool keep = known && ok > 0 && client_py_holds_gil();
+    for (size_t j = 0; j < ok; j++) {
+        if (py_get64(h[j], PY_OB_TYPE) != py_code_type)
+            return at[j];
         int32_t first;
-        memcpy(&first, h[i] + PY311_CODE_FIRSTLINENO - PY_CODE_HEAD_FROM, sizeof(first));
-        frames[i].flags |= wire_py_check(py_get64(h[i], PY311_CODE_FILENAME),
-                                         py_get64(h[i], PY311_CODE_QUALNAME), first)
-                           << WIRE_PYF_CHECK_SHIFT;
+        memcpy(&first, h[j] + PY311_CODE_FIRSTLINENO - PY_CODE_HEAD_FROM, sizeof(first));
+        uint32_t check = wire_py_check(py_get64(h[j], PY311_CODE_FILENAME),
+                                       py_get64(h[j], PY311_CODE_QUALNAME), first);
+        frames[at[j]].flags |= check << WIRE_PYF_CHECK_SHIFT;
+        if (keep)
+            client_pycodes_put(&client_py_codes, frames[at[j]].code, check);
     }
-    return ok;
+    return ok < m ? at[ok] : n;
 }
 
 /* Where the thread's frames may be read with plain loads: its current chunk of the
@@ -233,7 +250,7 @@ static bool py_read_at(pid_t pid, const struct py_direct *d, void *dst, uint64_t
 }
 
 size_t client_py_capture(pid_t pid, uint64_t stack_lo, uint64_t stack_hi,
-                         struct wire_py_frame *frames, size_t max, uint32_t *ret_flags)
+                         struct wire_py_frame *frames, size_t max, bool known, uint32_t *ret_flags)
 {
     *ret_flags = 0;
     if (atomic_load_explicit(&py_no_read, memory_order_relaxed))
@@ -290,7 +307,7 @@ size_t client_py_capture(pid_t pid, uint64_t stack_lo, uint64_t stack_hi,
         };
         frame = prev;
     }
-    size_t ok = py_check_codes(pid, frames, n);
+    size_t ok = py_check_codes(pid, frames, n, known);
     if (ok < n) {
         n = ok;
         flags = (flags & ~(uint32_t)WIRE_PYT_TRUNCATED) | WIRE_PYT_BROKEN;

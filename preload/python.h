@@ -20,10 +20,12 @@
  * process_vm_readv(2) on ourselves, so a bad pointer costs a failed read, never a fault;
  * the code objects (which a frame being torn down may have let go) are read and checked
  * in one such call for all frames. A sample thus costs one system call where it cost
- * one per frame and more.
+ * one per frame and more, and none when every code object is known good already: while
+ * the python.objects wrapper sees every free of the object allocator, the code objects
+ * checked once are kept until freed (client_py_codes, preload/pycodes.h).
  *
  *     if (client_py_state() == CLIENT_PY_READY)
- *         n = client_py_capture(pid, sp, stack_end, frames, WIRE_MAX_PY_FRAMES, &flags);
+ *         n = client_py_capture(pid, sp, stack_end, frames, WIRE_MAX_PY_FRAMES, known, &flags);
  *
  * Hook-safe: raw system calls, no allocation; detection calls dl_iterate_phdr() (the
  * caller holds the loader's lock or may wait for it).
@@ -36,6 +38,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "preload/pycodes.h"
 #include "shmem_ring/wire.h"
 
 #pragma GCC visibility push(hidden)
@@ -57,13 +60,18 @@ void client_py_detect(int again);
 /* What to tell the service (WIRE_PY_RUNTIME) in a READY or UNSUPPORTED state. */
 void client_py_runtime(struct wire_py_runtime *ret);
 
+/* The code objects known good (preload/pycodes.h): forgotten by the python.objects
+ * wrapper as it frees them, cleared when it is put in place. */
+extern struct client_pycodes client_py_codes;
+
 /* The calling thread's Python frames, innermost first, at most @max (<=
  * WIRE_MAX_PY_FRAMES) of them, into @frames; @ret_flags gets WIRE_PYT_*. Returns the
  * count (0: the thread runs no Python code, or has no Python thread state). pre: READY.
  * @pid: ours; [@stack_lo, @stack_hi): the part of the thread's own stack from the
- * sample's stack pointer up, checked readable (preload/stack.h). */
+ * sample's stack pointer up, checked readable (preload/stack.h). @known: the wrapper is
+ * in place, so client_py_codes may be used (and, when the thread holds the GIL, filled). */
 size_t client_py_capture(pid_t pid, uint64_t stack_lo, uint64_t stack_hi,
-                         struct wire_py_frame *frames, size_t max, uint32_t *ret_flags);
+                         struct wire_py_frame *frames, size_t max, bool known, uint32_t *ret_flags);
 
 /* CPython's object-allocator API (Include/cpython/pymem.h), for the python.objects heap
  * (preload/pyheap.c): void PyMem_GetAllocator(int domain, PyMemAllocatorEx *),

@@ -527,7 +527,7 @@ static HP_NOINLINE void hook_record_alloc_py(struct client_tls *t, struct client
     }
     struct hook_py py;
     py.n = client_py_capture(s->pid, regs[WIRE_REG_RSP], end, py.frames, WIRE_MAX_PY_FRAMES,
-                             &py.flags);
+                             client_pyheap_installed(), &py.flags);
     hook_record_alloc(t, s, smp, regs, py.n || py.flags ? &py : NULL);
 }
 

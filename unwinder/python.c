@@ -68,6 +68,7 @@ struct py_name {
     int32_t instr;
     uint32_t gen;
     const char *name;
+    int line; /* of @instr, as in @name (0: none) */
 };
 
 struct unwinder__py {
@@ -327,17 +328,22 @@ static const char *py_name(unwinder_process_t *p, const struct wire_py_frame *f,
     struct py_name *e =
         &p->py->names[(hp_hash_u64(f->code ^ (uint64_t)(uint32_t)f->instr << 48) >> 5) &
                       (PY_NAME_SLOTS - 1)];
-    int line = unwinder_py_line(c->table, c->table_len, c->firstlineno, f->instr);
+    /* The line too is the entry's: its table is walked once per instruction, not per
+     * sample (5% of the service's time on a Python workload otherwise). */
     if (e->code != f->code || e->instr != f->instr || e->gen != c->gen) {
+        int line = unwinder_py_line(c->table, c->table_len, c->firstlineno, f->instr);
         char buf[PY_NAME_MAX + 64];
         int k = line > 0 ? snprintf(buf, sizeof(buf), "%s (%s:%d)", c->qualname_s, c->base, line)
                          : snprintf(buf, sizeof(buf), "%s (%s)", c->qualname_s, c->base);
         size_t len = k < 0 ? 0 : HP_MIN((size_t)k, sizeof(buf) - 1);
-        *e = (struct py_name){
-            .code = f->code, .instr = f->instr, .gen = c->gen, .name = unwinder__intern(buf, len)};
+        *e = (struct py_name){.code = f->code,
+                              .instr = f->instr,
+                              .gen = c->gen,
+                              .name = unwinder__intern(buf, len),
+                              .line = line};
     }
     *ret_map = c->map;
-    *ret_line = line;
+    *ret_line = e->line;
     return e->name;
 }
 

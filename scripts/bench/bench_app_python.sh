@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The cost of Python frames: tests/bench/workload_python.py under Debian's python3 (a
 # CPython 3.11, whose frames are captured at every sample) recorded at interval 4096, to
-# the same run unprofiled. Three rounds, each running both (order alternating); medians
-# of the wall times. Printed as `bench: app_python_ratio_4k <ratio> x` (malloc's heap
+# the same run unprofiled. Five rounds, each running all three (order alternating);
+# medians of the wall times (three rounds on a shared 2-core machine gave 1.2x to 1.8x for
+# one build). Printed as `bench: app_python_ratio_4k <ratio> x` (malloc's heap
 # only) and `bench: app_python_ratio_4k_pymalloc_heap <ratio> x` (the default heaps:
 # malloc's and python.objects, the objects pymalloc serves). Run by
 # `scripts/bench.sh app_python` (HEAPPROF_BUILD: the release build).
@@ -33,14 +34,14 @@ run() {
 }
 
 plain=() prof=() pyheap=()
-for r in 1 2 3; do
+for r in 1 2 3 4 5; do
     if [ $((r % 2)) -eq 1 ]; then
         run plain; plain+=("$ms"); run prof; prof+=("$ms"); run pyheap; pyheap+=("$ms")
     else
         run pyheap; pyheap+=("$ms"); run prof; prof+=("$ms"); run plain; plain+=("$ms")
     fi
 done
-median() { printf '%s\n' "$@" | sort -n | sed -n 2p; }
+median() { printf '%s\n' "$@" | sort -n | sed -n 3p; }
 p=$(median "${plain[@]}") q=$(median "${prof[@]}") h=$(median "${pyheap[@]}")
 echo "bench: app_python_plain_wall_ms $(printf '%.0f' "$p") ms"
 echo "bench: app_python_ratio_4k $(awk -v a="$q" -v b="$p" 'BEGIN { printf "%.3f", a / b }') x"

@@ -521,6 +521,47 @@ static void test_raise(void **state)
                     "raise_through (py_raise.py:");
 }
 
+/* py_codes.py's functions, each freed before the next is made, whose code objects
+ * take each other's blocks: the client keeps the code objects it checked until the
+ * object allocator frees them (preload/pycodes.h), so no function is credited with the
+ * objects of the one at its address before (which the service would name from the check
+ * the client sent). A frame whose code object was freed before the service read it goes
+ * unnamed (a busy machine): each function has at most its own objects, and some have
+ * them all. */
+#define CODES_ROUNDS 16
+#define CODES_N 20
+
+static void check_codes(const char *python)
+{
+    char *trace = record(python, "py_codes.py", "1", NULL, "made 320\n");
+    struct rp_trace *t = load(trace);
+    const struct rp_trace_process *p = find_heap(t, "py_codes.py", "python.objects");
+    assert_non_null(p);
+    size_t whole = 0;
+    for (int k = 0; k < CODES_ROUNDS; k++) {
+        char want[64];
+        snprintf(want, sizeof(want), "gen_%d (py_codes_gen.py:%d)", k, k + 3);
+        struct e2e_sums s;
+        e2e_sum_function(p, want, &s);
+        if (s.alloc_count > CODES_N)
+            print_message("  %s: %llu objects under %s, want at most %d\n", python,
+                          (unsigned long long)s.alloc_count, want, CODES_N);
+        assert_true(s.alloc_count <= CODES_N);
+        whole += s.alloc_count == CODES_N;
+    }
+    if (whole == 0)
+        print_message("  %s: no function with all its objects\n", python);
+    assert_true(whole > 0);
+    finish(trace, t);
+}
+
+static void test_code_reuse(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < n_pythons; i++)
+        check_codes(pythons[i]);
+}
+
 /* numpy's native frames between the Python callback and the Python caller. */
 static void test_numpy(void **state)
 {
@@ -553,6 +594,7 @@ int main(void)
     }
     for (size_t i = 0; i < n_pythons; i++)
         printf("e2e_python: testing with %s\n", pythons[i]);
+    // clang-format off
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_leak_site),
         cmocka_unit_test(test_exact_count),
@@ -560,10 +602,12 @@ int main(void)
         cmocka_unit_test(test_fork),
         cmocka_unit_test(test_raise),
         cmocka_unit_test(test_numpy),
+        cmocka_unit_test(test_code_reuse),
         cmocka_unit_test(test_objects_all_heaps),
         cmocka_unit_test(test_objects_fork),
         cmocka_unit_test(test_objects_pythonmalloc),
         cmocka_unit_test(test_objects_attach),
     };
+    // clang-format on
     return cmocka_run_group_tests_name("e2e_python", tests, NULL, NULL);
 }

@@ -18,14 +18,12 @@
 
 static uint64_t line_of(const struct client_freeset *s, unsigned level, uint64_t addr)
 {
-    return client_freeset_home(&s->lv[level], client_freeset_page_hash(addr), addr) >>
-           CLIENT_FREESET_LINE_LOG2;
+    return client_freeset_home(&s->lv[level], client_freeset_page_hash(addr), addr) >> s->line_log2;
 }
 
 static size_t filter_len(const struct client_freeset *s, unsigned level)
 {
-    return CLIENT_FREESET_SLOTS(s->log2_slots + level * CLIENT_FREESET_GROWTH_LOG2) >>
-           CLIENT_FREESET_LINE_LOG2;
+    return CLIENT_FREESET_SLOTS(s->log2_slots + level * CLIENT_FREESET_GROWTH_LOG2) >> s->line_log2;
 }
 
 static void test_freeset_insert_remove(void **state)
@@ -120,6 +118,59 @@ static void test_freeset_levels_and_clear(void **state)
     assert_false(client_freeset_remove(&s, 0x7f0000000000ull));
     assert_int_equal(client_freeset_insert(&s, 0x7f0000000000ull), 0);
     assert_true(client_freeset_remove(&s, 0x7f0000000000ull));
+}
+
+/* A set with one counter per 8 slots (python.objects'): a block 8 granules from a
+ * sampled one in its page is certainly not in the set, where one counter per 32 slots
+ * would send its free to the table; grown levels and clearing keep the granularity. */
+static void test_freeset_fine_filter(void **state)
+{
+    (void)state;
+    struct client_freeset s = {0};
+    assert_int_equal(client_freeset_init_once(&s, 12, 3), 0);
+    assert_int_equal(s.line_log2, 3);
+    assert_int_equal(s.lv[0].line_log2, 3);
+    const uint64_t page = 0x7f0000001000ull;
+    assert_int_equal(client_freeset_insert(&s, page), 0);
+    assert_true(client_freeset_maybe(&s, page));
+    for (uint64_t g = 8; g < 32; g++)
+        assert_false(client_freeset_maybe(&s, page + g * 16));
+    assert_true(client_freeset_remove(&s, page));
+    assert_false(client_freeset_maybe(&s, page));
+    /* Grown past the first level: the next levels count per 8 slots too. */
+    const uint64_t n = 4000;
+    for (uint64_t i = 0; i < n; i++)
+        assert_int_equal(client_freeset_insert(&s, 0x7f0000000000ull + i * 4096), 0);
+    assert_true(atomic_load(&s.nlevels) >= 2);
+    assert_int_equal(s.lv[1].line_log2, 3);
+    for (uint64_t i = 0; i < n; i++)
+        assert_true(client_freeset_remove(&s, 0x7f0000000000ull + i * 4096));
+    for (unsigned l = 0; l < atomic_load(&s.nlevels); l++)
+        for (size_t i = 0; i < filter_len(&s, l); i++)
+            assert_int_equal(atomic_load(&s.lv[l].filter[i]), 0);
+    client_freeset_clear(&s);
+    assert_int_equal(client_freeset_init_once(&s, 12, 3), 0);
+    assert_int_equal(client_freeset_insert(&s, page), 0);
+    assert_false(client_freeset_maybe(&s, page + 8 * 16));
+    assert_true(client_freeset_remove(&s, page));
+
+    /* A displaced entry flags its own group of 8 slots, which a removal reads: flagged in
+     * a group of 32's place instead, the removal looked at the home slot alone and lost
+     * the entry (a sampled block's free never recorded). */
+    uint64_t same[2];
+    size_t k = 0;
+    /* A home far from slot 0, where a group of 8 and one of 32 have different bytes. */
+    uint64_t first = page + 16;
+    uint64_t home = client_freeset_home(&s.lv[0], client_freeset_page_hash(first), first);
+    assert_true(home >> 3 != home >> CLIENT_FREESET_LINE_LOG2);
+    for (uint64_t x = first; k < 2; x += 16)
+        if (client_freeset_home(&s.lv[0], client_freeset_page_hash(x), x) == home)
+            same[k++] = x;
+    assert_int_equal(client_freeset_insert(&s, same[0]), 0);
+    assert_int_equal(client_freeset_insert(&s, same[1]), 0);
+    assert_true(atomic_load(&s.lv[0].filter[home >> 3]) & CLIENT_FREESET_FILTER_DISPLACED);
+    assert_true(client_freeset_remove(&s, same[1]));
+    assert_true(client_freeset_remove(&s, same[0]));
 }
 
 static void test_freeset_tombstones_reused_and_bounded(void **state)
@@ -248,7 +299,7 @@ static void *init_once(void *arg)
 {
     (void)arg;
     for (int i = 0; i < 1000; i++) {
-        int r = client_freeset_init_once(&shared_set, 10);
+        int r = client_freeset_init_once(&shared_set, 10, CLIENT_FREESET_LINE_LOG2);
         if (r == 0)
             atomic_fetch_add(&init_ready, 1);
         else if (r == -EBUSY)
@@ -278,14 +329,14 @@ static void test_freeset_init_once(void **state)
     assert_int_equal(shared_set.log2_slots, 10);
     assert_false(atomic_load(&shared_set.growing));
     void *first = (void *)shared_set.lv[0].slots;
-    assert_int_equal(client_freeset_init_once(&shared_set, 10), 0);
+    assert_int_equal(client_freeset_init_once(&shared_set, 10, CLIENT_FREESET_LINE_LOG2), 0);
     assert_ptr_equal((void *)shared_set.lv[0].slots, first); /* not mapped again */
     assert_int_equal(client_freeset_insert(&shared_set, 0x123450), 0);
     assert_true(client_freeset_maybe(&shared_set, 0x123450));
     assert_true(client_freeset_remove(&shared_set, 0x123450));
     /* Cleared for a new session, it stays mapped and ready. */
     client_freeset_clear(&shared_set);
-    assert_int_equal(client_freeset_init_once(&shared_set, 10), 0);
+    assert_int_equal(client_freeset_init_once(&shared_set, 10, CLIENT_FREESET_LINE_LOG2), 0);
     assert_ptr_equal((void *)shared_set.lv[0].slots, first);
 }
 
@@ -310,6 +361,7 @@ int main(void)
         cmocka_unit_test(test_freeset_insert_remove),
         cmocka_unit_test(test_freeset_tombstones_reused_and_bounded),
         cmocka_unit_test(test_freeset_filter_tracks_line),
+        cmocka_unit_test(test_freeset_fine_filter),
         cmocka_unit_test(test_freeset_bug_overflow_saturates),
         cmocka_unit_test(test_freeset_bug_remove_probes_tombstones),
         cmocka_unit_test(test_freeset_levels_and_clear),
