@@ -58,6 +58,11 @@ void cli_print_summary(const char *out_path, const struct svc_summary *sum, int 
                 "kept without their Python frames (they did not pair with the interpreter's)\n",
                 (unsigned long long)sum->python_frames, (unsigned long long)sum->python_unnamed,
                 (unsigned long long)sum->python_mismatches);
+    if (sum->python_codes_rejected)
+        fprintf(stderr,
+                "heapprof: %llu names of Python code objects sent by clients were malformed "
+                "and ignored (their frames were named from the processes' memory)\n",
+                (unsigned long long)sum->python_codes_rejected);
     if (sum->frees_lost)
         fprintf(stderr,
                 "heapprof: %llu frees of sampled allocations could not be recorded; the "

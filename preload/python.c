@@ -191,19 +191,26 @@ struct client_pycodes client_py_codes;
 
 /* How many of @frames[0..n) (n <= WIRE_MAX_PY_FRAMES) from the first on have a code
  * object of the code type; adds each one's wire_py_check() to its flags. With @known,
- * those in client_py_codes are taken from there, and the others kept there once read
+ * those in client_py_codes are taken from there. The others are read, and kept there
  * when the thread holds the GIL (pycodes.h). One system call for all the others: a
- * sample's cost is mostly its system calls (the kernel pins each page read). */
-static size_t py_check_codes(pid_t pid, struct wire_py_frame *frames, size_t n, bool known)
+ * sample's cost is mostly its system calls (the kernel pins each page read). @ret_send
+ * as in client_py_capture(); the GIL is asked about only when some code is not marked
+ * sent, which is rare after a session's first samples. */
+static size_t py_check_codes(pid_t pid, struct wire_py_frame *frames, size_t n, bool known,
+                             uint64_t epoch, uint64_t *ret_send)
 {
     struct iovec local[WIRE_MAX_PY_FRAMES], remote[WIRE_MAX_PY_FRAMES];
     uint8_t h[WIRE_MAX_PY_FRAMES][PY_CODE_HEAD_LEN];
     uint8_t at[WIRE_MAX_PY_FRAMES]; /* the frame of each read */
     size_t m = 0;
+    uint64_t unsent = 0;
+    *ret_send = 0;
     for (size_t i = 0; i < n; i++) {
         uint32_t check;
         if (known && client_pycodes_lookup(&client_py_codes, frames[i].code, &check)) {
             frames[i].flags |= check << WIRE_PYF_CHECK_SHIFT;
+            if (!client_pycodes_sent(&client_py_codes, frames[i].code, check, epoch))
+                unsent |= 1ull << i;
             continue;
         }
         local[m] = (struct iovec){.iov_base = h[m], .iov_len = PY_CODE_HEAD_LEN};
@@ -212,24 +219,120 @@ static size_t py_check_codes(pid_t pid, struct wire_py_frame *frames, size_t n, 
                            .iov_len = PY_CODE_HEAD_LEN};
         at[m++] = (uint8_t)i;
     }
-    if (m == 0)
-        return n;
-    long got = hp_sys6(SYS_process_vm_readv, pid, (long)local, (long)m, (long)remote, (long)m, 0);
-    size_t ok = got > 0 ? (size_t)got / PY_CODE_HEAD_LEN : 0;
+    size_t ok = 0, end = n;
+    if (m > 0) {
+        long got =
+            hp_sys6(SYS_process_vm_readv, pid, (long)local, (long)m, (long)remote, (long)m, 0);
+        ok = got > 0 ? (size_t)got / PY_CODE_HEAD_LEN : 0;
+        end = ok < m ? at[ok] : n;
+    }
     /* Kept only by the GIL's holder: all frees are made under it (pycodes.h). */
-    bool keep = known && ok > 0 && client_py_holds_gil();
+    bool keep = (ok > 0 || unsent != 0) && client_py_holds_gil();
     for (size_t j = 0; j < ok; j++) {
-        if (py_get64(h[j], PY_OB_TYPE) != py_code_type)
-            return at[j];
+        if (py_get64(h[j], PY_OB_TYPE) != py_code_type) {
+            end = at[j];
+            break;
+        }
         int32_t first;
         memcpy(&first, h[j] + PY311_CODE_FIRSTLINENO - PY_CODE_HEAD_FROM, sizeof(first));
         uint32_t check = wire_py_check(py_get64(h[j], PY311_CODE_FILENAME),
                                        py_get64(h[j], PY311_CODE_QUALNAME), first);
         frames[at[j]].flags |= check << WIRE_PYF_CHECK_SHIFT;
-        if (keep)
+        if (keep) {
             client_pycodes_put(&client_py_codes, frames[at[j]].code, check);
+            if (!client_pycodes_sent(&client_py_codes, frames[at[j]].code, check, epoch))
+                unsent |= 1ull << at[j];
+        }
     }
-    return ok < m ? at[ok] : n;
+    if (keep)
+        *ret_send = end < 64 ? unsent & ((1ull << end) - 1) : unsent;
+    return end;
+}
+
+/* PyASCIIObject: length, state bits, the text of a compact ASCII string; PyBytesObject:
+ * ob_size, ob_sval. */
+#define PY_STR_LENGTH 16
+#define PY_STR_STATE 32
+#define PY_STR_ASCII_DATA 48
+#define PY_BYTES_SIZE 16
+#define PY_BYTES_DATA 32
+#define PY311_CODE_LINETABLE 136
+
+/* The length of the compact ASCII string whose head is @h, 1..@max; 0 when it is not
+ * one or is longer. */
+static uint32_t py_ascii_len(const uint8_t *h, uint32_t max)
+{
+    int64_t len;
+    uint32_t state;
+    memcpy(&len, h + PY_STR_LENGTH, sizeof(len));
+    memcpy(&state, h + PY_STR_STATE, sizeof(state));
+    bool compact = state >> 5 & 1, ascii = state >> 6 & 1;
+    return compact && ascii && len > 0 && len <= (int64_t)max ? (uint32_t)len : 0;
+}
+
+bool client_py_code_plan(pid_t pid, uint64_t code, uint32_t check, struct client_py_code *ret)
+{
+    uint8_t h[PY311_CODE_LINETABLE + 8];
+    if (!py_read(pid, h, code, sizeof(h)))
+        return false;
+    uint64_t type, file, qual, table;
+    int32_t first;
+    memcpy(&type, h + PY_OB_TYPE, sizeof(type));
+    memcpy(&first, h + PY311_CODE_FIRSTLINENO, sizeof(first));
+    memcpy(&file, h + PY311_CODE_FILENAME, sizeof(file));
+    memcpy(&qual, h + PY311_CODE_QUALNAME, sizeof(qual));
+    memcpy(&table, h + PY311_CODE_LINETABLE, sizeof(table));
+    if (type != py_code_type || wire_py_check(file, qual, first) != check || table == 0)
+        return false;
+    uint8_t qh[PY_STR_ASCII_DATA], fh[PY_STR_ASCII_DATA], th[PY_BYTES_DATA];
+    struct iovec local[3] = {{qh, sizeof(qh)}, {fh, sizeof(fh)}, {th, sizeof(th)}};
+    struct iovec remote[3] = {{(void *)(uintptr_t)qual, sizeof(qh)},
+                              {(void *)(uintptr_t)file, sizeof(fh)},
+                              {(void *)(uintptr_t)table, sizeof(th)}};
+    long got = hp_sys6(SYS_process_vm_readv, pid, (long)local, 3, (long)remote, 3, 0);
+    if (got != (long)(sizeof(qh) + sizeof(fh) + sizeof(th)))
+        return false;
+    int64_t tlen;
+    memcpy(&tlen, th + PY_BYTES_SIZE, sizeof(tlen));
+    uint32_t ql = py_ascii_len(qh, WIRE_PY_NAME_MAX), fl = py_ascii_len(fh, WIRE_PY_PATH_MAX);
+    if (ql == 0 || fl == 0 || tlen < 0 || tlen > (int64_t)WIRE_PY_LINETABLE_MAX)
+        return false;
+    *ret = (struct client_py_code){
+        .head = {.code = code,
+                 .check = check,
+                 .firstlineno = first,
+                 .qualname_len = ql,
+                 .filename_len = fl,
+                 .linetable_len = (uint32_t)tlen},
+        .qualname = qual + PY_STR_ASCII_DATA,
+        .filename = file + PY_STR_ASCII_DATA,
+        .linetable = table + PY_BYTES_DATA,
+    };
+    return true;
+}
+
+bool client_py_code_fill(pid_t pid, const struct client_py_code *c, uint8_t *dst)
+{
+    const struct wire_py_code *w = &c->head;
+    uint8_t *q = dst + sizeof(*w), *f = q + w->qualname_len, *t = f + w->filename_len;
+    struct iovec local[3] = {{q, w->qualname_len}, {f, w->filename_len}, {t, w->linetable_len}};
+    struct iovec remote[3] = {{(void *)(uintptr_t)c->qualname, w->qualname_len},
+                              {(void *)(uintptr_t)c->filename, w->filename_len},
+                              {(void *)(uintptr_t)c->linetable, w->linetable_len}};
+    size_t want = (size_t)w->qualname_len + w->filename_len + w->linetable_len;
+    long got = hp_sys6(SYS_process_vm_readv, pid, (long)local, w->linetable_len ? 3 : 2,
+                       (long)remote, w->linetable_len ? 3 : 2, 0);
+    bool ok = got == (long)want;
+    /* ASCII by the string's state; control characters would be refused by the service. */
+    for (size_t i = 0; ok && i < (size_t)w->qualname_len + w->filename_len; i++)
+        ok = q[i] >= 0x20 && q[i] <= 0x7e;
+    struct wire_py_code head = *w;
+    if (!ok) {
+        head.code = 0;
+        memset(q, '?', want);
+    }
+    memcpy(dst, &head, sizeof(head));
+    return ok;
 }
 
 /* Where the thread's frames may be read with plain loads: its current chunk of the
@@ -250,9 +353,11 @@ static bool py_read_at(pid_t pid, const struct py_direct *d, void *dst, uint64_t
 }
 
 size_t client_py_capture(pid_t pid, uint64_t stack_lo, uint64_t stack_hi,
-                         struct wire_py_frame *frames, size_t max, bool known, uint32_t *ret_flags)
+                         struct wire_py_frame *frames, size_t max, bool known, uint64_t epoch,
+                         uint32_t *ret_flags, uint64_t *ret_send)
 {
     *ret_flags = 0;
+    *ret_send = 0;
     if (atomic_load_explicit(&py_no_read, memory_order_relaxed))
         return 0;
     uint64_t tstate = (uint64_t)(uintptr_t)py_get_tstate();
@@ -307,7 +412,7 @@ size_t client_py_capture(pid_t pid, uint64_t stack_lo, uint64_t stack_hi,
         };
         frame = prev;
     }
-    size_t ok = py_check_codes(pid, frames, n, known);
+    size_t ok = py_check_codes(pid, frames, n, known, epoch, ret_send);
     if (ok < n) {
         n = ok;
         flags = (flags & ~(uint32_t)WIRE_PYT_TRUNCATED) | WIRE_PYT_BROKEN;

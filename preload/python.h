@@ -69,9 +69,37 @@ extern struct client_pycodes client_py_codes;
  * count (0: the thread runs no Python code, or has no Python thread state). pre: READY.
  * @pid: ours; [@stack_lo, @stack_hi): the part of the thread's own stack from the
  * sample's stack pointer up, checked readable (preload/stack.h). @known: the wrapper is
- * in place, so client_py_codes may be used (and, when the thread holds the GIL, filled). */
+ * in place, so client_py_codes may be used for checks. When the thread holds the GIL,
+ * the code objects read are kept in client_py_codes, and bit i of @ret_send says frame
+ * i's code object is not marked sent in session epoch @epoch (pycodes.h): its
+ * WIRE_PY_CODE should go before the sample. */
 size_t client_py_capture(pid_t pid, uint64_t stack_lo, uint64_t stack_hi,
-                         struct wire_py_frame *frames, size_t max, bool known, uint32_t *ret_flags);
+                         struct wire_py_frame *frames, size_t max, bool known, uint64_t epoch,
+                         uint32_t *ret_flags, uint64_t *ret_send);
+
+/* A WIRE_PY_CODE record to write: its fixed part, and where its bytes are. */
+struct client_py_code {
+    struct wire_py_code head;
+    uint64_t qualname, filename, linetable;
+};
+
+/* Reads what the record of the code object at @code (check @check, from a frame the
+ * thread runs while holding the GIL) takes into @ret: false when it is not that object
+ * any more, or its name or file is not a compact ASCII string, or something is longer
+ * than the record carries (the service reads the object then). One or two system calls
+ * that cannot fault. */
+bool client_py_code_plan(pid_t pid, uint64_t code, uint32_t check, struct client_py_code *ret);
+
+/* Bytes of the record of @c. */
+static inline size_t client_py_code_len(const struct client_py_code *c)
+{
+    return sizeof(c->head) + c->head.qualname_len + c->head.filename_len + c->head.linetable_len;
+}
+
+/* Writes the record of @c to @dst (client_py_code_len() bytes). Returns false when its
+ * bytes could not be read whole or are not printable: the record then says nothing
+ * (code 0). One system call. */
+bool client_py_code_fill(pid_t pid, const struct client_py_code *c, uint8_t *dst);
 
 /* CPython's object-allocator API (Include/cpython/pymem.h), for the python.objects heap
  * (preload/pyheap.c): void PyMem_GetAllocator(int domain, PyMemAllocatorEx *),

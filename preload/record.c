@@ -491,6 +491,36 @@ static bool hook_py_tell(struct client_session *s)
     return true;
 }
 
+/* Tells the service what names the code objects of the frames of @py whose bits are set
+ * in @send (WIRE_PY_CODE), those not marked sent in session epoch @epoch yet, before the
+ * sample that names them: once the process freed them, or exited, the service could not
+ * read them any more. The thread holds the GIL (client_py_capture()), so the objects
+ * are alive and marks are its to put. A code object that cannot go (a long name, a full
+ * ring) is not marked: its next sample tries again, and the service reads it meanwhile.
+ * Bounded: at most one record per frame, three system calls each. */
+static HP_NOINLINE void hook_py_send_codes(struct client_session *s, const struct hook_py *py,
+                                           uint64_t send, uint64_t epoch)
+{
+    for (; send != 0; send &= send - 1) {
+        const struct wire_py_frame *f = &py->frames[__builtin_ctzll(send)];
+        uint32_t check = f->flags >> WIRE_PYF_CHECK_SHIFT;
+        /* A function that recurses is in the sample more than once. */
+        if (client_pycodes_sent(&client_py_codes, f->code, check, epoch))
+            continue;
+        struct client_py_code c;
+        if (!client_py_code_plan(s->pid, f->code, check, &c))
+            continue;
+        struct ring_wspan w;
+        if (ring_try_begin_write(s->ring, WIRE_PY_CODE, client_py_code_len(&c), &w) != 0)
+            return;
+        bool ok = client_py_code_fill(s->pid, &c, w.data);
+        if (ring_end_write(s->ring, &w))
+            hook_poke(s);
+        if (ok)
+            client_pycodes_mark_sent(&client_py_codes, f->code, check, epoch);
+    }
+}
+
 /* Whether samples of @s look at Python frames: CLIENT_PY_READY, or UNSUPPORTED and not
  * told yet; CPython is looked for at the first sample of an attached session (the session
  * thread cannot), and again after code was loaded into a process without it. */
@@ -526,8 +556,11 @@ static HP_NOINLINE void hook_record_alloc_py(struct client_tls *t, struct client
         return;
     }
     struct hook_py py;
+    uint64_t send, epoch = client_pycodes_epoch(s->gen);
     py.n = client_py_capture(s->pid, regs[WIRE_REG_RSP], end, py.frames, WIRE_MAX_PY_FRAMES,
-                             client_pyheap_installed(), &py.flags);
+                             client_pyheap_installed(), epoch, &py.flags, &send);
+    if (HP_UNLIKELY(send != 0))
+        hook_py_send_codes(s, &py, send, epoch);
     hook_record_alloc(t, s, smp, regs, py.n || py.flags ? &py : NULL);
 }
 

@@ -309,6 +309,8 @@ static void client_slot_configure(struct client_session *s, const struct wire_cl
     if (reason != WIRE_REASON_ATTACH && (cfg->features & WIRE_FEATURE_PYFRAMES))
         client_py_detect(0);
     atomic_store_explicit(&s->py_told, false, memory_order_relaxed);
+    /* The service of this session has been told no code object yet (pycodes.h). */
+    client_pycodes_unmark_all(&client_py_codes);
     atomic_store_explicit(&s->dl_adds, adds, memory_order_relaxed);
     atomic_store_explicit(&s->dl_subs, subs, memory_order_relaxed);
     s->pid = (pid_t)hp_sys0(SYS_getpid);

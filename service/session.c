@@ -263,6 +263,7 @@ int svc_finish(svc_t *s, struct svc_summary *ret_summary)
         ret_summary->python_frames = atomic_load(&s->python_frames);
         ret_summary->python_unnamed = atomic_load(&s->python_unnamed);
         ret_summary->python_mismatches = atomic_load(&s->python_mismatches);
+        ret_summary->python_codes_rejected = atomic_load(&s->python_codes_rejected);
         ret_summary->frees_lost = atomic_load(&s->frees_lost);
         ret_summary->unseen_call_slots = atomic_load(&s->unseen_call_slots);
         ret_summary->clients_timed_out = atomic_load(&s->timed_out);

@@ -68,6 +68,8 @@ struct svc_summary {
     /* Python frames put into stacks (CPython 3.11): named, unnamed ("<python frame>"),
      * and stacks whose Python frames did not pair with the interpreter's (kept native) */
     uint64_t python_frames, python_unnamed, python_mismatches;
+    /* WIRE_PY_CODE records that failed validation (ignored; the frames are read then) */
+    uint64_t python_codes_rejected;
     /* Records lost on the way, beyond records_dropped (the clients' full rings): */
     uint64_t reserve_failures;     /* given up by the clients after lost reservation races */
     uint64_t records_unread;       /* left in rings when sessions ended (time budget) */

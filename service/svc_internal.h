@@ -299,7 +299,7 @@ struct svc {
     /* summary counters, atomics updated by the threads */
     _Atomic uint64_t processes, samples, frees, drops, unwind_errors, rejected, corrupt;
     _Atomic uint64_t walked, audits, audit_mismatches, truncated_stacks;
-    _Atomic uint64_t python_frames, python_unnamed, python_mismatches;
+    _Atomic uint64_t python_frames, python_unnamed, python_mismatches, python_codes_rejected;
     _Atomic uint64_t frees_lost, timed_out; /* clients that stopped blocking */
     _Atomic uint64_t conn_closed, stall_waits, stall_skips, stall_cutoffs;
     _Atomic uint64_t reserve_failures, records_unread, records_lost_service;

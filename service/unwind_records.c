@@ -210,6 +210,23 @@ static void handle_py_runtime(struct svc_client *c, const uint8_t *data, size_t 
                     rt.status < HP_ARRAY_SIZE(why) ? why[rt.status] : "not supported");
 }
 
+/* WIRE_PY_CODE: what names a code object, kept for the process's frames. A record that
+ * fails validation is counted and ignored: its frames are read from the process. */
+static void handle_py_code(struct svc_unwinder *u, struct svc_client *c, const uint8_t *data,
+                           size_t len)
+{
+    struct wire_py_code w;
+    const char *qualname, *filename;
+    const uint8_t *table;
+    if (!(c->features & WIRE_FEATURE_PYFRAMES) ||
+        wire_decode_py_code(data, len, &w, &qualname, &filename, &table) < 0) {
+        atomic_fetch_add_explicit(&u->svc->python_codes_rejected, 1, memory_order_relaxed);
+        return;
+    }
+    if (c->unw && w.code != 0 && unwinder_py_code(c->unw, &w, qualname, filename, table) == -ENOMEM)
+        hp_log_warn("pid %d: out of memory for a Python code object's name", c->pid);
+}
+
 static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uint8_t *data,
                          size_t len)
 {
@@ -482,6 +499,9 @@ static enum svc_drain_result drain(struct svc_unwinder *u, struct svc_client *c,
             break;
         case WIRE_PY_RUNTIME:
             handle_py_runtime(c, rd.data, rd.len);
+            break;
+        case WIRE_PY_CODE:
+            handle_py_code(u, c, rd.data, rd.len);
             break;
         case WIRE_HEAP_NAME:
             handle_heap_name(u, c, rd.data, rd.len);

@@ -4,6 +4,7 @@
 #include "shmem_ring/wire.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <string.h>
 
 int wire_decode_alloc(const uint8_t *data, size_t len, uint64_t max_stack_bytes,
@@ -94,6 +95,38 @@ int wire_decode_py(const uint8_t *data, size_t len, struct wire_py_tail *ret_tai
     memcpy(ret_frames, data + rest, t.n_frames * sizeof(*ret_frames));
     *ret_tail = t;
     *ret_len = rest;
+    return 0;
+}
+
+static bool wire_printable(const uint8_t *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < 0x20 || s[i] > 0x7e)
+            return false;
+    return true;
+}
+
+int wire_decode_py_code(const uint8_t *data, size_t len, struct wire_py_code *ret,
+                        const char **ret_qualname, const char **ret_filename,
+                        const uint8_t **ret_linetable)
+{
+    struct wire_py_code c;
+    if (len < sizeof(c))
+        return -EBADMSG;
+    memcpy(&c, data, sizeof(c));
+    /* Each bound first: their sum then cannot wrap. */
+    if (c.qualname_len == 0 || c.qualname_len > WIRE_PY_NAME_MAX || c.filename_len == 0 ||
+        c.filename_len > WIRE_PY_PATH_MAX || c.linetable_len > WIRE_PY_LINETABLE_MAX ||
+        c.check >> 24 != 0 || c.reserved != 0 ||
+        len != sizeof(c) + c.qualname_len + c.filename_len + c.linetable_len)
+        return -EBADMSG;
+    const uint8_t *q = data + sizeof(c), *f = q + c.qualname_len;
+    if (!wire_printable(q, c.qualname_len) || !wire_printable(f, c.filename_len))
+        return -EBADMSG;
+    *ret = c;
+    *ret_qualname = (const char *)q;
+    *ret_filename = (const char *)f;
+    *ret_linetable = f + c.filename_len;
     return 0;
 }
 

@@ -178,6 +178,11 @@ enum wire_type {
      * wire_heap_name. Sent once per heap and session, before or after its first samples;
      * the dumps name the heap by it (else "heap_<id>"). */
     WIRE_HEAP_NAME = 7,
+    /* What names a code object (WIRE_FEATURE_PYFRAMES): struct wire_py_code and its
+     * bytes, sent by the client the first time a session samples the object, before the
+     * sample, so that the service names its frames without reading the process's memory
+     * (which may have freed the object, or exited, by the time its records are read). */
+    WIRE_PY_CODE = 8,
 };
 
 struct wire_heap_name {
@@ -335,6 +340,26 @@ static inline uint32_t wire_py_check(uint64_t filename, uint64_t qualname, int32
 }
 _Static_assert(sizeof(struct wire_py_frame) == 16, "wire_py_frame ABI");
 
+/* WIRE_PY_CODE: what names the code object at @code whose wire_py_check() is @check,
+ * read by the client while its thread ran the object (under the GIL). Followed by
+ * qualname_len bytes of its qualified name, filename_len bytes of its file (both ASCII,
+ * as CPython keeps them in compact ASCII strings) and linetable_len bytes of its
+ * location table (co_linetable); the payload is exactly that long. code 0: nothing (a
+ * read that failed after the room was taken). Untrusted like all else. */
+#define WIRE_PY_NAME_MAX 256u
+#define WIRE_PY_PATH_MAX 1024u
+#define WIRE_PY_LINETABLE_MAX 2048u
+struct wire_py_code {
+    uint64_t code;
+    uint32_t check; /* 24 bits */
+    int32_t firstlineno;
+    uint32_t qualname_len;  /* 1..WIRE_PY_NAME_MAX */
+    uint32_t filename_len;  /* 1..WIRE_PY_PATH_MAX */
+    uint32_t linetable_len; /* 0..WIRE_PY_LINETABLE_MAX */
+    uint32_t reserved;      /* 0 */
+};
+_Static_assert(sizeof(struct wire_py_code) == 32, "wire_py_code ABI");
+
 /* The last bytes of a record with WIRE_ALLOC_PY / WIRE_PCS_PY: n_frames struct
  * wire_py_frame come right before it, innermost first. */
 #define WIRE_PYT_TRUNCATED (1u << 0) /* more frames than sent: the outermost are missing */
@@ -461,6 +486,12 @@ int wire_decode_py(const uint8_t *data, size_t len, struct wire_py_tail *ret_tai
 /* Copies a WIRE_PY_RUNTIME payload into @ret. Returns 0 or -EBADMSG when too short. */
 int wire_decode_py_runtime(const uint8_t *data, size_t len,
                            struct wire_py_runtime *ret) HP_WARN_UNUSED;
+/* Copies the fixed part of a WIRE_PY_CODE payload into @ret and checks it (lengths in
+ * bounds and adding up to @len, a check of 24 bits, printable ASCII names); the name,
+ * file and table are returned borrowed from @data. Returns 0 or -EBADMSG. */
+int wire_decode_py_code(const uint8_t *data, size_t len, struct wire_py_code *ret,
+                        const char **ret_qualname, const char **ret_filename,
+                        const uint8_t **ret_linetable) HP_WARN_UNUSED;
 /* Copies a WIRE_FREE payload into @ret. Returns 0 or -EBADMSG when too short. */
 int wire_decode_free(const uint8_t *data, size_t len, struct wire_free *ret) HP_WARN_UNUSED;
 /* Copies a WIRE_HEAP_NAME payload into @ret and checks it: a heap id above 0, a name of

@@ -2,14 +2,20 @@
  * preload/python.h) and putting them into the native stack in place of the evaluation
  * loop's frames.
  *
- * A frame is a code object's address and an instruction. The code object is read from
- * the process's memory (its /proc/PID/mem) when the record is read: the code is still
- * alive then almost always, and where it is not, its type no longer matches and the frame
- * goes unnamed. Names are cached per code address and the check the client read there
- * (wire_py_check(): the addresses of its name and file and its first line): an address
- * freed and reused by another code object comes with another check, and gets the new
- * name. Lines come from
- * the code's location table (the 3.11 format, Objects/locations.md in CPython).
+ * A frame is a code object's address and an instruction. Without its WIRE_PY_CODE, the
+ * code object is read from the process's memory (its /proc/PID/mem) when the record is
+ * read: the code is still alive then almost always, and where it is not, its type no
+ * longer matches and the frame goes unnamed. Names are cached per code address and the
+ * check the client read there (wire_py_check(): the addresses of its name and file and
+ * its first line): an address freed and reused by another code object comes with another
+ * check, and gets the new name. Lines come from the code's location table (the 3.11
+ * format, Objects/locations.md in CPython).
+ *
+ * The client also tells what names a code object the first time a session samples it
+ * (WIRE_PY_CODE, unwinder_py_code()), before the sample: the cache entry is filled from
+ * that, and frames are named even when the object was freed, or the process exited,
+ * before the service read the sample. Entries the cache evicted (one per slot) are
+ * read from the process again.
  *
  * Frames are named "qualname (file.py:line)", with a mapping of their own named after the
  * full path of the file and no address range (unwinder_py_mapping()), so that every
@@ -245,6 +251,20 @@ int unwinder_py_line(const uint8_t *t, size_t len, int32_t first, int32_t instr)
 
 /* ---- code objects ------------------------------------------------------------------ */
 
+/* Names @c after @qualname (@nl bytes) and @path (@pl bytes). */
+static void py_set_names(struct py_code *c, const char *name, size_t nl, const char *path,
+                         size_t pl)
+{
+    c->qualname_s = unwinder__intern(name, nl);
+    const char *slash = memrchr(path, '/', pl);
+    size_t off = slash ? (size_t)(slash + 1 - path) : 0;
+    c->base = unwinder__intern(path + off, pl - off);
+    struct hp_mapping m = {.start = UNWINDER_PY_MAPPING_MARK,
+                           .end = UNWINDER_PY_MAPPING_MARK,
+                           .path = unwinder__intern(path, pl)};
+    c->map = unwinder__mapping_intern(&m);
+}
+
 /* Fills @c from the code object at @addr whose head is @h. Returns false when its
  * strings cannot be read. */
 static bool py_fill(unwinder_process_t *p, struct py_code *c, uint64_t addr, const uint8_t *h)
@@ -275,15 +295,40 @@ static bool py_fill(unwinder_process_t *p, struct py_code *c, uint64_t addr, con
     c->gen = ++p->py->gen;
     c->table = table;
     c->table_len = table ? (uint32_t)tlen : 0;
-    c->qualname_s = unwinder__intern(name, (size_t)nl);
-    const char *slash = memrchr(path, '/', (size_t)pl);
-    size_t off = slash ? (size_t)(slash + 1 - path) : 0;
-    c->base = unwinder__intern(path + off, (size_t)pl - off);
-    struct hp_mapping m = {.start = UNWINDER_PY_MAPPING_MARK,
-                           .end = UNWINDER_PY_MAPPING_MARK,
-                           .path = unwinder__intern(path, (size_t)pl)};
-    c->map = unwinder__mapping_intern(&m);
+    py_set_names(c, name, (size_t)nl, path, (size_t)pl);
     return true;
+}
+
+/* The cache slot of the code object at @addr. */
+static struct py_code *py_slot(unwinder_process_t *p, uint64_t addr)
+{
+    return &p->py->codes[(hp_hash_u64(addr) >> 7) & (PY_CODE_SLOTS - 1)];
+}
+
+int unwinder_py_code(unwinder_process_t *p, const struct wire_py_code *w, const char *qualname,
+                     const char *filename, const uint8_t *linetable)
+{
+    if (!p->py || w->code == 0)
+        return -EINVAL;
+    uint8_t *table = NULL;
+    if (w->linetable_len) {
+        table = malloc(w->linetable_len);
+        if (!table)
+            return -ENOMEM;
+        memcpy(table, linetable, w->linetable_len);
+    }
+    struct py_code *c = py_slot(p, w->code);
+    free(c->table);
+    /* The addresses of its strings are not told: an entry filled here is found by its
+     * address and check only (py_code()). */
+    *c = (struct py_code){.addr = w->code,
+                          .firstlineno = w->firstlineno,
+                          .check = w->check,
+                          .gen = ++p->py->gen,
+                          .table = table,
+                          .table_len = w->linetable_len};
+    py_set_names(c, qualname, w->qualname_len, filename, w->filename_len);
+    return 0;
 }
 
 /* The cache entry of the code object the client saw at @addr (its wire_py_check()
@@ -296,7 +341,7 @@ static bool py_fill(unwinder_process_t *p, struct py_code *c, uint64_t addr, con
 static struct py_code *py_code(unwinder_process_t *p, uint64_t addr, uint32_t check)
 {
     uint8_t h[PY_CODE_HEAD];
-    struct py_code *c = &p->py->codes[(hp_hash_u64(addr) >> 7) & (PY_CODE_SLOTS - 1)];
+    struct py_code *c = py_slot(p, addr);
     bool kept = c->addr == addr && c->check == check;
     if (kept)
         return c;

@@ -207,6 +207,14 @@ struct unwinder_py_result {
  * after, -ENOMEM. */
 int unwinder_py_runtime(unwinder_process_t *p, const struct wire_py_runtime *rt) HP_WARN_UNUSED;
 
+/* What names the code object @c->code carries (WIRE_PY_CODE, decoded by
+ * wire_decode_py_code(): the name, file and table are @c's lengths long, borrowed):
+ * kept as the process's name of the code object with that address and check, so that
+ * its frames are named without reading the process's memory. Returns 0, -EINVAL before
+ * the runtime was told (unwinder_py_runtime()) or for code 0, -ENOMEM. */
+int unwinder_py_code(unwinder_process_t *p, const struct wire_py_code *c, const char *qualname,
+                     const char *filename, const uint8_t *linetable) HP_WARN_UNUSED;
+
 /* Puts the Python frames @py (@n_py of them, innermost first, with the tail's
  * @tail_flags) into @frames (*@n native frames, leaf first; room for @max, at most
  * UNWINDER_MAX_FRAMES + 1) in place of the frames of CPython's evaluation loop

@@ -9,6 +9,7 @@
  * with debug symbols). Another version only is skipped. */
 #include <limits.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -18,6 +19,7 @@
 
 #include <cmocka.h>
 
+#include "tests/e2e/e2e_daemon.h"
 #include "tests/e2e/e2e_util.h"
 
 #define MAX_PYTHONS 3
@@ -562,6 +564,74 @@ static void test_code_reuse(void **state)
         check_codes(pythons[i]);
 }
 
+/* py_freed.py under heapprofd stopped (SIGSTOP) from before its function is compiled
+ * until after the process exited: every record is read once the function's code object
+ * was freed and the process gone, so its frames are named only from what the client sent
+ * with the samples (WIRE_PY_CODE). The bytearrays are counted exactly under
+ * "make_freed (py_freed_gen.py:5)": @n_per each (the object and its buffer on
+ * python.objects, or the buffer alone on libc.malloc with @heaps). */
+#define FREED_N 50
+
+static void check_freed(const char *python, const char *heaps, const char *heap, uint64_t n_per)
+{
+    struct e2e_daemon d;
+    e2e_daemon_prepare(&d, "pyfreed");
+    const char *args[] = {
+        "--all", "--no-running",           "-i",  "1", "--no-block-client", "--shmem-size",
+        "64m",   heaps ? "--heaps" : NULL, heaps, NULL};
+    e2e_daemon_launch(&d, args);
+    char ready[300], go[300], out[300];
+    snprintf(ready, sizeof(ready), "%s/ready", d.dir);
+    snprintf(go, sizeof(go), "%s/go", d.dir);
+    snprintf(out, sizeof(out), "%s/out.txt", d.dir);
+    char *prog = program("py_freed.py");
+    char *argv[] = {(char *)python, "-s", "-S", prog, ready, go, NULL};
+    pid_t c = e2e_spawn_client(&d, argv, out);
+    for (int i = 0; i < 3000 && access(ready, F_OK) != 0; i++)
+        e2e_sleep_ms(10);
+    assert_int_equal(access(ready, F_OK), 0);
+    /* The handshake was made before the script ran. A moment for the service to read
+     * the interpreter's start (else the ring may fill while it is stopped; how much it
+     * read does not matter): stopped now, it reads the rest only after the process is
+     * gone. */
+    e2e_sleep_ms(300);
+    assert_int_equal(kill(d.pid, SIGSTOP), 0);
+    FILE *f = fopen(go, "w");
+    assert_non_null(f);
+    fclose(f);
+    int st = e2e_wait_status(c);
+    assert_int_equal(kill(d.pid, SIGCONT), 0);
+    assert_int_equal(st, 0);
+    char *o = e2e_read_file(out);
+    assert_string_equal(o, "made 50\n");
+    free(o);
+    e2e_daemon_wait_ended(&d, &c, 1, 60000);
+    assert_int_equal(e2e_daemon_stop(&d, SIGINT), 0);
+    assert_int_equal(e2e_check_rules(d.trace), 0);
+    struct rp_trace *t = load(d.trace);
+    const struct rp_trace_process *p = find_heap(t, "py_freed.py", heap);
+    assert_non_null(p);
+    struct e2e_sums s;
+    e2e_sum_function(p, "make_freed (py_freed_gen.py:5)", &s);
+    if (s.alloc_count != FREED_N * n_per)
+        print_message("  %s %s: %llu allocations under make_freed, want %llu\n", python, heap,
+                      (unsigned long long)s.alloc_count, (unsigned long long)(FREED_N * n_per));
+    assert_int_equal(s.alloc_count, FREED_N * n_per);
+    rp_trace_free(t);
+    free(prog);
+    e2e_daemon_remove_files(&d);
+}
+
+static void test_freed_code(void **state)
+{
+    (void)state;
+    /* Without python.objects (no wrapper: the table only keeps the sent marks) with one
+     * CPython: once is enough. */
+    for (size_t i = 0; i < n_pythons; i++)
+        check_freed(pythons[i], NULL, "python.objects", 2);
+    check_freed(pythons[0], "libc.malloc", "libc.malloc", 1);
+}
+
 /* numpy's native frames between the Python callback and the Python caller. */
 static void test_numpy(void **state)
 {
@@ -603,6 +673,7 @@ int main(void)
         cmocka_unit_test(test_raise),
         cmocka_unit_test(test_numpy),
         cmocka_unit_test(test_code_reuse),
+        cmocka_unit_test(test_freed_code),
         cmocka_unit_test(test_objects_all_heaps),
         cmocka_unit_test(test_objects_fork),
         cmocka_unit_test(test_objects_pythonmalloc),

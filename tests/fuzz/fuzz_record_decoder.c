@@ -1,6 +1,7 @@
 /* tests/fuzz/fuzz_record_decoder.c: the service's validation of ring records
  * (wire_decode_alloc, wire_decode_alloc_pcs, wire_decode_free, wire_decode_heap_name,
- * wire_decode_py_runtime, and wire_decode_py for the Python frames that end a
+ * wire_decode_py_runtime, wire_decode_py_code with the naming of the code it accepts,
+ * and wire_decode_py for the Python frames that end a
  * WIRE_ALLOC_PCS record with WIRE_PCS_PY, merged into its native frames by
  * unwinder_py_merge) on arbitrary payloads,
  * and the unwinding of every accepted WIRE_ALLOC (and the naming of every accepted
@@ -11,9 +12,9 @@
  * accepted one must give at least one frame and never crash.
  *
  * Input layout:
- *   byte 0       record type (low 3 bits: 1 WIRE_ALLOC, 2 WIRE_FREE, 3 WIRE_ALLOC_PCS,
- *                4 WIRE_MAPS_CHANGED, 6 WIRE_PY_RUNTIME, 7 WIRE_HEAP_NAME, others
- *                unknown)
+ *   byte 0       record type (low 4 bits: 1 WIRE_ALLOC, 2 WIRE_FREE, 3 WIRE_ALLOC_PCS,
+ *                4 WIRE_MAPS_CHANGED, 6 WIRE_PY_RUNTIME, 7 WIRE_HEAP_NAME,
+ *                8 WIRE_PY_CODE, others unknown)
  *   byte 1       the max_stack_bytes cap, in KiB (0..255)
  *   the rest     the payload, copied to a buffer of exactly its size
  */
@@ -70,7 +71,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     setup();
     if (size < 2)
         return 0;
-    unsigned type = data[0] & 7;
+    unsigned type = data[0] & 15;
     uint64_t max_stack = (uint64_t)data[1] << 10;
     size_t len = size - 2;
     /* An exact-size copy, so reading past the payload is caught by the sanitizers. */
@@ -179,6 +180,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int told = r == 0 ? unwinder_py_runtime(g_p, &rt) : 0;
         if (told != 0 && told != 1)
             abort();
+    } else if (type == WIRE_PY_CODE) {
+        /* Accepted: lengths in bounds adding up to the payload, printable names; then
+         * kept, and a frame of it named from what it carries. */
+        struct wire_py_code c;
+        const char *q, *f;
+        const uint8_t *lt;
+        int r = wire_decode_py_code(payload, len, &c, &q, &f, &lt);
+        if (r == 0 &&
+            (c.qualname_len == 0 || c.qualname_len > WIRE_PY_NAME_MAX || c.filename_len == 0 ||
+             c.filename_len > WIRE_PY_PATH_MAX || c.linetable_len > WIRE_PY_LINETABLE_MAX ||
+             len != sizeof(c) + c.qualname_len + c.filename_len + c.linetable_len))
+            abort();
+        if (r == 0 && c.code != 0) {
+            /* The runtime first, as a client tells it; then one frame of the code. */
+            struct wire_py_runtime rt = {.hexversion = 0x030b0000, .status = WIRE_PY_OK};
+            if (unwinder_py_runtime(g_p, &rt) < 0 || unwinder_py_code(g_p, &c, q, f, lt) != 0)
+                abort();
+            const char *eval = "_PyEval_EvalFrameDefault";
+            g_frames[0] = (struct hp_frame){.function_name = eval};
+            struct wire_py_frame py = {.code = c.code,
+                                       .instr = (int32_t)(c.linetable_len / 2),
+                                       .flags = WIRE_PYF_ENTRY | c.check << WIRE_PYF_CHECK_SHIFT};
+            size_t n = 1;
+            struct unwinder_py_result pr;
+            if (unwinder_py_merge(g_p, g_frames, &n, UNWINDER_MAX_FRAMES, &py, 1, 0, &pr) != 0 ||
+                n != 1 || pr.named != 1 || g_frames[0].function_name == NULL ||
+                strncmp(g_frames[0].function_name, q, c.qualname_len) != 0)
+                abort();
+        }
     } else if (type == WIRE_FREE) {
         struct wire_free f;
         int r = wire_decode_free(payload, len, &f);

@@ -76,12 +76,54 @@ static void test_refused(void **state)
         assert_int_equal(atomic_load(&codes.slot[i]), 0);
 }
 
+/* Sent marks: per session epoch, kept by a put of the same entry, lost with another
+ * check or a forget, cleared by unmark_all; lookups see through them. */
+static void test_sent_marks(void **state)
+{
+    (void)state;
+    client_pycodes_clear(&codes);
+    uint64_t a = 0x7f1234567890ull, e1 = client_pycodes_epoch(1), e2 = client_pycodes_epoch(2);
+    uint32_t check = 0;
+    assert_true(e1 >= 1 && e1 <= 63 && e1 != e2);
+    assert_int_equal(client_pycodes_epoch(63), client_pycodes_epoch(0));
+    assert_false(client_pycodes_sent(&codes, a, 0x1234, e1));
+    /* Not kept: nothing to mark. */
+    client_pycodes_mark_sent(&codes, a, 0x1234, e1);
+    assert_false(client_pycodes_sent(&codes, a, 0x1234, e1));
+    client_pycodes_put(&codes, a, 0x1234);
+    client_pycodes_mark_sent(&codes, a, 0x1235, e1); /* another object now */
+    assert_false(client_pycodes_sent(&codes, a, 0x1234, e1));
+    client_pycodes_mark_sent(&codes, a, 0x1234, e1);
+    assert_true(client_pycodes_sent(&codes, a, 0x1234, e1));
+    assert_false(client_pycodes_sent(&codes, a, 0x1234, e2));
+    assert_false(client_pycodes_sent(&codes, a, 0x1235, e1));
+    assert_true(client_pycodes_lookup(&codes, a, &check));
+    assert_int_equal(check, 0x1234);
+    /* The same put keeps the mark; another check drops it. */
+    client_pycodes_put(&codes, a, 0x1234);
+    assert_true(client_pycodes_sent(&codes, a, 0x1234, e1));
+    client_pycodes_put(&codes, a, 0x1235);
+    assert_false(client_pycodes_sent(&codes, a, 0x1235, e1));
+    /* A forget of a marked entry forgets it. */
+    client_pycodes_mark_sent(&codes, a, 0x1235, e1);
+    client_pycodes_forget(&codes, a);
+    assert_false(client_pycodes_lookup(&codes, a, &check));
+    /* A session start clears every mark and keeps the entries. */
+    client_pycodes_put(&codes, a, 0x1234);
+    client_pycodes_mark_sent(&codes, a, 0x1234, e2);
+    client_pycodes_unmark_all(&codes);
+    assert_false(client_pycodes_sent(&codes, a, 0x1234, e2));
+    assert_true(client_pycodes_lookup(&codes, a, &check));
+    assert_int_equal(check, 0x1234);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_put_lookup_forget),
         cmocka_unit_test(test_no_alias),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_sent_marks),
     };
     return cmocka_run_group_tests_name("pycodes", tests, NULL, NULL);
 }
