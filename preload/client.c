@@ -64,6 +64,7 @@
 #include "preload/direct.h"
 #include "preload/elfobj.h"
 #include "preload/env.h"
+#include "preload/title.h"
 #include "shmem_ring/wire.h"
 
 extern char **environ;
@@ -510,12 +511,14 @@ __attribute__((constructor)) static void client_ctor(void)
 }
 
 /* exit() or a return from main: the service is told before the connection ends, so that
- * the profile does not say the process went away unexpectedly (killed, crashed, _exit).
+ * the profile does not say the process went away unexpectedly (killed, crashed, _exit),
+ * and is given the title the process had (preload/title.h).
  * A child of fork() has no ring mapped here (ring_set_client_exiting() does nothing). */
 __attribute__((destructor)) static void client_dtor(void)
 {
     struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
     if (s && client_session_enter(s)) {
+        client__title_send(s);
         ring_set_client_exiting(s->ring);
         client_session_leave(s);
     }

@@ -35,6 +35,7 @@
 #include "preload/peer.h"
 #include "preload/pyheap.h"
 #include "preload/python.h"
+#include "preload/title.h"
 #include "shmem_ring/wire.h"
 
 /* Descriptors the client keeps (the session's socket, preload/direct.c's /proc/self/mem)
@@ -48,7 +49,7 @@ static unsigned client_next_slot;   /* owner only */
 /* Features this client speaks. */
 #define CLIENT_FEATURES                                                                            \
     (WIRE_FEATURE_REGS_X86_64 | WIRE_FEATURE_FOLLOW_FORK | WIRE_FEATURE_UNWIND_TABLE |             \
-     WIRE_FEATURE_PYFRAMES | WIRE_FEATURE_HEAPS)
+     WIRE_FEATURE_PYFRAMES | WIRE_FEATURE_HEAPS | WIRE_FEATURE_TITLE)
 
 /* ---- handshake ------------------------------------------------------------------- */
 
@@ -313,6 +314,8 @@ static void client_slot_configure(struct client_session *s, const struct wire_cl
     client_pycodes_unmark_all(&client_py_codes);
     atomic_store_explicit(&s->dl_adds, adds, memory_order_relaxed);
     atomic_store_explicit(&s->dl_subs, subs, memory_order_relaxed);
+    if (cfg->features & WIRE_FEATURE_TITLE)
+        client__title_learn();
     s->pid = (pid_t)hp_sys0(SYS_getpid);
     s->features = cfg->features;
     s->gen = ++client_session_gen;

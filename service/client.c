@@ -43,6 +43,19 @@ struct svc_client *svc__client_free(struct svc_client *c)
 
 #define MAX_CMDLINE 4096
 
+/* Ends the command line or title @buf (@*len bytes, room for one more) as the service
+ * keeps it: a retitled process pads its title to the length of its old argv area with
+ * NULs or spaces (postgres, nginx), not part of its name; then one NUL. */
+static void cmdline_end(char *buf, size_t *len)
+{
+    size_t n = *len;
+    while (n > 0 && (buf[n - 1] == '\0' || buf[n - 1] == ' '))
+        n--;
+    if (n > 0)
+        buf[n++] = '\0';
+    *len = n;
+}
+
 int svc__read_cmdline(pid_t pid, char **ret, size_t *ret_len)
 {
     char path[64];
@@ -50,7 +63,7 @@ int svc__read_cmdline(pid_t pid, char **ret, size_t *ret_len)
     HP_CLEANUP_CLOSE int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -errno;
-    char *buf = malloc(MAX_CMDLINE);
+    char *buf = malloc(MAX_CMDLINE + 1);
     if (!buf)
         return -ENOMEM;
     size_t len = 0;
@@ -62,12 +75,7 @@ int svc__read_cmdline(pid_t pid, char **ret, size_t *ret_len)
             break;
         len += (size_t)n;
     }
-    /* A retitled process pads its title to the length of its old argv area with NULs or
-     * spaces (postgres, nginx): not part of its name. */
-    while (len > 0 && (buf[len - 1] == '\0' || buf[len - 1] == ' '))
-        len--;
-    if (len > 0 && len < MAX_CMDLINE)
-        buf[len++] = '\0';
+    cmdline_end(buf, &len);
     *ret = buf;
     *ret_len = len;
     return 0;
@@ -82,18 +90,10 @@ void svc__client_set_title(struct svc_client *c)
         (void)svc_cmdline_title(c->cmdline, c->cmdline_len, c->title, sizeof(c->title));
 }
 
-void svc__client_retitle(struct svc_unwinder *u, struct svc_client *c)
+/* Names @c by @cmdline (@len bytes, cmdline_end(); malloc'd, taken) from now on, if it
+ * is another. */
+static void client_rename(struct svc_unwinder *u, struct svc_client *c, char *cmdline, size_t len)
 {
-    char *cmdline;
-    size_t len;
-    /* An ending or exited process reads empty: it keeps the name it had. A process that
-     * exec'd is another program, whose command line is not this session's title: the
-     * kernel let the old address space go at the exec, so the maps file the client gave
-     * us reads nothing (as hangup_flags() tells an exec from a closed connection). */
-    char b;
-    if (c->ending || (c->image_fd >= 0 && pread(c->image_fd, &b, 1, 0) != 1) ||
-        svc__read_cmdline(c->pid, &cmdline, &len) < 0)
-        return;
     if (len == 0 || (len == c->cmdline_len && memcmp(cmdline, c->cmdline, len) == 0)) {
         free(cmdline);
         return;
@@ -109,6 +109,36 @@ void svc__client_retitle(struct svc_unwinder *u, struct svc_client *c)
     c->cmdline = cmdline;
     c->cmdline_len = len;
     svc__client_set_title(c);
+}
+
+void svc__client_retitle(struct svc_unwinder *u, struct svc_client *c)
+{
+    char *cmdline;
+    size_t len;
+    /* An ending or exited process reads empty: it keeps the name it had. A process that
+     * exec'd is another program, whose command line is not this session's title: the
+     * kernel let the old address space go at the exec, so the maps file the client gave
+     * us reads nothing (as hangup_flags() tells an exec from a closed connection). */
+    char b;
+    if (c->ending || (c->image_fd >= 0 && pread(c->image_fd, &b, 1, 0) != 1) ||
+        svc__read_cmdline(c->pid, &cmdline, &len) < 0)
+        return;
+    client_rename(u, c, cmdline, len);
+}
+
+void svc__client_title_record(struct svc_unwinder *u, struct svc_client *c, const uint8_t *data,
+                              size_t len)
+{
+    if (len == 0 || len > WIRE_TITLE_MAX) {
+        c->flags |= BK_FLAG_BUFFER_CORRUPTED;
+        return;
+    }
+    char *cmdline = malloc(len + 1);
+    if (!cmdline)
+        return;
+    memcpy(cmdline, data, len);
+    cmdline_end(cmdline, &len);
+    client_rename(u, c, cmdline, len);
 }
 
 const char *svc__client_name(const struct svc_client *c)

@@ -282,7 +282,7 @@ static int answer(const struct svc *s, int sock, const struct wire_hello *hello,
         .status = WIRE_STATUS_PROFILE,
         .features = hello->features &
                     (WIRE_FEATURE_REGS_X86_64 | table | WIRE_FEATURE_PYFRAMES | WIRE_FEATURE_HEAPS |
-                     (s->cfg.follow_fork ? WIRE_FEATURE_FOLLOW_FORK : 0)),
+                     WIRE_FEATURE_TITLE | (s->cfg.follow_fork ? WIRE_FEATURE_FOLLOW_FORK : 0)),
         .block_client = s->cfg.block_client,
         .sampling_interval_bytes = s->cfg.sampling_interval_bytes,
         .max_stack_bytes = svc_config_max_stack(&s->cfg),

@@ -366,6 +366,10 @@ void svc__client_set_title(struct svc_client *c);
  * naming its role): when it changed, takes it (c->cmdline, c->title) and tells the
  * bookkeeping thread (SVC_MSG_PROC_RENAME) so the trace names the process by it. */
 void svc__client_retitle(struct svc_unwinder *u, struct svc_client *c);
+/* A WIRE_TITLE record of @c (@len bytes at @data): the title its process had at exit,
+ * taken as svc__client_retitle() takes one it read. */
+void svc__client_title_record(struct svc_unwinder *u, struct svc_client *c, const uint8_t *data,
+                              size_t len);
 void *svc__bk_main(void *arg);
 /* service/query.c: answers a SVC_MSG_QUERY (bookkeeping thread). */
 void svc__answer_query(struct svc *s, const struct svc_msg_query *q);

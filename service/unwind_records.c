@@ -506,6 +506,9 @@ static enum svc_drain_result drain(struct svc_unwinder *u, struct svc_client *c,
         case WIRE_HEAP_NAME:
             handle_heap_name(u, c, rd.data, rd.len);
             break;
+        case WIRE_TITLE:
+            svc__client_title_record(u, c, rd.data, rd.len);
+            break;
         default:
             c->flags |= BK_FLAG_BUFFER_CORRUPTED;
             break;

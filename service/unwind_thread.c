@@ -691,16 +691,36 @@ static void answer_dumps(struct svc_unwinder *u, uint32_t dump_requests)
     }
 }
 
+/* Milliseconds until look_again() has something to do, at most @ms: the first client's
+ * title to read again, or the scan of every ring a second after @last_scan_ns (which
+ * finds a record a stopped writer holds: the stall timeout counts from the scans). */
+static unsigned until_look_again_ms(const struct svc_unwinder *u, uint64_t last_scan_ns,
+                                    unsigned ms)
+{
+    uint64_t now = hp_clock_ns(CLOCK_MONOTONIC_COARSE);
+    uint64_t due = last_scan_ns + 1000000000u;
+    for (const struct svc_client *c = u->clients; c; c = c->next)
+        if (c->started && !c->ending && c->retitle_due_ns < due)
+            due = c->retitle_due_ns;
+    uint64_t left = due > now ? due - now : 0;
+    if (left / 1000000u < ms)
+        ms = (unsigned)(left / 1000000u) + 1; /* not before it */
+    return ms;
+}
+
 /* Sleeps unless a ring may hold more: at most POLL_MS while a ring is polled, the thread
  * stops or the queue is full (woken when the bookkeeping thread made room,
- * svc_bkq.on_room), else up to a second. @wake_seen: the wake word before the pass took
- * its requests. */
-static void sleep_until_work(struct svc_unwinder *u, uint32_t wake_seen, const struct pass *p)
+ * svc_bkq.on_room), else until look_again() is due, up to a second. @wake_seen: the wake
+ * word before the pass took its requests; @last_scan_ns: look_again()'s. */
+static void sleep_until_work(struct svc_unwinder *u, uint32_t wake_seen, const struct pass *p,
+                             uint64_t last_scan_ns)
 {
     if (p->queue_full)
         wait_for_work(u, wake_seen, POLL_MS);
     else if (!p->busy)
-        wait_for_work(u, wake_seen, p->polling || u->stopping ? POLL_MS : 1000);
+        wait_for_work(
+            u, wake_seen,
+            until_look_again_ms(u, last_scan_ns, p->polling || u->stopping ? POLL_MS : 1000));
 }
 
 /* Gives the polled rings work every POLL_MS, even when writers of other rings keep waking
@@ -764,7 +784,7 @@ void *svc__unwinder_main(void *arg)
         complete_ends(u);
         if (u->stopping && !u->clients && !u->deferred)
             break;
-        sleep_until_work(u, wake_seen, &p);
+        sleep_until_work(u, wake_seen, &p, last_scan_ns);
         look_again(u, p.polling, &last_poll_ns, &last_scan_ns);
     }
     svc__batch_post(&u->batcher);

@@ -53,6 +53,8 @@
  * followed by a struct wire_heaps (the session's selection of heaps), and the client may
  * send WIRE_HEAP_NAME records and samples of heaps other than 0. */
 #define WIRE_FEATURE_HEAPS (1u << 3)
+/* Titles: the client may send WIRE_TITLE records. */
+#define WIRE_FEATURE_TITLE (1u << 5)
 
 /* Why the client connects (wire_hello.reason). */
 #define WIRE_REASON_STARTUP 1u /* profiling asked for by the environment at startup */
@@ -183,7 +185,15 @@ enum wire_type {
      * sample, so that the service names its frames without reading the process's memory
      * (which may have freed the object, or exited, by the time its records are read). */
     WIRE_PY_CODE = 8,
+    /* The process's title as its /proc/PID/cmdline reads (WIRE_FEATURE_TITLE): 1 to
+     * WIRE_TITLE_MAX bytes, sent by the client at exit(), its last record. A process that
+     * names its role and exits soon after (an nginx worker told to stop, a postgres
+     * backend of a short connection) is gone before the service reads its title, and
+     * would keep its parent's name. */
+    WIRE_TITLE = 9,
 };
+
+#define WIRE_TITLE_MAX 4096
 
 struct wire_heap_name {
     uint32_t heap_id; /* 1.. (0 is always WIRE_HEAP_MALLOC_NAME) */

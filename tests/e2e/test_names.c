@@ -109,6 +109,62 @@ static void test_names_own_titles(void **state)
     free(trace);
 }
 
+/* Records `retitle MS` whose worker takes its title RETITLE_LATE_MS after its first
+ * allocations; checks the worker is named by that title. */
+static void check_late_title(const char *ms, const char *late_env)
+{
+    char *trace = e2e_tmp_path(".pftrace");
+    char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"),
+                    "record",
+                    "-q",
+                    "-i",
+                    "1",
+                    "--follow-fork",
+                    "--no-source-lines",
+                    "-o",
+                    trace,
+                    "--",
+                    (char *)e2e_env("RETITLE"),
+                    (char *)ms,
+                    "padding-padding-padding-padding-padding",
+                    NULL};
+    char *env[] = {(char *)late_env, NULL};
+    struct e2e_run run;
+    assert_int_equal(e2e_run(argv, env, &run), 0);
+    assert_int_equal(run.status, 0);
+    e2e_run_free(&run);
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &t), 0);
+    const struct rp_trace_process *w = by_site(t, "retitle_worker_alloc");
+    assert_non_null(w);
+    print_message("  worker %d \"%s\"\n", w->pid, w->cmdline);
+    assert_string_equal(w->cmdline, "retitle: worker process");
+    rp_trace_free(t);
+    unlink(trace);
+    free(trace);
+}
+
+/* A worker that allocates, then idles and only then takes its title (as an nginx worker
+ * does), living 400 ms more: its title is read within RETITLE_EARLY_NS of the change
+ * although no record wakes the service (which slept up to a second then: the worker had
+ * exited meanwhile and kept its parent's command line). */
+static void test_names_title_taken_idle(void **state)
+{
+    (void)state;
+    check_late_title("400", "RETITLE_LATE_MS=300");
+}
+
+/* A worker that takes its title 30 ms after its first allocations (after the service's
+ * first read of it) and exits at once, as an nginx worker told to stop soon after its
+ * start, or a postgres backend of a short connection: the client gives the title at
+ * exit (WIRE_TITLE), which no read of /proc/PID/cmdline could have seen. */
+static void test_names_title_at_exit(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 3; i++)
+        check_late_title("0", "RETITLE_LATE_MS=30");
+}
+
 static void test_names_attach_says_when(void **state)
 {
     (void)state;
@@ -153,6 +209,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names_own_titles),
+        cmocka_unit_test(test_names_title_taken_idle),
+        cmocka_unit_test(test_names_title_at_exit),
         cmocka_unit_test(test_names_attach_says_when),
     };
     return cmocka_run_group_tests_name("e2e_names", tests, setup, teardown);

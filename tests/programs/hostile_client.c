@@ -488,7 +488,7 @@ static int misbehave(const char *mode, int sock, int ring_fd, const struct wire_
         (void)write_record(ring, WIRE_ALLOC, buf, sizeof(a) + a.stack_len);
     } else if (!strcmp(mode, "badtype")) {
         fill_alloc(&a, 1);
-        (void)write_record(ring, 9, &a, sizeof(a));
+        (void)write_record(ring, 200, &a, sizeof(a)); /* no such type */
     } else if (!strcmp(mode, "header") || !strcmp(mode, "writepos")) {
         uint8_t *data;
         uint64_t size;

@@ -3,6 +3,9 @@
  * its argv area with a title, the worker padding it with NULs, the parent with spaces
  * (setproctitle's two habits), and allocates in a function of its own. Both live
  * @ms milliseconds after retitling, then the parent reaps the worker and prints "done".
+ * With RETITLE_LATE_MS set, the worker allocates first (its session starts under the
+ * command line it inherited), idles that long, and only then takes its title, as an
+ * nginx worker does after its setup.
  *
  *     retitle MS PADDING...   (PADDING: any arguments, room for the titles)
  */
@@ -57,11 +60,17 @@ int main(int argc, char **argv)
     if (w < 0)
         return 1;
     if (w == 0) {
+        const char *late = getenv("RETITLE_LATE_MS");
+        if (late) {
+            retitle_worker_alloc();
+            sleep_ms(atol(late));
+        }
         set_title(area, len, "retitle: worker process", '\0');
         prctl(PR_SET_NAME, "retitle-worker");
-        retitle_worker_alloc();
+        if (!late)
+            retitle_worker_alloc();
         sleep_ms(ms);
-        _exit(0);
+        exit(0); /* as a server's worker does: exit handlers run */
     }
     set_title(area, len, "retitle: master process", ' ');
     retitle_master_alloc();
