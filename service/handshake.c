@@ -23,6 +23,7 @@
 #include "common/fdpass.h"
 #include "common/log.h"
 #include "common/paths.h"
+#include "common/procfs.h"
 #include "service/svc.h"
 #include "service/targets.h"
 #include "shmem_ring/utable.h"
@@ -41,32 +42,6 @@ static bool fd_is_proc_file(int fd, pid_t pid, const char *what)
     target[n] = '\0';
     snprintf(want, sizeof(want), "/proc/%d/%s", (int)pid, what);
     return strcmp(target, want) == 0;
-}
-
-/* The pid of @pid in its own pid namespace (the last NSpid of /proc/@pid/status: what its
- * getpid() returns), or @pid when that cannot be read. */
-static pid_t ns_pid_of(pid_t pid)
-{
-    char path[64], buf[4096];
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    size_t n = 0;
-    if (svc__read_small(path, buf, sizeof(buf) - 1, &n) < 0)
-        return pid;
-    buf[n] = '\0';
-    const char *l = strstr(buf, "\nNSpid:");
-    if (!l)
-        return pid;
-    l += 8;
-    long last = pid;
-    for (;;) {
-        char *end;
-        long v = strtol(l, &end, 10);
-        if (end == l)
-            break;
-        last = v;
-        l = end;
-    }
-    return last > 0 ? (pid_t)last : pid;
 }
 
 int svc__handshake_hello(int sock, bool allow_other_users, struct wire_hello *ret_hello,
@@ -101,7 +76,7 @@ int svc__handshake_hello(int sock, bool allow_other_users, struct wire_hello *re
     r = -EPERM;
     /* A client in a pid namespace of its own (a container) says its pid there, and opened
      * its /proc files in its own /proc (or, without one mounted, in ours). */
-    pid_t self_pid = hello.pid == cred.pid ? cred.pid : ns_pid_of(cred.pid);
+    pid_t self_pid = hello.pid == cred.pid ? cred.pid : hp_proc_ns_pid(cred.pid);
     bool maps_ok = fd_is_proc_file(fds[0], self_pid, "maps") ||
                    (self_pid != cred.pid && fd_is_proc_file(fds[0], cred.pid, "maps"));
     bool mem_ok = fd_is_proc_file(fds[1], self_pid, "mem") ||

@@ -34,6 +34,7 @@
 
 #include "common/clock.h"
 #include "common/macros.h"
+#include "common/procfs.h"
 
 #define PERFMAP_MAX_ENTRIES (256u << 10)
 #define PERFMAP_MAX_NAME_BYTES (16u << 20)
@@ -335,35 +336,6 @@ static int perfmap_open(pid_t pid, pid_t nspid)
     return fd;
 }
 
-/* The pid @pid has in its own pid namespace (the last NSpid of its status), or @pid. */
-static pid_t ns_pid(pid_t pid)
-{
-    char path[64], buf[4096];
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return pid;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    (void)close(fd);
-    if (n <= 0)
-        return pid;
-    buf[n] = '\0';
-    const char *l = strstr(buf, "\nNSpid:");
-    if (!l)
-        return pid;
-    l += 7;
-    long last = -1;
-    while (*l && *l != '\n') {
-        char *e;
-        long v = strtol(l, &e, 10);
-        if (e == l)
-            break;
-        last = v;
-        l = e;
-    }
-    return last > 0 && last <= INT32_MAX ? (pid_t)last : pid;
-}
-
 struct unwinder__perfmap *unwinder__perfmap_new(int fd)
 {
     struct unwinder__perfmap *pm = calloc(1, sizeof(*pm));
@@ -437,7 +409,7 @@ const char *unwinder__perfmap_name(struct unwinder_process *p, uint64_t pc, bool
             return NULL;
         pm->tried_ns = now ? now : 1;
         if (pm->fd < 0) {
-            int fd = perfmap_open(p->pid, ns_pid(p->pid));
+            int fd = perfmap_open(p->pid, hp_proc_ns_pid(p->pid));
             if (fd < 0)
                 return NULL;
             pm->fd = fd;

@@ -16,6 +16,7 @@
 
 #include "common/fdpass.h"
 #include "common/paths.h"
+#include "common/procfs.h"
 #include "common/strtab.h"
 #include "tests/support/regs.h"
 
@@ -172,12 +173,35 @@ static void test_paths_runtime_dir(void **state)
     assert_int_equal(hp_runtime_dir(NULL, 1234, tiny, sizeof(tiny)), -ENAMETOOLONG);
 }
 
+/* The pid in the innermost namespace: the last of NSpid; the fallback without the line
+ * or with garbage in it; and this process's own, which is its getpid() here. */
+static void test_procfs_ns_pid(void **state)
+{
+    (void)state;
+    const char nested[] = "Name:\tsh\nPid:\t4242\nNSpid:\t4242\t17\t1\nNSpgid:\t9\n";
+    assert_int_equal(hp_status_ns_pid(nested, strlen(nested), 4242), 1);
+    const char flat[] = "Pid:\t77\nNSpid:\t77\n";
+    assert_int_equal(hp_status_ns_pid(flat, strlen(flat), 5), 77);
+    const char none[] = "Name:\tx\nPid:\t77\n";
+    assert_int_equal(hp_status_ns_pid(none, strlen(none), 5), 5);
+    const char junk[] = "NSpid:\t77\tabc\n";
+    assert_int_equal(hp_status_ns_pid(junk, strlen(junk), 5), 5);
+    const char huge[] = "NSpid:\t99999999999999999999\n";
+    assert_int_equal(hp_status_ns_pid(huge, strlen(huge), 5), 5);
+    /* Cut inside the line: what is there counts. */
+    assert_int_equal(hp_status_ns_pid(nested, strlen("Name:\tsh\nPid:\t4242\nNSpid:\t4242\t17"), 3),
+                     17);
+    assert_int_equal(hp_proc_ns_pid(getpid()), getpid());
+    assert_int_equal(hp_proc_ns_pid(-1), -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fdpass_roundtrip),     cmocka_unit_test(test_fdpass_extra_fds_closed),
         cmocka_unit_test(test_fdpass_short_and_eof), cmocka_unit_test(test_strtab_intern),
         cmocka_unit_test(test_regs_capture),         cmocka_unit_test(test_paths_runtime_dir),
+        cmocka_unit_test(test_procfs_ns_pid),
     };
     return cmocka_run_group_tests_name("common", tests, NULL, NULL);
 }
