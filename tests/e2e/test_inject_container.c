@@ -178,7 +178,11 @@ static char *fds_of(pid_t pid)
         char path[400], target[256];
         snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
         ssize_t k = readlink(path, target, sizeof(target) - 1);
-        target[k > 0 ? k : 0] = '\0';
+        /* Closed while we listed (the session thread reads /proc/self files now and
+         * then): not a descriptor the process keeps. */
+        if (k <= 0)
+            continue;
+        target[k] = '\0';
         n += (size_t)snprintf(out + n, cap - n, "%s -> %s\n", e->d_name, target);
         assert_true(n < cap);
     }
