@@ -47,9 +47,10 @@ static const struct rp_trace_process *by_site(const struct rp_trace *t, const ch
     return NULL;
 }
 
-static void test_names_own_titles(void **state)
+/* Records `retitle MS` at interval 1, following its fork, with the extra environment
+ * entry @env_entry (or NULL); checks it printed "done". Returns the trace's path (malloc'd). */
+static char *record_retitle(const char *ms, const char *env_entry)
 {
-    (void)state;
     char *trace = e2e_tmp_path(".pftrace");
     char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"),
                     "record",
@@ -61,14 +62,22 @@ static void test_names_own_titles(void **state)
                     trace,
                     "--",
                     (char *)e2e_env("RETITLE"),
-                    "1500",
+                    (char *)ms,
                     "padding-padding-padding-padding-padding",
                     NULL};
+    char *env[] = {(char *)env_entry, NULL};
     struct e2e_run run;
-    assert_int_equal(e2e_run(argv, NULL, &run), 0);
+    assert_int_equal(e2e_run(argv, env_entry ? env : NULL, &run), 0);
     assert_int_equal(run.status, 0);
     assert_string_equal(run.out, "done\n");
     e2e_run_free(&run);
+    return trace;
+}
+
+static void test_names_own_titles(void **state)
+{
+    (void)state;
+    char *trace = record_retitle("1500", NULL);
     assert_int_equal(e2e_check_rules(trace), 0);
 
     struct rp_trace *t;
@@ -84,6 +93,7 @@ static void test_names_own_titles(void **state)
     assert_int_equal(t->n_processes, 2); /* a retitle is not a new process */
 
     char *argv_rep[] = {(char *)e2e_env("HEAPPROF_BIN"), "report", trace, NULL};
+    struct e2e_run run;
     assert_int_equal(e2e_run(argv_rep, NULL, &run), 0);
     char want[96];
     snprintf(want, sizeof(want), "Process %d: retitle: worker process\n", (int)w->pid);
@@ -113,26 +123,7 @@ static void test_names_own_titles(void **state)
  * allocations; checks the worker is named by that title. */
 static void check_late_title(const char *ms, const char *late_env)
 {
-    char *trace = e2e_tmp_path(".pftrace");
-    char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"),
-                    "record",
-                    "-q",
-                    "-i",
-                    "1",
-                    "--follow-fork",
-                    "--no-source-lines",
-                    "-o",
-                    trace,
-                    "--",
-                    (char *)e2e_env("RETITLE"),
-                    (char *)ms,
-                    "padding-padding-padding-padding-padding",
-                    NULL};
-    char *env[] = {(char *)late_env, NULL};
-    struct e2e_run run;
-    assert_int_equal(e2e_run(argv, env, &run), 0);
-    assert_int_equal(run.status, 0);
-    e2e_run_free(&run);
+    char *trace = record_retitle(ms, late_env);
     struct rp_trace *t;
     assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &t), 0);
     const struct rp_trace_process *w = by_site(t, "retitle_worker_alloc");
