@@ -199,7 +199,14 @@ static void got_patch_slot(struct got_obj *g, const Elf64_Rela *r)
             return;
         want = own;
     } else if (cur == hook || !((own && cur == own) || client_elfobj_contains(o, cur))) {
-        /* Not bound to the allocator, nor (lazy binding) into the object's PLT. */
+        /* Not bound to the allocator, nor (lazy binding) into the object's PLT. An object
+         * dlopened right now is listed before the loader relocates it: a lazy slot outside
+         * RELRO that still holds its link-time value (a PLT address without the load
+         * bias) is bound later, and the next check patches it. (Slots in RELRO wait for
+         * its protection: relro_failed. A 0 is left alone: after relocation it is a weak
+         * symbol nobody defines, looked at again on every check otherwise.) */
+        if (cur != hook && o->bias && client_elfobj_contains(o, cur + o->bias))
+            atomic_store_explicit(&got_retry, true, memory_order_relaxed);
         return;
     }
     bool ok;

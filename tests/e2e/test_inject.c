@@ -390,6 +390,45 @@ static void real_program(char *const argv[], const char *fn)
     e2e_run_free(&plain);
 }
 
+/* A plugin the loader has listed but not yet bound when the session first looks at it
+ * (a dlopen in progress): its malloc slot holds its link-time value, then malloc. The
+ * patcher looks again and hooks it (the old one gave up on it for good: 0 samples in
+ * every run). */
+static void test_inject_plugin_bound_after_first_look(void **state)
+{
+    (void)state;
+    char *argv[] = {(char *)e2e_env("INJECT_THREADS"), NULL};
+    struct e2e_target t;
+    start(&t, argv, "ready");
+    char cmd[600];
+    int n = snprintf(cmd, sizeof(cmd), "load_unbound %s\n", e2e_env("HARM_PLUGIN"));
+    assert_int_equal(write(t.in, cmd, (size_t)n), n);
+    assert_true(wait_for(&t, "unbound"));
+    char trace[300];
+    snprintf(trace, sizeof(trace), "%s/unbound.pftrace", runtime_dir);
+    pid_t a = attach_in_background(t.pid, "4096", trace);
+    assert_true(wait_for(&t, "attached"));
+    e2e_sleep_ms(150); /* the threads' samples look at the unbound plugin */
+    assert_int_equal(write(t.in, "bind\n", 5), 5);
+    assert_true(wait_for(&t, "bound"));
+    for (int i = 0; i < 3; i++) {
+        e2e_sleep_ms(150);
+        assert_int_equal(write(t.in, "run\n", 4), 4);
+    }
+    assert_int_equal(e2e_wait_status(a), 0);
+    struct rp_trace *tr = NULL;
+    assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &tr), 0);
+    const struct rp_trace_process *p = proc_of(tr, t.pid);
+    assert_non_null(p);
+    struct e2e_sums s;
+    e2e_sum_function(p, "harm_plugin_alloc", &s);
+    print_message("  harm_plugin_alloc: %llu samples\n", (unsigned long long)s.alloc_count);
+    assert_true(s.alloc_count > 0);
+    rp_trace_free(tr);
+    assert_true(wait_for(&t, "detached"));
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+}
+
 static void test_inject_python(void **state)
 {
     (void)state;
@@ -835,6 +874,7 @@ int main(void)
         cmocka_unit_test(test_inject_cycles_mimalloc),
         cmocka_unit_test(test_inject_exact_after_attach),
         cmocka_unit_test(test_inject_plugin_loaded_during_session),
+        cmocka_unit_test(test_inject_plugin_bound_after_first_look),
         cmocka_unit_test(test_inject_python),
         cmocka_unit_test(test_inject_sqlite3),
         cmocka_unit_test(test_inject_cxx),

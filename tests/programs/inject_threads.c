@@ -10,7 +10,11 @@
  *                             them), then prints "burst done"; "load PATH" dlopens the
  *                             plugin PATH (tests/programs/harm/plugin.c) and runs its
  *                             harm_plugin_run(20000), then prints "loaded SUM"; "run" runs
- *                             it again ("ran SUM"). It prints "attached" and
+ *                             it again ("ran SUM"). "load_unbound PATH" dlopens it
+ *                             lazily and puts the link-time value back into its malloc
+ *                             slot, as the object looks while the loader relocates it
+ *                             ("unbound"); "bind" then binds the slot to malloc, as
+ *                             the loader would ("bound"). It prints "attached" and
  *                             "detached" as a profiling session's ring appears in and
  *                             leaves its maps. At EOF: "done", exit 0.
  *     inject_threads vfork    vfork()s; the child writes "child PID" and sleeps 10 s in
@@ -19,7 +23,9 @@
  *                             (read, write, exit only) blocked in read(2) on a pipe.
  */
 #include <dlfcn.h>
+#include <elf.h>
 #include <limits.h>
+#include <link.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -158,6 +164,36 @@ static int vfork_mode(void)
     return p > 0 ? 0 : 1;
 }
 
+/* The JUMP_SLOT of "malloc" in the object of @h, or NULL. */
+static uintptr_t *malloc_slot(void *h)
+{
+    struct link_map *lm = NULL;
+    if (dlinfo(h, RTLD_DI_LINKMAP, &lm) != 0 || !lm)
+        return NULL;
+    const ElfW(Rela) *jmprel = NULL;
+    const ElfW(Sym) *symtab = NULL;
+    const char *strtab = NULL;
+    size_t relsz = 0;
+    for (const ElfW(Dyn) *d = lm->l_ld; d->d_tag != DT_NULL; d++) {
+        /* The loader made the addresses absolute here (x86-64), else they are offsets. */
+        uintptr_t v = d->d_un.d_ptr < lm->l_addr ? d->d_un.d_ptr + lm->l_addr : d->d_un.d_ptr;
+        if (d->d_tag == DT_JMPREL)
+            jmprel = (const ElfW(Rela) *)v;
+        else if (d->d_tag == DT_PLTRELSZ)
+            relsz = d->d_un.d_val;
+        else if (d->d_tag == DT_SYMTAB)
+            symtab = (const ElfW(Sym) *)v;
+        else if (d->d_tag == DT_STRTAB)
+            strtab = (const char *)v;
+    }
+    if (!jmprel || !symtab || !strtab)
+        return NULL;
+    for (size_t i = 0; i < relsz / sizeof(*jmprel); i++)
+        if (!strcmp(strtab + symtab[ELF64_R_SYM(jmprel[i].r_info)].st_name, "malloc"))
+            return (uintptr_t *)(lm->l_addr + jmprel[i].r_offset);
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -198,12 +234,28 @@ int main(int argc, char **argv)
         if (nl)
             *nl = '\0';
         static long (*plugin_run)(int);
+        static uintptr_t *unbound, bind_to;
         if (strncmp(line, "load ", 5) == 0) {
             void *h = dlopen(line + 5, RTLD_NOW);
             plugin_run = h ? (long (*)(int))dlsym(h, "harm_plugin_run") : NULL;
             if (!plugin_run)
                 fail("the plugin did not load");
             printf("loaded %ld\n", plugin_run(20000));
+        } else if (strncmp(line, "load_unbound ", 13) == 0) {
+            void *h = dlopen(line + 13, RTLD_LAZY);
+            plugin_run = h ? (long (*)(int))dlsym(h, "harm_plugin_run") : NULL;
+            unbound = h ? malloc_slot(h) : NULL;
+            struct link_map *lm = NULL;
+            if (!plugin_run || !unbound || dlinfo(h, RTLD_DI_LINKMAP, &lm) != 0)
+                fail("the plugin did not load");
+            /* Lazily bound: the slot holds its PLT entry, the link-time value + bias. What
+             * the loader binds it to: the C library's, looked up before any attach. */
+            *unbound -= lm->l_addr;
+            bind_to = (uintptr_t)dlsym(RTLD_DEFAULT, "malloc");
+            printf("unbound\n");
+        } else if (strcmp(line, "bind") == 0 && unbound) {
+            *unbound = bind_to;
+            printf("bound\n");
         } else if (strcmp(line, "run") == 0 && plugin_run) {
             printf("ran %ld\n", plugin_run(20000));
         }
