@@ -169,6 +169,40 @@ static const struct rp_trace_process *find_heap(const struct rp_trace *t, const 
     return NULL;
 }
 
+/* As find_heap(), among the processes whose command line holds @needle the one that
+ * allocated most under the function @fn (a child of fork shares its parent's command
+ * line, and either may come first in the trace). */
+static const struct rp_trace_process *find_heap_at(const struct rp_trace *t, const char *needle,
+                                                   const char *heap, const char *fn)
+{
+    const struct rp_trace_process *best = NULL;
+    uint64_t most = 0;
+    for (size_t i = 0; i < t->n_processes; i++) {
+        const struct rp_trace_process *p = &t->processes[i];
+        if (!p->cmdline || !strstr(p->cmdline, needle) || !p->heap_name ||
+            strcmp(p->heap_name, heap) != 0)
+            continue;
+        struct e2e_sums s;
+        e2e_sum_function(p, fn, &s);
+        if (!best || s.alloc_count > most) {
+            best = p;
+            most = s.alloc_count;
+        }
+    }
+    return best;
+}
+
+/* The heap @heap of process @pid in @t, or NULL. */
+static const struct rp_trace_process *heap_of_pid(const struct rp_trace *t, int32_t pid,
+                                                  const char *heap)
+{
+    for (size_t i = 0; i < t->n_processes; i++)
+        if (t->processes[i].pid == pid && t->processes[i].heap_name &&
+            !strcmp(t->processes[i].heap_name, heap))
+            return &t->processes[i];
+    return NULL;
+}
+
 static struct rp_trace *load(const char *trace)
 {
     struct rp_trace *t = NULL;
@@ -245,14 +279,14 @@ static void check_count(const char *python, const char *script, const char *mark
     const char *const opts[2] = {malloc_only ? "--heaps=libc.malloc" : NULL, extra};
     char *trace = record_with(python, false, script, "1", opts, NULL, want_out);
     struct rp_trace *t = load(trace);
-    const struct rp_trace_process *p =
-        find_heap(t, process, malloc_only ? "libc.malloc" : "python.objects");
-    const struct rp_trace_process *m = find_heap(t, process, "libc.malloc");
-    assert_non_null(p);
-    assert_non_null(m);
     char *src = program(script);
     char want[128];
     snprintf(want, sizeof(want), "%s (%s:%d)", fn, script, line_of(src, marker));
+    const struct rp_trace_process *p =
+        find_heap_at(t, process, malloc_only ? "libc.malloc" : "python.objects", want);
+    assert_non_null(p);
+    const struct rp_trace_process *m = heap_of_pid(t, p->pid, "libc.malloc");
+    assert_non_null(m);
     struct e2e_sums s, ms;
     e2e_sum_function(p, want, &s);
     e2e_sum_function(m, want, &ms);
