@@ -394,10 +394,13 @@ static void test_attach_bug_kills_process_in_constructors(void **state)
         dup2(fd, 1);
         setenv("LD_PRELOAD", e2e_env("HEAPPROF_LIB"), 1);
         setenv("HEAPPROF_STARTUP", "0", 1);
+        /* 3 s: the attach, started once the library is mapped, must find the constructor
+         * still running also on a loaded machine (1 s was not always enough there). */
+        setenv("SLOWCTOR_MS", "3000", 1);
         execl(e2e_env("HARM_SLOWCTOR"), "harm_slowctor", "2000", (char *)NULL);
         _exit(127);
     }
-    /* The library is mapped from the start; its constructor runs a second later. */
+    /* The library is mapped from the start; its constructor runs 3 s later. */
     char path[64];
     snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
     bool mapped = false;
@@ -413,7 +416,7 @@ static void test_attach_bug_kills_process_in_constructors(void **state)
     char pidbuf[16];
     snprintf(pidbuf, sizeof(pidbuf), "%d", (int)pid);
     struct e2e_run run;
-    char *args[] = {"-p", pidbuf, "--duration", "2.5", "-i", "1", "--no-status", NULL};
+    char *args[] = {"-p", pidbuf, "--duration", "6", "-i", "1", "--no-status", NULL};
     char *argv[32];
     attach_argv(args, trace, false, argv);
     assert_int_equal(e2e_run(argv, NULL, &run), 0);
