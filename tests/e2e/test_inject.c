@@ -300,6 +300,33 @@ static void test_inject_exact_after_attach(void **state)
     assert_int_equal(e2e_target_finish(&t, 0), 0);
 }
 
+/* The end of a plugin test: @runs "run" commands to inject_threads @t, 150 ms apart,
+ * while the session @a writes @trace; then the trace must have samples of the plugin's
+ * function, and the program detach and end cleanly. */
+static void plugin_runs_sampled(struct e2e_target *t, pid_t a, const char *trace, int runs)
+{
+    for (int i = 0; i < runs; i++) {
+        e2e_sleep_ms(150);
+        assert_int_equal(write(t->in, "run\n", 4), 4);
+    }
+    assert_int_equal(e2e_wait_status(a), 0);
+    assert_int_equal(e2e_check_rules(trace), 0);
+    struct rp_trace *tr = NULL;
+    assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &tr), 0);
+    const struct rp_trace_process *p = proc_of(tr, t->pid);
+    assert_non_null(p);
+    struct e2e_sums s;
+    e2e_sum_function(p, "harm_plugin_alloc", &s);
+    print_message("  harm_plugin_alloc: %llu samples\n", (unsigned long long)s.alloc_count);
+    assert_true(s.alloc_count > 0);
+    rp_trace_free(tr);
+    assert_true(wait_for(t, "detached"));
+    assert_int_equal(e2e_target_finish(t, 0), 0);
+    char *o = e2e_read_file(t->out);
+    assert_null(strstr(o, "FATAL"));
+    free(o);
+}
+
 /* A plugin dlopened during a session (after the library was loaded): its calls reach the
  * hooks too (the GOT patcher finds it at the next sample), and its slot is given back at
  * the detach like the others. */
@@ -318,26 +345,7 @@ static void test_inject_plugin_loaded_during_session(void **state)
     assert_int_equal(write(t.in, cmd, (size_t)n), n);
     assert_true(wait_for(&t, "loaded "));
     /* Twice more: the first samples of the plugin's code patch its slots. */
-    for (int i = 0; i < 2; i++) {
-        e2e_sleep_ms(150);
-        assert_int_equal(write(t.in, "run\n", 4), 4);
-    }
-    assert_int_equal(e2e_wait_status(a), 0);
-    assert_int_equal(e2e_check_rules(trace), 0);
-    struct rp_trace *tr = NULL;
-    assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &tr), 0);
-    const struct rp_trace_process *p = proc_of(tr, t.pid);
-    assert_non_null(p);
-    struct e2e_sums s;
-    e2e_sum_function(p, "harm_plugin_alloc", &s);
-    print_message("  harm_plugin_alloc: %llu samples\n", (unsigned long long)s.alloc_count);
-    assert_true(s.alloc_count > 0);
-    rp_trace_free(tr);
-    assert_true(wait_for(&t, "detached"));
-    assert_int_equal(e2e_target_finish(&t, 0), 0);
-    char *o = e2e_read_file(t.out);
-    assert_null(strstr(o, "FATAL"));
-    free(o);
+    plugin_runs_sampled(&t, a, trace, 2);
 }
 
 /* @argv run unprofiled, then again attached REAL_CYCLES times while it runs: the same
@@ -411,22 +419,7 @@ static void test_inject_plugin_bound_after_first_look(void **state)
     e2e_sleep_ms(150); /* the threads' samples look at the unbound plugin */
     assert_int_equal(write(t.in, "bind\n", 5), 5);
     assert_true(wait_for(&t, "bound"));
-    for (int i = 0; i < 3; i++) {
-        e2e_sleep_ms(150);
-        assert_int_equal(write(t.in, "run\n", 4), 4);
-    }
-    assert_int_equal(e2e_wait_status(a), 0);
-    struct rp_trace *tr = NULL;
-    assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &tr), 0);
-    const struct rp_trace_process *p = proc_of(tr, t.pid);
-    assert_non_null(p);
-    struct e2e_sums s;
-    e2e_sum_function(p, "harm_plugin_alloc", &s);
-    print_message("  harm_plugin_alloc: %llu samples\n", (unsigned long long)s.alloc_count);
-    assert_true(s.alloc_count > 0);
-    rp_trace_free(tr);
-    assert_true(wait_for(&t, "detached"));
-    assert_int_equal(e2e_target_finish(&t, 0), 0);
+    plugin_runs_sampled(&t, a, trace, 3);
 }
 
 static void test_inject_python(void **state)
