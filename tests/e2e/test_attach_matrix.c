@@ -32,7 +32,7 @@
 
 #define CYCLES 20
 /* Long enough for the programs' allocations (every 100 ms or more often) to be sampled
- * in most sessions, short enough for 20 cycles of 13 cases to take under a minute. */
+ * in most sessions, short enough for 20 cycles of 14 cases to take under a minute. */
 #define SESSION_S "0.15"
 #define SESSION_RETRY_S "2"
 
@@ -50,27 +50,55 @@ struct attach_case {
     /* Non-NULL: "$DIR/tailed.txt" is created with this line, and each cycle appends
      * "line N" to it (in the unprofiled run too): for tail -f. */
     const char *tailed;
+    /* After each attach, a peer posing as the service (tests/programs/fake_service.c
+     * "attach") wakes the program itself and answers it with an unsealed ring and
+     * unwind table, which it truncates: the program must refuse them. */
+    bool fake_service;
 };
 
 static const struct attach_case cases[] = {
     /* Case 1: no system call changes its result. */
-    {"epoll_wait_eintr_fatal", {"$WAKE_TARGET", "epoll_inf"}, 0, "wake_target_alloc", NULL, NULL},
-    {"epoll_wait_timed", {"$WAKE_TARGET", "epoll_timed"}, 0, "wake_target_alloc", NULL, NULL},
-    {"clock_nanosleep", {"$WAKE_TARGET", "nanosleep"}, 0, "wake_target_alloc", NULL, NULL},
-    {"tail_f", {"/usr/bin/tail", "-f", "$DIR/tailed.txt"}, SIGTERM, NULL, NULL, "line start\n"},
+    {.name = "epoll_wait_eintr_fatal",
+     .argv = {"$WAKE_TARGET", "epoll_inf"},
+     .site = "wake_target_alloc"},
+    {.name = "epoll_wait_timed",
+     .argv = {"$WAKE_TARGET", "epoll_timed"},
+     .site = "wake_target_alloc"},
+    {.name = "clock_nanosleep", .argv = {"$WAKE_TARGET", "nanosleep"}, .site = "wake_target_alloc"},
+    {.name = "tail_f",
+     .argv = {"/usr/bin/tail", "-f", "$DIR/tailed.txt"},
+     .finish_sig = SIGTERM,
+     .tailed = "line start\n"},
     /* Case 2: programs that take signals themselves never see one of ours. */
-    {"sigwait_server", {"$WAKE_TARGET", "sigwait"}, SIGTERM, "wake_target_alloc", NULL, NULL},
-    {"signalfd_daemon", {"$WAKE_TARGET", "signalfd"}, SIGTERM, "wake_target_alloc", NULL, NULL},
-    {"own_rt_handler", {"$WAKE_TARGET", "rtsig"}, 0, "wake_target_alloc", NULL, NULL},
+    {.name = "sigwait_server",
+     .argv = {"$WAKE_TARGET", "sigwait"},
+     .finish_sig = SIGTERM,
+     .site = "wake_target_alloc"},
+    {.name = "signalfd_daemon",
+     .argv = {"$WAKE_TARGET", "signalfd"},
+     .finish_sig = SIGTERM,
+     .site = "wake_target_alloc"},
+    {.name = "own_rt_handler", .argv = {"$WAKE_TARGET", "rtsig"}, .site = "wake_target_alloc"},
     /* Case 3: sandboxes are refused, never killed. */
-    {"seccomp_trap", {"$WAKE_REFUSED", "seccomp", "trap"}, 0, NULL, "seccomp", NULL},
-    {"seccomp_kill_process", {"$WAKE_REFUSED", "seccomp", "kill"}, 0, NULL, "seccomp", NULL},
-    {"seccomp_errno", {"$WAKE_REFUSED", "seccomp", "errno"}, 0, NULL, "seccomp", NULL},
+    {.name = "seccomp_trap", .argv = {"$WAKE_REFUSED", "seccomp", "trap"}, .refused = "seccomp"},
+    {.name = "seccomp_kill_process",
+     .argv = {"$WAKE_REFUSED", "seccomp", "kill"},
+     .refused = "seccomp"},
+    {.name = "seccomp_errno", .argv = {"$WAKE_REFUSED", "seccomp", "errno"}, .refused = "seccomp"},
     /* Case 4: a program that patches its own GOT and RELRO pages. */
-    {"got_patcher_keep", {"$RELRO_PATCH", "keep"}, 0, "relro_patch_alloc", NULL, NULL},
-    {"got_patcher_restore", {"$RELRO_PATCH", "restore"}, 0, "relro_patch_alloc", NULL, NULL},
+    {.name = "got_patcher_keep", .argv = {"$RELRO_PATCH", "keep"}, .site = "relro_patch_alloc"},
+    {.name = "got_patcher_restore",
+     .argv = {"$RELRO_PATCH", "restore"},
+     .site = "relro_patch_alloc"},
     /* Case 5: a dl_iterate_phdr callback takes a lock another thread allocates under. */
-    {"dl_iterate_phdr_lock", {"$DLITER_LOCK", "$DIR/progress"}, 0, "dliter_log_line", NULL, NULL},
+    {.name = "dl_iterate_phdr_lock",
+     .argv = {"$DLITER_LOCK", "$DIR/progress"},
+     .site = "dliter_log_line"},
+    /* Case 6: a peer posing as the service truncates the files it handed over. */
+    {.name = "fake_service_truncates",
+     .argv = {"$WAKE_TARGET", "epoll_inf"},
+     .site = "wake_target_alloc",
+     .fake_service = true},
 };
 
 struct column {
@@ -221,6 +249,23 @@ static int attach_once(pid_t pid, const char *duration, const char *site, char *
     return status;
 }
 
+/* The fake service's attach of @t's program (fake_service_truncates): the program hung up
+ * on it before it truncated the files. */
+static void fake_attach(const struct cell *cell, const struct e2e_target *t, int i)
+{
+    char pidbuf[16];
+    snprintf(pidbuf, sizeof(pidbuf), "%d", (int)t->pid);
+    char *argv[] = {(char *)e2e_env("FAKE_SERVICE"), "attach", pidbuf, NULL};
+    struct e2e_run run;
+    assert_int_equal(e2e_run(argv, NULL, &run), 0);
+    bool ok = run.status == 0 && strstr(run.out, "client refused");
+    if (!ok || i == 0)
+        print_message("  %s cycle %d: the fake service: status %d, said: %s%s\n", cell->name, i,
+                      run.status, run.out, run.err);
+    e2e_run_free(&run);
+    assert_true(ok);
+}
+
 /* One attach of @cell's running program @t, checked as the case expects; adds the
  * samples of its site to @total. */
 static void cycle(const struct cell *cell, const struct e2e_target *t, int i, long long *total)
@@ -259,6 +304,10 @@ static void cycle(const struct cell *cell, const struct e2e_target *t, int i, lo
      * refused one loads nothing. */
     if (!cell->col->preload)
         assert_int_equal(library_copies(t->pid), c->refused ? 0 : 1);
+    if (c->fake_service) {
+        fake_attach(cell, t, i);
+        assert_true(e2e_alive(t->pid));
+    }
 }
 
 static void run_cell(void **state)

@@ -8,11 +8,16 @@
  *                   "client refused" when the client hung up before the truncation.
  *   squat SOCK      listens on the socket path of an attacher it is not; prints how many
  *                   descriptors the client's hello carried ("got nothing" without one).
+ *   attach PID      is the attacher itself: listens on its own attach socket (in
+ *                   $XDG_RUNTIME_DIR), wakes the dormant program PID as `heapprof attach`
+ *                   does, and serves it as "unsealed" does (tests/e2e/test_attach_matrix.c:
+ *                   the program is attached by us and by the real service in turn).
  *
  * Prints "listening" once SOCK accepts connections; exits 0, 1 on a setup failure. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +27,8 @@
 #include <unistd.h>
 
 #include "common/fdpass.h"
+#include "common/paths.h"
+#include "service/targets.h"
 #include "shmem_ring/ring_layout.h"
 #include "shmem_ring/utable.h"
 #include "shmem_ring/wire.h"
@@ -131,21 +138,54 @@ static int serve_squat(int sock)
     return 0;
 }
 
+/* Wakes @pid (dormant, its library loaded) naming us as its attacher, within 5 s. */
+static int wake(pid_t pid)
+{
+    struct svc_proc p;
+    for (int i = 0; i < 500; i++) {
+        if (svc_proc_inspect(pid, &p) < 0)
+            return fail("inspect");
+        if (p.attach_ready)
+            break;
+        (void)poll(NULL, 0, 10);
+    }
+    char why[512];
+    int r = svc_proc_wake(&p, getpid(), why, sizeof(why));
+    if (r != 0) {
+        printf("fake_service: wake: %s\n", why);
+        return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 3)
         return 1;
     setvbuf(stdout, NULL, _IONBF, 0);
-    int lsock = listen_at(argv[2]);
+    bool attach = strcmp(argv[1], "attach") == 0;
+    char path[HP_PATH_MAX], err[256];
+    if (attach &&
+        (hp_runtime_dir_prepare(path, sizeof(path), err, sizeof(err)) < 0 ||
+         hp_socket_path(getenv("XDG_RUNTIME_DIR"), getuid(), getpid(), path, sizeof(path)) < 0))
+        return fail("socket path");
+    if (!attach)
+        snprintf(path, sizeof(path), "%s", argv[2]);
+    int lsock = listen_at(path);
     if (lsock < 0)
         return fail("listen");
     printf("listening\n");
+    if (attach && wake((pid_t)atoi(argv[2])) != 0) {
+        (void)unlink(path);
+        return 1;
+    }
     int sock = accept_one(lsock, 10000);
     if (sock < 0) {
         printf("no connection\n");
+        (void)unlink(path);
         return 0;
     }
-    int r = strcmp(argv[1], "unsealed") == 0 ? serve_unsealed(sock) : serve_squat(sock);
-    (void)unlink(argv[2]);
+    int r = strcmp(argv[1], "squat") == 0 ? serve_squat(sock) : serve_unsealed(sock);
+    (void)unlink(path);
     return r;
 }
