@@ -232,9 +232,11 @@ static void test_attach_name_started_later(void **state)
         _exit(127);
     }
     e2e_sleep_ms(300);
-    pid_t w = start_worker("idle", "1200", out);
-    assert_int_equal(wait_status(w), 0);
+    /* It allocates every 100 ms until after the attach ends: names are looked for every
+     * 500 ms, and on a busy machine the attach may come late in its 2 s. */
+    pid_t w = start_worker("idle", "3000", out);
     assert_int_equal(wait_status(a), 0);
+    assert_int_equal(wait_status(w), 0);
     struct rp_trace *t = NULL;
     assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &t), 0);
     const struct rp_trace_process *p = find_pid(t, w);
