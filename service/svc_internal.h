@@ -252,6 +252,10 @@ struct svc_listen_in {
 /* How long a client has to complete its hello, and the socket timeouts of the
  * handshake. */
 #define SVC_HANDSHAKE_TIMEOUT_MS 2000
+/* How long a handshake may spend loading the files of the client's code before it
+ * answers (unwinder_process_warm()): well below the shortest wait of a client for the
+ * answer (1 s, a connection it was not asked to make). */
+#define SVC_WARM_BUDGET_MS 400
 
 struct svc {
     struct svc_config cfg;

@@ -7,10 +7,15 @@
  * standard deviation of sqrt(4096 * 8 MiB) ~ 185 KiB; the check allows 5 of them plus an
  * interval (the run's seed is fixed). Most of the program's unreleased memory must be on
  * the leak's stacks, and at least 90% of the samples must be walked in the program (the
- * rest are the first stacks of new code, copied for the service to unwind). */
+ * rest are the first stacks of new code, copied for the service to unwind).
+ *
+ * A slow service loses nothing it need not (issue 26, case 5): node's first records do
+ * not wait for the service to read its binary, and a service stopped for 200 ms costs
+ * under 5% of the samples and leaves no phantom unreleased memory. */
 #include <inttypes.h>
 #include <math.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -25,6 +30,44 @@
 #define NODE "/usr/bin/node"
 #define LEAK_BYTES (2048ull * 4096)
 #define INTERVAL 4096.0
+
+static char runtime_dir[128];
+
+static int setup(void **state)
+{
+    (void)state;
+    return e2e_runtime_dir_make(runtime_dir, sizeof(runtime_dir), "jit");
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return e2e_runtime_dir_remove(runtime_dir);
+}
+
+/* The samples kept and dropped, from record's summary in @err; false without one. */
+static bool kept_dropped(const char *err, unsigned long long *kept, unsigned long long *dropped)
+{
+    const char *s = strstr(err, "heapprof: 1 process, ");
+    const char *d = s ? strstr(s, " samples dropped") : NULL;
+    if (!s || !d || sscanf(s, "heapprof: 1 process, %llu samples", kept) != 1)
+        return false;
+    while (d > s && d[-1] >= '0' && d[-1] <= '9')
+        d--;
+    return sscanf(d, "%llu", dropped) == 1;
+}
+
+/* What @argv prints unprofiled (malloc'd). */
+static char *plain_output(char *const argv[])
+{
+    struct e2e_run run;
+    assert_int_equal(e2e_run(argv, NULL, &run), 0);
+    assert_int_equal(run.status, 0);
+    char *out = run.out;
+    run.out = NULL;
+    e2e_run_free(&run);
+    return out;
+}
 
 /* "N samples (M walked in the app" from record's summary: M / N, or -1. */
 static double walked_share(const char *err)
@@ -107,10 +150,102 @@ static void test_jit_node_leak_named_and_walked(void **state)
     free(trace);
 }
 
+/* node allocates from its first moment (tests/programs/node_burst.js) into a 1 MiB ring
+ * whose waits for room end after 10 ms. The service used to read node's 90 MB binary
+ * (its unwind tables and symbols: 40 to 80 ms) only when the first stack arrived, while
+ * the ring filled: 12 to 13% of the samples were dropped on a quiet machine, 19% beside
+ * `stress -c 2`. It now reads the files of the process's code before it answers the
+ * hello: none dropped when quiet, at most 1.5% beside the hog (which takes CPU from the
+ * service at any time). Bound: 5%. */
+static void test_jit_bug_slow_start_fills_ring(void **state)
+{
+    (void)state;
+    if (access(NODE, X_OK) != 0)
+        skip();
+    char *node_argv[] = {NODE, (char *)e2e_env("NODE_BURST_JS"), NULL};
+    char *want = plain_output(node_argv);
+    char *trace = e2e_tmp_path(".pftrace");
+    char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"),
+                    "record",
+                    "-o",
+                    trace,
+                    "--shmem-size",
+                    "1M",
+                    "--block-timeout-us",
+                    "10000",
+                    "--",
+                    NODE,
+                    (char *)e2e_env("NODE_BURST_JS"),
+                    NULL};
+    struct e2e_run run;
+    assert_int_equal(e2e_run(argv, NULL, &run), 0);
+    print_message("%s", run.err);
+    assert_int_equal(run.status, 0);
+    assert_string_equal(run.out, want);
+    unsigned long long kept, dropped;
+    assert_true(kept_dropped(run.err, &kept, &dropped));
+    print_message("  %llu samples kept, %llu dropped (%.1f%%)\n", kept, dropped,
+                  100.0 * (double)dropped / (double)(kept + dropped));
+    assert_true(dropped * 100 <= 5 * (kept + dropped));
+    e2e_run_free(&run);
+    (void)unlink(trace);
+    free(trace);
+    free(want);
+}
+
+/* A service stopped for 200 ms in the middle of a node workload (tests/bench/
+ * workload_node.js, 1.5 s, 90,000 samples a second): the ring takes what comes meanwhile,
+ * or the client drops (counted) only until the service caught up. At least 95% of the
+ * samples are kept, the output is unchanged, and the memory unreleased at the end stays
+ * what the program holds (about 0.8 MiB; a lost free shown as unreleased memory once made
+ * 17 to 28 MiB). Bound: 3 MiB. */
+static void test_jit_service_stopped_keeps_samples(void **state)
+{
+    (void)state;
+    if (access(NODE, X_OK) != 0)
+        skip();
+    char *node_argv[] = {NODE, (char *)e2e_env("NODE_WORKLOAD_JS"), "6", NULL};
+    char *want = plain_output(node_argv);
+    char *trace = e2e_tmp_path(".pftrace");
+    char *argv[] = {(char *)e2e_env("HEAPPROF_BIN"),     "record", "-o", trace, "--", NODE,
+                    (char *)e2e_env("NODE_WORKLOAD_JS"), "6",      NULL};
+    struct e2e_target t;
+    assert_int_equal(e2e_target_start(&t, runtime_dir, argv, NULL, NULL), 0);
+    e2e_sleep_ms(600);
+    assert_int_equal(kill(t.pid, SIGSTOP), 0);
+    e2e_sleep_ms(200);
+    assert_int_equal(kill(t.pid, SIGCONT), 0);
+    assert_int_equal(e2e_target_finish(&t, 0), 0);
+    char *out = e2e_read_file(t.out);
+    print_message("%s", out);
+    assert_non_null(strstr(out, want));
+    unsigned long long kept, dropped;
+    assert_true(kept_dropped(out, &kept, &dropped));
+    print_message("  %llu samples kept, %llu dropped (%.1f%%)\n", kept, dropped,
+                  100.0 * (double)dropped / (double)(kept + dropped));
+    assert_true(dropped * 100 <= 5 * (kept + dropped));
+
+    struct rp_trace *tr = NULL;
+    assert_int_equal(rp_trace_load(trace, &(struct rp_trace_options){0}, &tr), 0);
+    assert_int_equal(tr->n_processes, 1);
+    struct e2e_sums all;
+    e2e_sum_function(&tr->processes[0], "", &all);
+    uint64_t unreleased = all.alloc_bytes - all.free_bytes;
+    print_message("  unreleased at the end: %" PRIu64 " bytes\n", unreleased);
+    assert_true(unreleased <= 3ull << 20);
+    rp_trace_free(tr);
+    free(out);
+    (void)unlink(trace);
+    free(trace);
+    free(want);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_jit_node_leak_named_and_walked),
+        cmocka_unit_test(test_jit_bug_slow_start_fills_ring),
+        cmocka_unit_test(test_jit_service_stopped_keeps_samples),
     };
-    return cmocka_run_group_tests_name("e2e_jit", tests, NULL, NULL);
+    return cmocka_run_group_tests_name("e2e_jit", tests, setup, teardown);
 }
