@@ -296,9 +296,26 @@ static void proc_arrays_free(struct rp_trace_callsite *callsites, struct rp_trac
     }
 }
 
+/* Appends @pf's callsites to @into's possibly freed sites (left out when out of memory:
+ * the totals still say how much). */
+static void keep_possibly_freed_sites(struct rp_trace_process *into,
+                                      const struct rp_trace_process *pf)
+{
+    if (!pf->n_callsites)
+        return;
+    size_t n = into->n_possibly_freed_sites + pf->n_callsites;
+    struct rp_trace_callsite *v = realloc(into->possibly_freed_sites, n * sizeof(*v));
+    if (!v)
+        return;
+    memcpy(v + into->n_possibly_freed_sites, pf->callsites, pf->n_callsites * sizeof(*v));
+    into->possibly_freed_sites = v;
+    into->n_possibly_freed_sites = n;
+}
+
 /* The heap PF_HEAP_POSSIBLY_FREED of a process holds allocations whose free may have
  * been lost: not unreleased memory, so not a process of its own with a ranking. Its live
- * totals go to the process's other heap (the first listed) and it leaves the list. */
+ * totals and its sites go to the process's other heap (the first listed) and it leaves
+ * the list. */
 static void fold_possibly_freed(struct rp_trace *t)
 {
     size_t kept = 0;
@@ -323,6 +340,7 @@ static void fold_possibly_freed(struct rp_trace *t)
             into->possibly_freed_count +=
                 c->alloc_count > c->free_count ? c->alloc_count - c->free_count : 0;
         }
+        keep_possibly_freed_sites(into, pf);
         proc_arrays_free(pf->callsites, (struct rp_trace_dump *)pf->dumps, pf->n_dumps);
         free((void *)pf->dump_totals);
     }
@@ -504,6 +522,7 @@ struct rp_trace *rp_trace_free(struct rp_trace *t)
         struct rp_trace_process *p = &t->processes[i];
         proc_arrays_free(p->callsites, (struct rp_trace_dump *)p->dumps, p->n_dumps);
         free((void *)p->dump_totals);
+        free(p->possibly_freed_sites);
     }
     free(t->processes);
     hp_strtab_free(tp->strings);

@@ -98,12 +98,13 @@ static const char *fmt_count(uint64_t samples, double scale, const char *what, c
     return buf;
 }
 
-enum order { BY_UNRELEASED, BY_ALLOCATED, BY_PEAK };
+enum order { BY_UNRELEASED, BY_ALLOCATED, BY_PEAK, BY_POSSIBLY_FREED };
 
 static uint64_t key_of(const struct rp_trace_callsite *c, enum order o)
 {
     switch (o) {
     case BY_UNRELEASED:
+    case BY_POSSIBLY_FREED:
         return rp__unreleased(c);
     case BY_ALLOCATED:
         return c->self_allocated;
@@ -230,6 +231,11 @@ static void print_site(FILE *out, size_t rank, const struct rp_trace_callsite *c
                 fmt_bytes_pm(c->self_max, rp__sd_bytes(c->self_max, interval), b1, sizeof(b1)),
                 c->self_max, fmt_count(c->self_max_count, scale, "allocations", n1, sizeof(n1)));
         break;
+    case BY_POSSIBLY_FREED:
+        fprintf(out, "  #%zu  %s (%" PRIu64 " bytes) possibly freed in %s\n", rank,
+                fmt_bytes_pm(un, rp__sd_bytes(un, interval), b1, sizeof(b1)), un,
+                fmt_count(unreleased_count(c), scale, "allocations", n1, sizeof(n1)));
+        break;
     }
     rp__print_stack(out, c, opt);
 }
@@ -241,6 +247,7 @@ static void print_table(FILE *out, const struct rp_trace_process *p, enum order 
         [BY_UNRELEASED] = "unreleased bytes",
         [BY_ALLOCATED] = "allocated bytes",
         [BY_PEAK] = "bytes at the heap peak",
+        [BY_POSSIBLY_FREED] = "possibly freed bytes (their free may have been lost)",
     };
     size_t n = 0;
     for (size_t i = 0; i < p->n_callsites; i++) {
@@ -255,6 +262,23 @@ static void print_table(FILE *out, const struct rp_trace_process *p, enum order 
         fprintf(out, "    (none)\n");
     for (size_t i = 0; i < n && i < top_n; i++)
         print_site(out, i + 1, items[i].c, o, p->sampling_interval_bytes, opt);
+}
+
+/* The sites of @p's possibly freed allocations, ranked as unreleased ones are, apart from
+ * them; nothing when there are none. */
+static void print_possibly_freed(FILE *out, const struct rp_trace_process *p,
+                                 const struct rp_report_options *opt, size_t top_n)
+{
+    if (!p->n_possibly_freed_sites)
+        return;
+    struct sort_item *items = calloc(p->n_possibly_freed_sites, sizeof(*items));
+    if (!items)
+        return;
+    struct rp_trace_process view = *p;
+    view.callsites = p->possibly_freed_sites;
+    view.n_callsites = p->n_possibly_freed_sites;
+    print_table(out, &view, BY_POSSIBLY_FREED, opt, top_n, items);
+    free(items);
 }
 
 bool rp__first_of_process(const struct rp_trace *t, size_t i)
@@ -455,6 +479,7 @@ static void print_process(FILE *out, const struct rp_trace_process *p,
         return;
     }
     print_table(out, p, BY_UNRELEASED, opt, top_n, items);
+    print_possibly_freed(out, p, opt, top_n);
     if (!opt->unreleased_only)
         print_table(out, p, BY_ALLOCATED, opt, top_n, items);
     if (t.has_peak && !opt->unreleased_only)

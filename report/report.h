@@ -126,6 +126,10 @@ struct rp_trace_process {
      * heap PF_HEAP_POSSIBLY_FREED, folded into the process's other heap and not listed
      * as a process of its own): sampled allocations and their bytes, not in callsites. */
     uint64_t possibly_freed_count, possibly_freed_bytes;
+    /* Their sites (the possibly freed heap's callsites in the selected dump: bytes still
+     * possibly freed are self_allocated - self_freed), for a table apart. */
+    size_t n_possibly_freed_sites;
+    struct rp_trace_callsite *possibly_freed_sites;
     /* When the profile began, and when the process started, on the clock of timestamp;
      * 0: not in the trace. */
     uint64_t profile_start_ts, process_start_ts;

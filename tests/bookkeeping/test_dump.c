@@ -1190,6 +1190,15 @@ static void test_dump_possibly_freed_apart(void **state)
     for (size_t i = 0; i < p->n_callsites; i++)
         live += p->callsites[i].self_allocated - p->callsites[i].self_freed;
     assert_int_equal(live, 1000 + 77); /* the reused address and the real leak */
+    /* Their site, for a table apart. */
+    uint64_t pf_live = 0;
+    for (size_t i = 0; i < p->n_possibly_freed_sites; i++) {
+        const struct rp_trace_callsite *c = &p->possibly_freed_sites[i];
+        pf_live += c->self_allocated - c->self_freed;
+        if (c->self_allocated > c->self_freed)
+            assert_string_equal(c->frames[c->n_frames - 1].function_name, "phantom_site");
+    }
+    assert_int_equal(pf_live, 7000);
     char *text = NULL;
     size_t text_len = 0;
     FILE *out = open_memstream(&text, &text_len);
@@ -1198,6 +1207,10 @@ static void test_dump_possibly_freed_apart(void **state)
     fclose(out);
     assert_non_null(strstr(text, "Possibly freed: 7 sampled allocations"));
     assert_non_null(strstr(text, "unreleased 1.1 KiB (1077 bytes)"));
+    const char *pf_table = strstr(text, "Top 5 sites by possibly freed bytes");
+    assert_non_null(pf_table);
+    assert_non_null(strstr(pf_table, "(7000 bytes) possibly freed in 7 allocations"));
+    assert_non_null(strstr(pf_table, "phantom_site"));
     free(text);
     rp_trace_free(t);
     close(w.fd);
