@@ -175,10 +175,10 @@ static bool over_guardrail(struct svc *s, const struct svc_client *c)
 
 /* The unwinder's state of @c's process, which takes its maps and mem descriptors. Read
  * now, while the client waits for our answer: a short-lived process may be gone by the
- * time its first record is unwound. Its code's files are loaded now too, for the same
- * reason the client waits: records that arrive while the unwinder reads a big binary
- * (node's 90 MB) or a file cold in the page cache fill the ring, and a client whose wait
- * for room runs out drops samples. Returns 0 or -errno (logged). */
+ * time its first record is unwound. Its big code files are loaded now too, while the
+ * client waits: records that arrive while the unwinder reads a big binary (node's 90 MB)
+ * fill the ring, and a client whose wait for room runs out drops samples. Returns 0 or
+ * -errno (logged). */
 static int start_unwinding(struct svc_client *c)
 {
     int r = unwinder_process_new(c->pid, c->maps_fd, c->mem_fd, &c->unw);
@@ -189,7 +189,8 @@ static int start_unwinding(struct svc_client *c)
         return r;
     }
     uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
-    size_t n = unwinder_process_warm(c->unw, SVC_WARM_BUDGET_MS * 1000000ull);
+    size_t n =
+        unwinder_process_warm(c->unw, SVC_WARM_MIN_CODE_BYTES, SVC_WARM_BUDGET_MS * 1000000ull);
     hp_log_debug("pid %d: %zu files of code ready in %.1f ms", (int)c->pid, n,
                  (double)(hp_clock_ns(CLOCK_MONOTONIC) - t0) / 1e6);
     return 0;

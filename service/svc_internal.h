@@ -256,6 +256,11 @@ struct svc_listen_in {
  * answers (unwinder_process_warm()): well below the shortest wait of a client for the
  * answer (1 s, a connection it was not asked to make). */
 #define SVC_WARM_BUDGET_MS 400
+/* Only files with this much code or more are read then (unwinder_process_warm()): they
+ * take tens of milliseconds (node: 60 MB of code, 40 to 80 ms), which the ring would
+ * have to hold; smaller ones take a few, which it holds with ease, and the program need
+ * not wait for them. */
+#define SVC_WARM_MIN_CODE_BYTES (8ull << 20)
 
 struct svc {
     struct svc_config cfg;

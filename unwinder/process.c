@@ -496,13 +496,14 @@ void unwinder_retired_drop(unwinder_process_t *p, uint64_t seq)
     maps_changed_caches(p);
 }
 
-size_t unwinder_process_warm(unwinder_process_t *p, uint64_t budget_ns)
+size_t unwinder_process_warm(unwinder_process_t *p, uint64_t min_code_bytes, uint64_t budget_ns)
 {
     uint64_t end = hp_clock_ns(CLOCK_MONOTONIC) + budget_ns;
     size_t n = 0;
     for (size_t i = 0; i < p->maps.n; i++) {
         const struct unwinder__map *m = &p->maps.v[i];
-        if (!(m->perms & UNWINDER_PERM_EXEC) || unwinder__is_jit_map(m))
+        if (!(m->perms & UNWINDER_PERM_EXEC) || unwinder__is_jit_map(m) ||
+            m->end - m->start < min_code_bytes)
             continue;
         if (hp_clock_ns(CLOCK_MONOTONIC) >= end)
             break;

@@ -57,11 +57,12 @@ int unwinder_process_new(pid_t pid, int maps_fd, int mem_fd,
                          unwinder_process_t **ret) HP_WARN_UNUSED;
 unwinder_process_t *unwinder_process_free(unwinder_process_t *p);
 /* Loads what unwinding and naming the code of @p will need (the ELF cache entries of its
- * executable file mappings: unwind tables, symbols), in the order of its maps, starting
- * no file once @budget_ns has passed. Done before a client gets its ring, so that a big
- * binary (node's 90 MB, or any file cold in the page cache) is read before records wait
- * for it. Returns the files ready. */
-size_t unwinder_process_warm(unwinder_process_t *p, uint64_t budget_ns);
+ * executable file mappings of at least @min_code_bytes: unwind tables, symbols), in the
+ * order of its maps, starting no file once @budget_ns has passed. Done before a client
+ * gets its ring, so that a big binary (node's 90 MB) is read before records wait for it;
+ * smaller files are read when a stack first needs them, while the program runs on.
+ * Returns the files ready. */
+size_t unwinder_process_warm(unwinder_process_t *p, uint64_t min_code_bytes, uint64_t budget_ns);
 
 /* Unwinds one stack copy. @regs: the registers captured by the client (WIRE_REG_*
  * numbering); @stack: the copy of the client's memory at [stack_ptr, stack_ptr+stack_len).
