@@ -534,6 +534,8 @@ static void record_child_exited(void *ctx, unsigned live)
     if (n)
         fprintf(stderr, "heapprof record: %s exited; recording its descendants %s until they exit",
                 rr->name, pid_list(pids, MAX_DESCENDANTS, n, list, sizeof(list)));
+    else if (live == 0)
+        return; /* nothing but its own session, still being read */
     else
         fprintf(stderr,
                 "heapprof record: %s exited; recording the %u process%s still profiled "

@@ -189,7 +189,10 @@ int cli_loop_run(svc_t *s, const struct cli_loop_opts *o, struct cli_loop_result
             svc_get_status(s, &st);
             if (live == 0)
                 break;
-            if (!said_exit && (st.ending_processes == 0 || now - exit_ns > 500000000ull)) {
+            /* Said once the child's own session began to end (it counted as running
+             * until the service saw it end, a moment after the exit), or after 2 s. */
+            bool own_ended = !svc_client_seen(s, o->child) || svc_client_ended(s, o->child);
+            if (!said_exit && (own_ended || now - exit_ns > 2000000000ull)) {
                 said_exit = true;
                 if (o->child_exited)
                     o->child_exited(o->tick_ctx, live - st.ending_processes);

@@ -1,7 +1,8 @@
 /* service/registry.c: the registry of pids: those that completed a handshake (marked by
- * the main thread, service/listener.c) and those whose clients are fully drained (marked
- * by the bookkeeping thread, service/bk_thread.c), asked by the owner of the session
- * (svc_client_seen(), svc_client_done()). Thread-safe: both sets are under done_lock. */
+ * the main thread, service/listener.c), those whose session began to end (by their
+ * unwinder thread) and those whose clients are fully drained (by the bookkeeping thread,
+ * service/bk_thread.c), asked by the owner of the session (svc_client_seen(),
+ * svc_client_ended(), svc_client_done()). Thread-safe: the sets are under done_lock. */
 #include "service/svc_internal.h"
 
 #include <pthread.h>
@@ -44,4 +45,16 @@ void svc__mark_seen(struct svc *s, pid_t pid)
 bool svc_client_seen(svc_t *s, pid_t pid)
 {
     return pids_has(s, &s->seen, pid);
+}
+
+void svc__mark_ending(struct svc *s, pid_t pid)
+{
+    pthread_mutex_lock(&s->done_lock);
+    pids_add_locked(&s->ending, pid);
+    pthread_mutex_unlock(&s->done_lock);
+}
+
+bool svc_client_ended(svc_t *s, pid_t pid)
+{
+    return pids_has(s, &s->ending, pid) || pids_has(s, &s->done, pid);
 }

@@ -127,6 +127,7 @@ static int create(const struct svc_config *cfg, int out_fd, const struct bk_sink
     pthread_mutex_init(&s->done_lock, NULL);
     hp_map_init(&s->done, 0);
     hp_map_init(&s->seen, 0);
+    hp_map_init(&s->ending, 0);
     hp_map_init(&s->routes, sizeof(uint64_t));
     svc__bkq_init(&s->bkq);
     s->bkq.on_room = queue_room;
@@ -309,6 +310,7 @@ svc_t *svc_free(svc_t *s)
     free(s->dir);
     hp_map_done(&s->done);
     hp_map_done(&s->seen);
+    hp_map_done(&s->ending);
     hp_map_done(&s->routes);
     free(s->ctl.cur);
     svc__bkq_done(&s->bkq);

@@ -146,6 +146,9 @@ void svc_detach_all(svc_t *s, uint32_t flags);
 
 /* True when a client with @pid has completed the handshake at any time. */
 bool svc_client_seen(svc_t *s, pid_t pid);
+/* True once a session of @pid began to end (its last records are read, or all were): a
+ * process that exited is no longer counted as running from then on. */
+bool svc_client_ended(svc_t *s, pid_t pid);
 
 /* Checks the guardrails (max_heapprofd_memory_kb, max_heapprofd_cpu_secs) of the
  * service's own process; when one is exceeded, detaches every process with

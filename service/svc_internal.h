@@ -291,7 +291,7 @@ struct svc {
      * bookkeeping thread), and that completed a handshake (main thread); both protected
      * by done_lock */
     pthread_mutex_t done_lock;
-    struct hp_map done, seen;
+    struct hp_map done, seen, ending;
     /* Children of fork() of profiled processes that were not profiled. */
     _Atomic uint64_t forks_unfollowed;
     _Atomic unsigned live_clients;
@@ -405,6 +405,8 @@ bool svc__guardrail_fire(struct svc *s, const char *what, uint64_t value, uint64
 #define SVC_GUARDRAIL_CHECK_ENTRIES (SVC_GUARDRAIL_CHECK_BATCHES * (SVC_BATCH_BYTES / 24))
 /* service/registry.c: records that @pid's clients are fully drained (svc_client_done()). */
 void svc__mark_done(struct svc *s, pid_t pid);
+/* A session of @pid began to end (svc_client_ended()). Any thread. */
+void svc__mark_ending(struct svc *s, pid_t pid);
 
 /* ---- reading a client's ring (service/unwind_records.c) ---------------------------- */
 

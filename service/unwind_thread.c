@@ -135,6 +135,7 @@ static void begin_end(struct svc_unwinder *u, struct svc_client *c, uint32_t fla
     c->has_work = true;
     c->throttled = false;
     atomic_fetch_add_explicit(&u->svc->ending_clients, 1, memory_order_relaxed);
+    svc__mark_ending(u->svc, c->pid);
 }
 
 /* True when the end of @c is complete: nothing before its mark is left to read, or its
