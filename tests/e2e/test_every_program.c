@@ -439,7 +439,15 @@ static const struct harm_case harm_cases[] = {
      {NULL},
      check_plugin_sampled},
     /* A service stopped for 2 s. */
-    {"service_stopped", {"$HARM_RATE_STOP", NULL}, {NULL}, HARM_ALL, {NULL}, check_stopped_service},
+    /* Waits for room end after 0.5 s: the 2 s stop ends one, and a busy machine that
+     * keeps the service off the CPU for 0.1 s would end another near the program's end
+     * (CLIENT_ERROR_HIT_TIMEOUT then, rightly: it was not waiting when it ended). */
+    {"service_stopped",
+     {"$HARM_RATE_STOP", NULL},
+     {NULL},
+     HARM_ALL,
+     {"-q", "--block-timeout-us", "500000", NULL},
+     check_stopped_service},
     /* A daemon that closes every descriptor at start and then uses pipes (issue 15,
      * case 2): its data intact, the lost connection visible. */
     {"closefds_daemon",
