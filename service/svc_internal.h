@@ -257,7 +257,7 @@ struct svc_listen_in {
  * answer (1 s, a connection it was not asked to make). */
 #define SVC_WARM_BUDGET_MS 400
 /* Only files with this much code or more are read then (unwinder_process_warm()): they
- * take tens of milliseconds (node: 60 MB of code, 40 to 80 ms), which the ring would
+ * take tens of milliseconds (node: 26.5 MB of code, 40 to 80 ms), which the ring would
  * have to hold; smaller ones take a few, which it holds with ease, and the program need
  * not wait for them. */
 #define SVC_WARM_MIN_CODE_BYTES (8ull << 20)
@@ -288,8 +288,8 @@ struct svc {
      * under a busy daemon and a list would make each handshake scan them all. */
     struct hp_map routes;
     /* Sets of pids (no values): whose clients are fully drained (written by the
-     * bookkeeping thread), and that completed a handshake (main thread); both protected
-     * by done_lock */
+     * bookkeeping thread), that completed a handshake (main thread), and whose session
+     * began to end (unwinder threads); all protected by done_lock */
     pthread_mutex_t done_lock;
     struct hp_map done, seen, ending;
     /* Children of fork() of profiled processes that were not profiled. */
