@@ -196,12 +196,28 @@ static int start_unwinding(struct svc_client *c)
     return 0;
 }
 
+/* The lanes of the clients' rings (shmem_ring/ring.h): one per CPU, as the ring's size
+ * and the largest record (a stack copy, its head and Python frames) allow. The
+ * environment's HEAPPROF_RING_LANES, when set, replaces the number (a power of two up to
+ * 8; benchmarks compare one lane with several). */
+unsigned svc__ring_lanes(const struct svc *s)
+{
+    const char *env = getenv("HEAPPROF_RING_LANES");
+    if (env && *env) {
+        unsigned long n = strtoul(env, NULL, 10);
+        if (n >= 1 && n <= 8 && (n & (n - 1)) == 0 &&
+            s->cfg.shmem_size_bytes / n >= RING_MIN_LANE_SIZE)
+            return (unsigned)n;
+    }
+    return ring_lanes_for(s->cfg.shmem_size_bytes, svc_config_max_stack(&s->cfg) + (16u << 10));
+}
+
 /* @c's ring, mapped here as its reader (idle until the first poke); the descriptor for
  * the client in @ret_fd (owned by the caller, also on failure). Returns 0 or -errno
  * (logged). */
 static int make_ring(const struct svc *s, struct svc_client *c, int *ret_fd)
 {
-    int r = ring_create(s->cfg.shmem_size_bytes, ret_fd);
+    int r = ring_create_lanes(s->cfg.shmem_size_bytes, svc__ring_lanes(s), ret_fd);
     if (r >= 0)
         r = ring_map(*ret_fd, RING_ROLE_READER, &c->ring);
     if (r < 0) {

@@ -433,6 +433,8 @@ bool svc__post_start(struct svc_unwinder *u, struct svc_client *c);
 void *svc__post(struct svc_unwinder *u, struct svc_client *c, uint32_t type, size_t len);
 /* Given up on: corrupt data, or a writer that kept a record while it ran. */
 bool svc__client_over(const struct svc_client *c);
+/* The lanes of a client's ring (service/handshake.c). */
+unsigned svc__ring_lanes(const struct svc *s);
 /* After a drain: frees of @c's sampled blocks lost since the last look make the
  * bookkeeping mark its live allocations possibly freed once the records before the loss
  * are read (SVC_MSG_POSSIBLY_FREED). */

@@ -64,19 +64,79 @@ fail:
     return r;
 }
 
+struct ring_geometry {
+    uint64_t size;
+    uint32_t lanes;
+};
+
 static void ring_init_header(void *hdr, void *arg)
 {
+    const struct ring_geometry *g = arg;
     struct ring_shared *h = hdr;
     h->magic = RING_HEADER_MAGIC;
-    h->data_size = *(const size_t *)arg;
+    h->data_size = g->size;
+    h->lanes = g->lanes;
+}
+
+/* @lanes lanes of @n bytes in all: a power of two up to RING_MAX_LANES, each lane at
+ * least RING_MIN_LANE_SIZE. */
+static bool ring_lanes_valid(uint64_t n, uint32_t lanes)
+{
+    return lanes >= 1 && lanes <= RING_MAX_LANES && (lanes & (lanes - 1)) == 0 &&
+           n / lanes >= RING_MIN_LANE_SIZE;
+}
+
+int ring_create_lanes(size_t data_size_bytes, unsigned lanes, int *ret_fd)
+{
+    if (!ring_size_valid(data_size_bytes) || !ring_lanes_valid(data_size_bytes, lanes))
+        return -EINVAL;
+    struct ring_geometry g = {.size = data_size_bytes, .lanes = lanes};
+    return ring__memfd_new("heapprof-ring", RING_HEADER_SIZE + data_size_bytes, RING_HEADER_SIZE,
+                           ring_init_header, &g, ret_fd);
+}
+
+/* True when the kernel keeps time with the TSC: it then checked that the CPUs' counters
+ * agree, which the order of records across lanes rests on. */
+static bool ring_tsc_is_clock(void)
+{
+    char buf[32] = {0};
+    int fd = open("/sys/devices/system/clocksource/clocksource0/current_clocksource",
+                  O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    (void)close(fd);
+    return n >= 3 && memcmp(buf, "tsc", 3) == 0 && (buf[3] == '\n' || buf[3] == 0);
+}
+
+unsigned ring_lanes_for(size_t data_size_bytes, size_t max_record_bytes)
+{
+#if defined(__x86_64__)
+    if (!ring_tsc_is_clock())
+        return 1;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned lanes = 1;
+    while (lanes * 2 <= RING_MAX_LANES && (long)lanes * 2 <= cpus)
+        lanes *= 2;
+    while (lanes > 1 && !ring_lanes_valid(data_size_bytes, lanes))
+        lanes /= 2;
+    while (lanes > 1) {
+        uint64_t lane = data_size_bytes / lanes;
+        if (lane - (lane >> RING_URGENT_RESERVE_SHIFT) >= ring__record_total(max_record_bytes))
+            break;
+        lanes /= 2;
+    }
+    return lanes;
+#else
+    (void)data_size_bytes;
+    (void)max_record_bytes;
+    return 1;
+#endif
 }
 
 int ring_create(size_t data_size_bytes, int *ret_fd)
 {
-    if (!ring_size_valid(data_size_bytes))
-        return -EINVAL;
-    return ring__memfd_new("heapprof-ring", RING_HEADER_SIZE + data_size_bytes, RING_HEADER_SIZE,
-                           ring_init_header, &data_size_bytes, ret_fd);
+    return ring_create_lanes(data_size_bytes, 1, ret_fd);
 }
 
 /* Checks that @fd holds a ring either role may map; its data size in *@ret_size. Returns
@@ -99,30 +159,29 @@ static int ring_check_fd(int fd, uint64_t *ret_size)
     return 0;
 }
 
-/* Maps the private page, the shared header and the @n data bytes of @fd twice in a row
- * (ring_layout.h) into one reservation of @map_len bytes. Returns 0 with its base, or
- * -errno. */
-static int ring_map_views(int fd, uint64_t n, int prot_data, size_t map_len, uint8_t **ret_base)
+/* Maps the private page, the shared header and each of the @lanes lanes of the @n data
+ * bytes of @fd twice in a row (ring_layout.h) into one reservation of @map_len bytes.
+ * Returns 0 with its base, or -errno. */
+static int ring_map_views(int fd, uint64_t n, uint32_t lanes, int prot_data, size_t map_len,
+                          uint8_t **ret_base)
 {
     uint8_t *base =
         hp_sys_mmap(NULL, map_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (hp_sys_failed((long)base))
         return (int)(long)base;
-    void *m[4] = {
-        hp_sys_mmap(base, RING_PRIVATE_SIZE, PROT_READ | PROT_WRITE,
-                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0),
-        hp_sys_mmap(base + RING_PRIVATE_SIZE, RING_HEADER_SIZE, PROT_READ | PROT_WRITE,
-                    MAP_SHARED | MAP_FIXED, fd, 0),
-        hp_sys_mmap(base + RING_PRIVATE_SIZE + RING_HEADER_SIZE, n, prot_data,
-                    MAP_SHARED | MAP_FIXED, fd, RING_HEADER_SIZE),
-        hp_sys_mmap(base + RING_PRIVATE_SIZE + RING_HEADER_SIZE + n, n, prot_data,
-                    MAP_SHARED | MAP_FIXED, fd, RING_HEADER_SIZE),
-    };
-    for (int i = 0; i < 4; i++) {
-        if (hp_sys_failed((long)m[i])) {
-            (void)hp_sys_munmap(base, map_len);
-            return (int)(long)m[i];
-        }
+    long m = (long)hp_sys_mmap(base, RING_PRIVATE_SIZE, PROT_READ | PROT_WRITE,
+                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (!hp_sys_failed(m))
+        m = (long)hp_sys_mmap(base + RING_PRIVATE_SIZE, RING_HEADER_SIZE, PROT_READ | PROT_WRITE,
+                              MAP_SHARED | MAP_FIXED, fd, 0);
+    uint64_t lane_size = n / lanes;
+    uint8_t *at = base + RING_PRIVATE_SIZE + RING_HEADER_SIZE;
+    for (uint32_t i = 0; i < 2 * lanes && !hp_sys_failed(m); i++, at += lane_size)
+        m = (long)hp_sys_mmap(at, lane_size, prot_data, MAP_SHARED | MAP_FIXED, fd,
+                              (off_t)(RING_HEADER_SIZE + (i / 2) * lane_size));
+    if (hp_sys_failed(m)) {
+        (void)hp_sys_munmap(base, map_len);
+        return (int)m;
     }
 
     /* Fork safety (see ring_layout.h). Failing kernels (before 4.14 for WIPEONFORK) leave
@@ -136,15 +195,23 @@ static int ring_map_views(int fd, uint64_t n, int prot_data, size_t map_len, uin
     return 0;
 }
 
-/* The private state of a ring of @n data bytes mapped at @base, in its first page. */
-static struct ring *ring_init_private(uint8_t *base, size_t map_len, uint64_t n,
+/* The private state of a ring of @n data bytes in @lanes lanes mapped at @base, in its
+ * first page. */
+static struct ring *ring_init_private(uint8_t *base, size_t map_len, uint64_t n, uint32_t lanes,
                                       enum ring_role role)
 {
     struct ring *ring = (struct ring *)base;
     ring->hdr = (struct ring_shared *)(base + RING_PRIVATE_SIZE);
-    ring->data = base + RING_PRIVATE_SIZE + RING_HEADER_SIZE;
     ring->size = n;
-    ring->mask = n - 1;
+    ring->lanes = lanes;
+    ring->lane_size = n / lanes;
+    ring->mask = ring->lane_size - 1;
+    for (uint32_t i = 0; i < lanes; i++) {
+        struct ring_lane *l = &ring->lane[i];
+        l->word = i == 0 ? &ring->hdr->write_pos : &ring->hdr->lane_ctl[i - 1].write_pos;
+        l->shared_read_pos = i == 0 ? &ring->hdr->read_pos : &ring->hdr->lane_ctl[i - 1].read_pos;
+        l->data = base + RING_PRIVATE_SIZE + RING_HEADER_SIZE + 2 * i * ring->lane_size;
+    }
     ring->map_base = base;
     ring->map_len = map_len;
     ring->role = role;
@@ -168,22 +235,30 @@ int ring_map(int fd, enum ring_role role, ring_t **ret)
     int r = ring_check_fd(fd, &n);
     if (r < 0)
         return r;
+    /* The geometry first, from a look at the header alone; copied once: the peer may
+     * change the header at any time. */
     size_t map_len = RING_PRIVATE_SIZE + RING_HEADER_SIZE + 2 * n;
-    r = ring_map_views(fd, n, prot_data, map_len, &base);
+    const volatile struct ring_shared *vh =
+        hp_sys_mmap(NULL, RING_HEADER_SIZE, PROT_READ, MAP_SHARED, fd, 0);
+    if (hp_sys_failed((long)vh))
+        return (int)(long)vh;
+    uint64_t magic = vh->magic, data_size = vh->data_size;
+    uint32_t lanes = vh->lanes ? vh->lanes : 1;
+    (void)hp_sys_munmap((void *)(uintptr_t)vh, RING_HEADER_SIZE);
+    if (magic != RING_HEADER_MAGIC || data_size != n || !ring_lanes_valid(n, lanes))
+        return -EBADMSG;
+    r = ring_map_views(fd, n, lanes, prot_data, map_len, &base);
     if (r < 0)
         return r;
-    struct ring *ring = ring_init_private(base, map_len, n, role);
-
-    /* Copy the header fields once; the peer may change them at any time. */
-    uint64_t magic = ((volatile struct ring_shared *)ring->hdr)->magic;
-    uint64_t data_size = ((volatile struct ring_shared *)ring->hdr)->data_size;
-    if (magic != RING_HEADER_MAGIC || data_size != n) {
-        (void)hp_sys_munmap(base, map_len);
-        return -EBADMSG;
+    struct ring *ring = ring_init_private(base, map_len, n, lanes, role);
+    for (uint32_t i = 0; i < lanes; i++) {
+        struct ring_lane *l = &ring->lane[i];
+        l->read_pos = atomic_load_explicit(l->shared_read_pos, memory_order_acquire);
+        l->seen_write_pos = l->published_read_pos = l->read_pos;
+        l->last_stamp = l->horizon = 0;
+        l->head_ready = false;
     }
-    ring->read_pos = atomic_load_explicit(&ring->hdr->read_pos, memory_order_acquire);
-    ring->seen_write_pos = ring->read_pos;
-    ring->published_read_pos = ring->read_pos;
+    ring->frontier = 0;
     *ret = ring;
     return 0;
 }

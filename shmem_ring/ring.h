@@ -39,6 +39,8 @@ typedef struct ring ring_t;
 
 #define RING_DEFAULT_SIZE (8u << 20)
 #define RING_MIN_SIZE (64u << 10)
+/* The smallest lane of a ring cut into lanes (ring_create_lanes()). */
+#define RING_MIN_LANE_SIZE RING_MIN_SIZE
 #define RING_MAX_SIZE (1u << 30)
 /* The longest block_client wait ring_set_blocking() accepts: a reader that made no room
  * for that long is stopped, hung or far behind, and the program must not pause longer
@@ -67,9 +69,10 @@ enum ring_end_reason {
 
 /* A reserved, not yet published record. */
 struct ring_wspan {
-    void *data;   /* payload; 8-byte aligned; valid until ring_end_write() */
-    size_t len;   /* payload bytes reserved */
-    uint64_t pos; /* internal */
+    void *data;    /* payload; 8-byte aligned; valid until ring_end_write() */
+    size_t len;    /* payload bytes reserved */
+    uint64_t pos;  /* internal */
+    uint32_t lane; /* internal */
 };
 
 /* A record to read. */
@@ -80,6 +83,8 @@ struct ring_rspan {
     uint16_t type;    /* enum wire_type, unvalidated */
     uint64_t pos;     /* internal */
     size_t total;     /* internal */
+    uint32_t lane;    /* internal */
+    uint64_t stamp;   /* internal */
 };
 
 struct ring_stats {
@@ -105,6 +110,16 @@ struct ring_stats {
 /* Service: creates a ring memfd with a data area of @data_size_bytes (power of two,
  * RING_MIN_SIZE..RING_MAX_SIZE; else -EINVAL). Returns the fd in @ret_fd. */
 int ring_create(size_t data_size_bytes, int *ret_fd) HP_WARN_UNUSED;
+/* Service: as ring_create(), with the data area cut into @lanes lanes (a power of two up
+ * to 8, each at least RING_MIN_LANE_SIZE; else -EINVAL) that writers on different CPUs
+ * fill side by side, and the reader merges in the order the records were reserved
+ * (ring_layout.h). */
+int ring_create_lanes(size_t data_size_bytes, unsigned lanes, int *ret_fd) HP_WARN_UNUSED;
+/* Service: the lanes for a ring of @data_size_bytes on this machine, whose largest record
+ * is @max_record_bytes: one per CPU up to 8, fewer when a lane would not take such a
+ * record beside the share frees keep, and 1 when the time stamp counter cannot order
+ * records across CPUs (the kernel does not use it as its clock). */
+unsigned ring_lanes_for(size_t data_size_bytes, size_t max_record_bytes);
 
 /* Both sides: maps the ring in @fd (borrowed; may be closed afterwards). Validates the
  * seals ring_create() puts on (-EPERM without them: a file that could shrink under us),
@@ -184,7 +199,8 @@ bool ring_is_blocking(ring_t *r);
 /* Writer, hook-safe: the reader's published position (it moves while the reader reads)
  * and the bytes reserved beyond it. Untrusted hints: both change at any time. */
 void ring_writer_progress(ring_t *r, uint64_t *ret_read_pos, uint64_t *ret_fill);
-/* Either side: the data area's size. */
+/* Either side: a lane's size (the data area's, with one lane): what the writers of one CPU
+ * fill, and what fills and positions of ring_writer_progress() compare with. */
 uint64_t ring_size(const ring_t *r);
 /* Writer, hook-safe: counts blocking turned on again after a timeout (block_resumes). */
 void ring_count_block_resume(ring_t *r);
@@ -227,8 +243,10 @@ void ring_flush_read_pos(ring_t *r);
  * such as a dump request, without chasing writers that keep writing. Untrusted like the
  * rest of the shared header: use it as a bound only. */
 uint64_t ring_mark(ring_t *r);
-/* Reader: true once every record before @mark has been read. */
-bool ring_reached(const ring_t *r, uint64_t mark);
+/* Reader: true once every record before @mark has been read. With lanes the mark is a
+ * stamp, and a ring whose lanes are all empty may have the reader raise their horizons
+ * (ring_layout.h) to tell. */
+bool ring_reached(ring_t *r, uint64_t mark);
 /* Reader: announce that the reader is about to sleep (idle: every writer's record may
  * wake it; the first writer to see the flag clears it and pokes) or that it is awake
  * (!idle: no pokes). After announcing sleep the reader must call ring_begin_read() once

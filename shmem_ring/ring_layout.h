@@ -1,10 +1,10 @@
 /* shmem_ring/ring_layout.h: internal layout of the shared ring (both sides).
  *
  * The memfd holds one 4 KiB header page followed by the data area (N bytes, a power of
- * two). Each process reserves 4096 + 4096 + 2N bytes of address space and maps, in order:
- * a private page holding its own `struct ring` (so mapping a ring never calls malloc),
- * the shared header page, the data area, and the data area a second time, so that a
- * record starting near the end of the data area is contiguous in memory:
+ * two), cut into K lanes (below). Each process reserves 4096 + 4096 + 2N bytes of address
+ * space and maps, in order: a private page holding its own `struct ring` (so mapping a
+ * ring never calls malloc), the shared header page, then each lane twice in a row, so
+ * that a record starting near the end of its lane is contiguous in memory (K = 1):
  *
  *     base                base+4K            base+8K          base+8K+N       base+8K+2N
  *     | struct ring (priv) | ring_shared (hdr) | data [0, N)     | data [0, N) again |
@@ -13,8 +13,31 @@
  * the struct ring reads as zeros (hdr == NULL: every writer call refuses with -EPIPE)
  * and the shared pages are not mapped at all: a child can never write into the ring.
  *
- * Positions are 64-bit byte counters that only grow; a record at position p starts at
- * data + (p & (N - 1)). Records are 8-byte aligned and start with a ring_rec header. A
+ * Lanes. The data area is cut into K lanes of N / K bytes (K a power of two, 1 to
+ * RING_MAX_LANES, in the header), each a ring of its own: its own write and read
+ * positions on lines of their own (lane 0's in the header's first lines, the others' in
+ * lane_ctl), its own two mappings. A writer reserves in the lane of the CPU it runs on
+ * (rdtscp), so threads recording at once do not take each other's lines; threads of one
+ * CPU share a lane, which they rarely use at the same moment. K is 1 unless the service
+ * asks for more (ring_create_lanes()).
+ *
+ * Order. Every record carries a stamp, fixed when it is reserved: the lane's write
+ * position and its last stamp are one 16-byte word, moved by one compare-and-swap to
+ * (position + size, max(TSC, last stamp + 1)). So stamps grow along a lane, whoever
+ * writes there (threads of one CPU, a signal handler inside a hook), and a record
+ * reserved after another in real time has a larger stamp. The reader merges the lanes by
+ * stamp: it hands out the published head with the smallest stamp once no other lane can
+ * still hold a smaller one: a lane whose head is reserved but unpublished holds stamps
+ * above the last one read there; an empty lane, stamps above its horizon, which the
+ * reader sets by moving the lane's last stamp up to the TSC with the same
+ * compare-and-swap (a writer reserving at that moment fails and retries above it). The
+ * client records a free before the real free and an allocation after the real
+ * allocation returned, so a free and a reuse of the same address, in any two threads,
+ * are read in the order they happened. With one lane the stamp only counts.
+ *
+ * Positions are 64-bit byte counters that only grow; a record at position p of a lane
+ * starts at its data + (p & (N / K - 1)). Records are 8-byte aligned and start with a
+ * ring_rec header. A
  * record is published when its commit tag equals its position XOR RING_TAG_MAGIC: a tag
  * left over from an earlier lap (a different position) never matches. Until then the tag
  * names the thread writing the record (RING_TAG_RESERVED | tid): a reader that finds a
@@ -42,6 +65,9 @@
 #define RING_HEADER_SIZE 4096u
 #define RING_PRIVATE_SIZE 4096u
 #define RING_CACHE_LINE 64u
+#define RING_MAX_LANES 8u
+/* Where lane_ctl starts in the header page. */
+#define RING_LANE_CTL_OFFSET 1024u
 #define RING_HEADER_MAGIC 0x4850524e47303031ull /* "HPRNG001" */
 #define RING_TAG_MAGIC 0x9e3779b97f4a7c15ull
 /* Writers give up a reservation after this many lost compare-and-swap races. */
@@ -63,8 +89,17 @@ struct ring_rec {
     uint32_t len_total;          /* header + payload + padding; multiple of 8 */
     uint16_t type;               /* enum wire_type */
     uint16_t flags;              /* RING_REC_PAD_MASK: padding bytes after the payload */
+    uint64_t stamp;              /* the order among lanes (see above) */
 };
-_Static_assert(sizeof(struct ring_rec) == 16, "ring_rec ABI");
+_Static_assert(sizeof(struct ring_rec) == 24, "ring_rec ABI");
+
+/* The positions of lanes 1..K-1. write_pos and last_stamp form the 16-byte word of a
+ * reservation; read_pos is the reader's, on a line of its own. */
+struct ring_lane_shared {
+    _Alignas(RING_CACHE_LINE) _Atomic uint64_t write_pos;
+    _Atomic uint64_t last_stamp;
+    _Alignas(RING_CACHE_LINE) _Atomic uint64_t read_pos;
+};
 
 /* The shared header page. Hot fields sit on their own cache line so writers bumping
  * write_pos do not slow down the reader's read_pos updates and vice versa. */
@@ -80,7 +115,11 @@ struct ring_shared {
     /* Set by the client when its process starts exiting normally (exit(), a return from
      * main): the end of the connection that follows is no loss. An untrusted hint. */
     _Atomic uint32_t client_exiting;
+    /* K, written by ring_create_lanes(); 0 reads as 1 (rings of ring_create()). */
+    uint32_t lanes;
+    /* Lane 0's positions (the only lane of most rings). */
     _Alignas(RING_CACHE_LINE) _Atomic uint64_t write_pos;
+    _Atomic uint64_t last_stamp;
     _Alignas(RING_CACHE_LINE) _Atomic uint64_t read_pos;
     /* Written by the reader only (read-mostly for the writers): RING_READER_* and, while
      * it is RING_READER_POLLING, the fill at which a writer pokes anyway. */
@@ -129,12 +168,17 @@ struct ring_shared {
     /* Written by the client: children of fork() it did not follow (the session does not
      * follow forks), for the service's "not followed" count. */
     _Atomic uint64_t forks_unfollowed;
+    _Alignas(RING_LANE_CTL_OFFSET) struct ring_lane_shared lane_ctl[RING_MAX_LANES - 1];
 };
 _Static_assert(sizeof(struct ring_shared) <= RING_HEADER_SIZE, "ring header fits a page");
 _Static_assert(offsetof(struct ring_shared, detached) == 16, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, client_ended) == 20, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, client_exiting) == 24, "ring_shared layout");
+_Static_assert(offsetof(struct ring_shared, lanes) == 28, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, write_pos) == 64, "ring_shared layout");
+_Static_assert(offsetof(struct ring_shared, last_stamp) == 72, "ring_shared layout");
+_Static_assert(offsetof(struct ring_shared, lane_ctl) == RING_LANE_CTL_OFFSET,
+               "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, read_pos) == 128, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, reader_idle) == 192, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, stats) == 256, "ring_shared layout");
@@ -142,12 +186,34 @@ _Static_assert(offsetof(struct ring_shared, maps_asked) == 320, "ring_shared lay
 _Static_assert(offsetof(struct ring_shared, block_resumes) == 384, "ring_shared layout");
 _Static_assert(offsetof(struct ring_shared, ids_changes) == 448, "ring_shared layout");
 
+/* One lane, as this process sees it. */
+struct ring_lane {
+    _Atomic uint64_t *word; /* its write_pos and last_stamp: 16 bytes, 16-aligned */
+    _Atomic uint64_t *shared_read_pos;
+    uint8_t *data; /* first copy of the lane's bytes; data + lane size is the second */
+    /* Reader: its own read position (the shared copy is only written, never trusted),
+     * write_pos as last loaded (records below it are reserved), and read_pos as last
+     * published to the writers (published in steps, see ring_end_read()). */
+    uint64_t read_pos;
+    uint64_t seen_write_pos;
+    uint64_t published_read_pos;
+    /* Reader: the stamp of the last record read here (the next one's is larger), and
+     * while the lane is empty a stamp below every record reserved there later. */
+    uint64_t last_stamp;
+    uint64_t horizon;
+    /* Reader, with several lanes: the published record at read_pos, when head_ready
+     * (published records do not change until read: the merge looks at each once). */
+    bool head_ready;
+    struct ring_rspan head;
+};
+
 /* Per-process view of a ring; lives in the private page in front of the mappings. */
 struct ring {
     struct ring_shared *hdr;
-    uint8_t *data; /* first copy of the data area; data + N is the second copy */
-    uint64_t size; /* N */
-    uint64_t mask; /* N - 1 */
+    uint64_t size;      /* N: every lane's bytes */
+    uint64_t lane_size; /* N / K */
+    uint64_t mask;      /* N / K - 1 */
+    uint32_t lanes;     /* K */
     void *map_base;
     size_t map_len;
     enum ring_role role;
@@ -158,17 +224,13 @@ struct ring {
      * (ring_set_blocking()). */
     _Atomic bool blocking;
     _Atomic uint32_t block_timeout_us;
-    /* Reader: its own read position; the shared copy is only written, never trusted. */
-    uint64_t read_pos;
-    /* Reader: write_pos as last loaded (records below it are reserved), and read_pos as
-     * last published to the writers (published in steps, see ring_end_read()). */
-    uint64_t seen_write_pos;
-    uint64_t published_read_pos;
     /* Reader: records and bytes (whole records) consumed. */
     uint64_t records_read;
     uint64_t bytes_read;
-    /* Reader: the unpublished record the reader is waiting for (stall_pos, valid when
-     * stall_since_ns != 0) and how long it waits before calling the ring corrupt. */
+    /* Reader: the unpublished record the reader is waiting for (in lane stall_lane at
+     * stall_pos, valid when stall_since_ns != 0) and how long it waits before calling the
+     * ring corrupt. */
+    uint32_t stall_lane;
     uint64_t stall_pos;
     uint64_t stall_since_ns;
     uint64_t stall_timeout_ns;
@@ -176,13 +238,56 @@ struct ring {
      * reader_idle had when the reader last set it (what a waiter waits on). */
     uint64_t records_skipped;
     uint32_t idle_word;
+    /* Reader: every record stamped below this has been handed out (ring_reached()). */
+    uint64_t frontier;
+    struct ring_lane lane[RING_MAX_LANES];
 };
 _Static_assert(sizeof(struct ring) <= RING_PRIVATE_SIZE, "ring fits its private page");
+
+/* The record at @pos of lane @lane. */
+static inline struct ring_rec *ring__rec(const struct ring *r, unsigned lane, uint64_t pos)
+{
+    return (struct ring_rec *)(r->lane[lane].data + (pos & r->mask));
+}
+
+/* The time stamp counter; with rdtscp also the CPU (Linux keeps its number in the low 12
+ * bits of TSC_AUX). */
+static inline uint64_t ring__tsc(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+static inline uint64_t ring__tsc_cpu(uint32_t *ret_cpu)
+{
+    uint64_t aux;
+    __asm__ volatile("rdpid %0" : "=r"(aux));
+    *ret_cpu = (uint32_t)aux & 0xfffu;
+    return ring__tsc();
+}
+
+/* Compare-and-swap of the 16-byte word @w ({position, stamp}): on failure @expected gets
+ * what is there. Not through libatomic, which may take a lock. */
+static inline bool ring__cas16(_Atomic uint64_t *w, uint64_t expected[2], const uint64_t desired[2])
+{
+    bool ok;
+    __asm__ volatile("lock cmpxchg16b %1"
+                     : "=@ccz"(ok), "+m"(*(volatile uint64_t(*)[2])w), "+a"(expected[0]),
+                       "+d"(expected[1])
+                     : "b"(desired[0]), "c"(desired[1])
+                     : "memory");
+    return ok;
+}
 
 static inline uint64_t ring__record_total(size_t payload_len)
 {
     return ((uint64_t)payload_len + sizeof(struct ring_rec) + 7u) & ~(uint64_t)7u;
 }
+
+/* Tests: every record the calling thread reserves from now on goes to lane @lane (modulo
+ * the ring's lanes), not to its CPU's; -1 undoes it. */
+void ring__set_writer_lane(int lane);
 
 /* Creates a memfd of @len bytes named @name, lets @init(header, @arg) fill its first
  * @hdr_len bytes, and seals its size (rings and unwind tables). Returns 0 with the fd in

@@ -20,15 +20,18 @@
  * process resumed after SIGSTOP gets the chance to finish the record it was writing. */
 #define RING_STALL_GRACE_NS (2u * 1000u * 1000u)
 
-/* The record at @rp is reserved (write_pos is past it) but not published. Returns -EAGAIN
- * while that lasts less than the stall timeout, then -ETIMEDOUT: the caller finds out why
- * (a stopped, dead or hostile writer would otherwise hold the reader forever without a
- * word). */
-static int ring_stalled(ring_t *r, uint64_t rp, const struct ring_rec *rec)
+/* The record at lane @lane's read position is reserved (write_pos is past it) but not
+ * published. Returns -EAGAIN while that lasts less than the stall timeout, then
+ * -ETIMEDOUT: the caller finds out why (a stopped, dead or hostile writer would otherwise
+ * hold the reader forever without a word). */
+static int ring_stalled(ring_t *r, uint32_t lane)
 {
     uint64_t now = hp_clock_ns(CLOCK_MONOTONIC);
+    uint64_t rp = r->lane[lane].read_pos;
+    const struct ring_rec *rec = ring__rec(r, lane, rp);
 
-    if (r->stall_since_ns == 0 || r->stall_pos != rp) {
+    if (r->stall_since_ns == 0 || r->stall_pos != rp || r->stall_lane != lane) {
+        r->stall_lane = lane;
         r->stall_pos = rp;
         r->stall_since_ns = now;
         return -EAGAIN;
@@ -43,12 +46,12 @@ static int ring_stalled(ring_t *r, uint64_t rp, const struct ring_rec *rec)
     return -ETIMEDOUT;
 }
 
-/* The record header at the reader's position, validated against @avail bytes reserved.
- * Returns its total length, or 0 when it is not valid. */
-static uint32_t ring_rec_len(const ring_t *r, uint64_t avail, uint32_t *ret_pad, uint16_t *ret_type)
+/* The record header at lane @lane's read position, validated against @avail bytes
+ * reserved. Returns its total length, or 0 when it is not valid. */
+static uint32_t ring_rec_len(const ring_t *r, uint32_t lane, uint64_t avail, uint32_t *ret_pad,
+                             uint16_t *ret_type)
 {
-    const volatile struct ring_rec *vrec =
-        (const volatile struct ring_rec *)(r->data + (r->read_pos & r->mask));
+    const volatile struct ring_rec *vrec = ring__rec(r, lane, r->lane[lane].read_pos);
     uint32_t len = vrec->len_total;
     uint16_t type = vrec->type;
     uint16_t flags = vrec->flags;
@@ -66,22 +69,29 @@ static uint32_t ring_rec_len(const ring_t *r, uint64_t avail, uint32_t *ret_pad,
     return len;
 }
 
-/* Tells the writers how far we have read. Release pairs with the acquire load of read_pos
- * in ring_try_begin_write(): we are done with the records' bytes before a writer may
- * reuse them. */
+/* Tells the writers of lane @lane how far we have read. Release pairs with the acquire
+ * load of read_pos in ring_try_begin_write(): we are done with the records' bytes before
+ * a writer may reuse them. */
+static void ring_publish_lane(ring_t *r, uint32_t lane)
+{
+    struct ring_lane *l = &r->lane[lane];
+    if (l->published_read_pos == l->read_pos)
+        return;
+    l->published_read_pos = l->read_pos;
+    atomic_store_explicit(l->shared_read_pos, l->read_pos, memory_order_release);
+}
+
 static void ring_publish_read_pos(ring_t *r)
 {
-    if (r->published_read_pos == r->read_pos)
-        return;
-    r->published_read_pos = r->read_pos;
-    atomic_store_explicit(&r->hdr->read_pos, r->read_pos, memory_order_release);
+    for (uint32_t i = 0; i < r->lanes; i++)
+        ring_publish_lane(r, i);
 }
 
 uint32_t ring_stalled_writer(ring_t *r)
 {
-    if (r->stall_since_ns == 0 || r->stall_pos != r->read_pos)
+    if (r->stall_since_ns == 0 || r->stall_pos != r->lane[r->stall_lane].read_pos)
         return 0;
-    const struct ring_rec *rec = (const struct ring_rec *)(r->data + (r->read_pos & r->mask));
+    const struct ring_rec *rec = ring__rec(r, r->stall_lane, r->stall_pos);
     uint64_t tag = atomic_load_explicit(&rec->commit_tag, memory_order_relaxed);
     return (tag & RING_TAG_RESERVED_MASK) == RING_TAG_RESERVED ? (uint32_t)tag : 0;
 }
@@ -94,81 +104,193 @@ void ring_stall_rearm(ring_t *r)
 
 int ring_skip_stalled(ring_t *r)
 {
-    uint64_t rp = r->read_pos, avail = r->seen_write_pos - rp;
+    uint32_t lane = r->stall_lane;
+    struct ring_lane *l = &r->lane[lane];
+    uint64_t rp = l->read_pos, avail = l->seen_write_pos - rp;
     if (r->stall_since_ns == 0 || r->stall_pos != rp)
         return -EAGAIN;
-    const struct ring_rec *rec = (const struct ring_rec *)(r->data + (rp & r->mask));
+    const struct ring_rec *rec = ring__rec(r, lane, rp);
     if (atomic_load_explicit(&rec->commit_tag, memory_order_acquire) == (rp ^ RING_TAG_MAGIC))
         return -EAGAIN;
     uint32_t pad;
     uint16_t type;
-    uint32_t len = ring_rec_len(r, avail, &pad, &type);
+    uint32_t len = ring_rec_len(r, lane, avail, &pad, &type);
     if (len == 0)
         return -EBADMSG;
-    r->read_pos = rp + len;
+    l->read_pos = rp + len;
+    l->head_ready = false;
     r->records_skipped++;
     r->stall_since_ns = 0;
-    ring_publish_read_pos(r);
+    ring_publish_lane(r, lane);
     return 0;
 }
 
-int ring_begin_read(ring_t *r, struct ring_rspan *ret)
+enum ring_head { RING_HEAD_EMPTY, RING_HEAD_UNPUBLISHED, RING_HEAD_READY, RING_HEAD_BAD };
+
+/* Looks at the next record of lane @lane: RING_HEAD_READY with it in *@ret when it is
+ * published and valid. */
+static enum ring_head ring_lane_head(ring_t *r, uint32_t lane, struct ring_rspan *ret)
 {
-    uint64_t rp = r->read_pos;
-    uint64_t wp = r->seen_write_pos;
+    struct ring_lane *l = &r->lane[lane];
+    uint64_t rp = l->read_pos;
+    uint64_t wp = l->seen_write_pos;
 
     if (wp == rp) {
         /* Caught up with what we saw: look again. Acquire is not needed for the record
          * bytes (the commit tag orders them) but keeps the snapshot of write_pos no older
          * than what writers published before it. */
-        wp = atomic_load_explicit(&r->hdr->write_pos, memory_order_acquire);
-        r->seen_write_pos = wp;
-        if (wp == rp) {
-            ring_publish_read_pos(r);
-            return -EAGAIN;
-        }
+        wp = atomic_load_explicit(&l->word[0], memory_order_acquire);
+        l->seen_write_pos = wp;
+        if (wp == rp)
+            return RING_HEAD_EMPTY;
     }
     uint64_t avail = wp - rp;
-    if (avail > r->size || avail < sizeof(struct ring_rec) || (avail & 7u) != 0 || (rp & 7u) != 0)
-        return -EBADMSG;
+    if (avail > r->lane_size || avail < sizeof(struct ring_rec) || (avail & 7u) != 0 ||
+        (rp & 7u) != 0)
+        return RING_HEAD_BAD;
 
-    const struct ring_rec *rec = (const struct ring_rec *)(r->data + (rp & r->mask));
+    const struct ring_rec *rec = ring__rec(r, lane, rp);
     /* Acquire pairs with the release store in ring_end_write(). */
     uint64_t tag = atomic_load_explicit(&rec->commit_tag, memory_order_acquire);
-    if (tag != (rp ^ RING_TAG_MAGIC)) {
-        ring_publish_read_pos(r);
-        return ring_stalled(r, rp, rec); /* reserved, still being written */
-    }
-    r->stall_since_ns = 0;
+    if (tag != (rp ^ RING_TAG_MAGIC))
+        return RING_HEAD_UNPUBLISHED; /* reserved, still being written */
 
     uint32_t pad;
     uint16_t type;
-    uint32_t len = ring_rec_len(r, avail, &pad, &type);
+    uint32_t len = ring_rec_len(r, lane, avail, &pad, &type);
     if (len == 0)
-        return -EBADMSG;
-    size_t payload = len - sizeof(struct ring_rec) - pad;
-
+        return RING_HEAD_BAD;
     ret->data = rec + 1;
-    ret->len = payload;
+    ret->len = len - sizeof(struct ring_rec) - pad;
     ret->type = type;
     ret->pos = rp;
     ret->total = len;
-    return 0;
+    ret->lane = lane;
+    ret->stamp = ((const volatile struct ring_rec *)rec)->stamp;
+    /* Stamps only grow along a lane; a smaller one (a hostile writer's) reads as the
+     * last, so that the merge below always moves on. */
+    if (ret->stamp < l->last_stamp)
+        ret->stamp = l->last_stamp;
+    return RING_HEAD_READY;
+}
+
+/* A stamp below every record reserved in empty lane @lane from now on. */
+static uint64_t ring_lane_bound(const struct ring_lane *l)
+{
+    return l->horizon > l->last_stamp ? l->horizon : l->last_stamp;
+}
+
+/* Moves the last stamp of each lane that @empty marks up to the TSC, so that what is
+ * reserved there next is stamped above it (ring_layout.h). A lane where a writer
+ * reserved meanwhile is looked at again by the next ring_lane_head(). */
+static void ring_raise_horizons(ring_t *r, const bool *empty)
+{
+    uint64_t t0 = ring__tsc();
+    for (uint32_t i = 0; i < r->lanes; i++) {
+        struct ring_lane *l = &r->lane[i];
+        if (!empty[i])
+            continue;
+        uint64_t cur[2] = {l->read_pos, atomic_load_explicit(&l->word[1], memory_order_relaxed)};
+        uint64_t want[2] = {l->read_pos, cur[1] > t0 ? cur[1] : t0};
+        if (ring__cas16(l->word, cur, want))
+            l->horizon = want[1];
+    }
+}
+
+/* ring_begin_read() of a ring of several lanes: the published head with the smallest
+ * stamp, once no other lane can hold a smaller one. */
+static int ring_merge(ring_t *r, struct ring_rspan *ret)
+{
+    enum ring_head st[RING_MAX_LANES];
+    bool empty[RING_MAX_LANES];
+
+    for (int round = 0;; round++) {
+        int best = -1;
+        uint64_t key = 0;
+        for (uint32_t i = 0; i < r->lanes; i++) {
+            struct ring_lane *l = &r->lane[i];
+            st[i] = l->head_ready ? RING_HEAD_READY : ring_lane_head(r, i, &l->head);
+            if (st[i] == RING_HEAD_BAD)
+                return -EBADMSG;
+            l->head_ready = st[i] == RING_HEAD_READY;
+            if (l->head_ready && (best < 0 || l->head.stamp < key)) {
+                best = (int)i;
+                key = l->head.stamp;
+            }
+        }
+        int stalled = -1;
+        bool low_horizon = false;
+        for (uint32_t i = 0; i < r->lanes; i++) {
+            empty[i] = false;
+            if (st[i] == RING_HEAD_EMPTY) {
+                ring_publish_lane(r, i);
+                empty[i] = best >= 0 && ring_lane_bound(&r->lane[i]) < key;
+                low_horizon |= empty[i];
+            } else if (st[i] == RING_HEAD_UNPUBLISHED && stalled < 0 &&
+                       (best < 0 || r->lane[i].last_stamp < key)) {
+                /* Its record may be older than the best head. */
+                stalled = (int)i;
+            }
+        }
+        if (stalled >= 0) {
+            ring_publish_lane(r, (uint32_t)stalled);
+            return ring_stalled(r, (uint32_t)stalled);
+        }
+        if (best < 0)
+            return -EAGAIN;
+        /* After a fresh horizon a head still above it has a stamp from the future (a
+         * hostile writer's, or counters that disagree): it is read all the same, or
+         * nothing would be. */
+        if (!low_horizon || round > 0) {
+            *ret = r->lane[best].head;
+            if (r->stall_lane == (uint32_t)best)
+                r->stall_since_ns = 0;
+            return 0;
+        }
+        ring_raise_horizons(r, empty);
+    }
+}
+
+int ring_begin_read(ring_t *r, struct ring_rspan *ret)
+{
+    if (r->lanes > 1)
+        return ring_merge(r, ret);
+    switch (ring_lane_head(r, 0, ret)) {
+    case RING_HEAD_READY:
+        r->stall_since_ns = 0;
+        return 0;
+    case RING_HEAD_EMPTY:
+        ring_publish_lane(r, 0);
+        return -EAGAIN;
+    case RING_HEAD_UNPUBLISHED:
+        ring_publish_lane(r, 0);
+        return ring_stalled(r, 0);
+    case RING_HEAD_BAD:
+        break;
+    }
+    return -EBADMSG;
 }
 
 void ring_end_read(ring_t *r, const struct ring_rspan *rd)
 {
-    assert(rd->pos == r->read_pos);
-    r->read_pos = rd->pos + rd->total;
+    struct ring_lane *l = &r->lane[rd->lane];
+    assert(rd->lane < r->lanes && rd->pos == l->read_pos);
+    l->read_pos = rd->pos + rd->total;
+    l->head_ready = false;
+    if (rd->stamp > l->last_stamp)
+        l->last_stamp = rd->stamp;
+    /* Every record stamped below this one was read before it. */
+    if (rd->stamp > r->frontier)
+        r->frontier = rd->stamp;
     r->records_read++;
     r->bytes_read += rd->total;
     /* Every store to read_pos takes the line away from the writers, who read it on every
-     * reservation: publish in steps of an eighth of the ring, or at once while the ring
+     * reservation: publish in steps of an eighth of the lane, or at once while the lane
      * is crowded (writers may be waiting for room), and whenever the reader runs out of
      * records (ring_begin_read()). */
-    if (r->read_pos - r->published_read_pos >= r->size / 8 ||
-        r->seen_write_pos - r->published_read_pos > r->size / 2)
-        ring_publish_read_pos(r);
+    if (l->read_pos - l->published_read_pos >= r->lane_size / 8 ||
+        l->seen_write_pos - l->published_read_pos > r->lane_size / 2)
+        ring_publish_lane(r, rd->lane);
 }
 
 void ring_flush_read_pos(ring_t *r)
@@ -178,14 +300,37 @@ void ring_flush_read_pos(ring_t *r)
 
 uint64_t ring_mark(ring_t *r)
 {
+    /* With lanes: a stamp above every record reserved before now. */
+    if (r->lanes > 1)
+        return ring__tsc();
     /* Acquire, as in ring_begin_read(): the mark is no older than what writers reserved
      * before the caller's request. */
     return atomic_load_explicit(&r->hdr->write_pos, memory_order_acquire);
 }
 
-bool ring_reached(const ring_t *r, uint64_t mark)
+bool ring_reached(ring_t *r, uint64_t mark)
 {
-    return (int64_t)(r->read_pos - mark) >= 0;
+    if (r->lanes == 1)
+        return (int64_t)(r->lane[0].read_pos - mark) >= 0;
+    if (r->frontier > mark)
+        return true;
+    /* Nothing stamped above the mark read yet: reached when every lane is empty and what
+     * comes there next is stamped above it. */
+    bool low[RING_MAX_LANES];
+    bool any = false;
+    for (uint32_t i = 0; i < r->lanes; i++) {
+        struct ring_lane *l = &r->lane[i];
+        if (atomic_load_explicit(&l->word[0], memory_order_acquire) != l->read_pos)
+            return false;
+        low[i] = ring_lane_bound(l) <= mark;
+        any |= low[i];
+    }
+    if (any)
+        ring_raise_horizons(r, low);
+    for (uint32_t i = 0; i < r->lanes; i++)
+        if (ring_lane_bound(&r->lane[i]) <= mark)
+            return false;
+    return true;
 }
 
 void ring_set_reader_idle(ring_t *r, bool idle)
@@ -202,8 +347,8 @@ void ring_set_reader_idle(ring_t *r, bool idle)
 void ring_set_reader_polling(ring_t *r, uint64_t wake_fill)
 {
     ring_publish_read_pos(r);
-    if (wake_fill == 0 || wake_fill > r->size)
-        wake_fill = r->size / 4;
+    if (wake_fill == 0 || wake_fill > r->lane_size)
+        wake_fill = r->lane_size / 4;
     atomic_store_explicit(&r->hdr->wake_fill, wake_fill, memory_order_relaxed);
     /* Release: a writer that sees POLLING sees this wake_fill. */
     r->idle_word = RING_READER_POLLING;
@@ -249,37 +394,52 @@ bool ring_client_exiting(ring_t *r)
     return atomic_load_explicit(&r->hdr->client_exiting, memory_order_relaxed) != 0;
 }
 
+/* Skips the records of lane @lane up to position @to, counting them and those of
+ * @type. */
+static int ring_discard_lane(ring_t *r, uint32_t lane, uint64_t to, uint16_t type, uint64_t *n,
+                             uint64_t *of_type)
+{
+    struct ring_lane *l = &r->lane[lane];
+    int err = 0;
+    /* Never more than a lane's worth: the position is as untrusted as the header. */
+    if ((int64_t)(to - l->read_pos) < 0 || to - l->read_pos > r->lane_size ||
+        ((to - l->read_pos) & 7u) != 0)
+        return -EBADMSG;
+    while (l->read_pos != to) {
+        uint32_t pad;
+        uint16_t t;
+        uint32_t len = ring_rec_len(r, lane, to - l->read_pos, &pad, &t);
+        if (len == 0) {
+            err = -EBADMSG;
+            break;
+        }
+        l->read_pos += len;
+        l->head_ready = false;
+        (*n)++;
+        *of_type += t == type;
+    }
+    l->seen_write_pos = l->read_pos;
+    ring_publish_lane(r, lane);
+    return err;
+}
+
 int ring_discard(ring_t *r, uint64_t mark, uint16_t type, uint64_t *ret_records,
                  uint64_t *ret_of_type)
 {
-    /* Only up to what was reserved when the caller took @mark, and never more than a
-     * ring's worth: the mark is as untrusted as the positions it came from. */
+    /* Only up to what was reserved when the caller took @mark; with lanes (whose mark is
+     * a stamp) all that is reserved now: the ring is detached when this is called. */
     uint64_t n = 0, of_type = 0;
-    int r_ = 0;
-    if ((int64_t)(mark - r->read_pos) < 0 || mark - r->read_pos > r->size ||
-        ((mark - r->read_pos) & 7u) != 0) {
-        r_ = -EBADMSG;
-        goto out;
-    }
-    while (r->read_pos != mark) {
-        uint32_t pad;
-        uint16_t t;
-        uint32_t len = ring_rec_len(r, mark - r->read_pos, &pad, &t);
-        if (len == 0) {
-            r_ = -EBADMSG;
-            break;
-        }
-        r->read_pos += len;
-        n++;
-        of_type += t == type;
+    int err = 0;
+    for (uint32_t i = 0; i < r->lanes && err == 0; i++) {
+        uint64_t to = r->lanes == 1
+                          ? mark
+                          : atomic_load_explicit(&r->lane[i].word[0], memory_order_acquire);
+        err = ring_discard_lane(r, i, to, type, &n, &of_type);
     }
     r->stall_since_ns = 0;
-    r->seen_write_pos = r->read_pos;
-    ring_publish_read_pos(r);
-out:
     *ret_records = n;
     *ret_of_type = of_type;
-    return r_;
+    return err;
 }
 
 void ring_set_stall_timeout(ring_t *r, uint64_t timeout_us)

@@ -30,6 +30,14 @@ static __thread struct {
     uint32_t tid;
 } ring_self __attribute__((tls_model("initial-exec")));
 
+/* Tests: the lane every record of this thread goes to (-1: its CPU's). */
+static __thread int ring_forced_lane __attribute__((tls_model("initial-exec"))) = -1;
+
+void ring__set_writer_lane(int lane)
+{
+    ring_forced_lane = lane;
+}
+
 static uint32_t ring_writer_tid(const ring_t *r)
 {
     if (HP_UNLIKELY(ring_self.map_id != r->map_id)) {
@@ -71,12 +79,13 @@ static void ring_block_pause(unsigned round)
     }
 }
 
-/* Claims the record reserved at @w for the calling thread and fills its head; @ret is
- * the span of its payload. */
-static HP_ALWAYS_INLINE void ring_open_record(ring_t *r, uint64_t w, uint64_t total, uint16_t type,
-                                              size_t payload_len, struct ring_wspan *ret)
+/* Claims the record reserved at @w of lane @lane for the calling thread and fills its
+ * head; @ret is the span of its payload. */
+static HP_ALWAYS_INLINE void ring_open_record(ring_t *r, uint32_t lane, uint64_t w, uint64_t total,
+                                              uint16_t type, size_t payload_len, uint64_t stamp,
+                                              struct ring_wspan *ret)
 {
-    struct ring_rec *rec = (struct ring_rec *)(r->data + (w & r->mask));
+    struct ring_rec *rec = ring__rec(r, lane, w);
     /* Who holds the record until it is published (see ring_stalled_writer()). */
     atomic_store_explicit(&rec->commit_tag, RING_TAG_RESERVED | ring_writer_tid(r),
                           memory_order_relaxed);
@@ -84,11 +93,13 @@ static HP_ALWAYS_INLINE void ring_open_record(ring_t *r, uint64_t w, uint64_t to
     rec->len_total = (uint32_t)total;
     rec->type = type;
     rec->flags = (uint16_t)pad;
+    rec->stamp = stamp;
     if (pad > 0)
         memset((uint8_t *)(rec + 1) + payload_len, 0, pad);
     ret->data = rec + 1;
     ret->len = payload_len;
     ret->pos = w;
+    ret->lane = lane;
 }
 
 /* The lines the next record will most likely take (the one after @end): asked for with
@@ -98,20 +109,28 @@ static HP_ALWAYS_INLINE void ring_open_record(ring_t *r, uint64_t w, uint64_t to
  * waits for them. Only a hint: another writer may take those lines first. Past the end of
  * the data area is its second mapping (ring_layout.h), so every line asked for is mapped. */
 #define RING_PREFETCH_BYTES 256u
-static HP_ALWAYS_INLINE void ring_prefetch_next(const ring_t *r, uint64_t end)
+static HP_ALWAYS_INLINE void ring_prefetch_next(const ring_t *r, uint32_t lane, uint64_t end)
 {
-    const uint8_t *p = r->data + (end & r->mask);
+    const uint8_t *p = r->lane[lane].data + (end & r->mask);
     for (unsigned off = 0; off < RING_PREFETCH_BYTES; off += RING_CACHE_LINE)
         __builtin_prefetch(p + off, 1, 3);
 }
 
-/* @urgent: never wait, and may use the last RING_URGENT_RESERVE_SHIFT-th of the ring,
+/* The lane a record reserved now goes to: the CPU's (@cpu, from rdtscp). */
+static HP_ALWAYS_INLINE uint32_t ring_writer_lane(const ring_t *r, uint32_t cpu)
+{
+    if (HP_UNLIKELY(ring_forced_lane >= 0))
+        return (uint32_t)ring_forced_lane & (r->lanes - 1);
+    return cpu & (r->lanes - 1);
+}
+
+/* @urgent: never wait, and may use the last RING_URGENT_RESERVE_SHIFT-th of the lane,
  * which other records leave free. */
 static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool urgent,
                             struct ring_wspan *ret)
 {
     struct ring_shared *h = r->hdr;
-    uint64_t total, w, rp;
+    uint64_t total, rp;
     uint64_t t_start = 0, deadline_ns = 0;
     unsigned cas_failures = 0, block_rounds = 0;
     int err = 0;
@@ -121,23 +140,34 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool u
         return -EPIPE;
     /* Frees (urgent) must not be crowded out by samples, whether these wait for room or
      * are dropped: a lost free is a phantom leak, a lost sample only a smaller sample. */
-    uint64_t limit = r->size;
+    uint64_t limit = r->lane_size;
     if (!urgent)
-        limit -= r->size >> RING_URGENT_RESERVE_SHIFT;
+        limit -= r->lane_size >> RING_URGENT_RESERVE_SHIFT;
     if (payload_len > RING_MAX_PAYLOAD || ring__record_total(payload_len) > limit) {
         ring_count(&h->stats.records_dropped, 1);
         return -EMSGSIZE;
     }
     total = ring__record_total(payload_len);
 
-    w = atomic_load_explicit(&h->write_pos, memory_order_relaxed);
+    /* With one lane the stamp only counts; with more it is the TSC, read after whatever
+     * the record tells happened (an allocation returned), and the CPU picks the lane. */
+    uint32_t cpu = 0;
+    uint64_t tsc = r->lanes > 1 ? ring__tsc_cpu(&cpu) : 0;
+    uint32_t lane = ring_writer_lane(r, cpu);
+    struct ring_lane *l = &r->lane[lane];
+    /* Two loads: a torn pair only fails the compare-and-swap, which then reads it whole. */
+    uint64_t cur[2] = {atomic_load_explicit(&l->word[0], memory_order_relaxed),
+                       atomic_load_explicit(&l->word[1], memory_order_relaxed)};
+    uint64_t w, stamp = 0;
     for (;;) {
+        w = cur[0];
         /* Acquire pairs with the release store in ring_end_read(): the reader is done with
          * every byte below read_pos, so we may overwrite them. */
-        rp = atomic_load_explicit(&h->read_pos, memory_order_acquire);
+        rp = atomic_load_explicit(l->shared_read_pos, memory_order_acquire);
         if ((int64_t)(w - rp) < 0) {
             /* Our copy of write_pos is older than the reader's position: reload. */
-            w = atomic_load_explicit(&h->write_pos, memory_order_relaxed);
+            cur[0] = atomic_load_explicit(&l->word[0], memory_order_relaxed);
+            cur[1] = atomic_load_explicit(&l->word[1], memory_order_relaxed);
             if (++cas_failures >= RING_MAX_CAS_RETRIES) {
                 err = -EAGAIN;
                 ring_count(&h->stats.reserve_failures, 1);
@@ -175,14 +205,21 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool u
                 break;
             }
             ring_block_pause(block_rounds++);
-            w = atomic_load_explicit(&h->write_pos, memory_order_relaxed);
+            cur[0] = atomic_load_explicit(&l->word[0], memory_order_relaxed);
+            cur[1] = atomic_load_explicit(&l->word[1], memory_order_relaxed);
+            if (r->lanes > 1)
+                tsc = ring__tsc();
             continue;
         }
-        /* Relaxed is enough: the reservation only orders against the reader through
-         * read_pos (acquired above) and the commit tag (released in ring_end_write()). */
-        if (atomic_compare_exchange_weak_explicit(&h->write_pos, &w, w + total,
-                                                  memory_order_relaxed, memory_order_relaxed))
+        /* Position and stamp move together: stamps grow along the lane whoever reserves
+         * (ring_layout.h). The compare-and-swap orders the reservation against the reader
+         * through read_pos (acquired above) and the commit tag (released in
+         * ring_end_write()). */
+        uint64_t want[2] = {w + total, tsc > cur[1] ? tsc : cur[1] + 1};
+        if (ring__cas16(l->word, cur, want)) {
+            stamp = want[1];
             break;
+        }
         if (++cas_failures >= RING_MAX_CAS_RETRIES) {
             err = -EAGAIN;
             ring_count(&h->stats.reserve_failures, 1);
@@ -197,7 +234,7 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool u
         return err;
 
     ring_update_max_fill(h, w + total - rp);
-    ring_open_record(r, w, total, type, payload_len, ret);
+    ring_open_record(r, lane, w, total, type, payload_len, stamp, ret);
     return 0;
 }
 
@@ -248,13 +285,13 @@ void ring_set_client_exiting(ring_t *r)
 bool ring_end_write(ring_t *r, struct ring_wspan *w)
 {
     struct ring_shared *h = r->hdr;
-    struct ring_rec *rec = (struct ring_rec *)(r->data + (w->pos & r->mask));
+    struct ring_rec *rec = ring__rec(r, w->lane, w->pos);
     uint64_t total = rec->len_total;
 
     /* Release pairs with the acquire load of the tag in ring_begin_read(): the reader sees
      * the whole record once it sees the tag. */
     atomic_store_explicit(&rec->commit_tag, w->pos ^ RING_TAG_MAGIC, memory_order_release);
-    ring_prefetch_next(r, w->pos + total);
+    ring_prefetch_next(r, w->lane, w->pos + total);
 
     /* Store-load ordering between our tag store and the idle flag load, matching the
      * fence in ring_set_reader_idle(): either the reader's re-check sees this record or
@@ -265,7 +302,8 @@ bool ring_end_write(ring_t *r, struct ring_wspan *w)
         return false;
     if (idle == RING_READER_POLLING) {
         /* The reader comes by on its own; wake it early only when the ring fills up. */
-        uint64_t fill = w->pos + total - atomic_load_explicit(&h->read_pos, memory_order_relaxed);
+        uint64_t fill = w->pos + total - atomic_load_explicit(r->lane[w->lane].shared_read_pos,
+                                                              memory_order_relaxed);
         if (fill < atomic_load_explicit(&h->wake_fill, memory_order_relaxed))
             return false;
     }
@@ -344,7 +382,7 @@ int ring_wait_consumed(ring_t *r, const struct ring_wspan *w, uint32_t timeout_u
         return -EPIPE;
     /* The reader's position only stops at record boundaries, so past the record's
      * start means past the record (whose bytes other writers may reuse by now). */
-    return ring_wait_reader(h, &h->read_pos, w->pos + 1, 64, timeout_us);
+    return ring_wait_reader(h, r->lane[w->lane].shared_read_pos, w->pos + 1, 64, timeout_us);
 }
 
 void ring_count_block_resume(ring_t *r)
@@ -371,16 +409,24 @@ void ring_writer_progress(ring_t *r, uint64_t *ret_read_pos, uint64_t *ret_fill)
         *ret_read_pos = *ret_fill = 0;
         return;
     }
-    uint64_t rp = atomic_load_explicit(&h->read_pos, memory_order_relaxed);
-    uint64_t wp = atomic_load_explicit(&h->write_pos, memory_order_relaxed);
-    *ret_read_pos = rp;
-    /* Loaded apart: a reader that moved in between reads as an empty ring. */
-    *ret_fill = (int64_t)(wp - rp) > 0 ? wp - rp : 0;
+    /* The sum of the lanes' positions moves whenever the reader reads; the fullest lane
+     * is what a writer may wait on. */
+    uint64_t sum = 0, fill = 0;
+    for (uint32_t i = 0; i < r->lanes; i++) {
+        uint64_t rp = atomic_load_explicit(r->lane[i].shared_read_pos, memory_order_relaxed);
+        uint64_t wp = atomic_load_explicit(&r->lane[i].word[0], memory_order_relaxed);
+        sum += rp;
+        /* Loaded apart: a reader that moved in between reads as an empty lane. */
+        if ((int64_t)(wp - rp) > 0 && wp - rp > fill)
+            fill = wp - rp;
+    }
+    *ret_read_pos = sum;
+    *ret_fill = fill;
 }
 
 uint64_t ring_size(const ring_t *r)
 {
-    return r->size;
+    return r->lane_size;
 }
 
 bool ring_is_detached(ring_t *r)

@@ -61,7 +61,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     /* Lay the input over the data area from rp on. Writing through the first copy plus
      * the second one handles the wrap. */
-    uint8_t *area = fuzz_writer->data;
+    uint8_t *area = fuzz_writer->lane[0].data;
     const uint64_t mask = FUZZ_RING_SIZE - 1;
     memset(area, 0, FUZZ_RING_SIZE);
     size_t n = size < FUZZ_RING_SIZE ? size : FUZZ_RING_SIZE;
@@ -77,7 +77,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     }
     atomic_store(&fuzz_writer->hdr->write_pos, wp);
-    fuzz_reader->read_pos = rp;
+    fuzz_reader->lane[0].read_pos = rp;
     fuzz_reader->stall_since_ns = 0;
 
     if (mode & 2) {
@@ -87,13 +87,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         if (r == 0 && !ring_reached(fuzz_reader, mark))
             abort();
-        if ((int64_t)(fuzz_reader->read_pos - rp) < 0 ||
-            fuzz_reader->read_pos - rp > FUZZ_RING_SIZE)
+        if ((int64_t)(fuzz_reader->lane[0].read_pos - rp) < 0 ||
+            fuzz_reader->lane[0].read_pos - rp > FUZZ_RING_SIZE)
             abort();
         return 0;
     }
 
-    const uint8_t *lo = fuzz_reader->data, *hi = fuzz_reader->data + 2 * FUZZ_RING_SIZE;
+    const uint8_t *lo = fuzz_reader->lane[0].data, *hi = fuzz_reader->lane[0].data + 2 * FUZZ_RING_SIZE;
     uint64_t reads = 0, limit = 2 * (FUZZ_RING_SIZE / sizeof(struct ring_rec)) + 2;
     for (;;) {
         struct ring_rspan rs;

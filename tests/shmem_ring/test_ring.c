@@ -211,7 +211,7 @@ static void test_ring_empty_and_full(void **state)
     struct fixture *f = *state;
     struct ring_rspan rs;
     struct ring_stats st;
-    const size_t len = 1000; /* 1016 bytes with header and padding */
+    const size_t len = 992; /* 1016 bytes with the 24-byte header */
     size_t n = 0;
 
     assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
@@ -338,11 +338,11 @@ static void test_ring_too_large_rejected(void **state)
     assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
     /* The largest record that fits the ring is accepted (as an urgent one; other
      * records leave the reserve). */
-    assert_int_equal(write_one(f->writer, 1, SMALL_SAMPLES - 16 + 8, 5), -EMSGSIZE);
-    assert_int_equal(write_one(f->writer, 1, SMALL_SAMPLES - 16, 5), 0);
-    read_one_expect(f->reader, 1, SMALL_SAMPLES - 16, 5);
-    assert_int_equal(write_one_as(f->writer, 1, SMALL - 16, 5, true), 0);
-    read_one_expect(f->reader, 1, SMALL - 16, 5);
+    assert_int_equal(write_one(f->writer, 1, SMALL_SAMPLES - 24 + 8, 5), -EMSGSIZE);
+    assert_int_equal(write_one(f->writer, 1, SMALL_SAMPLES - 24, 5), 0);
+    read_one_expect(f->reader, 1, SMALL_SAMPLES - 24, 5);
+    assert_int_equal(write_one_as(f->writer, 1, SMALL - 24, 5, true), 0);
+    read_one_expect(f->reader, 1, SMALL - 24, 5);
 }
 
 static void test_ring_wrap_at_every_offset(void **state)
@@ -355,22 +355,22 @@ static void test_ring_wrap_at_every_offset(void **state)
      * a record that straddles the end of the data area and read it back. */
     for (size_t si = 0; si < HP_ARRAY_SIZE(sizes); si++) {
         for (uint64_t k = 8; k <= 512; k += 8) {
-            uint64_t pos = f->reader->read_pos;
+            uint64_t pos = f->reader->lane[0].read_pos;
             uint64_t target = (pos & ~f->reader->mask) + SMALL - k;
             if (target < pos)
                 target += SMALL;
-            /* Advance with filler records; a filler never has fewer than 16 bytes. */
+            /* Advance with filler records; a filler never has fewer than 24 bytes. */
             while (pos != target) {
                 uint64_t gap = target - pos;
-                size_t chunk = gap > 2048 ? 2000 : (gap >= 16 ? (size_t)gap - 16 : 0);
-                if (gap < 16) {
+                size_t chunk = gap > 2048 ? 2000 : (gap >= 24 ? (size_t)gap - 24 : 0);
+                if (gap < 24) {
                     target += SMALL;
                     continue;
                 }
                 assert_int_equal(write_one(f->writer, 3, chunk, tag), 0);
                 read_one_expect(f->reader, 3, chunk, tag);
                 tag++;
-                pos = f->reader->read_pos;
+                pos = f->reader->lane[0].read_pos;
             }
             assert_int_equal(write_one(f->writer, 4, sizes[si], tag), 0);
             read_one_expect(f->reader, 4, sizes[si], tag);
@@ -619,7 +619,7 @@ static void test_ring_writer_in_other_process(void **state)
 
 static struct ring_rec *rec_at(ring_t *w, uint64_t pos)
 {
-    return (struct ring_rec *)(w->data + (pos & w->mask));
+    return (struct ring_rec *)(w->lane[0].data + (pos & w->mask));
 }
 
 static void test_ring_corrupt_header_fields(void **state)
@@ -637,11 +637,11 @@ static void test_ring_corrupt_header_fields(void **state)
     assert_int_equal(ring_begin_read(f->reader, &rs), -EBADMSG);
     rec->len_total = 60; /* not a multiple of 8 */
     assert_int_equal(ring_begin_read(f->reader, &rs), -EBADMSG);
-    rec->len_total = 64; /* longer than what was reserved */
+    rec->len_total = 72; /* longer than what was reserved */
     assert_int_equal(ring_begin_read(f->reader, &rs), -EBADMSG);
     rec->len_total = 0xfffffff8u;
     assert_int_equal(ring_begin_read(f->reader, &rs), -EBADMSG);
-    rec->len_total = 56;
+    rec->len_total = 64;
     rec->flags = 0x100;
     assert_int_equal(ring_begin_read(f->reader, &rs), -EBADMSG);
     rec->flags = 0;
@@ -657,21 +657,21 @@ static void test_ring_corrupt_header_fields(void **state)
      * read up to the position it saw last; forget that snapshot before each store. */
     struct ring_shared *h = f->writer->hdr;
     ring_t *rd = f->reader;
-    rd->seen_write_pos = rd->read_pos;
+    rd->lane[0].seen_write_pos = rd->lane[0].read_pos;
     atomic_store(&h->write_pos, (uint64_t)SMALL * 2);
     assert_int_equal(ring_begin_read(rd, &rs), -EBADMSG);
-    rd->seen_write_pos = rd->read_pos;
+    rd->lane[0].seen_write_pos = rd->lane[0].read_pos;
     atomic_store(&h->write_pos, 60);
     assert_int_equal(ring_begin_read(rd, &rs), -EBADMSG);
-    rd->seen_write_pos = rd->read_pos;
+    rd->lane[0].seen_write_pos = rd->lane[0].read_pos;
     atomic_store(&h->write_pos, 8);
     assert_int_equal(ring_begin_read(rd, &rs), -EBADMSG);
-    rd->seen_write_pos = rd->read_pos;
+    rd->lane[0].seen_write_pos = rd->lane[0].read_pos;
     atomic_store(&h->write_pos, UINT64_MAX - 7);
     assert_int_equal(ring_begin_read(rd, &rs), -EBADMSG);
     /* read_pos in shared memory is not trusted by the reader. */
-    rd->seen_write_pos = rd->read_pos;
-    atomic_store(&h->write_pos, 56);
+    rd->lane[0].seen_write_pos = rd->lane[0].read_pos;
+    atomic_store(&h->write_pos, 64);
     atomic_store(&h->read_pos, 12345);
     assert_int_equal(ring_begin_read(f->reader, &rs), 0);
     assert_int_equal(rs.len, 40);
@@ -685,7 +685,7 @@ static void test_ring_corrupt_random_bytes_never_crash(void **state)
     /* Seed 12345; 300 rounds of random garbage in the data area and positions. */
     unsigned seed = 12345;
     struct ring_shared *h = f->writer->hdr;
-    uint64_t *words = (uint64_t *)f->writer->data;
+    uint64_t *words = (uint64_t *)f->writer->lane[0].data;
     size_t nwords = SMALL / 8;
     int ok = 0, bad = 0, again = 0;
 
@@ -695,7 +695,7 @@ static void test_ring_corrupt_random_bytes_never_crash(void **state)
             uint64_t v = ((uint64_t)rand_r(&seed) << 33) ^ (uint64_t)rand_r(&seed);
             if (rand_r(&seed) % 2) {
                 /* Plausible header: valid tag for the reader's position, random length. */
-                uint64_t rp = f->reader->read_pos;
+                uint64_t rp = f->reader->lane[0].read_pos;
                 uint64_t len = 8 * (uint64_t)(rand_r(&seed) % 64);
                 uint64_t pad = (uint64_t)(rand_r(&seed) % 8);
                 at = (size_t)(rp & f->reader->mask) / 8;
@@ -705,18 +705,18 @@ static void test_ring_corrupt_random_bytes_never_crash(void **state)
                 words[at] = v;
             }
         }
-        uint64_t rp = f->reader->read_pos;
+        uint64_t rp = f->reader->lane[0].read_pos;
         uint64_t span = (uint64_t)rand_r(&seed) % (3 * SMALL);
         atomic_store(&h->write_pos, rp + (rand_r(&seed) % 2 ? span & ~7ull : span));
-        f->reader->seen_write_pos = rp; /* as if it had caught up: it loads write_pos */
+        f->reader->lane[0].seen_write_pos = rp; /* as if it had caught up: it loads write_pos */
         for (int i = 0; i < 20; i++) {
             struct ring_rspan rs;
             int r = ring_begin_read(f->reader, &rs);
             if (r == 0) {
                 /* The record must lie inside the mapping of the data area. */
                 const uint8_t *p = rs.data;
-                assert_true(p >= f->reader->data);
-                assert_true(p + rs.len <= f->reader->data + 2 * SMALL);
+                assert_true(p >= f->reader->lane[0].data);
+                assert_true(p + rs.len <= f->reader->lane[0].data + 2 * SMALL);
                 volatile uint8_t sink = 0;
                 for (size_t j = 0; j < rs.len; j++)
                     sink ^= p[j];
@@ -1012,7 +1012,7 @@ static void test_ring_read_pos_published_in_steps(void **state)
     struct fixture *f = *state;
     struct ring_shared *h = f->writer->hdr;
     struct ring_rspan rs;
-    const size_t len = 1000; /* 1016 bytes */
+    const size_t len = 992; /* 1016 bytes */
     size_t step = SMALL / 8 / 1016 + 1;
 
     for (size_t i = 0; i < step + 2; i++)
@@ -1083,7 +1083,7 @@ static void test_ring_reader_polling_pokes_at_fill(void **state)
         poked = ring_end_write(f->writer, &ws);
         n++;
     }
-    assert_int_equal(n, (SMALL / 4 + 1015) / 1016);
+    assert_int_equal(n, (SMALL / 4 + ring__record_total(1000) - 1) / ring__record_total(1000));
     while (ring_begin_read(f->reader, &rs) == 0)
         ring_end_read(f->reader, &rs);
 
@@ -1199,8 +1199,9 @@ static void test_ring_nowait_never_waits(void **state)
     }
     ring_count_free_lost(f->writer);
     assert_true(hp_clock_ns(CLOCK_MONOTONIC) - t0 < 100u * 1000u * 1000u);
-    /* 32-byte records in the reserved eighth of the ring. */
-    assert_int_equal(urgent, (SMALL >> RING_URGENT_RESERVE_SHIFT) / 32);
+    /* 40-byte records in what the samples left: the reserved eighth of the ring, and
+     * what was too short for one more sample below it. */
+    assert_int_equal(urgent, (SMALL - SMALL_SAMPLES / 40 * 40) / 40);
     ring_get_stats(f->reader, &st);
     assert_int_equal(st.frees_lost, 1);
     assert_int_equal(st.block_timeouts, 1); /* the filling write that waited 1 ms */
@@ -1272,13 +1273,13 @@ static void test_ring_detached_stops_writers(void **state)
     ring_set_detached(f->reader);
     assert_true(ring_is_detached(f->writer));
     uint64_t wp = atomic_load(&f->writer->hdr->write_pos);
-    memcpy(before, f->writer->data, SMALL);
+    memcpy(before, f->writer->lane[0].data, SMALL);
     struct ring_wspan ws2;
     for (size_t len = 0; len < 5000; len += 333)
         assert_int_equal(ring_try_begin_write(f->writer, 3, len, &ws2), -EPIPE);
     assert_int_equal(ring_try_begin_write(f->writer, 3, SIZE_MAX, &ws2), -EPIPE);
     /* Neither the data area nor the positions moved; nothing is counted as dropped. */
-    assert_memory_equal(before, f->writer->data, SMALL);
+    assert_memory_equal(before, f->writer->lane[0].data, SMALL);
     assert_int_equal(atomic_load(&f->writer->hdr->write_pos), wp);
     ring_get_stats(f->writer, &st);
     assert_int_equal(st.records_dropped, 0);
@@ -1329,7 +1330,7 @@ static void test_ring_discard_hostile(void **state)
     assert_int_equal(ring_discard(f->reader, ring_mark(f->reader) + 4, 1, &n, &frees), -EBADMSG);
     assert_int_equal(write_one(f->writer, 1, 40, 2), 0);
     uint64_t mark = ring_mark(f->reader);
-    rec_at(f->writer, mark - 56)->len_total = 0x7ffffff8u;
+    rec_at(f->writer, mark - 64)->len_total = 0x7ffffff8u;
     assert_int_equal(ring_discard(f->reader, mark, 1, &n, &frees), -EBADMSG);
     assert_int_equal(n, 1);
 }
