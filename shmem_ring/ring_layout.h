@@ -220,6 +220,8 @@ struct ring {
     /* Writer: unique per mapping in this process (never reused, also not by a forked
      * child's rings), so that a thread's cached id (ring_writer.c) is known to be fresh. */
     uint64_t map_id;
+    /* Writer: with several lanes and no rdpid, the lane the next thread takes. */
+    _Atomic uint32_t next_lane;
     /* Writer: block mode; ended by a wait that runs out, turned on again by the client
      * (ring_set_blocking()). */
     _Atomic bool blocking;
@@ -250,8 +252,7 @@ static inline struct ring_rec *ring__rec(const struct ring *r, unsigned lane, ui
     return (struct ring_rec *)(r->lane[lane].data + (pos & r->mask));
 }
 
-/* The time stamp counter; with rdtscp also the CPU (Linux keeps its number in the low 12
- * bits of TSC_AUX). */
+/* The time stamp counter. */
 static inline uint64_t ring__tsc(void)
 {
     uint32_t lo, hi;
@@ -259,12 +260,21 @@ static inline uint64_t ring__tsc(void)
     return ((uint64_t)hi << 32) | lo;
 }
 
-static inline uint64_t ring__tsc_cpu(uint32_t *ret_cpu)
+/* After every earlier instruction completed: a stamp later than anything the caller
+ * saw happen (an allocation returned). */
+static inline uint64_t ring__tsc_ordered(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("lfence; rdtsc" : "=a"(lo), "=d"(hi) : : "memory");
+    return ((uint64_t)hi << 32) | lo;
+}
+
+/* The CPU we run on (rdpid: Linux keeps its number in the low 12 bits of TSC_AUX). */
+static inline uint32_t ring__cpu(void)
 {
     uint64_t aux;
     __asm__ volatile("rdpid %0" : "=r"(aux));
-    *ret_cpu = (uint32_t)aux & 0xfffu;
-    return ring__tsc();
+    return (uint32_t)aux & 0xfffu;
 }
 
 /* Compare-and-swap of the 16-byte word @w ({position, stamp}): on failure @expected gets

@@ -152,8 +152,17 @@ static enum ring_head ring_lane_head(ring_t *r, uint32_t lane, struct ring_rspan
     const struct ring_rec *rec = ring__rec(r, lane, rp);
     /* Acquire pairs with the release store in ring_end_write(). */
     uint64_t tag = atomic_load_explicit(&rec->commit_tag, memory_order_acquire);
-    if (tag != (rp ^ RING_TAG_MAGIC))
-        return RING_HEAD_UNPUBLISHED; /* reserved, still being written */
+    if (tag != (rp ^ RING_TAG_MAGIC)) {
+        /* Reserved, still being written. Its writer stored the stamp before the tag that
+         * claims it (acquire pairs with that release): a lower bound for it until then. */
+        ret->stamp = l->last_stamp;
+        if ((tag & RING_TAG_RESERVED_MASK) == RING_TAG_RESERVED) {
+            uint64_t stamp = ((const volatile struct ring_rec *)rec)->stamp;
+            if (stamp > ret->stamp)
+                ret->stamp = stamp;
+        }
+        return RING_HEAD_UNPUBLISHED;
+    }
 
     uint32_t pad;
     uint16_t type;
@@ -198,7 +207,8 @@ static void ring_raise_horizons(ring_t *r, const bool *empty)
 }
 
 /* ring_begin_read() of a ring of several lanes: the published head with the smallest
- * stamp, once no other lane can hold a smaller one. */
+ * stamp, once no other lane can hold a smaller one (an unpublished head's stamp, or the
+ * bound of its lane's stamps, is above it; an empty lane's horizon is). */
 static int ring_merge(ring_t *r, struct ring_rspan *ret)
 {
     enum ring_head st[RING_MAX_LANES];
@@ -227,7 +237,7 @@ static int ring_merge(ring_t *r, struct ring_rspan *ret)
                 empty[i] = best >= 0 && ring_lane_bound(&r->lane[i]) < key;
                 low_horizon |= empty[i];
             } else if (st[i] == RING_HEAD_UNPUBLISHED && stalled < 0 &&
-                       (best < 0 || r->lane[i].last_stamp < key)) {
+                       (best < 0 || r->lane[i].head.stamp <= key)) {
                 /* Its record may be older than the best head. */
                 stalled = (int)i;
             }

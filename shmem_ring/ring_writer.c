@@ -4,6 +4,7 @@
  * once per thread and ring, and the waits of block_client mode. */
 #include "shmem_ring/ring_layout.h"
 
+#include <cpuid.h>
 #include <errno.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -28,7 +29,23 @@
 static __thread struct {
     uint64_t map_id;
     uint32_t tid;
+    uint32_t lane; /* without rdpid: the thread's lane in that mapping */
 } ring_self __attribute__((tls_model("initial-exec")));
+
+/* Whether this CPU has rdpid: 0 not known yet, 1 yes, 2 no. */
+static _Atomic int ring_has_rdpid;
+
+static bool ring_rdpid(void)
+{
+    int v = atomic_load_explicit(&ring_has_rdpid, memory_order_relaxed);
+    if (HP_UNLIKELY(v == 0)) {
+        unsigned a, b, c, d;
+        bool yes = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 22));
+        v = yes ? 1 : 2;
+        atomic_store_explicit(&ring_has_rdpid, v, memory_order_relaxed);
+    }
+    return v == 1;
+}
 
 /* Tests: the lane every record of this thread goes to (-1: its CPU's). */
 static __thread int ring_forced_lane __attribute__((tls_model("initial-exec"))) = -1;
@@ -38,12 +55,18 @@ void ring__set_writer_lane(int lane)
     ring_forced_lane = lane;
 }
 
-static uint32_t ring_writer_tid(const ring_t *r)
+static void ring_writer_fresh(ring_t *r)
 {
     if (HP_UNLIKELY(ring_self.map_id != r->map_id)) {
         ring_self.tid = (uint32_t)hp_sys0(SYS_gettid);
+        ring_self.lane = atomic_fetch_add_explicit(&r->next_lane, 1, memory_order_relaxed);
         ring_self.map_id = r->map_id;
     }
+}
+
+static uint32_t ring_writer_tid(ring_t *r)
+{
+    ring_writer_fresh(r);
     return ring_self.tid;
 }
 
@@ -86,14 +109,16 @@ static HP_ALWAYS_INLINE void ring_open_record(ring_t *r, uint32_t lane, uint64_t
                                               struct ring_wspan *ret)
 {
     struct ring_rec *rec = ring__rec(r, lane, w);
-    /* Who holds the record until it is published (see ring_stalled_writer()). */
+    /* The stamp before the tag that says who holds the record until it is published (see
+     * ring_stalled_writer()): a reader that sees the tag knows the stamp of a record still
+     * being written, and reads other lanes' older records meanwhile. */
+    rec->stamp = stamp;
     atomic_store_explicit(&rec->commit_tag, RING_TAG_RESERVED | ring_writer_tid(r),
-                          memory_order_relaxed);
+                          memory_order_release);
     size_t pad = (size_t)(total - sizeof(*rec) - payload_len);
     rec->len_total = (uint32_t)total;
     rec->type = type;
     rec->flags = (uint16_t)pad;
-    rec->stamp = stamp;
     if (pad > 0)
         memset((uint8_t *)(rec + 1) + payload_len, 0, pad);
     ret->data = rec + 1;
@@ -116,12 +141,17 @@ static HP_ALWAYS_INLINE void ring_prefetch_next(const ring_t *r, uint32_t lane, 
         __builtin_prefetch(p + off, 1, 3);
 }
 
-/* The lane a record reserved now goes to: the CPU's (@cpu, from rdtscp). */
-static HP_ALWAYS_INLINE uint32_t ring_writer_lane(const ring_t *r, uint32_t cpu)
+/* The lane a record reserved now goes to: the CPU's, or without rdpid the thread's. */
+static HP_ALWAYS_INLINE uint32_t ring_writer_lane(ring_t *r)
 {
+    if (r->lanes == 1)
+        return 0;
     if (HP_UNLIKELY(ring_forced_lane >= 0))
         return (uint32_t)ring_forced_lane & (r->lanes - 1);
-    return cpu & (r->lanes - 1);
+    if (HP_LIKELY(ring_rdpid()))
+        return ring__cpu() & (r->lanes - 1);
+    ring_writer_fresh(r);
+    return ring_self.lane & (r->lanes - 1);
 }
 
 /* @urgent: never wait, and may use the last RING_URGENT_RESERVE_SHIFT-th of the lane,
@@ -149,11 +179,11 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool u
     }
     total = ring__record_total(payload_len);
 
-    /* With one lane the stamp only counts; with more it is the TSC, read after whatever
-     * the record tells happened (an allocation returned), and the CPU picks the lane. */
-    uint32_t cpu = 0;
-    uint64_t tsc = r->lanes > 1 ? ring__tsc_cpu(&cpu) : 0;
-    uint32_t lane = ring_writer_lane(r, cpu);
+    /* With one lane the stamp only counts; with more it is the TSC. A sample's is read
+     * after everything before completed (its allocation returned); a free's (urgent) may
+     * be read early: it only has to come before the free. */
+    uint64_t tsc = r->lanes == 1 ? 0 : urgent ? ring__tsc() : ring__tsc_ordered();
+    uint32_t lane = ring_writer_lane(r);
     struct ring_lane *l = &r->lane[lane];
     /* Two loads: a torn pair only fails the compare-and-swap, which then reads it whole. */
     uint64_t cur[2] = {atomic_load_explicit(&l->word[0], memory_order_relaxed),
@@ -208,7 +238,7 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool u
             cur[0] = atomic_load_explicit(&l->word[0], memory_order_relaxed);
             cur[1] = atomic_load_explicit(&l->word[1], memory_order_relaxed);
             if (r->lanes > 1)
-                tsc = ring__tsc();
+                tsc = ring__tsc_ordered();
             continue;
         }
         /* Position and stamp move together: stamps grow along the lane whoever reserves

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1416,10 +1417,311 @@ static void test_ring_fork_child_never_writes(void **state)
     assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
 }
 
+/* ---- lanes ------------------------------------------------------------------------- */
+
+#define LANES_SIZE (2 * SMALL) /* two lanes of SMALL */
+
+static int setup_lanes(void **state)
+{
+    static struct fixture f;
+    *state = &f;
+    f.fd = -1;
+    f.reader = f.writer = NULL;
+    if (ring_create_lanes(LANES_SIZE, 2, &f.fd) < 0)
+        return -1;
+    if (ring_map(f.fd, RING_ROLE_READER, &f.reader) < 0 ||
+        ring_map(f.fd, RING_ROLE_WRITER, &f.writer) < 0)
+        return -1;
+    return 0;
+}
+
+static int teardown_lanes(void **state)
+{
+    ring__set_writer_lane(-1);
+    return teardown(state);
+}
+
+/* Reserves a record of @len bytes in lane @lane, filled with @tag's pattern, unpublished. */
+static void reserve_in(ring_t *w, unsigned lane, size_t len, uint64_t tag, struct ring_wspan *ws)
+{
+    ring__set_writer_lane((int)lane);
+    assert_int_equal(ring_try_begin_write(w, 1, len, ws), 0);
+    assert_int_equal(ws->lane, lane);
+    fill_pattern(ws->data, len, tag);
+}
+
+static void write_in(ring_t *w, unsigned lane, size_t len, uint64_t tag)
+{
+    struct ring_wspan ws;
+    reserve_in(w, lane, len, tag, &ws);
+    (void)ring_end_write(w, &ws);
+}
+
+/* Lane counts and sizes the creator and the mapper accept: a power of two up to
+ * RING_MAX_LANES, lanes of RING_MIN_LANE_SIZE or more. A header that says otherwise (a
+ * peer posing as the service) is not mapped. */
+static void test_ring_lanes_geometry(void **state)
+{
+    (void)state;
+    int fd = -1;
+    assert_int_equal(ring_create_lanes(SMALL, 2, &fd), -EINVAL);
+    assert_int_equal(ring_create_lanes(4 * SMALL, 3, &fd), -EINVAL);
+    assert_int_equal(ring_create_lanes(16 * SMALL, 16, &fd), -EINVAL);
+    assert_int_equal(ring_create_lanes(4 * SMALL, 0, &fd), -EINVAL);
+    assert_int_equal(fd, -1);
+    assert_int_equal(ring_create_lanes(8 * SMALL, 8, &fd), 0);
+    ring_t *r = NULL;
+    assert_int_equal(ring_map(fd, RING_ROLE_WRITER, &r), 0);
+    assert_int_equal(ring_size(r), SMALL);
+    r = ring_unmap(r);
+    (void)close(fd);
+
+    static const uint32_t bad[] = {3, 16, 2};
+    for (size_t i = 0; i < HP_ARRAY_SIZE(bad); i++) {
+        fd = ring_fake_fd(F_SEAL_SHRINK | F_SEAL_GROW); /* SMALL bytes: 2 lanes too small */
+        struct ring_shared *h =
+            mmap(NULL, RING_HEADER_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        assert_true(h != MAP_FAILED);
+        h->lanes = bad[i];
+        assert_int_equal(munmap(h, RING_HEADER_SIZE), 0);
+        assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL), 0);
+        assert_int_equal(ring_map(fd, RING_ROLE_WRITER, &r), -EBADMSG);
+        assert_int_equal(ring_map(fd, RING_ROLE_READER, &r), -EBADMSG);
+        (void)close(fd);
+    }
+}
+
+/* Records written one after another into either lane come out in the order they were
+ * written, however the lanes alternate. */
+static void test_ring_lanes_merge_in_write_order(void **state)
+{
+    struct fixture *f = *state;
+    static const unsigned pattern[] = {0, 0, 1, 0, 1, 1, 1, 0, 1, 0, 0, 0, 1};
+    for (int round = 0; round < 50; round++) {
+        for (size_t i = 0; i < HP_ARRAY_SIZE(pattern); i++)
+            write_in(f->writer, pattern[i], 24 + i * 8, (uint64_t)round * 100 + i);
+        for (size_t i = 0; i < HP_ARRAY_SIZE(pattern); i++) {
+            struct ring_rspan rs;
+            assert_int_equal(ring_begin_read(f->reader, &rs), 0);
+            assert_int_equal(rs.lane, pattern[i]);
+            assert_int_equal(rs.len, 24 + i * 8);
+            assert_true(check_pattern(rs.data, rs.len, (uint64_t)round * 100 + i));
+            ring_end_read(f->reader, &rs);
+        }
+        struct ring_rspan rs;
+        assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
+    }
+    struct ring_stats st;
+    ring_get_stats(f->reader, &st);
+    assert_int_equal(st.records_read, 50 * HP_ARRAY_SIZE(pattern));
+}
+
+/* A record reserved but not published holds back the records of other lanes written
+ * after it (they may tell what happened after it), not those written before. */
+static void test_ring_lanes_unpublished_holds_later_records(void **state)
+{
+    struct fixture *f = *state;
+    struct ring_rspan rs;
+    struct ring_wspan held;
+
+    write_in(f->writer, 0, 8, 1);
+    reserve_in(f->writer, 1, 8, 2, &held);
+    write_in(f->writer, 0, 8, 3);
+    read_one_expect(f->reader, 1, 8, 1);
+    assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
+    assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
+    (void)ring_end_write(f->writer, &held);
+    read_one_expect(f->reader, 1, 8, 2);
+    read_one_expect(f->reader, 1, 8, 3);
+    assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
+
+    /* Held past the stall timeout, it is reported like any stalled record and can be
+     * skipped; the rest follows in order. */
+    ring_set_stall_timeout(f->reader, 1000);
+    reserve_in(f->writer, 1, 8, 4, &held);
+    write_in(f->writer, 0, 8, 5);
+    int r;
+    uint64_t t0 = hp_clock_ns(CLOCK_MONOTONIC);
+    while ((r = ring_begin_read(f->reader, &rs)) == -EAGAIN)
+        assert_true(hp_clock_ns(CLOCK_MONOTONIC) - t0 < 10ull * 1000 * 1000 * 1000);
+    assert_int_equal(r, -ETIMEDOUT);
+    assert_int_equal(ring_stalled_writer(f->reader), (uint32_t)syscall(SYS_gettid));
+    assert_int_equal(ring_skip_stalled(f->reader), 0);
+    read_one_expect(f->reader, 1, 8, 5);
+    assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
+}
+
+/* An empty lane lets the others be read once the reader raised its horizon: whatever is
+ * reserved there afterwards is stamped above what was read. */
+static void test_ring_lanes_empty_lane_horizon(void **state)
+{
+    struct fixture *f = *state;
+    struct ring_rspan rs;
+    write_in(f->writer, 0, 8, 1);
+    assert_int_equal(ring_begin_read(f->reader, &rs), 0);
+    uint64_t first = rs.stamp;
+    ring_end_read(f->reader, &rs);
+    /* Lane 1's last stamp was raised to the reader's clock, above the record read. */
+    assert_true(atomic_load(&f->writer->lane[1].word[1]) >= first);
+    write_in(f->writer, 1, 8, 2);
+    assert_int_equal(ring_begin_read(f->reader, &rs), 0);
+    assert_true(rs.stamp > first);
+    assert_int_equal(rs.lane, 1);
+    ring_end_read(f->reader, &rs);
+
+    /* A mark taken now is reached once the lanes are empty and raised past it. */
+    uint64_t mark = ring_mark(f->reader);
+    assert_true(ring_reached(f->reader, mark));
+    write_in(f->writer, 0, 8, 3);
+    assert_false(ring_reached(f->reader, ring_mark(f->reader)));
+    read_one_expect(f->reader, 1, 8, 3);
+    assert_true(ring_reached(f->reader, mark));
+}
+
+/* Stamps a client broke (from the future, going backwards) change the order of its own
+ * records at most: every record is read once and the reader never waits for ever. */
+static void test_ring_lanes_hostile_stamps(void **state)
+{
+    struct fixture *f = *state;
+    for (uint64_t i = 0; i < 8; i++)
+        write_in(f->writer, (unsigned)(i & 1), 8, i);
+    static const uint64_t stamps[] = {UINT64_MAX, 5, 0, UINT64_MAX - 1, 3, 2, 1, 0};
+    uint64_t pos[2] = {0, 0};
+    for (size_t i = 0; i < 8; i++) {
+        unsigned lane = (unsigned)(i & 1);
+        struct ring_rec *rec = (struct ring_rec *)(f->writer->lane[lane].data + pos[lane]);
+        rec->stamp = stamps[i];
+        pos[lane] += rec->len_total;
+    }
+    atomic_store(&f->writer->lane[0].word[1], UINT64_MAX);
+    bool seen[8] = {false};
+    struct ring_rspan rs;
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(ring_begin_read(f->reader, &rs), 0);
+        uint64_t tag = UINT64_MAX;
+        for (uint64_t t = 0; t < 8; t++)
+            if (check_pattern(rs.data, rs.len, t))
+                tag = t;
+        assert_true(tag < 8 && !seen[tag]);
+        seen[tag] = true;
+        ring_end_read(f->reader, &rs);
+    }
+    assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
+    /* Lane 0's stamp stays at the top: the writer's next records there still go. */
+    write_in(f->writer, 0, 8, 9);
+    read_one_expect(f->reader, 1, 8, 9);
+}
+
+/* What a session's end counts: every record left in every lane. */
+static void test_ring_lanes_discard(void **state)
+{
+    struct fixture *f = *state;
+    for (uint64_t i = 0; i < 9; i++)
+        write_in(f->writer, (unsigned)(i % 3 == 0), 8 + 8 * (i % 4), i);
+    read_one_expect(f->reader, 1, 8, 0);
+    uint64_t n = 0, frees = 0;
+    assert_int_equal(ring_discard(f->reader, ring_mark(f->reader), 1, &n, &frees), 0);
+    assert_int_equal(n, 8);
+    assert_int_equal(frees, 8);
+    struct ring_rspan rs;
+    assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
+    uint64_t rp = 0, fill = 1;
+    ring_writer_progress(f->writer, &rp, &fill);
+    assert_int_equal(fill, 0);
+}
+
+/* The order the client relies on: thread A records the free of block i before it really
+ * frees it; thread B records the allocation of block i only after it got that block,
+ * that is after A's free. In lanes of their own, at any pace, the reader sees every free
+ * before the allocation that reused its block. */
+#define CAUSAL_ROUNDS 20000
+struct causal {
+    ring_t *w;
+    _Atomic uint64_t freed; /* blocks A has freed: B may take them */
+};
+
+static void *causal_free_thread(void *arg)
+{
+    struct causal *c = arg;
+    ring__set_writer_lane(0);
+    for (uint64_t i = 1; i <= CAUSAL_ROUNDS; i++) {
+        struct ring_wspan ws;
+        while (ring_try_begin_write_nowait(c->w, 2, 8, &ws) != 0)
+            sched_yield();
+        memcpy(ws.data, &i, 8);
+        (void)ring_end_write(c->w, &ws);
+        atomic_store_explicit(&c->freed, i, memory_order_release);
+    }
+    return NULL;
+}
+
+static void *causal_alloc_thread(void *arg)
+{
+    struct causal *c = arg;
+    ring__set_writer_lane(1);
+    for (uint64_t i = 1; i <= CAUSAL_ROUNDS; i++) {
+        while (atomic_load_explicit(&c->freed, memory_order_acquire) < i)
+            ;
+        struct ring_wspan ws;
+        while (ring_try_begin_write(c->w, 3, 8, &ws) != 0)
+            sched_yield();
+        memcpy(ws.data, &i, 8);
+        (void)ring_end_write(c->w, &ws);
+    }
+    return NULL;
+}
+
+static void test_ring_lanes_free_before_reuse(void **state)
+{
+    struct fixture *f = *state;
+    /* One mapping for both sides: ThreadSanitizer follows synchronisation by address. */
+    struct causal c = {.w = f->writer};
+    pthread_t a, b;
+    assert_int_equal(pthread_create(&a, NULL, causal_free_thread, &c), 0);
+    assert_int_equal(pthread_create(&b, NULL, causal_alloc_thread, &c), 0);
+    uint64_t frees = 0, allocs = 0;
+    while (allocs < CAUSAL_ROUNDS) {
+        struct ring_rspan rs;
+        int r = ring_begin_read(f->writer, &rs);
+        if (r == -EAGAIN) {
+            sched_yield();
+            continue;
+        }
+        assert_int_equal(r, 0);
+        uint64_t i;
+        memcpy(&i, rs.data, 8);
+        if (rs.type == 2) {
+            assert_int_equal(i, frees + 1);
+            frees = i;
+        } else {
+            assert_int_equal(rs.type, 3);
+            assert_int_equal(i, allocs + 1);
+            assert_true(i <= frees); /* its free came first */
+            allocs = i;
+        }
+        ring_end_read(f->writer, &rs);
+    }
+    assert_int_equal(pthread_join(a, NULL), 0);
+    assert_int_equal(pthread_join(b, NULL), 0);
+    assert_int_equal(frees, CAUSAL_ROUNDS);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ring_create_rejects_bad_sizes),
+        cmocka_unit_test(test_ring_lanes_geometry),
+        cmocka_unit_test_setup_teardown(test_ring_lanes_merge_in_write_order, setup_lanes,
+                                        teardown_lanes),
+        cmocka_unit_test_setup_teardown(test_ring_lanes_unpublished_holds_later_records,
+                                        setup_lanes, teardown_lanes),
+        cmocka_unit_test_setup_teardown(test_ring_lanes_empty_lane_horizon, setup_lanes,
+                                        teardown_lanes),
+        cmocka_unit_test_setup_teardown(test_ring_lanes_hostile_stamps, setup_lanes,
+                                        teardown_lanes),
+        cmocka_unit_test_setup_teardown(test_ring_lanes_discard, setup_lanes, teardown_lanes),
+        cmocka_unit_test_setup_teardown(test_ring_lanes_free_before_reuse, setup_lanes,
+                                        teardown_lanes),
         cmocka_unit_test(test_ring_map_rejects_foreign_fds),
         cmocka_unit_test(test_ring_bug_writer_maps_unsealed),
         cmocka_unit_test_setup_teardown(test_ring_empty_and_full, setup_small, teardown),
