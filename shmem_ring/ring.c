@@ -5,6 +5,7 @@
  * stdio. */
 #include "shmem_ring/ring.h"
 
+#include <cpuid.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
@@ -109,10 +110,16 @@ static bool ring_tsc_is_clock(void)
     return n >= 3 && memcmp(buf, "tsc", 3) == 0 && (buf[3] == '\n' || buf[3] == 0);
 }
 
+bool ring__has_cas16(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_CMPXCHG16B);
+}
+
 unsigned ring_lanes_for(size_t data_size_bytes, size_t max_record_bytes)
 {
 #if defined(__x86_64__)
-    if (!ring_tsc_is_clock())
+    if (!ring_tsc_is_clock() || !ring__has_cas16())
         return 1;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned lanes = 1;
@@ -247,10 +254,16 @@ int ring_map(int fd, enum ring_role role, ring_t **ret)
     (void)hp_sys_munmap((void *)(uintptr_t)vh, RING_HEADER_SIZE);
     if (magic != RING_HEADER_MAGIC || data_size != n || !ring_lanes_valid(n, lanes))
         return -EBADMSG;
+    /* The service made it on this machine: several lanes only where the CPU can take
+     * them. */
+    bool cas16 = ring__has_cas16();
+    if (lanes > 1 && !cas16)
+        return -EOPNOTSUPP;
     r = ring_map_views(fd, n, lanes, prot_data, map_len, &base);
     if (r < 0)
         return r;
     struct ring *ring = ring_init_private(base, map_len, n, lanes, role);
+    ring->cas16 = cas16;
     for (uint32_t i = 0; i < lanes; i++) {
         struct ring_lane *l = &ring->lane[i];
         l->read_pos = atomic_load_explicit(l->shared_read_pos, memory_order_acquire);

@@ -214,6 +214,7 @@ struct ring {
     uint64_t lane_size; /* N / K */
     uint64_t mask;      /* N / K - 1 */
     uint32_t lanes;     /* K */
+    bool cas16;         /* the CPU has cmpxchg16b (always, with several lanes) */
     void *map_base;
     size_t map_len;
     enum ring_role role;
@@ -294,6 +295,9 @@ static inline uint64_t ring__record_total(size_t payload_len)
 {
     return ((uint64_t)payload_len + sizeof(struct ring_rec) + 7u) & ~(uint64_t)7u;
 }
+
+/* Whether the CPU has cmpxchg16b, which rings of several lanes need. */
+bool ring__has_cas16(void);
 
 /* Tests: every record the calling thread reserves from now on goes to lane @lane (modulo
  * the ring's lanes), not to its CPU's; -1 undoes it. */

@@ -246,7 +246,11 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool u
          * through read_pos (acquired above) and the commit tag (released in
          * ring_end_write()). */
         uint64_t want[2] = {w + total, tsc > cur[1] ? tsc : cur[1] + 1};
-        if (ring__cas16(l->word, cur, want)) {
+        if (HP_LIKELY(r->cas16) ? ring__cas16(l->word, cur, want)
+                                : atomic_compare_exchange_weak_explicit(
+                                      &l->word[0], &cur[0], w + total, memory_order_relaxed,
+                                      memory_order_relaxed)) {
+            /* (Without cmpxchg16b, one lane: the position alone orders the records.) */
             stamp = want[1];
             break;
         }

@@ -224,12 +224,16 @@ static void test_accuracy_exact(void **state)
     finish_truth(t, trace);
 }
 
-static void test_accuracy_reuse_8_threads(void **state)
+/* @lanes: the lanes of the ring (HEAPPROF_RING_LANES, read by the service); NULL: as
+ * the service picks them for this machine. */
+static void run_reuse_8_threads(const char *lanes)
 {
-    (void)state;
     struct e2e_run run;
     char *prog[] = {(char *)e2e_env("REUSE_THREADS"), "20000", "8", NULL};
+    if (lanes)
+        assert_int_equal(setenv("HEAPPROF_RING_LANES", lanes, 1), 0);
     char *trace = record("1", "1", g_patient, prog, NULL, &run);
+    (void)unsetenv("HEAPPROF_RING_LANES");
     assert_int_equal(run.status, 0);
     struct e2e_truth truth[E2E_MAX_TRUTH];
     assert_int_equal(e2e_parse_truth(run.out, truth, E2E_MAX_TRUTH), 2);
@@ -273,6 +277,26 @@ static void test_accuracy_reuse_8_threads(void **state)
     rp_trace_free(t);
     unlink(trace);
     free(trace);
+}
+
+static void test_accuracy_reuse_8_threads(void **state)
+{
+    (void)state;
+    run_reuse_8_threads(NULL);
+}
+
+/* The same through rings of one lane (every record in reservation order) and of four
+ * (merged by stamp, ring_layout.h): the order holds whichever the machine gets. */
+static void test_accuracy_reuse_8_threads_one_lane(void **state)
+{
+    (void)state;
+    run_reuse_8_threads("1");
+}
+
+static void test_accuracy_reuse_8_threads_four_lanes(void **state)
+{
+    (void)state;
+    run_reuse_8_threads("4");
 }
 
 /* Checks @got against @truth at @interval when truth >= 20 * interval; returns whether
@@ -594,6 +618,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accuracy_exact),
         cmocka_unit_test(test_accuracy_reuse_8_threads),
+        cmocka_unit_test(test_accuracy_reuse_8_threads_one_lane),
+        cmocka_unit_test(test_accuracy_reuse_8_threads_four_lanes),
         cmocka_unit_test(test_accuracy_sampled_4k),
         cmocka_unit_test(test_accuracy_sampled_512k),
         cmocka_unit_test(test_accuracy_stacks_total),

@@ -1632,8 +1632,9 @@ static void test_ring_lanes_discard(void **state)
 
 /* The order the client relies on: thread A records the free of block i before it really
  * frees it; thread B records the allocation of block i only after it got that block,
- * that is after A's free. In lanes of their own, at any pace, the reader sees every free
- * before the allocation that reused its block. */
+ * that is after A's free. In lanes of their own (the allocations in the lane a reader
+ * would look at first), at any pace, the reader sees every free before the allocation
+ * that reused its block. */
 #define CAUSAL_ROUNDS 20000
 struct causal {
     ring_t *w;
@@ -1643,7 +1644,7 @@ struct causal {
 static void *causal_free_thread(void *arg)
 {
     struct causal *c = arg;
-    ring__set_writer_lane(0);
+    ring__set_writer_lane(1);
     for (uint64_t i = 1; i <= CAUSAL_ROUNDS; i++) {
         struct ring_wspan ws;
         while (ring_try_begin_write_nowait(c->w, 2, 8, &ws) != 0)
@@ -1658,7 +1659,7 @@ static void *causal_free_thread(void *arg)
 static void *causal_alloc_thread(void *arg)
 {
     struct causal *c = arg;
-    ring__set_writer_lane(1);
+    ring__set_writer_lane(0);
     for (uint64_t i = 1; i <= CAUSAL_ROUNDS; i++) {
         while (atomic_load_explicit(&c->freed, memory_order_acquire) < i)
             ;
