@@ -3,12 +3,16 @@
  * client).
  *
  * The ring lives in a memfd the service creates (close-on-exec, sealed against resizing)
- * and sends to the client; both sides map it. The data area is mapped twice back to back
- * so every record is contiguous. Writers reserve space with a compare-and-swap on the
- * write position (no lock held while copying), fill the record, then publish it with a
- * release store of its commit tag. The reader consumes records in reservation order.
+ * and sends to the client; both sides map it. Its data area may be cut into lanes, one
+ * per CPU (ring_create_lanes()), so that threads recording at once share no line; each
+ * lane is mapped twice back to back so every record is contiguous. Writers reserve space
+ * in their CPU's lane with a compare-and-swap of its write position and last stamp (no
+ * lock held while copying), fill the record, then publish it with a release store of its
+ * commit tag. The reader consumes the records in the order they were reserved: along a
+ * lane by position, across lanes by stamp (shmem_ring/ring_layout.h).
  *
- *     service:  ring_create(8 << 20, &fd); ring_map(fd, RING_ROLE_READER, &r);
+ *     service:  ring_create_lanes(8 << 20, ring_lanes_for(8 << 20, max), &fd);
+ *               ring_map(fd, RING_ROLE_READER, &r);
  *     client:   ring_map(fd, RING_ROLE_WRITER, &r);
  *               if (ring_try_begin_write(r, WIRE_FREE, sizeof(f), &w) == 0) {
  *                   memcpy(w.data, &f, sizeof(f));

@@ -441,9 +441,8 @@ int ring_discard(ring_t *r, uint64_t mark, uint16_t type, uint64_t *ret_records,
     uint64_t n = 0, of_type = 0;
     int err = 0;
     for (uint32_t i = 0; i < r->lanes && err == 0; i++) {
-        uint64_t to = r->lanes == 1
-                          ? mark
-                          : atomic_load_explicit(&r->lane[i].word[0], memory_order_acquire);
+        uint64_t to =
+            r->lanes == 1 ? mark : atomic_load_explicit(&r->lane[i].word[0], memory_order_acquire);
         err = ring_discard_lane(r, i, to, type, &n, &of_type);
     }
     r->stall_since_ns = 0;

@@ -336,8 +336,9 @@ bool ring_end_write(ring_t *r, struct ring_wspan *w)
         return false;
     if (idle == RING_READER_POLLING) {
         /* The reader comes by on its own; wake it early only when the ring fills up. */
-        uint64_t fill = w->pos + total - atomic_load_explicit(r->lane[w->lane].shared_read_pos,
-                                                              memory_order_relaxed);
+        uint64_t fill =
+            w->pos + total -
+            atomic_load_explicit(r->lane[w->lane].shared_read_pos, memory_order_relaxed);
         if (fill < atomic_load_explicit(&h->wake_fill, memory_order_relaxed))
             return false;
     }

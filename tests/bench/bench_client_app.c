@@ -10,6 +10,10 @@
  * adds time, so the minimum is the stable estimate (the medians go to stderr). Also checks
  * that the profiled run prints the same output.
  *
+ * app_churn2t_ratio_4k_one_lane, app_churn4t_ratio_4k_one_lane: as app_churn2t_ratio_4k
+ * and app_churn4t_ratio_4k with the service's rings in one lane (HEAPPROF_RING_LANES=1;
+ * shmem_ring/ring_layout.h), the ring before lanes: what the lanes save.
+ *
  * app_churn2t_ratio_dormant: the same program with libheapprof.so preloaded but no
  * session (the price of interposing malloc at all: the floor under the other ratios).
  *
@@ -303,6 +307,13 @@ int main(void)
     r |= ratio("4096", 8, "app_churn8t_ratio_4k");
     r |= ratio("524288", 2, "app_churn2t_ratio_512k");
     r |= ratio(NULL, 2, "app_churn2t_ratio_dormant");
+    /* The same rings in one lane (every writer on one position and its lines: the ring
+     * before lanes), for the lanes' share of the ratios above. */
+    if (setenv("HEAPPROF_RING_LANES", "1", 1) == 0) {
+        r |= ratio("4096", 2, "app_churn2t_ratio_4k_one_lane");
+        r |= ratio("4096", 4, "app_churn4t_ratio_4k_one_lane");
+        (void)unsetenv("HEAPPROF_RING_LANES");
+    }
     r |= svc_cpu_per_sample();
     return r | ratio_injected();
 }

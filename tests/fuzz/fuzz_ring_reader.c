@@ -168,7 +168,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
 
-    const uint8_t *lo = fuzz_reader->lane[0].data, *hi = fuzz_reader->lane[0].data + 2 * FUZZ_RING_SIZE;
+    const uint8_t *lo = fuzz_reader->lane[0].data,
+                  *hi = fuzz_reader->lane[0].data + 2 * FUZZ_RING_SIZE;
     uint64_t reads = 0, limit = 2 * (FUZZ_RING_SIZE / sizeof(struct ring_rec)) + 2;
     for (;;) {
         struct ring_rspan rs;
