@@ -154,6 +154,22 @@ static HP_ALWAYS_INLINE uint32_t ring_writer_lane(ring_t *r)
     return ring_self.lane & (r->lanes - 1);
 }
 
+/* @lane, or when it has no room for @total bytes below @limit the next lane that has:
+ * any lane keeps the order (ring_layout.h), so a thread that fills its CPU's lane (a
+ * program of one busy thread, a reader behind) has the whole ring before it waits or
+ * drops. Two loads per lane looked at; the first is the one the reservation reads next. */
+static uint32_t ring_lane_with_room(ring_t *r, uint32_t lane, uint64_t total, uint64_t limit)
+{
+    for (uint32_t k = 0; k < r->lanes; k++) {
+        uint32_t i = (lane + k) & (r->lanes - 1);
+        uint64_t w = atomic_load_explicit(&r->lane[i].word[0], memory_order_relaxed);
+        uint64_t rp = atomic_load_explicit(r->lane[i].shared_read_pos, memory_order_relaxed);
+        if ((int64_t)(w - rp) >= 0 && w - rp + total <= limit)
+            return i;
+    }
+    return lane;
+}
+
 /* @urgent: never wait, and may use the last RING_URGENT_RESERVE_SHIFT-th of the lane,
  * which other records leave free. */
 static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool urgent,
@@ -184,6 +200,8 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool u
      * be read early: it only has to come before the free. */
     uint64_t tsc = r->lanes == 1 ? 0 : urgent ? ring__tsc() : ring__tsc_ordered();
     uint32_t lane = ring_writer_lane(r);
+    if (r->lanes > 1)
+        lane = ring_lane_with_room(r, lane, total, limit);
     struct ring_lane *l = &r->lane[lane];
     /* Two loads: a torn pair only fails the compare-and-swap, which then reads it whole. */
     uint64_t cur[2] = {atomic_load_explicit(&l->word[0], memory_order_relaxed),

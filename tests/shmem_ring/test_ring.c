@@ -1612,6 +1612,31 @@ static void test_ring_lanes_hostile_stamps(void **state)
     read_one_expect(f->reader, 1, 8, 9);
 }
 
+/* A writer whose lane is full goes on in the next: one busy thread has the whole ring
+ * before it waits or drops, and its records still come out in order. */
+static void test_ring_lanes_full_lane_spills(void **state)
+{
+    struct fixture *f = *state;
+    const size_t len = 992; /* 1016 bytes with the header */
+    uint64_t n = 0;
+    ring__set_writer_lane(0);
+    while (write_one(f->writer, 7, len, n) == 0)
+        n++;
+    assert_int_equal(n, 2 * (SMALL_SAMPLES / 1016));
+    bool lane1 = false;
+    for (uint64_t i = 0; i < n; i++) {
+        struct ring_rspan rs;
+        assert_int_equal(ring_begin_read(f->reader, &rs), 0);
+        assert_true(check_pattern(rs.data, rs.len, i));
+        lane1 |= rs.lane == 1;
+        ring_end_read(f->reader, &rs);
+    }
+    assert_true(lane1);
+    struct ring_stats st;
+    ring_get_stats(f->reader, &st);
+    assert_int_equal(st.records_dropped, 1);
+}
+
 /* What a session's end counts: every record left in every lane. */
 static void test_ring_lanes_discard(void **state)
 {
@@ -1721,6 +1746,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ring_lanes_hostile_stamps, setup_lanes,
                                         teardown_lanes),
         cmocka_unit_test_setup_teardown(test_ring_lanes_discard, setup_lanes, teardown_lanes),
+        cmocka_unit_test_setup_teardown(test_ring_lanes_full_lane_spills, setup_lanes,
+                                        teardown_lanes),
         cmocka_unit_test_setup_teardown(test_ring_lanes_free_before_reuse, setup_lanes,
                                         teardown_lanes),
         cmocka_unit_test(test_ring_map_rejects_foreign_fds),
