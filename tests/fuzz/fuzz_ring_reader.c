@@ -79,6 +79,22 @@ static void fuzz_lay(ring_t *writer, unsigned lane, uint64_t rp, const uint8_t *
     }
 }
 
+/* Aborts unless record @rs lies inside lane @lane's double mapping of @rd; reads all of
+ * its payload. */
+static void fuzz_check_record(const ring_t *rd, const struct ring_rspan *rs)
+{
+    const uint8_t *lo = rd->lane[rs->lane].data, *hi = lo + 2 * FUZZ_RING_SIZE;
+    const uint8_t *p = rs->data;
+    if (p < lo || p > hi || rs->len > (size_t)(hi - p) || rs->len > RING_MAX_PAYLOAD)
+        abort();
+    if (rs->total < sizeof(struct ring_rec) + rs->len || rs->total > FUZZ_RING_SIZE)
+        abort();
+    volatile uint8_t sink = 0;
+    for (size_t i = 0; i < rs->len; i++)
+        sink ^= p[i];
+    (void)sink;
+}
+
 /* Mode bit 2: reads a ring of two lanes to its end. */
 static void fuzz_lanes(uint64_t rp, uint64_t wp, uint64_t wp2, const uint8_t *data, size_t size,
                        uint8_t mode)
@@ -114,16 +130,7 @@ static void fuzz_lanes(uint64_t rp, uint64_t wp, uint64_t wp2, const uint8_t *da
             break;
         if (r != 0 || rs.lane > 1)
             abort();
-        const uint8_t *lo = rd->lane[rs.lane].data, *hi = lo + 2 * FUZZ_RING_SIZE;
-        const uint8_t *p = rs.data;
-        if (p < lo || p > hi || rs.len > (size_t)(hi - p) || rs.len > RING_MAX_PAYLOAD)
-            abort();
-        if (rs.total < sizeof(struct ring_rec) + rs.len || rs.total > FUZZ_RING_SIZE)
-            abort();
-        volatile uint8_t sink = 0;
-        for (size_t i = 0; i < rs.len; i++)
-            sink ^= p[i];
-        (void)sink;
+        fuzz_check_record(rd, &rs);
         ring_end_read(rd, &rs);
         /* Each lane moves by at least a header per record. */
         if (++reads > limit)
@@ -168,25 +175,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
 
-    const uint8_t *lo = fuzz_reader->lane[0].data,
-                  *hi = fuzz_reader->lane[0].data + 2 * FUZZ_RING_SIZE;
     uint64_t reads = 0, limit = 2 * (FUZZ_RING_SIZE / sizeof(struct ring_rec)) + 2;
     for (;;) {
         struct ring_rspan rs;
         int r = ring_begin_read(fuzz_reader, &rs);
         if (r == -EAGAIN || r == -EBADMSG)
             break;
-        if (r != 0)
+        if (r != 0 || rs.lane != 0)
             abort();
-        const uint8_t *p = rs.data;
-        if (p < lo || p > hi || rs.len > (size_t)(hi - p) || rs.len > RING_MAX_PAYLOAD)
-            abort();
-        if (rs.total < sizeof(struct ring_rec) + rs.len || rs.total > FUZZ_RING_SIZE)
-            abort();
-        volatile uint8_t sink = 0;
-        for (size_t i = 0; i < rs.len; i++)
-            sink ^= p[i];
-        (void)sink;
+        fuzz_check_record(fuzz_reader, &rs);
         ring_end_read(fuzz_reader, &rs);
         if (reads == 0)
             atomic_store(&fuzz_writer->hdr->write_pos, wp2);
