@@ -148,12 +148,13 @@ int cli_loop_run(svc_t *s, const struct cli_loop_opts *o, struct cli_loop_result
     uint64_t next_tick = start, next_status = start + 1000000000u;
     uint64_t exit_ns = 0, last_samples = 0, last_status_ns = start;
     bool had_clients = false, said_exit = false;
+    unsigned ending = 0; /* sessions whose last records were being read, last look */
     int r = 0;
 
     for (;;) {
-        /* Once the child has exited, its clients' ends are checked every few ms (unless
-         * its descendants are followed: they may run for long). */
-        r = svc_poll(s, ret->child_exited && !said_exit ? 2 : 50);
+        /* Once the child has exited, its clients' ends are checked every few ms while
+         * any is ending (descendants still running may run for long: then every 50). */
+        r = svc_poll(s, ret->child_exited && (!said_exit || ending > 0) ? 2 : 50);
         if (r < 0)
             hp_log_warn("accepting clients: %s", strerror(-r));
         r = 0;
@@ -187,6 +188,7 @@ int cli_loop_run(svc_t *s, const struct cli_loop_opts *o, struct cli_loop_result
             /* Its own session ended (or a moment passed): what remains is descendants. */
             struct svc_status st;
             svc_get_status(s, &st);
+            ending = st.ending_processes;
             if (live == 0)
                 break;
             /* Said once the child's own session began to end (it counted as running
