@@ -271,7 +271,7 @@ int ring_map(int fd, enum ring_role role, ring_t **ret)
         l->last_stamp = l->horizon = 0;
         l->head_ready = false;
     }
-    ring->frontier = ring->marked = 0;
+    ring->frontier = 0;
     *ret = ring;
     return 0;
 }

@@ -68,9 +68,6 @@
 #define RING_MAX_LANES 8u
 /* Where lane_ctl starts in the header page. */
 #define RING_LANE_CTL_OFFSET 1024u
-/* The reader leaves a record younger than this (in TSC ticks: 44 us at 3 GHz) for its
- * next pass rather than raise an empty lane's horizon for it (ring_merge()). */
-#define RING_MERGE_LAG_TICKS (1ull << 17)
 #define RING_HEADER_MAGIC 0x4850524e47303031ull /* "HPRNG001" */
 #define RING_TAG_MAGIC 0x9e3779b97f4a7c15ull
 /* Writers give up a reservation after this many lost compare-and-swap races. */
@@ -246,9 +243,6 @@ struct ring {
     uint32_t idle_word;
     /* Reader: every record stamped below this has been handed out (ring_reached()). */
     uint64_t frontier;
-    /* Reader: the last mark it took (ring_mark()): records stamped below it are read
-     * without the lag of ring_merge(). */
-    uint64_t marked;
     struct ring_lane lane[RING_MAX_LANES];
 };
 _Static_assert(sizeof(struct ring) <= RING_PRIVATE_SIZE, "ring fits its private page");

@@ -257,13 +257,6 @@ static int ring_merge(ring_t *r, struct ring_rspan *ret)
                 r->stall_since_ns = 0;
             return 0;
         }
-        /* A reader that keeps up with the writers would raise a horizon for nearly every
-         * record (a TSC read and a compare-and-swap on the lane's line). Records younger
-         * than the lag wait for the next pass instead, which reads them in a batch under
-         * one raise; those before the last mark (a dump, the session's end) do not. */
-        uint64_t now = ring__tsc();
-        if (key > r->marked && now > key && now - key < RING_MERGE_LAG_TICKS)
-            return -EAGAIN;
         ring_raise_horizons(r, empty);
     }
 }
@@ -318,12 +311,8 @@ void ring_flush_read_pos(ring_t *r)
 uint64_t ring_mark(ring_t *r)
 {
     /* With lanes: a stamp above every record reserved before now. */
-    if (r->lanes > 1) {
-        uint64_t now = ring__tsc();
-        if (now > r->marked)
-            r->marked = now;
-        return now;
-    }
+    if (r->lanes > 1)
+        return ring__tsc();
     /* Acquire, as in ring_begin_read(): the mark is no older than what writers reserved
      * before the caller's request. */
     return atomic_load_explicit(&r->hdr->write_pos, memory_order_acquire);

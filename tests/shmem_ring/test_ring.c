@@ -1432,9 +1432,6 @@ static int setup_lanes(void **state)
     if (ring_map(f.fd, RING_ROLE_READER, &f.reader) < 0 ||
         ring_map(f.fd, RING_ROLE_WRITER, &f.writer) < 0)
         return -1;
-    /* Reads every record at once, as after a mark far ahead: the lag of a reader that
-     * keeps up has its own test. */
-    f.reader->marked = f.writer->marked = UINT64_MAX;
     return 0;
 }
 
@@ -1615,35 +1612,6 @@ static void test_ring_lanes_hostile_stamps(void **state)
     read_one_expect(f->reader, 1, 8, 9);
 }
 
-/* A reader that keeps up leaves records younger than RING_MERGE_LAG_TICKS for a later
- * pass when reading them would take raising an empty lane's horizon, unless they come
- * before its last mark (a dump, a session's end). */
-static void test_ring_lanes_lag_until_marked(void **state)
-{
-    struct fixture *f = *state;
-    struct ring_rspan rs;
-    f->reader->marked = 0;
-    write_in(f->writer, 0, 8, 1);
-    uint64_t written = ring__tsc();
-    int r = ring_begin_read(f->reader, &rs);
-    if (r == 0) /* only when this thread was held longer than the lag */
-        assert_true(ring__tsc() - written >= RING_MERGE_LAG_TICKS / 2);
-    else
-        assert_int_equal(r, -EAGAIN);
-    (void)ring_mark(f->reader);
-    if (r != 0)
-        assert_int_equal(ring_begin_read(f->reader, &rs), 0);
-    ring_end_read(f->reader, &rs);
-
-    /* Without a mark, once older than the lag. */
-    write_in(f->writer, 0, 8, 2);
-    uint64_t t0 = ring__tsc();
-    while (ring__tsc() - t0 < 2 * RING_MERGE_LAG_TICKS)
-        sched_yield();
-    read_one_expect(f->reader, 1, 8, 2);
-    assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
-}
-
 /* A writer whose lane is full goes on in the next: one busy thread has the whole ring
  * before it waits or drops, and its records still come out in order. */
 static void test_ring_lanes_full_lane_spills(void **state)
@@ -1779,8 +1747,6 @@ int main(void)
                                         teardown_lanes),
         cmocka_unit_test_setup_teardown(test_ring_lanes_discard, setup_lanes, teardown_lanes),
         cmocka_unit_test_setup_teardown(test_ring_lanes_full_lane_spills, setup_lanes,
-                                        teardown_lanes),
-        cmocka_unit_test_setup_teardown(test_ring_lanes_lag_until_marked, setup_lanes,
                                         teardown_lanes),
         cmocka_unit_test_setup_teardown(test_ring_lanes_free_before_reuse, setup_lanes,
                                         teardown_lanes),
