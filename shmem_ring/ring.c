@@ -98,7 +98,7 @@ int ring_create_lanes(size_t data_size_bytes, unsigned lanes, int *ret_fd)
 
 /* True when the kernel keeps time with the TSC: it then checked that the CPUs' counters
  * agree, which the order of records across lanes rests on. */
-static bool ring_tsc_is_clock(void)
+bool ring__tsc_is_clock(void)
 {
     char buf[32] = {0};
     int fd = open("/sys/devices/system/clocksource/clocksource0/current_clocksource",
@@ -119,7 +119,7 @@ bool ring__has_cas16(void)
 unsigned ring_lanes_for(size_t data_size_bytes, size_t max_record_bytes)
 {
 #if defined(__x86_64__)
-    if (!ring_tsc_is_clock() || !ring__has_cas16())
+    if (!ring__tsc_is_clock() || !ring__has_cas16())
         return 1;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned lanes = 1;

@@ -298,6 +298,9 @@ static inline uint64_t ring__record_total(size_t payload_len)
 
 /* Whether the CPU has cmpxchg16b, which rings of several lanes need. */
 bool ring__has_cas16(void);
+/* Whether the kernel keeps time with the TSC: it then checked that the CPUs' counters
+ * agree, which the order of records across lanes rests on (ring_lanes_for()). */
+bool ring__tsc_is_clock(void);
 
 /* Tests: every record the calling thread reserves from now on goes to lane @lane (modulo
  * the ring's lanes), not to its CPU's; -1 undoes it. */

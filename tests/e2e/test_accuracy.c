@@ -296,6 +296,13 @@ static void test_accuracy_reuse_8_threads_one_lane(void **state)
 static void test_accuracy_reuse_8_threads_four_lanes(void **state)
 {
     (void)state;
+    /* Forced lanes order records by the TSC: only where the kernel keeps time with it
+     * (it checked that the CPUs' counters agree; elsewhere the service makes one lane). */
+    char *clock = e2e_read_file("/sys/devices/system/clocksource/clocksource0/current_clocksource");
+    bool tsc = clock && strncmp(clock, "tsc\n", 4) == 0;
+    free(clock);
+    if (!tsc)
+        skip();
     run_reuse_8_threads("4");
 }
 

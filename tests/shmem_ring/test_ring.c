@@ -1700,6 +1700,10 @@ static void *causal_alloc_thread(void *arg)
 static void test_ring_lanes_free_before_reuse(void **state)
 {
     struct fixture *f = *state;
+    /* Two threads on two CPUs: their stamps compare only where the kernel found the
+     * CPUs' counters in step (where it does not, the service makes one lane). */
+    if (!ring__tsc_is_clock())
+        skip();
     /* One mapping for both sides: ThreadSanitizer follows synchronisation by address. */
     struct causal c = {.w = f->writer};
     pthread_t a, b;
