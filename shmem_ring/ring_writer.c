@@ -253,10 +253,15 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool u
                 break;
             }
             ring_block_pause(block_rounds++);
+            if (r->lanes > 1) {
+                /* The reader frees the lanes in stamp order: the first to have room
+                 * again may be another one (this one may hold the newest records). */
+                lane = ring_lane_with_room(r, lane, total, limit);
+                l = &r->lane[lane];
+                tsc = ring__tsc_ordered();
+            }
             cur[0] = atomic_load_explicit(&l->word[0], memory_order_relaxed);
             cur[1] = atomic_load_explicit(&l->word[1], memory_order_relaxed);
-            if (r->lanes > 1)
-                tsc = ring__tsc_ordered();
             continue;
         }
         /* Position and stamp move together: stamps grow along the lane whoever reserves
