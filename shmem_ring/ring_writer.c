@@ -157,7 +157,8 @@ static HP_ALWAYS_INLINE uint32_t ring_writer_lane(ring_t *r)
 /* @lane, or when it has no room for @total bytes below @limit the next lane that has:
  * any lane keeps the order (ring_layout.h), so a thread that fills its CPU's lane (a
  * program of one busy thread, a reader behind) has the whole ring before it waits or
- * drops. Two loads per lane looked at; the first is the one the reservation reads next. */
+ * drops. r->lanes when no lane has room. Two loads per lane looked at; the first is the
+ * one the reservation reads next. */
 static uint32_t ring_lane_with_room(ring_t *r, uint32_t lane, uint64_t total, uint64_t limit)
 {
     for (uint32_t k = 0; k < r->lanes; k++) {
@@ -167,7 +168,7 @@ static uint32_t ring_lane_with_room(ring_t *r, uint32_t lane, uint64_t total, ui
         if ((int64_t)(w - rp) >= 0 && w - rp + total <= limit)
             return i;
     }
-    return lane;
+    return r->lanes;
 }
 
 /* @urgent: never wait, and may use the last RING_URGENT_RESERVE_SHIFT-th of the lane,
@@ -178,7 +179,7 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool u
     struct ring_shared *h = r->hdr;
     uint64_t total, rp;
     uint64_t t_start = 0, deadline_ns = 0;
-    unsigned cas_failures = 0, block_rounds = 0;
+    unsigned cas_failures = 0, block_rounds = 0, lane_moves = 0;
     int err = 0;
 
     /* hdr is NULL in a child forked after ring_map() (the private page is wiped). */
@@ -200,8 +201,11 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool u
      * be read early: it only has to come before the free. */
     uint64_t tsc = r->lanes == 1 ? 0 : urgent ? ring__tsc() : ring__tsc_ordered();
     uint32_t lane = ring_writer_lane(r);
-    if (r->lanes > 1)
-        lane = ring_lane_with_room(r, lane, total, limit);
+    if (r->lanes > 1) {
+        uint32_t room = ring_lane_with_room(r, lane, total, limit);
+        if (room < r->lanes)
+            lane = room;
+    }
     struct ring_lane *l = &r->lane[lane];
     /* Two loads: a torn pair only fails the compare-and-swap, which then reads it whole. */
     uint64_t cur[2] = {atomic_load_explicit(&l->word[0], memory_order_relaxed),
@@ -224,6 +228,21 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool u
             continue;
         }
         if (w - rp + total > limit) {
+            /* Other writers may have filled the lane since it was picked, while another
+             * has room: frees, whose samples were reserved in any lane, crowd the lanes
+             * of the CPUs they run on up to the end of the frees' reserve. Looked for
+             * before any drop or wait, a few times (the lanes change under us). */
+            if (r->lanes > 1 && lane_moves < 2 * r->lanes) {
+                uint32_t room = ring_lane_with_room(r, lane, total, limit);
+                if (room < r->lanes) {
+                    lane_moves++;
+                    lane = room;
+                    l = &r->lane[lane];
+                    cur[0] = atomic_load_explicit(&l->word[0], memory_order_relaxed);
+                    cur[1] = atomic_load_explicit(&l->word[1], memory_order_relaxed);
+                    continue;
+                }
+            }
             if (urgent || !atomic_load_explicit(&r->blocking, memory_order_relaxed)) {
                 err = -EAGAIN;
                 ring_count(&h->stats.records_dropped, 1);
@@ -256,7 +275,9 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool u
             if (r->lanes > 1) {
                 /* The reader frees the lanes in stamp order: the first to have room
                  * again may be another one (this one may hold the newest records). */
-                lane = ring_lane_with_room(r, lane, total, limit);
+                uint32_t room = ring_lane_with_room(r, lane, total, limit);
+                if (room < r->lanes)
+                    lane = room;
                 l = &r->lane[lane];
                 tsc = ring__tsc_ordered();
             }

@@ -241,6 +241,15 @@ static void run_reuse_8_threads(const char *lanes)
     struct rp_trace *t = load(trace);
     const struct rp_trace_process *p = e2e_find_process(t, "reuse_threads");
     assert_non_null(p);
+    /* What was lost, by cause, before the asserts that fail on it. */
+    print_message("  losses: dropped %llu reserve_failures %llu unread %llu in_service %llu "
+                  "refused %llu frees_lost %llu client_error %d\n",
+                  (unsigned long long)p->losses.records_dropped,
+                  (unsigned long long)p->losses.reserve_failures,
+                  (unsigned long long)p->losses.records_unread,
+                  (unsigned long long)p->losses.records_lost_in_service,
+                  (unsigned long long)p->losses.records_refused, (unsigned long long)p->frees_lost,
+                  (int)p->client_error);
     assert_false(p->buffer_overran);
     assert_int_equal(p->frees_lost, 0);
     assert_int_equal(p->losses.records_dropped, 0);

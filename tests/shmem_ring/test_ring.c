@@ -1679,6 +1679,62 @@ static void test_ring_lanes_waiter_takes_any_lane(void **state)
     assert_int_equal(st.block_timeouts, 0);
 }
 
+struct crowding_writer {
+    ring_t *w;
+    _Atomic bool *stop;
+    uint64_t written;
+};
+
+/* Writes frees (urgent, never waiting) in lane 0 until any writer finds no room. */
+static void *crowding_writer_thread(void *arg)
+{
+    struct crowding_writer *c = arg;
+    ring__set_writer_lane(0);
+    while (!atomic_load(c->stop)) {
+        if (write_one_as(c->w, 2, 24, c->written, true) != 0) {
+            atomic_store(c->stop, true);
+            break;
+        }
+        c->written++;
+    }
+    return NULL;
+}
+
+/* A free is dropped only when no lane has room for it. Writers that crowd one lane (the
+ * frees of a CPU, whose samples went to other lanes) fill it between a writer's look for
+ * room and its reservation: that writer must go on in a lane with room, not drop. Each
+ * round, four writers fill lane 0 until the first drop; one more free must then find no
+ * room in either lane. The window is narrow: 200 rounds (a writer that dropped there
+ * did so within them in every run seen). */
+static void test_ring_lanes_crowded_lane_moves_on(void **state)
+{
+    struct fixture *f = *state;
+    for (int round = 0; round < 200; round++) {
+        _Atomic bool stop = false;
+        struct crowding_writer c[4];
+        pthread_t t[4];
+        for (int i = 0; i < 4; i++) {
+            c[i] = (struct crowding_writer){.w = f->writer, .stop = &stop};
+            assert_int_equal(pthread_create(&t[i], NULL, crowding_writer_thread, &c[i]), 0);
+        }
+        uint64_t written = 0;
+        for (int i = 0; i < 4; i++) {
+            assert_int_equal(pthread_join(t[i], NULL), 0);
+            written += c[i].written;
+        }
+        ring__set_writer_lane(1);
+        assert_int_equal(write_one_as(f->writer, 2, 24, 0, true), -EAGAIN);
+        /* Both lanes full: all but the header's worth of a record of each (48 bytes). */
+        assert_true(written * 48 > LANES_SIZE - 2 * 48);
+        struct ring_rspan rs;
+        for (uint64_t i = 0; i < written; i++) {
+            assert_int_equal(ring_begin_read(f->reader, &rs), 0);
+            ring_end_read(f->reader, &rs);
+        }
+        assert_int_equal(ring_begin_read(f->reader, &rs), -EAGAIN);
+    }
+}
+
 /* What a session's end counts: every record left in every lane. */
 static void test_ring_lanes_discard(void **state)
 {
@@ -1792,6 +1848,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ring_lanes_hostile_stamps, setup_lanes,
                                         teardown_lanes),
         cmocka_unit_test_setup_teardown(test_ring_lanes_discard, setup_lanes, teardown_lanes),
+        cmocka_unit_test_setup_teardown(test_ring_lanes_crowded_lane_moves_on, setup_lanes,
+                                        teardown_lanes),
         cmocka_unit_test_setup_teardown(test_ring_lanes_full_lane_spills, setup_lanes,
                                         teardown_lanes),
         cmocka_unit_test_setup_teardown(test_ring_lanes_waiter_takes_any_lane, setup_lanes,
