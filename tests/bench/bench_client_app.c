@@ -23,6 +23,13 @@
  * mapped, CHURN_WAIT_SESSION=1) against the same work unprofiled; comparable with
  * app_churn2t_ratio_4k, the preloaded path.
  *
+ * app_churn1t_ratio_4k_jemalloc_prof, app_churn2t_ratio_4k_jemalloc_prof,
+ * app_churn2t_ratio_512k_jemalloc_prof: a reference, not heapprof. jemalloc's own heap
+ * profiler (libjemalloc.so.2 preloaded, MALLOC_CONF=prof:true with lg_prof_sample 12 or
+ * 19: one sample per 4 KiB or 512 KiB on average, as heapprof's intervals) against
+ * jemalloc unprofiled: what an allocator that samples in its own code costs at the same
+ * rates. Not printed when jemalloc or its profiler is missing (said on stderr).
+ *
  * svc_cpu_us_per_sample: the CPU time of the `heapprof record` process itself (its
  * threads: handshake, reading the ring, unwinding, bookkeeping, the dump; not the
  * program's) over the samples it recorded, for churn2t at 4096 (median of SVC_RUNS runs;
@@ -135,6 +142,50 @@ static int ratio(const char *interval, int threads, const char *name)
             "(median ratio %.3f)\n",
             name, plain[0], plain[RUNS / 2], prof[0], prof[RUNS / 2],
             prof[RUNS / 2] / plain[RUNS / 2]);
+    return 0;
+}
+
+#define JEMALLOC_LIB "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+
+/* jemalloc's profiler at one sample per 2^@lg_sample bytes against jemalloc alone, for
+ * churn with @threads threads (the same work as ratio()). 1 on a failed run, 0 (nothing
+ * printed) when jemalloc or its profiler is missing. */
+static int ratio_jemalloc_prof(int threads, int lg_sample, const char *name)
+{
+    char churn[8192], out_plain[256], out_prof[256], iters[32], nthreads[16], conf[128];
+    char env_bin[] = "/usr/bin/env", preload[] = "LD_PRELOAD=" JEMALLOC_LIB;
+    double plain[RUNS], prof[RUNS];
+    if (access(JEMALLOC_LIB, R_OK) != 0) {
+        fprintf(stderr, "# %s: %s missing, not measured\n", name, JEMALLOC_LIB);
+        return 0;
+    }
+    snprintf(churn, sizeof(churn), "%s/tests/bench/churn", build);
+    snprintf(iters, sizeof(iters), "%ld", CHURN_PAIRS / threads);
+    snprintf(nthreads, sizeof(nthreads), "%d", threads);
+    snprintf(conf, sizeof(conf), "MALLOC_CONF=prof:true,prof_active:true,lg_prof_sample:%d",
+             lg_sample);
+    char *argv_plain[] = {env_bin, preload, churn, iters, nthreads, NULL};
+    char *argv_prof[] = {env_bin, preload, conf, churn, iters, nthreads, NULL};
+    /* A jemalloc built without the profiler says so on stderr and runs unprofiled. */
+    char *argv_check[] = {env_bin, preload, conf, churn, "1", "1", NULL};
+    char err[4096];
+    if (bench_run_stderr(argv_check, err, sizeof(err)) != 0 || strstr(err, "<jemalloc>")) {
+        fprintf(stderr, "# %s: jemalloc without its profiler, not measured\n", name);
+        return 0;
+    }
+    for (int i = 0; i < RUNS; i++) {
+        plain[i] = run(argv_plain, out_plain, sizeof(out_plain));
+        prof[i] = run(argv_prof, out_prof, sizeof(out_prof));
+        if (plain[i] < 0 || prof[i] < 0 || strcmp(out_plain, out_prof) != 0) {
+            fprintf(stderr, "bench_client_app: jemalloc run failed or output differs\n");
+            return 1;
+        }
+    }
+    qsort(plain, RUNS, sizeof(double), cmp_double);
+    qsort(prof, RUNS, sizeof(double), cmp_double);
+    printf("bench: %s %.3f ratio\n", name, prof[0] / plain[0]);
+    fprintf(stderr, "# %s: jemalloc best %.1f median %.1f ms, profiling best %.1f median %.1f ms\n",
+            name, plain[0], plain[RUNS / 2], prof[0], prof[RUNS / 2]);
     return 0;
 }
 
@@ -314,6 +365,9 @@ int main(void)
         r |= ratio("4096", 4, "app_churn4t_ratio_4k_one_lane");
         (void)unsetenv("HEAPPROF_RING_LANES");
     }
+    r |= ratio_jemalloc_prof(1, 12, "app_churn1t_ratio_4k_jemalloc_prof");
+    r |= ratio_jemalloc_prof(2, 12, "app_churn2t_ratio_4k_jemalloc_prof");
+    r |= ratio_jemalloc_prof(2, 19, "app_churn2t_ratio_512k_jemalloc_prof");
     r |= svc_cpu_per_sample();
     return r | ratio_injected();
 }
