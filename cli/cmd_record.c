@@ -450,9 +450,42 @@ struct record_run {
 
 #define MAX_DESCENDANTS 16
 
-/* The living descendants of ours (CMD's, and the orphans we inherited as subreaper),
- * at most @max in @out, in pid order; returns how many there are in all. */
-static size_t find_descendants(pid_t *out, size_t max)
+/* Up to @len - 1 bytes of @path into @buf (NUL-terminated); false when it cannot be
+ * read. */
+static bool read_proc_file(const char *path, char *buf, size_t len)
+{
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return false;
+    size_t n = fread(buf, 1, len - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return true;
+}
+
+/* The parent of @pid, or -1 when it is gone or a zombie. */
+static pid_t live_parent(long pid)
+{
+    char path[64], buf[512], state;
+    int ppid;
+    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+    if (!read_proc_file(path, buf, sizeof(buf)))
+        return -1;
+    const char *p = strrchr(buf, ')');
+    if (!p || sscanf(p + 1, " %c %d", &state, &ppid) != 2 || state == 'Z')
+        return -1;
+    return (pid_t)ppid;
+}
+
+static int cmp_pid(const void *a, const void *b)
+{
+    pid_t x = *(const pid_t *)a, y = *(const pid_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Every process on the machine, by its parent: the fallback of find_descendants(), and
+ * as slow as there are processes (45 ms for 2000 on this machine kind). */
+static size_t find_descendants_by_scan(pid_t *out, size_t max)
 {
     DIR *d = opendir("/proc");
     if (!d)
@@ -461,21 +494,12 @@ static size_t find_descendants(pid_t *out, size_t max)
     pid_t(*pp)[2] = NULL; /* pid, parent */
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        char *end, path[64], buf[512];
+        char *end;
         long pid = strtol(e->d_name, &end, 10);
         if (*end || pid <= 0)
             continue;
-        snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
-        FILE *f = fopen(path, "re");
-        if (!f)
-            continue;
-        size_t len = fread(buf, 1, sizeof(buf) - 1, f);
-        fclose(f);
-        buf[len] = '\0';
-        const char *p = strrchr(buf, ')');
-        char state;
-        int ppid;
-        if (!p || sscanf(p + 1, " %c %d", &state, &ppid) != 2 || state == 'Z')
+        pid_t ppid = live_parent(pid);
+        if (ppid < 0)
             continue;
         if (n == cap) {
             cap = cap ? cap * 2 : 1024;
@@ -485,7 +509,7 @@ static size_t find_descendants(pid_t *out, size_t max)
             pp = grown;
         }
         pp[n][0] = (pid_t)pid;
-        pp[n][1] = (pid_t)ppid;
+        pp[n][1] = ppid;
         n++;
     }
     closedir(d);
@@ -510,6 +534,70 @@ static size_t find_descendants(pid_t *out, size_t max)
     }
     free(mine);
     free(pp);
+    qsort(out, HP_MIN(found, max), sizeof(*out), cmp_pid);
+    return found;
+}
+
+#define MAX_WALKED 4096
+
+/* The living descendants of ours (CMD's, and the orphans we inherited as subreaper),
+ * at most @max in @out, in pid order; returns how many there are in all. Follows the
+ * children of each thread (/proc/PID/task/TID/children) down from us: as fast as there
+ * are descendants, where a scan of every process costs as many as the machine runs.
+ * Kernels without those files get the scan (as does HEAPPROF_TEST_PROC_SCAN=1, for the
+ * tests). At most MAX_WALKED are found. */
+static size_t find_descendants(pid_t *out, size_t max)
+{
+    const char *scan = getenv("HEAPPROF_TEST_PROC_SCAN");
+    pid_t *walk = scan && strcmp(scan, "1") == 0 ? NULL : malloc(MAX_WALKED * sizeof(*walk));
+    if (!walk)
+        return find_descendants_by_scan(out, max);
+    size_t n = 0, found = 0;
+    walk[n++] = getpid();
+    for (size_t i = 0; i < n; i++) {
+        char path[96];
+        snprintf(path, sizeof(path), "/proc/%d/task", (int)walk[i]);
+        DIR *d = opendir(path);
+        if (!d) {
+            if (i == 0) { /* our own: no /proc to speak of */
+                free(walk);
+                return find_descendants_by_scan(out, max);
+            }
+            continue; /* exited meanwhile */
+        }
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            if (e->d_name[0] == '.')
+                continue;
+            snprintf(path, sizeof(path), "/proc/%d/task/%.16s/children", (int)walk[i], e->d_name);
+            FILE *f = fopen(path, "re");
+            if (!f) {
+                if (i == 0 && errno == ENOENT) { /* not in this kernel */
+                    closedir(d);
+                    free(walk);
+                    return find_descendants_by_scan(out, max);
+                }
+                continue;
+            }
+            long pid;
+            while (fscanf(f, "%ld", &pid) == 1) {
+                /* A pid seen twice (reused while we walk) is taken once. */
+                bool seen = false;
+                for (size_t j = 0; j < n && !seen; j++)
+                    seen = walk[j] == (pid_t)pid;
+                if (pid <= 0 || seen || n == MAX_WALKED || live_parent(pid) < 0)
+                    continue;
+                walk[n++] = (pid_t)pid;
+                if (found < max)
+                    out[found] = (pid_t)pid;
+                found++;
+            }
+            fclose(f);
+        }
+        closedir(d);
+    }
+    free(walk);
+    qsort(out, HP_MIN(found, max), sizeof(*out), cmp_pid);
     return found;
 }
 

@@ -614,10 +614,51 @@ static void test_record_bug_own_session_still_profiled(void **state)
     }
 }
 
+/* A program that exits leaving a profiled child: record names the child and records
+ * until it exits. The child is found through the children of record's threads, or, where
+ * the kernel lacks those files, by a scan of every process (@scan: forced). The shell
+ * stays half a second, so that the child's session is up when it exits (else nothing
+ * profiled would be left, and record would end without a word). */
+static void run_descendant_named(bool scan)
+{
+    char sh[] = "/bin/sh", c[] = "-c", cmd[] = "sleep 2 & echo $!; sleep 0.5";
+    char *prog[] = {sh, c, cmd, NULL};
+    const char *opts[] = {"-i", "4096", NULL};
+    struct e2e_run run;
+    if (scan)
+        assert_int_equal(setenv("HEAPPROF_TEST_PROC_SCAN", "1", 1), 0);
+    char *trace = record_with(opts, prog, &run);
+    (void)unsetenv("HEAPPROF_TEST_PROC_SCAN");
+    assert_int_equal(run.status, 0);
+    long child = strtol(run.out, NULL, 10);
+    assert_true(child > 0);
+    char want[96];
+    snprintf(want, sizeof(want), "sh exited; recording its descendants %ld until they exit", child);
+    if (!strstr(run.err, want))
+        fail_msg("record did not name the child %ld:\n%s", child, run.err);
+    e2e_run_free(&run);
+    (void)unlink(trace);
+    free(trace);
+}
+
+static void test_record_names_descendant(void **state)
+{
+    (void)state;
+    run_descendant_named(false);
+}
+
+static void test_record_names_descendant_by_scan(void **state)
+{
+    (void)state;
+    run_descendant_named(true);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_record_three_sites_exact),
+        cmocka_unit_test(test_record_names_descendant),
+        cmocka_unit_test(test_record_names_descendant_by_scan),
         cmocka_unit_test(test_record_three_sites_sampled),
         cmocka_unit_test(test_record_cpp),
         cmocka_unit_test(test_record_python),
