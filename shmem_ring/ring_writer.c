@@ -154,11 +154,8 @@ static HP_ALWAYS_INLINE uint32_t ring_writer_lane(ring_t *r)
     return ring_self.lane & (r->lanes - 1);
 }
 
-/* @lane, or when it has no room for @total bytes below @limit the next lane that has:
- * any lane keeps the order (ring_layout.h), so a thread that fills its CPU's lane (a
- * program of one busy thread, a reader behind) has the whole ring before it waits or
- * drops. r->lanes when no lane has room. Two loads per lane looked at; the first is the
- * one the reservation reads next. */
+/* @lane, or when it has no room for @total bytes below @limit the next lane that has
+ * (any lane keeps the order, ring_layout.h); r->lanes when no lane has room. */
 static uint32_t ring_lane_with_room(ring_t *r, uint32_t lane, uint64_t total, uint64_t limit)
 {
     for (uint32_t k = 0; k < r->lanes; k++) {
@@ -169,6 +166,14 @@ static uint32_t ring_lane_with_room(ring_t *r, uint32_t lane, uint64_t total, ui
             return i;
     }
     return r->lanes;
+}
+
+/* The lane's position and last stamp into @cur. Two loads: a torn pair only fails the
+ * compare-and-swap, which then reads it whole. */
+static HP_ALWAYS_INLINE void ring_lane_words(const struct ring_lane *l, uint64_t cur[2])
+{
+    cur[0] = atomic_load_explicit(&l->word[0], memory_order_relaxed);
+    cur[1] = atomic_load_explicit(&l->word[1], memory_order_relaxed);
 }
 
 /* @urgent: never wait, and may use the last RING_URGENT_RESERVE_SHIFT-th of the lane,
@@ -200,16 +205,11 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool u
      * after everything before completed (its allocation returned); a free's (urgent) may
      * be read early: it only has to come before the free. */
     uint64_t tsc = r->lanes == 1 ? 0 : urgent ? ring__tsc() : ring__tsc_ordered();
+    /* The CPU's lane first; one without room sends us on to the next that has (below). */
     uint32_t lane = ring_writer_lane(r);
-    if (r->lanes > 1) {
-        uint32_t room = ring_lane_with_room(r, lane, total, limit);
-        if (room < r->lanes)
-            lane = room;
-    }
     struct ring_lane *l = &r->lane[lane];
-    /* Two loads: a torn pair only fails the compare-and-swap, which then reads it whole. */
-    uint64_t cur[2] = {atomic_load_explicit(&l->word[0], memory_order_relaxed),
-                       atomic_load_explicit(&l->word[1], memory_order_relaxed)};
+    uint64_t cur[2];
+    ring_lane_words(l, cur);
     uint64_t w, stamp = 0;
     for (;;) {
         w = cur[0];
@@ -218,8 +218,7 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool u
         rp = atomic_load_explicit(l->shared_read_pos, memory_order_acquire);
         if ((int64_t)(w - rp) < 0) {
             /* Our copy of write_pos is older than the reader's position: reload. */
-            cur[0] = atomic_load_explicit(&l->word[0], memory_order_relaxed);
-            cur[1] = atomic_load_explicit(&l->word[1], memory_order_relaxed);
+            ring_lane_words(l, cur);
             if (++cas_failures >= RING_MAX_CAS_RETRIES) {
                 err = -EAGAIN;
                 ring_count(&h->stats.reserve_failures, 1);
@@ -228,18 +227,19 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool u
             continue;
         }
         if (w - rp + total > limit) {
-            /* Other writers may have filled the lane since it was picked, while another
-             * has room: frees, whose samples were reserved in any lane, crowd the lanes
-             * of the CPUs they run on up to the end of the frees' reserve. Looked for
-             * before any drop or wait, a few times (the lanes change under us). */
+            /* The next lane with room, if any, before a drop or a wait: a thread that
+             * fills its CPU's lane (a program of one busy thread, a reader behind) has the
+             * whole ring, and a lane that other writers filled since we looked is left
+             * for one that has room (frees, whose samples were reserved in any lane,
+             * crowd the lanes of the CPUs they run on up to the end of the frees'
+             * reserve). A few times: the lanes change under us. */
             if (r->lanes > 1 && lane_moves < 2 * r->lanes) {
                 uint32_t room = ring_lane_with_room(r, lane, total, limit);
                 if (room < r->lanes) {
                     lane_moves++;
                     lane = room;
                     l = &r->lane[lane];
-                    cur[0] = atomic_load_explicit(&l->word[0], memory_order_relaxed);
-                    cur[1] = atomic_load_explicit(&l->word[1], memory_order_relaxed);
+                    ring_lane_words(l, cur);
                     continue;
                 }
             }
@@ -281,8 +281,7 @@ static int ring_begin_write(ring_t *r, uint16_t type, size_t payload_len, bool u
                 l = &r->lane[lane];
                 tsc = ring__tsc_ordered();
             }
-            cur[0] = atomic_load_explicit(&l->word[0], memory_order_relaxed);
-            cur[1] = atomic_load_explicit(&l->word[1], memory_order_relaxed);
+            ring_lane_words(l, cur);
             continue;
         }
         /* Position and stamp move together: stamps grow along the lane whoever reserves
