@@ -205,8 +205,7 @@ unsigned svc__ring_lanes(const struct svc *s)
     const char *env = getenv("HEAPPROF_RING_LANES");
     if (env && *env) {
         unsigned long n = strtoul(env, NULL, 10);
-        if (n >= 1 && n <= 8 && (n & (n - 1)) == 0 &&
-            s->cfg.shmem_size_bytes / n >= RING_MIN_LANE_SIZE)
+        if (n <= UINT32_MAX && ring_lanes_valid(s->cfg.shmem_size_bytes, (uint32_t)n))
             return (unsigned)n;
     }
     return ring_lanes_for(s->cfg.shmem_size_bytes, svc_config_max_stack(&s->cfg) + (16u << 10));

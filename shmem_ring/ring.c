@@ -81,7 +81,7 @@ static void ring_init_header(void *hdr, void *arg)
 
 /* @lanes lanes of @n bytes in all: a power of two up to RING_MAX_LANES, each lane at
  * least RING_MIN_LANE_SIZE. */
-static bool ring_lanes_valid(uint64_t n, uint32_t lanes)
+bool ring_lanes_valid(uint64_t n, uint32_t lanes)
 {
     return lanes >= 1 && lanes <= RING_MAX_LANES && (lanes & (lanes - 1)) == 0 &&
            n / lanes >= RING_MIN_LANE_SIZE;

@@ -119,6 +119,9 @@ int ring_create(size_t data_size_bytes, int *ret_fd) HP_WARN_UNUSED;
  * fill side by side, and the reader merges in the order the records were reserved
  * (ring_layout.h). */
 int ring_create_lanes(size_t data_size_bytes, unsigned lanes, int *ret_fd) HP_WARN_UNUSED;
+/* Whether a ring of @data_size_bytes may be cut into @lanes lanes (as ring_create_lanes()
+ * asks). */
+bool ring_lanes_valid(uint64_t data_size_bytes, uint32_t lanes);
 /* Service: the lanes for a ring of @data_size_bytes on this machine, whose largest record
  * is @max_record_bytes: one per CPU up to 8, fewer when a lane would not take such a
  * record beside the share frees keep, and 1 when the time stamp counter cannot order
