@@ -100,13 +100,37 @@ static double run(char *const argv[], char *out, size_t cap)
     return (double)(hp_clock_ns(CLOCK_MONOTONIC) - t0) / 1e6;
 }
 
+/* Runs @base and @tool alternately RUNS times; both must succeed with the same output.
+ * Prints @name with the ratio of their best times, and the medians on stderr. Returns 0,
+ * or 1 after a message. */
+static int best_ratio(char *const base[], char *const tool[], const char *name)
+{
+    char out_base[256], out_tool[256];
+    double tb[RUNS], tt[RUNS];
+    for (int i = 0; i < RUNS; i++) {
+        tb[i] = run(base, out_base, sizeof(out_base));
+        tt[i] = run(tool, out_tool, sizeof(out_tool));
+        if (tb[i] < 0 || tt[i] < 0 || strcmp(out_base, out_tool) != 0) {
+            fprintf(stderr, "bench_client_app: %s: run failed or output differs\n", name);
+            return 1;
+        }
+    }
+    qsort(tb, RUNS, sizeof(double), cmp_double);
+    qsort(tt, RUNS, sizeof(double), cmp_double);
+    printf("bench: %s %.3f ratio\n", name, tt[0] / tb[0]);
+    fprintf(stderr,
+            "# %s: baseline best %.1f median %.1f ms, measured best %.1f median %.1f ms "
+            "(median ratio %.3f)\n",
+            name, tb[0], tb[RUNS / 2], tt[0], tt[RUNS / 2], tt[RUNS / 2] / tb[RUNS / 2]);
+    return 0;
+}
+
 /* @interval NULL: dormant (the library preloaded, nothing profiled). @threads: churn's,
  * each doing CHURN_PAIRS / @threads pairs. */
 static int ratio(const char *interval, int threads, const char *name)
 {
     char churn[8192], heapprof[8192], trace[] = "/tmp/heapprof-bench-XXXXXX";
-    char out_plain[256], out_prof[256], iters[32], nthreads[16];
-    double plain[RUNS], prof[RUNS];
+    char iters[32], nthreads[16];
 
     snprintf(churn, sizeof(churn), "%s/tests/bench/churn", build);
     snprintf(heapprof, sizeof(heapprof), "%s/cli/heapprof", build);
@@ -124,25 +148,9 @@ static int ratio(const char *interval, int threads, const char *name)
     char *argv_dormant[] = {env_bin, "-u",  "HEAPPROF_STARTUP", preload,
                             churn,   iters, nthreads,           NULL};
     char *const *argv_tool = interval ? argv_prof : argv_dormant;
-    for (int i = 0; i < RUNS; i++) {
-        plain[i] = run(argv_plain, out_plain, sizeof(out_plain));
-        prof[i] = run(argv_tool, out_prof, sizeof(out_prof));
-        if (plain[i] < 0 || prof[i] < 0 || strcmp(out_plain, out_prof) != 0) {
-            fprintf(stderr, "bench_client_app: run failed or output differs\n");
-            (void)unlink(trace);
-            return 1;
-        }
-    }
+    int r = best_ratio(argv_plain, argv_tool, name);
     (void)unlink(trace);
-    qsort(plain, RUNS, sizeof(double), cmp_double);
-    qsort(prof, RUNS, sizeof(double), cmp_double);
-    printf("bench: %s %.3f ratio\n", name, prof[0] / plain[0]);
-    fprintf(stderr,
-            "# %s: unprofiled best %.1f median %.1f ms, profiled best %.1f median %.1f ms "
-            "(median ratio %.3f)\n",
-            name, plain[0], plain[RUNS / 2], prof[0], prof[RUNS / 2],
-            prof[RUNS / 2] / plain[RUNS / 2]);
-    return 0;
+    return r;
 }
 
 #define JEMALLOC_LIB "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
@@ -152,9 +160,8 @@ static int ratio(const char *interval, int threads, const char *name)
  * printed) when jemalloc or its profiler is missing. */
 static int ratio_jemalloc_prof(int threads, int lg_sample, const char *name)
 {
-    char churn[8192], out_plain[256], out_prof[256], iters[32], nthreads[16], conf[128];
+    char churn[8192], iters[32], nthreads[16], conf[128];
     char env_bin[] = "/usr/bin/env", preload[] = "LD_PRELOAD=" JEMALLOC_LIB;
-    double plain[RUNS], prof[RUNS];
     if (access(JEMALLOC_LIB, R_OK) != 0) {
         fprintf(stderr, "# %s: %s missing, not measured\n", name, JEMALLOC_LIB);
         return 0;
@@ -173,20 +180,7 @@ static int ratio_jemalloc_prof(int threads, int lg_sample, const char *name)
         fprintf(stderr, "# %s: jemalloc without its profiler, not measured\n", name);
         return 0;
     }
-    for (int i = 0; i < RUNS; i++) {
-        plain[i] = run(argv_plain, out_plain, sizeof(out_plain));
-        prof[i] = run(argv_prof, out_prof, sizeof(out_prof));
-        if (plain[i] < 0 || prof[i] < 0 || strcmp(out_plain, out_prof) != 0) {
-            fprintf(stderr, "bench_client_app: jemalloc run failed or output differs\n");
-            return 1;
-        }
-    }
-    qsort(plain, RUNS, sizeof(double), cmp_double);
-    qsort(prof, RUNS, sizeof(double), cmp_double);
-    printf("bench: %s %.3f ratio\n", name, prof[0] / plain[0]);
-    fprintf(stderr, "# %s: jemalloc best %.1f median %.1f ms, profiling best %.1f median %.1f ms\n",
-            name, plain[0], plain[RUNS / 2], prof[0], prof[RUNS / 2]);
-    return 0;
+    return best_ratio(argv_plain, argv_prof, name);
 }
 
 /* The CPU milliseconds libbench_peak_rss.so wrote for the process named @comm into @path
