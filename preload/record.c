@@ -164,7 +164,6 @@ static void hook_fill_head(struct wire_alloc_head *ret, struct client_tls *t,
         .addr = smp->addr,
         .size = smp->size,
         .sample_size = smp->sample_size,
-        .ts_ns = hp_clock_ns(CLOCK_MONOTONIC_COARSE),
         .heap_id = smp->heap,
         .tid = hook_tid(t, s),
     };

@@ -7,6 +7,7 @@ void client_sampler_params_init(struct client_sampler_params *p, uint64_t interv
 {
     p->interval = interval;
     p->log_keep = interval > 1 ? log1p(-1.0 / (double)interval) : 0.0;
+    p->inv_log_keep = interval > 1 ? 1.0 / p->log_keep : 0.0;
 }
 
 static inline uint64_t rotl(uint64_t x, int k)
@@ -32,7 +33,9 @@ static int64_t sampler_next_gap(struct client_sampler *s, const struct client_sa
         return 1;
     /* u uniform in (0, 1]: never log(0). */
     double u = (double)((sampler_next(s) >> 11) + 1) * 0x1.0p-53;
-    double failures = floor(log(u) / p->log_keep);
+    /* log(u) <= 0 and inv_log_keep < 0: failures >= 0, so the conversion's truncation is
+     * the floor. */
+    double failures = log(u) * p->inv_log_keep;
     /* u >= 2^-53 bounds failures by about 37 * interval; the cap only guards overflow. */
     if (!(failures < 4.0e18))
         failures = 4.0e18;

@@ -23,7 +23,8 @@
 
 struct client_sampler_params {
     uint64_t interval;
-    double log_keep; /* log(1 - 1/interval); 0 when interval == 1 */
+    double log_keep;     /* log(1 - 1/interval); 0 when interval == 1 */
+    double inv_log_keep; /* 1 / log_keep: a draw multiplies (a division took ~4 ns) */
 };
 
 struct client_sampler {

@@ -247,7 +247,7 @@ struct wire_alloc {
     uint64_t addr;        /* address returned to the app */
     uint64_t size;        /* bytes the app asked for */
     uint64_t sample_size; /* bytes attributed by the sampler (interval * k, or size) */
-    uint64_t ts_ns;       /* CLOCK_MONOTONIC_COARSE */
+    uint64_t unused1;     /* 0 (see wire_alloc_head) */
     uint32_t heap_id;     /* 0 = libc.malloc */
     uint32_t tid;
     uint64_t stack_ptr;
@@ -271,7 +271,9 @@ struct wire_alloc_head {
     uint64_t addr;
     uint64_t size;
     uint64_t sample_size;
-    uint64_t ts_ns;
+    /* 0. Was the time of the sample (CLOCK_MONOTONIC_COARSE), which the service never
+     * read; the clock cost a sample ~6 ns. Old clients' values are ignored. */
+    uint64_t unused1;
     uint32_t heap_id;
     uint32_t tid;
 };
