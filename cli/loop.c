@@ -148,6 +148,11 @@ int cli_loop_run(svc_t *s, const struct cli_loop_opts *o, struct cli_loop_result
     uint64_t next_tick = start, next_status = start + 1000000000u;
     uint64_t exit_ns = 0, last_samples = 0, last_status_ns = start;
     bool had_clients = false, said_exit = false;
+    /* HEAPPROF_TEST_EXIT_PAUSE_MS: once the child exited, a pause between the look at
+     * the live sessions and the look at the child's end, for the tests of the message
+     * said then (sessions end in between). Read once: nothing in the loop sets it. */
+    const char *pause_env = getenv("HEAPPROF_TEST_EXIT_PAUSE_MS");
+    long exit_pause_ms = pause_env ? atol(pause_env) : 0;
     unsigned ending = 0; /* sessions whose last records were being read, last look */
     int r = 0;
 
@@ -182,22 +187,34 @@ int cli_loop_run(svc_t *s, const struct cli_loop_opts *o, struct cli_loop_result
         }
         unsigned live = svc_live_clients(s);
         had_clients |= live > 0;
+        if (exit_pause_ms > 0 && ret->child_exited)
+            (void)usleep((useconds_t)exit_pause_ms * 1000u);
         if (o->stop_when_no_clients && had_clients && live == 0)
             break;
         if (ret->child_exited && o->follow_descendants) {
-            /* Its own session ended (or a moment passed): what remains is descendants. */
+            /* Its own session ended (or a moment passed): what remains is descendants.
+             * The child's end is read before the counts, so that they count its session
+             * as ending or gone: read after, a session that ended in between (the
+             * child's own, which is all there is after a short command) was taken for a
+             * descendant still running. */
+            bool own_ended = !svc_client_seen(s, o->child) || svc_client_ended(s, o->child);
             struct svc_status st;
             svc_get_status(s, &st);
             ending = st.ending_processes;
             if (live == 0)
                 break;
+            unsigned running = st.live_processes > st.ending_processes
+                                   ? st.live_processes - st.ending_processes
+                                   : 0;
             /* Said once the child's own session began to end (it counted as running
-             * until the service saw it end, a moment after the exit), or after 2 s. */
-            bool own_ended = !svc_client_seen(s, o->child) || svc_client_ended(s, o->child);
-            if (!said_exit && (own_ended || now - exit_ns > 2000000000ull)) {
+             * until the service saw it end, a moment after the exit) while others run,
+             * or after 2 s. Sessions that are all ending say nothing: the loop ends with
+             * them. */
+            bool long_ago = now - exit_ns > 2000000000ull;
+            if (!said_exit && ((own_ended && running > 0) || long_ago)) {
                 said_exit = true;
                 if (o->child_exited)
-                    o->child_exited(o->tick_ctx, live - st.ending_processes);
+                    o->child_exited(o->tick_ctx, running);
             }
         } else if (ret->child_exited) {
             /* Let every client that exited with the program be drained; descendants

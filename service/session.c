@@ -30,14 +30,17 @@
 
 void svc_get_status(svc_t *s, struct svc_status *ret)
 {
-    ret->live_processes = atomic_load_explicit(&s->live_clients, memory_order_relaxed);
+    /* Ending before live, with acquire: a session removed since is then out of both
+     * (its unwinder drops it from live, then from ending, with release), and
+     * live_processes - ending_processes never counts it as running. */
+    ret->ending_processes = atomic_load_explicit(&s->ending_clients, memory_order_acquire);
+    ret->live_processes = atomic_load_explicit(&s->live_clients, memory_order_acquire);
     ret->processes = atomic_load_explicit(&s->processes, memory_order_relaxed);
     ret->samples = atomic_load_explicit(&s->samples, memory_order_relaxed);
     ret->records_dropped = atomic_load_explicit(&s->drops, memory_order_relaxed);
     ret->dumps = atomic_load_explicit(&s->stat_dumps, memory_order_relaxed);
     ret->output_bytes = atomic_load_explicit(&s->stat_bytes, memory_order_relaxed);
     ret->live_bytes = atomic_load_explicit(&s->stat_live_bytes, memory_order_relaxed);
-    ret->ending_processes = atomic_load_explicit(&s->ending_clients, memory_order_relaxed);
 }
 
 int svc_dump_now(svc_t *s)

@@ -234,8 +234,9 @@ static void complete_end(struct svc_unwinder *u, struct svc_client *c)
     }
     svc__batch_flush(&u->batcher);
     atomic_fetch_sub_explicit(&u->nclients, 1, memory_order_relaxed);
-    atomic_fetch_sub_explicit(&s->live_clients, 1, memory_order_relaxed);
-    atomic_fetch_sub_explicit(&s->ending_clients, 1, memory_order_relaxed);
+    /* Live first, then ending (release): see svc_get_status(). */
+    atomic_fetch_sub_explicit(&s->live_clients, 1, memory_order_release);
+    atomic_fetch_sub_explicit(&s->ending_clients, 1, memory_order_release);
     atomic_fetch_sub_explicit(&s->client_mem_bytes, c->mem_bytes, memory_order_relaxed);
     svc__client_free(c);
 }

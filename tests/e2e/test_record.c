@@ -614,6 +614,33 @@ static void test_record_bug_own_session_still_profiled(void **state)
     }
 }
 
+/* The same with the service ending the program's session while record's loop looks:
+ * record read the live sessions, then (the session ended meanwhile) the counts and the
+ * child's end, and took the session, ended, for one still running. A pause between the
+ * looks (a test knob) makes it happen: the old loop said "still profiled" in 2 runs of 5
+ * with it. */
+static void test_record_bug_ended_session_counted_running(void **state)
+{
+    (void)state;
+    char *prog[] = {(char *)e2e_env("THREE_SITES"), "1", NULL};
+    const char *opts[] = {"-i", "4096", NULL};
+    assert_int_equal(setenv("HEAPPROF_TEST_EXIT_PAUSE_MS", "20", 1), 0);
+    for (int i = 0; i < 8; i++) {
+        struct e2e_run run;
+        char *trace = record_with(opts, prog, &run);
+        if (strstr(run.err, "still profiled") || strstr(run.err, "recording its descendants"))
+            print_message("  run %d: %s", i + 1, run.err);
+        assert_int_equal(run.status, 0);
+        assert_null(strstr(run.err, "still profiled"));
+        assert_null(strstr(run.err, "recording its descendants"));
+        assert_non_null(strstr(run.err, "Process ")); /* the summary: a whole run */
+        e2e_run_free(&run);
+        (void)unlink(trace);
+        free(trace);
+    }
+    (void)unsetenv("HEAPPROF_TEST_EXIT_PAUSE_MS");
+}
+
 /* A program that exits leaving a profiled child: record names the child and records
  * until it exits. The child is found through the children of record's threads, or, where
  * the kernel lacks those files, by a scan of every process (@scan: forced). The shell
@@ -671,6 +698,7 @@ int main(void)
         cmocka_unit_test(test_record_bug_non_program_refused),
         cmocka_unit_test(test_record_status_line),
         cmocka_unit_test(test_record_bug_own_session_still_profiled),
+        cmocka_unit_test(test_record_bug_ended_session_counted_running),
     };
     return cmocka_run_group_tests_name("e2e_record", tests, NULL, NULL);
 }
