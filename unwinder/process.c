@@ -3,11 +3,12 @@
  * hp_mapping), when the maps are reread, and unwinder_process_new()/free() and
  * unwinder_maps_changed().
  *
- * The maps are reread for a pc in no executable mapping (at most every 100 ms), before an
- * unwind when they are older than unwinder__maps_refresh_ns, and when the client says its
- * code changed. Identical maps keep every cache; changed ones drop what was derived from
- * the old ones: the per-mapping facts, the cached frames (a new generation), libunwind's
- * cache, the fallback's Dwfl, and the unwind table's rules when code went away.
+ * The maps are reread for a pc in no executable mapping (at most every 100 ms), when the
+ * client says its code changed, and, for a client that never said so, before an unwind
+ * when they are older than unwinder__maps_refresh_ns. Identical maps keep every cache;
+ * changed ones drop what was derived from the old ones: the per-mapping facts, the cached
+ * frames (a new generation), libunwind's cache, the fallback's Dwfl, and the unwind
+ * table's rules when code went away.
  *
  * Not thread-safe: one unwinder thread uses a process at a time.
  */
@@ -30,7 +31,10 @@
 #define REPARSE_MIN_INTERVAL_NS (100u * 1000 * 1000)
 
 /* Maps older than this are reread before an unwind, so that a library unloaded and
- * another loaded at the same addresses (whose pcs are not unknown) is noticed. */
+ * another loaded at the same addresses (whose pcs are not unknown) is noticed. Not for a
+ * client that tells of its loads (p->loads_told): the maps as they are now would name
+ * the records of the old library still to be read after the new one, which its client
+ * tells of in the ring after them. */
 uint64_t unwinder__maps_refresh_ns = 1000ull * 1000 * 1000;
 
 /* ---- mappings ---------------------------------------------------------------- */
@@ -272,6 +276,8 @@ static bool reparse(struct unwinder_process *p)
 
 void unwinder__maps_refresh(struct unwinder_process *p)
 {
+    if (p->loads_told)
+        return;
     if (hp_clock_ns(CLOCK_MONOTONIC_COARSE) - p->parsed_ns >= unwinder__maps_refresh_ns)
         (void)maps_reload(p);
 }
@@ -464,6 +470,7 @@ fail:
 
 void unwinder_maps_changed(unwinder_process_t *p, bool unloaded)
 {
+    p->loads_told = true;
     uint32_t gen = p->known_gen;
     (void)maps_reload(p);
     /* A reread that finds code gone resets the table itself; else the client, which

@@ -126,7 +126,8 @@ void unwinder_table_reset(unwinder_process_t *p);
 /* The process says its code changed (WIRE_MAPS_CHANGED): rereads the maps now (with no
  * rate limit). The table is reset when executable mappings went away or changed, and
  * after an unload (@unloaded) in any case, even when the maps look the same (the client
- * waits for a new generation before it walks again). */
+ * waits for a new generation before it walks again). From then on the maps are not
+ * reread for their age: the process tells of its loads and unloads in order. */
 void unwinder_maps_changed(unwinder_process_t *p, bool unloaded);
 
 /* File mappings the process's maps stop showing are kept, with the file behind them,

@@ -238,7 +238,10 @@ struct unwinder_process {
     struct pmap *pm;      /* maps.n entries */
     uint32_t maps_gen;    /* bumped when the maps are reread; never 0 */
     uint64_t retired_seq; /* rereads that retired mappings (unwinder_retired_seq()) */
-    struct pc_slot *pcs;  /* PC_CACHE_SLOTS entries */
+    /* The client tells of its loads and unloads (it sent WIRE_MAPS_CHANGED): the maps
+     * are reread when it does, never for their age (unwinder__maps_refresh()). */
+    bool loads_told;
+    struct pc_slot *pcs; /* PC_CACHE_SLOTS entries */
     /* The runtime's perf map (perfmap.c), NULL until a JIT frame is named; jit_gen is
      * bumped when it read new lines (names of JIT frames cached before may change). */
     struct unwinder__perfmap *perfmap;
@@ -279,8 +282,8 @@ void unwinder__py_free(struct unwinder__py *py);
  * rereading identical maps keeps every cache). For tests. */
 extern uint64_t unwinder__maps_refresh_ns;
 
-/* Rereads @p's maps when they are older than unwinder__maps_refresh_ns; called before
- * each unwind. */
+/* Rereads @p's maps when they are older than unwinder__maps_refresh_ns, unless its
+ * client tells of its loads and unloads; called before each unwind. */
 void unwinder__maps_refresh(struct unwinder_process *p);
 
 /* The mapping name JIT code gets in frames (Perfetto's Mapping, the report). */

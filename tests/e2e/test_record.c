@@ -700,5 +700,9 @@ int main(void)
         cmocka_unit_test(test_record_bug_own_session_still_profiled),
         cmocka_unit_test(test_record_bug_ended_session_counted_running),
     };
+    /* HEAPPROF_TEST_FILTER=pattern runs the matching tests only (while iterating). */
+    const char *filter = getenv("HEAPPROF_TEST_FILTER");
+    if (filter && *filter)
+        cmocka_set_test_filter(filter);
     return cmocka_run_group_tests_name("e2e_record", tests, NULL, NULL);
 }

@@ -795,6 +795,60 @@ static void set_maps(int fd, const char *text, size_t len)
     assert_int_equal(pwrite(fd, text, len, 0), (ssize_t)len);
 }
 
+/* The same replacement, but the client tells of its loads and unloads (it sent
+ * WIRE_MAPS_CHANGED before), and has not told of this one yet: the records read before
+ * it says so were written before the replacement, and keep the old library's names. The
+ * refresh of old maps read the maps as they are now and named them from the new file: a
+ * slow service (TSan's, beside a CPU hog) named 133 samples of one library in
+ * tests/programs/dlloop.c after the other (e2e_record's
+ * test_record_dlclose_resets_walks). */
+static void test_unwind_bug_refresh_ahead_of_told_loads(void **state)
+{
+    (void)state;
+    static char text[16384];
+    int maps_fd = memfd_create("maps", MFD_CLOEXEC);
+    assert_true(maps_fd >= 0);
+    size_t len = lib_maps_text(NULL, text, sizeof(text));
+    assert_int_equal(pwrite(maps_fd, text, len, 0), (ssize_t)len);
+    unwinder_process_t *p = NULL;
+    assert_int_equal(unwinder_process_new(getpid(), maps_fd, -1, &p), 0);
+    /* The client tells of a load (this library's, say). */
+    unwinder_maps_changed(p, false);
+
+    uint64_t regs[HP_NREGS] = {0};
+    static uint8_t stack[64];
+    memset(stack, 0, sizeof(stack));
+    uint64_t sp = 0x7ff000001000ull;
+    regs[HP_REG_RIP] = (uint64_t)(uintptr_t)unwtest_lib_call + 1;
+    regs[HP_REG_RSP] = sp;
+    uint64_t pcs[1] = {regs[HP_REG_RIP] + 1}; /* a return address just past the pc */
+    size_t n;
+    struct unwinder_result res;
+
+    /* The library is replaced at the same addresses; the client has not said so yet. */
+    len = lib_maps_text(UNWDL_PATH, text, sizeof(text));
+    set_maps(maps_fd, text, len);
+    uint64_t saved = unwinder__maps_refresh_ns;
+    unwinder__maps_refresh_ns = 0;
+    assert_int_equal(
+        unwinder_unwind(p, regs, sp, stack, sizeof(stack), g_frames, UNWINDER_MAX_FRAMES, &n, &res),
+        0);
+    assert_true(n >= 1);
+    assert_string_equal(g_frames[0].function_name, "unwtest_lib_call");
+    assert_int_equal(unwinder_resolve_pcs(p, pcs, 1, g_frames, UNWINDER_MAX_FRAMES, &n, &res), 0);
+    assert_true(n >= 1);
+    assert_string_equal(g_frames[0].function_name, "unwtest_lib_call");
+
+    /* It says so (its next sample's record comes after): the new file names the frames. */
+    unwinder_maps_changed(p, true);
+    assert_int_equal(unwinder_resolve_pcs(p, pcs, 1, g_frames, UNWINDER_MAX_FRAMES, &n, &res), 0);
+    assert_true(n >= 1);
+    assert_non_null(strstr(g_frames[0].map->path, "libunwdl.so"));
+    assert_string_not_equal(g_frames[0].function_name, "unwtest_lib_call");
+    unwinder__maps_refresh_ns = saved;
+    p = unwinder_process_free(p);
+}
+
 /* The unwind table survives code being added (dlopen) and is reset when code goes away
  * or the client says it unloaded some (WIRE_MAPS_CHANGED). */
 static void test_unwind_table_reset_when_code_goes(void **state)
@@ -1171,6 +1225,7 @@ int main(void)
         cmocka_unit_test(test_unwind_hostile_input_terminates),
         cmocka_unit_test(test_unwind_corrupt_elf_files),
         cmocka_unit_test(test_unwind_library_replaced_at_same_address),
+        cmocka_unit_test(test_unwind_bug_refresh_ahead_of_told_loads),
         cmocka_unit_test(test_unwind_table_reset_when_code_goes),
         cmocka_unit_test(test_unwind_unloaded_library_kept_until_dropped),
         cmocka_unit_test(test_unwind_bug_exited_process_keeps_maps),
