@@ -129,7 +129,10 @@ struct client_session {
     /* glibc's counts of objects loaded and unloaded (client_dl_counts()) when the sampled
      * path last told the service (or at the handshake). */
     _Atomic uint64_t dl_adds, dl_subs; /* CLIENT_DL_UNKNOWN: not read yet (attach) */
-    struct client_freeset freeset;     /* mapped once per slot, cleared on reuse */
+    /* Changes counted there whose WIRE_MAPS_CHANGED found no room in the ring, as its
+     * WIRE_MAPS_* flags and CLIENT_UNTOLD_LOADED: told by the next sample. */
+    _Atomic uint32_t dl_untold;
+    struct client_freeset freeset; /* mapped once per slot, cleared on reuse */
     /* The heaps the session records (WIRE_FEATURE_HEAPS; without it, malloc only):
      * malloc_on for the malloc family; bit h of heaps_on for the program's heap h (set
      * when the heap is registered, before or during the session: preload/heapapi.c). */
@@ -321,6 +324,8 @@ int client_dl_counts(uint64_t *ret_adds, uint64_t *ret_subs);
  * also when it was not found. client_dl_unlock() gives it back. Hook-safe. */
 bool client_dl_lock_try(void);
 void client_dl_unlock(void);
+/* client_session.dl_untold: code was loaded (WIRE_MAPS_* flags use the low bits). */
+#define CLIENT_UNTOLD_LOADED (1u << 31)
 /* client_session.dl_adds and dl_subs before they were read. */
 #define CLIENT_DL_UNKNOWN UINT64_MAX
 

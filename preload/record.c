@@ -298,6 +298,64 @@ static HP_NOINLINE void hook_record_other(struct client_tls *t, struct client_se
         hook_poke(s);
 }
 
+/* What hook_check_code() allows a sample. */
+enum hook_code {
+    HOOK_CODE_WALK, /* the counts are told: walk with the table */
+    HOOK_CODE_COPY, /* the counts are unknown now: copy the stack */
+    HOOK_CODE_DROP, /* a change is owed and the ring took no record: no sample either */
+};
+
+/* Writes WIRE_MAPS_CHANGED for the changes in @untold (WIRE_MAPS_* flags and
+ * CLIENT_UNTOLD_LOADED); @ret_ask: what to wait for (0: nothing). False when the ring
+ * had no room. */
+static bool hook_tell_code(struct client_session *s, uint32_t untold, uint64_t *ret_ask)
+{
+    bool loaded = untold & CLIENT_UNTOLD_LOADED;
+    uint64_t ask = loaded ? ring_ask_maps_read(s->ring) : 0;
+    struct ring_wspan w;
+    *ret_ask = 0;
+    if (ring_try_begin_write(s->ring, WIRE_MAPS_CHANGED, sizeof(struct wire_maps_changed), &w) != 0)
+        return false;
+    wire_encode_maps_changed(w.data, untold & WIRE_MAPS_UNLOADED, (uint32_t)ask);
+    (void)ring_end_write(s->ring, &w);
+    *ret_ask = ask;
+    return true;
+}
+
+/* After a record that told of loaded code (@ask != 0): wakes the reader, and in block
+ * mode waits until it has reread the maps. Late, or not in block mode: the service
+ * rereads the maps when it gets to the record, or for the first pc it does not know;
+ * code unloaded by then goes unnamed (its frames end in ERROR INVALID_MAP). */
+static void hook_told_loaded(struct client_session *s, uint64_t ask)
+{
+    if (!ask)
+        return;
+    hook_poke(s); /* a sleeping reader would not come before the timeout */
+    int late = ring_wait_maps_read(s->ring, ask);
+    (void)late;
+}
+
+/* Takes @untold, told, out of what is owed, unless more came meanwhile (told again
+ * then: the service takes a run of these records as one). */
+static void hook_untold_clear(struct client_session *s, uint32_t untold)
+{
+    (void)atomic_compare_exchange_strong_explicit(&s->dl_untold, &untold, 0, memory_order_relaxed,
+                                                  memory_order_relaxed);
+}
+
+/* Tells what an earlier sample owes. HOOK_CODE_DROP when the ring still has no room. */
+static HP_NOINLINE enum hook_code hook_tell_untold(struct client_session *s, uint32_t untold)
+{
+    uint64_t ask;
+    if (!hook_tell_code(s, untold, &ask)) {
+        ring_count_drop(s->ring);
+        return HOOK_CODE_DROP;
+    }
+    hook_untold_clear(s, untold);
+    hook_told_loaded(s, ask);
+    return HOOK_CODE_WALK;
+}
+
 /* Code loaded or unloaded since the session last looked (preload/dl.c) changes what the
  * service must know to name frames, and what the unwind table may say. Checked before
  * every sample's walk and record, and told in the ring before them:
@@ -313,26 +371,27 @@ static HP_NOINLINE void hook_record_other(struct client_tls *t, struct client_se
  *
  * The record goes before the counts the session keeps are updated: a thread that reads
  * the new counts in between tells too, so every sample of new code follows a record that
- * says it came. A stack sampled now holds only code loaded when the counts were read:
- * code unloaded later is not on it (its frames would have nowhere to return to). The
- * service keeps the mappings it saw go for the records written before
- * (unwinder_retired_seq()), so that dlclose() never waits. Only with a service that speaks
- * these records (it gave us an unwind table).
+ * says it came. A record that finds no room (a full ring, a block wait that ran out) is
+ * owed (dl_untold, flagged before the counts move): the next sample tells it, so that the
+ * service, which rereads the maps when told and not for their age (it takes the maps as
+ * they are now for those of records still unread), hears of every change; the sample
+ * that finds it still owed goes (counted as dropped), as would its record. A stack
+ * sampled now holds only code loaded when the counts were read: code unloaded later is
+ * not on it (its frames would have nowhere to return to). The service keeps the mappings
+ * it saw go for the records written before (unwinder_retired_seq()), so that dlclose()
+ * never waits. Only with a service that speaks these records (it gave us an unwind
+ * table).
  *
  * The counts come only when the loader's lock is free (preload/dl.c). When another thread
  * holds it, code may be coming or going right now: false, and this sample copies its
  * stack instead of walking it (the service unwinds the copy, and rereads the maps for a
  * pc it does not know); the next sample looks again. False also when the lock is unknown
  * here, for every sample. */
-static bool hook_check_code(struct client_session *s)
+/* hook_check_code() when the counts moved from @seen_adds, @seen_subs to @adds, @subs. */
+static HP_NOINLINE enum hook_code hook_code_changed(struct client_session *s, uint64_t adds,
+                                                    uint64_t subs, uint64_t seen_adds,
+                                                    uint64_t seen_subs)
 {
-    uint64_t adds, subs;
-    if (client_dl_counts(&adds, &subs) != CLIENT_DL_OK)
-        return false;
-    uint64_t seen_adds = atomic_load_explicit(&s->dl_adds, memory_order_relaxed);
-    uint64_t seen_subs = atomic_load_explicit(&s->dl_subs, memory_order_relaxed);
-    if (HP_LIKELY(adds == seen_adds && subs == seen_subs))
-        return true;
     /* Counts not read at the start of the session (attach): told as loaded code, so that
      * the service rereads the maps it read at the handshake once more. */
     bool unknown = seen_adds == CLIENT_DL_UNKNOWN;
@@ -349,29 +408,39 @@ static bool hook_check_code(struct client_session *s)
     }
     if (unloaded)
         atomic_store_explicit(&s->walk_hold_gen, utable_gen(&s->utable), memory_order_relaxed);
-    uint64_t ask = loaded ? ring_ask_maps_read(s->ring) : 0;
-    /* Lost (full ring): the maps are reread at least every second while samples come, and
-     * a reread that finds code gone starts a new generation, which ends the hold. */
-    struct ring_wspan w;
-    bool sent = false;
-    if (ring_try_begin_write(s->ring, WIRE_MAPS_CHANGED, sizeof(struct wire_maps_changed), &w) ==
-        0) {
-        wire_encode_maps_changed(w.data, unloaded ? WIRE_MAPS_UNLOADED : 0, (uint32_t)ask);
-        (void)ring_end_write(s->ring, &w);
-        sent = true;
+    /* With what an earlier sample could not tell. Two threads may both tell: the service
+     * takes a run of these as one. */
+    uint32_t untold = atomic_load_explicit(&s->dl_untold, memory_order_relaxed) |
+                      (unloaded ? WIRE_MAPS_UNLOADED : 0) | (loaded ? CLIENT_UNTOLD_LOADED : 0);
+    uint64_t ask;
+    bool told = hook_tell_code(s, untold, &ask);
+    if (!told)
+        atomic_fetch_or_explicit(&s->dl_untold, untold, memory_order_relaxed);
+    /* Release: pairs with the acquire loads in hook_check_code() (the record, or the debt,
+     * first). */
+    atomic_store_explicit(&s->dl_adds, adds, memory_order_release);
+    atomic_store_explicit(&s->dl_subs, subs, memory_order_release);
+    if (!told) {
+        ring_count_drop(s->ring);
+        return HOOK_CODE_DROP;
     }
-    /* Two threads may both tell: the service takes a run of these as one. */
-    atomic_store_explicit(&s->dl_adds, adds, memory_order_relaxed);
-    atomic_store_explicit(&s->dl_subs, subs, memory_order_relaxed);
-    if (sent && loaded) {
-        hook_poke(s); /* a sleeping reader would not come before the timeout */
-        /* Late, or not in block mode: the service rereads the maps when it gets to the
-         * record, or for the first pc it does not know; code unloaded by then goes
-         * unnamed (its frames end in ERROR INVALID_MAP). */
-        int late = ring_wait_maps_read(s->ring, ask);
-        (void)late;
-    }
-    return true;
+    hook_untold_clear(s, untold);
+    hook_told_loaded(s, ask);
+    return HOOK_CODE_WALK;
+}
+
+static enum hook_code hook_check_code(struct client_session *s)
+{
+    uint64_t adds, subs;
+    if (client_dl_counts(&adds, &subs) != CLIENT_DL_OK)
+        return HOOK_CODE_COPY;
+    /* Acquire: a thread that sees counts another one moved sees what that one owes. */
+    uint64_t seen_adds = atomic_load_explicit(&s->dl_adds, memory_order_acquire);
+    uint64_t seen_subs = atomic_load_explicit(&s->dl_subs, memory_order_acquire);
+    if (HP_UNLIKELY(adds != seen_adds || subs != seen_subs))
+        return hook_code_changed(s, adds, subs, seen_adds, seen_subs);
+    uint32_t untold = atomic_load_explicit(&s->dl_untold, memory_order_relaxed);
+    return HP_LIKELY(untold == 0) ? HOOK_CODE_WALK : hook_tell_untold(s, untold);
 }
 
 /* pre: client_session_enter(s) succeeded. */
@@ -388,8 +457,13 @@ static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_se
                     atomic_load_explicit(&client_heap_count, memory_order_relaxed)))
         client__heap_names_flush(s);
     /* Without the loader's counts (its lock was taken: code may be coming or going), no
-     * walk with the table: the stack is copied, for the service to unwind. */
-    bool may_walk = s->utable.hdr && hook_check_code(s);
+     * walk with the table: the stack is copied, for the service to unwind. A change the
+     * ring had no room to tell of takes the sample with it (counted as dropped): the
+     * service would name its new code with the maps it had. */
+    enum hook_code code = s->utable.hdr ? hook_check_code(s) : HOOK_CODE_COPY;
+    if (code == HOOK_CODE_DROP)
+        return;
+    bool may_walk = code == HOOK_CODE_WALK;
     uint64_t sp = regs[WIRE_REG_RSP];
     uint64_t end;
     /* The main thread's stack ends where the program's entry found it (what lies above,

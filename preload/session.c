@@ -314,6 +314,7 @@ static void client_slot_configure(struct client_session *s, const struct wire_cl
     client_pycodes_unmark_all(&client_py_codes);
     atomic_store_explicit(&s->dl_adds, adds, memory_order_relaxed);
     atomic_store_explicit(&s->dl_subs, subs, memory_order_relaxed);
+    atomic_store_explicit(&s->dl_untold, 0, memory_order_relaxed);
     if (cfg->features & WIRE_FEATURE_TITLE)
         client__title_learn();
     s->pid = (pid_t)hp_sys0(SYS_getpid);

@@ -13,11 +13,14 @@
  * while a SIGALRM handler frees one pool block per signal (every 100 us), until all are
  * freed; the pool frees are listed at the end, then "signals=N" (run it with an
  * async-signal-safe allocator: tests/preload/bump_alloc.c). With "heaps", it only uses
- * the heap API (preload/include/heapprof.h, weak symbols): see run_heaps().
+ * the heap API (preload/include/heapprof.h, weak symbols): see run_heaps(). With
+ * "dlfull:LIB:FILE", see run_dlfull().
  */
 #define HEAPPROF_WEAK
 #include "heapprof.h"
 
+#include <dlfcn.h>
+#include <fcntl.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
@@ -209,6 +212,50 @@ static int run_heaps(void)
     return write(1, out, out_len) == (ssize_t)out_len ? 0 : 5;
 }
 
+/* For a service that reads nothing until FILE exists (interval 1, no block mode): fills
+ * the ring with samples (kept blocks), then loads and unloads LIB with a sample in
+ * between until the small records that tell of it fill the last bytes too, frees the
+ * first block (its record goes into the room frees keep: a mark), loads LIB and samples
+ * (the record that tells of it finds no room), makes FILE, waits for the service to
+ * read, and samples once more. Prints "dlfull mark=ADDR" (hex). */
+static int run_dlfull(char *spec)
+{
+    char *lib = spec, *file = strchr(spec, ':');
+    if (!file)
+        return 2;
+    *file++ = 0;
+    void *mark = malloc(64);
+    if (!mark)
+        return 3;
+    /* Its address, printed after the free (volatile: not the freed pointer's value). */
+    static volatile uintptr_t mark_addr;
+    mark_addr = (uintptr_t)mark;
+    for (int i = 0; i < 40000; i++)
+        if (!malloc(64))
+            return 3;
+    for (int i = 0; i < 300; i++) {
+        void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+        if (!h || !malloc(64))
+            return 4;
+        dlclose(h);
+    }
+    free(mark);
+    if (!dlopen(lib, RTLD_NOW | RTLD_LOCAL) || !malloc(64))
+        return 4;
+    int fd = open(file, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return 6;
+    (void)close(fd);
+    struct timespec ts = {0, 500 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    if (!malloc(64))
+        return 3;
+    put("dlfull mark=");
+    put_u64((uint64_t)mark_addr, 16);
+    put("\n");
+    return write(1, out, out_len) == (ssize_t)out_len ? 0 : 5;
+}
+
 int main(int argc, char **argv)
 {
     static void *blocks[100];
@@ -219,6 +266,8 @@ int main(int argc, char **argv)
         return run_threads();
     if (argc > 1 && strcmp(argv[1], "heaps") == 0)
         return run_heaps();
+    if (argc > 1 && strncmp(argv[1], "dlfull:", 7) == 0)
+        return run_dlfull(argv[1] + 7);
     if (argc > 1 && strcmp(argv[1], "sigfree") == 0) {
         int r = run_sigfree();
         if (r != 0)

@@ -33,10 +33,12 @@
 #include "common/clock.h"
 #include "common/fdpass.h"
 #include "shmem_ring/ring.h"
+#include "shmem_ring/utable.h"
 #include "shmem_ring/wire.h"
 
 static const char *lib_path;
 static const char *bump_lib;
+static const char *dl_lib;
 static const char *alloc_prog;
 static const char *semantics_prog;
 
@@ -49,9 +51,10 @@ enum serve_mode {
 
 struct record {
     uint16_t type;
-    struct wire_alloc a;     /* WIRE_ALLOC */
-    struct wire_free f;      /* WIRE_FREE */
-    struct wire_heap_name h; /* WIRE_HEAP_NAME */
+    struct wire_alloc a;        /* WIRE_ALLOC */
+    struct wire_free f;         /* WIRE_FREE */
+    struct wire_heap_name h;    /* WIRE_HEAP_NAME */
+    struct wire_maps_changed m; /* WIRE_MAPS_CHANGED */
     size_t payload_len;
 };
 
@@ -151,6 +154,8 @@ static void drain(ring_t *r, struct run *run)
             memcpy(&rec.a, rs.data, sizeof(rec.a));
         } else if (rs.type == WIRE_HEAP_NAME) {
             assert_int_equal(wire_decode_heap_name(rs.data, rs.len, &rec.h), 0);
+        } else if (rs.type == WIRE_MAPS_CHANGED) {
+            assert_int_equal(wire_decode_maps_changed(rs.data, rs.len, &rec.m), 0);
         } else {
             assert_int_equal(rs.type, WIRE_FREE);
             assert_int_equal(rs.len, sizeof(rec.f));
@@ -177,6 +182,13 @@ static const char *served_prog;
 /* The selection of heaps the fake service sends a client that speaks WIRE_FEATURE_HEAPS
  * (NULL: it does not accept the feature, as an older service). */
 static const struct wire_heaps *serve_heaps;
+/* The fake service also sends an unwind table (empty: every walk fails, stacks are
+ * copied; the client checks the loader's counts before each sample). */
+static bool serve_table;
+/* The fake service asks for no block mode. */
+static bool serve_noblock;
+/* The fake service reads nothing until this file exists. */
+static const char *serve_hold_file;
 
 static void read_exe_mappings(int maps_fd, struct run *run)
 {
@@ -232,8 +244,9 @@ static void serve(int lsock, pid_t child, enum serve_mode mode, uint64_t interva
         .magic = WIRE_CONFIG_MAGIC,
         .status = WIRE_STATUS_PROFILE,
         .features = run->hello.features &
-                    (WIRE_FEATURE_REGS_X86_64 | (serve_heaps ? WIRE_FEATURE_HEAPS : 0)),
-        .block_client = mode == SERVE_PROFILE,
+                    (WIRE_FEATURE_REGS_X86_64 | (serve_heaps ? WIRE_FEATURE_HEAPS : 0) |
+                     (serve_table ? WIRE_FEATURE_UNWIND_TABLE : 0)),
+        .block_client = mode == SERVE_PROFILE && !serve_noblock,
         .sampling_interval_bytes = interval,
         .max_stack_bytes = 64 << 10,
         .block_client_timeout_us = 2000000,
@@ -248,7 +261,12 @@ static void serve(int lsock, pid_t child, enum serve_mode mode, uint64_t interva
     ring_t *r = NULL;
     assert_int_equal(ring_create(8u << 20, &rfd), 0);
     assert_int_equal(ring_map(rfd, RING_ROLE_READER, &r), 0);
-    assert_int_equal(hp_send_fds(s, &cfg, sizeof(cfg), &rfd, 1), 0);
+    int send[2] = {rfd, -1};
+    if (cfg.features & WIRE_FEATURE_UNWIND_TABLE)
+        assert_int_equal(utable_create(UTABLE_DEFAULT_SLOTS, &send[1]), 0);
+    assert_int_equal(hp_send_fds(s, &cfg, sizeof(cfg), send, send[1] >= 0 ? 2 : 1), 0);
+    if (send[1] >= 0)
+        (void)close(send[1]);
     if (cfg.features & WIRE_FEATURE_HEAPS)
         assert_int_equal(hp_send_fds(s, serve_heaps, sizeof(*serve_heaps), NULL, 0), 0);
     (void)close(rfd);
@@ -259,6 +277,11 @@ static void serve(int lsock, pid_t child, enum serve_mode mode, uint64_t interva
     }
 
     uint64_t deadline = hp_clock_ns(CLOCK_MONOTONIC) + 30ull * 1000000000u;
+    while (serve_hold_file && access(serve_hold_file, F_OK) != 0) {
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        assert_true(hp_clock_ns(CLOCK_MONOTONIC) < deadline);
+    }
     bool eof = false;
     while (!eof) {
         drain(r, run);
@@ -750,15 +773,60 @@ static void test_client_glibc_semantics_kept(void **state)
     assert_true(run->nrecs > 10);
 }
 
+/* A record that tells the service of code loaded (WIRE_MAPS_CHANGED) found the ring full:
+ * the next sample tells it, before its own record. The service rereads the maps when
+ * told, not for their age: a lost record left it naming the new code with the old maps
+ * (and, after an unload, the client never walking again). The program (run_dlfull() in
+ * alloc_prog.c) fills the ring to the last byte while the service reads nothing, frees a
+ * block (its record, in the room frees keep, marks the place), loads a library and
+ * samples, lets the service read, and samples once more: after the mark come the change,
+ * then that sample. */
+static void test_client_bug_lost_code_change_told_later(void **state)
+{
+    struct fixture *f = *state;
+    struct run *run = fresh_run(f);
+    char hold[160], arg[4096];
+    snprintf(hold, sizeof(hold), "%s/hold", f->dir);
+    snprintf(arg, sizeof(arg), "dlfull:%s:%s", dl_lib, hold);
+    struct env_opts o = {.preload = true, .socket_path = f->sock_path, .startup = true};
+    serve_table = true;
+    serve_noblock = true;
+    serve_hold_file = hold;
+    run_prog(alloc_prog, arg, &o, SERVE_PROFILE, 1, f->lsock, run);
+    serve_table = false;
+    serve_noblock = false;
+    serve_hold_file = NULL;
+    (void)unlink(hold);
+    print_message("  status %d, %zu records, %llu dropped, out: %s", run->status, run->nrecs,
+                  (unsigned long long)run->stats.records_dropped, run->out);
+    assert_true(exited_ok(run));
+    unsigned long long mark = 0;
+    assert_int_equal(sscanf(run->out, "dlfull mark=%llx", &mark), 1);
+    assert_true(run->stats.records_dropped > 0); /* the ring did fill up */
+    size_t at = run->nrecs;
+    for (size_t i = 0; i < run->nrecs; i++)
+        if (run->recs[i].type == WIRE_FREE && run->recs[i].f.addr == mark)
+            at = i;
+    assert_true(at < run->nrecs);
+    for (size_t i = at; i < run->nrecs; i++)
+        print_message("  record %zu after the mark: type %u\n", i - at, run->recs[i].type);
+    assert_int_equal(run->nrecs, at + 3);
+    assert_int_equal(run->recs[at + 1].type, WIRE_MAPS_CHANGED);
+    assert_int_not_equal(run->recs[at + 1].m.ask, 0); /* loaded code: a reread is asked for */
+    assert_int_equal(run->recs[at + 2].type, WIRE_ALLOC);
+}
+
 int main(void)
 {
     lib_path = getenv("HEAPPROF_TEST_LIB");
     alloc_prog = getenv("HEAPPROF_TEST_ALLOC_PROG");
     semantics_prog = getenv("HEAPPROF_TEST_SEMANTICS_PROG");
     bump_lib = getenv("HEAPPROF_TEST_BUMP_LIB");
-    if (!lib_path || !alloc_prog || !semantics_prog || !bump_lib) {
-        fprintf(stderr, "HEAPPROF_TEST_LIB, HEAPPROF_TEST_ALLOC_PROG, "
-                        "HEAPPROF_TEST_SEMANTICS_PROG and HEAPPROF_TEST_BUMP_LIB must be set\n");
+    dl_lib = getenv("HEAPPROF_TEST_DL_LIB");
+    if (!lib_path || !alloc_prog || !semantics_prog || !bump_lib || !dl_lib) {
+        fprintf(stderr,
+                "HEAPPROF_TEST_LIB, HEAPPROF_TEST_ALLOC_PROG, HEAPPROF_TEST_SEMANTICS_PROG, "
+                "HEAPPROF_TEST_BUMP_LIB and HEAPPROF_TEST_DL_LIB must be set\n");
         return 1;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -774,6 +842,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_client_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_bug_sized_frees_unrecorded, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_bug_signal_free_lost, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_client_bug_lost_code_change_told_later, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests_name("client", tests, NULL, NULL);
 }
