@@ -711,6 +711,34 @@ static size_t lib_maps_text(const char *path, char *out, size_t cap)
     return len;
 }
 
+/* Registers and a zeroed stack (@stack, @len bytes) of one frame in unwtest_lib_call, at
+ * its first instruction seen as a return address (the pc after it), whose return
+ * address is 0. Returns the stack pointer. */
+static uint64_t lib_call_frame(uint64_t regs[HP_NREGS], uint8_t *stack, size_t len)
+{
+    memset(regs, 0, HP_NREGS * sizeof(regs[0]));
+    memset(stack, 0, len);
+    uint64_t sp = 0x7ff000001000ull;
+    regs[HP_REG_RIP] = (uint64_t)(uintptr_t)unwtest_lib_call + 1;
+    regs[HP_REG_RSP] = sp;
+    return sp;
+}
+
+/* A process whose maps (in a memfd, returned in @ret_maps_fd) show the library of
+ * unwtest_lib_call only. */
+static unwinder_process_t *lib_process(int *ret_maps_fd)
+{
+    static char text[16384];
+    int maps_fd = memfd_create("maps", MFD_CLOEXEC);
+    assert_true(maps_fd >= 0);
+    size_t len = lib_maps_text(NULL, text, sizeof(text));
+    assert_int_equal(pwrite(maps_fd, text, len, 0), (ssize_t)len);
+    unwinder_process_t *p = NULL;
+    assert_int_equal(unwinder_process_new(getpid(), maps_fd, -1, &p), 0);
+    *ret_maps_fd = maps_fd;
+    return p;
+}
+
 /* A library unloaded and another one loaded at the same addresses (simulated: the maps
  * text changes under fixed addresses, to a file whose function at the same offset has
  * another name). The pc is not unknown, so only the refresh of old maps notices; the
@@ -719,21 +747,14 @@ static void test_unwind_library_replaced_at_same_address(void **state)
 {
     (void)state;
     static char text[16384];
-    int maps_fd = memfd_create("maps", MFD_CLOEXEC);
-    assert_true(maps_fd >= 0);
-    size_t len = lib_maps_text(NULL, text, sizeof(text));
-    assert_int_equal(pwrite(maps_fd, text, len, 0), (ssize_t)len);
-    unwinder_process_t *p = NULL;
-    assert_int_equal(unwinder_process_new(getpid(), maps_fd, -1, &p), 0);
+    int maps_fd;
+    unwinder_process_t *p = lib_process(&maps_fd);
 
     /* Frame 0 at the function's first instruction (as a return address: the pc after
      * it), whose return address is 0: one frame. */
-    uint64_t regs[HP_NREGS] = {0};
+    uint64_t regs[HP_NREGS];
     static uint8_t stack[64];
-    memset(stack, 0, sizeof(stack));
-    uint64_t sp = 0x7ff000001000ull;
-    regs[HP_REG_RIP] = (uint64_t)(uintptr_t)unwtest_lib_call + 1;
-    regs[HP_REG_RSP] = sp;
+    uint64_t sp = lib_call_frame(regs, stack, sizeof(stack));
     size_t n;
     struct unwinder_result res;
     assert_int_equal(
@@ -754,7 +775,7 @@ static void test_unwind_library_replaced_at_same_address(void **state)
     assert_non_null(want);
     assert_string_not_equal(want, "unwtest_lib_call");
 
-    len = lib_maps_text(UNWDL_PATH, text, sizeof(text));
+    size_t len = lib_maps_text(UNWDL_PATH, text, sizeof(text));
     assert_int_equal(ftruncate(maps_fd, 0), 0);
     assert_int_equal(pwrite(maps_fd, text, len, 0), (ssize_t)len);
     uint64_t saved = unwinder__maps_refresh_ns;
@@ -806,27 +827,20 @@ static void test_unwind_bug_refresh_ahead_of_told_loads(void **state)
 {
     (void)state;
     static char text[16384];
-    int maps_fd = memfd_create("maps", MFD_CLOEXEC);
-    assert_true(maps_fd >= 0);
-    size_t len = lib_maps_text(NULL, text, sizeof(text));
-    assert_int_equal(pwrite(maps_fd, text, len, 0), (ssize_t)len);
-    unwinder_process_t *p = NULL;
-    assert_int_equal(unwinder_process_new(getpid(), maps_fd, -1, &p), 0);
+    int maps_fd;
+    unwinder_process_t *p = lib_process(&maps_fd);
     /* The client tells of a load (this library's, say). */
     unwinder_maps_changed(p, false);
 
-    uint64_t regs[HP_NREGS] = {0};
+    uint64_t regs[HP_NREGS];
     static uint8_t stack[64];
-    memset(stack, 0, sizeof(stack));
-    uint64_t sp = 0x7ff000001000ull;
-    regs[HP_REG_RIP] = (uint64_t)(uintptr_t)unwtest_lib_call + 1;
-    regs[HP_REG_RSP] = sp;
+    uint64_t sp = lib_call_frame(regs, stack, sizeof(stack));
     uint64_t pcs[1] = {regs[HP_REG_RIP] + 1}; /* a return address just past the pc */
     size_t n;
     struct unwinder_result res;
 
     /* The library is replaced at the same addresses; the client has not said so yet. */
-    len = lib_maps_text(UNWDL_PATH, text, sizeof(text));
+    size_t len = lib_maps_text(UNWDL_PATH, text, sizeof(text));
     set_maps(maps_fd, text, len);
     uint64_t saved = unwinder__maps_refresh_ns;
     unwinder__maps_refresh_ns = 0;
