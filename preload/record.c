@@ -302,7 +302,9 @@ static HP_NOINLINE void hook_record_other(struct client_tls *t, struct client_se
 enum hook_code {
     HOOK_CODE_WALK, /* the counts are told: walk with the table */
     HOOK_CODE_COPY, /* the counts are unknown now: copy the stack */
-    HOOK_CODE_DROP, /* a change is owed and the ring took no record: no sample either */
+    /* A change is owed and the ring took no record: no sample either (the record that
+     * found no room is counted as dropped, one per sample). */
+    HOOK_CODE_DROP,
 };
 
 /* Writes WIRE_MAPS_CHANGED for the changes in @untold (WIRE_MAPS_* flags and
@@ -347,10 +349,8 @@ static void hook_untold_clear(struct client_session *s, uint32_t untold)
 static HP_NOINLINE enum hook_code hook_tell_untold(struct client_session *s, uint32_t untold)
 {
     uint64_t ask;
-    if (!hook_tell_code(s, untold, &ask)) {
-        ring_count_drop(s->ring);
+    if (!hook_tell_code(s, untold, &ask))
         return HOOK_CODE_DROP;
-    }
     hook_untold_clear(s, untold);
     hook_told_loaded(s, ask);
     return HOOK_CODE_WALK;
@@ -420,10 +420,8 @@ static HP_NOINLINE enum hook_code hook_code_changed(struct client_session *s, ui
      * first). */
     atomic_store_explicit(&s->dl_adds, adds, memory_order_release);
     atomic_store_explicit(&s->dl_subs, subs, memory_order_release);
-    if (!told) {
-        ring_count_drop(s->ring);
+    if (!told)
         return HOOK_CODE_DROP;
-    }
     hook_untold_clear(s, untold);
     hook_told_loaded(s, ask);
     return HOOK_CODE_WALK;
