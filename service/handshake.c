@@ -279,9 +279,10 @@ static int answer(const struct svc *s, int sock, const struct wire_hello *hello,
     struct wire_client_config cfg = {
         .magic = WIRE_CONFIG_MAGIC,
         .status = WIRE_STATUS_PROFILE,
-        .features = hello->features &
-                    (WIRE_FEATURE_REGS_X86_64 | table | WIRE_FEATURE_PYFRAMES | WIRE_FEATURE_HEAPS |
-                     WIRE_FEATURE_TITLE | (s->cfg.follow_fork ? WIRE_FEATURE_FOLLOW_FORK : 0)),
+        .features =
+            hello->features & (WIRE_FEATURE_REGS_X86_64 | table | WIRE_FEATURE_PYFRAMES |
+                               WIRE_FEATURE_HEAPS | WIRE_FEATURE_TITLE | WIRE_FEATURE_FREE_BATCH |
+                               (s->cfg.follow_fork ? WIRE_FEATURE_FOLLOW_FORK : 0)),
         .block_client = s->cfg.block_client,
         .sampling_interval_bytes = s->cfg.sampling_interval_bytes,
         .max_stack_bytes = svc_config_max_stack(&s->cfg),
@@ -357,7 +358,8 @@ struct svc_client *svc__handshake(struct svc *s, int sock)
     if (start_unwinding(c) < 0 || make_ring(s, c, &ring_fd) < 0)
         goto reject;
     uint32_t table = make_table(s, c, hello.features, &utable_fd);
-    c->features = hello.features & WIRE_FEATURE_PYFRAMES; /* as answer() accepts them */
+    /* As answer() accepts them. */
+    c->features = hello.features & (WIRE_FEATURE_PYFRAMES | WIRE_FEATURE_FREE_BATCH);
     /* A process that changes its ids sends the new ones as credentials (service/ids.c),
      * maybe before we get to profiled(): its ring's count starts at 0 (c->ids_seen). */
     int on = 1;

@@ -16,6 +16,9 @@ int svc_query(svc_t *s, enum svc_query_kind kind, pid_t pid, int out_fd, int don
 {
     if (kind != SVC_QUERY_PROFILE && kind != SVC_QUERY_PROCESSES)
         return -EINVAL;
+    /* What the processes did until now is in the answer: the records in their rings, and
+     * the frees they hold in batches. */
+    svc__sync_unwinders(s);
     /* Counted before posting: the answer (which takes it back) may come at once. */
     unsigned n = atomic_fetch_add_explicit(&s->queries, 1, memory_order_relaxed);
     if (n >= SVC_MAX_QUERIES) {

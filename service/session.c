@@ -26,8 +26,6 @@
 #include "shmem_ring/utable.h"
 #include "shmem_ring/wire.h"
 
-#define MAX_UNWINDERS 8
-
 void svc_get_status(svc_t *s, struct svc_status *ret)
 {
     /* Ending before live, with acquire: a session removed since is then out of both
@@ -156,7 +154,7 @@ static int create(const struct svc_config *cfg, int out_fd, const struct bk_sink
                &s->bk);
     if (r < 0)
         goto fail;
-    s->dump_barriers = calloc(MAX_UNWINDERS, sizeof(*s->dump_barriers));
+    s->dump_barriers = calloc(SVC_MAX_UNWINDERS, sizeof(*s->dump_barriers));
     if (!s->dump_barriers) {
         r = -ENOMEM;
         goto fail;
@@ -171,8 +169,8 @@ static int create(const struct svc_config *cfg, int out_fd, const struct bk_sink
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
         n = cpus > 0 ? (unsigned)cpus : 1;
     }
-    if (n > MAX_UNWINDERS)
-        n = MAX_UNWINDERS;
+    if (n > SVC_MAX_UNWINDERS)
+        n = SVC_MAX_UNWINDERS;
     s->unwinders = calloc(n, sizeof(*s->unwinders));
     if (!s->unwinders) {
         r = -ENOMEM;

@@ -62,7 +62,9 @@ struct svc_client {
     unwinder_process_t *unw;
     uint64_t max_stack_bytes;
     uint64_t sampling_interval_bytes;
-    uint32_t features; /* WIRE_FEATURE_* accepted that change what records hold */
+    uint32_t features;  /* WIRE_FEATURE_* accepted that change what records hold */
+    uint32_t flush_ask; /* the last ask for its frees in batches (ring_ask_flush()) */
+    bool flush_waiting; /* a dump waits for the answer */
     bool from_startup;
     bool started;          /* PROC_START posted */
     bool has_work;         /* ring not known to be empty */
@@ -190,6 +192,7 @@ int svc__handshake_hello(int sock, bool allow_other_users, struct wire_hello *re
 struct svc;
 
 /* An unwinder thread. */
+#define SVC_MAX_UNWINDERS 8
 struct svc_unwinder {
     struct svc *svc;
     pthread_t thread;
@@ -205,7 +208,12 @@ struct svc_unwinder {
     bool detach;            /* protected by lock: end every client */
     uint32_t detach_flags;  /* protected by lock */
     uint32_t dump_requests; /* protected by lock: drain, then post a dump barrier */
-    unsigned index;         /* in svc.unwinders */
+    /* Syncs before a query (svc__sync_unwinders()): asked (protected by lock), and the
+     * last one whose records are posted to the bookkeeping thread; seen by the thread. */
+    uint32_t sync_asked;
+    _Atomic uint32_t sync_done;
+    uint32_t sync_seen;
+    unsigned index; /* in svc.unwinders */
     /* The samples handled since the clock was last read (CLOCK_MONOTONIC, clock_ns),
      * timed together (end_span() in service/unwind_records.c); walked ones among them. */
     uint64_t clock_ns;
@@ -279,7 +287,7 @@ struct svc {
     pthread_t bk_thread;
     bool bk_started;
     bk_t *bk;
-    unsigned n_unwinders;
+    unsigned n_unwinders; /* <= SVC_MAX_UNWINDERS */
     struct svc_unwinder *unwinders;
     unsigned next_unwinder;
     /* The main thread's: every session of a pid goes to the same unwinder thread, so a
@@ -345,6 +353,11 @@ void svc__mark_seen(struct svc *s, pid_t pid);
 void *svc__unwinder_main(void *arg);
 /* Wakes the unwinder thread (it looks at its requests). Thread-safe. */
 void svc__unwinder_wake(struct svc_unwinder *u);
+/* Before a query: each unwinder asks its clients for the frees they hold in batches,
+ * reads their rings up to now and posts what it read; waits for them, at most
+ * SVC_SYNC_WAIT_MS. Any thread but the unwinders'. */
+#define SVC_SYNC_WAIT_MS 200
+void svc__sync_unwinders(struct svc *s);
 /* The socket of the client with @id hung up (main thread, from its epoll). Thread-safe. */
 void svc__unwinder_hangup(struct svc *s, uint64_t id);
 

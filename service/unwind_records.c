@@ -106,6 +106,30 @@ static void post_sample(struct svc_unwinder *u, struct svc_client *c, int r, siz
     memcpy(m + 1, u->frames, n * sizeof(struct hp_frame));
 }
 
+/* The free of @addr of @heap_id, for the bookkeeping thread. */
+static void post_free(struct svc_unwinder *u, struct svc_client *c, uint32_t heap_id, uint64_t addr)
+{
+    struct svc_msg_free *m = svc__post(u, c, SVC_MSG_FREE, sizeof(*m));
+    if (!m) {
+        c->stats.records_lost_service++;
+        c->frees_lost_service++;
+        return;
+    }
+    m->heap_id = heap_id;
+    m->seq = ++c->seq;
+    m->addr = addr;
+    c->frees++;
+}
+
+/* A sampled allocation whose record carries the free of its address first
+ * (WIRE_HEAD_FREE_FIRST): that free, before the allocation is posted. */
+static void head_free_first(struct svc_unwinder *u, struct svc_client *c,
+                            const struct wire_alloc_head *h)
+{
+    if ((c->features & WIRE_FEATURE_FREE_BATCH) && (h->head_flags & WIRE_HEAD_FREE_FIRST))
+        post_free(u, c, h->heap_id, h->addr);
+}
+
 static bool same_frames(const struct hp_frame *a, size_t na, const struct hp_frame *b, size_t nb)
 {
     if (na != nb)
@@ -267,6 +291,7 @@ static void handle_alloc(struct svc_unwinder *u, struct svc_client *c, const uin
     /* struct wire_alloc starts with the fields of a struct wire_alloc_head (wire.h). */
     struct wire_alloc_head h;
     memcpy(&h, &a, sizeof(h));
+    head_free_first(u, c, &h);
     post_sample(u, c, r, n, &res, &h, false);
 }
 
@@ -299,6 +324,7 @@ static void handle_alloc_pcs(struct svc_unwinder *u, struct svc_client *c, const
         if (r >= 0)
             merge_py(u, c, &n, py, &tail);
     }
+    head_free_first(u, c, &a.head);
     post_sample(u, c, r, n, &res, &a.head, true);
 }
 
@@ -310,16 +336,23 @@ static void handle_free(struct svc_unwinder *u, struct svc_client *c, const uint
         c->flags |= BK_FLAG_BUFFER_CORRUPTED;
         return;
     }
-    struct svc_msg_free *m = svc__post(u, c, SVC_MSG_FREE, sizeof(*m));
-    if (!m) {
-        c->stats.records_lost_service++;
-        c->frees_lost_service++;
+    post_free(u, c, f.heap_id, f.addr);
+}
+
+/* Frees in a batch (WIRE_FEATURE_FREE_BATCH), in their order. */
+static void handle_frees(struct svc_unwinder *u, struct svc_client *c, const uint8_t *data,
+                         size_t len)
+{
+    struct wire_frees f;
+    uint64_t addrs[WIRE_MAX_FREES];
+    if (!(c->features & WIRE_FEATURE_FREE_BATCH) || wire_decode_frees(data, len, &f, addrs) < 0) {
+        c->flags |= BK_FLAG_BUFFER_CORRUPTED;
         return;
     }
-    m->heap_id = f.heap_id;
-    m->seq = ++c->seq;
-    m->addr = f.addr;
-    c->frees++;
+    /* 0: a free the client took out after it reserved the record (recorded elsewhere). */
+    for (uint32_t i = 0; i < f.n; i++)
+        if (addrs[i] != 0)
+            post_free(u, c, f.heap_id, addrs[i]);
 }
 
 /* A heap's name: for the bookkeeping thread, which names the heap's dumps by it. */
@@ -477,6 +510,9 @@ static enum svc_drain_result drain(struct svc_unwinder *u, struct svc_client *c,
             break;
         case WIRE_FREE:
             handle_free(u, c, rd.data, rd.len);
+            break;
+        case WIRE_FREES:
+            handle_frees(u, c, rd.data, rd.len);
             break;
         case WIRE_ALLOC_PCS:
             if (!apply_maps_changed(c))

@@ -42,6 +42,10 @@
 /* A dump request drains each ring up to where it ended when the request came, at most
  * this many budgets (the end of a ring is at most its size away). */
 #define DUMP_DRAIN_ROUNDS 64
+/* How long a dump waits for the clients to record the frees they hold in batches (they
+ * look every 10 ms; a busy machine, or a sanitizer build, may keep them longer). The rings
+ * are read meanwhile. */
+#define DUMP_FLUSH_WAIT_NS (200ull * 1000 * 1000)
 /* A client's title is read again every RETITLE_EARLY_NS for its first
  * RETITLE_EARLY_FOR_NS (look_again()). */
 #define RETITLE_EARLY_NS (100ull * 1000 * 1000)
@@ -363,6 +367,26 @@ static void poll_hangups(struct svc_unwinder *u)
     }
 }
 
+void svc__sync_unwinders(struct svc *s)
+{
+    uint32_t asked[SVC_MAX_UNWINDERS];
+    for (unsigned i = 0; i < s->n_unwinders; i++) {
+        struct svc_unwinder *u = &s->unwinders[i];
+        pthread_mutex_lock(&u->lock);
+        asked[i] = ++u->sync_asked;
+        pthread_mutex_unlock(&u->lock);
+        svc__unwinder_wake(u);
+    }
+    uint64_t deadline = hp_clock_ns(CLOCK_MONOTONIC) + SVC_SYNC_WAIT_MS * 1000000ull;
+    for (unsigned i = 0; i < s->n_unwinders; i++)
+        while ((int32_t)(atomic_load_explicit(&s->unwinders[i].sync_done, memory_order_acquire) -
+                         asked[i]) < 0 &&
+               hp_clock_ns(CLOCK_MONOTONIC) < deadline) {
+            struct timespec ts = {0, 500 * 1000};
+            (void)nanosleep(&ts, NULL);
+        }
+}
+
 void svc__unwinder_wake(struct svc_unwinder *u)
 {
     /* Release pairs with the acquire load before the thread looks at its requests. */
@@ -494,10 +518,49 @@ static void complete_ends(struct svc_unwinder *u)
     adopt_deferred(u);
 }
 
-/* Reads each ring up to where it ended when the dump was asked for (an ending one: up to
- * its end), then posts every client's statistics and the barrier that lets the dump go. */
-static void drain_for_dump(struct svc_unwinder *u, uint32_t dump_requests)
+/* Frees the clients hold in batches (WIRE_FEATURE_FREE_BATCH) go into the dump: each
+ * client is asked to record them, and all are given DUMP_FLUSH_WAIT_NS together to answer
+ * (the client's session thread looks every few milliseconds). One that does not
+ * (stopped, busy) is dumped as it is: its frees of the last moments (at most one round of
+ * its session thread, 200 ms) come in the next dump. */
+static void ask_flushes(struct svc_unwinder *u)
 {
+    unsigned waiting = 0;
+    for (struct svc_client *c = u->clients; c; c = c->next) {
+        c->flush_waiting = (c->features & WIRE_FEATURE_FREE_BATCH) && !c->ending;
+        if (c->flush_waiting) {
+            c->flush_ask = ring_ask_flush(c->ring);
+            waiting++;
+        }
+    }
+    uint64_t deadline = hp_clock_ns(CLOCK_MONOTONIC) + DUMP_FLUSH_WAIT_NS;
+    while (waiting > 0 && hp_clock_ns(CLOCK_MONOTONIC) < deadline) {
+        /* Meanwhile the rings are read as usual (a full one would make its writers drop
+         * samples); with nothing to read, a short sleep. */
+        uint64_t read = 0;
+        for (struct svc_client *c = u->clients; c; c = c->next) {
+            uint64_t before = c->records;
+            if (!c->ending)
+                (void)svc__drain_upto(u, c, DRAIN_BUDGET, NULL);
+            read += c->records - before;
+        }
+        if (read == 0) {
+            struct timespec ts = {0, 200 * 1000};
+            (void)nanosleep(&ts, NULL);
+        }
+        for (struct svc_client *c = u->clients; c; c = c->next)
+            if (c->flush_waiting && ring_flush_answered(c->ring, c->flush_ask)) {
+                c->flush_waiting = false;
+                waiting--;
+            }
+    }
+}
+
+/* Asks for the frees in batches, then reads each ring up to where it ended then (an
+ * ending one: up to its end). */
+static void drain_to_now(struct svc_unwinder *u)
+{
+    ask_flushes(u);
     /* Only what was written before the request: a process that keeps its ring full would
      * otherwise hold the dump (and every other client) back for as long as it can refill
      * the ring faster than we read it. */
@@ -508,6 +571,13 @@ static void drain_for_dump(struct svc_unwinder *u, uint32_t dump_requests)
              i++)
             ;
     }
+}
+
+/* Reads each ring up to when the dump was asked for, then posts every client's
+ * statistics and the barrier that lets the dump go. */
+static void drain_for_dump(struct svc_unwinder *u, uint32_t dump_requests)
+{
+    drain_to_now(u);
     /* Each process is named in each dump by its title at the time. */
     for (struct svc_client *c = u->clients; c; c = c->next) {
         svc__client_retitle(u, c);
@@ -544,6 +614,7 @@ struct requests {
     bool detach; /* end every client, with detach_flags */
     uint32_t detach_flags;
     uint32_t dump_requests;
+    uint32_t sync_asked;
 };
 
 /* Stopping (svc_finish()): every client ends by the stop deadline, the ones already
@@ -570,6 +641,7 @@ static void take_requests(struct svc_unwinder *u, struct requests *ret)
     ret->detach_flags = u->detach_flags;
     ret->dump_requests = u->dump_requests;
     u->dump_requests = 0;
+    ret->sync_asked = u->sync_asked;
     u->detach = false;
     u->detach_flags = 0;
     uint64_t *hangups = u->hangups;
@@ -782,7 +854,15 @@ void *svc__unwinder_main(void *arg)
         begin_ends(u, rq.detach, rq.detach_flags);
         struct pass p = drain_clients(u);
         answer_dumps(u, rq.dump_requests);
+        bool sync = rq.sync_asked != u->sync_seen;
+        if (sync)
+            drain_to_now(u);
         svc__batch_flush(&u->batcher);
+        if (sync) {
+            u->sync_seen = rq.sync_asked;
+            /* Release: pairs with svc__sync_unwinders(), which posts after. */
+            atomic_store_explicit(&u->sync_done, rq.sync_asked, memory_order_release);
+        }
         complete_ends(u);
         if (u->stopping && !u->clients && !u->deferred)
             break;

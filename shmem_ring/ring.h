@@ -284,9 +284,9 @@ uint64_t ring_forks_unfollowed(ring_t *r);
 bool ring_client_exiting(ring_t *r);
 /* Reader, once the session is over (ring_set_detached()): steps over every record
  * before @mark (ring_mark()) without reading it, published or not, and counts them in
- * @ret_records, those of type @type also in @ret_of_type. Returns 0 once at @mark, or
- * -EBADMSG at a record whose header is not valid (the rest is not counted). */
-int ring_discard(ring_t *r, uint64_t mark, uint16_t type, uint64_t *ret_records,
+ * @ret_records, those of a type in the mask @types (bit 1 << type) also in @ret_of_type. Returns 0
+ * once at @mark, or -EBADMSG at a record whose header is not valid (the rest is not counted). */
+int ring_discard(ring_t *r, uint64_t mark, uint32_t types, uint64_t *ret_records,
                  uint64_t *ret_of_type) HP_WARN_UNUSED;
 
 /* Reader: how long ring_begin_read() waits for a reserved record to be published before
@@ -296,6 +296,17 @@ void ring_set_stall_timeout(ring_t *r, uint64_t timeout_us);
  * socket); from then on ring_try_begin_write() returns -EPIPE. Records already reserved
  * may still be published and can be drained. */
 void ring_set_detached(ring_t *r);
+
+/* Frees held in batches by the client (WIRE_FEATURE_FREE_BATCH), recorded when asked.
+ * Reader: counts an ask (the client's session thread looks every few milliseconds);
+ * returns its number. */
+uint32_t ring_ask_flush(ring_t *r);
+/* Reader: true once the client answered ask @n or a later one (an untrusted hint). */
+bool ring_flush_answered(ring_t *r, uint32_t n);
+/* Writer: the last ask. */
+uint32_t ring_flush_asked(ring_t *r);
+/* Writer: the records for ask @n are reserved. */
+void ring_flush_answer(ring_t *r, uint32_t n);
 
 /* Either side: a snapshot of the shared statistics (unvalidated on the reader side). */
 void ring_get_stats(ring_t *r, struct ring_stats *ret);

@@ -168,6 +168,12 @@ struct ring_shared {
     /* Written by the client: children of fork() it did not follow (the session does not
      * follow forks), for the service's "not followed" count. */
     _Atomic uint64_t forks_unfollowed;
+    /* Frees the client holds in batches (WIRE_FEATURE_FREE_BATCH): before a dump the
+     * reader counts an ask in flush_asked, which the client's session thread looks at
+     * every STHREAD_ASK_MS; the thread records every batch, then stores the ask it
+     * answered in flush_done (release: those records are reserved before). Untrusted. */
+    _Alignas(RING_CACHE_LINE) _Atomic uint32_t flush_asked;
+    _Atomic uint32_t flush_done;
     _Alignas(RING_LANE_CTL_OFFSET) struct ring_lane_shared lane_ctl[RING_MAX_LANES - 1];
 };
 _Static_assert(sizeof(struct ring_shared) <= RING_HEADER_SIZE, "ring header fits a page");

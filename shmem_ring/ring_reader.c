@@ -406,7 +406,7 @@ bool ring_client_exiting(ring_t *r)
 
 /* Skips the records of lane @lane up to position @to, counting them and those of
  * @type. */
-static int ring_discard_lane(ring_t *r, uint32_t lane, uint64_t to, uint16_t type, uint64_t *n,
+static int ring_discard_lane(ring_t *r, uint32_t lane, uint64_t to, uint32_t types, uint64_t *n,
                              uint64_t *of_type)
 {
     struct ring_lane *l = &r->lane[lane];
@@ -426,14 +426,14 @@ static int ring_discard_lane(ring_t *r, uint32_t lane, uint64_t to, uint16_t typ
         l->read_pos += len;
         l->head_ready = false;
         (*n)++;
-        *of_type += t == type;
+        *of_type += t < 32 && ((types >> t) & 1);
     }
     l->seen_write_pos = l->read_pos;
     ring_publish_lane(r, lane);
     return err;
 }
 
-int ring_discard(ring_t *r, uint64_t mark, uint16_t type, uint64_t *ret_records,
+int ring_discard(ring_t *r, uint64_t mark, uint32_t types, uint64_t *ret_records,
                  uint64_t *ret_of_type)
 {
     /* Only up to what was reserved when the caller took @mark; with lanes (whose mark is
@@ -443,7 +443,7 @@ int ring_discard(ring_t *r, uint64_t mark, uint16_t type, uint64_t *ret_records,
     for (uint32_t i = 0; i < r->lanes && err == 0; i++) {
         uint64_t to =
             r->lanes == 1 ? mark : atomic_load_explicit(&r->lane[i].word[0], memory_order_acquire);
-        err = ring_discard_lane(r, i, to, type, &n, &of_type);
+        err = ring_discard_lane(r, i, to, types, &n, &of_type);
     }
     r->stall_since_ns = 0;
     *ret_records = n;
@@ -462,6 +462,18 @@ void ring_set_detached(ring_t *r)
 {
     /* Relaxed: writers only need to see it eventually; nothing is published with it. */
     atomic_store_explicit(&r->hdr->detached, 1u, memory_order_relaxed);
+}
+
+uint32_t ring_ask_flush(ring_t *r)
+{
+    return atomic_fetch_add_explicit(&r->hdr->flush_asked, 1, memory_order_relaxed) + 1;
+}
+
+bool ring_flush_answered(ring_t *r, uint32_t n)
+{
+    /* Acquire pairs with the client's release: the flushed records are reserved. */
+    uint32_t done = atomic_load_explicit(&r->hdr->flush_done, memory_order_acquire);
+    return (int32_t)(done - n) >= 0;
 }
 
 void ring_maps_read_done(ring_t *r, uint64_t ask)

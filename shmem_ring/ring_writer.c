@@ -528,6 +528,17 @@ uint64_t ring_ask_maps_read(ring_t *r)
     return atomic_fetch_add_explicit(&h->maps_asked, 1, memory_order_relaxed) + 1;
 }
 
+uint32_t ring_flush_asked(ring_t *r)
+{
+    return r->hdr ? atomic_load_explicit(&r->hdr->flush_asked, memory_order_relaxed) : 0;
+}
+
+void ring_flush_answer(ring_t *r, uint32_t n)
+{
+    /* Release: the records of the flush were reserved before. */
+    atomic_store_explicit(&r->hdr->flush_done, n, memory_order_release);
+}
+
 int ring_wait_maps_read(ring_t *r, uint64_t ask)
 {
     struct ring_shared *h = r->hdr;

@@ -59,6 +59,19 @@ int wire_decode_free(const uint8_t *data, size_t len, struct wire_free *ret)
     return 0;
 }
 
+int wire_decode_frees(const uint8_t *data, size_t len, struct wire_frees *ret, uint64_t *ret_addrs)
+{
+    struct wire_frees f;
+    if (len < sizeof(f))
+        return -EBADMSG;
+    memcpy(&f, data, sizeof(f));
+    if (f.n == 0 || f.n > WIRE_MAX_FREES || len < wire_frees_len(f.n))
+        return -EBADMSG;
+    memcpy(ret_addrs, data + sizeof(f), (size_t)f.n * sizeof(uint64_t));
+    *ret = f;
+    return 0;
+}
+
 int wire_decode_heap_name(const uint8_t *data, size_t len, struct wire_heap_name *ret)
 {
     struct wire_heap_name h;

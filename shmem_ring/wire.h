@@ -55,6 +55,9 @@
 #define WIRE_FEATURE_HEAPS (1u << 3)
 /* Titles: the client may send WIRE_TITLE records. */
 #define WIRE_FEATURE_TITLE (1u << 5)
+/* Frees in batches: the client may send WIRE_FREES records, and sampled allocation records
+ * that carry a free of their own address first (WIRE_HEAD_FREE_FIRST). */
+#define WIRE_FEATURE_FREE_BATCH (1u << 6)
 
 /* Why the client connects (wire_hello.reason). */
 #define WIRE_REASON_STARTUP 1u /* profiling asked for by the environment at startup */
@@ -191,6 +194,11 @@ enum wire_type {
      * backend of a short connection) is gone before the service reads its title, and
      * would keep its parent's name. */
     WIRE_TITLE = 9,
+    /* Frees of sampled blocks of one heap, in the order given, each recorded after it
+     * happened and before any later sampled allocation of its address
+     * (WIRE_FEATURE_FREE_BATCH): struct wire_frees and n addresses, of which those that are
+     * 0 are left out (recorded elsewhere). */
+    WIRE_FREES = 10,
 };
 
 #define WIRE_TITLE_MAX 4096
@@ -247,7 +255,7 @@ struct wire_alloc {
     uint64_t addr;        /* address returned to the app */
     uint64_t size;        /* bytes the app asked for */
     uint64_t sample_size; /* bytes attributed by the sampler (interval * k, or size) */
-    uint64_t unused1;     /* 0 (see wire_alloc_head) */
+    uint64_t head_flags;  /* WIRE_HEAD_* (see wire_alloc_head) */
     uint32_t heap_id;     /* 0 = libc.malloc */
     uint32_t tid;
     uint64_t stack_ptr;
@@ -271,13 +279,17 @@ struct wire_alloc_head {
     uint64_t addr;
     uint64_t size;
     uint64_t sample_size;
-    /* 0. Was the time of the sample (CLOCK_MONOTONIC_COARSE), which the service never
-     * read; the clock cost a sample ~6 ns. Old clients' values are ignored. */
-    uint64_t unused1;
+    /* WIRE_HEAD_*. Was the time of the sample (CLOCK_MONOTONIC_COARSE), which the service
+     * never read: old clients' values are ignored unless the session speaks
+     * WIRE_FEATURE_FREE_BATCH. */
+    uint64_t head_flags;
     uint32_t heap_id;
     uint32_t tid;
 };
 _Static_assert(sizeof(struct wire_alloc_head) == 48, "wire_alloc_head ABI");
+/* wire_alloc_head.head_flags (WIRE_FEATURE_FREE_BATCH): the address was freed before this
+ * allocation and that free is not recorded elsewhere: apply it first. */
+#define WIRE_HEAD_FREE_FIRST (1u << 0)
 _Static_assert(offsetof(struct wire_alloc, tid) == offsetof(struct wire_alloc_head, tid) &&
                    offsetof(struct wire_alloc, stack_ptr) == sizeof(struct wire_alloc_head),
                "wire_alloc starts with a wire_alloc_head");
@@ -309,6 +321,20 @@ struct wire_free {
     uint32_t reserved;
 };
 _Static_assert(sizeof(struct wire_free) == 24, "wire_free ABI");
+
+/* Frees in a batch (WIRE_FREES): followed by n uint64_t addresses. */
+struct wire_frees {
+    uint32_t n; /* 1..WIRE_MAX_FREES */
+    uint32_t heap_id;
+};
+_Static_assert(sizeof(struct wire_frees) == 8, "wire_frees ABI");
+#define WIRE_MAX_FREES 64
+
+/* Bytes of a WIRE_FREES payload of @n addresses. */
+static inline size_t wire_frees_len(size_t n)
+{
+    return sizeof(struct wire_frees) + n * sizeof(uint64_t);
+}
 
 /* ---- Python frames (WIRE_FEATURE_PYFRAMES) ------------------------------------------ */
 
@@ -459,6 +485,14 @@ static inline void wire_encode_free(void *dst, uint64_t addr, uint32_t heap_id)
     __builtin_memcpy(dst, &f, sizeof(f));
 }
 
+/* Writes the head of a WIRE_FREES payload of @n addresses at @dst; returns where they go. */
+static inline uint64_t *wire_encode_frees(void *dst, uint32_t n, uint32_t heap_id)
+{
+    struct wire_frees f = {.n = n, .heap_id = heap_id};
+    __builtin_memcpy(dst, &f, sizeof(f));
+    return (uint64_t *)((uint8_t *)dst + sizeof(f));
+}
+
 /* Writes a WIRE_HEAP_NAME payload at @dst: @len bytes of @name (pre: len <
  * WIRE_HEAP_NAME_MAX), the rest zero. */
 static inline void wire_encode_heap_name(void *dst, uint32_t heap_id, const char *name, size_t len)
@@ -506,6 +540,10 @@ int wire_decode_py_code(const uint8_t *data, size_t len, struct wire_py_code *re
                         const uint8_t **ret_linetable) HP_WARN_UNUSED;
 /* Copies a WIRE_FREE payload into @ret. Returns 0 or -EBADMSG when too short. */
 int wire_decode_free(const uint8_t *data, size_t len, struct wire_free *ret) HP_WARN_UNUSED;
+/* Copies the head of a WIRE_FREES payload into @ret and its 1..WIRE_MAX_FREES addresses
+ * into @ret_addrs (room for WIRE_MAX_FREES). Returns 0 or -EBADMSG. */
+int wire_decode_frees(const uint8_t *data, size_t len, struct wire_frees *ret,
+                      uint64_t *ret_addrs) HP_WARN_UNUSED;
 /* Copies a WIRE_HEAP_NAME payload into @ret and checks it: a heap id above 0, a name of
  * 1..WIRE_HEAP_NAME_MAX - 1 bytes, NUL-terminated in @ret. Returns 0 or -EBADMSG. */
 int wire_decode_heap_name(const uint8_t *data, size_t len,

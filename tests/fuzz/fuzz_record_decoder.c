@@ -1,5 +1,6 @@
 /* tests/fuzz/fuzz_record_decoder.c: the service's validation of ring records
- * (wire_decode_alloc, wire_decode_alloc_pcs, wire_decode_free, wire_decode_heap_name,
+ * (wire_decode_alloc, wire_decode_alloc_pcs, wire_decode_free, wire_decode_frees,
+ * wire_decode_heap_name,
  * wire_decode_py_runtime, wire_decode_py_code with the naming of the code it accepts,
  * and wire_decode_py for the Python frames that end a
  * WIRE_ALLOC_PCS record with WIRE_PCS_PY, merged into its native frames by
@@ -14,7 +15,7 @@
  * Input layout:
  *   byte 0       record type (low 4 bits: 1 WIRE_ALLOC, 2 WIRE_FREE, 3 WIRE_ALLOC_PCS,
  *                4 WIRE_MAPS_CHANGED, 6 WIRE_PY_RUNTIME, 7 WIRE_HEAP_NAME,
- *                8 WIRE_PY_CODE, others unknown)
+ *                8 WIRE_PY_CODE, 10 WIRE_FREES, others unknown)
  *   byte 1       the max_stack_bytes cap, in KiB (0..255)
  *   the rest     the payload, copied to a buffer of exactly its size
  */
@@ -209,6 +210,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 strncmp(g_frames[0].function_name, q, c.qualname_len) != 0)
                 abort();
         }
+    } else if (type == WIRE_FREES) {
+        /* Accepted exactly when 1..WIRE_MAX_FREES addresses fit the payload, copied as
+         * they are. */
+        struct wire_frees f;
+        uint64_t addrs[WIRE_MAX_FREES];
+        int r = wire_decode_frees(payload, len, &f, addrs);
+        uint32_t n = 0;
+        if (len >= sizeof(f))
+            memcpy(&n, payload, sizeof(n));
+        bool fits = len >= sizeof(f) && n >= 1 && n <= WIRE_MAX_FREES && len >= wire_frees_len(n);
+        if ((r == 0) != fits)
+            abort();
+        if (r == 0 && (f.n != n || memcmp(addrs, payload + sizeof(f), n * sizeof(uint64_t)) != 0))
+            abort();
     } else if (type == WIRE_FREE) {
         struct wire_free f;
         int r = wire_decode_free(payload, len, &f);

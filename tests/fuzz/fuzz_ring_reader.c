@@ -116,7 +116,7 @@ static void fuzz_lanes(uint64_t rp, uint64_t wp, uint64_t wp2, const uint8_t *da
 
     if (mode & 2) {
         uint64_t mark = ring_mark(rd), count = 0, of_type = 0;
-        int r = ring_discard(rd, mark, 2, &count, &of_type);
+        int r = ring_discard(rd, mark, 1u << 2, &count, &of_type);
         if ((r != 0 && r != -EBADMSG) || of_type > count ||
             count > 2 * FUZZ_RING_SIZE / sizeof(struct ring_rec))
             abort();
@@ -164,7 +164,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     if (mode & 2) {
         uint64_t mark = ring_mark(fuzz_reader), count = 0, of_type = 0;
-        int r = ring_discard(fuzz_reader, mark, 2, &count, &of_type);
+        int r = ring_discard(fuzz_reader, mark, 1u << 2, &count, &of_type);
         if ((r != 0 && r != -EBADMSG) || of_type > count || count > FUZZ_RING_SIZE / 16)
             abort();
         if (r == 0 && !ring_reached(fuzz_reader, mark))

@@ -1309,13 +1309,13 @@ static void test_ring_discard_counts_what_is_left(void **state)
     /* A writer that ignores the detached flag writes on: not before the mark. */
     atomic_store(&f->writer->hdr->detached, 0u);
     assert_int_equal(write_one(f->writer, 2, 24, 99), 0);
-    assert_int_equal(ring_discard(f->reader, mark, 2, &n, &frees), 0);
+    assert_int_equal(ring_discard(f->reader, mark, 1u << 2, &n, &frees), 0);
     assert_int_equal(n, 10);    /* 9 published after the one read, and the unpublished one */
     assert_int_equal(frees, 4); /* records 3, 6, 9 and the unpublished one */
     assert_true(ring_reached(f->reader, mark));
     /* Nothing before the mark is left; the one after it is still there. */
     read_one_expect(f->reader, 2, 24, 99);
-    assert_int_equal(ring_discard(f->reader, ring_mark(f->reader), 2, &n, &frees), 0);
+    assert_int_equal(ring_discard(f->reader, ring_mark(f->reader), 1u << 2, &n, &frees), 0);
     assert_int_equal(n, 0);
 }
 
@@ -1326,13 +1326,14 @@ static void test_ring_discard_hostile(void **state)
     struct fixture *f = *state;
     uint64_t n = 0, frees = 0;
     assert_int_equal(write_one(f->writer, 1, 40, 1), 0);
-    assert_int_equal(ring_discard(f->reader, ring_mark(f->reader) + SMALL * 4, 1, &n, &frees),
+    assert_int_equal(ring_discard(f->reader, ring_mark(f->reader) + SMALL * 4, 1u << 1, &n, &frees),
                      -EBADMSG);
-    assert_int_equal(ring_discard(f->reader, ring_mark(f->reader) + 4, 1, &n, &frees), -EBADMSG);
+    assert_int_equal(ring_discard(f->reader, ring_mark(f->reader) + 4, 1u << 1, &n, &frees),
+                     -EBADMSG);
     assert_int_equal(write_one(f->writer, 1, 40, 2), 0);
     uint64_t mark = ring_mark(f->reader);
     rec_at(f->writer, mark - 64)->len_total = 0x7ffffff8u;
-    assert_int_equal(ring_discard(f->reader, mark, 1, &n, &frees), -EBADMSG);
+    assert_int_equal(ring_discard(f->reader, mark, 1u << 1, &n, &frees), -EBADMSG);
     assert_int_equal(n, 1);
 }
 
@@ -1743,7 +1744,7 @@ static void test_ring_lanes_discard(void **state)
         write_in(f->writer, (unsigned)(i % 3 == 0), 8 + 8 * (i % 4), i);
     read_one_expect(f->reader, 1, 8, 0);
     uint64_t n = 0, frees = 0;
-    assert_int_equal(ring_discard(f->reader, ring_mark(f->reader), 1, &n, &frees), 0);
+    assert_int_equal(ring_discard(f->reader, ring_mark(f->reader), 1u << 1, &n, &frees), 0);
     assert_int_equal(n, 8);
     assert_int_equal(frees, 8);
     struct ring_rspan rs;
