@@ -1,5 +1,6 @@
 /* preload/attach.c: the session thread, which handshakes when an attacher woke the
- * client and watches a session until it ends.
+ * client and watches a session until it ends (and records the frees the program's
+ * threads hold in batches, preload/client.h).
  *
  * Dormant means free: while no session runs the process has no thread of ours, so a
  * single-threaded program stays single-threaded (glibc keeps its single-thread fast
@@ -90,8 +91,11 @@ _Atomic uint64_t client_stat_sthread_failures = 0;
 #define STHREAD_TCB 4096u
 /* At most this much room below the thread pointer for the static TLS of the process. */
 #define STHREAD_MAX_SLACK (256u << 10)
-/* How often the thread checks the socket's identity and the process's ids. */
+/* How often the thread checks the socket's identity and the process's ids, and records
+ * the frees left in batches (client.h). */
 #define STHREAD_WATCH_MS 200
+/* How often it looks for the service's asks for the frees in batches. */
+#define STHREAD_ASK_MS 10
 
 /* x86_64 glibc's tcbhead_t: the fields the compiler's code reads (tcb and self, the stack
  * protector's canary, the pointer guard). */
@@ -263,9 +267,38 @@ warm_up:
     return 0;
 }
 
+/* Waits up to STHREAD_WATCH_MS for a hang-up of @s's socket; the ppoll(2) result. With
+ * frees in batches (client.h) it waits in steps of STHREAD_ASK_MS, and between them
+ * records what the batches hold when the service asked for it (@flush_seen: the last ask
+ * answered). The wait stays on the socket all along: a program that closes it while we
+ * wait is seen by us first, as a hang-up is not (the descriptor keeps it open). */
+static long client_watch_wait(struct client_session *s, uint32_t *flush_seen)
+{
+    bool batches = (s->features & WIRE_FEATURE_FREE_BATCH) != 0;
+    unsigned steps = batches ? STHREAD_WATCH_MS / STHREAD_ASK_MS : 1;
+    long step_ms = batches ? STHREAD_ASK_MS : STHREAD_WATCH_MS;
+    for (unsigned i = 0; i < steps; i++) {
+        uint32_t asked = batches ? ring_flush_asked(s->ring) : *flush_seen;
+        if (asked != *flush_seen) {
+            client__freebufs_sweep(s, false);
+            ring_flush_answer(s->ring, asked);
+            *flush_seen = asked;
+        }
+        /* Only a hang-up is asked for: polling takes nothing from the socket, even if its
+         * number was reused since it was looked at. */
+        struct pollfd pf = {.fd = s->sock, .events = POLLRDHUP};
+        struct timespec ts = {0, step_ms * 1000000L};
+        long n = hp_sys6(SYS_ppoll, (long)&pf, 1, (long)&ts, 0, 0, 0);
+        if (n != 0)
+            return n;
+    }
+    return 0;
+}
+
 /* Watches the current session until it ends. */
 static void client_watch(void)
 {
+    uint32_t flush_seen = 0; /* the last ask for the frees in batches answered */
     for (;;) {
         struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
         if (!s)
@@ -283,12 +316,10 @@ static void client_watch(void)
             client__session_close(s, true);
             return;
         }
-        /* Only a hang-up is asked for: polling takes nothing from the socket, even if its
-         * number was reused since the check above. */
-        struct pollfd pf = {.fd = s->sock, .events = POLLRDHUP};
-        struct timespec ts = {0, STHREAD_WATCH_MS * 1000000L};
-        long n = hp_sys6(SYS_ppoll, (long)&pf, 1, (long)&ts, 0, 0, 0);
-        if (n <= 0)
+        /* The frees left in the batches of threads that went idle or away. */
+        if ((s->features & WIRE_FEATURE_FREE_BATCH) && !client__sweep_off)
+            client__freebufs_sweep(s, true);
+        if (client_watch_wait(s, &flush_seen) <= 0)
             continue;
         if (!client__sock_ours(s))
             continue; /* said above, next round */

@@ -95,14 +95,21 @@ bool client__attach_installed; /* our handler is in place */
 _Atomic int client__owner_pid;
 _Atomic bool client__adopt_pending;
 _Atomic uint64_t client_stat_attach_unavailable = 0;
+bool client__sweep_off;
 
 /* The variables the client reads, removed from environ by HEAPPROF_FOLLOW_EXEC=0. */
 static const char *const client_env_names[] = {
-    "HEAPPROF_SOCKET",         "HEAPPROF_STARTUP",
-    "HEAPPROF_SEED",           "HEAPPROF_INIT_TIMEOUT_MS",
-    "HEAPPROF_ATTACH",         "HEAPPROF_ATTACH_SIGNAL",
-    "HEAPPROF_TRAP_REENTRY",   "HEAPPROF_FOLLOW_EXEC",
-    "HEAPPROF_DORMANT_DIRECT", NULL,
+    "HEAPPROF_SOCKET",
+    "HEAPPROF_STARTUP",
+    "HEAPPROF_SEED",
+    "HEAPPROF_INIT_TIMEOUT_MS",
+    "HEAPPROF_ATTACH",
+    "HEAPPROF_ATTACH_SIGNAL",
+    "HEAPPROF_TRAP_REENTRY",
+    "HEAPPROF_FOLLOW_EXEC",
+    "HEAPPROF_DORMANT_DIRECT",
+    "HEAPPROF_TEST_SWEEP",
+    NULL,
 };
 
 /* ---- small helpers (no allocation, no stdio) ------------------------------------- */
@@ -295,6 +302,7 @@ static void client_atfork_child(void)
     client__forget_parent(true, was_in_hook);
     t->tid = 0;
     t->gen = 0;
+    client__freebufs_forget();
     t->sampler.bytes_left = 0;
 
     if (follow &&
@@ -342,6 +350,7 @@ static void client_read_env(void)
     client__direct_disabled =
         client_parse_u64(client_getenv("HEAPPROF_DORMANT_DIRECT"), &v) && v == 0;
     client_trap_reentry = client_parse_u64(client_getenv("HEAPPROF_TRAP_REENTRY"), &v) && v == 1;
+    client__sweep_off = client_parse_u64(client_getenv("HEAPPROF_TEST_SWEEP"), &v) && v == 0;
     if (client_parse_u64(client_getenv("HEAPPROF_SEED"), &v))
         client_seed = v;
     else
@@ -518,8 +527,29 @@ __attribute__((destructor)) static void client_dtor(void)
 {
     struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
     if (s && client_session_enter(s)) {
+        /* Frees from here on (later destructors, other threads) are recorded one by one;
+         * those in batches now, here. */
+        atomic_store_explicit(&s->frees_batched, false, memory_order_relaxed);
+        client__freebufs_sweep(s, false);
         client__title_send(s);
         ring_set_client_exiting(s->ring);
         client_session_leave(s);
     }
 }
+
+/* _exit() and _Exit(), which run no exit handler (a child of fork ending, Python's
+ * os._exit): the frees the threads hold in batches are recorded first, as client_dtor()
+ * records them for exit(); then the process ends as glibc's _exit ends it (exit_group).
+ * Async-signal-safe, as _exit must be: atomics and records that never wait. glibc's own
+ * calls (exit() ends in them) do not come here. */
+HP_EXPORT void _exit(int status)
+{
+    struct client_session *s = atomic_load_explicit(&client_current, memory_order_acquire);
+    if (s && client_session_enter(s)) {
+        client__freebufs_sweep(s, false);
+        client_session_leave(s);
+    }
+    for (;;)
+        (void)hp_sys1(SYS_exit_group, status);
+}
+HP_EXPORT void _Exit(int status) __attribute__((alias("_exit")));

@@ -86,6 +86,9 @@ struct client_tls {
     uint32_t tid;         /* 0 until needed */
     uint32_t walks;       /* stacks walked with the unwind table, for the audit rate */
     uint8_t writer_shard; /* 1 + its line of client_session.writers; 0: none yet */
+    uint16_t freebuf;     /* 1 + its batch of frees in client_freebufs; 0: none yet */
+    bool freebuf_none;    /* none was free: frees are recorded one by one */
+    bool freebuf_busy;    /* in its batch: a free in a signal handler records at once */
     bool in_hook;         /* reentrancy guard: inside, forward to glibc at once */
     bool in_sample;       /* recording a sample: an allocation now is a bug (see trap below) */
     /* While the python.objects wrapper is in the object allocator (preload/pyheap.c): the
@@ -101,6 +104,28 @@ extern __thread struct client_tls client_tls __attribute__((tls_model("initial-e
 struct client_writers {
     _Alignas(64) _Atomic uint64_t n;
 };
+
+/* Frees of sampled blocks recorded in batches (WIRE_FEATURE_FREE_BATCH, preload/record.c,
+ * preload/freeset.h): a free turns the block's entry in the set PENDING and puts the
+ * entry's slot in its thread's batch; the thread records the batch as one WIRE_FREES
+ * record when it is full; the session thread records what every batch holds every round
+ * (an idle thread's frees are late by one round at most, STHREAD_WATCH_MS) and when the
+ * service asks (before a dump or a query); exit(), _exit() and _Exit() record all of
+ * them. Batches belong to threads (by tid) across sessions: a slot is only a hint of where
+ * to look, the set says whether its free is still to be recorded. A thread beyond the
+ * first CLIENT_FREEBUFS records its frees one by one; the session thread takes back the
+ * batch of a thread that has gone. */
+#define CLIENT_FREEBUF_LEN 16
+#define CLIENT_FREEBUFS 256
+struct client_freebuf {
+    _Alignas(64) _Atomic uint32_t owner; /* tid; 0: nobody's */
+    _Atomic uint32_t n;                  /* entries in it; written by the owner only */
+    uint32_t epoch;                      /* owner only: batches recorded, for the tag */
+    /* Where each free's entry is in the malloc family's set (a PENDING entry with the
+     * batch's tag, preload/freeset.h, unless it moved on since). */
+    _Atomic uint64_t slot[CLIENT_FREEBUF_LEN];
+};
+extern struct client_freebuf client_freebufs[CLIENT_FREEBUFS];
 
 /* One handshake's worth of state. Written by the thread that owns the sessions (the
  * initialising thread, the session thread, or the child in its atfork handler) before
@@ -133,6 +158,9 @@ struct client_session {
      * WIRE_MAPS_* flags and CLIENT_UNTOLD_LOADED: told by the next sample. */
     _Atomic uint32_t dl_untold;
     struct client_freeset freeset; /* mapped once per slot, cleared on reuse */
+    /* New frees of the malloc family go into batches (WIRE_FEATURE_FREE_BATCH accepted,
+     * until exit() recorded the batches). */
+    _Atomic bool frees_batched;
     /* The heaps the session records (WIRE_FEATURE_HEAPS; without it, malloc only):
      * malloc_on for the malloc family; bit h of heaps_on for the program's heap h (set
      * when the heap is registered, before or during the session: preload/heapapi.c). */
@@ -252,6 +280,14 @@ void *client_sample_tramp(void *p, size_t size, void *ret);
 int client_sample_tramp_int(void *p, size_t size, int ret);
 /* Records the free of sampled block @addr of @heap (taken out of its set already). */
 void client_record_free(struct client_session *s, uint32_t heap, uint64_t addr);
+/* Records the free of @addr of the malloc family (aligned to 4, below 2^48) when it was
+ * sampled: into the thread's batch, or at once. */
+void client_free_batched(struct client_session *s, uint64_t addr);
+/* Records the frees still to be recorded in every thread's batch; takes back the batches
+ * of threads that have gone when @reclaim (session thread). Hook-safe. */
+void client__freebufs_sweep(struct client_session *s, bool reclaim);
+/* In a child of fork, alone: no batch is anybody's (the parent's threads are not here). */
+void client__freebufs_forget(void);
 /* The heap API's slow path (preload/record.c), reached through client_heap_tramp with
  * the caller's registers in @regs: samples (@sample_size 0: with the thread's sampler) and
  * records a block of the program's heap @heap. True when recorded. */
@@ -342,6 +378,9 @@ extern uint32_t client__timeout_ms;
 extern bool client__late;
 /* Sets client__late, once (the constructor, first thing; client_init()). */
 void client__late_init(void);
+/* HEAPPROF_TEST_SWEEP=0 (tests): the session thread records the batches of frees only
+ * when the service asks, never on its own. */
+extern bool client__sweep_off;
 /* HEAPPROF_ATTACH=0 (or its older name HEAPPROF_ATTACH_SIGNAL=0) turns attaching off. */
 extern bool client__attach_enabled;
 /* Attach machinery (preload/attach.c). */

@@ -145,6 +145,22 @@ static void freeset_summary_dec(struct client_freeset *s, unsigned level, uint64
         freeset_filter_dec(&s->lv[0], client_freeset_home(&s->lv[0], ph, addr));
 }
 
+/* An entry of level @level leaves the filters (it turned PENDING: frees of its address
+ * need not look any more), or comes back (taken over by a sampled allocation). */
+static void freeset_filters_dec(struct client_freeset *s, unsigned level, uint64_t ph,
+                                uint64_t addr)
+{
+    freeset_filter_dec(&s->lv[level], client_freeset_home(&s->lv[level], ph, addr));
+    freeset_summary_dec(s, level, ph, addr);
+}
+
+static void freeset_filters_inc(struct client_freeset *s, unsigned level, uint64_t ph,
+                                uint64_t addr)
+{
+    freeset_summary_inc(s, level, ph, addr);
+    freeset_filter_inc(&s->lv[level], client_freeset_home(&s->lv[level], ph, addr));
+}
+
 static int freeset_level_insert(struct client_freeset *s, unsigned level, uint64_t ph,
                                 uint64_t addr)
 {
@@ -171,8 +187,10 @@ static int freeset_level_insert(struct client_freeset *s, unsigned level, uint64
     return -ENOSPC;
 }
 
-static bool freeset_level_remove(struct client_freeset *s, unsigned level, uint64_t ph,
-                                 uint64_t addr)
+/* Finds @want (an entry of @addr: the address, or it tagged) in level @level and swaps it
+ * for @repl; *@ret_slot gets its slot. False when it is not there, or changed under us. */
+static bool freeset_level_swap(struct client_freeset *s, unsigned level, uint64_t ph, uint64_t addr,
+                               uint64_t want, uint64_t repl, _Atomic uint64_t **ret_slot)
 {
     struct client_freeset_level *lv = &s->lv[level];
     uint64_t home = client_freeset_home(lv, ph, addr);
@@ -185,19 +203,35 @@ static bool freeset_level_remove(struct client_freeset *s, unsigned level, uint6
         uint64_t v = atomic_load_explicit(&lv->slots[i], memory_order_relaxed);
         if (v == CLIENT_FREESET_EMPTY)
             return false;
-        if (v == addr) {
-            if (!atomic_compare_exchange_strong_explicit(&lv->slots[i], &v, CLIENT_FREESET_TOMB,
-                                                         memory_order_relaxed,
-                                                         memory_order_relaxed))
-                return false;
-            freeset_filter_dec(lv, home);
-            freeset_summary_dec(s, level, ph, addr);
-            if (freeset_counted(ph))
-                atomic_fetch_sub_explicit(&s->counted[level].n, 1, memory_order_relaxed);
-            return true;
+        if (v == want) {
+            *ret_slot = &lv->slots[i];
+            return atomic_compare_exchange_strong_explicit(
+                &lv->slots[i], &v, repl, memory_order_relaxed, memory_order_relaxed);
         }
     }
     return false;
+}
+
+/* The slot of an entry of @addr in level @level is a tombstone now: it counts no more. */
+static void freeset_level_uncount(struct client_freeset *s, unsigned level, uint64_t ph)
+{
+    if (freeset_counted(ph))
+        atomic_fetch_sub_explicit(&s->counted[level].n, 1, memory_order_relaxed);
+}
+
+/* freeset_level_swap() in the levels, newest first (most frees are of recent blocks);
+ * the level where it swapped, or -1. */
+static int freeset_swap(struct client_freeset *s, uint64_t addr, uint64_t want, uint64_t repl,
+                        _Atomic uint64_t **ret_slot)
+{
+    if (!client_freeset_maybe(s, addr))
+        return -1;
+    uint64_t h = client_freeset_page_hash(addr);
+    unsigned n = atomic_load_explicit(&s->nlevels, memory_order_acquire);
+    for (unsigned i = n; i-- > 0;)
+        if (freeset_level_swap(s, i, h, addr, want, repl, ret_slot))
+            return (int)i;
+    return -1;
 }
 
 /* Level @n (the set has @n levels) for the next inserts. Returns 0 when the set has more
@@ -253,13 +287,122 @@ int client_freeset_insert(struct client_freeset *s, uint64_t addr)
 
 bool client_freeset_remove(struct client_freeset *s, uint64_t addr)
 {
-    if (!client_freeset_maybe(s, addr))
+    _Atomic uint64_t *slot;
+    int level = freeset_swap(s, addr, addr, CLIENT_FREESET_TOMB, &slot);
+    if (level < 0)
         return false;
-    uint64_t h = client_freeset_page_hash(addr);
+    uint64_t ph = client_freeset_page_hash(addr);
+    freeset_filters_dec(s, (unsigned)level, ph, addr);
+    freeset_level_uncount(s, (unsigned)level, ph);
+    return true;
+}
+
+_Atomic uint64_t *client_freeset_retire(struct client_freeset *s, uint64_t addr, uint32_t tag)
+{
+    _Atomic uint64_t *slot;
+    uint64_t ph = client_freeset_page_hash(addr);
+    int level = freeset_swap(s, addr, addr, client_freeset_pending(addr, tag), &slot);
+    if (level < 0)
+        return NULL;
+    /* Frees of the address from here on (its block reused unsampled) pass by. */
+    freeset_filters_dec(s, (unsigned)level, ph, addr);
+    return slot;
+}
+
+int client_freeset_slot_level(const struct client_freeset *s, const _Atomic uint64_t *slot)
+{
     unsigned n = atomic_load_explicit(&s->nlevels, memory_order_acquire);
-    /* Newest first: most frees are of recent blocks. */
-    for (unsigned i = n; i-- > 0;)
-        if (freeset_level_remove(s, i, h, addr))
+    for (unsigned i = 0; i < n; i++) {
+        const _Atomic uint64_t *first = s->lv[i].slots;
+        if (first && slot >= first && slot < first + CLIENT_FREESET_SLOTS(freeset_level_log2(s, i)))
+            return (int)i;
+    }
+    return -1;
+}
+
+bool client_freeset_commit(struct client_freeset *s, _Atomic uint64_t *slot, unsigned level,
+                           uint64_t v)
+{
+    if (!atomic_compare_exchange_strong_explicit(slot, &v, CLIENT_FREESET_TOMB,
+                                                 memory_order_release, memory_order_relaxed))
+        return false;
+    freeset_level_uncount(s, level, client_freeset_page_hash(v & CLIENT_FREESET_ADDR_BITS));
+    return true;
+}
+
+bool client_freeset_claim(_Atomic uint64_t *slot, uint64_t v)
+{
+    return atomic_compare_exchange_strong_explicit(
+        slot, &v, (v & ~(uint64_t)CLIENT_FREESET_TAGS) | CLIENT_FREESET_CLAIMED,
+        memory_order_relaxed, memory_order_relaxed);
+}
+
+void client_freeset_settle(struct client_freeset *s, _Atomic uint64_t *slot, unsigned level,
+                           uint64_t addr)
+{
+    /* Release: whoever finds the tombstone comes after our record (freeset.h). */
+    atomic_store_explicit(slot, CLIENT_FREESET_TOMB, memory_order_release);
+    freeset_level_uncount(s, level, client_freeset_page_hash(addr));
+}
+
+/* Finds an entry of @addr with a tag (PENDING or CLAIMED) in level @level: its slot and
+ * value, or false. */
+static bool freeset_level_find_tagged(struct client_freeset *s, unsigned level, uint64_t ph,
+                                      uint64_t addr, _Atomic uint64_t **ret_slot, uint64_t *ret_v)
+{
+    struct client_freeset_level *lv = &s->lv[level];
+    uint64_t home = client_freeset_home(lv, ph, addr);
+    /* The filter's count leaves such entries out; its flag still tells where to look. */
+    uint8_t f = atomic_load_explicit(&lv->filter[home >> lv->line_log2], memory_order_relaxed);
+    uint64_t probes = (f & CLIENT_FREESET_FILTER_DISPLACED) ? CLIENT_FREESET_PROBES : 1;
+    for (uint64_t i = home; i < home + probes; i++) {
+        /* Acquire: a tombstone a claimer left is seen after its record (settle()). */
+        uint64_t v = atomic_load_explicit(&lv->slots[i], memory_order_acquire);
+        if (v == CLIENT_FREESET_EMPTY)
+            return false;
+        if ((v & CLIENT_FREESET_TAGS) && v != CLIENT_FREESET_TOMB &&
+            (v & CLIENT_FREESET_ADDR_BITS) == addr) {
+            *ret_slot = &lv->slots[i];
+            *ret_v = v;
             return true;
+        }
+    }
     return false;
+}
+
+int client_freeset_insert_taking(struct client_freeset *s, uint64_t addr)
+{
+    uint64_t h = client_freeset_page_hash(addr);
+    for (unsigned k = 0; k <= CLIENT_FREESET_CLAIM_WAIT_ROUNDS; k++) {
+        _Atomic uint64_t *slot = NULL;
+        uint64_t v = 0;
+        unsigned level = 0;
+        /* The filters leave such entries out: each level is looked at (its chain for
+         * @addr, which the insert below walks too). */
+        unsigned n = atomic_load_explicit(&s->nlevels, memory_order_acquire);
+        for (unsigned i = n; i-- > 0 && !slot;)
+            if (freeset_level_find_tagged(s, i, h, addr, &slot, &v))
+                level = i;
+        if (!slot) {
+            int r = client_freeset_insert(s, addr);
+            return r < 0 ? r : 0;
+        }
+        /* A free of @addr still to be recorded: ours now, recorded with our sample. Its
+         * batch's owner, should it have reserved its record already, finds the entry
+         * changed and leaves it out. */
+        if ((v & CLIENT_FREESET_TAGS) == CLIENT_FREESET_PENDING) {
+            /* Counted again first: whoever can see the entry sees the filter raised. */
+            freeset_filters_inc(s, level, h, addr);
+            if (atomic_compare_exchange_strong_explicit(slot, &v, addr, memory_order_relaxed,
+                                                        memory_order_relaxed))
+                return 1;
+            freeset_filters_dec(s, level, h, addr);
+            continue;
+        }
+        /* One being recorded (CLAIMED): its record must come first. Wait for the
+         * tombstone (a claim is held for one reservation; its holder may be preempted). */
+        if (k < CLIENT_FREESET_CLAIM_WAIT_ROUNDS)
+            (void)hp_sys0(SYS_sched_yield);
+    }
+    return -EBUSY;
 }

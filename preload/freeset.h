@@ -29,8 +29,36 @@
  * (Tombstones are never emptied, so with time a probe for an absent address that shares
  * a group with a present one ran to CLIENT_FREESET_PROBES: 4 cache lines per such free.)
  *
- * Thread-safe and hook-safe (atomics, and mmap when growing). Addresses must be neither
- * 0 nor 1 and unique among live entries (true of live heap blocks).
+ * Frees recorded in batches (preload/record.c, the malloc family's set only). A slot may
+ * also hold an address with a tag: PENDING, the block was freed and its free is still to
+ * be recorded (bits 48-63 name the batch that holds it and the batch's epoch), or
+ * CLAIMED, a thread other than the batch's owner is recording it. The filters leave such
+ * entries out (a free of the address, reused unsampled, passes by); they still take a
+ * slot. Every such free is recorded once, by whoever moves its entry on:
+ *
+ *     retire  address -> PENDING    the free, before the real free
+ *     commit  PENDING -> tombstone  the batch's owner, after it reserved the batch's record
+ *     claim   PENDING -> CLAIMED    another thread (the session thread), before it reserves
+ *     settle  CLAIMED -> tombstone  that thread, after it reserved (release)
+ *     take    PENDING -> address    a sampled allocation of the address, whose record then
+ *                                   carries the free first (WIRE_HEAD_FREE_FIRST)
+ *
+ * For every address the records are reserved in the order things happened:
+ *   - a free's record comes after the free: a claim comes after the retire, the claimer's
+ *     reservation after its claim; an entry carries the epoch of its owner's batch, and
+ *     the owner commits only entries of the epoch it is recording, all retired by itself
+ *     before it reserved (an entry of the same address retired later by another thread,
+ *     which the owner's stale hint would otherwise find, has another tag);
+ *   - a sampled allocation's record comes after the free of its address: the allocation
+ *     takes the PENDING entry over (an owner that reserved already finds it changed and
+ *     leaves it out of its record), waits while it is CLAIMED, or finds the tombstone
+ *     (acquire), which the committer or settler left after its reservation.
+ * A batch entry is only a hint of where to look: one whose free was taken or recorded by
+ * another thread finds its slot changed and is left out.
+ *
+ * Thread-safe and hook-safe (atomics, mmap when growing, sched_yield while waiting for a
+ * claim). Addresses must be neither 0 nor 1 and unique among live entries (true of live
+ * heap blocks).
  */
 #ifndef HP_PRELOAD_FREESET_H
 #define HP_PRELOAD_FREESET_H
@@ -55,6 +83,17 @@
 #define CLIENT_FREESET_PROBES 32
 #define CLIENT_FREESET_EMPTY 0u
 #define CLIENT_FREESET_TOMB 1u
+/* Tags of an address whose free is being recorded (see above). */
+#define CLIENT_FREESET_PENDING 1u
+#define CLIENT_FREESET_CLAIMED 2u
+#define CLIENT_FREESET_TAGS 3u
+/* A PENDING entry also says whose batch holds it (bits 48-63, above every user address of
+ * a 4-level page table; addresses with any of them set are never batched). */
+#define CLIENT_FREESET_TAG_SHIFT 48
+#define CLIENT_FREESET_ADDR_BITS 0x0000fffffffffffcull
+/* How often a sampled allocation yields to the holder of a claim on its address before it
+ * gives up (its sample is dropped and counted). */
+#define CLIENT_FREESET_CLAIM_WAIT_ROUNDS 200
 /* One filter counter per 32 slots (4 cache lines): a 16 KiB filter for the first level,
  * small enough to stay in L1 next to the application's own data. A set whose frees are
  * far more than its live entries (python.objects: millions of frees a second, 10^4 live
@@ -120,6 +159,32 @@ int client_freeset_insert(struct client_freeset *s, uint64_t addr) HP_WARN_UNUSE
  * address reaches the thread freeing it only through the application's own
  * synchronisation, which orders our insert before this removal. */
 bool client_freeset_remove(struct client_freeset *s, uint64_t addr);
+/* The PENDING entry of @addr in the batch of tag @tag (16 bits). */
+static inline uint64_t client_freeset_pending(uint64_t addr, uint32_t tag)
+{
+    return addr | ((uint64_t)tag << CLIENT_FREESET_TAG_SHIFT) | CLIENT_FREESET_PENDING;
+}
+/* Turns @addr's entry into client_freeset_pending(@addr, @tag); returns its slot, or NULL
+ * when @addr is not in the set. */
+_Atomic uint64_t *client_freeset_retire(struct client_freeset *s, uint64_t addr, uint32_t tag);
+/* The level of @s whose table holds @slot, or -1 (a slot of another set). */
+int client_freeset_slot_level(const struct client_freeset *s, const _Atomic uint64_t *slot);
+/* The batch's owner, after it reserved its record: the PENDING entry @v in @slot (of
+ * level @level) becomes a tombstone. False when @slot holds @v no more (taken, claimed,
+ * recorded). */
+bool client_freeset_commit(struct client_freeset *s, _Atomic uint64_t *slot, unsigned level,
+                           uint64_t v);
+/* Another thread, before it reserves its record: the PENDING entry @v in @slot becomes
+ * CLAIMED. False when @slot holds @v no more. */
+bool client_freeset_claim(_Atomic uint64_t *slot, uint64_t v);
+/* After the claimer reserved its record: the CLAIMED entry of @addr in @slot (of level
+ * @level) becomes a tombstone. */
+void client_freeset_settle(struct client_freeset *s, _Atomic uint64_t *slot, unsigned level,
+                           uint64_t addr);
+/* client_freeset_insert() of a sampled address of the malloc family's set: 1 when it took
+ * a PENDING free of @addr over (the caller's record must carry that free first), 0 when
+ * inserted, -EBUSY when a claim on its free was held too long, or insert's errors. */
+int client_freeset_insert_taking(struct client_freeset *s, uint64_t addr) HP_WARN_UNUSED;
 /* Where an address lives: its 4 KiB page picks a place at random (the page number's
  * multiplicative hash, top bits), and the blocks of one page follow each other from there
  * (16-byte granules). Blocks allocated together usually share pages, so their slots and

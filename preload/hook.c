@@ -69,8 +69,14 @@ static HP_ALWAYS_INLINE bool hook_off(void)
  * client_record_free() never waits, and counts what it cannot record. */
 static HP_ALWAYS_INLINE void hook_free_watched(struct client_session *s, void *p)
 {
-    if (client_freeset_remove(&s->freeset, (uint64_t)(uintptr_t)p))
-        client_record_free(s, 0, (uint64_t)(uintptr_t)p);
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    /* In a batch (client.h): the entry turns PENDING, the free is recorded later. */
+    if (atomic_load_explicit(&s->frees_batched, memory_order_relaxed) &&
+        (a & ~CLIENT_FREESET_ADDR_BITS) == 0) {
+        client_free_batched(s, a);
+    } else if (client_freeset_remove(&s->freeset, a)) {
+        client_record_free(s, 0, a);
+    }
 }
 
 static HP_ALWAYS_INLINE void hook_before_free(void *p)

@@ -1,12 +1,15 @@
 /* preload/record.c: the sampled path behind the exported malloc family (preload/hook.c):
  * the slow path the capture trampoline calls (client_alloc_slow, preload/tramp_x86_64.S),
- * the records of sampled allocations and of their frees, and the check for code loaded
- * or unloaded that comes before them.
+ * the records of sampled allocations and of their frees (one by one, or in the threads'
+ * batches, client.h), and the check for code loaded or unloaded that comes before them.
  *
  * Hook-safe throughout: no allocation, no stdio, no locks of ours; system calls only on
  * the sampled path (a FUTEX_WAKE when the service sleeps; checks of stack pages, once per
  * thread for its own stack, and on every sample on a stack not the thread's own, with
- * copies of such stacks) and never ones that are cancellation points. One lock of
+ * copies of such stacks; sched_yield while a sampled allocation waits for the session
+ * thread's claim on the free of its address, preload/freeset.h), the session thread's
+ * tgkill(pid, tid, 0) for batches of threads that have gone, and never ones that are
+ * cancellation points. One lock of
  * glibc's, the loader's, taken for a few nanoseconds per sample but only when free: a
  * sample never waits for it (preload/dl.c). errno is preserved around everything we do
  * besides the real call.
@@ -23,6 +26,7 @@
 
 #include "common/clock.h"
 #include "common/macros.h"
+#include "common/sys.h"
 #include "preload/got.h"
 #include "preload/pyheap.h"
 #include "preload/python.h"
@@ -148,6 +152,9 @@ struct hook_sample {
     uint64_t size;
     uint64_t sample_size;
     uint32_t heap; /* 0: the malloc family */
+    /* The block's set gave us a free of its address still to be recorded: the sample's
+     * record carries it (WIRE_HEAD_FREE_FIRST). */
+    bool free_first;
 };
 
 /* The set of @s that watches the frees of @heap's sampled blocks. */
@@ -158,34 +165,68 @@ static struct client_freeset *hook_set(struct client_session *s, uint32_t heap)
 
 /* The head of a sampled allocation record. */
 static void hook_fill_head(struct wire_alloc_head *ret, struct client_tls *t,
-                           const struct client_session *s, const struct hook_sample *smp)
+                           const struct client_session *s, struct hook_sample *smp)
 {
     *ret = (struct wire_alloc_head){
         .addr = smp->addr,
         .size = smp->size,
         .sample_size = smp->sample_size,
+        .head_flags = smp->free_first ? WIRE_HEAD_FREE_FIRST : 0,
         .heap_id = smp->heap,
         .tid = hook_tid(t, s),
     };
+}
+
+/* Writes a WIRE_FREE record of @addr of @heap; never waits. A free that finds no room is
+ * counted as lost. Inside @s. */
+static void hook_write_free(struct client_session *s, uint32_t heap, uint64_t addr)
+{
+    ring_t *ring = s->ring;
+    struct ring_wspan w;
+    int r = ring_try_begin_write_nowait(ring, WIRE_FREE, sizeof(struct wire_free), &w);
+    if (r == 0) {
+        wire_encode_free(w.data, addr, heap);
+        if (ring_end_write(ring, &w))
+            hook_poke(s);
+    } else if (r == -EAGAIN) {
+        ring_count_free_lost(ring);
+        hook_poke_full(s);
+    }
 }
 
 /* Puts sampled address @p in the set free() watches, before its record is written (no
  * other thread can free @p before the hook returns it). False when the set could not
  * take it (every level full, or no memory for the next): the sample is then dropped and
  * counted, so that no free of it can go unrecorded. */
-static bool hook_watch_free(struct client_session *s, const struct hook_sample *smp)
+static bool hook_watch_free(struct client_session *s, struct hook_sample *smp)
 {
-    if (HP_LIKELY(client_freeset_insert(hook_set(s, smp->heap), smp->addr) == 0))
+    int r;
+    /* A block of the malloc family may have a free of its address still to be recorded
+     * (preload/freeset.h): taken over, or waited for. */
+    if (smp->heap == 0 && (s->features & WIRE_FEATURE_FREE_BATCH) &&
+        (smp->addr & ~CLIENT_FREESET_ADDR_BITS) == 0)
+        r = client_freeset_insert_taking(&s->freeset, smp->addr);
+    else
+        r = client_freeset_insert(hook_set(s, smp->heap), smp->addr);
+    smp->free_first = r == 1;
+    if (HP_LIKELY(r >= 0))
         return true;
+    if (r == -EBUSY) {
+        ring_count_drop(s->ring);
+        return false;
+    }
     atomic_fetch_add_explicit(&client_stat_freeset_overflows, 1, memory_order_relaxed);
     ring_count_freeset_full(s->ring);
     return false;
 }
 
-/* The record of @p was not written: nothing to watch. */
-static void hook_unwatch_free(struct client_session *s, const struct hook_sample *smp, int r)
+/* The record of @p was not written: nothing to watch. A free of its address it took over
+ * goes alone. */
+static void hook_unwatch_free(struct client_session *s, struct hook_sample *smp, int r)
 {
     (void)client_freeset_remove(hook_set(s, smp->heap), smp->addr);
+    if (smp->free_first)
+        hook_write_free(s, smp->heap, smp->addr);
     if (r == -EAGAIN)
         hook_poke_full(s);
 }
@@ -193,7 +234,7 @@ static void hook_unwatch_free(struct client_session *s, const struct hook_sample
 /* Reserves a sampled allocation's record of @type and @len payload bytes and fills its
  * head; @p is watched already. False when the ring refused it (then @p is not watched). */
 static bool hook_begin_sample(struct client_tls *t, struct client_session *s, uint16_t type,
-                              size_t len, const struct hook_sample *smp, struct ring_wspan *ret_w,
+                              size_t len, struct hook_sample *smp, struct ring_wspan *ret_w,
                               struct wire_alloc_head *ret_head)
 {
     int r = ring_try_begin_write(s->ring, type, len, ret_w);
@@ -258,7 +299,7 @@ static size_t hook_put_pcs(uint64_t *dst, const uint64_t *pcs, size_t n, struct 
 /* Records a sample whose stack is not the thread's own (a fiber's, a signal stack): a copy
  * that cannot fault, of as much as is there. */
 static HP_NOINLINE void hook_record_other(struct client_tls *t, struct client_session *s,
-                                          const struct hook_sample *smp, const uint64_t *regs,
+                                          struct hook_sample *smp, const uint64_t *regs,
                                           const struct hook_py *py)
 {
     uint64_t sp = regs[WIRE_REG_RSP];
@@ -443,7 +484,7 @@ static enum hook_code hook_check_code(struct client_session *s)
 
 /* pre: client_session_enter(s) succeeded. */
 static HP_NOINLINE void hook_record_alloc(struct client_tls *t, struct client_session *s,
-                                          const struct hook_sample *smp, const uint64_t *regs,
+                                          struct hook_sample *smp, const uint64_t *regs,
                                           const struct hook_py *py)
 {
     /* The service ended the session (its socket closes next; the session thread ends it). */
@@ -612,7 +653,7 @@ static bool hook_py_wanted(struct client_session *s)
 /* hook_record_alloc() with the thread's Python frames. Their kilobyte goes on the stack
  * only when it is the thread's own (a signal stack may be small). */
 static HP_NOINLINE void hook_record_alloc_py(struct client_tls *t, struct client_session *s,
-                                             const struct hook_sample *smp, const uint64_t *regs)
+                                             struct hook_sample *smp, const uint64_t *regs)
 {
     if (hook_foreign_pid(s) || ring_is_detached(s->ring))
         return;
@@ -650,24 +691,261 @@ void client_record_free(struct client_session *s, uint32_t heap, uint64_t addr)
     t->in_hook = true;
     t->in_sample = true;
     if (client_session_enter(s)) {
-        if (!hook_foreign_pid(s)) {
-            ring_t *ring = s->ring;
-            struct ring_wspan w;
-            int r = ring_try_begin_write_nowait(ring, WIRE_FREE, sizeof(struct wire_free), &w);
-            if (r == 0) {
-                wire_encode_free(w.data, addr, heap);
-                if (ring_end_write(ring, &w))
-                    hook_poke(s);
-            } else if (r == -EAGAIN) {
-                ring_count_free_lost(ring);
-                hook_poke_full(s);
-            }
-        }
+        if (!hook_foreign_pid(s))
+            hook_write_free(s, heap, addr);
         client_session_leave(s);
     }
     t->in_sample = was_in_sample;
     t->in_hook = was_in_hook;
     errno = saved_errno;
+}
+
+/* ---- frees in batches (client.h) --------------------------------------------------- */
+
+struct client_freebuf client_freebufs[CLIENT_FREEBUFS];
+
+/* The tag of the PENDING entries batch @i fills in its epoch @epoch (preload/freeset.h):
+ * 16 bits, never 0. An epoch's entries are all moved on when it is recorded, so a few
+ * bits of it are enough to tell them from the next epoch's. */
+static uint32_t hook_freebuf_tag(unsigned i, uint32_t epoch)
+{
+    _Static_assert(CLIENT_FREEBUFS << 7 < 1 << 16, "a tag takes 16 bits");
+    return ((uint32_t)(i + 1) << 7) | (epoch & 127u);
+}
+
+/* Records the frees of the batch whose entries are in @slots (the malloc family's set of
+ * @s, tagged @tag), in one record: reserves it, then turns each entry still PENDING with
+ * the tag into a tombstone and writes its address (0 for those taken by a sampled
+ * allocation or recorded by the session thread meanwhile). Entries tagged so were made by
+ * the owner before it began, so every free recorded here happened before the
+ * reservation, and a sampled allocation of its address either took the entry over
+ * before (the commit fails) or comes after the tombstone. A batch that finds no room
+ * counts its frees as lost, as client_record_free() does. Inside @s. */
+static void hook_frees_commit(struct client_session *s, const uint64_t *slots, unsigned n,
+                              uint32_t tag)
+{
+    ring_t *ring = s->ring;
+    struct ring_wspan w;
+    int r = ring_try_begin_write_nowait(ring, WIRE_FREES, wire_frees_len(n), &w);
+    uint64_t *dst = r == 0 ? wire_encode_frees(w.data, n, 0) : NULL;
+    unsigned found = 0;
+    for (unsigned i = 0; i < n; i++) {
+        _Atomic uint64_t *slot = (_Atomic uint64_t *)(uintptr_t)slots[i];
+        int level = client_freeset_slot_level(&s->freeset, slot);
+        uint64_t v = level < 0 ? 0 : atomic_load_explicit(slot, memory_order_relaxed);
+        uint64_t addr = 0;
+        if ((v & CLIENT_FREESET_TAGS) == CLIENT_FREESET_PENDING && v != CLIENT_FREESET_TOMB &&
+            v >> CLIENT_FREESET_TAG_SHIFT == tag &&
+            client_freeset_commit(&s->freeset, slot, (unsigned)level, v)) {
+            addr = v & CLIENT_FREESET_ADDR_BITS;
+            found++;
+        }
+        if (dst)
+            dst[i] = addr;
+    }
+    if (r == 0) {
+        if (ring_end_write(ring, &w))
+            hook_poke(s);
+    } else if (r == -EAGAIN && found > 0) {
+        for (unsigned i = 0; i < found; i++)
+            ring_count_free_lost(ring);
+        hook_poke_full(s);
+    }
+}
+
+/* The session thread's look at a batch that may not be its own: claims each entry still
+ * PENDING (whatever its tag), reserves one record for those it got, then settles them
+ * (preload/freeset.h: a claim comes after the free, the record after the claim, a
+ * sampled allocation of the address after the tombstone). Inside @s. */
+static void hook_frees_claim(struct client_session *s, const uint64_t *slots, unsigned n)
+{
+    uint64_t addrs[CLIENT_FREEBUF_LEN];
+    _Atomic uint64_t *mine[CLIENT_FREEBUF_LEN];
+    unsigned levels[CLIENT_FREEBUF_LEN];
+    unsigned k = 0;
+    for (unsigned i = 0; i < n && i < CLIENT_FREEBUF_LEN; i++) {
+        _Atomic uint64_t *slot = (_Atomic uint64_t *)(uintptr_t)slots[i];
+        int level = client_freeset_slot_level(&s->freeset, slot);
+        if (level < 0)
+            continue;
+        uint64_t v = atomic_load_explicit(slot, memory_order_relaxed);
+        if ((v & CLIENT_FREESET_TAGS) != CLIENT_FREESET_PENDING || v == CLIENT_FREESET_TOMB ||
+            !client_freeset_claim(slot, v))
+            continue;
+        addrs[k] = v & CLIENT_FREESET_ADDR_BITS;
+        mine[k] = slot;
+        levels[k++] = (unsigned)level;
+    }
+    if (k == 0)
+        return;
+    ring_t *ring = s->ring;
+    struct ring_wspan w;
+    int r = ring_try_begin_write_nowait(ring, WIRE_FREES, wire_frees_len(k), &w);
+    if (r == 0)
+        memcpy(wire_encode_frees(w.data, k, 0), addrs, k * sizeof(uint64_t));
+    for (unsigned i = 0; i < k; i++)
+        client_freeset_settle(&s->freeset, mine[i], levels[i], addrs[i]);
+    if (r == 0) {
+        if (ring_end_write(ring, &w))
+            hook_poke(s);
+    } else if (r == -EAGAIN) {
+        for (unsigned i = 0; i < k; i++)
+            ring_count_free_lost(ring);
+        hook_poke_full(s);
+    }
+}
+
+/* Enters @s flagged as recording (an allocation in a signal handler meanwhile is not
+ * sampled: it could wait for a claim of ours); false when @s is over or not ours. */
+static bool hook_frees_enter(struct client_tls *t, struct client_session *s, bool *ret_in_hook,
+                             bool *ret_in_sample)
+{
+    *ret_in_hook = t->in_hook;
+    *ret_in_sample = t->in_sample;
+    t->in_hook = true;
+    t->in_sample = true;
+    if (!client_session_enter(s))
+        return false;
+    if (!hook_foreign_pid(s))
+        return true;
+    client_session_leave(s);
+    return false;
+}
+
+/* The thread's batch @b (number @i) is full: recorded, and empty again in a new epoch. */
+static HP_NOINLINE void hook_freebuf_full(struct client_tls *t, struct client_session *s,
+                                          struct client_freebuf *b, unsigned i)
+{
+    uint64_t slots[CLIENT_FREEBUF_LEN];
+    for (unsigned j = 0; j < CLIENT_FREEBUF_LEN; j++)
+        slots[j] = atomic_load_explicit(&b->slot[j], memory_order_relaxed);
+    uint32_t tag = hook_freebuf_tag(i, b->epoch);
+    b->epoch++;
+    atomic_store_explicit(&b->n, 0, memory_order_relaxed);
+    int saved_errno = errno;
+    bool in_hook, in_sample;
+    if (hook_frees_enter(t, s, &in_hook, &in_sample)) {
+        hook_frees_commit(s, slots, CLIENT_FREEBUF_LEN, tag);
+        client_session_leave(s);
+    }
+    t->in_sample = in_sample;
+    t->in_hook = in_hook;
+    errno = saved_errno;
+}
+
+/* A batch for the calling thread: one nobody owns, taken by compare-and-swap. Only by the
+ * thread itself (a vfork child runs on its parent's thread state: it must not take one
+ * for its own tid). False when all are taken (then never again in this thread). */
+static bool hook_freebuf_take(struct client_tls *t, const struct client_session *s)
+{
+    uint32_t tid = hook_tid(t, s);
+    if (t->tid != tid)
+        return false;
+    for (unsigned i = 0; i < CLIENT_FREEBUFS; i++) {
+        struct client_freebuf *b = &client_freebufs[i];
+        uint32_t none = 0;
+        if (atomic_load_explicit(&b->owner, memory_order_relaxed) == 0 &&
+            atomic_compare_exchange_strong_explicit(&b->owner, &none, tid, memory_order_acquire,
+                                                    memory_order_relaxed)) {
+            atomic_store_explicit(&b->n, 0, memory_order_relaxed);
+            t->freebuf = (uint16_t)(i + 1);
+            return true;
+        }
+    }
+    t->freebuf_none = true;
+    return false;
+}
+
+/* The thread's batch, or NULL (none, or in use by the code a signal handler interrupted).
+ * Sets freebuf_busy when it returns one. */
+static struct client_freebuf *hook_freebuf_get(struct client_tls *t, struct client_session *s)
+{
+    if (HP_UNLIKELY(t->freebuf == 0) &&
+        (t->freebuf_none || t->freebuf_busy || !hook_freebuf_take(t, s)))
+        return NULL;
+    if (HP_UNLIKELY(t->freebuf_busy))
+        return NULL;
+    struct client_freebuf *b = &client_freebufs[t->freebuf - 1];
+    t->freebuf_busy = true;
+    /* A handler that comes from here on sees the flag (it runs on this thread). */
+    atomic_signal_fence(memory_order_seq_cst);
+    /* Ours no more: taken back in a child of _Fork or clone, where our tid was the
+     * parent's (the session thread took it for a thread that has gone). */
+    if (HP_UNLIKELY(atomic_load_explicit(&b->owner, memory_order_relaxed) != hook_tid(t, s) ||
+                    atomic_load_explicit(&b->n, memory_order_relaxed) >= CLIENT_FREEBUF_LEN)) {
+        t->freebuf = 0;
+        atomic_signal_fence(memory_order_seq_cst);
+        t->freebuf_busy = false;
+        return NULL;
+    }
+    return b;
+}
+
+void client_free_batched(struct client_session *s, uint64_t addr)
+{
+    struct client_tls *t = &client_tls;
+    struct client_freebuf *b = hook_freebuf_get(t, s);
+    if (HP_UNLIKELY(!b)) {
+        if (client_freeset_remove(&s->freeset, addr))
+            client_record_free(s, 0, addr);
+        return;
+    }
+    unsigned i = t->freebuf - 1;
+    _Atomic uint64_t *slot =
+        client_freeset_retire(&s->freeset, addr, hook_freebuf_tag(i, b->epoch));
+    if (slot) {
+        uint32_t n = atomic_load_explicit(&b->n, memory_order_relaxed);
+        atomic_store_explicit(&b->slot[n], (uint64_t)(uintptr_t)slot, memory_order_relaxed);
+        /* Release: the session thread that reads n finds the slot. */
+        atomic_store_explicit(&b->n, n + 1, memory_order_release);
+        if (n + 1 == CLIENT_FREEBUF_LEN)
+            hook_freebuf_full(t, s, b, i);
+    }
+    atomic_signal_fence(memory_order_seq_cst);
+    t->freebuf_busy = false;
+}
+
+void client__freebufs_forget(void)
+{
+    for (unsigned i = 0; i < CLIENT_FREEBUFS; i++) {
+        atomic_store_explicit(&client_freebufs[i].n, 0, memory_order_relaxed);
+        atomic_store_explicit(&client_freebufs[i].owner, 0, memory_order_relaxed);
+    }
+    client_tls.freebuf = 0;
+    client_tls.freebuf_none = false;
+    client_tls.freebuf_busy = false;
+}
+
+void client__freebufs_sweep(struct client_session *s, bool reclaim)
+{
+    struct client_tls *t = &client_tls;
+    for (unsigned i = 0; i < CLIENT_FREEBUFS; i++) {
+        struct client_freebuf *b = &client_freebufs[i];
+        uint32_t owner = atomic_load_explicit(&b->owner, memory_order_acquire);
+        if (owner == 0)
+            continue;
+        /* Acquire pairs with the owner's release of n: the slots below it are there (or
+         * later ones: a hint either way). */
+        uint32_t n = atomic_load_explicit(&b->n, memory_order_acquire);
+        uint64_t slots[CLIENT_FREEBUF_LEN];
+        n = n < CLIENT_FREEBUF_LEN ? n : CLIENT_FREEBUF_LEN;
+        for (uint32_t j = 0; j < n; j++)
+            slots[j] = atomic_load_explicit(&b->slot[j], memory_order_relaxed);
+        bool in_hook, in_sample;
+        if (n && hook_frees_enter(t, s, &in_hook, &in_sample)) {
+            hook_frees_claim(s, slots, n);
+            client_session_leave(s);
+        }
+        if (n) {
+            t->in_sample = in_sample;
+            t->in_hook = in_hook;
+        }
+        /* A thread that has gone holds its batch no more: nobody uses it now. */
+        if (reclaim && hp_sys3(SYS_tgkill, s->pid, (long)owner, 0) == -ESRCH) {
+            atomic_store_explicit(&b->n, 0, memory_order_relaxed);
+            atomic_store_explicit(&b->owner, 0, memory_order_release);
+        }
+    }
 }
 
 /* ---- slow path -------------------------------------------------------------------- */
@@ -701,8 +979,8 @@ static uint64_t hook_sample_size(struct client_tls *t, const struct client_sessi
 }
 
 /* Records @smp in @s, flagged as recording (an allocation now would be a bug). */
-static void hook_record(struct client_tls *t, struct client_session *s,
-                        const struct hook_sample *smp, const uint64_t *regs)
+static void hook_record(struct client_tls *t, struct client_session *s, struct hook_sample *smp,
+                        const uint64_t *regs)
 {
     /* Code loaded since the last look gets the hooks in its GOT slots too (only when the
      * allocator comes before us; rate-limited). */

@@ -49,7 +49,7 @@ static unsigned client_next_slot;   /* owner only */
 /* Features this client speaks. */
 #define CLIENT_FEATURES                                                                            \
     (WIRE_FEATURE_REGS_X86_64 | WIRE_FEATURE_FOLLOW_FORK | WIRE_FEATURE_UNWIND_TABLE |             \
-     WIRE_FEATURE_PYFRAMES | WIRE_FEATURE_HEAPS | WIRE_FEATURE_TITLE)
+     WIRE_FEATURE_PYFRAMES | WIRE_FEATURE_HEAPS | WIRE_FEATURE_TITLE | WIRE_FEATURE_FREE_BATCH)
 
 /* ---- handshake ------------------------------------------------------------------- */
 
@@ -319,6 +319,8 @@ static void client_slot_configure(struct client_session *s, const struct wire_cl
         client__title_learn();
     s->pid = (pid_t)hp_sys0(SYS_getpid);
     s->features = cfg->features;
+    atomic_store_explicit(&s->frees_batched, (cfg->features & WIRE_FEATURE_FREE_BATCH) != 0,
+                          memory_order_relaxed);
     s->gen = ++client_session_gen;
     s->max_stack_bytes = cfg->max_stack_bytes;
     client_sampler_params_init(&s->params, cfg->sampling_interval_bytes);

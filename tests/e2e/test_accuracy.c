@@ -50,7 +50,7 @@
 
 #include <cmocka.h>
 
-#include "tests/e2e/e2e_util.h"
+#include "tests/e2e/e2e_daemon.h"
 
 #define N_TRUTH_SITES 12
 
@@ -286,6 +286,40 @@ static void run_reuse_8_threads(const char *lanes)
     rp_trace_free(t);
     unlink(trace);
     free(trace);
+}
+
+/* tests/programs/idle_frees at interval 1 (@hold_ms, @end): the frees left in the
+ * batches of a thread gone idle for good and of one that exited are all recorded. */
+static void run_idle_frees(const char *hold_ms, const char *end)
+{
+    struct e2e_run run;
+    char *prog[] = {(char *)e2e_env("IDLE_FREES"), (char *)hold_ms, (char *)end, NULL};
+    char *trace = record("1", "1", NULL, prog, NULL, &run);
+    assert_int_equal(run.status, 0);
+    struct rp_trace *t = load(trace);
+    const struct rp_trace_process *p = e2e_find_process(t, "idle_frees");
+    assert_non_null(p);
+    assert_int_equal(p->frees_lost, 0);
+    e2e_check_exact_sites(p, run.out);
+    e2e_run_free(&run);
+    rp_trace_free(t);
+    unlink(trace);
+    free(trace);
+}
+
+/* By the library's own thread, every round: the process ends with the exit_group system
+ * call after a second (no code of the library's runs at its end). */
+static void test_accuracy_idle_batches_recorded(void **state)
+{
+    (void)state;
+    run_idle_frees("1000", "exit_group");
+}
+
+/* By _exit(), at once (a child of fork, Python's os._exit): before any round. */
+static void test_accuracy_idle_batches_at_exit(void **state)
+{
+    (void)state;
+    run_idle_frees("0", "_exit");
 }
 
 static void test_accuracy_reuse_8_threads(void **state)
@@ -636,6 +670,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accuracy_exact),
         cmocka_unit_test(test_accuracy_reuse_8_threads),
+        cmocka_unit_test(test_accuracy_idle_batches_recorded),
+        cmocka_unit_test(test_accuracy_idle_batches_at_exit),
         cmocka_unit_test(test_accuracy_reuse_8_threads_one_lane),
         cmocka_unit_test(test_accuracy_reuse_8_threads_four_lanes),
         cmocka_unit_test(test_accuracy_sampled_4k),

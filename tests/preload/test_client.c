@@ -50,9 +50,10 @@ enum serve_mode {
 };
 
 struct record {
-    uint16_t type;
-    struct wire_alloc a;        /* WIRE_ALLOC */
-    struct wire_free f;         /* WIRE_FREE */
+    uint16_t type;       /* a WIRE_FREES record is listed as WIRE_FREE records, one per address */
+    bool batched;        /* a WIRE_FREE record from a WIRE_FREES */
+    struct wire_alloc a; /* WIRE_ALLOC */
+    struct wire_free f;  /* WIRE_FREE */
     struct wire_heap_name h;    /* WIRE_HEAP_NAME */
     struct wire_maps_changed m; /* WIRE_MAPS_CHANGED */
     size_t payload_len;
@@ -156,6 +157,19 @@ static void drain(ring_t *r, struct run *run)
             assert_int_equal(wire_decode_heap_name(rs.data, rs.len, &rec.h), 0);
         } else if (rs.type == WIRE_MAPS_CHANGED) {
             assert_int_equal(wire_decode_maps_changed(rs.data, rs.len, &rec.m), 0);
+        } else if (rs.type == WIRE_FREES) {
+            struct wire_frees fs;
+            uint64_t addrs[WIRE_MAX_FREES];
+            assert_int_equal(wire_decode_frees(rs.data, rs.len, &fs, addrs), 0);
+            rec.type = WIRE_FREE;
+            rec.batched = true;
+            for (uint32_t i = 0; i < fs.n; i++)
+                if (addrs[i]) {
+                    rec.f = (struct wire_free){.addr = addrs[i], .heap_id = fs.heap_id};
+                    add_record(run, &rec);
+                }
+            ring_end_read(r, &rs);
+            continue;
         } else {
             assert_int_equal(rs.type, WIRE_FREE);
             assert_int_equal(rs.len, sizeof(rec.f));
@@ -187,6 +201,8 @@ static const struct wire_heaps *serve_heaps;
 static bool serve_table;
 /* The fake service asks for no block mode. */
 static bool serve_noblock;
+/* The fake service takes frees in batches (WIRE_FEATURE_FREE_BATCH). */
+static bool serve_batch;
 /* The fake service reads nothing until this file exists. */
 static const char *serve_hold_file;
 
@@ -245,7 +261,8 @@ static void serve(int lsock, pid_t child, enum serve_mode mode, uint64_t interva
         .status = WIRE_STATUS_PROFILE,
         .features = run->hello.features &
                     (WIRE_FEATURE_REGS_X86_64 | (serve_heaps ? WIRE_FEATURE_HEAPS : 0) |
-                     (serve_table ? WIRE_FEATURE_UNWIND_TABLE : 0)),
+                     (serve_table ? WIRE_FEATURE_UNWIND_TABLE : 0) |
+                     (serve_batch ? WIRE_FEATURE_FREE_BATCH : 0)),
         .block_client = mode == SERVE_PROFILE && !serve_noblock,
         .sampling_interval_bytes = interval,
         .max_stack_bytes = 64 << 10,
@@ -743,6 +760,68 @@ static void test_client_threads(void **state)
     check_threads_run(run, 4096);
 }
 
+/* Frees in batches (WIRE_FEATURE_FREE_BATCH), at interval 1, 4 threads each reusing its
+ * last freed address at once: in ring order every address is allocated, then freed, then
+ * allocated again, a sampled allocation that took the free of its address over carrying
+ * that free first; no free of an address not live, no allocation of one live; every
+ * block freed by the end. */
+static void test_client_batched_frees_keep_order(void **state)
+{
+    struct fixture *f = *state;
+    struct env_opts o = {.preload = true, .socket_path = f->sock_path, .startup = true};
+    struct run *run = fresh_run(f);
+    serve_batch = true;
+    run_prog(alloc_prog, "threads", &o, SERVE_PROFILE, 1, f->lsock, run);
+    serve_batch = false;
+    assert_true(exited_ok(run));
+    assert_int_equal(run->stats.records_dropped, 0);
+    assert_int_equal(run->stats.frees_lost, 0);
+
+    /* Every address seen, and whether it is live: an open-addressing table (the program
+     * reuses few addresses). */
+    enum { SEEN = 1 << 16 };
+    static struct {
+        uint64_t addr;
+        bool live;
+    } seen[SEEN];
+    memset(seen, 0, sizeof(seen));
+    uint64_t batched = 0, taken = 0, allocs64 = 0, n_seen = 0;
+    for (size_t i = 0; i < run->nrecs; i++) {
+        const struct record *rec = &run->recs[i];
+        if (rec->type != WIRE_ALLOC && rec->type != WIRE_FREE)
+            continue;
+        uint64_t addr = rec->type == WIRE_ALLOC ? rec->a.addr : rec->f.addr;
+        size_t k = (size_t)((addr >> 4) * 0x9e3779b97f4a7c15ull >> 48) % SEEN;
+        while (seen[k].addr != 0 && seen[k].addr != addr)
+            k = (k + 1) % SEEN;
+        if (seen[k].addr == 0) {
+            assert_true(++n_seen < SEEN / 2);
+            seen[k].addr = addr;
+        }
+        if (rec->type == WIRE_FREE) {
+            assert_true(seen[k].live);
+            seen[k].live = false;
+            batched += rec->batched;
+            continue;
+        }
+        if (rec->a.head_flags & WIRE_HEAD_FREE_FIRST) {
+            assert_true(seen[k].live);
+            taken++;
+        } else {
+            assert_false(seen[k].live);
+        }
+        seen[k].live = true;
+        allocs64 += rec->a.size == 64;
+    }
+    printf("# %zu records: %llu allocations of 64 bytes, %llu frees in batches, %llu taken over "
+           "by an allocation of their address\n",
+           run->nrecs, (unsigned long long)allocs64, (unsigned long long)batched,
+           (unsigned long long)taken);
+    assert_int_equal(allocs64, 4 * 20000);
+    assert_true(batched > 0);
+    assert_true(taken > 0);
+}
+
 static void test_client_glibc_semantics_kept(void **state)
 {
     struct fixture *f = *state;
@@ -840,6 +919,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_client_service_hangs_up, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_glibc_semantics_kept, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_threads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_client_batched_frees_keep_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_bug_sized_frees_unrecorded, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_bug_signal_free_lost, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_bug_lost_code_change_told_later, setup,

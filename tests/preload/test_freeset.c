@@ -355,6 +355,125 @@ static void test_freeset_concurrent_churn(void **state)
     }
 }
 
+/* Every filter counter of every level of @s is zero (no live entry left). */
+static void assert_filters_empty(const struct client_freeset *s)
+{
+    for (unsigned l = 0; l < atomic_load(&s->nlevels); l++)
+        for (size_t i = 0; i < filter_len(s, l); i++)
+            assert_int_equal(atomic_load(&s->lv[l].filter[i]) & CLIENT_FREESET_FILTER_COUNT, 0);
+}
+
+/* Frees in batches (freeset.h): a retired entry is PENDING, out of the filters (a free of
+ * its address reused unsampled passes by), and only its own batch's tag commits it. */
+static void test_freeset_batch_retire_commit(void **state)
+{
+    (void)state;
+    struct client_freeset s = {0};
+    assert_int_equal(client_freeset_init(&s, 12), 0);
+    const uint64_t a = 0x7f0000123450ull;
+    assert_int_equal(client_freeset_insert(&s, a), 0);
+    _Atomic uint64_t *slot = client_freeset_retire(&s, a, 0x201);
+    assert_non_null(slot);
+    assert_int_equal(atomic_load(slot), client_freeset_pending(a, 0x201));
+    assert_false(client_freeset_maybe(&s, a));
+    assert_false(client_freeset_remove(&s, a));
+    assert_null(client_freeset_retire(&s, a, 0x201));
+    int level = client_freeset_slot_level(&s, slot);
+    assert_int_equal(level, 0);
+    assert_int_equal(client_freeset_slot_level(&s, (_Atomic uint64_t *)&s), -1);
+    /* Another batch's tag (or epoch) is not ours to commit. */
+    assert_false(client_freeset_commit(&s, slot, 0, client_freeset_pending(a, 0x202)));
+    assert_true(client_freeset_commit(&s, slot, 0, client_freeset_pending(a, 0x201)));
+    assert_int_equal(atomic_load(slot), CLIENT_FREESET_TOMB);
+    assert_false(client_freeset_commit(&s, slot, 0, client_freeset_pending(a, 0x201)));
+    /* Recorded: a sampled allocation of the address inserts it anew. */
+    assert_int_equal(client_freeset_insert_taking(&s, a), 0);
+    assert_true(client_freeset_remove(&s, a));
+    assert_filters_empty(&s);
+}
+
+/* A sampled allocation of an address whose free is PENDING takes the entry over (its
+ * record carries the free); the batch's owner then finds it changed. A stale hint of that
+ * batch never commits a later free of the address another batch holds. */
+static void test_freeset_batch_take(void **state)
+{
+    (void)state;
+    struct client_freeset s = {0};
+    assert_int_equal(client_freeset_init(&s, 12), 0);
+    const uint64_t a = 0x7f0000123460ull;
+    assert_int_equal(client_freeset_insert(&s, a), 0);
+    _Atomic uint64_t *first = client_freeset_retire(&s, a, 0x201);
+    assert_non_null(first);
+    assert_int_equal(client_freeset_insert_taking(&s, a), 1);
+    assert_int_equal(atomic_load(first), a);
+    assert_true(client_freeset_maybe(&s, a));
+    assert_false(client_freeset_commit(&s, first, 0, client_freeset_pending(a, 0x201)));
+    /* Freed again, into another batch: the first batch's hint finds another tag. */
+    _Atomic uint64_t *second = client_freeset_retire(&s, a, 0x401);
+    assert_ptr_equal((void *)second, (void *)first);
+    assert_false(client_freeset_commit(&s, first, 0, client_freeset_pending(a, 0x201)));
+    /* The session thread claims it, whatever its tag, and settles it after its record. */
+    uint64_t v = atomic_load(second);
+    assert_true(client_freeset_claim(second, v));
+    assert_false(client_freeset_claim(second, v));
+    assert_false(client_freeset_commit(&s, second, 0, v));
+    client_freeset_settle(&s, second, 0, a);
+    assert_int_equal(atomic_load(second), CLIENT_FREESET_TOMB);
+    assert_int_equal(client_freeset_insert_taking(&s, a), 0);
+    assert_true(client_freeset_remove(&s, a));
+    assert_filters_empty(&s);
+}
+
+/* A sampled allocation of an address whose free is CLAIMED waits for the tombstone (its
+ * record must come after the claimer's); held too long, it gives up (-EBUSY: the sample
+ * is dropped and counted). */
+static void test_freeset_batch_claimed_waits(void **state)
+{
+    (void)state;
+    struct client_freeset s = {0};
+    assert_int_equal(client_freeset_init(&s, 12), 0);
+    const uint64_t a = 0x7f0000123470ull;
+    assert_int_equal(client_freeset_insert(&s, a), 0);
+    _Atomic uint64_t *slot = client_freeset_retire(&s, a, 0x201);
+    assert_true(client_freeset_claim(slot, atomic_load(slot)));
+    assert_int_equal(client_freeset_insert_taking(&s, a), -EBUSY);
+    client_freeset_settle(&s, slot, 0, a);
+    assert_int_equal(client_freeset_insert_taking(&s, a), 0);
+    assert_true(client_freeset_remove(&s, a));
+    assert_filters_empty(&s);
+}
+
+/* Entries past their home slot (a displaced group): found, taken and committed there. */
+static void test_freeset_batch_displaced(void **state)
+{
+    (void)state;
+    struct client_freeset s = {0};
+    assert_int_equal(client_freeset_init(&s, 12), 0);
+    /* Page-aligned addresses whose pages hash to one home slot. */
+    uint64_t addrs[6];
+    size_t n = 0;
+    uint64_t home = client_freeset_home(&s.lv[0], client_freeset_page_hash(0x7f0000200000ull),
+                                        0x7f0000200000ull);
+    for (uint64_t p = 0x7f0000200000ull; n < 6; p += 4096)
+        if (client_freeset_home(&s.lv[0], client_freeset_page_hash(p), p) == home)
+            addrs[n++] = p;
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(client_freeset_insert(&s, addrs[i]), 0);
+    _Atomic uint64_t *slots[6];
+    for (size_t i = 0; i < n; i++)
+        assert_non_null(slots[i] = client_freeset_retire(&s, addrs[i], 0x201));
+    /* Taken over, the last (farthest from home) and one in the middle. */
+    assert_int_equal(client_freeset_insert_taking(&s, addrs[5]), 1);
+    assert_int_equal(client_freeset_insert_taking(&s, addrs[2]), 1);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(
+            client_freeset_commit(&s, slots[i], 0, client_freeset_pending(addrs[i], 0x201)),
+            i != 5 && i != 2);
+    assert_true(client_freeset_remove(&s, addrs[5]));
+    assert_true(client_freeset_remove(&s, addrs[2]));
+    assert_filters_empty(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -368,6 +487,10 @@ int main(void)
         cmocka_unit_test(test_freeset_concurrent_growth),
         cmocka_unit_test(test_freeset_init_once),
         cmocka_unit_test(test_freeset_concurrent_churn),
+        cmocka_unit_test(test_freeset_batch_retire_commit),
+        cmocka_unit_test(test_freeset_batch_take),
+        cmocka_unit_test(test_freeset_batch_claimed_waits),
+        cmocka_unit_test(test_freeset_batch_displaced),
     };
     return cmocka_run_group_tests_name("freeset", tests, NULL, NULL);
 }

@@ -3,8 +3,9 @@
  * MODE "busy": allocates and frees in a tight loop (keeping a little); "idle": sleeps,
  * allocating one leaked block every 100 ms. Prints "truth worker_leak <bytes> <count> 0 0"
  * and "done" at the end; exits 0. A line "ready <pid>" is printed at the start. MODE
- * "hold": leaks 10 blocks of 1000 bytes at once, prints their truth line and "leaked",
- * then sleeps for DURATION (allocating nothing more). Built a second time as worker_tls,
+ * "hold": leaks 10 blocks of 1000 bytes at once and frees 5 of 500 bytes (fewer than a
+ * batch of frees holds, preload/client.h), prints their truth lines and "leaked", then
+ * sleeps for DURATION (allocating nothing more). Built a second time as worker_tls,
  * with a thread-local variable in the executable. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,7 +59,12 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "hold")) {
         for (int k = 0; k < 10; k++)
             keep = worker_leak(1000);
-        printf("truth worker_leak 10000 10 0 0\nleaked\n");
+        void *freed[5];
+        for (int k = 0; k < 5; k++)
+            freed[k] = worker_churn(500);
+        for (int k = 0; k < 5; k++)
+            free(freed[k]);
+        printf("truth worker_leak 10000 10 0 0\ntruth worker_churn 2500 5 2500 5\nleaked\n");
         fflush(stdout);
         usleep((useconds_t)duration * 1000);
         printf("done\n");
