@@ -335,13 +335,18 @@ static uint32_t hangup_flags(struct svc_client *c, const char **ret_why)
         return lost | BK_FLAG_CONN_CLOSED;
     }
     /* Perfetto's disconnected: the process's session ended, whatever the reason (as
-     * heapprofd sets it); not a loss of the profiler's. */
+     * heapprofd sets it); not a loss of the profiler's. Without an exit no code of the
+     * client's ran at the end: the frees its threads held in batches (at most one round
+     * of its session thread, 200 ms, of them) went with it. */
+    bool batches = (c->features & WIRE_FEATURE_FREE_BATCH) != 0;
     if (ring_client_exiting(c->ring))
         *ret_why = "(exited)";
     else if (svc__process_alive(c->pid))
-        *ret_why = "(exec'd)";
+        *ret_why = batches ? "(exec'd; frees of its last 200 ms may be missing)" : "(exec'd)";
     else {
-        *ret_why = "(went away without exiting: killed, crashed or _exit)";
+        *ret_why = batches ? "(went away without exiting: killed, crashed or _exit; frees of "
+                             "its last 200 ms may be missing)"
+                           : "(went away without exiting: killed, crashed or _exit)";
         c->end_abrupt = true;
     }
     return BK_FLAG_DISCONNECTED;
