@@ -598,14 +598,16 @@ static void test_client_heaps(void **state)
  * recorded (never waiting) or, when the ring has no room, counted as lost. The program
  * runs on an allocator that is safe in a signal handler (bump_alloc.c, preloaded after
  * us: the hooks forward to it). */
-static void test_client_bug_signal_free_lost(void **state)
+/* alloc_prog sigfree, its frees recorded one by one or in batches (@batches). */
+static void run_signal_frees(struct fixture *f, bool batches)
 {
-    struct fixture *f = *state;
     struct run *run = fresh_run(f);
     struct env_opts o = {
         .preload = true, .preload_after = bump_lib, .socket_path = f->sock_path, .startup = true};
 
+    serve_batch = batches;
     run_prog(alloc_prog, "sigfree", &o, SERVE_PROFILE, 1, f->lsock, run);
+    serve_batch = false;
     assert_true(exited_ok(run));
     const char *sig = strstr(run->out, "signals=");
     assert_non_null(sig);
@@ -623,10 +625,23 @@ static void test_client_bug_signal_free_lost(void **state)
             seen = run->recs[j].type == WIRE_FREE && run->recs[j].f.addr == a;
         missing += !seen;
     }
-    print_message("    %zu frees from the handler, %zu not recorded, %llu counted as lost\n",
-                  listed, missing, (unsigned long long)run->stats.frees_lost);
+    print_message("    %zu frees from the handler%s, %zu not recorded, %llu counted as lost\n",
+                  listed, batches ? " (in batches)" : "", missing,
+                  (unsigned long long)run->stats.frees_lost);
     assert_int_equal(listed, freed);
     assert_true(missing <= run->stats.frees_lost);
+}
+
+static void test_client_bug_signal_free_lost(void **state)
+{
+    run_signal_frees(*state, false);
+}
+
+/* The same with frees in batches: a handler that interrupts the thread's own use of its
+ * batch records its free at once; one that does not adds it to the batch. */
+static void test_client_signal_frees_batched(void **state)
+{
+    run_signal_frees(*state, true);
 }
 
 static void test_client_passthrough_when_service_missing(void **state)
@@ -922,6 +937,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_client_batched_frees_keep_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_bug_sized_frees_unrecorded, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_bug_signal_free_lost, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_client_signal_frees_batched, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_bug_lost_code_change_told_later, setup,
                                         teardown),
     };
