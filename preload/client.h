@@ -89,6 +89,7 @@ struct client_tls {
     uint16_t freebuf;     /* 1 + its batch of frees in client_freebufs; 0: none yet */
     bool freebuf_none;    /* none was free: frees are recorded one by one */
     bool freebuf_busy;    /* in its batch: a free in a signal handler records at once */
+    uint32_t freebuf_tid; /* the tid it took its batch with (the batch's owner) */
     bool in_hook;         /* reentrancy guard: inside, forward to glibc at once */
     bool in_sample;       /* recording a sample: an allocation now is a bug (see trap below) */
     /* While the python.objects wrapper is in the object allocator (preload/pyheap.c): the

@@ -187,29 +187,25 @@ static int freeset_level_insert(struct client_freeset *s, unsigned level, uint64
     return -ENOSPC;
 }
 
-/* Finds @want (an entry of @addr: the address, or it tagged) in level @level and swaps it
- * for @repl; *@ret_slot gets its slot. False when it is not there, or changed under us. */
-static bool freeset_level_swap(struct client_freeset *s, unsigned level, uint64_t ph, uint64_t addr,
-                               uint64_t want, uint64_t repl, _Atomic uint64_t **ret_slot)
+/* The slot of level @level that holds @addr (page hash @ph), or NULL. */
+static _Atomic uint64_t *freeset_level_find(struct client_freeset *s, unsigned level, uint64_t ph,
+                                            uint64_t addr)
 {
     struct client_freeset_level *lv = &s->lv[level];
     uint64_t home = client_freeset_home(lv, ph, addr);
     uint8_t f = atomic_load_explicit(&lv->filter[home >> lv->line_log2], memory_order_relaxed);
     if (HP_LIKELY((f & CLIENT_FREESET_FILTER_COUNT) == 0))
-        return false;
+        return NULL;
     /* Never displaced here: @addr is at its home, or not in this level. */
     uint64_t probes = (f & CLIENT_FREESET_FILTER_DISPLACED) ? CLIENT_FREESET_PROBES : 1;
     for (uint64_t i = home; i < home + probes; i++) {
         uint64_t v = atomic_load_explicit(&lv->slots[i], memory_order_relaxed);
         if (v == CLIENT_FREESET_EMPTY)
-            return false;
-        if (v == want) {
-            *ret_slot = &lv->slots[i];
-            return atomic_compare_exchange_strong_explicit(
-                &lv->slots[i], &v, repl, memory_order_relaxed, memory_order_relaxed);
-        }
+            return NULL;
+        if (v == addr)
+            return &lv->slots[i];
     }
-    return false;
+    return NULL;
 }
 
 /* The slot of an entry of @addr in level @level is a tombstone now: it counts no more. */
@@ -219,19 +215,21 @@ static void freeset_level_uncount(struct client_freeset *s, unsigned level, uint
         atomic_fetch_sub_explicit(&s->counted[level].n, 1, memory_order_relaxed);
 }
 
-/* freeset_level_swap() in the levels, newest first (most frees are of recent blocks);
- * the level where it swapped, or -1. */
-static int freeset_swap(struct client_freeset *s, uint64_t addr, uint64_t want, uint64_t repl,
-                        _Atomic uint64_t **ret_slot)
+_Atomic uint64_t *client_freeset_find(struct client_freeset *s, uint64_t addr, unsigned *ret_level)
 {
     if (!client_freeset_maybe(s, addr))
-        return -1;
+        return NULL;
     uint64_t h = client_freeset_page_hash(addr);
     unsigned n = atomic_load_explicit(&s->nlevels, memory_order_acquire);
-    for (unsigned i = n; i-- > 0;)
-        if (freeset_level_swap(s, i, h, addr, want, repl, ret_slot))
-            return (int)i;
-    return -1;
+    /* Newest first: most frees are of recent blocks. */
+    for (unsigned i = n; i-- > 0;) {
+        _Atomic uint64_t *slot = freeset_level_find(s, i, h, addr);
+        if (slot) {
+            *ret_level = i;
+            return slot;
+        }
+    }
+    return NULL;
 }
 
 /* Level @n (the set has @n levels) for the next inserts. Returns 0 when the set has more
@@ -285,28 +283,43 @@ int client_freeset_insert(struct client_freeset *s, uint64_t addr)
     return -ENOSPC;
 }
 
-bool client_freeset_remove(struct client_freeset *s, uint64_t addr)
+bool client_freeset_remove_at(struct client_freeset *s, _Atomic uint64_t *slot, unsigned level,
+                              uint64_t addr)
 {
-    _Atomic uint64_t *slot;
-    int level = freeset_swap(s, addr, addr, CLIENT_FREESET_TOMB, &slot);
-    if (level < 0)
+    uint64_t v = addr;
+    if (!atomic_compare_exchange_strong_explicit(slot, &v, CLIENT_FREESET_TOMB,
+                                                 memory_order_relaxed, memory_order_relaxed))
         return false;
     uint64_t ph = client_freeset_page_hash(addr);
-    freeset_filters_dec(s, (unsigned)level, ph, addr);
-    freeset_level_uncount(s, (unsigned)level, ph);
+    freeset_filters_dec(s, level, ph, addr);
+    freeset_level_uncount(s, level, ph);
+    return true;
+}
+
+bool client_freeset_remove(struct client_freeset *s, uint64_t addr)
+{
+    unsigned level;
+    _Atomic uint64_t *slot = client_freeset_find(s, addr, &level);
+    return slot && client_freeset_remove_at(s, slot, level, addr);
+}
+
+bool client_freeset_retire_at(struct client_freeset *s, _Atomic uint64_t *slot, unsigned level,
+                              uint64_t addr, uint32_t tag)
+{
+    uint64_t v = addr;
+    if (!atomic_compare_exchange_strong_explicit(slot, &v, client_freeset_pending(addr, tag),
+                                                 memory_order_relaxed, memory_order_relaxed))
+        return false;
+    /* Frees of the address from here on (its block reused unsampled) pass by. */
+    freeset_filters_dec(s, level, client_freeset_page_hash(addr), addr);
     return true;
 }
 
 _Atomic uint64_t *client_freeset_retire(struct client_freeset *s, uint64_t addr, uint32_t tag)
 {
-    _Atomic uint64_t *slot;
-    uint64_t ph = client_freeset_page_hash(addr);
-    int level = freeset_swap(s, addr, addr, client_freeset_pending(addr, tag), &slot);
-    if (level < 0)
-        return NULL;
-    /* Frees of the address from here on (its block reused unsampled) pass by. */
-    freeset_filters_dec(s, (unsigned)level, ph, addr);
-    return slot;
+    unsigned level;
+    _Atomic uint64_t *slot = client_freeset_find(s, addr, &level);
+    return slot && client_freeset_retire_at(s, slot, level, addr, tag) ? slot : NULL;
 }
 
 int client_freeset_slot_level(const struct client_freeset *s, const _Atomic uint64_t *slot)

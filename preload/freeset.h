@@ -164,8 +164,16 @@ static inline uint64_t client_freeset_pending(uint64_t addr, uint32_t tag)
 {
     return addr | ((uint64_t)tag << CLIENT_FREESET_TAG_SHIFT) | CLIENT_FREESET_PENDING;
 }
-/* Turns @addr's entry into client_freeset_pending(@addr, @tag); returns its slot, or NULL
- * when @addr is not in the set. */
+/* The slot that holds @addr (its level in @ret_level), or NULL: a look, no change. */
+_Atomic uint64_t *client_freeset_find(struct client_freeset *s, uint64_t addr, unsigned *ret_level);
+/* client_freeset_remove() of @addr found at @slot of level @level. */
+bool client_freeset_remove_at(struct client_freeset *s, _Atomic uint64_t *slot, unsigned level,
+                              uint64_t addr);
+/* Turns @addr's entry at @slot of level @level into client_freeset_pending(@addr, @tag);
+ * false when it holds @addr no more. */
+bool client_freeset_retire_at(struct client_freeset *s, _Atomic uint64_t *slot, unsigned level,
+                              uint64_t addr, uint32_t tag);
+/* client_freeset_find() and client_freeset_retire_at(): its slot, or NULL. */
 _Atomic uint64_t *client_freeset_retire(struct client_freeset *s, uint64_t addr, uint32_t tag);
 /* The level of @s whose table holds @slot, or -1 (a slot of another set). */
 int client_freeset_slot_level(const struct client_freeset *s, const _Atomic uint64_t *slot);

@@ -849,6 +849,7 @@ static bool hook_freebuf_take(struct client_tls *t, const struct client_session 
                                                     memory_order_relaxed)) {
             atomic_store_explicit(&b->n, 0, memory_order_relaxed);
             t->freebuf = (uint16_t)(i + 1);
+            t->freebuf_tid = tid;
             return true;
         }
     }
@@ -856,50 +857,67 @@ static bool hook_freebuf_take(struct client_tls *t, const struct client_session 
     return false;
 }
 
-/* The thread's batch, or NULL (none, or in use by the code a signal handler interrupted).
- * Sets freebuf_busy when it returns one. */
+/* The thread's batch, or NULL (none to take, or in use by the code a signal handler
+ * interrupted). Sets freebuf_busy when it returns one. */
 static struct client_freebuf *hook_freebuf_get(struct client_tls *t, struct client_session *s)
 {
-    if (HP_UNLIKELY(t->freebuf == 0) &&
-        (t->freebuf_none || t->freebuf_busy || !hook_freebuf_take(t, s)))
+    if (HP_UNLIKELY(t->freebuf_busy) ||
+        (HP_UNLIKELY(t->freebuf == 0) && (t->freebuf_none || !hook_freebuf_take(t, s))))
         return NULL;
-    if (HP_UNLIKELY(t->freebuf_busy))
-        return NULL;
-    struct client_freebuf *b = &client_freebufs[t->freebuf - 1];
     t->freebuf_busy = true;
     /* A handler that comes from here on sees the flag (it runs on this thread). */
     atomic_signal_fence(memory_order_seq_cst);
-    /* Ours no more: taken back in a child of _Fork or clone, where our tid was the
-     * parent's (the session thread took it for a thread that has gone). */
-    if (HP_UNLIKELY(atomic_load_explicit(&b->owner, memory_order_relaxed) != hook_tid(t, s) ||
-                    atomic_load_explicit(&b->n, memory_order_relaxed) >= CLIENT_FREEBUF_LEN)) {
-        t->freebuf = 0;
-        atomic_signal_fence(memory_order_seq_cst);
-        t->freebuf_busy = false;
-        return NULL;
+    return &client_freebufs[t->freebuf - 1];
+}
+
+/* hook_frees_claim() of @n slots, flagged and inside @s, errno kept. */
+static void hook_frees_claim_flagged(struct client_tls *t, struct client_session *s,
+                                     const uint64_t *slots, unsigned n)
+{
+    int saved_errno = errno;
+    bool in_hook, in_sample;
+    if (hook_frees_enter(t, s, &in_hook, &in_sample)) {
+        hook_frees_claim(s, slots, n);
+        client_session_leave(s);
     }
-    return b;
+    t->in_sample = in_sample;
+    t->in_hook = in_hook;
+    errno = saved_errno;
 }
 
 void client_free_batched(struct client_session *s, uint64_t addr)
 {
+    /* Most frees that come here are of unsampled blocks whose filter counter was raised
+     * by others: the set is looked at before anything else. */
+    unsigned level;
+    _Atomic uint64_t *slot = client_freeset_find(&s->freeset, addr, &level);
+    if (!slot)
+        return;
     struct client_tls *t = &client_tls;
     struct client_freebuf *b = hook_freebuf_get(t, s);
     if (HP_UNLIKELY(!b)) {
-        if (client_freeset_remove(&s->freeset, addr))
+        if (client_freeset_remove_at(&s->freeset, slot, level, addr))
             client_record_free(s, 0, addr);
         return;
     }
     unsigned i = t->freebuf - 1;
-    _Atomic uint64_t *slot =
-        client_freeset_retire(&s->freeset, addr, hook_freebuf_tag(i, b->epoch));
-    if (slot) {
+    if (client_freeset_retire_at(&s->freeset, slot, level, addr, hook_freebuf_tag(i, b->epoch))) {
         uint32_t n = atomic_load_explicit(&b->n, memory_order_relaxed);
-        atomic_store_explicit(&b->slot[n], (uint64_t)(uintptr_t)slot, memory_order_relaxed);
-        /* Release: the session thread that reads n finds the slot. */
-        atomic_store_explicit(&b->n, n + 1, memory_order_release);
-        if (n + 1 == CLIENT_FREEBUF_LEN)
-            hook_freebuf_full(t, s, b, i);
+        /* Ours no more (taken back in a child of _Fork or clone, where our tid was the
+         * parent's, by a session thread that found the parent's thread gone): this free
+         * is recorded at once, and the thread goes on without a batch. */
+        if (HP_UNLIKELY(atomic_load_explicit(&b->owner, memory_order_relaxed) != t->freebuf_tid ||
+                        n >= CLIENT_FREEBUF_LEN)) {
+            t->freebuf = 0;
+            uint64_t one = (uint64_t)(uintptr_t)slot;
+            hook_frees_claim_flagged(t, s, &one, 1);
+        } else {
+            atomic_store_explicit(&b->slot[n], (uint64_t)(uintptr_t)slot, memory_order_relaxed);
+            /* Release: the session thread that reads n finds the slot. */
+            atomic_store_explicit(&b->n, n + 1, memory_order_release);
+            if (n + 1 == CLIENT_FREEBUF_LEN)
+                hook_freebuf_full(t, s, b, i);
+        }
     }
     atomic_signal_fence(memory_order_seq_cst);
     t->freebuf_busy = false;
@@ -931,15 +949,8 @@ void client__freebufs_sweep(struct client_session *s, bool reclaim)
         n = n < CLIENT_FREEBUF_LEN ? n : CLIENT_FREEBUF_LEN;
         for (uint32_t j = 0; j < n; j++)
             slots[j] = atomic_load_explicit(&b->slot[j], memory_order_relaxed);
-        bool in_hook, in_sample;
-        if (n && hook_frees_enter(t, s, &in_hook, &in_sample)) {
-            hook_frees_claim(s, slots, n);
-            client_session_leave(s);
-        }
-        if (n) {
-            t->in_sample = in_sample;
-            t->in_hook = in_hook;
-        }
+        if (n)
+            hook_frees_claim_flagged(t, s, slots, n);
         /* A thread that has gone holds its batch no more: nobody uses it now. */
         if (reclaim && hp_sys3(SYS_tgkill, s->pid, (long)owner, 0) == -ESRCH) {
             atomic_store_explicit(&b->n, 0, memory_order_relaxed);
