@@ -315,13 +315,6 @@ bool client_freeset_retire_at(struct client_freeset *s, _Atomic uint64_t *slot, 
     return true;
 }
 
-_Atomic uint64_t *client_freeset_retire(struct client_freeset *s, uint64_t addr, uint32_t tag)
-{
-    unsigned level;
-    _Atomic uint64_t *slot = client_freeset_find(s, addr, &level);
-    return slot && client_freeset_retire_at(s, slot, level, addr, tag) ? slot : NULL;
-}
-
 int client_freeset_slot_level(const struct client_freeset *s, const _Atomic uint64_t *slot)
 {
     unsigned n = atomic_load_explicit(&s->nlevels, memory_order_acquire);

@@ -173,8 +173,6 @@ bool client_freeset_remove_at(struct client_freeset *s, _Atomic uint64_t *slot, 
  * false when it holds @addr no more. */
 bool client_freeset_retire_at(struct client_freeset *s, _Atomic uint64_t *slot, unsigned level,
                               uint64_t addr, uint32_t tag);
-/* client_freeset_find() and client_freeset_retire_at(): its slot, or NULL. */
-_Atomic uint64_t *client_freeset_retire(struct client_freeset *s, uint64_t addr, uint32_t tag);
 /* The level of @s whose table holds @slot, or -1 (a slot of another set). */
 int client_freeset_slot_level(const struct client_freeset *s, const _Atomic uint64_t *slot);
 /* The batch's owner, after it reserved its record: the PENDING entry @v in @slot (of

@@ -177,21 +177,29 @@ static void hook_fill_head(struct wire_alloc_head *ret, struct client_tls *t,
     };
 }
 
+/* After the reservation @r of a record of frees: publishes @w, or counts its @lost frees
+ * as lost when the ring had no room. */
+static void hook_frees_done(struct client_session *s, int r, struct ring_wspan *w, unsigned lost)
+{
+    if (r == 0) {
+        if (ring_end_write(s->ring, w))
+            hook_poke(s);
+    } else if (r == -EAGAIN && lost > 0) {
+        for (unsigned i = 0; i < lost; i++)
+            ring_count_free_lost(s->ring);
+        hook_poke_full(s);
+    }
+}
+
 /* Writes a WIRE_FREE record of @addr of @heap; never waits. A free that finds no room is
  * counted as lost. Inside @s. */
 static void hook_write_free(struct client_session *s, uint32_t heap, uint64_t addr)
 {
-    ring_t *ring = s->ring;
     struct ring_wspan w;
-    int r = ring_try_begin_write_nowait(ring, WIRE_FREE, sizeof(struct wire_free), &w);
-    if (r == 0) {
+    int r = ring_try_begin_write_nowait(s->ring, WIRE_FREE, sizeof(struct wire_free), &w);
+    if (r == 0)
         wire_encode_free(w.data, addr, heap);
-        if (ring_end_write(ring, &w))
-            hook_poke(s);
-    } else if (r == -EAGAIN) {
-        ring_count_free_lost(ring);
-        hook_poke_full(s);
-    }
+    hook_frees_done(s, r, &w, 1);
 }
 
 /* Puts sampled address @p in the set free() watches, before its record is written (no
@@ -724,9 +732,8 @@ static uint32_t hook_freebuf_tag(unsigned i, uint32_t epoch)
 static void hook_frees_commit(struct client_session *s, const uint64_t *slots, unsigned n,
                               uint32_t tag)
 {
-    ring_t *ring = s->ring;
     struct ring_wspan w;
-    int r = ring_try_begin_write_nowait(ring, WIRE_FREES, wire_frees_len(n), &w);
+    int r = ring_try_begin_write_nowait(s->ring, WIRE_FREES, wire_frees_len(n), &w);
     uint64_t *dst = r == 0 ? wire_encode_frees(w.data, n, 0) : NULL;
     unsigned found = 0;
     for (unsigned i = 0; i < n; i++) {
@@ -743,14 +750,7 @@ static void hook_frees_commit(struct client_session *s, const uint64_t *slots, u
         if (dst)
             dst[i] = addr;
     }
-    if (r == 0) {
-        if (ring_end_write(ring, &w))
-            hook_poke(s);
-    } else if (r == -EAGAIN && found > 0) {
-        for (unsigned i = 0; i < found; i++)
-            ring_count_free_lost(ring);
-        hook_poke_full(s);
-    }
+    hook_frees_done(s, r, &w, found);
 }
 
 /* The session thread's look at a batch that may not be its own: claims each entry still
@@ -778,21 +778,13 @@ static void hook_frees_claim(struct client_session *s, const uint64_t *slots, un
     }
     if (k == 0)
         return;
-    ring_t *ring = s->ring;
     struct ring_wspan w;
-    int r = ring_try_begin_write_nowait(ring, WIRE_FREES, wire_frees_len(k), &w);
+    int r = ring_try_begin_write_nowait(s->ring, WIRE_FREES, wire_frees_len(k), &w);
     if (r == 0)
         memcpy(wire_encode_frees(w.data, k, 0), addrs, k * sizeof(uint64_t));
     for (unsigned i = 0; i < k; i++)
         client_freeset_settle(&s->freeset, mine[i], levels[i], addrs[i]);
-    if (r == 0) {
-        if (ring_end_write(ring, &w))
-            hook_poke(s);
-    } else if (r == -EAGAIN) {
-        for (unsigned i = 0; i < k; i++)
-            ring_count_free_lost(ring);
-        hook_poke_full(s);
-    }
+    hook_frees_done(s, r, &w, k);
 }
 
 /* Enters @s flagged as recording (an allocation in a signal handler meanwhile is not
@@ -812,6 +804,26 @@ static bool hook_frees_enter(struct client_tls *t, struct client_session *s, boo
     return false;
 }
 
+/* Records the frees of @slots, flagged and inside @s, errno kept: those of the thread's
+ * own batch of tag @tag (hook_frees_commit()), or with @tag 0 (no batch has it) any still
+ * to be recorded (hook_frees_claim()). */
+static void hook_frees_flagged(struct client_tls *t, struct client_session *s,
+                               const uint64_t *slots, unsigned n, uint32_t tag)
+{
+    int saved_errno = errno;
+    bool in_hook, in_sample;
+    if (hook_frees_enter(t, s, &in_hook, &in_sample)) {
+        if (tag)
+            hook_frees_commit(s, slots, n, tag);
+        else
+            hook_frees_claim(s, slots, n);
+        client_session_leave(s);
+    }
+    t->in_sample = in_sample;
+    t->in_hook = in_hook;
+    errno = saved_errno;
+}
+
 /* The thread's batch @b (number @i) is full: recorded, and empty again in a new epoch. */
 static HP_NOINLINE void hook_freebuf_full(struct client_tls *t, struct client_session *s,
                                           struct client_freebuf *b, unsigned i)
@@ -822,15 +834,7 @@ static HP_NOINLINE void hook_freebuf_full(struct client_tls *t, struct client_se
     uint32_t tag = hook_freebuf_tag(i, b->epoch);
     b->epoch++;
     atomic_store_explicit(&b->n, 0, memory_order_relaxed);
-    int saved_errno = errno;
-    bool in_hook, in_sample;
-    if (hook_frees_enter(t, s, &in_hook, &in_sample)) {
-        hook_frees_commit(s, slots, CLIENT_FREEBUF_LEN, tag);
-        client_session_leave(s);
-    }
-    t->in_sample = in_sample;
-    t->in_hook = in_hook;
-    errno = saved_errno;
+    hook_frees_flagged(t, s, slots, CLIENT_FREEBUF_LEN, tag);
 }
 
 /* A batch for the calling thread: one nobody owns, taken by compare-and-swap. Only by the
@@ -870,21 +874,6 @@ static struct client_freebuf *hook_freebuf_get(struct client_tls *t, struct clie
     return &client_freebufs[t->freebuf - 1];
 }
 
-/* hook_frees_claim() of @n slots, flagged and inside @s, errno kept. */
-static void hook_frees_claim_flagged(struct client_tls *t, struct client_session *s,
-                                     const uint64_t *slots, unsigned n)
-{
-    int saved_errno = errno;
-    bool in_hook, in_sample;
-    if (hook_frees_enter(t, s, &in_hook, &in_sample)) {
-        hook_frees_claim(s, slots, n);
-        client_session_leave(s);
-    }
-    t->in_sample = in_sample;
-    t->in_hook = in_hook;
-    errno = saved_errno;
-}
-
 void client_free_batched(struct client_session *s, uint64_t addr)
 {
     /* Most frees that come here are of unsampled blocks whose filter counter was raised
@@ -910,7 +899,7 @@ void client_free_batched(struct client_session *s, uint64_t addr)
                         n >= CLIENT_FREEBUF_LEN)) {
             t->freebuf = 0;
             uint64_t one = (uint64_t)(uintptr_t)slot;
-            hook_frees_claim_flagged(t, s, &one, 1);
+            hook_frees_flagged(t, s, &one, 1, 0);
         } else {
             atomic_store_explicit(&b->slot[n], (uint64_t)(uintptr_t)slot, memory_order_relaxed);
             /* Release: the session thread that reads n finds the slot. */
@@ -950,7 +939,7 @@ void client__freebufs_sweep(struct client_session *s, bool reclaim)
         for (uint32_t j = 0; j < n; j++)
             slots[j] = atomic_load_explicit(&b->slot[j], memory_order_relaxed);
         if (n)
-            hook_frees_claim_flagged(t, s, slots, n);
+            hook_frees_flagged(t, s, slots, n, 0);
         /* A thread that has gone holds its batch no more: nobody uses it now. */
         if (reclaim && hp_sys3(SYS_tgkill, s->pid, (long)owner, 0) == -ESRCH) {
             atomic_store_explicit(&b->n, 0, memory_order_relaxed);

@@ -355,6 +355,15 @@ static void test_freeset_concurrent_churn(void **state)
     }
 }
 
+/* The free path's two steps: @addr's slot, turned PENDING with @tag; NULL when @addr is
+ * not in the set. */
+static _Atomic uint64_t *retire(struct client_freeset *s, uint64_t addr, uint32_t tag)
+{
+    unsigned level;
+    _Atomic uint64_t *slot = client_freeset_find(s, addr, &level);
+    return slot && client_freeset_retire_at(s, slot, level, addr, tag) ? slot : NULL;
+}
+
 /* Every filter counter of every level of @s is zero (no live entry left). */
 static void assert_filters_empty(const struct client_freeset *s)
 {
@@ -372,12 +381,12 @@ static void test_freeset_batch_retire_commit(void **state)
     assert_int_equal(client_freeset_init(&s, 12), 0);
     const uint64_t a = 0x7f0000123450ull;
     assert_int_equal(client_freeset_insert(&s, a), 0);
-    _Atomic uint64_t *slot = client_freeset_retire(&s, a, 0x201);
+    _Atomic uint64_t *slot = retire(&s, a, 0x201);
     assert_non_null(slot);
     assert_int_equal(atomic_load(slot), client_freeset_pending(a, 0x201));
     assert_false(client_freeset_maybe(&s, a));
     assert_false(client_freeset_remove(&s, a));
-    assert_null(client_freeset_retire(&s, a, 0x201));
+    assert_null(retire(&s, a, 0x201));
     int level = client_freeset_slot_level(&s, slot);
     assert_int_equal(level, 0);
     assert_int_equal(client_freeset_slot_level(&s, (_Atomic uint64_t *)&s), -1);
@@ -402,14 +411,14 @@ static void test_freeset_batch_take(void **state)
     assert_int_equal(client_freeset_init(&s, 12), 0);
     const uint64_t a = 0x7f0000123460ull;
     assert_int_equal(client_freeset_insert(&s, a), 0);
-    _Atomic uint64_t *first = client_freeset_retire(&s, a, 0x201);
+    _Atomic uint64_t *first = retire(&s, a, 0x201);
     assert_non_null(first);
     assert_int_equal(client_freeset_insert_taking(&s, a), 1);
     assert_int_equal(atomic_load(first), a);
     assert_true(client_freeset_maybe(&s, a));
     assert_false(client_freeset_commit(&s, first, 0, client_freeset_pending(a, 0x201)));
     /* Freed again, into another batch: the first batch's hint finds another tag. */
-    _Atomic uint64_t *second = client_freeset_retire(&s, a, 0x401);
+    _Atomic uint64_t *second = retire(&s, a, 0x401);
     assert_ptr_equal((void *)second, (void *)first);
     assert_false(client_freeset_commit(&s, first, 0, client_freeset_pending(a, 0x201)));
     /* The session thread claims it, whatever its tag, and settles it after its record. */
@@ -434,7 +443,7 @@ static void test_freeset_batch_claimed_waits(void **state)
     assert_int_equal(client_freeset_init(&s, 12), 0);
     const uint64_t a = 0x7f0000123470ull;
     assert_int_equal(client_freeset_insert(&s, a), 0);
-    _Atomic uint64_t *slot = client_freeset_retire(&s, a, 0x201);
+    _Atomic uint64_t *slot = retire(&s, a, 0x201);
     assert_true(client_freeset_claim(slot, atomic_load(slot)));
     assert_int_equal(client_freeset_insert_taking(&s, a), -EBUSY);
     client_freeset_settle(&s, slot, 0, a);
@@ -461,7 +470,7 @@ static void test_freeset_batch_displaced(void **state)
         assert_int_equal(client_freeset_insert(&s, addrs[i]), 0);
     _Atomic uint64_t *slots[6];
     for (size_t i = 0; i < n; i++)
-        assert_non_null(slots[i] = client_freeset_retire(&s, addrs[i], 0x201));
+        assert_non_null(slots[i] = retire(&s, addrs[i], 0x201));
     /* Taken over, the last (farthest from home) and one in the middle. */
     assert_int_equal(client_freeset_insert_taking(&s, addrs[5]), 1);
     assert_int_equal(client_freeset_insert_taking(&s, addrs[2]), 1);
