@@ -112,12 +112,15 @@ void utable_insert(struct utable *t, uint64_t addr, uint64_t rule)
      * one run mostly take different slots. */
     if (!victim)
         victim = &t->slots[(home + (want >> 7) % UTABLE_PROBES) & t->mask];
-    atomic_store_explicit(&victim->key, 0, memory_order_relaxed);
-    /* Release pairs with the acquire load of the rule in utable_lookup(): a reader that
-     * sees the new rule sees the cleared key (or a later one) on its second look. */
+    uint64_t seq = atomic_load_explicit(&victim->seq, memory_order_relaxed);
+    atomic_store_explicit(&victim->seq, seq + 1, memory_order_relaxed);
+    /* Release keeps the odd sequence before each store (no fence: ThreadSanitizer does
+     * not model fences): a reader that sees one of them sees the odd sequence (or a
+     * later one) on its second look. */
     atomic_store_explicit(&victim->rule, rule, memory_order_release);
-    /* Release pairs with the acquire load of the key in utable_lookup(). */
     atomic_store_explicit(&victim->key, want, memory_order_release);
+    /* Release pairs with the acquire load of the sequence in utable_lookup(). */
+    atomic_store_explicit(&victim->seq, seq + 2, memory_order_release);
 }
 
 void utable_flush(struct utable *t)

@@ -30,9 +30,10 @@
  * Slots are open addressing (linear probing, UTABLE_PROBES at most). The key word holds
  * the address and, in its top 16 bits, the table's generation: the service bumps the
  * generation to forget every slot at once (the process's maps changed), and a key of an
- * older generation never matches. A slot is replaced under a per-slot seqlock (key
- * cleared, rule written, key set), so a reader never pairs a key with another key's
- * rule (see utable_lookup()).
+ * older generation never matches. A slot is replaced under its own sequence word (odd
+ * while the writer changes the key and the rule), so a reader never pairs a key with
+ * another key's rule, even when the slot went to another address and back while it
+ * looked (see utable_lookup()).
  *
  * Trust: the client trusts the service (which can read all its memory anyway) but still
  * checks every address a rule makes it read against the thread's stack. The service
@@ -56,7 +57,7 @@
 
 #include "common/macros.h"
 
-#define UTABLE_MAGIC 0x48505554424c3031ull /* "HPUTBL01" */
+#define UTABLE_MAGIC 0x48505554424c3032ull /* "HPUTBL02" */
 #define UTABLE_MIN_SLOTS 64u
 #define UTABLE_MAX_SLOTS (1u << 20)
 #define UTABLE_DEFAULT_SLOTS 8192u
@@ -121,11 +122,15 @@ struct utable_header {
 };
 _Static_assert(sizeof(struct utable_header) == 64, "utable_header ABI");
 
+/* 32 bytes, so that a slot never straddles a cache line (the slots start 64 bytes into a
+ * page). */
 struct utable_slot {
+    _Atomic uint64_t seq;  /* even: stable; odd: the writer is changing key and rule */
     _Atomic uint64_t key;  /* addr | gen << 48; 0: empty */
     _Atomic uint64_t rule; /* UTABLE_RULE_* word */
+    uint64_t reserved;
 };
-_Static_assert(sizeof(struct utable_slot) == 16, "utable_slot ABI");
+_Static_assert(sizeof(struct utable_slot) == 32, "utable_slot ABI");
 
 /* A mapping of a table. Caller storage; not thread-safe to map or unmap, the lookups are. */
 struct utable {
@@ -159,11 +164,13 @@ static inline uint64_t utable_gen(const struct utable *t)
     return atomic_load_explicit(&t->hdr->gen, memory_order_acquire);
 }
 
-/* Reader, hook-safe: the rule for @addr in generation @gen, or false. Per slot, a
- * seqlock without fences: the key is read before and after the rule, and the writer
- * clears the key before it stores another rule with release, so a reader that acquires
- * the new rule sees the cleared key (or a later one) on its second look and does not
- * pair that rule with the old key. */
+/* Reader, hook-safe: the rule for @addr in generation @gen, or false. The key is a
+ * filter; on a match the slot is read as a seqlock: its sequence, the rule and the key
+ * again (each acquire), the sequence again. An even sequence unchanged across
+ * the loads means no store of the writer fell between them, so the rule is the one
+ * stored with that key (a key and rule of two writes, or of a slot that went to another
+ * address and came back, are never paired); else the lookup misses and the walk gives up
+ * (the sample copies its stack). */
 static inline bool utable_lookup(const struct utable *t, uint64_t gen, uint64_t addr,
                                  uint64_t *ret_rule)
 {
@@ -173,16 +180,20 @@ static inline bool utable_lookup(const struct utable *t, uint64_t gen, uint64_t 
     uint64_t i = (addr * 0x9e3779b97f4a7c15ull) >> 32;
     for (unsigned n = 0; n < UTABLE_PROBES; n++, i++) {
         const struct utable_slot *s = &t->slots[i & t->mask];
-        /* Acquire pairs with the release store of the key in utable_insert(). */
-        uint64_t k = atomic_load_explicit(&s->key, memory_order_acquire);
+        uint64_t k = atomic_load_explicit(&s->key, memory_order_relaxed);
         if (k == 0)
             return false;
         if (k != want)
             continue;
-        /* Acquire pairs with the release store of the rule in utable_insert(), and keeps
-         * the second load of the key after this one. */
+        /* Acquire pairs with the release store of the even sequence in utable_insert():
+         * the loads below see the writes it closed, or later ones. */
+        uint64_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
+        /* Acquire pairs with the release stores of rule and key in utable_insert(): a
+         * load that sees a store of the writer sees the odd sequence stored before it, so
+         * the second load of the sequence (kept after them) differs from the first. */
         uint64_t rule = atomic_load_explicit(&s->rule, memory_order_acquire);
-        if (atomic_load_explicit(&s->key, memory_order_relaxed) != want)
+        uint64_t key = atomic_load_explicit(&s->key, memory_order_acquire);
+        if ((seq & 1) || key != want || atomic_load_explicit(&s->seq, memory_order_relaxed) != seq)
             return false;
         *ret_rule = rule;
         return true;

@@ -296,6 +296,87 @@ static void test_utable_concurrent_readers_never_pair_wrong_rules(void **state)
     pair_close(&st.p);
 }
 
+/* ---- one slot handed back and forth between two addresses ---- */
+
+struct aba {
+    struct pair p;
+    uint64_t a; /* the address the readers look up */
+    _Atomic bool stop;
+    _Atomic unsigned long hits, checks;
+    _Atomic unsigned long progress; /* lookups / 1024 so far, while they run */
+};
+
+static void *aba_reader(void *arg)
+{
+    struct aba *st = arg;
+    unsigned long hits = 0, checks = 0;
+    while (!atomic_load_explicit(&st->stop, memory_order_relaxed)) {
+        uint64_t rule;
+        if (++checks % 1024 == 0)
+            atomic_fetch_add_explicit(&st->progress, 1, memory_order_relaxed);
+        if (lookup(&st->p, st->a, &rule)) {
+            hits++;
+            if (utable_rule_cfa_off(rule) != (int32_t)(st->a >> 4))
+                abort(); /* the other address's rule under this key */
+        }
+    }
+    atomic_fetch_add(&st->hits, hits);
+    atomic_fetch_add(&st->checks, checks);
+    return NULL;
+}
+
+/* The home slot of @addr in a table of UTABLE_MIN_SLOTS, as utable_insert() computes it. */
+static uint64_t aba_home(uint64_t addr)
+{
+    return ((addr * 0x9e3779b97f4a7c15ull) >> 32) & (UTABLE_MIN_SLOTS - 1);
+}
+
+/* Regression: a reader between its loads of a slot while the writer gave the slot to
+ * another address and back took that address's rule under a key that matched again (the
+ * key was read before and after the rule, with no sequence). Addresses A and B compete
+ * for one slot of a full probe run, the writer alternates them, readers look up A. */
+static void test_utable_bug_slot_back_and_forth_pairs_wrong_rule(void **state)
+{
+    (void)state;
+    static struct aba st;
+    memset(&st, 0, sizeof(st));
+    pair_open(&st.p, UTABLE_MIN_SLOTS);
+    /* Eight fillers with the home slot of A fill its run; B shares A's home and the bits
+     * (7-9) that choose the victim in a full run. */
+    uint64_t same[10];
+    unsigned n = 0;
+    uint64_t home = aba_home(0x100000);
+    for (uint64_t addr = 0x100000; n < 10; addr += 16)
+        if (aba_home(addr) == home && (n < 9 || ((addr ^ same[8]) & 0x380) == 0))
+            same[n++] = addr;
+    for (unsigned i = 0; i < 8; i++)
+        utable_insert(&st.p.w, same[i], stress_rule(same[i], 0));
+    st.a = same[8];
+    uint64_t b = same[9];
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, aba_reader, &st), 0);
+    /* 300 ms of rounds once the readers run (at most 2 s for them to start). */
+    uint64_t start = hp_clock_ns(CLOCK_MONOTONIC), now = start, ran = 0;
+    for (unsigned round = 0; now < start + 2000000000u; round++) {
+        utable_insert(&st.p.w, st.a, stress_rule(st.a, round));
+        utable_insert(&st.p.w, b, stress_rule(b, round));
+        if (round % 4096 != 0)
+            continue;
+        now = hp_clock_ns(CLOCK_MONOTONIC);
+        if (ran == 0 && atomic_load(&st.progress) > 0)
+            ran = now;
+        if (ran != 0 && now > ran + 300000000u)
+            break;
+    }
+    atomic_store(&st.stop, true);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    print_message("  %lu lookups, %lu hits\n", atomic_load(&st.checks), atomic_load(&st.hits));
+    assert_true(atomic_load(&st.checks) > 0);
+    pair_close(&st.p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -307,6 +388,7 @@ int main(void)
         cmocka_unit_test(test_utable_overfull_never_mixes_rules),
         cmocka_unit_test(test_utable_flush_and_generation_wrap),
         cmocka_unit_test(test_utable_concurrent_readers_never_pair_wrong_rules),
+        cmocka_unit_test(test_utable_bug_slot_back_and_forth_pairs_wrong_rule),
     };
     return cmocka_run_group_tests_name("utable", tests, NULL, NULL);
 }
