@@ -180,8 +180,8 @@ static int wake_self(void)
     const struct hp_wake_page *pg = (const struct hp_wake_page *)lo;
     if (!pg || pg->magic != HP_WAKE_MAGIC || pg->version != HP_WAKE_VERSION)
         return -1;
-    int (*entry)(int) = (int (*)(int))(uintptr_t)pg->entry;
-    return entry(getpid()) == HP_WAKE_STARTED ? 0 : -1;
+    int (*entry)(int, const char *) = (int (*)(int, const char *))(uintptr_t)pg->entry;
+    return entry(getpid(), NULL) == HP_WAKE_STARTED ? 0 : -1;
 }
 
 /* @walk: give the client an unwind table. */
