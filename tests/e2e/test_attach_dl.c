@@ -31,6 +31,13 @@
 
 /* Sessions of test (a): short, and as many as stay cheap (about 0.2 s each). */
 #define DL_CYCLES 10
+/* Each session's --duration: a sanitizer build's woken process may take longer than
+ * 0.1 s to connect, and then is not in the session. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define DL_SESSION_S "0.5"
+#else
+#define DL_SESSION_S "0.1"
+#endif
 /* How long a program may show no progress before it counts as stuck. Far above any
  * scheduling delay of a busy machine; a deadlock never ends. */
 #define STUCK_MS 5000
@@ -190,7 +197,7 @@ static void dliter_cycles(const char *preload)
     for (int i = 0; i < DL_CYCLES; i++) {
         struct progress p0 = read_progress(progress);
         struct rp_trace *tr;
-        int status = attach(t.pid, "0.1", "1M", NULL, &tr);
+        int status = attach(t.pid, DL_SESSION_S, "1M", NULL, &tr);
         /* Progress since the session began (the attach returns after it ended), then
          * after it: a deadlock in the session lasts for good. */
         char when[64];

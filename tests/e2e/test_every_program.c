@@ -234,7 +234,7 @@ static void check_stopped(const struct harm_case *c, enum harm_mode mode, const 
         print_message("    ptrace is not permitted here: %s\n", run->err);
         skip();
     }
-    /* The debugger found the thread inside a record (it searches for 3 s; the thread
+    /* The debugger found the thread inside a record (it searches for 10 s; the thread
      * spends much of its time there). */
     assert_non_null(strstr(run->err, "held inside a record"));
     struct rp_trace *t = NULL;

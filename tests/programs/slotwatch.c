@@ -5,13 +5,15 @@
  * at its JUMP_SLOT of malloc every millisecond, printing a line each time what the slot
  * holds changes: "direct" (a function of libc.so), "hooked" (one of libheapprof.so),
  * "lazy" (not bound yet) or "other". Every 300 ms a forked child prints "child STATE" the
- * same way and exits. Ends with "done".
+ * same way and exits. Ends with "done", also earlier on SIGTERM (a test that gives it
+ * long enough for a loaded machine and ends it when it is done).
  *
  *     slotwatch MS
  */
 #include <dlfcn.h>
 #include <elf.h>
 #include <link.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,9 +99,18 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+static volatile sig_atomic_t stop;
+
+static void on_term(int sig)
+{
+    (void)sig;
+    stop = 1;
+}
+
 int main(int argc, char **argv)
 {
     uint64_t ms = argc > 1 ? strtoull(argv[1], NULL, 10) : 3000;
+    signal(SIGTERM, on_term);
     dl_iterate_phdr(find_slot, NULL);
     if (!malloc_slot) {
         say("noslot");
@@ -109,7 +120,7 @@ int main(int argc, char **argv)
     slotwatch_alloc(0);
     const char *last = NULL;
     uint64_t start = now_ms(), next_fork = start + 300;
-    for (unsigned i = 1; now_ms() - start < ms; i++) {
+    for (unsigned i = 1; now_ms() - start < ms && !stop; i++) {
         for (unsigned k = 0; k < 100; k++)
             slotwatch_alloc(i * 100 + k);
         const char *s = slot_state();

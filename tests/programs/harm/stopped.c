@@ -32,7 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SEARCH_MS 3000
+#define SEARCH_MS 10000
 #define HOLD_MS 3500
 
 static int done_pipe[2];
