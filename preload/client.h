@@ -82,16 +82,17 @@ enum client_state {
 struct client_tls {
     struct client_sampler sampler; /* bytes_left first: the fast path's only access */
     struct client_stack_cache stack;
-    uint64_t gen;         /* session the sampler is seeded for; 0: none */
-    uint32_t tid;         /* 0 until needed */
-    uint32_t walks;       /* stacks walked with the unwind table, for the audit rate */
-    uint8_t writer_shard; /* 1 + its line of client_session.writers; 0: none yet */
-    uint16_t freebuf;     /* 1 + its batch of frees in client_freebufs; 0: none yet */
-    bool freebuf_none;    /* none was free: frees are recorded one by one */
-    bool freebuf_busy;    /* in its batch: a free in a signal handler records at once */
-    uint32_t freebuf_tid; /* the tid it took its batch with (the batch's owner) */
-    bool in_hook;         /* reentrancy guard: inside, forward to glibc at once */
-    bool in_sample;       /* recording a sample: an allocation now is a bug (see trap below) */
+    uint64_t gen;          /* session the sampler is seeded for; 0: none */
+    uint32_t tid;          /* 0 until needed */
+    uint32_t walks;        /* stacks walked with the unwind table, for the audit rate */
+    uint8_t writer_shard;  /* 1 + its line of client_session.writers; 0: none yet */
+    uint16_t freebuf;      /* 1 + its batch of frees in client_freebufs; 0: none yet */
+    bool freebuf_none;     /* none was free: frees are recorded one by one until... */
+    uint32_t freebuf_back; /* ...client_freebufs_back differs from this */
+    bool freebuf_busy;     /* in its batch: a free in a signal handler records at once */
+    uint32_t freebuf_tid;  /* the tid it took its batch with (the batch's owner) */
+    bool in_hook;          /* reentrancy guard: inside, forward to glibc at once */
+    bool in_sample;        /* recording a sample: an allocation now is a bug (see trap below) */
     /* While the python.objects wrapper is in the object allocator (preload/pyheap.c): the
      * size of the malloc-family block that serves the object when pymalloc does not (as
      * CPython asks it, 0 counted as 1), whose sample python.objects owns; else 0. */
@@ -113,9 +114,9 @@ struct client_writers {
  * (an idle thread's frees are late by one round at most, STHREAD_WATCH_MS) and when the
  * service asks (before a dump or a query); exit(), _exit() and _Exit() record all of
  * them. Batches belong to threads (by tid) across sessions: a slot is only a hint of where
- * to look, the set says whether its free is still to be recorded. A thread beyond the
- * first CLIENT_FREEBUFS records its frees one by one; the session thread takes back the
- * batch of a thread that has gone. */
+ * to look, the set says whether its free is still to be recorded. A thread that finds all
+ * CLIENT_FREEBUFS taken records its frees one by one until the session thread takes back
+ * the batch of a thread that has gone. */
 #define CLIENT_FREEBUF_LEN 16
 #define CLIENT_FREEBUFS 256
 struct client_freebuf {
@@ -127,6 +128,9 @@ struct client_freebuf {
     _Atomic uint64_t slot[CLIENT_FREEBUF_LEN];
 };
 extern struct client_freebuf client_freebufs[CLIENT_FREEBUFS];
+/* Batches taken back from threads that have gone, so far: a thread that found none free
+ * looks again when this moves. */
+extern _Atomic uint32_t client_freebufs_back;
 
 /* One handshake's worth of state. Written by the thread that owns the sessions (the
  * initialising thread, the session thread, or the child in its atfork handler) before

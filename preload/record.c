@@ -711,6 +711,7 @@ void client_record_free(struct client_session *s, uint32_t heap, uint64_t addr)
 /* ---- frees in batches (client.h) --------------------------------------------------- */
 
 struct client_freebuf client_freebufs[CLIENT_FREEBUFS];
+_Atomic uint32_t client_freebufs_back;
 
 /* The tag of the PENDING entries batch @i fills in its epoch @epoch (preload/freeset.h):
  * 16 bits, never 0. An epoch's entries are all moved on when it is recorded, so a few
@@ -839,12 +840,15 @@ static HP_NOINLINE void hook_freebuf_full(struct client_tls *t, struct client_se
 
 /* A batch for the calling thread: one nobody owns, taken by compare-and-swap. Only by the
  * thread itself (a vfork child runs on its parent's thread state: it must not take one
- * for its own tid). False when all are taken (then never again in this thread). */
+ * for its own tid). False when all are taken (then not again in this thread until one is
+ * taken back). */
 static bool hook_freebuf_take(struct client_tls *t, const struct client_session *s)
 {
     uint32_t tid = hook_tid(t, s);
     if (t->tid != tid)
         return false;
+    /* Before the look: a batch given back during it is looked for again next time. */
+    uint32_t back = atomic_load_explicit(&client_freebufs_back, memory_order_relaxed);
     for (unsigned i = 0; i < CLIENT_FREEBUFS; i++) {
         struct client_freebuf *b = &client_freebufs[i];
         uint32_t none = 0;
@@ -858,6 +862,7 @@ static bool hook_freebuf_take(struct client_tls *t, const struct client_session 
         }
     }
     t->freebuf_none = true;
+    t->freebuf_back = back;
     return false;
 }
 
@@ -866,7 +871,10 @@ static bool hook_freebuf_take(struct client_tls *t, const struct client_session 
 static struct client_freebuf *hook_freebuf_get(struct client_tls *t, struct client_session *s)
 {
     if (HP_UNLIKELY(t->freebuf_busy) ||
-        (HP_UNLIKELY(t->freebuf == 0) && (t->freebuf_none || !hook_freebuf_take(t, s))))
+        (HP_UNLIKELY(t->freebuf == 0) &&
+         ((t->freebuf_none &&
+           atomic_load_explicit(&client_freebufs_back, memory_order_relaxed) == t->freebuf_back) ||
+          !hook_freebuf_take(t, s))))
         return NULL;
     t->freebuf_busy = true;
     /* A handler that comes from here on sees the flag (it runs on this thread). */
@@ -944,6 +952,7 @@ void client__freebufs_sweep(struct client_session *s, bool reclaim)
         if (reclaim && hp_sys3(SYS_tgkill, s->pid, (long)owner, 0) == -ESRCH) {
             atomic_store_explicit(&b->n, 0, memory_order_relaxed);
             atomic_store_explicit(&b->owner, 0, memory_order_release);
+            atomic_fetch_add_explicit(&client_freebufs_back, 1, memory_order_relaxed);
         }
     }
 }

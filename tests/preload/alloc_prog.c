@@ -12,7 +12,8 @@
  * "sigfree", it allocates SIG_POOL blocks of 48 bytes (listed), then churns malloc(64)
  * while a SIGALRM handler frees one pool block per signal (every 100 us), until all are
  * freed; the pool frees are listed at the end, then "signals=N" (run it with an
- * async-signal-safe allocator: tests/preload/bump_alloc.c). With "heaps", it only uses
+ * async-signal-safe allocator: tests/preload/bump_alloc.c). With "manythreads", see
+ * run_manythreads(). With "heaps", it only uses
  * the heap API (preload/include/heapprof.h, weak symbols): see run_heaps(). With
  * "dlfull:LIB:FILE", see run_dlfull().
  */
@@ -29,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 static char out[131072];
@@ -169,6 +171,93 @@ static int run_threads(void)
     return write(1, msg, sizeof(msg) - 1) == sizeof(msg) - 1 ? 0 : 5;
 }
 
+/* "manythreads": MANY_HOLDERS threads each free a block of 40 bytes (more threads than
+ * the library has batches of frees: each takes one while there is one) and wait; then
+ * one more thread makes MANY_PAIRS malloc(72)/free pairs; the holders exit, a second goes by
+ * (the library's thread takes their batches back), and the last thread makes
+ * MANY_PAIRS malloc(88)/free pairs. Prints "manythreads done". */
+#define MANY_HOLDERS 270
+#define MANY_PAIRS 50
+static pthread_mutex_t many_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t many_cond = PTHREAD_COND_INITIALIZER;
+static int many_freed, many_phase;
+
+static void many_wait_phase(int phase)
+{
+    pthread_mutex_lock(&many_lock);
+    while (many_phase < phase)
+        pthread_cond_wait(&many_cond, &many_lock);
+    pthread_mutex_unlock(&many_lock);
+}
+
+static void many_set_phase(int phase)
+{
+    pthread_mutex_lock(&many_lock);
+    many_phase = phase;
+    pthread_cond_broadcast(&many_cond);
+    pthread_mutex_unlock(&many_lock);
+}
+
+static void *many_holder(void *arg)
+{
+    (void)arg;
+    void *volatile q = malloc(40);
+    free(q);
+    pthread_mutex_lock(&many_lock);
+    many_freed++;
+    pthread_cond_broadcast(&many_cond);
+    pthread_mutex_unlock(&many_lock);
+    many_wait_phase(1);
+    return NULL;
+}
+
+static void many_pairs(size_t size)
+{
+    for (int i = 0; i < MANY_PAIRS; i++) {
+        void *volatile q = malloc(size);
+        if (!q)
+            _exit(6);
+        free(q);
+    }
+}
+
+static void *many_late(void *arg)
+{
+    (void)arg;
+    many_pairs(72);
+    many_set_phase(1);
+    many_wait_phase(2);
+    many_pairs(88);
+    return NULL;
+}
+
+static int run_manythreads(void)
+{
+    static pthread_t th[MANY_HOLDERS];
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 64 << 10);
+    for (int i = 0; i < MANY_HOLDERS; i++)
+        if (pthread_create(&th[i], &attr, many_holder, NULL) != 0)
+            return 7;
+    pthread_mutex_lock(&many_lock);
+    while (many_freed < MANY_HOLDERS)
+        pthread_cond_wait(&many_cond, &many_lock);
+    pthread_mutex_unlock(&many_lock);
+    pthread_t late;
+    if (pthread_create(&late, &attr, many_late, NULL) != 0)
+        return 7;
+    for (int i = 0; i < MANY_HOLDERS; i++)
+        (void)pthread_join(th[i], NULL);
+    struct timespec ts = {1, 0};
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+    many_set_phase(2);
+    (void)pthread_join(late, NULL);
+    static const char msg[] = "manythreads done\n";
+    return write(1, msg, sizeof(msg) - 1) == sizeof(msg) - 1 ? 0 : 5;
+}
+
 /* "heaps": registers arena.a and arena.b; reports HEAPS_A_N blocks of 32 bytes on arena.a
  * (ids 0x100000 + 32 i), frees the first HEAPS_A_FREED; one self-sampled block on
  * arena.a (id 0x200000, 100 bytes standing for 777); 5 blocks on arena.b (ids 0x300000
@@ -266,6 +355,8 @@ int main(int argc, char **argv)
         return run_threads();
     if (argc > 1 && strcmp(argv[1], "heaps") == 0)
         return run_heaps();
+    if (argc > 1 && strcmp(argv[1], "manythreads") == 0)
+        return run_manythreads();
     if (argc > 1 && strncmp(argv[1], "dlfull:", 7) == 0)
         return run_dlfull(argv[1] + 7);
     if (argc > 1 && strcmp(argv[1], "sigfree") == 0) {

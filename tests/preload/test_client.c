@@ -837,6 +837,72 @@ static void test_client_batched_frees_keep_order(void **state)
     assert_true(taken > 0);
 }
 
+/* The frees of the blocks of @size in @run: recorded alone (a WIRE_FREE of their own),
+ * in a batch (WIRE_FREES) or carried by the next allocation of their address
+ * (WIRE_HEAD_FREE_FIRST). Replays the records, which free only live addresses. */
+struct free_ways {
+    uint64_t alone, batched, carried;
+};
+
+static struct free_ways frees_of_size(const struct run *run, uint64_t size)
+{
+    enum { SEEN = 1 << 14 };
+    static struct {
+        uint64_t addr, size;
+    } live[SEEN];
+    memset(live, 0, sizeof(live));
+    struct free_ways w = {0};
+    for (size_t i = 0; i < run->nrecs; i++) {
+        const struct record *rec = &run->recs[i];
+        if (rec->type != WIRE_ALLOC && rec->type != WIRE_FREE)
+            continue;
+        uint64_t addr = rec->type == WIRE_ALLOC ? rec->a.addr : rec->f.addr;
+        size_t k = (size_t)((addr >> 4) * 0x9e3779b97f4a7c15ull >> 50);
+        while (live[k].addr != 0 && live[k].addr != addr)
+            k = (k + 1) % SEEN;
+        if (rec->type == WIRE_FREE) {
+            if (live[k].size == size && rec->batched)
+                w.batched++;
+            else if (live[k].size == size)
+                w.alone++;
+            live[k].size = 0;
+            continue;
+        }
+        if ((rec->a.head_flags & WIRE_HEAD_FREE_FIRST) && live[k].size == size)
+            w.carried++;
+        live[k].addr = addr;
+        live[k].size = rec->a.size;
+    }
+    return w;
+}
+
+/* Regression: a thread that found every batch of frees taken recorded its frees one by
+ * one for good, also once the batches of threads that had gone were taken back (a server
+ * with more threads than CLIENT_FREEBUFS, or one that made them come and go). */
+static void test_client_bug_batches_not_taken_again(void **state)
+{
+    struct fixture *f = *state;
+    struct env_opts o = {.preload = true, .socket_path = f->sock_path, .startup = true};
+    struct run *run = fresh_run(f);
+    serve_batch = true;
+    run_prog(alloc_prog, "manythreads", &o, SERVE_PROFILE, 1, f->lsock, run);
+    serve_batch = false;
+    assert_true(exited_ok(run));
+    assert_string_equal(run->out, "manythreads done\n");
+    assert_int_equal(run->stats.records_dropped, 0);
+    struct free_ways before = frees_of_size(run, 72), after = frees_of_size(run, 88);
+    printf("# frees while every batch was taken: %llu alone, %llu batched, %llu carried; after "
+           "the holders went: %llu alone, %llu batched, %llu carried\n",
+           (unsigned long long)before.alone, (unsigned long long)before.batched,
+           (unsigned long long)before.carried, (unsigned long long)after.alone,
+           (unsigned long long)after.batched, (unsigned long long)after.carried);
+    /* The late thread had no batch: every free alone. */
+    assert_int_equal(before.alone, 50);
+    /* It took one once there was one again; every free recorded. */
+    assert_int_equal(after.alone, 0);
+    assert_int_equal(after.batched + after.carried, 50);
+}
+
 static void test_client_glibc_semantics_kept(void **state)
 {
     struct fixture *f = *state;
@@ -938,6 +1004,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_client_bug_sized_frees_unrecorded, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_bug_signal_free_lost, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_signal_frees_batched, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_client_bug_batches_not_taken_again, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_bug_lost_code_change_told_later, setup,
                                         teardown),
     };
