@@ -162,6 +162,35 @@ static bool end_due(const struct svc_unwinder *u, struct svc_client *c, uint64_t
     return false;
 }
 
+/* The frees a record left unread holds (ring_count_fn): its own (WIRE_FREE), a batch's
+ * (WIRE_FREES: its addresses but the ones left out), the one a sampled allocation carries
+ * (WIRE_HEAD_FREE_FIRST, clients that batch frees). A record never published may hold
+ * one: 1. Read from the ring as it is: a bound, not a decode. */
+static uint64_t frees_in(uint16_t type, const void *payload, size_t len, void *arg)
+{
+    const struct svc_client *c = arg;
+    bool batching = (c->features & WIRE_FEATURE_FREE_BATCH) != 0;
+    if (!payload)
+        return type == WIRE_FREE || batching;
+    if (type == WIRE_FREE)
+        return 1;
+    if (type == WIRE_FREES) {
+        struct wire_frees f;
+        uint64_t addrs[WIRE_MAX_FREES];
+        if (wire_decode_frees(payload, len, &f, addrs) < 0)
+            return 1;
+        uint64_t n = 0;
+        for (uint32_t i = 0; i < f.n; i++)
+            n += addrs[i] != 0;
+        return n;
+    }
+    struct wire_alloc_head h;
+    if (!batching || len < sizeof(h))
+        return 0;
+    memcpy(&h, payload, sizeof(h));
+    return (h.head_flags & WIRE_HEAD_FREE_FIRST) != 0;
+}
+
 /* Skips and counts what is left before the end mark, posts the end of the process with
  * its last statistics and frees the client. */
 static void complete_end(struct svc_unwinder *u, struct svc_client *c)
@@ -169,7 +198,9 @@ static void complete_end(struct svc_unwinder *u, struct svc_client *c)
     struct svc *s = u->svc;
     if (!svc__client_over(c) && !ring_reached(c->ring, c->end_mark)) {
         uint64_t n = 0, frees = 0;
-        if (ring_discard(c->ring, c->end_mark, WIRE_FREE, &n, &frees) < 0)
+        uint32_t types =
+            1u << WIRE_FREE | 1u << WIRE_FREES | 1u << WIRE_ALLOC | 1u << WIRE_ALLOC_PCS;
+        if (ring_discard(c->ring, c->end_mark, types, frees_in, c, &n, &frees) < 0)
             n++; /* at least the record whose header is not valid */
         c->stats.records_unread += n;
         c->frees_unread += frees;

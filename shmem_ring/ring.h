@@ -282,12 +282,17 @@ uint32_t ring_ids_changes(ring_t *r);
 uint64_t ring_forks_unfollowed(ring_t *r);
 /* Reader: true when the client said its process was exiting normally. Untrusted. */
 bool ring_client_exiting(ring_t *r);
+/* What ring_discard() counts of a record of a type in its mask: @payload (@len bytes, as
+ * untrusted as the rest of the ring) when the record was published, NULL when it was
+ * reserved and never published. */
+typedef uint64_t (*ring_count_fn)(uint16_t type, const void *payload, size_t len, void *arg);
 /* Reader, once the session is over (ring_set_detached()): steps over every record
  * before @mark (ring_mark()) without reading it, published or not, and counts them in
- * @ret_records, those of a type in the mask @types (bit 1 << type) also in @ret_of_type. Returns 0
- * once at @mark, or -EBADMSG at a record whose header is not valid (the rest is not counted). */
-int ring_discard(ring_t *r, uint64_t mark, uint32_t types, uint64_t *ret_records,
-                 uint64_t *ret_of_type) HP_WARN_UNUSED;
+ * @ret_records; adds to @ret_of_type for each record of a type in the mask @types (bit
+ * 1 << type) 1, or what @count (if not NULL) says of it. Returns 0 once at @mark, or
+ * -EBADMSG at a record whose header is not valid (the rest is not counted). */
+int ring_discard(ring_t *r, uint64_t mark, uint32_t types, ring_count_fn count, void *arg,
+                 uint64_t *ret_records, uint64_t *ret_of_type) HP_WARN_UNUSED;
 
 /* Reader: how long ring_begin_read() waits for a reserved record to be published before
  * returning -EBADMSG (0: the default). */

@@ -405,15 +405,16 @@ bool ring_client_exiting(ring_t *r)
 }
 
 /* Skips the records of lane @lane up to position @to, counting them and those of
- * @type. */
-static int ring_discard_lane(ring_t *r, uint32_t lane, uint64_t to, uint32_t types, uint64_t *n,
-                             uint64_t *of_type)
+ * @types (ring_discard()). */
+static int ring_discard_lane(ring_t *r, uint32_t lane, uint64_t to, uint32_t types,
+                             ring_count_fn count, void *arg, uint64_t *n, uint64_t *of_type)
 {
     struct ring_lane *l = &r->lane[lane];
     int err = 0;
-    /* Never more than a lane's worth: the position is as untrusted as the header. */
+    /* Never more than a lane's worth: the position is as untrusted as the header. (Our
+     * own position is a multiple of 8 unless the state was forged: the fuzz target.) */
     if ((int64_t)(to - l->read_pos) < 0 || to - l->read_pos > r->lane_size ||
-        ((to - l->read_pos) & 7u) != 0)
+        ((to - l->read_pos) & 7u) != 0 || (l->read_pos & 7u) != 0)
         return -EBADMSG;
     while (l->read_pos != to) {
         uint32_t pad;
@@ -423,18 +424,28 @@ static int ring_discard_lane(ring_t *r, uint32_t lane, uint64_t to, uint32_t typ
             err = -EBADMSG;
             break;
         }
+        if (t < 32 && ((types >> t) & 1)) {
+            if (!count) {
+                (*of_type)++;
+            } else {
+                const struct ring_rec *rec = ring__rec(r, lane, l->read_pos);
+                bool published = atomic_load_explicit(&rec->commit_tag, memory_order_acquire) ==
+                                 (l->read_pos ^ RING_TAG_MAGIC);
+                *of_type += count(t, published ? (const void *)(rec + 1) : NULL,
+                                  len - sizeof(*rec) - pad, arg);
+            }
+        }
         l->read_pos += len;
         l->head_ready = false;
         (*n)++;
-        *of_type += t < 32 && ((types >> t) & 1);
     }
     l->seen_write_pos = l->read_pos;
     ring_publish_lane(r, lane);
     return err;
 }
 
-int ring_discard(ring_t *r, uint64_t mark, uint32_t types, uint64_t *ret_records,
-                 uint64_t *ret_of_type)
+int ring_discard(ring_t *r, uint64_t mark, uint32_t types, ring_count_fn count, void *arg,
+                 uint64_t *ret_records, uint64_t *ret_of_type)
 {
     /* Only up to what was reserved when the caller took @mark; with lanes (whose mark is
      * a stamp) all that is reserved now: the ring is detached when this is called. */
@@ -443,7 +454,7 @@ int ring_discard(ring_t *r, uint64_t mark, uint32_t types, uint64_t *ret_records
     for (uint32_t i = 0; i < r->lanes && err == 0; i++) {
         uint64_t to =
             r->lanes == 1 ? mark : atomic_load_explicit(&r->lane[i].word[0], memory_order_acquire);
-        err = ring_discard_lane(r, i, to, types, &n, &of_type);
+        err = ring_discard_lane(r, i, to, types, count, arg, &n, &of_type);
     }
     r->stall_since_ns = 0;
     *ret_records = n;

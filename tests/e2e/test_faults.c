@@ -1190,6 +1190,40 @@ static void test_faults_bug_memory_guardrail_overshoots(void **state)
     beside_done(&b);
 }
 
+/* Regression: frees among the records a session's end counted instead of reading (here
+ * the guardrail's) were not counted as frees (the end counted the records of another
+ * type), so the allocations whose frees they were stayed unreleased in the last dump:
+ * phantom leaks instead of possibly freed ones. memhogfrees frees every other allocation
+ * right after it. */
+static void test_faults_bug_unread_frees_uncounted(void **state)
+{
+    (void)state;
+    struct beside b;
+    /* Half the other test's limit, and longer: its heap grows half as fast (under ASan
+     * 8 s at the full limit were not enough). Whatever ends it (the guardrail, or its
+     * end out of time), records are left unread. */
+    const char *argv[] = {"memhogfrees", "7", "20", NULL};
+    char limit[32];
+    snprintf(limit, sizeof(limit), "%d", MEMHOG_LIMIT_KB / 2);
+    const char *extra[] = {"--max-memory-kb", limit, NULL};
+    beside_run_opts(&b, argv, extra, BESIDE_HEALTHY_FIRST);
+    struct rp_trace *t;
+    assert_int_equal(rp_trace_load(b.d.trace, &(struct rp_trace_options){0}, &t), 0);
+    const struct rp_trace_process *ph = e2e_find_pid(t, b.hostile);
+    assert_non_null(ph);
+    print_message("  hog: guardrail %d, %llu samples, %llu records unread, %llu frees lost, "
+                  "%llu possibly freed\n",
+                  ph->hit_guardrail, (unsigned long long)ph->heap_samples,
+                  (unsigned long long)ph->losses.records_unread, (unsigned long long)ph->frees_lost,
+                  (unsigned long long)ph->possibly_freed_count);
+    /* Any three records in a row hold a free. */
+    assert_true(ph->losses.records_unread >= 3);
+    assert_true(ph->frees_lost > 0);
+    assert_true(ph->possibly_freed_count > 0);
+    rp_trace_free(t);
+    beside_done(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1225,6 +1259,7 @@ int main(void)
                                   teardown_children),
         cmocka_unit_test_teardown(test_faults_bug_guardrail_admits_any_ring, teardown_children),
         cmocka_unit_test_teardown(test_faults_bug_memory_guardrail_overshoots, teardown_children),
+        cmocka_unit_test_teardown(test_faults_bug_unread_frees_uncounted, teardown_children),
     };
     /* HEAPPROF_TEST_FILTER=pattern runs the matching tests only (while iterating). */
     const char *filter = getenv("HEAPPROF_TEST_FILTER");

@@ -44,6 +44,9 @@
  *               the service takes them, for COUNT seconds (default 10): everything the
  *               service keeps of a process grows (live allocations, interned frames and
  *               callstacks); "ready" is printed before it starts
+ *   memhogfrees the same with the free of every other allocation right after it
+ *               (WIRE_FREE): when the guardrail fires, frees are among the records the
+ *               service counts instead of reading
  * Prints "ready" once the misbehaviour is in place, waits until the service closes the
  * connection (at most 6 s) and exits 0; exit 2 on a usage error, 3 when the handshake
  * could not even be attempted. */
@@ -237,7 +240,7 @@ static bool own_code(uint64_t *ret_lo, uint64_t *ret_hi)
     return found;
 }
 
-static int memhog(ring_t *ring, int sock, unsigned long seconds)
+static int memhog(ring_t *ring, int sock, unsigned long seconds, bool frees)
 {
     uint64_t lo, hi;
     if (!own_code(&lo, &hi))
@@ -259,6 +262,10 @@ static int memhog(ring_t *ring, int sock, unsigned long seconds)
             memcpy(wire_encode_alloc_pcs(buf, &h, HP_ARRAY_SIZE(pcs), 0), pcs, sizeof(pcs));
             int r;
             while ((r = write_record(ring, WIRE_ALLOC_PCS, buf, sizeof(buf))) == -EAGAIN)
+                poke(sock);
+            struct wire_free f = {.addr = h.addr};
+            while (r == 0 && frees && seq % 2 &&
+                   (r = write_record(ring, WIRE_FREE, &f, sizeof(f))) == -EAGAIN)
                 poke(sock);
             if (r < 0)
                 goto out;
@@ -539,8 +546,8 @@ static int misbehave(const char *mode, int sock, int ring_fd, const struct wire_
         int r = eof_then_write(ring, sock, g_count_given ? g_count : 25, mode[0] == 'e');
         ring_unmap(ring);
         return r;
-    } else if (!strcmp(mode, "memhog")) {
-        int r = memhog(ring, sock, g_count_given ? g_count : 10);
+    } else if (!strcmp(mode, "memhog") || !strcmp(mode, "memhogfrees")) {
+        int r = memhog(ring, sock, g_count_given ? g_count : 10, !strcmp(mode, "memhogfrees"));
         ring_unmap(ring);
         return r;
     } else if (!strcmp(mode, "fifo") || !strcmp(mode, "truncate")) {

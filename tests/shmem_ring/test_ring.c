@@ -1309,14 +1309,46 @@ static void test_ring_discard_counts_what_is_left(void **state)
     /* A writer that ignores the detached flag writes on: not before the mark. */
     atomic_store(&f->writer->hdr->detached, 0u);
     assert_int_equal(write_one(f->writer, 2, 24, 99), 0);
-    assert_int_equal(ring_discard(f->reader, mark, 1u << 2, &n, &frees), 0);
+    assert_int_equal(ring_discard(f->reader, mark, 1u << 2, NULL, NULL, &n, &frees), 0);
     assert_int_equal(n, 10);    /* 9 published after the one read, and the unpublished one */
     assert_int_equal(frees, 4); /* records 3, 6, 9 and the unpublished one */
     assert_true(ring_reached(f->reader, mark));
     /* Nothing before the mark is left; the one after it is still there. */
     read_one_expect(f->reader, 2, 24, 99);
-    assert_int_equal(ring_discard(f->reader, ring_mark(f->reader), 1u << 2, &n, &frees), 0);
+    assert_int_equal(ring_discard(f->reader, ring_mark(f->reader), 1u << 2, NULL, NULL, &n, &frees),
+                     0);
     assert_int_equal(n, 0);
+}
+
+/* What a record holds, counted by the caller's function: its payload when published,
+ * NULL when not (its bytes may be anything). */
+static uint64_t count_payload(uint16_t type, const void *payload, size_t len, void *arg)
+{
+    (void)arg;
+    if (type != 2)
+        return 0;
+    if (!payload)
+        return 1000;
+    for (uint64_t tag = 1; tag <= 5; tag += 2)
+        if (check_pattern(payload, len, tag))
+            return tag;
+    return 0;
+}
+
+static void test_ring_discard_counts_with_a_function(void **state)
+{
+    struct fixture *f = *state;
+    uint64_t n = 0, counted = 0;
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(write_one(f->writer, i % 2 ? 2 : 1, 24, (uint64_t)i), 0);
+    struct ring_wspan ws;
+    assert_int_equal(ring_try_begin_write(f->writer, 2, 24, &ws), 0); /* never published */
+    ring_set_detached(f->reader);
+    uint64_t mark = ring_mark(f->reader);
+    assert_int_equal(
+        ring_discard(f->reader, mark, 1u << 1 | 1u << 2, count_payload, NULL, &n, &counted), 0);
+    assert_int_equal(n, 7);
+    assert_int_equal(counted, 1 + 3 + 5 + 1000);
 }
 
 /* A mark the client forged (beyond the ring, unaligned) or a header it broke ends the
@@ -1326,14 +1358,16 @@ static void test_ring_discard_hostile(void **state)
     struct fixture *f = *state;
     uint64_t n = 0, frees = 0;
     assert_int_equal(write_one(f->writer, 1, 40, 1), 0);
-    assert_int_equal(ring_discard(f->reader, ring_mark(f->reader) + SMALL * 4, 1u << 1, &n, &frees),
-                     -EBADMSG);
-    assert_int_equal(ring_discard(f->reader, ring_mark(f->reader) + 4, 1u << 1, &n, &frees),
-                     -EBADMSG);
+    assert_int_equal(
+        ring_discard(f->reader, ring_mark(f->reader) + SMALL * 4, 1u << 1, NULL, NULL, &n, &frees),
+        -EBADMSG);
+    assert_int_equal(
+        ring_discard(f->reader, ring_mark(f->reader) + 4, 1u << 1, NULL, NULL, &n, &frees),
+        -EBADMSG);
     assert_int_equal(write_one(f->writer, 1, 40, 2), 0);
     uint64_t mark = ring_mark(f->reader);
     rec_at(f->writer, mark - 64)->len_total = 0x7ffffff8u;
-    assert_int_equal(ring_discard(f->reader, mark, 1u << 1, &n, &frees), -EBADMSG);
+    assert_int_equal(ring_discard(f->reader, mark, 1u << 1, NULL, NULL, &n, &frees), -EBADMSG);
     assert_int_equal(n, 1);
 }
 
@@ -1744,7 +1778,8 @@ static void test_ring_lanes_discard(void **state)
         write_in(f->writer, (unsigned)(i % 3 == 0), 8 + 8 * (i % 4), i);
     read_one_expect(f->reader, 1, 8, 0);
     uint64_t n = 0, frees = 0;
-    assert_int_equal(ring_discard(f->reader, ring_mark(f->reader), 1u << 1, &n, &frees), 0);
+    assert_int_equal(ring_discard(f->reader, ring_mark(f->reader), 1u << 1, NULL, NULL, &n, &frees),
+                     0);
     assert_int_equal(n, 8);
     assert_int_equal(frees, 8);
     struct ring_rspan rs;
@@ -1863,6 +1898,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ring_discard_counts_what_is_left, setup_small,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_ring_discard_hostile, setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_discard_counts_with_a_function, setup_small,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_ring_exit_and_freeset_counted, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_mark_bounds_a_drain, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_ring_maps_read_asked_and_answered, setup_small,
