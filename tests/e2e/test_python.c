@@ -349,10 +349,22 @@ static void check_objects(const char *python, const char *script, const char *co
     object_sums(t, "python.objects", &objs, &has_objs);
     object_sums(t, "libc.malloc", &mall, &has_malloc);
     if (has_objs != want_heap || objs.alloc_count != want_objects ||
-        mall.alloc_count != want_malloc)
+        mall.alloc_count != want_malloc) {
         print_message("  %s %s %s: python.objects %s, %llu objects; malloc %llu\n", python,
                       opts[0] ? opts[0] : "", opts[1] ? opts[1] : "", has_objs ? "in" : "absent",
                       (unsigned long long)objs.alloc_count, (unsigned long long)mall.alloc_count);
+        /* What the trace says it lost, to tell a loss from a sample put elsewhere. */
+        for (size_t i = 0; i < t->n_processes; i++) {
+            const struct rp_trace_process *p = &t->processes[i];
+            print_message("    %s: %llu samples, %llu dropped, %llu unread, %llu unwinding "
+                          "errors, %llu stacks truncated\n",
+                          p->heap_name ? p->heap_name : "?", (unsigned long long)p->heap_samples,
+                          (unsigned long long)p->losses.records_dropped,
+                          (unsigned long long)p->losses.records_unread,
+                          (unsigned long long)p->unwinding_errors,
+                          (unsigned long long)p->losses.stacks_truncated);
+        }
+    }
     assert_true(has_malloc);
     assert_int_equal(has_objs, want_heap);
     assert_int_equal(objs.alloc_count, want_objects);
