@@ -121,9 +121,20 @@ static char *record_with(const char *python, bool site, const char *script, cons
     char name[64];
     snprintf(name, sizeof(name), "%.*s", arg ? (int)(arg - script) : (int)strlen(script), script);
     char *prog = program(name);
-    char *argv[16] = {
-        (char *)e2e_env("HEAPPROF_BIN"), "record", "-i", (char *)interval, "-o", trace, "-q"};
-    size_t n = 7;
+    /* Patient (as tests/e2e/test_accuracy.c): the default wait for room in a full ring,
+     * 100 ms, runs out on a loaded machine while the service reads a large interpreter's
+     * debug info at the start, and the samples of that moment are dropped; the counts
+     * here are exact. */
+    char *argv[20] = {(char *)e2e_env("HEAPPROF_BIN"),
+                      "record",
+                      "-i",
+                      (char *)interval,
+                      "-o",
+                      trace,
+                      "-q",
+                      "--block-timeout-us",
+                      "60000000"};
+    size_t n = 9;
     for (size_t i = 0; i < 2; i++)
         if (opts[i])
             argv[n++] = (char *)opts[i];
