@@ -780,6 +780,36 @@ static void test_client_threads(void **state)
  * allocated again, a sampled allocation that took the free of its address over carrying
  * that free first; no free of an address not live, no allocation of one live; every
  * block freed by the end. */
+/* Replaying a run's records per address: an open-addressing table of every address seen
+ * (runs reuse few), whether it is live and the size it was allocated with. */
+enum { REPLAY_SLOTS = 1 << 16 };
+struct replay_slot {
+    uint64_t addr, size;
+    bool live;
+};
+static struct replay_slot replay[REPLAY_SLOTS];
+static size_t replay_used;
+
+static void replay_reset(void)
+{
+    memset(replay, 0, sizeof(replay));
+    replay_used = 0;
+}
+
+/* The slot of the address @rec (a WIRE_ALLOC or WIRE_FREE) is about. */
+static struct replay_slot *replay_slot(const struct record *rec)
+{
+    uint64_t addr = rec->type == WIRE_ALLOC ? rec->a.addr : rec->f.addr;
+    size_t k = (size_t)((addr >> 4) * 0x9e3779b97f4a7c15ull >> 48) % REPLAY_SLOTS;
+    while (replay[k].addr != 0 && replay[k].addr != addr)
+        k = (k + 1) % REPLAY_SLOTS;
+    if (replay[k].addr == 0) {
+        assert_true(++replay_used < REPLAY_SLOTS / 2);
+        replay[k].addr = addr;
+    }
+    return &replay[k];
+}
+
 static void test_client_batched_frees_keep_order(void **state)
 {
     struct fixture *f = *state;
@@ -792,40 +822,26 @@ static void test_client_batched_frees_keep_order(void **state)
     assert_int_equal(run->stats.records_dropped, 0);
     assert_int_equal(run->stats.frees_lost, 0);
 
-    /* Every address seen, and whether it is live: an open-addressing table (the program
-     * reuses few addresses). */
-    enum { SEEN = 1 << 16 };
-    static struct {
-        uint64_t addr;
-        bool live;
-    } seen[SEEN];
-    memset(seen, 0, sizeof(seen));
-    uint64_t batched = 0, taken = 0, allocs64 = 0, n_seen = 0;
+    replay_reset();
+    uint64_t batched = 0, taken = 0, allocs64 = 0;
     for (size_t i = 0; i < run->nrecs; i++) {
         const struct record *rec = &run->recs[i];
         if (rec->type != WIRE_ALLOC && rec->type != WIRE_FREE)
             continue;
-        uint64_t addr = rec->type == WIRE_ALLOC ? rec->a.addr : rec->f.addr;
-        size_t k = (size_t)((addr >> 4) * 0x9e3779b97f4a7c15ull >> 48) % SEEN;
-        while (seen[k].addr != 0 && seen[k].addr != addr)
-            k = (k + 1) % SEEN;
-        if (seen[k].addr == 0) {
-            assert_true(++n_seen < SEEN / 2);
-            seen[k].addr = addr;
-        }
+        struct replay_slot *seen = replay_slot(rec);
         if (rec->type == WIRE_FREE) {
-            assert_true(seen[k].live);
-            seen[k].live = false;
+            assert_true(seen->live);
+            seen->live = false;
             batched += rec->batched;
             continue;
         }
         if (rec->a.head_flags & WIRE_HEAD_FREE_FIRST) {
-            assert_true(seen[k].live);
+            assert_true(seen->live);
             taken++;
         } else {
-            assert_false(seen[k].live);
+            assert_false(seen->live);
         }
-        seen[k].live = true;
+        seen->live = true;
         allocs64 += rec->a.size == 64;
     }
     printf("# %zu records: %llu allocations of 64 bytes, %llu frees in batches, %llu taken over "
@@ -846,32 +862,26 @@ struct free_ways {
 
 static struct free_ways frees_of_size(const struct run *run, uint64_t size)
 {
-    enum { SEEN = 1 << 14 };
-    static struct {
-        uint64_t addr, size;
-    } live[SEEN];
-    memset(live, 0, sizeof(live));
+    replay_reset();
     struct free_ways w = {0};
     for (size_t i = 0; i < run->nrecs; i++) {
         const struct record *rec = &run->recs[i];
         if (rec->type != WIRE_ALLOC && rec->type != WIRE_FREE)
             continue;
-        uint64_t addr = rec->type == WIRE_ALLOC ? rec->a.addr : rec->f.addr;
-        size_t k = (size_t)((addr >> 4) * 0x9e3779b97f4a7c15ull >> 50);
-        while (live[k].addr != 0 && live[k].addr != addr)
-            k = (k + 1) % SEEN;
+        struct replay_slot *live = replay_slot(rec);
+        bool ours = live->live && live->size == size;
         if (rec->type == WIRE_FREE) {
-            if (live[k].size == size && rec->batched)
+            if (ours && rec->batched)
                 w.batched++;
-            else if (live[k].size == size)
+            else if (ours)
                 w.alone++;
-            live[k].size = 0;
+            live->live = false;
             continue;
         }
-        if ((rec->a.head_flags & WIRE_HEAD_FREE_FIRST) && live[k].size == size)
+        if ((rec->a.head_flags & WIRE_HEAD_FREE_FIRST) && ours)
             w.carried++;
-        live[k].addr = addr;
-        live[k].size = rec->a.size;
+        live->live = true;
+        live->size = rec->a.size;
     }
     return w;
 }
